@@ -1,0 +1,117 @@
+// Backend: the table of kernels an executor calls. The CPU backend is the reference every other
+// backend is tested against. Kernels take tensor views (memory is planned by the executor) and
+// never allocate; scratch comes in through `Workspace`.
+//
+// `accumulate` on an input gradient follows BLAS beta: false = overwrite, true = add into it
+// (a value read by several consumers, e.g. a residual input, receives several gradients).
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "engine/tensor.h"
+
+namespace et {
+
+struct Workspace {
+  void* data = nullptr;
+  size_t bytes = 0;
+};
+
+// A mask for ReLU-style backward passes: element i is "on" if dense[i] > 0, or, when the stash keeps
+// a bitmap, if bit i of `bits` is set. Exactly one of the two is set.
+struct MaskView {
+  Tensor dense;
+  const uint64_t* bits = nullptr;
+  int64_t numel = 0;
+};
+
+// Geometry of a 2-D convolution / pooling window over an NCHW tensor.
+struct Conv2dGeom {
+  int64_t N = 0, C = 0, H = 0, W = 0;  // input
+  int64_t K = 0;                       // output channels (conv) or C (pooling)
+  int64_t R = 1, S = 1;                // window height, width
+  int64_t stride_h = 1, stride_w = 1, pad_h = 0, pad_w = 0;
+  int64_t groups = 1;
+  int64_t P = 0, Q = 0;  // output height, width
+  void infer_output();   // P, Q from the rest; P or Q < 1 means the geometry is invalid
+  Conv2dGeom with_batch(int64_t n) const { Conv2dGeom g = *this; g.N = n; return g; }
+};
+
+enum class ConvPass { Forward, BackwardData, BackwardWeight };
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  virtual Device device() const = 0;
+  virtual std::string name() const = 0;
+
+  // ---- memory helpers
+  virtual void fill(Tensor& t, float value) = 0;
+  virtual void copy(const Tensor& src, Tensor& dst) = 0;
+
+  // ---- convolution: x [N,C,H,W], w [K,C/groups,R,S], b [K] or undefined, y [N,K,P,Q]
+  virtual size_t conv2d_workspace_bytes(const Conv2dGeom& g, ConvPass pass) const = 0;
+  virtual void conv2d_forward(const Conv2dGeom& g, const Tensor& x, const Tensor& w, const Tensor& b, Tensor& y,
+                              Workspace ws) = 0;
+  virtual void conv2d_backward_data(const Conv2dGeom& g, const Tensor& dy, const Tensor& w, Tensor& dx,
+                                    bool accumulate, Workspace ws) = 0;
+  // dw (and db if defined) are overwritten or accumulated per `accumulate`.
+  virtual void conv2d_backward_weight(const Conv2dGeom& g, const Tensor& x, const Tensor& dy, Tensor& dw, Tensor& db,
+                                      bool accumulate, Workspace ws) = 0;
+
+  // ---- linear: x [N,I], w [O,I], b [O] or undefined, y [N,O]
+  virtual void linear_forward(const Tensor& x, const Tensor& w, const Tensor& b, Tensor& y) = 0;
+  virtual void linear_backward_data(const Tensor& dy, const Tensor& w, Tensor& dx, bool accumulate) = 0;
+  virtual void linear_backward_weight(const Tensor& x, const Tensor& dy, Tensor& dw, Tensor& db, bool accumulate) = 0;
+
+  // ---- batch norm over N,H,W per channel. x,y [N,C,H,W]; gamma, beta, running_*, mean, invstd [C].
+  // Training: batch statistics normalise; running stats updated with `momentum` (PyTorch convention,
+  // unbiased variance for the running estimate); mean/invstd saved for backward.
+  virtual void batchnorm_forward_train(const Tensor& x, const Tensor& gamma, const Tensor& beta, Tensor& running_mean,
+                                       Tensor& running_var, float momentum, float eps, Tensor& y, Tensor& mean,
+                                       Tensor& invstd) = 0;
+  virtual void batchnorm_forward_eval(const Tensor& x, const Tensor& gamma, const Tensor& beta,
+                                      const Tensor& running_mean, const Tensor& running_var, float eps, Tensor& y) = 0;
+  virtual void batchnorm_backward(const Tensor& dy, const Tensor& x, const Tensor& gamma, const Tensor& mean,
+                                  const Tensor& invstd, Tensor& dx, bool accumulate_dx, Tensor& dgamma, Tensor& dbeta,
+                                  bool accumulate_params) = 0;
+
+  // ---- element-wise
+  virtual void relu_forward(const Tensor& x, Tensor& y) = 0;
+  virtual void relu_backward(const Tensor& dy, const MaskView& mask, Tensor& dx, bool accumulate) = 0;
+  virtual void add_forward(const Tensor& a, const Tensor& b, Tensor& y) = 0;
+  // dst (+)= src
+  virtual void accumulate_grad(const Tensor& src, Tensor& dst, bool accumulate) = 0;
+  // Inverted dropout with a counter-based mask: element i is kept iff hash(seed, i) >= p; kept values are
+  // scaled by 1/(1-p). The backward recomputes the mask from the seed, so nothing is saved.
+  virtual void dropout_forward(const Tensor& x, float p, uint64_t seed, Tensor& y) = 0;
+  virtual void dropout_backward(const Tensor& dy, float p, uint64_t seed, Tensor& dx, bool accumulate) = 0;
+
+  // ---- pooling (Conv2dGeom with K = C, groups ignored)
+  virtual void maxpool2d_forward(const Conv2dGeom& g, const Tensor& x, Tensor& y) = 0;
+  // Gradient goes to the first maximum of each window (PyTorch's rule), found again from x.
+  virtual void maxpool2d_backward(const Conv2dGeom& g, const Tensor& dy, const Tensor& x, Tensor& dx,
+                                  bool accumulate) = 0;
+  // count_include_pad = true (PyTorch's default)
+  virtual void avgpool2d_forward(const Conv2dGeom& g, const Tensor& x, Tensor& y) = 0;
+  virtual void avgpool2d_backward(const Conv2dGeom& g, const Tensor& dy, Tensor& dx, bool accumulate) = 0;
+  // x [N,C,H,W] -> y [N,C]
+  virtual void global_avgpool_forward(const Tensor& x, Tensor& y) = 0;
+  virtual void global_avgpool_backward(const Tensor& dy, Tensor& dx, bool accumulate) = 0;
+
+  // ---- loss: logits [N,K], labels i32 [N]; loss [1] = mean over N of cross-entropy with label smoothing
+  virtual void softmax_xent_forward(const Tensor& logits, const Tensor& labels, float smoothing, Tensor& loss) = 0;
+  // dlogits = dloss * (softmax - target) / N
+  virtual void softmax_xent_backward(const Tensor& logits, const Tensor& labels, float smoothing, float dloss,
+                                     Tensor& dlogits, bool accumulate) = 0;
+
+  // ---- optimizer: SGD with momentum (PyTorch formulation), optional Nesterov, L2 weight decay.
+  virtual void sgd_step(Tensor& param, const Tensor& grad, Tensor& momentum_buf, float lr, float momentum,
+                        float weight_decay, bool nesterov, bool first_step) = 0;
+};
+
+std::unique_ptr<Backend> make_cpu_backend();
+
+}  // namespace et

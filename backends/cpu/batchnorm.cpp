@@ -1,0 +1,102 @@
+// batchnorm2d on CPU: channels spread over threads; each channel's reduction runs in one thread in
+// a fixed order (double accumulators), so results do not depend on scheduling.
+#include <cmath>
+
+#include "backends/cpu/cpu_backend.h"
+
+namespace et {
+
+// x, y [N,C,H,W]; mean, invstd, gamma, beta, running_* [C]
+void CpuBackend::batchnorm_forward_train(const Tensor& x, const Tensor& gamma, const Tensor& beta,
+                                         Tensor& running_mean, Tensor& running_var, float momentum, float eps,
+                                         Tensor& y, Tensor& mean, Tensor& invstd) {
+  const int64_t N = x.dim(0), C = x.dim(1), HW = x.dim(2) * x.dim(3), M = N * HW;
+  const float* xp = x.f32();
+  float* yp = y.f32();
+#pragma omp parallel for schedule(static)
+  for (int64_t c = 0; c < C; ++c) {
+    double s = 0, ss = 0;
+    for (int64_t n = 0; n < N; ++n) {
+      const float* row = xp + (n * C + c) * HW;
+      float s1 = 0.f, s2 = 0.f;
+      for (int64_t i = 0; i < HW; ++i) {
+        s1 += row[i];
+        s2 += row[i] * row[i];
+      }
+      s += s1;
+      ss += s2;
+    }
+    const double mu = s / double(M);
+    const double var = std::max(0.0, ss / double(M) - mu * mu);
+    const float is = float(1.0 / std::sqrt(var + double(eps)));
+    mean.f32()[c] = float(mu);
+    invstd.f32()[c] = is;
+    const double unbiased = M > 1 ? var * double(M) / double(M - 1) : var;
+    running_mean.f32()[c] = (1.f - momentum) * running_mean.f32()[c] + momentum * float(mu);
+    running_var.f32()[c] = (1.f - momentum) * running_var.f32()[c] + momentum * float(unbiased);
+    const float scale = gamma.f32()[c] * is, shift = beta.f32()[c] - float(mu) * scale;
+    for (int64_t n = 0; n < N; ++n) {
+      const float* row = xp + (n * C + c) * HW;
+      float* out = yp + (n * C + c) * HW;
+      for (int64_t i = 0; i < HW; ++i) out[i] = row[i] * scale + shift;
+    }
+  }
+}
+
+void CpuBackend::batchnorm_forward_eval(const Tensor& x, const Tensor& gamma, const Tensor& beta,
+                                        const Tensor& running_mean, const Tensor& running_var, float eps, Tensor& y) {
+  const int64_t N = x.dim(0), C = x.dim(1), HW = x.dim(2) * x.dim(3);
+#pragma omp parallel for collapse(2) schedule(static)
+  for (int64_t n = 0; n < N; ++n)
+    for (int64_t c = 0; c < C; ++c) {
+      const float scale = gamma.f32()[c] / std::sqrt(running_var.f32()[c] + eps);
+      const float shift = beta.f32()[c] - running_mean.f32()[c] * scale;
+      const float* row = x.f32() + (n * C + c) * HW;
+      float* out = y.f32() + (n * C + c) * HW;
+      for (int64_t i = 0; i < HW; ++i) out[i] = row[i] * scale + shift;
+    }
+}
+
+// With x_hat = (x - mean) * invstd:
+//   dbeta = sum dy, dgamma = sum dy * x_hat,
+//   dx = gamma * invstd / M * (M * dy - dbeta - x_hat * dgamma)
+void CpuBackend::batchnorm_backward(const Tensor& dy, const Tensor& x, const Tensor& gamma, const Tensor& mean,
+                                    const Tensor& invstd, Tensor& dx, bool accumulate_dx, Tensor& dgamma,
+                                    Tensor& dbeta, bool accumulate_params) {
+  const int64_t N = x.dim(0), C = x.dim(1), HW = x.dim(2) * x.dim(3), M = N * HW;
+  const float* xp = x.f32();
+  const float* dyp = dy.f32();
+#pragma omp parallel for schedule(static)
+  for (int64_t c = 0; c < C; ++c) {
+    const float mu = mean.f32()[c], is = invstd.f32()[c];
+    double sdy = 0, sdyx = 0;
+    for (int64_t n = 0; n < N; ++n) {
+      const float* xr = xp + (n * C + c) * HW;
+      const float* dr = dyp + (n * C + c) * HW;
+      float a = 0.f, b = 0.f;
+      for (int64_t i = 0; i < HW; ++i) {
+        a += dr[i];
+        b += dr[i] * (xr[i] - mu);
+      }
+      sdy += a;
+      sdyx += b;
+    }
+    const float db = float(sdy), dg = float(sdyx) * is;
+    dbeta.f32()[c] = accumulate_params ? dbeta.f32()[c] + db : db;
+    dgamma.f32()[c] = accumulate_params ? dgamma.f32()[c] + dg : dg;
+    if (!dx.defined()) continue;
+    const float k = gamma.f32()[c] * is / float(M);
+    const float coef = dg * is;                        // multiplies (x - mu)
+    for (int64_t n = 0; n < N; ++n) {
+      const float* xr = xp + (n * C + c) * HW;
+      const float* dr = dyp + (n * C + c) * HW;
+      float* out = dx.f32() + (n * C + c) * HW;
+      for (int64_t i = 0; i < HW; ++i) {
+        const float v = k * (float(M) * dr[i] - db - (xr[i] - mu) * coef);
+        out[i] = accumulate_dx ? out[i] + v : v;
+      }
+    }
+  }
+}
+
+}  // namespace et

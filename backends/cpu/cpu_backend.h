@@ -1,0 +1,63 @@
+// CPU backend: the reference backend. Kernels are split by op family over backends/cpu/*.cpp;
+// each family file implements its CpuBackend methods. Threads: OpenMP over both cores, static
+// schedules and fixed-order reductions so results are deterministic for a given thread count.
+#pragma once
+#include "backends/backend.h"
+
+namespace et {
+
+class CpuBackend final : public Backend {
+ public:
+  Device device() const override { return Device::CPU; }
+  std::string name() const override { return "cpu"; }
+
+  void fill(Tensor& t, float value) override;
+  void copy(const Tensor& src, Tensor& dst) override;
+
+  size_t conv2d_workspace_bytes(const Conv2dGeom& g, ConvPass pass) const override;
+  void conv2d_forward(const Conv2dGeom& g, const Tensor& x, const Tensor& w, const Tensor& b, Tensor& y,
+                      Workspace ws) override;
+  void conv2d_backward_data(const Conv2dGeom& g, const Tensor& dy, const Tensor& w, Tensor& dx, bool accumulate,
+                            Workspace ws) override;
+  void conv2d_backward_weight(const Conv2dGeom& g, const Tensor& x, const Tensor& dy, Tensor& dw, Tensor& db,
+                              bool accumulate, Workspace ws) override;
+
+  void linear_forward(const Tensor& x, const Tensor& w, const Tensor& b, Tensor& y) override;
+  void linear_backward_data(const Tensor& dy, const Tensor& w, Tensor& dx, bool accumulate) override;
+  void linear_backward_weight(const Tensor& x, const Tensor& dy, Tensor& dw, Tensor& db, bool accumulate) override;
+
+  void batchnorm_forward_train(const Tensor& x, const Tensor& gamma, const Tensor& beta, Tensor& running_mean,
+                               Tensor& running_var, float momentum, float eps, Tensor& y, Tensor& mean,
+                               Tensor& invstd) override;
+  void batchnorm_forward_eval(const Tensor& x, const Tensor& gamma, const Tensor& beta, const Tensor& running_mean,
+                              const Tensor& running_var, float eps, Tensor& y) override;
+  void batchnorm_backward(const Tensor& dy, const Tensor& x, const Tensor& gamma, const Tensor& mean,
+                          const Tensor& invstd, Tensor& dx, bool accumulate_dx, Tensor& dgamma, Tensor& dbeta,
+                          bool accumulate_params) override;
+
+  void relu_forward(const Tensor& x, Tensor& y) override;
+  void relu_backward(const Tensor& dy, const MaskView& mask, Tensor& dx, bool accumulate) override;
+  void add_forward(const Tensor& a, const Tensor& b, Tensor& y) override;
+  void accumulate_grad(const Tensor& src, Tensor& dst, bool accumulate) override;
+  void dropout_forward(const Tensor& x, float p, uint64_t seed, Tensor& y) override;
+  void dropout_backward(const Tensor& dy, float p, uint64_t seed, Tensor& dx, bool accumulate) override;
+
+  void maxpool2d_forward(const Conv2dGeom& g, const Tensor& x, Tensor& y) override;
+  void maxpool2d_backward(const Conv2dGeom& g, const Tensor& dy, const Tensor& x, Tensor& dx, bool accumulate) override;
+  void avgpool2d_forward(const Conv2dGeom& g, const Tensor& x, Tensor& y) override;
+  void avgpool2d_backward(const Conv2dGeom& g, const Tensor& dy, Tensor& dx, bool accumulate) override;
+  void global_avgpool_forward(const Tensor& x, Tensor& y) override;
+  void global_avgpool_backward(const Tensor& dy, Tensor& dx, bool accumulate) override;
+
+  void softmax_xent_forward(const Tensor& logits, const Tensor& labels, float smoothing, Tensor& loss) override;
+  void softmax_xent_backward(const Tensor& logits, const Tensor& labels, float smoothing, float dloss, Tensor& dlogits,
+                             bool accumulate) override;
+
+  void sgd_step(Tensor& param, const Tensor& grad, Tensor& momentum_buf, float lr, float momentum, float weight_decay,
+                bool nesterov, bool first_step) override;
+};
+
+// Threads the CPU kernels use (OpenMP's max threads at the time of the call).
+int cpu_threads();
+
+}  // namespace et

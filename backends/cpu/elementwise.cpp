@@ -1,0 +1,107 @@
+// Element-wise kernels on CPU: fill, copy, relu, add, gradient accumulation, dropout.
+// Flat loops over contiguous tensors, split over threads; the compiler vectorises them (-O3, target ISA).
+#include <cstring>
+
+#include "backends/cpu/cpu_backend.h"
+
+namespace et {
+
+namespace {
+// Counter-based uniform in [0,1) for dropout: a pure function of (seed, i), so backward can
+// recompute the forward mask and any thread split gives the same mask.
+inline float hash_uniform(uint64_t seed, uint64_t i) {
+  uint64_t x = seed + (i + 1) * 0x9E3779B97F4A7C15ull;
+  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+  x ^= x >> 31;
+  return float(x >> 40) * (1.0f / 16777216.0f);
+}
+}  // namespace
+
+void CpuBackend::fill(Tensor& t, float value) {
+  ET_CHECK(t.is_contiguous());
+  float* p = t.f32();
+  const int64_t n = t.numel();
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < n; ++i) p[i] = value;
+}
+
+void CpuBackend::copy(const Tensor& src, Tensor& dst) {
+  ET_CHECK(src.nbytes() == dst.nbytes() && src.is_contiguous() && dst.is_contiguous());
+  std::memcpy(dst.data, src.data, src.nbytes());
+}
+
+void CpuBackend::relu_forward(const Tensor& x, Tensor& y) {
+  const float* xp = x.f32();
+  float* yp = y.f32();
+  const int64_t n = x.numel();
+#pragma omp parallel for simd schedule(static)
+  for (int64_t i = 0; i < n; ++i) yp[i] = xp[i] > 0.f ? xp[i] : 0.f;
+}
+
+void CpuBackend::relu_backward(const Tensor& dy, const MaskView& mask, Tensor& dx, bool accumulate) {
+  const float* d = dy.f32();
+  float* o = dx.f32();
+  const int64_t n = dy.numel();
+  if (mask.bits) {
+    const uint64_t* bits = mask.bits;
+#pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < n; ++i) {
+      const float v = (bits[i >> 6] >> (i & 63)) & 1 ? d[i] : 0.f;
+      o[i] = accumulate ? o[i] + v : v;
+    }
+    return;
+  }
+  const float* m = mask.dense.f32();
+  if (accumulate) {
+#pragma omp parallel for simd schedule(static)
+    for (int64_t i = 0; i < n; ++i) o[i] += m[i] > 0.f ? d[i] : 0.f;
+  } else {
+#pragma omp parallel for simd schedule(static)
+    for (int64_t i = 0; i < n; ++i) o[i] = m[i] > 0.f ? d[i] : 0.f;
+  }
+}
+
+void CpuBackend::add_forward(const Tensor& a, const Tensor& b, Tensor& y) {
+  const float* ap = a.f32();
+  const float* bp = b.f32();
+  float* yp = y.f32();
+  const int64_t n = a.numel();
+#pragma omp parallel for simd schedule(static)
+  for (int64_t i = 0; i < n; ++i) yp[i] = ap[i] + bp[i];
+}
+
+void CpuBackend::accumulate_grad(const Tensor& src, Tensor& dst, bool accumulate) {
+  const float* s = src.f32();
+  float* d = dst.f32();
+  const int64_t n = src.numel();
+  if (!accumulate) {
+    if (s != d) std::memcpy(d, s, size_t(n) * sizeof(float));
+    return;
+  }
+#pragma omp parallel for simd schedule(static)
+  for (int64_t i = 0; i < n; ++i) d[i] += s[i];
+}
+
+void CpuBackend::dropout_forward(const Tensor& x, float p, uint64_t seed, Tensor& y) {
+  const float scale = 1.f / (1.f - p);
+  const float* xp = x.f32();
+  float* yp = y.f32();
+  const int64_t n = x.numel();
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < n; ++i) yp[i] = hash_uniform(seed, uint64_t(i)) >= p ? xp[i] * scale : 0.f;
+}
+
+void CpuBackend::dropout_backward(const Tensor& dy, float p, uint64_t seed, Tensor& dx, bool accumulate) {
+  const float scale = 1.f / (1.f - p);
+  const float* d = dy.f32();
+  float* o = dx.f32();
+  const int64_t n = dy.numel();
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < n; ++i) {
+    const float v = hash_uniform(seed, uint64_t(i)) >= p ? d[i] * scale : 0.f;
+    o[i] = accumulate ? o[i] + v : v;
+  }
+}
+
+}  // namespace et

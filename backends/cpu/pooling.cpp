@@ -1,0 +1,129 @@
+// Pooling on CPU: one (n, c) plane per iteration, planes spread over threads.
+#include <cfloat>
+#include <cstring>
+
+#include "backends/cpu/cpu_backend.h"
+
+namespace et {
+
+// y [N,C,P,Q] = max over each R x S window of x [N,C,H,W] (padding never wins)
+void CpuBackend::maxpool2d_forward(const Conv2dGeom& g, const Tensor& x, Tensor& y) {
+  const int64_t planes = g.N * g.C;
+#pragma omp parallel for schedule(static)
+  for (int64_t pl = 0; pl < planes; ++pl) {
+    const float* xp = x.f32() + pl * g.H * g.W;
+    float* yp = y.f32() + pl * g.P * g.Q;
+    for (int64_t p = 0; p < g.P; ++p)
+      for (int64_t q = 0; q < g.Q; ++q) {
+        float m = -FLT_MAX;
+        for (int64_t r = 0; r < g.R; ++r) {
+          const int64_t h = p * g.stride_h - g.pad_h + r;
+          if (h < 0 || h >= g.H) continue;
+          for (int64_t s = 0; s < g.S; ++s) {
+            const int64_t w = q * g.stride_w - g.pad_w + s;
+            if (w >= 0 && w < g.W && xp[h * g.W + w] > m) m = xp[h * g.W + w];
+          }
+        }
+        yp[p * g.Q + q] = m;
+      }
+  }
+}
+
+void CpuBackend::maxpool2d_backward(const Conv2dGeom& g, const Tensor& dy, const Tensor& x, Tensor& dx,
+                                    bool accumulate) {
+  const int64_t planes = g.N * g.C;
+#pragma omp parallel for schedule(static)
+  for (int64_t pl = 0; pl < planes; ++pl) {
+    const float* xp = x.f32() + pl * g.H * g.W;
+    const float* dyp = dy.f32() + pl * g.P * g.Q;
+    float* dxp = dx.f32() + pl * g.H * g.W;
+    if (!accumulate) std::memset(dxp, 0, sizeof(float) * size_t(g.H * g.W));
+    for (int64_t p = 0; p < g.P; ++p)
+      for (int64_t q = 0; q < g.Q; ++q) {
+        float m = -FLT_MAX;
+        int64_t arg = -1;
+        for (int64_t r = 0; r < g.R; ++r) {
+          const int64_t h = p * g.stride_h - g.pad_h + r;
+          if (h < 0 || h >= g.H) continue;
+          for (int64_t s = 0; s < g.S; ++s) {
+            const int64_t w = q * g.stride_w - g.pad_w + s;
+            if (w >= 0 && w < g.W && xp[h * g.W + w] > m) {
+              m = xp[h * g.W + w];
+              arg = h * g.W + w;
+            }
+          }
+        }
+        if (arg >= 0) dxp[arg] += dyp[p * g.Q + q];
+      }
+  }
+}
+
+void CpuBackend::avgpool2d_forward(const Conv2dGeom& g, const Tensor& x, Tensor& y) {
+  const int64_t planes = g.N * g.C;
+  const float inv = 1.f / float(g.R * g.S);
+#pragma omp parallel for schedule(static)
+  for (int64_t pl = 0; pl < planes; ++pl) {
+    const float* xp = x.f32() + pl * g.H * g.W;
+    float* yp = y.f32() + pl * g.P * g.Q;
+    for (int64_t p = 0; p < g.P; ++p)
+      for (int64_t q = 0; q < g.Q; ++q) {
+        float s = 0.f;
+        for (int64_t r = 0; r < g.R; ++r) {
+          const int64_t h = p * g.stride_h - g.pad_h + r;
+          if (h < 0 || h >= g.H) continue;
+          for (int64_t t = 0; t < g.S; ++t) {
+            const int64_t w = q * g.stride_w - g.pad_w + t;
+            if (w >= 0 && w < g.W) s += xp[h * g.W + w];
+          }
+        }
+        yp[p * g.Q + q] = s * inv;
+      }
+  }
+}
+
+void CpuBackend::avgpool2d_backward(const Conv2dGeom& g, const Tensor& dy, Tensor& dx, bool accumulate) {
+  const int64_t planes = g.N * g.C;
+  const float inv = 1.f / float(g.R * g.S);
+#pragma omp parallel for schedule(static)
+  for (int64_t pl = 0; pl < planes; ++pl) {
+    const float* dyp = dy.f32() + pl * g.P * g.Q;
+    float* dxp = dx.f32() + pl * g.H * g.W;
+    if (!accumulate) std::memset(dxp, 0, sizeof(float) * size_t(g.H * g.W));
+    for (int64_t p = 0; p < g.P; ++p)
+      for (int64_t q = 0; q < g.Q; ++q) {
+        const float v = dyp[p * g.Q + q] * inv;
+        for (int64_t r = 0; r < g.R; ++r) {
+          const int64_t h = p * g.stride_h - g.pad_h + r;
+          if (h < 0 || h >= g.H) continue;
+          for (int64_t t = 0; t < g.S; ++t) {
+            const int64_t w = q * g.stride_w - g.pad_w + t;
+            if (w >= 0 && w < g.W) dxp[h * g.W + w] += v;
+          }
+        }
+      }
+  }
+}
+
+// y [N,C] = mean over H,W of x [N,C,H,W]
+void CpuBackend::global_avgpool_forward(const Tensor& x, Tensor& y) {
+  const int64_t planes = x.dim(0) * x.dim(1), HW = x.dim(2) * x.dim(3);
+#pragma omp parallel for schedule(static)
+  for (int64_t pl = 0; pl < planes; ++pl) {
+    const float* xp = x.f32() + pl * HW;
+    float s = 0.f;
+    for (int64_t i = 0; i < HW; ++i) s += xp[i];
+    y.f32()[pl] = s / float(HW);
+  }
+}
+
+void CpuBackend::global_avgpool_backward(const Tensor& dy, Tensor& dx, bool accumulate) {
+  const int64_t planes = dx.dim(0) * dx.dim(1), HW = dx.dim(2) * dx.dim(3);
+#pragma omp parallel for schedule(static)
+  for (int64_t pl = 0; pl < planes; ++pl) {
+    const float v = dy.f32()[pl] / float(HW);
+    float* o = dx.f32() + pl * HW;
+    for (int64_t i = 0; i < HW; ++i) o[i] = accumulate ? o[i] + v : v;
+  }
+}
+
+}  // namespace et

@@ -1,0 +1,43 @@
+// Two kinds of errors (docs/architecture.md, "Errors"):
+//  - programmer errors: ET_CHECK aborts with file:line and the failed condition;
+//  - user errors (config, data, checkpoint, command line, out of memory): throw et::UserError,
+//    which reaches main() and becomes a clear message and a non-zero exit. Library code never exits.
+#pragma once
+#include <cstdio>
+#include <cstdlib>
+#include <sstream>
+#include <stdexcept>
+#include <string>
+
+namespace et {
+
+struct UserError : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+[[noreturn]] inline void check_failed(const char* file, int line, const char* cond, const std::string& msg) {
+  std::fprintf(stderr, "edgetrain: internal error at %s:%d: check `%s` failed%s%s\n", file, line, cond,
+               msg.empty() ? "" : ": ", msg.c_str());
+  std::fflush(stderr);
+  std::abort();
+}
+
+// Builds a message from stream-able pieces: fmt("layer ", name, " needs ", n, " bytes").
+template <typename... Args>
+std::string fmt(const Args&... args) {
+  std::ostringstream os;
+  (os << ... << args);
+  return os.str();
+}
+
+template <typename... Args>
+[[noreturn]] void user_error(const Args&... args) {
+  throw UserError(fmt(args...));
+}
+
+}  // namespace et
+
+#define ET_CHECK(cond, ...)                                                       \
+  do {                                                                            \
+    if (!(cond)) ::et::check_failed(__FILE__, __LINE__, #cond, ::et::fmt("" __VA_OPT__(, ) __VA_ARGS__)); \
+  } while (0)

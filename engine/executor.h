@@ -1,0 +1,104 @@
+// Executor: runs a Graph on a Backend. Before the first step it plans every buffer (params,
+// gradients, optimizer slots, activations, saved tensors, workspace) into one arena, so a step
+// allocates nothing. Forward runs nodes in order and pushes what each op saves into the stash;
+// backward runs them in reverse, reading the stash, with dL/dloss = 1.
+#pragma once
+#include <memory>
+#include <vector>
+
+#include "backends/backend.h"
+#include "engine/graph.h"
+#include "memory/arena.h"
+#include "memory/stash.h"
+#include "quant/precision.h"
+
+namespace et {
+
+struct MemoryReport {
+  size_t params = 0, grads = 0, optimizer = 0, inputs = 0, buffers = 0;
+  size_t activations_planned = 0;    // peak of the lifetime plan (activations, aux, activation grads)
+  size_t activations_unplanned = 0;  // what they would take without reuse
+  size_t workspace = 0;
+  size_t total = 0;
+};
+
+class Executor {
+ public:
+  // `optimizer_slots`: persistent per-parameter buffers the optimizer needs (1 for SGD momentum).
+  Executor(Graph& graph, Backend& backend, int optimizer_slots = 1);
+  ~Executor();
+
+  Graph& graph() { return graph_; }
+  const Graph& graph() const { return graph_; }
+  Backend& backend() { return backend_; }
+
+  // Runs the forward pass for the first `batch` samples of the inputs (batch <= graph batch size).
+  void forward(int64_t batch, bool training);
+  void backward();
+
+  Tensor value(int id) const;  // current view (batch applied)
+  Tensor grad(int id) const;
+  Tensor opt_slot(int param_id, int slot) const;
+  float loss() const;
+
+  void set_step_seed(uint64_t s) { step_seed_ = s; }
+  void set_precision(PrecisionPolicy* p) { precision_ = p; }
+  const MemoryReport& memory() const { return report_; }
+  int64_t batch() const { return batch_; }
+
+ private:
+  friend class OpContext;
+  void plan();
+
+  Graph& graph_;
+  Backend& backend_;
+  std::unique_ptr<Stash> stash_;
+  Fp32Policy fp32_;
+  PrecisionPolicy* precision_ = &fp32_;
+  Arena arena_;
+  std::vector<Tensor> data_, grads_;           // full-batch views, one per value
+  std::vector<std::vector<Tensor>> slots_;     // optimizer slots per value (params only)
+  std::vector<uint8_t> needs_backward_;        // per node
+  std::vector<std::vector<SaveSpec>> save_specs_;  // per node, cached: Op::saves() allocates
+  std::vector<uint8_t> grad_written_;          // per value, reset each backward
+  Workspace workspace_;
+  MemoryReport report_;
+  int optimizer_slots_;
+  int64_t batch_ = 0;
+  bool training_ = false;
+  uint64_t step_seed_ = 0;
+};
+
+// What an op sees while it runs: its inputs, output, gradients, saved tensors and scratch.
+class OpContext {
+ public:
+  OpContext(Executor& ex, int node_id) : ex_(ex), node_(ex.graph_.node(node_id)), node_id_(node_id) {}
+
+  Backend& backend() { return ex_.backend_; }
+  const Node& node() const { return node_; }
+  PrecisionPolicy& precision() { return *ex_.precision_; }
+  bool training() const { return ex_.training_; }
+  int64_t batch() const { return ex_.batch_; }
+  // Per-step, per-node seed for stochastic ops (dropout).
+  uint64_t seed() const;
+
+  Tensor input(int i) const { return ex_.value(node_.inputs[size_t(i)]); }
+  bool has_input(int i) const { return size_t(i) < node_.inputs.size(); }
+  Tensor output() const { return ex_.value(node_.output); }
+  Tensor aux(int i) const { return ex_.value(node_.aux[size_t(i)]); }
+  // Saved tensors, indexed like Op::saves().
+  Tensor saved(int i) const;
+  MaskView saved_mask(int i) const;
+
+  Tensor grad_output() const { return ex_.grad(node_.output); }
+  GradOut grad_input(int i) const;
+  Workspace workspace() const { return ex_.workspace_; }
+
+ private:
+  int saved_value(int i) const;
+  Executor& ex_;
+  const Node& node_;
+  int node_id_;
+};
+
+}  // namespace et

@@ -1,0 +1,77 @@
+// Graph: values (tensors with a role) and nodes (an op reading values and writing one output).
+// Built once from the model config by op builders (layers/*.cpp) that check shapes and wire nodes;
+// executed later, forward in node order and backward in reverse (engine/executor.h).
+#pragma once
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "engine/op.h"
+#include "engine/tensor.h"
+
+namespace et {
+
+enum class ValueKind : uint8_t {
+  Input,       // fed by the data loader each step (images, labels)
+  Param,       // trained weights: persistent, with a gradient and optimizer state
+  Buffer,      // persistent state without gradient (BN running statistics)
+  Activation,  // produced by a node in forward; planned by lifetime
+  Aux,         // produced by a node in forward for its own backward only (BN batch mean/invstd)
+};
+
+enum class ParamInit : uint8_t { None, Zeros, Ones, KaimingNormalFanOut, UniformFanIn };
+
+struct Value {
+  std::string name;
+  Shape shape;           // for batched values, d[0] is the maximum batch the graph was built for
+  DType dtype = DType::F32;
+  ValueKind kind = ValueKind::Activation;
+  bool batched = false;  // d[0] is the batch dimension
+  bool needs_grad = false;
+  ParamInit init = ParamInit::None;
+  int64_t init_fan = 0;  // fan used by the initializer
+  int producer = -1;     // node index, -1 for inputs / params / buffers
+  std::vector<int> consumers;
+};
+
+struct Node {
+  std::string name;
+  std::unique_ptr<Op> op;
+  std::vector<int> inputs;  // value ids; op-specific order (e.g. conv: x, w, b)
+  std::vector<int> aux;     // per-node forward state for backward (Aux values)
+  int output = -1;
+};
+
+class Graph {
+ public:
+  int add_value(Value v);
+  // Wires a node; checks inputs exist. Returns the output value id.
+  int add_node(std::string name, std::unique_ptr<Op> op, std::vector<int> inputs, Value output,
+               std::vector<Value> aux = {});
+
+  const Value& value(int id) const { return values_.at(size_t(id)); }
+  Value& value(int id) { return values_.at(size_t(id)); }
+  const Node& node(int id) const { return nodes_.at(size_t(id)); }
+  int num_values() const { return int(values_.size()); }
+  int num_nodes() const { return int(nodes_.size()); }
+  const std::vector<Node>& nodes() const { return nodes_; }
+
+  // Unique, human-readable name for a new layer: "<prefix>" if free, else "<prefix>_2", ...
+  std::string unique_name(const std::string& prefix) const;
+  int find_value(const std::string& name) const;  // -1 if absent
+
+  std::vector<int> params() const;   // in creation order
+  std::vector<int> buffers() const;
+  int batch_size() const { return batch_; }
+  void set_batch_size(int n) { batch_ = n; }
+
+  // Marked by the model builder.
+  int image_input = -1, label_input = -1, logits = -1, loss = -1;
+
+ private:
+  std::vector<Value> values_;
+  std::vector<Node> nodes_;
+  int batch_ = 0;
+};
+
+}  // namespace et

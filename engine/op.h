@@ -1,0 +1,55 @@
+// Op: one layer's forward and backward, plus what it tells the executor, the memory planner and
+// (later) the fusion scheduler about itself. Each op family lives in layers/<family>.cpp with its
+// builder, forward and backward side by side; kernels live in the backend.
+#pragma once
+#include <cstdint>
+#include <vector>
+
+#include "backends/backend.h"
+#include "engine/tensor.h"
+
+namespace et {
+
+class OpContext;
+
+// How ops group for depth-first fusion (BrainSlug): runs of Elementwise ops with at most one Pool
+// between Compute ops form a stack a scheduler can tile. Normalize (BN) needs a batch reduction and
+// splits into statistics + element-wise apply.
+enum class OpClass : uint8_t { Compute, Normalize, Elementwise, Pool, Reshape, Loss };
+
+// What an op keeps for its backward. The stash decides the storage format (dense now; bitmap,
+// FP16 or 4-bit later) without op code changing.
+enum class SaveKind : uint8_t {
+  Full,  // every element is needed (conv input for the weight gradient, BN input)
+  Mask,  // only "is > 0" is needed (ReLU output): 1 bit per element suffices
+};
+
+struct SaveSpec {
+  int input = -1;   // index into node.inputs, or -1 for the node's output
+  SaveKind kind = SaveKind::Full;
+};
+
+class Op {
+ public:
+  virtual ~Op() = default;
+  virtual const char* type() const = 0;
+  virtual OpClass op_class() const = 0;
+  // Activations this op reads again in backward (params and aux values are always available).
+  virtual std::vector<SaveSpec> saves() const { return {}; }
+  // Scratch needed by forward / backward on `backend` for the graph's batch size.
+  virtual size_t workspace_bytes(const Backend& backend, int64_t batch) const { return 0; }
+  // True if the output may share memory with input 0 (pure reshapes).
+  virtual bool output_aliases_input() const { return false; }
+  virtual void forward(OpContext& ctx) = 0;
+  virtual void backward(OpContext& ctx) = 0;
+};
+
+// An input gradient as a backward pass sees it: the tensor to write, whether to add into it, and
+// whether it is wanted at all (inputs that need no gradient get `wanted = false`).
+struct GradOut {
+  Tensor t;
+  bool accumulate = false;
+  bool wanted = false;
+};
+
+}  // namespace et

@@ -1,0 +1,69 @@
+// batchnorm2d over N,H,W per channel. Inputs: x, gamma, beta, running_mean, running_var.
+// Training: batch statistics (mean / invstd kept as aux for backward), running statistics updated;
+// evaluation: running statistics. Saves x: BN backward needs x_hat for every element.
+#include <memory>
+
+#include "layers/layers.h"
+
+namespace et {
+namespace {
+
+class BatchNormOp final : public Op {
+ public:
+  BatchNormOp(float momentum, float eps) : momentum_(momentum), eps_(eps) {}
+  const char* type() const override { return "batchnorm2d"; }
+  OpClass op_class() const override { return OpClass::Normalize; }
+  std::vector<SaveSpec> saves() const override { return {{0, SaveKind::Full}}; }
+
+  void forward(OpContext& ctx) override {
+    Tensor y = ctx.output();
+    Tensor rm = ctx.input(3), rv = ctx.input(4);
+    if (ctx.training()) {
+      Tensor mean = ctx.aux(0), invstd = ctx.aux(1);
+      ctx.backend().batchnorm_forward_train(ctx.input(0), ctx.input(1), ctx.input(2), rm, rv, momentum_, eps_, y, mean,
+                                            invstd);
+    } else {
+      ctx.backend().batchnorm_forward_eval(ctx.input(0), ctx.input(1), ctx.input(2), rm, rv, eps_, y);
+    }
+  }
+
+  void backward(OpContext& ctx) override {
+    GradOut dx = ctx.grad_input(0), dg = ctx.grad_input(1), db = ctx.grad_input(2);
+    Tensor dxt = dx.wanted ? dx.t : Tensor{};
+    ctx.backend().batchnorm_backward(ctx.grad_output(), ctx.saved(0), ctx.input(1), ctx.aux(0), ctx.aux(1), dxt,
+                                     dx.accumulate, dg.t, db.t, dg.accumulate);
+  }
+
+ private:
+  float momentum_, eps_;
+};
+
+}  // namespace
+
+int batchnorm2d(Graph& g, int x, const std::string& name, float momentum, float eps) {
+  const Value& in = g.value(x);
+  if (in.shape.ndim != 4) user_error("layer ", name, ": batchnorm2d needs an NCHW input, got ", in.shape.str());
+  const int64_t c = in.shape[1];
+  const Shape shape = in.shape;
+  const int gamma = add_param(g, name + ".weight", Shape{c}, ParamInit::Ones, 0);
+  const int beta = add_param(g, name + ".bias", Shape{c}, ParamInit::Zeros, 0);
+  auto buffer = [&](const char* suffix, ParamInit init) {
+    Value v;
+    v.name = name + suffix;
+    v.shape = Shape{c};
+    v.kind = ValueKind::Buffer;
+    v.init = init;
+    return g.add_value(std::move(v));
+  };
+  const int rm = buffer(".running_mean", ParamInit::Zeros);
+  const int rv = buffer(".running_var", ParamInit::Ones);
+  Value mean, invstd;
+  mean.name = name + ".batch_mean";
+  mean.shape = Shape{c};
+  invstd.name = name + ".batch_invstd";
+  invstd.shape = Shape{c};
+  return g.add_node(name, std::make_unique<BatchNormOp>(momentum, eps), {x, gamma, beta, rm, rv},
+                    activation(name, shape), {mean, invstd});
+}
+
+}  // namespace et

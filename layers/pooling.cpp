@@ -1,0 +1,97 @@
+// Pooling: maxpool2d (saves its input; backward finds the first maximum again), avgpool2d
+// (count_include_pad, saves nothing), global average pooling [N,C,H,W] -> [N,C].
+#include <memory>
+
+#include "layers/layers.h"
+
+namespace et {
+namespace {
+
+class MaxPoolOp final : public Op {
+ public:
+  explicit MaxPoolOp(const Conv2dGeom& g) : geom_(g) {}
+  const char* type() const override { return "maxpool2d"; }
+  OpClass op_class() const override { return OpClass::Pool; }
+  std::vector<SaveSpec> saves() const override { return {{0, SaveKind::Full}}; }
+  void forward(OpContext& ctx) override {
+    Tensor y = ctx.output();
+    ctx.backend().maxpool2d_forward(geom_.with_batch(ctx.batch()), ctx.input(0), y);
+  }
+  void backward(OpContext& ctx) override {
+    GradOut dx = ctx.grad_input(0);
+    if (dx.wanted)
+      ctx.backend().maxpool2d_backward(geom_.with_batch(ctx.batch()), ctx.grad_output(), ctx.saved(0), dx.t,
+                                       dx.accumulate);
+  }
+
+ private:
+  Conv2dGeom geom_;
+};
+
+class AvgPoolOp final : public Op {
+ public:
+  explicit AvgPoolOp(const Conv2dGeom& g) : geom_(g) {}
+  const char* type() const override { return "avgpool2d"; }
+  OpClass op_class() const override { return OpClass::Pool; }
+  void forward(OpContext& ctx) override {
+    Tensor y = ctx.output();
+    ctx.backend().avgpool2d_forward(geom_.with_batch(ctx.batch()), ctx.input(0), y);
+  }
+  void backward(OpContext& ctx) override {
+    GradOut dx = ctx.grad_input(0);
+    if (dx.wanted)
+      ctx.backend().avgpool2d_backward(geom_.with_batch(ctx.batch()), ctx.grad_output(), dx.t, dx.accumulate);
+  }
+
+ private:
+  Conv2dGeom geom_;
+};
+
+class GlobalAvgPoolOp final : public Op {
+ public:
+  const char* type() const override { return "global_avgpool"; }
+  OpClass op_class() const override { return OpClass::Pool; }
+  void forward(OpContext& ctx) override {
+    Tensor y = ctx.output();
+    ctx.backend().global_avgpool_forward(ctx.input(0), y);
+  }
+  void backward(OpContext& ctx) override {
+    GradOut dx = ctx.grad_input(0);
+    if (dx.wanted) ctx.backend().global_avgpool_backward(ctx.grad_output(), dx.t, dx.accumulate);
+  }
+};
+
+Conv2dGeom pool_geom(const Graph& gr, int x, const std::string& name, int64_t k, int64_t s, int64_t p) {
+  const Value& in = gr.value(x);
+  if (in.shape.ndim != 4) user_error("layer ", name, ": pooling needs an NCHW input, got ", in.shape.str());
+  if (k < 1 || s < 1 || p < 0 || 2 * p > k)
+    user_error("layer ", name, ": invalid pooling kernel ", k, " / stride ", s, " / padding ", p);
+  Conv2dGeom g;
+  g.N = in.shape[0]; g.C = g.K = in.shape[1]; g.H = in.shape[2]; g.W = in.shape[3];
+  g.R = g.S = k;
+  g.stride_h = g.stride_w = s;
+  g.pad_h = g.pad_w = p;
+  g.infer_output();
+  if (g.P < 1 || g.Q < 1) user_error("layer ", name, ": input ", in.shape.str(), " too small for pooling ", k);
+  return g;
+}
+
+}  // namespace
+
+int maxpool2d(Graph& gr, int x, const std::string& name, int64_t kernel, int64_t stride, int64_t padding) {
+  const Conv2dGeom g = pool_geom(gr, x, name, kernel, stride, padding);
+  return gr.add_node(name, std::make_unique<MaxPoolOp>(g), {x}, activation(name, Shape{g.N, g.C, g.P, g.Q}));
+}
+
+int avgpool2d(Graph& gr, int x, const std::string& name, int64_t kernel, int64_t stride, int64_t padding) {
+  const Conv2dGeom g = pool_geom(gr, x, name, kernel, stride, padding);
+  return gr.add_node(name, std::make_unique<AvgPoolOp>(g), {x}, activation(name, Shape{g.N, g.C, g.P, g.Q}));
+}
+
+int global_avgpool(Graph& gr, int x, const std::string& name) {
+  const Value& in = gr.value(x);
+  if (in.shape.ndim != 4) user_error("layer ", name, ": global pooling needs an NCHW input, got ", in.shape.str());
+  return gr.add_node(name, std::make_unique<GlobalAvgPoolOp>(), {x}, activation(name, Shape{in.shape[0], in.shape[1]}));
+}
+
+}  // namespace et
