@@ -1,0 +1,287 @@
+#include "engine/config.h"
+
+#include <filesystem>
+#include <fstream>
+#include <set>
+#include <sstream>
+
+#include "engine/check.h"
+
+namespace et {
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+
+namespace {
+
+// Reads one JSON object, remembering which keys were consumed so leftovers can be reported.
+class ObjectReader {
+ public:
+  ObjectReader(const json& j, std::string path, const std::string& source) : j_(j), path_(std::move(path)), source_(source) {
+    if (!j_.is_object()) fail(path_.empty() ? "the top level" : path_, "must be an object");
+  }
+
+  template <typename T>
+  void get(const char* key, T& out) {
+    seen_.insert(key);
+    auto it = j_.find(key);
+    if (it == j_.end()) return;
+    read(*it, full(key), out);
+  }
+
+  ObjectReader child(const char* key) {
+    seen_.insert(key);
+    static const json empty = json::object();
+    auto it = j_.find(key);
+    return ObjectReader(it == j_.end() ? empty : *it, full(key), source_);
+  }
+
+  void finish() const {
+    for (auto it = j_.begin(); it != j_.end(); ++it)
+      if (!seen_.count(it.key())) fail(full(it.key()), "is not a known key");
+  }
+
+  [[noreturn]] void fail(const std::string& key, const std::string& what) const {
+    user_error(source_, ": config key '", key, "' ", what);
+  }
+  std::string full(const std::string& key) const { return path_.empty() ? key : path_ + "." + key; }
+
+ private:
+  void type_error(const json& v, const std::string& key, const char* want) const {
+    fail(key, std::string("must be ") + want + ", got " + v.dump());
+  }
+  void read(const json& v, const std::string& key, bool& out) const {
+    if (!v.is_boolean()) type_error(v, key, "true or false");
+    out = v.get<bool>();
+  }
+  void read(const json& v, const std::string& key, std::string& out) const {
+    if (!v.is_string()) type_error(v, key, "a string");
+    out = v.get<std::string>();
+  }
+  void read(const json& v, const std::string& key, float& out) const {
+    if (!v.is_number()) type_error(v, key, "a number");
+    out = v.get<float>();
+  }
+  template <typename I, std::enable_if_t<std::is_integral_v<I>, int> = 0>
+  void read(const json& v, const std::string& key, I& out) const {
+    if (!v.is_number_integer()) type_error(v, key, "an integer");
+    if (v.is_number_unsigned()) {
+      const auto u = v.get<uint64_t>();
+      if (u > uint64_t(std::numeric_limits<I>::max())) type_error(v, key, "a smaller integer");
+      out = I(u);
+      return;
+    }
+    const auto s = v.get<int64_t>();
+    if (s < int64_t(std::numeric_limits<I>::min()) || (s > 0 && uint64_t(s) > uint64_t(std::numeric_limits<I>::max())))
+      type_error(v, key, std::is_signed_v<I> ? "an integer in range" : "a non-negative integer");
+    out = I(s);
+  }
+  template <typename T>
+  void read(const json& v, const std::string& key, std::vector<T>& out) const {
+    if (!v.is_array()) type_error(v, key, "an array");
+    out.clear();
+    for (size_t i = 0; i < v.size(); ++i) {
+      T x{};
+      read(v[i], key + "[" + std::to_string(i) + "]", x);
+      out.push_back(x);
+    }
+  }
+
+  const json& j_;
+  std::string path_;
+  const std::string& source_;
+  std::set<std::string> seen_;
+};
+
+void apply_override(json& j, const std::string& spec, const std::string& source) {
+  const size_t eq = spec.find('=');
+  if (eq == std::string::npos || eq == 0) user_error("--set '", spec, "': expected key=value");
+  const std::string key = spec.substr(0, eq), text = spec.substr(eq + 1);
+  json value;
+  try {
+    value = json::parse(text);
+  } catch (const json::parse_error&) {
+    value = text;  // bare words are strings: --set model.name=vgg16_bn
+  }
+  json* node = &j;
+  std::stringstream ss(key);
+  std::string part, walked;
+  std::vector<std::string> parts;
+  while (std::getline(ss, part, '.')) parts.push_back(part);
+  for (size_t i = 0; i < parts.size(); ++i) {
+    if (parts[i].empty()) user_error("--set '", spec, "': empty component in key '", key, "'");
+    walked += (walked.empty() ? "" : ".") + parts[i];
+    if (!node->is_object()) user_error("--set '", spec, "': '", walked, "' is not inside an object");
+    if (i + 1 == parts.size()) {
+      (*node)[parts[i]] = value;
+    } else {
+      if (!node->contains(parts[i])) (*node)[parts[i]] = json::object();
+      node = &(*node)[parts[i]];
+    }
+  }
+  (void)source;
+}
+
+template <typename T>
+void require(bool ok, const ObjectReader& r, const char* key, const T& value, const char* what) {
+  if (!ok) r.fail(r.full(key), fmt("= ", value, ": ", what));
+}
+
+}  // namespace
+
+Config parse_config(const json& j, const std::string& source) {
+  Config c;
+  c.source = source;
+  ObjectReader top(j, "", source);
+
+  ObjectReader m = top.child("model");
+  m.get("name", c.model.name);
+  m.get("num_classes", c.model.num_classes);
+  m.get("dropout", c.model.dropout);
+  m.finish();
+  const auto names = model_names();
+  if (std::find(names.begin(), names.end(), c.model.name) == names.end()) {
+    std::string known;
+    for (const auto& n : names) known += (known.empty() ? "" : ", ") + n;
+    m.fail("model.name", "= \"" + c.model.name + "\": unknown model (known: " + known + ")");
+  }
+  require(c.model.num_classes >= 2, m, "num_classes", c.model.num_classes, "must be at least 2");
+  require(c.model.dropout >= 0.f && c.model.dropout < 1.f, m, "dropout", c.model.dropout, "must be in [0, 1)");
+
+  ObjectReader d = top.child("data");
+  d.get("format", c.data.format);
+  d.get("root", c.data.root);
+  d.get("channels", c.model.channels);
+  d.get("height", c.model.height);
+  d.get("width", c.model.width);
+  d.get("resize", c.data.resize);
+  d.get("crop_padding", c.data.crop_padding);
+  d.get("hflip", c.data.hflip);
+  d.get("mean", c.data.mean);
+  d.get("std", c.data.std);
+  d.get("train_subset", c.data.train_subset);
+  d.get("test_subset", c.data.test_subset);
+  d.finish();
+  require(c.data.format == "image_folder" || c.data.format == "cifar10_binary", d, "format", c.data.format,
+          "must be \"image_folder\" or \"cifar10_binary\"");
+  if (c.data.root.empty()) d.fail("data.root", "is required (the folder holding the data set)");
+  require(c.data.resize == "none" || c.data.resize == "stretch" || c.data.resize == "center_crop", d, "resize",
+          c.data.resize, "must be \"none\", \"stretch\" or \"center_crop\"");
+  require(c.model.channels == 1 || c.model.channels == 3, d, "channels", c.model.channels, "must be 1 or 3");
+  require(c.model.height >= 8 && c.model.width >= 8 && c.model.height <= 1024 && c.model.width <= 1024, d, "height",
+          c.model.height, "height and width must be in 8..1024");
+  require(c.data.crop_padding >= 0 && c.data.crop_padding <= 64, d, "crop_padding", c.data.crop_padding,
+          "must be in 0..64");
+  require(c.data.mean.size() == size_t(c.model.channels), d, "mean", c.data.mean.size(),
+          "values given: needs one per channel");
+  require(c.data.std.size() == size_t(c.model.channels), d, "std", c.data.std.size(),
+          "values given: needs one per channel");
+  for (float s : c.data.std) require(s > 0.f, d, "std", s, "must be positive");
+  require(c.data.train_subset >= 0 && c.data.test_subset >= 0, d, "train_subset", c.data.train_subset,
+          "subsets must be >= 0");
+  if (fs::path(c.data.root).is_relative() && !source.empty() && source != "<memory>") {
+    // Relative roots are taken from the working directory first, else from the config's folder.
+    if (!fs::exists(c.data.root)) {
+      const fs::path alt = fs::path(source).parent_path() / c.data.root;
+      if (fs::exists(alt)) c.data.root = alt.lexically_normal().string();
+    }
+  }
+
+  ObjectReader t = top.child("train");
+  TrainConfig& tr = c.train;
+  t.get("epochs", tr.epochs);
+  t.get("batch_size", tr.batch_size);
+  t.get("lr", tr.lr);
+  t.get("momentum", tr.momentum);
+  t.get("nesterov", tr.nesterov);
+  t.get("weight_decay", tr.weight_decay);
+  t.get("label_smoothing", tr.label_smoothing);
+  t.get("seed", tr.seed);
+  t.get("threads", tr.threads);
+  ObjectReader s = t.child("schedule");
+  ScheduleConfig& sc = tr.schedule;
+  s.get("type", sc.type);
+  s.get("milestones", sc.milestones);
+  s.get("gamma", sc.gamma);
+  s.get("warmup_epochs", sc.warmup_epochs);
+  s.get("warmup_start_factor", sc.warmup_start_factor);
+  s.get("min_lr", sc.min_lr);
+  s.get("pct_start", sc.pct_start);
+  s.get("div_factor", sc.div_factor);
+  s.get("final_div_factor", sc.final_div_factor);
+  s.finish();
+  t.finish();
+  require(tr.epochs >= 1 && tr.epochs <= 100000, t, "epochs", tr.epochs, "must be in 1..100000");
+  require(tr.batch_size >= 1 && tr.batch_size <= 65536, t, "batch_size", tr.batch_size, "must be in 1..65536");
+  require(tr.lr > 0.f && tr.lr < 100.f, t, "lr", tr.lr, "must be in (0, 100)");
+  require(tr.momentum >= 0.f && tr.momentum < 1.f, t, "momentum", tr.momentum, "must be in [0, 1)");
+  require(!tr.nesterov || tr.momentum > 0.f, t, "nesterov", tr.nesterov, "needs momentum > 0");
+  require(tr.weight_decay >= 0.f && tr.weight_decay < 1.f, t, "weight_decay", tr.weight_decay, "must be in [0, 1)");
+  require(tr.label_smoothing >= 0.f && tr.label_smoothing < 1.f, t, "label_smoothing", tr.label_smoothing,
+          "must be in [0, 1)");
+  require(tr.threads >= 0 && tr.threads <= 1024, t, "threads", tr.threads, "must be in 0..1024 (0 = all cores)");
+  require(sc.type == "multistep" || sc.type == "cosine" || sc.type == "onecycle" || sc.type == "constant", s, "type",
+          sc.type, "must be \"multistep\", \"cosine\", \"onecycle\" or \"constant\"");
+  for (size_t i = 0; i < sc.milestones.size(); ++i)
+    require(sc.milestones[i] >= 1 && (i == 0 || sc.milestones[i] > sc.milestones[i - 1]), s, "milestones",
+            sc.milestones[i], "milestones must be increasing epochs >= 1");
+  require(sc.gamma > 0.f && sc.gamma <= 1.f, s, "gamma", sc.gamma, "must be in (0, 1]");
+  require(sc.warmup_epochs >= 0.f && sc.warmup_epochs < float(tr.epochs), s, "warmup_epochs", sc.warmup_epochs,
+          "must be in [0, train.epochs)");
+  require(sc.warmup_start_factor > 0.f && sc.warmup_start_factor <= 1.f, s, "warmup_start_factor",
+          sc.warmup_start_factor, "must be in (0, 1]");
+  require(sc.min_lr >= 0.f && sc.min_lr <= tr.lr, s, "min_lr", sc.min_lr, "must be in [0, train.lr]");
+  require(sc.pct_start > 0.f && sc.pct_start < 1.f, s, "pct_start", sc.pct_start, "must be in (0, 1)");
+  require(sc.div_factor >= 1.f, s, "div_factor", sc.div_factor, "must be >= 1");
+  require(sc.final_div_factor >= 1.f, s, "final_div_factor", sc.final_div_factor, "must be >= 1");
+  c.model.label_smoothing = tr.label_smoothing;
+  c.model.batch = tr.batch_size;
+  top.finish();
+  return c;
+}
+
+Config load_config(const std::string& path, const std::vector<std::string>& overrides) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) user_error("cannot open config file '", path, "'");
+  std::stringstream buf;
+  buf << in.rdbuf();
+  json j;
+  try {
+    j = json::parse(buf.str());
+  } catch (const json::parse_error& e) {
+    user_error(path, ": malformed JSON at byte ", e.byte, ": ", e.what());
+  }
+  for (const auto& o : overrides) apply_override(j, o, path);
+  return parse_config(j, path);
+}
+
+json Config::resolved() const {
+  json j;
+  j["model"] = {{"name", model.name}, {"num_classes", model.num_classes}, {"dropout", model.dropout}};
+  j["data"] = {{"format", data.format},       {"root", data.root},          {"channels", model.channels},
+               {"height", model.height},      {"width", model.width},       {"resize", data.resize},
+               {"crop_padding", data.crop_padding}, {"hflip", data.hflip}, {"mean", data.mean},
+               {"std", data.std},             {"train_subset", data.train_subset}, {"test_subset", data.test_subset}};
+  const ScheduleConfig& s = train.schedule;
+  j["train"] = {{"epochs", train.epochs},
+                {"batch_size", train.batch_size},
+                {"lr", train.lr},
+                {"momentum", train.momentum},
+                {"nesterov", train.nesterov},
+                {"weight_decay", train.weight_decay},
+                {"label_smoothing", train.label_smoothing},
+                {"seed", train.seed},
+                {"threads", train.threads},
+                {"schedule",
+                 {{"type", s.type},
+                  {"milestones", s.milestones},
+                  {"gamma", s.gamma},
+                  {"warmup_epochs", s.warmup_epochs},
+                  {"warmup_start_factor", s.warmup_start_factor},
+                  {"min_lr", s.min_lr},
+                  {"pct_start", s.pct_start},
+                  {"div_factor", s.div_factor},
+                  {"final_div_factor", s.final_div_factor}}}};
+  return j;
+}
+
+}  // namespace et

@@ -1,0 +1,65 @@
+// The run configuration: one JSON file, overridable with `--set dotted.key=value`. Every key is
+// validated with its dotted path; unknown keys are errors, so typos never pass silently.
+// docs/config.md lists every key with its default.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "models/models.h"
+
+namespace et {
+
+struct DataConfig {
+  std::string format = "image_folder";  // "image_folder" | "cifar10_binary"
+  std::string root;                     // resolved against the config file's folder if relative
+  std::string resize = "none";          // image_folder: "none" | "stretch" | "center_crop"
+  int crop_padding = 4;                 // random crop of the zero-padded image; 0 = off
+  bool hflip = true;
+  std::vector<float> mean = {0.4914f, 0.4822f, 0.4465f};
+  std::vector<float> std = {0.2470f, 0.2435f, 0.2616f};
+  int64_t train_subset = 0;  // use only the first n training images (after a seeded shuffle); 0 = all
+  int64_t test_subset = 0;
+};
+
+struct ScheduleConfig {
+  std::string type = "multistep";  // "multistep" | "cosine" | "onecycle" | "constant"
+  std::vector<int> milestones;     // multistep: epochs at which lr *= gamma
+  float gamma = 0.1f;
+  float warmup_epochs = 0.f;       // linear warm-up from warmup_start_factor * lr (multistep, cosine)
+  float warmup_start_factor = 0.1f;
+  float min_lr = 0.f;              // cosine floor
+  float pct_start = 0.3f;          // onecycle: fraction of training spent rising
+  float div_factor = 25.f;         // onecycle: start lr = lr / div_factor
+  float final_div_factor = 1e4f;   // onecycle: final lr = start lr / final_div_factor
+};
+
+struct TrainConfig {
+  int epochs = 1;
+  int64_t batch_size = 128;
+  float lr = 0.1f;
+  float momentum = 0.9f;
+  bool nesterov = false;
+  float weight_decay = 5e-4f;
+  float label_smoothing = 0.f;
+  uint64_t seed = 1;
+  int threads = 0;  // 0 = all cores
+  ScheduleConfig schedule;
+};
+
+struct Config {
+  ModelSpec model;
+  DataConfig data;
+  TrainConfig train;
+  std::string source;  // file it came from
+  nlohmann::json resolved() const;  // every key with its effective value
+};
+
+// Reads `path`, applies `overrides` ("a.b=value"; value parsed as JSON, else taken as a string),
+// validates. Throws UserError naming the file and the dotted key.
+Config load_config(const std::string& path, const std::vector<std::string>& overrides = {});
+Config parse_config(const nlohmann::json& j, const std::string& source);
+
+}  // namespace et

@@ -1,0 +1,28 @@
+// Checkpoints: parameters, BN running statistics, optimizer state and training progress in one
+// file. Layout: magic "EDGETRN1", u64 header length, JSON header (model, epoch, step, seed, and a
+// table of tensors: name, role, shape), raw little-endian f32 data in table order, CRC-32 of all
+// preceding bytes. Written to a temporary file, fsync'ed and renamed, so a crash never leaves a
+// partial file under the real name. Loading validates everything before touching the model.
+#pragma once
+#include <cstdint>
+#include <string>
+
+namespace et {
+
+class Executor;
+
+struct TrainProgress {
+  std::string model;
+  int epoch = -1;        // last completed epoch (0-based); -1 = none
+  int64_t step = 0;      // optimizer steps taken
+  uint64_t seed = 0;
+  double best_test_acc = 0;
+};
+
+void save_checkpoint(const std::string& path, const Executor& ex, const TrainProgress& progress);
+// Throws UserError (naming the file) if it is not a valid checkpoint of this model.
+TrainProgress load_checkpoint(const std::string& path, Executor& ex, const std::string& model_name);
+
+uint32_t crc32_update(uint32_t crc, const void* data, size_t n);
+
+}  // namespace et

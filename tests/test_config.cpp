@@ -1,0 +1,152 @@
+// Config validation: every error names the file and the dotted key.
+#include <catch2/catch.hpp>
+
+#include <filesystem>
+#include <fstream>
+
+#include "engine/config.h"
+#include "engine/train/schedule.h"
+
+using namespace et;
+using nlohmann::json;
+
+namespace {
+
+json minimal() {
+  return json::parse(R"({"model": {"name": "resnet20"}, "data": {"root": "/nonexistent/cifar"},
+                         "train": {"epochs": 3}})");
+}
+
+std::string error_of(const json& j) {
+  try {
+    parse_config(j, "test.json");
+  } catch (const UserError& e) {
+    return e.what();
+  }
+  return "";
+}
+
+std::string temp_file(const std::string& name, const std::string& text) {
+  const auto p = std::filesystem::temp_directory_path() / ("edgetrain_cfg_" + name);
+  std::ofstream(p) << text;
+  return p.string();
+}
+
+}  // namespace
+
+TEST_CASE("a minimal config gets documented defaults", "[config]") {
+  const Config c = parse_config(minimal(), "test.json");
+  CHECK(c.model.name == "resnet20");
+  CHECK(c.model.num_classes == 10);
+  CHECK(c.train.batch_size == 128);
+  CHECK(c.data.format == "image_folder");
+  CHECK(c.train.epochs == 3);
+  // The resolved config parses back to the same values.
+  const Config again = parse_config(c.resolved(), "resolved.json");
+  CHECK(again.resolved() == c.resolved());
+}
+
+TEST_CASE("unknown keys are errors with their dotted path", "[config]") {
+  json j = minimal();
+  j["train"]["lr_rate"] = 0.1;
+  CHECK_THAT(error_of(j), Catch::Contains("train.lr_rate") && Catch::Contains("not a known key") &&
+                              Catch::Contains("test.json"));
+  j = minimal();
+  j["train"]["schedule"] = {{"tpye", "cosine"}};
+  CHECK_THAT(error_of(j), Catch::Contains("train.schedule.tpye"));
+  j = minimal();
+  j["optimiser"] = json::object();
+  CHECK_THAT(error_of(j), Catch::Contains("'optimiser'"));
+}
+
+TEST_CASE("mistyped and out-of-range values name key and value", "[config]") {
+  json j = minimal();
+  j["train"]["lr"] = "fast";
+  CHECK_THAT(error_of(j), Catch::Contains("train.lr") && Catch::Contains("a number"));
+  j = minimal();
+  j["train"]["batch_size"] = 0;
+  CHECK_THAT(error_of(j), Catch::Contains("train.batch_size"));
+  j = minimal();
+  j["train"]["epochs"] = 2.5;
+  CHECK_THAT(error_of(j), Catch::Contains("train.epochs") && Catch::Contains("integer"));
+  j = minimal();
+  j["model"]["name"] = "resnet21";
+  CHECK_THAT(error_of(j), Catch::Contains("model.name") && Catch::Contains("resnet21") && Catch::Contains("resnet20"));
+  j = minimal();
+  j["data"]["format"] = "tfrecord";
+  CHECK_THAT(error_of(j), Catch::Contains("data.format"));
+  j = minimal();
+  j["data"]["mean"] = {0.5, 0.5};
+  CHECK_THAT(error_of(j), Catch::Contains("data.mean"));
+  j = minimal();
+  j["train"]["schedule"] = {{"type", "multistep"}, {"milestones", {10, 5}}};
+  CHECK_THAT(error_of(j), Catch::Contains("milestones"));
+  j = minimal();
+  j["train"]["seed"] = -1;
+  CHECK_THAT(error_of(j), Catch::Contains("train.seed"));
+  j = minimal();
+  j["data"].erase("root");
+  CHECK_THAT(error_of(j), Catch::Contains("data.root"));
+}
+
+TEST_CASE("config files: malformed JSON, missing file, --set overrides", "[config]") {
+  const std::string bad = temp_file("bad.json", "{\"model\": {\"name\": \"resnet20\",}");
+  try {
+    load_config(bad);
+    FAIL("no error");
+  } catch (const UserError& e) {
+    CHECK_THAT(std::string(e.what()), Catch::Contains(bad) && Catch::Contains("malformed JSON"));
+  }
+  CHECK_THROWS_WITH(load_config("/nonexistent/edgetrain.json"), Catch::Contains("/nonexistent/edgetrain.json"));
+
+  const std::string good = temp_file("good.json", minimal().dump());
+  const Config c = load_config(good, {"model.name=vgg16_bn", "train.lr=0.05", "train.schedule.milestones=[2]",
+                                      "data.format=cifar10_binary"});
+  CHECK(c.model.name == "vgg16_bn");
+  CHECK(c.train.lr == Approx(0.05f));
+  CHECK(c.train.schedule.milestones == std::vector<int>{2});
+  CHECK(c.data.format == "cifar10_binary");
+  CHECK_THROWS_WITH(load_config(good, {"train.lr"}), Catch::Contains("key=value"));
+  CHECK_THROWS_WITH(load_config(good, {"train.momentun=0.5"}), Catch::Contains("train.momentun"));
+  CHECK_THROWS_WITH(load_config(good, {"model.name.x=1"}), Catch::Contains("model.name"));
+  std::filesystem::remove(bad);
+  std::filesystem::remove(good);
+}
+
+TEST_CASE("every shipped config parses", "[config]") {
+  for (const char* name : {"resnet20_cifar10", "resnet20_cifar10_short", "vgg16_bn_cifar10", "resnet18_cifar10",
+                           "mobilenetv2_cifar10"}) {
+    INFO(name);
+    const Config c = load_config(std::string(EDGETRAIN_SOURCE_DIR) + "/configs/" + name + ".json");
+    CHECK(c.train.epochs >= 1);
+  }
+  CHECK(load_config(std::string(EDGETRAIN_SOURCE_DIR) + "/configs/resnet20_cifar10_short.json").train.epochs <= 30);
+}
+
+TEST_CASE("learning-rate schedules", "[config]") {
+  TrainConfig t;
+  t.lr = 0.1f;
+  t.epochs = 10;
+  t.schedule.type = "multistep";
+  t.schedule.milestones = {5, 8};
+  CHECK(learning_rate(t, 0) == Approx(0.1));
+  CHECK(learning_rate(t, 4.99) == Approx(0.1));
+  CHECK(learning_rate(t, 5) == Approx(0.01));
+  CHECK(learning_rate(t, 9) == Approx(0.001));
+  t.schedule.warmup_epochs = 2;
+  CHECK(learning_rate(t, 0) == Approx(0.01));
+  CHECK(learning_rate(t, 1) == Approx(0.055));
+  t.schedule = ScheduleConfig{};
+  t.schedule.type = "cosine";
+  CHECK(learning_rate(t, 0) == Approx(0.1));
+  CHECK(learning_rate(t, 5) == Approx(0.05));
+  CHECK(learning_rate(t, 10) == Approx(0.0).margin(1e-7));
+  t.schedule.type = "onecycle";
+  t.schedule.pct_start = 0.3f;
+  t.schedule.div_factor = 10;
+  t.schedule.final_div_factor = 100;
+  CHECK(learning_rate(t, 0) == Approx(0.01));
+  CHECK(learning_rate(t, 3) == Approx(0.1));
+  CHECK(learning_rate(t, 10) == Approx(0.0001));
+  CHECK(learning_rate(t, 6) < 0.1);
+}
