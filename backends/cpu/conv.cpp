@@ -9,9 +9,11 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
 
 #include "backends/cpu/cpu_backend.h"
+#include "backends/cpu/conv_direct.h"
 #include "backends/cpu/gemm.h"
 
 namespace et {
@@ -85,9 +87,43 @@ void col2im(const Conv2dGeom& g, const float* col, int64_t cg, float* x) {
       }
 }
 
+enum class Path { Gemm, Direct, Depthwise };
+
+cpu::ConvPathOverride initial_override() {
+  const char* e = std::getenv("ET_CONV_PATH");
+  if (e && !std::strcmp(e, "gemm")) return cpu::ConvPathOverride::Gemm;
+  if (e && !std::strcmp(e, "direct")) return cpu::ConvPathOverride::Direct;
+  return cpu::ConvPathOverride::Auto;
+}
+cpu::ConvPathOverride g_override = initial_override();
+
+// Which kernel family runs a pass (the workspace is sized for the same choice).
+// Dense convs: measured with bench/bench_conv (2 Zen 4 cores); the direct kernels win for 3x3
+// windows on maps of 8x8 and up, the GEMM wins for 1x1 (no im2col there) and tiny maps.
+// ET_CONV_PATH=gemm|direct overrides the choice where both apply (A/B measurements).
+Path choose(const Conv2dGeom& g, ConvPass pass) {
+  if (cpu::depthwise_applies(g, pass)) return Path::Depthwise;
+  if (!cpu::direct_dense_applies(g, pass)) return Path::Gemm;
+  if (g_override == cpu::ConvPathOverride::Gemm) return Path::Gemm;
+  if (g_override == cpu::ConvPathOverride::Direct) return Path::Direct;
+  const int64_t PQ = g.P * g.Q;
+  if (g.R * g.S == 1 || PQ <= 16) return Path::Gemm;
+  if (pass == ConvPass::BackwardWeight && PQ < 1024) return Path::Gemm;
+  return Path::Direct;
+}
+
 }  // namespace
 
+namespace cpu {
+void conv_set_path_override(ConvPathOverride p) { g_override = p; }
+}  // namespace cpu
+
 size_t CpuBackend::conv2d_workspace_bytes(const Conv2dGeom& g, ConvPass pass) const {
+  switch (choose(g, pass)) {
+    case Path::Depthwise: return cpu::depthwise_workspace(g, pass, cpu_threads());
+    case Path::Direct: return cpu::direct_dense_workspace(g, pass, cpu_threads());
+    case Path::Gemm: break;
+  }
   const size_t threads = size_t(cpu_threads());
   size_t per_thread = is_pointwise(g) ? 0 : col_floats(g);
   if (pass == ConvPass::BackwardWeight) per_thread += size_t(g.K * (g.C / g.groups) * g.R * g.S + g.K);
@@ -96,6 +132,13 @@ size_t CpuBackend::conv2d_workspace_bytes(const Conv2dGeom& g, ConvPass pass) co
 
 void CpuBackend::conv2d_forward(const Conv2dGeom& g, const Tensor& x, const Tensor& w, const Tensor& b, Tensor& y,
                                 Workspace ws) {
+  switch (choose(g, ConvPass::Forward)) {
+    case Path::Depthwise:
+      return cpu::depthwise_forward(g, x.f32(), w.f32(), b.defined() ? b.f32() : nullptr, y.f32(), ws.data);
+    case Path::Direct:
+      return cpu::direct_dense_forward(g, x.f32(), w.f32(), b.defined() ? b.f32() : nullptr, y.f32(), ws.data);
+    case Path::Gemm: break;
+  }
   const int64_t Cg = g.C / g.groups, Kg = g.K / g.groups, CRS = Cg * g.R * g.S, PQ = g.P * g.Q;
   const bool pw = is_pointwise(g);
   const float* xp = x.f32();
@@ -127,6 +170,11 @@ void CpuBackend::conv2d_forward(const Conv2dGeom& g, const Tensor& x, const Tens
 
 void CpuBackend::conv2d_backward_data(const Conv2dGeom& g, const Tensor& dy, const Tensor& w, Tensor& dx,
                                       bool accumulate, Workspace ws) {
+  switch (choose(g, ConvPass::BackwardData)) {
+    case Path::Depthwise: return cpu::depthwise_backward_data(g, dy.f32(), w.f32(), dx.f32(), accumulate, ws.data);
+    case Path::Direct: return cpu::direct_dense_backward_data(g, dy.f32(), w.f32(), dx.f32(), accumulate, ws.data);
+    case Path::Gemm: break;
+  }
   const int64_t Cg = g.C / g.groups, Kg = g.K / g.groups, CRS = Cg * g.R * g.S, PQ = g.P * g.Q;
   const bool pw = is_pointwise(g);
   const float* dyp = dy.f32();
@@ -152,6 +200,14 @@ void CpuBackend::conv2d_backward_data(const Conv2dGeom& g, const Tensor& dy, con
 
 void CpuBackend::conv2d_backward_weight(const Conv2dGeom& g, const Tensor& x, const Tensor& dy, Tensor& dw,
                                         Tensor& db, bool accumulate, Workspace ws) {
+  float* dbp = db.defined() ? db.f32() : nullptr;
+  switch (choose(g, ConvPass::BackwardWeight)) {
+    case Path::Depthwise:
+      return cpu::depthwise_backward_weight(g, x.f32(), dy.f32(), dw.f32(), dbp, accumulate, ws.data);
+    case Path::Direct:
+      return cpu::direct_dense_backward_weight(g, x.f32(), dy.f32(), dw.f32(), dbp, accumulate, ws.data);
+    case Path::Gemm: break;
+  }
   const int64_t Cg = g.C / g.groups, Kg = g.K / g.groups, CRS = Cg * g.R * g.S, PQ = g.P * g.Q;
   const bool pw = is_pointwise(g);
   const float* xp = x.f32();

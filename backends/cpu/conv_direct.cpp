@@ -1,0 +1,344 @@
+// Dense stride-1 direct convolution over flattened padded planes (see conv_direct.h).
+//
+// Forward, per image and group (Cg in, Kg out channels, RS = R*S taps, Jr = padded output domain):
+//   tile [Kr,Jr] = sum_{c,t} wpk[k][c][t] * xp[c][j + off[t]]      (Kr = Kg rounded up to MR)
+// register block: MR output channels x NV vectors of 16 positions; weights are broadcast.
+// Backward data: the same with dy padded by R-1-pad, channels swapped and the kernel flipped.
+// Backward weight, per image: dw[k][c*RS+t] += sum_j dyp[k][j] * xp[c][j + off[t]]
+// register block: MK channels x MT taps, vectors along j, horizontal sums at the end; partial sums
+// per thread (contiguous slice of the batch) are reduced in thread order => deterministic.
+#include "backends/cpu/conv_direct.h"
+
+#include <omp.h>
+
+#include <algorithm>
+#include <cstring>
+
+#include "backends/cpu/conv_simd.h"
+
+namespace et::cpu {
+
+namespace {
+bool g_force_scalar = false;
+constexpr int MR = 8;           // forward: output channels per register block
+constexpr int MK = 4, MT = 6;   // weight gradient: channels x taps per register block
+
+float* align64(float* p) { return reinterpret_cast<float*>((reinterpret_cast<uintptr_t>(p) + 63) & ~uintptr_t(63)); }
+int64_t round_up(int64_t v, int64_t m) { return (v + m - 1) / m * m; }
+}  // namespace
+
+void conv_force_scalar(bool on) { g_force_scalar = on; }
+bool scalar_forced() { return g_force_scalar; }
+
+void place_plane(const float* src, int64_t H, int64_t W, int64_t dil, int64_t top, int64_t left, int64_t Wp,
+                 float* dst) {
+  for (int64_t h = 0; h < H; ++h) {
+    float* d = dst + (top + h * dil) * Wp + left;
+    const float* s = src + h * W;
+    if (dil == 1) std::memcpy(d, s, sizeof(float) * size_t(W));
+    else
+      for (int64_t w = 0; w < W; ++w) d[w * dil] = s[w];
+  }
+}
+
+void extract_plane(const float* tile, int64_t Wp, int64_t P, int64_t Q, int64_t s, float bias, bool accumulate,
+                   float* dst) {
+  for (int64_t p = 0; p < P; ++p) {
+    const float* t = tile + p * s * Wp;
+    float* d = dst + p * Q;
+    if (s == 1) {
+      if (accumulate)
+        for (int64_t q = 0; q < Q; ++q) d[q] += t[q] + bias;
+      else
+        for (int64_t q = 0; q < Q; ++q) d[q] = t[q] + bias;
+    } else {
+      if (accumulate)
+        for (int64_t q = 0; q < Q; ++q) d[q] += t[q * s] + bias;
+      else
+        for (int64_t q = 0; q < Q; ++q) d[q] = t[q * s] + bias;
+    }
+  }
+}
+
+namespace {
+
+// ---------------------------------------------------------------- forward-style correlation
+
+// out[i][j0 + 16v] for i < MR, v < NV; xp and out already offset by j0.
+// wpk [Cin][RS][MR]: the MR weights of one tap are adjacent (broadcast one after the other).
+template <class V, int NV>
+void corr_tile(const float* xp, int64_t L, const int64_t* off, int RS, int64_t Cin, const float* wpk, float* out,
+               int64_t Jr) {
+  V acc[MR][NV];
+  for (int i = 0; i < MR; ++i)
+    for (int v = 0; v < NV; ++v) acc[i][v] = V::zero();
+  for (int64_t c = 0; c < Cin; ++c) {
+    const float* xc = xp + c * L;
+    for (int t = 0; t < RS; ++t, wpk += MR) {
+      const float* xs = xc + off[t];
+      V xv[NV];
+      for (int v = 0; v < NV; ++v) xv[v] = V::load(xs + 16 * v);
+      for (int i = 0; i < MR; ++i) {
+        const V wb = V::set1(wpk[i]);
+        for (int v = 0; v < NV; ++v) acc[i][v].fma(wb, xv[v]);
+      }
+    }
+  }
+  for (int i = 0; i < MR; ++i)
+    for (int v = 0; v < NV; ++v) acc[i][v].store(out + i * Jr + 16 * v);
+}
+
+// tile [Kr,Jr] = correlation of Cin planes xp [Cin][L] with packed weights wpk [Kr/MR][Cin][RS][MR].
+template <class V>
+void corr_planes(const float* xp, int64_t Cin, int64_t L, const int64_t* off, int RS, const float* wpk, int64_t Kr,
+                 float* tile, int64_t Jr) {
+  const int64_t nvec = Jr / 16;
+  for (int64_t kb = 0; kb < Kr / MR; ++kb) {
+    const float* wb = wpk + kb * Cin * RS * MR;
+    float* ob = tile + kb * MR * Jr;
+    int64_t v = 0;
+    for (; v + 3 <= nvec; v += 3) corr_tile<V, 3>(xp + 16 * v, L, off, RS, Cin, wb, ob + 16 * v, Jr);
+    if (nvec - v == 2) corr_tile<V, 2>(xp + 16 * v, L, off, RS, Cin, wb, ob + 16 * v, Jr);
+    else if (nvec - v == 1) corr_tile<V, 1>(xp + 16 * v, L, off, RS, Cin, wb, ob + 16 * v, Jr);
+  }
+}
+
+void corr_planes_any(const float* xp, int64_t Cin, int64_t L, const int64_t* off, int RS, const float* wpk,
+                     int64_t Kr, float* tile, int64_t Jr) {
+  if (g_force_scalar) corr_planes<VScalar>(xp, Cin, L, off, RS, wpk, Kr, tile, Jr);
+  else corr_planes<VNative>(xp, Cin, L, off, RS, wpk, Kr, tile, Jr);
+}
+
+// Packs one group's weights for corr_planes. w [Kg][Cg][RS]. Forward: out = Kg, in = Cg.
+// Backward data (flip): out = Cg, in = Kg, tap t reads w[k][c][RS-1-t]. Rows >= out are zero.
+void pack_weights(const float* w, int64_t Kg, int64_t Cg, int RS, bool flip, float* wpk) {
+  const int64_t out = flip ? Cg : Kg, in = flip ? Kg : Cg, Or = round_up(out, MR);
+  for (int64_t ob = 0; ob < Or / MR; ++ob)
+    for (int64_t c = 0; c < in; ++c)
+      for (int t = 0; t < RS; ++t)
+        for (int i = 0; i < MR; ++i) {
+          const int64_t o = ob * MR + i;
+          float v = 0.f;
+          if (o < out) v = flip ? w[(c * Cg + o) * RS + (RS - 1 - t)] : w[(o * Cg + c) * RS + t];
+          *wpk++ = v;
+        }
+}
+
+// Geometry of a stride-1 correlation over padded planes.
+struct Flat {
+  int64_t Hp, Wp, L;  // padded plane rows, row width, plane stride
+  int64_t rows, Jr;   // output rows (Hp - R + 1), output domain rows*Wp rounded up to 16
+  int64_t off[kMaxTaps];
+  int RS;
+};
+
+Flat make_flat(int64_t Hp, int64_t Wp, int64_t R, int64_t S) {
+  Flat f;
+  f.Hp = Hp;
+  f.Wp = Wp;
+  f.L = plane_stride(Hp, Wp, S);
+  f.rows = Hp - R + 1;
+  f.Jr = round16(f.rows * Wp);
+  f.RS = int(R * S);
+  for (int64_t r = 0; r < R; ++r)
+    for (int64_t s = 0; s < S; ++s) f.off[r * S + s] = r * Wp + s;
+  return f;
+}
+
+Flat fwd_flat(const Conv2dGeom& g) { return make_flat(g.H + 2 * g.pad_h, g.W + 2 * g.pad_w, g.R, g.S); }
+Flat bwd_data_flat(const Conv2dGeom& g) {
+  return make_flat(g.P + 2 * (g.R - 1 - g.pad_h), g.Q + 2 * (g.S - 1 - g.pad_w), g.R, g.S);
+}
+
+// ---------------------------------------------------------------- weight gradient
+
+// res[i][t] = sum_j dyk[i*Jr + j] * xs[t][j]
+template <class V>
+void wgrad_tile(const float* dyk, int64_t Jr, const float* const* xs, float (*res)[MT]) {
+  V acc[MK][MT];
+  for (int i = 0; i < MK; ++i)
+    for (int t = 0; t < MT; ++t) acc[i][t] = V::zero();
+  const float* x0 = xs[0]; const float* x1 = xs[1]; const float* x2 = xs[2];
+  const float* x3 = xs[3]; const float* x4 = xs[4]; const float* x5 = xs[5];
+  for (int64_t j = 0; j < Jr; j += 16) {
+    V d[MK];
+    for (int i = 0; i < MK; ++i) d[i] = V::load(dyk + i * Jr + j);
+    const V xv[MT] = {V::load(x0 + j), V::load(x1 + j), V::load(x2 + j),
+                      V::load(x3 + j), V::load(x4 + j), V::load(x5 + j)};
+    for (int t = 0; t < MT; ++t)
+      for (int i = 0; i < MK; ++i) acc[i][t].fma(d[i], xv[t]);
+  }
+  for (int i = 0; i < MK; ++i)
+    for (int t = 0; t < MT; ++t) res[i][t] = acc[i][t].hsum();
+}
+
+// dwp [Kg][Cg*RS] += correlation of dyp rows [Kg][Jr] (junk columns zero) with planes xp [Cg][L].
+template <class V>
+void wgrad_planes(const float* dyp, int64_t Kg, int64_t Jr, const float* xp, int64_t Cg, int64_t L, const Flat& f,
+                  float* dwp) {
+  const int64_t CRS = Cg * f.RS;
+  float res[MK][MT];
+  for (int64_t u0 = 0; u0 < CRS; u0 += MT) {
+    const float* xs[MT];
+    for (int t = 0; t < MT; ++t) {
+      const int64_t u = std::min(u0 + t, CRS - 1);  // tail taps repeat the last one; discarded
+      xs[t] = xp + (u / f.RS) * L + f.off[u % f.RS];
+    }
+    const int64_t nt = std::min<int64_t>(MT, CRS - u0);
+    for (int64_t k0 = 0; k0 < Kg; k0 += MK) {
+      wgrad_tile<V>(dyp + k0 * Jr, Jr, xs, res);  // rows past Kg are readable (zero) padding rows
+      const int64_t nk = std::min<int64_t>(MK, Kg - k0);
+      for (int64_t i = 0; i < nk; ++i)
+        for (int64_t t = 0; t < nt; ++t) dwp[(k0 + i) * CRS + u0 + t] += res[i][t];
+    }
+  }
+}
+
+struct Carve {  // bump allocator over the workspace, 64-byte aligned pieces
+  float* p;
+  float* take(int64_t n) { float* r = align64(p); p = r + n; return r; }
+};
+
+}  // namespace
+
+bool direct_dense_applies(const Conv2dGeom& g, ConvPass pass) {
+  if (g.stride_h != 1 || g.stride_w != 1 || g.R * g.S > kMaxTaps) return false;
+  if (pass == ConvPass::BackwardData && (g.pad_h > g.R - 1 || g.pad_w > g.S - 1)) return false;
+  return true;
+}
+
+size_t direct_dense_workspace(const Conv2dGeom& g, ConvPass pass, int threads) {
+  const int64_t Cg = g.C / g.groups, Kg = g.K / g.groups, RS = g.R * g.S;
+  int64_t shared = 0, per_thread = 0;
+  if (pass == ConvPass::Forward) {
+    const Flat f = fwd_flat(g);
+    shared = g.groups * round_up(Kg, MR) * Cg * RS;
+    per_thread = g.C * f.L + round_up(Kg, MR) * f.Jr + 128;
+  } else if (pass == ConvPass::BackwardData) {
+    const Flat f = bwd_data_flat(g);
+    shared = g.groups * round_up(Cg, MR) * Kg * RS;
+    per_thread = g.K * f.L + round_up(Cg, MR) * f.Jr + 128;
+  } else {
+    const Flat f = fwd_flat(g);
+    per_thread = g.C * f.L + (g.K + MK) * f.Jr + g.K * Cg * RS + g.K + 256;
+  }
+  return size_t(shared + 64 + threads * per_thread) * sizeof(float);
+}
+
+void direct_dense_forward(const Conv2dGeom& g, const float* x, const float* w, const float* b, float* y, void* ws) {
+  const int64_t Cg = g.C / g.groups, Kg = g.K / g.groups, RS = g.R * g.S, Kr = round_up(Kg, MR);
+  const Flat f = fwd_flat(g);
+  Carve cv{static_cast<float*>(ws)};
+  float* wpk = cv.take(g.groups * Kr * Cg * RS);
+  for (int64_t gi = 0; gi < g.groups; ++gi)
+    pack_weights(w + gi * Kg * Cg * RS, Kg, Cg, int(RS), false, wpk + gi * Kr * Cg * RS);
+  float* thread_base = cv.p;
+#pragma omp parallel
+  {
+    Carve tc{thread_base + omp_get_thread_num() * (g.C * f.L + Kr * f.Jr + 128)};
+    float* xp = tc.take(g.C * f.L);
+    float* tile = tc.take(Kr * f.Jr);
+    std::memset(xp, 0, sizeof(float) * size_t(g.C * f.L));  // borders stay zero; interiors are overwritten
+#pragma omp for schedule(static)
+    for (int64_t n = 0; n < g.N; ++n) {
+      for (int64_t c = 0; c < g.C; ++c)
+        place_plane(x + (n * g.C + c) * g.H * g.W, g.H, g.W, 1, g.pad_h, g.pad_w, f.Wp, xp + c * f.L);
+      for (int64_t gi = 0; gi < g.groups; ++gi) {
+        corr_planes_any(xp + gi * Cg * f.L, Cg, f.L, f.off, f.RS, wpk + gi * Kr * Cg * RS, Kr, tile, f.Jr);
+        for (int64_t k = 0; k < Kg; ++k)
+          extract_plane(tile + k * f.Jr, f.Wp, g.P, g.Q, 1, b ? b[gi * Kg + k] : 0.f, false,
+                        y + (n * g.K + gi * Kg + k) * g.P * g.Q);
+      }
+    }
+  }
+}
+
+void direct_dense_backward_data(const Conv2dGeom& g, const float* dy, const float* w, float* dx, bool accumulate,
+                                void* ws) {
+  const int64_t Cg = g.C / g.groups, Kg = g.K / g.groups, RS = g.R * g.S, Cr = round_up(Cg, MR);
+  const Flat f = bwd_data_flat(g);  // f.rows == H
+  Carve cv{static_cast<float*>(ws)};
+  float* wpk = cv.take(g.groups * Cr * Kg * RS);
+  for (int64_t gi = 0; gi < g.groups; ++gi)
+    pack_weights(w + gi * Kg * Cg * RS, Kg, Cg, int(RS), true, wpk + gi * Cr * Kg * RS);
+  float* thread_base = cv.p;
+  const int64_t ph = g.R - 1 - g.pad_h, pw = g.S - 1 - g.pad_w;
+#pragma omp parallel
+  {
+    Carve tc{thread_base + omp_get_thread_num() * (g.K * f.L + Cr * f.Jr + 128)};
+    float* dyp = tc.take(g.K * f.L);
+    float* tile = tc.take(Cr * f.Jr);
+    std::memset(dyp, 0, sizeof(float) * size_t(g.K * f.L));
+#pragma omp for schedule(static)
+    for (int64_t n = 0; n < g.N; ++n) {
+      for (int64_t k = 0; k < g.K; ++k)
+        place_plane(dy + (n * g.K + k) * g.P * g.Q, g.P, g.Q, 1, ph, pw, f.Wp, dyp + k * f.L);
+      for (int64_t gi = 0; gi < g.groups; ++gi) {
+        corr_planes_any(dyp + gi * Kg * f.L, Kg, f.L, f.off, f.RS, wpk + gi * Cr * Kg * RS, Cr, tile, f.Jr);
+        for (int64_t c = 0; c < Cg; ++c)
+          extract_plane(tile + c * f.Jr, f.Wp, g.H, g.W, 1, 0.f, accumulate, dx + (n * g.C + gi * Cg + c) * g.H * g.W);
+      }
+    }
+  }
+}
+
+void direct_dense_backward_weight(const Conv2dGeom& g, const float* x, const float* dy, float* dw, float* db,
+                                  bool accumulate, void* ws) {
+  const int64_t Cg = g.C / g.groups, Kg = g.K / g.groups, RS = g.R * g.S, CRS = Cg * RS;
+  const Flat f = fwd_flat(g);  // f.rows == P, junk columns q >= Q of each dy row stay zero
+  const int64_t dw_n = g.K * CRS;
+  const int64_t per_thread = g.C * f.L + (g.K + MK) * f.Jr + dw_n + g.K + 256;
+  float* base = static_cast<float*>(ws);
+#pragma omp parallel
+  {
+    const int t = omp_get_thread_num(), nt = omp_get_num_threads();
+    Carve tc{base + t * per_thread};
+    float* xp = tc.take(g.C * f.L);
+    float* dyp = tc.take((g.K + MK) * f.Jr);
+    float* dw_part = tc.take(dw_n + g.K);
+    float* db_part = dw_part + dw_n;
+    std::memset(xp, 0, sizeof(float) * size_t(g.C * f.L));
+    std::memset(dyp, 0, sizeof(float) * size_t((g.K + MK) * f.Jr));
+    std::memset(dw_part, 0, sizeof(float) * size_t(dw_n + g.K));
+    // Static contiguous split of the batch: thread t takes images [n0, n1).
+    const int64_t n0 = g.N * t / nt, n1 = g.N * (t + 1) / nt;
+    for (int64_t n = n0; n < n1; ++n) {
+      for (int64_t c = 0; c < g.C; ++c)
+        place_plane(x + (n * g.C + c) * g.H * g.W, g.H, g.W, 1, g.pad_h, g.pad_w, f.Wp, xp + c * f.L);
+      for (int64_t k = 0; k < g.K; ++k) {
+        const float* src = dy + (n * g.K + k) * g.P * g.Q;
+        place_plane(src, g.P, g.Q, 1, 0, 0, f.Wp, dyp + k * f.Jr);
+        if (db) {
+          float s = 0.f;
+          for (int64_t i = 0; i < g.P * g.Q; ++i) s += src[i];
+          db_part[k] += s;
+        }
+      }
+      for (int64_t gi = 0; gi < g.groups; ++gi) {
+        const float* dyg = dyp + gi * Kg * f.Jr;
+        const float* xg = xp + gi * Cg * f.L;
+        float* dwg = dw_part + gi * Kg * CRS;
+        if (g_force_scalar) wgrad_planes<VScalar>(dyg, Kg, f.Jr, xg, Cg, f.L, f, dwg);
+        else wgrad_planes<VNative>(dyg, Kg, f.Jr, xg, Cg, f.L, f, dwg);
+      }
+    }
+#pragma omp barrier
+    // Reduce partial sums in thread order; each thread owns a slice of the weights.
+    const int64_t total = dw_n + (db ? g.K : 0);
+    const int64_t i0 = total * t / nt, i1 = total * (t + 1) / nt;
+    auto part_of = [&](int u) {  // thread u's partial sums, carved as above
+      Carve uc{base + u * per_thread};
+      uc.take(g.C * f.L);
+      uc.take((g.K + MK) * f.Jr);
+      return uc.take(dw_n + g.K);
+    };
+    for (int64_t i = i0; i < i1; ++i) {
+      float s = 0.f;
+      for (int u = 0; u < nt; ++u) s += part_of(u)[i];
+      float& dst = i < dw_n ? dw[i] : db[i - dw_n];
+      dst = accumulate ? dst + s : s;
+    }
+  }
+}
+
+}  // namespace et::cpu

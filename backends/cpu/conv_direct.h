@@ -1,0 +1,55 @@
+// Direct (im2col-free) conv kernels of the CPU backend, used by conv.cpp where they apply.
+//
+// The trick shared by all of them ("flattened padded planes"): an input plane is copied, zero
+// padded, into rows of width Wp; a stride-1 correlation then reads, for output position
+// j = p*Wp + q and tap (r,s), the element j + r*Wp + s. So every output row is computed over the
+// full padded width (the last S-1 columns are junk and dropped when the result is copied out) and
+// the whole output plane is one contiguous vector loop, whatever the map size. Backward data is
+// the same correlation over the (zero-upsampled, for stride > 1) padded output gradient with the
+// kernel flipped and channels swapped.
+#pragma once
+#include <cstddef>
+
+#include "backends/backend.h"
+
+namespace et::cpu {
+
+// Tests: run the scalar reference vectors instead of the native SIMD ones.
+void conv_force_scalar(bool on);
+// Tests / A-B measurements: where both the GEMM and the direct kernels apply, force one
+// (conv.cpp; the environment variable ET_CONV_PATH=gemm|direct sets the initial value).
+enum class ConvPathOverride { Auto, Gemm, Direct };
+void conv_set_path_override(ConvPathOverride p);
+
+// Dense (groups >= 1, not depthwise) stride-1 kernels.
+bool direct_dense_applies(const Conv2dGeom& g, ConvPass pass);
+size_t direct_dense_workspace(const Conv2dGeom& g, ConvPass pass, int threads);
+void direct_dense_forward(const Conv2dGeom& g, const float* x, const float* w, const float* b, float* y, void* ws);
+void direct_dense_backward_data(const Conv2dGeom& g, const float* dy, const float* w, float* dx, bool accumulate,
+                                void* ws);
+void direct_dense_backward_weight(const Conv2dGeom& g, const float* x, const float* dy, float* dw, float* db,
+                                  bool accumulate, void* ws);
+
+// Depthwise kernels (groups == C == K), any stride.
+bool depthwise_applies(const Conv2dGeom& g, ConvPass pass);
+size_t depthwise_workspace(const Conv2dGeom& g, ConvPass pass, int threads);
+void depthwise_forward(const Conv2dGeom& g, const float* x, const float* w, const float* b, float* y, void* ws);
+void depthwise_backward_data(const Conv2dGeom& g, const float* dy, const float* w, float* dx, bool accumulate,
+                             void* ws);
+void depthwise_backward_weight(const Conv2dGeom& g, const float* x, const float* dy, float* dw, float* db,
+                               bool accumulate, void* ws);
+
+// ---- shared helpers (conv_direct.cpp)
+constexpr int kMaxTaps = 64;  // R*S bound of the direct kernels
+inline int64_t round16(int64_t v) { return (v + 15) / 16 * 16; }
+// Plane stride for padded planes of Hp x Wp read by an S-wide window over a domain rounded up to 16.
+inline int64_t plane_stride(int64_t Hp, int64_t Wp, int64_t S) { return round16(Hp * Wp + S + 16); }
+// src [H,W] -> dst at rows top + h*dil, columns left + w*dil of width-Wp rows; other elements untouched.
+void place_plane(const float* src, int64_t H, int64_t W, int64_t dil, int64_t top, int64_t left, int64_t Wp,
+                 float* dst);
+// dst [P,Q] (+)= tile[(p*s)*Wp + q*s] + bias
+void extract_plane(const float* tile, int64_t Wp, int64_t P, int64_t Q, int64_t s, float bias, bool accumulate,
+                   float* dst);
+bool scalar_forced();
+
+}  // namespace et::cpu

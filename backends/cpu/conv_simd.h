@@ -1,0 +1,64 @@
+// A 16-float vector for the direct conv kernels, chosen at compile time: AVX-512 (one zmm), AVX2
+// (two ymm), NEON (four q registers) or plain scalar arrays. VScalar always exists: it is the
+// reference path the tests run against the native one (cpu::conv_force_scalar).
+#pragma once
+#include <cstdint>
+
+#if defined(__AVX512F__) || defined(__AVX2__)
+#include <immintrin.h>
+#elif defined(__ARM_NEON)
+#include <arm_neon.h>
+#endif
+
+namespace et::cpu {
+
+struct VScalar {
+  float v[16];
+  static VScalar zero() { VScalar r; for (int i = 0; i < 16; ++i) r.v[i] = 0.f; return r; }
+  static VScalar set1(float a) { VScalar r; for (int i = 0; i < 16; ++i) r.v[i] = a; return r; }
+  static VScalar load(const float* p) { VScalar r; for (int i = 0; i < 16; ++i) r.v[i] = p[i]; return r; }
+  void store(float* p) const { for (int i = 0; i < 16; ++i) p[i] = v[i]; }
+  // this += a * b
+  void fma(const VScalar& a, const VScalar& b) { for (int i = 0; i < 16; ++i) v[i] += a.v[i] * b.v[i]; }
+  float hsum() const { float s = 0.f; for (int i = 0; i < 16; ++i) s += v[i]; return s; }
+};
+
+#if defined(__AVX512F__)
+struct VNative {
+  __m512 v;
+  static VNative zero() { return {_mm512_setzero_ps()}; }
+  static VNative set1(float a) { return {_mm512_set1_ps(a)}; }
+  static VNative load(const float* p) { return {_mm512_loadu_ps(p)}; }
+  void store(float* p) const { _mm512_storeu_ps(p, v); }
+  void fma(const VNative& a, const VNative& b) { v = _mm512_fmadd_ps(a.v, b.v, v); }
+  float hsum() const { return _mm512_reduce_add_ps(v); }
+};
+#elif defined(__AVX2__)
+struct VNative {
+  __m256 a, b;
+  static VNative zero() { return {_mm256_setzero_ps(), _mm256_setzero_ps()}; }
+  static VNative set1(float x) { return {_mm256_set1_ps(x), _mm256_set1_ps(x)}; }
+  static VNative load(const float* p) { return {_mm256_loadu_ps(p), _mm256_loadu_ps(p + 8)}; }
+  void store(float* p) const { _mm256_storeu_ps(p, a); _mm256_storeu_ps(p + 8, b); }
+  void fma(const VNative& x, const VNative& y) { a = _mm256_fmadd_ps(x.a, y.a, a); b = _mm256_fmadd_ps(x.b, y.b, b); }
+  float hsum() const {
+    alignas(32) float t[8];
+    _mm256_store_ps(t, _mm256_add_ps(a, b));
+    return ((t[0] + t[1]) + (t[2] + t[3])) + ((t[4] + t[5]) + (t[6] + t[7]));
+  }
+};
+#elif defined(__ARM_NEON)
+struct VNative {
+  float32x4_t q[4];
+  static VNative zero() { VNative r; for (auto& x : r.q) x = vdupq_n_f32(0.f); return r; }
+  static VNative set1(float a) { VNative r; for (auto& x : r.q) x = vdupq_n_f32(a); return r; }
+  static VNative load(const float* p) { VNative r; for (int i = 0; i < 4; ++i) r.q[i] = vld1q_f32(p + 4 * i); return r; }
+  void store(float* p) const { for (int i = 0; i < 4; ++i) vst1q_f32(p + 4 * i, q[i]); }
+  void fma(const VNative& a, const VNative& b) { for (int i = 0; i < 4; ++i) q[i] = vfmaq_f32(q[i], a.q[i], b.q[i]); }
+  float hsum() const { return vaddvq_f32(vaddq_f32(vaddq_f32(q[0], q[1]), vaddq_f32(q[2], q[3]))); }
+};
+#else
+using VNative = VScalar;
+#endif
+
+}  // namespace et::cpu

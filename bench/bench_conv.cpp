@@ -1,0 +1,175 @@
+// bench_conv: times the CPU backend's conv2d passes (forward, backward-data, backward-weight) on
+// every distinct conv shape of CIFAR ResNet-20, VGG16-BN and MobileNetV2 at batch 128.
+// Median of --reps timed repetitions after one warm-up; GFLOP/s = 2*N*K*P*Q*(C/groups)*R*S / time.
+// The per-network total weights each shape by how often it occurs in the network.
+//
+//   bench_conv [--filter SUBSTR] [--reps N] [--batch N] [--csv]
+// Compare with PyTorch: python3 bench/conv_pytorch.py --ours <csv from --csv>
+#include <omp.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "backends/backend.h"
+#include "backends/cpu/cpu_backend.h"
+
+using namespace et;
+
+namespace {
+
+struct Shape2 {
+  std::string net, name;
+  int64_t C, K, H, W, R, stride, groups, count;
+};
+
+// Distinct conv shapes per network with their multiplicity (padding = R/2 everywhere).
+std::vector<Shape2> all_shapes() {
+  std::vector<Shape2> v;
+  auto add = [&](const std::string& net, int64_t C, int64_t K, int64_t H, int64_t R, int64_t s, int64_t gr) {
+    for (auto& e : v)
+      if (e.net == net && e.C == C && e.K == K && e.H == H && e.R == R && e.stride == s && e.groups == gr) {
+        ++e.count;
+        return;
+      }
+    char buf[96];
+    std::snprintf(buf, sizeof buf, "%s%ldx%ld_%ldto%ld_h%ld%s", gr > 1 ? "dw" : "c", long(R), long(R), long(C),
+                  long(K), long(H), s > 1 ? "_s2" : "");
+    v.push_back({net, buf, C, K, H, H, R, s, gr, 1});
+  };
+  // ResNet-20: stem, 3 stages of 3 basic blocks, 1x1 s2 shortcuts.
+  add("resnet20", 3, 16, 32, 3, 1, 1);
+  const int64_t wd[3] = {16, 32, 64};
+  int64_t in = 16, h = 32;
+  for (int st = 0; st < 3; ++st)
+    for (int b = 0; b < 3; ++b) {
+      const int64_t s = (st > 0 && b == 0) ? 2 : 1;
+      add("resnet20", in, wd[st], h, 3, s, 1);
+      const int64_t ho = h / s;
+      add("resnet20", wd[st], wd[st], ho, 3, 1, 1);
+      if (s != 1 || in != wd[st]) add("resnet20", in, wd[st], h, 1, s, 1);
+      in = wd[st];
+      h = ho;
+    }
+  // VGG16-BN: 3x3 convs, max-pool halves the map.
+  const int cfg[] = {64, 64, 0, 128, 128, 0, 256, 256, 256, 0, 512, 512, 512, 0, 512, 512, 512, 0};
+  in = 3;
+  h = 32;
+  for (int c : cfg) {
+    if (c == 0) {
+      h /= 2;
+      continue;
+    }
+    add("vgg16", in, c, h, 3, 1, 1);
+    in = c;
+  }
+  // MobileNetV2-CIFAR (see models/mobilenetv2.cpp).
+  struct St { int64_t e, out, n, s; };
+  const St sts[] = {{1, 16, 1, 1}, {6, 24, 2, 1}, {6, 32, 3, 2}, {6, 64, 4, 2}, {6, 96, 3, 1}, {6, 160, 3, 2}, {6, 320, 1, 1}};
+  add("mobilenetv2", 3, 32, 32, 3, 1, 1);
+  in = 32;
+  h = 32;
+  for (const St& st : sts)
+    for (int64_t b = 0; b < st.n; ++b) {
+      const int64_t s = b == 0 ? st.s : 1, hid = in * st.e;
+      add("mobilenetv2", in, hid, h, 1, 1, 1);
+      add("mobilenetv2", hid, hid, h, 3, s, hid);
+      const int64_t ho = (h + 2 - 3) / s + 1;
+      add("mobilenetv2", hid, st.out, ho, 1, 1, 1);
+      if (s == 1 && in != st.out) add("mobilenetv2", in, st.out, h, 1, 1, 1);
+      in = st.out;
+      h = ho;
+    }
+  add("mobilenetv2", 320, 1280, h, 1, 1, 1);
+  return v;
+}
+
+double median(std::vector<double> t) {
+  std::sort(t.begin(), t.end());
+  return t[t.size() / 2];
+}
+
+template <class F>
+double time_ms(int reps, F&& f) {
+  f();  // warm-up
+  std::vector<double> t;
+  for (int i = 0; i < reps; ++i) {
+    const auto a = std::chrono::steady_clock::now();
+    f();
+    t.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - a).count());
+  }
+  return median(t);
+}
+
+struct Buf {
+  std::vector<float> v;
+  Tensor t;
+  Buf(const et::Shape& s, float scale, unsigned seed) : v(size_t(s.numel())) {
+    for (size_t i = 0; i < v.size(); ++i) v[i] = scale * (float((i * 2654435761u + seed) % 1000) / 500.f - 1.f);
+    t = Tensor::contiguous(v.data(), s);
+  }
+};
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::string filter;
+  int reps = 5;
+  int64_t batch = 128;
+  bool csv = false;
+  for (int i = 1; i < argc; ++i) {
+    if (!std::strcmp(argv[i], "--filter") && i + 1 < argc) filter = argv[++i];
+    else if (!std::strcmp(argv[i], "--reps") && i + 1 < argc) reps = std::atoi(argv[++i]);
+    else if (!std::strcmp(argv[i], "--batch") && i + 1 < argc) batch = std::atoll(argv[++i]);
+    else if (!std::strcmp(argv[i], "--csv")) csv = true;
+    else {
+      std::fprintf(stderr, "usage: %s [--filter SUBSTR] [--reps N] [--batch N] [--csv]\n", argv[0]);
+      return 2;
+    }
+  }
+  auto be = make_cpu_backend();
+  std::map<std::string, double> totals;
+  if (csv) std::printf("net,shape,count,fwd_ms,bwd_data_ms,bwd_weight_ms\n");
+  else
+    std::printf("threads %d, batch %ld, median of %d\n%-12s %-26s %3s | %8s %8s %8s | %7s %7s %7s  (ms | GFLOP/s)\n",
+                omp_get_max_threads(), long(batch), reps, "net", "shape", "n", "fwd", "bwd_d", "bwd_w", "fwd", "bwd_d",
+                "bwd_w");
+  for (const Shape2& s : all_shapes()) {
+    const std::string full = s.net + "/" + s.name;
+    if (!filter.empty() && full.find(filter) == std::string::npos) continue;
+    Conv2dGeom g;
+    g.N = batch; g.C = s.C; g.H = s.H; g.W = s.W; g.K = s.K; g.R = g.S = s.R;
+    g.stride_h = g.stride_w = s.stride;
+    g.pad_h = g.pad_w = s.R / 2;
+    g.groups = s.groups;
+    g.infer_output();
+    Buf x({g.N, g.C, g.H, g.W}, 1.f, 1), w({g.K, g.C / g.groups, g.R, g.S}, 0.1f, 2), y({g.N, g.K, g.P, g.Q}, 0.f, 3);
+    Buf dy({g.N, g.K, g.P, g.Q}, 1.f, 4), dx({g.N, g.C, g.H, g.W}, 0.f, 5), dw({g.K, g.C / g.groups, g.R, g.S}, 0.f, 6);
+    size_t wsb = 0;
+    for (ConvPass p : {ConvPass::Forward, ConvPass::BackwardData, ConvPass::BackwardWeight})
+      wsb = std::max(wsb, be->conv2d_workspace_bytes(g, p));
+    std::vector<float> wsv(wsb / sizeof(float) + 16);
+    Workspace ws{wsv.data(), wsb};
+    Tensor none;
+    const double tf = time_ms(reps, [&] { be->conv2d_forward(g, x.t, w.t, none, y.t, ws); });
+    const double td = time_ms(reps, [&] { be->conv2d_backward_data(g, dy.t, w.t, dx.t, false, ws); });
+    const double tw = time_ms(reps, [&] { be->conv2d_backward_weight(g, x.t, dy.t, dw.t, none, false, ws); });
+    const double gf = 2.0 * double(g.N * g.K * g.P * g.Q * (g.C / g.groups) * g.R * g.S) * 1e-6;  // GFLOP per ms
+    totals[s.net] += double(s.count) * (tf + td + tw);
+    if (csv)
+      std::printf("%s,%s,%ld,%.4f,%.4f,%.4f\n", s.net.c_str(), s.name.c_str(), long(s.count), tf, td, tw);
+    else
+      std::printf("%-12s %-26s %3ld | %8.3f %8.3f %8.3f | %7.1f %7.1f %7.1f\n", s.net.c_str(), s.name.c_str(),
+                  long(s.count), tf, td, tw, gf / tf, gf / td, gf / tw);
+    std::fflush(stdout);
+  }
+  if (!csv)
+    for (auto& [net, ms] : totals)
+      std::printf("total %-12s %9.2f ms per batch (fwd+bwd_data+bwd_weight, weighted by count)\n", net.c_str(), ms);
+  return 0;
+}

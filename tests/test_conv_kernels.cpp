@@ -1,0 +1,207 @@
+// CPU conv2d / linear kernels against a naive direct reference with double accumulation.
+// Tolerance: |got - ref| <= 1e-4 * (max |ref| over the tensor) + 1e-5 (relative 1e-4 of the
+// tensor's scale; float32 sums of up to a few hundred terms stay well inside it).
+// Every geometry runs with the native SIMD vectors and with the scalar reference vectors.
+#include <catch2/catch.hpp>
+
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+#include "backends/backend.h"
+#include "backends/cpu/conv_direct.h"
+#include "backends/cpu/cpu_backend.h"
+
+using namespace et;
+
+namespace {
+
+std::vector<float> rnd(size_t n, uint32_t seed) {
+  std::vector<float> v(n);
+  uint32_t s = seed * 747796405u + 2891336453u;
+  for (auto& x : v) {
+    s = s * 1664525u + 1013904223u;
+    x = float(int32_t(s >> 8) % 2001 - 1000) / 1000.f;
+  }
+  return v;
+}
+
+Tensor view(std::vector<float>& v, const Shape& s) { return Tensor::contiguous(v.data(), s); }
+
+void check_close(const std::vector<float>& got, const std::vector<double>& ref, const char* what) {
+  REQUIRE(got.size() == ref.size());
+  double scale = 0.0;
+  for (double r : ref) scale = std::max(scale, std::fabs(r));
+  const double tol = 1e-4 * scale + 1e-5;
+  size_t bad = 0, first = 0;
+  for (size_t i = 0; i < got.size(); ++i)
+    if (!(std::fabs(double(got[i]) - ref[i]) <= tol)) {
+      if (!bad) first = i;
+      ++bad;
+    }
+  INFO(what << ": " << bad << " of " << got.size() << " off, first at " << first << " got "
+            << (bad ? got[first] : 0.f) << " ref " << (bad ? ref[first] : 0.0) << " tol " << tol);
+  CHECK(bad == 0);
+}
+
+struct Ref {  // naive direct conv, double accumulation
+  const Conv2dGeom& g;
+  template <class F>
+  void each(F&& f) const {  // f(x index, w index, y index)
+    const int64_t Cg = g.C / g.groups, Kg = g.K / g.groups;
+    for (int64_t n = 0; n < g.N; ++n)
+      for (int64_t k = 0; k < g.K; ++k)
+        for (int64_t p = 0; p < g.P; ++p)
+          for (int64_t q = 0; q < g.Q; ++q)
+            for (int64_t c = 0; c < Cg; ++c)
+              for (int64_t r = 0; r < g.R; ++r)
+                for (int64_t s = 0; s < g.S; ++s) {
+                  const int64_t h = p * g.stride_h - g.pad_h + r, w = q * g.stride_w - g.pad_w + s;
+                  if (h < 0 || h >= g.H || w < 0 || w >= g.W) continue;
+                  const int64_t ci = (k / Kg) * Cg + c;
+                  f(((n * g.C + ci) * g.H + h) * g.W + w, ((k * Cg + c) * g.R + r) * g.S + s,
+                    ((n * g.K + k) * g.P + p) * g.Q + q);
+                }
+  }
+};
+
+void run_geometry(Conv2dGeom g, bool bias, bool accumulate) {
+  g.infer_output();
+  REQUIRE(g.P > 0);
+  const int64_t Cg = g.C / g.groups;
+  const size_t xn = size_t(g.N * g.C * g.H * g.W), wn = size_t(g.K * Cg * g.R * g.S), yn = size_t(g.N * g.K * g.P * g.Q);
+  auto x = rnd(xn, 1), w = rnd(wn, 2), b = rnd(size_t(g.K), 3), dy = rnd(yn, 4);
+  const auto dx0 = rnd(xn, 5), dw0 = rnd(wn, 6), db0 = rnd(size_t(g.K), 7);
+
+  std::vector<double> y_ref(yn, 0.0), dx_ref(xn, 0.0), dw_ref(wn, 0.0), db_ref(size_t(g.K), 0.0);
+  Ref{g}.each([&](int64_t xi, int64_t wi, int64_t yi) {
+    y_ref[yi] += double(x[xi]) * w[wi];
+    dx_ref[xi] += double(dy[yi]) * w[wi];
+    dw_ref[wi] += double(dy[yi]) * x[xi];
+  });
+  for (int64_t n = 0; n < g.N; ++n)
+    for (int64_t k = 0; k < g.K; ++k)
+      for (int64_t i = 0; i < g.P * g.Q; ++i) {
+        if (bias) y_ref[size_t((n * g.K + k) * g.P * g.Q + i)] += b[size_t(k)];
+        db_ref[size_t(k)] += dy[size_t((n * g.K + k) * g.P * g.Q + i)];
+      }
+  if (accumulate) {
+    for (size_t i = 0; i < xn; ++i) dx_ref[i] += dx0[i];
+    for (size_t i = 0; i < wn; ++i) dw_ref[i] += dw0[i];
+    for (size_t i = 0; i < size_t(g.K); ++i) db_ref[i] += db0[i];
+  }
+
+  auto be = make_cpu_backend();
+  size_t wsb = 0;
+  for (ConvPass p : {ConvPass::Forward, ConvPass::BackwardData, ConvPass::BackwardWeight})
+    wsb = std::max(wsb, be->conv2d_workspace_bytes(g, p));
+  for (bool scalar : {false, true}) {
+    INFO("scalar vectors " << scalar);
+    cpu::conv_force_scalar(scalar);
+    // Guard words after the workspace catch overruns of the declared size.
+    std::vector<float> wsv(wsb / sizeof(float) + 64, 0.f);
+    for (size_t i = wsb / sizeof(float); i < wsv.size(); ++i) wsv[i] = 12345.f;
+    Workspace ws{wsv.data(), wsb};
+    std::vector<float> y(yn, 7.f), dx = accumulate ? dx0 : std::vector<float>(xn, 7.f);
+    std::vector<float> dw = accumulate ? dw0 : std::vector<float>(wn, 7.f);
+    std::vector<float> db = accumulate ? db0 : std::vector<float>(size_t(g.K), 7.f);
+    Tensor none;
+    Tensor xt = view(x, {g.N, g.C, g.H, g.W}), wt = view(w, {g.K, Cg, g.R, g.S}), bt = view(b, {g.K});
+    Tensor yt = view(y, {g.N, g.K, g.P, g.Q}), dyt = view(dy, {g.N, g.K, g.P, g.Q});
+    Tensor dxt = view(dx, {g.N, g.C, g.H, g.W}), dwt = view(dw, {g.K, Cg, g.R, g.S}), dbt = view(db, {g.K});
+    be->conv2d_forward(g, xt, wt, bias ? bt : none, yt, ws);
+    be->conv2d_backward_data(g, dyt, wt, dxt, accumulate, ws);
+    be->conv2d_backward_weight(g, xt, dyt, dwt, bias ? dbt : none, accumulate, ws);
+    check_close(y, y_ref, "forward");
+    check_close(dx, dx_ref, "backward data");
+    check_close(dw, dw_ref, "backward weight");
+    if (bias) check_close(db, db_ref, "bias grad");
+    for (size_t i = wsb / sizeof(float); i < wsv.size(); ++i) REQUIRE(wsv[i] == 12345.f);
+
+    // Determinism: a second run gives bit-identical results.
+    std::vector<float> y2(yn), dx2 = accumulate ? dx0 : std::vector<float>(xn), dw2 = accumulate ? dw0 : std::vector<float>(wn);
+    Tensor y2t = view(y2, {g.N, g.K, g.P, g.Q}), dx2t = view(dx2, {g.N, g.C, g.H, g.W}), dw2t = view(dw2, {g.K, Cg, g.R, g.S});
+    be->conv2d_forward(g, xt, wt, bias ? bt : none, y2t, ws);
+    be->conv2d_backward_data(g, dyt, wt, dx2t, accumulate, ws);
+    be->conv2d_backward_weight(g, xt, dyt, dw2t, none, accumulate, ws);
+    CHECK(std::memcmp(y.data(), y2.data(), yn * sizeof(float)) == 0);
+    CHECK(std::memcmp(dx.data(), dx2.data(), xn * sizeof(float)) == 0);
+    CHECK(std::memcmp(dw.data(), dw2.data(), wn * sizeof(float)) == 0);
+  }
+  cpu::conv_force_scalar(false);
+}
+
+Conv2dGeom geom(int64_t N, int64_t C, int64_t H, int64_t W, int64_t K, int64_t R, int64_t stride, int64_t pad,
+                int64_t groups) {
+  Conv2dGeom g;
+  g.N = N; g.C = C; g.H = H; g.W = W; g.K = K; g.R = g.S = R;
+  g.stride_h = g.stride_w = stride;
+  g.pad_h = g.pad_w = pad;
+  g.groups = groups;
+  return g;
+}
+
+}  // namespace
+
+TEST_CASE("conv kernels match the naive reference", "[conv]") {
+  struct Case { int64_t N, C, H, W, K, R, stride, pad, groups; };
+  const Case cases[] = {
+      {1, 3, 7, 5, 10, 3, 1, 1, 1},   {5, 3, 7, 5, 10, 3, 2, 1, 1},   {2, 4, 9, 9, 6, 3, 1, 0, 2},
+      {5, 6, 8, 8, 6, 3, 1, 1, 6},    {5, 6, 9, 7, 6, 3, 2, 1, 6},    {1, 8, 6, 6, 8, 5, 1, 2, 8},
+      {2, 16, 8, 8, 16, 3, 1, 1, 1},  {2, 16, 9, 9, 32, 3, 2, 1, 1},  {2, 16, 8, 8, 32, 1, 2, 0, 1},
+      {3, 12, 5, 7, 20, 1, 1, 0, 1},  {1, 5, 11, 13, 7, 5, 1, 2, 1},  {2, 5, 6, 6, 7, 5, 2, 2, 1},
+      {1, 4, 6, 6, 8, 3, 1, 2, 2},    {2, 9, 4, 4, 9, 3, 1, 1, 9},    {1, 32, 2, 2, 24, 3, 1, 1, 1},
+      {5, 10, 7, 5, 10, 5, 1, 2, 10}, {2, 6, 10, 10, 6, 3, 2, 0, 6},  {1, 33, 4, 3, 17, 1, 1, 0, 1},
+  };
+  for (auto path : {cpu::ConvPathOverride::Auto, cpu::ConvPathOverride::Gemm, cpu::ConvPathOverride::Direct})
+  for (const Case& c : cases)
+    for (bool bias : {false, true})
+      for (bool acc : {false, true}) {
+        cpu::conv_set_path_override(path);
+        INFO("path " << int(path));
+        INFO("N " << c.N << " C " << c.C << " H " << c.H << " W " << c.W << " K " << c.K << " R " << c.R << " stride "
+                  << c.stride << " pad " << c.pad << " groups " << c.groups << " bias " << bias << " acc " << acc);
+        run_geometry(geom(c.N, c.C, c.H, c.W, c.K, c.R, c.stride, c.pad, c.groups), bias, acc);
+        cpu::conv_set_path_override(cpu::ConvPathOverride::Auto);
+      }
+}
+
+TEST_CASE("linear kernels match the naive reference", "[conv][linear]") {
+  for (int64_t N : {1, 5, 37})
+    for (int64_t I : {3, 64, 130})
+      for (int64_t O : {1, 10, 33})
+        for (bool acc : {false, true}) {
+          INFO("N " << N << " I " << I << " O " << O << " acc " << acc);
+          auto x = rnd(size_t(N * I), 1), w = rnd(size_t(O * I), 2), b = rnd(size_t(O), 3), dy = rnd(size_t(N * O), 4);
+          const auto dx0 = rnd(size_t(N * I), 5), dw0 = rnd(size_t(O * I), 6), db0 = rnd(size_t(O), 7);
+          std::vector<double> y_ref(static_cast<size_t>(N * O)), dx_ref(static_cast<size_t>(N * I)), dw_ref(static_cast<size_t>(O * I)), db_ref(static_cast<size_t>(O));
+          for (int64_t n = 0; n < N; ++n)
+            for (int64_t o = 0; o < O; ++o) {
+              double s = b[size_t(o)];
+              for (int64_t i = 0; i < I; ++i) {
+                s += double(x[size_t(n * I + i)]) * w[size_t(o * I + i)];
+                dx_ref[size_t(n * I + i)] += double(dy[size_t(n * O + o)]) * w[size_t(o * I + i)];
+                dw_ref[size_t(o * I + i)] += double(dy[size_t(n * O + o)]) * x[size_t(n * I + i)];
+              }
+              y_ref[size_t(n * O + o)] = s;
+              db_ref[size_t(o)] += dy[size_t(n * O + o)];
+            }
+          if (acc) {
+            for (size_t i = 0; i < dx_ref.size(); ++i) dx_ref[i] += dx0[i];
+            for (size_t i = 0; i < dw_ref.size(); ++i) dw_ref[i] += dw0[i];
+            for (size_t i = 0; i < db_ref.size(); ++i) db_ref[i] += db0[i];
+          }
+          auto be = make_cpu_backend();
+          std::vector<float> y(size_t(N * O), 7.f), dx = acc ? dx0 : std::vector<float>(size_t(N * I), 7.f);
+          std::vector<float> dw = acc ? dw0 : std::vector<float>(size_t(O * I), 7.f);
+          std::vector<float> db = acc ? db0 : std::vector<float>(size_t(O), 7.f);
+          Tensor yt = view(y, {N, O}), dxt = view(dx, {N, I}), dwt = view(dw, {O, I}), dbt = view(db, {O});
+          be->linear_forward(view(x, {N, I}), view(w, {O, I}), view(b, {O}), yt);
+          be->linear_backward_data(view(dy, {N, O}), view(w, {O, I}), dxt, acc);
+          be->linear_backward_weight(view(x, {N, I}), view(dy, {N, O}), dwt, dbt, acc);
+          check_close(y, y_ref, "linear forward");
+          check_close(dx, dx_ref, "linear backward data");
+          check_close(dw, dw_ref, "linear backward weight");
+          check_close(db, db_ref, "linear bias grad");
+        }
+}
