@@ -108,7 +108,7 @@ Path choose(const Conv2dGeom& g, ConvPass pass) {
   if (g_override == cpu::ConvPathOverride::Direct) return Path::Direct;
   const int64_t PQ = g.P * g.Q;
   if (g.R * g.S == 1 || PQ <= 16) return Path::Gemm;
-  if (pass == ConvPass::BackwardWeight && PQ < 1024) return Path::Gemm;
+  if (pass == ConvPass::BackwardWeight && (PQ < 64 || g.C / g.groups < 8)) return Path::Gemm;
   return Path::Direct;
 }
 

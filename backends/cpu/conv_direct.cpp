@@ -152,46 +152,86 @@ Flat bwd_data_flat(const Conv2dGeom& g) {
 
 // ---------------------------------------------------------------- weight gradient
 
-// res[i][t] = sum_j dyk[i*Jr + j] * xs[t][j]
-template <class V>
-void wgrad_tile(const float* dyk, int64_t Jr, const float* const* xs, float (*res)[MT]) {
-  V acc[MK][MT];
-  for (int i = 0; i < MK; ++i)
-    for (int t = 0; t < MT; ++t) acc[i][t] = V::zero();
-  const float* x0 = xs[0]; const float* x1 = xs[1]; const float* x2 = xs[2];
-  const float* x3 = xs[3]; const float* x4 = xs[4]; const float* x5 = xs[5];
-  for (int64_t j = 0; j < Jr; j += 16) {
-    V d[MK];
-    for (int i = 0; i < MK; ++i) d[i] = V::load(dyk + i * Jr + j);
-    const V xv[MT] = {V::load(x0 + j), V::load(x1 + j), V::load(x2 + j),
-                      V::load(x3 + j), V::load(x4 + j), V::load(x5 + j)};
-    for (int t = 0; t < MT; ++t)
-      for (int i = 0; i < MK; ++i) acc[i][t].fma(d[i], xv[t]);
+// Outer-product form: vectors run along output channels, so nothing needs a horizontal sum.
+// acc[t][v] (16 channels k0+16v..) += dyT[j][k0 + 16v ..] * xs[t][j] over positions j < len.
+// dyT is the output gradient transposed to [position][channel] (row stride kp).
+template <class V, int NV, int NT>
+void wgrad_tile(const float* dyT, int64_t kp, int64_t len, const float* const* xs, float* res /*[NT][NV*16]*/) {
+  V acc[NT][NV];
+  for (int t = 0; t < NT; ++t)
+    for (int v = 0; v < NV; ++v) acc[t][v] = V::zero();
+  const float* xt[NT];
+  for (int t = 0; t < NT; ++t) xt[t] = xs[t];
+  for (int64_t j = 0; j < len; ++j) {
+    V d[NV];
+    for (int v = 0; v < NV; ++v) d[v] = V::load(dyT + j * kp + 16 * v);
+    for (int t = 0; t < NT; ++t) {
+      const V xb = V::set1(xt[t][j]);
+      for (int v = 0; v < NV; ++v) acc[t][v].fma(xb, d[v]);
+    }
   }
-  for (int i = 0; i < MK; ++i)
-    for (int t = 0; t < MT; ++t) res[i][t] = acc[i][t].hsum();
+  for (int t = 0; t < NT; ++t)
+    for (int v = 0; v < NV; ++v) acc[t][v].store(res + (t * NV + v) * 16);
 }
 
-// dwp [Kg][Cg*RS] += correlation of dyp rows [Kg][Jr] (junk columns zero) with planes xp [Cg][L].
-template <class V>
-void wgrad_planes(const float* dyp, int64_t Kg, int64_t Jr, const float* xp, int64_t Cg, int64_t L, const Flat& f,
-                  float* dwp) {
-  const int64_t CRS = Cg * f.RS;
-  float res[MK][MT];
-  for (int64_t u0 = 0; u0 < CRS; u0 += MT) {
-    const float* xs[MT];
-    for (int t = 0; t < MT; ++t) {
+// dwp [Kg][Cg*RS] += sum_j dyT[j][k] * x[c][j + off[t]]; dyT holds this group's Kg channels from
+// column 0 (row stride kp >= round16(Kg), padding columns zero), x rows [Cg] have stride lx.
+template <class V, int NV, int NT>
+void wgrad_planes_nv(const float* dyT, int64_t kp, int64_t Kg, int64_t len, const float* xp, int64_t Cg, int64_t lx,
+                     const int64_t* off, int RS, float* dwp) {
+  const int64_t CRS = Cg * RS;
+  alignas(64) float res[NT * NV * 16];
+  for (int64_t u0 = 0; u0 < CRS; u0 += NT) {
+    const float* xs[NT];
+    for (int t = 0; t < NT; ++t) {
       const int64_t u = std::min(u0 + t, CRS - 1);  // tail taps repeat the last one; discarded
-      xs[t] = xp + (u / f.RS) * L + f.off[u % f.RS];
+      xs[t] = xp + (u / RS) * lx + off[u % RS];
     }
-    const int64_t nt = std::min<int64_t>(MT, CRS - u0);
-    for (int64_t k0 = 0; k0 < Kg; k0 += MK) {
-      wgrad_tile<V>(dyp + k0 * Jr, Jr, xs, res);  // rows past Kg are readable (zero) padding rows
-      const int64_t nk = std::min<int64_t>(MK, Kg - k0);
-      for (int64_t i = 0; i < nk; ++i)
-        for (int64_t t = 0; t < nt; ++t) dwp[(k0 + i) * CRS + u0 + t] += res[i][t];
+    const int64_t nt = std::min<int64_t>(NT, CRS - u0);
+    for (int64_t k0 = 0; k0 < Kg; k0 += 16 * NV) {
+      wgrad_tile<V, NV, NT>(dyT + k0, kp, len, xs, res);
+      const int64_t nk = std::min<int64_t>(16 * NV, Kg - k0);
+      for (int64_t t = 0; t < nt; ++t)
+        for (int64_t i = 0; i < nk; ++i) dwp[(k0 + i) * CRS + u0 + t] += res[(t * NV + i / 16) * 16 + i % 16];
     }
   }
+}
+
+// Register block by channel count: NV vectors of 16 channels x NT taps, NV*NT = 24 accumulators.
+template <class V>
+void wgrad_planes(const float* dyT, int64_t kp, int64_t Kg, int64_t len, const float* xp, int64_t Cg, int64_t lx,
+                  const int64_t* off, int RS, float* dwp) {
+  if (Kg <= 16) wgrad_planes_nv<V, 1, 24>(dyT, kp, Kg, len, xp, Cg, lx, off, RS, dwp);
+  else if (Kg <= 32) wgrad_planes_nv<V, 2, 12>(dyT, kp, Kg, len, xp, Cg, lx, off, RS, dwp);
+  else if (Kg <= 48) wgrad_planes_nv<V, 3, 8>(dyT, kp, Kg, len, xp, Cg, lx, off, RS, dwp);
+  else wgrad_planes_nv<V, 4, 6>(dyT, kp, Kg, len, xp, Cg, lx, off, RS, dwp);
+}
+
+// Weight-gradient layout: NB images' padded planes back to back per channel (plane = Hp*Wp), so
+// one vector loop covers NB images and the horizontal sums are paid once per chunk. A valid
+// output position of image b only reads image b's plane; junk positions have dy = 0.
+struct WgradLayout {
+  int64_t Hp, Wp, HW, NB;  // padded plane, images per chunk
+  int64_t kp, lx;          // dyT row stride (channels, every group 16-aligned), x row stride
+  int64_t off[kMaxTaps];
+  int RS;
+};
+
+WgradLayout wgrad_layout(const Conv2dGeom& g, int threads) {
+  WgradLayout l;
+  l.Hp = g.H + 2 * g.pad_h;
+  l.Wp = g.W + 2 * g.pad_w;
+  l.HW = l.Hp * l.Wp;
+  // Keep a chunk's x and dy (about (C+K) planes of NB images) near 384 KiB: L2-resident.
+  const int64_t per_image = (g.C + g.K) * l.HW, budget = 96 * 1024;
+  const int64_t images_per_thread = (g.N + threads - 1) / threads;
+  l.NB = std::max<int64_t>(1, std::min(images_per_thread, budget / std::max<int64_t>(per_image, 1)));
+  l.kp = g.groups * round_up(g.K / g.groups, 64) + 16;  // +16: a 64-channel block may overrun by < 64 zeros
+  l.lx = round16(l.NB * l.HW) + round16((g.R - 1) * l.Wp + g.S + 16);
+  l.RS = int(g.R * g.S);
+  for (int64_t r = 0; r < g.R; ++r)
+    for (int64_t s = 0; s < g.S; ++s) l.off[r * g.S + s] = r * l.Wp + s;
+  return l;
 }
 
 struct Carve {  // bump allocator over the workspace, 64-byte aligned pieces
@@ -219,8 +259,8 @@ size_t direct_dense_workspace(const Conv2dGeom& g, ConvPass pass, int threads) {
     shared = g.groups * round_up(Cg, MR) * Kg * RS;
     per_thread = g.K * f.L + round_up(Cg, MR) * f.Jr + 128;
   } else {
-    const Flat f = fwd_flat(g);
-    per_thread = g.C * f.L + (g.K + MK) * f.Jr + g.K * Cg * RS + g.K + 256;
+    const WgradLayout l = wgrad_layout(g, threads);
+    per_thread = g.C * l.lx + (l.NB * l.HW + 1) * l.kp + g.K * Cg * RS + g.K + 256;
   }
   return size_t(shared + 64 + threads * per_thread) * sizeof(float);
 }
@@ -285,56 +325,65 @@ void direct_dense_backward_data(const Conv2dGeom& g, const float* dy, const floa
 void direct_dense_backward_weight(const Conv2dGeom& g, const float* x, const float* dy, float* dw, float* db,
                                   bool accumulate, void* ws) {
   const int64_t Cg = g.C / g.groups, Kg = g.K / g.groups, RS = g.R * g.S, CRS = Cg * RS;
-  const Flat f = fwd_flat(g);  // f.rows == P, junk columns q >= Q of each dy row stay zero
-  const int64_t dw_n = g.K * CRS;
-  const int64_t per_thread = g.C * f.L + (g.K + MK) * f.Jr + dw_n + g.K + 256;
+  const WgradLayout l = wgrad_layout(g, omp_get_max_threads());
+  const int64_t dw_n = g.K * CRS, gstride = round_up(Kg, 64);  // dyT column of group gi: gi * gstride
+  const int64_t dyt_n = (l.NB * l.HW + 1) * l.kp;
+  const int64_t per_thread = g.C * l.lx + dyt_n + dw_n + g.K + 256;
   float* base = static_cast<float*>(ws);
+  auto carve = [&](int u, float** xp, float** dyT, float** part) {
+    Carve c{base + u * per_thread};
+    *xp = c.take(g.C * l.lx);
+    *dyT = c.take(dyt_n);
+    *part = c.take(dw_n + g.K);
+  };
 #pragma omp parallel
   {
     const int t = omp_get_thread_num(), nt = omp_get_num_threads();
-    Carve tc{base + t * per_thread};
-    float* xp = tc.take(g.C * f.L);
-    float* dyp = tc.take((g.K + MK) * f.Jr);
-    float* dw_part = tc.take(dw_n + g.K);
+    float *xp, *dyT, *dw_part;
+    carve(t, &xp, &dyT, &dw_part);
     float* db_part = dw_part + dw_n;
-    std::memset(xp, 0, sizeof(float) * size_t(g.C * f.L));
-    std::memset(dyp, 0, sizeof(float) * size_t((g.K + MK) * f.Jr));
+    std::memset(xp, 0, sizeof(float) * size_t(g.C * l.lx));
+    std::memset(dyT, 0, sizeof(float) * size_t(dyt_n));  // junk positions / padding channels stay zero
     std::memset(dw_part, 0, sizeof(float) * size_t(dw_n + g.K));
-    // Static contiguous split of the batch: thread t takes images [n0, n1).
+    // Static contiguous split of the batch: thread t takes images [n0, n1), in chunks of NB.
     const int64_t n0 = g.N * t / nt, n1 = g.N * (t + 1) / nt;
-    for (int64_t n = n0; n < n1; ++n) {
-      for (int64_t c = 0; c < g.C; ++c)
-        place_plane(x + (n * g.C + c) * g.H * g.W, g.H, g.W, 1, g.pad_h, g.pad_w, f.Wp, xp + c * f.L);
-      for (int64_t k = 0; k < g.K; ++k) {
-        const float* src = dy + (n * g.K + k) * g.P * g.Q;
-        place_plane(src, g.P, g.Q, 1, 0, 0, f.Wp, dyp + k * f.Jr);
-        if (db) {
-          float s = 0.f;
-          for (int64_t i = 0; i < g.P * g.Q; ++i) s += src[i];
-          db_part[k] += s;
+    for (int64_t nc = n0; nc < n1; nc += l.NB) {
+      const int64_t nb = std::min(l.NB, n1 - nc), len = nb * l.HW;
+      for (int64_t b = 0; b < nb; ++b) {
+        const int64_t n = nc + b;
+        for (int64_t c = 0; c < g.C; ++c)
+          place_plane(x + (n * g.C + c) * g.H * g.W, g.H, g.W, 1, g.pad_h, g.pad_w, l.Wp, xp + c * l.lx + b * l.HW);
+        for (int64_t k = 0; k < g.K; ++k) {
+          const float* src = dy + (n * g.K + k) * g.P * g.Q;
+          float* dst = dyT + b * l.HW * l.kp + (k / Kg) * gstride + k % Kg;
+          for (int64_t p = 0; p < g.P; ++p)
+            for (int64_t q = 0; q < g.Q; ++q) dst[(p * l.Wp + q) * l.kp] = src[p * g.Q + q];
+          if (db) {
+            float s = 0.f;
+            for (int64_t i = 0; i < g.P * g.Q; ++i) s += src[i];
+            db_part[k] += s;
+          }
         }
       }
       for (int64_t gi = 0; gi < g.groups; ++gi) {
-        const float* dyg = dyp + gi * Kg * f.Jr;
-        const float* xg = xp + gi * Cg * f.L;
+        const float* dyg = dyT + gi * gstride;
+        const float* xg = xp + gi * Cg * l.lx;
         float* dwg = dw_part + gi * Kg * CRS;
-        if (g_force_scalar) wgrad_planes<VScalar>(dyg, Kg, f.Jr, xg, Cg, f.L, f, dwg);
-        else wgrad_planes<VNative>(dyg, Kg, f.Jr, xg, Cg, f.L, f, dwg);
+        if (g_force_scalar) wgrad_planes<VScalar>(dyg, l.kp, Kg, len, xg, Cg, l.lx, l.off, l.RS, dwg);
+        else wgrad_planes<VNative>(dyg, l.kp, Kg, len, xg, Cg, l.lx, l.off, l.RS, dwg);
       }
     }
 #pragma omp barrier
     // Reduce partial sums in thread order; each thread owns a slice of the weights.
     const int64_t total = dw_n + (db ? g.K : 0);
     const int64_t i0 = total * t / nt, i1 = total * (t + 1) / nt;
-    auto part_of = [&](int u) {  // thread u's partial sums, carved as above
-      Carve uc{base + u * per_thread};
-      uc.take(g.C * f.L);
-      uc.take((g.K + MK) * f.Jr);
-      return uc.take(dw_n + g.K);
-    };
     for (int64_t i = i0; i < i1; ++i) {
       float s = 0.f;
-      for (int u = 0; u < nt; ++u) s += part_of(u)[i];
+      for (int u = 0; u < nt; ++u) {
+        float *a, *b, *part;
+        carve(u, &a, &b, &part);
+        s += part[i];
+      }
       float& dst = i < dw_n ? dw[i] : db[i - dw_n];
       dst = accumulate ? dst + s : s;
     }
