@@ -1,11 +1,14 @@
 #include "engine/executor.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cstring>
 
 #include "memory/planner.h"
 
 namespace et {
+
+using Clock = std::chrono::steady_clock;
 
 namespace {
 uint64_t mix64(uint64_t x) {  // splitmix64 finaliser
@@ -136,6 +139,12 @@ void Executor::plan() {
   stash_->reset(nv);
 }
 
+void Executor::set_timing(bool on) {
+  timing_ = on;
+  fwd_s_.assign(size_t(graph_.num_nodes()), 0.0);
+  bwd_s_.assign(size_t(graph_.num_nodes()), 0.0);
+}
+
 Tensor Executor::value(int id) const {
   const Value& v = graph_.value(id);
   return v.batched ? data_[size_t(id)].with_batch(batch_) : data_[size_t(id)];
@@ -156,7 +165,9 @@ void Executor::forward(int64_t batch, bool training) {
   training_ = training;
   for (int n = 0; n < graph_.num_nodes(); ++n) {
     OpContext ctx(*this, n);
+    const auto t0 = timing_ ? Clock::now() : Clock::time_point{};
     graph_.node(n).op->forward(ctx);
+    if (timing_) fwd_s_[size_t(n)] += std::chrono::duration<double>(Clock::now() - t0).count();
     if (!training) continue;
     const Node& node = graph_.node(n);
     for (const SaveSpec& s : save_specs_[size_t(n)]) {
@@ -173,7 +184,9 @@ void Executor::backward() {
     const Node& node = graph_.node(n);
     if (needs_backward_[size_t(n)]) {
       OpContext ctx(*this, n);
+      const auto t0 = timing_ ? Clock::now() : Clock::time_point{};
       node.op->backward(ctx);
+      if (timing_) bwd_s_[size_t(n)] += std::chrono::duration<double>(Clock::now() - t0).count();
       for (int in : node.inputs)
         if (graph_.value(in).needs_grad) grad_written_[size_t(in)] = 1;
     }

@@ -42,6 +42,10 @@ class Executor {
   float loss() const;
 
   void set_step_seed(uint64_t s) { step_seed_ = s; }
+  // Per-node wall time of forward / backward, accumulated while enabled (seconds).
+  void set_timing(bool on);
+  const std::vector<double>& forward_seconds() const { return fwd_s_; }
+  const std::vector<double>& backward_seconds() const { return bwd_s_; }
   void set_precision(PrecisionPolicy* p) { precision_ = p; }
   const MemoryReport& memory() const { return report_; }
   int64_t batch() const { return batch_; }
@@ -67,6 +71,8 @@ class Executor {
   int64_t batch_ = 0;
   bool training_ = false;
   uint64_t step_seed_ = 0;
+  bool timing_ = false;
+  std::vector<double> fwd_s_, bwd_s_;
 };
 
 // What an op sees while it runs: its inputs, output, gradients, saved tensors and scratch.

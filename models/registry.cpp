@@ -12,7 +12,7 @@ using Builder = std::function<int(Graph&, int, const ModelSpec&)>;
 const std::map<std::string, Builder>& registry() {
   static const std::map<std::string, Builder> r = [] {
     std::map<std::string, Builder> m;
-    for (int depth : {20, 32, 44, 56, 110})
+    for (int depth : {8, 20, 32, 44, 56, 110})
       m["resnet" + std::to_string(depth)] = [depth](Graph& g, int x, const ModelSpec& s) {
         return build_cifar_resnet(g, x, depth, s.num_classes);
       };

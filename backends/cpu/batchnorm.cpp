@@ -19,6 +19,7 @@ void CpuBackend::batchnorm_forward_train(const Tensor& x, const Tensor& gamma, c
     for (int64_t n = 0; n < N; ++n) {
       const float* row = xp + (n * C + c) * HW;
       float s1 = 0.f, s2 = 0.f;
+#pragma omp simd reduction(+ : s1, s2)
       for (int64_t i = 0; i < HW; ++i) {
         s1 += row[i];
         s2 += row[i] * row[i];
@@ -74,6 +75,7 @@ void CpuBackend::batchnorm_backward(const Tensor& dy, const Tensor& x, const Ten
       const float* xr = xp + (n * C + c) * HW;
       const float* dr = dyp + (n * C + c) * HW;
       float a = 0.f, b = 0.f;
+#pragma omp simd reduction(+ : a, b)
       for (int64_t i = 0; i < HW; ++i) {
         a += dr[i];
         b += dr[i] * (xr[i] - mu);
@@ -91,9 +93,14 @@ void CpuBackend::batchnorm_backward(const Tensor& dy, const Tensor& x, const Ten
       const float* xr = xp + (n * C + c) * HW;
       const float* dr = dyp + (n * C + c) * HW;
       float* out = dx.f32() + (n * C + c) * HW;
-      for (int64_t i = 0; i < HW; ++i) {
-        const float v = k * (float(M) * dr[i] - db - (xr[i] - mu) * coef);
-        out[i] = accumulate_dx ? out[i] + v : v;
+      // dx = a * dy + b * x + c0, hoisted so the loop is one FMA chain
+      const float a = k * float(M), b = -k * coef, c0 = -k * db + k * mu * coef;
+      if (accumulate_dx) {
+#pragma omp simd
+        for (int64_t i = 0; i < HW; ++i) out[i] += a * dr[i] + b * xr[i] + c0;
+      } else {
+#pragma omp simd
+        for (int64_t i = 0; i < HW; ++i) out[i] = a * dr[i] + b * xr[i] + c0;
       }
     }
   }

@@ -111,6 +111,7 @@ void CpuBackend::global_avgpool_forward(const Tensor& x, Tensor& y) {
   for (int64_t pl = 0; pl < planes; ++pl) {
     const float* xp = x.f32() + pl * HW;
     float s = 0.f;
+#pragma omp simd reduction(+ : s)
     for (int64_t i = 0; i < HW; ++i) s += xp[i];
     y.f32()[pl] = s / float(HW);
   }
