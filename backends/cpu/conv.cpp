@@ -99,7 +99,8 @@ cpu::ConvPathOverride g_override = initial_override();
 
 // Which kernel family runs a pass (the workspace is sized for the same choice).
 // Dense convs: measured with bench/bench_conv (2 Zen 4 cores); the direct kernels win for 3x3
-// windows on maps of 8x8 and up, the GEMM wins for 1x1 (no im2col there) and tiny maps.
+// windows on maps of 8x8 and up (1.5-2.5x), the GEMM wins for 1x1 (no im2col there, and the
+// direct kernel measured no better) and for 4x4 / 2x2 maps.
 // ET_CONV_PATH=gemm|direct overrides the choice where both apply (A/B measurements).
 Path choose(const Conv2dGeom& g, ConvPass pass) {
   if (cpu::depthwise_applies(g, pass)) return Path::Depthwise;
@@ -108,7 +109,10 @@ Path choose(const Conv2dGeom& g, ConvPass pass) {
   if (g_override == cpu::ConvPathOverride::Direct) return Path::Direct;
   const int64_t PQ = g.P * g.Q;
   if (g.R * g.S == 1 || PQ <= 16) return Path::Gemm;
-  if (pass == ConvPass::BackwardWeight && (PQ < 64 || g.C / g.groups < 8)) return Path::Gemm;
+  // Weight gradient: the direct kernel's chunk of images shrinks to one on small maps with many
+  // channels, and Eigen's blocked GEMM wins there (vgg 128->256 and 256->256 on 8x8).
+  if (pass == ConvPass::BackwardWeight && (PQ < 64 || g.C / g.groups < 8 || (PQ < 256 && g.C / g.groups > 64)))
+    return Path::Gemm;
   return Path::Direct;
 }
 
