@@ -187,8 +187,6 @@ void Executor::backward() {
       const auto t0 = timing_ ? Clock::now() : Clock::time_point{};
       node.op->backward(ctx);
       if (timing_) bwd_s_[size_t(n)] += std::chrono::duration<double>(Clock::now() - t0).count();
-      for (int in : node.inputs)
-        if (graph_.value(in).needs_grad) grad_written_[size_t(in)] = 1;
     }
     for (const SaveSpec& s : save_specs_[size_t(n)])
       stash_->pop(s.input < 0 ? node.output : node.inputs[size_t(s.input)]);
@@ -222,6 +220,9 @@ GradOut OpContext::grad_input(int i) const {
   if (!g.wanted) return g;
   g.t = ex_.grad(id);
   g.accumulate = ex_.grad_written_[size_t(id)] != 0;
+  // Asking for a wanted gradient commits the op to writing it, so a later request for the same
+  // value (add(a, a), or another consumer) accumulates.
+  ex_.grad_written_[size_t(id)] = 1;
   return g;
 }
 

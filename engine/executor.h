@@ -97,6 +97,7 @@ class OpContext {
   MaskView saved_mask(int i) const;
 
   Tensor grad_output() const { return ex_.grad(node_.output); }
+  // A wanted input gradient; the op must write it (overwrite or add, per `accumulate`).
   GradOut grad_input(int i) const;
   Workspace workspace() const { return ex_.workspace_; }
 

@@ -370,13 +370,8 @@ TEST_CASE("gradcheck: add (residual, gradient accumulation)", "[gradcheck]") {
   }
 }
 
-// KNOWN BUG (engine/executor.cpp, Executor::backward / OpContext::grad_input): when one value is
-// both inputs of a node, add(g, a, a), both grad_input(0) and grad_input(1) report
-// accumulate = false (grad_written_ is only set after the node's backward), so the second write
-// overwrites the first and d loss / d a comes out as dy instead of 2 dy. No model builds such a
-// node today. [!shouldfail] keeps the suite green while the bug stands and turns red once it is
-// fixed, as a reminder to drop the tag.
-TEST_CASE("gradcheck: add with the same value as both inputs (y = a + a)", "[gradcheck][!shouldfail]") {
+// y = a + a: both gradient requests hit the same value; the second must accumulate.
+TEST_CASE("gradcheck: add with the same value as both inputs (y = a + a)", "[gradcheck]") {
   Net net(2, 2, 3, 3, [](Graph& g, int x) {
     Conv2dOptions o;
     o.out_channels = 2;
