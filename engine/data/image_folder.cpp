@@ -1,0 +1,259 @@
+// Image-folder reader: root/<split>/<class>/<image>, decoded with stb_image on several threads.
+// Each image lands in its own slot of Dataset::pixels, so the result does not depend on threads.
+#include <algorithm>
+#include <atomic>
+#include <cctype>
+#include <cmath>
+#include <cstdio>
+#include <exception>
+#include <filesystem>
+#include <memory>
+#include <mutex>
+#include <thread>
+
+#include "engine/check.h"
+#include "engine/data/dataset.h"
+
+// stb_image compiled privately here (static functions: no clash with another copy in the program).
+#define STB_IMAGE_STATIC
+#define STB_IMAGE_IMPLEMENTATION
+#define STBI_ONLY_JPEG
+#define STBI_ONLY_PNG
+#define STBI_ONLY_BMP
+#define STBI_NO_STDIO  // we read the bytes ourselves (one reusable buffer per thread)
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wunused-function"
+#pragma GCC diagnostic ignored "-Wsign-compare"
+#pragma GCC diagnostic ignored "-Wmissing-field-initializers"
+#pragma GCC diagnostic ignored "-Wimplicit-fallthrough"
+#include <stb_image.h>
+#pragma GCC diagnostic pop
+
+namespace et {
+namespace fs = std::filesystem;
+
+namespace {
+
+struct Item {
+  std::string path;
+  int32_t label;
+};
+
+bool hidden(const fs::path& p) { return p.filename().string().rfind('.', 0) == 0; }
+
+// Sub-folders of `dir`, byte-wise sorted (std::string compares as unsigned bytes).
+std::vector<std::string> class_folders(const fs::path& dir) {
+  std::vector<std::string> names;
+  for (const auto& e : fs::directory_iterator(dir))
+    if (e.is_directory() && !hidden(e.path())) names.push_back(e.path().filename().string());
+  std::sort(names.begin(), names.end());
+  return names;
+}
+
+bool is_image(const fs::path& p) {
+  std::string ext = p.extension().string();
+  for (char& c : ext) c = char(std::tolower(static_cast<unsigned char>(c)));
+  return ext == ".jpg" || ext == ".jpeg" || ext == ".png" || ext == ".bmp";
+}
+
+void append_images(const fs::path& dir, int32_t label, std::vector<Item>& items) {
+  std::vector<std::string> files;
+  for (const auto& e : fs::directory_iterator(dir))
+    if (e.is_regular_file() && !hidden(e.path()) && is_image(e.path())) files.push_back(e.path().string());
+  std::sort(files.begin(), files.end());
+  for (std::string& f : files) items.push_back({std::move(f), label});
+}
+
+fs::path split_dir(const fs::path& root, Split split) {
+  if (!fs::is_directory(root)) user_error("image folder root ", root.string(), " does not exist or is not a folder");
+  const fs::path dir = root / split_name(split);
+  if (!fs::is_directory(dir))
+    user_error("missing folder ", dir.string(), " (expected ", dir.string(), "/<class>/*.jpg|png|bmp)");
+  return dir;
+}
+
+// Per-thread decoder: the scratch buffers grow to the largest image and are then reused.
+class Decoder {
+ public:
+  explicit Decoder(const ImageFolderOptions& opt) : opt_(opt) {}
+
+  // Decodes `path` into `out` ([C, H, W] uint8). Throws UserError naming the file.
+  void decode(const std::string& path, uint8_t* out) {
+    read_file(path);
+    int w = 0, h = 0, n = 0;
+    std::unique_ptr<stbi_uc, void (*)(void*)> px(
+        stbi_load_from_memory(bytes_.data(), int(bytes_.size()), &w, &h, &n, 0), stbi_image_free);
+    if (!px) user_error(path, ": cannot decode image: ", stbi_failure_reason());
+    to_channels(px.get(), size_t(w) * size_t(h), n);
+    const int H = opt_.height, W = opt_.width, C = opt_.channels;
+    if (w == W && h == H) {
+      for (int c = 0; c < C; ++c)  // HWC -> CHW
+        for (size_t i = 0; i < size_t(H) * size_t(W); ++i) out[size_t(c) * H * W + i] = hwc_[i * size_t(C) + size_t(c)];
+      return;
+    }
+    if (opt_.resize == "none")
+      user_error(path, ": image is ", w, "x", h, " (width x height), expected ", W, "x", H,
+                 " (set data.resize to \"stretch\" or \"center_crop\" to resize)");
+    // dst pixel d samples src (d + off + 0.5) / scale - 0.5 (pixel centres, like cv2 INTER_LINEAR).
+    float sy = float(H) / float(h), sx = float(W) / float(w), oy = 0, ox = 0;
+    if (opt_.resize == "center_crop") {
+      sy = sx = std::max(sy, sx);
+      oy = (float(h) * sy - float(H)) / 2;
+      ox = (float(w) * sx - float(W)) / 2;
+    }
+    bilinear(w, h, sx, sy, ox, oy, out);
+  }
+
+ private:
+  void read_file(const std::string& path) {
+    std::unique_ptr<FILE, int (*)(FILE*)> f(std::fopen(path.c_str(), "rb"), std::fclose);
+    if (!f) user_error(path, ": cannot open file");
+    std::fseek(f.get(), 0, SEEK_END);
+    const long size = std::ftell(f.get());
+    std::fseek(f.get(), 0, SEEK_SET);
+    if (size <= 0) user_error(path, ": empty file, not an image");
+    bytes_.resize(size_t(size));
+    if (std::fread(bytes_.data(), 1, bytes_.size(), f.get()) != bytes_.size()) user_error(path, ": cannot read file");
+  }
+
+  // stb output (n = 1 gray, 2 gray+alpha, 3 RGB, 4 RGBA) -> hwc_ with opt_.channels (1 or 3).
+  void to_channels(const stbi_uc* px, size_t pixels, int n) {
+    const int C = opt_.channels;
+    hwc_.resize(pixels * size_t(C));
+    uint8_t* o = hwc_.data();
+    if (n <= 2) {  // gray (alpha dropped), replicated to C channels
+      for (size_t i = 0; i < pixels; ++i)
+        for (int c = 0; c < C; ++c) *o++ = px[i * size_t(n)];
+    } else if (C == 3) {  // RGB(A) -> RGB
+      for (size_t i = 0; i < pixels; ++i)
+        for (int c = 0; c < 3; ++c) *o++ = px[i * size_t(n) + size_t(c)];
+    } else {  // RGB(A) -> BT.601 luma, rounded
+      for (size_t i = 0; i < pixels; ++i) {
+        const stbi_uc* p = px + i * size_t(n);
+        *o++ = uint8_t((299u * p[0] + 587u * p[1] + 114u * p[2] + 500u) / 1000u);
+      }
+    }
+  }
+
+  // Bilinear sampling of hwc_ (w x h) into out [C, H, W], edges clamped.
+  void bilinear(int w, int h, float sx, float sy, float ox, float oy, uint8_t* out) {
+    const int H = opt_.height, W = opt_.width, C = opt_.channels;
+    x0_.resize(size_t(W));
+    x1_.resize(size_t(W));
+    fx_.resize(size_t(W));
+    for (int x = 0; x < W; ++x) {
+      const float s = std::clamp((float(x) + ox + 0.5f) / sx - 0.5f, 0.f, float(w - 1));
+      x0_[size_t(x)] = int(s);
+      x1_[size_t(x)] = std::min(int(s) + 1, w - 1);
+      fx_[size_t(x)] = s - float(int(s));
+    }
+    for (int y = 0; y < H; ++y) {
+      const float s = std::clamp((float(y) + oy + 0.5f) / sy - 0.5f, 0.f, float(h - 1));
+      const int y0 = int(s), y1 = std::min(y0 + 1, h - 1);
+      const float fy = s - float(y0);
+      const uint8_t* r0 = hwc_.data() + size_t(y0) * size_t(w) * size_t(C);
+      const uint8_t* r1 = hwc_.data() + size_t(y1) * size_t(w) * size_t(C);
+      for (int c = 0; c < C; ++c) {
+        uint8_t* o = out + (size_t(c) * H + size_t(y)) * W;
+        for (int x = 0; x < W; ++x) {
+          const size_t a = size_t(x0_[size_t(x)]) * C + c, b = size_t(x1_[size_t(x)]) * C + c;
+          const float f = fx_[size_t(x)];
+          const float top = float(r0[a]) + f * (float(r0[b]) - float(r0[a]));
+          const float bot = float(r1[a]) + f * (float(r1[b]) - float(r1[a]));
+          o[x] = uint8_t(std::lround(std::clamp(top + fy * (bot - top), 0.f, 255.f)));
+        }
+      }
+    }
+  }
+
+  const ImageFolderOptions& opt_;
+  std::vector<uint8_t> bytes_, hwc_;
+  std::vector<int> x0_, x1_;
+  std::vector<float> fx_;
+};
+
+// Decodes every item on `threads` threads, chunks handed out in index order. On errors, the one of
+// the lowest index is rethrown: chunks are taken in order and a started chunk is finished unless
+// it fails itself, so every item before the first failure has been tried. Deterministic message.
+void decode_all(const std::vector<Item>& items, const ImageFolderOptions& opt, Dataset& d) {
+  constexpr size_t kChunk = 64;
+  const size_t n = items.size(), img = size_t(d.image_elems());
+  const unsigned hw = std::max(1u, std::thread::hardware_concurrency());
+  const size_t threads = std::min<size_t>({hw, 8, (n + kChunk - 1) / kChunk});
+  std::atomic<size_t> next{0};
+  std::atomic<bool> failed{false};
+  std::mutex mu;
+  size_t err_index = n;
+  std::exception_ptr err;
+  auto work = [&] {
+    Decoder dec(opt);
+    while (!failed.load(std::memory_order_relaxed)) {
+      const size_t begin = next.fetch_add(kChunk);
+      if (begin >= n) return;
+      for (size_t i = begin; i < std::min(n, begin + kChunk); ++i) {
+        try {
+          dec.decode(items[i].path, d.pixels.data() + i * img);
+        } catch (...) {
+          std::lock_guard<std::mutex> lock(mu);
+          if (i < err_index) err_index = i, err = std::current_exception();
+          failed = true;
+          return;
+        }
+      }
+    }
+  };
+  std::vector<std::thread> pool;
+  for (size_t t = 1; t < threads; ++t) pool.emplace_back(work);
+  work();
+  for (std::thread& t : pool) t.join();
+  if (err) std::rethrow_exception(err);
+}
+
+}  // namespace
+
+Dataset load_image_folder(const std::string& root_str, Split split, const ImageFolderOptions& opt) {
+  if (opt.channels != 1 && opt.channels != 3)
+    user_error("image_folder: channels must be 1 or 3, got ", opt.channels);
+  if (opt.height <= 0 || opt.width <= 0)
+    user_error("image_folder: image size must be positive, got ", opt.height, "x", opt.width);
+  if (opt.resize != "none" && opt.resize != "stretch" && opt.resize != "center_crop")
+    user_error("image_folder: unknown resize mode \"", opt.resize, "\" (expected none, stretch or center_crop)");
+
+  const fs::path root(root_str);
+  const fs::path train_dir = split_dir(root, Split::Train);  // the class list always comes from train
+  const fs::path dir = split == Split::Train ? train_dir : split_dir(root, split);
+  Dataset d;
+  try {
+    d.classes = class_folders(train_dir);
+  } catch (const fs::filesystem_error& e) {
+    user_error("cannot list ", train_dir.string(), ": ", e.what());
+  }
+  if (d.classes.empty()) user_error(train_dir.string(), " has no class folders (expected <class>/*.jpg|png|bmp)");
+  d.channels = opt.channels;
+  d.height = opt.height;
+  d.width = opt.width;
+  d.source = dir.string();
+
+  std::vector<Item> items;
+  try {
+    for (const std::string& name : class_folders(dir)) {
+      const auto it = std::find(d.classes.begin(), d.classes.end(), name);
+      if (it == d.classes.end())
+        user_error((dir / name).string(), ": class folder not in ", train_dir.string(),
+                   " (labels come from the train split's class folders)");
+      append_images(dir / name, int32_t(it - d.classes.begin()), items);
+    }
+  } catch (const fs::filesystem_error& e) {  // e.g. an unreadable folder
+    user_error("cannot list ", dir.string(), ": ", e.what());
+  }
+  if (items.empty()) user_error("no images (*.jpg, *.jpeg, *.png, *.bmp) under ", dir.string(), "/<class>/");
+
+  d.size = int64_t(items.size());
+  d.pixels.resize(size_t(d.size * d.image_elems()));
+  d.labels.resize(items.size());
+  for (size_t i = 0; i < items.size(); ++i) d.labels[i] = items[i].label;
+  decode_all(items, opt, d);
+  return d;
+}
+
+}  // namespace et
