@@ -137,6 +137,7 @@ void Executor::plan() {
   workspace_ = Workspace{arena_.at(ws_base), report_.workspace};
   grad_written_.assign(size_t(nv), 0);
   stash_->reset(nv);
+  batch_ = max_batch;  // views have the full batch until a forward says otherwise
 }
 
 void Executor::set_timing(bool on) {
@@ -163,6 +164,7 @@ void Executor::forward(int64_t batch, bool training) {
   ET_CHECK(batch > 0 && batch <= graph_.batch_size(), "batch ", batch, " outside 1..", graph_.batch_size());
   batch_ = batch;
   training_ = training;
+  if (training) stash_->clear();  // a forward without its backward leaves nothing behind
   for (int n = 0; n < graph_.num_nodes(); ++n) {
     OpContext ctx(*this, n);
     const auto t0 = timing_ ? Clock::now() : Clock::time_point{};

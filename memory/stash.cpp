@@ -1,10 +1,17 @@
 #include "memory/stash.h"
 
+#include <algorithm>
+
 namespace et {
 
 void DenseStash::reset(int num_values) {
   saved_.assign(size_t(num_values), Tensor{});
   refs_.assign(size_t(num_values), 0);
+}
+
+void DenseStash::clear() {
+  std::fill(saved_.begin(), saved_.end(), Tensor{});
+  std::fill(refs_.begin(), refs_.end(), 0);
 }
 
 void DenseStash::push(int value_id, SaveKind, const Tensor& t) {

@@ -17,7 +17,8 @@ class Stash {
   // True if a saved tensor stays in its forward buffer: the planner must then keep that buffer
   // alive until the last backward that reads it.
   virtual bool keeps_forward_buffer() const = 0;
-  virtual void reset(int num_values) = 0;
+  virtual void reset(int num_values) = 0;  // sizes the bookkeeping (outside the step)
+  virtual void clear() = 0;                 // drops everything saved (a new training forward)
   // A value saved by several consumers is pushed once per consumer and stored once.
   virtual void push(int value_id, SaveKind kind, const Tensor& t) = 0;
   virtual Tensor get(int value_id) const = 0;
@@ -29,6 +30,7 @@ class DenseStash final : public Stash {
  public:
   bool keeps_forward_buffer() const override { return true; }
   void reset(int num_values) override;
+  void clear() override;
   void push(int value_id, SaveKind kind, const Tensor& t) override;
   Tensor get(int value_id) const override;
   MaskView get_mask(int value_id) const override;
