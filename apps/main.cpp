@@ -1,2 +1,51 @@
+// edgetrain command line: train / eval / bench step.
+#include <CLI/CLI.hpp>
 #include <cstdio>
-int main() { std::puts("edgetrain"); return 0; }
+
+#include "apps/commands.h"
+#include "engine/check.h"
+
+int main(int argc, char** argv) {
+  using namespace et::app;
+  CLI::App app{"edgetrain: memory-frugal CNN training for edge devices"};
+  app.require_subcommand(1);
+
+  TrainArgs train;
+  auto* t = app.add_subcommand("train", "train a model from a JSON config");
+  t->add_option("--config", train.config, "config file (JSON)")->required();
+  t->add_option("--set", train.sets, "override a config key: dotted.key=value (repeatable)");
+  t->add_option("--out", train.out, "run folder (default runs/<model>-<time>)");
+  t->add_flag("--resume", train.resume, "continue the run in --out from its last checkpoint");
+  t->add_option("--stop-after", train.stop_after, "stop after N epochs of this invocation (continue later with --resume)")
+      ->check(CLI::Range(1, 1000000));
+
+  EvalArgs eval;
+  auto* e = app.add_subcommand("eval", "evaluate a checkpoint on the test split");
+  e->add_option("--config", eval.config, "config file (JSON)")->required();
+  e->add_option("--checkpoint", eval.checkpoint, "checkpoint file")->required();
+  e->add_option("--set", eval.sets, "override a config key: dotted.key=value (repeatable)");
+
+  auto* b = app.add_subcommand("bench", "benchmarks");
+  b->require_subcommand(1);
+  BenchStepArgs step;
+  auto* bs = b->add_subcommand("step", "time training steps (after warm-up) on synthetic data");
+  bs->add_option("--config", step.config, "config file (JSON)")->required();
+  bs->add_option("--set", step.sets, "override a config key: dotted.key=value (repeatable)");
+  bs->add_option("--steps", step.steps, "timed steps")->check(CLI::Range(1, 100000));
+  bs->add_option("--warmup", step.warmup, "untimed steps first")->check(CLI::Range(0, 1000));
+  bs->add_flag("--profile", step.profile, "print time per op type (forward / backward)");
+
+  CLI11_PARSE(app, argc, argv);
+  try {
+    if (*t) return cmd_train(train);
+    if (*e) return cmd_eval(eval);
+    if (*bs) return cmd_bench_step(step);
+  } catch (const et::UserError& err) {
+    std::fprintf(stderr, "edgetrain: error: %s\n", err.what());
+    return 1;
+  } catch (const std::bad_alloc&) {
+    std::fprintf(stderr, "edgetrain: error: out of memory\n");
+    return 1;
+  }
+  return 2;
+}

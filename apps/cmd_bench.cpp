@@ -1,0 +1,108 @@
+// `edgetrain bench step`: times full training steps (forward, backward, SGD) on synthetic data
+// after a warm-up. The last line of output is one JSON object.
+#include <omp.h>
+
+#include <algorithm>
+#include <map>
+#include <chrono>
+#include <random>
+
+#include "apps/commands.h"
+#include "backends/backend.h"
+#include "engine/config.h"
+#include "engine/executor.h"
+#include "engine/init.h"
+#include "memory/uss.h"
+
+namespace et::app {
+using json = nlohmann::json;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+// Milliseconds per step by op type, forward and backward, largest first.
+void print_profile(const Executor& ex, int steps) {
+  std::map<std::string, std::pair<double, double>> by_type;
+  const Graph& g = ex.graph();
+  double total = 0;
+  for (int n = 0; n < g.num_nodes(); ++n) {
+    auto& e = by_type[g.node(n).op->type()];
+    e.first += ex.forward_seconds()[size_t(n)] * 1e3 / steps;
+    e.second += ex.backward_seconds()[size_t(n)] * 1e3 / steps;
+    total += (ex.forward_seconds()[size_t(n)] + ex.backward_seconds()[size_t(n)]) * 1e3 / steps;
+  }
+  std::vector<std::pair<std::string, std::pair<double, double>>> rows(by_type.begin(), by_type.end());
+  std::sort(rows.begin(), rows.end(), [](const auto& a, const auto& b) {
+    return a.second.first + a.second.second > b.second.first + b.second.second;
+  });
+  std::printf("%-24s %10s %10s %7s\n", "op", "fwd ms", "bwd ms", "share");
+  for (const auto& [type, t] : rows)
+    std::printf("%-24s %10.2f %10.2f %6.1f%%\n", type.c_str(), t.first, t.second, 100.0 * (t.first + t.second) / total);
+}
+
+}  // namespace
+
+int cmd_bench_step(const BenchStepArgs& a) {
+  const Config cfg = load_config(a.config, a.sets);
+  if (cfg.train.threads > 0) omp_set_num_threads(cfg.train.threads);
+  const size_t uss_before = read_uss_bytes();
+  Graph g;
+  build_model(g, cfg.model);
+  auto backend = make_cpu_backend();
+  Executor ex(g, *backend);
+  init_parameters(ex, cfg.train.seed);
+  const int64_t n = cfg.train.batch_size;
+
+  // Synthetic batch: N(0,1) images, uniform labels (the cost of a step does not depend on values).
+  std::mt19937_64 rng(cfg.train.seed);
+  std::normal_distribution<float> normal(0.f, 1.f);
+  Tensor x = ex.value(g.image_input);
+  for (int64_t i = 0; i < x.numel(); ++i) x.f32()[i] = normal(rng);
+  Tensor y = ex.value(g.label_input);
+  for (int64_t i = 0; i < n; ++i) y.i32()[i] = int32_t(rng() % uint64_t(cfg.model.num_classes));
+
+  const auto params = g.params();
+  UssPeak uss;
+  auto step = [&](int64_t s) {
+    ex.set_step_seed(uint64_t(s));
+    ex.forward(n, true);
+    uss.sample();
+    ex.backward();
+    for (int p : params) {
+      Tensor w = ex.value(p), m = ex.opt_slot(p, 0);
+      backend->sgd_step(w, ex.grad(p), m, 0.01f, cfg.train.momentum, cfg.train.weight_decay, cfg.train.nesterov, s == 0);
+    }
+  };
+  for (int s = 0; s < a.warmup; ++s) step(s);
+  if (a.profile) ex.set_timing(true);
+  std::vector<double> ms;
+  for (int s = 0; s < a.steps; ++s) {
+    const auto t0 = Clock::now();
+    step(a.warmup + s);
+    ms.push_back(std::chrono::duration<double, std::milli>(Clock::now() - t0).count());
+  }
+  std::vector<double> sorted = ms;
+  std::sort(sorted.begin(), sorted.end());
+  const double median = sorted[sorted.size() / 2];
+  if (a.profile) print_profile(ex, a.steps);
+  const MemoryReport& m = ex.memory();
+  std::printf("%s batch %lld, %d threads: median step %.2f ms (min %.2f, max %.2f) over %d steps, loss %.4f\n",
+              cfg.model.name.c_str(), (long long)n, omp_get_max_threads(), median, sorted.front(), sorted.back(),
+              a.steps, ex.loss());
+  std::printf("arena %.1f MB: params %.1f, grads %.1f, optimizer %.1f, activations %.1f (unplanned %.1f), workspace %.1f\n",
+              m.total / 1048576.0, m.params / 1048576.0, m.grads / 1048576.0, m.optimizer / 1048576.0,
+              m.activations_planned / 1048576.0, m.activations_unplanned / 1048576.0, m.workspace / 1048576.0);
+  json j = {{"model", cfg.model.name},
+            {"batch", n},
+            {"threads", omp_get_max_threads()},
+            {"steps", a.steps},
+            {"step_ms_median", median},
+            {"img_per_s", double(n) * 1000.0 / median},
+            {"peak_uss_mb", double(uss.peak()) / 1048576.0},
+            {"step_uss_mb", double(uss.peak() - std::min(uss.peak(), uss_before)) / 1048576.0},
+            {"arena_mb", m.total / 1048576.0}};
+  std::printf("%s\n", j.dump().c_str());
+  return 0;
+}
+
+}  // namespace et::app

@@ -1,0 +1,104 @@
+// `edgetrain train` and `edgetrain eval`.
+#include <chrono>
+#include <ctime>
+#include <filesystem>
+#include <fstream>
+
+#include "apps/commands.h"
+#include "engine/train/trainer.h"
+
+namespace et::app {
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+
+namespace {
+
+std::string default_run_dir(const std::string& model) {
+  const std::time_t now = std::time(nullptr);
+  char buf[32];
+  std::strftime(buf, sizeof(buf), "%Y%m%d-%H%M%S", std::localtime(&now));
+  return "runs/" + model + "-" + buf;
+}
+
+// Writes `text` to `path` through a temporary file and a rename.
+void write_atomically(const fs::path& path, const std::string& text) {
+  const fs::path tmp = path.string() + ".tmp";
+  {
+    std::ofstream out(tmp, std::ios::trunc);
+    out << text;
+    if (!out) user_error("cannot write '", tmp.string(), "'");
+  }
+  std::error_code ec;
+  fs::rename(tmp, path, ec);
+  if (ec) user_error("cannot write '", path.string(), "': ", ec.message());
+}
+
+// The first dotted key where two resolved configs differ, ignoring train.epochs (a resumed run may
+// be extended). Empty if they agree.
+std::string first_difference(const json& a, const json& b, const std::string& path = "") {
+  if (a.is_object() && b.is_object()) {
+    for (auto it = a.begin(); it != a.end(); ++it) {
+      const std::string key = path.empty() ? it.key() : path + "." + it.key();
+      if (key == "train.epochs") continue;
+      if (!b.contains(it.key())) return key;
+      const std::string d = first_difference(*it, b[it.key()], key);
+      if (!d.empty()) return d;
+    }
+    for (auto it = b.begin(); it != b.end(); ++it)
+      if (!a.contains(it.key())) return path.empty() ? it.key() : path + "." + it.key();
+    return "";
+  }
+  return a == b ? "" : (path.empty() ? "<top>" : path);
+}
+
+}  // namespace
+
+int cmd_train(const TrainArgs& a) {
+  const Config cfg = load_config(a.config, a.sets);
+  const std::string out = a.out.empty() ? default_run_dir(cfg.model.name) : a.out;
+  const fs::path dir(out);
+  std::error_code ec;
+  if (a.resume) {
+    if (a.out.empty()) user_error("--resume needs --out DIR (the run to continue)");
+    if (!fs::exists(dir / "checkpoint_last.ckpt"))
+      user_error("cannot resume: '", (dir / "checkpoint_last.ckpt").string(), "' does not exist");
+    std::ifstream in(dir / "config.json");
+    json saved;
+    try {
+      saved = json::parse(in);
+    } catch (const json::exception&) {
+      user_error("cannot resume: '", (dir / "config.json").string(), "' is missing or malformed");
+    }
+    const std::string diff = first_difference(cfg.resolved(), saved);
+    if (!diff.empty())
+      user_error("cannot resume: config key '", diff, "' differs from the run's ", (dir / "config.json").string());
+  } else if (fs::exists(dir) && !fs::is_empty(dir, ec)) {
+    user_error("output folder '", out, "' already holds files; choose another --out or add --resume");
+  }
+
+  // Load data and build the model before creating anything on disk.
+  Trainer trainer(cfg, true);
+  fs::create_directories(dir, ec);
+  if (ec) user_error("cannot create output folder '", out, "': ", ec.message());
+  write_atomically(dir / "config.json", cfg.resolved().dump(2) + "\n");
+
+  Progress progress;
+  progress.line(fmt("run folder ", out, "; ", trainer.train_data()->size, " training images from ", cfg.data.root));
+  trainer.fit(out, a.resume, progress, a.stop_after);
+  return 0;
+}
+
+int cmd_eval(const EvalArgs& a) {
+  const Config cfg = load_config(a.config, a.sets);
+  Trainer trainer(cfg, false);
+  const TrainProgress pr = load_checkpoint(a.checkpoint, trainer.executor(), cfg.model.name);
+  const EvalResult r = trainer.evaluate();
+  std::printf("%s after epoch %d: test loss %.4f, test accuracy %.4f on %lld images\n", cfg.model.name.c_str(),
+              pr.epoch + 1, r.loss, r.acc, (long long)r.images);
+  json j = {{"model", cfg.model.name}, {"epoch", pr.epoch + 1}, {"test_loss", r.loss}, {"test_acc", r.acc},
+            {"images", r.images}};
+  std::printf("%s\n", j.dump().c_str());
+  return 0;
+}
+
+}  // namespace et::app

@@ -1,0 +1,31 @@
+// Sub-commands of the edgetrain CLI. Each returns the process exit code; user errors propagate
+// as et::UserError to main(), which prints them and exits non-zero.
+#pragma once
+#include <string>
+#include <vector>
+
+namespace et::app {
+
+struct TrainArgs {
+  std::string config, out;
+  std::vector<std::string> sets;
+  bool resume = false;
+  int stop_after = 0;  // epochs to run in this invocation; 0 = to the end
+};
+int cmd_train(const TrainArgs& a);
+
+struct EvalArgs {
+  std::string config, checkpoint;
+  std::vector<std::string> sets;
+};
+int cmd_eval(const EvalArgs& a);
+
+struct BenchStepArgs {
+  std::string config;
+  std::vector<std::string> sets;
+  int steps = 20, warmup = 3;
+  bool profile = false;
+};
+int cmd_bench_step(const BenchStepArgs& a);
+
+}  // namespace et::app

@@ -1,0 +1,264 @@
+#include "engine/train/trainer.h"
+
+#include <omp.h>
+
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <numeric>
+#include <random>
+
+#include "engine/data/loader.h"
+#include "engine/init.h"
+#include "engine/train/schedule.h"
+
+namespace et {
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+uint64_t mix(uint64_t a, uint64_t b) {
+  uint64_t x = a ^ (b + 0x9E3779B97F4A7C15ull + (a << 6) + (a >> 2));
+  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+  return x ^ (x >> 31);
+}
+
+// `n` images of `d` chosen by a seeded shuffle, in their original order (all if n >= size).
+std::shared_ptr<const Dataset> subset(const Dataset& d, int64_t n, uint64_t seed) {
+  if (n >= d.size) return std::make_shared<Dataset>(d);
+  std::vector<int64_t> idx(size_t(d.size));
+  std::iota(idx.begin(), idx.end(), 0);
+  std::mt19937_64 rng(seed);
+  std::shuffle(idx.begin(), idx.end(), rng);
+  idx.resize(size_t(n));
+  std::sort(idx.begin(), idx.end());
+  const size_t img = size_t(d.channels) * size_t(d.height) * size_t(d.width);
+  std::vector<uint8_t> pixels(static_cast<size_t>(n) * img);
+  std::vector<int32_t> labels(static_cast<size_t>(n));
+  for (size_t i = 0; i < idx.size(); ++i) {
+    std::copy_n(d.pixels.begin() + int64_t(size_t(idx[i]) * img), img, pixels.begin() + int64_t(i * img));
+    labels[i] = d.labels[size_t(idx[i])];
+  }
+  auto out = std::make_shared<Dataset>();
+  out->size = n;
+  out->channels = d.channels;
+  out->height = d.height;
+  out->width = d.width;
+  out->classes = d.classes;
+  out->source = d.source;
+  out->pixels = std::move(pixels);
+  out->labels = std::move(labels);
+  return out;
+}
+
+LoaderOptions loader_options(const Config& c, bool train) {
+  LoaderOptions o;
+  o.batch_size = c.train.batch_size;
+  o.shuffle = train;
+  o.drop_last = train;
+  o.seed = c.train.seed;
+  o.crop_padding = train ? c.data.crop_padding : 0;
+  o.hflip = train && c.data.hflip;
+  o.mean = c.data.mean;
+  o.std = c.data.std;
+  return o;
+}
+
+void check_dataset(const Dataset& d, const Config& c) {
+  if (d.size == 0) user_error(d.source, ": the data set is empty");
+  if (d.channels != c.model.channels || d.height != c.model.height || d.width != c.model.width)
+    user_error(d.source, ": images are ", d.channels, "x", d.height, "x", d.width, ", the model expects ",
+               c.model.channels, "x", c.model.height, "x", c.model.width, " (data.channels / data.height / data.width)");
+  for (int32_t l : d.labels)
+    if (l < 0 || l >= c.model.num_classes)
+      user_error(d.source, ": label ", l, " does not fit model.num_classes = ", c.model.num_classes);
+}
+
+}  // namespace
+
+int64_t count_correct(const Tensor& logits, const Tensor& labels, int64_t n) {
+  const int64_t K = logits.dim(1);
+  int64_t correct = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    const float* z = logits.f32() + i * K;
+    const int64_t arg = std::max_element(z, z + K) - z;
+    correct += arg == labels.i32()[i];
+  }
+  return correct;
+}
+
+Trainer::Trainer(const Config& cfg, bool need_train_split) : cfg_(cfg) {
+  ImageFolderOptions io;
+  io.channels = int(cfg_.model.channels);
+  io.height = int(cfg_.model.height);
+  io.width = int(cfg_.model.width);
+  io.resize = cfg_.data.resize;
+  if (need_train_split)
+    train_ = std::make_shared<Dataset>(load_dataset(cfg_.data.format, cfg_.data.root, Split::Train, io));
+  test_ = std::make_shared<Dataset>(load_dataset(cfg_.data.format, cfg_.data.root, Split::Test, io));
+  build();
+}
+
+Trainer::Trainer(const Config& cfg, std::shared_ptr<const Dataset> train, std::shared_ptr<const Dataset> test)
+    : cfg_(cfg), train_(std::move(train)), test_(std::move(test)) {
+  build();
+}
+
+void Trainer::build() {
+  if (cfg_.train.threads > 0) omp_set_num_threads(cfg_.train.threads);
+  if (train_) {
+    if (cfg_.data.train_subset > 0) train_ = subset(*train_, cfg_.data.train_subset, cfg_.train.seed);
+    check_dataset(*train_, cfg_);
+    if (train_->size < cfg_.train.batch_size)
+      user_error(train_->source, ": ", train_->size, " training images, fewer than train.batch_size = ",
+                 cfg_.train.batch_size);
+  }
+  if (cfg_.data.test_subset > 0) test_ = subset(*test_, cfg_.data.test_subset, cfg_.train.seed + 1);
+  check_dataset(*test_, cfg_);
+
+  build_model(graph_, cfg_.model);
+  backend_ = make_cpu_backend();
+  executor_ = std::make_unique<Executor>(graph_, *backend_);
+  init_parameters(*executor_, cfg_.train.seed);
+  params_ = graph_.params();
+  state_.model = cfg_.model.name;
+  state_.seed = cfg_.train.seed;
+}
+
+Trainer::~Trainer() = default;
+
+void Trainer::train_step(int64_t batch, float lr) {
+  Executor& ex = *executor_;
+  ex.set_step_seed(mix(cfg_.train.seed, uint64_t(state_.step)));
+  ex.forward(batch, true);
+  uss_.sample();  // activations peak at the end of forward
+  ex.backward();
+  const TrainConfig& t = cfg_.train;
+  for (int p : params_) {
+    Tensor w = ex.value(p);
+    Tensor m = ex.opt_slot(p, 0);
+    backend_->sgd_step(w, ex.grad(p), m, lr, t.momentum, t.weight_decay, t.nesterov, state_.step == 0);
+  }
+  ++state_.step;
+}
+
+EpochResult Trainer::train_epoch(int epoch, Progress& progress) {
+  Executor& ex = *executor_;
+  BatchLoader loader(*train_, loader_options(cfg_, true));
+  loader.start_epoch(epoch);
+  const int64_t steps = loader.batches_per_epoch();
+  Tensor images = ex.value(graph_.image_input), labels = ex.value(graph_.label_input);
+  EpochResult r;
+  r.epoch = epoch + 1;
+  double loss_sum = 0;
+  int64_t correct = 0, seen = 0;
+  uss_.reset();
+  const auto t0 = Clock::now();
+  for (int64_t i = 0; i < steps; ++i) {
+    const int64_t n = loader.next(images.f32(), labels.i32());
+    ET_CHECK(n == cfg_.train.batch_size, "train loader returned ", n);
+    const float lr = learning_rate(cfg_.train, epoch + double(i) / double(steps));
+    train_step(n, lr);
+    r.lr = lr;
+    loss_sum += double(ex.loss()) * double(n);
+    correct += count_correct(ex.value(graph_.logits), ex.value(graph_.label_input), n);
+    seen += n;
+    const double el = std::chrono::duration<double>(Clock::now() - t0).count();
+    StepStatus s;
+    s.epoch = epoch + 1;
+    s.epochs = cfg_.train.epochs;
+    s.step = i + 1;
+    s.steps = steps;
+    s.loss = loss_sum / double(seen);
+    s.acc = double(correct) / double(seen);
+    s.img_per_s = double(seen) / el;
+    s.eta_s = el / double(i + 1) * double(steps - i - 1) +
+              el / double(i + 1) * double(steps) * double(cfg_.train.epochs - epoch - 1);
+    s.uss_mb = double(uss_.peak()) / 1048576.0;
+    s.lr = lr;
+    progress.step(s);
+  }
+  r.epoch_s = std::chrono::duration<double>(Clock::now() - t0).count();
+  r.img_per_s = double(seen) / r.epoch_s;
+  r.train_loss = loss_sum / double(seen);
+  r.train_acc = double(correct) / double(seen);
+  return r;
+}
+
+EvalResult Trainer::evaluate() {
+  Executor& ex = *executor_;
+  BatchLoader loader(*test_, loader_options(cfg_, false));
+  loader.start_epoch(0);
+  Tensor images = ex.value(graph_.image_input), labels = ex.value(graph_.label_input);
+  EvalResult r;
+  double loss_sum = 0;
+  int64_t correct = 0;
+  for (;;) {
+    const int64_t n = loader.next(images.f32(), labels.i32());
+    if (n == 0) break;
+    ex.forward(n, false);
+    uss_.sample();
+    loss_sum += double(ex.loss()) * double(n);
+    correct += count_correct(ex.value(graph_.logits), ex.value(graph_.label_input), n);
+    r.images += n;
+  }
+  r.loss = loss_sum / double(r.images);
+  r.acc = double(correct) / double(r.images);
+  return r;
+}
+
+void Trainer::fit(const std::string& out_dir, bool resume, Progress& progress, int max_epochs) {
+  const fs::path dir(out_dir);
+  const fs::path ckpt = dir / "checkpoint_last.ckpt", metrics = dir / "metrics.jsonl";
+  std::vector<std::string> kept_lines;
+  if (resume) {
+    state_ = load_checkpoint(ckpt.string(), *executor_, cfg_.model.name);
+    if (state_.seed != cfg_.train.seed)
+      user_error(ckpt.string(), ": checkpoint was trained with train.seed = ", state_.seed, ", the config says ",
+                 cfg_.train.seed);
+    // Keep the metrics of the epochs the checkpoint covers; drop any written after it.
+    std::ifstream in(metrics);
+    for (std::string line; std::getline(in, line);) {
+      try {
+        if (json::parse(line).at("epoch").get<int>() <= state_.epoch + 1) kept_lines.push_back(line);
+      } catch (const json::exception&) {
+      }
+    }
+    progress.line(fmt("resuming ", out_dir, " after epoch ", state_.epoch + 1, " (step ", state_.step, ")"));
+  }
+  {
+    std::ofstream out(metrics, std::ios::trunc);
+    for (const auto& l : kept_lines) out << l << "\n";
+    if (!out) user_error("cannot write '", metrics.string(), "'");
+  }
+  const MemoryReport& m = executor_->memory();
+  progress.line(fmt("model ", cfg_.model.name, ": ", params_.size(), " parameter tensors, arena ",
+                    m.total / 1048576, " MB (params ", m.params / 1048576.0, " MB, activations planned ",
+                    m.activations_planned / 1048576, " MB of ", m.activations_unplanned / 1048576, " MB unplanned)"));
+  const int first = state_.epoch + 1;
+  const int end = max_epochs > 0 ? std::min(cfg_.train.epochs, first + max_epochs) : cfg_.train.epochs;
+  for (int epoch = first; epoch < end; ++epoch) {
+    EpochResult r = train_epoch(epoch, progress);
+    const EvalResult ev = evaluate();
+    r.test_loss = ev.loss;
+    r.test_acc = ev.acc;
+    r.peak_uss_mb = double(uss_.peak()) / 1048576.0;
+    state_.epoch = epoch;
+    state_.best_test_acc = std::max(state_.best_test_acc, r.test_acc);
+    save_checkpoint(ckpt.string(), *executor_, state_);
+    json j = {{"epoch", r.epoch},       {"train_loss", r.train_loss}, {"train_acc", r.train_acc},
+              {"test_loss", r.test_loss}, {"test_acc", r.test_acc},   {"lr", r.lr},
+              {"img_per_s", r.img_per_s}, {"epoch_s", r.epoch_s},     {"peak_uss_mb", r.peak_uss_mb}};
+    std::ofstream out(metrics, std::ios::app);
+    out << j.dump() << "\n";
+    if (!out) user_error("cannot append to '", metrics.string(), "'");
+    progress.line(fmt("epoch ", r.epoch, "/", cfg_.train.epochs, ": train loss ", r.train_loss, " acc ", r.train_acc,
+                      " | test loss ", r.test_loss, " acc ", r.test_acc, " | ", int(r.img_per_s), " img/s, ",
+                      format_duration(r.epoch_s), ", peak USS ", int(r.peak_uss_mb), " MB"));
+  }
+}
+
+}  // namespace et

@@ -1,0 +1,70 @@
+// Trainer: the data path from a validated Config to optimizer steps. Owns the data sets, the
+// graph, the backend and the executor; runs epochs (train, then evaluate on the test split),
+// writes metrics.jsonl and an atomic checkpoint after every epoch, and resumes from one.
+#pragma once
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "backends/backend.h"
+#include "engine/config.h"
+#include "engine/data/dataset.h"
+#include "engine/executor.h"
+#include "engine/train/checkpoint.h"
+#include "engine/train/progress.h"
+#include "memory/uss.h"
+
+namespace et {
+
+struct EpochResult {
+  int epoch = 0;  // 1-based
+  double train_loss = 0, train_acc = 0, test_loss = 0, test_acc = 0;
+  double img_per_s = 0, epoch_s = 0, lr = 0;
+  double peak_uss_mb = 0;
+};
+
+struct EvalResult {
+  double loss = 0, acc = 0;
+  int64_t images = 0;
+};
+
+class Trainer {
+ public:
+  // Loads the splits it needs and builds the model. Throws UserError on bad data or config.
+  Trainer(const Config& cfg, bool need_train_split);
+  // With data sets already in memory (tests, benchmarks); data.train_subset / test_subset apply.
+  Trainer(const Config& cfg, std::shared_ptr<const Dataset> train, std::shared_ptr<const Dataset> test);
+  ~Trainer();
+
+  // Trains into `out_dir` (which the caller has created). With `resume`, continues from
+  // out_dir/checkpoint_last.ckpt and reproduces the numbers of an uninterrupted run.
+  // `max_epochs` > 0 stops after that many epochs in this call (as an interruption would).
+  void fit(const std::string& out_dir, bool resume, Progress& progress, int max_epochs = 0);
+  EvalResult evaluate();
+  // One optimizer step on the images / labels already in the executor's inputs.
+  void train_step(int64_t batch, float lr);
+
+  Executor& executor() { return *executor_; }
+  const Config& config() const { return cfg_; }
+  TrainProgress& progress_state() { return state_; }
+  const Dataset* train_data() const { return train_.get(); }
+
+ private:
+  EpochResult train_epoch(int epoch, Progress& progress);
+
+  Config cfg_;
+  void build();
+
+  std::shared_ptr<const Dataset> train_, test_;
+  Graph graph_;
+  std::unique_ptr<Backend> backend_;
+  std::unique_ptr<Executor> executor_;
+  std::vector<int> params_;
+  TrainProgress state_;
+  UssPeak uss_;
+};
+
+// Number of samples in [0, n) whose logits argmax equals the label.
+int64_t count_correct(const Tensor& logits, const Tensor& labels, int64_t n);
+
+}  // namespace et

@@ -1,0 +1,73 @@
+#!/usr/bin/env bash
+# End-to-end checks of the edgetrain command line: a tiny run on a generated CIFAR-10 binary data
+# set (train, eval, resume), and bad input of every kind: a clear message, a non-zero exit, and
+# nothing on disk damaged. Usage: cli_test.sh path/to/edgetrain
+set -u
+BIN="$1"
+T="$(mktemp -d)"
+trap 'rm -rf "$T"' EXIT
+fails=0
+pass() { echo "ok   $1"; }
+fail() { echo "FAIL $1"; fails=$((fails + 1)); }
+
+# expect_error NAME PATTERN CMD...: the command must exit non-zero and print PATTERN on stderr.
+expect_error() {
+  local name="$1" pattern="$2"; shift 2
+  local out rc
+  out="$("$@" 2>&1 >/dev/null)"; rc=$?
+  if [ $rc -ne 0 ] && grep -qF -- "$pattern" <<<"$out"; then pass "$name"; else fail "$name (rc=$rc): $out"; fi
+}
+
+# A CIFAR-10 binary data set: 5 x 64 training and 64 test records of label + 3072 pixel bytes.
+mkdir -p "$T/cifar"
+perl -e 'srand(7); for my $f (1..5) { open(my $o, ">", "'"$T"'/cifar/data_batch_$f.bin"); binmode $o;
+  for (1..64) { my $l = int(rand(10)); print $o chr($l), join("", map { chr(($l * 20 + int(rand(40))) % 256) } 1..3072); } }
+  open(my $o, ">", "'"$T"'/cifar/test_batch.bin"); binmode $o;
+  for (1..64) { my $l = int(rand(10)); print $o chr($l), join("", map { chr(($l * 20 + int(rand(40))) % 256) } 1..3072); }'
+cat > "$T/cfg.json" <<JSON
+{"model": {"name": "resnet8"},
+ "data": {"format": "cifar10_binary", "root": "$T/cifar"},
+ "train": {"epochs": 2, "batch_size": 32, "lr": 0.05, "threads": 2, "schedule": {"type": "cosine"}}}
+JSON
+
+# --- the happy path: train 2 epochs; train 1 epoch and resume to 2: same numbers
+"$BIN" train --config "$T/cfg.json" --out "$T/full" >"$T/full.log" 2>&1 && pass "train" || fail "train: $(tail -3 "$T/full.log")"
+for f in config.json metrics.jsonl checkpoint_last.ckpt; do
+  [ -s "$T/full/$f" ] && pass "run folder has $f" || fail "run folder lacks $f"
+done
+[ "$(wc -l <"$T/full/metrics.jsonl")" -eq 2 ] && pass "metrics: one line per epoch" || fail "metrics lines"
+grep -q '"test_acc"' "$T/full/metrics.jsonl" && grep -q '"peak_uss_mb"' "$T/full/metrics.jsonl" && pass "metrics keys" || fail "metrics keys"
+"$BIN" train --config "$T/cfg.json" --stop-after 1 --out "$T/part" >/dev/null 2>&1
+[ "$(wc -l <"$T/part/metrics.jsonl")" -eq 1 ] && pass "--stop-after 1" || fail "--stop-after 1"
+expect_error "resume with a different config" "train.lr" "$BIN" train --config "$T/cfg.json" --set train.lr=0.01 --out "$T/part" --resume
+"$BIN" train --config "$T/cfg.json" --out "$T/part" --resume >/dev/null 2>&1 && pass "resume" || fail "resume"
+strip() { sed -E 's/"(img_per_s|epoch_s|peak_uss_mb)":[^,}]*//g' "$1"; }
+if [ -s "$T/full/metrics.jsonl" ] && [ "$(strip "$T/full/metrics.jsonl")" = "$(strip "$T/part/metrics.jsonl")" ]; then pass "resume equals uninterrupted"
+else fail "resume differs: $(strip "$T/full/metrics.jsonl") vs $(strip "$T/part/metrics.jsonl")"; fi
+"$BIN" eval --config "$T/cfg.json" --checkpoint "$T/full/checkpoint_last.ckpt" | tail -1 | grep -q '"test_acc"' && pass "eval" || fail "eval"
+
+# --- bad input
+printf '{"model": {"name": "resnet8",}' >"$T/bad.json"
+expect_error "malformed JSON" "$T/bad.json" "$BIN" train --config "$T/bad.json" --out "$T/x1"
+expect_error "unknown key" "train.epochz" "$BIN" train --config "$T/cfg.json" --set train.epochz=3 --out "$T/x2"
+expect_error "mistyped value" "train.batch_size" "$BIN" train --config "$T/cfg.json" --set train.batch_size='"big"' --out "$T/x3"
+expect_error "unknown model" "model.name" "$BIN" train --config "$T/cfg.json" --set model.name=resnet9 --out "$T/x4"
+expect_error "missing data folder" "$T/nowhere" "$BIN" train --config "$T/cfg.json" --set data.root="$T/nowhere" --out "$T/x5"
+for x in x1 x2 x3 x4 x5; do [ -e "$T/$x" ] && fail "run folder $x created despite the error"; done
+expect_error "bad --set" "key=value" "$BIN" train --config "$T/cfg.json" --set train.lr --out "$T/x6"
+cp -r "$T/cifar" "$T/trunc"
+head -c 100000 "$T/cifar/data_batch_1.bin" >"$T/trunc/data_batch_1.bin"
+expect_error "truncated binary" "data_batch_1.bin" "$BIN" train --config "$T/cfg.json" --set data.root="$T/trunc" --out "$T/x7"
+before="$(md5sum "$T/full/metrics.jsonl" "$T/full/checkpoint_last.ckpt")"
+expect_error "existing run folder" "already holds files" "$BIN" train --config "$T/cfg.json" --out "$T/full"
+[ "$before" = "$(md5sum "$T/full/metrics.jsonl" "$T/full/checkpoint_last.ckpt")" ] && pass "existing run untouched" || fail "existing run modified"
+touch "$T/afile"
+expect_error "unwritable output folder" "$T/afile/run" "$BIN" train --config "$T/cfg.json" --out "$T/afile/run"
+expect_error "resume without checkpoint" "checkpoint_last.ckpt" "$BIN" train --config "$T/cfg.json" --out "$T/empty" --resume
+expect_error "checkpoint of another model" "resnet8" "$BIN" eval --config "$T/cfg.json" --set model.name=resnet20 --checkpoint "$T/full/checkpoint_last.ckpt"
+head -c 5000 "$T/full/checkpoint_last.ckpt" >"$T/trunc.ckpt"
+expect_error "truncated checkpoint" "$T/trunc.ckpt" "$BIN" eval --config "$T/cfg.json" --checkpoint "$T/trunc.ckpt"
+expect_error "bench without config" "--config" "$BIN" bench step
+
+echo "$fails failure(s)"
+[ $fails -eq 0 ]

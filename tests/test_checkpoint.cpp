@@ -1,0 +1,131 @@
+// Checkpoints: exact round trip; corrupt, truncated or foreign files are rejected with the file
+// named and the model left untouched.
+#include <catch2/catch.hpp>
+
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include "engine/executor.h"
+#include "engine/init.h"
+#include "engine/train/checkpoint.h"
+#include "models/models.h"
+
+using namespace et;
+namespace fs = std::filesystem;
+
+namespace {
+
+struct Model {
+  Graph g;
+  std::unique_ptr<Backend> be = make_cpu_backend();
+  std::unique_ptr<Executor> ex;
+  explicit Model(const std::string& name, uint64_t seed) {
+    ModelSpec s;
+    s.name = name;
+    s.batch = 4;
+    build_model(g, s);
+    ex = std::make_unique<Executor>(g, *be);
+    init_parameters(*ex, seed);
+    // Non-trivial optimizer state and BN statistics.
+    for (int p : g.params()) {
+      Tensor m = ex->opt_slot(p, 0);
+      for (int64_t i = 0; i < m.numel(); ++i) m.f32()[i] = float(i % 7) * 0.125f + float(seed);
+    }
+    for (int b : g.buffers()) {
+      Tensor t = ex->value(b);
+      for (int64_t i = 0; i < t.numel(); ++i) t.f32()[i] = float(i % 5) + float(seed);
+    }
+  }
+  std::vector<float> all() const {
+    std::vector<float> out;
+    for (int id : g.params()) {
+      for (Tensor t : {ex->value(id), ex->opt_slot(id, 0)}) out.insert(out.end(), t.f32(), t.f32() + t.numel());
+    }
+    for (int id : g.buffers()) out.insert(out.end(), ex->value(id).f32(), ex->value(id).f32() + ex->value(id).numel());
+    return out;
+  }
+};
+
+std::string tmp(const std::string& name) {
+  return (fs::temp_directory_path() / ("edgetrain_ckpt_" + std::to_string(::getpid()) + "_" + name)).string();
+}
+
+std::vector<char> read_all(const std::string& p) {
+  std::ifstream in(p, std::ios::binary);
+  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+}
+void write_all(const std::string& p, const std::vector<char>& b) {
+  std::ofstream(p, std::ios::binary).write(b.data(), std::streamsize(b.size()));
+}
+
+}  // namespace
+
+TEST_CASE("checkpoint round trip restores every tensor and the progress", "[checkpoint]") {
+  Model a("resnet8", 1), b("resnet8", 2);
+  REQUIRE(a.all() != b.all());
+  const std::string path = tmp("rt.ckpt");
+  TrainProgress pr{"resnet8", 4, 1234, 99, 0.5};
+  save_checkpoint(path, *a.ex, pr);
+  CHECK_FALSE(fs::exists(path + ".tmp"));
+  const TrainProgress got = load_checkpoint(path, *b.ex, "resnet8");
+  CHECK(got.epoch == 4);
+  CHECK(got.step == 1234);
+  CHECK(got.seed == 99);
+  CHECK(a.all() == b.all());
+  fs::remove(path);
+}
+
+TEST_CASE("bad checkpoints are rejected and change nothing", "[checkpoint]") {
+  Model a("resnet8", 1), b("resnet8", 2);
+  const std::string path = tmp("bad.ckpt");
+  save_checkpoint(path, *a.ex, TrainProgress{"resnet8", 0, 10, 1, 0});
+  const auto bytes = read_all(path);
+  const auto before = b.all();
+
+  SECTION("truncated") {
+    write_all(path, std::vector<char>(bytes.begin(), bytes.begin() + int64_t(bytes.size() / 2)));
+    CHECK_THROWS_WITH(load_checkpoint(path, *b.ex, "resnet8"), Catch::Contains(path) && Catch::Contains("checksum"));
+  }
+  SECTION("one flipped bit in the data") {
+    auto c = bytes;
+    c[c.size() - 100] ^= 0x10;
+    write_all(path, c);
+    CHECK_THROWS_WITH(load_checkpoint(path, *b.ex, "resnet8"), Catch::Contains("corrupt"));
+  }
+  SECTION("not a checkpoint") {
+    write_all(path, std::vector<char>{'h', 'e', 'l', 'l', 'o'});
+    CHECK_THROWS_WITH(load_checkpoint(path, *b.ex, "resnet8"), Catch::Contains("not an edgetrain checkpoint"));
+  }
+  SECTION("missing") {
+    fs::remove(path);
+    CHECK_THROWS_WITH(load_checkpoint(path, *b.ex, "resnet8"), Catch::Contains(path));
+  }
+  SECTION("another model") {
+    Model c("resnet20", 3);
+    const auto c_before = c.all();
+    CHECK_THROWS_WITH(load_checkpoint(path, *c.ex, "resnet20"),
+                      Catch::Contains("resnet8") && Catch::Contains("resnet20"));
+    CHECK(c.all() == c_before);
+  }
+  SECTION("same name, other architecture (num_classes)") {
+    Graph g;
+    ModelSpec s;
+    s.name = "resnet8";
+    s.num_classes = 7;
+    s.batch = 4;
+    build_model(g, s);
+    auto be = make_cpu_backend();
+    Executor ex(g, *be);
+    CHECK_THROWS_WITH(load_checkpoint(path, ex, "resnet8"), Catch::Contains("linear.weight"));
+  }
+  CHECK(b.all() == before);
+  fs::remove(path);
+}
+
+TEST_CASE("saving into an unwritable place fails cleanly and keeps the old file", "[checkpoint]") {
+  Model a("resnet8", 1);
+  CHECK_THROWS_WITH(save_checkpoint("/nonexistent-dir/x.ckpt", *a.ex, TrainProgress{"resnet8", 0, 0, 1, 0}),
+                    Catch::Contains("/nonexistent-dir/x.ckpt"));
+}
