@@ -1,6 +1,7 @@
 // Sub-commands of the edgetrain CLI. Each returns the process exit code; user errors propagate
 // as et::UserError to main(), which prints them and exits non-zero.
 #pragma once
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -27,5 +28,12 @@ struct BenchStepArgs {
   bool profile = false;
 };
 int cmd_bench_step(const BenchStepArgs& a);
+
+struct BenchBitmapArgs {
+  int reps = 15, threads = 0;  // threads 0 = the codec default (OpenMP threads)
+  uint64_t seed = 1;
+  bool fp16 = false;
+};
+int cmd_bench_bitmap(const BenchBitmapArgs& a);
 
 }  // namespace et::app

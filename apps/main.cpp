@@ -34,12 +34,19 @@ int main(int argc, char** argv) {
   bs->add_option("--steps", step.steps, "timed steps")->check(CLI::Range(1, 100000));
   bs->add_option("--warmup", step.warmup, "untimed steps first")->check(CLI::Range(0, 1000));
   bs->add_flag("--profile", step.profile, "print time per op type (forward / backward)");
+  BenchBitmapArgs bitmap;
+  auto* bb = b->add_subcommand("bitmap", "BitTrain Table 1: bitmap vs dense memory (theory and USS), pack/unpack speed");
+  bb->add_option("--reps", bitmap.reps, "timed repetitions per row (median)")->check(CLI::Range(1, 10000));
+  bb->add_option("--threads", bitmap.threads, "codec threads (0 = default)")->check(CLI::Range(0, 256));
+  bb->add_option("--seed", bitmap.seed, "seed of the non-zero positions");
+  bb->add_flag("--fp16", bitmap.fp16, "store the values as FP16");
 
   CLI11_PARSE(app, argc, argv);
   try {
     if (*t) return cmd_train(train);
     if (*e) return cmd_eval(eval);
     if (*bs) return cmd_bench_step(step);
+    if (*bb) return cmd_bench_bitmap(bitmap);
   } catch (const et::UserError& err) {
     std::fprintf(stderr, "edgetrain: error: %s\n", err.what());
     return 1;

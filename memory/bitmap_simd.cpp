@@ -116,13 +116,14 @@ void a512_unpack(const uint64_t* bits, const void* values, int64_t n, ValueType 
     for (int q = 0; q < 4; ++q) {
       const __mmask16 m = __mmask16(word >> (16 * q));
       const int k = __builtin_popcount(m);
-      const __mmask16 lo = __mmask16((1u << k) - 1);
-      __m512 v;
-      if (t == ValueType::F32)
-        v = _mm512_maskz_loadu_ps(lo, v32 + p);
-      else
-        v = _mm512_maskz_cvtph_ps(0xFFFF, _mm256_maskz_loadu_epi16(lo, v16 + p));
-      _mm512_storeu_ps(ow + 16 * q, _mm512_maskz_expand_ps(m, v));
+      if (t == ValueType::F32) {
+        // vexpandps from memory reads only the k values it needs (and is fast on Zen 4, unlike
+        // vcompressps to memory).
+        _mm512_storeu_ps(ow + 16 * q, _mm512_maskz_expandloadu_ps(m, v32 + p));
+      } else {
+        const __m512 v = _mm512_maskz_cvtph_ps(0xFFFF, _mm256_maskz_loadu_epi16(__mmask16((1u << k) - 1), v16 + p));
+        _mm512_storeu_ps(ow + 16 * q, _mm512_maskz_expand_ps(m, v));
+      }
       p += k;
     }
   }
