@@ -4,6 +4,7 @@
 // The per-network total weights each shape by how often it occurs in the network.
 //
 //   bench_conv [--filter SUBSTR] [--reps N] [--batch N] [--csv]
+//   bench_conv --reps N --gemm     (single-threaded SGEMM vs Eigen on conv-like shapes)
 // Compare with PyTorch: python3 bench/conv_pytorch.py --ours <csv from --csv>
 #include <omp.h>
 
@@ -16,8 +17,11 @@
 #include <string>
 #include <vector>
 
+#include <Eigen/Core>
+
 #include "backends/backend.h"
 #include "backends/cpu/cpu_backend.h"
+#include "backends/cpu/gemm.h"
 
 using namespace et;
 
@@ -115,6 +119,42 @@ struct Buf {
   }
 };
 
+// --gemm: single-threaded cpu::sgemm against Eigen (the kernel it replaced) on GEMM shapes the
+// conv / linear paths produce (M, N, K, trans_a, trans_b).
+void bench_gemm(int reps) {
+  struct G { int64_t M, N, K; bool ta, tb; const char* what; };
+  const G gs[] = {
+      {64, 1024, 576, false, false, "fwd 3x3 64ch 32x32"},   {512, 256, 4608, false, false, "fwd vgg 2x2 x64 img"},
+      {96, 1024, 16, false, false, "fwd 1x1 16->96 32x32"},  {16, 1024, 96, false, false, "fwd 1x1 96->16"},
+      {576, 256, 64, true, false, "bwd_d 3x3 64ch 16x16"},  {4608, 256, 512, true, false, "bwd_d vgg 2x2"},
+      {64, 576, 1024, false, true, "bwd_w 3x3 64ch"},      {512, 4608, 256, false, true, "bwd_w vgg 2x2"},
+      {96, 16, 4096, false, true, "bwd_w 1x1 16->96"},     {960, 160, 256, false, true, "bwd_w 1x1 160->960 4x4"},
+      {64, 10, 512, false, true, "linear fwd"},            {257, 257, 257, false, false, "odd 257"},
+  };
+  using RowMat = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
+  std::printf("%-26s %5s %5s %5s %2s %2s | %8s %8s | %7s %7s (ms | GFLOP/s, 1 thread)\n", "gemm", "M", "N", "K", "tA",
+              "tB", "ours", "eigen", "ours", "eigen");
+  for (const G& g : gs) {
+    std::vector<float> a(size_t(g.M * g.K), 0.5f), b(size_t(g.K * g.N), 0.25f), c(size_t(g.M * g.N), 0.f);
+    std::vector<float> scratch(cpu::sgemm_scratch_floats(g.M, g.N, g.K));
+    const int64_t lda = g.ta ? g.M : g.K, ldb = g.tb ? g.K : g.N;
+    const double to = time_ms(reps, [&] {
+      cpu::sgemm(g.ta, g.tb, g.M, g.N, g.K, 1.f, a.data(), lda, b.data(), ldb, 0.f, c.data(), g.N, scratch.data());
+    });
+    Eigen::Map<RowMat> cm(c.data(), g.M, g.N);
+    Eigen::Map<const RowMat> am(a.data(), g.ta ? g.K : g.M, g.ta ? g.M : g.K), bm(b.data(), g.tb ? g.N : g.K, g.tb ? g.K : g.N);
+    const double te = time_ms(reps, [&] {
+      if (!g.ta && !g.tb) cm.noalias() = am * bm;
+      else if (!g.ta) cm.noalias() = am * bm.transpose();
+      else if (!g.tb) cm.noalias() = am.transpose() * bm;
+      else cm.noalias() = am.transpose() * bm.transpose();
+    });
+    const double gf = 2.0 * double(g.M * g.N * g.K) * 1e-6;
+    std::printf("%-26s %5ld %5ld %5ld %2d %2d | %8.3f %8.3f | %7.1f %7.1f\n", g.what, long(g.M), long(g.N), long(g.K),
+                int(g.ta), int(g.tb), to, te, gf / to, gf / te);
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -127,8 +167,12 @@ int main(int argc, char** argv) {
     else if (!std::strcmp(argv[i], "--reps") && i + 1 < argc) reps = std::atoi(argv[++i]);
     else if (!std::strcmp(argv[i], "--batch") && i + 1 < argc) batch = std::atoll(argv[++i]);
     else if (!std::strcmp(argv[i], "--csv")) csv = true;
+    else if (!std::strcmp(argv[i], "--gemm")) {
+      bench_gemm(reps);
+      return 0;
+    }
     else {
-      std::fprintf(stderr, "usage: %s [--filter SUBSTR] [--reps N] [--batch N] [--csv]\n", argv[0]);
+      std::fprintf(stderr, "usage: %s [--filter SUBSTR] [--reps N] [--batch N] [--csv] | [--reps N] --gemm\n", argv[0]);
       return 2;
     }
   }

@@ -11,6 +11,7 @@
 #include "backends/backend.h"
 #include "backends/cpu/conv_direct.h"
 #include "backends/cpu/cpu_backend.h"
+#include "backends/cpu/gemm.h"
 
 using namespace et;
 
@@ -204,4 +205,68 @@ TEST_CASE("linear kernels match the naive reference", "[conv][linear]") {
           check_close(dw, dw_ref, "linear backward weight");
           check_close(db, db_ref, "linear bias grad");
         }
+}
+
+// The blocked SGEMM against a double reference: random shapes with edge sizes around the tile and
+// block sizes (1, 7, 33, 257 cross KC = 256, MC = 96, the 8x32 / 4x16 tiles), every transpose
+// combination, alpha / beta, padded leading dimensions; native and scalar tiles. Also checks the
+// scratch bound, that beta = 0 ignores NaN garbage in C, and bit-identical repeats.
+TEST_CASE("sgemm matches a double reference", "[conv][gemm]") {
+  struct MNK { int64_t M, N, K; };
+  std::vector<MNK> shapes = {{9, 1600, 3}, {5, 1601, 300}, {100, 17, 600}};  // past NC = 1536, narrow C
+  for (int64_t M : {1, 7, 33, 257})
+    for (int64_t N : {1, 7, 33, 257})
+      for (int64_t K : {1, 7, 33, 257}) shapes.push_back({M, N, K});
+  uint32_t seed = 11;
+  for (bool scalar : {false, true})
+    for (const MNK& sh : shapes)
+      for (int tr = 0; tr < 4; ++tr) {
+        const int64_t M = sh.M, N = sh.N, K = sh.K;
+        const bool ta = tr & 1, tb = tr & 2;
+        const uint32_t h = (seed * 2654435761u) >> 16;  // alpha / beta vary independently of tr
+        const float alpha = (h % 3 == 0) ? 1.f : -0.75f;
+        const float beta = (h / 3 % 3 == 0) ? 0.f : (h / 3 % 3 == 1 ? 1.f : 0.5f);
+        ++seed;
+        INFO("scalar " << scalar << " M " << M << " N " << N << " K " << K << " ta " << ta << " tb " << tb
+                       << " alpha " << alpha << " beta " << beta);
+        cpu::conv_force_scalar(scalar);
+        const int64_t lda = (ta ? M : K) + 3, ldb = (tb ? K : N) + 1, ldc = N + 5;
+        auto a = rnd(size_t((ta ? K : M) * lda), seed), b = rnd(size_t((tb ? N : K) * ldb), seed + 1);
+        auto c = rnd(size_t(M * ldc), seed + 2);
+        if (beta == 0.f)
+          for (auto& v : c) v = std::nanf("");
+        std::vector<double> ref(size_t(M * N));
+        for (int64_t i = 0; i < M; ++i)
+          for (int64_t j = 0; j < N; ++j) {
+            double s = 0.0;
+            for (int64_t k = 0; k < K; ++k)
+              s += double(ta ? a[size_t(k * lda + i)] : a[size_t(i * lda + k)]) *
+                   double(tb ? b[size_t(j * ldb + k)] : b[size_t(k * ldb + j)]);
+            ref[size_t(i * N + j)] = alpha * s + (beta != 0.f ? beta * double(c[size_t(i * ldc + j)]) : 0.0);
+          }
+        const size_t sn = cpu::sgemm_scratch_floats(M, N, K);
+        REQUIRE(sn <= cpu::sgemm_scratch_floats_max());
+        std::vector<float> scratch(sn + 16, 0.f);
+        for (size_t i = sn; i < scratch.size(); ++i) scratch[i] = 12345.f;
+        auto c1 = c, c2 = c;
+        cpu::sgemm(ta, tb, M, N, K, alpha, a.data(), lda, b.data(), ldb, beta, c1.data(), ldc, scratch.data());
+        cpu::sgemm(ta, tb, M, N, K, alpha, a.data(), lda, b.data(), ldb, beta, c2.data(), ldc, scratch.data());
+        for (size_t i = sn; i < scratch.size(); ++i) REQUIRE(scratch[i] == 12345.f);
+        std::vector<float> got(size_t(M * N));
+        size_t pad_written = 0;  // columns N..ldc of C are never touched
+        for (int64_t i = 0; i < M; ++i) {
+          for (int64_t j = 0; j < N; ++j) got[size_t(i * N + j)] = c1[size_t(i * ldc + j)];
+          pad_written += std::memcmp(&c1[size_t(i * ldc + N)], &c[size_t(i * ldc + N)], sizeof(float) * size_t(ldc - N)) != 0;
+        }
+        CHECK(pad_written == 0);
+        check_close(got, ref, "sgemm");
+        CHECK(std::memcmp(c1.data(), c2.data(), c1.size() * sizeof(float)) == 0);
+        // The naive reference agrees too (it is what the other backends' tests may use).
+        auto c3 = c;
+        cpu::sgemm_reference(ta, tb, M, N, K, alpha, a.data(), lda, b.data(), ldb, beta, c3.data(), ldc);
+        for (int64_t i = 0; i < M; ++i)
+          for (int64_t j = 0; j < N; ++j) got[size_t(i * N + j)] = c3[size_t(i * ldc + j)];
+        check_close(got, ref, "sgemm_reference");
+      }
+  cpu::conv_force_scalar(false);
 }

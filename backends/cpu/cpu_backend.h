@@ -2,12 +2,15 @@
 // each family file implements its CpuBackend methods. Threads: OpenMP over both cores, static
 // schedules and fixed-order reductions so results are deterministic for a given thread count.
 #pragma once
+#include <vector>
+
 #include "backends/backend.h"
 
 namespace et {
 
 class CpuBackend final : public Backend {
  public:
+  CpuBackend();
   Device device() const override { return Device::CPU; }
   std::string name() const override { return "cpu"; }
 
@@ -55,6 +58,14 @@ class CpuBackend final : public Backend {
 
   void sgd_step(Tensor& param, const Tensor& grad, Tensor& momentum_buf, float lr, float momentum, float weight_decay,
                 bool nesterov, bool first_step) override;
+
+ private:
+  // SGEMM packing scratch for the ops without a Workspace (linear): one block-bounded slice per
+  // thread, allocated here once so that no training step allocates (linear.cpp).
+  std::vector<float> gemm_scratch_;
+  int gemm_threads_ = 1;
+  int gemm_threads() const;
+  float* gemm_scratch(int thread);
 };
 
 // Threads the CPU kernels use (OpenMP's max threads at the time of the call).

@@ -1,12 +1,31 @@
 // Single-threaded SGEMM on row-major matrices: C[M,N] = alpha * op(A) op(B) + beta * C.
-// Callers parallelise over independent problems (images, thread-private partial sums).
+// Callers parallelise over independent problems (images, thread-private partial sums, or
+// disjoint row slices of C).
+//
+// Our own blocked, packed GEMM (gemm.cpp): no heap allocation ever. The packing buffers come
+// from caller-provided scratch whose size, sgemm_scratch_floats(M, N, K), is bounded by the
+// block sizes (not by the problem), so the executor's planned workspaces and a fixed buffer in
+// CpuBackend cover every call. Results are deterministic: each C element is summed over k in
+// increasing order in blocks of KC, the same order whatever the caller's threading.
 #pragma once
+#include <cstddef>
 #include <cstdint>
 
 namespace et::cpu {
 
+// Floats of scratch sgemm needs for this problem size; never more than sgemm_scratch_floats_max().
+size_t sgemm_scratch_floats(int64_t M, int64_t N, int64_t K);
+size_t sgemm_scratch_floats_max();
+
 // op(A) is [M,K]: A stored [M,K] (lda) or, if trans_a, [K,M]. op(B) is [K,N]: B stored [K,N] or [N,K].
+// beta == 0 never reads C (it may hold garbage). scratch: sgemm_scratch_floats(M, N, K) floats, any
+// alignment (it is aligned inside).
 void sgemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const float* A, int64_t lda,
-           const float* B, int64_t ldb, float beta, float* C, int64_t ldc);
+           const float* B, int64_t ldb, float beta, float* C, int64_t ldc, float* scratch);
+
+// Naive triple loop (float accumulation, k in order): the reference the tests and the blocked
+// kernel's scalar configuration are checked against.
+void sgemm_reference(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const float* A,
+                     int64_t lda, const float* B, int64_t ldb, float beta, float* C, int64_t ldc);
 
 }  // namespace et::cpu

@@ -1,0 +1,301 @@
+// im2col + SGEMM conv path (see conv_gemm.h for the GEMM of each pass).
+//
+// Chunks: forward / backward data give each thread a contiguous slice of the batch and run one
+// GEMM per chunk of nb of its images (nb*PQ >= ~256 columns, so 4x4 and 2x2 maps still feed the
+// micro-kernel whole vectors). When nb == 1 the GEMM reads / writes the tensors in place (1x1
+// convs need no im2col at all); otherwise the chunk is gathered into [rows, nb*PQ] matrices and
+// scattered back. The weight gradient splits the output channels between the threads (each
+// gathers every chunk itself); no partial sums, no reduction, no barrier.
+// Workspace: carved in the same order as sized by the *_layout functions below.
+#include <omp.h>
+
+#include <algorithm>
+#include <cstring>
+
+#include "backends/cpu/conv_gemm.h"
+#include "backends/cpu/gemm.h"
+
+namespace et::cpu {
+
+namespace {
+
+float* align64(float* p) { return reinterpret_cast<float*>((reinterpret_cast<uintptr_t>(p) + 63) & ~uintptr_t(63)); }
+struct Carve {  // bump allocator over the workspace, 64-byte aligned pieces
+  float* p;
+  float* take(int64_t n) { float* r = align64(p); p = r + n; return r; }
+};
+
+bool pointwise(const Conv2dGeom& g) {
+  return g.R == 1 && g.S == 1 && g.stride_h == 1 && g.stride_w == 1 && g.pad_h == 0 && g.pad_w == 0;
+}
+
+// Images per GEMM: enough for target_cols columns, at most max_images.
+int64_t chunk_images(const Conv2dGeom& g, int64_t target_cols, int64_t max_images) {
+  const int64_t PQ = g.P * g.Q;
+  return std::clamp<int64_t>((target_cols + PQ - 1) / PQ, 1, std::max<int64_t>(1, max_images));
+}
+
+// x [cg,H,W] -> col rows (c*R + r)*S + s (row stride ld), this image's P*Q columns.
+void im2col(const Conv2dGeom& g, const float* x, int64_t cg, float* col, int64_t ld) {
+  for (int64_t c = 0; c < cg; ++c)
+    for (int64_t r = 0; r < g.R; ++r)
+      for (int64_t s = 0; s < g.S; ++s) {
+        float* dst = col + ((c * g.R + r) * g.S + s) * ld;
+        const float* src = x + c * g.H * g.W;
+        for (int64_t p = 0; p < g.P; ++p) {
+          const int64_t h = p * g.stride_h - g.pad_h + r;
+          float* d = dst + p * g.Q;
+          if (h < 0 || h >= g.H) {
+            std::memset(d, 0, sizeof(float) * size_t(g.Q));
+            continue;
+          }
+          const float* row = src + h * g.W;
+          const int64_t w0 = s - g.pad_w;
+          // Columns q with 0 <= q*stride + w0 < W.
+          const int64_t q_begin = std::min<int64_t>(g.Q, std::max<int64_t>(0, (-w0 + g.stride_w - 1) / g.stride_w));
+          const int64_t q_end = std::max(q_begin, std::min<int64_t>(g.Q, (g.W - w0 + g.stride_w - 1) / g.stride_w));
+          for (int64_t q = 0; q < q_begin; ++q) d[q] = 0.f;
+          if (g.stride_w == 1) {
+            std::memcpy(d + q_begin, row + w0 + q_begin, sizeof(float) * size_t(q_end - q_begin));
+          } else {
+            for (int64_t q = q_begin; q < q_end; ++q) d[q] = row[q * g.stride_w + w0];
+          }
+          for (int64_t q = q_end; q < g.Q; ++q) d[q] = 0.f;
+        }
+      }
+}
+
+// col rows (row stride ld), this image's P*Q columns, summed into x [cg,H,W] (x initialised).
+void col2im(const Conv2dGeom& g, const float* col, int64_t ld, int64_t cg, float* x) {
+  for (int64_t c = 0; c < cg; ++c)
+    for (int64_t r = 0; r < g.R; ++r)
+      for (int64_t s = 0; s < g.S; ++s) {
+        const float* src = col + ((c * g.R + r) * g.S + s) * ld;
+        float* dst = x + c * g.H * g.W;
+        const int64_t w0 = s - g.pad_w;
+        const int64_t q_begin = std::min<int64_t>(g.Q, std::max<int64_t>(0, (-w0 + g.stride_w - 1) / g.stride_w));
+        const int64_t q_end = std::max(q_begin, std::min<int64_t>(g.Q, (g.W - w0 + g.stride_w - 1) / g.stride_w));
+        for (int64_t p = 0; p < g.P; ++p) {
+          const int64_t h = p * g.stride_h - g.pad_h + r;
+          if (h < 0 || h >= g.H) continue;
+          float* row = dst + h * g.W;
+          const float* sp = src + p * g.Q;
+          if (g.stride_w == 1)
+            for (int64_t q = q_begin; q < q_end; ++q) row[q + w0] += sp[q];
+          else
+            for (int64_t q = q_begin; q < q_end; ++q) row[q * g.stride_w + w0] += sp[q];
+        }
+      }
+}
+
+// rows x [PQ] blocks of one image (row stride src_ld) <-> columns [b*PQ, (b+1)*PQ) of a [rows, ld] matrix.
+void gather_rows(const float* src, int64_t rows, int64_t PQ, float* dst, int64_t ld) {
+  for (int64_t r = 0; r < rows; ++r) std::memcpy(dst + r * ld, src + r * PQ, sizeof(float) * size_t(PQ));
+}
+
+struct Layout {
+  int64_t nb = 1, cols = 0;          // images per chunk, columns of a full chunk
+  int64_t a_n = 0, b_n = 0, scr_n = 0;  // the pieces (see each pass)
+  int64_t per_thread = 0, shared = 0;
+};
+
+// Forward, per thread: a = col [C*RS, cols] (not for 1x1 with nb == 1), b = y chunk [K, cols]
+// (not when nb == 1), scratch.
+Layout fwd_layout(const Conv2dGeom& g, int threads) {
+  Layout l;
+  const int64_t RS = g.R * g.S, Cg = g.C / g.groups, Kg = g.K / g.groups;
+  l.nb = chunk_images(g, 256, (g.N + threads - 1) / threads);
+  l.cols = l.nb * g.P * g.Q;
+  l.a_n = (pointwise(g) && l.nb == 1) ? 0 : g.C * RS * l.cols;
+  l.b_n = l.nb == 1 ? 0 : g.K * l.cols;
+  l.scr_n = int64_t(sgemm_scratch_floats(Kg, l.cols, Cg * RS));
+  l.per_thread = l.a_n + l.b_n + l.scr_n + 64;
+  return l;
+}
+
+// Backward data, per thread: a = dy chunk [K, cols] (not when nb == 1), b = col [CRS, cols] of one
+// group (1x1 with nb == 1 writes dx in place), scratch.
+Layout bwd_data_layout(const Conv2dGeom& g, int threads) {
+  Layout l;
+  const int64_t RS = g.R * g.S, Cg = g.C / g.groups, Kg = g.K / g.groups;
+  l.nb = chunk_images(g, 256, (g.N + threads - 1) / threads);
+  l.cols = l.nb * g.P * g.Q;
+  l.a_n = l.nb == 1 ? 0 : g.K * l.cols;
+  l.b_n = (pointwise(g) && l.nb == 1) ? 0 : Cg * RS * l.cols;
+  l.scr_n = int64_t(sgemm_scratch_floats(Cg * RS, l.cols, Kg));
+  l.per_thread = l.a_n + l.b_n + l.scr_n + 64;
+  return l;
+}
+
+// Backward weight: thread t owns output channels [k0, k1) (whole micro-tile rows) over the whole
+// batch, so it needs no partial sums, no reduction and no barrier (barriers per chunk stall badly
+// on a loaded machine). Per thread: a = col [C*RS, cols] (not for 1x1 with nb == 1; every thread
+// gathers the chunk itself), b = its dy rows [rows, cols] (not when nb == 1), scratch.
+// nb depends on the geometry only, so the summation order is independent of the thread count.
+int64_t wgrad_rows(const Conv2dGeom& g, int t, int nt, int64_t* k0, int64_t* k1) {
+  const int64_t units = (g.K + 7) / 8;
+  *k0 = std::min(g.K, units * t / nt * 8);
+  *k1 = std::min(g.K, units * (t + 1) / nt * 8);
+  return std::min(g.K, (units + nt - 1) / nt * 8);  // bound over threads
+}
+
+Layout bwd_weight_layout(const Conv2dGeom& g, int threads) {
+  Layout l;
+  const int64_t RS = g.R * g.S, Cg = g.C / g.groups, Kg = g.K / g.groups;
+  int64_t k0, k1;
+  const int64_t rows = wgrad_rows(g, 0, threads, &k0, &k1);
+  l.nb = chunk_images(g, 512, g.N);
+  l.cols = l.nb * g.P * g.Q;
+  l.a_n = (pointwise(g) && l.nb == 1) ? 0 : g.C * RS * l.cols;
+  l.b_n = l.nb == 1 ? 0 : rows * l.cols;
+  l.scr_n = int64_t(sgemm_scratch_floats(std::min(rows, Kg), Cg * RS, l.cols));
+  l.per_thread = l.a_n + l.b_n + l.scr_n + 64;
+  return l;
+}
+
+}  // namespace
+
+size_t gemm_conv_workspace(const Conv2dGeom& g, ConvPass pass, int threads) {
+  Layout l;
+  switch (pass) {
+    case ConvPass::Forward: l = fwd_layout(g, threads); break;
+    case ConvPass::BackwardData: l = bwd_data_layout(g, threads); break;
+    case ConvPass::BackwardWeight: l = bwd_weight_layout(g, threads); break;
+  }
+  return size_t(l.shared + threads * l.per_thread) * sizeof(float);
+}
+
+void gemm_conv_forward(const Conv2dGeom& g, const float* x, const float* w, const float* b, float* y, void* ws) {
+  const int threads = omp_get_max_threads();
+  const Layout l = fwd_layout(g, threads);
+  const int64_t RS = g.R * g.S, Cg = g.C / g.groups, Kg = g.K / g.groups, CRS = Cg * RS, PQ = g.P * g.Q,
+                HW = g.H * g.W;
+#pragma omp parallel num_threads(threads)
+  {
+    const int t = omp_get_thread_num(), nt = omp_get_num_threads();
+    Carve cv{static_cast<float*>(ws) + t * l.per_thread};
+    float* col = cv.take(l.a_n);
+    float* out = cv.take(l.b_n);
+    float* scr = cv.take(l.scr_n);
+    const int64_t lo = g.N * t / nt, hi = g.N * (t + 1) / nt;
+    for (int64_t n0 = lo; n0 < hi; n0 += l.nb) {
+      const int64_t nb = std::min(l.nb, hi - n0), cols = nb * PQ;
+      const float* src = x + n0 * g.C * HW;  // 1x1, nb == 1: x [C, PQ] itself
+      if (l.a_n) {
+        for (int64_t i = 0; i < nb; ++i) im2col(g, x + (n0 + i) * g.C * HW, g.C, col + i * PQ, cols);
+        src = col;
+      }
+      float* dst = l.b_n ? out : y + n0 * g.K * PQ;
+      for (int64_t gi = 0; gi < g.groups; ++gi)
+        sgemm(false, false, Kg, cols, CRS, 1.f, w + gi * Kg * CRS, CRS, src + gi * CRS * cols, cols, 0.f,
+              dst + gi * Kg * cols, cols, scr);
+      for (int64_t i = 0; i < nb; ++i)
+        for (int64_t k = 0; k < g.K; ++k) {
+          float* yr = y + ((n0 + i) * g.K + k) * PQ;
+          const float bk = b ? b[k] : 0.f;
+          if (l.b_n) {
+            const float* o = out + k * cols + i * PQ;
+            for (int64_t j = 0; j < PQ; ++j) yr[j] = o[j] + bk;
+          } else if (b) {
+            for (int64_t j = 0; j < PQ; ++j) yr[j] += bk;
+          }
+        }
+    }
+  }
+}
+
+void gemm_conv_backward_data(const Conv2dGeom& g, const float* dy, const float* w, float* dx, bool accumulate,
+                             void* ws) {
+  const int threads = omp_get_max_threads();
+  const Layout l = bwd_data_layout(g, threads);
+  const int64_t RS = g.R * g.S, Cg = g.C / g.groups, Kg = g.K / g.groups, CRS = Cg * RS, PQ = g.P * g.Q,
+                HW = g.H * g.W;
+  const bool pw = pointwise(g);
+#pragma omp parallel num_threads(threads)
+  {
+    const int t = omp_get_thread_num(), nt = omp_get_num_threads();
+    Carve cv{static_cast<float*>(ws) + t * l.per_thread};
+    float* dyc = cv.take(l.a_n);
+    float* col = cv.take(l.b_n);
+    float* scr = cv.take(l.scr_n);
+    const int64_t lo = g.N * t / nt, hi = g.N * (t + 1) / nt;
+    for (int64_t n0 = lo; n0 < hi; n0 += l.nb) {
+      const int64_t nb = std::min(l.nb, hi - n0), cols = nb * PQ;
+      const float* src = dy + n0 * g.K * PQ;  // nb == 1: dy [K, PQ] itself
+      if (l.a_n) {
+        for (int64_t i = 0; i < nb; ++i) gather_rows(dy + (n0 + i) * g.K * PQ, g.K, PQ, dyc + i * PQ, cols);
+        src = dyc;
+      }
+      for (int64_t gi = 0; gi < g.groups; ++gi) {
+        const float* wg = w + gi * Kg * CRS;
+        const float* dyg = src + gi * Kg * cols;
+        if (!l.b_n) {  // 1x1, nb == 1: dx [Cg, HW] (+)= w^T dy
+          sgemm(true, false, CRS, cols, Kg, 1.f, wg, CRS, dyg, cols, accumulate ? 1.f : 0.f,
+                dx + (n0 * g.C + gi * Cg) * HW, cols, scr);
+          continue;
+        }
+        sgemm(true, false, CRS, cols, Kg, 1.f, wg, CRS, dyg, cols, 0.f, col, cols, scr);
+        for (int64_t i = 0; i < nb; ++i) {
+          float* dxn = dx + ((n0 + i) * g.C + gi * Cg) * HW;
+          if (pw) {
+            for (int64_t c = 0; c < Cg; ++c) {
+              const float* cr = col + c * cols + i * PQ;
+              float* d = dxn + c * HW;
+              if (accumulate)
+                for (int64_t j = 0; j < HW; ++j) d[j] += cr[j];
+              else
+                std::memcpy(d, cr, sizeof(float) * size_t(HW));
+            }
+          } else {
+            if (!accumulate) std::memset(dxn, 0, sizeof(float) * size_t(Cg * HW));
+            col2im(g, col + i * PQ, cols, Cg, dxn);
+          }
+        }
+      }
+    }
+  }
+}
+
+void gemm_conv_backward_weight(const Conv2dGeom& g, const float* x, const float* dy, float* dw, float* db,
+                               bool accumulate, void* ws) {
+  const int threads = omp_get_max_threads();
+  const Layout l = bwd_weight_layout(g, threads);
+  const int64_t RS = g.R * g.S, Cg = g.C / g.groups, Kg = g.K / g.groups, CRS = Cg * RS, PQ = g.P * g.Q,
+                HW = g.H * g.W;
+#pragma omp parallel num_threads(threads)
+  {
+    const int t = omp_get_thread_num(), nt = omp_get_num_threads();
+    Carve cv{static_cast<float*>(ws) + t * l.per_thread};
+    float* col = cv.take(l.a_n);
+    float* dyc = cv.take(l.b_n);
+    float* scr = cv.take(l.scr_n);
+    int64_t k0, k1;
+    wgrad_rows(g, t, nt, &k0, &k1);
+    for (int64_t n0 = 0; n0 < g.N && k1 > k0; n0 += l.nb) {
+      const int64_t nb = std::min(l.nb, g.N - n0), cols = nb * PQ;
+      const float* xs = x + n0 * g.C * HW;          // 1x1, nb == 1: x [C, PQ] itself
+      const float* ds = dy + (n0 * g.K + k0) * PQ;  // nb == 1: dy rows [k0, k1) [PQ] themselves
+      for (int64_t i = 0; i < nb && l.a_n; ++i) im2col(g, x + (n0 + i) * g.C * HW, g.C, col + i * PQ, cols);
+      for (int64_t i = 0; i < nb && l.b_n; ++i)
+        gather_rows(dy + ((n0 + i) * g.K + k0) * PQ, k1 - k0, PQ, dyc + i * PQ, cols);
+      if (l.a_n) xs = col;
+      if (l.b_n) ds = dyc;
+      const bool first = n0 == 0 && !accumulate;
+      for (int64_t gi = 0; gi < g.groups; ++gi) {  // this thread's rows of group gi
+        const int64_t ka = std::max(k0, gi * Kg), kb = std::min(k1, (gi + 1) * Kg);
+        if (kb > ka)
+          sgemm(false, true, kb - ka, CRS, cols, 1.f, ds + (ka - k0) * cols, cols, xs + gi * CRS * cols, cols,
+                first ? 0.f : 1.f, dw + ka * CRS, CRS, scr);
+      }
+      if (db)
+        for (int64_t k = k0; k < k1; ++k) {
+          const float* r = ds + (k - k0) * cols;
+          float s = 0.f;
+          for (int64_t j = 0; j < cols; ++j) s += r[j];
+          db[k] = first ? s : db[k] + s;
+        }
+    }
+  }
+}
+
+}  // namespace et::cpu

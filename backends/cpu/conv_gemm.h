@@ -1,0 +1,25 @@
+// im2col + SGEMM conv path of the CPU backend (conv_gemm.cpp), used by conv.cpp for what the
+// direct kernels do not cover well: 1x1 convs, strided convs, small maps.
+//
+// Several images go into one GEMM so that its N dimension is large even on 4x4 / 2x2 maps:
+// for a chunk of nb images (cols = nb*P*Q columns, image b at columns [b*PQ, (b+1)*PQ)):
+//   forward:  y [Kg, cols]   = w [Kg, CRS] x col [CRS, cols]              (per thread, own images)
+//   data:     col [CRS, cols] = w^T x dy [Kg, cols];  dx = col2im(col)    (per thread, own images)
+//   weight:   dw [K, CRS]   (+)= dy [K, cols] x col^T                      (threads split K rows)
+// The weight gradient walks the chunks in order and every dw element belongs to one thread, so
+// its summation order depends on the geometry only, not on the thread count.
+#pragma once
+#include <cstddef>
+
+#include "backends/backend.h"
+
+namespace et::cpu {
+
+size_t gemm_conv_workspace(const Conv2dGeom& g, ConvPass pass, int threads);
+void gemm_conv_forward(const Conv2dGeom& g, const float* x, const float* w, const float* b, float* y, void* ws);
+void gemm_conv_backward_data(const Conv2dGeom& g, const float* dy, const float* w, float* dx, bool accumulate,
+                             void* ws);
+void gemm_conv_backward_weight(const Conv2dGeom& g, const float* x, const float* dy, float* dw, float* db,
+                               bool accumulate, void* ws);
+
+}  // namespace et::cpu
