@@ -33,13 +33,15 @@ void write_atomically(const fs::path& path, const std::string& text) {
   if (ec) user_error("cannot write '", path.string(), "': ", ec.message());
 }
 
-// The first dotted key where two resolved configs differ, ignoring train.epochs (a resumed run may
-// be extended). Empty if they agree.
+// The first dotted key where two resolved configs differ. Keys a resumed run may change: the
+// number of epochs (extend a run), the thread count (bit-exact reproduction needs the same count,
+// the training itself is the same) and the data root (the run moved to another machine).
+// Empty if they agree.
 std::string first_difference(const json& a, const json& b, const std::string& path = "") {
   if (a.is_object() && b.is_object()) {
     for (auto it = a.begin(); it != a.end(); ++it) {
       const std::string key = path.empty() ? it.key() : path + "." + it.key();
-      if (key == "train.epochs") continue;
+      if (key == "train.epochs" || key == "train.threads" || key == "data.root") continue;
       if (!b.contains(it.key())) return key;
       const std::string d = first_difference(*it, b[it.key()], key);
       if (!d.empty()) return d;
