@@ -1,10 +1,10 @@
 #!/usr/bin/env python3
-"""Times PyTorch's CPU conv2d passes on the same shapes as bench/bench_conv.cpp (2 threads).
+"""Times PyTorch's CPU conv2d passes on the same shapes as bench/bench_conv.cpp (2 threads by default).
 
 forward: F.conv2d; backward-data / backward-weight: torch.ops.aten.convolution_backward with
 output_mask (True,False,False) / (False,True,False), i.e. the kernels autograd calls (oneDNN).
 
-  python3 bench/conv_pytorch.py [--filter S] [--reps N] [--batch N] [--ours ours.csv]
+  python3 bench/conv_pytorch.py [--filter S] [--reps N] [--batch N] [--threads T] [--ours ours.csv]
 --ours takes the CSV of `bench_conv --csv` and prints the per-shape ratios torch_ms / our_ms
 (> 1 means we are faster) and weighted per-network totals.
 """
@@ -80,8 +80,9 @@ def main():
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--batch", type=int, default=128)
     ap.add_argument("--ours", default="")
+    ap.add_argument("--threads", type=int, default=2, help="torch threads (match OMP_NUM_THREADS of bench_conv)")
     a = ap.parse_args()
-    torch.set_num_threads(2)
+    torch.set_num_threads(a.threads)
     ours = {}
     if a.ours:
         with open(a.ours) as f:

@@ -38,8 +38,8 @@ cpu::ConvPathOverride g_override = initial_override();
 
 // Which kernel family runs a pass (the workspace is sized for the same choice).
 // Dense convs: measured with bench/bench_conv (2 Zen 4 cores); the direct kernels win for 3x3
-// windows on maps of 8x8 and up (1.5-2.5x), the GEMM wins for 1x1 (no im2col there, and the
-// direct kernel measured no better) and for 4x4 / 2x2 maps.
+// windows on maps of 8x8 and up (1.5-2.5x) in forward / data gradient; the GEMM path (conv_gemm.cpp,
+// several images per GEMM) wins for 1x1 (no im2col there), for 4x4 / 2x2 maps, and below.
 // ET_CONV_PATH=gemm|direct overrides the choice where both apply (A/B measurements).
 Path choose(const Conv2dGeom& g, ConvPass pass) {
   if (cpu::depthwise_applies(g, pass)) return Path::Depthwise;
@@ -47,11 +47,14 @@ Path choose(const Conv2dGeom& g, ConvPass pass) {
   if (g_override == cpu::ConvPathOverride::Gemm) return Path::Gemm;
   if (g_override == cpu::ConvPathOverride::Direct) return Path::Direct;
   const int64_t PQ = g.P * g.Q;
+  const int64_t Cg = g.C / g.groups;
   if (g.R * g.S == 1 || PQ <= 16) return Path::Gemm;
+  // Stem convs (3 input channels): the direct data gradient writes 3 planes from K, the GEMM's
+  // col2im is cheaper (resnet20 / vgg16 / mobilenetv2 stems, 1.2-1.4x).
+  if (pass == ConvPass::BackwardData && Cg < 8) return Path::Gemm;
   // Weight gradient: the direct kernel's chunk of images shrinks to one on small maps with many
-  // channels, and the blocked GEMM wins there (vgg 128->256 and 256->256 on 8x8).
-  if (pass == ConvPass::BackwardWeight && (PQ < 64 || g.C / g.groups < 8 || (PQ < 256 && g.C / g.groups > 64)))
-    return Path::Gemm;
+  // channels, and the blocked GEMM wins there (vgg 64->128 on 16x16, 128->256 and 256->256 on 8x8).
+  if (pass == ConvPass::BackwardWeight && (PQ < 64 || Cg < 8 || (PQ <= 256 && Cg >= 64))) return Path::Gemm;
   return Path::Direct;
 }
 
