@@ -26,6 +26,7 @@ import argparse
 import glob
 import json
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -202,6 +203,10 @@ def run_child(cmd, env, timeout):
         r = last_json_line(p.stdout)
     except ValueError as e:
         return {"error": "%s: %s" % (e, p.stdout.strip()[-300:])}
+    if "step_ms_min" not in r:  # edgetrain prints "median step X ms (min Y, max Z)" in text only
+        m = re.search(r"median step [0-9.]+ ms \(min ([0-9.]+), max ([0-9.]+)\)", p.stdout)
+        if m:
+            r["step_ms_min"], r["step_ms_max"] = float(m.group(1)), float(m.group(2))
     r["wall_s"] = time.time() - t0
     return r
 
@@ -316,6 +321,9 @@ def main():
                     row["%s_%s" % (key, k)] = med(results[e], k)
                 ips = [r["img_per_s"] for r in results[e] if "error" not in r]
                 row["%s_img_per_s_all" % key] = ips
+                mins = [r["step_ms_min"] for r in results[e] if "error" not in r and "step_ms_min" in r]
+                # Fastest single step over all reps: the least disturbed by other load on the machine.
+                row["%s_best_img_per_s" % key] = batch * 1000.0 / min(mins) if mins else None
                 errs = [r["error"] for r in results[e] if "error" in r]
                 if errs:
                     row["%s_errors" % key] = errs
@@ -351,6 +359,13 @@ def main():
             fmt(r["peak_uss_ratio_vs_torch"], ".2f"), fmt(r.get("peak_uss_ratio_vs_torch_jemalloc"), ".2f"),
             fmt(r["edgetrain_step_uss_mb"], ".1f"), fmt(r["torch_step_uss_mb"], ".1f"),
             fmt(r.get("torch_jemalloc_step_uss_mb"), ".1f")))
+    print("fastest single step over all reps (img/s; less sensitive to other load than the medians):")
+    for r in rows:
+        print("%-10s %5d |  et %9s  pt %9s  pt+je %9s |  et/pt %6s  et/ptje %6s" % (
+            r["model"], r["batch"], fmt(r["edgetrain_best_img_per_s"], ".1f"), fmt(r["torch_best_img_per_s"], ".1f"),
+            fmt(r.get("torch_jemalloc_best_img_per_s"), ".1f"),
+            fmt(ratio(r["edgetrain_best_img_per_s"], r["torch_best_img_per_s"]), ".2f"),
+            fmt(ratio(r["edgetrain_best_img_per_s"], r.get("torch_jemalloc_best_img_per_s")), ".2f")))
     print("(et = edgetrain, pt = PyTorch as shipped, pt+je = PyTorch with LD_PRELOAD=%s%s; peak = peak USS MB of the "
           "process; step = peak USS minus USS before building the model)"
           % (jemalloc or "-", "" if je else " [skipped]"))
