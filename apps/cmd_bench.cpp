@@ -49,7 +49,7 @@ int cmd_bench_step(const BenchStepArgs& a) {
   Graph g;
   build_model(g, cfg.model);
   auto backend = make_cpu_backend();
-  Executor ex(g, *backend);
+  Executor ex(g, *backend, 1, cfg.stash_options());
   init_parameters(ex, cfg.train.seed);
   const int64_t n = cfg.train.batch_size;
 
@@ -75,6 +75,7 @@ int cmd_bench_step(const BenchStepArgs& a) {
   };
   for (int s = 0; s < a.warmup; ++s) step(s);
   if (a.profile) ex.set_timing(true);
+  ex.stash().reset_peak();
   std::vector<double> ms;
   for (int s = 0; s < a.steps; ++s) {
     const auto t0 = Clock::now();
@@ -100,7 +101,10 @@ int cmd_bench_step(const BenchStepArgs& a) {
             {"img_per_s", double(n) * 1000.0 / median},
             {"peak_uss_mb", double(uss.peak()) / 1048576.0},
             {"step_uss_mb", double(uss.peak() - std::min(uss.peak(), uss_before)) / 1048576.0},
-            {"arena_mb", m.total / 1048576.0}};
+            {"arena_mb", m.total / 1048576.0},
+            {"stash", cfg.memory.stash},
+            {"stash_peak_mb", double(ex.stash().peak_bytes()) / 1048576.0},
+            {"stash_dense_mb", double(m.stash_dense_bytes) / 1048576.0}};
   std::printf("%s\n", j.dump().c_str());
   return 0;
 }

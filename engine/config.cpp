@@ -6,6 +6,7 @@
 #include <sstream>
 
 #include "engine/check.h"
+#include "memory/stash.h"
 
 namespace et {
 namespace fs = std::filesystem;
@@ -26,6 +27,19 @@ class ObjectReader {
     auto it = j_.find(key);
     if (it == j_.end()) return;
     read(*it, full(key), out);
+  }
+
+  // An object of string values (per-layer settings): {"layer1.0.relu1": "bitmap_fp16", ...}
+  void get_string_map(const char* key, std::vector<std::pair<std::string, std::string>>& out) {
+    seen_.insert(key);
+    auto it = j_.find(key);
+    if (it == j_.end()) return;
+    if (!it->is_object()) type_error(*it, full(key), "an object of \"layer\": \"value\" pairs");
+    out.clear();
+    for (auto e = it->begin(); e != it->end(); ++e) {
+      if (!e->is_string()) type_error(*e, full(key) + "." + e.key(), "a string");
+      out.emplace_back(e.key(), e->get<std::string>());
+    }
   }
 
   ObjectReader child(const char* key) {
@@ -233,6 +247,19 @@ Config parse_config(const json& j, const std::string& source) {
   require(sc.pct_start > 0.f && sc.pct_start < 1.f, s, "pct_start", sc.pct_start, "must be in (0, 1)");
   require(sc.div_factor >= 1.f, s, "div_factor", sc.div_factor, "must be >= 1");
   require(sc.final_div_factor >= 1.f, s, "final_div_factor", sc.final_div_factor, "must be >= 1");
+  ObjectReader mem = top.child("memory");
+  mem.get("stash", c.memory.stash);
+  mem.get("prune_threshold", c.memory.prune_threshold);
+  mem.get_string_map("layers", c.memory.layers);
+  mem.finish();
+  StashFormat sf;
+  require(parse_stash_format(c.memory.stash, &sf), mem, "stash", c.memory.stash,
+          ("unknown stash format (known: " + stash_format_names() + ")").c_str());
+  for (const auto& [layer, f] : c.memory.layers)
+    if (!parse_stash_format(f, &sf))
+      mem.fail("memory.layers." + layer, "= \"" + f + "\": unknown stash format (known: " + stash_format_names() + ")");
+  require(c.memory.prune_threshold >= 0.f && c.memory.prune_threshold <= 1.f, mem, "prune_threshold",
+          c.memory.prune_threshold, "must be in [0, 1]");
   c.model.label_smoothing = tr.label_smoothing;
   c.model.batch = tr.batch_size;
   top.finish();
@@ -281,7 +308,22 @@ json Config::resolved() const {
                   {"pct_start", s.pct_start},
                   {"div_factor", s.div_factor},
                   {"final_div_factor", s.final_div_factor}}}};
+  json layers = json::object();
+  for (const auto& [layer, f] : memory.layers) layers[layer] = f;
+  j["memory"] = {{"stash", memory.stash}, {"layers", layers}, {"prune_threshold", memory.prune_threshold}};
   return j;
+}
+
+StashOptions Config::stash_options() const {
+  StashOptions o;
+  parse_stash_format(memory.stash, &o.format);
+  for (const auto& [layer, f] : memory.layers) {
+    StashFormat sf;
+    parse_stash_format(f, &sf);
+    o.layers.emplace_back(layer, sf);
+  }
+  o.prune_threshold = memory.prune_threshold;
+  return o;
 }
 
 }  // namespace et

@@ -8,6 +8,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "engine/executor.h"
 #include "models/models.h"
 
 namespace et {
@@ -49,12 +50,20 @@ struct TrainConfig {
   ScheduleConfig schedule;
 };
 
+struct MemoryConfig {
+  std::string stash = "dense_fp32";  // stash format for every saved activation (memory/stash.h)
+  std::vector<std::pair<std::string, std::string>> layers;  // per-layer format overrides
+  float prune_threshold = 0.f;       // BitTrain activation pruning of stashed values (lossy); 0 = exact
+};
+
 struct Config {
   ModelSpec model;
   DataConfig data;
   TrainConfig train;
+  MemoryConfig memory;
   std::string source;  // file it came from
   nlohmann::json resolved() const;  // every key with its effective value
+  StashOptions stash_options() const;
 };
 
 // Reads `path`, applies `overrides` ("a.b=value"; value parsed as JSON, else taken as a string),

@@ -19,8 +19,8 @@ uint64_t mix64(uint64_t x) {  // splitmix64 finaliser
 }
 }  // namespace
 
-Executor::Executor(Graph& graph, Backend& backend, int optimizer_slots)
-    : graph_(graph), backend_(backend), stash_(std::make_unique<DenseStash>()), optimizer_slots_(optimizer_slots) {
+Executor::Executor(Graph& graph, Backend& backend, int optimizer_slots, const StashOptions& stash)
+    : graph_(graph), backend_(backend), stash_options_(stash), optimizer_slots_(optimizer_slots) {
   plan();
 }
 
@@ -46,10 +46,53 @@ void Executor::plan() {
   // Time line: forward of node n at n, backward of node n at 2*nn - 1 - n.
   auto bwd_time = [&](int n) { return 2 * nn - 1 - n; };
   std::vector<BufferRequest> req;
-  std::vector<std::pair<int, bool>> owner;  // (value, is_grad) per request
-  const bool dense_stash = stash_->keeps_forward_buffer();
+  std::vector<std::pair<int, int>> owner;  // (value, 0 = data / 1 = grad / 2 = unpack) per request
   save_specs_.assign(size_t(nn), {});
   for (int n = 0; n < nn; ++n) save_specs_[size_t(n)] = graph_.node(n).op->saves();
+
+  // Saved values: the first saving consumer pushes (its backward is the last reader and pops),
+  // the last saving consumer's backward is the first reader.
+  std::vector<int> first_saver(size_t(nv), -1), last_saver(size_t(nv), -1);
+  std::vector<uint8_t> full(size_t(nv), 0);
+  for (int n = 0; n < nn; ++n)
+    for (const SaveSpec& sp : save_specs_[size_t(n)]) {
+      const Node& node = graph_.node(n);
+      const int id = sp.input < 0 ? node.output : node.inputs[size_t(sp.input)];
+      if (first_saver[size_t(id)] < 0) first_saver[size_t(id)] = n;
+      last_saver[size_t(id)] = n;
+      full[size_t(id)] |= sp.kind == SaveKind::Full;
+    }
+  std::vector<StashFormat> format(size_t(nv), stash_options_.format);
+  for (const auto& [layer, f] : stash_options_.layers) {
+    const int id = graph_.find_value(layer);
+    if (id < 0 || graph_.value(id).producer < 0)
+      user_error("config key 'memory.layers.", layer, "': no layer of that name in the model");
+    if (first_saver[size_t(id)] < 0)
+      user_error("config key 'memory.layers.", layer, "': nothing saves the output of this layer for backward");
+    format[size_t(id)] = f;
+  }
+  push_after_.assign(size_t(nn), {});
+  pop_after_.assign(size_t(nn), {});
+  std::vector<SavedValue> saved;
+  for (int id = 0; id < nv; ++id) {
+    if (first_saver[size_t(id)] < 0) continue;
+    const Value& v = graph_.value(id);
+    SavedValue sv;
+    sv.value = id;
+    sv.numel = v.shape.numel();
+    sv.full = full[size_t(id)] != 0;
+    // Inputs live for the whole step anyway: keep them in place.
+    sv.format = v.kind == ValueKind::Input ? StashFormat::DenseF32 : format[size_t(id)];
+    saved.push_back(sv);
+    report_.stash_dense_bytes += size_t(sv.numel) * dtype_size(v.dtype);
+    push_after_[size_t(first_saver[size_t(id)])].push_back(id);
+  }
+  for (int n = 0; n < nn; ++n) pop_after_[size_t(n)].assign(push_after_[size_t(n)].rbegin(), push_after_[size_t(n)].rend());
+  auto saved_index = [&](int id) -> SavedValue* {
+    for (SavedValue& sv : saved)
+      if (sv.value == id) return &sv;
+    return nullptr;
+  };
 
   size_t persistent = 0;
   std::vector<size_t> persistent_offset(size_t(nv) * 2, 0);
@@ -75,28 +118,23 @@ void Executor::plan() {
       case ValueKind::Activation:
       case ValueKind::Aux: {
         const int p = v.producer;
-        int last = p;
-        if (v.kind == ValueKind::Aux) last = bwd_time(p);
-        for (int c : v.consumers) {
-          last = std::max(last, c);
-          if (!dense_stash) continue;
-          const Node& cn = graph_.node(c);
-          for (const SaveSpec& s : save_specs_[size_t(c)]) {
-            const int saved = s.input < 0 ? cn.output : cn.inputs[size_t(s.input)];
-            if (saved == id) last = std::max(last, bwd_time(c));
-          }
-        }
-        if (dense_stash)
-          for (const SaveSpec& s : save_specs_[size_t(p)])
-            if (s.input < 0) last = std::max(last, bwd_time(p));
+        int last = v.kind == ValueKind::Aux ? bwd_time(p) : p;
+        for (int c : v.consumers) last = std::max(last, c);
+        const SavedValue* sv = saved_index(id);
+        if (sv && sv->format == StashFormat::DenseF32) last = std::max(last, bwd_time(first_saver[size_t(id)]));
         if (id == graph_.logits || id == graph_.loss) last = 2 * nn;  // read by the trainer after the step
         req.push_back({bytes, p, last});
-        owner.emplace_back(id, false);
+        owner.emplace_back(id, 0);
         if (v.needs_grad && v.kind == ValueKind::Activation) {
           int first = bwd_time(p);
           for (int c : v.consumers) first = std::min(first, bwd_time(c));
           req.push_back({bytes, first, bwd_time(p)});
-          owner.emplace_back(id, true);
+          owner.emplace_back(id, 1);
+        }
+        if (sv && sv->full && sv->format != StashFormat::DenseF32) {
+          req.push_back({bytes, bwd_time(last_saver[size_t(id)]), bwd_time(first_saver[size_t(id)])});
+          owner.emplace_back(id, 2);
+          report_.unpack += bytes;
         }
         break;
       }
@@ -129,14 +167,18 @@ void Executor::plan() {
     }
   }
   for (size_t r = 0; r < req.size(); ++r) {
-    const auto [id, is_grad] = owner[r];
+    const auto [id, role] = owner[r];
     const Value& v = graph_.value(id);
     Tensor t = Tensor::contiguous(arena_.at(act_base + mp.offsets[r]), v.shape, v.dtype);
-    (is_grad ? grads_ : data_)[size_t(id)] = t;
+    if (role == 2)
+      saved_index(id)->unpack = t;
+    else
+      (role == 1 ? grads_ : data_)[size_t(id)] = t;
   }
   workspace_ = Workspace{arena_.at(ws_base), report_.workspace};
   grad_written_.assign(size_t(nv), 0);
-  stash_->reset(nv);
+  stash_.configure(std::move(saved), nv, stash_options_.prune_threshold);
+  report_.stash_region = stash_.region_bytes();
   batch_ = max_batch;  // views have the full batch until a forward says otherwise
 }
 
@@ -164,18 +206,14 @@ void Executor::forward(int64_t batch, bool training) {
   ET_CHECK(batch > 0 && batch <= graph_.batch_size(), "batch ", batch, " outside 1..", graph_.batch_size());
   batch_ = batch;
   training_ = training;
-  if (training) stash_->clear();  // a forward without its backward leaves nothing behind
+  if (training) stash_.clear();  // a forward without its backward leaves nothing behind
   for (int n = 0; n < graph_.num_nodes(); ++n) {
     OpContext ctx(*this, n);
     const auto t0 = timing_ ? Clock::now() : Clock::time_point{};
     graph_.node(n).op->forward(ctx);
     if (timing_) fwd_s_[size_t(n)] += std::chrono::duration<double>(Clock::now() - t0).count();
     if (!training) continue;
-    const Node& node = graph_.node(n);
-    for (const SaveSpec& s : save_specs_[size_t(n)]) {
-      const int id = s.input < 0 ? node.output : node.inputs[size_t(s.input)];
-      stash_->push(id, s.kind, value(id));
-    }
+    for (int id : push_after_[size_t(n)]) stash_.push(id, value(id));
   }
 }
 
@@ -190,8 +228,7 @@ void Executor::backward() {
       node.op->backward(ctx);
       if (timing_) bwd_s_[size_t(n)] += std::chrono::duration<double>(Clock::now() - t0).count();
     }
-    for (const SaveSpec& s : save_specs_[size_t(n)])
-      stash_->pop(s.input < 0 ? node.output : node.inputs[size_t(s.input)]);
+    for (int id : pop_after_[size_t(n)]) stash_.pop(id);
   }
 }
 
@@ -202,18 +239,9 @@ int OpContext::saved_value(int i) const {
   return s.input < 0 ? node_.output : node_.inputs[size_t(s.input)];
 }
 
-Tensor OpContext::saved(int i) const {
-  const int id = saved_value(i);
-  Tensor t = ex_.stash_->get(id);
-  return ex_.graph_.value(id).batched ? t.with_batch(ex_.batch_) : t;
-}
+Tensor OpContext::saved(int i) const { return ex_.stash_.get(saved_value(i)); }
 
-MaskView OpContext::saved_mask(int i) const {
-  MaskView m = ex_.stash_->get_mask(saved_value(i));
-  if (m.dense.defined() && ex_.graph_.value(saved_value(i)).batched) m.dense = m.dense.with_batch(ex_.batch_);
-  m.numel = m.dense.defined() ? m.dense.numel() : m.numel;
-  return m;
-}
+MaskView OpContext::saved_mask(int i) const { return ex_.stash_.get_mask(saved_value(i)); }
 
 GradOut OpContext::grad_input(int i) const {
   const int id = node_.inputs[size_t(i)];

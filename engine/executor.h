@@ -14,18 +14,28 @@
 
 namespace et {
 
+// How the executor keeps activations for backward (docs/config.md, memory.*).
+struct StashOptions {
+  StashFormat format = StashFormat::DenseF32;
+  std::vector<std::pair<std::string, StashFormat>> layers;  // per-layer overrides, by layer name
+  float prune_threshold = 0.f;                              // BitTrain activation pruning (lossy)
+};
+
 struct MemoryReport {
   size_t params = 0, grads = 0, optimizer = 0, inputs = 0, buffers = 0;
   size_t activations_planned = 0;    // peak of the lifetime plan (activations, aux, activation grads)
   size_t activations_unplanned = 0;  // what they would take without reuse
   size_t workspace = 0;
+  size_t unpack = 0;             // decode buffers for compressed saves (inside the planned part)
+  size_t stash_dense_bytes = 0;  // what the saved values take as dense fp32 (the baseline)
+  size_t stash_region = 0;       // virtual size reserved for the stash (worst case)
   size_t total = 0;
 };
 
 class Executor {
  public:
   // `optimizer_slots`: persistent per-parameter buffers the optimizer needs (1 for SGD momentum).
-  Executor(Graph& graph, Backend& backend, int optimizer_slots = 1);
+  Executor(Graph& graph, Backend& backend, int optimizer_slots = 1, const StashOptions& stash = {});
   ~Executor();
 
   Graph& graph() { return graph_; }
@@ -48,6 +58,8 @@ class Executor {
   const std::vector<double>& backward_seconds() const { return bwd_s_; }
   void set_precision(PrecisionPolicy* p) { precision_ = p; }
   const MemoryReport& memory() const { return report_; }
+  Stash& stash() { return stash_; }
+  const Stash& stash() const { return stash_; }
   int64_t batch() const { return batch_; }
 
  private:
@@ -56,7 +68,9 @@ class Executor {
 
   Graph& graph_;
   Backend& backend_;
-  std::unique_ptr<Stash> stash_;
+  Stash stash_;
+  StashOptions stash_options_;
+  std::vector<std::vector<int>> push_after_, pop_after_;  // per node: values the stash takes / drops
   Fp32Policy fp32_;
   PrecisionPolicy* precision_ = &fp32_;
   Arena arena_;

@@ -1,38 +1,197 @@
 #include "memory/stash.h"
 
 #include <algorithm>
+#include <cstring>
+
+#include "memory/bitmap.h"
+#include "memory/half.h"
 
 namespace et {
 
-void DenseStash::reset(int num_values) {
-  saved_.assign(size_t(num_values), Tensor{});
-  refs_.assign(size_t(num_values), 0);
+namespace {
+const struct { StashFormat f; const char* name; } kFormats[] = {
+    {StashFormat::DenseF32, "dense_fp32"}, {StashFormat::DenseF16, "dense_fp16"},
+    {StashFormat::DenseBF16, "dense_bf16"}, {StashFormat::BitmapF32, "bitmap_fp32"},
+    {StashFormat::BitmapF16, "bitmap_fp16"}, {StashFormat::Auto, "auto"}};
+
+size_t worst_case_bytes(const SavedValue& s) {
+  const auto n = s.numel;
+  if (s.format == StashFormat::DenseF32) return 0;  // zero copy
+  if (!s.full) return size_t(bitmap::num_words(n)) * 8;
+  switch (s.format) {
+    case StashFormat::DenseF32: return 0;  // zero copy
+    case StashFormat::DenseF16:
+    case StashFormat::DenseBF16: return size_t(n) * 2;
+    case StashFormat::BitmapF16: return bitmap::bitmap_bytes(n, n, bitmap::ValueType::F16);
+    case StashFormat::BitmapF32:
+    case StashFormat::Auto: return bitmap::bitmap_bytes(n, n, bitmap::ValueType::F32);
+  }
+  return 0;
+}
+}  // namespace
+
+const char* stash_format_name(StashFormat f) {
+  for (const auto& e : kFormats)
+    if (e.f == f) return e.name;
+  return "?";
 }
 
-void DenseStash::clear() {
-  std::fill(saved_.begin(), saved_.end(), Tensor{});
-  std::fill(refs_.begin(), refs_.end(), 0);
+bool parse_stash_format(const std::string& s, StashFormat* out) {
+  for (const auto& e : kFormats)
+    if (s == e.name) {
+      *out = e.f;
+      return true;
+    }
+  return false;
 }
 
-void DenseStash::push(int value_id, SaveKind, const Tensor& t) {
-  if (refs_[size_t(value_id)]++ == 0) saved_[size_t(value_id)] = t;
+std::string stash_format_names() {
+  std::string out;
+  for (const auto& e : kFormats) out += (out.empty() ? "" : ", ") + std::string(e.name);
+  return out;
 }
 
-Tensor DenseStash::get(int value_id) const {
-  ET_CHECK(refs_[size_t(value_id)] > 0, "value ", value_id, " read from the stash but not saved");
-  return saved_[size_t(value_id)];
+void Stash::configure(std::vector<SavedValue> saved, int num_values, float prune_threshold) {
+  saved_ = std::move(saved);
+  prune_threshold_ = prune_threshold;
+  index_.assign(size_t(num_values), -1);
+  entries_.assign(size_t(num_values), Entry{});
+  records_.assign(size_t(num_values), StashRecord{});
+  size_t total = 0;
+  for (size_t i = 0; i < saved_.size(); ++i) {
+    index_[size_t(saved_[i].value)] = int(i);
+    total += Arena::align_up(worst_case_bytes(saved_[i]));
+  }
+  stack_.clear();
+  stack_.reserve(saved_.size());
+  if (total > 0) region_.reserve(total, "the activation stash");
+  top_ = peak_ = zero_copy_live_ = 0;
 }
 
-MaskView DenseStash::get_mask(int value_id) const {
+const SavedValue* Stash::info(int value_id) const {
+  const int i = index_[size_t(value_id)];
+  ET_CHECK(i >= 0, "value ", value_id, " is not planned for the stash");
+  return &saved_[size_t(i)];
+}
+
+bool Stash::zero_copy(int value_id) const { return info(value_id)->format == StashFormat::DenseF32; }
+
+void Stash::clear() {
+  for (int id : stack_) entries_[size_t(id)] = Entry{};
+  stack_.clear();
+  top_ = zero_copy_live_ = 0;
+}
+
+void Stash::push(int value_id, const Tensor& t) {
+  const SavedValue& s = *info(value_id);
+  Entry& e = entries_[size_t(value_id)];
+  ET_CHECK(e.stored == Stored::None, "value ", value_id, " pushed twice");
+  const int64_t n = t.numel();
+  const float* x = t.f32();
+  StashRecord& rec = records_[size_t(value_id)];
+  e.view = t;
+  e.offset = top_;
+  e.decoded = false;
+  rec.numel = n;
+  if (s.format == StashFormat::DenseF32) {
+    e.stored = Stored::ZeroCopy;
+    e.bytes = t.nbytes();
+    zero_copy_live_ += e.bytes;
+    rec.stored_as = "fp32 (zero copy)";
+  } else {
+    void* dst = at(top_);
+    if (!s.full) {
+      e.stored = Stored::Bits;
+      e.nonzero = bitmap::make_bits(x, n, prune_threshold_, static_cast<uint64_t*>(dst));
+      e.bytes = size_t(bitmap::num_words(n)) * 8;
+      rec.stored_as = "bits (mask)";
+    } else if (s.format == StashFormat::DenseF16 || s.format == StashFormat::DenseBF16) {
+      const bool bf = s.format == StashFormat::DenseBF16;
+      bf ? f32_to_bf16(x, n, static_cast<uint16_t*>(dst)) : f32_to_f16(x, n, static_cast<uint16_t*>(dst));
+      e.stored = bf ? Stored::DenseBF16 : Stored::DenseF16;
+      e.bytes = size_t(n) * 2;
+      e.nonzero = n;
+      rec.stored_as = bf ? "bf16" : "fp16";
+    } else {
+      const bool f16 = s.format == StashFormat::BitmapF16;
+      const auto vt = f16 ? bitmap::ValueType::F16 : bitmap::ValueType::F32;
+      const int64_t nnz = bitmap::count_nonzero(x, n, prune_threshold_);
+      const size_t bitmap_b = bitmap::bitmap_bytes(n, nnz, vt);
+      if (s.format == StashFormat::Auto && bitmap_b >= size_t(n) * 4) {
+        std::memcpy(dst, x, size_t(n) * 4);  // dense is smaller: keep an exact copy
+        e.stored = Stored::DenseF32;
+        e.bytes = size_t(n) * 4;
+        e.nonzero = n;
+        rec.stored_as = "fp32 (copy)";
+      } else {
+        uint64_t* bits = static_cast<uint64_t*>(dst);
+        void* values = bits + bitmap::num_words(n);
+        e.nonzero = bitmap::pack(x, n, prune_threshold_, bits, values, vt);
+        e.stored = f16 ? Stored::BitmapF16 : Stored::BitmapF32;
+        e.bytes = bitmap_b;
+        rec.stored_as = f16 ? "bitmap+fp16" : "bitmap+fp32";
+      }
+    }
+    top_ += Arena::align_up(e.bytes);
+    ET_CHECK(top_ <= region_.size(), "stash region overflow at value ", value_id);
+  }
+  rec.bytes = e.bytes;
+  rec.nonzero = e.stored == Stored::ZeroCopy ? -1 : e.nonzero;
+  stack_.push_back(value_id);
+  peak_ = std::max(peak_, live_bytes());
+}
+
+Tensor Stash::get(int value_id) {
+  Entry& e = entries_[size_t(value_id)];
+  ET_CHECK(e.stored != Stored::None && e.stored != Stored::Bits, "value ", value_id, " not saved in full");
+  if (e.stored == Stored::ZeroCopy) return e.view;
+  const SavedValue& s = *info(value_id);
+  const int64_t n = e.view.numel();
+  Tensor out = s.unpack;
+  out.shape = e.view.shape;  // the current batch
+  if (!e.decoded) {
+    const void* src = at(e.offset);
+    float* y = out.f32();
+    switch (e.stored) {
+      case Stored::DenseF32: std::memcpy(y, src, size_t(n) * 4); break;
+      case Stored::DenseF16: f16_to_f32(static_cast<const uint16_t*>(src), n, y); break;
+      case Stored::DenseBF16: bf16_to_f32(static_cast<const uint16_t*>(src), n, y); break;
+      case Stored::BitmapF32:
+      case Stored::BitmapF16: {
+        const auto* bits = static_cast<const uint64_t*>(src);
+        bitmap::unpack(bits, bits + bitmap::num_words(n), n,
+                       e.stored == Stored::BitmapF16 ? bitmap::ValueType::F16 : bitmap::ValueType::F32, y);
+        break;
+      }
+      default: ET_CHECK(false, "unreachable");
+    }
+    e.decoded = true;
+  }
+  return out;
+}
+
+MaskView Stash::get_mask(int value_id) {
+  Entry& e = entries_[size_t(value_id)];
   MaskView m;
-  m.dense = get(value_id);
-  m.numel = m.dense.numel();
+  m.numel = e.view.numel();
+  switch (e.stored) {
+    case Stored::Bits:
+    case Stored::BitmapF32:
+    case Stored::BitmapF16: m.bits = static_cast<const uint64_t*>(at(e.offset)); break;
+    default: m.dense = get(value_id);
+  }
   return m;
 }
 
-void DenseStash::pop(int value_id) {
-  ET_CHECK(refs_[size_t(value_id)] > 0, "value ", value_id, " popped but not saved");
-  if (--refs_[size_t(value_id)] == 0) saved_[size_t(value_id)] = Tensor{};
+void Stash::pop(int value_id) {
+  ET_CHECK(!stack_.empty() && stack_.back() == value_id, "stash pop of value ", value_id, " is not LIFO");
+  Entry& e = entries_[size_t(value_id)];
+  if (e.stored == Stored::ZeroCopy)
+    zero_copy_live_ -= e.bytes;
+  else
+    top_ = e.offset;
+  e = Entry{};
+  stack_.pop_back();
 }
 
 }  // namespace et

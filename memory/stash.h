@@ -1,44 +1,87 @@
 // Stash: where activations saved for backward live between a node's forward and its backward.
-// Ops only declare what they need (Op::saves(): a full tensor or a > 0 mask); the executor pushes
-// after forward, reads in backward, pops after the last reader. The storage format is the stash's
-// business: DenseStash keeps the forward buffer itself (zero copy); compressed stashes (bitmap,
-// FP16, 4-bit) copy into their own region so the forward buffer can die early.
+// Ops only declare what they need (Op::saves(): every element, or only the > 0 mask); the executor
+// pushes a value once, after the forward of its first saving consumer, and pops it after that
+// consumer's backward (the last reader), so pushes and pops are LIFO and the stash is a stack.
+//
+// Formats (per value; memory.stash globally, memory.layers per layer):
+//   dense_fp32   the forward buffer itself is kept (zero copy): exact, the baseline;
+//   dense_fp16 / dense_bf16   converted copies (lossy);
+//   bitmap_fp32 / bitmap_fp16 BitTrain: 1 bit per element + the non-zero values (fp32 exact);
+//   auto         per tensor the smaller exact one of bitmap_fp32 and a dense fp32 copy.
+// A value only ever read as a mask (a ReLU output nobody else saves) is stored as its bitmap
+// alone in every format but dense_fp32; the ReLU backward reads that bitmap as its mask.
+// Everything except dense_fp32 copies into the stash's own region, so the forward buffer dies
+// after its last forward reader. Full reads decode into an executor-planned f32 buffer.
 #pragma once
+#include <string>
 #include <vector>
 
 #include "backends/backend.h"
 #include "engine/op.h"
+#include "memory/arena.h"
 
 namespace et {
 
-class Stash {
- public:
-  virtual ~Stash() = default;
-  // True if a saved tensor stays in its forward buffer: the planner must then keep that buffer
-  // alive until the last backward that reads it.
-  virtual bool keeps_forward_buffer() const = 0;
-  virtual void reset(int num_values) = 0;  // sizes the bookkeeping (outside the step)
-  virtual void clear() = 0;                 // drops everything saved (a new training forward)
-  // A value saved by several consumers is pushed once per consumer and stored once.
-  virtual void push(int value_id, SaveKind kind, const Tensor& t) = 0;
-  virtual Tensor get(int value_id) const = 0;
-  virtual MaskView get_mask(int value_id) const = 0;
-  virtual void pop(int value_id) = 0;
+enum class StashFormat : uint8_t { DenseF32, DenseF16, DenseBF16, BitmapF32, BitmapF16, Auto };
+const char* stash_format_name(StashFormat f);
+bool parse_stash_format(const std::string& s, StashFormat* out);
+std::string stash_format_names();  // "dense_fp32, dense_fp16, ..." for messages
+
+// One value the stash will hold, as planned by the executor.
+struct SavedValue {
+  int value = -1;
+  int64_t numel = 0;          // at the planned (maximum) batch
+  bool full = false;          // some reader needs every element; else only the > 0 mask
+  StashFormat format = StashFormat::DenseF32;
+  Tensor unpack;              // f32 decode buffer for full reads (not for zero-copy values)
 };
 
-class DenseStash final : public Stash {
+// What the last push stored for a value (for the memory profile).
+struct StashRecord {
+  const char* stored_as = "";  // "fp32 (zero copy)", "bitmap+fp32", "bits (mask)", ...
+  size_t bytes = 0;            // bytes in the stash region (zero-copy: the forward buffer's)
+  int64_t numel = 0, nonzero = 0;
+};
+
+class Stash {
  public:
-  bool keeps_forward_buffer() const override { return true; }
-  void reset(int num_values) override;
-  void clear() override;
-  void push(int value_id, SaveKind kind, const Tensor& t) override;
-  Tensor get(int value_id) const override;
-  MaskView get_mask(int value_id) const override;
-  void pop(int value_id) override;
+  // Sizes the region for `saved` (worst case: everything pushed at once, as at the end of a
+  // forward). Outside the step: allocates.
+  void configure(std::vector<SavedValue> saved, int num_values, float prune_threshold);
+  bool zero_copy(int value_id) const;
+
+  void clear();  // drops everything (a new training forward)
+  void push(int value_id, const Tensor& t);
+  Tensor get(int value_id);  // every element, f32 (decoded on first use)
+  MaskView get_mask(int value_id);
+  void pop(int value_id);
+
+  size_t live_bytes() const { return top_ + zero_copy_live_; }
+  size_t peak_bytes() const { return peak_; }  // since the last reset_peak()
+  void reset_peak() { peak_ = live_bytes(); }
+  size_t region_bytes() const { return region_.size(); }
+  const StashRecord& record(int value_id) const { return records_[size_t(value_id)]; }
 
  private:
-  std::vector<Tensor> saved_;
-  std::vector<int> refs_;
+  enum class Stored : uint8_t { None, ZeroCopy, DenseF32, DenseF16, DenseBF16, Bits, BitmapF32, BitmapF16 };
+  struct Entry {
+    Stored stored = Stored::None;
+    size_t offset = 0, bytes = 0;
+    int64_t nonzero = 0;
+    Tensor view;           // zero copy: the forward buffer; else shape/dtype of the original
+    bool decoded = false;  // unpack buffer holds this step's values
+  };
+  const SavedValue* info(int value_id) const;
+  void* at(size_t offset) const { return region_.at(offset); }
+
+  std::vector<SavedValue> saved_;
+  std::vector<int> index_;  // value id -> index into saved_, -1 if never saved
+  std::vector<Entry> entries_;
+  std::vector<StashRecord> records_;
+  std::vector<int> stack_;  // value ids in push order (LIFO check)
+  Arena region_;
+  float prune_threshold_ = 0.f;
+  size_t top_ = 0, peak_ = 0, zero_copy_live_ = 0;
 };
 
 }  // namespace et

@@ -85,6 +85,15 @@ TEST_CASE("mistyped and out-of-range values name key and value", "[config]") {
   j["train"]["seed"] = -1;
   CHECK_THAT(error_of(j), Catch::Contains("train.seed"));
   j = minimal();
+  j["memory"] = {{"stash", "bitmap_fp8"}};
+  CHECK_THAT(error_of(j), Catch::Contains("memory.stash") && Catch::Contains("bitmap_fp16"));
+  j = minimal();
+  j["memory"] = {{"layers", {{"layer1.0.relu1", "zip"}}}};
+  CHECK_THAT(error_of(j), Catch::Contains("memory.layers.layer1.0.relu1"));
+  j = minimal();
+  j["memory"] = {{"prune_threshold", 2}};
+  CHECK_THAT(error_of(j), Catch::Contains("memory.prune_threshold"));
+  j = minimal();
   j["data"].erase("root");
   CHECK_THAT(error_of(j), Catch::Contains("data.root"));
 }

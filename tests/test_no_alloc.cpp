@@ -46,14 +46,16 @@ void operator delete[](void* p, size_t) noexcept { std::free(p); }
 
 using namespace et;
 
-static long allocations_in_steps(const std::string& model, int64_t batch) {
+static long allocations_in_steps(const std::string& model, int64_t batch, StashFormat stash = StashFormat::DenseF32) {
   Graph g;
   ModelSpec spec;
   spec.name = model;
   spec.batch = batch;
   build_model(g, spec);
   auto be = make_cpu_backend();
-  Executor ex(g, *be);
+  StashOptions opt;
+  opt.format = stash;
+  Executor ex(g, *be, 1, opt);
   init_parameters(ex, 3);
   Tensor x = ex.value(g.image_input);
   for (int64_t i = 0; i < x.numel(); ++i) x.f32()[i] = float((i * 2654435761u) % 1000) / 500.f - 1.f;
@@ -89,4 +91,7 @@ TEST_CASE("training steps after the first allocate nothing", "[memory]") {
   CHECK(allocations_in_steps("resnet8", 16) == 0);
   CHECK(allocations_in_steps("vgg11_bn", 8) == 0);
   CHECK(allocations_in_steps("mobilenetv2", 4) == 0);
+  CHECK(allocations_in_steps("resnet8", 16, StashFormat::BitmapF16) == 0);
+  CHECK(allocations_in_steps("resnet8", 16, StashFormat::Auto) == 0);
+  CHECK(allocations_in_steps("resnet8", 16, StashFormat::DenseBF16) == 0);
 }

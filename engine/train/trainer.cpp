@@ -121,7 +121,7 @@ void Trainer::build() {
 
   build_model(graph_, cfg_.model);
   backend_ = make_cpu_backend();
-  executor_ = std::make_unique<Executor>(graph_, *backend_);
+  executor_ = std::make_unique<Executor>(graph_, *backend_, 1, cfg_.stash_options());
   init_parameters(*executor_, cfg_.train.seed);
   params_ = graph_.params();
   state_.model = cfg_.model.name;
@@ -156,6 +156,7 @@ EpochResult Trainer::train_epoch(int epoch, Progress& progress) {
   double loss_sum = 0;
   int64_t correct = 0, seen = 0;
   uss_.reset();
+  ex.stash().reset_peak();
   const auto t0 = Clock::now();
   for (int64_t i = 0; i < steps; ++i) {
     const int64_t n = loader.next(images.f32(), labels.i32());
@@ -185,6 +186,7 @@ EpochResult Trainer::train_epoch(int epoch, Progress& progress) {
   r.img_per_s = double(seen) / r.epoch_s;
   r.train_loss = loss_sum / double(seen);
   r.train_acc = double(correct) / double(seen);
+  r.stash_peak_mb = double(ex.stash().peak_bytes()) / 1048576.0;
   return r;
 }
 
@@ -251,7 +253,8 @@ void Trainer::fit(const std::string& out_dir, bool resume, Progress& progress, i
     save_checkpoint(ckpt.string(), *executor_, state_);
     json j = {{"epoch", r.epoch},       {"train_loss", r.train_loss}, {"train_acc", r.train_acc},
               {"test_loss", r.test_loss}, {"test_acc", r.test_acc},   {"lr", r.lr},
-              {"img_per_s", r.img_per_s}, {"epoch_s", r.epoch_s},     {"peak_uss_mb", r.peak_uss_mb}};
+              {"img_per_s", r.img_per_s}, {"epoch_s", r.epoch_s},     {"peak_uss_mb", r.peak_uss_mb},
+              {"stash_peak_mb", r.stash_peak_mb}};
     std::ofstream out(metrics, std::ios::app);
     out << j.dump() << "\n";
     if (!out) user_error("cannot append to '", metrics.string(), "'");

@@ -21,6 +21,7 @@ struct EpochResult {
   double train_loss = 0, train_acc = 0, test_loss = 0, test_acc = 0;
   double img_per_s = 0, epoch_s = 0, lr = 0;
   double peak_uss_mb = 0;
+  double stash_peak_mb = 0;
 };
 
 struct EvalResult {

@@ -1,0 +1,145 @@
+// Stash formats through whole training steps: the exact formats (bitmap_fp32, auto) give losses
+// and gradients bit-identical to dense_fp32; lossy ones stay close and keep the forward exact;
+// pruning drops small saved values; per-layer overrides are checked against the graph.
+#include <catch2/catch.hpp>
+
+#include <cstring>
+
+#include "engine/executor.h"
+#include "engine/init.h"
+#include "memory/half.h"
+#include "models/models.h"
+
+using namespace et;
+
+namespace {
+
+struct Run {
+  std::vector<float> losses;
+  std::vector<std::vector<float>> grads;  // last step, per parameter
+  size_t stash_peak = 0, stash_dense = 0;
+};
+
+Run train(const std::string& model, const StashOptions& opt, int steps = 3) {
+  Graph g;
+  ModelSpec spec;
+  spec.name = model;
+  spec.batch = 6;
+  spec.height = spec.width = model.rfind("vgg", 0) == 0 ? 32 : 16;  // VGG pools 5 times
+  build_model(g, spec);
+  auto be = make_cpu_backend();
+  Executor ex(g, *be, 1, opt);
+  init_parameters(ex, 11);
+  Tensor x = ex.value(g.image_input);
+  for (int64_t i = 0; i < x.numel(); ++i) x.f32()[i] = float((i * 2654435761u) % 2001) / 1000.f - 1.f;
+  for (int64_t i = 0; i < 6; ++i) ex.value(g.label_input).i32()[i] = int32_t(i * 3 % 10);
+  Run r;
+  const auto params = g.params();
+  for (int s = 0; s < steps; ++s) {
+    ex.set_step_seed(uint64_t(s));
+    ex.forward(6, true);
+    r.losses.push_back(ex.loss());
+    ex.backward();
+    for (int p : params) {
+      Tensor w = ex.value(p), m = ex.opt_slot(p, 0);
+      be->sgd_step(w, ex.grad(p), m, 0.05f, 0.9f, 5e-4f, false, s == 0);
+    }
+  }
+  for (int p : params) r.grads.emplace_back(ex.grad(p).f32(), ex.grad(p).f32() + ex.grad(p).numel());
+  r.stash_peak = ex.stash().peak_bytes();
+  r.stash_dense = ex.memory().stash_dense_bytes;
+  return r;
+}
+
+StashOptions with(StashFormat f, float prune = 0.f) {
+  StashOptions o;
+  o.format = f;
+  o.prune_threshold = prune;
+  return o;
+}
+
+double max_rel_diff(const std::vector<float>& a, const std::vector<float>& b) {
+  double m = 0, d = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    m = std::max(m, double(std::fabs(a[i])));
+    d = std::max(d, double(std::fabs(a[i] - b[i])));
+  }
+  return m > 0 ? d / m : d;
+}
+
+}  // namespace
+
+TEST_CASE("exact stash formats are bit-identical to dense fp32", "[stash]") {
+  for (const char* model : {"resnet8", "vgg11_bn", "mobilenetv2"}) {
+    INFO(model);
+    const Run dense = train(model, with(StashFormat::DenseF32));
+    for (StashFormat f : {StashFormat::BitmapF32, StashFormat::Auto}) {
+      INFO(stash_format_name(f));
+      const Run r = train(model, with(f));
+      CHECK(std::memcmp(r.losses.data(), dense.losses.data(), r.losses.size() * 4) == 0);
+      bool same = r.grads.size() == dense.grads.size();
+      for (size_t i = 0; same && i < r.grads.size(); ++i) same = r.grads[i] == dense.grads[i];
+      CHECK(same);
+      CHECK(r.stash_peak < dense.stash_peak);  // ReLU outputs are ~half zeros
+    }
+  }
+}
+
+TEST_CASE("lossy stash formats keep the forward exact and the gradients close", "[stash]") {
+  const Run dense = train("resnet8", with(StashFormat::DenseF32), 1);
+  for (StashFormat f : {StashFormat::DenseF16, StashFormat::DenseBF16, StashFormat::BitmapF16}) {
+    INFO(stash_format_name(f));
+    const Run r = train("resnet8", with(f), 1);
+    CHECK(r.losses[0] == dense.losses[0]);  // the stash is only read by backward
+    double worst = 0, any = 0;
+    for (size_t i = 0; i < r.grads.size(); ++i) {
+      worst = std::max(worst, max_rel_diff(dense.grads[i], r.grads[i]));
+      any += r.grads[i] != dense.grads[i];
+    }
+    CHECK(any > 0);                                          // it really is lossy
+    CHECK(worst < (f == StashFormat::DenseBF16 ? 0.1 : 0.02));  // relative to each tensor's max
+    CHECK(r.stash_peak < dense.stash_peak * 0.6);
+  }
+}
+
+TEST_CASE("activation pruning shrinks the stash and perturbs only the gradients", "[stash]") {
+  const Run exact = train("resnet8", with(StashFormat::BitmapF32), 1);
+  const Run pruned = train("resnet8", with(StashFormat::BitmapF32, 0.5f), 1);
+  CHECK(pruned.losses[0] == exact.losses[0]);
+  CHECK(pruned.stash_peak < exact.stash_peak);
+  double worst = 0;
+  for (size_t i = 0; i < exact.grads.size(); ++i) worst = std::max(worst, max_rel_diff(exact.grads[i], pruned.grads[i]));
+  CHECK(worst > 0);
+}
+
+TEST_CASE("per-layer stash formats", "[stash]") {
+  StashOptions o;
+  o.layers = {{"layer1.0.relu1", StashFormat::BitmapF16}};
+  const Run one = train("resnet8", o, 1);
+  const Run dense = train("resnet8", with(StashFormat::DenseF32), 1);
+  CHECK(one.stash_peak < dense.stash_peak);
+  o.layers = {{"layer9.relu", StashFormat::BitmapF16}};
+  CHECK_THROWS_WITH(train("resnet8", o, 1), Catch::Contains("memory.layers.layer9.relu"));
+  o.layers = {{"layer1.0.conv1.weight", StashFormat::BitmapF16}};
+  CHECK_THROWS_WITH(train("resnet8", o, 1), Catch::Contains("memory.layers.layer1.0.conv1.weight"));
+}
+
+TEST_CASE("half and bfloat16 conversions", "[stash]") {
+  const float in[] = {0.f, -0.f, 1.f, -2.5f, 65504.f, 1e-8f, 3.14159265f, 1e30f};
+  uint16_t h[8], b[8];
+  float back[8];
+  f32_to_f16(in, 8, h);
+  f16_to_f32(h, 8, back);
+  CHECK(back[2] == 1.f);
+  CHECK(back[3] == -2.5f);
+  CHECK(back[4] == 65504.f);
+  CHECK(back[6] == Approx(3.14159265f).epsilon(1e-3));
+  CHECK(std::isinf(back[7]));
+  f32_to_bf16(in, 8, b);
+  bf16_to_f32(b, 8, back);
+  CHECK(back[2] == 1.f);
+  CHECK(back[3] == -2.5f);
+  CHECK(back[6] == Approx(3.14159265f).epsilon(1e-2));
+  CHECK(back[7] == Approx(1e30f).epsilon(1e-2));
+  CHECK(std::signbit(back[1]));
+}
