@@ -68,7 +68,8 @@ class Backend {
 
   // ---- batch norm over N,H,W per channel. x,y [N,C,H,W]; gamma, beta, running_*, mean, invstd [C].
   // Training: batch statistics normalise; running stats updated with `momentum` (PyTorch convention,
-  // unbiased variance for the running estimate); mean/invstd saved for backward.
+  // unbiased variance for the running estimate; undefined running_* tensors: no update, as when a
+  // recomputed forward runs again); mean/invstd saved for backward.
   virtual void batchnorm_forward_train(const Tensor& x, const Tensor& gamma, const Tensor& beta, Tensor& running_mean,
                                        Tensor& running_var, float momentum, float eps, Tensor& y, Tensor& mean,
                                        Tensor& invstd) = 0;

@@ -250,6 +250,7 @@ Config parse_config(const json& j, const std::string& source) {
   ObjectReader mem = top.child("memory");
   mem.get("stash", c.memory.stash);
   mem.get("prune_threshold", c.memory.prune_threshold);
+  mem.get("checkpoint_every", c.memory.checkpoint_every);
   mem.get_string_map("layers", c.memory.layers);
   mem.finish();
   StashFormat sf;
@@ -260,6 +261,8 @@ Config parse_config(const json& j, const std::string& source) {
       mem.fail("memory.layers." + layer, "= \"" + f + "\": unknown stash format (known: " + stash_format_names() + ")");
   require(c.memory.prune_threshold >= 0.f && c.memory.prune_threshold <= 1.f, mem, "prune_threshold",
           c.memory.prune_threshold, "must be in [0, 1]");
+  require(c.memory.checkpoint_every >= 0, mem, "checkpoint_every", c.memory.checkpoint_every,
+          "must be >= 0 (0 = no recomputation, m = keep one layer in m)");
   c.model.label_smoothing = tr.label_smoothing;
   c.model.batch = tr.batch_size;
   top.finish();
@@ -310,7 +313,8 @@ json Config::resolved() const {
                   {"final_div_factor", s.final_div_factor}}}};
   json layers = json::object();
   for (const auto& [layer, f] : memory.layers) layers[layer] = f;
-  j["memory"] = {{"stash", memory.stash}, {"layers", layers}, {"prune_threshold", memory.prune_threshold}};
+  j["memory"] = {{"stash", memory.stash}, {"layers", layers}, {"prune_threshold", memory.prune_threshold},
+                 {"checkpoint_every", memory.checkpoint_every}};
   return j;
 }
 
@@ -323,6 +327,7 @@ StashOptions Config::stash_options() const {
     o.layers.emplace_back(layer, sf);
   }
   o.prune_threshold = memory.prune_threshold;
+  o.checkpoint_every = memory.checkpoint_every;
   return o;
 }
 

@@ -54,6 +54,7 @@ struct MemoryConfig {
   std::string stash = "dense_fp32";  // stash format for every saved activation (memory/stash.h)
   std::vector<std::pair<std::string, std::string>> layers;  // per-layer format overrides
   float prune_threshold = 0.f;       // BitTrain activation pruning of stashed values (lossy); 0 = exact
+  int checkpoint_every = 0;          // recompute segments of this many conv/linear layers; 0 = off
 };
 
 struct Config {

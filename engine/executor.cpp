@@ -43,10 +43,6 @@ void Executor::plan() {
   }
   for (int p : graph_.params()) graph_.value(p).needs_grad = true;
 
-  // Time line: forward of node n at n, backward of node n at 2*nn - 1 - n.
-  auto bwd_time = [&](int n) { return 2 * nn - 1 - n; };
-  std::vector<BufferRequest> req;
-  std::vector<std::pair<int, int>> owner;  // (value, 0 = data / 1 = grad / 2 = unpack) per request
   save_specs_.assign(size_t(nn), {});
   for (int n = 0; n < nn; ++n) save_specs_[size_t(n)] = graph_.node(n).op->saves();
 
@@ -54,14 +50,42 @@ void Executor::plan() {
   // the last saving consumer's backward is the first reader.
   std::vector<int> first_saver(size_t(nv), -1), last_saver(size_t(nv), -1);
   std::vector<uint8_t> full(size_t(nv), 0);
+  auto add_saver = [&](int id, int n, bool is_full) {
+    if (first_saver[size_t(id)] < 0 || n < first_saver[size_t(id)]) first_saver[size_t(id)] = n;
+    last_saver[size_t(id)] = std::max(last_saver[size_t(id)], n);
+    full[size_t(id)] |= is_full;
+  };
   for (int n = 0; n < nn; ++n)
     for (const SaveSpec& sp : save_specs_[size_t(n)]) {
       const Node& node = graph_.node(n);
-      const int id = sp.input < 0 ? node.output : node.inputs[size_t(sp.input)];
-      if (first_saver[size_t(id)] < 0) first_saver[size_t(id)] = n;
-      last_saver[size_t(id)] = n;
-      full[size_t(id)] |= sp.kind == SaveKind::Full;
+      add_saver(sp.input < 0 ? node.output : node.inputs[size_t(sp.input)], n, sp.kind == SaveKind::Full);
     }
+  std::vector<int> seg_of;
+  plan_segments(first_saver, &seg_of);
+  std::vector<uint8_t> recomputed(size_t(nv), 0), rewritten(size_t(nv), 0);
+  for (const Segment& s : segments_)
+    for (int id : s.outputs) rewritten[size_t(id)] = 1;
+  for (const Segment& s : segments_) {
+    for (int id : s.inside) recomputed[size_t(id)] = 1;
+    // What the segment reads from before itself must survive until its recompute: saved in full.
+    for (int id : s.external)
+      for (int c : graph_.value(id).consumers)
+        if (c >= s.begin && c <= s.end) add_saver(id, c, true);
+  }
+
+  // Time line. Forward of node n at n; backward in reverse, each recomputed segment's forward
+  // just before the backward of its last node.
+  std::vector<int> bwd_t(static_cast<size_t>(nn), 0), rec_t(static_cast<size_t>(nn), -1);
+  segment_ending_at_.assign(size_t(nn), -1);
+  for (size_t i = 0; i < segments_.size(); ++i) segment_ending_at_[size_t(segments_[i].end)] = int(i);
+  int t = nn;
+  for (int n = nn - 1; n >= 0; --n) {
+    if (const int s = segment_ending_at_[size_t(n)]; s >= 0)
+      for (int k = segments_[size_t(s)].begin; k <= n; ++k) rec_t[size_t(k)] = t++;
+    bwd_t[size_t(n)] = t++;
+  }
+  const int t_end = t;
+
   std::vector<StashFormat> format(size_t(nv), stash_options_.format);
   for (const auto& [layer, f] : stash_options_.layers) {
     const int id = graph_.find_value(layer);
@@ -72,6 +96,7 @@ void Executor::plan() {
     format[size_t(id)] = f;
   }
   push_after_.assign(size_t(nn), {});
+  push_after_recompute_.assign(size_t(nn), {});
   pop_after_.assign(size_t(nn), {});
   std::vector<SavedValue> saved;
   for (int id = 0; id < nv; ++id) {
@@ -85,9 +110,14 @@ void Executor::plan() {
     sv.format = v.kind == ValueKind::Input ? StashFormat::DenseF32 : format[size_t(id)];
     saved.push_back(sv);
     report_.stash_dense_bytes += size_t(sv.numel) * dtype_size(v.dtype);
-    push_after_[size_t(first_saver[size_t(id)])].push_back(id);
+    (recomputed[size_t(id)] ? push_after_recompute_ : push_after_)[size_t(first_saver[size_t(id)])].push_back(id);
   }
-  for (int n = 0; n < nn; ++n) pop_after_[size_t(n)].assign(push_after_[size_t(n)].rbegin(), push_after_[size_t(n)].rend());
+  // Pops after the first saver's backward; a node pushing several values pops them in reverse.
+  for (int n = 0; n < nn; ++n) {
+    auto& pops = pop_after_[size_t(n)];
+    pops.assign(push_after_recompute_[size_t(n)].rbegin(), push_after_recompute_[size_t(n)].rend());
+    pops.insert(pops.end(), push_after_[size_t(n)].rbegin(), push_after_[size_t(n)].rend());
+  }
   auto saved_index = [&](int id) -> SavedValue* {
     for (SavedValue& sv : saved)
       if (sv.value == id) return &sv;
@@ -99,6 +129,9 @@ void Executor::plan() {
   std::vector<size_t> slot_offset(size_t(nv), 0);
   auto bytes_of = [&](const Value& v) { return size_t(v.shape.numel()) * dtype_size(v.dtype); };
 
+  std::vector<BufferRequest> req;
+  enum Role { Data, Grad, Unpack, Recompute };
+  std::vector<std::pair<int, Role>> owner;  // (value, role) per request
   for (int id = 0; id < nv; ++id) {
     const Value& v = graph_.value(id);
     const size_t bytes = Arena::align_up(bytes_of(v));
@@ -118,22 +151,41 @@ void Executor::plan() {
       case ValueKind::Activation:
       case ValueKind::Aux: {
         const int p = v.producer;
-        int last = v.kind == ValueKind::Aux ? bwd_time(p) : p;
-        for (int c : v.consumers) last = std::max(last, c);
+        const bool rec = recomputed[size_t(id)] != 0;
         const SavedValue* sv = saved_index(id);
-        if (sv && sv->format == StashFormat::DenseF32) last = std::max(last, bwd_time(first_saver[size_t(id)]));
-        if (id == graph_.logits || id == graph_.loss) last = 2 * nn;  // read by the trainer after the step
+        const bool zero_copy = sv && sv->format == StashFormat::DenseF32;
+        // Aux values (BN batch statistics) keep one buffer; a recompute rewrites the same values.
+        int last = v.kind == ValueKind::Aux ? bwd_t[size_t(p)] : p;
+        for (int c : v.consumers) last = std::max(last, c);
+        if (zero_copy && !rec) last = std::max(last, bwd_t[size_t(first_saver[size_t(id)])]);
+        if (id == graph_.logits || id == graph_.loss) last = t_end;  // read by the trainer after the step
         req.push_back({bytes, p, last});
-        owner.emplace_back(id, 0);
-        if (v.needs_grad && v.kind == ValueKind::Activation) {
-          int first = bwd_time(p);
-          for (int c : v.consumers) first = std::min(first, bwd_time(c));
-          req.push_back({bytes, first, bwd_time(p)});
-          owner.emplace_back(id, 1);
+        owner.emplace_back(id, Data);
+        if (rewritten[size_t(id)]) {
+          // The recomputed copy: read by the segment's own nodes, and by backward if saved in place.
+          int rec_last = rec_t[size_t(p)];
+          for (int c : v.consumers)
+            if (seg_of[size_t(c)] == seg_of[size_t(p)]) rec_last = std::max(rec_last, rec_t[size_t(c)]);
+          if (zero_copy && rec) rec_last = std::max(rec_last, bwd_t[size_t(first_saver[size_t(id)])]);
+          req.push_back({bytes, rec_t[size_t(p)], rec_last});
+          owner.emplace_back(id, Recompute);
+          report_.recompute += bytes;
         }
-        if (sv && sv->full && sv->format != StashFormat::DenseF32) {
-          req.push_back({bytes, bwd_time(last_saver[size_t(id)]), bwd_time(first_saver[size_t(id)])});
-          owner.emplace_back(id, 2);
+        if (v.needs_grad && v.kind == ValueKind::Activation) {
+          int first = bwd_t[size_t(p)];
+          for (int c : v.consumers) first = std::min(first, bwd_t[size_t(c)]);
+          req.push_back({bytes, first, bwd_t[size_t(p)]});
+          owner.emplace_back(id, Grad);
+        }
+        if (sv && sv->full && !zero_copy) {
+          // Decoded by the first reader: the last saver's backward, or a recomputed segment.
+          int first = bwd_t[size_t(last_saver[size_t(id)])];
+          // (recompute() decodes a segment's external inputs before its first node runs)
+          for (int c : v.consumers)
+            if (const int sc = seg_of[size_t(c)]; sc >= 0 && sc != seg_of[size_t(p)])
+              first = std::min(first, rec_t[size_t(segments_[size_t(sc)].begin)]);
+          req.push_back({bytes, first, bwd_t[size_t(first_saver[size_t(id)])]});
+          owner.emplace_back(id, Unpack);
           report_.unpack += bytes;
         }
         break;
@@ -154,6 +206,7 @@ void Executor::plan() {
 
   data_.assign(size_t(nv), Tensor{});
   grads_.assign(size_t(nv), Tensor{});
+  recompute_data_.assign(size_t(nv), Tensor{});
   slots_.assign(size_t(nv), {});
   for (int id = 0; id < nv; ++id) {
     const Value& v = graph_.value(id);
@@ -170,11 +223,17 @@ void Executor::plan() {
     const auto [id, role] = owner[r];
     const Value& v = graph_.value(id);
     Tensor t = Tensor::contiguous(arena_.at(act_base + mp.offsets[r]), v.shape, v.dtype);
-    if (role == 2)
-      saved_index(id)->unpack = t;
-    else
-      (role == 1 ? grads_ : data_)[size_t(id)] = t;
+    switch (role) {
+      case Data: data_[size_t(id)] = t; break;
+      case Grad: grads_[size_t(id)] = t; break;
+      case Unpack: saved_index(id)->unpack = t; break;
+      case Recompute: recompute_data_[size_t(id)] = t; break;
+    }
   }
+  forward_data_ = data_;
+  swapped_.clear();
+  swapped_.reserve(size_t(nv));
+  report_.recompute_segments = int(segments_.size());
   workspace_ = Workspace{arena_.at(ws_base), report_.workspace};
   grad_written_.assign(size_t(nv), 0);
   stash_.configure(std::move(saved), nv, stash_options_.prune_threshold);
@@ -182,8 +241,54 @@ void Executor::plan() {
   batch_ = max_batch;  // views have the full batch until a forward says otherwise
 }
 
+// Segments of checkpoint_every = m compute ops: each starts at a compute op (conv / linear) and runs
+// until the next segment; the loss and what follows stay outside. A segment is kept only if it
+// recomputes something the stash would otherwise hold.
+void Executor::plan_segments(const std::vector<int>& first_saver, std::vector<int>* seg_of) {
+  const int nn = graph_.num_nodes(), m = stash_options_.checkpoint_every;
+  segments_.clear();
+  seg_of->assign(size_t(nn), -1);
+  if (m <= 0) return;
+  std::vector<Segment> all;
+  int computes = 0;
+  for (int n = 0; n < nn; ++n) {
+    const OpClass c = graph_.node(n).op->op_class();
+    if (c == OpClass::Loss) break;
+    if (c == OpClass::Compute && computes++ % m == 0) all.push_back(Segment{n, n, {}, {}, {}});
+    if (!all.empty()) all.back().end = n;
+  }
+  if (computes < m)
+    user_error("config key 'memory.checkpoint_every' = ", m, ": the model has only ", computes,
+               " conv / linear layers, so no segment would be recomputed");
+  for (Segment& s : all) {
+    bool saves_recomputed = false;
+    for (int n = s.begin; n <= s.end; ++n) {
+      const int id = graph_.node(n).output;
+      const Value& v = graph_.value(id);
+      if (v.kind != ValueKind::Activation) continue;
+      s.outputs.push_back(id);
+      bool inside = id != graph_.logits && id != graph_.loss && !v.consumers.empty();
+      for (int c : v.consumers) inside &= c >= s.begin && c <= s.end;
+      if (!inside) continue;
+      s.inside.push_back(id);
+      saves_recomputed |= first_saver[size_t(id)] >= 0;
+    }
+    if (!saves_recomputed) continue;
+    for (int n = s.begin; n <= s.end; ++n)
+      for (int in : graph_.node(n).inputs) {
+        const Value& v = graph_.value(in);
+        if (v.kind == ValueKind::Activation && v.producer < s.begin &&
+            std::find(s.external.begin(), s.external.end(), in) == s.external.end())
+          s.external.push_back(in);
+      }
+    for (int n = s.begin; n <= s.end; ++n) (*seg_of)[size_t(n)] = int(segments_.size());
+    segments_.push_back(std::move(s));
+  }
+}
+
 void Executor::set_timing(bool on) {
   timing_ = on;
+  rec_s_ = 0;
   fwd_s_.assign(size_t(graph_.num_nodes()), 0.0);
   bwd_s_.assign(size_t(graph_.num_nodes()), 0.0);
 }
@@ -207,14 +312,41 @@ void Executor::forward(int64_t batch, bool training) {
   batch_ = batch;
   training_ = training;
   if (training) stash_.clear();  // a forward without its backward leaves nothing behind
+  restore_views();
   for (int n = 0; n < graph_.num_nodes(); ++n) {
     OpContext ctx(*this, n);
     const auto t0 = timing_ ? Clock::now() : Clock::time_point{};
     graph_.node(n).op->forward(ctx);
     if (timing_) fwd_s_[size_t(n)] += std::chrono::duration<double>(Clock::now() - t0).count();
-    if (!training) continue;
-    for (int id : push_after_[size_t(n)]) stash_.push(id, value(id));
+    if (training)
+      for (int id : push_after_[size_t(n)]) stash_.push(id, value(id));
+    if (observer_) observer_->after_forward(n);
   }
+}
+
+void Executor::restore_views() {
+  for (int id : swapped_) data_[size_t(id)] = forward_data_[size_t(id)];
+  swapped_.clear();
+}
+
+// Runs a segment's forward again: its own values go to their recompute buffers, what it reads from
+// earlier segments comes from the stash, and what its ops save is pushed now instead of in forward.
+void Executor::recompute(const Segment& s) {
+  const auto t0 = timing_ ? Clock::now() : Clock::time_point{};
+  for (int id : s.outputs) {
+    data_[size_t(id)] = recompute_data_[size_t(id)];
+    swapped_.push_back(id);  // capacity: every value at most once per backward
+  }
+  for (int id : s.external) data_[size_t(id)] = stash_.get(id).with_batch(graph_.value(id).shape[0]);
+  recomputing_ = true;
+  for (int n = s.begin; n <= s.end; ++n) {
+    OpContext ctx(*this, n);
+    graph_.node(n).op->forward(ctx);
+    for (int id : push_after_recompute_[size_t(n)]) stash_.push(id, value(id));
+  }
+  recomputing_ = false;
+  for (int id : s.external) data_[size_t(id)] = forward_data_[size_t(id)];
+  if (timing_) rec_s_ += std::chrono::duration<double>(Clock::now() - t0).count();
 }
 
 void Executor::backward() {
@@ -222,6 +354,7 @@ void Executor::backward() {
   std::fill(grad_written_.begin(), grad_written_.end(), 0);
   for (int n = graph_.num_nodes() - 1; n >= 0; --n) {
     const Node& node = graph_.node(n);
+    if (const int s = segment_ending_at_[size_t(n)]; s >= 0) recompute(segments_[size_t(s)]);
     if (needs_backward_[size_t(n)]) {
       OpContext ctx(*this, n);
       const auto t0 = timing_ ? Clock::now() : Clock::time_point{};
@@ -229,7 +362,9 @@ void Executor::backward() {
       if (timing_) bwd_s_[size_t(n)] += std::chrono::duration<double>(Clock::now() - t0).count();
     }
     for (int id : pop_after_[size_t(n)]) stash_.pop(id);
+    if (observer_) observer_->after_backward(n);
   }
+  restore_views();
 }
 
 uint64_t OpContext::seed() const { return mix64(ex_.step_seed_ ^ mix64(uint64_t(node_id_) + 1)); }

@@ -19,6 +19,18 @@ struct StashOptions {
   StashFormat format = StashFormat::DenseF32;
   std::vector<std::pair<std::string, StashFormat>> layers;  // per-layer overrides, by layer name
   float prune_threshold = 0.f;                              // BitTrain activation pruning (lossy)
+  // Recomputation (memory.checkpoint_every = m): the graph splits into segments of m compute ops
+  // (conv / linear) with the element-wise ops after them; what a segment produces and uses only
+  // inside itself is not kept from the forward, the segment's forward runs again before its backward.
+  int checkpoint_every = 0;
+};
+
+// Per-node hook for profilers (edgetrain memprofile): called after each node's forward / backward.
+class NodeObserver {
+ public:
+  virtual ~NodeObserver() = default;
+  virtual void after_forward(int node) = 0;
+  virtual void after_backward(int node) = 0;
 };
 
 struct MemoryReport {
@@ -29,6 +41,8 @@ struct MemoryReport {
   size_t unpack = 0;             // decode buffers for compressed saves (inside the planned part)
   size_t stash_dense_bytes = 0;  // what the saved values take as dense fp32 (the baseline)
   size_t stash_region = 0;       // virtual size reserved for the stash (worst case)
+  size_t recompute = 0;          // buffers of recomputed values (inside the planned part)
+  int recompute_segments = 0;    // segments whose forward runs again in backward
   size_t total = 0;
 };
 
@@ -56,6 +70,8 @@ class Executor {
   void set_timing(bool on);
   const std::vector<double>& forward_seconds() const { return fwd_s_; }
   const std::vector<double>& backward_seconds() const { return bwd_s_; }
+  double recompute_seconds() const { return rec_s_; }  // forward time spent recomputing (timing on)
+  void set_observer(NodeObserver* o) { observer_ = o; }
   void set_precision(PrecisionPolicy* p) { precision_ = p; }
   const MemoryReport& memory() const { return report_; }
   Stash& stash() { return stash_; }
@@ -64,13 +80,31 @@ class Executor {
 
  private:
   friend class OpContext;
+  // A run of nodes whose forward runs again just before its backward (checkpoint_every).
+  struct Segment {
+    int begin = 0, end = 0;        // node range, inclusive
+    std::vector<int> outputs;      // activations its nodes write: recomputed into their own buffers
+    std::vector<int> inside;       // the outputs only used inside: not kept from the first forward
+    std::vector<int> external;     // activations from before the segment it reads: from the stash
+  };
   void plan();
+  void plan_segments(const std::vector<int>& first_saver, std::vector<int>* seg_of);
+  void recompute(const Segment& s);
+  void restore_views();
 
   Graph& graph_;
   Backend& backend_;
   Stash stash_;
   StashOptions stash_options_;
   std::vector<std::vector<int>> push_after_, pop_after_;  // per node: values the stash takes / drops
+  std::vector<std::vector<int>> push_after_recompute_;    // per node: pushed when recomputed
+  std::vector<Segment> segments_;
+  std::vector<int> segment_ending_at_;                    // per node: segment index or -1
+  std::vector<Tensor> forward_data_, recompute_data_;     // data_ as planned; recompute buffers
+  std::vector<int> swapped_;                              // values whose data_ view is swapped
+  bool recomputing_ = false;
+  double rec_s_ = 0;
+  NodeObserver* observer_ = nullptr;
   Fp32Policy fp32_;
   PrecisionPolicy* precision_ = &fp32_;
   Arena arena_;
@@ -98,6 +132,9 @@ class OpContext {
   const Node& node() const { return node_; }
   PrecisionPolicy& precision() { return *ex_.precision_; }
   bool training() const { return ex_.training_; }
+  // True while a segment's forward runs again for its backward (checkpoint_every): results must be
+  // identical to the first forward and side effects (BN running statistics) must not repeat.
+  bool recomputing() const { return ex_.recomputing_; }
   int64_t batch() const { return ex_.batch_; }
   // Per-step, per-node seed for stochastic ops (dropout).
   uint64_t seed() const;

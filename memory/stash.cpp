@@ -184,14 +184,23 @@ MaskView Stash::get_mask(int value_id) {
 }
 
 void Stash::pop(int value_id) {
-  ET_CHECK(!stack_.empty() && stack_.back() == value_id, "stash pop of value ", value_id, " is not LIFO");
+  // Pops are LIFO except under recomputation, where a segment's recomputed values are pushed above
+  // values it kept from the forward. A value popped from below the top leaves a hole that is
+  // reclaimed when everything above it has been popped.
+  auto it = std::find(stack_.rbegin(), stack_.rend(), value_id);
+  ET_CHECK(it != stack_.rend(), "stash pop of value ", value_id, " that was not pushed");
   Entry& e = entries_[size_t(value_id)];
-  if (e.stored == Stored::ZeroCopy)
-    zero_copy_live_ -= e.bytes;
-  else
-    top_ = e.offset;
+  if (e.stored == Stored::ZeroCopy) zero_copy_live_ -= e.bytes;
   e = Entry{};
-  stack_.pop_back();
+  stack_.erase(std::next(it).base());
+  top_ = 0;
+  for (auto j = stack_.rbegin(); j != stack_.rend(); ++j) {
+    const Entry& f = entries_[size_t(*j)];
+    if (f.stored != Stored::ZeroCopy) {
+      top_ = f.offset + Arena::align_up(f.bytes);
+      break;
+    }
+  }
 }
 
 }  // namespace et

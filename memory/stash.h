@@ -1,7 +1,8 @@
 // Stash: where activations saved for backward live between a node's forward and its backward.
 // Ops only declare what they need (Op::saves(): every element, or only the > 0 mask); the executor
 // pushes a value once, after the forward of its first saving consumer, and pops it after that
-// consumer's backward (the last reader), so pushes and pops are LIFO and the stash is a stack.
+// consumer's backward (the last reader), so pushes and pops are LIFO and the stash is a stack
+// (recomputation pushes a segment's values again above ones it kept; see Stash::pop).
 //
 // Formats (per value; memory.stash globally, memory.layers per layer):
 //   dense_fp32   the forward buffer itself is kept (zero copy): exact, the baseline;

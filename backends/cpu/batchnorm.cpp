@@ -33,8 +33,10 @@ void CpuBackend::batchnorm_forward_train(const Tensor& x, const Tensor& gamma, c
     mean.f32()[c] = float(mu);
     invstd.f32()[c] = is;
     const double unbiased = M > 1 ? var * double(M) / double(M - 1) : var;
-    running_mean.f32()[c] = (1.f - momentum) * running_mean.f32()[c] + momentum * float(mu);
-    running_var.f32()[c] = (1.f - momentum) * running_var.f32()[c] + momentum * float(unbiased);
+    if (running_mean.defined()) {
+      running_mean.f32()[c] = (1.f - momentum) * running_mean.f32()[c] + momentum * float(mu);
+      running_var.f32()[c] = (1.f - momentum) * running_var.f32()[c] + momentum * float(unbiased);
+    }
     const float scale = gamma.f32()[c] * is, shift = beta.f32()[c] - float(mu) * scale;
     for (int64_t n = 0; n < N; ++n) {
       const float* row = xp + (n * C + c) * HW;
