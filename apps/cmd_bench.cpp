@@ -85,7 +85,13 @@ int cmd_bench_step(const BenchStepArgs& a) {
   std::vector<double> sorted = ms;
   std::sort(sorted.begin(), sorted.end());
   const double median = sorted[sorted.size() / 2];
-  if (a.profile) print_profile(ex, a.steps);
+  if (a.profile) {
+    print_profile(ex, a.steps);
+    const double pack = ex.stash().pack_seconds() * 1e3 / a.steps, unpack = ex.stash().unpack_seconds() * 1e3 / a.steps;
+    const double rec = ex.recompute_seconds() * 1e3 / a.steps;
+    std::printf("stash %s: pack %.2f ms, unpack %.2f ms per step (%.1f%% of the median step); recompute %.2f ms (%.1f%%)\n",
+                cfg.memory.stash.c_str(), pack, unpack, 100.0 * (pack + unpack) / median, rec, 100.0 * rec / median);
+  }
   const MemoryReport& m = ex.memory();
   std::printf("%s batch %lld, %d threads: median step %.2f ms (min %.2f, max %.2f) over %d steps, loss %.4f\n",
               cfg.model.name.c_str(), (long long)n, omp_get_max_threads(), median, sorted.front(), sorted.back(),
@@ -104,7 +110,13 @@ int cmd_bench_step(const BenchStepArgs& a) {
             {"arena_mb", m.total / 1048576.0},
             {"stash", cfg.memory.stash},
             {"stash_peak_mb", double(ex.stash().peak_bytes()) / 1048576.0},
-            {"stash_dense_mb", double(m.stash_dense_bytes) / 1048576.0}};
+            {"stash_dense_mb", double(m.stash_dense_bytes) / 1048576.0},
+            {"checkpoint_every", cfg.memory.checkpoint_every}};
+  if (a.profile) {
+    j["stash_pack_ms"] = ex.stash().pack_seconds() * 1e3 / a.steps;
+    j["stash_unpack_ms"] = ex.stash().unpack_seconds() * 1e3 / a.steps;
+    j["recompute_ms"] = ex.recompute_seconds() * 1e3 / a.steps;
+  }
   std::printf("%s\n", j.dump().c_str());
   return 0;
 }

@@ -251,6 +251,7 @@ Config parse_config(const json& j, const std::string& source) {
   mem.get("stash", c.memory.stash);
   mem.get("prune_threshold", c.memory.prune_threshold);
   mem.get("checkpoint_every", c.memory.checkpoint_every);
+  mem.get("release_pages", c.memory.release_pages);
   mem.get_string_map("layers", c.memory.layers);
   mem.finish();
   StashFormat sf;
@@ -314,7 +315,8 @@ json Config::resolved() const {
   json layers = json::object();
   for (const auto& [layer, f] : memory.layers) layers[layer] = f;
   j["memory"] = {{"stash", memory.stash}, {"layers", layers}, {"prune_threshold", memory.prune_threshold},
-                 {"checkpoint_every", memory.checkpoint_every}};
+                 {"checkpoint_every", memory.checkpoint_every},
+                 {"release_pages", memory.release_pages}};
   return j;
 }
 
@@ -328,6 +330,7 @@ StashOptions Config::stash_options() const {
   }
   o.prune_threshold = memory.prune_threshold;
   o.checkpoint_every = memory.checkpoint_every;
+  o.release_pages = memory.release_pages;
   return o;
 }
 

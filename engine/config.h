@@ -55,6 +55,7 @@ struct MemoryConfig {
   std::vector<std::pair<std::string, std::string>> layers;  // per-layer format overrides
   float prune_threshold = 0.f;       // BitTrain activation pruning of stashed values (lossy); 0 = exact
   int checkpoint_every = 0;          // recompute segments of this many conv/linear layers; 0 = off
+  bool release_pages = false;        // return dead buffers' pages to the OS during the step
 };
 
 struct Config {

@@ -230,13 +230,28 @@ void Executor::plan() {
       case Recompute: recompute_data_[size_t(id)] = t; break;
     }
   }
+  // Death times of planned buffers, for release_pages. Time t maps back to the node that runs then.
+  dies_after_forward_.assign(size_t(nn), {});
+  dies_after_recompute_.assign(size_t(nn), {});
+  dies_after_backward_.assign(size_t(nn), {});
+  if (stash_options_.release_pages) {
+    std::vector<std::pair<std::vector<Range>*, int>> at_time(size_t(t_end) + 1, {nullptr, -1});
+    for (int n = 0; n < nn; ++n) {
+      at_time[size_t(n)] = {&dies_after_forward_[size_t(n)], n};
+      at_time[size_t(bwd_t[size_t(n)])] = {&dies_after_backward_[size_t(n)], n};
+      if (rec_t[size_t(n)] >= 0) at_time[size_t(rec_t[size_t(n)])] = {&dies_after_recompute_[size_t(n)], n};
+    }
+    for (size_t r = 0; r < req.size(); ++r)
+      if (req[r].last < t_end && at_time[size_t(req[r].last)].first)
+        at_time[size_t(req[r].last)].first->push_back(Range{act_base + mp.offsets[r], req[r].bytes});
+  }
   forward_data_ = data_;
   swapped_.clear();
   swapped_.reserve(size_t(nv));
   report_.recompute_segments = int(segments_.size());
   workspace_ = Workspace{arena_.at(ws_base), report_.workspace};
   grad_written_.assign(size_t(nv), 0);
-  stash_.configure(std::move(saved), nv, stash_options_.prune_threshold);
+  stash_.configure(std::move(saved), nv, stash_options_.prune_threshold, stash_options_.release_pages);
   report_.stash_region = stash_.region_bytes();
   batch_ = max_batch;  // views have the full batch until a forward says otherwise
 }
@@ -289,6 +304,7 @@ void Executor::plan_segments(const std::vector<int>& first_saver, std::vector<in
 void Executor::set_timing(bool on) {
   timing_ = on;
   rec_s_ = 0;
+  stash_.set_timing(on);
   fwd_s_.assign(size_t(graph_.num_nodes()), 0.0);
   bwd_s_.assign(size_t(graph_.num_nodes()), 0.0);
 }
@@ -320,8 +336,13 @@ void Executor::forward(int64_t batch, bool training) {
     if (timing_) fwd_s_[size_t(n)] += std::chrono::duration<double>(Clock::now() - t0).count();
     if (training)
       for (int id : push_after_[size_t(n)]) stash_.push(id, value(id));
+    if (training) release(dies_after_forward_[size_t(n)]);  // eval forwards read logits only
     if (observer_) observer_->after_forward(n);
   }
+}
+
+void Executor::release(const std::vector<Range>& ranges) {
+  for (const Range& r : ranges) arena_.release(r.offset, r.bytes);
 }
 
 void Executor::restore_views() {
@@ -343,6 +364,7 @@ void Executor::recompute(const Segment& s) {
     OpContext ctx(*this, n);
     graph_.node(n).op->forward(ctx);
     for (int id : push_after_recompute_[size_t(n)]) stash_.push(id, value(id));
+    release(dies_after_recompute_[size_t(n)]);
   }
   recomputing_ = false;
   for (int id : s.external) data_[size_t(id)] = forward_data_[size_t(id)];
@@ -362,6 +384,7 @@ void Executor::backward() {
       if (timing_) bwd_s_[size_t(n)] += std::chrono::duration<double>(Clock::now() - t0).count();
     }
     for (int id : pop_after_[size_t(n)]) stash_.pop(id);
+    release(dies_after_backward_[size_t(n)]);
     if (observer_) observer_->after_backward(n);
   }
   restore_views();

@@ -23,6 +23,9 @@ struct StashOptions {
   // (conv / linear) with the element-wise ops after them; what a segment produces and uses only
   // inside itself is not kept from the forward, the segment's forward runs again before its backward.
   int checkpoint_every = 0;
+  // Hand each planned buffer's pages and the stash's freed pages back to the OS when they die
+  // (memory.release_pages), so USS follows what is live; costs page faults in the next step.
+  bool release_pages = false;
 };
 
 // Per-node hook for profilers (edgetrain memprofile): called after each node's forward / backward.
@@ -100,6 +103,10 @@ class Executor {
   std::vector<std::vector<int>> push_after_recompute_;    // per node: pushed when recomputed
   std::vector<Segment> segments_;
   std::vector<int> segment_ending_at_;                    // per node: segment index or -1
+  // release_pages: arena ranges whose buffer dies at a time step (forward n, recompute, backward).
+  struct Range { size_t offset, bytes; };
+  std::vector<std::vector<Range>> dies_after_forward_, dies_after_recompute_, dies_after_backward_;
+  void release(const std::vector<Range>& ranges);
   std::vector<Tensor> forward_data_, recompute_data_;     // data_ as planned; recompute buffers
   std::vector<int> swapped_;                              // values whose data_ view is swapped
   bool recomputing_ = false;

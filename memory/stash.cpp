@@ -1,6 +1,7 @@
 #include "memory/stash.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cstring>
 
 #include "memory/bitmap.h"
@@ -9,6 +10,9 @@
 namespace et {
 
 namespace {
+using Clock = std::chrono::steady_clock;
+double since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+
 const struct { StashFormat f; const char* name; } kFormats[] = {
     {StashFormat::DenseF32, "dense_fp32"}, {StashFormat::DenseF16, "dense_fp16"},
     {StashFormat::DenseBF16, "dense_bf16"}, {StashFormat::BitmapF32, "bitmap_fp32"},
@@ -51,8 +55,9 @@ std::string stash_format_names() {
   return out;
 }
 
-void Stash::configure(std::vector<SavedValue> saved, int num_values, float prune_threshold) {
+void Stash::configure(std::vector<SavedValue> saved, int num_values, float prune_threshold, bool release_pages) {
   saved_ = std::move(saved);
+  release_pages_ = release_pages;
   prune_threshold_ = prune_threshold;
   index_.assign(size_t(num_values), -1);
   entries_.assign(size_t(num_values), Entry{});
@@ -99,6 +104,7 @@ void Stash::push(int value_id, const Tensor& t) {
     zero_copy_live_ += e.bytes;
     rec.stored_as = "fp32 (zero copy)";
   } else {
+    const auto t0 = timing_ ? Clock::now() : Clock::time_point{};
     void* dst = at(top_);
     if (!s.full) {
       e.stored = Stored::Bits;
@@ -115,9 +121,10 @@ void Stash::push(int value_id, const Tensor& t) {
     } else {
       const bool f16 = s.format == StashFormat::BitmapF16;
       const auto vt = f16 ? bitmap::ValueType::F16 : bitmap::ValueType::F32;
-      const int64_t nnz = bitmap::count_nonzero(x, n, prune_threshold_);
-      const size_t bitmap_b = bitmap::bitmap_bytes(n, nnz, vt);
-      if (s.format == StashFormat::Auto && bitmap_b >= size_t(n) * 4) {
+      // Only auto needs the count before choosing; pack itself counts (one pass fewer).
+      const bool to_dense = s.format == StashFormat::Auto &&
+                            bitmap::bitmap_bytes(n, bitmap::count_nonzero(x, n, prune_threshold_), vt) >= size_t(n) * 4;
+      if (to_dense) {
         std::memcpy(dst, x, size_t(n) * 4);  // dense is smaller: keep an exact copy
         e.stored = Stored::DenseF32;
         e.bytes = size_t(n) * 4;
@@ -128,12 +135,13 @@ void Stash::push(int value_id, const Tensor& t) {
         void* values = bits + bitmap::num_words(n);
         e.nonzero = bitmap::pack(x, n, prune_threshold_, bits, values, vt);
         e.stored = f16 ? Stored::BitmapF16 : Stored::BitmapF32;
-        e.bytes = bitmap_b;
+        e.bytes = bitmap::bitmap_bytes(n, e.nonzero, vt);
         rec.stored_as = f16 ? "bitmap+fp16" : "bitmap+fp32";
       }
     }
     top_ += Arena::align_up(e.bytes);
     ET_CHECK(top_ <= region_.size(), "stash region overflow at value ", value_id);
+    if (timing_) pack_s_ += since(t0);
   }
   rec.bytes = e.bytes;
   rec.nonzero = e.stored == Stored::ZeroCopy ? -1 : e.nonzero;
@@ -150,6 +158,7 @@ Tensor Stash::get(int value_id) {
   Tensor out = s.unpack;
   out.shape = e.view.shape;  // the current batch
   if (!e.decoded) {
+    const auto t0 = timing_ ? Clock::now() : Clock::time_point{};
     const void* src = at(e.offset);
     float* y = out.f32();
     switch (e.stored) {
@@ -166,6 +175,7 @@ Tensor Stash::get(int value_id) {
       default: ET_CHECK(false, "unreachable");
     }
     e.decoded = true;
+    if (timing_) unpack_s_ += since(t0);
   }
   return out;
 }
@@ -193,6 +203,7 @@ void Stash::pop(int value_id) {
   if (e.stored == Stored::ZeroCopy) zero_copy_live_ -= e.bytes;
   e = Entry{};
   stack_.erase(std::next(it).base());
+  const size_t old_top = top_;
   top_ = 0;
   for (auto j = stack_.rbegin(); j != stack_.rend(); ++j) {
     const Entry& f = entries_[size_t(*j)];
@@ -201,6 +212,7 @@ void Stash::pop(int value_id) {
       break;
     }
   }
+  if (release_pages_ && top_ < old_top) region_.release(top_, old_top - top_);
 }
 
 }  // namespace et

@@ -48,7 +48,8 @@ class Stash {
  public:
   // Sizes the region for `saved` (worst case: everything pushed at once, as at the end of a
   // forward). Outside the step: allocates.
-  void configure(std::vector<SavedValue> saved, int num_values, float prune_threshold);
+  // `release_pages`: pages above the top go back to the OS as values are popped.
+  void configure(std::vector<SavedValue> saved, int num_values, float prune_threshold, bool release_pages = false);
   bool zero_copy(int value_id) const;
 
   void clear();  // drops everything (a new training forward)
@@ -62,6 +63,10 @@ class Stash {
   void reset_peak() { peak_ = live_bytes(); }
   size_t region_bytes() const { return region_.size(); }
   const StashRecord& record(int value_id) const { return records_[size_t(value_id)]; }
+  // Wall time spent compressing (push) and decoding (get) while enabled, in seconds.
+  void set_timing(bool on) { timing_ = on; pack_s_ = unpack_s_ = 0; }
+  double pack_seconds() const { return pack_s_; }
+  double unpack_seconds() const { return unpack_s_; }
 
  private:
   enum class Stored : uint8_t { None, ZeroCopy, DenseF32, DenseF16, DenseBF16, Bits, BitmapF32, BitmapF16 };
@@ -83,6 +88,8 @@ class Stash {
   Arena region_;
   float prune_threshold_ = 0.f;
   size_t top_ = 0, peak_ = 0, zero_copy_live_ = 0;
+  bool timing_ = false, release_pages_ = false;
+  double pack_s_ = 0, unpack_s_ = 0;
 };
 
 }  // namespace et
