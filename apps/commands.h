@@ -29,6 +29,15 @@ struct BenchStepArgs {
 };
 int cmd_bench_step(const BenchStepArgs& a);
 
+struct MemProfileArgs {
+  std::string config, checkpoint, out;
+  std::vector<std::string> sets;
+  int steps = 2;            // the last one is profiled
+  bool synthetic = false;   // N(0,1) images instead of a batch of the config's data
+  bool keep_pages = false;  // do not set memory.release_pages (USS then keeps the step's high water)
+};
+int cmd_memprofile(const MemProfileArgs& a);
+
 struct BenchBitmapArgs {
   int reps = 15, threads = 0;  // threads 0 = the codec default (OpenMP threads)
   uint64_t seed = 1;

@@ -1,4 +1,4 @@
-// edgetrain command line: train / eval / bench step.
+// edgetrain command line: train / eval / memprofile / bench step / bench bitmap.
 #include <CLI/CLI.hpp>
 #include <cstdio>
 
@@ -25,6 +25,16 @@ int main(int argc, char** argv) {
   e->add_option("--checkpoint", eval.checkpoint, "checkpoint file")->required();
   e->add_option("--set", eval.sets, "override a config key: dotted.key=value (repeatable)");
 
+  MemProfileArgs mp;
+  auto* m = app.add_subcommand("memprofile", "per-layer memory of a training step: stash formats, sparsity, USS");
+  m->add_option("--config", mp.config, "config file (JSON)")->required();
+  m->add_option("--set", mp.sets, "override a config key: dotted.key=value (repeatable)");
+  m->add_option("--checkpoint", mp.checkpoint, "profile these weights (default: the initialisation)");
+  m->add_option("--out", mp.out, "folder for memprofile.json and memprofile.svg (default runs/memprofile-<model>-<time>)");
+  m->add_option("--steps", mp.steps, "training steps; the last one is profiled")->check(CLI::Range(1, 1000));
+  m->add_flag("--synthetic", mp.synthetic, "N(0,1) images instead of a batch of the config's data");
+  m->add_flag("--keep-pages", mp.keep_pages, "do not release dead pages during the step (memory.release_pages)");
+
   auto* b = app.add_subcommand("bench", "benchmarks");
   b->require_subcommand(1);
   BenchStepArgs step;
@@ -45,6 +55,7 @@ int main(int argc, char** argv) {
   try {
     if (*t) return cmd_train(train);
     if (*e) return cmd_eval(eval);
+    if (*m) return cmd_memprofile(mp);
     if (*bs) return cmd_bench_step(step);
     if (*bb) return cmd_bench_bitmap(bitmap);
   } catch (const et::UserError& err) {

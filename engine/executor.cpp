@@ -341,6 +341,12 @@ void Executor::forward(int64_t batch, bool training) {
   }
 }
 
+std::vector<int> Executor::stashed_by(int node) const {
+  std::vector<int> ids = push_after_[size_t(node)];
+  ids.insert(ids.end(), push_after_recompute_[size_t(node)].begin(), push_after_recompute_[size_t(node)].end());
+  return ids;
+}
+
 void Executor::release(const std::vector<Range>& ranges) {
   for (const Range& r : ranges) arena_.release(r.offset, r.bytes);
 }

@@ -80,6 +80,8 @@ class Executor {
   Stash& stash() { return stash_; }
   const Stash& stash() const { return stash_; }
   int64_t batch() const { return batch_; }
+  // Values the stash takes after node n's forward (or its recompute), for profiles.
+  std::vector<int> stashed_by(int node) const;
 
  private:
   friend class OpContext;

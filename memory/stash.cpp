@@ -144,7 +144,7 @@ void Stash::push(int value_id, const Tensor& t) {
     if (timing_) pack_s_ += since(t0);
   }
   rec.bytes = e.bytes;
-  rec.nonzero = e.stored == Stored::ZeroCopy ? -1 : e.nonzero;
+  rec.nonzero = e.stored != Stored::ZeroCopy ? e.nonzero : count_zero_copy_ ? bitmap::count_nonzero(x, n, 0.f) : -1;
   stack_.push_back(value_id);
   peak_ = std::max(peak_, live_bytes());
 }

@@ -41,7 +41,7 @@ struct SavedValue {
 struct StashRecord {
   const char* stored_as = "";  // "fp32 (zero copy)", "bitmap+fp32", "bits (mask)", ...
   size_t bytes = 0;            // bytes in the stash region (zero-copy: the forward buffer's)
-  int64_t numel = 0, nonzero = 0;
+  int64_t numel = 0, nonzero = 0;  // nonzero -1: not counted (zero copy outside a profile)
 };
 
 class Stash {
@@ -65,6 +65,8 @@ class Stash {
   const StashRecord& record(int value_id) const { return records_[size_t(value_id)]; }
   // Wall time spent compressing (push) and decoding (get) while enabled, in seconds.
   void set_timing(bool on) { timing_ = on; pack_s_ = unpack_s_ = 0; }
+  // Profilers: count the non-zeros of zero-copy values too (a pass over them; off in training).
+  void set_count_zero_copy(bool on) { count_zero_copy_ = on; }
   double pack_seconds() const { return pack_s_; }
   double unpack_seconds() const { return unpack_s_; }
 
@@ -88,7 +90,7 @@ class Stash {
   Arena region_;
   float prune_threshold_ = 0.f;
   size_t top_ = 0, peak_ = 0, zero_copy_live_ = 0;
-  bool timing_ = false, release_pages_ = false;
+  bool timing_ = false, release_pages_ = false, count_zero_copy_ = false;
   double pack_s_ = 0, unpack_s_ = 0;
 };
 

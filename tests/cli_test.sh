@@ -69,5 +69,14 @@ head -c 5000 "$T/full/checkpoint_last.ckpt" >"$T/trunc.ckpt"
 expect_error "truncated checkpoint" "$T/trunc.ckpt" "$BIN" eval --config "$T/cfg.json" --checkpoint "$T/trunc.ckpt"
 expect_error "bench without config" "--config" "$BIN" bench step
 
+# --- memprofile: per-layer table, JSON and SVG from a real batch with trained weights
+"$BIN" memprofile --config "$T/cfg.json" --checkpoint "$T/full/checkpoint_last.ckpt" --set memory.stash=bitmap_fp32 \
+  --set memory.checkpoint_every=1 --out "$T/mp" >"$T/mp.log" 2>&1 && pass "memprofile" || fail "memprofile: $(tail -3 "$T/mp.log")"
+grep -q "layer1.0.relu1" "$T/mp.log" && grep -q "bitmap+fp32" "$T/mp.log" && pass "memprofile table" || fail "memprofile table"
+[ -s "$T/mp/memprofile.svg" ] && grep -q '"uss_after_backward_mb"' "$T/mp/memprofile.json" && pass "memprofile files" || fail "memprofile files"
+expect_error "memprofile over an existing profile" "memprofile.json" "$BIN" memprofile --config "$T/cfg.json" --out "$T/mp"
+expect_error "checkpoint_every out of range" "memory.checkpoint_every" "$BIN" memprofile --config "$T/cfg.json" --set memory.checkpoint_every=-1 --out "$T/mp2"
+expect_error "unknown stash format" "memory.stash" "$BIN" memprofile --config "$T/cfg.json" --set memory.stash=bitmap_fp8 --out "$T/mp3"
+
 echo "$fails failure(s)"
 [ $fails -eq 0 ]
