@@ -82,6 +82,8 @@ class Backend {
   // ---- element-wise
   virtual void relu_forward(const Tensor& x, Tensor& y) = 0;
   virtual void relu_backward(const Tensor& dy, const MaskView& mask, Tensor& dx, bool accumulate) = 0;
+  // y[i] = 0 where ref[i] == 0 (double-mask BN: the input's zeros mask the output and its gradient).
+  virtual void zero_where_zero(const Tensor& ref, Tensor& y) = 0;
   virtual void add_forward(const Tensor& a, const Tensor& b, Tensor& y) = 0;
   // dst (+)= src
   virtual void accumulate_grad(const Tensor& src, Tensor& dst, bool accumulate) = 0;

@@ -252,6 +252,7 @@ Config parse_config(const json& j, const std::string& source) {
   mem.get("prune_threshold", c.memory.prune_threshold);
   mem.get("checkpoint_every", c.memory.checkpoint_every);
   mem.get("release_pages", c.memory.release_pages);
+  mem.get("double_mask_bn", c.memory.double_mask_bn);
   mem.get_string_map("layers", c.memory.layers);
   mem.finish();
   StashFormat sf;
@@ -265,6 +266,7 @@ Config parse_config(const json& j, const std::string& source) {
   require(c.memory.checkpoint_every >= 0, mem, "checkpoint_every", c.memory.checkpoint_every,
           "must be >= 0 (0 = no recomputation, m = keep one layer in m)");
   c.model.label_smoothing = tr.label_smoothing;
+  c.model.double_mask_bn = c.memory.double_mask_bn;
   c.model.batch = tr.batch_size;
   top.finish();
   return c;
@@ -316,7 +318,8 @@ json Config::resolved() const {
   for (const auto& [layer, f] : memory.layers) layers[layer] = f;
   j["memory"] = {{"stash", memory.stash}, {"layers", layers}, {"prune_threshold", memory.prune_threshold},
                  {"checkpoint_every", memory.checkpoint_every},
-                 {"release_pages", memory.release_pages}};
+                 {"release_pages", memory.release_pages},
+                 {"double_mask_bn", memory.double_mask_bn}};
   return j;
 }
 

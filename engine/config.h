@@ -56,6 +56,7 @@ struct MemoryConfig {
   float prune_threshold = 0.f;       // BitTrain activation pruning of stashed values (lossy); 0 = exact
   int checkpoint_every = 0;          // recompute segments of this many conv/linear layers; 0 = off
   bool release_pages = false;        // return dead buffers' pages to the OS during the step
+  bool double_mask_bn = false;       // BN output masked by its input's zeros (lossy; layers/batchnorm.cpp)
 };
 
 struct Config {

@@ -65,6 +65,11 @@ class Graph {
   int batch_size() const { return batch_; }
   void set_batch_size(int n) { batch_ = n; }
 
+  // Options op builders read while the model is built (from the config).
+  struct BuildOptions {
+    bool double_mask_bn = false;  // memory.double_mask_bn: BN output and gradient masked by x's zeros
+  } build;
+
   // Marked by the model builder.
   int image_input = -1, label_input = -1, logits = -1, loss = -1;
 

@@ -1,6 +1,9 @@
 // batchnorm2d over N,H,W per channel. Inputs: x, gamma, beta, running_mean, running_var.
 // Training: batch statistics (mean / invstd kept as aux for backward), running statistics updated;
 // evaluation: running statistics. Saves x: BN backward needs x_hat for every element.
+// Double mask (Liu et al., Dynamic Sparse Graph; memory.double_mask_bn, lossy: it changes the
+// function): y = BN(x) where x != 0, else 0, so a sparse input gives an equally sparse output (and
+// saved tensors downstream compress as well as x). The gradient is masked the same way.
 #include <memory>
 
 #include "layers/layers.h"
@@ -10,7 +13,7 @@ namespace {
 
 class BatchNormOp final : public Op {
  public:
-  BatchNormOp(float momentum, float eps) : momentum_(momentum), eps_(eps) {}
+  BatchNormOp(float momentum, float eps, bool double_mask) : momentum_(momentum), eps_(eps), double_mask_(double_mask) {}
   const char* type() const override { return "batchnorm2d"; }
   OpClass op_class() const override { return OpClass::Normalize; }
   std::vector<SaveSpec> saves() const override { return {{0, SaveKind::Full}}; }
@@ -26,17 +29,22 @@ class BatchNormOp final : public Op {
     } else {
       ctx.backend().batchnorm_forward_eval(ctx.input(0), ctx.input(1), ctx.input(2), rm, rv, eps_, y);
     }
+    if (double_mask_) ctx.backend().zero_where_zero(ctx.input(0), y);
   }
 
   void backward(OpContext& ctx) override {
     GradOut dx = ctx.grad_input(0), dg = ctx.grad_input(1), db = ctx.grad_input(2);
     Tensor dxt = dx.wanted ? dx.t : Tensor{};
-    ctx.backend().batchnorm_backward(ctx.grad_output(), ctx.saved(0), ctx.input(1), ctx.aux(0), ctx.aux(1), dxt,
+    const Tensor x = ctx.saved(0);
+    Tensor dy = ctx.grad_output();
+    if (double_mask_) ctx.backend().zero_where_zero(x, dy);  // dy is this node's alone: masked in place
+    ctx.backend().batchnorm_backward(dy, x, ctx.input(1), ctx.aux(0), ctx.aux(1), dxt,
                                      dx.accumulate, dg.t, db.t, dg.accumulate);
   }
 
  private:
   float momentum_, eps_;
+  bool double_mask_;
 };
 
 }  // namespace
@@ -63,7 +71,7 @@ int batchnorm2d(Graph& g, int x, const std::string& name, float momentum, float 
   mean.shape = Shape{c};
   invstd.name = name + ".batch_invstd";
   invstd.shape = Shape{c};
-  return g.add_node(name, std::make_unique<BatchNormOp>(momentum, eps), {x, gamma, beta, rm, rv},
+  return g.add_node(name, std::make_unique<BatchNormOp>(momentum, eps, g.build.double_mask_bn), {x, gamma, beta, rm, rv},
                     activation(name, shape), {mean, invstd});
 }
 

@@ -16,6 +16,7 @@ struct ModelSpec {
   int64_t batch = 128;
   float label_smoothing = 0.f;
   float dropout = 0.f;  // before the classifier (VGG, MobileNetV2); 0 = none
+  bool double_mask_bn = false;  // memory.double_mask_bn (layers/batchnorm.cpp)
 };
 
 // Builds the model into an empty graph; throws UserError for an unknown name (listing known ones).

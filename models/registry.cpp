@@ -47,6 +47,7 @@ void build_model(Graph& g, const ModelSpec& spec) {
     user_error("unknown model '", spec.name, "' (known: ", known, ")");
   }
   if (spec.num_classes < 2) user_error("model.num_classes must be at least 2, got ", spec.num_classes);
+  g.build.double_mask_bn = spec.double_mask_bn;
   const int x = image_input(g, spec.batch, spec.channels, spec.height, spec.width);
   const int labels = label_input(g, spec.batch);
   const int logits = it->second(g, x, spec);

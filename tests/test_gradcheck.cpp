@@ -283,6 +283,26 @@ TEST_CASE("gradcheck: batchnorm2d (training mode)", "[gradcheck]") {
   }
 }
 
+TEST_CASE("gradcheck: batchnorm2d with double mask (memory.double_mask_bn)", "[gradcheck]") {
+  // relu -> bn: the BN input is sparse; the masked function y = BN(x) * (x != 0) is differentiable
+  // away from the relu kink, and its output is zero wherever x is.
+  Net net(4, 3, 3, 3, [](Graph& g, int x) {
+    g.build.double_mask_bn = true;
+    return batchnorm2d(g, relu(g, x, "relu"), "bn");
+  });
+  net.fill_images_normal(5 * kEps);
+  net.check_all();
+  net.ex->forward(net.N, true);
+  const Tensor in = net.ex->value(net.g.find_value("relu")), out = net.ex->value(net.g.find_value("bn"));
+  int64_t zeros = 0, kept = 0;
+  for (int64_t i = 0; i < in.numel(); ++i) {
+    zeros += in.f32()[i] == 0.f;
+    kept += in.f32()[i] == 0.f ? out.f32()[i] == 0.f : out.f32()[i] != 0.f;
+  }
+  CHECK(zeros > in.numel() / 4);
+  CHECK(kept == in.numel());
+}
+
 TEST_CASE("gradcheck: relu", "[gradcheck]") {
   Net net(2, 3, 4, 4, [](Graph& g, int x) { return relu(g, x, "relu"); });
   net.fill_images_normal(5 * kEps);  // no input within 5 eps of the kink

@@ -40,6 +40,7 @@ class CpuBackend final : public Backend {
 
   void relu_forward(const Tensor& x, Tensor& y) override;
   void relu_backward(const Tensor& dy, const MaskView& mask, Tensor& dx, bool accumulate) override;
+  void zero_where_zero(const Tensor& ref, Tensor& y) override;
   void add_forward(const Tensor& a, const Tensor& b, Tensor& y) override;
   void accumulate_grad(const Tensor& src, Tensor& dst, bool accumulate) override;
   void dropout_forward(const Tensor& x, float p, uint64_t seed, Tensor& y) override;

@@ -26,6 +26,15 @@ void CpuBackend::fill(Tensor& t, float value) {
   for (int64_t i = 0; i < n; ++i) p[i] = value;
 }
 
+void CpuBackend::zero_where_zero(const Tensor& ref, Tensor& y) {
+  ET_CHECK(ref.numel() == y.numel() && ref.is_contiguous() && y.is_contiguous());
+  const float* r = ref.f32();
+  float* p = y.f32();
+  const int64_t n = y.numel();
+#pragma omp parallel for simd schedule(static)
+  for (int64_t i = 0; i < n; ++i) p[i] = r[i] == 0.f ? 0.f : p[i];
+}
+
 void CpuBackend::copy(const Tensor& src, Tensor& dst) {
   ET_CHECK(src.nbytes() == dst.nbytes() && src.is_contiguous() && dst.is_contiguous());
   std::memcpy(dst.data, src.data, src.nbytes());
