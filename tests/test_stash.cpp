@@ -70,7 +70,7 @@ double max_rel_diff(const std::vector<float>& a, const std::vector<float>& b) {
 }  // namespace
 
 TEST_CASE("exact stash formats are bit-identical to dense fp32", "[stash]") {
-  for (const char* model : {"resnet8", "vgg11_bn", "mobilenetv2"}) {
+  for (const char* model : {"resnet20", "vgg16_bn", "vgg16", "mobilenetv2"}) {
     INFO(model);
     const Run dense = train(model, with(StashFormat::DenseF32));
     for (StashFormat f : {StashFormat::BitmapF32, StashFormat::Auto}) {
