@@ -242,6 +242,8 @@ def main():
     ap.add_argument("--warmup", type=int, default=None, help="untimed steps first (default 3 for the CIFAR ResNets, else 1)")
     ap.add_argument("--threads", type=int, default=2, help="threads for both engines (default 2)")
     ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                    help="extra config override for edgetrain, e.g. memory.stash=bitmap_fp16 (repeatable)")
     ap.add_argument("--edgetrain", default=os.path.join(ROOT, "build", "edgetrain"), help="engine binary")
     ap.add_argument("--no-jemalloc", action="store_true", help="skip the torch+jemalloc runs")
     ap.add_argument("--malloc-conf", default=None, help="MALLOC_CONF for the jemalloc run (default: jemalloc's defaults)")
@@ -292,7 +294,8 @@ def main():
                 "edgetrain": ([a.edgetrain, "bench", "step", "--config", config_for(model), "--steps", str(steps),
                                "--warmup", str(warmup), "--set", "model.name=" + model,
                                "--set", "train.batch_size=%d" % batch, "--set", "train.threads=%d" % a.threads,
-                               "--set", "train.seed=%d" % a.seed], base_env),
+                               "--set", "train.seed=%d" % a.seed] + [x for kv in a.set for x in ("--set", kv)],
+                              base_env),
                 "torch": ([sys.executable, os.path.abspath(__file__), "--torch-worker", model, str(batch), str(steps),
                            "--warmup", str(warmup), "--threads", str(a.threads), "--seed", str(a.seed)], base_env),
             }

@@ -46,7 +46,8 @@ void operator delete[](void* p, size_t) noexcept { std::free(p); }
 
 using namespace et;
 
-static long allocations_in_steps(const std::string& model, int64_t batch, StashFormat stash = StashFormat::DenseF32) {
+static long allocations_in_steps(const std::string& model, int64_t batch, StashFormat stash = StashFormat::DenseF32,
+                                 int checkpoint_every = 0, bool release_pages = false) {
   Graph g;
   ModelSpec spec;
   spec.name = model;
@@ -55,6 +56,8 @@ static long allocations_in_steps(const std::string& model, int64_t batch, StashF
   auto be = make_cpu_backend();
   StashOptions opt;
   opt.format = stash;
+  opt.checkpoint_every = checkpoint_every;
+  opt.release_pages = release_pages;
   Executor ex(g, *be, 1, opt);
   init_parameters(ex, 3);
   Tensor x = ex.value(g.image_input);
@@ -94,4 +97,6 @@ TEST_CASE("training steps after the first allocate nothing", "[memory]") {
   CHECK(allocations_in_steps("resnet8", 16, StashFormat::BitmapF16) == 0);
   CHECK(allocations_in_steps("resnet8", 16, StashFormat::Auto) == 0);
   CHECK(allocations_in_steps("resnet8", 16, StashFormat::DenseBF16) == 0);
+  CHECK(allocations_in_steps("resnet8", 16, StashFormat::BitmapF16, 1, true) == 0);  // recompute, release
+  CHECK(allocations_in_steps("mobilenetv2", 4, StashFormat::BitmapF32, 2) == 0);
 }
