@@ -202,7 +202,19 @@ void Executor::plan() {
   const size_t act_base = persistent;
   const size_t ws_base = act_base + mp.total_bytes;
   report_.total = ws_base + report_.workspace;
-  arena_.reserve(report_.total, "the training step of this model");
+  {
+    // Named in the out-of-memory message: the layer with the largest planned buffer.
+    size_t largest = 0;
+    int largest_id = -1;
+    for (size_t r = 0; r < req.size(); ++r)
+      if (req[r].bytes > largest) largest = req[r].bytes, largest_id = owner[r].first;
+    std::string what = "the training step of this model (parameters, optimizer state and inputs " + std::to_string(persistent) + " bytes, activations " +
+                       std::to_string(mp.total_bytes) + ", workspace " + std::to_string(report_.workspace) + ")";
+    if (largest_id >= 0)
+      what += "; its largest buffer is layer '" + graph_.value(largest_id).name + "' output, " +
+              std::to_string(largest) + " bytes";
+    arena_.reserve(report_.total, what);
+  }
 
   data_.assign(size_t(nv), Tensor{});
   grads_.assign(size_t(nv), Tensor{});
