@@ -1,6 +1,7 @@
 #include "engine/executor.h"
 
 #include <algorithm>
+#include <cstdint>
 #include <chrono>
 #include <cstring>
 
@@ -129,6 +130,31 @@ void Executor::plan() {
   std::vector<size_t> slot_offset(size_t(nv), 0);
   auto bytes_of = [&](const Value& v) { return size_t(v.shape.numel()) * dtype_size(v.dtype); };
 
+  // Activation gradients shared in place (Op::grad_in_place): an input whose only consumer may
+  // overwrite the output gradient with it uses the output gradient's buffer; chains (conv -> bn ->
+  // relu) collapse to one buffer. grad_parent links a value to its consumer's output.
+  std::vector<int> grad_parent(size_t(nv), -1);
+  for (int n = 0; n < nn; ++n) {
+    const Node& node = graph_.node(n);
+    const Value& out = graph_.value(node.output);
+    if (!needs_backward_[size_t(n)] || out.kind != ValueKind::Activation) continue;
+    for (size_t i = 0; i < node.inputs.size(); ++i) {
+      const int in = node.inputs[i];
+      const Value& v = graph_.value(in);
+      if (v.kind != ValueKind::Activation || !v.needs_grad || v.consumers.size() != 1 ||
+          v.shape.numel() != out.shape.numel() || !node.op->grad_in_place(int(i)))
+        continue;
+      grad_parent[size_t(in)] = node.output;
+      break;  // one input per node shares the output gradient
+    }
+  }
+  auto grad_root = [&](int id) {
+    while (grad_parent[size_t(id)] >= 0) id = grad_parent[size_t(id)];
+    return id;
+  };
+  struct GradSpan { int first = INT32_MAX, last = -1; size_t bytes = 0; };
+  std::vector<GradSpan> grad_span(static_cast<size_t>(nv));
+
   std::vector<BufferRequest> req;
   enum Role { Data, Grad, Unpack, Recompute };
   std::vector<std::pair<int, Role>> owner;  // (value, role) per request
@@ -172,10 +198,12 @@ void Executor::plan() {
           report_.recompute += bytes;
         }
         if (v.needs_grad && v.kind == ValueKind::Activation) {
-          int first = bwd_t[size_t(p)];
-          for (int c : v.consumers) first = std::min(first, bwd_t[size_t(c)]);
-          req.push_back({bytes, first, bwd_t[size_t(p)]});
-          owner.emplace_back(id, Grad);
+          // Lifetimes of a shared gradient buffer merge into its root's request (below).
+          GradSpan& g = grad_span[size_t(grad_root(id))];
+          g.first = std::min(g.first, bwd_t[size_t(p)]);
+          for (int c : v.consumers) g.first = std::min(g.first, bwd_t[size_t(c)]);
+          g.last = std::max(g.last, bwd_t[size_t(p)]);
+          g.bytes = bytes;
         }
         if (sv && sv->full && !zero_copy) {
           // Decoded by the first reader: the last saver's backward, or a recomputed segment.
@@ -192,6 +220,11 @@ void Executor::plan() {
       }
     }
   }
+  for (int id = 0; id < nv; ++id)
+    if (grad_span[size_t(id)].last >= 0) {
+      req.push_back({grad_span[size_t(id)].bytes, grad_span[size_t(id)].first, grad_span[size_t(id)].last});
+      owner.emplace_back(id, Grad);
+    }
   size_t ws = 0;
   for (int n = 0; n < nn; ++n) ws = std::max(ws, graph_.node(n).op->workspace_bytes(backend_, max_batch));
   report_.workspace = Arena::align_up(ws);
@@ -237,7 +270,7 @@ void Executor::plan() {
     Tensor t = Tensor::contiguous(arena_.at(act_base + mp.offsets[r]), v.shape, v.dtype);
     switch (role) {
       case Data: data_[size_t(id)] = t; break;
-      case Grad: grads_[size_t(id)] = t; break;
+      case Grad: break;  // below: every value of the group gets a view with its own shape
       case Unpack: saved_index(id)->unpack = t; break;
       case Recompute: recompute_data_[size_t(id)] = t; break;
     }
@@ -256,6 +289,14 @@ void Executor::plan() {
     for (size_t r = 0; r < req.size(); ++r)
       if (req[r].last < t_end && at_time[size_t(req[r].last)].first)
         at_time[size_t(req[r].last)].first->push_back(Range{act_base + mp.offsets[r], req[r].bytes});
+  }
+  std::vector<void*> grad_memory(size_t(nv), nullptr);
+  for (size_t r = 0; r < req.size(); ++r)
+    if (owner[r].second == Grad) grad_memory[size_t(owner[r].first)] = arena_.at(act_base + mp.offsets[r]);
+  for (int id = 0; id < nv; ++id) {
+    const Value& v = graph_.value(id);
+    if (v.needs_grad && v.kind == ValueKind::Activation)
+      grads_[size_t(id)] = Tensor::contiguous(grad_memory[size_t(grad_root(id))], v.shape, v.dtype);
   }
   forward_data_ = data_;
   swapped_.clear();

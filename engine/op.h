@@ -40,6 +40,10 @@ class Op {
   virtual size_t workspace_bytes(const Backend& backend, int64_t batch) const { return 0; }
   // True if the output may share memory with input 0 (pure reshapes).
   virtual bool output_aliases_input() const { return false; }
+  // True if backward may write input i's gradient over the output gradient it reads (element-wise
+  // backward that reads dy[j] before writing dx[j]): the executor then gives both one buffer when
+  // this op is the input's only consumer. The op still sees two tensors (maybe one memory).
+  virtual bool grad_in_place(int input) const { return false; }
   virtual void forward(OpContext& ctx) = 0;
   virtual void backward(OpContext& ctx) = 0;
 };

@@ -12,6 +12,7 @@ class ReluOp final : public Op {
   const char* type() const override { return "relu"; }
   OpClass op_class() const override { return OpClass::Elementwise; }
   std::vector<SaveSpec> saves() const override { return {{-1, SaveKind::Mask}}; }
+  bool grad_in_place(int) const override { return true; }
 
   // y = max(x, 0)
   void forward(OpContext& ctx) override {

@@ -17,6 +17,8 @@ class BatchNormOp final : public Op {
   const char* type() const override { return "batchnorm2d"; }
   OpClass op_class() const override { return OpClass::Normalize; }
   std::vector<SaveSpec> saves() const override { return {{0, SaveKind::Full}}; }
+  // The kernel reduces dy per channel first, then writes dx element by element.
+  bool grad_in_place(int input) const override { return input == 0; }
 
   void forward(OpContext& ctx) override {
     Tensor y = ctx.output();

@@ -114,7 +114,27 @@ struct Region {
   const char* lo;
   const char* hi;
   int first, last;
+  int grad_group = -1;  // activation gradients: the value whose gradient buffer they share in place
 };
+
+// Gradients meant to share memory (Op::grad_in_place): x's only consumer declares that x's gradient
+// may overwrite its output's; follow such links to the end of the chain.
+int grad_group(const Graph& g, int id) {
+  for (;;) {
+    const Value& v = g.value(id);
+    if (v.consumers.size() != 1) return id;
+    const Node& c = g.node(v.consumers[0]);
+    int shared = -1;
+    for (size_t i = 0; i < c.inputs.size() && shared < 0; ++i) {
+      const Value& in = g.value(c.inputs[i]);
+      if (in.kind == ValueKind::Activation && in.needs_grad && in.consumers.size() == 1 &&
+          in.shape.numel() == g.value(c.output).shape.numel() && c.op->grad_in_place(int(i)))
+        shared = c.inputs[i];
+    }
+    if (shared != id) return id;
+    id = c.output;
+  }
+}
 
 std::vector<Region> live_regions(Executor& ex) {
   const Graph& g = ex.graph();
@@ -158,6 +178,7 @@ std::vector<Region> live_regions(Executor& ex) {
           int first = bwd(v.producer);
           for (int c : v.consumers) first = std::min(first, bwd(c));
           add("grad " + v.name, ex.grad(id), v, first, bwd(v.producer));
+          out.back().grad_group = grad_group(g, id);
         }
         break;
       }
@@ -175,7 +196,7 @@ void check_executor_layout(Graph& g) {
   const MemoryReport& m = ex.memory();
   // Workspace sits at the end of the arena: nothing else may reach into it.
   const char* ws = base + (m.total - m.workspace);
-  size_t collisions = 0, checked = 0;
+  size_t collisions = 0, checked = 0, shared = 0;
   for (const Region& x : r) {
     INFO(x.what);
     CHECK(x.hi <= ws);
@@ -185,6 +206,11 @@ void check_executor_layout(Graph& g) {
       const Region &a = r[i], &b = r[j];
       if (a.hi == a.lo || b.hi == b.lo || a.last < b.first || b.last < a.first) continue;
       ++checked;
+      if (a.grad_group >= 0 && a.grad_group == b.grad_group) {  // one buffer by design: exactly the same
+        ++shared;
+        CHECK((a.lo == b.lo && a.hi == b.hi));
+        continue;
+      }
       if (a.lo < b.hi && b.lo < a.hi) {
         ++collisions;
         FAIL_CHECK(a.what << " [" << a.first << ", " << a.last << "] and " << b.what << " [" << b.first << ", "
@@ -193,6 +219,7 @@ void check_executor_layout(Graph& g) {
     }
   INFO(r.size() << " buffers, " << checked << " pairs alive together");
   CHECK(checked > 0);
+  CHECK(shared > 0);  // relu / BN / add gradients do share in place
   CHECK(collisions == 0);
   // And the plan does reuse memory (else the check above would be vacuous).
   CHECK(m.activations_planned < m.activations_unplanned);
