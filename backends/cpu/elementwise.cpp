@@ -1,6 +1,10 @@
 // Element-wise kernels on CPU: fill, copy, relu, add, gradient accumulation, dropout.
 // Flat loops over contiguous tensors, split over threads; the compiler vectorises them (-O3, target ISA).
+#include <algorithm>
 #include <cstring>
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#endif
 
 #include "backends/cpu/cpu_backend.h"
 
@@ -53,11 +57,28 @@ void CpuBackend::relu_backward(const Tensor& dy, const MaskView& mask, Tensor& d
   float* o = dx.f32();
   const int64_t n = dy.numel();
   if (mask.bits) {
+    // One mask word per 64 elements; AVX-512 applies it 16 lanes at a time as a load mask.
+    // dx may be dy itself (gradients shared in place): each element is read before it is written.
     const uint64_t* bits = mask.bits;
+    const int64_t words = (n + 63) / 64;
 #pragma omp parallel for schedule(static)
-    for (int64_t i = 0; i < n; ++i) {
-      const float v = (bits[i >> 6] >> (i & 63)) & 1 ? d[i] : 0.f;
-      o[i] = accumulate ? o[i] + v : v;
+    for (int64_t w = 0; w < words; ++w) {
+      const int64_t i0 = w * 64, count = std::min<int64_t>(64, n - i0);
+      const uint64_t m = bits[w];
+#if defined(__AVX512F__)
+      if (count == 64) {
+        for (int j = 0; j < 4; ++j) {
+          const __m512 v = _mm512_maskz_loadu_ps(__mmask16(m >> (16 * j)), d + i0 + 16 * j);
+          float* out = o + i0 + 16 * j;
+          _mm512_storeu_ps(out, accumulate ? _mm512_add_ps(_mm512_loadu_ps(out), v) : v);
+        }
+        continue;
+      }
+#endif
+      for (int64_t t = 0; t < count; ++t) {
+        const float v = (m >> t) & 1 ? d[i0 + t] : 0.f;
+        o[i0 + t] = accumulate ? o[i0 + t] + v : v;
+      }
     }
     return;
   }
