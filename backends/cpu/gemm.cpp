@@ -261,6 +261,31 @@ void sgemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float al
   else run(gemm_blocked<VNative, kMR, kNV>);
 }
 
+GemmTile sgemm_tile() { return scalar_forced() ? GemmTile{kScalarMR, 16 * kScalarNV} : GemmTile{kMR, 16 * kNV}; }
+
+namespace {
+template <class V, int MR, int NV>
+void packed_rows_cols(int64_t mc, int64_t nc, int64_t kc, const float* a, int64_t a_stride, const float* b,
+                      bool accumulate, float* c, int64_t ldc) {
+  constexpr int NR = 16 * NV;
+  static const KernelTable<V, MR, NV, false> table;
+  for (int64_t ir = 0; ir < mc; ir += MR) {  // rows outer, as gemm_blocked (A sliver stays in L1)
+    const int64_t mr = std::min<int64_t>(MR, mc - ir);
+    for (int64_t jr = 0; jr < nc; jr += NR) {
+      const int64_t ncols = std::min<int64_t>(NR, nc - jr), nv = (ncols + 15) / 16;
+      table.k[mr - 1][nv - 1](kc, a + ir / MR * a_stride, b + jr * kc, c + ir * ldc + jr, ldc, ncols, 1.f,
+                              accumulate ? 1.f : 0.f);
+    }
+  }
+}
+}  // namespace
+
+void sgemm_packed(int64_t mc, int64_t nc, int64_t kc, const float* a, int64_t a_stride, const float* b,
+                  bool accumulate, float* c, int64_t ldc) {
+  if (scalar_forced()) packed_rows_cols<VScalar, kScalarMR, kScalarNV>(mc, nc, kc, a, a_stride, b, accumulate, c, ldc);
+  else packed_rows_cols<VNative, kMR, kNV>(mc, nc, kc, a, a_stride, b, accumulate, c, ldc);
+}
+
 void sgemm_reference(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const float* A,
                      int64_t lda, const float* B, int64_t ldb, float beta, float* C, int64_t ldc) {
   for (int64_t i = 0; i < M; ++i)
