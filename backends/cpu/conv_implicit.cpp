@@ -20,6 +20,7 @@
 #endif
 
 #include "backends/cpu/conv_direct.h"
+#include "backends/cpu/conv_simd.h"
 #include "backends/cpu/gemm.h"
 
 namespace et::cpu {
@@ -30,7 +31,7 @@ constexpr int64_t KC = 256;          // GEMM depth block, as gemm.cpp
 constexpr int64_t kFwdCols = 512;    // positions per forward chunk: B panel KC x 512 = 512 KiB (L2)
 constexpr int64_t kWgradPos = 1024;  // positions per weight-gradient chunk (the GEMM's depth)
 constexpr int64_t kWgradNC = 1024, kWgradMC = 96;
-constexpr int kMaxMR = 8, kMaxNR = 32;  // bounds over the tiles of sgemm_tile(), for sizing
+constexpr int kMaxMR = 16, kMaxNR = 32;  // bounds over the tiles of sgemm_tile(), for sizing
 
 float* align64(float* p) { return reinterpret_cast<float*>((reinterpret_cast<uintptr_t>(p) + 63) & ~uintptr_t(63)); }
 int64_t round_up(int64_t v, int64_t m) { return (v + m - 1) / m * m; }
@@ -69,12 +70,15 @@ Corr data_corr(const Conv2dGeom& g) {
 // One image [Ci][Hi][Wi] -> the interior of dst [Hp][Wp][Ci] (rows / columns no window reads are skipped).
 void to_channels_last(const Corr& k, const float* src, float* dst) {
   const int64_t h1 = std::min(k.Hi, k.Hp - k.ph), w1 = std::min(k.Wi, k.Wp - k.pw), HW = k.Hi * k.Wi;
-  for (int64_t h = 0; h < h1; ++h)
-    for (int64_t w = 0; w < w1; ++w) {
-      float* d = dst + ((h + k.ph) * k.Wp + w + k.pw) * k.Ci;
-      const float* s = src + h * k.Wi + w;
-      for (int64_t c = 0; c < k.Ci; ++c) d[c] = s[c * HW];
-    }
+  const int64_t c8 = k.Ci / 8 * 8, w8 = w1 / 8 * 8;  // [0, c8) x [0, w8) of each row in 8x8 blocks
+  for (int64_t h = 0; h < h1; ++h) {
+    float* drow = dst + ((h + k.ph) * k.Wp + k.pw) * k.Ci;
+    const float* srow = src + h * k.Wi;
+    for (int64_t c = 0; c < c8; c += 8)
+      for (int64_t w = 0; w < w8; w += 8) transpose8x8(srow + c * HW + w, HW, drow + w * k.Ci + c, k.Ci);
+    for (int64_t w = 0; w < w1; ++w)
+      for (int64_t c = w < w8 ? c8 : 0; c < k.Ci; ++c) drow[w * k.Ci + c] = srow[c * HW + w];
+  }
 }
 
 // base[j] for the chunk's output positions j = (b, p, q): offset of the window's top-left element.
@@ -186,10 +190,10 @@ CorrLayout corr_layout(const Corr& k, int threads) {
   l.parts = few ? threads : 1;
   l.nb = few ? k.N : std::max<int64_t>(1, std::min(kFwdCols / k.PQ(), (k.N + threads - 1) / threads));
   l.cols = l.nb * k.PQ();
-  l.apk_n = round_up(k.Co, kMaxMR) * k.depth();
+  l.apk_n = (k.Co + kMaxMR) * k.depth();  // >= round_up(Co, MR) rows for any tile
   l.xn_n = l.nb * k.img();
   l.base_n = 2 * l.cols;
-  l.bp_n = std::min(KC, k.depth()) * round_up(l.cols, kMaxNR);
+  l.bp_n = std::min(KC, k.depth()) * (l.cols + kMaxNR);
   l.out_n = k.Co * l.cols;
   l.per_thread = l.xn_n + l.base_n + l.bp_n + l.out_n + 64;
   return l;
@@ -264,8 +268,8 @@ WgradLayout wgrad_layout(const Corr& k) {
   l.xn_n = l.nb * k.img();
   l.dyn_n = l.pos * k.Co;
   l.base_n = 2 * l.pos;
-  l.ap_n = round_up(std::min(kWgradMC, k.Co), kMaxMR) * std::min(KC, l.pos);
-  l.bp_n = std::min(KC, l.pos) * round_up(std::min(kWgradNC, k.depth()), kMaxNR);
+  l.ap_n = (std::min(kWgradMC, k.Co) + kMaxMR) * std::min(KC, l.pos);
+  l.bp_n = std::min(KC, l.pos) * (std::min(kWgradNC, k.depth()) + kMaxNR);
   l.dwt_n = k.Co * k.depth();
   l.per_thread = l.xn_n + l.dyn_n + l.base_n + l.ap_n + l.bp_n + 80;
   return l;
@@ -354,8 +358,11 @@ void implicit_backward_weight(const Conv2dGeom& g, const float* x, const float* 
         to_channels_last(k, x + (n0 + b) * C * k.Hi * k.Wi, xn + b * k.img());
         const float* src = dy + (n0 + b) * K * PQ;
         float* d = dyn + b * PQ * K;
-        for (int64_t o = 0; o < K; ++o)
-          for (int64_t j = 0; j < PQ; ++j) d[j * K + o] = src[o * PQ + j];
+        const int64_t o8 = K / 8 * 8, j8 = PQ / 8 * 8;
+        for (int64_t o = 0; o < o8; o += 8)
+          for (int64_t j = 0; j < j8; j += 8) transpose8x8(src + o * PQ + j, PQ, d + j * K + o, K);
+        for (int64_t j = 0; j < PQ; ++j)
+          for (int64_t o = j < j8 ? o8 : 0; o < K; ++o) d[j * K + o] = src[o * PQ + j];
       }
       position_bases(k, nb, base);
       for (int64_t jc = c0; jc < c1; jc += kWgradNC) {

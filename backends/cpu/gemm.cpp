@@ -116,33 +116,6 @@ struct KernelTable {
   }
 };
 
-// dst[k*ldd + i] = src[i*lds + k] for i, k < 8: the packing transposes in 8x8 blocks (the scalar
-// loop runs at about one element per cycle, which the narrow GEMMs of 1x1 weight gradients feel).
-inline void transpose8x8(const float* src, int64_t lds, float* dst, int64_t ldd) {
-#if defined(__AVX__)
-  __m256 r[8], t[8];
-  for (int i = 0; i < 8; ++i) r[i] = _mm256_loadu_ps(src + i * lds);
-  for (int i = 0; i < 8; i += 2) {
-    t[i] = _mm256_unpacklo_ps(r[i], r[i + 1]);
-    t[i + 1] = _mm256_unpackhi_ps(r[i], r[i + 1]);
-  }
-  for (int i = 0; i < 8; i += 4) {
-    r[i] = _mm256_shuffle_ps(t[i], t[i + 2], _MM_SHUFFLE(1, 0, 1, 0));
-    r[i + 1] = _mm256_shuffle_ps(t[i], t[i + 2], _MM_SHUFFLE(3, 2, 3, 2));
-    r[i + 2] = _mm256_shuffle_ps(t[i + 1], t[i + 3], _MM_SHUFFLE(1, 0, 1, 0));
-    r[i + 3] = _mm256_shuffle_ps(t[i + 1], t[i + 3], _MM_SHUFFLE(3, 2, 3, 2));
-  }
-  // r[0..3]: columns 0,1,2,3 of rows 0-3 (low lane) / columns 4,5,6,7 (high lane); r[4..7]: rows 4-7.
-  for (int i = 0; i < 4; ++i) {
-    _mm256_storeu_ps(dst + i * ldd, _mm256_permute2f128_ps(r[i], r[i + 4], 0x20));
-    _mm256_storeu_ps(dst + (i + 4) * ldd, _mm256_permute2f128_ps(r[i], r[i + 4], 0x31));
-  }
-#else
-  for (int i = 0; i < 8; ++i)
-    for (int k = 0; k < 8; ++k) dst[k * ldd + i] = src[i * lds + k];
-#endif
-}
-
 // A rows [ic, ic+mc) x k [pc, pc+kc) -> MR-row slivers dst + ir*kc, each [kc][MR] (rows past mc unused).
 template <int MR>
 void pack_a(bool trans, const float* A, int64_t lda, int64_t ic, int64_t mc, int64_t pc, int64_t kc, float* dst) {
@@ -150,13 +123,12 @@ void pack_a(bool trans, const float* A, int64_t lda, int64_t ic, int64_t mc, int
     const int64_t mr = std::min<int64_t>(MR, mc - ir);
     float* d = dst + ir * kc;
     if (!trans) {  // A(i,k) = A[i*lda + k]: read rows, write strided
-      int64_t k8 = 0;
-      if (MR % 8 == 0 && mr == MR)
-        for (; k8 + 8 <= kc; k8 += 8)
-          for (int64_t i = 0; i < MR; i += 8) transpose8x8(A + (ic + ir + i) * lda + pc + k8, lda, d + k8 * MR + i, MR);
+      const int64_t k8 = kc / 8 * 8, i8 = mr / 8 * 8;  // rows [0, i8) x k [0, k8) by 8x8 transposes
+      for (int64_t i = 0; i < i8; i += 8)
+        for (int64_t k = 0; k < k8; k += 8) transpose8x8(A + (ic + ir + i) * lda + pc + k, lda, d + k * MR + i, MR);
       for (int64_t i = 0; i < mr; ++i) {
         const float* s = A + (ic + ir + i) * lda + pc;
-        for (int64_t k = k8; k < kc; ++k) d[k * MR + i] = s[k];
+        for (int64_t k = i < i8 ? k8 : 0; k < kc; ++k) d[k * MR + i] = s[k];
       }
     } else {  // A(i,k) = A[k*lda + i]: rows of the sliver are contiguous in A
       for (int64_t k = 0; k < kc; ++k) {
