@@ -158,9 +158,12 @@ TEST_CASE("conv kernels match the naive reference", "[conv]") {
       {5, 40, 8, 8, 24, 3, 1, 1, 1},  {9, 32, 4, 4, 8, 3, 1, 1, 1},   {20, 8, 8, 8, 8, 3, 1, 1, 1},
       {2, 128, 4, 4, 16, 3, 1, 1, 1}, {1, 16, 2, 2, 9, 3, 1, 1, 1},   {3, 24, 3, 5, 13, 3, 2, 1, 1},
       {2, 13, 6, 5, 11, 3, 1, 0, 1},
+      // Winograd F(2x2, 3x3): pad 2 (the data gradient's padding is 0), odd maps (partial tiles),
+      // channel counts off the 8 / 16 blocks, and one wide enough for the automatic choice.
+      {2, 5, 5, 6, 7, 3, 1, 2, 1},    {2, 67, 5, 5, 70, 3, 1, 1, 1},
   };
   for (auto path : {cpu::ConvPathOverride::Auto, cpu::ConvPathOverride::Gemm, cpu::ConvPathOverride::Direct,
-                    cpu::ConvPathOverride::Implicit})
+                    cpu::ConvPathOverride::Implicit, cpu::ConvPathOverride::Winograd})
   for (const Case& c : cases)
     for (bool bias : {false, true})
       for (bool acc : {false, true}) {

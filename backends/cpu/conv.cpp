@@ -5,6 +5,8 @@
 //   gemm      (conv_gemm.cpp)       multi-image im2col + our packed SGEMM: 1x1, strided, small maps
 //   implicit  (conv_implicit.cpp)   channels-last im2col packed straight into the SGEMM: many
 //                                   channels on small maps
+//   winograd  (conv_winograd.cpp)   F(2x2, 3x3): forward / data gradient of 3x3 stride-1 layers
+//                                   with 64+ channels on 16x16..2x2 maps
 // Every family is deterministic for a given thread count and allocates nothing.
 #include <omp.h>
 
@@ -16,6 +18,7 @@
 #include "backends/cpu/conv_direct.h"
 #include "backends/cpu/conv_gemm.h"
 #include "backends/cpu/conv_implicit.h"
+#include "backends/cpu/conv_winograd.h"
 
 namespace et {
 
@@ -29,13 +32,14 @@ int cpu_threads() { return omp_get_max_threads(); }
 
 namespace {
 
-enum class Path { Gemm, Direct, Depthwise, Implicit };
+enum class Path { Gemm, Direct, Depthwise, Implicit, Winograd };
 
 cpu::ConvPathOverride initial_override() {
   const char* e = std::getenv("ET_CONV_PATH");
   if (e && !std::strcmp(e, "gemm")) return cpu::ConvPathOverride::Gemm;
   if (e && !std::strcmp(e, "direct")) return cpu::ConvPathOverride::Direct;
   if (e && !std::strcmp(e, "implicit")) return cpu::ConvPathOverride::Implicit;
+  if (e && !std::strcmp(e, "winograd")) return cpu::ConvPathOverride::Winograd;
   return cpu::ConvPathOverride::Auto;
 }
 cpu::ConvPathOverride g_override = initial_override();
@@ -49,6 +53,15 @@ cpu::ConvPathOverride g_override = initial_override();
 // (resnet20 downsampling forward / weight gradient 1.3-1.6x); on 16x16 and up the direct kernels
 // stay ahead (measured single-threaded, process CPU time: bench_conv --cpu, batch 32 and 128).
 // ET_CONV_PATH=gemm|direct|implicit overrides the choice where the forced path applies (A/B measurements).
+// Winograd F(2x2, 3x3) (conv_winograd.cpp) beats everything on 3x3 stride-1 layers with 64+
+// channels on 16x16 down to 2x2 maps (vgg 1.2-1.9x, resnet20 64->64 8x8 1.3x); with fewer
+// channels its transforms cost more than the multiply-adds they save, and on 32x32 maps the
+// direct kernels are as fast (single-threaded CPU time, batch 32 and 128).
+bool prefer_winograd(const Conv2dGeom& g, ConvPass pass) {
+  const int64_t PQ = g.P * g.Q;
+  return cpu::winograd_applies(g, pass) && g.C / g.groups >= 64 && g.K / g.groups >= 64 && PQ >= 4 && PQ <= 256;
+}
+
 bool prefer_implicit(const Conv2dGeom& g, ConvPass pass) {
   if (g.R * g.S == 1 || g.C / g.groups < 16 || g.K / g.groups < 16) return false;
   const bool small = g.P * g.Q <= 64, strided = g.stride_h > 1 || g.stride_w > 1;
@@ -60,6 +73,8 @@ Path choose(const Conv2dGeom& g, ConvPass pass) {
   const bool direct = cpu::direct_dense_applies(g, pass), implicit = cpu::implicit_applies(g, pass);
   if (g_override == cpu::ConvPathOverride::Gemm) return Path::Gemm;
   if (g_override == cpu::ConvPathOverride::Direct) return direct ? Path::Direct : Path::Gemm;
+  if (g_override == cpu::ConvPathOverride::Winograd && cpu::winograd_applies(g, pass)) return Path::Winograd;
+  if (g_override == cpu::ConvPathOverride::Auto && prefer_winograd(g, pass)) return Path::Winograd;
   if (implicit && (g_override == cpu::ConvPathOverride::Implicit || prefer_implicit(g, pass))) return Path::Implicit;
   if (!direct) return Path::Gemm;
   const int64_t PQ = g.P * g.Q;
@@ -85,6 +100,7 @@ size_t CpuBackend::conv2d_workspace_bytes(const Conv2dGeom& g, ConvPass pass) co
     case Path::Depthwise: return cpu::depthwise_workspace(g, pass, cpu_threads());
     case Path::Direct: return cpu::direct_dense_workspace(g, pass, cpu_threads());
     case Path::Implicit: return cpu::implicit_workspace(g, pass, cpu_threads());
+    case Path::Winograd: return cpu::winograd_workspace(g, pass, cpu_threads());
     case Path::Gemm: break;
   }
   return cpu::gemm_conv_workspace(g, pass, cpu_threads());
@@ -99,6 +115,8 @@ void CpuBackend::conv2d_forward(const Conv2dGeom& g, const Tensor& x, const Tens
       return cpu::direct_dense_forward(g, x.f32(), w.f32(), b.defined() ? b.f32() : nullptr, y.f32(), ws.data);
     case Path::Implicit:
       return cpu::implicit_forward(g, x.f32(), w.f32(), b.defined() ? b.f32() : nullptr, y.f32(), ws.data);
+    case Path::Winograd:
+      return cpu::winograd_forward(g, x.f32(), w.f32(), b.defined() ? b.f32() : nullptr, y.f32(), ws.data);
     case Path::Gemm: break;
   }
   cpu::gemm_conv_forward(g, x.f32(), w.f32(), b.defined() ? b.f32() : nullptr, y.f32(), ws.data);
@@ -110,6 +128,7 @@ void CpuBackend::conv2d_backward_data(const Conv2dGeom& g, const Tensor& dy, con
     case Path::Depthwise: return cpu::depthwise_backward_data(g, dy.f32(), w.f32(), dx.f32(), accumulate, ws.data);
     case Path::Direct: return cpu::direct_dense_backward_data(g, dy.f32(), w.f32(), dx.f32(), accumulate, ws.data);
     case Path::Implicit: return cpu::implicit_backward_data(g, dy.f32(), w.f32(), dx.f32(), accumulate, ws.data);
+    case Path::Winograd: return cpu::winograd_backward_data(g, dy.f32(), w.f32(), dx.f32(), accumulate, ws.data);
     case Path::Gemm: break;
   }
   cpu::gemm_conv_backward_data(g, dy.f32(), w.f32(), dx.f32(), accumulate, ws.data);
@@ -125,6 +144,7 @@ void CpuBackend::conv2d_backward_weight(const Conv2dGeom& g, const Tensor& x, co
       return cpu::direct_dense_backward_weight(g, x.f32(), dy.f32(), dw.f32(), dbp, accumulate, ws.data);
     case Path::Implicit:
       return cpu::implicit_backward_weight(g, x.f32(), dy.f32(), dw.f32(), dbp, accumulate, ws.data);
+    case Path::Winograd: break;  // never chosen for the weight gradient
     case Path::Gemm: break;
   }
   cpu::gemm_conv_backward_weight(g, x.f32(), dy.f32(), dw.f32(), dbp, accumulate, ws.data);

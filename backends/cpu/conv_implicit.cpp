@@ -67,18 +67,8 @@ Corr data_corr(const Conv2dGeom& g) {
   return make_corr(g.N, g.K, g.P, g.Q, g.R - 1 - g.pad_h, g.S - 1 - g.pad_w, 1, 1, g.R, g.S, g.C, g.H, g.W);
 }
 
-// One image [Ci][Hi][Wi] -> the interior of dst [Hp][Wp][Ci] (rows / columns no window reads are skipped).
 void to_channels_last(const Corr& k, const float* src, float* dst) {
-  const int64_t h1 = std::min(k.Hi, k.Hp - k.ph), w1 = std::min(k.Wi, k.Wp - k.pw), HW = k.Hi * k.Wi;
-  const int64_t c8 = k.Ci / 8 * 8, w8 = w1 / 8 * 8;  // [0, c8) x [0, w8) of each row in 8x8 blocks
-  for (int64_t h = 0; h < h1; ++h) {
-    float* drow = dst + ((h + k.ph) * k.Wp + k.pw) * k.Ci;
-    const float* srow = src + h * k.Wi;
-    for (int64_t c = 0; c < c8; c += 8)
-      for (int64_t w = 0; w < w8; w += 8) transpose8x8(srow + c * HW + w, HW, drow + w * k.Ci + c, k.Ci);
-    for (int64_t w = 0; w < w1; ++w)
-      for (int64_t c = w < w8 ? c8 : 0; c < k.Ci; ++c) drow[w * k.Ci + c] = srow[c * HW + w];
-  }
+  cpu::to_channels_last(src, k.Ci, k.Hi, k.Wi, k.ph, k.pw, k.Hp, k.Wp, dst);
 }
 
 // base[j] for the chunk's output positions j = (b, p, q): offset of the window's top-left element.
@@ -305,6 +295,20 @@ void pack_dy(const float* dyn, int64_t Co, int64_t ic, int64_t mc, int64_t pc, i
 }
 
 }  // namespace
+
+void to_channels_last(const float* src, int64_t Ci, int64_t Hi, int64_t Wi, int64_t ph, int64_t pw, int64_t Hp,
+                      int64_t Wp, float* dst) {
+  const int64_t h1 = std::min(Hi, Hp - ph), w1 = std::min(Wi, Wp - pw), HW = Hi * Wi;
+  const int64_t c8 = Ci / 8 * 8, w8 = w1 / 8 * 8;  // [0, c8) x [0, w8) of each row in 8x8 blocks
+  for (int64_t h = 0; h < h1; ++h) {
+    float* drow = dst + ((h + ph) * Wp + pw) * Ci;
+    const float* srow = src + h * Wi;
+    for (int64_t c = 0; c < c8; c += 8)
+      for (int64_t w = 0; w < w8; w += 8) transpose8x8(srow + c * HW + w, HW, drow + w * Ci + c, Ci);
+    for (int64_t w = 0; w < w1; ++w)
+      for (int64_t c = w < w8 ? c8 : 0; c < Ci; ++c) drow[w * Ci + c] = srow[c * HW + w];
+  }
+}
 
 bool implicit_applies(const Conv2dGeom& g, ConvPass pass) {
   if (g.groups != 1 || g.R * g.S > kMaxTaps || g.P <= 0 || g.Q <= 0) return false;

@@ -12,6 +12,7 @@
 // (w' is w transposed and flipped.) The weight matrices are packed once per call.
 #pragma once
 #include <cstddef>
+#include <cstdint>
 
 #include "backends/backend.h"
 
@@ -24,5 +25,10 @@ void implicit_backward_data(const Conv2dGeom& g, const float* dy, const float* w
                             void* ws);
 void implicit_backward_weight(const Conv2dGeom& g, const float* x, const float* dy, float* dw, float* db,
                               bool accumulate, void* ws);
+
+// One image [Ci][Hi][Wi] -> the interior of dst [Hp][Wp][Ci] at (ph, pw); rows / columns past
+// Hp / Wp are dropped, the border is left untouched (the callers zero it once).
+void to_channels_last(const float* src, int64_t Ci, int64_t Hi, int64_t Wi, int64_t ph, int64_t pw, int64_t Hp,
+                      int64_t Wp, float* dst);
 
 }  // namespace et::cpu
