@@ -5,8 +5,8 @@
 //   gemm      (conv_gemm.cpp)       multi-image im2col + our packed SGEMM: 1x1, strided, small maps
 //   implicit  (conv_implicit.cpp)   channels-last im2col packed straight into the SGEMM: many
 //                                   channels on small maps
-//   winograd  (conv_winograd.cpp)   F(2x2, 3x3): forward / data gradient of 3x3 stride-1 layers
-//                                   with 64+ channels on 16x16..2x2 maps
+//   winograd  (conv_winograd.cpp)   F(2x2, 3x3) (weight gradient: F(3x3, 2x2)) for 3x3 stride-1
+//                                   layers with 64+ channels on 16x16..2x2 maps
 // Every family is deterministic for a given thread count and allocates nothing.
 #include <omp.h>
 
@@ -54,9 +54,10 @@ cpu::ConvPathOverride g_override = initial_override();
 // stay ahead (measured single-threaded, process CPU time: bench_conv --cpu, batch 32 and 128).
 // ET_CONV_PATH=gemm|direct|implicit overrides the choice where the forced path applies (A/B measurements).
 // Winograd F(2x2, 3x3) (conv_winograd.cpp) beats everything on 3x3 stride-1 layers with 64+
-// channels on 16x16 down to 2x2 maps (vgg 1.2-1.9x, resnet20 64->64 8x8 1.3x); with fewer
-// channels its transforms cost more than the multiply-adds they save, and on 32x32 maps the
-// direct kernels are as fast (single-threaded CPU time, batch 32 and 128).
+// channels on 16x16 down to 2x2 maps (vgg forward / data gradient 1.2-1.9x, weight gradient
+// 1.1-1.6x; resnet20 64->64 8x8 1.3x forward, even weight gradient); with fewer channels its
+// transforms cost more than the multiply-adds they save, and on 32x32 maps the direct kernels are
+// as fast (single-threaded CPU time, batch 32 and 128).
 bool prefer_winograd(const Conv2dGeom& g, ConvPass pass) {
   const int64_t PQ = g.P * g.Q;
   return cpu::winograd_applies(g, pass) && g.C / g.groups >= 64 && g.K / g.groups >= 64 && PQ >= 4 && PQ <= 256;
@@ -144,7 +145,8 @@ void CpuBackend::conv2d_backward_weight(const Conv2dGeom& g, const Tensor& x, co
       return cpu::direct_dense_backward_weight(g, x.f32(), dy.f32(), dw.f32(), dbp, accumulate, ws.data);
     case Path::Implicit:
       return cpu::implicit_backward_weight(g, x.f32(), dy.f32(), dw.f32(), dbp, accumulate, ws.data);
-    case Path::Winograd: break;  // never chosen for the weight gradient
+    case Path::Winograd:
+      return cpu::winograd_backward_weight(g, x.f32(), dy.f32(), dw.f32(), dbp, accumulate, ws.data);
     case Path::Gemm: break;
   }
   cpu::gemm_conv_backward_weight(g, x.f32(), dy.f32(), dw.f32(), dbp, accumulate, ws.data);

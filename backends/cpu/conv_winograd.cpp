@@ -1,4 +1,5 @@
-// Winograd F(2x2, 3x3) for dense 3x3 stride-1 convs: forward and data gradient (see conv_winograd.h).
+// Winograd F(2x2, 3x3) for dense 3x3 stride-1 convs: forward and data gradient here, the weight
+// gradient (its transpose, F(3x3, 2x2)) further down (see conv_winograd.h).
 //
 // Output 2x2 tiles; tile t reads a 4x4 input patch d and, per channel pair (o, c),
 //   y_tile = A^T [ sum_c (G g G^T) .* (B^T d B) ] A
@@ -262,14 +263,180 @@ void run(const Wino& w, const float* in, const float* wt, bool flip, const float
   }
 }
 
+// ---------------------------------------------------------------- weight gradient
+// Transposing the forward identity y = A^T [(G g) .* (B^T d)] gives, per 2x2 tile of dy and its
+// 4x4 input patch d, the 3x3 weight gradient dg = G^T [(A dy A^T) .* (B^T d B)] G: the same V as
+// the forward, and the sum over tiles happens in the 4x4 domain, as 16 GEMMs whose depth is the
+// tiles:  M_xi [K, C] += DY_xi [K, tiles] x V_xi [tiles, C];  dw = G^T M G at the end.
+// Thread t owns the input channels [c0, c1) (whole NR slivers) over every chunk, in order: each dw
+// element is summed by one thread in an order fixed by the geometry.
+
+struct WgradLayout {
+  int64_t nb, tiles, cols, xn_n, dyn_n, v_n, dy_n, m_n, per_thread;
+};
+
+WgradLayout wgrad_layout(const Wino& w, int threads) {
+  WgradLayout l;
+  // Chunk depth: up to 512 tiles, fewer when wide (V + DY panels ~ 16 x tiles x (C + K) floats,
+  // 8 MiB at most). Geometry only, not the thread count: it fixes the summation order.
+  const int64_t target = std::clamp<int64_t>((1 << 17) / (w.Ci + w.Co), 32, 512);
+  l.nb = std::clamp<int64_t>(target / w.TI(), 1, w.N);
+  l.tiles = l.nb * w.TI();
+  l.cols = round_up((w.Ci + threads - 1) / threads, kMaxNR) + kMaxNR;  // >= any thread's columns
+  l.xn_n = l.nb * w.img();
+  l.dyn_n = l.tiles * 4 * w.Co;
+  l.v_n = 16 * l.tiles * l.cols;
+  l.dy_n = 16 * (w.Co + kMaxMR) * l.tiles;
+  l.m_n = 16 * (w.Co + kMaxMR) * l.cols;
+  l.per_thread = l.xn_n + l.dyn_n + l.v_n + l.dy_n + l.m_n + 128 + 6 * 16;
+  return l;
+}
+
+// DY panels (SGEMM A slivers [tiles][MR], rows = output channels): A dy A^T of each 2x2 tile of
+// the channels-last dy chunk dyn [tile rows * 2][tile cols * 2][Co], 8 channels per vector.
+void transform_dy(const Wino& w, const float* dyn, int64_t nb, int MR, float* dp) {
+  const int64_t Co = w.Co, tiles = nb * w.TI(), panel = round_up(Co, MR) * tiles, row = 2 * w.tw * Co;
+  for (int64_t t = 0; t < tiles; ++t) {
+    const int64_t b = t / w.TI(), ti = (t % w.TI()) / w.tw, tj = t % w.tw;
+    const float* src = dyn + b * 4 * w.TI() * Co + (2 * ti * 2 * w.tw + 2 * tj) * Co;
+    for (int64_t k0 = 0; k0 < Co; k0 += 8) {
+      const int64_t kb = std::min<int64_t>(8, Co - k0);
+      float d[2][2][8], e[4][2][8], u[16][8];
+      for (int a = 0; a < 2; ++a)
+        for (int c = 0; c < 2; ++c) {
+          const float* p = src + a * row + c * Co + k0;
+          if (kb == 8) std::memcpy(d[a][c], p, sizeof(float) * 8);  // branch-free in the common case
+          else
+            for (int l = 0; l < 8; ++l) d[a][c][l] = l < kb ? p[l] : 0.f;
+        }
+      for (int c = 0; c < 2; ++c)
+        for (int l = 0; l < 8; ++l) {
+          e[0][c][l] = d[0][c][l];
+          e[1][c][l] = d[0][c][l] + d[1][c][l];
+          e[2][c][l] = d[0][c][l] - d[1][c][l];
+          e[3][c][l] = -d[1][c][l];
+        }
+      for (int r = 0; r < 4; ++r)
+        for (int l = 0; l < 8; ++l) {
+          u[r * 4 + 0][l] = e[r][0][l];
+          u[r * 4 + 1][l] = e[r][0][l] + e[r][1][l];
+          u[r * 4 + 2][l] = e[r][0][l] - e[r][1][l];
+          u[r * 4 + 3][l] = -e[r][1][l];
+        }
+      if (kb == 8 && MR % 8 == 0) {  // 8 rows of one sliver: contiguous
+        float* d0 = dp + ((k0 / MR) * tiles + t) * MR + k0 % MR;
+        for (int xi = 0; xi < 16; ++xi) std::memcpy(d0 + xi * panel, u[xi], sizeof(float) * 8);
+        continue;
+      }
+      for (int64_t l = 0; l < kb; ++l) {  // rows k0 + l of sliver (k0 + l) / MR
+        const int64_t k = k0 + l;
+        float* d0 = dp + ((k / MR) * tiles + t) * MR + k % MR;
+        for (int xi = 0; xi < 16; ++xi) d0[xi * panel] = u[xi][l];
+      }
+    }
+  }
+}
+
+// V panels (SGEMM B slivers [tiles][NR], columns = input channels [c0, c1)).
+void transform_inputs_cols(const Wino& w, const float* xn, int64_t tiles, int64_t c0, int64_t c1, int NR,
+                           int64_t cr, float* vp) {
+  const int64_t Ci = w.Ci, row = w.Wp * Ci, panel = tiles * cr;
+  float v[16][8];
+  for (int64_t t = 0; t < tiles; ++t) {
+    const int64_t b = t / w.TI(), ti = (t % w.TI()) / w.tw, tj = t % w.tw;
+    for (int64_t c = c0; c < c1; c += 8) {
+      const int64_t cb = std::min<int64_t>(8, c1 - c);
+      input_transform(xn + b * w.img() + (2 * ti * w.Wp + 2 * tj) * Ci + c, Ci, row, cb, v);
+      const int64_t j = c - c0;  // column; 8-channel runs never straddle an NR sliver
+      float* d = vp + ((j / NR) * tiles + t) * NR + j % NR;
+      if (cb == 8)
+        for (int xi = 0; xi < 16; ++xi) std::memcpy(d + xi * panel, v[xi], sizeof(float) * 8);
+      else
+        for (int xi = 0; xi < 16; ++xi) std::memcpy(d + xi * panel, v[xi], sizeof(float) * size_t(cb));
+    }
+  }
+}
+
+// dw [Co][Ci][3][3] (+)= G^T m G for this thread's input channels; m panel xi at mb + xi * (Co * cr).
+void finish_wgrad(const Wino& w, const float* mb, int64_t c0, int64_t c1, int64_t cr, bool accumulate, float* dw) {
+  const int64_t panel = w.Co * cr;
+  for (int64_t k = 0; k < w.Co; ++k)
+    for (int64_t c = c0; c < c1; ++c) {
+      float m[4][4], t[3][4];
+      for (int xi = 0; xi < 16; ++xi) m[xi / 4][xi % 4] = mb[xi * panel + k * cr + (c - c0)];
+      for (int s = 0; s < 4; ++s) {
+        t[0][s] = m[0][s] + 0.5f * (m[1][s] + m[2][s]);
+        t[1][s] = 0.5f * (m[1][s] - m[2][s]);
+        t[2][s] = 0.5f * (m[1][s] + m[2][s]) + m[3][s];
+      }
+      float* d = dw + (k * w.Ci + c) * 9;
+      for (int i = 0; i < 3; ++i) {
+        const float g[3] = {t[i][0] + 0.5f * (t[i][1] + t[i][2]), 0.5f * (t[i][1] - t[i][2]),
+                            0.5f * (t[i][1] + t[i][2]) + t[i][3]};
+        for (int j = 0; j < 3; ++j) d[i * 3 + j] = accumulate ? d[i * 3 + j] + g[j] : g[j];
+      }
+    }
+}
+
+void run_wgrad(const Wino& w, const float* x, const float* dy, float* dw, float* db, bool accumulate, void* ws) {
+  const GemmTile tile = sgemm_tile();
+  const int MR = tile.mr, NR = tile.nr;
+  const int threads = omp_get_max_threads();
+  const WgradLayout l = wgrad_layout(w, threads);
+  const int64_t PQ = w.Ho * w.Wo;
+#pragma omp parallel num_threads(threads)
+  {
+    const int t = omp_get_thread_num(), nt = omp_get_num_threads();
+    Carve cv{static_cast<float*>(ws) + t * l.per_thread};
+    float* xn = cv.take(l.xn_n);
+    float* dyn = cv.take(l.dyn_n);
+    float* vp = cv.take(l.v_n);
+    float* dp = cv.take(l.dy_n);
+    float* mb = cv.take(l.m_n);
+    const int64_t units = (w.Ci + NR - 1) / NR;
+    const int64_t c0 = std::min(w.Ci, units * t / nt * NR), c1 = std::min(w.Ci, units * (t + 1) / nt * NR);
+    const int64_t cr = round_up(c1 - c0, NR);
+    if (c1 > c0) {
+      std::memset(xn, 0, sizeof(float) * size_t(l.xn_n));  // padding stays zero
+      std::memset(dyn, 0, sizeof(float) * size_t(l.dyn_n));  // so do the odd map's last row / column
+    }
+    for (int64_t n0 = 0; n0 < w.N && c1 > c0; n0 += l.nb) {
+      const int64_t nb = std::min(l.nb, w.N - n0), tiles = nb * w.TI();
+      for (int64_t b = 0; b < nb; ++b) {
+        to_channels_last(x + (n0 + b) * w.Ci * w.Hi * w.Wi, w.Ci, w.Hi, w.Wi, w.ph, w.pw, w.Hp, w.Wp,
+                         xn + b * w.img());
+        to_channels_last(dy + (n0 + b) * w.Co * PQ, w.Co, w.Ho, w.Wo, 0, 0, 2 * w.th, 2 * w.tw,
+                         dyn + b * 4 * w.TI() * w.Co);
+      }
+      transform_inputs_cols(w, xn, tiles, c0, c1, NR, cr, vp);
+      transform_dy(w, dyn, nb, MR, dp);
+      const int64_t dpanel = round_up(w.Co, MR) * tiles;
+      for (int xi = 0; xi < 16; ++xi)
+        sgemm_packed(w.Co, c1 - c0, tiles, dp + xi * dpanel, MR * tiles, vp + xi * tiles * cr, n0 > 0,
+                     mb + xi * w.Co * cr, cr);
+    }
+    if (c1 > c0) finish_wgrad(w, mb, c0, c1, cr, accumulate, dw);
+    if (db) {
+#pragma omp for schedule(static)
+      for (int64_t k = 0; k < w.Co; ++k) {
+        float s = 0.f;
+        for (int64_t n = 0; n < w.N; ++n)
+          for (int64_t j = 0; j < PQ; ++j) s += dy[(n * w.Co + k) * PQ + j];
+        db[k] = accumulate ? db[k] + s : s;
+      }
+    }
+  }
+}
+
 }  // namespace
 
-bool winograd_applies(const Conv2dGeom& g, ConvPass pass) {
-  return pass != ConvPass::BackwardWeight && g.groups == 1 && g.R == 3 && g.S == 3 && g.stride_h == 1 &&
+bool winograd_applies(const Conv2dGeom& g, ConvPass) {
+  return g.groups == 1 && g.R == 3 && g.S == 3 && g.stride_h == 1 &&
          g.stride_w == 1 && g.pad_h <= 2 && g.pad_w <= 2 && g.P > 0 && g.Q > 0;
 }
 
 size_t winograd_workspace(const Conv2dGeom& g, ConvPass pass, int threads) {
+  if (pass == ConvPass::BackwardWeight) return size_t(threads * wgrad_layout(fwd_wino(g), threads).per_thread) * sizeof(float);
   return workspace(pass == ConvPass::Forward ? fwd_wino(g) : data_wino(g), threads);
 }
 
@@ -280,6 +447,11 @@ void winograd_forward(const Conv2dGeom& g, const float* x, const float* w, const
 void winograd_backward_data(const Conv2dGeom& g, const float* dy, const float* w, float* dx, bool accumulate,
                             void* ws) {
   run(data_wino(g), dy, w, true, nullptr, dx, accumulate, ws);
+}
+
+void winograd_backward_weight(const Conv2dGeom& g, const float* x, const float* dy, float* dw, float* db,
+                              bool accumulate, void* ws) {
+  run_wgrad(fwd_wino(g), x, dy, dw, db, accumulate, ws);
 }
 
 }  // namespace et::cpu

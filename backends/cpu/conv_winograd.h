@@ -1,6 +1,6 @@
-// Winograd F(2x2, 3x3) path of the CPU backend (conv_winograd.cpp): forward and data gradient of
-// dense 3x3 stride-1 convs (pad <= 2), 2.25x fewer multiply-adds than the direct / GEMM paths.
-// The weight gradient stays with the other paths.
+// Winograd F(2x2, 3x3) path of the CPU backend (conv_winograd.cpp): forward, data gradient and
+// weight gradient (F(3x3, 2x2), its transpose) of dense 3x3 stride-1 convs (pad <= 2), 2.25x
+// fewer multiply-adds than the direct / GEMM paths.
 #pragma once
 #include <cstddef>
 
@@ -13,5 +13,7 @@ size_t winograd_workspace(const Conv2dGeom& g, ConvPass pass, int threads);
 void winograd_forward(const Conv2dGeom& g, const float* x, const float* w, const float* b, float* y, void* ws);
 void winograd_backward_data(const Conv2dGeom& g, const float* dy, const float* w, float* dx, bool accumulate,
                             void* ws);
+void winograd_backward_weight(const Conv2dGeom& g, const float* x, const float* dy, float* dw, float* db,
+                              bool accumulate, void* ws);
 
 }  // namespace et::cpu
