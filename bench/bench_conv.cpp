@@ -3,7 +3,7 @@
 // Median of --reps timed repetitions after one warm-up; GFLOP/s = 2*N*K*P*Q*(C/groups)*R*S / time.
 // The per-network total weights each shape by how often it occurs in the network.
 //
-//   bench_conv [--filter SUBSTR] [--reps N] [--batch N] [--csv]
+//   bench_conv [--filter SUBSTR] [--reps N] [--batch N] [--csv] [--cpu]
 //   bench_conv --reps N --gemm     (single-threaded SGEMM vs Eigen on conv-like shapes)
 // Compare with PyTorch: python3 bench/conv_pytorch.py --ours <csv from --csv>
 #include <omp.h>
@@ -13,6 +13,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <ctime>
 #include <map>
 #include <string>
 #include <vector>
@@ -98,14 +99,24 @@ double median(std::vector<double> t) {
   return t[t.size() / 2];
 }
 
+// --cpu: process CPU time instead of wall time. On a machine shared with other jobs, wall times of
+// 2-thread runs jump by whole scheduler slices; with OMP_NUM_THREADS=1 the CPU time is the work.
+bool g_cpu_time = false;
+double now_ms() {
+  if (!g_cpu_time) return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now().time_since_epoch()).count();
+  timespec ts;
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+  return double(ts.tv_sec) * 1e3 + double(ts.tv_nsec) * 1e-6;
+}
+
 template <class F>
 double time_ms(int reps, F&& f) {
   f();  // warm-up
   std::vector<double> t;
   for (int i = 0; i < reps; ++i) {
-    const auto a = std::chrono::steady_clock::now();
+    const double a = now_ms();
     f();
-    t.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - a).count());
+    t.push_back(now_ms() - a);
   }
   return median(t);
 }
@@ -167,12 +178,13 @@ int main(int argc, char** argv) {
     else if (!std::strcmp(argv[i], "--reps") && i + 1 < argc) reps = std::atoi(argv[++i]);
     else if (!std::strcmp(argv[i], "--batch") && i + 1 < argc) batch = std::atoll(argv[++i]);
     else if (!std::strcmp(argv[i], "--csv")) csv = true;
+    else if (!std::strcmp(argv[i], "--cpu")) g_cpu_time = true;
     else if (!std::strcmp(argv[i], "--gemm")) {
       bench_gemm(reps);
       return 0;
     }
     else {
-      std::fprintf(stderr, "usage: %s [--filter SUBSTR] [--reps N] [--batch N] [--csv] | [--reps N] --gemm\n", argv[0]);
+      std::fprintf(stderr, "usage: %s [--filter SUBSTR] [--reps N] [--batch N] [--csv] [--cpu] | [--reps N] --gemm\n", argv[0]);
       return 2;
     }
   }

@@ -153,8 +153,17 @@ TEST_CASE("conv kernels match the naive reference", "[conv]") {
       {3, 12, 5, 7, 20, 1, 1, 0, 1},  {1, 5, 11, 13, 7, 5, 1, 2, 1},  {2, 5, 6, 6, 7, 5, 2, 2, 1},
       {1, 4, 6, 6, 8, 3, 1, 2, 2},    {2, 9, 4, 4, 9, 3, 1, 1, 9},    {1, 32, 2, 2, 24, 3, 1, 1, 1},
       {5, 10, 7, 5, 10, 5, 1, 2, 10}, {2, 6, 10, 10, 6, 3, 2, 0, 6},  {1, 33, 4, 3, 17, 1, 1, 0, 1},
+      // Implicit-GEMM shapes: depth > one KC block (360, 1152 > the 1024-column block), several
+      // forward / weight-gradient chunks (9 x 16, 20 x 64 positions), odd channel counts, batch 1.
+      {5, 40, 8, 8, 24, 3, 1, 1, 1},  {9, 32, 4, 4, 8, 3, 1, 1, 1},   {20, 8, 8, 8, 8, 3, 1, 1, 1},
+      {2, 128, 4, 4, 16, 3, 1, 1, 1}, {1, 16, 2, 2, 9, 3, 1, 1, 1},   {3, 24, 3, 5, 13, 3, 2, 1, 1},
+      {2, 13, 6, 5, 11, 3, 1, 0, 1},
+      // Winograd F(2x2, 3x3): pad 2 (the data gradient's padding is 0), odd maps (partial tiles),
+      // channel counts off the 8 / 16 blocks, and one wide enough for the automatic choice.
+      {2, 5, 5, 6, 7, 3, 1, 2, 1},    {2, 67, 5, 5, 70, 3, 1, 1, 1},
   };
-  for (auto path : {cpu::ConvPathOverride::Auto, cpu::ConvPathOverride::Gemm, cpu::ConvPathOverride::Direct})
+  for (auto path : {cpu::ConvPathOverride::Auto, cpu::ConvPathOverride::Gemm, cpu::ConvPathOverride::Direct,
+                    cpu::ConvPathOverride::Implicit, cpu::ConvPathOverride::Winograd})
   for (const Case& c : cases)
     for (bool bias : {false, true})
       for (bool acc : {false, true}) {

@@ -3,6 +3,10 @@
 //   depthwise (conv_depthwise.cpp)  groups == C == K
 //   direct    (conv_direct.cpp)     stride-1 windows on maps of 8x8 and up
 //   gemm      (conv_gemm.cpp)       multi-image im2col + our packed SGEMM: 1x1, strided, small maps
+//   implicit  (conv_implicit.cpp)   channels-last im2col packed straight into the SGEMM: many
+//                                   channels on small maps
+//   winograd  (conv_winograd.cpp)   F(2x2, 3x3) (weight gradient: F(3x3, 2x2)) for 3x3 stride-1
+//                                   layers with 64+ channels on 16x16..2x2 maps
 // Every family is deterministic for a given thread count and allocates nothing.
 #include <omp.h>
 
@@ -13,6 +17,8 @@
 #include "backends/cpu/cpu_backend.h"
 #include "backends/cpu/conv_direct.h"
 #include "backends/cpu/conv_gemm.h"
+#include "backends/cpu/conv_implicit.h"
+#include "backends/cpu/conv_winograd.h"
 
 namespace et {
 
@@ -26,12 +32,14 @@ int cpu_threads() { return omp_get_max_threads(); }
 
 namespace {
 
-enum class Path { Gemm, Direct, Depthwise };
+enum class Path { Gemm, Direct, Depthwise, Implicit, Winograd };
 
 cpu::ConvPathOverride initial_override() {
   const char* e = std::getenv("ET_CONV_PATH");
   if (e && !std::strcmp(e, "gemm")) return cpu::ConvPathOverride::Gemm;
   if (e && !std::strcmp(e, "direct")) return cpu::ConvPathOverride::Direct;
+  if (e && !std::strcmp(e, "implicit")) return cpu::ConvPathOverride::Implicit;
+  if (e && !std::strcmp(e, "winograd")) return cpu::ConvPathOverride::Winograd;
   return cpu::ConvPathOverride::Auto;
 }
 cpu::ConvPathOverride g_override = initial_override();
@@ -40,12 +48,36 @@ cpu::ConvPathOverride g_override = initial_override();
 // Dense convs: measured with bench/bench_conv (2 Zen 4 cores); the direct kernels win for 3x3
 // windows on maps of 8x8 and up (1.5-2.5x) in forward / data gradient; the GEMM path (conv_gemm.cpp,
 // several images per GEMM) wins for 1x1 (no im2col there), for 4x4 / 2x2 maps, and below.
-// ET_CONV_PATH=gemm|direct overrides the choice where both apply (A/B measurements).
+// The implicit GEMM (conv_implicit.cpp) beats both on maps of 8x8 and below with 16+ channels
+// (vgg 8x8..2x2: 1.1-1.5x; resnet20 64->64 8x8 weight gradient 1.7x) and on strided 3x3 convs
+// (resnet20 downsampling forward / weight gradient 1.3-1.6x); on 16x16 and up the direct kernels
+// stay ahead (measured single-threaded, process CPU time: bench_conv --cpu, batch 32 and 128).
+// ET_CONV_PATH=gemm|direct|implicit overrides the choice where the forced path applies (A/B measurements).
+// Winograd F(2x2, 3x3) (conv_winograd.cpp) beats everything on 3x3 stride-1 layers with 64+
+// channels on 16x16 down to 2x2 maps (vgg forward / data gradient 1.2-1.9x, weight gradient
+// 1.1-1.6x; resnet20 64->64 8x8 1.3x forward, even weight gradient); with fewer channels its
+// transforms cost more than the multiply-adds they save, and on 32x32 maps the direct kernels are
+// as fast (single-threaded CPU time, batch 32 and 128).
+bool prefer_winograd(const Conv2dGeom& g, ConvPass pass) {
+  const int64_t PQ = g.P * g.Q;
+  return cpu::winograd_applies(g, pass) && g.C / g.groups >= 64 && g.K / g.groups >= 64 && PQ >= 4 && PQ <= 256;
+}
+
+bool prefer_implicit(const Conv2dGeom& g, ConvPass pass) {
+  if (g.R * g.S == 1 || g.C / g.groups < 16 || g.K / g.groups < 16) return false;
+  const bool small = g.P * g.Q <= 64, strided = g.stride_h > 1 || g.stride_w > 1;
+  return small || (strided && pass != ConvPass::BackwardData);
+}
+
 Path choose(const Conv2dGeom& g, ConvPass pass) {
   if (cpu::depthwise_applies(g, pass)) return Path::Depthwise;
-  if (!cpu::direct_dense_applies(g, pass)) return Path::Gemm;
+  const bool direct = cpu::direct_dense_applies(g, pass), implicit = cpu::implicit_applies(g, pass);
   if (g_override == cpu::ConvPathOverride::Gemm) return Path::Gemm;
-  if (g_override == cpu::ConvPathOverride::Direct) return Path::Direct;
+  if (g_override == cpu::ConvPathOverride::Direct) return direct ? Path::Direct : Path::Gemm;
+  if (g_override == cpu::ConvPathOverride::Winograd && cpu::winograd_applies(g, pass)) return Path::Winograd;
+  if (g_override == cpu::ConvPathOverride::Auto && prefer_winograd(g, pass)) return Path::Winograd;
+  if (implicit && (g_override == cpu::ConvPathOverride::Implicit || prefer_implicit(g, pass))) return Path::Implicit;
+  if (!direct) return Path::Gemm;
   const int64_t PQ = g.P * g.Q;
   const int64_t Cg = g.C / g.groups;
   if (g.R * g.S == 1 || PQ <= 16) return Path::Gemm;
@@ -68,6 +100,8 @@ size_t CpuBackend::conv2d_workspace_bytes(const Conv2dGeom& g, ConvPass pass) co
   switch (choose(g, pass)) {
     case Path::Depthwise: return cpu::depthwise_workspace(g, pass, cpu_threads());
     case Path::Direct: return cpu::direct_dense_workspace(g, pass, cpu_threads());
+    case Path::Implicit: return cpu::implicit_workspace(g, pass, cpu_threads());
+    case Path::Winograd: return cpu::winograd_workspace(g, pass, cpu_threads());
     case Path::Gemm: break;
   }
   return cpu::gemm_conv_workspace(g, pass, cpu_threads());
@@ -80,6 +114,10 @@ void CpuBackend::conv2d_forward(const Conv2dGeom& g, const Tensor& x, const Tens
       return cpu::depthwise_forward(g, x.f32(), w.f32(), b.defined() ? b.f32() : nullptr, y.f32(), ws.data);
     case Path::Direct:
       return cpu::direct_dense_forward(g, x.f32(), w.f32(), b.defined() ? b.f32() : nullptr, y.f32(), ws.data);
+    case Path::Implicit:
+      return cpu::implicit_forward(g, x.f32(), w.f32(), b.defined() ? b.f32() : nullptr, y.f32(), ws.data);
+    case Path::Winograd:
+      return cpu::winograd_forward(g, x.f32(), w.f32(), b.defined() ? b.f32() : nullptr, y.f32(), ws.data);
     case Path::Gemm: break;
   }
   cpu::gemm_conv_forward(g, x.f32(), w.f32(), b.defined() ? b.f32() : nullptr, y.f32(), ws.data);
@@ -90,6 +128,8 @@ void CpuBackend::conv2d_backward_data(const Conv2dGeom& g, const Tensor& dy, con
   switch (choose(g, ConvPass::BackwardData)) {
     case Path::Depthwise: return cpu::depthwise_backward_data(g, dy.f32(), w.f32(), dx.f32(), accumulate, ws.data);
     case Path::Direct: return cpu::direct_dense_backward_data(g, dy.f32(), w.f32(), dx.f32(), accumulate, ws.data);
+    case Path::Implicit: return cpu::implicit_backward_data(g, dy.f32(), w.f32(), dx.f32(), accumulate, ws.data);
+    case Path::Winograd: return cpu::winograd_backward_data(g, dy.f32(), w.f32(), dx.f32(), accumulate, ws.data);
     case Path::Gemm: break;
   }
   cpu::gemm_conv_backward_data(g, dy.f32(), w.f32(), dx.f32(), accumulate, ws.data);
@@ -103,6 +143,10 @@ void CpuBackend::conv2d_backward_weight(const Conv2dGeom& g, const Tensor& x, co
       return cpu::depthwise_backward_weight(g, x.f32(), dy.f32(), dw.f32(), dbp, accumulate, ws.data);
     case Path::Direct:
       return cpu::direct_dense_backward_weight(g, x.f32(), dy.f32(), dw.f32(), dbp, accumulate, ws.data);
+    case Path::Implicit:
+      return cpu::implicit_backward_weight(g, x.f32(), dy.f32(), dw.f32(), dbp, accumulate, ws.data);
+    case Path::Winograd:
+      return cpu::winograd_backward_weight(g, x.f32(), dy.f32(), dw.f32(), dbp, accumulate, ws.data);
     case Path::Gemm: break;
   }
   cpu::gemm_conv_backward_weight(g, x.f32(), dy.f32(), dw.f32(), dbp, accumulate, ws.data);

@@ -165,6 +165,9 @@ void wgrad_tile(const float* dyT, int64_t kp, int64_t len, const float* const* x
   for (int64_t j = 0; j < len; ++j) {
     V d[NV];
     for (int v = 0; v < NV; ++v) d[v] = V::load(dyT + j * kp + 16 * v);
+    // Fully unrolled so the NT*NV accumulators live in registers (GCC 12 otherwise kept them on the
+    // stack for NT = 24: a store-to-load chain per FMA, 2.5x slower).
+#pragma GCC unroll 24
     for (int t = 0; t < NT; ++t) {
       const V xb = V::set1(xt[t][j]);
       for (int v = 0; v < NV; ++v) acc[t][v].fma(xb, d[v]);
@@ -353,11 +356,18 @@ void direct_dense_backward_weight(const Conv2dGeom& g, const float* x, const flo
         const int64_t n = nc + b;
         for (int64_t c = 0; c < g.C; ++c)
           place_plane(x + (n * g.C + c) * g.H * g.W, g.H, g.W, 1, g.pad_h, g.pad_w, l.Wp, xp + c * l.lx + b * l.HW);
+        const int64_t PQ = g.P * g.Q, q8 = g.Q / 8 * 8;
         for (int64_t k = 0; k < g.K; ++k) {
-          const float* src = dy + (n * g.K + k) * g.P * g.Q;
+          const float* src = dy + (n * g.K + k) * PQ;
           float* dst = dyT + b * l.HW * l.kp + (k / Kg) * gstride + k % Kg;
+          // 8 channels x 8 positions at a time (one strided scalar store per element was ~10% of
+          // resnet20's 16-channel weight gradients); channel blocks stay inside a group.
+          if (q8 && k % 8 == 0 && k % Kg + 8 <= Kg)
+            for (int64_t p = 0; p < g.P; ++p)
+              for (int64_t q = 0; q < q8; q += 8) transpose8x8(src + p * g.Q + q, PQ, dst + (p * l.Wp + q) * l.kp, l.kp);
+          const int64_t q0 = (q8 && (k / 8 * 8) % Kg + 8 <= Kg) ? q8 : 0;  // columns the block above covered
           for (int64_t p = 0; p < g.P; ++p)
-            for (int64_t q = 0; q < g.Q; ++q) dst[(p * l.Wp + q) * l.kp] = src[p * g.Q + q];
+            for (int64_t q = q0; q < g.Q; ++q) dst[(p * l.Wp + q) * l.kp] = src[p * g.Q + q];
           if (db) {
             float s = 0.f;
             for (int64_t i = 0; i < g.P * g.Q; ++i) s += src[i];

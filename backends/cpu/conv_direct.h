@@ -17,8 +17,9 @@ namespace et::cpu {
 // Tests: run the scalar reference vectors instead of the native SIMD ones.
 void conv_force_scalar(bool on);
 // Tests / A-B measurements: where both the GEMM and the direct kernels apply, force one
-// (conv.cpp; the environment variable ET_CONV_PATH=gemm|direct sets the initial value).
-enum class ConvPathOverride { Auto, Gemm, Direct };
+// (conv.cpp; the environment variable ET_CONV_PATH=gemm|direct|implicit|winograd sets the initial
+// value; implicit / winograd fall back to the automatic choice where they do not apply).
+enum class ConvPathOverride { Auto, Gemm, Direct, Implicit, Winograd };
 void conv_set_path_override(ConvPathOverride p);
 
 // Dense (groups >= 1, not depthwise) stride-1 kernels.

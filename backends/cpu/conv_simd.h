@@ -4,7 +4,7 @@
 #pragma once
 #include <cstdint>
 
-#if defined(__AVX512F__) || defined(__AVX2__)
+#if defined(__AVX512F__) || defined(__AVX2__) || defined(__AVX__)
 #include <immintrin.h>
 #elif defined(__ARM_NEON)
 #include <arm_neon.h>
@@ -60,5 +60,32 @@ struct VNative {
 #else
 using VNative = VScalar;
 #endif
+
+// dst[k*ldd + i] = src[i*lds + k] for i, k < 8: the GEMM packing and the layout changes of the conv
+// kernels transpose in 8x8 blocks (a scalar loop runs at about one element per cycle).
+inline void transpose8x8(const float* src, int64_t lds, float* dst, int64_t ldd) {
+#if defined(__AVX__)
+  __m256 r[8], t[8];
+  for (int i = 0; i < 8; ++i) r[i] = _mm256_loadu_ps(src + i * lds);
+  for (int i = 0; i < 8; i += 2) {
+    t[i] = _mm256_unpacklo_ps(r[i], r[i + 1]);
+    t[i + 1] = _mm256_unpackhi_ps(r[i], r[i + 1]);
+  }
+  for (int i = 0; i < 8; i += 4) {
+    r[i] = _mm256_shuffle_ps(t[i], t[i + 2], _MM_SHUFFLE(1, 0, 1, 0));
+    r[i + 1] = _mm256_shuffle_ps(t[i], t[i + 2], _MM_SHUFFLE(3, 2, 3, 2));
+    r[i + 2] = _mm256_shuffle_ps(t[i + 1], t[i + 3], _MM_SHUFFLE(1, 0, 1, 0));
+    r[i + 3] = _mm256_shuffle_ps(t[i + 1], t[i + 3], _MM_SHUFFLE(3, 2, 3, 2));
+  }
+  // r[0..3]: columns 0,1,2,3 of rows 0-3 (low lane) / columns 4,5,6,7 (high lane); r[4..7]: rows 4-7.
+  for (int i = 0; i < 4; ++i) {
+    _mm256_storeu_ps(dst + i * ldd, _mm256_permute2f128_ps(r[i], r[i + 4], 0x20));
+    _mm256_storeu_ps(dst + (i + 4) * ldd, _mm256_permute2f128_ps(r[i], r[i + 4], 0x31));
+  }
+#else
+  for (int i = 0; i < 8; ++i)
+    for (int k = 0; k < 8; ++k) dst[k * ldd + i] = src[i * lds + k];
+#endif
+}
 
 }  // namespace et::cpu

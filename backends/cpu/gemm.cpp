@@ -116,33 +116,6 @@ struct KernelTable {
   }
 };
 
-// dst[k*ldd + i] = src[i*lds + k] for i, k < 8: the packing transposes in 8x8 blocks (the scalar
-// loop runs at about one element per cycle, which the narrow GEMMs of 1x1 weight gradients feel).
-inline void transpose8x8(const float* src, int64_t lds, float* dst, int64_t ldd) {
-#if defined(__AVX__)
-  __m256 r[8], t[8];
-  for (int i = 0; i < 8; ++i) r[i] = _mm256_loadu_ps(src + i * lds);
-  for (int i = 0; i < 8; i += 2) {
-    t[i] = _mm256_unpacklo_ps(r[i], r[i + 1]);
-    t[i + 1] = _mm256_unpackhi_ps(r[i], r[i + 1]);
-  }
-  for (int i = 0; i < 8; i += 4) {
-    r[i] = _mm256_shuffle_ps(t[i], t[i + 2], _MM_SHUFFLE(1, 0, 1, 0));
-    r[i + 1] = _mm256_shuffle_ps(t[i], t[i + 2], _MM_SHUFFLE(3, 2, 3, 2));
-    r[i + 2] = _mm256_shuffle_ps(t[i + 1], t[i + 3], _MM_SHUFFLE(1, 0, 1, 0));
-    r[i + 3] = _mm256_shuffle_ps(t[i + 1], t[i + 3], _MM_SHUFFLE(3, 2, 3, 2));
-  }
-  // r[0..3]: columns 0,1,2,3 of rows 0-3 (low lane) / columns 4,5,6,7 (high lane); r[4..7]: rows 4-7.
-  for (int i = 0; i < 4; ++i) {
-    _mm256_storeu_ps(dst + i * ldd, _mm256_permute2f128_ps(r[i], r[i + 4], 0x20));
-    _mm256_storeu_ps(dst + (i + 4) * ldd, _mm256_permute2f128_ps(r[i], r[i + 4], 0x31));
-  }
-#else
-  for (int i = 0; i < 8; ++i)
-    for (int k = 0; k < 8; ++k) dst[k * ldd + i] = src[i * lds + k];
-#endif
-}
-
 // A rows [ic, ic+mc) x k [pc, pc+kc) -> MR-row slivers dst + ir*kc, each [kc][MR] (rows past mc unused).
 template <int MR>
 void pack_a(bool trans, const float* A, int64_t lda, int64_t ic, int64_t mc, int64_t pc, int64_t kc, float* dst) {
@@ -150,13 +123,12 @@ void pack_a(bool trans, const float* A, int64_t lda, int64_t ic, int64_t mc, int
     const int64_t mr = std::min<int64_t>(MR, mc - ir);
     float* d = dst + ir * kc;
     if (!trans) {  // A(i,k) = A[i*lda + k]: read rows, write strided
-      int64_t k8 = 0;
-      if (MR % 8 == 0 && mr == MR)
-        for (; k8 + 8 <= kc; k8 += 8)
-          for (int64_t i = 0; i < MR; i += 8) transpose8x8(A + (ic + ir + i) * lda + pc + k8, lda, d + k8 * MR + i, MR);
+      const int64_t k8 = kc / 8 * 8, i8 = mr / 8 * 8;  // rows [0, i8) x k [0, k8) by 8x8 transposes
+      for (int64_t i = 0; i < i8; i += 8)
+        for (int64_t k = 0; k < k8; k += 8) transpose8x8(A + (ic + ir + i) * lda + pc + k, lda, d + k * MR + i, MR);
       for (int64_t i = 0; i < mr; ++i) {
         const float* s = A + (ic + ir + i) * lda + pc;
-        for (int64_t k = k8; k < kc; ++k) d[k * MR + i] = s[k];
+        for (int64_t k = i < i8 ? k8 : 0; k < kc; ++k) d[k * MR + i] = s[k];
       }
     } else {  // A(i,k) = A[k*lda + i]: rows of the sliver are contiguous in A
       for (int64_t k = 0; k < kc; ++k) {
@@ -259,6 +231,31 @@ void sgemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float al
   };
   if (scalar_forced()) run(gemm_blocked<VScalar, kScalarMR, kScalarNV>);
   else run(gemm_blocked<VNative, kMR, kNV>);
+}
+
+GemmTile sgemm_tile() { return scalar_forced() ? GemmTile{kScalarMR, 16 * kScalarNV} : GemmTile{kMR, 16 * kNV}; }
+
+namespace {
+template <class V, int MR, int NV>
+void packed_rows_cols(int64_t mc, int64_t nc, int64_t kc, const float* a, int64_t a_stride, const float* b,
+                      bool accumulate, float* c, int64_t ldc) {
+  constexpr int NR = 16 * NV;
+  static const KernelTable<V, MR, NV, false> table;
+  for (int64_t ir = 0; ir < mc; ir += MR) {  // rows outer, as gemm_blocked (A sliver stays in L1)
+    const int64_t mr = std::min<int64_t>(MR, mc - ir);
+    for (int64_t jr = 0; jr < nc; jr += NR) {
+      const int64_t ncols = std::min<int64_t>(NR, nc - jr), nv = (ncols + 15) / 16;
+      table.k[mr - 1][nv - 1](kc, a + ir / MR * a_stride, b + jr * kc, c + ir * ldc + jr, ldc, ncols, 1.f,
+                              accumulate ? 1.f : 0.f);
+    }
+  }
+}
+}  // namespace
+
+void sgemm_packed(int64_t mc, int64_t nc, int64_t kc, const float* a, int64_t a_stride, const float* b,
+                  bool accumulate, float* c, int64_t ldc) {
+  if (scalar_forced()) packed_rows_cols<VScalar, kScalarMR, kScalarNV>(mc, nc, kc, a, a_stride, b, accumulate, c, ldc);
+  else packed_rows_cols<VNative, kMR, kNV>(mc, nc, kc, a, a_stride, b, accumulate, c, ldc);
 }
 
 void sgemm_reference(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const float* A,

@@ -28,4 +28,15 @@ void sgemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float al
 void sgemm_reference(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const float* A,
                      int64_t lda, const float* B, int64_t ldb, float beta, float* C, int64_t ldc);
 
+// Building blocks for callers that pack their own operands (conv_implicit.cpp packs im2col
+// slivers straight from the activations). sgemm_tile(): the active register tile (the scalar one
+// under conv_force_scalar). Packed formats, as sgemm's: A in MR-row slivers [kc][MR], B in NR-column
+// slivers [kc][NR] with columns past the matrix zero up to the next multiple of 16.
+struct GemmTile { int mr, nr; };
+GemmTile sgemm_tile();
+// C[mc, nc] = A x B (+ C when accumulate): A sliver i (rows i*MR..) at a + i*a_stride, B sliver j
+// (columns j*NR..) at b + j*NR*kc. Rows past mc / columns past nc are not stored.
+void sgemm_packed(int64_t mc, int64_t nc, int64_t kc, const float* a, int64_t a_stride, const float* b,
+                  bool accumulate, float* c, int64_t ldc);
+
 }  // namespace et::cpu

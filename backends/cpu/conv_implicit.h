@@ -1,0 +1,34 @@
+// Implicit-GEMM conv path of the CPU backend (conv_implicit.cpp), used by conv.cpp for dense convs
+// with many channels on small maps (VGG's 8x8 / 4x4 / 2x2 stages), where im2col + col2im and the
+// flattened-plane direct kernels spend more time moving data than multiplying.
+//
+// A chunk of images is copied once into a zero-padded channels-last buffer [img][Hp][Wp][C]; an
+// im2col row (tap t, channel c) of output position j is then xn[base(j) + off(t) + c], so the
+// GEMM's packing routines read im2col slivers straight from it (8 contiguous channels per load)
+// and no column matrix is ever written:
+//   forward:  y  [K, pos] = w [K, (t,c)]        x  im2col(x)  [(t,c), pos]
+//   data:     dx [C, pos] = w' [C, (t,k)]       x  im2col(dy padded by R-1-pad) (stride 1 only)
+//   weight:   dw [K, (t,c)] (+)= dy [K, pos]    x  im2col(x)^T [pos, (t,c)]
+// (w' is w transposed and flipped.) The weight matrices are packed once per call.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+
+#include "backends/backend.h"
+
+namespace et::cpu {
+
+bool implicit_applies(const Conv2dGeom& g, ConvPass pass);
+size_t implicit_workspace(const Conv2dGeom& g, ConvPass pass, int threads);
+void implicit_forward(const Conv2dGeom& g, const float* x, const float* w, const float* b, float* y, void* ws);
+void implicit_backward_data(const Conv2dGeom& g, const float* dy, const float* w, float* dx, bool accumulate,
+                            void* ws);
+void implicit_backward_weight(const Conv2dGeom& g, const float* x, const float* dy, float* dw, float* db,
+                              bool accumulate, void* ws);
+
+// One image [Ci][Hi][Wi] -> the interior of dst [Hp][Wp][Ci] at (ph, pw); rows / columns past
+// Hp / Wp are dropped, the border is left untouched (the callers zero it once).
+void to_channels_last(const float* src, int64_t Ci, int64_t Hi, int64_t Wi, int64_t ph, int64_t pw, int64_t Hp,
+                      int64_t Wp, float* dst);
+
+}  // namespace et::cpu

@@ -1,0 +1,19 @@
+// Winograd F(2x2, 3x3) path of the CPU backend (conv_winograd.cpp): forward, data gradient and
+// weight gradient (F(3x3, 2x2), its transpose) of dense 3x3 stride-1 convs (pad <= 2), 2.25x
+// fewer multiply-adds than the direct / GEMM paths.
+#pragma once
+#include <cstddef>
+
+#include "backends/backend.h"
+
+namespace et::cpu {
+
+bool winograd_applies(const Conv2dGeom& g, ConvPass pass);
+size_t winograd_workspace(const Conv2dGeom& g, ConvPass pass, int threads);
+void winograd_forward(const Conv2dGeom& g, const float* x, const float* w, const float* b, float* y, void* ws);
+void winograd_backward_data(const Conv2dGeom& g, const float* dy, const float* w, float* dx, bool accumulate,
+                            void* ws);
+void winograd_backward_weight(const Conv2dGeom& g, const float* x, const float* dy, float* dw, float* db,
+                              bool accumulate, void* ws);
+
+}  // namespace et::cpu
