@@ -46,18 +46,6 @@ std::string shape_str(const Shape& s, int64_t batch, bool batched) {
   return b.str();
 }
 
-void write_file(const fs::path& path, const std::string& text) {
-  const fs::path tmp = path.string() + ".tmp";
-  {
-    std::ofstream out(tmp, std::ios::trunc);
-    out << text;
-    if (!out) user_error("cannot write '", tmp.string(), "'");
-  }
-  std::error_code ec;
-  fs::rename(tmp, path, ec);
-  if (ec) user_error("cannot write '", path.string(), "': ", ec.message());
-}
-
 // Horizontal bars, one pair per stashed tensor: dense fp32 bytes (grey) and stored bytes (blue).
 std::string svg_chart(const json& rows, const std::string& title) {
   std::vector<std::tuple<std::string, double, double, std::string>> bars;
@@ -259,8 +247,8 @@ int cmd_memprofile(const MemProfileArgs& a) {
   std::error_code ec;
   fs::create_directories(dir, ec);
   if (ec) user_error("cannot create output folder '", dir.string(), "': ", ec.message());
-  write_file(dir / "memprofile.json", doc.dump(1) + "\n");
-  write_file(dir / "memprofile.svg",
+  write_atomically(dir / "memprofile.json", doc.dump(1) + "\n");
+  write_atomically(dir / "memprofile.svg",
              svg_chart(rows, cfg.model.name + " batch " + std::to_string(n) + ": stash per layer, " + cfg.memory.stash));
   std::printf("wrote %s and %s\n", (dir / "memprofile.json").string().c_str(), (dir / "memprofile.svg").string().c_str());
   std::printf("%s\n", json{{"json", (dir / "memprofile.json").string()}, {"totals", totals}}.dump().c_str());

@@ -20,7 +20,8 @@ std::string default_run_dir(const std::string& model) {
   return "runs/" + model + "-" + buf;
 }
 
-// Writes `text` to `path` through a temporary file and a rename.
+}  // namespace
+
 void write_atomically(const fs::path& path, const std::string& text) {
   const fs::path tmp = path.string() + ".tmp";
   {
@@ -32,6 +33,8 @@ void write_atomically(const fs::path& path, const std::string& text) {
   fs::rename(tmp, path, ec);
   if (ec) user_error("cannot write '", path.string(), "': ", ec.message());
 }
+
+namespace {
 
 // The first dotted key where two resolved configs differ. Keys a resumed run may change: the
 // number of epochs (extend a run), the thread count (bit-exact reproduction needs the same count,

@@ -2,10 +2,14 @@
 // as et::UserError to main(), which prints them and exits non-zero.
 #pragma once
 #include <cstdint>
+#include <filesystem>
 #include <string>
 #include <vector>
 
 namespace et::app {
+
+// Writes `text` to `path` through a temporary file and a rename (UserError naming the file).
+void write_atomically(const std::filesystem::path& path, const std::string& text);
 
 struct TrainArgs {
   std::string config, out;

@@ -63,10 +63,10 @@ using VNative = VScalar;
 
 // dst[k*ldd + i] = src[i*lds + k] for i, k < 8: the GEMM packing and the layout changes of the conv
 // kernels transpose in 8x8 blocks (a scalar loop runs at about one element per cycle).
-inline void transpose8x8(const float* src, int64_t lds, float* dst, int64_t ldd) {
 #if defined(__AVX__)
-  __m256 r[8], t[8];
-  for (int i = 0; i < 8; ++i) r[i] = _mm256_loadu_ps(src + i * lds);
+// Transposes 8 loaded rows r[i] (8 floats each) into dst[k*ldd + i]; r is clobbered.
+inline void transpose8_rows(__m256 r[8], float* dst, int64_t ldd) {
+  __m256 t[8];
   for (int i = 0; i < 8; i += 2) {
     t[i] = _mm256_unpacklo_ps(r[i], r[i + 1]);
     t[i + 1] = _mm256_unpackhi_ps(r[i], r[i + 1]);
@@ -82,6 +82,14 @@ inline void transpose8x8(const float* src, int64_t lds, float* dst, int64_t ldd)
     _mm256_storeu_ps(dst + i * ldd, _mm256_permute2f128_ps(r[i], r[i + 4], 0x20));
     _mm256_storeu_ps(dst + (i + 4) * ldd, _mm256_permute2f128_ps(r[i], r[i + 4], 0x31));
   }
+}
+#endif
+
+inline void transpose8x8(const float* src, int64_t lds, float* dst, int64_t ldd) {
+#if defined(__AVX__)
+  __m256 r[8];
+  for (int i = 0; i < 8; ++i) r[i] = _mm256_loadu_ps(src + i * lds);
+  transpose8_rows(r, dst, ldd);
 #else
   for (int i = 0; i < 8; ++i)
     for (int k = 0; k < 8; ++k) dst[k * ldd + i] = src[i * lds + k];
