@@ -82,7 +82,7 @@ void Executor::restore_views() {
   swapped_.clear();
 }
 
-// Runs a segment's forward again: its own values go to their recompute buffers, what it reads from
+// Runs a segment's forward again (the nodes plan_segments marked): its own values go to their recompute buffers, what it reads from
 // earlier segments comes from the stash, and what its ops save is pushed now instead of in forward.
 void Executor::recompute(const Segment& s) {
   const auto t0 = timing_ ? Clock::now() : Clock::time_point{};
@@ -93,8 +93,10 @@ void Executor::recompute(const Segment& s) {
   for (int id : s.external) data_[size_t(id)] = stash_.get(id).with_batch(graph_.value(id).shape[0]);
   recomputing_ = true;
   for (int n = s.begin; n <= s.end; ++n) {
-    OpContext ctx(*this, n);
-    graph_.node(n).op->forward(ctx);
+    if (reruns_[size_t(n)]) {
+      OpContext ctx(*this, n);
+      graph_.node(n).op->forward(ctx);
+    }
     for (int id : push_after_recompute_[size_t(n)]) stash_.push(id, value(id));
     release(dies_after_recompute_[size_t(n)]);
   }

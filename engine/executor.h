@@ -46,6 +46,7 @@ struct MemoryReport {
   size_t stash_region = 0;       // virtual size reserved for the stash (worst case)
   size_t recompute = 0;          // buffers of recomputed values (inside the planned part)
   int recompute_segments = 0;    // segments whose forward runs again in backward
+  int recompute_nodes = 0;       // nodes of those segments that run again (the rest are kept)
   size_t total = 0;
 };
 
@@ -88,7 +89,7 @@ class Executor {
   // A run of nodes whose forward runs again just before its backward (checkpoint_every).
   struct Segment {
     int begin = 0, end = 0;        // node range, inclusive
-    std::vector<int> outputs;      // activations its nodes write: recomputed into their own buffers
+    std::vector<int> outputs;      // activations its rerun nodes write: recomputed into their own buffers
     std::vector<int> inside;       // the outputs only used inside: not kept from the first forward
     std::vector<int> external;     // activations from before the segment it reads: from the stash
   };
@@ -105,6 +106,7 @@ class Executor {
   std::vector<std::vector<int>> push_after_recompute_;    // per node: pushed when recomputed
   std::vector<Segment> segments_;
   std::vector<int> segment_ending_at_;                    // per node: segment index or -1
+  std::vector<uint8_t> reruns_;                           // per node: its forward runs in a recompute
   // release_pages: arena ranges whose buffer dies at a time step (forward n, recompute, backward).
   struct Range { size_t offset, bytes; };
   std::vector<std::vector<Range>> dies_after_forward_, dies_after_recompute_, dies_after_backward_;

@@ -53,7 +53,7 @@ void Executor::plan() {
     // What the segment reads from before itself must survive until its recompute: saved in full.
     for (int id : s.external)
       for (int c : graph_.value(id).consumers)
-        if (c >= s.begin && c <= s.end) add_saver(id, c, true);
+        if (c >= s.begin && c <= s.end && reruns_[size_t(c)]) add_saver(id, c, true);
   }
 
   // Time line. Forward of node n at n; backward in reverse, each recomputed segment's forward
@@ -69,7 +69,27 @@ void Executor::plan() {
   }
   const int t_end = t;
 
-  std::vector<StashFormat> format(size_t(nv), stash_options_.format);
+  // A global bitmap format applies where zeros come by construction (ReLU / dropout outputs and
+  // max-pools of them). Other saved values (conv outputs: BN inputs) keep the dense format of the
+  // same precision: a bitmap of a tensor without zeros is 1/32 larger and costs a pack and unpack.
+  // auto keeps those as zero-copy fp32 (what its per-tensor choice would pick, without the count).
+  // Per-layer overrides (below) apply as given.
+  std::vector<uint8_t> sparse(size_t(nv), 0);
+  for (int n = 0; n < nn; ++n) {
+    const Node& node = graph_.node(n);
+    const OutputZeros z = node.op->output_zeros();
+    sparse[size_t(node.output)] = z == OutputZeros::Many || (z == OutputZeros::AsInput0 && sparse[size_t(node.inputs[0])]);
+  }
+  auto global_format = [&](int id) {
+    switch (stash_options_.format) {
+      case StashFormat::BitmapF32:
+      case StashFormat::Auto: return sparse[size_t(id)] ? stash_options_.format : StashFormat::DenseF32;
+      case StashFormat::BitmapF16: return sparse[size_t(id)] ? StashFormat::BitmapF16 : StashFormat::DenseF16;
+      default: return stash_options_.format;
+    }
+  };
+  std::vector<StashFormat> format(static_cast<size_t>(nv));
+  for (int id = 0; id < nv; ++id) format[size_t(id)] = global_format(id);
   for (const auto& [layer, f] : stash_options_.layers) {
     const int id = graph_.find_value(layer);
     if (id < 0 || graph_.value(id).producer < 0)
@@ -173,7 +193,7 @@ void Executor::plan() {
           // The recomputed copy: read by the segment's own nodes, and by backward if saved in place.
           int rec_last = rec_t[size_t(p)];
           for (int c : v.consumers)
-            if (seg_of[size_t(c)] == seg_of[size_t(p)]) rec_last = std::max(rec_last, rec_t[size_t(c)]);
+            if (seg_of[size_t(c)] == seg_of[size_t(p)] && reruns_[size_t(c)]) rec_last = std::max(rec_last, rec_t[size_t(c)]);
           if (zero_copy && rec) rec_last = std::max(rec_last, bwd_t[size_t(first_saver[size_t(id)])]);
           req.push_back({bytes, rec_t[size_t(p)], rec_last});
           owner.emplace_back(id, Recompute);
@@ -192,7 +212,7 @@ void Executor::plan() {
           int first = bwd_t[size_t(last_saver[size_t(id)])];
           // (recompute() decodes a segment's external inputs before its first node runs)
           for (int c : v.consumers)
-            if (const int sc = seg_of[size_t(c)]; sc >= 0 && sc != seg_of[size_t(p)])
+            if (const int sc = seg_of[size_t(c)]; sc >= 0 && sc != seg_of[size_t(p)] && reruns_[size_t(c)])
               first = std::min(first, rec_t[size_t(segments_[size_t(sc)].begin)]);
           req.push_back({bytes, first, bwd_t[size_t(first_saver[size_t(id)])]});
           owner.emplace_back(id, Unpack);
@@ -284,6 +304,7 @@ void Executor::plan() {
   swapped_.clear();
   swapped_.reserve(size_t(nv));
   report_.recompute_segments = int(segments_.size());
+  report_.recompute_nodes = int(std::count(reruns_.begin(), reruns_.end(), 1));
   workspace_ = Workspace{arena_.at(ws_base), report_.workspace};
   grad_written_.assign(size_t(nv), 0);
   stash_.configure(std::move(saved), nv, stash_options_.prune_threshold, stash_options_.release_pages);
@@ -310,27 +331,39 @@ void Executor::plan_segments(const std::vector<int>& first_saver, std::vector<in
   if (computes < m)
     user_error("config key 'memory.checkpoint_every' = ", m, ": the model has only ", computes,
                " conv / linear layers, so no segment would be recomputed");
+  reruns_.assign(size_t(nn), 0);
   for (Segment& s : all) {
+    // Only what backward reads again is recomputed: the saved values produced and used inside the
+    // segment (conv outputs read by BN backward) and, walking back, what they are computed from.
+    // Outputs read after the segment are kept from the forward, so the BN / ReLU / add after the
+    // last saved value do not run again.
     bool saves_recomputed = false;
-    for (int n = s.begin; n <= s.end; ++n) {
+    for (int n = s.end; n >= s.begin; --n) {
       const int id = graph_.node(n).output;
       const Value& v = graph_.value(id);
       if (v.kind != ValueKind::Activation) continue;
-      s.outputs.push_back(id);
       bool inside = id != graph_.logits && id != graph_.loss && !v.consumers.empty();
       for (int c : v.consumers) inside &= c >= s.begin && c <= s.end;
-      if (!inside) continue;
-      s.inside.push_back(id);
-      saves_recomputed |= first_saver[size_t(id)] >= 0;
+      if (inside) s.inside.push_back(id);
+      bool needed = inside && first_saver[size_t(id)] >= 0;
+      saves_recomputed |= needed;
+      for (int c : v.consumers) needed |= c <= s.end && reruns_[size_t(c)] != 0;  // an input of a rerun
+      reruns_[size_t(n)] = needed;
     }
-    if (!saves_recomputed) continue;
+    if (!saves_recomputed) {
+      for (int n = s.begin; n <= s.end; ++n) reruns_[size_t(n)] = 0;
+      continue;
+    }
     for (int n = s.begin; n <= s.end; ++n)
-      for (int in : graph_.node(n).inputs) {
-        const Value& v = graph_.value(in);
-        if (v.kind == ValueKind::Activation && v.producer < s.begin &&
-            std::find(s.external.begin(), s.external.end(), in) == s.external.end())
-          s.external.push_back(in);
-      }
+      if (reruns_[size_t(n)]) s.outputs.push_back(graph_.node(n).output);
+    for (int n = s.begin; n <= s.end; ++n)
+      if (reruns_[size_t(n)])
+        for (int in : graph_.node(n).inputs) {
+          const Value& v = graph_.value(in);
+          if (v.kind == ValueKind::Activation && v.producer < s.begin &&
+              std::find(s.external.begin(), s.external.end(), in) == s.external.end())
+            s.external.push_back(in);
+        }
     for (int n = s.begin; n <= s.end; ++n) (*seg_of)[size_t(n)] = int(segments_.size());
     segments_.push_back(std::move(s));
   }

@@ -24,6 +24,14 @@ enum class SaveKind : uint8_t {
   Mask,  // only "is > 0" is needed (ReLU output): 1 bit per element suffices
 };
 
+// Whether an op's output holds zeros by construction, which decides where the bitmap stash formats
+// pay off (memory.stash = bitmap_*: a value no sparse op produced keeps the dense format).
+enum class OutputZeros : uint8_t {
+  None,      // conv, BN, linear, add: zeros only by accident
+  Many,      // relu, dropout: a large share of exact zeros
+  AsInput0,  // max-pool, reshapes: as sparse as input 0
+};
+
 struct SaveSpec {
   int input = -1;   // index into node.inputs, or -1 for the node's output
   SaveKind kind = SaveKind::Full;
@@ -40,6 +48,7 @@ class Op {
   virtual size_t workspace_bytes(const Backend& backend, int64_t batch) const { return 0; }
   // True if the output may share memory with input 0 (pure reshapes).
   virtual bool output_aliases_input() const { return false; }
+  virtual OutputZeros output_zeros() const { return OutputZeros::None; }
   // True if backward may write input i's gradient over the output gradient it reads (element-wise
   // backward that reads dy[j] before writing dx[j]): the executor then gives both one buffer when
   // this op is the input's only consumer. The op still sees two tensors (maybe one memory).

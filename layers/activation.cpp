@@ -13,6 +13,7 @@ class ReluOp final : public Op {
   OpClass op_class() const override { return OpClass::Elementwise; }
   std::vector<SaveSpec> saves() const override { return {{-1, SaveKind::Mask}}; }
   bool grad_in_place(int) const override { return true; }
+  OutputZeros output_zeros() const override { return OutputZeros::Many; }
 
   // y = max(x, 0)
   void forward(OpContext& ctx) override {
@@ -31,6 +32,7 @@ class DropoutOp final : public Op {
   explicit DropoutOp(float p) : p_(p) {}
   const char* type() const override { return "dropout"; }
   OpClass op_class() const override { return OpClass::Elementwise; }
+  OutputZeros output_zeros() const override { return p_ > 0.f ? OutputZeros::Many : OutputZeros::AsInput0; }
 
   void forward(OpContext& ctx) override {
     Tensor y = ctx.output();

@@ -27,6 +27,7 @@ class FlattenOp final : public Op {
  public:
   const char* type() const override { return "flatten"; }
   OpClass op_class() const override { return OpClass::Reshape; }
+  OutputZeros output_zeros() const override { return OutputZeros::AsInput0; }
   void forward(OpContext& ctx) override {
     Tensor y = ctx.output();
     ctx.backend().copy(ctx.input(0).reshaped(y.shape), y);

@@ -13,6 +13,7 @@ class MaxPoolOp final : public Op {
   const char* type() const override { return "maxpool2d"; }
   OpClass op_class() const override { return OpClass::Pool; }
   std::vector<SaveSpec> saves() const override { return {{0, SaveKind::Full}}; }
+  OutputZeros output_zeros() const override { return OutputZeros::AsInput0; }
   void forward(OpContext& ctx) override {
     Tensor y = ctx.output();
     ctx.backend().maxpool2d_forward(geom_.with_batch(ctx.batch()), ctx.input(0), y);

@@ -9,6 +9,8 @@
 //   dense_fp16 / dense_bf16   converted copies (lossy);
 //   bitmap_fp32 / bitmap_fp16 BitTrain: 1 bit per element + the non-zero values (fp32 exact);
 //   auto         per tensor the smaller exact one of bitmap_fp32 and a dense fp32 copy.
+// The executor applies a global bitmap format / auto only to values with zeros by construction
+// (ReLU outputs...); others keep the dense format of the same precision (executor_plan.cpp).
 // A value only ever read as a mask (a ReLU output nobody else saves) is stored as its bitmap
 // alone in every format but dense_fp32; the ReLU backward reads that bitmap as its mask.
 // Everything except dense_fp32 copies into the stash's own region, so the forward buffer dies

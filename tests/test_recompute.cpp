@@ -17,7 +17,7 @@ struct Run {
   std::vector<float> losses;
   std::vector<std::vector<float>> grads, buffers;  // last step, per parameter / BN statistic
   size_t stash_peak = 0;
-  int segments = 0;
+  int segments = 0, rerun_nodes = 0, convs = 0;
 };
 
 Run train(const std::string& model, StashFormat format, int checkpoint_every, int steps = 3, bool release = false) {
@@ -52,6 +52,8 @@ Run train(const std::string& model, StashFormat format, int checkpoint_every, in
   for (int b : g.buffers()) r.buffers.emplace_back(ex.value(b).f32(), ex.value(b).f32() + ex.value(b).numel());
   r.stash_peak = ex.stash().peak_bytes();
   r.segments = ex.memory().recompute_segments;
+  r.rerun_nodes = ex.memory().recompute_nodes;
+  for (int n = 0; n < g.num_nodes(); ++n) r.convs += std::string(g.node(n).op->type()) == "conv2d";
   return r;
 }
 
@@ -82,6 +84,18 @@ TEST_CASE("recomputation drops the dense BN inputs from the stash", "[stash][rec
   const Run f16 = train("resnet8", StashFormat::BitmapF16, 1, 1);
   CHECK(f16.losses[0] == rec.losses[0]);
   CHECK(f16.stash_peak < rec.stash_peak);
+}
+
+TEST_CASE("a recompute reruns only what backward reads again", "[stash][recompute]") {
+  // ResNet with m = 1: each conv's output (a BN input) is recomputed; BN, ReLU and add outputs
+  // are kept from the forward (ReLU outputs are conv inputs, saved anyway), so only convs rerun,
+  // except the last block's shortcut BN, add and ReLU: only the pooling in their segment reads it.
+  const Run r = train("resnet8", StashFormat::BitmapF32, 1, 1);
+  CHECK(r.convs > 0);
+  CHECK(r.rerun_nodes == r.convs + 3);
+  // VGG: a max-pool reads its ReLU's output, which reads BN's output: the whole chain reruns.
+  const Run v = train("vgg11_bn", StashFormat::BitmapF32, 1, 1);
+  CHECK(v.rerun_nodes > v.convs);
 }
 
 TEST_CASE("checkpoint_every beyond the model's layers is an error naming the key", "[stash][recompute]") {

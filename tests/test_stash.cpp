@@ -18,6 +18,7 @@ struct Run {
   std::vector<float> losses;
   std::vector<std::vector<float>> grads;  // last step, per parameter
   size_t stash_peak = 0, stash_dense = 0;
+  std::vector<std::pair<std::string, std::string>> stored;  // (value, how its last push stored it)
 };
 
 Run train(const std::string& model, const StashOptions& opt, int steps = 3) {
@@ -46,6 +47,8 @@ Run train(const std::string& model, const StashOptions& opt, int steps = 3) {
     }
   }
   for (int p : params) r.grads.emplace_back(ex.grad(p).f32(), ex.grad(p).f32() + ex.grad(p).numel());
+  for (int id = 0; id < g.num_values(); ++id)
+    if (*ex.stash().record(id).stored_as) r.stored.emplace_back(g.value(id).name, ex.stash().record(id).stored_as);
   r.stash_peak = ex.stash().peak_bytes();
   r.stash_dense = ex.memory().stash_dense_bytes;
   return r;
@@ -83,6 +86,36 @@ TEST_CASE("exact stash formats are bit-identical to dense fp32", "[stash]") {
       CHECK(r.stash_peak < dense.stash_peak);  // ReLU outputs are ~half zeros
     }
   }
+}
+
+TEST_CASE("bitmap formats apply where zeros come by construction; overrides force them anywhere", "[stash]") {
+  const Run dense = train("resnet8", with(StashFormat::DenseF32), 2);
+  const Run global = train("resnet8", with(StashFormat::BitmapF32), 2);
+  const Run global16 = train("resnet8", with(StashFormat::BitmapF16), 1);
+  int convs = 0, relus = 0;
+  for (const auto& [name, how] : global.stored) {
+    INFO(name << ": " << how);
+    const bool is_conv = name.find("conv") != std::string::npos || name.find("shortcut") != std::string::npos;
+    const bool is_relu = name.find("relu") != std::string::npos;
+    if (is_conv) CHECK(how == std::string("fp32 (zero copy)"));  // BN inputs: no zeros to drop
+    if (is_relu) CHECK((how == std::string("bitmap+fp32") || how == std::string("bits (mask)")));
+    convs += is_conv;
+    relus += is_relu;
+  }
+  CHECK(convs >= 3);
+  CHECK(relus >= 3);
+  for (const auto& [name, how] : global16.stored)
+    if (name.find("conv") != std::string::npos) CHECK(how == std::string("fp16"));
+  // Every conv output forced to a bitmap: still exact, and stored as one.
+  StashOptions forced = with(StashFormat::BitmapF32);
+  for (const auto& [name, how] : global.stored)
+    if (name.find("conv") != std::string::npos) forced.layers.emplace_back(name, StashFormat::BitmapF32);
+  const Run r = train("resnet8", forced, 2);
+  for (const auto& [name, how] : r.stored)
+    if (name.find("conv") != std::string::npos) CHECK(how == std::string("bitmap+fp32"));
+  CHECK(std::memcmp(r.losses.data(), dense.losses.data(), r.losses.size() * 4) == 0);
+  CHECK(r.grads == dense.grads);
+  CHECK(global.grads == dense.grads);
 }
 
 TEST_CASE("lossy stash formats keep the forward exact and the gradients close", "[stash]") {
