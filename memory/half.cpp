@@ -1,8 +1,14 @@
+// Array conversions f32 <-> fp16 / bf16 for the stash: streaming passes, AVX-512 or F16C where the
+// target has them, the bit-exact scalar conversion otherwise; large arrays split over the bitmap
+// module's OpenMP threads (these run once per saved tensor per step, like pack / unpack).
 #include "memory/half.h"
 
+#include <algorithm>
 #include <cstring>
 
-#if defined(__F16C__)
+#include <omp.h>
+
+#if defined(__F16C__) || defined(__AVX512F__)
 #include <immintrin.h>
 #endif
 
@@ -10,42 +16,80 @@
 
 namespace et {
 
-void f32_to_f16(const float* x, int64_t n, uint16_t* out) {
-  int64_t i = 0;
-#if defined(__F16C__)
-  for (; i + 8 <= n; i += 8)
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(out + i),
-                     _mm256_cvtps_ph(_mm256_loadu_ps(x + i), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+namespace {
+
+constexpr int kRound = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
+
+// Runs body(i0, i1) over [0, n) in parts whose bounds are multiples of 64 elements.
+template <typename Body>
+void parallel_range(int64_t n, Body body) {
+  const int T = n >= bitmap::kParallelMinElements ? bitmap::threads() : 1;
+  if (T <= 1) {
+    body(int64_t(0), n);
+    return;
+  }
+  const int64_t blocks = (n + 63) / 64;
+#pragma omp parallel num_threads(T)
+  {
+    const int p = omp_get_num_threads(), i = omp_get_thread_num();
+    const int64_t i0 = std::min(n, blocks * i / p * 64), i1 = std::min(n, blocks * (i + 1) / p * 64);
+    body(i0, i1);
+  }
+}
+
+void to_f16(const float* x, int64_t i, int64_t end, uint16_t* out) {
+#if defined(__AVX512F__)  // maskz forms: GCC 12 warns about the unmasked ones
+  for (; i + 16 <= end; i += 16)
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + i), _mm512_maskz_cvtps_ph(0xFFFF, _mm512_loadu_ps(x + i), kRound));
+#elif defined(__F16C__)
+  for (; i + 8 <= end; i += 8)
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(out + i), _mm256_cvtps_ph(_mm256_loadu_ps(x + i), kRound));
 #endif
-  for (; i < n; ++i) out[i] = bitmap::f32_to_f16(x[i]);
+  for (; i < end; ++i) out[i] = bitmap::f32_to_f16(x[i]);
+}
+
+void from_f16(const uint16_t* x, int64_t i, int64_t end, float* out) {
+#if defined(__AVX512F__)  // maskz forms: GCC 12 warns about the unmasked ones
+  for (; i + 16 <= end; i += 16)
+    _mm512_storeu_ps(out + i, _mm512_maskz_cvtph_ps(0xFFFF, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x + i))));
+#elif defined(__F16C__)
+  for (; i + 8 <= end; i += 8)
+    _mm256_storeu_ps(out + i, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(x + i))));
+#endif
+  for (; i < end; ++i) out[i] = bitmap::f16_to_f32(x[i]);
+}
+
+}  // namespace
+
+void f32_to_f16(const float* x, int64_t n, uint16_t* out) {
+  parallel_range(n, [&](int64_t i0, int64_t i1) { to_f16(x, i0, i1, out); });
 }
 
 void f16_to_f32(const uint16_t* x, int64_t n, float* out) {
-  int64_t i = 0;
-#if defined(__F16C__)
-  for (; i + 8 <= n; i += 8)
-    _mm256_storeu_ps(out + i, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(x + i))));
-#endif
-  for (; i < n; ++i) out[i] = bitmap::f16_to_f32(x[i]);
+  parallel_range(n, [&](int64_t i0, int64_t i1) { from_f16(x, i0, i1, out); });
 }
 
 void f32_to_bf16(const float* x, int64_t n, uint16_t* out) {
+  parallel_range(n, [&](int64_t i0, int64_t i1) {
 #pragma omp simd
-  for (int64_t i = 0; i < n; ++i) {
-    uint32_t u;
-    std::memcpy(&u, x + i, 4);
-    const bool nan = (u & 0x7FFFFFFFu) > 0x7F800000u;
-    const uint32_t rounded = (u + 0x7FFFu + ((u >> 16) & 1u)) >> 16;
-    out[i] = nan ? uint16_t((u >> 16) | 0x40u) : uint16_t(rounded);
-  }
+    for (int64_t i = i0; i < i1; ++i) {
+      uint32_t u;
+      std::memcpy(&u, x + i, 4);
+      const bool nan = (u & 0x7FFFFFFFu) > 0x7F800000u;
+      const uint32_t rounded = (u + 0x7FFFu + ((u >> 16) & 1u)) >> 16;
+      out[i] = nan ? uint16_t((u >> 16) | 0x40u) : uint16_t(rounded);
+    }
+  });
 }
 
 void bf16_to_f32(const uint16_t* x, int64_t n, float* out) {
+  parallel_range(n, [&](int64_t i0, int64_t i1) {
 #pragma omp simd
-  for (int64_t i = 0; i < n; ++i) {
-    const uint32_t u = uint32_t(x[i]) << 16;
-    std::memcpy(out + i, &u, 4);
-  }
+    for (int64_t i = i0; i < i1; ++i) {
+      const uint32_t u = uint32_t(x[i]) << 16;
+      std::memcpy(out + i, &u, 4);
+    }
+  });
 }
 
 }  // namespace et

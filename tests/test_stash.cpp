@@ -7,6 +7,7 @@
 
 #include "engine/executor.h"
 #include "engine/init.h"
+#include "memory/bitmap.h"
 #include "memory/half.h"
 #include "models/models.h"
 
@@ -175,4 +176,48 @@ TEST_CASE("half and bfloat16 conversions", "[stash]") {
   CHECK(back[6] == Approx(3.14159265f).epsilon(1e-2));
   CHECK(back[7] == Approx(1e30f).epsilon(1e-2));
   CHECK(std::signbit(back[1]));
+}
+
+TEST_CASE("array half conversions match the scalar reference on every bit pattern, threaded", "[stash]") {
+  // Every fp16 pattern (NaN, denormals, infinities) and an odd length, above the threading cutoff.
+  const int64_t n = bitmap::kParallelMinElements + 12345;
+  std::vector<uint16_t> h(static_cast<size_t>(n)), h2(static_cast<size_t>(n));
+  std::vector<float> f(static_cast<size_t>(n)), f2(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) h[size_t(i)] = uint16_t(i * 40503u);
+  f16_to_f32(h.data(), n, f.data());
+  bool same = true;
+  for (int64_t i = 0; i < n; ++i) {
+    const float r = bitmap::f16_to_f32(h[size_t(i)]);
+    same &= std::memcmp(&r, &f[size_t(i)], 4) == 0;
+  }
+  CHECK(same);
+  // f32 -> f16: random bit patterns (all exponents), against the scalar rounding.
+  uint32_t s = 1;
+  for (int64_t i = 0; i < n; ++i) {
+    s = s * 1664525u + 1013904223u;
+    std::memcpy(&f2[size_t(i)], &s, 4);
+  }
+  f32_to_f16(f2.data(), n, h2.data());
+  same = true;
+  for (int64_t i = 0; i < n; ++i) {
+    const uint16_t r = bitmap::f32_to_f16(f2[size_t(i)]);
+    const bool nan = std::isnan(f2[size_t(i)]);
+    same &= nan ? (h2[size_t(i)] & 0x7C00) == 0x7C00 && (h2[size_t(i)] & 0x3FF) != 0 : r == h2[size_t(i)];
+  }
+  CHECK(same);
+  std::vector<uint16_t> b(static_cast<size_t>(n));
+  f32_to_bf16(f2.data(), n, b.data());
+  f16_to_f32(h2.data(), 0, f.data());  // empty input writes nothing
+  bf16_to_f32(b.data(), n, f.data());
+  same = true;
+  for (int64_t i = 0; i < n; ++i) {
+    uint32_t u, x;
+    std::memcpy(&u, &f[size_t(i)], 4);
+    std::memcpy(&x, &f2[size_t(i)], 4);
+    // Nearest of the two bf16 neighbours, ties to the even one (an overflow carries into inf).
+    const uint32_t lo = x & 0xFFFF0000u, r = x & 0xFFFFu;
+    const uint32_t want = r > 0x8000u || (r == 0x8000u && (lo & 0x10000u)) ? lo + 0x10000u : lo;
+    same &= std::isnan(f2[size_t(i)]) ? std::isnan(f[size_t(i)]) : u == want;
+  }
+  CHECK(same);
 }
