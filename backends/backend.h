@@ -27,6 +27,15 @@ struct MaskView {
   int64_t numel = 0;
 };
 
+// Where a forward kernel may write its output's bitmap (memory/bitmap.h layout and keep rule,
+// with activation pruning at `prune_threshold`) while it writes the output: the stash then only
+// packs the values. The kernel sets `kept` to the number of set bits; -1 = not written.
+struct MaskOut {
+  uint64_t* bits = nullptr;
+  float prune_threshold = 0.f;
+  int64_t kept = -1;
+};
+
 // Geometry of a 2-D convolution / pooling window over an NCHW tensor.
 struct Conv2dGeom {
   int64_t N = 0, C = 0, H = 0, W = 0;  // input
@@ -80,7 +89,8 @@ class Backend {
                                   bool accumulate_params) = 0;
 
   // ---- element-wise
-  virtual void relu_forward(const Tensor& x, Tensor& y) = 0;
+  // y = max(x, 0); with `mask`, also y's bitmap (fused: the stash's pack skips a pass over y).
+  virtual void relu_forward(const Tensor& x, Tensor& y, MaskOut* mask = nullptr) = 0;
   virtual void relu_backward(const Tensor& dy, const MaskView& mask, Tensor& dx, bool accumulate) = 0;
   // y[i] = 0 where ref[i] == 0 (double-mask BN: the input's zeros mask the output and its gradient).
   virtual void zero_where_zero(const Tensor& ref, Tensor& y) = 0;

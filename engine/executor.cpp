@@ -57,11 +57,15 @@ void Executor::forward(int64_t batch, bool training) {
   restore_views();
   for (int n = 0; n < graph_.num_nodes(); ++n) {
     OpContext ctx(*this, n);
+    const auto& pushes = push_after_[size_t(n)];
+    // The output goes to the stash first: an op may write its bitmap there as it computes it.
+    const bool own_first = training && !pushes.empty() && pushes.front() == graph_.node(n).output;
+    if (own_first) ctx.mask_ = stash_.mask_target(pushes.front());
     const auto t0 = timing_ ? Clock::now() : Clock::time_point{};
     graph_.node(n).op->forward(ctx);
     if (timing_) fwd_s_[size_t(n)] += std::chrono::duration<double>(Clock::now() - t0).count();
     if (training)
-      for (int id : push_after_[size_t(n)]) stash_.push(id, value(id));
+      for (int id : pushes) stash_.push(id, value(id), own_first && id == pushes.front() ? ctx.mask_.kept : -1);
     if (training) release(dies_after_forward_[size_t(n)]);  // eval forwards read logits only
     if (observer_) observer_->after_forward(n);
   }

@@ -158,6 +158,9 @@ class OpContext {
   Tensor saved(int i) const;
   MaskView saved_mask(int i) const;
 
+  // Where the op may write its output's bitmap during forward (Backend MaskOut), or nullptr: set
+  // when the stash stores this output as a bitmap right after this forward.
+  MaskOut* output_mask() { return mask_.bits ? &mask_ : nullptr; }
   Tensor grad_output() const { return ex_.grad(node_.output); }
   // A wanted input gradient; the op must write it (overwrite or add, per `accumulate`).
   GradOut grad_input(int i) const;
@@ -165,9 +168,11 @@ class OpContext {
 
  private:
   int saved_value(int i) const;
+  friend class Executor;
   Executor& ex_;
   const Node& node_;
   int node_id_;
+  MaskOut mask_;
 };
 
 }  // namespace et

@@ -18,7 +18,7 @@ class ReluOp final : public Op {
   // y = max(x, 0)
   void forward(OpContext& ctx) override {
     Tensor y = ctx.output();
-    ctx.backend().relu_forward(ctx.input(0), y);
+    ctx.backend().relu_forward(ctx.input(0), y, ctx.output_mask());
   }
   // dx = dy * [y > 0]
   void backward(OpContext& ctx) override {

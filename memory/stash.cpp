@@ -87,7 +87,18 @@ void Stash::clear() {
   top_ = zero_copy_live_ = 0;
 }
 
-void Stash::push(int value_id, const Tensor& t) {
+MaskOut Stash::mask_target(int value_id) const {
+  const SavedValue& s = *info(value_id);
+  MaskOut m;
+  const bool has_bits = s.format == StashFormat::BitmapF32 || s.format == StashFormat::BitmapF16 ||
+                        s.format == StashFormat::Auto || (!s.full && s.format != StashFormat::DenseF32);
+  if (!has_bits) return m;
+  m.bits = static_cast<uint64_t*>(at(top_));
+  m.prune_threshold = prune_threshold_;
+  return m;
+}
+
+void Stash::push(int value_id, const Tensor& t, int64_t bits_kept) {
   const SavedValue& s = *info(value_id);
   Entry& e = entries_[size_t(value_id)];
   ET_CHECK(e.stored == Stored::None, "value ", value_id, " pushed twice");
@@ -108,7 +119,7 @@ void Stash::push(int value_id, const Tensor& t) {
     void* dst = at(top_);
     if (!s.full) {
       e.stored = Stored::Bits;
-      e.nonzero = bitmap::make_bits(x, n, prune_threshold_, static_cast<uint64_t*>(dst));
+      e.nonzero = bits_kept >= 0 ? bits_kept : bitmap::make_bits(x, n, prune_threshold_, static_cast<uint64_t*>(dst));
       e.bytes = size_t(bitmap::num_words(n)) * 8;
       rec.stored_as = "bits (mask)";
     } else if (s.format == StashFormat::DenseF16 || s.format == StashFormat::DenseBF16) {
@@ -122,8 +133,8 @@ void Stash::push(int value_id, const Tensor& t) {
       const bool f16 = s.format == StashFormat::BitmapF16;
       const auto vt = f16 ? bitmap::ValueType::F16 : bitmap::ValueType::F32;
       // Only auto needs the count before choosing; pack itself counts (one pass fewer).
-      const bool to_dense = s.format == StashFormat::Auto &&
-                            bitmap::bitmap_bytes(n, bitmap::count_nonzero(x, n, prune_threshold_), vt) >= size_t(n) * 4;
+      const int64_t kept = bits_kept >= 0 || s.format != StashFormat::Auto ? bits_kept : bitmap::count_nonzero(x, n, prune_threshold_);
+      const bool to_dense = s.format == StashFormat::Auto && bitmap::bitmap_bytes(n, kept, vt) >= size_t(n) * 4;
       if (to_dense) {
         std::memcpy(dst, x, size_t(n) * 4);  // dense is smaller: keep an exact copy
         e.stored = Stored::DenseF32;
@@ -133,7 +144,12 @@ void Stash::push(int value_id, const Tensor& t) {
       } else {
         uint64_t* bits = static_cast<uint64_t*>(dst);
         void* values = bits + bitmap::num_words(n);
-        e.nonzero = bitmap::pack(x, n, prune_threshold_, bits, values, vt);
+        if (bits_kept >= 0) {  // the producer wrote the bitmap (Backend MaskOut)
+          bitmap::pack_values(x, bits, n, values, vt);
+          e.nonzero = bits_kept;
+        } else {
+          e.nonzero = bitmap::pack(x, n, prune_threshold_, bits, values, vt);
+        }
         e.stored = f16 ? Stored::BitmapF16 : Stored::BitmapF32;
         e.bytes = bitmap::bitmap_bytes(n, e.nonzero, vt);
         rec.stored_as = f16 ? "bitmap+fp16" : "bitmap+fp32";

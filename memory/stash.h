@@ -55,7 +55,12 @@ class Stash {
   bool zero_copy(int value_id) const;
 
   void clear();  // drops everything (a new training forward)
-  void push(int value_id, const Tensor& t);
+  // `bits_kept` >= 0: the bitmap of t (this stash's prune threshold) is already written at
+  // mask_target(value_id) and has that many set bits; only the values remain to pack.
+  void push(int value_id, const Tensor& t, int64_t bits_kept = -1);
+  // Where the next push's bitmap goes if value_id is stored with one (bitmap formats, auto, masks),
+  // with the prune threshold; bits = nullptr otherwise.
+  MaskOut mask_target(int value_id) const;
   Tensor get(int value_id);  // every element, f32 (decoded on first use)
   MaskView get_mask(int value_id);
   void pop(int value_id);

@@ -3,6 +3,8 @@
 // around the 64-element word, with and without accumulation, and in place (dx = dy).
 #include <catch2/catch.hpp>
 
+#include <cmath>
+#include <cstring>
 #include <random>
 #include <vector>
 
@@ -43,6 +45,35 @@ TEST_CASE("relu backward from a bitmap mask equals the dense reference", "[kerne
         be->relu_backward(tdy, mask, tdx, accumulate);
         CHECK(out == expect);
       }
+    }
+  }
+}
+
+TEST_CASE("relu forward writing its bitmap equals relu then make_bits", "[kernels]") {
+  auto be = make_cpu_backend();
+  std::mt19937 rng(7);
+  std::normal_distribution<float> nd(0.f, 1.f);
+  for (int64_t n : {int64_t(1), int64_t(63), int64_t(64), int64_t(1000), int64_t(3 * 64 * 1024 + 17)}) {
+    for (float thr : {0.f, 0.05f, 0.5f}) {
+      INFO("n " << n << " threshold " << thr);
+      std::vector<float> x(static_cast<size_t>(n));
+      for (auto& v : x) v = nd(rng);
+      // Edge values: signed zeros, NaN, infinities, denormals, the threshold itself.
+      const float edge[] = {0.f, -0.f, std::nanf(""), -std::nanf(""), INFINITY, -INFINITY, 1e-40f, -1e-40f, thr, -thr};
+      for (size_t i = 0; i < x.size() && i < 10; ++i) x[i * 7 % x.size()] = edge[i];
+      Tensor tx = Tensor::contiguous(x.data(), Shape{n}, DType::F32);
+      std::vector<float> y_ref(x.size()), y(x.size());
+      Tensor tyr = Tensor::contiguous(y_ref.data(), Shape{n}, DType::F32), ty = Tensor::contiguous(y.data(), Shape{n}, DType::F32);
+      be->relu_forward(tx, tyr);
+      std::vector<uint64_t> bits_ref(static_cast<size_t>(bitmap::num_words(n))), bits(bits_ref.size(), ~0ull);
+      const int64_t kept_ref = bitmap::make_bits(y_ref.data(), n, thr, bits_ref.data());
+      MaskOut m;
+      m.bits = bits.data();
+      m.prune_threshold = thr;
+      be->relu_forward(tx, ty, &m);
+      CHECK(m.kept == kept_ref);
+      CHECK(bits == bits_ref);
+      CHECK(std::memcmp(y.data(), y_ref.data(), x.size() * 4) == 0);
     }
   }
 }

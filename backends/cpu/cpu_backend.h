@@ -38,7 +38,7 @@ class CpuBackend final : public Backend {
                           const Tensor& invstd, Tensor& dx, bool accumulate_dx, Tensor& dgamma, Tensor& dbeta,
                           bool accumulate_params) override;
 
-  void relu_forward(const Tensor& x, Tensor& y) override;
+  void relu_forward(const Tensor& x, Tensor& y, MaskOut* mask = nullptr) override;
   void relu_backward(const Tensor& dy, const MaskView& mask, Tensor& dx, bool accumulate) override;
   void zero_where_zero(const Tensor& ref, Tensor& y) override;
   void add_forward(const Tensor& a, const Tensor& b, Tensor& y) override;

@@ -44,12 +44,52 @@ void CpuBackend::copy(const Tensor& src, Tensor& dst) {
   std::memcpy(dst.data, src.data, src.nbytes());
 }
 
-void CpuBackend::relu_forward(const Tensor& x, Tensor& y) {
+void CpuBackend::relu_forward(const Tensor& x, Tensor& y, MaskOut* mask) {
   const float* xp = x.f32();
   float* yp = y.f32();
   const int64_t n = x.numel();
+  if (!mask) {
 #pragma omp parallel for simd schedule(static)
-  for (int64_t i = 0; i < n; ++i) yp[i] = xp[i] > 0.f ? xp[i] : 0.f;
+    for (int64_t i = 0; i < n; ++i) yp[i] = xp[i] > 0.f ? xp[i] : 0.f;
+    return;
+  }
+  // y >= +0 and never NaN, so the bitmap's keep rule (|y| >= threshold, non-zero) is one unsigned
+  // compare of y's bits with threshold_bits (1 for no pruning: every y > 0).
+  ET_CHECK(mask->prune_threshold >= 0.f, "prune threshold ", mask->prune_threshold);
+  uint32_t tb = 1;
+  if (mask->prune_threshold > 0.f) std::memcpy(&tb, &mask->prune_threshold, 4);
+  uint64_t* bits = mask->bits;
+  const int64_t words = (n + 63) / 64;
+  int64_t kept = 0;
+#pragma omp parallel for schedule(static) reduction(+ : kept)
+  for (int64_t w = 0; w < words; ++w) {
+    const int64_t i0 = w * 64, count = std::min<int64_t>(64, n - i0);
+    uint64_t m = 0;
+#if defined(__AVX512F__)
+    if (count == 64) {
+      const __m512i thr = _mm512_set1_epi32(int32_t(tb));
+      for (int j = 0; j < 4; ++j) {
+        // maskz form: GCC 12 warns about the unmasked _mm512_max_ps. NaN -> +0, like the scalar loop.
+        const __m512 v = _mm512_maskz_max_ps(0xFFFF, _mm512_loadu_ps(xp + i0 + 16 * j), _mm512_setzero_ps());
+        _mm512_storeu_ps(yp + i0 + 16 * j, v);
+        m |= uint64_t(_mm512_cmpge_epu32_mask(_mm512_castps_si512(v), thr)) << (16 * j);
+      }
+      bits[w] = m;
+      kept += __builtin_popcountll(m);
+      continue;
+    }
+#endif
+    for (int64_t t = 0; t < count; ++t) {
+      const float v = xp[i0 + t] > 0.f ? xp[i0 + t] : 0.f;
+      yp[i0 + t] = v;
+      uint32_t u;
+      std::memcpy(&u, &v, 4);
+      m |= uint64_t(u >= tb) << t;
+    }
+    bits[w] = m;
+    kept += __builtin_popcountll(m);
+  }
+  mask->kept = kept;
 }
 
 void CpuBackend::relu_backward(const Tensor& dy, const MaskView& mask, Tensor& dx, bool accumulate) {
