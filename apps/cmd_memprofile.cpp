@@ -7,7 +7,6 @@
 
 #include <algorithm>
 #include <chrono>
-#include <ctime>
 #include <filesystem>
 #include <fstream>
 #include <random>
@@ -123,13 +122,7 @@ int cmd_memprofile(const MemProfileArgs& a) {
     for (int32_t& l : labels) l = int32_t(rng() % uint64_t(cfg.model.num_classes));
   }
 
-  fs::path dir = a.out;
-  if (dir.empty()) {
-    const std::time_t now = std::time(nullptr);
-    char buf[32];
-    std::strftime(buf, sizeof(buf), "%Y%m%d-%H%M%S", std::localtime(&now));
-    dir = fs::path("runs") / ("memprofile-" + cfg.model.name + "-" + buf);
-  }
+  const fs::path dir = a.out.empty() ? fs::path(default_run_dir("memprofile-" + cfg.model.name)) : fs::path(a.out);
 
   for (const char* f : {"memprofile.json", "memprofile.svg"})
     if (fs::exists(dir / f)) user_error("'", (dir / f).string(), "' exists; choose another --out");

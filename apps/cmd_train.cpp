@@ -11,16 +11,12 @@ namespace et::app {
 namespace fs = std::filesystem;
 using json = nlohmann::json;
 
-namespace {
-
-std::string default_run_dir(const std::string& model) {
+std::string default_run_dir(const std::string& prefix) {
   const std::time_t now = std::time(nullptr);
   char buf[32];
   std::strftime(buf, sizeof(buf), "%Y%m%d-%H%M%S", std::localtime(&now));
-  return "runs/" + model + "-" + buf;
+  return "runs/" + prefix + "-" + buf;
 }
-
-}  // namespace
 
 void write_atomically(const fs::path& path, const std::string& text) {
   const fs::path tmp = path.string() + ".tmp";

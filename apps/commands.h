@@ -10,6 +10,8 @@ namespace et::app {
 
 // Writes `text` to `path` through a temporary file and a rename (UserError naming the file).
 void write_atomically(const std::filesystem::path& path, const std::string& text);
+// runs/<prefix>-<local time>: where a command writes when no --out is given.
+std::string default_run_dir(const std::string& prefix);
 
 struct TrainArgs {
   std::string config, out;
