@@ -84,6 +84,7 @@ class Backend {
                                        Tensor& invstd) = 0;
   virtual void batchnorm_forward_eval(const Tensor& x, const Tensor& gamma, const Tensor& beta,
                                       const Tensor& running_mean, const Tensor& running_var, float eps, Tensor& y) = 0;
+  // x: f32, or the stash's 16-bit copy (F16 / BF16 dtype), read without a decode pass.
   virtual void batchnorm_backward(const Tensor& dy, const Tensor& x, const Tensor& gamma, const Tensor& mean,
                                   const Tensor& invstd, Tensor& dx, bool accumulate_dx, Tensor& dgamma, Tensor& dbeta,
                                   bool accumulate_params) = 0;

@@ -137,6 +137,8 @@ int OpContext::saved_value(int i) const {
 
 Tensor OpContext::saved(int i) const { return ex_.stash_.get(saved_value(i)); }
 
+Tensor OpContext::saved_compact(int i) const { return ex_.stash_.get_compact(saved_value(i)); }
+
 MaskView OpContext::saved_mask(int i) const { return ex_.stash_.get_mask(saved_value(i)); }
 
 GradOut OpContext::grad_input(int i) const {

@@ -156,6 +156,9 @@ class OpContext {
   Tensor aux(int i) const { return ex_.value(node_.aux[size_t(i)]); }
   // Saved tensors, indexed like Op::saves().
   Tensor saved(int i) const;
+  // The same values as saved(i), but as stored if that is a dense 16-bit copy (F16 / BF16 dtype):
+  // for backend kernels that accept those inputs (BN backward), skipping the decode pass.
+  Tensor saved_compact(int i) const;
   MaskView saved_mask(int i) const;
 
   // Where the op may write its output's bitmap during forward (Backend MaskOut), or nullptr: set

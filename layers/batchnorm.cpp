@@ -37,7 +37,8 @@ class BatchNormOp final : public Op {
   void backward(OpContext& ctx) override {
     GradOut dx = ctx.grad_input(0), dg = ctx.grad_input(1), db = ctx.grad_input(2);
     Tensor dxt = dx.wanted ? dx.t : Tensor{};
-    const Tensor x = ctx.saved(0);
+    // Double-mask BN compares x with zero element-wise: it reads the decoded f32 values.
+    const Tensor x = double_mask_ ? ctx.saved(0) : ctx.saved_compact(0);
     Tensor dy = ctx.grad_output();
     if (double_mask_) ctx.backend().zero_where_zero(x, dy);  // dy is this node's alone: masked in place
     ctx.backend().batchnorm_backward(dy, x, ctx.input(1), ctx.aux(0), ctx.aux(1), dxt,

@@ -196,6 +196,12 @@ Tensor Stash::get(int value_id) {
   return out;
 }
 
+Tensor Stash::get_compact(int value_id) {
+  const Entry& e = entries_[size_t(value_id)];
+  if (e.stored != Stored::DenseF16 && e.stored != Stored::DenseBF16) return get(value_id);
+  return Tensor::contiguous(at(e.offset), e.view.shape, e.stored == Stored::DenseF16 ? DType::F16 : DType::BF16);
+}
+
 MaskView Stash::get_mask(int value_id) {
   Entry& e = entries_[size_t(value_id)];
   MaskView m;

@@ -62,6 +62,9 @@ class Stash {
   // with the prune threshold; bits = nullptr otherwise.
   MaskOut mask_target(int value_id) const;
   Tensor get(int value_id);  // every element, f32 (decoded on first use)
+  // As stored when that is a dense 16-bit copy (an F16 / BF16 view into the stash, for kernels
+  // that widen as they read); otherwise get().
+  Tensor get_compact(int value_id);
   MaskView get_mask(int value_id);
   void pop(int value_id);
 

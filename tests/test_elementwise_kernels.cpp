@@ -10,6 +10,7 @@
 
 #include "backends/backend.h"
 #include "memory/bitmap.h"
+#include "memory/half.h"
 
 using namespace et;
 
@@ -74,6 +75,51 @@ TEST_CASE("relu forward writing its bitmap equals relu then make_bits", "[kernel
       CHECK(m.kept == kept_ref);
       CHECK(bits == bits_ref);
       CHECK(std::memcmp(y.data(), y_ref.data(), x.size() * 4) == 0);
+    }
+  }
+}
+
+TEST_CASE("batchnorm backward reads 16-bit saved inputs exactly like their f32 decode", "[kernels]") {
+  auto be = make_cpu_backend();
+  std::mt19937 rng(3);
+  std::normal_distribution<float> nd(0.f, 1.f);
+  // HW = 36 (one chunk per row) and HW = 5000 (rows longer than the kernel's 4096-element chunk).
+  for (int64_t hw : {int64_t(6), int64_t(50)}) {
+    for (DType dt : {DType::F16, DType::BF16}) {
+      const int64_t N = 3, C = 4, numel = N * C * hw * (hw == 6 ? 6 : 100);
+      const Shape shape{N, C, hw, hw == 6 ? 6 : 100};
+      std::vector<float> x(static_cast<size_t>(numel)), dy(x.size()), xd(x.size());
+      for (auto& v : x) v = nd(rng);
+      for (auto& v : dy) v = nd(rng);
+      std::vector<uint16_t> h(x.size());
+      dt == DType::F16 ? f32_to_f16(x.data(), numel, h.data()) : f32_to_bf16(x.data(), numel, h.data());
+      dt == DType::F16 ? f16_to_f32(h.data(), numel, xd.data()) : bf16_to_f32(h.data(), numel, xd.data());
+      std::vector<float> gamma(C), mean(C), invstd(C);
+      for (int64_t c = 0; c < C; ++c) gamma[size_t(c)] = 0.5f + float(c), mean[size_t(c)] = 0.1f * float(c), invstd[size_t(c)] = 1.f + 0.2f * float(c);
+      auto run = [&](const Tensor& xt, std::vector<float>& dx, std::vector<float>& dg, std::vector<float>& db) {
+        dx.assign(x.size(), 0.f), dg.assign(size_t(C), 0.f), db.assign(size_t(C), 0.f);
+        Tensor tdy = Tensor::contiguous(dy.data(), shape), tdx = Tensor::contiguous(dx.data(), shape);
+        Tensor tdg = Tensor::contiguous(dg.data(), Shape{C}), tdb = Tensor::contiguous(db.data(), Shape{C});
+        be->batchnorm_backward(tdy, xt, Tensor::contiguous(gamma.data(), Shape{C}), Tensor::contiguous(mean.data(), Shape{C}),
+                               Tensor::contiguous(invstd.data(), Shape{C}), tdx, false, tdg, tdb, false);
+      };
+      std::vector<float> dx1, dg1, db1, dx2, dg2, db2;
+      run(Tensor::contiguous(xd.data(), shape), dx1, dg1, db1);
+      run(Tensor::contiguous(h.data(), shape, dt), dx2, dg2, db2);
+      INFO("hw " << hw << " dtype " << int(dt));
+      if (hw == 6) {  // same reduction order: bit-identical
+        CHECK(dx1 == dx2);
+        CHECK(dg1 == dg2);
+        CHECK(db1 == db2);
+      } else {  // chunked rows reduce in another order: equal up to float rounding
+        for (size_t c = 0; c < size_t(C); ++c) {
+          CHECK(dg2[c] == Approx(dg1[c]).epsilon(1e-5).margin(1e-4));
+          CHECK(db2[c] == Approx(db1[c]).epsilon(1e-5).margin(1e-4));
+        }
+        double worst = 0;
+        for (size_t i = 0; i < dx1.size(); ++i) worst = std::max(worst, double(std::fabs(dx1[i] - dx2[i])));
+        CHECK(worst < 1e-5);
+      }
     }
   }
 }

@@ -1,8 +1,10 @@
 // batchnorm2d on CPU: channels spread over threads; each channel's reduction runs in one thread in
 // a fixed order (double accumulators), so results do not depend on scheduling.
+#include <algorithm>
 #include <cmath>
 
 #include "backends/cpu/cpu_backend.h"
+#include "memory/half.h"
 
 namespace et {
 
@@ -63,48 +65,70 @@ void CpuBackend::batchnorm_forward_eval(const Tensor& x, const Tensor& gamma, co
 // With x_hat = (x - mean) * invstd:
 //   dbeta = sum dy, dgamma = sum dy * x_hat,
 //   dx = gamma * invstd / M * (M * dy - dbeta - x_hat * dgamma)
+namespace {
+// x rows for the backward: f32 in place, or a 16-bit saved copy (dense_fp16 / dense_bf16 stash)
+// widened chunk by chunk into a stack buffer, so BN reads the stash directly (no decode pass).
+constexpr int64_t kRowChunk = 4096;
+inline const float* x_chunk(const Tensor& x, int64_t offset, int64_t len, float* buf) {
+  switch (x.dtype) {
+    case DType::F32: return x.f32() + offset;
+    case DType::F16: f16_to_f32(static_cast<const uint16_t*>(x.data) + offset, len, buf); return buf;
+    case DType::BF16: bf16_to_f32(static_cast<const uint16_t*>(x.data) + offset, len, buf); return buf;
+    default: ET_CHECK(false, "batchnorm backward: x dtype ", int(x.dtype));
+  }
+  return nullptr;
+}
+}  // namespace
+
 void CpuBackend::batchnorm_backward(const Tensor& dy, const Tensor& x, const Tensor& gamma, const Tensor& mean,
                                     const Tensor& invstd, Tensor& dx, bool accumulate_dx, Tensor& dgamma,
                                     Tensor& dbeta, bool accumulate_params) {
   const int64_t N = x.dim(0), C = x.dim(1), HW = x.dim(2) * x.dim(3), M = N * HW;
-  const float* xp = x.f32();
   const float* dyp = dy.f32();
+  // f32 rows are read whole; 16-bit rows in chunks (a chunk as long as a CIFAR row keeps the
+  // reduction order, hence the results, identical to reading the decoded f32 copy).
+  const int64_t chunk = x.dtype == DType::F32 ? HW : std::min(HW, kRowChunk);
 #pragma omp parallel for schedule(static)
   for (int64_t c = 0; c < C; ++c) {
+    alignas(64) float buf[kRowChunk];
     const float mu = mean.f32()[c], is = invstd.f32()[c];
     double sdy = 0, sdyx = 0;
-    for (int64_t n = 0; n < N; ++n) {
-      const float* xr = xp + (n * C + c) * HW;
-      const float* dr = dyp + (n * C + c) * HW;
-      float a = 0.f, b = 0.f;
+    for (int64_t n = 0; n < N; ++n)
+      for (int64_t i0 = 0; i0 < HW; i0 += chunk) {
+        const int64_t len = std::min(chunk, HW - i0), base = (n * C + c) * HW + i0;
+        const float* xr = x_chunk(x, base, len, buf);
+        const float* dr = dyp + base;
+        float a = 0.f, b = 0.f;
 #pragma omp simd reduction(+ : a, b)
-      for (int64_t i = 0; i < HW; ++i) {
-        a += dr[i];
-        b += dr[i] * (xr[i] - mu);
+        for (int64_t i = 0; i < len; ++i) {
+          a += dr[i];
+          b += dr[i] * (xr[i] - mu);
+        }
+        sdy += a;
+        sdyx += b;
       }
-      sdy += a;
-      sdyx += b;
-    }
     const float db = float(sdy), dg = float(sdyx) * is;
     dbeta.f32()[c] = accumulate_params ? dbeta.f32()[c] + db : db;
     dgamma.f32()[c] = accumulate_params ? dgamma.f32()[c] + dg : dg;
     if (!dx.defined()) continue;
     const float k = gamma.f32()[c] * is / float(M);
-    const float coef = dg * is;                        // multiplies (x - mu)
-    for (int64_t n = 0; n < N; ++n) {
-      const float* xr = xp + (n * C + c) * HW;
-      const float* dr = dyp + (n * C + c) * HW;
-      float* out = dx.f32() + (n * C + c) * HW;
-      // dx = a * dy + b * x + c0, hoisted so the loop is one FMA chain
-      const float a = k * float(M), b = -k * coef, c0 = -k * db + k * mu * coef;
-      if (accumulate_dx) {
+    const float coef = dg * is;  // multiplies (x - mu)
+    // dx = a * dy + b * x + c0, hoisted so the loop is one FMA chain
+    const float a = k * float(M), b = -k * coef, c0 = -k * db + k * mu * coef;
+    for (int64_t n = 0; n < N; ++n)
+      for (int64_t i0 = 0; i0 < HW; i0 += chunk) {
+        const int64_t len = std::min(chunk, HW - i0), base = (n * C + c) * HW + i0;
+        const float* xr = x_chunk(x, base, len, buf);
+        const float* dr = dyp + base;
+        float* out = dx.f32() + base;
+        if (accumulate_dx) {
 #pragma omp simd
-        for (int64_t i = 0; i < HW; ++i) out[i] += a * dr[i] + b * xr[i] + c0;
-      } else {
+          for (int64_t i = 0; i < len; ++i) out[i] += a * dr[i] + b * xr[i] + c0;
+        } else {
 #pragma omp simd
-        for (int64_t i = 0; i < HW; ++i) out[i] = a * dr[i] + b * xr[i] + c0;
+          for (int64_t i = 0; i < len; ++i) out[i] = a * dr[i] + b * xr[i] + c0;
+        }
       }
-    }
   }
 }
 
