@@ -8,9 +8,7 @@
 #include <cstdlib>
 #include <new>
 
-#include "engine/executor.h"
-#include "engine/init.h"
-#include "models/models.h"
+#include "tests/tiny_training.h"
 
 namespace {
 std::atomic<long> g_allocs{0};
@@ -48,30 +46,17 @@ using namespace et;
 
 static long allocations_in_steps(const std::string& model, int64_t batch, StashFormat stash = StashFormat::DenseF32,
                                  int checkpoint_every = 0, bool release_pages = false) {
-  Graph g;
-  ModelSpec spec;
-  spec.name = model;
-  spec.batch = batch;
-  build_model(g, spec);
-  auto be = make_cpu_backend();
   StashOptions opt;
   opt.format = stash;
   opt.checkpoint_every = checkpoint_every;
   opt.release_pages = release_pages;
-  Executor ex(g, *be, 1, opt);
-  init_parameters(ex, 3);
-  Tensor x = ex.value(g.image_input);
-  for (int64_t i = 0; i < x.numel(); ++i) x.f32()[i] = float((i * 2654435761u) % 1000) / 500.f - 1.f;
-  for (int64_t i = 0; i < batch; ++i) ex.value(g.label_input).i32()[i] = int32_t(i % 10);
-  const auto params = g.params();
+  test::TinyTraining t(model, batch, opt, 3, 0, 1);
+  Executor& ex = *t.ex;
   auto step = [&](int s) {
     ex.set_step_seed(uint64_t(s));
     ex.forward(batch, true);
     ex.backward();
-    for (int p : params) {
-      Tensor w = ex.value(p), m = ex.opt_slot(p, 0);
-      be->sgd_step(w, ex.grad(p), m, 0.01f, 0.9f, 5e-4f, false, s == 0);
-    }
+    t.sgd(0.01f, s == 0);
     ex.forward(batch / 2, false);  // evaluation with a partial batch, too
   };
   step(0);

@@ -5,9 +5,7 @@
 
 #include <cstring>
 
-#include "engine/executor.h"
-#include "engine/init.h"
-#include "models/models.h"
+#include "tests/tiny_training.h"
 
 using namespace et;
 
@@ -21,32 +19,20 @@ struct Run {
 };
 
 Run train(const std::string& model, StashFormat format, int checkpoint_every, int steps = 3, bool release = false) {
-  Graph g;
-  ModelSpec spec;
-  spec.name = model;
-  spec.batch = 6;
-  spec.height = spec.width = model.rfind("vgg", 0) == 0 ? 32 : 16;  // VGG pools 5 times
-  build_model(g, spec);
-  auto be = make_cpu_backend();
   StashOptions opt;
   opt.format = format;
   opt.checkpoint_every = checkpoint_every;
   opt.release_pages = release;
-  Executor ex(g, *be, 1, opt);
-  init_parameters(ex, 5);
-  Tensor x = ex.value(g.image_input);
-  for (int64_t i = 0; i < x.numel(); ++i) x.f32()[i] = float((i * 2654435761u) % 2001) / 1000.f - 1.f;
-  for (int64_t i = 0; i < 6; ++i) ex.value(g.label_input).i32()[i] = int32_t(i * 7 % 10);
+  test::TinyTraining t(model, 6, opt, 5, model.rfind("vgg", 0) == 0 ? 32 : 16, 7);  // VGG pools 5 times
+  Executor& ex = *t.ex;
+  const Graph& g = t.g;
   Run r;
   for (int s = 0; s < steps; ++s) {
     ex.set_step_seed(uint64_t(s));
     ex.forward(s == steps - 1 ? 5 : 6, true);  // the last step has a partial batch
     r.losses.push_back(ex.loss());
     ex.backward();
-    for (int p : g.params()) {
-      Tensor w = ex.value(p), m = ex.opt_slot(p, 0);
-      be->sgd_step(w, ex.grad(p), m, 0.05f, 0.9f, 5e-4f, false, s == 0);
-    }
+    t.sgd(0.05f, s == 0);
   }
   for (int p : g.params()) r.grads.emplace_back(ex.grad(p).f32(), ex.grad(p).f32() + ex.grad(p).numel());
   for (int b : g.buffers()) r.buffers.emplace_back(ex.value(b).f32(), ex.value(b).f32() + ex.value(b).numel());

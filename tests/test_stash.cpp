@@ -5,11 +5,9 @@
 
 #include <cstring>
 
-#include "engine/executor.h"
-#include "engine/init.h"
 #include "memory/bitmap.h"
 #include "memory/half.h"
-#include "models/models.h"
+#include "tests/tiny_training.h"
 
 using namespace et;
 
@@ -23,33 +21,19 @@ struct Run {
 };
 
 Run train(const std::string& model, const StashOptions& opt, int steps = 3) {
-  Graph g;
-  ModelSpec spec;
-  spec.name = model;
-  spec.batch = 6;
-  spec.height = spec.width = model.rfind("vgg", 0) == 0 ? 32 : 16;  // VGG pools 5 times
-  build_model(g, spec);
-  auto be = make_cpu_backend();
-  Executor ex(g, *be, 1, opt);
-  init_parameters(ex, 11);
-  Tensor x = ex.value(g.image_input);
-  for (int64_t i = 0; i < x.numel(); ++i) x.f32()[i] = float((i * 2654435761u) % 2001) / 1000.f - 1.f;
-  for (int64_t i = 0; i < 6; ++i) ex.value(g.label_input).i32()[i] = int32_t(i * 3 % 10);
+  test::TinyTraining t(model, 6, opt, 11, model.rfind("vgg", 0) == 0 ? 32 : 16);  // VGG pools 5 times
+  Executor& ex = *t.ex;
   Run r;
-  const auto params = g.params();
   for (int s = 0; s < steps; ++s) {
     ex.set_step_seed(uint64_t(s));
     ex.forward(6, true);
     r.losses.push_back(ex.loss());
     ex.backward();
-    for (int p : params) {
-      Tensor w = ex.value(p), m = ex.opt_slot(p, 0);
-      be->sgd_step(w, ex.grad(p), m, 0.05f, 0.9f, 5e-4f, false, s == 0);
-    }
+    t.sgd(0.05f, s == 0);
   }
-  for (int p : params) r.grads.emplace_back(ex.grad(p).f32(), ex.grad(p).f32() + ex.grad(p).numel());
-  for (int id = 0; id < g.num_values(); ++id)
-    if (*ex.stash().record(id).stored_as) r.stored.emplace_back(g.value(id).name, ex.stash().record(id).stored_as);
+  for (int p : t.g.params()) r.grads.emplace_back(ex.grad(p).f32(), ex.grad(p).f32() + ex.grad(p).numel());
+  for (int id = 0; id < t.g.num_values(); ++id)
+    if (*ex.stash().record(id).stored_as) r.stored.emplace_back(t.g.value(id).name, ex.stash().record(id).stored_as);
   r.stash_peak = ex.stash().peak_bytes();
   r.stash_dense = ex.memory().stash_dense_bytes;
   return r;
