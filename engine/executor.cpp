@@ -86,8 +86,9 @@ void Executor::restore_views() {
   swapped_.clear();
 }
 
-// Runs a segment's forward again (the nodes plan_segments marked): its own values go to their recompute buffers, what it reads from
-// earlier segments comes from the stash, and what its ops save is pushed now instead of in forward.
+// Runs again the nodes of a segment that plan_segments marked: their values go to recompute
+// buffers, what they read from earlier segments comes from the stash, and what the segment's ops
+// save is pushed now instead of in forward.
 void Executor::recompute(const Segment& s) {
   const auto t0 = timing_ ? Clock::now() : Clock::time_point{};
   for (int id : s.outputs) {

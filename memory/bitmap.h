@@ -18,6 +18,7 @@
 #pragma once
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 
 namespace et::bitmap {
 
@@ -29,6 +30,14 @@ inline constexpr int64_t num_words(int64_t n) { return (n + 63) / 64; }
 // differs only when n is not a multiple of 64.)
 inline constexpr size_t bitmap_bytes(int64_t n, int64_t nnz, ValueType t) {
   return size_t(num_words(n)) * 8 + size_t(nnz) * size_t(value_bytes(t));
+}
+
+// The keep rule as one unsigned compare: x is kept iff (bits(x) & 0x7FFFFFFF) >= this value
+// (t = 0: every non-zero; t > 0: |x| >= t; NaN always). For kernels that build the bitmap themselves.
+inline uint32_t keep_threshold_bits(float prune_threshold) {
+  uint32_t u = 1;
+  if (prune_threshold > 0.f) std::memcpy(&u, &prune_threshold, 4);
+  return u;
 }
 
 // Number of elements that pack() keeps (see above). threshold >= 0; 0 = lossless.

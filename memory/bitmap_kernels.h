@@ -14,7 +14,7 @@ inline uint32_t fbits(float x) {
 }
 // Element x is kept iff (bits(x) & 0x7FFFFFFF) >= threshold_bits(t), compared as unsigned
 // integers: for t = 0 that is x != +-0 (denormals and NaN kept); for t > 0, |x| >= t or NaN.
-inline uint32_t threshold_bits(float t) { return t > 0.f ? fbits(t) : 1u; }
+inline uint32_t threshold_bits(float t) { return keep_threshold_bits(t); }
 inline bool keep(float x, uint32_t tb) { return (fbits(x) & 0x7FFFFFFFu) >= tb; }
 
 // The scalar reference on a partial word (fewer than 64 elements), used by the SIMD kernels.

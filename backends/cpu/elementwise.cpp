@@ -7,6 +7,7 @@
 #endif
 
 #include "backends/cpu/cpu_backend.h"
+#include "memory/bitmap.h"
 
 namespace et {
 
@@ -53,11 +54,9 @@ void CpuBackend::relu_forward(const Tensor& x, Tensor& y, MaskOut* mask) {
     for (int64_t i = 0; i < n; ++i) yp[i] = xp[i] > 0.f ? xp[i] : 0.f;
     return;
   }
-  // y >= +0 and never NaN, so the bitmap's keep rule (|y| >= threshold, non-zero) is one unsigned
-  // compare of y's bits with threshold_bits (1 for no pruning: every y > 0).
+  // y >= +0 and never NaN, so the bitmap's keep rule is one unsigned compare of y's bits.
   ET_CHECK(mask->prune_threshold >= 0.f, "prune threshold ", mask->prune_threshold);
-  uint32_t tb = 1;
-  if (mask->prune_threshold > 0.f) std::memcpy(&tb, &mask->prune_threshold, 4);
+  const uint32_t tb = bitmap::keep_threshold_bits(mask->prune_threshold);
   uint64_t* bits = mask->bits;
   const int64_t words = (n + 63) / 64;
   int64_t kept = 0;
