@@ -66,7 +66,9 @@ class Backend {
                               Workspace ws) = 0;
   virtual void conv2d_backward_data(const Conv2dGeom& g, const Tensor& dy, const Tensor& w, Tensor& dx,
                                     bool accumulate, Workspace ws) = 0;
-  // dw (and db if defined) are overwritten or accumulated per `accumulate`.
+  // dw (and db if defined) are overwritten or accumulated per `accumulate`. x is f32, or a saved
+  // tensor as the stash keeps it in any dtype conv2d_weight_reads(g) lists (decoded as it is read).
+  virtual DTypeSet conv2d_weight_reads(const Conv2dGeom& g) const { return dtype_bit(DType::F32); }
   virtual void conv2d_backward_weight(const Conv2dGeom& g, const Tensor& x, const Tensor& dy, Tensor& dw, Tensor& db,
                                       bool accumulate, Workspace ws) = 0;
 
@@ -84,7 +86,8 @@ class Backend {
                                        Tensor& invstd) = 0;
   virtual void batchnorm_forward_eval(const Tensor& x, const Tensor& gamma, const Tensor& beta,
                                       const Tensor& running_mean, const Tensor& running_var, float eps, Tensor& y) = 0;
-  // x: f32, or the stash's 16-bit copy (F16 / BF16 dtype), read without a decode pass.
+  // x: f32, or the stash's copy in any dtype batchnorm_backward_reads() lists, read without a decode pass.
+  virtual DTypeSet batchnorm_backward_reads() const { return dtype_bit(DType::F32); }
   virtual void batchnorm_backward(const Tensor& dy, const Tensor& x, const Tensor& gamma, const Tensor& mean,
                                   const Tensor& invstd, Tensor& dx, bool accumulate_dx, Tensor& dgamma, Tensor& dbeta,
                                   bool accumulate_params) = 0;

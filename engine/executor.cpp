@@ -138,7 +138,11 @@ int OpContext::saved_value(int i) const {
 
 Tensor OpContext::saved(int i) const { return ex_.stash_.get(saved_value(i)); }
 
-Tensor OpContext::saved_compact(int i) const { return ex_.stash_.get_compact(saved_value(i)); }
+Tensor OpContext::saved(int i, DTypeSet accepted) const {
+  const int id = saved_value(i);
+  Tensor t = ex_.stash_.get_stored(id);
+  return dtype_in(t.dtype, accepted) ? t : ex_.stash_.get(id);
+}
 
 MaskView OpContext::saved_mask(int i) const { return ex_.stash_.get_mask(saved_value(i)); }
 

@@ -76,7 +76,12 @@ class Executor {
   const std::vector<double>& backward_seconds() const { return bwd_s_; }
   double recompute_seconds() const { return rec_s_; }  // forward time spent recomputing (timing on)
   void set_observer(NodeObserver* o) { observer_ = o; }
-  void set_precision(PrecisionPolicy* p) { precision_ = p; }
+  // The plan lets kernels read saved tensors as stored only under the identity policy (fp32): a
+  // policy that changes operands must be in place before the executor plans (not supported yet).
+  void set_precision(PrecisionPolicy* p) {
+    ET_CHECK(p->identity() || !reads_as_stored_, "precision policy ", p->name(), " set after planning");
+    precision_ = p;
+  }
   const MemoryReport& memory() const { return report_; }
   Stash& stash() { return stash_; }
   const Stash& stash() const { return stash_; }
@@ -118,6 +123,7 @@ class Executor {
   NodeObserver* observer_ = nullptr;
   Fp32Policy fp32_;
   PrecisionPolicy* precision_ = &fp32_;
+  bool reads_as_stored_ = false;  // some saved value has no f32 decode buffer
   Arena arena_;
   std::vector<Tensor> data_, grads_;           // full-batch views, one per value
   std::vector<std::vector<Tensor>> slots_;     // optimizer slots per value (params only)
@@ -156,9 +162,10 @@ class OpContext {
   Tensor aux(int i) const { return ex_.value(node_.aux[size_t(i)]); }
   // Saved tensors, indexed like Op::saves().
   Tensor saved(int i) const;
-  // The same values as saved(i), but as stored if that is a dense 16-bit copy (F16 / BF16 dtype):
-  // for backend kernels that accept those inputs (BN backward), skipping the decode pass.
-  Tensor saved_compact(int i) const;
+  // The same values as stored (F16 / BF16 copy, BitmapF32 / BitmapF16 encoding, f32) when that
+  // dtype is in `accepted` (what the op's reads_stored() declared), else decoded to f32: for
+  // kernels that decode as they read, skipping the decode pass and its buffer.
+  Tensor saved(int i, DTypeSet accepted) const;
   MaskView saved_mask(int i) const;
 
   // Where the op may write its output's bitmap during forward (Backend MaskOut), or nullptr: set

@@ -121,6 +121,37 @@ void Executor::plan() {
     pops.assign(push_after_recompute_[size_t(n)].rbegin(), push_after_recompute_[size_t(n)].rend());
     pops.insert(pops.end(), push_after_[size_t(n)].rbegin(), push_after_[size_t(n)].rend());
   }
+  // Decode buffers: only for values some reader needs as f32 (a recomputed segment always does).
+  // Under the identity precision policy a reader may take the stored encoding (Op::reads_stored).
+  std::vector<uint8_t> needs_decode(size_t(nv), 0);
+  auto stored_dtypes = [](StashFormat f) -> DTypeSet {
+    switch (f) {
+      case StashFormat::DenseF32: return dtype_bit(DType::F32);
+      case StashFormat::DenseF16: return dtype_bit(DType::F16);
+      case StashFormat::DenseBF16: return dtype_bit(DType::BF16);
+      case StashFormat::BitmapF32: return dtype_bit(DType::BitmapF32);
+      case StashFormat::BitmapF16: return dtype_bit(DType::BitmapF16);
+      case StashFormat::Auto: return dtype_bit(DType::BitmapF32) | dtype_bit(DType::F32);
+    }
+    return 0;
+  };
+  constexpr DTypeSet kMaskFromStored = dtype_bit(DType::F32) | dtype_bit(DType::BitmapF32) | dtype_bit(DType::BitmapF16);
+  std::vector<DTypeSet> stored(size_t(nv), 0);
+  for (const SavedValue& sv : saved) stored[size_t(sv.value)] = stored_dtypes(sv.format);
+  for (int n = 0; n < nn; ++n) {
+    const Node& node = graph_.node(n);
+    const auto& specs = save_specs_[size_t(n)];
+    for (size_t i = 0; i < specs.size(); ++i) {
+      const int id = specs[i].input < 0 ? node.output : node.inputs[size_t(specs[i].input)];
+      // A mask reads the bitmap, or the f32 values (a dense 16-bit copy decodes for it).
+      const DTypeSet reads = specs[i].kind == SaveKind::Mask ? kMaskFromStored
+                             : precision_->identity()        ? node.op->reads_stored(int(i), backend_, max_batch)
+                                                             : dtype_bit(DType::F32);
+      if ((stored[size_t(id)] & ~reads) != 0) needs_decode[size_t(id)] = 1;
+    }
+  }
+  for (const Segment& s : segments_)
+    for (int id : s.external) needs_decode[size_t(id)] = 1;
   auto saved_index = [&](int id) -> SavedValue* {
     for (SavedValue& sv : saved)
       if (sv.value == id) return &sv;
@@ -207,7 +238,8 @@ void Executor::plan() {
           g.last = std::max(g.last, bwd_t[size_t(p)]);
           g.bytes = bytes;
         }
-        if (sv && sv->full && !zero_copy) {
+        if (sv && sv->full && !zero_copy && !needs_decode[size_t(id)]) reads_as_stored_ = true;
+        if (sv && sv->full && !zero_copy && needs_decode[size_t(id)]) {
           // Decoded by the first reader: the last saver's backward, or a recomputed segment.
           int first = bwd_t[size_t(last_saver[size_t(id)])];
           // (recompute() decodes a segment's external inputs before its first node runs)

@@ -44,6 +44,12 @@ class Op {
   virtual OpClass op_class() const = 0;
   // Activations this op reads again in backward (params and aux values are always available).
   virtual std::vector<SaveSpec> saves() const { return {}; }
+  // The encodings (engine/tensor.h dtypes) in which backward reads saves()[i] straight from the
+  // stash, through OpContext::saved(i, set): a value whose every reader takes its encoding gets no
+  // f32 decode buffer (the executor plans one otherwise). F32 alone: the decoded values.
+  virtual DTypeSet reads_stored(int save_index, const Backend& backend, int64_t batch) const {
+    return dtype_bit(DType::F32);
+  }
   // Scratch needed by forward / backward on `backend` for the graph's batch size.
   virtual size_t workspace_bytes(const Backend& backend, int64_t batch) const { return 0; }
   // True if the output may share memory with input 0 (pure reshapes).

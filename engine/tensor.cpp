@@ -11,7 +11,10 @@ size_t dtype_size(DType t) {
     case DType::BF16: return 2;
     case DType::I32: return 4;
     case DType::U8: return 1;
+    case DType::BitmapF32:
+    case DType::BitmapF16: break;
   }
+  ET_CHECK(false, "dtype ", dtype_name(t), " has no per-element size");
   return 0;
 }
 
@@ -22,6 +25,8 @@ const char* dtype_name(DType t) {
     case DType::BF16: return "bf16";
     case DType::I32: return "i32";
     case DType::U8: return "u8";
+    case DType::BitmapF32: return "bitmap+f32";
+    case DType::BitmapF16: return "bitmap+f16";
   }
   return "?";
 }

@@ -11,11 +11,22 @@
 
 namespace et {
 
-enum class DType : uint8_t { F32, F16, BF16, I32, U8 };
+// BitmapF32 / BitmapF16: BitTrain's encoding of a saved activation (memory/bitmap.h): `data`
+// points to ceil(numel / 64) uint64 bitmap words, followed directly by the kept values (fp32 /
+// fp16). Such a tensor has no per-element size; only kernels that say they read it see one
+// (the stash hands them its storage as is, see OpContext::saved(i, accepted)).
+enum class DType : uint8_t { F32, F16, BF16, I32, U8, BitmapF32, BitmapF16 };
 enum class Device : uint8_t { CPU, CUDA };
 
-size_t dtype_size(DType t);
+size_t dtype_size(DType t);  // aborts for the bitmap encodings
 const char* dtype_name(DType t);
+// Sets of dtypes, as bit masks (what a kernel can read).
+using DTypeSet = uint32_t;
+constexpr DTypeSet dtype_bit(DType t) { return DTypeSet(1) << unsigned(t); }
+constexpr bool dtype_in(DType t, DTypeSet s) { return (s & dtype_bit(t)) != 0; }
+// Every encoding the stash may hand out (memory/stash.h).
+constexpr DTypeSet kStashDTypes = dtype_bit(DType::F32) | dtype_bit(DType::F16) | dtype_bit(DType::BF16) |
+                                  dtype_bit(DType::BitmapF32) | dtype_bit(DType::BitmapF16);
 
 constexpr int kMaxDims = 4;
 

@@ -19,6 +19,10 @@ class BatchNormOp final : public Op {
   std::vector<SaveSpec> saves() const override { return {{0, SaveKind::Full}}; }
   // The kernel reduces dy per channel first, then writes dx element by element.
   bool grad_in_place(int input) const override { return input == 0; }
+  // Double-mask BN compares x with zero element-wise: it reads the decoded f32 values.
+  DTypeSet reads_stored(int, const Backend& b, int64_t) const override {
+    return double_mask_ ? dtype_bit(DType::F32) : b.batchnorm_backward_reads();
+  }
 
   void forward(OpContext& ctx) override {
     Tensor y = ctx.output();
@@ -37,8 +41,7 @@ class BatchNormOp final : public Op {
   void backward(OpContext& ctx) override {
     GradOut dx = ctx.grad_input(0), dg = ctx.grad_input(1), db = ctx.grad_input(2);
     Tensor dxt = dx.wanted ? dx.t : Tensor{};
-    // Double-mask BN compares x with zero element-wise: it reads the decoded f32 values.
-    const Tensor x = double_mask_ ? ctx.saved(0) : ctx.saved_compact(0);
+    const Tensor x = ctx.saved(0, reads_stored(0, ctx.backend(), ctx.batch()));
     Tensor dy = ctx.grad_output();
     if (double_mask_) ctx.backend().zero_where_zero(x, dy);  // dy is this node's alone: masked in place
     ctx.backend().batchnorm_backward(dy, x, ctx.input(1), ctx.aux(0), ctx.aux(1), dxt,

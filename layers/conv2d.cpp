@@ -1,5 +1,5 @@
 // conv2d: y = x * w (+ b). x [N,C,H,W], w [K,C/groups,R,S], b [K], y [N,K,P,Q].
-// Saves x for the weight gradient. Forward operands and the output gradient pass through the
+// Saves x for the weight gradient, which reads it as the stash stores it where the backend can. Forward operands and the output gradient pass through the
 // precision policy (the quantization point for 4-bit training).
 #include <memory>
 
@@ -14,6 +14,10 @@ class Conv2dOp final : public Op {
   const char* type() const override { return "conv2d"; }
   OpClass op_class() const override { return OpClass::Compute; }
   std::vector<SaveSpec> saves() const override { return {{0, SaveKind::Full}}; }
+  // The weight-gradient kernel may decode x from the stash's encoding image by image.
+  DTypeSet reads_stored(int, const Backend& b, int64_t batch) const override {
+    return b.conv2d_weight_reads(geom_.with_batch(batch));
+  }
   size_t workspace_bytes(const Backend& b, int64_t batch) const override {
     const Conv2dGeom g = geom_.with_batch(batch);
     size_t ws = 0;
@@ -37,7 +41,8 @@ class Conv2dOp final : public Op {
     const Conv2dGeom g = geom_.with_batch(ctx.batch());
     const Tensor dy = ctx.precision().apply(ctx.node(), Operand::OutputGrad, ctx.grad_output());
     const Tensor w = ctx.precision().apply(ctx.node(), Operand::Weight, ctx.input(1));
-    const Tensor x = ctx.precision().apply(ctx.node(), Operand::Input, ctx.saved(0));
+    const DTypeSet reads = ctx.precision().identity() ? ctx.backend().conv2d_weight_reads(g) : dtype_bit(DType::F32);
+    const Tensor x = ctx.precision().apply(ctx.node(), Operand::Input, ctx.saved(0, reads));
     GradOut dw = ctx.grad_input(1);
     GradOut db = ctx.has_input(2) ? ctx.grad_input(2) : GradOut{};
     ctx.backend().conv2d_backward_weight(g, x, dy, dw.t, db.t, dw.accumulate, ctx.workspace());

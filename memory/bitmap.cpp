@@ -179,6 +179,21 @@ static void check_threshold(float thr) {
   ET_CHECK(thr >= 0.f, "bitmap prune threshold must be >= 0 and not NaN, got ", thr);
 }
 
+int64_t unpack_range(const uint64_t* bits, const void* values, ValueType t, int64_t begin, int64_t count,
+                     int64_t value_index, float* out) {
+  // Up to the next word boundary one element at a time, then the SIMD kernel on whole words.
+  const int64_t head = std::min(count, (64 - begin % 64) % 64);
+  for (int64_t i = 0; i < head; ++i) {
+    const int64_t e = begin + i;
+    out[i] = ((bits[e >> 6] >> (e & 63)) & 1) ? load_value(values, value_index++, t) : 0.f;
+  }
+  const int64_t rest = count - head;
+  if (rest <= 0) return value_index;
+  const uint64_t* w = bits + (begin + head) / 64;
+  best_impl().unpack(w, advance(values, value_index, t), rest, t, out + head);
+  return value_index + popcount(w, rest);
+}
+
 int64_t popcount(const uint64_t* bits, int64_t n) {
   const int64_t full = n / 64;
   int64_t c = 0;

@@ -56,6 +56,11 @@ int64_t pack(const float* x, int64_t n, float prune_threshold, uint64_t* bits, v
              ValueType t = ValueType::F32);
 // out[i] = bit i set ? next value (converted to FP32) : +0.0f.
 void unpack(const uint64_t* bits, const void* values, int64_t n, ValueType t, float* out);
+// Elements [begin, begin + count) of an encoded tensor, on the calling thread (for kernels that
+// decode small pieces as they read them): `value_index` is the number of set bits before `begin`
+// (popcount(bits, begin)); returns the index after the range. Any begin (not only multiples of 64).
+int64_t unpack_range(const uint64_t* bits, const void* values, ValueType t, int64_t begin, int64_t count,
+                     int64_t value_index, float* out);
 
 // Which SIMD path the dispatching functions use: "avx512", "avx2", "neon" or "scalar".
 const char* simd_path();

@@ -171,6 +171,7 @@ Tensor Stash::get(int value_id) {
   if (e.stored == Stored::ZeroCopy) return e.view;
   const SavedValue& s = *info(value_id);
   const int64_t n = e.view.numel();
+  ET_CHECK(s.unpack.defined(), "value ", value_id, " has no decode buffer: planned for reads as stored only");
   Tensor out = s.unpack;
   out.shape = e.view.shape;  // the current batch
   if (!e.decoded) {
@@ -196,10 +197,20 @@ Tensor Stash::get(int value_id) {
   return out;
 }
 
-Tensor Stash::get_compact(int value_id) {
+Tensor Stash::get_stored(int value_id) const {
   const Entry& e = entries_[size_t(value_id)];
-  if (e.stored != Stored::DenseF16 && e.stored != Stored::DenseBF16) return get(value_id);
-  return Tensor::contiguous(at(e.offset), e.view.shape, e.stored == Stored::DenseF16 ? DType::F16 : DType::BF16);
+  DType t = DType::F32;
+  switch (e.stored) {
+    case Stored::ZeroCopy: return e.view;
+    case Stored::DenseF32: t = DType::F32; break;
+    case Stored::DenseF16: t = DType::F16; break;
+    case Stored::DenseBF16: t = DType::BF16; break;
+    case Stored::BitmapF32: t = DType::BitmapF32; break;
+    case Stored::BitmapF16: t = DType::BitmapF16; break;
+    case Stored::None:
+    case Stored::Bits: ET_CHECK(false, "value ", value_id, " not saved in full");
+  }
+  return Tensor::contiguous(at(e.offset), e.view.shape, t);
 }
 
 MaskView Stash::get_mask(int value_id) {
@@ -210,6 +221,7 @@ MaskView Stash::get_mask(int value_id) {
     case Stored::Bits:
     case Stored::BitmapF32:
     case Stored::BitmapF16: m.bits = static_cast<const uint64_t*>(at(e.offset)); break;
+    case Stored::DenseF32: m.dense = get_stored(value_id); break;  // the copy itself
     default: m.dense = get(value_id);
   }
   return m;

@@ -14,7 +14,8 @@
 // A value only ever read as a mask (a ReLU output nobody else saves) is stored as its bitmap
 // alone in every format but dense_fp32; the ReLU backward reads that bitmap as its mask.
 // Everything except dense_fp32 copies into the stash's own region, so the forward buffer dies
-// after its last forward reader. Full reads decode into an executor-planned f32 buffer.
+// after its last forward reader. Full reads decode into an executor-planned f32 buffer, or, for
+// kernels that say they can, read the storage as it is (get_stored; memory/stored_reader.h).
 #pragma once
 #include <string>
 #include <vector>
@@ -36,7 +37,8 @@ struct SavedValue {
   int64_t numel = 0;          // at the planned (maximum) batch
   bool full = false;          // some reader needs every element; else only the > 0 mask
   StashFormat format = StashFormat::DenseF32;
-  Tensor unpack;              // f32 decode buffer for full reads (not for zero-copy values)
+  Tensor unpack;              // f32 decode buffer for full reads; not planned for zero-copy values
+                              // and for values every reader reads as stored (get_stored)
 };
 
 // What the last push stored for a value (for the memory profile).
@@ -62,9 +64,10 @@ class Stash {
   // with the prune threshold; bits = nullptr otherwise.
   MaskOut mask_target(int value_id) const;
   Tensor get(int value_id);  // every element, f32 (decoded on first use)
-  // As stored when that is a dense 16-bit copy (an F16 / BF16 view into the stash, for kernels
-  // that widen as they read); otherwise get().
-  Tensor get_compact(int value_id);
+  // The value as stored: F32 (the forward buffer or a copy), F16 / BF16, or BitmapF32 / BitmapF16
+  // (engine/tensor.h), a view into the stash for kernels that decode as they read. Not for
+  // values stored as a mask only.
+  Tensor get_stored(int value_id) const;
   MaskView get_mask(int value_id);
   void pop(int value_id);
 

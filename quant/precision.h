@@ -16,12 +16,16 @@ class PrecisionPolicy {
   virtual const char* name() const = 0;
   // Returns the operand the kernel should use for `node` (may be `t` itself).
   virtual Tensor apply(const Node& node, Operand which, const Tensor& t) = 0;
+  // True if apply() always returns its operand unchanged: kernels may then read saved tensors in
+  // the stash's encodings (Op::reads_stored), which apply() never sees.
+  virtual bool identity() const { return false; }
 };
 
 class Fp32Policy final : public PrecisionPolicy {
  public:
   const char* name() const override { return "fp32"; }
   Tensor apply(const Node&, Operand, const Tensor& t) override { return t; }
+  bool identity() const override { return true; }
 };
 
 }  // namespace et

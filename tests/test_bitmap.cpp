@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "memory/bitmap.h"
+#include "memory/stored_reader.h"
 
 #if defined(__F16C__)
 #include <immintrin.h>
@@ -329,4 +330,36 @@ TEST_CASE("bitmap FP16 values", "[bitmap]") {
   CHECK(out[2] == 1.f);
   CHECK(out[3] == 0.f);
   CHECK((bits[0] & 8u) != 0);
+}
+
+TEST_CASE("bitmap ranges decode like the whole tensor from any position", "[bitmap]") {
+  // unpack_range and StoredReader (memory/stored_reader.h) against unpack of the whole tensor.
+  const int64_t n = 5000;
+  for (double nz : {0.0, 0.3, 1.0})
+    for (ValueType t : {ValueType::F32, ValueType::F16}) {
+      const auto x = random_tensor(n, nz, uint64_t(nz * 100) + 7);
+      std::vector<uint64_t> store(static_cast<size_t>(num_words(n) + n));
+      uint64_t* bits = store.data();
+      void* values = bits + num_words(n);
+      pack(x.data(), n, 0.f, bits, values, t);
+      std::vector<float> whole(static_cast<size_t>(n)), piece(static_cast<size_t>(n));
+      unpack(bits, values, n, t, whole.data());
+      for (int64_t begin : {0, 1, 63, 64, 65, 100, 1000, 4999})
+        for (int64_t count : {0, 1, 7, 64, 129, 1000}) {
+          if (begin + count > n) continue;
+          INFO("nz " << nz << " begin " << begin << " count " << count << " f16 " << (t == ValueType::F16));
+          std::fill(piece.begin(), piece.end(), 9.f);
+          const int64_t next = unpack_range(bits, values, t, begin, count, popcount(bits, begin), piece.data());
+          CHECK(next == popcount(bits, begin + count));
+          CHECK(std::memcmp(piece.data(), whole.data() + begin, size_t(count) * 4) == 0);
+          CHECK(piece[size_t(count)] == 9.f);  // nothing written past the range
+        }
+      // A reader walking pieces of 49 (not word aligned), then jumping back and forward.
+      const et::Tensor enc = et::Tensor::contiguous(store.data(), et::Shape{n},
+                                                    t == ValueType::F16 ? et::DType::BitmapF16 : et::DType::BitmapF32);
+      et::StoredReader r(enc, piece.data(), 49);
+      for (int64_t b : {0, 49, 98, 147, 49, 4900, 4802, 0})
+        CHECK(std::memcmp(r.read(b, std::min<int64_t>(49, n - b)), whole.data() + b,
+                          size_t(std::min<int64_t>(49, n - b)) * 4) == 0);
+    }
 }

@@ -2,6 +2,8 @@
 // Tolerance: |got - ref| <= 1e-4 * (max |ref| over the tensor) + 1e-5 (relative 1e-4 of the
 // tensor's scale; float32 sums of up to a few hundred terms stay well inside it).
 // Every geometry runs with the native SIMD vectors and with the scalar reference vectors.
+// The weight gradient also reads x in each stash encoding the backend accepts (F16, BF16, bitmap):
+// bit-identical to the same values decoded to f32 first.
 #include <catch2/catch.hpp>
 
 #include <cmath>
@@ -12,6 +14,8 @@
 #include "backends/cpu/conv_direct.h"
 #include "backends/cpu/cpu_backend.h"
 #include "backends/cpu/gemm.h"
+#include "memory/bitmap.h"
+#include "memory/half.h"
 
 using namespace et;
 
@@ -65,6 +69,62 @@ struct Ref {  // naive direct conv, double accumulation
                 }
   }
 };
+
+// x as the stash would store it in dtype t (zeros where i % 5 < 2 so bitmaps have something to
+// drop, one -0.0), and the f32 values that encoding stands for.
+struct Encoded {
+  std::vector<uint64_t> storage;
+  std::vector<float> decoded;
+  Tensor view(const Shape& s) { return Tensor::contiguous(storage.data(), s, dtype); }
+  DType dtype;
+};
+
+Encoded encode(const std::vector<float>& x, DType t) {
+  const int64_t n = int64_t(x.size());
+  std::vector<float> xz(x);
+  for (int64_t i = 0; i < n; ++i)
+    if (i % 5 < 2) xz[size_t(i)] = 0.f;
+  if (n > 3) xz[3] = -0.f;
+  Encoded e{std::vector<uint64_t>(size_t(bitmap::num_words(n) + n + 1)), std::vector<float>(size_t(n)), t};
+  auto* h = reinterpret_cast<uint16_t*>(e.storage.data());
+  auto* bits = e.storage.data();
+  void* values = bits + bitmap::num_words(n);
+  switch (t) {
+    case DType::F16: f32_to_f16(xz.data(), n, h); f16_to_f32(h, n, e.decoded.data()); break;
+    case DType::BF16: f32_to_bf16(xz.data(), n, h); bf16_to_f32(h, n, e.decoded.data()); break;
+    case DType::BitmapF32:
+    case DType::BitmapF16: {
+      const auto vt = t == DType::BitmapF16 ? bitmap::ValueType::F16 : bitmap::ValueType::F32;
+      bitmap::pack(xz.data(), n, 0.f, bits, values, vt);
+      bitmap::unpack(bits, values, n, vt, e.decoded.data());
+      break;
+    }
+    default: FAIL("not a stash encoding");
+  }
+  return e;
+}
+
+void check_stored_inputs(const Conv2dGeom& g, const std::vector<float>& x, std::vector<float>& dy, bool bias,
+                         bool accumulate, Workspace ws) {
+  auto be = make_cpu_backend();
+  const int64_t Cg = g.C / g.groups;
+  const size_t wn = size_t(g.K * Cg * g.R * g.S);
+  const DTypeSet reads = be->conv2d_weight_reads(g);
+  CHECK(dtype_in(DType::F32, reads));
+  Tensor dyt = view(dy, {g.N, g.K, g.P, g.Q}), none;
+  for (DType t : {DType::F16, DType::BF16, DType::BitmapF32, DType::BitmapF16}) {
+    if (!dtype_in(t, reads)) continue;
+    INFO("x stored as " << dtype_name(t));
+    Encoded e = encode(x, t);
+    std::vector<float> dw_ref = rnd(wn, 8), dw = dw_ref, db_ref = rnd(size_t(g.K), 9), db = db_ref;
+    Tensor dwr = view(dw_ref, {g.K, Cg, g.R, g.S}), dbr = view(db_ref, {g.K});
+    Tensor dwt = view(dw, {g.K, Cg, g.R, g.S}), dbt = view(db, {g.K});
+    be->conv2d_backward_weight(g, view(e.decoded, {g.N, g.C, g.H, g.W}), dyt, dwr, bias ? dbr : none, accumulate, ws);
+    be->conv2d_backward_weight(g, e.view({g.N, g.C, g.H, g.W}), dyt, dwt, bias ? dbt : none, accumulate, ws);
+    CHECK(std::memcmp(dw.data(), dw_ref.data(), wn * sizeof(float)) == 0);
+    CHECK(std::memcmp(db.data(), db_ref.data(), size_t(g.K) * sizeof(float)) == 0);
+  }
+}
 
 void run_geometry(Conv2dGeom g, bool bias, bool accumulate) {
   g.infer_output();
@@ -128,6 +188,7 @@ void run_geometry(Conv2dGeom g, bool bias, bool accumulate) {
     CHECK(std::memcmp(y.data(), y2.data(), yn * sizeof(float)) == 0);
     CHECK(std::memcmp(dx.data(), dx2.data(), xn * sizeof(float)) == 0);
     CHECK(std::memcmp(dw.data(), dw2.data(), wn * sizeof(float)) == 0);
+    if (!scalar) check_stored_inputs(g, x, dy, bias, accumulate, ws);
   }
   cpu::conv_force_scalar(false);
 }

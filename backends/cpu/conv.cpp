@@ -135,21 +135,36 @@ void CpuBackend::conv2d_backward_data(const Conv2dGeom& g, const Tensor& dy, con
   cpu::gemm_conv_backward_data(g, dy.f32(), w.f32(), dx.f32(), accumulate, ws.data);
 }
 
+// The direct, implicit, Winograd and GEMM weight gradients read x one image (or plane) at a time into their
+// own staging layouts; they decode a stashed x there (memory/stored_reader.h) instead of reading
+// a decoded copy of the whole tensor.
+DTypeSet CpuBackend::conv2d_weight_reads(const Conv2dGeom& g) const {
+  switch (choose(g, ConvPass::BackwardWeight)) {
+    case Path::Direct:
+    case Path::Implicit:
+    case Path::Winograd:
+    case Path::Gemm: return kStashDTypes;
+    case Path::Depthwise: break;
+  }
+  return dtype_bit(DType::F32);
+}
+
 void CpuBackend::conv2d_backward_weight(const Conv2dGeom& g, const Tensor& x, const Tensor& dy, Tensor& dw,
                                         Tensor& db, bool accumulate, Workspace ws) {
   float* dbp = db.defined() ? db.f32() : nullptr;
+  ET_CHECK(dtype_in(x.dtype, conv2d_weight_reads(g)), "conv2d weight gradient: x dtype ", dtype_name(x.dtype));
   switch (choose(g, ConvPass::BackwardWeight)) {
     case Path::Depthwise:
       return cpu::depthwise_backward_weight(g, x.f32(), dy.f32(), dw.f32(), dbp, accumulate, ws.data);
     case Path::Direct:
-      return cpu::direct_dense_backward_weight(g, x.f32(), dy.f32(), dw.f32(), dbp, accumulate, ws.data);
+      return cpu::direct_dense_backward_weight(g, x, dy.f32(), dw.f32(), dbp, accumulate, ws.data);
     case Path::Implicit:
-      return cpu::implicit_backward_weight(g, x.f32(), dy.f32(), dw.f32(), dbp, accumulate, ws.data);
+      return cpu::implicit_backward_weight(g, x, dy.f32(), dw.f32(), dbp, accumulate, ws.data);
     case Path::Winograd:
-      return cpu::winograd_backward_weight(g, x.f32(), dy.f32(), dw.f32(), dbp, accumulate, ws.data);
+      return cpu::winograd_backward_weight(g, x, dy.f32(), dw.f32(), dbp, accumulate, ws.data);
     case Path::Gemm: break;
   }
-  cpu::gemm_conv_backward_weight(g, x.f32(), dy.f32(), dw.f32(), dbp, accumulate, ws.data);
+  cpu::gemm_conv_backward_weight(g, x, dy.f32(), dw.f32(), dbp, accumulate, ws.data);
 }
 
 }  // namespace et

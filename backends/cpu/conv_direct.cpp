@@ -15,6 +15,7 @@
 #include <cstring>
 
 #include "backends/cpu/conv_simd.h"
+#include "memory/stored_reader.h"
 
 namespace et::cpu {
 
@@ -263,7 +264,7 @@ size_t direct_dense_workspace(const Conv2dGeom& g, ConvPass pass, int threads) {
     per_thread = g.K * f.L + round_up(Cg, MR) * f.Jr + 128;
   } else {
     const WgradLayout l = wgrad_layout(g, threads);
-    per_thread = g.C * l.lx + (l.NB * l.HW + 1) * l.kp + g.K * Cg * RS + g.K + 256;
+    per_thread = g.C * l.lx + (l.NB * l.HW + 1) * l.kp + g.K * Cg * RS + g.K + round16(g.H * g.W) + 256;
   }
   return size_t(shared + 64 + threads * per_thread) * sizeof(float);
 }
@@ -325,25 +326,27 @@ void direct_dense_backward_data(const Conv2dGeom& g, const float* dy, const floa
   }
 }
 
-void direct_dense_backward_weight(const Conv2dGeom& g, const float* x, const float* dy, float* dw, float* db,
+void direct_dense_backward_weight(const Conv2dGeom& g, const Tensor& x, const float* dy, float* dw, float* db,
                                   bool accumulate, void* ws) {
   const int64_t Cg = g.C / g.groups, Kg = g.K / g.groups, RS = g.R * g.S, CRS = Cg * RS;
   const WgradLayout l = wgrad_layout(g, omp_get_max_threads());
   const int64_t dw_n = g.K * CRS, gstride = round_up(Kg, 64);  // dyT column of group gi: gi * gstride
   const int64_t dyt_n = (l.NB * l.HW + 1) * l.kp;
-  const int64_t per_thread = g.C * l.lx + dyt_n + dw_n + g.K + 256;
+  const int64_t HW = g.H * g.W, per_thread = g.C * l.lx + dyt_n + dw_n + g.K + round16(HW) + 256;
   float* base = static_cast<float*>(ws);
-  auto carve = [&](int u, float** xp, float** dyT, float** part) {
+  auto carve = [&](int u, float** xp, float** dyT, float** part, float** plane) {
     Carve c{base + u * per_thread};
     *xp = c.take(g.C * l.lx);
     *dyT = c.take(dyt_n);
     *part = c.take(dw_n + g.K);
+    *plane = c.take(round16(HW));
   };
 #pragma omp parallel
   {
     const int t = omp_get_thread_num(), nt = omp_get_num_threads();
-    float *xp, *dyT, *dw_part;
-    carve(t, &xp, &dyT, &dw_part);
+    float *xp, *dyT, *dw_part, *plane;
+    carve(t, &xp, &dyT, &dw_part, &plane);
+    StoredReader xr(x, plane, HW);
     float* db_part = dw_part + dw_n;
     std::memset(xp, 0, sizeof(float) * size_t(g.C * l.lx));
     std::memset(dyT, 0, sizeof(float) * size_t(dyt_n));  // junk positions / padding channels stay zero
@@ -355,7 +358,7 @@ void direct_dense_backward_weight(const Conv2dGeom& g, const float* x, const flo
       for (int64_t b = 0; b < nb; ++b) {
         const int64_t n = nc + b;
         for (int64_t c = 0; c < g.C; ++c)
-          place_plane(x + (n * g.C + c) * g.H * g.W, g.H, g.W, 1, g.pad_h, g.pad_w, l.Wp, xp + c * l.lx + b * l.HW);
+          place_plane(xr.read((n * g.C + c) * HW, HW), g.H, g.W, 1, g.pad_h, g.pad_w, l.Wp, xp + c * l.lx + b * l.HW);
         const int64_t PQ = g.P * g.Q, q8 = g.Q / 8 * 8;
         for (int64_t k = 0; k < g.K; ++k) {
           const float* src = dy + (n * g.K + k) * PQ;
@@ -390,8 +393,8 @@ void direct_dense_backward_weight(const Conv2dGeom& g, const float* x, const flo
     for (int64_t i = i0; i < i1; ++i) {
       float s = 0.f;
       for (int u = 0; u < nt; ++u) {
-        float *a, *b, *part;
-        carve(u, &a, &b, &part);
+        float *a, *b, *part, *c;
+        carve(u, &a, &b, &part, &c);
         s += part[i];
       }
       float& dst = i < dw_n ? dw[i] : db[i - dw_n];

@@ -28,7 +28,8 @@ size_t direct_dense_workspace(const Conv2dGeom& g, ConvPass pass, int threads);
 void direct_dense_forward(const Conv2dGeom& g, const float* x, const float* w, const float* b, float* y, void* ws);
 void direct_dense_backward_data(const Conv2dGeom& g, const float* dy, const float* w, float* dx, bool accumulate,
                                 void* ws);
-void direct_dense_backward_weight(const Conv2dGeom& g, const float* x, const float* dy, float* dw, float* db,
+// x: f32 or any stash encoding (memory/stored_reader.h), decoded a plane at a time.
+void direct_dense_backward_weight(const Conv2dGeom& g, const Tensor& x, const float* dy, float* dw, float* db,
                                   bool accumulate, void* ws);
 
 // Depthwise kernels (groups == C == K), any stride.

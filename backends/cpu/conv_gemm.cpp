@@ -14,6 +14,7 @@
 
 #include "backends/cpu/conv_gemm.h"
 #include "backends/cpu/gemm.h"
+#include "memory/stored_reader.h"
 
 namespace et::cpu {
 
@@ -96,6 +97,7 @@ void gather_rows(const float* src, int64_t rows, int64_t PQ, float* dst, int64_t
 struct Layout {
   int64_t nb = 1, cols = 0;          // images per chunk, columns of a full chunk
   int64_t a_n = 0, b_n = 0, scr_n = 0;  // the pieces (see each pass)
+  int64_t x_n = 0;                      // weight gradient: one image of a stashed x, decoded
   int64_t per_thread = 0, shared = 0;
 };
 
@@ -149,7 +151,8 @@ Layout bwd_weight_layout(const Conv2dGeom& g, int threads) {
   l.a_n = (pointwise(g) && l.nb == 1) ? 0 : g.C * RS * l.cols;
   l.b_n = l.nb == 1 ? 0 : rows * l.cols;
   l.scr_n = int64_t(sgemm_scratch_floats(std::min(rows, Kg), Cg * RS, l.cols));
-  l.per_thread = l.a_n + l.b_n + l.scr_n + 64;
+  l.x_n = g.C * g.H * g.W;
+  l.per_thread = l.a_n + l.b_n + l.scr_n + l.x_n + 80;
   return l;
 }
 
@@ -256,12 +259,11 @@ void gemm_conv_backward_data(const Conv2dGeom& g, const float* dy, const float* 
   }
 }
 
-void gemm_conv_backward_weight(const Conv2dGeom& g, const float* x, const float* dy, float* dw, float* db,
+void gemm_conv_backward_weight(const Conv2dGeom& g, const Tensor& x, const float* dy, float* dw, float* db,
                                bool accumulate, void* ws) {
   const int threads = omp_get_max_threads();
   const Layout l = bwd_weight_layout(g, threads);
-  const int64_t RS = g.R * g.S, Cg = g.C / g.groups, Kg = g.K / g.groups, CRS = Cg * RS, PQ = g.P * g.Q,
-                HW = g.H * g.W;
+  const int64_t RS = g.R * g.S, Cg = g.C / g.groups, Kg = g.K / g.groups, CRS = Cg * RS, PQ = g.P * g.Q;
 #pragma omp parallel num_threads(threads)
   {
     const int t = omp_get_thread_num(), nt = omp_get_num_threads();
@@ -269,13 +271,14 @@ void gemm_conv_backward_weight(const Conv2dGeom& g, const float* x, const float*
     float* col = cv.take(l.a_n);
     float* dyc = cv.take(l.b_n);
     float* scr = cv.take(l.scr_n);
+    StoredReader xr(x, cv.take(l.x_n), l.x_n);
     int64_t k0, k1;
     wgrad_rows(g, t, nt, &k0, &k1);
     for (int64_t n0 = 0; n0 < g.N && k1 > k0; n0 += l.nb) {
       const int64_t nb = std::min(l.nb, g.N - n0), cols = nb * PQ;
-      const float* xs = x + n0 * g.C * HW;          // 1x1, nb == 1: x [C, PQ] itself
+      const float* xs = l.a_n ? nullptr : xr.read(n0 * l.x_n, l.x_n);  // 1x1, nb == 1: x [C, PQ] itself
       const float* ds = dy + (n0 * g.K + k0) * PQ;  // nb == 1: dy rows [k0, k1) [PQ] themselves
-      for (int64_t i = 0; i < nb && l.a_n; ++i) im2col(g, x + (n0 + i) * g.C * HW, g.C, col + i * PQ, cols);
+      for (int64_t i = 0; i < nb && l.a_n; ++i) im2col(g, xr.read((n0 + i) * l.x_n, l.x_n), g.C, col + i * PQ, cols);
       for (int64_t i = 0; i < nb && l.b_n; ++i)
         gather_rows(dy + ((n0 + i) * g.K + k0) * PQ, k1 - k0, PQ, dyc + i * PQ, cols);
       if (l.a_n) xs = col;

@@ -22,6 +22,7 @@
 #include "backends/cpu/conv_direct.h"
 #include "backends/cpu/conv_simd.h"
 #include "backends/cpu/gemm.h"
+#include "memory/stored_reader.h"
 
 namespace et::cpu {
 
@@ -235,7 +236,7 @@ void run_corr(const Corr& k, const float* in, const float* w, bool flip, const f
 // the positions of a chunk. Thread t owns columns [c0, c1) of dwt (whole NR slivers).
 
 struct WgradLayout {
-  int64_t nb, pos, xn_n, dyn_n, base_n, ap_n, bp_n, dwt_n, per_thread;
+  int64_t nb, pos, xn_n, dyn_n, base_n, ap_n, bp_n, dwt_n, x_n, per_thread;
 };
 
 WgradLayout wgrad_layout(const Corr& k) {
@@ -248,7 +249,8 @@ WgradLayout wgrad_layout(const Corr& k) {
   l.ap_n = (std::min(kWgradMC, k.Co) + kMaxMR) * std::min(KC, l.pos);
   l.bp_n = std::min(KC, l.pos) * (std::min(kWgradNC, k.depth()) + kMaxNR);
   l.dwt_n = k.Co * k.depth();
-  l.per_thread = l.xn_n + l.dyn_n + l.base_n + l.ap_n + l.bp_n + 80;
+  l.x_n = k.Ci * k.Hi * k.Wi;  // one image of a stashed x, decoded (StoredReader)
+  l.per_thread = l.xn_n + l.dyn_n + l.base_n + l.ap_n + l.bp_n + l.x_n + 96;
   return l;
 }
 
@@ -320,7 +322,7 @@ void implicit_backward_data(const Conv2dGeom& g, const float* dy, const float* w
   run_corr(data_corr(g), dy, w, true, nullptr, dx, accumulate, ws);
 }
 
-void implicit_backward_weight(const Conv2dGeom& g, const float* x, const float* dy, float* dw, float* db,
+void implicit_backward_weight(const Conv2dGeom& g, const Tensor& x, const float* dy, float* dw, float* db,
                               bool accumulate, void* ws) {
   const Corr k = fwd_corr(g);
   const WgradLayout l = wgrad_layout(k);
@@ -340,13 +342,14 @@ void implicit_backward_weight(const Conv2dGeom& g, const float* x, const float* 
     int64_t* base = cv.take_i64(l.pos);
     float* ap = cv.take(l.ap_n);
     float* bp = cv.take(l.bp_n);
+    StoredReader xr(x, cv.take(l.x_n), l.x_n);
     const int64_t units = (depth + NR - 1) / NR;
     const int64_t c0 = std::min(depth, units * t / nt * NR), c1 = std::min(depth, units * (t + 1) / nt * NR);
     if (c1 > c0) std::memset(xn, 0, sizeof(float) * size_t(l.xn_n));
     for (int64_t n0 = 0; n0 < k.N && c1 > c0; n0 += l.nb) {
       const int64_t nb = std::min(l.nb, k.N - n0), pos = nb * PQ;
       for (int64_t b = 0; b < nb; ++b) {
-        to_channels_last(k, x + (n0 + b) * C * k.Hi * k.Wi, xn + b * k.img());
+        to_channels_last(k, xr.read((n0 + b) * l.x_n, l.x_n), xn + b * k.img());
         const float* src = dy + (n0 + b) * K * PQ;
         float* d = dyn + b * PQ * K;
         const int64_t o8 = K / 8 * 8, j8 = PQ / 8 * 8;

@@ -23,7 +23,7 @@ size_t implicit_workspace(const Conv2dGeom& g, ConvPass pass, int threads);
 void implicit_forward(const Conv2dGeom& g, const float* x, const float* w, const float* b, float* y, void* ws);
 void implicit_backward_data(const Conv2dGeom& g, const float* dy, const float* w, float* dx, bool accumulate,
                             void* ws);
-void implicit_backward_weight(const Conv2dGeom& g, const float* x, const float* dy, float* dw, float* db,
+void implicit_backward_weight(const Conv2dGeom& g, const Tensor& x, const float* dy, float* dw, float* db,
                               bool accumulate, void* ws);
 
 // One image [Ci][Hi][Wi] -> the interior of dst [Hp][Wp][Ci] at (ph, pw); rows / columns past

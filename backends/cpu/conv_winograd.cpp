@@ -24,6 +24,7 @@
 #include "backends/cpu/conv_implicit.h"
 #include "backends/cpu/conv_simd.h"
 #include "backends/cpu/gemm.h"
+#include "memory/stored_reader.h"
 
 namespace et::cpu {
 
@@ -272,7 +273,7 @@ void run(const Wino& w, const float* in, const float* wt, bool flip, const float
 // element is summed by one thread in an order fixed by the geometry.
 
 struct WgradLayout {
-  int64_t nb, tiles, cols, xn_n, dyn_n, v_n, dy_n, m_n, per_thread;
+  int64_t nb, tiles, cols, xn_n, dyn_n, v_n, dy_n, m_n, x_n, per_thread;
 };
 
 WgradLayout wgrad_layout(const Wino& w, int threads) {
@@ -288,7 +289,8 @@ WgradLayout wgrad_layout(const Wino& w, int threads) {
   l.v_n = 16 * l.tiles * l.cols;
   l.dy_n = 16 * (w.Co + kMaxMR) * l.tiles;
   l.m_n = 16 * (w.Co + kMaxMR) * l.cols;
-  l.per_thread = l.xn_n + l.dyn_n + l.v_n + l.dy_n + l.m_n + 128 + 6 * 16;
+  l.x_n = w.Ci * w.Hi * w.Wi;  // one image of a stashed x, decoded (StoredReader)
+  l.per_thread = l.xn_n + l.dyn_n + l.v_n + l.dy_n + l.m_n + l.x_n + 128 + 7 * 16;
   return l;
 }
 
@@ -378,7 +380,7 @@ void finish_wgrad(const Wino& w, const float* mb, int64_t c0, int64_t c1, int64_
     }
 }
 
-void run_wgrad(const Wino& w, const float* x, const float* dy, float* dw, float* db, bool accumulate, void* ws) {
+void run_wgrad(const Wino& w, const Tensor& x, const float* dy, float* dw, float* db, bool accumulate, void* ws) {
   const GemmTile tile = sgemm_tile();
   const int MR = tile.mr, NR = tile.nr;
   const int threads = omp_get_max_threads();
@@ -393,6 +395,7 @@ void run_wgrad(const Wino& w, const float* x, const float* dy, float* dw, float*
     float* vp = cv.take(l.v_n);
     float* dp = cv.take(l.dy_n);
     float* mb = cv.take(l.m_n);
+    StoredReader xr(x, cv.take(l.x_n), l.x_n);
     const int64_t units = (w.Ci + NR - 1) / NR;
     const int64_t c0 = std::min(w.Ci, units * t / nt * NR), c1 = std::min(w.Ci, units * (t + 1) / nt * NR);
     const int64_t cr = round_up(c1 - c0, NR);
@@ -403,7 +406,7 @@ void run_wgrad(const Wino& w, const float* x, const float* dy, float* dw, float*
     for (int64_t n0 = 0; n0 < w.N && c1 > c0; n0 += l.nb) {
       const int64_t nb = std::min(l.nb, w.N - n0), tiles = nb * w.TI();
       for (int64_t b = 0; b < nb; ++b) {
-        to_channels_last(x + (n0 + b) * w.Ci * w.Hi * w.Wi, w.Ci, w.Hi, w.Wi, w.ph, w.pw, w.Hp, w.Wp,
+        to_channels_last(xr.read((n0 + b) * l.x_n, l.x_n), w.Ci, w.Hi, w.Wi, w.ph, w.pw, w.Hp, w.Wp,
                          xn + b * w.img());
         to_channels_last(dy + (n0 + b) * w.Co * PQ, w.Co, w.Ho, w.Wo, 0, 0, 2 * w.th, 2 * w.tw,
                          dyn + b * 4 * w.TI() * w.Co);
@@ -449,7 +452,7 @@ void winograd_backward_data(const Conv2dGeom& g, const float* dy, const float* w
   run(data_wino(g), dy, w, true, nullptr, dx, accumulate, ws);
 }
 
-void winograd_backward_weight(const Conv2dGeom& g, const float* x, const float* dy, float* dw, float* db,
+void winograd_backward_weight(const Conv2dGeom& g, const Tensor& x, const float* dy, float* dw, float* db,
                               bool accumulate, void* ws) {
   run_wgrad(fwd_wino(g), x, dy, dw, db, accumulate, ws);
 }

@@ -13,7 +13,8 @@ size_t winograd_workspace(const Conv2dGeom& g, ConvPass pass, int threads);
 void winograd_forward(const Conv2dGeom& g, const float* x, const float* w, const float* b, float* y, void* ws);
 void winograd_backward_data(const Conv2dGeom& g, const float* dy, const float* w, float* dx, bool accumulate,
                             void* ws);
-void winograd_backward_weight(const Conv2dGeom& g, const float* x, const float* dy, float* dw, float* db,
+// x: f32 or any stash encoding (memory/stored_reader.h), decoded an image at a time.
+void winograd_backward_weight(const Conv2dGeom& g, const Tensor& x, const float* dy, float* dw, float* db,
                               bool accumulate, void* ws);
 
 }  // namespace et::cpu

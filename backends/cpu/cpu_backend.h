@@ -22,6 +22,7 @@ class CpuBackend final : public Backend {
                       Workspace ws) override;
   void conv2d_backward_data(const Conv2dGeom& g, const Tensor& dy, const Tensor& w, Tensor& dx, bool accumulate,
                             Workspace ws) override;
+  DTypeSet conv2d_weight_reads(const Conv2dGeom& g) const override;
   void conv2d_backward_weight(const Conv2dGeom& g, const Tensor& x, const Tensor& dy, Tensor& dw, Tensor& db,
                               bool accumulate, Workspace ws) override;
 
@@ -34,6 +35,9 @@ class CpuBackend final : public Backend {
                                Tensor& invstd) override;
   void batchnorm_forward_eval(const Tensor& x, const Tensor& gamma, const Tensor& beta, const Tensor& running_mean,
                               const Tensor& running_var, float eps, Tensor& y) override;
+  DTypeSet batchnorm_backward_reads() const override {
+    return dtype_bit(DType::F32) | dtype_bit(DType::F16) | dtype_bit(DType::BF16);
+  }
   void batchnorm_backward(const Tensor& dy, const Tensor& x, const Tensor& gamma, const Tensor& mean,
                           const Tensor& invstd, Tensor& dx, bool accumulate_dx, Tensor& dgamma, Tensor& dbeta,
                           bool accumulate_params) override;

@@ -1,0 +1,35 @@
+// StoredReader: pieces of a saved activation as f32, whatever encoding the stash keeps it in
+// (engine/tensor.h: F32, F16, BF16, BitmapF32, BitmapF16). For kernels that decode each piece
+// just before they use it (an image or a plane, in cache) instead of a decode pass over the whole
+// tensor into a buffer of its dense size: that pass costs a write and a read of the dense tensor
+// through memory, and the buffer itself is planned memory.
+//
+// One reader per thread. Pieces are cheapest in increasing order: a bitmap reader keeps its cursor
+// into the packed values; a jump counts the set bits before the new position.
+#pragma once
+#include <cstdint>
+
+#include "engine/tensor.h"
+
+namespace et {
+
+class StoredReader {
+ public:
+  // `scratch` holds the largest piece this reader will be asked for (unused for dense f32).
+  StoredReader(const Tensor& x, float* scratch, int64_t scratch_elems);
+  // f32 elements [begin, begin + count) of x (flat index): a pointer into x itself when x is
+  // dense f32, else into the scratch (valid until the next read).
+  const float* read(int64_t begin, int64_t count);
+  // Scratch floats a reader of pieces up to `count` elements needs for dtype `t`.
+  static int64_t scratch_elems(DType t, int64_t count) { return t == DType::F32 ? 0 : count; }
+
+ private:
+  Tensor x_;
+  float* scratch_;
+  int64_t capacity_;
+  const uint64_t* bits_ = nullptr;
+  const void* values_ = nullptr;
+  int64_t next_ = 0, value_index_ = 0;  // bitmaps: the element after the last piece, its value index
+};
+
+}  // namespace et
