@@ -109,8 +109,12 @@ class Backend {
   // ---- pooling (Conv2dGeom with K = C, groups ignored)
   virtual void maxpool2d_forward(const Conv2dGeom& g, const Tensor& x, Tensor& y) = 0;
   // Gradient goes to the first maximum of each window (PyTorch's rule), found again from x.
+  // x: f32 or the stash's copy in any dtype maxpool2d_backward_reads() lists (decoded a plane at a
+  // time in the workspace, maxpool2d_workspace_bytes()).
+  virtual DTypeSet maxpool2d_backward_reads() const { return dtype_bit(DType::F32); }
+  virtual size_t maxpool2d_workspace_bytes(const Conv2dGeom& g) const { return 0; }
   virtual void maxpool2d_backward(const Conv2dGeom& g, const Tensor& dy, const Tensor& x, Tensor& dx,
-                                  bool accumulate) = 0;
+                                  bool accumulate, Workspace ws) = 0;
   // count_include_pad = true (PyTorch's default)
   virtual void avgpool2d_forward(const Conv2dGeom& g, const Tensor& x, Tensor& y) = 0;
   virtual void avgpool2d_backward(const Conv2dGeom& g, const Tensor& dy, Tensor& dx, bool accumulate) = 0;

@@ -14,6 +14,11 @@ class MaxPoolOp final : public Op {
   OpClass op_class() const override { return OpClass::Pool; }
   std::vector<SaveSpec> saves() const override { return {{0, SaveKind::Full}}; }
   OutputZeros output_zeros() const override { return OutputZeros::AsInput0; }
+  // The backward finds each window's maximum again in x, decoding it from the stash plane by plane.
+  DTypeSet reads_stored(int, const Backend& b, int64_t) const override { return b.maxpool2d_backward_reads(); }
+  size_t workspace_bytes(const Backend& b, int64_t batch) const override {
+    return b.maxpool2d_workspace_bytes(geom_.with_batch(batch));
+  }
   void forward(OpContext& ctx) override {
     Tensor y = ctx.output();
     ctx.backend().maxpool2d_forward(geom_.with_batch(ctx.batch()), ctx.input(0), y);
@@ -21,8 +26,9 @@ class MaxPoolOp final : public Op {
   void backward(OpContext& ctx) override {
     GradOut dx = ctx.grad_input(0);
     if (dx.wanted)
-      ctx.backend().maxpool2d_backward(geom_.with_batch(ctx.batch()), ctx.grad_output(), ctx.saved(0), dx.t,
-                                       dx.accumulate);
+      ctx.backend().maxpool2d_backward(geom_.with_batch(ctx.batch()), ctx.grad_output(),
+                                       ctx.saved(0, ctx.backend().maxpool2d_backward_reads()), dx.t, dx.accumulate,
+                                       ctx.workspace());
   }
 
  private:

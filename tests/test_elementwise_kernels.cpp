@@ -123,3 +123,47 @@ TEST_CASE("batchnorm backward reads 16-bit saved inputs exactly like their f32 d
     }
   }
 }
+
+TEST_CASE("max-pool backward reads stash encodings exactly like the f32 decode", "[kernels]") {
+  auto be = make_cpu_backend();
+  std::mt19937 rng(5);
+  std::normal_distribution<float> normal(0.f, 1.f);
+  Conv2dGeom g;
+  g.N = 3; g.C = 5; g.H = 7; g.W = 9; g.K = 5; g.R = g.S = 2; g.stride_h = g.stride_w = 2;  // odd map: planes not word aligned
+  g.infer_output();
+  const int64_t n = g.N * g.C * g.H * g.W, m = g.N * g.C * g.P * g.Q;
+  std::vector<float> x(static_cast<size_t>(n)), dy(static_cast<size_t>(m));
+  for (auto& v : x) v = std::max(0.f, normal(rng));  // a ReLU output: ties at zero decide by order
+  for (auto& v : dy) v = normal(rng);
+  std::vector<float> ws(be->maxpool2d_workspace_bytes(g) / 4 + 16);
+  const Workspace w{ws.data(), ws.size() * 4};
+  for (DType t : {DType::F16, DType::BF16, DType::BitmapF32, DType::BitmapF16}) {
+    INFO(dtype_name(t));
+    REQUIRE(dtype_in(t, be->maxpool2d_backward_reads()));
+    std::vector<uint64_t> store(static_cast<size_t>(bitmap::num_words(n) + n));
+    std::vector<float> decoded(static_cast<size_t>(n));
+    auto* h = reinterpret_cast<uint16_t*>(store.data());
+    const bool bm = t == DType::BitmapF32 || t == DType::BitmapF16;
+    const auto vt = t == DType::BitmapF16 ? bitmap::ValueType::F16 : bitmap::ValueType::F32;
+    if (bm) {
+      bitmap::pack(x.data(), n, 0.f, store.data(), store.data() + bitmap::num_words(n), vt);
+      bitmap::unpack(store.data(), store.data() + bitmap::num_words(n), n, vt, decoded.data());
+    } else if (t == DType::F16) {
+      f32_to_f16(x.data(), n, h);
+      f16_to_f32(h, n, decoded.data());
+    } else {
+      f32_to_bf16(x.data(), n, h);
+      bf16_to_f32(h, n, decoded.data());
+    }
+    const Shape xs{g.N, g.C, g.H, g.W};
+    std::vector<float> dx_ref(static_cast<size_t>(n)), dx(static_cast<size_t>(n));
+    Tensor dyt = Tensor::contiguous(dy.data(), Shape{g.N, g.C, g.P, g.Q});
+    Tensor ref_t = Tensor::contiguous(dx_ref.data(), xs), got_t = Tensor::contiguous(dx.data(), xs);
+    be->maxpool2d_backward(g, dyt, Tensor::contiguous(decoded.data(), xs), ref_t, false, w);
+    be->maxpool2d_backward(g, dyt, Tensor::contiguous(store.data(), xs, t), got_t, false, w);
+    CHECK(std::memcmp(dx.data(), dx_ref.data(), size_t(n) * 4) == 0);
+    float s = 0;
+    for (float v : dx_ref) s += std::fabs(v);
+    CHECK(s > 0);
+  }
+}

@@ -51,7 +51,10 @@ class CpuBackend final : public Backend {
   void dropout_backward(const Tensor& dy, float p, uint64_t seed, Tensor& dx, bool accumulate) override;
 
   void maxpool2d_forward(const Conv2dGeom& g, const Tensor& x, Tensor& y) override;
-  void maxpool2d_backward(const Conv2dGeom& g, const Tensor& dy, const Tensor& x, Tensor& dx, bool accumulate) override;
+  DTypeSet maxpool2d_backward_reads() const override { return kStashDTypes; }
+  size_t maxpool2d_workspace_bytes(const Conv2dGeom& g) const override;
+  void maxpool2d_backward(const Conv2dGeom& g, const Tensor& dy, const Tensor& x, Tensor& dx, bool accumulate,
+                          Workspace ws) override;
   void avgpool2d_forward(const Conv2dGeom& g, const Tensor& x, Tensor& y) override;
   void avgpool2d_backward(const Conv2dGeom& g, const Tensor& dy, Tensor& dx, bool accumulate) override;
   void global_avgpool_forward(const Tensor& x, Tensor& y) override;

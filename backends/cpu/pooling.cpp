@@ -1,10 +1,17 @@
 // Pooling on CPU: one (n, c) plane per iteration, planes spread over threads.
+#include <omp.h>
+
 #include <cfloat>
 #include <cstring>
 
 #include "backends/cpu/cpu_backend.h"
+#include "memory/stored_reader.h"
 
 namespace et {
+
+namespace {
+int64_t plane_floats(const Conv2dGeom& g) { return (g.H * g.W + 15) / 16 * 16; }  // 64-byte multiples
+}  // namespace
 
 // y [N,C,P,Q] = max over each R x S window of x [N,C,H,W] (padding never wins)
 void CpuBackend::maxpool2d_forward(const Conv2dGeom& g, const Tensor& x, Tensor& y) {
@@ -29,32 +36,43 @@ void CpuBackend::maxpool2d_forward(const Conv2dGeom& g, const Tensor& x, Tensor&
   }
 }
 
+size_t CpuBackend::maxpool2d_workspace_bytes(const Conv2dGeom& g) const {
+  return size_t(cpu_threads()) * size_t(plane_floats(g)) * sizeof(float);
+}
+
+// x may be the stash's encoding: each thread decodes its planes (a contiguous, increasing range
+// under the static schedule) into its own slice of the workspace.
 void CpuBackend::maxpool2d_backward(const Conv2dGeom& g, const Tensor& dy, const Tensor& x, Tensor& dx,
-                                    bool accumulate) {
-  const int64_t planes = g.N * g.C;
-#pragma omp parallel for schedule(static)
-  for (int64_t pl = 0; pl < planes; ++pl) {
-    const float* xp = x.f32() + pl * g.H * g.W;
-    const float* dyp = dy.f32() + pl * g.P * g.Q;
-    float* dxp = dx.f32() + pl * g.H * g.W;
-    if (!accumulate) std::memset(dxp, 0, sizeof(float) * size_t(g.H * g.W));
-    for (int64_t p = 0; p < g.P; ++p)
-      for (int64_t q = 0; q < g.Q; ++q) {
-        float m = -FLT_MAX;
-        int64_t arg = -1;
-        for (int64_t r = 0; r < g.R; ++r) {
-          const int64_t h = p * g.stride_h - g.pad_h + r;
-          if (h < 0 || h >= g.H) continue;
-          for (int64_t s = 0; s < g.S; ++s) {
-            const int64_t w = q * g.stride_w - g.pad_w + s;
-            if (w >= 0 && w < g.W && xp[h * g.W + w] > m) {
-              m = xp[h * g.W + w];
-              arg = h * g.W + w;
+                                    bool accumulate, Workspace ws) {
+  const int64_t planes = g.N * g.C, HW = g.H * g.W;
+  ET_CHECK(x.dtype == DType::F32 || ws.bytes >= maxpool2d_workspace_bytes(g), "maxpool2d backward: workspace");
+#pragma omp parallel
+  {
+    StoredReader xr(x, static_cast<float*>(ws.data) + omp_get_thread_num() * plane_floats(g), HW);
+#pragma omp for schedule(static)
+    for (int64_t pl = 0; pl < planes; ++pl) {
+      const float* xp = xr.read(pl * HW, HW);
+      const float* dyp = dy.f32() + pl * g.P * g.Q;
+      float* dxp = dx.f32() + pl * HW;
+      if (!accumulate) std::memset(dxp, 0, sizeof(float) * size_t(HW));
+      for (int64_t p = 0; p < g.P; ++p)
+        for (int64_t q = 0; q < g.Q; ++q) {
+          float m = -FLT_MAX;
+          int64_t arg = -1;
+          for (int64_t r = 0; r < g.R; ++r) {
+            const int64_t h = p * g.stride_h - g.pad_h + r;
+            if (h < 0 || h >= g.H) continue;
+            for (int64_t s = 0; s < g.S; ++s) {
+              const int64_t w = q * g.stride_w - g.pad_w + s;
+              if (w >= 0 && w < g.W && xp[h * g.W + w] > m) {
+                m = xp[h * g.W + w];
+                arg = h * g.W + w;
+              }
             }
           }
+          if (arg >= 0) dxp[arg] += dyp[p * g.Q + q];
         }
-        if (arg >= 0) dxp[arg] += dyp[p * g.Q + q];
-      }
+    }
   }
 }
 
