@@ -35,4 +35,26 @@ const float* StoredReader::read(int64_t begin, int64_t count) {
   return scratch_;
 }
 
+const float* StoredReader::read_at(int64_t begin, int64_t count, int64_t* cursor) {
+  if (!bits_) return read(begin, count);
+  ET_CHECK(begin >= 0 && count >= 0 && begin + count <= x_.numel() && count <= capacity_, "piece [", begin, ", +",
+           count, ") of ", x_.numel());
+  const auto vt = x_.dtype == DType::BitmapF16 ? bitmap::ValueType::F16 : bitmap::ValueType::F32;
+  *cursor = bitmap::unpack_range(bits_, values_, vt, begin, count, *cursor, scratch_);
+  return scratch_;
+}
+
+int64_t StoredReader::cursor_at(int64_t begin) const { return bits_ ? bitmap::popcount(bits_, begin) : begin; }
+
+int64_t StoredReader::kept(int64_t begin, int64_t count) const {
+  if (!bits_ || count <= 0) return bits_ ? 0 : count;
+  const int64_t end = begin + count, w0 = begin / 64, w1 = end / 64;
+  const uint64_t head = bits_[w0] >> (begin % 64);
+  if (w0 == w1) return __builtin_popcountll(head & ((uint64_t(1) << (end - begin)) - 1));
+  int64_t s = __builtin_popcountll(head);
+  for (int64_t w = w0 + 1; w < w1; ++w) s += __builtin_popcountll(bits_[w]);
+  if (end % 64) s += __builtin_popcountll(bits_[w1] & ((uint64_t(1) << (end % 64)) - 1));
+  return s;
+}
+
 }  // namespace et

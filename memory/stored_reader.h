@@ -20,6 +20,14 @@ class StoredReader {
   // f32 elements [begin, begin + count) of x (flat index): a pointer into x itself when x is
   // dense f32, else into the scratch (valid until the next read).
   const float* read(int64_t begin, int64_t count);
+  // For kernels that walk several interleaved sequences of pieces (a depthwise conv reads plane
+  // (n, c) for every n, then c + 1): the caller holds one cursor per sequence. `*cursor` is the
+  // number of kept values before `begin` (cursor_at(begin) to start) and is advanced past the piece.
+  const float* read_at(int64_t begin, int64_t count, int64_t* cursor);
+  int64_t cursor_at(int64_t begin) const;
+  bool is_bitmap() const { return bits_ != nullptr; }
+  // Kept values among elements [begin, begin + count) (bitmaps; count for dense encodings).
+  int64_t kept(int64_t begin, int64_t count) const;
   // Scratch floats a reader of pieces up to `count` elements needs for dtype `t`.
   static int64_t scratch_elems(DType t, int64_t count) { return t == DType::F32 ? 0 : count; }
 

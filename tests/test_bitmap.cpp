@@ -361,5 +361,14 @@ TEST_CASE("bitmap ranges decode like the whole tensor from any position", "[bitm
       for (int64_t b : {0, 49, 98, 147, 49, 4900, 4802, 0})
         CHECK(std::memcmp(r.read(b, std::min<int64_t>(49, n - b)), whole.data() + b,
                           size_t(std::min<int64_t>(49, n - b)) * 4) == 0);
+      // Caller-held cursors (two interleaved walks) and range counts.
+      int64_t ca = r.cursor_at(0), cb = r.cursor_at(2501);
+      for (int64_t i = 0; i < 40; ++i) {
+        const int64_t a = i * 49, b = 2501 + i * 49;
+        CHECK(std::memcmp(r.read_at(a, 49, &ca), whole.data() + a, 49 * 4) == 0);
+        CHECK(std::memcmp(r.read_at(b, 49, &cb), whole.data() + b, 49 * 4) == 0);
+        CHECK(r.kept(a, 49) == popcount(bits, a + 49) - popcount(bits, a));
+        CHECK(r.kept(b, 7) == popcount(bits, b + 7) - popcount(bits, b));
+      }
     }
 }

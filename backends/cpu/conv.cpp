@@ -135,16 +135,16 @@ void CpuBackend::conv2d_backward_data(const Conv2dGeom& g, const Tensor& dy, con
   cpu::gemm_conv_backward_data(g, dy.f32(), w.f32(), dx.f32(), accumulate, ws.data);
 }
 
-// The direct, implicit, Winograd and GEMM weight gradients read x one image (or plane) at a time into their
-// own staging layouts; they decode a stashed x there (memory/stored_reader.h) instead of reading
-// a decoded copy of the whole tensor.
+// Every weight-gradient kernel reads x one image (or plane) at a time into its own staging layout;
+// it decodes a stashed x there (memory/stored_reader.h) instead of reading a decoded copy of the
+// whole tensor.
 DTypeSet CpuBackend::conv2d_weight_reads(const Conv2dGeom& g) const {
   switch (choose(g, ConvPass::BackwardWeight)) {
     case Path::Direct:
     case Path::Implicit:
     case Path::Winograd:
-    case Path::Gemm: return kStashDTypes;
-    case Path::Depthwise: break;
+    case Path::Gemm:
+    case Path::Depthwise: return kStashDTypes;
   }
   return dtype_bit(DType::F32);
 }
@@ -155,7 +155,7 @@ void CpuBackend::conv2d_backward_weight(const Conv2dGeom& g, const Tensor& x, co
   ET_CHECK(dtype_in(x.dtype, conv2d_weight_reads(g)), "conv2d weight gradient: x dtype ", dtype_name(x.dtype));
   switch (choose(g, ConvPass::BackwardWeight)) {
     case Path::Depthwise:
-      return cpu::depthwise_backward_weight(g, x.f32(), dy.f32(), dw.f32(), dbp, accumulate, ws.data);
+      return cpu::depthwise_backward_weight(g, x, dy.f32(), dw.f32(), dbp, accumulate, ws.data);
     case Path::Direct:
       return cpu::direct_dense_backward_weight(g, x, dy.f32(), dw.f32(), dbp, accumulate, ws.data);
     case Path::Implicit:

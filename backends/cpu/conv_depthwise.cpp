@@ -14,6 +14,7 @@
 
 #include "backends/cpu/conv_direct.h"
 #include "backends/cpu/conv_simd.h"
+#include "memory/stored_reader.h"
 
 namespace et::cpu {
 namespace {
@@ -128,23 +129,44 @@ void backward_data_impl(const Conv2dGeom& g, const float* dy, const float* w, fl
   }
 }
 
+// Weight gradient, per thread: x plane, dy plane, a decoded stashed x plane, N value cursors.
+int64_t wgrad_per_thread(const Conv2dGeom& g, const Plane& p) {
+  return p.L + p.Jr + round16(g.H * g.W) + round16(2 * g.N) + 32;  // 64-byte multiples: threads stay aligned
+}
+
+// x: f32 or a stash encoding. Channel c reads planes (n, c) for every n: one value cursor per
+// image (StoredReader::read_at), set up when a thread starts its channel range, then advanced.
 template <class V>
-void backward_weight_impl(const Conv2dGeom& g, const float* x, const float* dy, float* dw, float* db, bool accumulate,
+void backward_weight_impl(const Conv2dGeom& g, const Tensor& x, const float* dy, float* dw, float* db, bool accumulate,
                           float* ws) {
   const Plane p = fwd_plane(g);  // stride-1 domain: p.rows >= (P-1)*stride + 1
-  const int64_t per_thread = p.L + p.Jr + 32;
+  const int64_t per_thread = wgrad_per_thread(g, p), HW = g.H * g.W;
 #pragma omp parallel
   {
     float* xp = ws + omp_get_thread_num() * per_thread;
     float* dyu = xp + p.L;
+    float* piece = dyu + p.Jr;
+    auto* cursor = reinterpret_cast<int64_t*>(piece + round16(HW));
+    StoredReader xr(x, piece, HW);
+    int64_t next_c = -1;
     std::memset(xp, 0, sizeof(float) * size_t(p.L + p.Jr));
 #pragma omp for schedule(static)
     for (int64_t c = 0; c < g.C; ++c) {
+      if (xr.is_bitmap() && c != next_c) {
+        int64_t at = 0, before = 0;  // kept values before element `at`
+        for (int64_t n = 0; n < g.N; ++n) {
+          const int64_t b = (n * g.C + c) * HW;
+          before += xr.kept(at, b - at);
+          cursor[n] = before;
+          at = b;
+        }
+      }
+      next_c = c + 1;
       V acc[kMaxTaps];
       for (int t = 0; t < p.RS; ++t) acc[t] = V::zero();
       float bsum = 0.f;
       for (int64_t n = 0; n < g.N; ++n) {
-        place_plane(x + (n * g.C + c) * g.H * g.W, g.H, g.W, 1, g.pad_h, g.pad_w, p.Wp, xp);
+        place_plane(xr.read_at((n * g.C + c) * HW, HW, &cursor[n]), g.H, g.W, 1, g.pad_h, g.pad_w, p.Wp, xp);
         const float* src = dy + (n * g.C + c) * g.P * g.Q;
         place_plane(src, g.P, g.Q, g.stride_h, 0, 0, p.Wp, dyu);
         if (db)
@@ -172,7 +194,8 @@ bool depthwise_applies(const Conv2dGeom& g, ConvPass pass) {
 
 size_t depthwise_workspace(const Conv2dGeom& g, ConvPass pass, int threads) {
   const Plane p = pass == ConvPass::BackwardData ? data_plane(g) : fwd_plane(g);
-  return size_t(threads) * size_t(p.L + p.Jr + 32 + kMaxTaps) * sizeof(float);
+  const int64_t per_thread = pass == ConvPass::BackwardWeight ? wgrad_per_thread(g, p) : p.L + p.Jr + 32 + kMaxTaps;
+  return size_t(threads) * size_t(per_thread) * sizeof(float);
 }
 
 void depthwise_forward(const Conv2dGeom& g, const float* x, const float* w, const float* b, float* y, void* ws) {
@@ -186,7 +209,7 @@ void depthwise_backward_data(const Conv2dGeom& g, const float* dy, const float* 
   else backward_data_impl<VNative>(g, dy, w, dx, accumulate, static_cast<float*>(ws));
 }
 
-void depthwise_backward_weight(const Conv2dGeom& g, const float* x, const float* dy, float* dw, float* db,
+void depthwise_backward_weight(const Conv2dGeom& g, const Tensor& x, const float* dy, float* dw, float* db,
                                bool accumulate, void* ws) {
   if (scalar_forced()) backward_weight_impl<VScalar>(g, x, dy, dw, db, accumulate, static_cast<float*>(ws));
   else backward_weight_impl<VNative>(g, x, dy, dw, db, accumulate, static_cast<float*>(ws));

@@ -38,7 +38,8 @@ size_t depthwise_workspace(const Conv2dGeom& g, ConvPass pass, int threads);
 void depthwise_forward(const Conv2dGeom& g, const float* x, const float* w, const float* b, float* y, void* ws);
 void depthwise_backward_data(const Conv2dGeom& g, const float* dy, const float* w, float* dx, bool accumulate,
                              void* ws);
-void depthwise_backward_weight(const Conv2dGeom& g, const float* x, const float* dy, float* dw, float* db,
+// x: f32 or any stash encoding (memory/stored_reader.h), decoded a plane at a time.
+void depthwise_backward_weight(const Conv2dGeom& g, const Tensor& x, const float* dy, float* dw, float* db,
                                bool accumulate, void* ws);
 
 // ---- shared helpers (conv_direct.cpp)
