@@ -135,7 +135,8 @@ void Executor::plan() {
     }
     return 0;
   };
-  constexpr DTypeSet kMaskFromStored = dtype_bit(DType::F32) | dtype_bit(DType::BitmapF32) | dtype_bit(DType::BitmapF16);
+  constexpr DTypeSet kMaskFromStored =
+      dtype_bit(DType::F32) | dtype_bit(DType::BitmapF32) | dtype_bit(DType::BitmapF16);
   std::vector<DTypeSet> stored(size_t(nv), 0);
   for (const SavedValue& sv : saved) stored[size_t(sv.value)] = stored_dtypes(sv.format);
   for (int n = 0; n < nn; ++n) {
