@@ -239,8 +239,9 @@ void Executor::plan() {
           g.last = std::max(g.last, bwd_t[size_t(p)]);
           g.bytes = bytes;
         }
-        if (sv && sv->full && !zero_copy && !needs_decode[size_t(id)]) reads_as_stored_ = true;
-        if (sv && sv->full && !zero_copy && needs_decode[size_t(id)]) {
+        if (sv && sv->full && !zero_copy && !needs_decode[size_t(id)]) {
+          reads_as_stored_ = true;  // every reader decodes as it reads: no buffer
+        } else if (sv && sv->full && !zero_copy) {
           // Decoded by the first reader: the last saver's backward, or a recomputed segment.
           int first = bwd_t[size_t(last_saver[size_t(id)])];
           // (recompute() decodes a segment's external inputs before its first node runs)

@@ -1,6 +1,7 @@
 // conv2d: y = x * w (+ b). x [N,C,H,W], w [K,C/groups,R,S], b [K], y [N,K,P,Q].
-// Saves x for the weight gradient, which reads it as the stash stores it where the backend can. Forward operands and the output gradient pass through the
-// precision policy (the quantization point for 4-bit training).
+// Saves x for the weight gradient, which reads it as the stash stores it where the backend can.
+// Forward operands and the output gradient pass through the precision policy (the quantization
+// point for 4-bit training).
 #include <memory>
 
 #include "layers/layers.h"
@@ -41,7 +42,8 @@ class Conv2dOp final : public Op {
     const Conv2dGeom g = geom_.with_batch(ctx.batch());
     const Tensor dy = ctx.precision().apply(ctx.node(), Operand::OutputGrad, ctx.grad_output());
     const Tensor w = ctx.precision().apply(ctx.node(), Operand::Weight, ctx.input(1));
-    const DTypeSet reads = ctx.precision().identity() ? ctx.backend().conv2d_weight_reads(g) : dtype_bit(DType::F32);
+    const DTypeSet reads =
+        ctx.precision().identity() ? ctx.backend().conv2d_weight_reads(g) : dtype_bit(DType::F32);
     const Tensor x = ctx.precision().apply(ctx.node(), Operand::Input, ctx.saved(0, reads));
     GradOut dw = ctx.grad_input(1);
     GradOut db = ctx.has_input(2) ? ctx.grad_input(2) : GradOut{};

@@ -194,6 +194,13 @@ int64_t unpack_range(const uint64_t* bits, const void* values, ValueType t, int6
   return value_index + popcount(w, rest);
 }
 
+int64_t popcount_range(const uint64_t* bits, int64_t begin, int64_t count) {
+  if (count <= 0) return 0;
+  const int64_t head = std::min(count, (64 - begin % 64) % 64);  // up to the next word boundary
+  const int64_t c = head ? __builtin_popcountll((bits[begin / 64] >> (begin % 64)) & ((uint64_t(1) << head) - 1)) : 0;
+  return c + popcount(bits + (begin + head) / 64, count - head);
+}
+
 int64_t popcount(const uint64_t* bits, int64_t n) {
   const int64_t full = n / 64;
   int64_t c = 0;

@@ -44,6 +44,8 @@ inline uint32_t keep_threshold_bits(float prune_threshold) {
 int64_t count_nonzero(const float* x, int64_t n, float prune_threshold = 0.f);
 // Number of set bits among the first n bits (= number of stored values).
 int64_t popcount(const uint64_t* bits, int64_t n);
+// Number of set bits among bits [begin, begin + count) (any begin).
+int64_t popcount_range(const uint64_t* bits, int64_t begin, int64_t count);
 
 // Writes the bitmap of x (num_words(n) words) and returns the number of kept elements.
 int64_t make_bits(const float* x, int64_t n, float prune_threshold, uint64_t* bits);

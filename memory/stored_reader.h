@@ -28,8 +28,6 @@ class StoredReader {
   bool is_bitmap() const { return bits_ != nullptr; }
   // Kept values among elements [begin, begin + count) (bitmaps; count for dense encodings).
   int64_t kept(int64_t begin, int64_t count) const;
-  // Scratch floats a reader of pieces up to `count` elements needs for dtype `t`.
-  static int64_t scratch_elems(DType t, int64_t count) { return t == DType::F32 ? 0 : count; }
 
  private:
   Tensor x_;
@@ -37,6 +35,7 @@ class StoredReader {
   int64_t capacity_;
   const uint64_t* bits_ = nullptr;
   const void* values_ = nullptr;
+  bool f16_values_ = false;
   int64_t next_ = 0, value_index_ = 0;  // bitmaps: the element after the last piece, its value index
 };
 

@@ -137,7 +137,8 @@ void CpuBackend::conv2d_backward_data(const Conv2dGeom& g, const Tensor& dy, con
 
 // Every weight-gradient kernel reads x one image (or plane) at a time into its own staging layout;
 // it decodes a stashed x there (memory/stored_reader.h) instead of reading a decoded copy of the
-// whole tensor.
+// whole tensor. (The implicit, Winograd and GEMM kernels split the output over threads, so each
+// thread decodes every image: twice the decode work, but in cache, and no shared buffer to sync.)
 DTypeSet CpuBackend::conv2d_weight_reads(const Conv2dGeom& g) const {
   switch (choose(g, ConvPass::BackwardWeight)) {
     case Path::Direct:

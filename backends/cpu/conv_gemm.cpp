@@ -278,7 +278,8 @@ void gemm_conv_backward_weight(const Conv2dGeom& g, const Tensor& x, const float
       const int64_t nb = std::min(l.nb, g.N - n0), cols = nb * PQ;
       const float* xs = l.a_n ? nullptr : xr.read(n0 * l.x_n, l.x_n);  // 1x1, nb == 1: x [C, PQ] itself
       const float* ds = dy + (n0 * g.K + k0) * PQ;  // nb == 1: dy rows [k0, k1) [PQ] themselves
-      for (int64_t i = 0; i < nb && l.a_n; ++i) im2col(g, xr.read((n0 + i) * l.x_n, l.x_n), g.C, col + i * PQ, cols);
+      for (int64_t i = 0; i < nb && l.a_n; ++i)
+        im2col(g, xr.read((n0 + i) * l.x_n, l.x_n), g.C, col + i * PQ, cols);
       for (int64_t i = 0; i < nb && l.b_n; ++i)
         gather_rows(dy + ((n0 + i) * g.K + k0) * PQ, k1 - k0, PQ, dyc + i * PQ, cols);
       if (l.a_n) xs = col;
