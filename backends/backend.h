@@ -11,6 +11,7 @@
 #include <string>
 
 #include "engine/tensor.h"
+#include "quant/scales.h"
 
 namespace et {
 
@@ -127,6 +128,32 @@ class Backend {
   // dlogits = dloss * (softmax - target) / N
   virtual void softmax_xent_backward(const Tensor& logits, const Tensor& labels, float smoothing, float dloss,
                                      Tensor& dlogits, bool accumulate) = 0;
+
+  // ---- 4-bit training (docs/quant.md). Code tensors (I4 / U4 / F4, one code per byte) carry their
+  // scale in Tensor::scale. Products of codes are exact integer GEMMs; results come back in f32.
+  virtual TensorStats tensor_stats(const Tensor& x) = 0;
+  // q (I4: -7..7, U4: 0..15) = clamp(round half to even(x / q.scale)).
+  virtual void quantize_int4(const Tensor& x, Tensor& q) = 0;
+  // q (F4) of g with alpha = q.scale and `levels` magnitudes alpha * 2^0 .. 2^(levels-1); the
+  // stochastic bits come from `key` and the element index (quant/codes.h).
+  virtual void quantize_fp4(const Tensor& g, int levels, Fp4Rounding mode, quant::RngKey key, Tensor& q) = 0;
+  virtual void dequantize(const Tensor& q, Tensor& y) = 0;  // y = code * scale
+  // Convolution on codes: xq I4/U4 [N,C,H,W], wq I4 [K,C,R,S], gq F4 [N,K,P,Q] (or I4/U4).
+  virtual size_t conv2d_q_workspace_bytes(const Conv2dGeom& g, ConvPass pass) const = 0;
+  virtual void conv2d_forward_q(const Conv2dGeom& g, const Tensor& xq, const Tensor& wq, const Tensor& b, Tensor& y,
+                                Workspace ws) = 0;
+  virtual void conv2d_backward_data_q(const Conv2dGeom& g, const Tensor& gq, const Tensor& wq, Tensor& dx,
+                                      bool accumulate, Workspace ws) = 0;
+  // dw (+)= corr(xq, gq), db (+)= sum(gq) (db undefined: none)
+  virtual void conv2d_backward_weight_q(const Conv2dGeom& g, const Tensor& xq, const Tensor& gq, Tensor& dw,
+                                        Tensor& db, bool accumulate, Workspace ws) = 0;
+  // Linear on codes: xq [N,I], wq [O,I], gq [N,O].
+  virtual size_t linear_q_workspace_bytes(int64_t n, int64_t in, int64_t out) const = 0;
+  virtual void linear_forward_q(const Tensor& xq, const Tensor& wq, const Tensor& b, Tensor& y, Workspace ws) = 0;
+  virtual void linear_backward_data_q(const Tensor& gq, const Tensor& wq, Tensor& dx, bool accumulate,
+                                      Workspace ws) = 0;
+  virtual void linear_backward_weight_q(const Tensor& xq, const Tensor& gq, Tensor& dw, Tensor& db, bool accumulate,
+                                        Workspace ws) = 0;
 
   // ---- optimizer: SGD with momentum (PyTorch formulation), optional Nesterov, L2 weight decay.
   virtual void sgd_step(Tensor& param, const Tensor& grad, Tensor& momentum_buf, float lr, float momentum,

@@ -10,7 +10,10 @@ size_t dtype_size(DType t) {
     case DType::F16: return 2;
     case DType::BF16: return 2;
     case DType::I32: return 4;
-    case DType::U8: return 1;
+    case DType::U8:
+    case DType::I4:
+    case DType::U4:
+    case DType::F4: return 1;
     case DType::BitmapF32:
     case DType::BitmapF16: break;
   }
@@ -27,6 +30,9 @@ const char* dtype_name(DType t) {
     case DType::U8: return "u8";
     case DType::BitmapF32: return "bitmap+f32";
     case DType::BitmapF16: return "bitmap+f16";
+    case DType::I4: return "int4";
+    case DType::U4: return "uint4";
+    case DType::F4: return "fp4";
   }
   return "?";
 }

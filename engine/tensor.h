@@ -15,7 +15,11 @@ namespace et {
 // points to ceil(numel / 64) uint64 bitmap words, followed directly by the kept values (fp32 /
 // fp16). Such a tensor has no per-element size; only kernels that say they read it see one
 // (the stash hands them its storage as is, see OpContext::saved(i, accepted)).
-enum class DType : uint8_t { F32, F16, BF16, I32, U8, BitmapF32, BitmapF16 };
+//
+// I4 / U4 / F4: 4-bit codes in the integer kernels' layout, one per byte (quant/codes.h): INT4
+// signed -7..7, INT4 unsigned 0..15, FP4 as the signed power of two it stands for. Their value is
+// code * Tensor::scale (the per-tensor scale, or FP4's alpha), carried beside the data.
+enum class DType : uint8_t { F32, F16, BF16, I32, U8, BitmapF32, BitmapF16, I4, U4, F4 };
 enum class Device : uint8_t { CPU, CUDA };
 
 size_t dtype_size(DType t);  // aborts for the bitmap encodings
@@ -50,6 +54,7 @@ struct Tensor {
   Device device = Device::CPU;
   Shape shape;
   int64_t strides[kMaxDims] = {0, 0, 0, 0};
+  float scale = 1.f;  // I4 / U4 / F4: value = code * scale
 
   static Tensor contiguous(void* data, const Shape& shape, DType dtype = DType::F32, Device dev = Device::CPU);
 
@@ -62,6 +67,10 @@ struct Tensor {
   float* f32() const { ET_CHECK(dtype == DType::F32); return static_cast<float*>(data); }
   int32_t* i32() const { ET_CHECK(dtype == DType::I32); return static_cast<int32_t*>(data); }
   uint8_t* u8() const { ET_CHECK(dtype == DType::U8); return static_cast<uint8_t*>(data); }
+  int8_t* codes() const {
+    ET_CHECK(dtype == DType::I4 || dtype == DType::U4 || dtype == DType::F4);
+    return static_cast<int8_t*>(data);
+  }
 
   // Same memory, leading dimension replaced (the batch of a partial last batch).
   Tensor with_batch(int64_t n) const;

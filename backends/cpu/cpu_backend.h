@@ -64,6 +64,23 @@ class CpuBackend final : public Backend {
   void softmax_xent_backward(const Tensor& logits, const Tensor& labels, float smoothing, float dloss, Tensor& dlogits,
                              bool accumulate) override;
 
+  TensorStats tensor_stats(const Tensor& x) override;
+  void quantize_int4(const Tensor& x, Tensor& q) override;
+  void quantize_fp4(const Tensor& g, int levels, Fp4Rounding mode, quant::RngKey key, Tensor& q) override;
+  void dequantize(const Tensor& q, Tensor& y) override;
+  size_t conv2d_q_workspace_bytes(const Conv2dGeom& g, ConvPass pass) const override;
+  void conv2d_forward_q(const Conv2dGeom& g, const Tensor& xq, const Tensor& wq, const Tensor& b, Tensor& y,
+                        Workspace ws) override;
+  void conv2d_backward_data_q(const Conv2dGeom& g, const Tensor& gq, const Tensor& wq, Tensor& dx, bool accumulate,
+                              Workspace ws) override;
+  void conv2d_backward_weight_q(const Conv2dGeom& g, const Tensor& xq, const Tensor& gq, Tensor& dw, Tensor& db,
+                                bool accumulate, Workspace ws) override;
+  size_t linear_q_workspace_bytes(int64_t n, int64_t in, int64_t out) const override;
+  void linear_forward_q(const Tensor& xq, const Tensor& wq, const Tensor& b, Tensor& y, Workspace ws) override;
+  void linear_backward_data_q(const Tensor& gq, const Tensor& wq, Tensor& dx, bool accumulate, Workspace ws) override;
+  void linear_backward_weight_q(const Tensor& xq, const Tensor& gq, Tensor& dw, Tensor& db, bool accumulate,
+                                Workspace ws) override;
+
   void sgd_step(Tensor& param, const Tensor& grad, Tensor& momentum_buf, float lr, float momentum, float weight_decay,
                 bool nesterov, bool first_step) override;
 

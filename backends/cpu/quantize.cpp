@@ -1,0 +1,271 @@
+// CPU quantizers (quantize.h) and the CpuBackend entry points that thread them.
+#include "backends/cpu/quantize.h"
+
+#include <omp.h>
+
+#include <cmath>
+#include <cstring>
+
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512DQ__)
+#include <immintrin.h>
+#define ET_QUANT_AVX512 1
+#endif
+
+#include "backends/cpu/cpu_backend.h"
+
+namespace et::cpu {
+
+namespace {
+bool g_force_scalar = false;
+constexpr int kParts = 8;  // fixed split of the statistics (thread-count independent)
+constexpr int kLanes = 16;
+
+uint32_t float_bits(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  return u;
+}
+
+struct PartStats {
+  double sq[kLanes] = {}, ab[kLanes] = {};
+  float max_abs = 0;
+  bool finite = true;
+};
+
+// Lane j accumulates the elements i = j (mod 16) of the part, as the vector path does.
+void stats_scalar(const float* x, int64_t n, PartStats* s) {
+  for (int64_t i = 0; i < n; ++i) {
+    const float v = x[i];
+    if (!std::isfinite(v)) {
+      s->finite = false;
+      continue;
+    }
+    const double d = double(v);
+    s->sq[i % kLanes] = std::fma(d, d, s->sq[i % kLanes]);  // as _mm512_fmadd_pd
+    s->ab[i % kLanes] += std::fabs(d);
+    s->max_abs = std::fmax(s->max_abs, std::fabs(v));
+  }
+}
+
+#if ET_QUANT_AVX512
+void stats_avx512(const float* x, int64_t n, PartStats* s) {
+  __m512d sq_lo = _mm512_setzero_pd(), sq_hi = sq_lo, ab_lo = sq_lo, ab_hi = sq_lo;
+  __m512 mx = _mm512_setzero_ps();
+  __mmask16 bad = 0;
+  const __m512 inf = _mm512_set1_ps(INFINITY);
+  for (int64_t i = 0; i < n; i += kLanes) {
+    const __mmask16 m = n - i >= kLanes ? __mmask16(0xFFFF) : __mmask16((1u << (n - i)) - 1);
+    __m512 v = _mm512_maskz_loadu_ps(m, x + i);
+    const __m512 a = _mm512_abs_ps(v);
+    const __mmask16 fin = _mm512_cmp_ps_mask(a, inf, _CMP_LT_OQ);  // false for inf and NaN
+    bad |= __mmask16(m & ~fin);
+    v = _mm512_maskz_mov_ps(fin, v);
+    const __m512d lo = _mm512_cvtps_pd(_mm512_castps512_ps256(v));
+    const __m512d hi = _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1)));
+    sq_lo = _mm512_fmadd_pd(lo, lo, sq_lo);
+    sq_hi = _mm512_fmadd_pd(hi, hi, sq_hi);
+    ab_lo = _mm512_add_pd(ab_lo, _mm512_abs_pd(lo));
+    ab_hi = _mm512_add_pd(ab_hi, _mm512_abs_pd(hi));
+    mx = _mm512_max_ps(mx, _mm512_maskz_mov_ps(fin, a));
+  }
+  double t[kLanes];
+  _mm512_storeu_pd(t, sq_lo);
+  _mm512_storeu_pd(t + 8, sq_hi);
+  for (int j = 0; j < kLanes; ++j) s->sq[j] += t[j];
+  _mm512_storeu_pd(t, ab_lo);
+  _mm512_storeu_pd(t + 8, ab_hi);
+  for (int j = 0; j < kLanes; ++j) s->ab[j] += t[j];
+  s->max_abs = std::fmax(s->max_abs, _mm512_reduce_max_ps(mx));
+  s->finite = s->finite && bad == 0;
+}
+#endif
+
+void stats_part(const float* x, int64_t n, PartStats* s) {
+#if ET_QUANT_AVX512
+  if (!g_force_scalar) return stats_avx512(x, n, s);
+#endif
+  stats_scalar(x, n, s);
+}
+
+int8_t int4_scalar(float v, float inv, float lo, float hi) {
+  float r = std::nearbyint(v * inv);
+  r = std::fmin(std::fmax(r, lo), hi);
+  return int8_t(int(r));
+}
+
+// FP4 field (0 = zero, f = 1..levels: magnitude 2^(f-1)) of a = |g| / alpha.
+int fp4_field(float a, int levels, Fp4Rounding mode, uint32_t rnd) {
+  if (a >= 1.f) {
+    const uint32_t b = float_bits(a);
+    const int e = int(b >> 23) - 127;
+    if (e >= levels - 1) return levels;
+    const uint32_t mant = b & 0x7FFFFFu;  // (a - 2^e) / 2^e in units of 2^-23
+    const bool up = mode == Fp4Rounding::Stochastic ? (rnd >> 9) < mant : mant >= 0x400000u;
+    return e + 1 + int(up);
+  }
+  const bool up = mode == Fp4Rounding::Stochastic ? float(rnd >> 8) * 0x1p-24f < a : a >= 0.5f;
+  return int(up);
+}
+
+void fp4_scalar(const float* g, int64_t begin, int64_t end, float inv_alpha, int levels, Fp4Rounding mode,
+                quant::RngKey key, int8_t* q) {
+  for (int64_t i = begin; i < end; ++i) {
+    const float a = std::fabs(g[i]) * inv_alpha;
+    const int f = fp4_field(a, levels, mode, quant::rng_bits(key, uint32_t(i)));
+    q[i] = quant::fp4_value(std::signbit(g[i]) ? 1 : 0, f);
+  }
+}
+
+#if ET_QUANT_AVX512
+__m512i fmix32_v(__m512i h) {
+  h = _mm512_xor_si512(h, _mm512_srli_epi32(h, 16));
+  h = _mm512_mullo_epi32(h, _mm512_set1_epi32(int(0x85EBCA6Bu)));
+  h = _mm512_xor_si512(h, _mm512_srli_epi32(h, 13));
+  h = _mm512_mullo_epi32(h, _mm512_set1_epi32(int(0xC2B2AE35u)));
+  return _mm512_xor_si512(h, _mm512_srli_epi32(h, 16));
+}
+
+void fp4_avx512(const float* g, int64_t begin, int64_t end, float inv_alpha, int levels, Fp4Rounding mode,
+                quant::RngKey key, int8_t* q) {
+  const __m512 inv = _mm512_set1_ps(inv_alpha), one = _mm512_set1_ps(1.f), half = _mm512_set1_ps(0.5f);
+  const __m512i k0 = _mm512_set1_epi32(int(key.k0)), k1 = _mm512_set1_epi32(int(key.k1));
+  const __m512i lane = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+  const __m512i mant_mask = _mm512_set1_epi32(0x7FFFFF), top = _mm512_set1_epi32(levels - 1);
+  const __m512i half_mant = _mm512_set1_epi32(0x400000), ones_i = _mm512_set1_epi32(1);
+  const bool stochastic = mode == Fp4Rounding::Stochastic;
+  int64_t i = begin;
+  for (; i + 16 <= end; i += 16) {
+    const __m512 v = _mm512_loadu_ps(g + i);
+    const __m512 a = _mm512_mul_ps(_mm512_abs_ps(v), inv);
+    const __m512i idx = _mm512_add_epi32(_mm512_set1_epi32(int(uint32_t(i))), lane);
+    const __m512i rnd = fmix32_v(_mm512_add_epi32(fmix32_v(_mm512_xor_si512(idx, k0)), k1));
+    const __m512i bits = _mm512_castps_si512(a);
+    const __m512i e = _mm512_sub_epi32(_mm512_srli_epi32(bits, 23), _mm512_set1_epi32(127));
+    const __m512i mant = _mm512_and_si512(bits, mant_mask);
+    // Between powers of two (a >= 1).
+    const __mmask16 up_n = stochastic ? _mm512_cmplt_epu32_mask(_mm512_srli_epi32(rnd, 9), mant)
+                                      : _mm512_cmpge_epu32_mask(mant, half_mant);
+    __m512i f = _mm512_add_epi32(_mm512_add_epi32(e, ones_i), _mm512_maskz_mov_epi32(up_n, ones_i));
+    f = _mm512_mask_mov_epi32(f, _mm512_cmpge_epi32_mask(e, top), _mm512_set1_epi32(levels));
+    // Below alpha (a < 1): 0 or 1.
+    const __mmask16 under = _mm512_cmp_ps_mask(a, one, _CMP_LT_OQ);
+    const __mmask16 up_u =
+        stochastic ? _mm512_cmp_ps_mask(_mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_srli_epi32(rnd, 8)),
+                                                      _mm512_set1_ps(0x1p-24f)),
+                                        a, _CMP_LT_OQ)
+                   : _mm512_cmp_ps_mask(a, half, _CMP_GE_OQ);
+    f = _mm512_mask_mov_epi32(f, under, _mm512_maskz_mov_epi32(up_u, ones_i));
+    // Value +-2^(f-1), 0 for f = 0.
+    __m512i mag = _mm512_maskz_sllv_epi32(_mm512_cmpgt_epi32_mask(f, _mm512_setzero_si512()), ones_i,
+                                          _mm512_sub_epi32(f, ones_i));
+    const __mmask16 neg = _mm512_movepi32_mask(_mm512_castps_si512(v));  // sign bit
+    mag = _mm512_mask_sub_epi32(mag, neg, _mm512_setzero_si512(), mag);
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(q + i), _mm512_cvtepi32_epi8(mag));
+  }
+  fp4_scalar(g, i, end, inv_alpha, levels, mode, key, q);
+}
+#endif
+
+}  // namespace
+
+void quant_force_scalar(bool on) { g_force_scalar = on; }
+
+TensorStats tensor_stats(const float* x, int64_t n) {
+  PartStats parts[kParts];
+  // Part boundaries on multiples of 16, so every part's lanes line up with the vector path.
+  const int64_t per = ((n + kParts - 1) / kParts + kLanes - 1) / kLanes * kLanes;
+#pragma omp parallel for schedule(static)
+  for (int p = 0; p < kParts; ++p) {
+    const int64_t b = std::min<int64_t>(n, p * per), e = std::min<int64_t>(n, b + per);
+    if (e > b) stats_part(x + b, e - b, &parts[p]);
+  }
+  TensorStats s;
+  for (const PartStats& p : parts) {
+    for (int j = 0; j < kLanes; ++j) s.sum_sq += p.sq[j], s.sum_abs += p.ab[j];
+    s.max_abs = std::fmax(s.max_abs, p.max_abs);
+    s.finite = s.finite && p.finite;
+  }
+  return s;
+}
+
+void quantize_int4(const float* x, int64_t n, float inv_scale, int lo, int hi, int8_t* q) {
+  const float flo = float(lo), fhi = float(hi);
+#if ET_QUANT_AVX512
+  if (!g_force_scalar) {
+    const __m512 inv = _mm512_set1_ps(inv_scale), vlo = _mm512_set1_ps(flo), vhi = _mm512_set1_ps(fhi);
+#pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < n / 16; ++i) {
+      __m512 r = _mm512_roundscale_ps(_mm512_mul_ps(_mm512_loadu_ps(x + i * 16), inv),
+                                      _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+      r = _mm512_min_ps(_mm512_max_ps(r, vlo), vhi);
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(q + i * 16), _mm512_cvtepi32_epi8(_mm512_cvtps_epi32(r)));
+    }
+    for (int64_t i = n / 16 * 16; i < n; ++i) q[i] = int4_scalar(x[i], inv_scale, flo, fhi);
+    return;
+  }
+#endif
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < n; ++i) q[i] = int4_scalar(x[i], inv_scale, flo, fhi);
+}
+
+void quantize_fp4(const float* g, int64_t n, float inv_alpha, int levels, Fp4Rounding mode, quant::RngKey key,
+                  int8_t* q) {
+  ET_CHECK(levels >= 1 && levels <= quant::kFp4MaxLevels, "FP4 levels ", levels);
+  ET_CHECK(n < (int64_t(1) << 32), "tensor too large for 32-bit RNG counters");
+  // Threads take whole blocks of 4096 (16-aligned, so the vector path sees the same elements).
+#pragma omp parallel for schedule(static)
+  for (int64_t blk = 0; blk < (n + 4095) / 4096; ++blk) {
+    const int64_t b = blk * 4096, e = std::min<int64_t>(n, b + 4096);
+#if ET_QUANT_AVX512
+    if (!g_force_scalar) {
+      fp4_avx512(g, b, e, inv_alpha, levels, mode, key, q);
+      continue;
+    }
+#endif
+    fp4_scalar(g, b, e, inv_alpha, levels, mode, key, q);
+  }
+}
+
+void dequantize(const int8_t* q, int64_t n, float scale, float* y) {
+#pragma omp parallel for simd schedule(static)
+  for (int64_t i = 0; i < n; ++i) y[i] = float(q[i]) * scale;
+}
+
+int64_t sum_codes(const int8_t* q, int64_t n) {
+  int64_t s = 0;
+#pragma omp simd reduction(+ : s)
+  for (int64_t i = 0; i < n; ++i) s += q[i];
+  return s;
+}
+
+}  // namespace et::cpu
+
+namespace et {
+
+TensorStats CpuBackend::tensor_stats(const Tensor& x) {
+  ET_CHECK(x.is_contiguous());
+  return cpu::tensor_stats(x.f32(), x.numel());
+}
+
+void CpuBackend::quantize_int4(const Tensor& x, Tensor& q) {
+  ET_CHECK(x.numel() == q.numel() && q.scale > 0.f && (q.dtype == DType::I4 || q.dtype == DType::U4));
+  const bool u = q.dtype == DType::U4;
+  cpu::quantize_int4(x.f32(), x.numel(), 1.f / q.scale, u ? 0 : -quant::kInt4SignedMax,
+                     u ? quant::kInt4UnsignedMax : quant::kInt4SignedMax, q.codes());
+}
+
+void CpuBackend::quantize_fp4(const Tensor& g, int levels, Fp4Rounding mode, quant::RngKey key, Tensor& q) {
+  ET_CHECK(g.numel() == q.numel() && q.dtype == DType::F4);
+  if (q.scale == 0.f) {  // an all-zero gradient: every code is zero
+    std::memset(q.codes(), 0, size_t(q.numel()));
+    return;
+  }
+  cpu::quantize_fp4(g.f32(), g.numel(), 1.f / q.scale, levels, mode, key, q.codes());
+}
+
+void CpuBackend::dequantize(const Tensor& q, Tensor& y) {
+  ET_CHECK(q.numel() == y.numel());
+  cpu::dequantize(q.codes(), q.numel(), q.scale, y.f32());
+}
+
+}  // namespace et
