@@ -98,8 +98,23 @@ class Executor {
     std::vector<int> inside;       // the outputs only used inside: not kept from the first forward
     std::vector<int> external;     // activations from before the segment it reads: from the stash
   };
+  // Planning passes (executor_plan.cpp), run in order by plan() over one PlanState.
+  struct PlanState;
+  struct PlannedBuffer;
   void plan();
+  void plan_needs_backward();
+  void plan_saves(PlanState& st);
   void plan_segments(const std::vector<int>& first_saver, std::vector<int>* seg_of);
+  std::vector<StashFormat> stash_formats(const std::vector<int>& first_saver) const;
+  void plan_decode_buffers(PlanState& st);
+  void plan_time_line(PlanState& st);
+  void plan_layout(PlanState& st, const std::vector<PlannedBuffer>& extra);
+  void plan_persistent(PlanState& st);
+  void share_gradients_in_place(PlanState& st);
+  std::vector<PlannedBuffer> activation_buffers(PlanState& st);
+  void place_buffers(PlanState& st);
+  void bind_views(PlanState& st);
+  void plan_page_release(const PlanState& st);
   void recompute(const Segment& s);
   void restore_views();
 

@@ -1,6 +1,12 @@
 // Executor::plan(): before the first step, decides where every buffer of a training step lives.
 // A time line orders forward (node n at time n), recomputed segments and backward; each buffer's
 // lifetime on it goes to the planner (memory/planner.h), which packs them into one arena.
+//
+// plan() runs named passes in order over one PlanState (what they share):
+//   needs-backward -> saves and stash formats -> decode buffers -> time line -> layout -> page release.
+// A pass that needs more arena buffers planned by lifetime (e.g. per-op operand buffers) runs
+// after the time line, hands its PlannedBuffers (role Extra) to plan_layout and, after it, finds
+// their arena offsets in PlanState::buffers.
 #include <algorithm>
 #include <cstdint>
 
@@ -9,13 +15,85 @@
 
 namespace et {
 
-void Executor::plan() {
-  const int nv = graph_.num_values(), nn = graph_.num_nodes();
-  const int64_t max_batch = graph_.batch_size();
-  ET_CHECK(max_batch > 0, "graph batch size not set");
+// A buffer planned by lifetime, with what it becomes once placed.
+struct Executor::PlannedBuffer {
+  enum class Role : uint8_t {
+    Data,       // an activation or aux value (data_)
+    Grad,       // an activation gradient, shared by its in-place group (grads_)
+    Unpack,     // the f32 decode buffer of a compressed save (SavedValue::unpack)
+    Recompute,  // a recomputed segment's copy of an activation (recompute_data_)
+    Extra,      // asked for by another pass, which binds it itself from `offset`
+  };
+  BufferRequest request;  // bytes and lifetime on the time line
+  int value = -1;         // the value it serves (the out-of-memory message names its layer)
+  Role role = Role::Data;
+  size_t offset = 0;      // in the arena; set by plan_layout
+};
 
-  // Which nodes need a backward: those whose output depends on a parameter (or on a value that needs
-  // a gradient). Values in node order, so one pass suffices.
+// Planning state several passes share. Per-value vectors are indexed by value id, per-node ones
+// by node index.
+struct Executor::PlanState {
+  int nv = 0, nn = 0;
+  int64_t max_batch = 0;
+
+  // plan_saves: who saves what, and what the stash will hold.
+  std::vector<int> first_saver, last_saver;  // per value: node, or -1 if nothing saves it
+  std::vector<uint8_t> full;                 // per value: some saver needs every element
+  std::vector<int> seg_of;                   // per node: its recompute segment, or -1
+  std::vector<uint8_t> recomputed;           // per value: produced and used inside a segment only
+  std::vector<uint8_t> rewritten;            // per value: written again by a segment's rerun
+  std::vector<SavedValue> saved;             // what the stash will hold, by value id
+  std::vector<int> saved_index;              // per value: index into `saved`, or -1
+
+  // plan_decode_buffers: saved values some reader needs decoded to f32 (an unpack buffer).
+  std::vector<uint8_t> needs_unpack;
+
+  // plan_time_line: backward and recompute times of each node (forward of node n is at n).
+  std::vector<int> bwd_t, rec_t;  // rec_t -1: not rerun
+  int t_end = 0;                  // one past the last step
+
+  // plan_layout.
+  size_t persistent = 0;                                   // params, grads, slots, buffers, inputs
+  std::vector<size_t> data_offset, grad_offset, slot_offset;  // per value, persistent ones
+  std::vector<int> grad_parent;  // per value: the value whose gradient buffer it shares, or -1
+  std::vector<PlannedBuffer> buffers;
+  size_t workspace_offset = 0;
+
+  SavedValue* saved_of(int id) {
+    const int i = saved_index[size_t(id)];
+    return i >= 0 ? &saved[size_t(i)] : nullptr;
+  }
+  int grad_root(int id) const {
+    while (grad_parent[size_t(id)] >= 0) id = grad_parent[size_t(id)];
+    return id;
+  }
+};
+
+void Executor::plan() {
+  PlanState st;
+  st.nv = graph_.num_values();
+  st.nn = graph_.num_nodes();
+  st.max_batch = graph_.batch_size();
+  ET_CHECK(st.max_batch > 0, "graph batch size not set");
+
+  plan_needs_backward();
+  plan_saves(st);
+  plan_decode_buffers(st);
+  plan_time_line(st);
+  plan_layout(st, {});
+  plan_page_release(st);
+
+  report_.recompute_segments = int(segments_.size());
+  report_.recompute_nodes = int(std::count(reruns_.begin(), reruns_.end(), 1));
+  stash_.configure(std::move(st.saved), st.nv, stash_options_.prune_threshold, stash_options_.release_pages);
+  report_.stash_region = stash_.region_bytes();
+  batch_ = st.max_batch;  // views have the full batch until a forward says otherwise
+}
+
+// Which nodes need a backward: those whose output depends on a parameter (or on a value that needs
+// a gradient). Values in node order, so one pass suffices.
+void Executor::plan_needs_backward() {
+  const int nn = graph_.num_nodes();
   needs_backward_.assign(size_t(nn), 0);
   for (int n = 0; n < nn; ++n) {
     const Node& node = graph_.node(n);
@@ -25,55 +103,77 @@ void Executor::plan() {
     needs_backward_[size_t(n)] = any;
   }
   for (int p : graph_.params()) graph_.value(p).needs_grad = true;
+}
 
+// Saved values: the first saving consumer pushes (its backward is the last reader and pops),
+// the last saving consumer's backward is the first reader. Also plans the recompute segments
+// and each saved value's stash format.
+void Executor::plan_saves(PlanState& st) {
+  const int nv = st.nv, nn = st.nn;
   save_specs_.assign(size_t(nn), {});
   for (int n = 0; n < nn; ++n) save_specs_[size_t(n)] = graph_.node(n).op->saves();
 
-  // Saved values: the first saving consumer pushes (its backward is the last reader and pops),
-  // the last saving consumer's backward is the first reader.
-  std::vector<int> first_saver(size_t(nv), -1), last_saver(size_t(nv), -1);
-  std::vector<uint8_t> full(size_t(nv), 0);
+  st.first_saver.assign(size_t(nv), -1);
+  st.last_saver.assign(size_t(nv), -1);
+  st.full.assign(size_t(nv), 0);
   auto add_saver = [&](int id, int n, bool is_full) {
-    if (first_saver[size_t(id)] < 0 || n < first_saver[size_t(id)]) first_saver[size_t(id)] = n;
-    last_saver[size_t(id)] = std::max(last_saver[size_t(id)], n);
-    full[size_t(id)] |= is_full;
+    if (st.first_saver[size_t(id)] < 0 || n < st.first_saver[size_t(id)]) st.first_saver[size_t(id)] = n;
+    st.last_saver[size_t(id)] = std::max(st.last_saver[size_t(id)], n);
+    st.full[size_t(id)] |= is_full;
   };
   for (int n = 0; n < nn; ++n)
     for (const SaveSpec& sp : save_specs_[size_t(n)]) {
       const Node& node = graph_.node(n);
       add_saver(sp.input < 0 ? node.output : node.inputs[size_t(sp.input)], n, sp.kind == SaveKind::Full);
     }
-  std::vector<int> seg_of;
-  plan_segments(first_saver, &seg_of);
-  std::vector<uint8_t> recomputed(size_t(nv), 0), rewritten(size_t(nv), 0);
+  plan_segments(st.first_saver, &st.seg_of);
+  st.recomputed.assign(size_t(nv), 0);
+  st.rewritten.assign(size_t(nv), 0);
   for (const Segment& s : segments_)
-    for (int id : s.outputs) rewritten[size_t(id)] = 1;
+    for (int id : s.outputs) st.rewritten[size_t(id)] = 1;
   for (const Segment& s : segments_) {
-    for (int id : s.inside) recomputed[size_t(id)] = 1;
+    for (int id : s.inside) st.recomputed[size_t(id)] = 1;
     // What the segment reads from before itself must survive until its recompute: saved in full.
     for (int id : s.external)
       for (int c : graph_.value(id).consumers)
         if (c >= s.begin && c <= s.end && reruns_[size_t(c)]) add_saver(id, c, true);
   }
 
-  // Time line. Forward of node n at n; backward in reverse, each recomputed segment's forward
-  // just before the backward of its last node.
-  std::vector<int> bwd_t(static_cast<size_t>(nn), 0), rec_t(static_cast<size_t>(nn), -1);
-  segment_ending_at_.assign(size_t(nn), -1);
-  for (size_t i = 0; i < segments_.size(); ++i) segment_ending_at_[size_t(segments_[i].end)] = int(i);
-  int t = nn;
-  for (int n = nn - 1; n >= 0; --n) {
-    if (const int s = segment_ending_at_[size_t(n)]; s >= 0)
-      for (int k = segments_[size_t(s)].begin; k <= n; ++k) rec_t[size_t(k)] = t++;
-    bwd_t[size_t(n)] = t++;
+  const std::vector<StashFormat> format = stash_formats(st.first_saver);
+  push_after_.assign(size_t(nn), {});
+  push_after_recompute_.assign(size_t(nn), {});
+  pop_after_.assign(size_t(nn), {});
+  st.saved.clear();
+  st.saved_index.assign(size_t(nv), -1);
+  for (int id = 0; id < nv; ++id) {
+    if (st.first_saver[size_t(id)] < 0) continue;
+    const Value& v = graph_.value(id);
+    SavedValue sv;
+    sv.value = id;
+    sv.numel = v.shape.numel();
+    sv.full = st.full[size_t(id)] != 0;
+    // Inputs live for the whole step anyway: keep them in place.
+    sv.format = v.kind == ValueKind::Input ? StashFormat::DenseF32 : format[size_t(id)];
+    st.saved_index[size_t(id)] = int(st.saved.size());
+    st.saved.push_back(sv);
+    report_.stash_dense_bytes += size_t(sv.numel) * dtype_size(v.dtype);
+    (st.recomputed[size_t(id)] ? push_after_recompute_ : push_after_)[size_t(st.first_saver[size_t(id)])].push_back(id);
   }
-  const int t_end = t;
+  // Pops after the first saver's backward; a node pushing several values pops them in reverse.
+  for (int n = 0; n < nn; ++n) {
+    auto& pops = pop_after_[size_t(n)];
+    pops.assign(push_after_recompute_[size_t(n)].rbegin(), push_after_recompute_[size_t(n)].rend());
+    pops.insert(pops.end(), push_after_[size_t(n)].rbegin(), push_after_[size_t(n)].rend());
+  }
+}
 
-  // A global bitmap format applies where zeros come by construction (ReLU / dropout outputs and
-  // max-pools of them). Other saved values (conv outputs: BN inputs) keep the dense format of the
-  // same precision: a bitmap of a tensor without zeros is 1/32 larger and costs a pack and unpack.
-  // auto keeps those as zero-copy fp32 (what its per-tensor choice would pick, without the count).
-  // Per-layer overrides (below) apply as given.
+// The stash format of every value (used for saved ones). A global bitmap format applies where
+// zeros come by construction (ReLU / dropout outputs and max-pools of them). Other saved values
+// (conv outputs: BN inputs) keep the dense format of the same precision: a bitmap of a tensor
+// without zeros is 1/32 larger and costs a pack and unpack. auto keeps those as zero-copy fp32
+// (what its per-tensor choice would pick, without the count). Per-layer overrides apply as given.
+std::vector<StashFormat> Executor::stash_formats(const std::vector<int>& first_saver) const {
+  const int nv = graph_.num_values(), nn = graph_.num_nodes();
   std::vector<uint8_t> sparse(size_t(nv), 0);
   for (int n = 0; n < nn; ++n) {
     const Node& node = graph_.node(n);
@@ -98,32 +198,14 @@ void Executor::plan() {
       user_error("config key 'memory.layers.", layer, "': nothing saves the output of this layer for backward");
     format[size_t(id)] = f;
   }
-  push_after_.assign(size_t(nn), {});
-  push_after_recompute_.assign(size_t(nn), {});
-  pop_after_.assign(size_t(nn), {});
-  std::vector<SavedValue> saved;
-  for (int id = 0; id < nv; ++id) {
-    if (first_saver[size_t(id)] < 0) continue;
-    const Value& v = graph_.value(id);
-    SavedValue sv;
-    sv.value = id;
-    sv.numel = v.shape.numel();
-    sv.full = full[size_t(id)] != 0;
-    // Inputs live for the whole step anyway: keep them in place.
-    sv.format = v.kind == ValueKind::Input ? StashFormat::DenseF32 : format[size_t(id)];
-    saved.push_back(sv);
-    report_.stash_dense_bytes += size_t(sv.numel) * dtype_size(v.dtype);
-    (recomputed[size_t(id)] ? push_after_recompute_ : push_after_)[size_t(first_saver[size_t(id)])].push_back(id);
-  }
-  // Pops after the first saver's backward; a node pushing several values pops them in reverse.
-  for (int n = 0; n < nn; ++n) {
-    auto& pops = pop_after_[size_t(n)];
-    pops.assign(push_after_recompute_[size_t(n)].rbegin(), push_after_recompute_[size_t(n)].rend());
-    pops.insert(pops.end(), push_after_[size_t(n)].rbegin(), push_after_[size_t(n)].rend());
-  }
-  // Decode buffers: only for values some reader needs as f32 (a recomputed segment always does).
-  // Under the identity precision policy a reader may take the stored encoding (Op::reads_stored).
-  std::vector<uint8_t> needs_decode(size_t(nv), 0);
+  return format;
+}
+
+// Decode buffers: only for values some reader needs as f32 (a recomputed segment always does).
+// Under the identity precision policy a reader may take the stored encoding (Op::reads_stored);
+// a compressed save every reader takes as stored gets no buffer.
+void Executor::plan_decode_buffers(PlanState& st) {
+  std::vector<uint8_t> needs_decode(size_t(st.nv), 0);
   auto stored_dtypes = [](StashFormat f) -> DTypeSet {
     switch (f) {
       case StashFormat::DenseF32: return dtype_bit(DType::F32);
@@ -137,38 +219,99 @@ void Executor::plan() {
   };
   constexpr DTypeSet kMaskFromStored =
       dtype_bit(DType::F32) | dtype_bit(DType::BitmapF32) | dtype_bit(DType::BitmapF16);
-  std::vector<DTypeSet> stored(size_t(nv), 0);
-  for (const SavedValue& sv : saved) stored[size_t(sv.value)] = stored_dtypes(sv.format);
-  for (int n = 0; n < nn; ++n) {
+  std::vector<DTypeSet> stored(size_t(st.nv), 0);
+  for (const SavedValue& sv : st.saved) stored[size_t(sv.value)] = stored_dtypes(sv.format);
+  for (int n = 0; n < st.nn; ++n) {
     const Node& node = graph_.node(n);
     const auto& specs = save_specs_[size_t(n)];
     for (size_t i = 0; i < specs.size(); ++i) {
       const int id = specs[i].input < 0 ? node.output : node.inputs[size_t(specs[i].input)];
       // A mask reads the bitmap, or the f32 values (a dense 16-bit copy decodes for it).
       const DTypeSet reads = specs[i].kind == SaveKind::Mask ? kMaskFromStored
-                             : precision_->identity()        ? node.op->reads_stored(int(i), backend_, max_batch)
+                             : precision_->identity()        ? node.op->reads_stored(int(i), backend_, st.max_batch)
                                                              : dtype_bit(DType::F32);
       if ((stored[size_t(id)] & ~reads) != 0) needs_decode[size_t(id)] = 1;
     }
   }
   for (const Segment& s : segments_)
     for (int id : s.external) needs_decode[size_t(id)] = 1;
-  auto saved_index = [&](int id) -> SavedValue* {
-    for (SavedValue& sv : saved)
-      if (sv.value == id) return &sv;
-    return nullptr;
-  };
 
-  size_t persistent = 0;
-  std::vector<size_t> persistent_offset(size_t(nv) * 2, 0);
-  std::vector<size_t> slot_offset(size_t(nv), 0);
-  auto bytes_of = [&](const Value& v) { return size_t(v.shape.numel()) * dtype_size(v.dtype); };
+  // Zero-copy saves (dense_fp32) are the forward buffer itself; mask-only saves are never decoded.
+  st.needs_unpack.assign(size_t(st.nv), 0);
+  for (const SavedValue& sv : st.saved) {
+    const ValueKind kind = graph_.value(sv.value).kind;
+    if (!sv.full || sv.format == StashFormat::DenseF32 || (kind != ValueKind::Activation && kind != ValueKind::Aux))
+      continue;
+    if (needs_decode[size_t(sv.value)])
+      st.needs_unpack[size_t(sv.value)] = 1;
+    else
+      reads_as_stored_ = true;  // every reader decodes as it reads: no buffer
+  }
+}
 
-  // Activation gradients shared in place (Op::grad_in_place): an input whose only consumer may
-  // overwrite the output gradient with it uses the output gradient's buffer; chains (conv -> bn ->
-  // relu) collapse to one buffer. grad_parent links a value to its consumer's output.
-  std::vector<int> grad_parent(size_t(nv), -1);
-  for (int n = 0; n < nn; ++n) {
+// Time line. Forward of node n at n; backward in reverse, each recomputed segment's forward
+// just before the backward of its last node.
+void Executor::plan_time_line(PlanState& st) {
+  const int nn = st.nn;
+  st.bwd_t.assign(size_t(nn), 0);
+  st.rec_t.assign(size_t(nn), -1);
+  segment_ending_at_.assign(size_t(nn), -1);
+  for (size_t i = 0; i < segments_.size(); ++i) segment_ending_at_[size_t(segments_[i].end)] = int(i);
+  int t = nn;
+  for (int n = nn - 1; n >= 0; --n) {
+    if (const int s = segment_ending_at_[size_t(n)]; s >= 0)
+      for (int k = segments_[size_t(s)].begin; k <= n; ++k) st.rec_t[size_t(k)] = t++;
+    st.bwd_t[size_t(n)] = t++;
+  }
+  st.t_end = t;
+}
+
+// Layout: persistent buffers first, then every buffer planned by lifetime (activations, their
+// gradients, decode and recompute buffers, and `extra` ones other passes ask for) packed by the
+// planner, then the workspace; maps the arena and makes every view.
+void Executor::plan_layout(PlanState& st, const std::vector<PlannedBuffer>& extra) {
+  plan_persistent(st);
+  share_gradients_in_place(st);
+  st.buffers = activation_buffers(st);
+  st.buffers.insert(st.buffers.end(), extra.begin(), extra.end());
+  place_buffers(st);
+  bind_views(st);
+}
+
+// Params (value, gradient, optimizer slots), BN buffers and the inputs live for the whole run.
+void Executor::plan_persistent(PlanState& st) {
+  st.persistent = 0;
+  st.data_offset.assign(size_t(st.nv), 0);
+  st.grad_offset.assign(size_t(st.nv), 0);
+  st.slot_offset.assign(size_t(st.nv), 0);
+  for (int id = 0; id < st.nv; ++id) {
+    const Value& v = graph_.value(id);
+    const size_t bytes = Arena::align_up(size_t(v.shape.numel()) * dtype_size(v.dtype));
+    switch (v.kind) {
+      case ValueKind::Param:
+        st.data_offset[size_t(id)] = st.persistent; st.persistent += bytes; report_.params += bytes;
+        st.grad_offset[size_t(id)] = st.persistent; st.persistent += bytes; report_.grads += bytes;
+        st.slot_offset[size_t(id)] = st.persistent; st.persistent += bytes * size_t(optimizer_slots_);
+        report_.optimizer += bytes * size_t(optimizer_slots_);
+        break;
+      case ValueKind::Buffer:
+        st.data_offset[size_t(id)] = st.persistent; st.persistent += bytes; report_.buffers += bytes;
+        break;
+      case ValueKind::Input:
+        st.data_offset[size_t(id)] = st.persistent; st.persistent += bytes; report_.inputs += bytes;
+        break;
+      case ValueKind::Activation:
+      case ValueKind::Aux: break;  // planned by lifetime
+    }
+  }
+}
+
+// Activation gradients shared in place (Op::grad_in_place): an input whose only consumer may
+// overwrite the output gradient with it uses the output gradient's buffer; chains (conv -> bn ->
+// relu) collapse to one buffer. grad_parent links a value to its consumer's output.
+void Executor::share_gradients_in_place(PlanState& st) {
+  st.grad_parent.assign(size_t(st.nv), -1);
+  for (int n = 0; n < st.nn; ++n) {
     const Node& node = graph_.node(n);
     const Value& out = graph_.value(node.output);
     if (!needs_backward_[size_t(n)] || out.kind != ValueKind::Activation) continue;
@@ -178,113 +321,107 @@ void Executor::plan() {
       if (v.kind != ValueKind::Activation || !v.needs_grad || v.consumers.size() != 1 ||
           v.shape.numel() != out.shape.numel() || !node.op->grad_in_place(int(i)))
         continue;
-      grad_parent[size_t(in)] = node.output;
+      st.grad_parent[size_t(in)] = node.output;
       break;  // one input per node shares the output gradient
     }
   }
-  auto grad_root = [&](int id) {
-    while (grad_parent[size_t(id)] >= 0) id = grad_parent[size_t(id)];
-    return id;
-  };
-  struct GradSpan { int first = INT32_MAX, last = -1; size_t bytes = 0; };
-  std::vector<GradSpan> grad_span(static_cast<size_t>(nv));
+}
 
-  std::vector<BufferRequest> req;
-  enum Role { Data, Grad, Unpack, Recompute };
-  std::vector<std::pair<int, Role>> owner;  // (value, role) per request
-  for (int id = 0; id < nv; ++id) {
+// The buffers of activations and aux values, their recomputed copies, decode buffers, and one
+// gradient buffer per in-place group, each with its lifetime on the time line.
+std::vector<Executor::PlannedBuffer> Executor::activation_buffers(PlanState& st) {
+  using Role = PlannedBuffer::Role;
+  const std::vector<int>& bwd_t = st.bwd_t;
+  const std::vector<int>& rec_t = st.rec_t;
+  struct GradSpan { int first = INT32_MAX, last = -1; size_t bytes = 0; };
+  std::vector<GradSpan> grad_span(static_cast<size_t>(st.nv));
+  std::vector<PlannedBuffer> out;
+  auto add = [&](size_t bytes, int first, int last, int id, Role role) {
+    out.push_back(PlannedBuffer{BufferRequest{bytes, first, last}, id, role, 0});
+  };
+  for (int id = 0; id < st.nv; ++id) {
     const Value& v = graph_.value(id);
-    const size_t bytes = Arena::align_up(bytes_of(v));
-    switch (v.kind) {
-      case ValueKind::Param:
-        persistent_offset[size_t(id) * 2] = persistent; persistent += bytes; report_.params += bytes;
-        persistent_offset[size_t(id) * 2 + 1] = persistent; persistent += bytes; report_.grads += bytes;
-        slot_offset[size_t(id)] = persistent; persistent += bytes * size_t(optimizer_slots_);
-        report_.optimizer += bytes * size_t(optimizer_slots_);
-        break;
-      case ValueKind::Buffer:
-        persistent_offset[size_t(id) * 2] = persistent; persistent += bytes; report_.buffers += bytes;
-        break;
-      case ValueKind::Input:
-        persistent_offset[size_t(id) * 2] = persistent; persistent += bytes; report_.inputs += bytes;
-        break;
-      case ValueKind::Activation:
-      case ValueKind::Aux: {
-        const int p = v.producer;
-        const bool rec = recomputed[size_t(id)] != 0;
-        const SavedValue* sv = saved_index(id);
-        const bool zero_copy = sv && sv->format == StashFormat::DenseF32;
-        // Aux values (BN batch statistics) keep one buffer; a recompute rewrites the same values.
-        int last = v.kind == ValueKind::Aux ? bwd_t[size_t(p)] : p;
-        for (int c : v.consumers) last = std::max(last, c);
-        if (zero_copy && !rec) last = std::max(last, bwd_t[size_t(first_saver[size_t(id)])]);
-        if (id == graph_.logits || id == graph_.loss) last = t_end;  // read by the trainer after the step
-        req.push_back({bytes, p, last});
-        owner.emplace_back(id, Data);
-        if (rewritten[size_t(id)]) {
-          // The recomputed copy: read by the segment's own nodes, and by backward if saved in place.
-          int rec_last = rec_t[size_t(p)];
-          for (int c : v.consumers)
-            if (seg_of[size_t(c)] == seg_of[size_t(p)] && reruns_[size_t(c)]) rec_last = std::max(rec_last, rec_t[size_t(c)]);
-          if (zero_copy && rec) rec_last = std::max(rec_last, bwd_t[size_t(first_saver[size_t(id)])]);
-          req.push_back({bytes, rec_t[size_t(p)], rec_last});
-          owner.emplace_back(id, Recompute);
-          report_.recompute += bytes;
-        }
-        if (v.needs_grad && v.kind == ValueKind::Activation) {
-          // Lifetimes of a shared gradient buffer merge into its root's request (below).
-          GradSpan& g = grad_span[size_t(grad_root(id))];
-          g.first = std::min(g.first, bwd_t[size_t(p)]);
-          for (int c : v.consumers) g.first = std::min(g.first, bwd_t[size_t(c)]);
-          g.last = std::max(g.last, bwd_t[size_t(p)]);
-          g.bytes = bytes;
-        }
-        if (sv && sv->full && !zero_copy && !needs_decode[size_t(id)]) {
-          reads_as_stored_ = true;  // every reader decodes as it reads: no buffer
-        } else if (sv && sv->full && !zero_copy) {
-          // Decoded by the first reader: the last saver's backward, or a recomputed segment.
-          int first = bwd_t[size_t(last_saver[size_t(id)])];
-          // (recompute() decodes a segment's external inputs before its first node runs)
-          for (int c : v.consumers)
-            if (const int sc = seg_of[size_t(c)]; sc >= 0 && sc != seg_of[size_t(p)] && reruns_[size_t(c)])
-              first = std::min(first, rec_t[size_t(segments_[size_t(sc)].begin)]);
-          req.push_back({bytes, first, bwd_t[size_t(first_saver[size_t(id)])]});
-          owner.emplace_back(id, Unpack);
-          report_.unpack += bytes;
-        }
-        break;
-      }
+    if (v.kind != ValueKind::Activation && v.kind != ValueKind::Aux) continue;
+    const size_t bytes = Arena::align_up(size_t(v.shape.numel()) * dtype_size(v.dtype));
+    const int p = v.producer;
+    const bool rec = st.recomputed[size_t(id)] != 0;
+    const SavedValue* sv = st.saved_of(id);
+    const bool zero_copy = sv && sv->format == StashFormat::DenseF32;
+    // Aux values (BN batch statistics) keep one buffer; a recompute rewrites the same values.
+    int last = v.kind == ValueKind::Aux ? bwd_t[size_t(p)] : p;
+    for (int c : v.consumers) last = std::max(last, c);
+    if (zero_copy && !rec) last = std::max(last, bwd_t[size_t(st.first_saver[size_t(id)])]);
+    if (id == graph_.logits || id == graph_.loss) last = st.t_end;  // read by the trainer after the step
+    add(bytes, p, last, id, Role::Data);
+    if (st.rewritten[size_t(id)]) {
+      // The recomputed copy: read by the segment's own nodes, and by backward if saved in place.
+      int rec_last = rec_t[size_t(p)];
+      for (int c : v.consumers)
+        if (st.seg_of[size_t(c)] == st.seg_of[size_t(p)] && reruns_[size_t(c)]) rec_last = std::max(rec_last, rec_t[size_t(c)]);
+      if (zero_copy && rec) rec_last = std::max(rec_last, bwd_t[size_t(st.first_saver[size_t(id)])]);
+      add(bytes, rec_t[size_t(p)], rec_last, id, Role::Recompute);
+      report_.recompute += bytes;
+    }
+    if (v.needs_grad && v.kind == ValueKind::Activation) {
+      // Lifetimes of a shared gradient buffer merge into its root's request (below).
+      GradSpan& g = grad_span[size_t(st.grad_root(id))];
+      g.first = std::min(g.first, bwd_t[size_t(p)]);
+      for (int c : v.consumers) g.first = std::min(g.first, bwd_t[size_t(c)]);
+      g.last = std::max(g.last, bwd_t[size_t(p)]);
+      g.bytes = bytes;
+    }
+    if (st.needs_unpack[size_t(id)]) {
+      // Decoded by the first reader: the last saver's backward, or a recomputed segment.
+      int first = bwd_t[size_t(st.last_saver[size_t(id)])];
+      // (recompute() decodes a segment's external inputs before its first node runs)
+      for (int c : v.consumers)
+        if (const int sc = st.seg_of[size_t(c)]; sc >= 0 && sc != st.seg_of[size_t(p)] && reruns_[size_t(c)])
+          first = std::min(first, rec_t[size_t(segments_[size_t(sc)].begin)]);
+      add(bytes, first, bwd_t[size_t(st.first_saver[size_t(id)])], id, Role::Unpack);
+      report_.unpack += bytes;
     }
   }
-  for (int id = 0; id < nv; ++id)
-    if (grad_span[size_t(id)].last >= 0) {
-      req.push_back({grad_span[size_t(id)].bytes, grad_span[size_t(id)].first, grad_span[size_t(id)].last});
-      owner.emplace_back(id, Grad);
-    }
+  for (int id = 0; id < st.nv; ++id)
+    if (grad_span[size_t(id)].last >= 0)
+      add(grad_span[size_t(id)].bytes, grad_span[size_t(id)].first, grad_span[size_t(id)].last, id, Role::Grad);
+  return out;
+}
+
+// Packs the lifetime-planned buffers (memory/planner.h) after the persistent ones, the workspace
+// after them, and maps the arena.
+void Executor::place_buffers(PlanState& st) {
   size_t ws = 0;
-  for (int n = 0; n < nn; ++n) ws = std::max(ws, graph_.node(n).op->workspace_bytes(backend_, max_batch));
+  for (int n = 0; n < st.nn; ++n) ws = std::max(ws, graph_.node(n).op->workspace_bytes(backend_, st.max_batch));
   report_.workspace = Arena::align_up(ws);
 
-  const MemoryPlan mp = plan_memory(req);
+  std::vector<BufferRequest> requests;
+  requests.reserve(st.buffers.size());
+  for (const PlannedBuffer& b : st.buffers) requests.push_back(b.request);
+  const MemoryPlan mp = plan_memory(requests);
   report_.activations_planned = mp.total_bytes;
   report_.activations_unplanned = mp.sum_bytes;
-  const size_t act_base = persistent;
-  const size_t ws_base = act_base + mp.total_bytes;
-  report_.total = ws_base + report_.workspace;
-  {
-    // Named in the out-of-memory message: the layer with the largest planned buffer.
-    size_t largest = 0;
-    int largest_id = -1;
-    for (size_t r = 0; r < req.size(); ++r)
-      if (req[r].bytes > largest) largest = req[r].bytes, largest_id = owner[r].first;
-    std::string what = "the training step of this model (parameters, optimizer state and inputs " + std::to_string(persistent) + " bytes, activations " +
-                       std::to_string(mp.total_bytes) + ", workspace " + std::to_string(report_.workspace) + ")";
-    if (largest_id >= 0)
-      what += "; its largest buffer is layer '" + graph_.value(largest_id).name + "' output, " +
-              std::to_string(largest) + " bytes";
-    arena_.reserve(report_.total, what);
-  }
+  const size_t act_base = st.persistent;
+  for (size_t r = 0; r < st.buffers.size(); ++r) st.buffers[r].offset = act_base + mp.offsets[r];
+  st.workspace_offset = act_base + mp.total_bytes;
+  report_.total = st.workspace_offset + report_.workspace;
 
+  // Named in the out-of-memory message: the layer with the largest planned buffer.
+  size_t largest = 0;
+  int largest_id = -1;
+  for (const PlannedBuffer& b : st.buffers)
+    if (b.request.bytes > largest) largest = b.request.bytes, largest_id = b.value;
+  std::string what = "the training step of this model (parameters, optimizer state and inputs " + std::to_string(st.persistent) + " bytes, activations " +
+                     std::to_string(mp.total_bytes) + ", workspace " + std::to_string(report_.workspace) + ")";
+  if (largest_id >= 0)
+    what += "; its largest buffer is layer '" + graph_.value(largest_id).name + "' output, " +
+            std::to_string(largest) + " bytes";
+  arena_.reserve(report_.total, what);
+}
+
+// Views into the arena: values, gradients, optimizer slots, recompute and decode buffers, workspace.
+void Executor::bind_views(PlanState& st) {
+  using Role = PlannedBuffer::Role;
+  const int nv = st.nv;
   data_.assign(size_t(nv), Tensor{});
   grads_.assign(size_t(nv), Tensor{});
   recompute_data_.assign(size_t(nv), Tensor{});
@@ -292,58 +429,56 @@ void Executor::plan() {
   for (int id = 0; id < nv; ++id) {
     const Value& v = graph_.value(id);
     if (v.kind == ValueKind::Activation || v.kind == ValueKind::Aux) continue;
-    data_[size_t(id)] = Tensor::contiguous(arena_.at(persistent_offset[size_t(id) * 2]), v.shape, v.dtype);
+    data_[size_t(id)] = Tensor::contiguous(arena_.at(st.data_offset[size_t(id)]), v.shape, v.dtype);
     if (v.kind == ValueKind::Param) {
-      grads_[size_t(id)] = Tensor::contiguous(arena_.at(persistent_offset[size_t(id) * 2 + 1]), v.shape, v.dtype);
+      grads_[size_t(id)] = Tensor::contiguous(arena_.at(st.grad_offset[size_t(id)]), v.shape, v.dtype);
+      const size_t slot_bytes = Arena::align_up(size_t(v.shape.numel()) * dtype_size(v.dtype));
       for (int s = 0; s < optimizer_slots_; ++s)
-        slots_[size_t(id)].push_back(Tensor::contiguous(
-            arena_.at(slot_offset[size_t(id)] + size_t(s) * Arena::align_up(bytes_of(v))), v.shape, v.dtype));
+        slots_[size_t(id)].push_back(
+            Tensor::contiguous(arena_.at(st.slot_offset[size_t(id)] + size_t(s) * slot_bytes), v.shape, v.dtype));
     }
-  }
-  for (size_t r = 0; r < req.size(); ++r) {
-    const auto [id, role] = owner[r];
-    const Value& v = graph_.value(id);
-    Tensor t = Tensor::contiguous(arena_.at(act_base + mp.offsets[r]), v.shape, v.dtype);
-    switch (role) {
-      case Data: data_[size_t(id)] = t; break;
-      case Grad: break;  // below: every value of the group gets a view with its own shape
-      case Unpack: saved_index(id)->unpack = t; break;
-      case Recompute: recompute_data_[size_t(id)] = t; break;
-    }
-  }
-  // Death times of planned buffers, for release_pages. Time t maps back to the node that runs then.
-  dies_after_forward_.assign(size_t(nn), {});
-  dies_after_recompute_.assign(size_t(nn), {});
-  dies_after_backward_.assign(size_t(nn), {});
-  if (stash_options_.release_pages) {
-    std::vector<std::pair<std::vector<Range>*, int>> at_time(size_t(t_end) + 1, {nullptr, -1});
-    for (int n = 0; n < nn; ++n) {
-      at_time[size_t(n)] = {&dies_after_forward_[size_t(n)], n};
-      at_time[size_t(bwd_t[size_t(n)])] = {&dies_after_backward_[size_t(n)], n};
-      if (rec_t[size_t(n)] >= 0) at_time[size_t(rec_t[size_t(n)])] = {&dies_after_recompute_[size_t(n)], n};
-    }
-    for (size_t r = 0; r < req.size(); ++r)
-      if (req[r].last < t_end && at_time[size_t(req[r].last)].first)
-        at_time[size_t(req[r].last)].first->push_back(Range{act_base + mp.offsets[r], req[r].bytes});
   }
   std::vector<void*> grad_memory(size_t(nv), nullptr);
-  for (size_t r = 0; r < req.size(); ++r)
-    if (owner[r].second == Grad) grad_memory[size_t(owner[r].first)] = arena_.at(act_base + mp.offsets[r]);
+  for (const PlannedBuffer& b : st.buffers) {
+    const Value& v = graph_.value(b.value);
+    const Tensor t = Tensor::contiguous(arena_.at(b.offset), v.shape, v.dtype);
+    switch (b.role) {
+      case Role::Data: data_[size_t(b.value)] = t; break;
+      // Below: every value of the group gets a view with its own shape.
+      case Role::Grad: grad_memory[size_t(b.value)] = t.data; break;
+      case Role::Unpack: st.saved_of(b.value)->unpack = t; break;
+      case Role::Recompute: recompute_data_[size_t(b.value)] = t; break;
+      case Role::Extra: break;  // bound by the pass that asked for it
+    }
+  }
   for (int id = 0; id < nv; ++id) {
     const Value& v = graph_.value(id);
     if (v.needs_grad && v.kind == ValueKind::Activation)
-      grads_[size_t(id)] = Tensor::contiguous(grad_memory[size_t(grad_root(id))], v.shape, v.dtype);
+      grads_[size_t(id)] = Tensor::contiguous(grad_memory[size_t(st.grad_root(id))], v.shape, v.dtype);
   }
   forward_data_ = data_;
   swapped_.clear();
   swapped_.reserve(size_t(nv));
-  report_.recompute_segments = int(segments_.size());
-  report_.recompute_nodes = int(std::count(reruns_.begin(), reruns_.end(), 1));
-  workspace_ = Workspace{arena_.at(ws_base), report_.workspace};
+  workspace_ = Workspace{arena_.at(st.workspace_offset), report_.workspace};
   grad_written_.assign(size_t(nv), 0);
-  stash_.configure(std::move(saved), nv, stash_options_.prune_threshold, stash_options_.release_pages);
-  report_.stash_region = stash_.region_bytes();
-  batch_ = max_batch;  // views have the full batch until a forward says otherwise
+}
+
+// Death times of planned buffers, for release_pages. Time t maps back to the node that runs then.
+void Executor::plan_page_release(const PlanState& st) {
+  const int nn = st.nn;
+  dies_after_forward_.assign(size_t(nn), {});
+  dies_after_recompute_.assign(size_t(nn), {});
+  dies_after_backward_.assign(size_t(nn), {});
+  if (!stash_options_.release_pages) return;
+  std::vector<std::pair<std::vector<Range>*, int>> at_time(size_t(st.t_end) + 1, {nullptr, -1});
+  for (int n = 0; n < nn; ++n) {
+    at_time[size_t(n)] = {&dies_after_forward_[size_t(n)], n};
+    at_time[size_t(st.bwd_t[size_t(n)])] = {&dies_after_backward_[size_t(n)], n};
+    if (st.rec_t[size_t(n)] >= 0) at_time[size_t(st.rec_t[size_t(n)])] = {&dies_after_recompute_[size_t(n)], n};
+  }
+  for (const PlannedBuffer& b : st.buffers)
+    if (b.request.last < st.t_end && at_time[size_t(b.request.last)].first)
+      at_time[size_t(b.request.last)].first->push_back(Range{b.offset, b.request.bytes});
 }
 
 // Segments of checkpoint_every = m compute ops: each starts at a compute op (conv / linear) and runs
