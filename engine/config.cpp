@@ -265,6 +265,36 @@ Config parse_config(const json& j, const std::string& source) {
           c.memory.prune_threshold, "must be in [0, 1]");
   require(c.memory.checkpoint_every >= 0, mem, "checkpoint_every", c.memory.checkpoint_every,
           "must be >= 0 (0 = no recomputation, m = keep one layer in m)");
+  ObjectReader qr = top.child("quant");
+  QuantConfig& q = c.quant;
+  qr.get("forward", q.forward);
+  qr.get("backward", q.backward);
+  qr.get("keep_fp32", q.keep_fp32);
+  qr.get_string_map("layers", q.layers);
+  qr.get("smp_samples", q.smp_samples);
+  qr.get("fnt_epochs", q.fnt_epochs);
+  qr.get("grad_magnitudes", q.grad_magnitudes);
+  qr.finish();
+  ForwardQuant fq;
+  BackwardQuant bq;
+  require(parse_forward_quant(q.forward, &fq), qr, "forward", q.forward, "unknown mode (known: fp32, int4)");
+  require(parse_backward_quant(q.backward, &bq), qr, "backward", q.backward,
+          "unknown mode (known: fp32, luq_fp4, fp4_rdn)");
+  for (const auto& [layer, modes] : q.layers) {
+    const size_t slash = modes.find('/');
+    if (slash == std::string::npos || !parse_forward_quant(modes.substr(0, slash), &fq) ||
+        !parse_backward_quant(modes.substr(slash + 1), &bq))
+      qr.fail("quant.layers." + layer, "= \"" + modes +
+                                           "\": expected \"FORWARD/BACKWARD\" with FORWARD fp32 | int4 and BACKWARD fp32 | "
+                                           "luq_fp4 | fp4_rdn, e.g. \"int4/luq_fp4\"");
+  }
+  require(q.smp_samples >= 1 && q.smp_samples <= 16, qr, "smp_samples", q.smp_samples, "must be in 1..16");
+  require(q.grad_magnitudes >= 1 && q.grad_magnitudes <= 7, qr, "grad_magnitudes", q.grad_magnitudes,
+          "must be in 1..7 (strict FP4 [1,3,0] holds 7 magnitudes and zero)");
+  require(q.fnt_epochs >= 0 && q.fnt_epochs < tr.epochs, qr, "fnt_epochs", q.fnt_epochs,
+          "must be in 0..train.epochs-1");
+  require(q.fnt_epochs == 0, qr, "fnt_epochs", q.fnt_epochs,
+          "> 0 (high-precision fine-tuning epochs) is not implemented yet; use 0");
   c.model.label_smoothing = tr.label_smoothing;
   c.model.double_mask_bn = c.memory.double_mask_bn;
   c.model.batch = tr.batch_size;
@@ -320,6 +350,12 @@ json Config::resolved() const {
                  {"checkpoint_every", memory.checkpoint_every},
                  {"release_pages", memory.release_pages},
                  {"double_mask_bn", memory.double_mask_bn}};
+  json qlayers = json::object();
+  for (const auto& [layer, m] : quant.layers) qlayers[layer] = m;
+  j["quant"] = {{"forward", quant.forward},         {"backward", quant.backward},
+                {"keep_fp32", quant.keep_fp32},     {"layers", qlayers},
+                {"smp_samples", quant.smp_samples}, {"fnt_epochs", quant.fnt_epochs},
+                {"grad_magnitudes", quant.grad_magnitudes}};
   return j;
 }
 
@@ -334,6 +370,24 @@ StashOptions Config::stash_options() const {
   o.prune_threshold = memory.prune_threshold;
   o.checkpoint_every = memory.checkpoint_every;
   o.release_pages = memory.release_pages;
+  return o;
+}
+
+QuantOptions Config::quant_options() const {
+  QuantOptions o;
+  parse_forward_quant(quant.forward, &o.forward);
+  parse_backward_quant(quant.backward, &o.backward);
+  o.keep_fp32 = quant.keep_fp32;
+  for (const auto& [layer, m] : quant.layers) {
+    QuantOptions::Layer l;
+    l.name = layer;
+    const size_t slash = m.find('/');
+    parse_forward_quant(m.substr(0, slash), &l.forward);
+    parse_backward_quant(m.substr(slash + 1), &l.backward);
+    o.layers.push_back(l);
+  }
+  o.smp_samples = quant.smp_samples;
+  o.grad_magnitudes = quant.grad_magnitudes;
   return o;
 }
 

@@ -59,14 +59,27 @@ struct MemoryConfig {
   bool double_mask_bn = false;       // BN output masked by its input's zeros (lossy; layers/batchnorm.cpp)
 };
 
+// 4-bit training (docs/quant.md); the strings are validated by parse_config.
+struct QuantConfig {
+  std::string forward = "fp32";   // "fp32" | "int4"
+  std::string backward = "fp32";  // "fp32" | "luq_fp4" | "fp4_rdn"
+  std::vector<std::string> keep_fp32 = {"first", "last"};  // layer names, `first`, `last`
+  std::vector<std::pair<std::string, std::string>> layers;  // per layer "FORWARD/BACKWARD"
+  int smp_samples = 1;
+  int fnt_epochs = 0;
+  int grad_magnitudes = 7;
+};
+
 struct Config {
   ModelSpec model;
   DataConfig data;
   TrainConfig train;
   MemoryConfig memory;
+  QuantConfig quant;
   std::string source;  // file it came from
   nlohmann::json resolved() const;  // every key with its effective value
   StashOptions stash_options() const;
+  QuantOptions quant_options() const;
 };
 
 // Reads `path`, applies `overrides` ("a.b=value"; value parsed as JSON, else taken as a string),

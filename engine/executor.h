@@ -3,6 +3,7 @@
 // allocates nothing. Forward runs nodes in order and pushes what each op saves into the stash;
 // backward runs them in reverse, reading the stash, with dL/dloss = 1.
 #pragma once
+#include <array>
 #include <memory>
 #include <vector>
 
@@ -10,7 +11,7 @@
 #include "engine/graph.h"
 #include "memory/arena.h"
 #include "memory/stash.h"
-#include "quant/precision.h"
+#include "quant/policy.h"
 
 namespace et {
 
@@ -27,6 +28,13 @@ struct StashOptions {
   // (memory.release_pages), so USS follows what is live; costs page faults in the next step.
   bool release_pages = false;
 };
+
+// The operand buffers a quantized conv / linear node gets in the plan (executor_quant.cpp):
+// X, W: the INT4 codes of input and weight, written by the forward, read by the backward;
+// G: the FP4 codes of the output gradient (backward only); XF, WF, GF: f32 dequantised copies for
+// the float kernels of the paths without an integer kernel (depthwise, FP32 backward).
+enum class QuantSlot : uint8_t { X, W, G, XF, WF, GF };
+constexpr int kQuantSlots = 6;
 
 // Per-node hook for profilers (edgetrain memprofile): called after each node's forward / backward.
 class NodeObserver {
@@ -45,6 +53,7 @@ struct MemoryReport {
   size_t stash_dense_bytes = 0;  // what the saved values take as dense fp32 (the baseline)
   size_t stash_region = 0;       // virtual size reserved for the stash (worst case)
   size_t recompute = 0;          // buffers of recomputed values (inside the planned part)
+  size_t quant_operands = 0;     // 4-bit operand buffers (codes, dequantised copies; inside the planned part)
   int recompute_segments = 0;    // segments whose forward runs again in backward
   int recompute_nodes = 0;       // nodes of those segments that run again (the rest are kept)
   size_t total = 0;
@@ -53,7 +62,8 @@ struct MemoryReport {
 class Executor {
  public:
   // `optimizer_slots`: persistent per-parameter buffers the optimizer needs (1 for SGD momentum).
-  Executor(Graph& graph, Backend& backend, int optimizer_slots = 1, const StashOptions& stash = {});
+  Executor(Graph& graph, Backend& backend, int optimizer_slots = 1, const StashOptions& stash = {},
+           const QuantOptions& quant = {});
   ~Executor();
 
   Graph& graph() { return graph_; }
@@ -76,12 +86,11 @@ class Executor {
   const std::vector<double>& backward_seconds() const { return bwd_s_; }
   double recompute_seconds() const { return rec_s_; }  // forward time spent recomputing (timing on)
   void set_observer(NodeObserver* o) { observer_ = o; }
-  // The plan lets kernels read saved tensors as stored only under the identity policy (fp32): a
-  // policy that changes operands must be in place before the executor plans (not supported yet).
-  void set_precision(PrecisionPolicy* p) {
-    ET_CHECK(p->identity() || !reads_as_stored_, "precision policy ", p->name(), " set after planning");
-    precision_ = p;
-  }
+  // The training step number (error messages of the quantizers name it).
+  void set_step(int64_t step) { step_ = step; }
+  int64_t step() const { return step_; }
+  // Per node: what it does in 4 bits (docs/quant.md); all off without a quant config.
+  const LayerQuant& layer_quant(int node) const { return quant_[size_t(node)]; }
   const MemoryReport& memory() const { return report_; }
   Stash& stash() { return stash_; }
   const Stash& stash() const { return stash_; }
@@ -136,9 +145,16 @@ class Executor {
   bool recomputing_ = false;
   double rec_s_ = 0;
   NodeObserver* observer_ = nullptr;
-  Fp32Policy fp32_;
-  PrecisionPolicy* precision_ = &fp32_;
-  bool reads_as_stored_ = false;  // some saved value has no f32 decode buffer
+  // 4-bit training: the resolved per-node modes, and per quantized node its planned operand buffers
+  // (full batch) with the scales its forward computed for its backward (executor_quant.cpp).
+  QuantOptions quant_options_;
+  std::vector<LayerQuant> quant_;
+  std::vector<std::array<Tensor, kQuantSlots>> qbufs_;
+  size_t quant_workspace_ = 0;
+  int64_t step_ = 0;
+  std::vector<std::pair<int, QuantSlot>> quant_owner_;  // (node, slot) of each planned operand buffer
+  std::vector<PlannedBuffer> plan_quant_operands(const PlanState& st);
+  void bind_quant_operands(const PlanState& st, size_t first_extra);
   Arena arena_;
   std::vector<Tensor> data_, grads_;           // full-batch views, one per value
   std::vector<std::vector<Tensor>> slots_;     // optimizer slots per value (params only)
@@ -162,7 +178,16 @@ class OpContext {
 
   Backend& backend() { return ex_.backend_; }
   const Node& node() const { return node_; }
-  PrecisionPolicy& precision() { return *ex_.precision_; }
+  // 4-bit training: this node's modes, or nullptr when it trains in FP32.
+  const LayerQuant* quant() const {
+    const LayerQuant& q = ex_.quant_[size_t(node_id_)];
+    return q.on() ? &q : nullptr;
+  }
+  // The node's planned operand buffer (batch applied), carrying the scale last set for it.
+  Tensor quant_operand(QuantSlot s) const;
+  void set_quant_scale(QuantSlot s, float scale) { ex_.qbufs_[size_t(node_id_)][size_t(s)].scale = scale; }
+  quant::RngKey quant_rng(int sample) const { return quant::rng_key(seed(), sample); }
+  int64_t step() const { return ex_.step_; }
   bool training() const { return ex_.training_; }
   // True while a segment's forward runs again for its backward (checkpoint_every): results must be
   // identical to the first forward and side effects (BN running statistics) must not repeat.

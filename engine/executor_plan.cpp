@@ -11,63 +11,10 @@
 #include <cstdint>
 
 #include "engine/executor.h"
+#include "engine/executor_plan_state.h"
 #include "memory/planner.h"
 
 namespace et {
-
-// A buffer planned by lifetime, with what it becomes once placed.
-struct Executor::PlannedBuffer {
-  enum class Role : uint8_t {
-    Data,       // an activation or aux value (data_)
-    Grad,       // an activation gradient, shared by its in-place group (grads_)
-    Unpack,     // the f32 decode buffer of a compressed save (SavedValue::unpack)
-    Recompute,  // a recomputed segment's copy of an activation (recompute_data_)
-    Extra,      // asked for by another pass, which binds it itself from `offset`
-  };
-  BufferRequest request;  // bytes and lifetime on the time line
-  int value = -1;         // the value it serves (the out-of-memory message names its layer)
-  Role role = Role::Data;
-  size_t offset = 0;      // in the arena; set by plan_layout
-};
-
-// Planning state several passes share. Per-value vectors are indexed by value id, per-node ones
-// by node index.
-struct Executor::PlanState {
-  int nv = 0, nn = 0;
-  int64_t max_batch = 0;
-
-  // plan_saves: who saves what, and what the stash will hold.
-  std::vector<int> first_saver, last_saver;  // per value: node, or -1 if nothing saves it
-  std::vector<uint8_t> full;                 // per value: some saver needs every element
-  std::vector<int> seg_of;                   // per node: its recompute segment, or -1
-  std::vector<uint8_t> recomputed;           // per value: produced and used inside a segment only
-  std::vector<uint8_t> rewritten;            // per value: written again by a segment's rerun
-  std::vector<SavedValue> saved;             // what the stash will hold, by value id
-  std::vector<int> saved_index;              // per value: index into `saved`, or -1
-
-  // plan_decode_buffers: saved values some reader needs decoded to f32 (an unpack buffer).
-  std::vector<uint8_t> needs_unpack;
-
-  // plan_time_line: backward and recompute times of each node (forward of node n is at n).
-  std::vector<int> bwd_t, rec_t;  // rec_t -1: not rerun
-  int t_end = 0;                  // one past the last step
-
-  // plan_layout.
-  size_t persistent = 0;                                   // params, grads, slots, buffers, inputs
-  std::vector<size_t> data_offset, grad_offset, slot_offset;  // per value, persistent ones
-  std::vector<int> grad_parent;  // per value: the value whose gradient buffer it shares, or -1
-  std::vector<PlannedBuffer> buffers;
-  size_t workspace_offset = 0;
-
-  SavedValue* saved_of(int id) {
-    const int i = saved_index[size_t(id)];
-    return i >= 0 ? &saved[size_t(i)] : nullptr;
-  }
-  int grad_root(int id) const {
-    while (grad_parent[size_t(id)] >= 0) id = grad_parent[size_t(id)];
-    return id;
-  }
-};
 
 void Executor::plan() {
   PlanState st;
@@ -76,11 +23,14 @@ void Executor::plan() {
   st.max_batch = graph_.batch_size();
   ET_CHECK(st.max_batch > 0, "graph batch size not set");
 
+  quant_ = resolve_quant(graph_, quant_options_);
   plan_needs_backward();
   plan_saves(st);
   plan_decode_buffers(st);
   plan_time_line(st);
-  plan_layout(st, {});
+  const std::vector<PlannedBuffer> quant_buffers = plan_quant_operands(st);
+  plan_layout(st, quant_buffers);
+  bind_quant_operands(st, st.buffers.size() - quant_buffers.size());
   plan_page_release(st);
 
   report_.recompute_segments = int(segments_.size());
@@ -111,7 +61,14 @@ void Executor::plan_needs_backward() {
 void Executor::plan_saves(PlanState& st) {
   const int nv = st.nv, nn = st.nn;
   save_specs_.assign(size_t(nn), {});
-  for (int n = 0; n < nn; ++n) save_specs_[size_t(n)] = graph_.node(n).op->saves();
+  for (int n = 0; n < nn; ++n) {
+    save_specs_[size_t(n)] = graph_.node(n).op->saves();
+    // A conv / linear with an INT4 forward keeps its input's codes instead (plan_quant_operands).
+    auto& specs = save_specs_[size_t(n)];
+    if (quant_[size_t(n)].int4_forward)
+      specs.erase(std::remove_if(specs.begin(), specs.end(), [](const SaveSpec& s) { return s.input == 0; }),
+                  specs.end());
+  }
 
   st.first_saver.assign(size_t(nv), -1);
   st.last_saver.assign(size_t(nv), -1);
@@ -202,8 +159,8 @@ std::vector<StashFormat> Executor::stash_formats(const std::vector<int>& first_s
 }
 
 // Decode buffers: only for values some reader needs as f32 (a recomputed segment always does).
-// Under the identity precision policy a reader may take the stored encoding (Op::reads_stored);
-// a compressed save every reader takes as stored gets no buffer.
+// A reader may take the stored encoding (Op::reads_stored); a compressed save every reader takes
+// as stored gets no buffer.
 void Executor::plan_decode_buffers(PlanState& st) {
   std::vector<uint8_t> needs_decode(size_t(st.nv), 0);
   auto stored_dtypes = [](StashFormat f) -> DTypeSet {
@@ -228,8 +185,7 @@ void Executor::plan_decode_buffers(PlanState& st) {
       const int id = specs[i].input < 0 ? node.output : node.inputs[size_t(specs[i].input)];
       // A mask reads the bitmap, or the f32 values (a dense 16-bit copy decodes for it).
       const DTypeSet reads = specs[i].kind == SaveKind::Mask ? kMaskFromStored
-                             : precision_->identity()        ? node.op->reads_stored(int(i), backend_, st.max_batch)
-                                                             : dtype_bit(DType::F32);
+                                                             : node.op->reads_stored(int(i), backend_, st.max_batch);
       if ((stored[size_t(id)] & ~reads) != 0) needs_decode[size_t(id)] = 1;
     }
   }
@@ -242,10 +198,7 @@ void Executor::plan_decode_buffers(PlanState& st) {
     const ValueKind kind = graph_.value(sv.value).kind;
     if (!sv.full || sv.format == StashFormat::DenseF32 || (kind != ValueKind::Activation && kind != ValueKind::Aux))
       continue;
-    if (needs_decode[size_t(sv.value)])
-      st.needs_unpack[size_t(sv.value)] = 1;
-    else
-      reads_as_stored_ = true;  // every reader decodes as it reads: no buffer
+    st.needs_unpack[size_t(sv.value)] = needs_decode[size_t(sv.value)];  // else read as stored
   }
 }
 
@@ -392,6 +345,7 @@ std::vector<Executor::PlannedBuffer> Executor::activation_buffers(PlanState& st)
 void Executor::place_buffers(PlanState& st) {
   size_t ws = 0;
   for (int n = 0; n < st.nn; ++n) ws = std::max(ws, graph_.node(n).op->workspace_bytes(backend_, st.max_batch));
+  ws = std::max(ws, quant_workspace_);
   report_.workspace = Arena::align_up(ws);
 
   std::vector<BufferRequest> requests;

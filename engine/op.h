@@ -55,6 +55,14 @@ class Op {
   // True if the output may share memory with input 0 (pure reshapes).
   virtual bool output_aliases_input() const { return false; }
   virtual OutputZeros output_zeros() const { return OutputZeros::None; }
+  // Whether every output element is >= 0 given whether input 0's are (ReLU: always; pooling,
+  // flatten, dropout: as their input). Decides unsigned INT4 codes for a quantized consumer.
+  virtual bool output_nonnegative(bool input0_nonnegative) const { return false; }
+  // Scratch of the 4-bit path (conv / linear on codes, docs/quant.md) for the graph's batch.
+  virtual size_t quant_workspace_bytes(const Backend& backend, int64_t batch) const { return 0; }
+  // Whether the backend multiplies this op's codes as integers (else the 4-bit path dequantises
+  // its operands for the float kernels: depthwise convs).
+  virtual bool int_kernels() const { return false; }
   // True if backward may write input i's gradient over the output gradient it reads (element-wise
   // backward that reads dy[j] before writing dx[j]): the executor then gives both one buffer when
   // this op is the input's only consumer. The op still sees two tensors (maybe one memory).

@@ -94,7 +94,9 @@ Tensor Tensor::with_batch(int64_t n) const {
 
 Tensor Tensor::reshaped(const Shape& s) const {
   ET_CHECK(is_contiguous() && s.numel() == numel(), "reshape ", shape.str(), " -> ", s.str());
-  return contiguous(data, s, dtype, device);
+  Tensor t = contiguous(data, s, dtype, device);
+  t.scale = scale;
+  return t;
 }
 
 }  // namespace et

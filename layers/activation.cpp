@@ -14,6 +14,7 @@ class ReluOp final : public Op {
   std::vector<SaveSpec> saves() const override { return {{-1, SaveKind::Mask}}; }
   bool grad_in_place(int) const override { return true; }
   OutputZeros output_zeros() const override { return OutputZeros::Many; }
+  bool output_nonnegative(bool) const override { return true; }
 
   // y = max(x, 0)
   void forward(OpContext& ctx) override {
@@ -33,6 +34,7 @@ class DropoutOp final : public Op {
   const char* type() const override { return "dropout"; }
   OpClass op_class() const override { return OpClass::Elementwise; }
   OutputZeros output_zeros() const override { return p_ > 0.f ? OutputZeros::Many : OutputZeros::AsInput0; }
+  bool output_nonnegative(bool in) const override { return in; }
 
   void forward(OpContext& ctx) override {
     Tensor y = ctx.output();

@@ -1,10 +1,11 @@
 // conv2d: y = x * w (+ b). x [N,C,H,W], w [K,C/groups,R,S], b [K], y [N,K,P,Q].
 // Saves x for the weight gradient, which reads it as the stash stores it where the backend can.
-// Forward operands and the output gradient pass through the precision policy (the quantization
-// point for 4-bit training).
+// 4-bit training (docs/quant.md, per node OpContext::quant()): INT4 forward on codes (the node
+// keeps x's codes instead of x), FP4 output gradients, integer products where the backend has them.
 #include <memory>
 
 #include "layers/layers.h"
+#include "layers/quantized.h"
 
 namespace et {
 namespace {
@@ -27,29 +28,88 @@ class Conv2dOp final : public Op {
     return ws;
   }
 
+  size_t quant_workspace_bytes(const Backend& b, int64_t batch) const override {
+    const Conv2dGeom g = geom_.with_batch(batch);
+    size_t ws = 0;
+    for (ConvPass p : {ConvPass::Forward, ConvPass::BackwardData, ConvPass::BackwardWeight})
+      ws = std::max(ws, b.conv2d_q_workspace_bytes(g, p));
+    return ws;
+  }
+  bool int_kernels() const override { return geom_.groups == 1; }
+
   // y [N,K,P,Q] = conv(x [N,C,H,W], w [K,C/g,R,S]) + b [K]
   void forward(OpContext& ctx) override {
     const Conv2dGeom g = geom_.with_batch(ctx.batch());
-    const Tensor x = ctx.precision().apply(ctx.node(), Operand::Input, ctx.input(0));
-    const Tensor w = ctx.precision().apply(ctx.node(), Operand::Weight, ctx.input(1));
     const Tensor b = ctx.has_input(2) ? ctx.input(2) : Tensor{};
     Tensor y = ctx.output();
-    ctx.backend().conv2d_forward(g, x, w, b, y, ctx.workspace());
+    const LayerQuant* q = ctx.quant();
+    if (!q || !q->int4_forward) return ctx.backend().conv2d_forward(g, ctx.input(0), ctx.input(1), b, y, ctx.workspace());
+    // INT4: codes with SAWB scales, an integer product; depthwise multiplies the dequantised codes.
+    const Tensor xq = qops::quantize_input(ctx, ctx.input(0));
+    const Tensor wq = qops::quantize_weight(ctx, ctx.input(1));
+    if (int_kernels()) return ctx.backend().conv2d_forward_q(g, xq, wq, b, y, ctx.workspace());
+    const Tensor xf = qops::dequantized(ctx, QuantSlot::X, QuantSlot::XF, xq.scale);
+    const Tensor wf = qops::dequantized(ctx, QuantSlot::W, QuantSlot::WF, wq.scale);
+    ctx.backend().conv2d_forward(g, xf, wf, b, y, ctx.workspace());
   }
 
   // dx = conv_transpose(dy, w); dw = corr(x, dy); db = sum(dy)
   void backward(OpContext& ctx) override {
     const Conv2dGeom g = geom_.with_batch(ctx.batch());
-    const Tensor dy = ctx.precision().apply(ctx.node(), Operand::OutputGrad, ctx.grad_output());
-    const Tensor w = ctx.precision().apply(ctx.node(), Operand::Weight, ctx.input(1));
-    const DTypeSet reads =
-        ctx.precision().identity() ? ctx.backend().conv2d_weight_reads(g) : dtype_bit(DType::F32);
-    const Tensor x = ctx.precision().apply(ctx.node(), Operand::Input, ctx.saved(0, reads));
     GradOut dw = ctx.grad_input(1);
     GradOut db = ctx.has_input(2) ? ctx.grad_input(2) : GradOut{};
-    ctx.backend().conv2d_backward_weight(g, x, dy, dw.t, db.t, dw.accumulate, ctx.workspace());
     GradOut dx = ctx.grad_input(0);
-    if (dx.wanted) ctx.backend().conv2d_backward_data(g, dy, w, dx.t, dx.accumulate, ctx.workspace());
+    Backend& be = ctx.backend();
+    const Workspace ws = ctx.workspace();
+    const LayerQuant* q = ctx.quant();
+    if (!q) {
+      const Tensor dy = ctx.grad_output();
+      be.conv2d_backward_weight(g, ctx.saved(0, be.conv2d_weight_reads(g)), dy, dw.t, db.t, dw.accumulate, ws);
+      if (dx.wanted) be.conv2d_backward_data(g, dy, ctx.input(1), dx.t, dx.accumulate, ws);
+      return;
+    }
+    // The forward operands as the float kernels read them: f32 (FP32 forward) or dequantised codes.
+    auto x_f32 = [&] {
+      return q->int4_forward ? qops::dequantized(ctx, QuantSlot::X, QuantSlot::XF, ctx.quant_operand(QuantSlot::X).scale)
+                             : ctx.saved(0, be.conv2d_weight_reads(g));
+    };
+    auto w_f32 = [&] {
+      return q->int4_forward ? qops::dequantized(ctx, QuantSlot::W, QuantSlot::WF, ctx.quant_operand(QuantSlot::W).scale)
+                             : ctx.input(1);
+    };
+    const Tensor dy = ctx.grad_output();
+    if (q->backward == BackwardQuant::Fp32) {  // INT4 forward, FP32 backward (straight-through)
+      be.conv2d_backward_weight(g, x_f32(), dy, dw.t, db.t, dw.accumulate, ws);
+      if (dx.wanted) be.conv2d_backward_data(g, dy, w_f32(), dx.t, dx.accumulate, ws);
+      return;
+    }
+    // FP4 dL/dy: sample 0 feeds the data gradient; the weight and bias gradients average the SMP
+    // samples (each sample's codes carry alpha / smp).
+    const float alpha = qops::grad_alpha(ctx, dy);
+    const int smp = q->smp;
+    if (q->int4_forward && int_kernels()) {
+      const Tensor xq = ctx.quant_operand(QuantSlot::X), wq = ctx.quant_operand(QuantSlot::W);
+      Tensor gq = qops::quantize_grad(ctx, dy, alpha, 0);
+      if (dx.wanted) be.conv2d_backward_data_q(g, gq, wq, dx.t, dx.accumulate, ws);
+      for (int s = 0; s < smp; ++s) {
+        if (s > 0) gq = qops::quantize_grad(ctx, dy, alpha, s);
+        gq.scale = alpha / float(smp);
+        be.conv2d_backward_weight_q(g, xq, gq, dw.t, db.t, dw.accumulate || s > 0, ws);
+      }
+      return;
+    }
+    // No integer kernel here (FP32 forward, or depthwise): the float kernels on dequantised codes.
+    qops::quantize_grad(ctx, dy, alpha, 0);
+    if (dx.wanted) {
+      const Tensor gf = qops::dequantized(ctx, QuantSlot::G, QuantSlot::GF, alpha);
+      be.conv2d_backward_data(g, gf, w_f32(), dx.t, dx.accumulate, ws);
+    }
+    const Tensor x = x_f32();
+    for (int s = 0; s < smp; ++s) {
+      if (s > 0) qops::quantize_grad(ctx, dy, alpha, s);
+      const Tensor gf = qops::dequantized(ctx, QuantSlot::G, QuantSlot::GF, alpha / float(smp));
+      be.conv2d_backward_weight(g, x, gf, dw.t, db.t, dw.accumulate || s > 0, ws);
+    }
   }
 
  private:

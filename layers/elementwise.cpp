@@ -28,6 +28,7 @@ class FlattenOp final : public Op {
   const char* type() const override { return "flatten"; }
   OpClass op_class() const override { return OpClass::Reshape; }
   OutputZeros output_zeros() const override { return OutputZeros::AsInput0; }
+  bool output_nonnegative(bool in) const override { return in; }
   void forward(OpContext& ctx) override {
     Tensor y = ctx.output();
     ctx.backend().copy(ctx.input(0).reshaped(y.shape), y);

@@ -14,6 +14,7 @@ class MaxPoolOp final : public Op {
   OpClass op_class() const override { return OpClass::Pool; }
   std::vector<SaveSpec> saves() const override { return {{0, SaveKind::Full}}; }
   OutputZeros output_zeros() const override { return OutputZeros::AsInput0; }
+  bool output_nonnegative(bool in) const override { return in; }
   // The backward finds each window's maximum again in x, decoding it from the stash plane by plane.
   DTypeSet reads_stored(int, const Backend& b, int64_t) const override { return b.maxpool2d_backward_reads(); }
   size_t workspace_bytes(const Backend& b, int64_t batch) const override {
@@ -40,6 +41,7 @@ class AvgPoolOp final : public Op {
   explicit AvgPoolOp(const Conv2dGeom& g) : geom_(g) {}
   const char* type() const override { return "avgpool2d"; }
   OpClass op_class() const override { return OpClass::Pool; }
+  bool output_nonnegative(bool in) const override { return in; }
   void forward(OpContext& ctx) override {
     Tensor y = ctx.output();
     ctx.backend().avgpool2d_forward(geom_.with_batch(ctx.batch()), ctx.input(0), y);
@@ -58,6 +60,7 @@ class GlobalAvgPoolOp final : public Op {
  public:
   const char* type() const override { return "global_avgpool"; }
   OpClass op_class() const override { return OpClass::Pool; }
+  bool output_nonnegative(bool in) const override { return in; }
   void forward(OpContext& ctx) override {
     Tensor y = ctx.output();
     ctx.backend().global_avgpool_forward(ctx.input(0), y);

@@ -46,6 +46,22 @@ if [ -s "$T/full/metrics.jsonl" ] && [ "$(strip "$T/full/metrics.jsonl")" = "$(s
 else fail "resume differs: $(strip "$T/full/metrics.jsonl") vs $(strip "$T/part/metrics.jsonl")"; fi
 "$BIN" eval --config "$T/cfg.json" --checkpoint "$T/full/checkpoint_last.ckpt" | tail -1 | grep -q '"test_acc"' && pass "eval" || fail "eval"
 
+# --- 4-bit training (LUQ, SMP 2): trains, and a resumed run reproduces the uninterrupted one bit for bit
+Q=(--set quant.forward=int4 --set quant.backward=luq_fp4 --set quant.smp_samples=2)
+"$BIN" train --config "$T/cfg.json" "${Q[@]}" --out "$T/qfull" >"$T/qfull.log" 2>&1 && pass "train luq" || fail "train luq: $(tail -3 "$T/qfull.log")"
+"$BIN" train --config "$T/cfg.json" "${Q[@]}" --stop-after 1 --out "$T/qpart" >/dev/null 2>&1
+expect_error "resume a quantized run without quantization" "quant" "$BIN" train --config "$T/cfg.json" --out "$T/qpart" --resume
+"$BIN" train --config "$T/cfg.json" "${Q[@]}" --out "$T/qpart" --resume >/dev/null 2>&1 && pass "resume luq" || fail "resume luq"
+if [ -s "$T/qfull/metrics.jsonl" ] && [ "$(strip "$T/qfull/metrics.jsonl")" = "$(strip "$T/qpart/metrics.jsonl")" ]; then pass "luq resume equals uninterrupted"
+else fail "luq resume differs: $(strip "$T/qfull/metrics.jsonl") vs $(strip "$T/qpart/metrics.jsonl")"; fi
+expect_error "unknown quant mode" "quant.backward" "$BIN" train --config "$T/cfg.json" --set quant.backward=luq --out "$T/q1"
+expect_error "unknown quant layer" "quant.keep_fp32" "$BIN" train --config "$T/cfg.json" --set quant.forward=int4 --set 'quant.keep_fp32=["nope"]' --out "$T/q2"
+expect_error "smp_samples < 1" "quant.smp_samples" "$BIN" train --config "$T/cfg.json" --set quant.smp_samples=0 --out "$T/q3"
+expect_error "fnt_epochs >= epochs" "quant.fnt_epochs" "$BIN" train --config "$T/cfg.json" --set quant.fnt_epochs=2 --out "$T/q4"
+expect_error "grad_magnitudes 8" "quant.grad_magnitudes" "$BIN" train --config "$T/cfg.json" --set quant.grad_magnitudes=8 --out "$T/q5"
+expect_error "bad per-layer modes" "quant.layers.layer1.0.conv1" "$BIN" train --config "$T/cfg.json" --set 'quant.layers={"layer1.0.conv1": "int4"}' --out "$T/q6"
+for x in q1 q2 q3 q4 q5 q6; do [ -e "$T/$x" ] && fail "run folder $x created despite the error"; done
+
 # --- bad input
 printf '{"model": {"name": "resnet8",}' >"$T/bad.json"
 expect_error "malformed JSON" "$T/bad.json" "$BIN" train --config "$T/bad.json" --out "$T/x1"

@@ -45,12 +45,12 @@ void operator delete[](void* p, size_t) noexcept { std::free(p); }
 using namespace et;
 
 static long allocations_in_steps(const std::string& model, int64_t batch, StashFormat stash = StashFormat::DenseF32,
-                                 int checkpoint_every = 0, bool release_pages = false) {
+                                 int checkpoint_every = 0, bool release_pages = false, const QuantOptions& quant = {}) {
   StashOptions opt;
   opt.format = stash;
   opt.checkpoint_every = checkpoint_every;
   opt.release_pages = release_pages;
-  test::TinyTraining t(model, batch, opt, 3, 0, 1);
+  test::TinyTraining t(model, batch, opt, 3, 0, 1, quant);
   Executor& ex = *t.ex;
   auto step = [&](int s) {
     ex.set_step_seed(uint64_t(s));
@@ -84,4 +84,15 @@ TEST_CASE("training steps after the first allocate nothing", "[memory]") {
   CHECK(allocations_in_steps("resnet8", 16, StashFormat::DenseBF16) == 0);
   CHECK(allocations_in_steps("resnet8", 16, StashFormat::BitmapF16, 1, true) == 0);  // recompute, release
   CHECK(allocations_in_steps("mobilenetv2", 4, StashFormat::BitmapF32, 2) == 0);
+  // 4-bit training: codes, scales and dequantised copies are planned buffers too.
+  QuantOptions luq;
+  luq.forward = ForwardQuant::Int4;
+  luq.backward = BackwardQuant::LuqFp4;
+  luq.smp_samples = 2;
+  CHECK(allocations_in_steps("resnet8", 16, StashFormat::DenseF32, 0, false, luq) == 0);
+  CHECK(allocations_in_steps("vgg11_bn", 8, StashFormat::BitmapF16, 0, false, luq) == 0);
+  CHECK(allocations_in_steps("mobilenetv2", 4, StashFormat::DenseF32, 0, false, luq) == 0);  // depthwise fallback
+  QuantOptions fwd_only = luq;
+  fwd_only.backward = BackwardQuant::Fp32;
+  CHECK(allocations_in_steps("resnet8", 16, StashFormat::BitmapF32, 1, false, fwd_only) == 0);
 }

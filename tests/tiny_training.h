@@ -19,13 +19,13 @@ struct TinyTraining {
 
   // `side` 0: the model's default input size. Labels are (i * label_step) % 10.
   TinyTraining(const std::string& model, int64_t batch, const StashOptions& opt, uint64_t init_seed,
-               int64_t side = 0, int label_step = 3) {
+               int64_t side = 0, int label_step = 3, const QuantOptions& quant = {}) {
     ModelSpec spec;
     spec.name = model;
     spec.batch = batch;
     if (side > 0) spec.height = spec.width = side;
     build_model(g, spec);
-    ex = std::make_unique<Executor>(g, *be, 1, opt);
+    ex = std::make_unique<Executor>(g, *be, 1, opt, quant);
     init_parameters(*ex, init_seed);
     params = g.params();
     Tensor x = ex->value(g.image_input);

@@ -121,7 +121,7 @@ void Trainer::build() {
 
   build_model(graph_, cfg_.model);
   backend_ = make_cpu_backend();
-  executor_ = std::make_unique<Executor>(graph_, *backend_, 1, cfg_.stash_options());
+  executor_ = std::make_unique<Executor>(graph_, *backend_, 1, cfg_.stash_options(), cfg_.quant_options());
   init_parameters(*executor_, cfg_.train.seed);
   params_ = graph_.params();
   state_.model = cfg_.model.name;
@@ -133,6 +133,7 @@ Trainer::~Trainer() = default;
 void Trainer::train_step(int64_t batch, float lr) {
   Executor& ex = *executor_;
   ex.set_step_seed(mix(cfg_.train.seed, uint64_t(state_.step)));
+  ex.set_step(state_.step);
   ex.forward(batch, true);
   uss_.sample();  // activations peak at the end of forward
   ex.backward();

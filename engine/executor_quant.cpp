@@ -1,0 +1,84 @@
+// Planning pass for 4-bit training (docs/quant.md): the operand buffers of each quantized conv /
+// linear node, planned by lifetime like any other buffer, so a quantized step allocates nothing.
+//
+//   X  INT4 codes of the input (1 byte each): forward -> backward. With an INT4 forward this is
+//      what the node keeps for its weight gradient instead of the f32 input (plan_saves drops
+//      that save): 4x less than a dense fp32 stash entry, and exactly the operand the integer
+//      weight-gradient kernel reads.
+//   W  INT4 codes of the weight: forward -> backward (the data gradient's operand).
+//   G  FP4 codes of the output gradient: the node's backward only.
+//   XF / WF / GF  f32 dequantised copies, only where a float kernel consumes a quantized operand:
+//      depthwise convs (no integer kernel), an FP32 backward after an INT4 forward, an FP4
+//      backward after an FP32 forward.
+#include "engine/executor.h"
+#include "engine/executor_plan_state.h"
+
+namespace et {
+
+std::vector<Executor::PlannedBuffer> Executor::plan_quant_operands(const PlanState& st) {
+  qbufs_.assign(size_t(st.nn), {});
+  quant_owner_.clear();
+  quant_workspace_ = 0;
+  std::vector<PlannedBuffer> out;
+  for (int n = 0; n < st.nn; ++n) {
+    const LayerQuant& q = quant_[size_t(n)];
+    if (!q.on()) continue;
+    const Node& node = graph_.node(n);
+    const bool bwd = needs_backward_[size_t(n)] != 0;
+    const bool ints = node.op->int_kernels();
+    const int fwd_t = n, bwd_t = bwd ? st.bwd_t[size_t(n)] : n;
+    const int64_t nx = graph_.value(node.inputs[0]).shape.numel(), nw = graph_.value(node.inputs[1]).shape.numel();
+    const int64_t ny = graph_.value(node.output).shape.numel();
+    auto add = [&](QuantSlot s, int64_t bytes, int first, int last) {
+      PlannedBuffer b;
+      b.request = BufferRequest{Arena::align_up(size_t(bytes)), first, last};
+      b.value = s == QuantSlot::W || s == QuantSlot::WF ? node.inputs[1] : node.inputs[0];
+      b.role = PlannedBuffer::Role::Extra;
+      out.push_back(b);
+      quant_owner_.emplace_back(n, s);
+    };
+    const bool float_fwd = q.int4_forward && !ints;  // dequantised operands in the forward
+    const bool float_bwd = bwd && q.int4_forward && (q.backward == BackwardQuant::Fp32 || !ints);
+    if (q.int4_forward) {
+      add(QuantSlot::X, nx, fwd_t, bwd_t);
+      add(QuantSlot::W, nw, fwd_t, bwd_t);
+    }
+    if (float_fwd || float_bwd) {
+      add(QuantSlot::XF, nx * 4, float_fwd ? fwd_t : bwd_t, float_bwd ? bwd_t : fwd_t);
+      add(QuantSlot::WF, nw * 4, float_fwd ? fwd_t : bwd_t, float_bwd ? bwd_t : fwd_t);
+    }
+    if (bwd && q.backward != BackwardQuant::Fp32) {
+      add(QuantSlot::G, ny, bwd_t, bwd_t);
+      if (!q.int4_forward || !ints) add(QuantSlot::GF, ny * 4, bwd_t, bwd_t);
+    }
+    if (ints && q.int4_forward) quant_workspace_ = std::max(quant_workspace_, node.op->quant_workspace_bytes(backend_, st.max_batch));
+  }
+  return out;
+}
+
+void Executor::bind_quant_operands(const PlanState& st, size_t first_extra) {
+  for (size_t i = 0; i < quant_owner_.size(); ++i) {
+    const auto [n, s] = quant_owner_[i];
+    const Node& node = graph_.node(n);
+    const LayerQuant& q = quant_[size_t(n)];
+    const bool weight = s == QuantSlot::W || s == QuantSlot::WF;
+    const int value = s == QuantSlot::G || s == QuantSlot::GF ? node.output : weight ? node.inputs[1] : node.inputs[0];
+    DType t = DType::F32;
+    if (s == QuantSlot::X) t = q.input_unsigned ? DType::U4 : DType::I4;
+    if (s == QuantSlot::W) t = DType::I4;
+    if (s == QuantSlot::G) t = DType::F4;
+    qbufs_[size_t(n)][size_t(s)] =
+        Tensor::contiguous(arena_.at(st.buffers[first_extra + i].offset), graph_.value(value).shape, t);
+  }
+  report_.quant_operands = 0;
+  for (size_t i = first_extra; i < st.buffers.size(); ++i) report_.quant_operands += st.buffers[i].request.bytes;
+}
+
+Tensor OpContext::quant_operand(QuantSlot s) const {
+  const Tensor& t = ex_.qbufs_[size_t(node_id_)][size_t(s)];
+  ET_CHECK(t.defined(), "node ", node_.name, " has no planned quant operand ", int(s));
+  const bool batched = s != QuantSlot::W && s != QuantSlot::WF;
+  return batched ? t.with_batch(ex_.batch_) : t;
+}
+
+}  // namespace et

@@ -1,0 +1,49 @@
+#include "layers/quantized.h"
+
+#include "quant/scales.h"
+
+namespace et::qops {
+
+namespace {
+Tensor quantize_int4(OpContext& ctx, const Tensor& t, QuantSlot slot, const char* what) {
+  const TensorStats s = ctx.backend().tensor_stats(t);
+  if (!s.finite)
+    user_error("layer '", ctx.node().name, "': non-finite ", what, " at training step ", ctx.step(),
+               " (INT4 forward): the training diverged");
+  Tensor q = ctx.quant_operand(slot);
+  q.scale = quant::sawb_scale(s, t.numel(), q.dtype == DType::U4);
+  ctx.set_quant_scale(slot, q.scale);
+  ctx.backend().quantize_int4(t, q);
+  return q;
+}
+}  // namespace
+
+Tensor quantize_input(OpContext& ctx, const Tensor& x) { return quantize_int4(ctx, x, QuantSlot::X, "input"); }
+Tensor quantize_weight(OpContext& ctx, const Tensor& w) { return quantize_int4(ctx, w, QuantSlot::W, "weight"); }
+
+Tensor dequantized(OpContext& ctx, QuantSlot codes, QuantSlot f32, float scale) {
+  Tensor q = ctx.quant_operand(codes);
+  q.scale = scale;
+  Tensor y = ctx.quant_operand(f32);
+  ctx.backend().dequantize(q, y);
+  return y;
+}
+
+float grad_alpha(OpContext& ctx, const Tensor& dy) {
+  const TensorStats s = ctx.backend().tensor_stats(dy);
+  if (!s.finite)
+    user_error("layer '", ctx.node().name, "': non-finite output gradient at training step ", ctx.step(), " (quant.backward = ",
+               backward_quant_name(ctx.quant()->backward), "): the training diverged; lower train.lr");
+  return quant::fp4_alpha(s.max_abs, ctx.quant()->levels);
+}
+
+Tensor quantize_grad(OpContext& ctx, const Tensor& dy, float alpha, int sample) {
+  const LayerQuant& q = *ctx.quant();
+  Tensor g = ctx.quant_operand(QuantSlot::G);
+  g.scale = alpha;
+  const Fp4Rounding mode = q.backward == BackwardQuant::LuqFp4 ? Fp4Rounding::Stochastic : Fp4Rounding::Nearest;
+  ctx.backend().quantize_fp4(dy, q.levels, mode, ctx.quant_rng(sample), g);
+  return g;
+}
+
+}  // namespace et::qops
