@@ -206,28 +206,16 @@ std::vector<StashFormat> Executor::stash_formats(const std::vector<int>& first_s
 // a compressed save every reader takes as stored gets no buffer.
 void Executor::plan_decode_buffers(PlanState& st) {
   std::vector<uint8_t> needs_decode(size_t(st.nv), 0);
-  auto stored_dtypes = [](StashFormat f) -> DTypeSet {
-    switch (f) {
-      case StashFormat::DenseF32: return dtype_bit(DType::F32);
-      case StashFormat::DenseF16: return dtype_bit(DType::F16);
-      case StashFormat::DenseBF16: return dtype_bit(DType::BF16);
-      case StashFormat::BitmapF32: return dtype_bit(DType::BitmapF32);
-      case StashFormat::BitmapF16: return dtype_bit(DType::BitmapF16);
-      case StashFormat::Auto: return dtype_bit(DType::BitmapF32) | dtype_bit(DType::F32);
-    }
-    return 0;
-  };
-  constexpr DTypeSet kMaskFromStored =
-      dtype_bit(DType::F32) | dtype_bit(DType::BitmapF32) | dtype_bit(DType::BitmapF16);
+  const DTypeSet mask_reads = stash_mask_dtypes();
   std::vector<DTypeSet> stored(size_t(st.nv), 0);
-  for (const SavedValue& sv : st.saved) stored[size_t(sv.value)] = stored_dtypes(sv.format);
+  for (const SavedValue& sv : st.saved) stored[size_t(sv.value)] = stash_format_dtypes(sv.format);
   for (int n = 0; n < st.nn; ++n) {
     const Node& node = graph_.node(n);
     const auto& specs = save_specs_[size_t(n)];
     for (size_t i = 0; i < specs.size(); ++i) {
       const int id = specs[i].input < 0 ? node.output : node.inputs[size_t(specs[i].input)];
       // A mask reads the bitmap, or the f32 values (a dense 16-bit copy decodes for it).
-      const DTypeSet reads = specs[i].kind == SaveKind::Mask ? kMaskFromStored
+      const DTypeSet reads = specs[i].kind == SaveKind::Mask ? mask_reads
                              : precision_->identity()        ? node.op->reads_stored(int(i), backend_, st.max_batch)
                                                              : dtype_bit(DType::F32);
       if ((stored[size_t(id)] & ~reads) != 0) needs_decode[size_t(id)] = 1;
