@@ -67,6 +67,7 @@ class Executor {
   Tensor value(int id) const;  // current view (batch applied)
   Tensor grad(int id) const;
   Tensor opt_slot(int param_id, int slot) const;
+  const std::vector<int>& params() const { return params_; }  // Graph::params(), cached
   float loss() const;
 
   void set_step_seed(uint64_t s) { step_seed_ = s; }
@@ -142,6 +143,7 @@ class Executor {
   Arena arena_;
   std::vector<Tensor> data_, grads_;           // full-batch views, one per value
   std::vector<std::vector<Tensor>> slots_;     // optimizer slots per value (params only)
+  std::vector<int> params_;                    // parameter value ids, in creation order
   std::vector<uint8_t> needs_backward_;        // per node
   std::vector<std::vector<SaveSpec>> save_specs_;  // per node, cached: Op::saves() allocates
   std::vector<uint8_t> grad_written_;          // per value, reset each backward

@@ -75,6 +75,7 @@ void Executor::plan() {
   st.nn = graph_.num_nodes();
   st.max_batch = graph_.batch_size();
   ET_CHECK(st.max_batch > 0, "graph batch size not set");
+  params_ = graph_.params();
 
   plan_needs_backward();
   plan_saves(st);
@@ -102,7 +103,7 @@ void Executor::plan_needs_backward() {
     graph_.value(node.output).needs_grad = any;
     needs_backward_[size_t(n)] = any;
   }
-  for (int p : graph_.params()) graph_.value(p).needs_grad = true;
+  for (int p : params_) graph_.value(p).needs_grad = true;
 }
 
 // Saved values: the first saving consumer pushes (its backward is the last reader and pops),
