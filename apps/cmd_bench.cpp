@@ -50,7 +50,7 @@ int cmd_bench_step(const BenchStepArgs& a) {
   Graph g;
   build_model(g, cfg.model);
   auto backend = make_cpu_backend();
-  Executor ex(g, *backend, 1, cfg.stash_options());
+  Executor ex(g, *backend, cfg.stash_options());
   init_parameters(ex, cfg.train.seed);
   const int64_t n = cfg.train.batch_size;
 

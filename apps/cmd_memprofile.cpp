@@ -132,7 +132,7 @@ int cmd_memprofile(const MemProfileArgs& a) {
   Graph g;
   build_model(g, cfg.model);
   auto backend = make_cpu_backend();
-  Executor ex(g, *backend, 1, cfg.stash_options());
+  Executor ex(g, *backend, cfg.stash_options());
   init_parameters(ex, cfg.train.seed);
   if (!a.checkpoint.empty()) load_checkpoint(a.checkpoint, ex, cfg.model.name);
   std::copy(images.begin(), images.end(), ex.value(g.image_input).f32());

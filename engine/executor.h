@@ -1,7 +1,9 @@
-// Executor: runs a Graph on a Backend. Before the first step it plans every buffer (params,
-// gradients, optimizer slots, activations, saved tensors, workspace) into one arena, so a step
-// allocates nothing. Forward runs nodes in order and pushes what each op saves into the stash;
-// backward runs them in reverse, reading the stash, with dL/dloss = 1.
+// Executor: runs a Graph on a Backend. On construction it plans every buffer of a training step
+// (params, gradients, optimizer slots, activations, activation gradients, decode and recompute
+// buffers, workspace) into one arena (executor_plan.cpp), so a step allocates nothing. Forward
+// runs nodes in order and pushes what each op saves into the stash (memory/stash.h) in its
+// planned format; backward runs them in reverse with dL/dloss = 1, reading the stash, after
+// running each recompute segment's forward again (checkpoint_every).
 #pragma once
 #include <memory>
 #include <vector>
@@ -52,8 +54,10 @@ struct MemoryReport {
 
 class Executor {
  public:
-  // `optimizer_slots`: persistent per-parameter buffers the optimizer needs (1 for SGD momentum).
-  Executor(Graph& graph, Backend& backend, int optimizer_slots = 1, const StashOptions& stash = {});
+  // Persistent per-parameter buffers of the optimizer: SGD's momentum (engine/train/optimizer.h).
+  static constexpr int kOptimizerSlots = 1;
+
+  Executor(Graph& graph, Backend& backend, const StashOptions& stash = {});
   ~Executor();
 
   Graph& graph() { return graph_; }
@@ -149,7 +153,6 @@ class Executor {
   std::vector<uint8_t> grad_written_;          // per value, reset each backward
   Workspace workspace_;
   MemoryReport report_;
-  int optimizer_slots_;
   int64_t batch_ = 0;
   bool training_ = false;
   uint64_t step_seed_ = 0;

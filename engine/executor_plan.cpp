@@ -280,8 +280,8 @@ void Executor::plan_persistent(PlanState& st) {
       case ValueKind::Param:
         st.data_offset[size_t(id)] = st.persistent; st.persistent += bytes; report_.params += bytes;
         st.grad_offset[size_t(id)] = st.persistent; st.persistent += bytes; report_.grads += bytes;
-        st.slot_offset[size_t(id)] = st.persistent; st.persistent += bytes * size_t(optimizer_slots_);
-        report_.optimizer += bytes * size_t(optimizer_slots_);
+        st.slot_offset[size_t(id)] = st.persistent; st.persistent += bytes * size_t(kOptimizerSlots);
+        report_.optimizer += bytes * size_t(kOptimizerSlots);
         break;
       case ValueKind::Buffer:
         st.data_offset[size_t(id)] = st.persistent; st.persistent += bytes; report_.buffers += bytes;
@@ -422,7 +422,7 @@ void Executor::bind_views(PlanState& st) {
     if (v.kind == ValueKind::Param) {
       grads_[size_t(id)] = Tensor::contiguous(arena_.at(st.grad_offset[size_t(id)]), v.shape, v.dtype);
       const size_t slot_bytes = Arena::align_up(size_t(v.shape.numel()) * dtype_size(v.dtype));
-      for (int s = 0; s < optimizer_slots_; ++s)
+      for (int s = 0; s < kOptimizerSlots; ++s)
         slots_[size_t(id)].push_back(
             Tensor::contiguous(arena_.at(st.slot_offset[size_t(id)] + size_t(s) * slot_bytes), v.shape, v.dtype));
     }

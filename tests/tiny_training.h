@@ -25,7 +25,7 @@ struct TinyTraining {
     spec.batch = batch;
     if (side > 0) spec.height = spec.width = side;
     build_model(g, spec);
-    ex = std::make_unique<Executor>(g, *be, 1, opt);
+    ex = std::make_unique<Executor>(g, *be, opt);
     init_parameters(*ex, init_seed);
     Tensor x = ex->value(g.image_input);
     for (int64_t i = 0; i < x.numel(); ++i) x.f32()[i] = float((i * 2654435761u) % 2001) / 1000.f - 1.f;

@@ -122,7 +122,7 @@ void Trainer::build() {
 
   build_model(graph_, cfg_.model);
   backend_ = make_cpu_backend();
-  executor_ = std::make_unique<Executor>(graph_, *backend_, 1, cfg_.stash_options());
+  executor_ = std::make_unique<Executor>(graph_, *backend_, cfg_.stash_options());
   init_parameters(*executor_, cfg_.train.seed);
   state_.model = cfg_.model.name;
   state_.seed = cfg_.train.seed;
