@@ -12,6 +12,7 @@
 #include "engine/config.h"
 #include "engine/executor.h"
 #include "engine/init.h"
+#include "engine/train/optimizer.h"
 #include "memory/uss.h"
 
 namespace et::app {
@@ -49,7 +50,7 @@ int cmd_bench_step(const BenchStepArgs& a) {
   Graph g;
   build_model(g, cfg.model);
   auto backend = make_cpu_backend();
-  Executor ex(g, *backend, 1, cfg.stash_options(), cfg.quant_options());
+  Executor ex(g, *backend, cfg.stash_options(), cfg.quant_options());
   init_parameters(ex, cfg.train.seed);
   const int64_t n = cfg.train.batch_size;
 
@@ -61,17 +62,14 @@ int cmd_bench_step(const BenchStepArgs& a) {
   Tensor y = ex.value(g.label_input);
   for (int64_t i = 0; i < n; ++i) y.i32()[i] = int32_t(rng() % uint64_t(cfg.model.num_classes));
 
-  const auto params = g.params();
+  const SgdOptions sgd = sgd_options(cfg.train);
   UssPeak uss;
   auto step = [&](int64_t s) {
     ex.set_step_seed(uint64_t(s));
     ex.forward(n, true);
     uss.sample();
     ex.backward();
-    for (int p : params) {
-      Tensor w = ex.value(p), m = ex.opt_slot(p, 0);
-      backend->sgd_step(w, ex.grad(p), m, 0.01f, cfg.train.momentum, cfg.train.weight_decay, cfg.train.nesterov, s == 0);
-    }
+    sgd_update(ex, sgd, 0.01f, s == 0);
   };
   for (int s = 0; s < a.warmup; ++s) step(s);
   if (a.profile) ex.set_timing(true);

@@ -18,6 +18,7 @@
 #include "engine/executor.h"
 #include "engine/init.h"
 #include "engine/train/checkpoint.h"
+#include "engine/train/optimizer.h"
 #include "memory/uss.h"
 
 namespace et::app {
@@ -131,7 +132,7 @@ int cmd_memprofile(const MemProfileArgs& a) {
   Graph g;
   build_model(g, cfg.model);
   auto backend = make_cpu_backend();
-  Executor ex(g, *backend, 1, cfg.stash_options(), cfg.quant_options());
+  Executor ex(g, *backend, cfg.stash_options(), cfg.quant_options());
   init_parameters(ex, cfg.train.seed);
   if (!a.checkpoint.empty()) load_checkpoint(a.checkpoint, ex, cfg.model.name);
   std::copy(images.begin(), images.end(), ex.value(g.image_input).f32());
@@ -140,7 +141,8 @@ int cmd_memprofile(const MemProfileArgs& a) {
   UssRecorder uss(g.num_nodes());
   ex.set_observer(&uss);
   ex.stash().set_count_zero_copy(true);
-  const auto params = g.params();
+  SgdOptions sgd = sgd_options(cfg.train);
+  sgd.weight_decay = 0.f;  // with lr 0 below: the profiled weights stay as loaded
   for (int s = 0; s < a.steps; ++s) {
     const bool last = s == a.steps - 1;
     uss.active = last;
@@ -152,10 +154,7 @@ int cmd_memprofile(const MemProfileArgs& a) {
     ex.forward(n, true);
     ex.backward();
     // lr 0: the profiled weights stay those of the checkpoint (or the initialisation).
-    for (int p : params) {
-      Tensor w = ex.value(p), m = ex.opt_slot(p, 0);
-      backend->sgd_step(w, ex.grad(p), m, 0.f, cfg.train.momentum, 0.f, cfg.train.nesterov, s == 0);
-    }
+    sgd_update(ex, sgd, 0.f, s == 0);
   }
   ex.set_observer(nullptr);
 

@@ -20,9 +20,8 @@ uint64_t mix64(uint64_t x) {  // splitmix64 finaliser
 }
 }  // namespace
 
-Executor::Executor(Graph& graph, Backend& backend, int optimizer_slots, const StashOptions& stash,
-                   const QuantOptions& quant)
-    : graph_(graph), backend_(backend), stash_options_(stash), quant_options_(quant), optimizer_slots_(optimizer_slots) {
+Executor::Executor(Graph& graph, Backend& backend, const StashOptions& stash, const QuantOptions& quant)
+    : graph_(graph), backend_(backend), stash_options_(stash), quant_options_(quant) {
   plan();
 }
 

@@ -1,7 +1,9 @@
-// Executor: runs a Graph on a Backend. Before the first step it plans every buffer (params,
-// gradients, optimizer slots, activations, saved tensors, workspace) into one arena, so a step
-// allocates nothing. Forward runs nodes in order and pushes what each op saves into the stash;
-// backward runs them in reverse, reading the stash, with dL/dloss = 1.
+// Executor: runs a Graph on a Backend. On construction it plans every buffer of a training step
+// (params, gradients, optimizer slots, activations, activation gradients, decode and recompute
+// buffers, workspace) into one arena (executor_plan.cpp), so a step allocates nothing. Forward
+// runs nodes in order and pushes what each op saves into the stash (memory/stash.h) in its
+// planned format; backward runs them in reverse with dL/dloss = 1, reading the stash, after
+// running each recompute segment's forward again (checkpoint_every).
 #pragma once
 #include <array>
 #include <memory>
@@ -61,9 +63,10 @@ struct MemoryReport {
 
 class Executor {
  public:
-  // `optimizer_slots`: persistent per-parameter buffers the optimizer needs (1 for SGD momentum).
-  Executor(Graph& graph, Backend& backend, int optimizer_slots = 1, const StashOptions& stash = {},
-           const QuantOptions& quant = {});
+  // Persistent per-parameter buffers of the optimizer: SGD's momentum (engine/train/optimizer.h).
+  static constexpr int kOptimizerSlots = 1;
+
+  Executor(Graph& graph, Backend& backend, const StashOptions& stash = {}, const QuantOptions& quant = {});
   ~Executor();
 
   Graph& graph() { return graph_; }
@@ -77,6 +80,7 @@ class Executor {
   Tensor value(int id) const;  // current view (batch applied)
   Tensor grad(int id) const;
   Tensor opt_slot(int param_id, int slot) const;
+  const std::vector<int>& params() const { return params_; }  // Graph::params(), cached
   float loss() const;
 
   void set_step_seed(uint64_t s) { step_seed_ = s; }
@@ -158,12 +162,12 @@ class Executor {
   Arena arena_;
   std::vector<Tensor> data_, grads_;           // full-batch views, one per value
   std::vector<std::vector<Tensor>> slots_;     // optimizer slots per value (params only)
+  std::vector<int> params_;                    // parameter value ids, in creation order
   std::vector<uint8_t> needs_backward_;        // per node
   std::vector<std::vector<SaveSpec>> save_specs_;  // per node, cached: Op::saves() allocates
   std::vector<uint8_t> grad_written_;          // per value, reset each backward
   Workspace workspace_;
   MemoryReport report_;
-  int optimizer_slots_;
   int64_t batch_ = 0;
   bool training_ = false;
   uint64_t step_seed_ = 0;

@@ -22,6 +22,7 @@ void Executor::plan() {
   st.nn = graph_.num_nodes();
   st.max_batch = graph_.batch_size();
   ET_CHECK(st.max_batch > 0, "graph batch size not set");
+  params_ = graph_.params();
 
   quant_ = resolve_quant(graph_, quant_options_);
   plan_needs_backward();
@@ -52,7 +53,7 @@ void Executor::plan_needs_backward() {
     graph_.value(node.output).needs_grad = any;
     needs_backward_[size_t(n)] = any;
   }
-  for (int p : graph_.params()) graph_.value(p).needs_grad = true;
+  for (int p : params_) graph_.value(p).needs_grad = true;
 }
 
 // Saved values: the first saving consumer pushes (its backward is the last reader and pops),
@@ -163,28 +164,16 @@ std::vector<StashFormat> Executor::stash_formats(const std::vector<int>& first_s
 // as stored gets no buffer.
 void Executor::plan_decode_buffers(PlanState& st) {
   std::vector<uint8_t> needs_decode(size_t(st.nv), 0);
-  auto stored_dtypes = [](StashFormat f) -> DTypeSet {
-    switch (f) {
-      case StashFormat::DenseF32: return dtype_bit(DType::F32);
-      case StashFormat::DenseF16: return dtype_bit(DType::F16);
-      case StashFormat::DenseBF16: return dtype_bit(DType::BF16);
-      case StashFormat::BitmapF32: return dtype_bit(DType::BitmapF32);
-      case StashFormat::BitmapF16: return dtype_bit(DType::BitmapF16);
-      case StashFormat::Auto: return dtype_bit(DType::BitmapF32) | dtype_bit(DType::F32);
-    }
-    return 0;
-  };
-  constexpr DTypeSet kMaskFromStored =
-      dtype_bit(DType::F32) | dtype_bit(DType::BitmapF32) | dtype_bit(DType::BitmapF16);
+  const DTypeSet mask_reads = stash_mask_dtypes();
   std::vector<DTypeSet> stored(size_t(st.nv), 0);
-  for (const SavedValue& sv : st.saved) stored[size_t(sv.value)] = stored_dtypes(sv.format);
+  for (const SavedValue& sv : st.saved) stored[size_t(sv.value)] = stash_format_dtypes(sv.format);
   for (int n = 0; n < st.nn; ++n) {
     const Node& node = graph_.node(n);
     const auto& specs = save_specs_[size_t(n)];
     for (size_t i = 0; i < specs.size(); ++i) {
       const int id = specs[i].input < 0 ? node.output : node.inputs[size_t(specs[i].input)];
       // A mask reads the bitmap, or the f32 values (a dense 16-bit copy decodes for it).
-      const DTypeSet reads = specs[i].kind == SaveKind::Mask ? kMaskFromStored
+      const DTypeSet reads = specs[i].kind == SaveKind::Mask ? mask_reads
                                                              : node.op->reads_stored(int(i), backend_, st.max_batch);
       if ((stored[size_t(id)] & ~reads) != 0) needs_decode[size_t(id)] = 1;
     }
@@ -244,8 +233,8 @@ void Executor::plan_persistent(PlanState& st) {
       case ValueKind::Param:
         st.data_offset[size_t(id)] = st.persistent; st.persistent += bytes; report_.params += bytes;
         st.grad_offset[size_t(id)] = st.persistent; st.persistent += bytes; report_.grads += bytes;
-        st.slot_offset[size_t(id)] = st.persistent; st.persistent += bytes * size_t(optimizer_slots_);
-        report_.optimizer += bytes * size_t(optimizer_slots_);
+        st.slot_offset[size_t(id)] = st.persistent; st.persistent += bytes * size_t(kOptimizerSlots);
+        report_.optimizer += bytes * size_t(kOptimizerSlots);
         break;
       case ValueKind::Buffer:
         st.data_offset[size_t(id)] = st.persistent; st.persistent += bytes; report_.buffers += bytes;
@@ -387,7 +376,7 @@ void Executor::bind_views(PlanState& st) {
     if (v.kind == ValueKind::Param) {
       grads_[size_t(id)] = Tensor::contiguous(arena_.at(st.grad_offset[size_t(id)]), v.shape, v.dtype);
       const size_t slot_bytes = Arena::align_up(size_t(v.shape.numel()) * dtype_size(v.dtype));
-      for (int s = 0; s < optimizer_slots_; ++s)
+      for (int s = 0; s < kOptimizerSlots; ++s)
         slots_[size_t(id)].push_back(
             Tensor::contiguous(arena_.at(st.slot_offset[size_t(id)] + size_t(s) * slot_bytes), v.shape, v.dtype));
     }

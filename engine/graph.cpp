@@ -31,14 +31,6 @@ int Graph::add_node(std::string name, std::unique_ptr<Op> op, std::vector<int> i
   return nodes_.back().output;
 }
 
-std::string Graph::unique_name(const std::string& prefix) const {
-  if (find_value(prefix) < 0) return prefix;
-  for (int i = 2;; ++i) {
-    std::string s = prefix + "_" + std::to_string(i);
-    if (find_value(s) < 0) return s;
-  }
-}
-
 int Graph::find_value(const std::string& name) const {
   for (size_t i = 0; i < values_.size(); ++i)
     if (values_[i].name == name) return int(i);

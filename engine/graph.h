@@ -56,8 +56,6 @@ class Graph {
   int num_nodes() const { return int(nodes_.size()); }
   const std::vector<Node>& nodes() const { return nodes_; }
 
-  // Unique, human-readable name for a new layer: "<prefix>" if free, else "<prefix>_2", ...
-  std::string unique_name(const std::string& prefix) const;
   int find_value(const std::string& name) const;  // -1 if absent
 
   std::vector<int> params() const;   // in creation order

@@ -1,6 +1,7 @@
-// Op: one layer's forward and backward, plus what it tells the executor, the memory planner and
-// (later) the fusion scheduler about itself. Each op family lives in layers/<family>.cpp with its
-// builder, forward and backward side by side; kernels live in the backend.
+// Op: one layer's forward and backward, plus what it tells the executor and its memory planner
+// about itself (what it saves for backward, how it reads saved values, its scratch, in-place
+// gradients) and, for a fusion scheduler, its class. Each op family lives in layers/<family>.cpp
+// with its builder, forward and backward side by side; kernels live in the backend.
 #pragma once
 #include <cstdint>
 #include <vector>
@@ -13,12 +14,13 @@ namespace et {
 class OpContext;
 
 // How ops group for depth-first fusion (BrainSlug): runs of Elementwise ops with at most one Pool
-// between Compute ops form a stack a scheduler can tile. Normalize (BN) needs a batch reduction and
-// splits into statistics + element-wise apply.
+// between Compute ops form a stack a scheduler could tile (none does yet). Normalize (BN) needs a
+// batch reduction and splits into statistics + element-wise apply. The executor's recompute
+// segments start at Compute ops and end before the Loss.
 enum class OpClass : uint8_t { Compute, Normalize, Elementwise, Pool, Reshape, Loss };
 
-// What an op keeps for its backward. The stash decides the storage format (dense now; bitmap,
-// FP16 or 4-bit later) without op code changing.
+// What an op keeps for its backward. The stash decides the storage format (dense fp32 / fp16 /
+// bf16, bitmap, auto: memory/stash_format.h) without op code changing.
 enum class SaveKind : uint8_t {
   Full,  // every element is needed (conv input for the weight gradient, BN input)
   Mask,  // only "is > 0" is needed (ReLU output): 1 bit per element suffices
@@ -52,8 +54,6 @@ class Op {
   }
   // Scratch needed by forward / backward on `backend` for the graph's batch size.
   virtual size_t workspace_bytes(const Backend& backend, int64_t batch) const { return 0; }
-  // True if the output may share memory with input 0 (pure reshapes).
-  virtual bool output_aliases_input() const { return false; }
   virtual OutputZeros output_zeros() const { return OutputZeros::None; }
   // Whether every output element is >= 0 given whether input 0's are (ReLU: always; pooling,
   // flatten, dropout: as their input). Decides unsigned INT4 codes for a quantized consumer.

@@ -4,12 +4,8 @@
 // consumer's backward (the last reader), so pushes and pops are LIFO and the stash is a stack
 // (recomputation pushes a segment's values again above ones it kept; see Stash::pop).
 //
-// Formats (per value; memory.stash globally, memory.layers per layer):
-//   dense_fp32   the forward buffer itself is kept (zero copy): exact, the baseline;
-//   dense_fp16 / dense_bf16   converted copies (lossy);
-//   bitmap_fp32 / bitmap_fp16 BitTrain: 1 bit per element + the non-zero values (fp32 exact);
-//   auto         per tensor the smaller exact one of bitmap_fp32 and a dense fp32 copy.
-// The executor applies a global bitmap format / auto only to values with zeros by construction
+// Formats (per value; memory.stash globally, memory.layers per layer) and the encodings they
+// store: memory/stash_format.h. The executor applies a global bitmap format / auto only to values with zeros by construction
 // (ReLU outputs...); others keep the dense format of the same precision (executor_plan.cpp).
 // A value only ever read as a mask (a ReLU output nobody else saves) is stored as its bitmap
 // alone in every format but dense_fp32; the ReLU backward reads that bitmap as its mask.
@@ -23,13 +19,9 @@
 #include "backends/backend.h"
 #include "engine/op.h"
 #include "memory/arena.h"
+#include "memory/stash_format.h"
 
 namespace et {
-
-enum class StashFormat : uint8_t { DenseF32, DenseF16, DenseBF16, BitmapF32, BitmapF16, Auto };
-const char* stash_format_name(StashFormat f);
-bool parse_stash_format(const std::string& s, StashFormat* out);
-std::string stash_format_names();  // "dense_fp32, dense_fp16, ..." for messages
 
 // One value the stash will hold, as planned by the executor.
 struct SavedValue {
@@ -43,7 +35,7 @@ struct SavedValue {
 
 // What the last push stored for a value (for the memory profile).
 struct StashRecord {
-  const char* stored_as = "";  // "fp32 (zero copy)", "bitmap+fp32", "bits (mask)", ...
+  const char* stored_as = "";  // StashEncodingInfo::display: "fp32 (zero copy)", "bits (mask)", ...
   size_t bytes = 0;            // bytes in the stash region (zero-copy: the forward buffer's)
   int64_t numel = 0, nonzero = 0;  // nonzero -1: not counted (zero copy outside a profile)
 };
@@ -84,9 +76,8 @@ class Stash {
   double unpack_seconds() const { return unpack_s_; }
 
  private:
-  enum class Stored : uint8_t { None, ZeroCopy, DenseF32, DenseF16, DenseBF16, Bits, BitmapF32, BitmapF16 };
   struct Entry {
-    Stored stored = Stored::None;
+    StashEncoding stored = StashEncoding::None;
     size_t offset = 0, bytes = 0;
     int64_t nonzero = 0;
     Tensor view;           // zero copy: the forward buffer; else shape/dtype of the original

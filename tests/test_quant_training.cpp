@@ -8,6 +8,7 @@
 
 #include "engine/executor.h"
 #include "engine/init.h"
+#include "engine/train/optimizer.h"
 #include "models/models.h"
 
 using namespace et;
@@ -18,16 +19,14 @@ struct QuantRun {
   Graph g;
   std::unique_ptr<Backend> be = make_cpu_backend();
   std::unique_ptr<Executor> ex;
-  std::vector<int> params;
 
   QuantRun(const std::string& model, int64_t batch, const QuantOptions& q, const StashOptions& s = {}) {
     ModelSpec spec;
     spec.name = model;
     spec.batch = batch;
     build_model(g, spec);
-    ex = std::make_unique<Executor>(g, *be, 1, s, q);
+    ex = std::make_unique<Executor>(g, *be, s, q);
     init_parameters(*ex, 5);
-    params = g.params();
     Tensor x = ex->value(g.image_input);
     for (int64_t i = 0; i < x.numel(); ++i) x.f32()[i] = float((i * 2654435761u) % 2001) / 1000.f - 1.f;
     for (int64_t i = 0; i < batch; ++i) ex->value(g.label_input).i32()[i] = int32_t(i * 3 % 10);
@@ -38,10 +37,7 @@ struct QuantRun {
     ex->forward(g.batch_size(), true);
     const float loss = ex->loss();
     ex->backward();
-    for (int p : params) {
-      Tensor w = ex->value(p), m = ex->opt_slot(p, 0);
-      be->sgd_step(w, ex->grad(p), m, lr, 0.9f, 5e-4f, false, s == 0);
-    }
+    sgd_update(*ex, SgdOptions{0.9f, 5e-4f, false}, lr, s == 0);
     return loss;
   }
 };

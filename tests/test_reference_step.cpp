@@ -25,6 +25,7 @@
 
 #include "engine/executor.h"
 #include "engine/init.h"
+#include "engine/train/optimizer.h"
 #include "layers/layers.h"
 #include "models/models.h"
 
@@ -172,11 +173,8 @@ TEST_CASE("resnet8 training step matches PyTorch (loss, gradients, BN running st
 
   // One SGD step with the backend's kernel (first step: momentum buffer = gradient + wd * param).
   const float lr = scalar("lr"), momentum = scalar("momentum"), wd = scalar("weight_decay");
-  for (int p : g.params()) {
-    Tensor param = ex.value(p), slot = ex.opt_slot(p, 0);
-    be->sgd_step(param, ex.grad(p), slot, lr, momentum, wd, false, true);
-    check("after sgd " + g.value(p).name, param, "after_sgd:" + g.value(p).name);
-  }
+  sgd_update(ex, SgdOptions{momentum, wd, false}, lr, true);
+  for (int p : g.params()) check("after sgd " + g.value(p).name, ex.value(p), "after_sgd:" + g.value(p).name);
   WARN("resnet8 step vs PyTorch float64: worst tensor " << worst_name << " at " << worst
                                                           << " of its max abs (tolerance " << kTensorRtol << ")");
 }

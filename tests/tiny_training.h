@@ -7,6 +7,7 @@
 
 #include "engine/executor.h"
 #include "engine/init.h"
+#include "engine/train/optimizer.h"
 #include "models/models.h"
 
 namespace et::test {
@@ -15,7 +16,6 @@ struct TinyTraining {
   Graph g;
   std::unique_ptr<Backend> be = make_cpu_backend();
   std::unique_ptr<Executor> ex;
-  std::vector<int> params;  // cached: Graph::params() builds a vector (the allocation test counts)
 
   // `side` 0: the model's default input size. Labels are (i * label_step) % 10.
   TinyTraining(const std::string& model, int64_t batch, const StashOptions& opt, uint64_t init_seed,
@@ -25,9 +25,8 @@ struct TinyTraining {
     spec.batch = batch;
     if (side > 0) spec.height = spec.width = side;
     build_model(g, spec);
-    ex = std::make_unique<Executor>(g, *be, 1, opt, quant);
+    ex = std::make_unique<Executor>(g, *be, opt, quant);
     init_parameters(*ex, init_seed);
-    params = g.params();
     Tensor x = ex->value(g.image_input);
     for (int64_t i = 0; i < x.numel(); ++i) x.f32()[i] = float((i * 2654435761u) % 2001) / 1000.f - 1.f;
     for (int64_t i = 0; i < batch; ++i) ex->value(g.label_input).i32()[i] = int32_t(i * label_step % 10);
@@ -35,10 +34,7 @@ struct TinyTraining {
 
   // SGD with momentum 0.9, weight decay 5e-4 on every parameter (`first`: momentum starts at 0).
   void sgd(float lr, bool first) {
-    for (int p : params) {
-      Tensor w = ex->value(p), m = ex->opt_slot(p, 0);
-      be->sgd_step(w, ex->grad(p), m, lr, 0.9f, 5e-4f, false, first);
-    }
+    sgd_update(*ex, SgdOptions{0.9f, 5e-4f, false}, lr, first);
   }
 };
 

@@ -10,6 +10,7 @@
 
 #include "engine/data/loader.h"
 #include "engine/init.h"
+#include "engine/train/optimizer.h"
 #include "engine/train/schedule.h"
 
 namespace et {
@@ -121,9 +122,8 @@ void Trainer::build() {
 
   build_model(graph_, cfg_.model);
   backend_ = make_cpu_backend();
-  executor_ = std::make_unique<Executor>(graph_, *backend_, 1, cfg_.stash_options(), cfg_.quant_options());
+  executor_ = std::make_unique<Executor>(graph_, *backend_, cfg_.stash_options(), cfg_.quant_options());
   init_parameters(*executor_, cfg_.train.seed);
-  params_ = graph_.params();
   state_.model = cfg_.model.name;
   state_.seed = cfg_.train.seed;
 }
@@ -137,12 +137,7 @@ void Trainer::train_step(int64_t batch, float lr) {
   ex.forward(batch, true);
   uss_.sample();  // activations peak at the end of forward
   ex.backward();
-  const TrainConfig& t = cfg_.train;
-  for (int p : params_) {
-    Tensor w = ex.value(p);
-    Tensor m = ex.opt_slot(p, 0);
-    backend_->sgd_step(w, ex.grad(p), m, lr, t.momentum, t.weight_decay, t.nesterov, state_.step == 0);
-  }
+  sgd_update(ex, sgd_options(cfg_.train), lr, state_.step == 0);
   ++state_.step;
 }
 
@@ -238,7 +233,7 @@ void Trainer::fit(const std::string& out_dir, bool resume, Progress& progress, i
     if (!out) user_error("cannot write '", metrics.string(), "'");
   }
   const MemoryReport& m = executor_->memory();
-  progress.line(fmt("model ", cfg_.model.name, ": ", params_.size(), " parameter tensors, arena ",
+  progress.line(fmt("model ", cfg_.model.name, ": ", executor_->params().size(), " parameter tensors, arena ",
                     m.total / 1048576, " MB (params ", m.params / 1048576.0, " MB, activations planned ",
                     m.activations_planned / 1048576, " MB of ", m.activations_unplanned / 1048576, " MB unplanned)"));
   const int first = state_.epoch + 1;

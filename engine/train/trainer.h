@@ -60,7 +60,6 @@ class Trainer {
   Graph graph_;
   std::unique_ptr<Backend> backend_;
   std::unique_ptr<Executor> executor_;
-  std::vector<int> params_;
   TrainProgress state_;
   UssPeak uss_;
 };

@@ -1,0 +1,23 @@
+#include "engine/train/optimizer.h"
+
+#include "engine/config.h"
+
+namespace et {
+
+SgdOptions sgd_options(const TrainConfig& train) {
+  SgdOptions o;
+  o.momentum = train.momentum;
+  o.weight_decay = train.weight_decay;
+  o.nesterov = train.nesterov;
+  return o;
+}
+
+void sgd_update(Executor& ex, const SgdOptions& options, float lr, bool first_step) {
+  for (int p : ex.params()) {
+    Tensor w = ex.value(p), momentum = ex.opt_slot(p, 0);
+    ex.backend().sgd_step(w, ex.grad(p), momentum, lr, options.momentum, options.weight_decay, options.nesterov,
+                          first_step);
+  }
+}
+
+}  // namespace et

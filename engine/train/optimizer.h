@@ -1,0 +1,21 @@
+// The optimizer step of training: SGD with momentum (PyTorch's formulation, optional Nesterov, L2
+// weight decay) over every parameter of an executor, one Backend::sgd_step each. Allocates nothing.
+#pragma once
+
+#include "engine/executor.h"
+
+namespace et {
+
+struct TrainConfig;
+
+struct SgdOptions {
+  float momentum = 0.9f;
+  float weight_decay = 5e-4f;
+  bool nesterov = false;
+};
+SgdOptions sgd_options(const TrainConfig& train);
+
+// `first_step`: the momentum buffers start from this step's gradients (they hold nothing yet).
+void sgd_update(Executor& ex, const SgdOptions& options, float lr, bool first_step);
+
+}  // namespace et

@@ -1,0 +1,87 @@
+#include "memory/stash_format.h"
+
+#include <algorithm>
+
+#include "memory/bitmap.h"
+
+namespace et {
+
+namespace {
+// Indexed by StashEncoding.
+const StashEncodingInfo kEncodings[] = {
+    /* None      */ {"", false, false, DType::F32, 0},
+    /* ZeroCopy  */ {"fp32 (zero copy)", true, false, DType::F32, 0},
+    /* CopyF32   */ {"fp32 (copy)", true, false, DType::F32, 4},
+    /* F16       */ {"fp16", true, false, DType::F16, 2},
+    /* BF16      */ {"bf16", true, false, DType::BF16, 2},
+    /* BitmapF32 */ {"bitmap+fp32", true, true, DType::BitmapF32, 4},
+    /* BitmapF16 */ {"bitmap+fp16", true, true, DType::BitmapF16, 2},
+    /* Mask      */ {"bits (mask)", false, true, DType::F32, 0},  // dtype unused: not read as a tensor
+};
+static_assert(sizeof(kEncodings) / sizeof(kEncodings[0]) == size_t(StashEncoding::Mask) + 1);
+
+using E = StashEncoding;
+// Indexed by StashFormat.
+const StashFormatInfo kFormats[] = {
+    /* DenseF32  */ {"dense_fp32", E::ZeroCopy, E::ZeroCopy, E::ZeroCopy},
+    /* DenseF16  */ {"dense_fp16", E::F16, E::F16, E::Mask},
+    /* DenseBF16 */ {"dense_bf16", E::BF16, E::BF16, E::Mask},
+    /* BitmapF32 */ {"bitmap_fp32", E::BitmapF32, E::BitmapF32, E::Mask},
+    /* BitmapF16 */ {"bitmap_fp16", E::BitmapF16, E::BitmapF16, E::Mask},
+    /* Auto      */ {"auto", E::BitmapF32, E::CopyF32, E::Mask},
+};
+constexpr size_t kNumFormats = sizeof(kFormats) / sizeof(kFormats[0]);
+static_assert(kNumFormats == size_t(StashFormat::Auto) + 1);
+}  // namespace
+
+const StashEncodingInfo& stash_encoding_info(StashEncoding e) { return kEncodings[size_t(e)]; }
+
+size_t stash_encoding_bytes(StashEncoding e, int64_t n, int64_t kept) {
+  const StashEncodingInfo& info = stash_encoding_info(e);
+  return (info.bitmap ? size_t(bitmap::num_words(n)) * 8 : 0) + size_t(kept) * size_t(info.value_bytes);
+}
+
+const StashFormatInfo& stash_format_info(StashFormat f) { return kFormats[size_t(f)]; }
+
+const char* stash_format_name(StashFormat f) { return size_t(f) < kNumFormats ? kFormats[size_t(f)].name : "?"; }
+
+bool parse_stash_format(const std::string& s, StashFormat* out) {
+  for (size_t i = 0; i < kNumFormats; ++i)
+    if (s == kFormats[i].name) {
+      *out = StashFormat(i);
+      return true;
+    }
+  return false;
+}
+
+std::string stash_format_names() {
+  std::string out;
+  for (const StashFormatInfo& f : kFormats) out += (out.empty() ? "" : ", ") + std::string(f.name);
+  return out;
+}
+
+DTypeSet stash_format_dtypes(StashFormat f) {
+  const StashFormatInfo& info = stash_format_info(f);
+  return dtype_bit(stash_encoding_info(info.full).dtype) | dtype_bit(stash_encoding_info(info.full_alt).dtype);
+}
+
+DTypeSet stash_mask_dtypes() {
+  DTypeSet s = 0;
+  for (const StashEncodingInfo& e : kEncodings)
+    if (e.every_element && (e.bitmap || e.dtype == DType::F32)) s |= dtype_bit(e.dtype);
+  return s;
+}
+
+bool stash_format_has_bitmap(StashFormat f, bool full) {
+  const StashFormatInfo& info = stash_format_info(f);
+  if (!full) return stash_encoding_info(info.mask).bitmap;
+  return stash_encoding_info(info.full).bitmap || stash_encoding_info(info.full_alt).bitmap;
+}
+
+size_t stash_worst_case_bytes(StashFormat f, int64_t n, bool full) {
+  const StashFormatInfo& info = stash_format_info(f);
+  if (!full) return stash_encoding_bytes(info.mask, n, n);
+  return std::max(stash_encoding_bytes(info.full, n, n), stash_encoding_bytes(info.full_alt, n, n));
+}
+
+}  // namespace et
