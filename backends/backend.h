@@ -10,32 +10,11 @@
 #include <memory>
 #include <string>
 
+#include "engine/kernel_types.h"
 #include "engine/tensor.h"
 #include "quant/scales.h"
 
 namespace et {
-
-struct Workspace {
-  void* data = nullptr;
-  size_t bytes = 0;
-};
-
-// A mask for ReLU-style backward passes: element i is "on" if dense[i] > 0, or, when the stash keeps
-// a bitmap, if bit i of `bits` is set. Exactly one of the two is set.
-struct MaskView {
-  Tensor dense;
-  const uint64_t* bits = nullptr;
-  int64_t numel = 0;
-};
-
-// Where a forward kernel may write its output's bitmap (memory/bitmap.h layout and keep rule,
-// with activation pruning at `prune_threshold`) while it writes the output: the stash then only
-// packs the values. The kernel sets `kept` to the number of set bits; -1 = not written.
-struct MaskOut {
-  uint64_t* bits = nullptr;
-  float prune_threshold = 0.f;
-  int64_t kept = -1;
-};
 
 // Geometry of a 2-D convolution / pooling window over an NCHW tensor.
 struct Conv2dGeom {

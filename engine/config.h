@@ -9,7 +9,7 @@
 #include <nlohmann/json.hpp>
 
 #include "engine/executor.h"
-#include "models/models.h"
+#include "engine/model_spec.h"
 
 namespace et {
 

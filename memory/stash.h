@@ -16,8 +16,8 @@
 #include <string>
 #include <vector>
 
-#include "backends/backend.h"
-#include "engine/op.h"
+#include "engine/kernel_types.h"
+#include "engine/tensor.h"
 #include "memory/arena.h"
 #include "memory/stash_format.h"
 

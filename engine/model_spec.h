@@ -1,0 +1,27 @@
+// What a model is built from (the config's model section), and the model registry's entry points.
+// Declared here so that engine/ (config, trainer) needs no models/ header; models/registry.cpp
+// implements them, and models/ may include engine/.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace et {
+
+class Graph;
+
+struct ModelSpec {
+  std::string name = "resnet20";
+  int64_t num_classes = 10;
+  int64_t channels = 3, height = 32, width = 32;
+  int64_t batch = 128;
+  float label_smoothing = 0.f;
+  float dropout = 0.f;  // before the classifier (VGG, MobileNetV2); 0 = none
+  bool double_mask_bn = false;  // memory.double_mask_bn (layers/batchnorm.cpp)
+};
+
+// Builds the model into an empty graph; throws UserError for an unknown name (listing known ones).
+void build_model(Graph& g, const ModelSpec& spec);
+std::vector<std::string> model_names();
+
+}  // namespace et
