@@ -1,17 +1,33 @@
-// Convolution and linear on 4-bit codes (docs/quant.md): im2col of int8 codes + the exact integer
-// GEMM (igemm.h), int32 results scaled back to f32 once per element.
+// Convolution on 4-bit codes (docs/quant.md), exact in integers; the int32 results are scaled
+// back to f32 once per element. No im2col and no packing of activations: each pass stages its
+// activation-side operand once per chunk of images in the layout the register tiles
+// (conv_int_tiles.h) load as vectors, and broadcasts the other operand one word at a time.
 //
-//   forward        y[K, PQ]     = wq[K, CRS] (A, +8)            x col(xq)[CRS, PQ] (B)
-//   data gradient  dcol[CRS, PQ] = wq^T[CRS, K] (A, +8)         x gq[K, PQ] (B), then col2im
-//   weight grad.   dw[K, CRS]   = gq[K, PQ] (A, FP4 + 64)        x col(xq)^T[PQ, CRS] (B)
-// Several images share one GEMM on small maps (columns side by side). The weight gradient sums
-// images into per-thread int32 partials that are added in thread order: integer sums, so the
-// result does not depend on the thread count. groups == 1 only (depthwise layers stay f32).
+//   forward        y[k, pos]     = sum_{c, tap} x[c, pos + tap] * w[k, c, tap]
+//                  stride 1: x staged zero padded, channels in groups of four [C/4][rows][cols][4];
+//                  output rows run over the full padded width (the extra columns are computed
+//                  and dropped), so each tap is one constant offset. Other strides: one staged
+//                  copy per tap [tap][C/4][P*Q][4].
+//   data gradient  dx[c, pos]    = sum_{k, tap} g[k, pos + tap] * w[k, c, flipped tap]
+//                  the same tile on g dilated by the stride and padded by R-1-pad.
+//   weight grad.   dw[k, c, tap] = sum_{n, pos} x[c, pos*stride + tap] * g[k, pos]
+//                  lanes over input channels (x staged per tap column [S][rows][Q/4][C][4]),
+//                  words of four positions of g ([P][Q/4][K][4]); threads split the output tiles,
+//                  so there are no partial sums to reduce.
+// The vector side is unsigned (vpdpbusd and vpmaddubsw multiply u8 by s8): INT4 codes + 8,
+// FP4 codes + 64. The offsets come back out exactly: a padded position holds the offset (the zero
+// code), so the correction is offset * (sum of the other operand) per output channel.
 #include <omp.h>
 
 #include <algorithm>
 #include <cstring>
 
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
+
+#include "backends/cpu/carve.h"
+#include "backends/cpu/conv_int_tiles.h"
 #include "backends/cpu/cpu_backend.h"
 #include "backends/cpu/igemm.h"
 #include "backends/cpu/quantize.h"
@@ -20,295 +36,449 @@ namespace et {
 
 namespace {
 
-using cpu::IgemmA;
-using cpu::IgemmB;
+using cpu::Carve;
+using cpu::CarveSize;
+using cpu::round_up;
 
-uint8_t* align64(uint8_t* p) { return reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(p) + 63) & ~uintptr_t(63)); }
-struct Carve {  // bump allocator over the workspace, 64-byte aligned pieces
-  uint8_t* p;
-  template <typename T>
-  T* take(size_t n) {
-    uint8_t* r = align64(p);
-    p = r + n * sizeof(T);
-    return reinterpret_cast<T*>(r);
-  }
-};
-constexpr size_t kAlign = 64;
-
-int a_offset(DType t) { return t == DType::F4 ? 64 : t == DType::U4 ? 0 : 8; }
-
-bool pointwise(const Conv2dGeom& g) {
-  return g.R == 1 && g.S == 1 && g.stride_h == 1 && g.stride_w == 1 && g.pad_h == 0 && g.pad_w == 0;
-}
-int64_t images_per_gemm(const Conv2dGeom& g) {
-  const int64_t PQ = g.P * g.Q;
-  return std::clamp<int64_t>((256 + PQ - 1) / PQ, 1, std::max<int64_t>(1, g.N));
-}
-int64_t crs(const Conv2dGeom& g) { return g.C * g.R * g.S; }
-
-// xq image [C,H,W] -> col rows (c*R + r)*S + s, columns [col0, col0 + PQ) of a row of length ld.
-void im2col_i8(const Conv2dGeom& g, const int8_t* x, int8_t* col, int64_t ld) {
-  for (int64_t c = 0; c < g.C; ++c)
-    for (int64_t r = 0; r < g.R; ++r)
-      for (int64_t s = 0; s < g.S; ++s) {
-        int8_t* dst = col + ((c * g.R + r) * g.S + s) * ld;
-        const int8_t* src = x + c * g.H * g.W;
-        for (int64_t p = 0; p < g.P; ++p) {
-          const int64_t h = p * g.stride_h - g.pad_h + r;
-          int8_t* d = dst + p * g.Q;
-          if (h < 0 || h >= g.H) {
-            std::memset(d, 0, size_t(g.Q));
-            continue;
-          }
-          const int8_t* row = src + h * g.W;
-          for (int64_t q = 0; q < g.Q; ++q) {
-            const int64_t w = q * g.stride_w - g.pad_w + s;
-            d[q] = w >= 0 && w < g.W ? row[w] : int8_t(0);
-          }
-        }
-      }
+const cpu::IntTileKernels& tiles() {
+  const cpu::IntTileKernels* t = nullptr;
+  if (cpu::igemm_isa() == cpu::IgemmIsa::Avx512Vnni) t = cpu::int_tiles_vnni();
+  if (cpu::igemm_isa() == cpu::IgemmIsa::Avx2) t = cpu::int_tiles_avx2();
+  return t ? *t : *cpu::int_tiles_scalar();
 }
 
-// dx image [C,H,W] += scale * dcol (int32 rows (c*R + r)*S + s, row stride ld).
-void col2im_add(const Conv2dGeom& g, const int32_t* col, int64_t ld, float scale, float* dx) {
-  for (int64_t c = 0; c < g.C; ++c)
-    for (int64_t r = 0; r < g.R; ++r)
-      for (int64_t s = 0; s < g.S; ++s) {
-        const int32_t* src = col + ((c * g.R + r) * g.S + s) * ld;
-        float* dst = dx + c * g.H * g.W;
-        for (int64_t p = 0; p < g.P; ++p) {
-          const int64_t h = p * g.stride_h - g.pad_h + r;
-          if (h < 0 || h >= g.H) continue;
-          for (int64_t q = 0; q < g.Q; ++q) {
-            const int64_t w = q * g.stride_w - g.pad_w + s;
-            if (w >= 0 && w < g.W) dst[h * g.W + w] += float(src[p * g.Q + q]) * scale;
-          }
-        }
-      }
-}
+int x_offset(DType t) { return t == DType::U4 ? 0 : 8; }  // INT4 -7..7 -> 1..15; UINT4 as is
+constexpr int kGradOffset = 64;                           // FP4 -64..64 -> 0..128
+constexpr int64_t kTileWidth = 48;    // positions per conv tile: a multiple of every path's (48, 8, 4)
+constexpr int64_t kTileHeight = 8;    // output channels per conv tile (conv_mk of every path)
+constexpr int64_t kLanePad = 16;      // weight gradient: channels padded to the widest lane count
+constexpr int64_t kChunkPositions = 1024;      // conv tile passes: staged positions per chunk
+constexpr int64_t kWgradChunkBytes = 1 << 20;  // weight gradient: staged bytes per chunk
 
-struct ThreadBytes {
-  size_t shared = 0, per_thread = 0;
-  size_t total(int threads) const { return shared + per_thread * size_t(threads); }
+// ---- conv tile passes (forward, data gradient)
+
+struct TilePass {
+  int64_t cin = 0, cin4 = 0, cout = 0, coutp = 0;  // channels in (groups of 4) / out (padded)
+  int64_t taps = 0;
+  bool per_tap = false;    // one staged copy per tap (strided forward) instead of one padded copy
+  int64_t hs = 0, ws = 0;  // staged rows per image and row width, in positions
+  int64_t pout = 0, qout = 0;  // valid output rows / columns per image
+  int64_t imgs = 0;            // images per chunk
+  int64_t fpos = 0;            // positions computed per chunk (a multiple of kTileWidth)
+  int64_t plane = 0;           // positions per staged channel group
+  int64_t stage_bytes() const { return (per_tap ? taps : 1) * cin4 * plane * 4; }
+  int64_t positions(int64_t nb) const { return round_up(nb * hs * ws, kTileWidth); }
 };
 
-ThreadBytes conv_q_bytes(const Conv2dGeom& g, ConvPass pass) {
-  const int64_t G = images_per_gemm(g), cols = G * g.P * g.Q, rows = crs(g);
-  ThreadBytes b;
-  switch (pass) {
-    case ConvPass::Forward:
-      b.shared = cpu::igemm_packed_a_bytes(g.K, rows) + kAlign;
-      b.per_thread = size_t(rows * cols) + size_t(g.K * cols) * 4 + cpu::igemm_scratch_bytes(rows) + 3 * kAlign;
-      break;
-    case ConvPass::BackwardData:
-      b.shared = cpu::igemm_packed_a_bytes(rows, g.K) + kAlign;
-      b.per_thread = size_t(rows * cols) * 4 + cpu::igemm_scratch_bytes(g.K) + 2 * kAlign;
-      break;
-    case ConvPass::BackwardWeight:
-      b.per_thread = size_t(rows * cols) + cpu::igemm_packed_a_bytes(g.K, cols) + cpu::igemm_scratch_bytes(cols) +
-                     size_t(g.K * rows) * 4 + size_t(g.K) * 8 + 5 * kAlign;
-      break;
+void finish_pass(TilePass& p, const Conv2dGeom& g, int64_t R, int64_t S) {
+  p.cin4 = (p.cin + 3) / 4;
+  p.coutp = round_up(p.cout, kTileHeight);
+  p.taps = R * S;
+  p.imgs = std::clamp<int64_t>((kChunkPositions + p.hs * p.ws - 1) / (p.hs * p.ws), 1, std::max<int64_t>(1, g.N));
+  p.fpos = p.positions(p.imgs);
+  // A tile at the last position reads up to the largest tap offset past it.
+  p.plane = p.per_tap ? p.fpos : round_up(p.fpos + (R - 1) * p.ws + S - 1, 16);
+}
+
+TilePass forward_pass(const Conv2dGeom& g) {
+  TilePass p;
+  p.cin = g.C, p.cout = g.K, p.pout = g.P, p.qout = g.Q;
+  p.per_tap = g.stride_h != 1 || g.stride_w != 1;
+  p.hs = p.per_tap ? g.P : g.P + g.R - 1;
+  p.ws = p.per_tap ? g.Q : g.Q + g.S - 1;
+  finish_pass(p, g, g.R, g.S);
+  return p;
+}
+
+TilePass data_pass(const Conv2dGeom& g) {
+  TilePass p;
+  p.cin = g.K, p.cout = g.C, p.pout = g.H, p.qout = g.W;
+  p.hs = g.H + g.R - 1, p.ws = g.W + g.S - 1;
+  finish_pass(p, g, g.R, g.S);
+  return p;
+}
+
+struct TilePassMemory {
+  int32_t* w;       // [taps][cin4][coutp] weight words
+  int32_t* corr;    // [coutp] offset * sum of each output channel's weights
+  int64_t* toff;    // [taps] byte offsets
+  uint8_t* stage;   // this thread's staging
+  int32_t* out;     // this thread's [coutp][fpos] results
+};
+
+CarveSize tile_pass_shared(const TilePass& p) {
+  CarveSize s;
+  return s.add<int32_t>(p.taps * p.cin4 * p.coutp).add<int32_t>(p.coutp).add<int64_t>(p.taps);
+}
+CarveSize tile_pass_thread(const TilePass& p) {
+  CarveSize s;
+  return s.add<uint8_t>(p.stage_bytes()).add<int32_t>(p.coutp * p.fpos);
+}
+
+TilePassMemory carve_shared(const TilePass& p, void* base) {
+  Carve cv(base);
+  TilePassMemory m{};
+  m.w = cv.take<int32_t>(p.taps * p.cin4 * p.coutp);
+  m.corr = cv.take<int32_t>(p.coutp);
+  m.toff = cv.take<int64_t>(p.taps);
+  return m;
+}
+void carve_thread(const TilePass& p, void* base, TilePassMemory& m) {
+  Carve cv(base);
+  m.stage = cv.take<uint8_t>(p.stage_bytes());
+  m.out = cv.take<int32_t>(p.coutp * p.fpos);
+}
+
+// Weight words: w[(t * cin4 + c4) * coutp + m] holds bytes at(m, 4 c4 + j, t), j < 4 (zero past
+// the channels); corr[m] = offset * the sum of output channel m's bytes.
+template <class At>
+void pack_words(const TilePass& p, At at, int offset, TilePassMemory& mem) {
+  for (int64_t m = 0; m < p.coutp; ++m) {
+    int64_t sum = 0;
+    for (int64_t t = 0; t < p.taps; ++t)
+      for (int64_t c4 = 0; c4 < p.cin4; ++c4) {
+        uint8_t b[4] = {0, 0, 0, 0};
+        for (int64_t j = 0; j < 4; ++j) {
+          const int64_t c = c4 * 4 + j;
+          const int8_t v = m < p.cout && c < p.cin ? at(m, c, t) : int8_t(0);
+          b[j] = uint8_t(v);
+          sum += v;
+        }
+        std::memcpy(&mem.w[(t * p.cin4 + c4) * p.coutp + m], b, 4);
+      }
+    mem.corr[m] = int32_t(offset * sum);
   }
-  return b;
+}
+
+// Channels [4 c4, 4 c4 + 4) of one input row (src rows `rstride` apart, `n` values) interleaved
+// into dst[4 n] with `offset` added.
+void interleave4(const int8_t* src, int64_t rstride, int64_t n, int offset, uint8_t* dst) {
+  int64_t w = 0;
+#if defined(__SSE2__)
+  const __m128i off = _mm_set1_epi8(char(offset));
+  for (; w + 16 <= n; w += 16) {
+    const __m128i r0 = _mm_add_epi8(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src + w)), off);
+    const __m128i r1 = _mm_add_epi8(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src + rstride + w)), off);
+    const __m128i r2 = _mm_add_epi8(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src + 2 * rstride + w)), off);
+    const __m128i r3 = _mm_add_epi8(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src + 3 * rstride + w)), off);
+    const __m128i lo01 = _mm_unpacklo_epi8(r0, r1), hi01 = _mm_unpackhi_epi8(r0, r1);
+    const __m128i lo23 = _mm_unpacklo_epi8(r2, r3), hi23 = _mm_unpackhi_epi8(r2, r3);
+    __m128i* d = reinterpret_cast<__m128i*>(dst + 4 * w);
+    _mm_storeu_si128(d, _mm_unpacklo_epi16(lo01, lo23));
+    _mm_storeu_si128(d + 1, _mm_unpackhi_epi16(lo01, lo23));
+    _mm_storeu_si128(d + 2, _mm_unpacklo_epi16(hi01, hi23));
+    _mm_storeu_si128(d + 3, _mm_unpackhi_epi16(hi01, hi23));
+  }
+#endif
+  for (; w < n; ++w)
+    for (int64_t j = 0; j < 4; ++j) dst[4 * w + j] = uint8_t(src[j * rstride + w] + offset);
+}
+
+// Image i of the chunk, channels [cin][hi][wi], into the padded staging: row top + h * dh,
+// column left + w * dw of image i's block of rows. The rest keeps the offset (set by the caller).
+void stage_padded(const TilePass& p, const int8_t* src, int64_t hi, int64_t wi, int64_t top, int64_t left,
+                  int64_t dh, int64_t dw, int offset, int64_t i, uint8_t* stage) {
+  const bool row_inside = dw == 1 && left >= 0 && left + wi <= p.ws;
+  for (int64_t c4 = 0; c4 < p.cin4; ++c4) {
+    const bool whole_group = c4 * 4 + 4 <= p.cin;
+    for (int64_t h = 0; h < hi; ++h) {
+      const int64_t row = top + h * dh;
+      if (row < 0 || row >= p.hs) continue;
+      uint8_t* dst = stage + (c4 * p.plane + (i * p.hs + row) * p.ws) * 4;
+      const int8_t* s = src + (c4 * 4 * hi + h) * wi;
+      if (row_inside && whole_group) {
+        interleave4(s, hi * wi, wi, offset, dst + left * 4);
+        continue;
+      }
+      for (int64_t j = 0; j < 4 && c4 * 4 + j < p.cin; ++j)
+        for (int64_t w = 0; w < wi; ++w) {
+          const int64_t col = left + w * dw;
+          if (col >= 0 && col < p.ws) dst[col * 4 + j] = uint8_t(s[j * hi * wi + w] + offset);
+        }
+    }
+  }
+}
+
+// Strided forward: image i, one staged copy per tap of the values each output position reads.
+void stage_per_tap(const TilePass& p, const Conv2dGeom& g, const int8_t* src, int offset, int64_t i,
+                   uint8_t* stage) {
+  for (int64_t t = 0; t < p.taps; ++t) {
+    const int64_t r = t / g.S, s = t % g.S;
+    for (int64_t c = 0; c < g.C; ++c) {
+      uint8_t* dst = stage + ((t * p.cin4 + c / 4) * p.plane + i * g.P * g.Q) * 4 + c % 4;
+      const int8_t* plane = src + c * g.H * g.W;
+      for (int64_t pp = 0; pp < g.P; ++pp) {
+        const int64_t h = pp * g.stride_h - g.pad_h + r;
+        if (h < 0 || h >= g.H) continue;
+        for (int64_t q = 0; q < g.Q; ++q) {
+          const int64_t w = q * g.stride_w - g.pad_w + s;
+          if (w >= 0 && w < g.W) dst[(pp * g.Q + q) * 4] = uint8_t(plane[h * g.W + w] + offset);
+        }
+      }
+    }
+  }
+}
+
+// Runs a conv tile pass over the batch: chunks of images split over the threads, each staged,
+// multiplied tile by tile and handed to emit(n0, nb, out, fpos).
+template <class Stage, class Emit>
+void run_tile_pass(const TilePass& p, int64_t N, int offset, const TilePassMemory& shared, uint8_t* thread_base,
+                   size_t thread_bytes, Stage stage, Emit emit) {
+  const cpu::IntTileKernels& k = tiles();
+  const int64_t tw = k.conv_nv * k.lanes, chunks = (N + p.imgs - 1) / p.imgs;
+#pragma omp parallel
+  {
+    TilePassMemory m = shared;
+    carve_thread(p, thread_base + thread_bytes * size_t(omp_get_thread_num()), m);
+#pragma omp for schedule(static)
+    for (int64_t ch = 0; ch < chunks; ++ch) {
+      const int64_t n0 = ch * p.imgs, nb = std::min(p.imgs, N - n0), fpos = p.positions(nb);
+      std::memset(m.stage, offset, size_t(p.stage_bytes()));
+      for (int64_t i = 0; i < nb; ++i) stage(n0 + i, i, m.stage);
+      for (int64_t f0 = 0; f0 < fpos; f0 += tw)
+        for (int64_t m0 = 0; m0 < p.coutp; m0 += k.conv_mk) {
+          const cpu::ConvTileArgs a{m.stage + f0 * 4, p.plane * 4, m.toff,       p.taps,
+                                    p.cin4,          m.w + m0,    p.coutp,      m.out + m0 * p.fpos + f0,
+                                    p.fpos};
+          k.conv(a);
+        }
+      emit(n0, nb, m.out);
+    }
+  }
+}
+
+// out[m][(i * hs + row) * ws + col] -> dst image n0 + i, channel m, (row, col): emit(m, dst, src, n).
+template <class Row>
+void for_each_output_row(const TilePass& p, int64_t nb, const int32_t* out, Row row) {
+  for (int64_t i = 0; i < nb; ++i)
+    for (int64_t m = 0; m < p.cout; ++m)
+      for (int64_t r = 0; r < p.pout; ++r) row(i, m, r, out + m * p.fpos + (i * p.hs + r) * p.ws);
+}
+
+// ---- weight gradient
+
+struct WgradPass {
+  int64_t cp = 0, kp = 0;      // channels / output channels padded to kLanePad
+  int64_t q4s = 0, rows = 0;   // groups of four output columns; staged input rows per image
+  int64_t imgs = 0;            // per chunk
+  int64_t x_img = 0;           // staged bytes of one image in one tap column
+  int64_t g_img = 0;           // staged words of one image's gradient
+  int64_t x_col(int64_t nb) const { return nb * x_img; }  // one tap column of a chunk
+};
+
+WgradPass wgrad_pass(const Conv2dGeom& g) {
+  WgradPass w;
+  w.cp = round_up(g.C, kLanePad), w.kp = round_up(g.K, kLanePad);
+  w.q4s = (g.Q + 3) / 4;
+  w.rows = (g.P - 1) * g.stride_h + g.R;
+  w.x_img = w.rows * w.q4s * w.cp * 4;
+  w.g_img = g.P * w.q4s * w.kp;
+  const int64_t per_image = g.S * w.x_img + w.g_img * 4;
+  w.imgs = std::clamp<int64_t>(kWgradChunkBytes / per_image, 1, std::max<int64_t>(1, g.N));
+  return w;
+}
+
+CarveSize wgrad_bytes(const Conv2dGeom& g, const WgradPass& w) {
+  CarveSize s;
+  return s.add<int32_t>(g.R * g.S * w.kp * w.cp).add<int64_t>(w.kp).add<uint8_t>(g.S * w.imgs * w.x_img).add<int32_t>(
+      w.imgs * w.g_img);
+}
+
+// Four codes (a little-endian word) plus the offset, per byte: 0 for UINT4 codes; 8 for INT4 codes
+// -8..7, where b + 8 = (b ^ 8) & 15 in every byte (no carries between bytes).
+uint32_t offset_word(uint32_t v, int offset) { return offset ? (v ^ 0x08080808u) & 0x0F0F0F0Fu : v; }
+
+// Image i of the chunk: x's codes per tap column s at [s][i][row][q4][cp][4] (+ offset; the
+// caller set everything to the offset), g's as words of four positions at [i][p][q4][kp].
+void stage_wgrad(const Conv2dGeom& g, const WgradPass& w, int64_t nb, const int8_t* x, const int8_t* gr, int offset,
+                 int64_t i, uint8_t* xs, int32_t* gs) {
+  const int64_t HW = g.H * g.W;
+  for (int64_t s = 0; s < g.S; ++s)
+    for (int64_t row = 0; row < w.rows; ++row) {
+      const int64_t h = row - g.pad_h;
+      if (h < 0 || h >= g.H) continue;
+      uint8_t* dst_row = xs + s * w.x_col(nb) + i * w.x_img + row * w.q4s * w.cp * 4;
+      const int8_t* src = x + h * g.W;  // channel c at + c * HW
+      for (int64_t q4 = 0; q4 < w.q4s; ++q4) {
+        uint8_t* dst = dst_row + q4 * w.cp * 4;
+        const int64_t col0 = q4 * 4 * g.stride_w + s - g.pad_w;  // byte j reads column col0 + j * stride
+        if (g.stride_w == 1 && col0 >= 0 && col0 + 4 <= g.W && q4 * 4 + 4 <= g.Q) {
+          for (int64_t c = 0; c < g.C; ++c) {
+            uint32_t v;
+            std::memcpy(&v, src + c * HW + col0, 4);
+            v = offset_word(v, offset);
+            std::memcpy(dst + c * 4, &v, 4);
+          }
+          continue;
+        }
+        for (int64_t j = 0; j < 4; ++j) {
+          const int64_t col = col0 + j * g.stride_w;
+          if (q4 * 4 + j >= g.Q || col < 0 || col >= g.W) continue;
+          for (int64_t c = 0; c < g.C; ++c) dst[c * 4 + j] = uint8_t(src[c * HW + col] + offset);
+        }
+      }
+    }
+  int32_t* gi = gs + i * w.g_img;
+  std::memset(gi, 0, sizeof(int32_t) * size_t(w.g_img));
+  for (int64_t k = 0; k < g.K; ++k)
+    for (int64_t p = 0; p < g.P; ++p) {
+      const int8_t* src = gr + (k * g.P + p) * g.Q;
+      for (int64_t q4 = 0; q4 < w.q4s; ++q4) {
+        uint8_t b[4] = {0, 0, 0, 0};
+        const int64_t n = std::min<int64_t>(4, g.Q - q4 * 4);
+        std::memcpy(b, src + q4 * 4, size_t(n));
+        std::memcpy(&gi[(p * w.q4s + q4) * w.kp + k], b, 4);
+      }
+    }
 }
 
 }  // namespace
 
 size_t CpuBackend::conv2d_q_workspace_bytes(const Conv2dGeom& g, ConvPass pass) const {
-  return conv_q_bytes(g, pass).total(cpu_threads());
+  if (pass == ConvPass::BackwardWeight) return wgrad_bytes(g, wgrad_pass(g)).bytes;
+  const TilePass p = pass == ConvPass::Forward ? forward_pass(g) : data_pass(g);
+  return tile_pass_shared(p).bytes + tile_pass_thread(p).bytes * size_t(cpu_threads());
 }
 
 void CpuBackend::conv2d_forward_q(const Conv2dGeom& g, const Tensor& xq, const Tensor& wq, const Tensor& b, Tensor& y,
                                   Workspace ws) {
   ET_CHECK(g.groups == 1 && wq.dtype == DType::I4 && (xq.dtype == DType::I4 || xq.dtype == DType::U4));
-  const int64_t rows = crs(g), PQ = g.P * g.Q, G = images_per_gemm(g), chunks = (g.N + G - 1) / G;
-  const ThreadBytes tb = conv_q_bytes(g, ConvPass::Forward);
-  ET_CHECK(ws.bytes >= tb.total(cpu_threads()), "conv int workspace");
+  const TilePass p = forward_pass(g);
+  const size_t shared = tile_pass_shared(p).bytes, per_thread = tile_pass_thread(p).bytes;
+  ET_CHECK(ws.bytes >= shared + per_thread * size_t(cpu_threads()), "conv int workspace");
   uint8_t* base = static_cast<uint8_t*>(ws.data);
-  const cpu::PackedA a = cpu::igemm_pack_a(IgemmA{wq.codes(), g.K, rows, rows, 1, rows, 0, 8}, base);
+  TilePassMemory mem = carve_shared(p, base);
+  const int off = x_offset(xq.dtype);
+  const int8_t* w = wq.codes();
+  const int64_t RS = g.R * g.S, CHW = g.C * g.H * g.W, PQ = g.P * g.Q;
+  pack_words(p, [&](int64_t k, int64_t c, int64_t t) { return w[(k * g.C + c) * RS + t]; }, off, mem);
+  for (int64_t t = 0; t < RS; ++t)
+    mem.toff[t] = p.per_tap ? t * p.cin4 * p.plane * 4 : ((t / g.S) * p.ws + t % g.S) * 4;
   const float scale = xq.scale * wq.scale;
   const float* bias = b.defined() ? b.f32() : nullptr;
-#pragma omp parallel
-  {
-    Carve cv{base + tb.shared + tb.per_thread * size_t(omp_get_thread_num())};
-    int8_t* col = cv.take<int8_t>(size_t(rows * G * PQ));
-    int32_t* acc = cv.take<int32_t>(size_t(g.K * G * PQ));
-    void* scratch = cv.take<uint8_t>(cpu::igemm_scratch_bytes(rows));
-#pragma omp for schedule(static)
-    for (int64_t ch = 0; ch < chunks; ++ch) {
-      const int64_t n0 = ch * G, nb = std::min(G, g.N - n0), cols = nb * PQ;
-      const int8_t* xb = xq.codes() + n0 * g.C * g.H * g.W;
-      IgemmB bm;
-      if (pointwise(g)) {  // 1x1: the codes are the columns (image groups side by side)
-        bm = IgemmB{xb, rows, cols, PQ, PQ, g.C * PQ, false};
-      } else {
-        for (int64_t i = 0; i < nb; ++i) im2col_i8(g, xb + i * g.C * g.H * g.W, col + i * PQ, G * PQ);
-        bm = IgemmB{col, rows, cols, G * PQ, cols, 0, false};
-      }
-      cpu::igemm(a, bm, acc, cols, false, scratch);
-      for (int64_t i = 0; i < nb; ++i)
-        for (int64_t k = 0; k < g.K; ++k) {
-          float* dst = y.f32() + ((n0 + i) * g.K + k) * PQ;
-          const int32_t* src = acc + k * cols + i * PQ;
+  float* yd = y.f32();
+  run_tile_pass(
+      p, g.N, off, mem, base + shared, per_thread,
+      [&](int64_t n, int64_t i, uint8_t* stage) {
+        const int8_t* x = xq.codes() + n * CHW;
+        if (p.per_tap) return stage_per_tap(p, g, x, off, i, stage);
+        stage_padded(p, x, g.H, g.W, g.pad_h, g.pad_w, 1, 1, off, i, stage);
+      },
+      [&](int64_t n0, int64_t nb, const int32_t* out) {
+        for_each_output_row(p, nb, out, [&](int64_t i, int64_t k, int64_t r, const int32_t* src) {
+          float* dst = yd + ((n0 + i) * g.K + k) * PQ + r * g.Q;
+          const int32_t corr = mem.corr[k];
           const float bk = bias ? bias[k] : 0.f;
-          for (int64_t p = 0; p < PQ; ++p) dst[p] = float(src[p]) * scale + bk;
-        }
-    }
-  }
+          for (int64_t q = 0; q < g.Q; ++q) dst[q] = float(src[q] - corr) * scale + bk;
+        });
+      });
 }
 
 void CpuBackend::conv2d_backward_data_q(const Conv2dGeom& g, const Tensor& gq, const Tensor& wq, Tensor& dx,
                                         bool accumulate, Workspace ws) {
-  ET_CHECK(g.groups == 1 && wq.dtype == DType::I4);
-  const int64_t rows = crs(g), PQ = g.P * g.Q, HW = g.H * g.W, G = images_per_gemm(g), chunks = (g.N + G - 1) / G;
-  const ThreadBytes tb = conv_q_bytes(g, ConvPass::BackwardData);
-  ET_CHECK(ws.bytes >= tb.total(cpu_threads()), "conv int workspace");
+  ET_CHECK(g.groups == 1 && wq.dtype == DType::I4 && gq.dtype == DType::F4);
+  const TilePass p = data_pass(g);
+  const size_t shared = tile_pass_shared(p).bytes, per_thread = tile_pass_thread(p).bytes;
+  ET_CHECK(ws.bytes >= shared + per_thread * size_t(cpu_threads()), "conv int workspace");
   uint8_t* base = static_cast<uint8_t*>(ws.data);
-  // A = wq^T: element (crs, k) at wq[k * CRS + crs].
-  const cpu::PackedA a = cpu::igemm_pack_a(IgemmA{wq.codes(), rows, g.K, 1, rows, g.K, 0, 8}, base);
+  TilePassMemory mem = carve_shared(p, base);
+  const int8_t* w = wq.codes();
+  const int64_t RS = g.R * g.S, HW = g.H * g.W, KPQ = g.K * g.P * g.Q;
+  // Correlation with the flipped kernel: tap t of the data gradient is tap RS-1-t of w.
+  pack_words(p, [&](int64_t c, int64_t k, int64_t t) { return w[(k * g.C + c) * RS + RS - 1 - t]; }, kGradOffset,
+             mem);
+  for (int64_t t = 0; t < RS; ++t) mem.toff[t] = ((t / g.S) * p.ws + t % g.S) * 4;
   const float scale = gq.scale * wq.scale;
-  const bool direct = pointwise(g);
-#pragma omp parallel
-  {
-    Carve cv{base + tb.shared + tb.per_thread * size_t(omp_get_thread_num())};
-    int32_t* acc = cv.take<int32_t>(size_t(rows * G * PQ));
-    void* scratch = cv.take<uint8_t>(cpu::igemm_scratch_bytes(g.K));
-#pragma omp for schedule(static)
-    for (int64_t ch = 0; ch < chunks; ++ch) {
-      const int64_t n0 = ch * G, nb = std::min(G, g.N - n0), cols = nb * PQ;
-      cpu::igemm(a, IgemmB{gq.codes() + n0 * g.K * PQ, g.K, cols, PQ, PQ, g.K * PQ, false}, acc, cols, false,
-                 scratch);
-      for (int64_t i = 0; i < nb; ++i) {
-        float* dxi = dx.f32() + (n0 + i) * g.C * HW;
-        if (direct) {  // 1x1 stride 1: dcol is dx
-          for (int64_t c = 0; c < g.C; ++c) {
-            const int32_t* src = acc + c * cols + i * PQ;
-            float* dst = dxi + c * HW;
-            for (int64_t p = 0; p < PQ; ++p) dst[p] = float(src[p]) * scale + (accumulate ? dst[p] : 0.f);
-          }
-          continue;
-        }
-        if (!accumulate) std::memset(dxi, 0, sizeof(float) * size_t(g.C * HW));
-        col2im_add(g, acc + i * PQ, cols, scale, dxi);
-      }
-    }
-  }
+  float* dxd = dx.f32();
+  run_tile_pass(
+      p, g.N, kGradOffset, mem, base + shared, per_thread,
+      [&](int64_t n, int64_t i, uint8_t* stage) {
+        stage_padded(p, gq.codes() + n * KPQ, g.P, g.Q, g.R - 1 - g.pad_h, g.S - 1 - g.pad_w, g.stride_h,
+                     g.stride_w, kGradOffset, i, stage);
+      },
+      [&](int64_t n0, int64_t nb, const int32_t* out) {
+        for_each_output_row(p, nb, out, [&](int64_t i, int64_t c, int64_t r, const int32_t* src) {
+          float* dst = dxd + ((n0 + i) * g.C + c) * HW + r * g.W;
+          const int32_t corr = mem.corr[c];
+          if (accumulate)
+            for (int64_t q = 0; q < g.W; ++q) dst[q] = float(src[q] - corr) * scale + dst[q];
+          else
+            for (int64_t q = 0; q < g.W; ++q) dst[q] = float(src[q] - corr) * scale;
+        });
+      });
 }
 
 void CpuBackend::conv2d_backward_weight_q(const Conv2dGeom& g, const Tensor& xq, const Tensor& gq, Tensor& dw,
                                           Tensor& db, bool accumulate, Workspace ws) {
-  ET_CHECK(g.groups == 1 && (xq.dtype == DType::I4 || xq.dtype == DType::U4));
-  const int64_t rows = crs(g), PQ = g.P * g.Q, G = images_per_gemm(g), chunks = (g.N + G - 1) / G;
-  // |sum| <= N * PQ * 64 * 15 (per sample) must fit the int32 partials.
-  ET_CHECK(double(g.N) * double(PQ) * 64.0 * 15.0 < 2147483647.0, "int32 weight-gradient sums could overflow");
-  const ThreadBytes tb = conv_q_bytes(g, ConvPass::BackwardWeight);
-  const int threads = cpu_threads();
-  ET_CHECK(ws.bytes >= tb.total(threads), "conv int workspace");
-  uint8_t* base = static_cast<uint8_t*>(ws.data);
-  auto partial = [&](int t, int32_t** dwp, int64_t** dbp) {
-    Carve cv{base + tb.per_thread * size_t(t)};
-    cv.take<int8_t>(size_t(rows * G * PQ));
-    cv.take<uint8_t>(cpu::igemm_packed_a_bytes(g.K, G * PQ));
-    cv.take<uint8_t>(cpu::igemm_scratch_bytes(G * PQ));
-    *dwp = cv.take<int32_t>(size_t(g.K * rows));
-    *dbp = cv.take<int64_t>(size_t(g.K));
-  };
-#pragma omp parallel num_threads(threads)
+  ET_CHECK(g.groups == 1 && gq.dtype == DType::F4 && (xq.dtype == DType::I4 || xq.dtype == DType::U4));
+  // |sum| <= N * PQ * 15 * 64 (unsigned side <= 15 with its offset) must fit the int32 sums.
+  ET_CHECK(double(g.N) * double(g.P * g.Q) * 64.0 * 15.0 < 2147483647.0, "int32 weight-gradient sums could overflow");
+  const WgradPass w = wgrad_pass(g);
+  ET_CHECK(ws.bytes >= wgrad_bytes(g, w).bytes, "conv int workspace");
+  const int64_t RS = g.R * g.S, CHW = g.C * g.H * g.W, KPQ = g.K * g.P * g.Q, PQ = g.P * g.Q;
+  Carve cv(ws.data);
+  int32_t* acc = cv.take<int32_t>(RS * w.kp * w.cp);  // [tap][kp][cp]
+  int64_t* gsum = cv.take<int64_t>(w.kp);
+  uint8_t* xs = cv.take<uint8_t>(g.S * w.imgs * w.x_img);
+  int32_t* gs = cv.take<int32_t>(w.imgs * w.g_img);
+  const int off = x_offset(xq.dtype);
+
+  // Tiles: (tap, block of output channels, block of input channels); the widest the path has.
+  const cpu::IntTileKernels& k = tiles();
+  cpu::WgradTileFn tile = k.wgrad_1x8;
+  int64_t mk = 8, cw = k.lanes;
+  if (k.wgrad_2x8 && w.cp % (2 * k.lanes) == 0) tile = k.wgrad_2x8, cw = 2 * k.lanes;
+  const int64_t kblocks = w.kp / mk, cblocks = w.cp / cw, ntiles = RS * kblocks * cblocks;
+  const int64_t chunks = (g.N + w.imgs - 1) / w.imgs;
+  std::memset(acc, 0, sizeof(int32_t) * size_t(RS * w.kp * w.cp));
+#pragma omp parallel
   {
-    const int t = omp_get_thread_num();
-    Carve cv{base + tb.per_thread * size_t(t)};
-    int8_t* col = cv.take<int8_t>(size_t(rows * G * PQ));
-    uint8_t* apack = cv.take<uint8_t>(cpu::igemm_packed_a_bytes(g.K, G * PQ));
-    void* scratch = cv.take<uint8_t>(cpu::igemm_scratch_bytes(G * PQ));
-    int32_t* dwp = cv.take<int32_t>(size_t(g.K * rows));
-    int64_t* dbp = cv.take<int64_t>(size_t(g.K));
-    std::memset(dwp, 0, sizeof(int32_t) * size_t(g.K * rows));
-    std::memset(dbp, 0, sizeof(int64_t) * size_t(g.K));
-#pragma omp for schedule(static)
     for (int64_t ch = 0; ch < chunks; ++ch) {
-      const int64_t n0 = ch * G, nb = std::min(G, g.N - n0), cols = nb * PQ;
-      const int8_t* gb = gq.codes() + n0 * g.K * PQ;
-      for (int64_t i = 0; i < nb; ++i) im2col_i8(g, xq.codes() + (n0 + i) * g.C * g.H * g.W, col + i * PQ, cols);
-      // A = gq chunk: element (k, (i, p)) at gb[i * K*PQ + k * PQ + p]; B = col^T.
-      const cpu::PackedA a = cpu::igemm_pack_a(IgemmA{gb, g.K, cols, PQ, 1, PQ, g.K * PQ, 64}, apack);
-      cpu::igemm(a, IgemmB{col, cols, rows, cols, 0, 0, true}, dwp, rows, true, scratch);
-      if (db.defined())
-        for (int64_t i = 0; i < nb; ++i)
-          for (int64_t k = 0; k < g.K; ++k) dbp[k] += cpu::sum_codes(gb + (i * g.K + k) * PQ, PQ);
+      const int64_t n0 = ch * w.imgs, nb = std::min(w.imgs, g.N - n0);
+#pragma omp for schedule(static)
+      for (int64_t i = 0; i < nb; ++i) {
+        for (int64_t s = 0; s < g.S; ++s) std::memset(xs + s * w.x_col(nb) + i * w.x_img, off, size_t(w.x_img));
+        stage_wgrad(g, w, nb, xq.codes() + (n0 + i) * CHW, gq.codes() + (n0 + i) * KPQ, off, i, xs, gs);
+      }
+#pragma omp for schedule(static)
+      for (int64_t t = 0; t < ntiles; ++t) {
+        const int64_t tap = t / (kblocks * cblocks), kb = (t / cblocks) % kblocks, cb = t % cblocks;
+        const int64_t r = tap / g.S, s = tap % g.S;
+        const cpu::WgradTileArgs a{xs + s * w.x_col(nb) + r * w.q4s * w.cp * 4 + cb * cw * 4,
+                                   w.x_img,
+                                   g.stride_h * w.q4s * w.cp * 4,
+                                   w.cp * 4,
+                                   gs + kb * mk,
+                                   w.g_img,
+                                   w.q4s * w.kp,
+                                   w.kp,
+                                   nb,
+                                   g.P,
+                                   w.q4s,
+                                   acc + (tap * w.kp + kb * mk) * w.cp + cb * cw,
+                                   w.cp};
+        tile(a);
+      }
     }
-  }
-  // Partials in thread order (integers: any order gives the same sums).
-  const float scale = xq.scale * gq.scale;
-  int32_t* dw0;
-  int64_t* db0;
-  partial(0, &dw0, &db0);
-  for (int t = 1; t < threads; ++t) {
-    int32_t* dwt;
-    int64_t* dbt;
-    partial(t, &dwt, &dbt);
-    for (int64_t i = 0; i < g.K * rows; ++i) dw0[i] += dwt[i];
-    for (int64_t k = 0; k < g.K; ++k) db0[k] += dbt[k];
-  }
-  float* w = dw.f32();
-  for (int64_t i = 0; i < g.K * rows; ++i) w[i] = float(dw0[i]) * scale + (accumulate ? w[i] : 0.f);
-  if (db.defined())
-    for (int64_t k = 0; k < g.K; ++k) db.f32()[k] = float(db0[k]) * gq.scale + (accumulate ? db.f32()[k] : 0.f);
-}
-
-// ---- linear: y [N,O] = xq [N,I] wq[O,I]^T
-
-size_t CpuBackend::linear_q_workspace_bytes(int64_t n, int64_t in, int64_t out) const {
-  const int64_t m = std::max({n, in, out});
-  return cpu::igemm_packed_a_bytes(m, m) + cpu::igemm_scratch_bytes(m) + size_t(m * m) * 4 + 3 * kAlign;
-}
-
-void CpuBackend::linear_forward_q(const Tensor& xq, const Tensor& wq, const Tensor& b, Tensor& y, Workspace ws) {
-  const int64_t N = xq.dim(0), I = xq.dim(1), O = wq.dim(0);
-  Carve cv{static_cast<uint8_t*>(ws.data)};
-  uint8_t* ap = cv.take<uint8_t>(cpu::igemm_packed_a_bytes(N, I));
-  void* scratch = cv.take<uint8_t>(cpu::igemm_scratch_bytes(I));
-  int32_t* acc = cv.take<int32_t>(size_t(N * O));
-  const cpu::PackedA a = cpu::igemm_pack_a(IgemmA{xq.codes(), N, I, I, 1, I, 0, a_offset(xq.dtype)}, ap);
-  cpu::igemm(a, IgemmB{wq.codes(), I, O, I, 0, 0, true}, acc, O, false, scratch);
-  const float scale = xq.scale * wq.scale;
-  for (int64_t n = 0; n < N; ++n)
-    for (int64_t o = 0; o < O; ++o)
-      y.f32()[n * O + o] = float(acc[n * O + o]) * scale + (b.defined() ? b.f32()[o] : 0.f);
-}
-
-void CpuBackend::linear_backward_data_q(const Tensor& gq, const Tensor& wq, Tensor& dx, bool accumulate,
-                                        Workspace ws) {
-  const int64_t N = gq.dim(0), O = gq.dim(1), I = wq.dim(1);
-  Carve cv{static_cast<uint8_t*>(ws.data)};
-  uint8_t* ap = cv.take<uint8_t>(cpu::igemm_packed_a_bytes(N, O));
-  void* scratch = cv.take<uint8_t>(cpu::igemm_scratch_bytes(O));
-  int32_t* acc = cv.take<int32_t>(size_t(N * I));
-  const cpu::PackedA a = cpu::igemm_pack_a(IgemmA{gq.codes(), N, O, O, 1, O, 0, a_offset(gq.dtype)}, ap);
-  cpu::igemm(a, IgemmB{wq.codes(), O, I, I, I, 0, false}, acc, I, false, scratch);
-  const float scale = gq.scale * wq.scale;
-  float* d = dx.f32();
-  for (int64_t i = 0; i < N * I; ++i) d[i] = float(acc[i]) * scale + (accumulate ? d[i] : 0.f);
-}
-
-void CpuBackend::linear_backward_weight_q(const Tensor& xq, const Tensor& gq, Tensor& dw, Tensor& db, bool accumulate,
-                                          Workspace ws) {
-  const int64_t N = xq.dim(0), I = xq.dim(1), O = gq.dim(1);
-  Carve cv{static_cast<uint8_t*>(ws.data)};
-  uint8_t* ap = cv.take<uint8_t>(cpu::igemm_packed_a_bytes(O, N));
-  void* scratch = cv.take<uint8_t>(cpu::igemm_scratch_bytes(N));
-  int32_t* acc = cv.take<int32_t>(size_t(O * I));
-  // A = gq^T: element (o, n) at gq[n * O + o].
-  const cpu::PackedA a = cpu::igemm_pack_a(IgemmA{gq.codes(), O, N, 1, O, N, 0, a_offset(gq.dtype)}, ap);
-  cpu::igemm(a, IgemmB{xq.codes(), N, I, I, I, 0, false}, acc, I, false, scratch);
-  const float scale = xq.scale * gq.scale;
-  float* w = dw.f32();
-  for (int64_t i = 0; i < O * I; ++i) w[i] = float(acc[i]) * scale + (accumulate ? w[i] : 0.f);
-  if (db.defined())
-    for (int64_t o = 0; o < O; ++o) {
+    // The sums of g per output channel: the bias gradient and the offset's correction.
+#pragma omp for schedule(static)
+    for (int64_t kk = 0; kk < g.K; ++kk) {
       int64_t s = 0;
-      for (int64_t n = 0; n < N; ++n) s += gq.codes()[n * O + o];
-      db.f32()[o] = float(s) * gq.scale + (accumulate ? db.f32()[o] : 0.f);
+      for (int64_t n = 0; n < g.N; ++n) s += cpu::sum_codes(gq.codes() + n * KPQ + kk * PQ, PQ);
+      gsum[kk] = s;
     }
+  }
+  const float scale = xq.scale * gq.scale;
+  float* wd = dw.f32();
+  for (int64_t kk = 0; kk < g.K; ++kk)
+    for (int64_t c = 0; c < g.C; ++c)
+      for (int64_t t = 0; t < RS; ++t) {
+        const int64_t v = int64_t(acc[(t * w.kp + kk) * w.cp + c]) - off * gsum[kk];
+        float& d = wd[(kk * g.C + c) * RS + t];
+        d = float(v) * scale + (accumulate ? d : 0.f);
+      }
+  if (db.defined())
+    for (int64_t kk = 0; kk < g.K; ++kk) db.f32()[kk] = float(gsum[kk]) * gq.scale + (accumulate ? db.f32()[kk] : 0.f);
 }
 
 }  // namespace et
