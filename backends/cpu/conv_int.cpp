@@ -320,16 +320,16 @@ void stage_wgrad(const Conv2dGeom& g, const WgradPass& w, int64_t nb, const int8
     }
   int32_t* gi = gs + i * w.g_img;
   std::memset(gi, 0, sizeof(int32_t) * size_t(w.g_img));
+  const int64_t PQ = g.P * g.Q;
+  if (g.Q % 4 == 0) {  // groups of four positions never straddle rows: word copies
+    for (int64_t k = 0; k < g.K; ++k)
+      for (int64_t f4 = 0; f4 < PQ / 4; ++f4) std::memcpy(&gi[f4 * w.kp + k], gr + k * PQ + f4 * 4, 4);
+    return;
+  }
   for (int64_t k = 0; k < g.K; ++k)
-    for (int64_t p = 0; p < g.P; ++p) {
-      const int8_t* src = gr + (k * g.P + p) * g.Q;
-      for (int64_t q4 = 0; q4 < w.q4s; ++q4) {
-        uint8_t b[4] = {0, 0, 0, 0};
-        const int64_t n = std::min<int64_t>(4, g.Q - q4 * 4);
-        std::memcpy(b, src + q4 * 4, size_t(n));
-        std::memcpy(&gi[(p * w.q4s + q4) * w.kp + k], b, 4);
-      }
-    }
+    for (int64_t p = 0; p < g.P; ++p)
+      for (int64_t q = 0; q < g.Q; ++q)
+        reinterpret_cast<uint8_t*>(&gi[(p * w.q4s + q / 4) * w.kp + k])[q % 4] = uint8_t(gr[k * PQ + p * g.Q + q]);
 }
 
 }  // namespace
