@@ -89,6 +89,11 @@ int cmd_bench_step(const BenchStepArgs& a) {
     const double rec = ex.recompute_seconds() * 1e3 / a.steps;
     std::printf("stash %s: pack %.2f ms, unpack %.2f ms per step (%.1f%% of the median step); recompute %.2f ms (%.1f%%)\n",
                 cfg.memory.stash.c_str(), pack, unpack, 100.0 * (pack + unpack) / median, rec, 100.0 * rec / median);
+    if (cfg.quant.forward != "fp32" || cfg.quant.backward != "fp32") {
+      const double q = ex.quantize_seconds() * 1e3 / a.steps;
+      std::printf("quantizing (statistics, codes, dequantised copies; forward %s, backward %s): %.2f ms per step (%.1f%%)\n",
+                  cfg.quant.forward.c_str(), cfg.quant.backward.c_str(), q, 100.0 * q / median);
+    }
   }
   const MemoryReport& m = ex.memory();
   std::printf("%s batch %lld, %d threads: median step %.2f ms (min %.2f, max %.2f) over %d steps, loss %.4f\n",
@@ -114,6 +119,7 @@ int cmd_bench_step(const BenchStepArgs& a) {
     j["stash_pack_ms"] = ex.stash().pack_seconds() * 1e3 / a.steps;
     j["stash_unpack_ms"] = ex.stash().unpack_seconds() * 1e3 / a.steps;
     j["recompute_ms"] = ex.recompute_seconds() * 1e3 / a.steps;
+    j["quantize_ms"] = ex.quantize_seconds() * 1e3 / a.steps;
   }
   std::printf("%s\n", j.dump().c_str());
   return 0;

@@ -29,7 +29,7 @@ Executor::~Executor() = default;
 
 void Executor::set_timing(bool on) {
   timing_ = on;
-  rec_s_ = 0;
+  rec_s_ = quant_s_ = 0;
   stash_.set_timing(on);
   fwd_s_.assign(size_t(graph_.num_nodes()), 0.0);
   bwd_s_.assign(size_t(graph_.num_nodes()), 0.0);

@@ -89,6 +89,7 @@ class Executor {
   const std::vector<double>& forward_seconds() const { return fwd_s_; }
   const std::vector<double>& backward_seconds() const { return bwd_s_; }
   double recompute_seconds() const { return rec_s_; }  // forward time spent recomputing (timing on)
+  double quantize_seconds() const { return quant_s_; }  // 4-bit training: time in the quantizers (timing on)
   void set_observer(NodeObserver* o) { observer_ = o; }
   // The training step number (error messages of the quantizers name it).
   void set_step(int64_t step) { step_ = step; }
@@ -147,7 +148,7 @@ class Executor {
   std::vector<Tensor> forward_data_, recompute_data_;     // data_ as planned; recompute buffers
   std::vector<int> swapped_;                              // values whose data_ view is swapped
   bool recomputing_ = false;
-  double rec_s_ = 0;
+  double rec_s_ = 0, quant_s_ = 0;
   NodeObserver* observer_ = nullptr;
   // 4-bit training: the resolved per-node modes, and per quantized node its planned operand buffers
   // (full batch) with the scales its forward computed for its backward (executor_quant.cpp).
@@ -192,6 +193,9 @@ class OpContext {
   void set_quant_scale(QuantSlot s, float scale) { ex_.qbufs_[size_t(node_id_)][size_t(s)].scale = scale; }
   quant::RngKey quant_rng(int sample) const { return quant::rng_key(seed(), sample); }
   int64_t step() const { return ex_.step_; }
+  // Quantizers report their time here (bench step --profile); a no-op unless timing is on.
+  bool timing() const { return ex_.timing_; }
+  void add_quantize_seconds(double s) { ex_.quant_s_ += s; }
   bool training() const { return ex_.training_; }
   // True while a segment's forward runs again for its backward (checkpoint_every): results must be
   // identical to the first forward and side effects (BN running statistics) must not repeat.

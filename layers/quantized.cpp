@@ -1,11 +1,28 @@
 #include "layers/quantized.h"
 
+#include <chrono>
+
 #include "quant/scales.h"
 
 namespace et::qops {
 
 namespace {
+// Adds the time of its scope to the executor's quantizing time (timing on only).
+class QuantizeTimer {
+ public:
+  explicit QuantizeTimer(OpContext& ctx) : ctx_(ctx), t0_(ctx.timing() ? Clock::now() : Clock::time_point{}) {}
+  ~QuantizeTimer() {
+    if (ctx_.timing()) ctx_.add_quantize_seconds(std::chrono::duration<double>(Clock::now() - t0_).count());
+  }
+
+ private:
+  using Clock = std::chrono::steady_clock;
+  OpContext& ctx_;
+  Clock::time_point t0_;
+};
+
 Tensor quantize_int4(OpContext& ctx, const Tensor& t, QuantSlot slot, const char* what) {
+  QuantizeTimer timer(ctx);
   const TensorStats s = ctx.backend().tensor_stats(t);
   if (!s.finite)
     user_error("layer '", ctx.node().name, "': non-finite ", what, " at training step ", ctx.step(),
@@ -22,6 +39,7 @@ Tensor quantize_input(OpContext& ctx, const Tensor& x) { return quantize_int4(ct
 Tensor quantize_weight(OpContext& ctx, const Tensor& w) { return quantize_int4(ctx, w, QuantSlot::W, "weight"); }
 
 Tensor dequantized(OpContext& ctx, QuantSlot codes, QuantSlot f32, float scale) {
+  QuantizeTimer timer(ctx);
   Tensor q = ctx.quant_operand(codes);
   q.scale = scale;
   Tensor y = ctx.quant_operand(f32);
@@ -30,6 +48,7 @@ Tensor dequantized(OpContext& ctx, QuantSlot codes, QuantSlot f32, float scale) 
 }
 
 float grad_alpha(OpContext& ctx, const Tensor& dy) {
+  QuantizeTimer timer(ctx);
   const TensorStats s = ctx.backend().tensor_stats(dy);
   if (!s.finite)
     user_error("layer '", ctx.node().name, "': non-finite output gradient at training step ", ctx.step(), " (quant.backward = ",
@@ -38,6 +57,7 @@ float grad_alpha(OpContext& ctx, const Tensor& dy) {
 }
 
 Tensor quantize_grad(OpContext& ctx, const Tensor& dy, float alpha, int sample) {
+  QuantizeTimer timer(ctx);
   const LayerQuant& q = *ctx.quant();
   Tensor g = ctx.quant_operand(QuantSlot::G);
   g.scale = alpha;

@@ -311,7 +311,9 @@ TEST_CASE("integer conv equals the exact product of the codes and the FP32 conv 
   cpu::conv_set_path_override(cpu::ConvPathOverride::Gemm);  // FP32 sums in order: exact on these values
   const ConvCase cases[] = {{2, 16, 8, 8, 16, 3, 1, 1}, {3, 5, 7, 9, 6, 3, 2, 1},   {1, 8, 6, 6, 12, 1, 1, 0},
                             {4, 12, 5, 5, 8, 1, 2, 0},  {16, 32, 2, 2, 16, 3, 1, 1}, {1, 3, 11, 11, 5, 5, 1, 2},
-                            {5, 9, 4, 4, 33, 3, 1, 1}};
+                            {5, 9, 4, 4, 33, 3, 1, 1},  {2, 8, 20, 20, 8, 3, 1, 1}, {1, 5, 18, 17, 9, 3, 1, 1},
+                            {2, 8, 20, 20, 8, 3, 2, 1}, {2, 4, 12, 12, 8, 1, 2, 0}};
+  // (Large maps take the padded staging, small ones and strides the per-tap one: both covered.)
   for (const ConvCase& cc : cases)
     for (bool x_unsigned : {true, false})
       for (cpu::IgemmIsa isa : {cpu::IgemmIsa::Scalar, cpu::IgemmIsa::Avx2, cpu::IgemmIsa::Avx512Vnni}) {

@@ -59,42 +59,54 @@ constexpr int64_t kWgradChunkBytes = 1 << 20;  // weight gradient: staged bytes 
 
 struct TilePass {
   int64_t cin = 0, cin4 = 0, cout = 0, coutp = 0;  // channels in (groups of 4) / out (padded)
-  int64_t taps = 0;
-  bool per_tap = false;    // one staged copy per tap (strided forward) instead of one padded copy
+  int64_t R = 0, S = 0, taps = 0;
+  // The source: [cin][hi][wi]; output (p, q) at tap (r, s) reads source row (p * st_h + r - top) /
+  // dil_h if that divides (the data gradient reads g dilated by the stride), likewise columns.
+  int64_t hi = 0, wi = 0, st_h = 1, st_w = 1, top = 0, left = 0, dil_h = 1, dil_w = 1;
+  int64_t pout = 0, qout = 0;  // output rows / columns per image
+  // Padded (stride 1 only): one zero-padded copy, output rows run over its full width hs x ws and
+  // each tap is one offset. Per tap: a copy of what each tap reads, hs x ws = pout x qout; no
+  // wasted positions, so it is the choice for strides and for small maps (where padding is most).
+  bool per_tap = false;
   int64_t hs = 0, ws = 0;  // staged rows per image and row width, in positions
-  int64_t pout = 0, qout = 0;  // valid output rows / columns per image
-  int64_t imgs = 0;            // images per chunk
-  int64_t fpos = 0;            // positions computed per chunk (a multiple of kTileWidth)
-  int64_t plane = 0;           // positions per staged channel group
+  int64_t imgs = 0;        // images per chunk
+  int64_t fpos = 0;        // positions computed per chunk (a multiple of kTileWidth)
+  int64_t plane = 0;       // positions per staged channel group
   int64_t stage_bytes() const { return (per_tap ? taps : 1) * cin4 * plane * 4; }
   int64_t positions(int64_t nb) const { return round_up(nb * hs * ws, kTileWidth); }
 };
 
-void finish_pass(TilePass& p, const Conv2dGeom& g, int64_t R, int64_t S) {
+void finish_pass(TilePass& p, int64_t N) {
   p.cin4 = (p.cin + 3) / 4;
   p.coutp = round_up(p.cout, kTileHeight);
-  p.taps = R * S;
-  p.imgs = std::clamp<int64_t>((kChunkPositions + p.hs * p.ws - 1) / (p.hs * p.ws), 1, std::max<int64_t>(1, g.N));
+  p.taps = p.R * p.S;
+  const int64_t hp = p.pout + p.R - 1, wp = p.qout + p.S - 1;  // the padded copy (stride 1)
+  p.per_tap = p.st_h != 1 || p.st_w != 1 || double(hp * wp) > 1.3 * double(p.pout * p.qout);
+  p.hs = p.per_tap ? p.pout : hp;
+  p.ws = p.per_tap ? p.qout : wp;
+  p.imgs = std::clamp<int64_t>((kChunkPositions + p.hs * p.ws - 1) / (p.hs * p.ws), 1, std::max<int64_t>(1, N));
   p.fpos = p.positions(p.imgs);
   // A tile at the last position reads up to the largest tap offset past it.
-  p.plane = p.per_tap ? p.fpos : round_up(p.fpos + (R - 1) * p.ws + S - 1, 16);
+  p.plane = p.per_tap ? p.fpos : round_up(p.fpos + (p.R - 1) * p.ws + p.S - 1, 16);
 }
 
 TilePass forward_pass(const Conv2dGeom& g) {
   TilePass p;
-  p.cin = g.C, p.cout = g.K, p.pout = g.P, p.qout = g.Q;
-  p.per_tap = g.stride_h != 1 || g.stride_w != 1;
-  p.hs = p.per_tap ? g.P : g.P + g.R - 1;
-  p.ws = p.per_tap ? g.Q : g.Q + g.S - 1;
-  finish_pass(p, g, g.R, g.S);
+  p.cin = g.C, p.cout = g.K, p.R = g.R, p.S = g.S;
+  p.hi = g.H, p.wi = g.W, p.st_h = g.stride_h, p.st_w = g.stride_w, p.top = g.pad_h, p.left = g.pad_w;
+  p.pout = g.P, p.qout = g.Q;
+  finish_pass(p, g.N);
   return p;
 }
 
+// dx[c, h, w] = sum_{k, r, s} g_dilated[k, h + r - (R-1-pad), w + s - (S-1-pad)] * w[k, c, R-1-r, S-1-s]
 TilePass data_pass(const Conv2dGeom& g) {
   TilePass p;
-  p.cin = g.K, p.cout = g.C, p.pout = g.H, p.qout = g.W;
-  p.hs = g.H + g.R - 1, p.ws = g.W + g.S - 1;
-  finish_pass(p, g, g.R, g.S);
+  p.cin = g.K, p.cout = g.C, p.R = g.R, p.S = g.S;
+  p.hi = g.P, p.wi = g.Q, p.top = g.R - 1 - g.pad_h, p.left = g.S - 1 - g.pad_w;
+  p.dil_h = g.stride_h, p.dil_w = g.stride_w;
+  p.pout = g.H, p.qout = g.W;
+  finish_pass(p, g.N);
   return p;
 }
 
@@ -127,6 +139,11 @@ void carve_thread(const TilePass& p, void* base, TilePassMemory& m) {
   Carve cv(base);
   m.stage = cv.take<uint8_t>(p.stage_bytes());
   m.out = cv.take<int32_t>(p.coutp * p.fpos);
+}
+
+void tap_offsets(const TilePass& p, TilePassMemory& mem) {
+  for (int64_t t = 0; t < p.taps; ++t)
+    mem.toff[t] = p.per_tap ? t * p.cin4 * p.plane * 4 : ((t / p.S) * p.ws + t % p.S) * 4;
 }
 
 // Weight words: w[(t * cin4 + c4) * coutp + m] holds bytes at(m, 4 c4 + j, t), j < 4 (zero past
@@ -174,45 +191,66 @@ void interleave4(const int8_t* src, int64_t rstride, int64_t n, int offset, uint
     for (int64_t j = 0; j < 4; ++j) dst[4 * w + j] = uint8_t(src[j * rstride + w] + offset);
 }
 
-// Image i of the chunk, channels [cin][hi][wi], into the padded staging: row top + h * dh,
-// column left + w * dw of image i's block of rows. The rest keeps the offset (set by the caller).
-void stage_padded(const TilePass& p, const int8_t* src, int64_t hi, int64_t wi, int64_t top, int64_t left,
-                  int64_t dh, int64_t dw, int offset, int64_t i, uint8_t* stage) {
-  const bool row_inside = dw == 1 && left >= 0 && left + wi <= p.ws;
+// Image i of the chunk into the padded staging: source (h, w) at row top + h * dil_h, column
+// left + w * dil_w of image i's block of rows. The rest keeps the offset (set by the caller).
+void stage_padded(const TilePass& p, const int8_t* src, int offset, int64_t i, uint8_t* stage) {
+  const bool row_inside = p.dil_w == 1 && p.left >= 0 && p.left + p.wi <= p.ws;
+  const int64_t plane_in = p.hi * p.wi;
   for (int64_t c4 = 0; c4 < p.cin4; ++c4) {
     const bool whole_group = c4 * 4 + 4 <= p.cin;
-    for (int64_t h = 0; h < hi; ++h) {
-      const int64_t row = top + h * dh;
+    for (int64_t h = 0; h < p.hi; ++h) {
+      const int64_t row = p.top + h * p.dil_h;
       if (row < 0 || row >= p.hs) continue;
       uint8_t* dst = stage + (c4 * p.plane + (i * p.hs + row) * p.ws) * 4;
-      const int8_t* s = src + (c4 * 4 * hi + h) * wi;
+      const int8_t* s = src + (c4 * 4 * p.hi + h) * p.wi;
       if (row_inside && whole_group) {
-        interleave4(s, hi * wi, wi, offset, dst + left * 4);
+        interleave4(s, plane_in, p.wi, offset, dst + p.left * 4);
         continue;
       }
       for (int64_t j = 0; j < 4 && c4 * 4 + j < p.cin; ++j)
-        for (int64_t w = 0; w < wi; ++w) {
-          const int64_t col = left + w * dw;
-          if (col >= 0 && col < p.ws) dst[col * 4 + j] = uint8_t(s[j * hi * wi + w] + offset);
+        for (int64_t w = 0; w < p.wi; ++w) {
+          const int64_t col = p.left + w * p.dil_w;
+          if (col >= 0 && col < p.ws) dst[col * 4 + j] = uint8_t(s[j * plane_in + w] + offset);
         }
     }
   }
 }
 
-// Strided forward: image i, one staged copy per tap of the values each output position reads.
-void stage_per_tap(const TilePass& p, const Conv2dGeom& g, const int8_t* src, int offset, int64_t i,
-                   uint8_t* stage) {
+// Source coordinate read by output coordinate o at tap offset r, or -1 (padding, dilation hole).
+int64_t source_at(int64_t o, int64_t st, int64_t r, int64_t top, int64_t dil, int64_t n) {
+  const int64_t u = o * st + r - top;
+  if (u < 0 || u % dil) return -1;
+  return u / dil < n ? u / dil : -1;
+}
+
+// Image i of the chunk into the per-tap staging [tap][cin4][pout * qout][4] (+ offset; the rest
+// keeps the offset, set by the caller).
+void stage_per_tap(const TilePass& p, const int8_t* src, int offset, int64_t i, uint8_t* stage) {
+  const int64_t plane_in = p.hi * p.wi;
+  const bool contiguous = p.st_w == 1 && p.dil_w == 1;
   for (int64_t t = 0; t < p.taps; ++t) {
-    const int64_t r = t / g.S, s = t % g.S;
-    for (int64_t c = 0; c < g.C; ++c) {
-      uint8_t* dst = stage + ((t * p.cin4 + c / 4) * p.plane + i * g.P * g.Q) * 4 + c % 4;
-      const int8_t* plane = src + c * g.H * g.W;
-      for (int64_t pp = 0; pp < g.P; ++pp) {
-        const int64_t h = pp * g.stride_h - g.pad_h + r;
-        if (h < 0 || h >= g.H) continue;
-        for (int64_t q = 0; q < g.Q; ++q) {
-          const int64_t w = q * g.stride_w - g.pad_w + s;
-          if (w >= 0 && w < g.W) dst[(pp * g.Q + q) * 4] = uint8_t(plane[h * g.W + w] + offset);
+    const int64_t r = t / p.S, s = t % p.S;
+    // Output columns [q0, q1) read columns q + s - left inside the source (contiguous case).
+    const int64_t q0 = std::clamp<int64_t>(p.left - s, 0, p.qout);
+    const int64_t q1 = std::clamp<int64_t>(p.wi + p.left - s, q0, p.qout);
+    for (int64_t c4 = 0; c4 < p.cin4; ++c4) {
+      const int64_t nc = std::min<int64_t>(4, p.cin - c4 * 4);
+      uint8_t* base = stage + ((t * p.cin4 + c4) * p.plane + i * p.pout * p.qout) * 4;
+      for (int64_t pp = 0; pp < p.pout; ++pp) {
+        const int64_t h = source_at(pp, p.st_h, r, p.top, p.dil_h, p.hi);
+        if (h < 0) continue;
+        uint8_t* dst = base + pp * p.qout * 4;
+        const int8_t* srow = src + (c4 * 4 * p.hi + h) * p.wi;
+        if (contiguous && nc == 4) {
+          interleave4(srow + q0 + s - p.left, plane_in, q1 - q0, offset, dst + q0 * 4);
+          continue;
+        }
+        for (int64_t q = 0; q < p.qout; ++q) {
+          const int64_t w = source_at(q, p.st_w, s, p.left, p.dil_w, p.wi);
+          if (w < 0) continue;
+          uint8_t b[4] = {uint8_t(offset), uint8_t(offset), uint8_t(offset), uint8_t(offset)};
+          for (int64_t j = 0; j < nc; ++j) b[j] = uint8_t(srow[j * plane_in + w] + offset);
+          std::memcpy(dst + q * 4, b, 4);
         }
       }
     }
@@ -352,8 +390,7 @@ void CpuBackend::conv2d_forward_q(const Conv2dGeom& g, const Tensor& xq, const T
   const int8_t* w = wq.codes();
   const int64_t RS = g.R * g.S, CHW = g.C * g.H * g.W, PQ = g.P * g.Q;
   pack_words(p, [&](int64_t k, int64_t c, int64_t t) { return w[(k * g.C + c) * RS + t]; }, off, mem);
-  for (int64_t t = 0; t < RS; ++t)
-    mem.toff[t] = p.per_tap ? t * p.cin4 * p.plane * 4 : ((t / g.S) * p.ws + t % g.S) * 4;
+  tap_offsets(p, mem);
   const float scale = xq.scale * wq.scale;
   const float* bias = b.defined() ? b.f32() : nullptr;
   float* yd = y.f32();
@@ -361,8 +398,7 @@ void CpuBackend::conv2d_forward_q(const Conv2dGeom& g, const Tensor& xq, const T
       p, g.N, off, mem, base + shared, per_thread,
       [&](int64_t n, int64_t i, uint8_t* stage) {
         const int8_t* x = xq.codes() + n * CHW;
-        if (p.per_tap) return stage_per_tap(p, g, x, off, i, stage);
-        stage_padded(p, x, g.H, g.W, g.pad_h, g.pad_w, 1, 1, off, i, stage);
+        p.per_tap ? stage_per_tap(p, x, off, i, stage) : stage_padded(p, x, off, i, stage);
       },
       [&](int64_t n0, int64_t nb, const int32_t* out) {
         for_each_output_row(p, nb, out, [&](int64_t i, int64_t k, int64_t r, const int32_t* src) {
@@ -387,14 +423,14 @@ void CpuBackend::conv2d_backward_data_q(const Conv2dGeom& g, const Tensor& gq, c
   // Correlation with the flipped kernel: tap t of the data gradient is tap RS-1-t of w.
   pack_words(p, [&](int64_t c, int64_t k, int64_t t) { return w[(k * g.C + c) * RS + RS - 1 - t]; }, kGradOffset,
              mem);
-  for (int64_t t = 0; t < RS; ++t) mem.toff[t] = ((t / g.S) * p.ws + t % g.S) * 4;
+  tap_offsets(p, mem);
   const float scale = gq.scale * wq.scale;
   float* dxd = dx.f32();
   run_tile_pass(
       p, g.N, kGradOffset, mem, base + shared, per_thread,
       [&](int64_t n, int64_t i, uint8_t* stage) {
-        stage_padded(p, gq.codes() + n * KPQ, g.P, g.Q, g.R - 1 - g.pad_h, g.S - 1 - g.pad_w, g.stride_h,
-                     g.stride_w, kGradOffset, i, stage);
+        const int8_t* gn = gq.codes() + n * KPQ;
+        p.per_tap ? stage_per_tap(p, gn, kGradOffset, i, stage) : stage_padded(p, gn, kGradOffset, i, stage);
       },
       [&](int64_t n0, int64_t nb, const int32_t* out) {
         for_each_output_row(p, nb, out, [&](int64_t i, int64_t c, int64_t r, const int32_t* src) {
