@@ -46,10 +46,9 @@ std::vector<float> gauss(size_t n, uint32_t seed, float sd) {
   return v;
 }
 
-struct IsaGuard {
-  ~IsaGuard() { cpu::igemm_force_isa(cpu::igemm_supported(cpu::IgemmIsa::Avx512Vnni) ? cpu::IgemmIsa::Avx512Vnni
-                                    : cpu::igemm_supported(cpu::IgemmIsa::Avx2)     ? cpu::IgemmIsa::Avx2
-                                                                                     : cpu::IgemmIsa::Scalar); }
+struct IsaGuard {  // restores the integer-kernel path a test case forces
+  cpu::IgemmIsa saved = cpu::igemm_isa();
+  ~IsaGuard() { cpu::igemm_force_isa(saved); }
 };
 
 }  // namespace
@@ -316,7 +315,8 @@ TEST_CASE("integer conv equals the exact product of the codes and the FP32 conv 
   // (Large maps take the padded staging, small ones and strides the per-tap one: both covered.)
   for (const ConvCase& cc : cases)
     for (bool x_unsigned : {true, false})
-      for (cpu::IgemmIsa isa : {cpu::IgemmIsa::Scalar, cpu::IgemmIsa::Avx2, cpu::IgemmIsa::Avx512Vnni}) {
+      for (cpu::IgemmIsa isa :
+           {cpu::IgemmIsa::Scalar, cpu::IgemmIsa::Avx2, cpu::IgemmIsa::Avx512Vnni, cpu::IgemmIsa::NeonDot}) {
         if (!cpu::igemm_supported(isa)) continue;
         cpu::igemm_force_isa(isa);
         const Conv2dGeom g = geom(cc);

@@ -14,9 +14,10 @@
 //                  lanes over input channels (x staged per tap column [S][rows][Q/4][C][4]),
 //                  words of four positions of g ([P][Q/4][K][4]); threads split the output tiles,
 //                  so there are no partial sums to reduce.
-// The vector side is unsigned (vpdpbusd and vpmaddubsw multiply u8 by s8): INT4 codes + 8,
+// On x86 the vector side is unsigned (vpdpbusd and vpmaddubsw multiply u8 by s8): INT4 codes + 8,
 // FP4 codes + 64. The offsets come back out exactly: a padded position holds the offset (the zero
-// code), so the correction is offset * (sum of the other operand) per output channel.
+// code), so the correction is offset * (sum of the other operand) per output channel. NEON's
+// sdot multiplies signed bytes: no offsets there.
 #include <omp.h>
 
 #include <algorithm>
@@ -44,11 +45,13 @@ const cpu::IntTileKernels& tiles() {
   const cpu::IntTileKernels* t = nullptr;
   if (cpu::igemm_isa() == cpu::IgemmIsa::Avx512Vnni) t = cpu::int_tiles_vnni();
   if (cpu::igemm_isa() == cpu::IgemmIsa::Avx2) t = cpu::int_tiles_avx2();
+  if (cpu::igemm_isa() == cpu::IgemmIsa::NeonDot) t = cpu::int_tiles_neon();
   return t ? *t : *cpu::int_tiles_scalar();
 }
 
-int x_offset(DType t) { return t == DType::U4 ? 0 : 8; }  // INT4 -7..7 -> 1..15; UINT4 as is
-constexpr int kGradOffset = 64;                           // FP4 -64..64 -> 0..128
+// What the staging adds to make the codes unsigned, where the path needs it.
+int x_offset(DType t) { return tiles().unsigned_staged && t == DType::I4 ? 8 : 0; }  // -7..7 -> 1..15
+int grad_offset() { return tiles().unsigned_staged ? 64 : 0; }                        // -64..64 -> 0..128
 constexpr int64_t kTileWidth = 48;    // positions per conv tile: a multiple of every path's (48, 8, 4)
 constexpr int64_t kTileHeight = 8;    // output channels per conv tile (conv_mk of every path)
 constexpr int64_t kLanePad = 16;      // weight gradient: channels padded to the widest lane count
@@ -421,16 +424,16 @@ void CpuBackend::conv2d_backward_data_q(const Conv2dGeom& g, const Tensor& gq, c
   const int8_t* w = wq.codes();
   const int64_t RS = g.R * g.S, HW = g.H * g.W, KPQ = g.K * g.P * g.Q;
   // Correlation with the flipped kernel: tap t of the data gradient is tap RS-1-t of w.
-  pack_words(p, [&](int64_t c, int64_t k, int64_t t) { return w[(k * g.C + c) * RS + RS - 1 - t]; }, kGradOffset,
-             mem);
+  const int off = grad_offset();
+  pack_words(p, [&](int64_t c, int64_t k, int64_t t) { return w[(k * g.C + c) * RS + RS - 1 - t]; }, off, mem);
   tap_offsets(p, mem);
   const float scale = gq.scale * wq.scale;
   float* dxd = dx.f32();
   run_tile_pass(
-      p, g.N, kGradOffset, mem, base + shared, per_thread,
+      p, g.N, off, mem, base + shared, per_thread,
       [&](int64_t n, int64_t i, uint8_t* stage) {
         const int8_t* gn = gq.codes() + n * KPQ;
-        p.per_tap ? stage_per_tap(p, gn, kGradOffset, i, stage) : stage_padded(p, gn, kGradOffset, i, stage);
+        p.per_tap ? stage_per_tap(p, gn, off, i, stage) : stage_padded(p, gn, off, i, stage);
       },
       [&](int64_t n0, int64_t nb, const int32_t* out) {
         for_each_output_row(p, nb, out, [&](int64_t i, int64_t c, int64_t r, const int32_t* src) {
@@ -500,7 +503,8 @@ void CpuBackend::conv2d_backward_weight_q(const Conv2dGeom& g, const Tensor& xq,
 #pragma omp for schedule(static)
     for (int64_t kk = 0; kk < g.K; ++kk) {
       int64_t s = 0;
-      for (int64_t n = 0; n < g.N; ++n) s += cpu::sum_codes(gq.codes() + n * KPQ + kk * PQ, PQ);
+      if (db.defined() || off != 0)
+        for (int64_t n = 0; n < g.N; ++n) s += cpu::sum_codes(gq.codes() + n * KPQ + kk * PQ, PQ);
       gsum[kk] = s;
     }
   }

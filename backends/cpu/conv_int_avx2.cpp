@@ -11,6 +11,7 @@ namespace {
 
 struct Avx2 {
   static constexpr int L = 8, kConvNV = 1;  // 8 accumulators of 16 registers
+  static constexpr bool kUnsigned = true;
   using V = __m256i;
   static V zero() { return _mm256_setzero_si256(); }
   static V load(const uint8_t* p) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)); }

@@ -7,6 +7,7 @@ namespace {
 
 struct Scalar {
   static constexpr int L = 4, kConvNV = 1;
+  static constexpr bool kUnsigned = true;  // mirrors x86: u8 x s8
   struct V {
     int32_t l[4];
   };

@@ -55,6 +55,7 @@ template <class I, bool Wide>
 et::cpu::IntTileKernels make_tiles() {
   et::cpu::IntTileKernels k;
   k.lanes = I::L;
+  k.unsigned_staged = I::kUnsigned;
   k.conv_nv = I::kConvNV;
   k.conv_mk = 8;
   k.conv = conv_tile<I, I::kConvNV, 8>;

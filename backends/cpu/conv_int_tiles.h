@@ -2,10 +2,11 @@
 // instruction set, each compiled in its own file with that set's flags (conv_int_vnni.cpp,
 // conv_int_avx2.cpp, conv_int_scalar.cpp) from the one template in conv_int_tile_impl.h.
 //
-// A "dot4" multiplies four unsigned bytes of a staged operand by four signed bytes of a word and
-// adds the sum to an int32 lane (vpdpbusd; vpmaddubsw + vpmaddwd; plain C). The operands obey
-// the contract of igemm.h (unsigned side <= 128, signed side |b| <= 64, product pairs < 2^15), so
-// every path computes the same integers and no sum depends on order or thread count.
+// A "dot4" multiplies four bytes of a staged operand by four signed bytes of a word and adds the
+// sum to an int32 lane (vpdpbusd; vpmaddubsw + vpmaddwd; sdot; plain C). On x86 the staged bytes
+// are unsigned and obey the contract of igemm.h (<= 128 against |b| <= 64, product pairs
+// < 2^15); on NEON both are signed codes. Every path computes the same integers and no sum
+// depends on order or thread count.
 //
 // Both tiles read their vector operand straight from a staging buffer (no im2col, no packing)
 // and broadcast the other operand one 32-bit word at a time:
@@ -45,6 +46,9 @@ using WgradTileFn = void (*)(const WgradTileArgs&);
 
 struct IntTileKernels {
   int lanes;  // int32 lanes per vector
+  // x86 multiplies u8 by s8: the staged side carries offsets (codes + 8, FP4 + 64) that the
+  // drivers take back out. NEON sdot multiplies s8 by s8: the codes as they are.
+  bool unsigned_staged;
   int conv_nv, conv_mk;
   ConvTileFn conv;
   WgradTileFn wgrad_1x8, wgrad_2x8;  // NV x MK; 2x8 only where there are registers for it
@@ -53,6 +57,7 @@ struct IntTileKernels {
 // nullptr where the file was not compiled for this machine's architecture.
 const IntTileKernels* int_tiles_vnni();
 const IntTileKernels* int_tiles_avx2();
+const IntTileKernels* int_tiles_neon();
 const IntTileKernels* int_tiles_scalar();
 
 }  // namespace et::cpu

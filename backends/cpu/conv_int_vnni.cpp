@@ -11,6 +11,7 @@ namespace {
 
 struct Vnni {
   static constexpr int L = 16, kConvNV = 3;  // 8 x 3 accumulators of 32
+  static constexpr bool kUnsigned = true;
   using V = __m512i;
   static V zero() { return _mm512_setzero_si512(); }
   static V load(const uint8_t* p) { return _mm512_loadu_si512(p); }

@@ -8,6 +8,10 @@
 #include <immintrin.h>
 #define ET_IGEMM_X86 1
 #endif
+#if defined(__aarch64__) && defined(__linux__)
+#include <asm/hwcap.h>
+#include <sys/auxv.h>
+#endif
 
 #include "engine/check.h"
 
@@ -118,6 +122,7 @@ IgemmIsa best_isa() {
   if (igemm_supported(IgemmIsa::Avx512Vnni)) return IgemmIsa::Avx512Vnni;
   if (igemm_supported(IgemmIsa::Avx2)) return IgemmIsa::Avx2;
 #endif
+  if (igemm_supported(IgemmIsa::NeonDot)) return IgemmIsa::NeonDot;
   return IgemmIsa::Scalar;
 }
 IgemmIsa g_isa = best_isa();
@@ -212,6 +217,7 @@ const char* igemm_isa_name(IgemmIsa isa) {
     case IgemmIsa::Scalar: return "scalar";
     case IgemmIsa::Avx2: return "avx2";
     case IgemmIsa::Avx512Vnni: return "avx512vnni";
+    case IgemmIsa::NeonDot: return "neon-dot";
   }
   return "?";
 }
@@ -219,6 +225,9 @@ const char* igemm_isa_name(IgemmIsa isa) {
 bool igemm_supported(IgemmIsa isa) {
   switch (isa) {
     case IgemmIsa::Scalar: return true;
+#if defined(__aarch64__) && defined(__linux__) && defined(HWCAP_ASIMDDP)
+    case IgemmIsa::NeonDot: return (getauxval(AT_HWCAP) & HWCAP_ASIMDDP) != 0;
+#endif
 #if ET_IGEMM_X86
     case IgemmIsa::Avx2: return __builtin_cpu_supports("avx2");
     case IgemmIsa::Avx512Vnni:

@@ -24,7 +24,8 @@
 
 namespace et::cpu {
 
-enum class IgemmIsa : uint8_t { Scalar, Avx2, Avx512Vnni };
+// NeonDot (aarch64 sdot) has conv tiles (conv_int_neon.cpp); the GEMM itself runs scalar there.
+enum class IgemmIsa : uint8_t { Scalar, Avx2, Avx512Vnni, NeonDot };
 const char* igemm_isa_name(IgemmIsa isa);
 bool igemm_supported(IgemmIsa isa);
 IgemmIsa igemm_isa();            // the path in use: the best supported unless forced
