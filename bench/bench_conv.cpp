@@ -3,7 +3,8 @@
 // Median of --reps timed repetitions after one warm-up; GFLOP/s = 2*N*K*P*Q*(C/groups)*R*S / time.
 // The per-network total weights each shape by how often it occurs in the network.
 //
-//   bench_conv [--filter SUBSTR] [--reps N] [--batch N] [--csv] [--cpu]
+//   bench_conv [--filter SUBSTR] [--reps N] [--batch N] [--csv] [--cpu] [--int4]
+//   --int4: also the integer passes on 4-bit codes (4-bit training), and their speed-up over FP32
 //   bench_conv --reps N --gemm     (single-threaded SGEMM vs Eigen on conv-like shapes)
 // Compare with PyTorch: python3 bench/conv_pytorch.py --ours <csv from --csv>
 #include <omp.h>
@@ -172,19 +173,21 @@ int main(int argc, char** argv) {
   std::string filter;
   int reps = 5;
   int64_t batch = 128;
-  bool csv = false;
+  bool csv = false, int4 = false;
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--filter") && i + 1 < argc) filter = argv[++i];
     else if (!std::strcmp(argv[i], "--reps") && i + 1 < argc) reps = std::atoi(argv[++i]);
     else if (!std::strcmp(argv[i], "--batch") && i + 1 < argc) batch = std::atoll(argv[++i]);
     else if (!std::strcmp(argv[i], "--csv")) csv = true;
     else if (!std::strcmp(argv[i], "--cpu")) g_cpu_time = true;
+    else if (!std::strcmp(argv[i], "--int4")) int4 = true;
     else if (!std::strcmp(argv[i], "--gemm")) {
       bench_gemm(reps);
       return 0;
     }
     else {
-      std::fprintf(stderr, "usage: %s [--filter SUBSTR] [--reps N] [--batch N] [--csv] [--cpu] | [--reps N] --gemm\n", argv[0]);
+      std::fprintf(stderr, "usage: %s [--filter SUBSTR] [--reps N] [--batch N] [--csv] [--cpu] [--int4] | [--reps N] --gemm\n",
+                   argv[0]);
       return 2;
     }
   }
@@ -222,6 +225,29 @@ int main(int argc, char** argv) {
     else
       std::printf("%-12s %-26s %3ld | %8.3f %8.3f %8.3f | %7.1f %7.1f %7.1f\n", s.net.c_str(), s.name.c_str(),
                   long(s.count), tf, td, tw, gf / tf, gf / td, gf / tw);
+    if (int4 && g.groups == 1) {  // the same passes on codes: U4 inputs, I4 weights, FP4 gradients
+      std::vector<int8_t> xc(size_t(x.t.numel())), wc(size_t(w.t.numel())), gc(size_t(dy.t.numel()));
+      uint32_t seed = 5;
+      auto rnd = [&] { return (seed = seed * 1664525u + 1013904223u) >> 8; };
+      for (auto& c : xc) c = int8_t(rnd() % 16);
+      for (auto& c : wc) c = int8_t(int(rnd() % 15) - 7);
+      for (auto& c : gc) c = int8_t((rnd() & 1 ? -1 : 1) * (1 << (rnd() % 7)));
+      Tensor xq = Tensor::contiguous(xc.data(), x.t.shape, DType::U4), wq = Tensor::contiguous(wc.data(), w.t.shape, DType::I4);
+      Tensor gq = Tensor::contiguous(gc.data(), dy.t.shape, DType::F4);
+      xq.scale = wq.scale = gq.scale = 1.f;
+      size_t qb = 0;
+      for (ConvPass p : {ConvPass::Forward, ConvPass::BackwardData, ConvPass::BackwardWeight})
+        qb = std::max(qb, be->conv2d_q_workspace_bytes(g, p));
+      std::vector<uint8_t> qwsv(qb + 64);
+      Workspace qws{qwsv.data(), qb};
+      const double qf = time_ms(reps, [&] { be->conv2d_forward_q(g, xq, wq, none, y.t, qws); });
+      const double qd = time_ms(reps, [&] { be->conv2d_backward_data_q(g, gq, wq, dx.t, false, qws); });
+      const double qw = time_ms(reps, [&] { be->conv2d_backward_weight_q(g, xq, gq, dw.t, none, false, qws); });
+      totals[s.net + " int4"] += double(s.count) * (qf + qd + qw);
+      if (!csv)
+        std::printf("%-12s %-26s %3s | %8.3f %8.3f %8.3f | int4 %5.2fx %5.2fx %5.2fx faster\n", "", "  int4", "", qf, qd, qw,
+                    tf / qf, td / qd, tw / qw);
+    }
     std::fflush(stdout);
   }
   if (!csv)

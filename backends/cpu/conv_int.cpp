@@ -55,7 +55,12 @@ int grad_offset() { return tiles().unsigned_staged ? 64 : 0; }                  
 constexpr int64_t kTileWidth = 48;    // positions per conv tile: a multiple of every path's (48, 8, 4)
 constexpr int64_t kTileHeight = 8;    // output channels per conv tile (conv_mk of every path)
 constexpr int64_t kLanePad = 16;      // weight gradient: channels padded to the widest lane count
-constexpr int64_t kChunkPositions = 1024;      // conv tile passes: staged positions per chunk
+// Conv tile passes: a chunk of images stages at most kChunkPositions positions and about
+// kStageBytes (L2), and the weights are swept in blocks of about kWeightBlockBytes, so that a
+// block stays in L2 while the positions go by (deep layers have megabytes of weights).
+constexpr int64_t kChunkPositions = 1024;
+constexpr int64_t kStageBytes = 384 << 10;
+constexpr int64_t kWeightBlockBytes = 128 << 10;
 constexpr int64_t kWgradChunkBytes = 1 << 20;  // weight gradient: staged bytes per chunk
 
 // ---- conv tile passes (forward, data gradient)
@@ -75,6 +80,7 @@ struct TilePass {
   int64_t imgs = 0;        // images per chunk
   int64_t fpos = 0;        // positions computed per chunk (a multiple of kTileWidth)
   int64_t plane = 0;       // positions per staged channel group
+  int64_t mblock = 0;      // output channels per sweep over the positions
   int64_t stage_bytes() const { return (per_tap ? taps : 1) * cin4 * plane * 4; }
   int64_t positions(int64_t nb) const { return round_up(nb * hs * ws, kTileWidth); }
 };
@@ -87,7 +93,13 @@ void finish_pass(TilePass& p, int64_t N) {
   p.per_tap = p.st_h != 1 || p.st_w != 1 || double(hp * wp) > 1.3 * double(p.pout * p.qout);
   p.hs = p.per_tap ? p.pout : hp;
   p.ws = p.per_tap ? p.qout : wp;
-  p.imgs = std::clamp<int64_t>((kChunkPositions + p.hs * p.ws - 1) / (p.hs * p.ws), 1, std::max<int64_t>(1, N));
+  const int64_t image_positions = p.hs * p.ws, position_bytes = (p.per_tap ? p.taps : 1) * p.cin4 * 4;
+  const int64_t by_bytes = kStageBytes / (image_positions * position_bytes);
+  const int64_t by_positions = kChunkPositions / image_positions;
+  const int64_t at_least = (kTileWidth + image_positions - 1) / image_positions;  // one full tile
+  p.imgs = std::clamp<int64_t>(std::max(at_least, std::min(by_bytes, by_positions)), 1, std::max<int64_t>(1, N));
+  p.mblock = std::clamp<int64_t>(kWeightBlockBytes / (p.taps * p.cin4 * 4) / kTileHeight * kTileHeight, kTileHeight,
+                                 p.coutp);
   p.fpos = p.positions(p.imgs);
   // A tile at the last position reads up to the largest tap offset past it.
   p.plane = p.per_tap ? p.fpos : round_up(p.fpos + (p.R - 1) * p.ws + p.S - 1, 16);
@@ -114,7 +126,7 @@ TilePass data_pass(const Conv2dGeom& g) {
 }
 
 struct TilePassMemory {
-  int32_t* w;       // [taps][cin4][coutp] weight words
+  int32_t* w;       // weight words, panels of kTileHeight output channels (pack_words)
   int32_t* corr;    // [coutp] offset * sum of each output channel's weights
   int64_t* toff;    // [taps] byte offsets
   uint8_t* stage;   // this thread's staging
@@ -149,12 +161,17 @@ void tap_offsets(const TilePass& p, TilePassMemory& mem) {
     mem.toff[t] = p.per_tap ? t * p.cin4 * p.plane * 4 : ((t / p.S) * p.ws + t % p.S) * 4;
 }
 
-// Weight words: w[(t * cin4 + c4) * coutp + m] holds bytes at(m, 4 c4 + j, t), j < 4 (zero past
-// the channels); corr[m] = offset * the sum of output channel m's bytes.
+// Weight words in tile-height panels, each one contiguous stream for its tile:
+// w[((m / 8) * taps * cin4 + t * cin4 + c4) * 8 + m % 8] holds bytes at(m, 4 c4 + j, t), j < 4
+// (zero past the channels); corr[m] = offset * the sum of output channel m's bytes. Threads
+// split the output channels.
 template <class At>
 void pack_words(const TilePass& p, At at, int offset, TilePassMemory& mem) {
+  const int64_t panel = p.taps * p.cin4 * kTileHeight;
+#pragma omp parallel for schedule(static)
   for (int64_t m = 0; m < p.coutp; ++m) {
     int64_t sum = 0;
+    int32_t* wm = mem.w + (m / kTileHeight) * panel + m % kTileHeight;
     for (int64_t t = 0; t < p.taps; ++t)
       for (int64_t c4 = 0; c4 < p.cin4; ++c4) {
         uint8_t b[4] = {0, 0, 0, 0};
@@ -164,7 +181,7 @@ void pack_words(const TilePass& p, At at, int offset, TilePassMemory& mem) {
           b[j] = uint8_t(v);
           sum += v;
         }
-        std::memcpy(&mem.w[(t * p.cin4 + c4) * p.coutp + m], b, 4);
+        std::memcpy(&wm[(t * p.cin4 + c4) * kTileHeight], b, 4);
       }
     mem.corr[m] = int32_t(offset * sum);
   }
@@ -276,10 +293,11 @@ void run_tile_pass(const TilePass& p, int64_t N, int offset, const TilePassMemor
       const int64_t n0 = ch * p.imgs, nb = std::min(p.imgs, N - n0), fpos = p.positions(nb);
       std::memset(m.stage, offset, size_t(p.stage_bytes()));
       for (int64_t i = 0; i < nb; ++i) stage(n0 + i, i, m.stage);
-      for (int64_t f0 = 0; f0 < fpos; f0 += tw)
-        for (int64_t m0 = 0; m0 < p.coutp; m0 += k.conv_mk) {
+      for (int64_t mb = 0; mb < p.coutp; mb += p.mblock)
+        for (int64_t f0 = 0; f0 < fpos; f0 += tw)
+          for (int64_t m0 = mb; m0 < std::min(p.coutp, mb + p.mblock); m0 += k.conv_mk) {
           const cpu::ConvTileArgs a{m.stage + f0 * 4, p.plane * 4, m.toff,       p.taps,
-                                    p.cin4,          m.w + m0,    p.coutp,      m.out + m0 * p.fpos + f0,
+                                    p.cin4,          m.w + m0 * p.taps * p.cin4, kTileHeight, m.out + m0 * p.fpos + f0,
                                     p.fpos};
           k.conv(a);
         }
