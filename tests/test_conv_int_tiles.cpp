@@ -70,13 +70,14 @@ TEST_CASE("integer conv tiles: every path equals the tile's definition", "[quant
         }
       CHECK(ok);
     }
-    // wgrad tiles: out[m][j] += sum_{i, p, q} dot4(x[i x_img + p x_row + q x_q4 + 4 j], g[i g_img + p g_row + q g_q4 + m])
+    // wgrad tiles: out[m][j] += sum_{i, p, q} dot4(x[i x_img + p x_row + q x_q4 + x_v (j / L) + 4 (j % L)],
+    //                                              g[i g_img + p g_row + q g_q4 + m])
     for (const auto& [fn, nv] : {std::pair<WgradTileFn, int>{k.wgrad_1x8, 1}, {k.wgrad_2x8, 2}}) {
       if (!fn) continue;
       const int64_t mk = 8, width = nv * k.lanes, ldo = width + 1;
       const uint8_t* x0 = src.data() + 5;
       const int32_t* g0 = words.data() + 3;
-      const WgradTileArgs base{x0, 3000, 300, 200, g0, 100, 20, 3, 2, 3, 5, nullptr, ldo};
+      const WgradTileArgs base{x0, 3000, 300, 200, 70, g0, 100, 20, 3, 2, 3, 5, nullptr, ldo};
       std::vector<int32_t> out(size_t(mk * ldo));
       for (size_t i = 0; i < out.size(); ++i) out[i] = int32_t(i) - 40;  // the tile accumulates
       const std::vector<int32_t> before = out;
@@ -90,7 +91,8 @@ TEST_CASE("integer conv tiles: every path equals the tile's definition", "[quant
           for (int64_t i = 0; i < a.imgs; ++i)
             for (int64_t p = 0; p < a.rows; ++p)
               for (int64_t q = 0; q < a.q4s; ++q)
-                ref += dot4(x0 + i * a.x_img + p * a.x_row + q * a.x_q4 + 4 * j, g0[i * a.g_img + p * a.g_row + q * a.g_q4 + m]);
+                ref += dot4(x0 + i * a.x_img + p * a.x_row + q * a.x_q4 + a.x_v * (j / k.lanes) + 4 * (j % k.lanes),
+                            g0[i * a.g_img + p * a.g_row + q * a.g_q4 + m]);
           ok &= out[size_t(m * ldo + j)] == ref;
         }
       CHECK(ok);

@@ -316,13 +316,18 @@ void for_each_output_row(const TilePass& p, int64_t nb, const int32_t* out, Row 
 
 // ---- weight gradient
 
+// Staged in blocks, so that every tile reads two contiguous streams: x as
+// [tap column s][16 channels][image][row][q4][16][4] bytes, g as [8 output channels][image][p][q4][8]
+// words (a word: four positions).
 struct WgradPass {
-  int64_t cp = 0, kp = 0;      // channels / output channels padded to kLanePad
-  int64_t q4s = 0, rows = 0;   // groups of four output columns; staged input rows per image
-  int64_t imgs = 0;            // per chunk
-  int64_t x_img = 0;           // staged bytes of one image in one tap column
-  int64_t g_img = 0;           // staged words of one image's gradient
-  int64_t x_col(int64_t nb) const { return nb * x_img; }  // one tap column of a chunk
+  int64_t cp = 0, kp = 0;     // channels padded to 16 / output channels padded to 16
+  int64_t q4s = 0, rows = 0;  // groups of four output columns; staged input rows per image
+  int64_t imgs = 0;           // per chunk
+  int64_t x_img = 0;          // bytes of one image in one 16-channel block
+  int64_t g_img = 0;          // words of one image in one 8-channel block
+  int64_t x_blk(int64_t nb) const { return nb * x_img; }               // a 16-channel block of a chunk
+  int64_t x_col(int64_t nb) const { return cp / kLanePad * x_blk(nb); }  // a tap column of a chunk
+  int64_t g_blk(int64_t nb) const { return nb * g_img; }
 };
 
 WgradPass wgrad_pass(const Conv2dGeom& g) {
@@ -330,65 +335,73 @@ WgradPass wgrad_pass(const Conv2dGeom& g) {
   w.cp = round_up(g.C, kLanePad), w.kp = round_up(g.K, kLanePad);
   w.q4s = (g.Q + 3) / 4;
   w.rows = (g.P - 1) * g.stride_h + g.R;
-  w.x_img = w.rows * w.q4s * w.cp * 4;
-  w.g_img = g.P * w.q4s * w.kp;
-  const int64_t per_image = g.S * w.x_img + w.g_img * 4;
+  w.x_img = w.rows * w.q4s * kLanePad * 4;
+  w.g_img = g.P * w.q4s * kTileHeight;
+  const int64_t per_image = g.S * w.cp / kLanePad * w.x_img + w.kp / kTileHeight * w.g_img * 4;
   w.imgs = std::clamp<int64_t>(kWgradChunkBytes / per_image, 1, std::max<int64_t>(1, g.N));
   return w;
 }
 
 CarveSize wgrad_bytes(const Conv2dGeom& g, const WgradPass& w) {
   CarveSize s;
-  return s.add<int32_t>(g.R * g.S * w.kp * w.cp).add<int64_t>(w.kp).add<uint8_t>(g.S * w.imgs * w.x_img).add<int32_t>(
-      w.imgs * w.g_img);
+  return s.add<int32_t>(g.R * g.S * w.kp * w.cp)
+      .add<int64_t>(w.kp)
+      .add<uint8_t>(g.S * w.x_col(w.imgs))
+      .add<int32_t>(w.kp / kTileHeight * w.g_blk(w.imgs));
 }
 
 // Four codes (a little-endian word) plus the offset, per byte: 0 for UINT4 codes; 8 for INT4 codes
 // -8..7, where b + 8 = (b ^ 8) & 15 in every byte (no carries between bytes).
 uint32_t offset_word(uint32_t v, int offset) { return offset ? (v ^ 0x08080808u) & 0x0F0F0F0Fu : v; }
 
-// Image i of the chunk: x's codes per tap column s at [s][i][row][q4][cp][4] (+ offset; the
-// caller set everything to the offset), g's as words of four positions at [i][p][q4][kp].
+// Image i of a chunk of nb: x's codes + offset and g's words into their blocks (padding: the
+// offset for x, zeros for g).
 void stage_wgrad(const Conv2dGeom& g, const WgradPass& w, int64_t nb, const int8_t* x, const int8_t* gr, int offset,
                  int64_t i, uint8_t* xs, int32_t* gs) {
-  const int64_t HW = g.H * g.W;
+  const int64_t HW = g.H * g.W, row_bytes = w.q4s * kLanePad * 4;
+  for (int64_t s = 0; s < g.S; ++s)
+    for (int64_t cb = 0; cb < w.cp / kLanePad; ++cb)
+      std::memset(xs + s * w.x_col(nb) + cb * w.x_blk(nb) + i * w.x_img, offset, size_t(w.x_img));
   for (int64_t s = 0; s < g.S; ++s)
     for (int64_t row = 0; row < w.rows; ++row) {
       const int64_t h = row - g.pad_h;
       if (h < 0 || h >= g.H) continue;
-      uint8_t* dst_row = xs + s * w.x_col(nb) + i * w.x_img + row * w.q4s * w.cp * 4;
-      const int8_t* src = x + h * g.W;  // channel c at + c * HW
+      uint8_t* dst_row = xs + s * w.x_col(nb) + i * w.x_img + row * row_bytes;  // + (c / 16) * x_blk + (c % 16) * 4
+      const int8_t* src = x + h * g.W;                                            // channel c at + c * HW
       for (int64_t q4 = 0; q4 < w.q4s; ++q4) {
-        uint8_t* dst = dst_row + q4 * w.cp * 4;
+        uint8_t* dst = dst_row + q4 * kLanePad * 4;
         const int64_t col0 = q4 * 4 * g.stride_w + s - g.pad_w;  // byte j reads column col0 + j * stride
         if (g.stride_w == 1 && col0 >= 0 && col0 + 4 <= g.W && q4 * 4 + 4 <= g.Q) {
           for (int64_t c = 0; c < g.C; ++c) {
             uint32_t v;
             std::memcpy(&v, src + c * HW + col0, 4);
             v = offset_word(v, offset);
-            std::memcpy(dst + c * 4, &v, 4);
+            std::memcpy(dst + (c / kLanePad) * w.x_blk(nb) + (c % kLanePad) * 4, &v, 4);
           }
           continue;
         }
         for (int64_t j = 0; j < 4; ++j) {
           const int64_t col = col0 + j * g.stride_w;
           if (q4 * 4 + j >= g.Q || col < 0 || col >= g.W) continue;
-          for (int64_t c = 0; c < g.C; ++c) dst[c * 4 + j] = uint8_t(src[c * HW + col] + offset);
+          for (int64_t c = 0; c < g.C; ++c)
+            dst[(c / kLanePad) * w.x_blk(nb) + (c % kLanePad) * 4 + j] = uint8_t(src[c * HW + col] + offset);
         }
       }
     }
-  int32_t* gi = gs + i * w.g_img;
-  std::memset(gi, 0, sizeof(int32_t) * size_t(w.g_img));
+  for (int64_t kb = 0; kb < w.kp / kTileHeight; ++kb)
+    std::memset(gs + kb * w.g_blk(nb) + i * w.g_img, 0, sizeof(int32_t) * size_t(w.g_img));
   const int64_t PQ = g.P * g.Q;
-  if (g.Q % 4 == 0) {  // groups of four positions never straddle rows: word copies
-    for (int64_t k = 0; k < g.K; ++k)
-      for (int64_t f4 = 0; f4 < PQ / 4; ++f4) std::memcpy(&gi[f4 * w.kp + k], gr + k * PQ + f4 * 4, 4);
-    return;
-  }
-  for (int64_t k = 0; k < g.K; ++k)
+  for (int64_t k = 0; k < g.K; ++k) {
+    int32_t* gk = gs + (k / kTileHeight) * w.g_blk(nb) + i * w.g_img + k % kTileHeight;
+    const int8_t* src = gr + k * PQ;
+    if (g.Q % 4 == 0) {  // groups of four positions never straddle rows: word copies
+      for (int64_t f4 = 0; f4 < PQ / 4; ++f4) std::memcpy(&gk[f4 * kTileHeight], src + f4 * 4, 4);
+      continue;
+    }
     for (int64_t p = 0; p < g.P; ++p)
       for (int64_t q = 0; q < g.Q; ++q)
-        reinterpret_cast<uint8_t*>(&gi[(p * w.q4s + q / 4) * w.kp + k])[q % 4] = uint8_t(gr[k * PQ + p * g.Q + q]);
+        reinterpret_cast<uint8_t*>(&gk[(p * w.q4s + q / 4) * kTileHeight])[q % 4] = uint8_t(src[p * g.Q + q]);
+  }
 }
 
 }  // namespace
@@ -476,44 +489,37 @@ void CpuBackend::conv2d_backward_weight_q(const Conv2dGeom& g, const Tensor& xq,
   Carve cv(ws.data);
   int32_t* acc = cv.take<int32_t>(RS * w.kp * w.cp);  // [tap][kp][cp]
   int64_t* gsum = cv.take<int64_t>(w.kp);
-  uint8_t* xs = cv.take<uint8_t>(g.S * w.imgs * w.x_img);
-  int32_t* gs = cv.take<int32_t>(w.imgs * w.g_img);
+  uint8_t* xs = cv.take<uint8_t>(g.S * w.x_col(w.imgs));
+  int32_t* gs = cv.take<int32_t>(w.kp / kTileHeight * w.g_blk(w.imgs));
   const int off = x_offset(xq.dtype);
 
-  // Tiles: (tap, block of output channels, block of input channels); the widest the path has.
+  // Tiles: (tap, 8 output channels, a block of input channels: the widest the path has).
   const cpu::IntTileKernels& k = tiles();
   cpu::WgradTileFn tile = k.wgrad_1x8;
-  int64_t mk = 8, cw = k.lanes;
+  int64_t cw = k.lanes;
   if (k.wgrad_2x8 && w.cp % (2 * k.lanes) == 0) tile = k.wgrad_2x8, cw = 2 * k.lanes;
-  const int64_t kblocks = w.kp / mk, cblocks = w.cp / cw, ntiles = RS * kblocks * cblocks;
-  const int64_t chunks = (g.N + w.imgs - 1) / w.imgs;
+  const int64_t kblocks = w.kp / kTileHeight, cblocks = w.cp / cw, ntiles = RS * kblocks * cblocks;
+  const int64_t chunks = (g.N + w.imgs - 1) / w.imgs, row_bytes = w.q4s * kLanePad * 4;
   std::memset(acc, 0, sizeof(int32_t) * size_t(RS * w.kp * w.cp));
 #pragma omp parallel
   {
     for (int64_t ch = 0; ch < chunks; ++ch) {
       const int64_t n0 = ch * w.imgs, nb = std::min(w.imgs, g.N - n0);
 #pragma omp for schedule(static)
-      for (int64_t i = 0; i < nb; ++i) {
-        for (int64_t s = 0; s < g.S; ++s) std::memset(xs + s * w.x_col(nb) + i * w.x_img, off, size_t(w.x_img));
+      for (int64_t i = 0; i < nb; ++i)
         stage_wgrad(g, w, nb, xq.codes() + (n0 + i) * CHW, gq.codes() + (n0 + i) * KPQ, off, i, xs, gs);
-      }
 #pragma omp for schedule(static)
       for (int64_t t = 0; t < ntiles; ++t) {
-        const int64_t tap = t / (kblocks * cblocks), kb = (t / cblocks) % kblocks, cb = t % cblocks;
+        const int64_t tap = t / (kblocks * cblocks), kb = (t / cblocks) % kblocks, c0 = (t % cblocks) * cw;
         const int64_t r = tap / g.S, s = tap % g.S;
-        const cpu::WgradTileArgs a{xs + s * w.x_col(nb) + r * w.q4s * w.cp * 4 + cb * cw * 4,
-                                   w.x_img,
-                                   g.stride_h * w.q4s * w.cp * 4,
-                                   w.cp * 4,
-                                   gs + kb * mk,
-                                   w.g_img,
-                                   w.q4s * w.kp,
-                                   w.kp,
-                                   nb,
-                                   g.P,
-                                   w.q4s,
-                                   acc + (tap * w.kp + kb * mk) * w.cp + cb * cw,
-                                   w.cp};
+        cpu::WgradTileArgs a;
+        a.x = xs + s * w.x_col(nb) + (c0 / kLanePad) * w.x_blk(nb) + (c0 % kLanePad) * 4 + r * row_bytes;
+        a.x_img = w.x_img, a.x_row = g.stride_h * row_bytes, a.x_q4 = kLanePad * 4;
+        a.x_v = k.lanes == kLanePad ? w.x_blk(nb) : k.lanes * 4;  // the next vector's channels
+        a.g = gs + kb * w.g_blk(nb);
+        a.g_img = w.g_img, a.g_row = w.q4s * kTileHeight, a.g_q4 = kTileHeight;
+        a.imgs = nb, a.rows = g.P, a.q4s = w.q4s;
+        a.out = acc + (tap * w.kp + kb * kTileHeight) * w.cp + c0, a.ldo = w.cp;
         tile(a);
       }
     }

@@ -36,7 +36,7 @@ void wgrad_tile(const et::cpu::WgradTileArgs& a) {
       const int32_t* g = a.g + i * a.g_img + p * a.g_row;
       for (int64_t q = 0; q < a.q4s; ++q, x += a.x_q4, g += a.g_q4) {
         typename I::V xv[NV];
-        for (int v = 0; v < NV; ++v) xv[v] = I::load(x + v * I::L * 4);
+        for (int v = 0; v < NV; ++v) xv[v] = I::load(x + v * a.x_v);
         for (int m = 0; m < MK; ++m) {
           const int32_t word = g[m];
           for (int v = 0; v < NV; ++v) acc[m][v] = I::dot(acc[m][v], xv[v], word);

@@ -13,7 +13,8 @@
 //   conv tile  (forward, data gradient): lanes = output positions, words = weights
 //     out[m][j] = sum_{t < taps, c4 < c4s} dot4(src[c4 * plane + toff[t] + 4 j], w[(t * c4s + c4) * wld + m])
 //   wgrad tile (weight gradient): lanes = input channels, words = output gradients (4 positions)
-//     out[m][j] += sum_{i, p, q4} dot4(x[i * x_img + p * x_row + q4 * x_q4 + 4 j], g[i * g_img + p * g_row + q4 * g_q4 + m])
+//     out[m][j] += sum_{i, p, q4} dot4(x[i * x_img + p * x_row + q4 * x_q4 + x_v * (j / L) + 4 (j % L)],
+//                                      g[i * g_img + p * g_row + q4 * g_q4 + m])
 // for m < MK (output channels) and j < NV * lanes.
 #pragma once
 #include <cstdint>
@@ -33,7 +34,7 @@ struct ConvTileArgs {
 
 struct WgradTileArgs {
   const uint8_t* x;  // staged input at the tile's first channel; strides in bytes
-  int64_t x_img, x_row, x_q4;
+  int64_t x_img, x_row, x_q4, x_v;  // x_v: from one vector of channels to the next
   const int32_t* g;  // staged gradient words at the tile's first output channel; strides in words
   int64_t g_img, g_row, g_q4;
   int64_t imgs, rows, q4s;
