@@ -98,6 +98,9 @@ void finish_pass(TilePass& p, int64_t N) {
   const int64_t by_positions = kChunkPositions / image_positions;
   const int64_t at_least = (kTileWidth + image_positions - 1) / image_positions;  // one full tile
   p.imgs = std::clamp<int64_t>(std::max(at_least, std::min(by_bytes, by_positions)), 1, std::max<int64_t>(1, N));
+  // As many chunks per thread (the threads split the chunks): fewer images per chunk if need be.
+  const int64_t threads = cpu_threads(), chunks = round_up((N + p.imgs - 1) / p.imgs, threads);
+  p.imgs = std::max<int64_t>(1, (N + chunks - 1) / chunks);
   p.mblock = std::clamp<int64_t>(kWeightBlockBytes / (p.taps * p.cin4 * 4) / kTileHeight * kTileHeight, kTileHeight,
                                  p.coutp);
   p.fpos = p.positions(p.imgs);
@@ -278,7 +281,7 @@ void stage_per_tap(const TilePass& p, const int8_t* src, int offset, int64_t i, 
 }
 
 // Runs a conv tile pass over the batch: chunks of images split over the threads, each staged,
-// multiplied tile by tile and handed to emit(n0, nb, out, fpos).
+// multiplied tile by tile and handed to emit(n0, nb, out) (out: [coutp][fpos] int32).
 template <class Stage, class Emit>
 void run_tile_pass(const TilePass& p, int64_t N, int offset, const TilePassMemory& shared, uint8_t* thread_base,
                    size_t thread_bytes, Stage stage, Emit emit) {
@@ -296,17 +299,19 @@ void run_tile_pass(const TilePass& p, int64_t N, int offset, const TilePassMemor
       for (int64_t mb = 0; mb < p.coutp; mb += p.mblock)
         for (int64_t f0 = 0; f0 < fpos; f0 += tw)
           for (int64_t m0 = mb; m0 < std::min(p.coutp, mb + p.mblock); m0 += k.conv_mk) {
-          const cpu::ConvTileArgs a{m.stage + f0 * 4, p.plane * 4, m.toff,       p.taps,
-                                    p.cin4,          m.w + m0 * p.taps * p.cin4, kTileHeight, m.out + m0 * p.fpos + f0,
-                                    p.fpos};
-          k.conv(a);
-        }
+            cpu::ConvTileArgs a;
+            a.src = m.stage + f0 * 4, a.plane = p.plane * 4, a.toff = m.toff, a.taps = p.taps, a.c4s = p.cin4;
+            a.w = m.w + m0 * p.taps * p.cin4, a.wld = kTileHeight;  // panel m0 / 8 (pack_words)
+            a.out = m.out + m0 * p.fpos + f0, a.ldo = p.fpos;
+            k.conv(a);
+          }
       emit(n0, nb, m.out);
     }
   }
 }
 
-// out[m][(i * hs + row) * ws + col] -> dst image n0 + i, channel m, (row, col): emit(m, dst, src, n).
+// Calls row(i, m, r, src) for every output row: image i of the chunk, channel m, row r, whose
+// qout values start at src (out[m][(i * hs + r) * ws]).
 template <class Row>
 void for_each_output_row(const TilePass& p, int64_t nb, const int32_t* out, Row row) {
   for (int64_t i = 0; i < nb; ++i)
