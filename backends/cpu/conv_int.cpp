@@ -23,7 +23,9 @@
 #include <algorithm>
 #include <cstring>
 
-#if defined(__SSE2__)
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#elif defined(__SSE2__)
 #include <emmintrin.h>
 #endif
 
@@ -377,6 +379,18 @@ void stage_wgrad(const Conv2dGeom& g, const WgradPass& w, int64_t nb, const int8
         uint8_t* dst = dst_row + q4 * kLanePad * 4;
         const int64_t col0 = q4 * 4 * g.stride_w + s - g.pad_w;  // byte j reads column col0 + j * stride
         if (g.stride_w == 1 && col0 >= 0 && col0 + 4 <= g.W && q4 * 4 + 4 <= g.Q) {
+#if defined(__AVX512F__)
+          if (g.C % kLanePad == 0) {  // 16 channels' words in one gather, one 64-byte store
+            const __m512i rows16 = _mm512_mullo_epi32(_mm512_set1_epi32(int32_t(HW)),
+                                                      _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15));
+            for (int64_t cb = 0; cb < g.C / kLanePad; ++cb) {
+              __m512i v = _mm512_i32gather_epi32(rows16, src + cb * kLanePad * HW + col0, 1);
+              if (offset) v = _mm512_and_si512(_mm512_xor_si512(v, _mm512_set1_epi32(0x08080808)), _mm512_set1_epi32(0x0F0F0F0F));
+              _mm512_storeu_si512(dst + cb * w.x_blk(nb), v);
+            }
+            continue;
+          }
+#endif
           for (int64_t c = 0; c < g.C; ++c) {
             uint32_t v;
             std::memcpy(&v, src + c * HW + col0, 4);
