@@ -93,6 +93,7 @@ int cmd_eval(const EvalArgs& a) {
   const Config cfg = load_config(a.config, a.sets);
   Trainer trainer(cfg, false);
   const TrainProgress pr = load_checkpoint(a.checkpoint, trainer.executor(), cfg.model.name);
+  trainer.enter_phase(pr.epoch);  // a checkpoint from an FNT epoch runs with INT4 weights, FP32 inputs
   const EvalResult r = trainer.evaluate();
   std::printf("%s after epoch %d: test loss %.4f, test accuracy %.4f on %lld images\n", cfg.model.name.c_str(),
               pr.epoch + 1, r.loss, r.acc, (long long)r.images);
