@@ -266,11 +266,12 @@ void Trainer::fit(const std::string& out_dir, bool resume, Progress& progress, i
   const int end = max_epochs > 0 ? std::min(cfg_.train.epochs, first + max_epochs) : cfg_.train.epochs;
   for (int epoch = first; epoch < end; ++epoch) {
     if (enter_phase(epoch) && fnt_) {
-      const int fe = cfg_.quant.fnt_epochs;
-      const float low = learning_rate(cfg_.train, cfg_.quant, cfg_.train.epochs - fe);
-      progress.line(fmt("epoch ", epoch + 1, ": FNT starts (quant.fnt_epochs = ", fe,
-                        "): FP32 activations and gradients, INT4 weights; lr ", low, " -> ", cfg_.quant.fnt_peak_lr,
-                        " -> ", low, "; arena ", executor_->memory().total / 1048576, " MB"));
+      const int fe = cfg_.quant.fnt_epochs, main = cfg_.train.epochs - fe;
+      const float low = learning_rate(cfg_.train, cfg_.quant, main);
+      progress.line(fmt("epoch ", epoch + 1, ": FNT ", epoch == main ? "starts" : "resumes", " (epochs ", main + 1, "..",
+                        cfg_.train.epochs, ", quant.fnt_epochs): FP32 activations and gradients, INT4 weights; lr ",
+                        low, " -> ", cfg_.quant.fnt_peak_lr, " -> ", low, "; arena ",
+                        executor_->memory().total / 1048576, " MB"));
     }
     EpochResult r = train_epoch(epoch, progress);
     const EvalResult ev = evaluate();
