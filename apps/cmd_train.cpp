@@ -32,24 +32,23 @@ void write_atomically(const fs::path& path, const std::string& text) {
 
 namespace {
 
-// The first dotted key where two resolved configs differ. Keys a resumed run may change: the
-// number of epochs (extend a run), the thread count (bit-exact reproduction needs the same count,
-// the training itself is the same) and the data root (the run moved to another machine).
-// Empty if they agree.
-std::string first_difference(const json& a, const json& b, const std::string& path = "") {
+// The dotted keys where two resolved configs differ, all of them (a derived default such as
+// quant.fnt_peak_lr = 0.1 * train.lr differs along with its source). Keys a resumed run may change:
+// the number of epochs (extend a run), the thread count (bit-exact reproduction needs the same
+// count, the training itself is the same) and the data root (the run moved to another machine).
+void differences(const json& a, const json& b, const std::string& path, std::vector<std::string>* out) {
   if (a.is_object() && b.is_object()) {
     for (auto it = a.begin(); it != a.end(); ++it) {
       const std::string key = path.empty() ? it.key() : path + "." + it.key();
       if (key == "train.epochs" || key == "train.threads" || key == "data.root") continue;
-      if (!b.contains(it.key())) return key;
-      const std::string d = first_difference(*it, b[it.key()], key);
-      if (!d.empty()) return d;
+      if (!b.contains(it.key())) out->push_back(key);
+      else differences(*it, b[it.key()], key, out);
     }
     for (auto it = b.begin(); it != b.end(); ++it)
-      if (!a.contains(it.key())) return path.empty() ? it.key() : path + "." + it.key();
-    return "";
+      if (!a.contains(it.key())) out->push_back(path.empty() ? it.key() : path + "." + it.key());
+    return;
   }
-  return a == b ? "" : (path.empty() ? "<top>" : path);
+  if (a != b) out->push_back(path.empty() ? "<top>" : path);
 }
 
 }  // namespace
@@ -70,9 +69,14 @@ int cmd_train(const TrainArgs& a) {
     } catch (const json::exception&) {
       user_error("cannot resume: '", (dir / "config.json").string(), "' is missing or malformed");
     }
-    const std::string diff = first_difference(cfg.resolved(), saved);
-    if (!diff.empty())
-      user_error("cannot resume: config key '", diff, "' differs from the run's ", (dir / "config.json").string());
+    std::vector<std::string> diff;
+    differences(cfg.resolved(), saved, "", &diff);
+    if (!diff.empty()) {
+      std::string keys;
+      for (const std::string& k : diff) keys += (keys.empty() ? "'" : ", '") + k + "'";
+      user_error("cannot resume: config key", diff.size() > 1 ? "s " : " ", keys, diff.size() > 1 ? " differ" : " differs",
+                 " from the run's ", (dir / "config.json").string());
+    }
   } else if (fs::exists(dir) && !fs::is_empty(dir, ec)) {
     user_error("output folder '", out, "' already holds files; choose another --out or add --resume");
   }
@@ -93,6 +97,7 @@ int cmd_eval(const EvalArgs& a) {
   const Config cfg = load_config(a.config, a.sets);
   Trainer trainer(cfg, false);
   const TrainProgress pr = load_checkpoint(a.checkpoint, trainer.executor(), cfg.model.name);
+  trainer.enter_phase(pr.epoch);  // a checkpoint from an FNT epoch runs with INT4 weights, FP32 inputs
   const EvalResult r = trainer.evaluate();
   std::printf("%s after epoch %d: test loss %.4f, test accuracy %.4f on %lld images\n", cfg.model.name.c_str(),
               pr.epoch + 1, r.loss, r.acc, (long long)r.images);

@@ -1,5 +1,6 @@
 #include "engine/config.h"
 
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <set>
@@ -273,6 +274,8 @@ Config parse_config(const json& j, const std::string& source) {
   qr.get_string_map("layers", q.layers);
   qr.get("smp_samples", q.smp_samples);
   qr.get("fnt_epochs", q.fnt_epochs);
+  q.fnt_peak_lr = 0.1f * tr.lr;  // see QuantConfig
+  qr.get("fnt_peak_lr", q.fnt_peak_lr);
   qr.get("grad_magnitudes", q.grad_magnitudes);
   qr.finish();
   ForwardQuant fq;
@@ -293,8 +296,16 @@ Config parse_config(const json& j, const std::string& source) {
           "must be in 1..7 (strict FP4 [1,3,0] holds 7 magnitudes and zero)");
   require(q.fnt_epochs >= 0 && q.fnt_epochs < tr.epochs, qr, "fnt_epochs", q.fnt_epochs,
           "must be in 0..train.epochs-1");
-  require(q.fnt_epochs == 0, qr, "fnt_epochs", q.fnt_epochs,
-          "> 0 (high-precision fine-tuning epochs) is not implemented yet; use 0");
+  if (q.fnt_epochs > 0) {
+    require(c.quant_options().any(), qr, "fnt_epochs", q.fnt_epochs,
+            "(FNT: high precision except the weights) fine-tunes a 4-bit run, but quant.forward and "
+            "quant.backward are fp32 and no quant.layers entry quantizes, so there are no INT4 weights to fine-tune: "
+            "set quant.forward = int4 and / or quant.backward = luq_fp4, or use 0");
+    require(sc.warmup_epochs < float(tr.epochs - q.fnt_epochs), qr, "fnt_epochs", q.fnt_epochs,
+            "leaves the main schedule no epochs after train.schedule.warmup_epochs");
+  }
+  require(std::isfinite(q.fnt_peak_lr) && q.fnt_peak_lr > 0.f && q.fnt_peak_lr < 100.f, qr, "fnt_peak_lr",
+          q.fnt_peak_lr, "must be in (0, 100) (the FNT learning-rate peak)");
   c.model.label_smoothing = tr.label_smoothing;
   c.model.double_mask_bn = c.memory.double_mask_bn;
   c.model.batch = tr.batch_size;
@@ -355,7 +366,7 @@ json Config::resolved() const {
   j["quant"] = {{"forward", quant.forward},         {"backward", quant.backward},
                 {"keep_fp32", quant.keep_fp32},     {"layers", qlayers},
                 {"smp_samples", quant.smp_samples}, {"fnt_epochs", quant.fnt_epochs},
-                {"grad_magnitudes", quant.grad_magnitudes}};
+                {"fnt_peak_lr", quant.fnt_peak_lr},         {"grad_magnitudes", quant.grad_magnitudes}};
   return j;
 }
 
@@ -373,8 +384,9 @@ StashOptions Config::stash_options() const {
   return o;
 }
 
-QuantOptions Config::quant_options() const {
+QuantOptions Config::quant_options(bool fnt) const {
   QuantOptions o;
+  o.fnt = fnt;
   parse_forward_quant(quant.forward, &o.forward);
   parse_backward_quant(quant.backward, &o.backward);
   o.keep_fp32 = quant.keep_fp32;

@@ -66,7 +66,11 @@ struct QuantConfig {
   std::vector<std::string> keep_fp32 = {"first", "last"};  // layer names, `first`, `last`
   std::vector<std::pair<std::string, std::string>> layers;  // per layer "FORWARD/BACKWARD"
   int smp_samples = 1;
+  // FNT (LUQ Sec. 3.2): the last fnt_epochs of train.epochs train in high precision except the
+  // weights, with a triangular learning rate from the main schedule's final rate up to
+  // fnt_peak_lr and back (engine/train/schedule.h). Default peak 0.1 * train.lr: docs/quant.md.
   int fnt_epochs = 0;
+  float fnt_peak_lr = 0.01f;
   int grad_magnitudes = 7;
 };
 
@@ -79,7 +83,8 @@ struct Config {
   std::string source;  // file it came from
   nlohmann::json resolved() const;  // every key with its effective value
   StashOptions stash_options() const;
-  QuantOptions quant_options() const;
+  // The main phase's modes, or with `fnt` those of the FNT epochs (QuantOptions::fnt).
+  QuantOptions quant_options(bool fnt = false) const;
 };
 
 // Reads `path`, applies `overrides` ("a.b=value"; value parsed as JSON, else taken as a string),

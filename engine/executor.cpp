@@ -47,6 +47,17 @@ Tensor Executor::grad(int id) const {
 
 Tensor Executor::opt_slot(int param_id, int slot) const { return slots_[size_t(param_id)][size_t(slot)]; }
 
+std::vector<Tensor> Executor::state_tensors() const {
+  std::vector<Tensor> out;
+  for (int p : params_) {
+    out.push_back(data_[size_t(p)]);
+    out.push_back(grads_[size_t(p)]);
+    for (const Tensor& t : slots_[size_t(p)]) out.push_back(t);
+  }
+  for (int b : graph_.buffers()) out.push_back(data_[size_t(b)]);
+  return out;
+}
+
 float Executor::loss() const { return data_[size_t(graph_.loss)].f32()[0]; }
 
 void Executor::forward(int64_t batch, bool training) {

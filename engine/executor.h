@@ -81,6 +81,10 @@ class Executor {
   Tensor grad(int id) const;
   Tensor opt_slot(int param_id, int slot) const;
   const std::vector<int>& params() const { return params_; }  // Graph::params(), cached
+  // What a step carries to the next, in a fixed order: params, their gradients and optimizer
+  // slots, buffers (BN running statistics). Copying them between two executors of one graph moves
+  // the training state across a re-plan (the trainer's switch to FNT).
+  std::vector<Tensor> state_tensors() const;
   float loss() const;
 
   void set_step_seed(uint64_t s) { step_seed_ = s; }

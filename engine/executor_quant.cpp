@@ -10,6 +10,9 @@
 //   XF / WF / GF  f32 dequantised copies, only where a float kernel consumes a quantized operand:
 //      depthwise convs (no integer kernel), an FP32 backward after an INT4 forward, an FP4
 //      backward after an FP32 forward.
+// FNT (int4_weights_only): W and WF only, forward -> backward: the float forward and the data
+// gradient read WF; the input is saved in f32 as without quantization. Both span the backward so
+// a recompute (checkpoint_every) may write them again.
 #include "engine/executor.h"
 #include "engine/executor_plan_state.h"
 
@@ -37,6 +40,11 @@ std::vector<Executor::PlannedBuffer> Executor::plan_quant_operands(const PlanSta
       out.push_back(b);
       quant_owner_.emplace_back(n, s);
     };
+    if (q.int4_weights_only) {
+      add(QuantSlot::W, nw, fwd_t, bwd_t);
+      add(QuantSlot::WF, nw * 4, fwd_t, bwd_t);
+      continue;
+    }
     const bool float_fwd = q.int4_forward && !ints;  // dequantised operands in the forward
     const bool float_bwd = bwd && q.int4_forward && (q.backward == BackwardQuant::Fp32 || !ints);
     if (q.int4_forward) {

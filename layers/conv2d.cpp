@@ -1,7 +1,8 @@
 // conv2d: y = x * w (+ b). x [N,C,H,W], w [K,C/groups,R,S], b [K], y [N,K,P,Q].
 // Saves x for the weight gradient, which reads it as the stash stores it where the backend can.
 // 4-bit training (docs/quant.md, per node OpContext::quant()): INT4 forward on codes (the node
-// keeps x's codes instead of x), FP4 output gradients, integer products where the backend has them.
+// keeps x's codes instead of x), FP4 output gradients, integer products where the backend has them;
+// FNT: only the weights as INT4, dequantised for the float kernels.
 #include <memory>
 
 #include "layers/layers.h"
@@ -43,6 +44,9 @@ class Conv2dOp final : public Op {
     const Tensor b = ctx.has_input(2) ? ctx.input(2) : Tensor{};
     Tensor y = ctx.output();
     const LayerQuant* q = ctx.quant();
+    if (q && q->int4_weights_only)  // FNT: f32 input, dequantised INT4 weights
+      return ctx.backend().conv2d_forward(g, ctx.input(0), qops::dequantized_weight(ctx, ctx.input(1)), b, y,
+                                          ctx.workspace());
     if (!q || !q->int4_forward) return ctx.backend().conv2d_forward(g, ctx.input(0), ctx.input(1), b, y, ctx.workspace());
     // INT4: codes with SAWB scales, an integer product; depthwise multiplies the dequantised codes.
     const Tensor xq = qops::quantize_input(ctx, ctx.input(0));
@@ -62,10 +66,11 @@ class Conv2dOp final : public Op {
     Backend& be = ctx.backend();
     const Workspace ws = ctx.workspace();
     const LayerQuant* q = ctx.quant();
-    if (!q) {
+    if (!q || q->int4_weights_only) {  // FP32 (FNT: the data gradient reads the forward's weights)
       const Tensor dy = ctx.grad_output();
       be.conv2d_backward_weight(g, ctx.saved(0, be.conv2d_weight_reads(g)), dy, dw.t, db.t, dw.accumulate, ws);
-      if (dx.wanted) be.conv2d_backward_data(g, dy, ctx.input(1), dx.t, dx.accumulate, ws);
+      const Tensor w = q ? ctx.quant_operand(QuantSlot::WF) : ctx.input(1);
+      if (dx.wanted) be.conv2d_backward_data(g, dy, w, dx.t, dx.accumulate, ws);
       return;
     }
     // The forward operands as the float kernels read them: f32 (FP32 forward) or dequantised codes.

@@ -23,6 +23,8 @@ class LinearOp final : public Op {
     const Tensor b = ctx.has_input(2) ? ctx.input(2) : Tensor{};
     Tensor y = ctx.output();
     const LayerQuant* q = ctx.quant();
+    if (q && q->int4_weights_only)  // FNT: f32 input, dequantised INT4 weights
+      return ctx.backend().linear_forward(ctx.input(0), qops::dequantized_weight(ctx, ctx.input(1)), b, y);
     if (!q || !q->int4_forward) return ctx.backend().linear_forward(ctx.input(0), ctx.input(1), b, y);
     const Tensor xq = qops::quantize_input(ctx, ctx.input(0));
     const Tensor wq = qops::quantize_weight(ctx, ctx.input(1));
@@ -37,9 +39,10 @@ class LinearOp final : public Op {
     Backend& be = ctx.backend();
     const Tensor dy = ctx.grad_output();
     const LayerQuant* q = ctx.quant();
-    if (!q) {
+    if (!q || q->int4_weights_only) {  // FP32 (FNT: the data gradient reads the forward's weights)
       be.linear_backward_weight(ctx.saved(0), dy, dw.t, db.t, dw.accumulate);
-      if (dx.wanted) be.linear_backward_data(dy, ctx.input(1), dx.t, dx.accumulate);
+      const Tensor w = q ? ctx.quant_operand(QuantSlot::WF) : ctx.input(1);
+      if (dx.wanted) be.linear_backward_data(dy, w, dx.t, dx.accumulate);
       return;
     }
     auto x_f32 = [&] {

@@ -47,6 +47,10 @@ Tensor dequantized(OpContext& ctx, QuantSlot codes, QuantSlot f32, float scale) 
   return y;
 }
 
+Tensor dequantized_weight(OpContext& ctx, const Tensor& w) {
+  return dequantized(ctx, QuantSlot::W, QuantSlot::WF, quantize_weight(ctx, w).scale);
+}
+
 float grad_alpha(OpContext& ctx, const Tensor& dy) {
   QuantizeTimer timer(ctx);
   const TensorStats s = ctx.backend().tensor_stats(dy);

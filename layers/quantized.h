@@ -9,6 +9,8 @@ namespace et::qops {
 // the layer and the step.
 Tensor quantize_input(OpContext& ctx, const Tensor& x);
 Tensor quantize_weight(OpContext& ctx, const Tensor& w);
+// FNT: w -> INT4 codes (W) exactly as quantize_weight, dequantised into WF for the float kernels.
+Tensor dequantized_weight(OpContext& ctx, const Tensor& w);
 // The codes of a slot dequantised into its f32 slot (X -> XF, W -> WF, G -> GF).
 Tensor dequantized(OpContext& ctx, QuantSlot codes, QuantSlot f32, float scale);
 // alpha of dL/dy for FP4 (LUQ: max|dy| / 2^(levels-1)); non-finite dy is a user error naming the

@@ -81,6 +81,14 @@ std::vector<LayerQuant> resolve_quant(const Graph& g, const QuantOptions& o) {
     l.int4_forward = ly.forward == ForwardQuant::Int4;
     l.backward = ly.backward;
   }
+  if (o.fnt)
+    for (int n : computes) {
+      LayerQuant& l = q[size_t(n)];
+      if (!l.on()) continue;
+      l.int4_weights_only = true;
+      l.int4_forward = false;
+      l.backward = BackwardQuant::Fp32;
+    }
   return q;
 }
 

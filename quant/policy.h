@@ -31,16 +31,23 @@ struct QuantOptions {
   std::vector<Layer> layers;  // per-layer modes, over the global ones and keep_fp32
   int smp_samples = 1;        // SMP: samples of the gradient quantizer averaged for the weight gradient
   int grad_magnitudes = 7;    // FP4 magnitudes alpha * 2^0 .. 2^(m-1); 7 = strict FP4 [1,3,0]
+  // FNT (LUQ's high-precision fine-tuning, quant.fnt_epochs): every layer the modes above quantize
+  // keeps only INT4 weights; its inputs and gradients are FP32. FP32 layers stay FP32.
+  bool fnt = false;
   bool any() const;
 };
 
 // What one node does in 4 bits.
 struct LayerQuant {
   bool int4_forward = false;                      // x and w as INT4 codes (SAWB, nearest)
+  // FNT: only w as INT4 codes (SAWB, nearest, every step); the float kernels read the dequantised
+  // codes, x and dL/dy stay FP32, dw (FP32) updates the master weights (straight-through).
+  // Exclusive with int4_forward and an FP4 backward.
+  bool int4_weights_only = false;
   BackwardQuant backward = BackwardQuant::Fp32;   // dL/dy as FP4 (LUQ or nearest)
   bool input_unsigned = false;                    // x >= 0 by construction: codes 0..15
   int smp = 1, levels = 7;
-  bool on() const { return int4_forward || backward != BackwardQuant::Fp32; }
+  bool on() const { return int4_forward || int4_weights_only || backward != BackwardQuant::Fp32; }
 };
 
 // One LayerQuant per node of g (off for everything but conv / linear). Unknown layer names in

@@ -54,6 +54,22 @@ expect_error "resume a quantized run without quantization" "quant" "$BIN" train 
 "$BIN" train --config "$T/cfg.json" "${Q[@]}" --out "$T/qpart" --resume >/dev/null 2>&1 && pass "resume luq" || fail "resume luq"
 if [ -s "$T/qfull/metrics.jsonl" ] && [ "$(strip "$T/qfull/metrics.jsonl")" = "$(strip "$T/qpart/metrics.jsonl")" ]; then pass "luq resume equals uninterrupted"
 else fail "luq resume differs: $(strip "$T/qfull/metrics.jsonl") vs $(strip "$T/qpart/metrics.jsonl")"; fi
+# --- FNT (quant.fnt_epochs = 1 of 2): the LUQ run's last epoch in high precision except the weights; a
+# run resumed at the FNT boundary ends with bit-identical weights, and eval runs the checkpoint as FNT
+F=("${Q[@]}" --set quant.fnt_epochs=1)
+"$BIN" train --config "$T/cfg.json" "${F[@]}" --out "$T/ffull" >"$T/ffull.log" 2>&1 && pass "train fnt" || fail "train fnt: $(tail -3 "$T/ffull.log")"
+grep -q "epoch 2: FNT starts" "$T/ffull.log" && grep -q '"fnt":true' "$T/ffull/metrics.jsonl" && pass "fnt start logged" || fail "fnt start not logged"
+"$BIN" train --config "$T/cfg.json" "${F[@]}" --stop-after 1 --out "$T/fpart" >/dev/null 2>&1
+"$BIN" train --config "$T/cfg.json" "${F[@]}" --out "$T/fpart" --resume >/dev/null 2>&1 && pass "resume fnt" || fail "resume fnt"
+cmp -s "$T/ffull/checkpoint_last.ckpt" "$T/fpart/checkpoint_last.ckpt" && pass "fnt resume across the boundary: identical weights" || fail "fnt resume: checkpoints differ"
+[ "$(strip "$T/ffull/metrics.jsonl")" = "$(strip "$T/fpart/metrics.jsonl")" ] && pass "fnt resume metrics" || fail "fnt resume metrics differ"
+ev="$("$BIN" eval --config "$T/cfg.json" "${F[@]}" --checkpoint "$T/ffull/checkpoint_last.ckpt" | tail -1 | grep -o '"test_loss":[^,}]*')"
+[ -n "$ev" ] && tail -1 "$T/ffull/metrics.jsonl" | grep -qF "$ev" && pass "eval of an FNT checkpoint" || fail "eval of an FNT checkpoint: $ev"
+expect_error "fnt_epochs >= epochs (luq)" "quant.fnt_epochs" "$BIN" train --config "$T/cfg.json" "${Q[@]}" --set quant.fnt_epochs=2 --out "$T/f1"
+expect_error "fnt_epochs with pure fp32" "quant.fnt_epochs' = 1" "$BIN" train --config "$T/cfg.json" --set quant.fnt_epochs=1 --out "$T/f2"
+expect_error "fnt_peak_lr = 0" "quant.fnt_peak_lr" "$BIN" train --config "$T/cfg.json" "${F[@]}" --set quant.fnt_peak_lr=0 --out "$T/f3"
+expect_error "fnt_peak_lr < 0" "quant.fnt_peak_lr" "$BIN" train --config "$T/cfg.json" "${F[@]}" --set quant.fnt_peak_lr=-0.1 --out "$T/f4"
+for x in f1 f2 f3 f4; do [ -e "$T/$x" ] && fail "run folder $x created despite the error"; done
 expect_error "unknown quant mode" "quant.backward" "$BIN" train --config "$T/cfg.json" --set quant.backward=luq --out "$T/q1"
 expect_error "unknown quant layer" "quant.keep_fp32" "$BIN" train --config "$T/cfg.json" --set quant.forward=int4 --set 'quant.keep_fp32=["nope"]' --out "$T/q2"
 expect_error "smp_samples < 1" "quant.smp_samples" "$BIN" train --config "$T/cfg.json" --set quant.smp_samples=0 --out "$T/q3"

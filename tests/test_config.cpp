@@ -124,7 +124,8 @@ TEST_CASE("config files: malformed JSON, missing file, --set overrides", "[confi
 
 TEST_CASE("every shipped config parses", "[config]") {
   for (const char* name : {"resnet20_cifar10", "resnet20_cifar10_short", "vgg16_bn_cifar10", "resnet18_cifar10",
-                           "mobilenetv2_cifar10"}) {
+                           "mobilenetv2_cifar10", "resnet20_cifar10_luq", "vgg16_bn_cifar10_luq",
+                           "resnet20_cifar10_luq_smp2_fnt"}) {
     INFO(name);
     const Config c = load_config(std::string(EDGETRAIN_SOURCE_DIR) + "/configs/" + name + ".json");
     CHECK(c.train.epochs >= 1);

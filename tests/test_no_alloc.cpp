@@ -95,4 +95,9 @@ TEST_CASE("training steps after the first allocate nothing", "[memory]") {
   QuantOptions fwd_only = luq;
   fwd_only.backward = BackwardQuant::Fp32;
   CHECK(allocations_in_steps("resnet8", 16, StashFormat::BitmapF32, 1, false, fwd_only) == 0);
+  // FNT (the trainer's executor for the last quant.fnt_epochs): weight codes and their f32 copies.
+  QuantOptions fnt = luq;
+  fnt.fnt = true;
+  CHECK(allocations_in_steps("resnet8", 16, StashFormat::BitmapF32, 0, false, fnt) == 0);
+  CHECK(allocations_in_steps("mobilenetv2", 4, StashFormat::DenseF32, 1, false, fnt) == 0);  // depthwise, recompute
 }

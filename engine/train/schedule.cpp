@@ -1,12 +1,13 @@
 #include "engine/train/schedule.h"
 
+#include <algorithm>
 #include <cmath>
 
 namespace et {
 
-float learning_rate(const TrainConfig& t, double epoch) {
+float learning_rate(const TrainConfig& t, double epoch, double total) {
   const ScheduleConfig& s = t.schedule;
-  const double base = t.lr, total = t.epochs;
+  const double base = t.lr;
   if (s.type == "onecycle") {
     // Linear rise from lr/div to lr over pct_start, then cosine down to lr/div/final_div.
     const double start = base / s.div_factor, end = start / s.final_div_factor;
@@ -30,6 +31,15 @@ float learning_rate(const TrainConfig& t, double epoch) {
     return float(lr);
   }
   return float(base);  // constant
+}
+
+float learning_rate(const TrainConfig& t, const QuantConfig& q, double epoch) {
+  if (q.fnt_epochs <= 0) return learning_rate(t, epoch);
+  const double main = t.epochs - q.fnt_epochs;
+  if (epoch < main) return learning_rate(t, epoch, main);
+  const double low = learning_rate(t, main, main), peak = q.fnt_peak_lr;
+  const double u = std::min(1.0, (epoch - main) / q.fnt_epochs);  // 0 .. 1 over the FNT steps
+  return float(low + (peak - low) * (1.0 - std::abs(2.0 * u - 1.0)));
 }
 
 }  // namespace et

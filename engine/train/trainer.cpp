@@ -3,6 +3,7 @@
 #include <omp.h>
 
 #include <chrono>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <numeric>
@@ -141,6 +142,30 @@ void Trainer::train_step(int64_t batch, float lr) {
   ++state_.step;
 }
 
+bool Trainer::enter_phase(int epoch) {
+  const bool fnt = cfg_.quant.fnt_epochs > 0 && epoch >= cfg_.train.epochs - cfg_.quant.fnt_epochs;
+  if (fnt == fnt_) return false;
+  // The state goes through host memory, so the old arena is gone before the new one is mapped.
+  std::vector<size_t> sizes;
+  std::vector<char> kept;
+  for (const Tensor& t : executor_->state_tensors()) {
+    sizes.push_back(t.nbytes());
+    kept.insert(kept.end(), static_cast<const char*>(t.data), static_cast<const char*>(t.data) + t.nbytes());
+  }
+  executor_.reset();
+  executor_ = std::make_unique<Executor>(graph_, *backend_, cfg_.stash_options(), cfg_.quant_options(fnt));
+  const std::vector<Tensor> to = executor_->state_tensors();
+  ET_CHECK(to.size() == sizes.size(), "state tensors ", to.size(), " vs ", sizes.size());
+  size_t at = 0;
+  for (size_t i = 0; i < to.size(); ++i) {
+    ET_CHECK(to[i].nbytes() == sizes[i], "state tensor ", i, " changed size across the re-plan");
+    std::memcpy(to[i].data, kept.data() + at, sizes[i]);
+    at += sizes[i];
+  }
+  fnt_ = fnt;
+  return true;
+}
+
 EpochResult Trainer::train_epoch(int epoch, Progress& progress) {
   Executor& ex = *executor_;
   BatchLoader loader(*train_, loader_options(cfg_, true));
@@ -149,6 +174,7 @@ EpochResult Trainer::train_epoch(int epoch, Progress& progress) {
   Tensor images = ex.value(graph_.image_input), labels = ex.value(graph_.label_input);
   EpochResult r;
   r.epoch = epoch + 1;
+  r.fnt = fnt_;
   double loss_sum = 0;
   int64_t correct = 0, seen = 0;
   uss_.reset();
@@ -157,7 +183,7 @@ EpochResult Trainer::train_epoch(int epoch, Progress& progress) {
   for (int64_t i = 0; i < steps; ++i) {
     const int64_t n = loader.next(images.f32(), labels.i32());
     ET_CHECK(n == cfg_.train.batch_size, "train loader returned ", n);
-    const float lr = learning_rate(cfg_.train, epoch + double(i) / double(steps));
+    const float lr = learning_rate(cfg_.train, cfg_.quant, epoch + double(i) / double(steps));
     train_step(n, lr);
     r.lr = lr;
     loss_sum += double(ex.loss()) * double(n);
@@ -239,6 +265,14 @@ void Trainer::fit(const std::string& out_dir, bool resume, Progress& progress, i
   const int first = state_.epoch + 1;
   const int end = max_epochs > 0 ? std::min(cfg_.train.epochs, first + max_epochs) : cfg_.train.epochs;
   for (int epoch = first; epoch < end; ++epoch) {
+    if (enter_phase(epoch) && fnt_) {
+      const int fe = cfg_.quant.fnt_epochs, main = cfg_.train.epochs - fe;
+      const float low = learning_rate(cfg_.train, cfg_.quant, main);
+      progress.line(fmt("epoch ", epoch + 1, ": FNT ", epoch == main ? "starts" : "resumes", " (epochs ", main + 1, "..",
+                        cfg_.train.epochs, ", quant.fnt_epochs): FP32 activations and gradients, INT4 weights; lr ",
+                        low, " -> ", cfg_.quant.fnt_peak_lr, " -> ", low, "; arena ",
+                        executor_->memory().total / 1048576, " MB"));
+    }
     EpochResult r = train_epoch(epoch, progress);
     const EvalResult ev = evaluate();
     r.test_loss = ev.loss;
@@ -250,13 +284,13 @@ void Trainer::fit(const std::string& out_dir, bool resume, Progress& progress, i
     json j = {{"epoch", r.epoch},       {"train_loss", r.train_loss}, {"train_acc", r.train_acc},
               {"test_loss", r.test_loss}, {"test_acc", r.test_acc},   {"lr", r.lr},
               {"img_per_s", r.img_per_s}, {"epoch_s", r.epoch_s},     {"peak_uss_mb", r.peak_uss_mb},
-              {"stash_peak_mb", r.stash_peak_mb}};
+              {"stash_peak_mb", r.stash_peak_mb}, {"fnt", r.fnt}};
     std::ofstream out(metrics, std::ios::app);
     out << j.dump() << "\n";
     if (!out) user_error("cannot append to '", metrics.string(), "'");
     progress.line(fmt("epoch ", r.epoch, "/", cfg_.train.epochs, ": train loss ", r.train_loss, " acc ", r.train_acc,
                       " | test loss ", r.test_loss, " acc ", r.test_acc, " | ", int(r.img_per_s), " img/s, ",
-                      format_duration(r.epoch_s), ", peak USS ", int(r.peak_uss_mb), " MB"));
+                      format_duration(r.epoch_s), ", peak USS ", int(r.peak_uss_mb), " MB", r.fnt ? " [FNT]" : ""));
   }
 }
 

@@ -22,6 +22,7 @@ struct EpochResult {
   double img_per_s = 0, epoch_s = 0, lr = 0;
   double peak_uss_mb = 0;
   double stash_peak_mb = 0;
+  bool fnt = false;  // an FNT epoch (quant.fnt_epochs)
 };
 
 struct EvalResult {
@@ -44,6 +45,12 @@ class Trainer {
   EvalResult evaluate();
   // One optimizer step on the images / labels already in the executor's inputs.
   void train_step(int64_t batch, float lr);
+  // Puts the executor in the mode of 0-based `epoch`: the main phase, or FNT for the last
+  // quant.fnt_epochs. A change re-plans it (a new Executor, between steps) with params, gradients,
+  // momentum and BN statistics carried over bit for bit; returns whether it changed. fit calls it
+  // every epoch; `edgetrain eval` for the checkpoint's last epoch.
+  bool enter_phase(int epoch);
+  bool fnt() const { return fnt_; }
 
   Executor& executor() { return *executor_; }
   const Config& config() const { return cfg_; }
@@ -60,6 +67,7 @@ class Trainer {
   Graph graph_;
   std::unique_ptr<Backend> backend_;
   std::unique_ptr<Executor> executor_;
+  bool fnt_ = false;  // executor_ plans the FNT modes
   TrainProgress state_;
   UssPeak uss_;
 };
