@@ -111,6 +111,8 @@ class Backend {
   // ---- 4-bit training (docs/quant.md). Code tensors (I4 / U4 / F4, one code per byte) carry their
   // scale in Tensor::scale. Products of codes are exact integer GEMMs; results come back in f32.
   virtual TensorStats tensor_stats(const Tensor& x) = 0;
+  // Only max_abs and finite (the sums stay 0): what the FP4 alpha needs, in a cheaper pass.
+  virtual TensorStats tensor_max_abs(const Tensor& x) = 0;
   // q (I4: -7..7, U4: 0..15) = clamp(round half to even(x / q.scale)).
   virtual void quantize_int4(const Tensor& x, Tensor& q) = 0;
   // q (F4) of g with alpha = q.scale and `levels` magnitudes alpha * 2^0 .. 2^(levels-1); the

@@ -53,7 +53,7 @@ Tensor dequantized_weight(OpContext& ctx, const Tensor& w) {
 
 float grad_alpha(OpContext& ctx, const Tensor& dy) {
   QuantizeTimer timer(ctx);
-  const TensorStats s = ctx.backend().tensor_stats(dy);
+  const TensorStats s = ctx.backend().tensor_max_abs(dy);
   if (!s.finite)
     user_error("layer '", ctx.node().name, "': non-finite output gradient at training step ", ctx.step(), " (quant.backward = ",
                backward_quant_name(ctx.quant()->backward), "): the training diverged; lower train.lr");

@@ -122,6 +122,15 @@ TEST_CASE("quantizers: the vector paths equal the scalar references bit for bit"
                       f1.data());
     cpu::quantize_fp4(x.data(), n, 1.f / quant::fp4_alpha(s1.max_abs, 7), 7, Fp4Rounding::Nearest, key, r1.data());
     INFO("n " << n);
+    // The max-only pass (the FP4 alpha) gives the same maximum on both paths, and no sums.
+    for (bool scalar : {true, false}) {
+      cpu::quant_force_scalar(scalar);
+      const TensorStats m = cpu::tensor_stats(x.data(), n, false);
+      CHECK(m.max_abs == s0.max_abs);
+      CHECK(m.finite);
+      CHECK(m.sum_sq == 0.0);
+    }
+    cpu::quant_force_scalar(false);
     CHECK(std::memcmp(&s0.sum_sq, &s1.sum_sq, 8) == 0);
     CHECK(std::memcmp(&s0.sum_abs, &s1.sum_abs, 8) == 0);
     CHECK(s0.max_abs == s1.max_abs);
@@ -141,6 +150,7 @@ TEST_CASE("tensor statistics: non-finite values are reported, not summed", "[qua
   std::vector<float> x(100, 1.f);
   x[50] = NAN;
   CHECK_FALSE(cpu::tensor_stats(x.data(), 100).finite);
+  CHECK_FALSE(cpu::tensor_stats(x.data(), 100, false).finite);  // the max-only pass too
   x[50] = -INFINITY;
   const TensorStats s = cpu::tensor_stats(x.data(), 100);
   CHECK_FALSE(s.finite);

@@ -65,6 +65,7 @@ class CpuBackend final : public Backend {
                              bool accumulate) override;
 
   TensorStats tensor_stats(const Tensor& x) override;
+  TensorStats tensor_max_abs(const Tensor& x) override;
   void quantize_int4(const Tensor& x, Tensor& q) override;
   void quantize_fp4(const Tensor& g, int levels, Fp4Rounding mode, quant::RngKey key, Tensor& q) override;
   void dequantize(const Tensor& q, Tensor& y) override;

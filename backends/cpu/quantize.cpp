@@ -33,6 +33,8 @@ struct PartStats {
 };
 
 // Lane j accumulates the elements i = j (mod 16) of the part, as the vector path does.
+// Without moments only the maximum and finiteness (the FP4 alpha needs no more).
+template <bool Moments>
 void stats_scalar(const float* x, int64_t n, PartStats* s) {
   for (int64_t i = 0; i < n; ++i) {
     const float v = x[i];
@@ -40,14 +42,16 @@ void stats_scalar(const float* x, int64_t n, PartStats* s) {
       s->finite = false;
       continue;
     }
+    s->max_abs = std::fmax(s->max_abs, std::fabs(v));
+    if (!Moments) continue;
     const double d = double(v);
     s->sq[i % kLanes] = std::fma(d, d, s->sq[i % kLanes]);  // as _mm512_fmadd_pd
     s->ab[i % kLanes] += std::fabs(d);
-    s->max_abs = std::fmax(s->max_abs, std::fabs(v));
   }
 }
 
 #if ET_QUANT_AVX512
+template <bool Moments>
 void stats_avx512(const float* x, int64_t n, PartStats* s) {
   __m512d sq_lo = _mm512_setzero_pd(), sq_hi = sq_lo, ab_lo = sq_lo, ab_hi = sq_lo;
   __m512 mx = _mm512_setzero_ps();
@@ -59,6 +63,8 @@ void stats_avx512(const float* x, int64_t n, PartStats* s) {
     const __m512 a = _mm512_abs_ps(v);
     const __mmask16 fin = _mm512_cmp_ps_mask(a, inf, _CMP_LT_OQ);  // false for inf and NaN
     bad |= __mmask16(m & ~fin);
+    mx = _mm512_max_ps(mx, _mm512_maskz_mov_ps(fin, a));
+    if (!Moments) continue;
     v = _mm512_maskz_mov_ps(fin, v);
     const __m512d lo = _mm512_cvtps_pd(_mm512_castps512_ps256(v));
     const __m512d hi = _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1)));
@@ -66,7 +72,6 @@ void stats_avx512(const float* x, int64_t n, PartStats* s) {
     sq_hi = _mm512_fmadd_pd(hi, hi, sq_hi);
     ab_lo = _mm512_add_pd(ab_lo, _mm512_abs_pd(lo));
     ab_hi = _mm512_add_pd(ab_hi, _mm512_abs_pd(hi));
-    mx = _mm512_max_ps(mx, _mm512_maskz_mov_ps(fin, a));
   }
   double t[kLanes];
   _mm512_storeu_pd(t, sq_lo);
@@ -80,11 +85,12 @@ void stats_avx512(const float* x, int64_t n, PartStats* s) {
 }
 #endif
 
+template <bool Moments>
 void stats_part(const float* x, int64_t n, PartStats* s) {
 #if ET_QUANT_AVX512
-  if (!g_force_scalar) return stats_avx512(x, n, s);
+  if (!g_force_scalar) return stats_avx512<Moments>(x, n, s);
 #endif
-  stats_scalar(x, n, s);
+  stats_scalar<Moments>(x, n, s);
 }
 
 int8_t int4_scalar(float v, float inv, float lo, float hi) {
@@ -170,14 +176,14 @@ void fp4_avx512(const float* g, int64_t begin, int64_t end, float inv_alpha, int
 
 void quant_force_scalar(bool on) { g_force_scalar = on; }
 
-TensorStats tensor_stats(const float* x, int64_t n) {
+TensorStats tensor_stats(const float* x, int64_t n, bool moments) {
   PartStats parts[kParts];
   // Part boundaries on multiples of 16, so every part's lanes line up with the vector path.
   const int64_t per = ((n + kParts - 1) / kParts + kLanes - 1) / kLanes * kLanes;
 #pragma omp parallel for schedule(static)
   for (int p = 0; p < kParts; ++p) {
     const int64_t b = std::min<int64_t>(n, p * per), e = std::min<int64_t>(n, b + per);
-    if (e > b) stats_part(x + b, e - b, &parts[p]);
+    if (e > b) moments ? stats_part<true>(x + b, e - b, &parts[p]) : stats_part<false>(x + b, e - b, &parts[p]);
   }
   TensorStats s;
   for (const PartStats& p : parts) {
@@ -244,7 +250,12 @@ namespace et {
 
 TensorStats CpuBackend::tensor_stats(const Tensor& x) {
   ET_CHECK(x.is_contiguous());
-  return cpu::tensor_stats(x.f32(), x.numel());
+  return cpu::tensor_stats(x.f32(), x.numel(), true);
+}
+
+TensorStats CpuBackend::tensor_max_abs(const Tensor& x) {
+  ET_CHECK(x.is_contiguous());
+  return cpu::tensor_stats(x.f32(), x.numel(), false);
 }
 
 void CpuBackend::quantize_int4(const Tensor& x, Tensor& q) {

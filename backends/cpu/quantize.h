@@ -14,7 +14,8 @@ void quant_force_scalar(bool on);
 
 // Statistics over x[0, n): the sums run in 16 double lanes over 8 fixed parts of the tensor,
 // combined in order, so the result does not depend on the thread count.
-TensorStats tensor_stats(const float* x, int64_t n);
+// moments = false: only max_abs and finite (the sums stay 0), a cheaper pass.
+TensorStats tensor_stats(const float* x, int64_t n, bool moments = true);
 // q = clamp(round_half_even(x * inv_scale), lo, hi)
 void quantize_int4(const float* x, int64_t n, float inv_scale, int lo, int hi, int8_t* q);
 // FP4 code bytes of g (see quant/codes.h). a = |g| * inv_alpha; a >= 2^(levels-1) gives the top
