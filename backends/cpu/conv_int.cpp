@@ -15,6 +15,7 @@
 #include "backends/cpu/cpu_backend.h"
 #include "backends/cpu/igemm.h"
 #include "backends/cpu/quantize.h"
+#include "memory/stored_codes.h"
 
 namespace et {
 
@@ -94,11 +95,12 @@ struct ThreadBytes {
 
 ThreadBytes conv_q_bytes(const Conv2dGeom& g, ConvPass pass) {
   const int64_t G = images_per_gemm(g), cols = G * g.P * g.Q, rows = crs(g);
+  const size_t decoded = size_t(G * g.C * g.H * g.W) + kAlign;  // stored input codes (code_rows)
   ThreadBytes b;
   switch (pass) {
     case ConvPass::Forward:
       b.shared = cpu::igemm_packed_a_bytes(g.K, rows) + kAlign;
-      b.per_thread = size_t(rows * cols) + size_t(g.K * cols) * 4 + cpu::igemm_scratch_bytes(rows) + 3 * kAlign;
+      b.per_thread = size_t(rows * cols) + size_t(g.K * cols) * 4 + cpu::igemm_scratch_bytes(rows) + 3 * kAlign + decoded;
       break;
     case ConvPass::BackwardData:
       b.shared = cpu::igemm_packed_a_bytes(rows, g.K) + kAlign;
@@ -106,7 +108,7 @@ ThreadBytes conv_q_bytes(const Conv2dGeom& g, ConvPass pass) {
       break;
     case ConvPass::BackwardWeight:
       b.per_thread = size_t(rows * cols) + cpu::igemm_packed_a_bytes(g.K, cols) + cpu::igemm_scratch_bytes(cols) +
-                     size_t(g.K * rows) * 4 + size_t(g.K) * 8 + 5 * kAlign;
+                     size_t(g.K * rows) * 4 + size_t(g.K) * 8 + 5 * kAlign + decoded;
       break;
   }
   return b;
@@ -120,7 +122,7 @@ size_t CpuBackend::conv2d_q_workspace_bytes(const Conv2dGeom& g, ConvPass pass) 
 
 void CpuBackend::conv2d_forward_q(const Conv2dGeom& g, const Tensor& xq, const Tensor& wq, const Tensor& b, Tensor& y,
                                   Workspace ws) {
-  ET_CHECK(g.groups == 1 && wq.dtype == DType::I4 && (xq.dtype == DType::I4 || xq.dtype == DType::U4));
+  ET_CHECK(g.groups == 1 && wq.dtype == DType::I4 && is_input_codes(xq.dtype));
   const int64_t rows = crs(g), PQ = g.P * g.Q, G = images_per_gemm(g), chunks = (g.N + G - 1) / G;
   const ThreadBytes tb = conv_q_bytes(g, ConvPass::Forward);
   ET_CHECK(ws.bytes >= tb.total(cpu_threads()), "conv int workspace");
@@ -134,10 +136,11 @@ void CpuBackend::conv2d_forward_q(const Conv2dGeom& g, const Tensor& xq, const T
     int8_t* col = cv.take<int8_t>(size_t(rows * G * PQ));
     int32_t* acc = cv.take<int32_t>(size_t(g.K * G * PQ));
     void* scratch = cv.take<uint8_t>(cpu::igemm_scratch_bytes(rows));
+    int8_t* decoded = cv.take<int8_t>(size_t(G * g.C * g.H * g.W));
 #pragma omp for schedule(static)
     for (int64_t ch = 0; ch < chunks; ++ch) {
       const int64_t n0 = ch * G, nb = std::min(G, g.N - n0), cols = nb * PQ;
-      const int8_t* xb = xq.codes() + n0 * g.C * g.H * g.W;
+      const int8_t* xb = code_rows(xq, n0, nb, decoded);
       IgemmB bm;
       if (pointwise(g)) {  // 1x1: the codes are the columns (image groups side by side)
         bm = IgemmB{xb, rows, cols, PQ, PQ, g.C * PQ, false};
@@ -197,7 +200,7 @@ void CpuBackend::conv2d_backward_data_q(const Conv2dGeom& g, const Tensor& gq, c
 
 void CpuBackend::conv2d_backward_weight_q(const Conv2dGeom& g, const Tensor& xq, const Tensor& gq, Tensor& dw,
                                           Tensor& db, bool accumulate, Workspace ws) {
-  ET_CHECK(g.groups == 1 && (xq.dtype == DType::I4 || xq.dtype == DType::U4));
+  ET_CHECK(g.groups == 1 && is_input_codes(xq.dtype));
   const int64_t rows = crs(g), PQ = g.P * g.Q, G = images_per_gemm(g), chunks = (g.N + G - 1) / G;
   // |sum| <= N * PQ * 64 * 15 (per sample) must fit the int32 partials.
   ET_CHECK(double(g.N) * double(PQ) * 64.0 * 15.0 < 2147483647.0, "int32 weight-gradient sums could overflow");
@@ -222,13 +225,15 @@ void CpuBackend::conv2d_backward_weight_q(const Conv2dGeom& g, const Tensor& xq,
     void* scratch = cv.take<uint8_t>(cpu::igemm_scratch_bytes(G * PQ));
     int32_t* dwp = cv.take<int32_t>(size_t(g.K * rows));
     int64_t* dbp = cv.take<int64_t>(size_t(g.K));
+    int8_t* decoded = cv.take<int8_t>(size_t(G * g.C * g.H * g.W));
     std::memset(dwp, 0, sizeof(int32_t) * size_t(g.K * rows));
     std::memset(dbp, 0, sizeof(int64_t) * size_t(g.K));
 #pragma omp for schedule(static)
     for (int64_t ch = 0; ch < chunks; ++ch) {
       const int64_t n0 = ch * G, nb = std::min(G, g.N - n0), cols = nb * PQ;
       const int8_t* gb = gq.codes() + n0 * g.K * PQ;
-      for (int64_t i = 0; i < nb; ++i) im2col_i8(g, xq.codes() + (n0 + i) * g.C * g.H * g.W, col + i * PQ, cols);
+      const int8_t* xb = code_rows(xq, n0, nb, decoded);
+      for (int64_t i = 0; i < nb; ++i) im2col_i8(g, xb + i * g.C * g.H * g.W, col + i * PQ, cols);
       // A = gq chunk: element (k, (i, p)) at gb[i * K*PQ + k * PQ + p]; B = col^T.
       const cpu::PackedA a = cpu::igemm_pack_a(IgemmA{gb, g.K, cols, PQ, 1, PQ, g.K * PQ, 64}, apack);
       cpu::igemm(a, IgemmB{col, cols, rows, cols, 0, 0, true}, dwp, rows, true, scratch);
@@ -259,7 +264,8 @@ void CpuBackend::conv2d_backward_weight_q(const Conv2dGeom& g, const Tensor& xq,
 
 size_t CpuBackend::linear_q_workspace_bytes(int64_t n, int64_t in, int64_t out) const {
   const int64_t m = std::max({n, in, out});
-  return cpu::igemm_packed_a_bytes(m, m) + cpu::igemm_scratch_bytes(m) + size_t(m * m) * 4 + 3 * kAlign;
+  return cpu::igemm_packed_a_bytes(m, m) + cpu::igemm_scratch_bytes(m) + size_t(m * m) * 4 + 3 * kAlign +
+         size_t(n * in) + kAlign;  // stored input codes (code_rows)
 }
 
 void CpuBackend::linear_forward_q(const Tensor& xq, const Tensor& wq, const Tensor& b, Tensor& y, Workspace ws) {
@@ -297,9 +303,10 @@ void CpuBackend::linear_backward_weight_q(const Tensor& xq, const Tensor& gq, Te
   uint8_t* ap = cv.take<uint8_t>(cpu::igemm_packed_a_bytes(O, N));
   void* scratch = cv.take<uint8_t>(cpu::igemm_scratch_bytes(N));
   int32_t* acc = cv.take<int32_t>(size_t(O * I));
+  const int8_t* x = code_rows(xq, 0, N, cv.take<int8_t>(size_t(N * I)));
   // A = gq^T: element (o, n) at gq[n * O + o].
   const cpu::PackedA a = cpu::igemm_pack_a(IgemmA{gq.codes(), O, N, 1, O, N, 0, a_offset(gq.dtype)}, ap);
-  cpu::igemm(a, IgemmB{xq.codes(), N, I, I, I, 0, false}, acc, I, false, scratch);
+  cpu::igemm(a, IgemmB{x, N, I, I, I, 0, false}, acc, I, false, scratch);
   const float scale = xq.scale * gq.scale;
   float* w = dw.f32();
   for (int64_t i = 0; i < O * I; ++i) w[i] = float(acc[i]) * scale + (accumulate ? w[i] : 0.f);
