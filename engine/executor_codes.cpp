@@ -8,9 +8,10 @@
 //   the codes are pushed after the forward that computes them, X lives through that forward only.
 // plan_code_segments: the dense BN inputs (conv outputs) are not kept at all. Each is computed
 //   again just before its BN's backward by its conv's forward from what the backward keeps anyway:
-//   the stashed codes and the W codes (integer kernels, so bit for bit the first forward's
-//   result), or, for an FP32 conv on the graph input (the stem), that input. One recompute
-//   segment [conv, BN] each, run by Executor::recompute like memory.checkpoint_every's.
+//   the input codes (stashed, or X where the layer keeps it) and the W codes (integer kernels, so
+//   bit for bit the first forward's result), or, for an FP32 conv on the graph input (the stem),
+//   that input. One recompute segment [conv, BN] each, run by Executor::recompute like
+//   memory.checkpoint_every's.
 #include <algorithm>
 
 #include "engine/executor.h"
@@ -76,9 +77,10 @@ void Executor::plan_code_segments(PlanState& st) {
     if (node.op->op_class() != OpClass::Compute || c <= taken_to || graph_.value(v).kind != ValueKind::Activation ||
         st.first_saver[size_t(v)] <= c)  // not saved (or saved by the conv itself)
       continue;
-    // From the stashed codes, or an FP32 forward on the graph input; weights and bias are parameters.
-    const bool on_input = !quant_[size_t(c)].int4_forward && graph_.value(node.inputs[0]).kind == ValueKind::Input;
-    bool recomputable = codes_in_stash_[size_t(c)] || on_input;
+    // From the input codes kept for the backward (OpContext::input_codes) and W, or an FP32 forward
+    // on the graph input; weights and bias are parameters.
+    const bool int4 = quant_[size_t(c)].int4_forward;
+    bool recomputable = int4 ? node.op->int_kernels() : graph_.value(node.inputs[0]).kind == ValueKind::Input;
     for (size_t i = 1; i < node.inputs.size(); ++i) recomputable &= graph_.value(node.inputs[i]).kind == ValueKind::Param;
     // Only values BN saves (its input, read by its backward).
     for (int k : graph_.value(v).consumers)

@@ -123,6 +123,16 @@ TEST_CASE("bitmap_int4 trains bit-identically to a dense stash under the same 4-
     }
 }
 
+TEST_CASE("bitmap_int4 with every layer quantized: a quantized classifier reads its stored input", "[stash][int4][training]") {
+  QuantOptions all = luq();
+  all.keep_fp32 = {};  // the stem quantizes the graph input (kept in place, X kept), the classifier the pooled features
+  const Run dense = train("resnet8", with(StashFormat::DenseF32), all);
+  const Run int4 = train("resnet8", with(StashFormat::BitmapI4), all);
+  check_identical(dense, int4);
+  CHECK(int4.stored.at("avgpool") == "bitmap+uint4");
+  CHECK(int4.segments == 9);  // the stem's BN input too, from its X codes (its input is the graph input)
+}
+
 TEST_CASE("bitmap_int4 recomputes every BN input bit for bit from the stored codes", "[stash][int4][recompute]") {
   const Run r = train("resnet8", with(StashFormat::BitmapI4), luq(), 2);
   CHECK(r.bn == 2 * 9);  // stem, 2 per block, 2 shortcuts; two steps
