@@ -102,6 +102,8 @@ class Executor {
   int64_t batch() const { return batch_; }
   // Values the stash takes after node n's forward (or its recompute), for profiles.
   std::vector<int> stashed_by(int node) const;
+  // Those of them pushed by a recompute in backward (alive only until their reader's backward).
+  const std::vector<int>& recomputed_by(int node) const { return push_after_recompute_[size_t(node)]; }
 
  private:
   friend class OpContext;
