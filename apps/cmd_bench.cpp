@@ -41,6 +41,21 @@ void print_profile(const Executor& ex, int steps) {
     std::printf("%-24s %10.2f %10.2f %6.1f%%\n", type.c_str(), t.first, t.second, 100.0 * (t.first + t.second) / total);
 }
 
+// Per stashed value: how its last push stored it (StashEncodingInfo::display) and its size;
+// "recomputed": pushed by a recompute in backward, alive only until its reader's backward.
+void print_stash(const Executor& ex) {
+  const Graph& g = ex.graph();
+  std::printf("%-26s %-18s %10s %10s\n", "stashed value", "stored as", "stored MB", "dense MB");
+  for (int n = 0; n < g.num_nodes(); ++n)
+    for (int id : ex.stashed_by(n)) {
+      const StashRecord& r = ex.stash().record(id);
+      const auto& rec = ex.recomputed_by(n);
+      const bool recomputed = std::find(rec.begin(), rec.end(), id) != rec.end();
+      std::printf("%-26.26s %-18s %10.3f %10.3f%s\n", g.value(id).name.c_str(), r.stored_as, r.bytes / 1048576.0,
+                  double(r.numel) * 4 / 1048576.0, recomputed ? "  recomputed" : "");
+    }
+}
+
 }  // namespace
 
 int cmd_bench_step(const BenchStepArgs& a) {
@@ -85,6 +100,7 @@ int cmd_bench_step(const BenchStepArgs& a) {
   const double median = sorted[sorted.size() / 2];
   if (a.profile) {
     print_profile(ex, a.steps);
+    print_stash(ex);
     const double pack = ex.stash().pack_seconds() * 1e3 / a.steps, unpack = ex.stash().unpack_seconds() * 1e3 / a.steps;
     const double rec = ex.recompute_seconds() * 1e3 / a.steps;
     std::printf("stash %s: pack %.2f ms, unpack %.2f ms per step (%.1f%% of the median step); recompute %.2f ms (%.1f%%)\n",

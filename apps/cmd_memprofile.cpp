@@ -160,7 +160,8 @@ int cmd_memprofile(const MemProfileArgs& a) {
 
   // Rows: one per node, with what it stashed.
   json rows = json::array();
-  double dense_total = 0, stored_total = 0;
+  // Recomputed values (pushed by a recompute in backward, one segment's at a time) are counted apart.
+  double dense_total = 0, stored_total = 0, recomputed_total = 0;
   std::printf("%-26s %-22s %-18s %10s %10s %8s %10s %10s\n", "layer", "output", "stashed as", "dense MB", "stored MB",
               "zeros", "USS fwd", "USS bwd");
   for (int node = 0; node < g.num_nodes(); ++node) {
@@ -172,10 +173,12 @@ int cmd_memprofile(const MemProfileArgs& a) {
       const Value& v = g.value(id);
       const double dense = double(r.numel) * 4 / kMB, stored = double(r.bytes) / kMB;
       const double zeros = r.nonzero >= 0 && r.numel > 0 ? 1.0 - double(r.nonzero) / double(r.numel) : -1.0;
+      const auto& rec = ex.recomputed_by(node);
+      const bool recomputed = std::find(rec.begin(), rec.end(), id) != rec.end();
       dense_total += dense;
-      stored_total += stored;
-      stashed.push_back({{"value", v.name}, {"format", r.stored_as}, {"dense_mb", dense}, {"stored_mb", stored},
-                         {"sparsity", zeros}});
+      (recomputed ? recomputed_total : stored_total) += stored;
+      stashed.push_back({{"value", v.name}, {"format", r.stored_as}, {"recomputed", recomputed}, {"dense_mb", dense},
+                         {"stored_mb", stored}, {"sparsity", zeros}});
     }
     const double uf = double(uss.after_fwd[size_t(node)]) / kMB, ub = double(uss.after_bwd[size_t(node)]) / kMB;
     rows.push_back({{"layer", nd.name},
@@ -196,7 +199,8 @@ int cmd_memprofile(const MemProfileArgs& a) {
         char zs[16];
         z >= 0 ? std::snprintf(zs, sizeof(zs), "%.1f%%", 100 * z) : std::snprintf(zs, sizeof(zs), "-");
         std::printf("%-26.26s %-22.22s %-18.18s %10.2f %10.2f %8s %10.1f %10.1f\n", i ? "" : nd.name.c_str(),
-                    i ? "" : shape_str(out.shape, n, out.batched).c_str(), s["format"].get<std::string>().c_str(),
+                    i ? "" : shape_str(out.shape, n, out.batched).c_str(),
+                    s["recomputed"].get<bool>() ? "recomputed" : s["format"].get<std::string>().c_str(),
                     s["dense_mb"].get<double>(), s["stored_mb"].get<double>(), zs, uf, ub);
       }
     }
@@ -214,14 +218,15 @@ int cmd_memprofile(const MemProfileArgs& a) {
                  {"arena_mb", m.total / kMB},
                  {"stash_dense_mb", dense_total},
                  {"stash_stored_mb", stored_total},
+                 {"stash_recomputed_mb", recomputed_total},
                  {"stash_peak_mb", double(ex.stash().peak_bytes()) / kMB},
                  {"uss_before_model_mb", double(uss_before) / kMB},
                  {"peak_uss_mb", double(uss.peak) / kMB},
                  {"step_uss_mb", double(uss.peak - std::min(uss.peak, uss_before)) / kMB}};
   std::printf("\nparams %.2f MB, grads %.2f, optimizer %.2f, activations (planned) %.2f, workspace %.2f; "
-              "stash %.2f MB stored for %.2f MB dense (%.2fx), stash peak %.2f MB\n",
+              "stash %.2f MB stored for %.2f MB dense (%.2fx) + %.2f MB recomputed in backward, stash peak %.2f MB\n",
               m.params / kMB, m.grads / kMB, m.optimizer / kMB, m.activations_planned / kMB, m.workspace / kMB,
-              stored_total, dense_total, dense_total > 0 ? stored_total / dense_total : 0.0,
+              stored_total, dense_total, dense_total > 0 ? stored_total / dense_total : 0.0, recomputed_total,
               double(ex.stash().peak_bytes()) / kMB);
   std::printf("USS before the model %.1f MB, peak during the step %.1f MB (step %.1f MB)\n", double(uss_before) / kMB,
               double(uss.peak) / kMB, double(uss.peak - std::min(uss.peak, uss_before)) / kMB);

@@ -370,13 +370,17 @@ json Config::resolved() const {
   return j;
 }
 
-StashOptions Config::stash_options() const {
+StashOptions Config::stash_options(bool fnt) const {
+  // FNT epochs keep no INT4 input codes (their activations are FP32): bitmap_int4 stores what it
+  // would store for any f32 value there, bitmap_fp32.
+  auto phase = [fnt](StashFormat f) { return fnt && f == StashFormat::BitmapI4 ? StashFormat::BitmapF32 : f; };
   StashOptions o;
   parse_stash_format(memory.stash, &o.format);
+  o.format = phase(o.format);
   for (const auto& [layer, f] : memory.layers) {
     StashFormat sf;
     parse_stash_format(f, &sf);
-    o.layers.emplace_back(layer, sf);
+    o.layers.emplace_back(layer, phase(sf));
   }
   o.prune_threshold = memory.prune_threshold;
   o.checkpoint_every = memory.checkpoint_every;

@@ -82,7 +82,7 @@ struct Config {
   QuantConfig quant;
   std::string source;  // file it came from
   nlohmann::json resolved() const;  // every key with its effective value
-  StashOptions stash_options() const;
+  StashOptions stash_options(bool fnt = false) const;  // fnt: the FNT epochs' (no INT4 codes to keep)
   // The main phase's modes, or with `fnt` those of the FNT epochs (QuantOptions::fnt).
   QuantOptions quant_options(bool fnt = false) const;
 };

@@ -76,7 +76,9 @@ void Executor::forward(int64_t batch, bool training) {
     graph_.node(n).op->forward(ctx);
     if (timing_) fwd_s_[size_t(n)] += std::chrono::duration<double>(Clock::now() - t0).count();
     if (training)
-      for (int id : pushes) stash_.push(id, value(id), own_first && id == pushes.front() ? ctx.mask_.kept : -1);
+      for (int id : pushes)  // bitmap_int4 pushes the codes this node computed from its input
+        stash_.push(id, value(id), own_first && id == pushes.front() ? ctx.mask_.kept : -1,
+                    stash_.stores_codes(id) ? ctx.quant_operand(QuantSlot::X) : Tensor{});
     if (training) release(dies_after_forward_[size_t(n)]);  // eval forwards read logits only
     if (observer_) observer_->after_forward(n);
   }
@@ -127,6 +129,7 @@ void Executor::backward() {
   for (int n = graph_.num_nodes() - 1; n >= 0; --n) {
     const Node& node = graph_.node(n);
     if (const int s = segment_ending_at_[size_t(n)]; s >= 0) recompute(segments_[size_t(s)]);
+    if (observer_) observer_->before_backward(n);
     if (needs_backward_[size_t(n)]) {
       OpContext ctx(*this, n);
       const auto t0 = timing_ ? Clock::now() : Clock::time_point{};

@@ -43,6 +43,7 @@ class NodeObserver {
  public:
   virtual ~NodeObserver() = default;
   virtual void after_forward(int node) = 0;
+  virtual void before_backward(int node) {}  // after a recompute ending at this node, if any
   virtual void after_backward(int node) = 0;
 };
 
@@ -106,6 +107,8 @@ class Executor {
   int64_t batch() const { return batch_; }
   // Values the stash takes after node n's forward (or its recompute), for profiles.
   std::vector<int> stashed_by(int node) const;
+  // Those of them pushed by a recompute in backward (alive only until their reader's backward).
+  const std::vector<int>& recomputed_by(int node) const { return push_after_recompute_[size_t(node)]; }
 
  private:
   friend class OpContext;
@@ -123,7 +126,9 @@ class Executor {
   void plan_needs_backward();
   void plan_saves(PlanState& st);
   void plan_segments(const std::vector<int>& first_saver, std::vector<int>* seg_of);
-  std::vector<StashFormat> stash_formats(const std::vector<int>& first_saver) const;
+  void plan_code_saves(PlanState& st);
+  void plan_code_segments(PlanState& st);
+  std::vector<StashFormat> stash_formats(const PlanState& st) const;
   void plan_decode_buffers(PlanState& st);
   void plan_time_line(PlanState& st);
   void plan_layout(PlanState& st, const std::vector<PlannedBuffer>& extra);
@@ -162,6 +167,8 @@ class Executor {
   size_t quant_workspace_ = 0;
   int64_t step_ = 0;
   std::vector<std::pair<int, QuantSlot>> quant_owner_;  // (node, slot) of each planned operand buffer
+  // Per node: its input's codes are kept in the stash (bitmap_int4), not in X (executor_codes.cpp).
+  std::vector<uint8_t> codes_in_stash_;
   std::vector<PlannedBuffer> plan_quant_operands(const PlanState& st);
   void bind_quant_operands(const PlanState& st, size_t first_extra);
   Arena arena_;
@@ -194,6 +201,10 @@ class OpContext {
   }
   // The node's planned operand buffer (batch applied), carrying the scale last set for it.
   Tensor quant_operand(QuantSlot s) const;
+  // The INT4 codes of input 0 this node's forward computed, with their scale, for its backward and
+  // a recompute: X, or under bitmap_int4 the stash's BitmapI4 / BitmapU4 encoding (the integer
+  // kernels read both through memory/stored_codes.h).
+  Tensor input_codes() const;
   void set_quant_scale(QuantSlot s, float scale) { ex_.qbufs_[size_t(node_id_)][size_t(s)].scale = scale; }
   quant::RngKey quant_rng(int sample) const { return quant::rng_key(seed(), sample); }
   int64_t step() const { return ex_.step_; }

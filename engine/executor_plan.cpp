@@ -3,7 +3,8 @@
 // lifetime on it goes to the planner (memory/planner.h), which packs them into one arena.
 //
 // plan() runs named passes in order over one PlanState (what they share):
-//   needs-backward -> saves and stash formats -> decode buffers -> time line -> layout -> page release.
+//   needs-backward -> saves (codes, segments) and stash formats -> decode buffers -> time line -> layout
+//   -> page release.
 // A pass that needs more arena buffers planned by lifetime (e.g. per-op operand buffers) runs
 // after the time line, hands its PlannedBuffers (role Extra) to plan_layout and, after it, finds
 // their arena offsets in PlanState::buffers.
@@ -57,8 +58,9 @@ void Executor::plan_needs_backward() {
 }
 
 // Saved values: the first saving consumer pushes (its backward is the last reader and pops),
-// the last saving consumer's backward is the first reader. Also plans the recompute segments
-// and each saved value's stash format.
+// the last saving consumer's backward is the first reader. Also plans bitmap_int4's codes (pushed
+// by the layer that computes them, executor_codes.cpp), the recompute segments and each saved
+// value's stash format.
 void Executor::plan_saves(PlanState& st) {
   const int nv = st.nv, nn = st.nn;
   save_specs_.assign(size_t(nn), {});
@@ -74,17 +76,16 @@ void Executor::plan_saves(PlanState& st) {
   st.first_saver.assign(size_t(nv), -1);
   st.last_saver.assign(size_t(nv), -1);
   st.full.assign(size_t(nv), 0);
-  auto add_saver = [&](int id, int n, bool is_full) {
-    if (st.first_saver[size_t(id)] < 0 || n < st.first_saver[size_t(id)]) st.first_saver[size_t(id)] = n;
-    st.last_saver[size_t(id)] = std::max(st.last_saver[size_t(id)], n);
-    st.full[size_t(id)] |= is_full;
-  };
   for (int n = 0; n < nn; ++n)
     for (const SaveSpec& sp : save_specs_[size_t(n)]) {
       const Node& node = graph_.node(n);
-      add_saver(sp.input < 0 ? node.output : node.inputs[size_t(sp.input)], n, sp.kind == SaveKind::Full);
+      st.add_saver(sp.input < 0 ? node.output : node.inputs[size_t(sp.input)], n, sp.kind == SaveKind::Full);
     }
-  plan_segments(st.first_saver, &st.seg_of);
+  plan_code_saves(st);
+  if (std::count(st.codes.begin(), st.codes.end(), 1) > 0)
+    plan_code_segments(st);
+  else
+    plan_segments(st.first_saver, &st.seg_of);
   st.recomputed.assign(size_t(nv), 0);
   st.rewritten.assign(size_t(nv), 0);
   for (const Segment& s : segments_)
@@ -94,10 +95,10 @@ void Executor::plan_saves(PlanState& st) {
     // What the segment reads from before itself must survive until its recompute: saved in full.
     for (int id : s.external)
       for (int c : graph_.value(id).consumers)
-        if (c >= s.begin && c <= s.end && reruns_[size_t(c)]) add_saver(id, c, true);
+        if (c >= s.begin && c <= s.end && reruns_[size_t(c)]) st.add_saver(id, c, true);
   }
 
-  const std::vector<StashFormat> format = stash_formats(st.first_saver);
+  const std::vector<StashFormat> format = stash_formats(st);
   push_after_.assign(size_t(nn), {});
   push_after_recompute_.assign(size_t(nn), {});
   pop_after_.assign(size_t(nn), {});
@@ -115,22 +116,29 @@ void Executor::plan_saves(PlanState& st) {
     st.saved_index[size_t(id)] = int(st.saved.size());
     st.saved.push_back(sv);
     report_.stash_dense_bytes += size_t(sv.numel) * dtype_size(v.dtype);
-    (st.recomputed[size_t(id)] ? push_after_recompute_ : push_after_)[size_t(st.first_saver[size_t(id)])].push_back(id);
+    // After the first saver's forward, or, for codes, the forward that computes them.
+    const int pusher = st.code_pusher[size_t(id)] >= 0 ? st.code_pusher[size_t(id)] : st.first_saver[size_t(id)];
+    (st.recomputed[size_t(id)] ? push_after_recompute_ : push_after_)[size_t(pusher)].push_back(id);
   }
-  // Pops after the first saver's backward; a node pushing several values pops them in reverse.
-  for (int n = 0; n < nn; ++n) {
-    auto& pops = pop_after_[size_t(n)];
-    pops.assign(push_after_recompute_[size_t(n)].rbegin(), push_after_recompute_[size_t(n)].rend());
-    pops.insert(pops.end(), push_after_[size_t(n)].rbegin(), push_after_[size_t(n)].rend());
-  }
+  // Pops after the first saver's backward (the last reader's), the latest pushed first: recomputed
+  // values (pushed in backward), then forward pushes in reverse.
+  for (int n = 0; n < nn; ++n)
+    for (auto it = push_after_recompute_[size_t(n)].rbegin(); it != push_after_recompute_[size_t(n)].rend(); ++it)
+      pop_after_[size_t(st.first_saver[size_t(*it)])].push_back(*it);
+  for (int n = nn - 1; n >= 0; --n)
+    for (auto it = push_after_[size_t(n)].rbegin(); it != push_after_[size_t(n)].rend(); ++it)
+      pop_after_[size_t(st.first_saver[size_t(*it)])].push_back(*it);
 }
 
 // The stash format of every value (used for saved ones). A global bitmap format applies where
 // zeros come by construction (ReLU / dropout outputs and max-pools of them). Other saved values
 // (conv outputs: BN inputs) keep the dense format of the same precision: a bitmap of a tensor
 // without zeros is 1/32 larger and costs a pack and unpack. auto keeps those as zero-copy fp32
-// (what its per-tensor choice would pick, without the count). Per-layer overrides apply as given.
-std::vector<StashFormat> Executor::stash_formats(const std::vector<int>& first_saver) const {
+// (what its per-tensor choice would pick, without the count). bitmap_int4 applies to the values
+// plan_code_saves chose, as do auto's codes; its other values take bitmap_fp32's exact formats.
+// Per-layer overrides apply as given.
+std::vector<StashFormat> Executor::stash_formats(const PlanState& st) const {
+  const std::vector<int>& first_saver = st.first_saver;
   const int nv = graph_.num_values(), nn = graph_.num_nodes();
   std::vector<uint8_t> sparse(size_t(nv), 0);
   for (int n = 0; n < nn; ++n) {
@@ -139,7 +147,9 @@ std::vector<StashFormat> Executor::stash_formats(const std::vector<int>& first_s
     sparse[size_t(node.output)] = z == OutputZeros::Many || (z == OutputZeros::AsInput0 && sparse[size_t(node.inputs[0])]);
   }
   auto global_format = [&](int id) {
+    if (st.codes[size_t(id)]) return StashFormat::BitmapI4;
     switch (stash_options_.format) {
+      case StashFormat::BitmapI4: return sparse[size_t(id)] ? StashFormat::BitmapF32 : StashFormat::DenseF32;
       case StashFormat::BitmapF32:
       case StashFormat::Auto: return sparse[size_t(id)] ? stash_options_.format : StashFormat::DenseF32;
       case StashFormat::BitmapF16: return sparse[size_t(id)] ? StashFormat::BitmapF16 : StashFormat::DenseF16;

@@ -1,5 +1,6 @@
 // The planning state Executor::plan()'s passes share (executor_plan.cpp, executor_quant.cpp).
 #pragma once
+#include <algorithm>
 #include <cstdint>
 #include <vector>
 
@@ -37,6 +38,10 @@ struct Executor::PlanState {
   std::vector<uint8_t> rewritten;            // per value: written again by a segment's rerun
   std::vector<SavedValue> saved;             // what the stash will hold, by value id
   std::vector<int> saved_index;              // per value: index into `saved`, or -1
+  // plan_code_saves (bitmap_int4): values the stash keeps as a quantized layer's INT4 codes, and
+  // the node whose forward computes the codes it pushes (else -1).
+  std::vector<uint8_t> codes;
+  std::vector<int> code_pusher;
 
   // plan_decode_buffers: saved values some reader needs decoded to f32 (an unpack buffer).
   std::vector<uint8_t> needs_unpack;
@@ -52,6 +57,11 @@ struct Executor::PlanState {
   std::vector<PlannedBuffer> buffers;
   size_t workspace_offset = 0;
 
+  void add_saver(int id, int n, bool is_full) {
+    if (first_saver[size_t(id)] < 0 || n < first_saver[size_t(id)]) first_saver[size_t(id)] = n;
+    last_saver[size_t(id)] = std::max(last_saver[size_t(id)], n);
+    full[size_t(id)] |= is_full;
+  }
   SavedValue* saved_of(int id) {
     const int i = saved_index[size_t(id)];
     return i >= 0 ? &saved[size_t(i)] : nullptr;

@@ -4,7 +4,8 @@
 //   X  INT4 codes of the input (1 byte each): forward -> backward. With an INT4 forward this is
 //      what the node keeps for its weight gradient instead of the f32 input (plan_saves drops
 //      that save): 4x less than a dense fp32 stash entry, and exactly the operand the integer
-//      weight-gradient kernel reads.
+//      weight-gradient kernel reads. Under bitmap_int4 the stash keeps the codes instead (packed,
+//      executor_codes.cpp) and X lives through the forward only.
 //   W  INT4 codes of the weight: forward -> backward (the data gradient's operand).
 //   G  FP4 codes of the output gradient: the node's backward only.
 //   XF / WF / GF  f32 dequantised copies, only where a float kernel consumes a quantized operand:
@@ -48,7 +49,7 @@ std::vector<Executor::PlannedBuffer> Executor::plan_quant_operands(const PlanSta
     const bool float_fwd = q.int4_forward && !ints;  // dequantised operands in the forward
     const bool float_bwd = bwd && q.int4_forward && (q.backward == BackwardQuant::Fp32 || !ints);
     if (q.int4_forward) {
-      add(QuantSlot::X, nx, fwd_t, bwd_t);
+      add(QuantSlot::X, nx, fwd_t, codes_in_stash_[size_t(n)] ? fwd_t : bwd_t);
       add(QuantSlot::W, nw, fwd_t, bwd_t);
     }
     if (float_fwd || float_bwd) {
@@ -80,6 +81,10 @@ void Executor::bind_quant_operands(const PlanState& st, size_t first_extra) {
   }
   report_.quant_operands = 0;
   for (size_t i = first_extra; i < st.buffers.size(); ++i) report_.quant_operands += st.buffers[i].request.bytes;
+}
+
+Tensor OpContext::input_codes() const {
+  return ex_.codes_in_stash_[size_t(node_id_)] ? ex_.stash_.get_stored(node_.inputs[0]) : quant_operand(QuantSlot::X);
 }
 
 Tensor OpContext::quant_operand(QuantSlot s) const {

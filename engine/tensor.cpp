@@ -15,7 +15,9 @@ size_t dtype_size(DType t) {
     case DType::U4:
     case DType::F4: return 1;
     case DType::BitmapF32:
-    case DType::BitmapF16: break;
+    case DType::BitmapF16:
+    case DType::BitmapI4:
+    case DType::BitmapU4: break;
   }
   ET_CHECK(false, "dtype ", dtype_name(t), " has no per-element size");
   return 0;
@@ -33,6 +35,8 @@ const char* dtype_name(DType t) {
     case DType::I4: return "int4";
     case DType::U4: return "uint4";
     case DType::F4: return "fp4";
+    case DType::BitmapI4: return "bitmap+int4";
+    case DType::BitmapU4: return "bitmap+uint4";
   }
   return "?";
 }

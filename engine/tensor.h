@@ -19,7 +19,11 @@ namespace et {
 // I4 / U4 / F4: 4-bit codes in the integer kernels' layout, one per byte (quant/codes.h): INT4
 // signed -7..7, INT4 unsigned 0..15, FP4 as the signed power of two it stands for. Their value is
 // code * Tensor::scale (the per-tensor scale, or FP4's alpha), carried beside the data.
-enum class DType : uint8_t { F32, F16, BF16, I32, U8, BitmapF32, BitmapF16, I4, U4, F4 };
+//
+// BitmapI4 / BitmapU4: the stash's bitmap_int4 encoding of INT4 (signed / unsigned) codes
+// (memory/code_bitmap.h): the bitmap of the non-zero input values, a directory, and the kept
+// elements' codes two per byte; the scale in Tensor::scale. Read through memory/stored_codes.h.
+enum class DType : uint8_t { F32, F16, BF16, I32, U8, BitmapF32, BitmapF16, I4, U4, F4, BitmapI4, BitmapU4 };
 enum class Device : uint8_t { CPU, CUDA };
 
 size_t dtype_size(DType t);  // aborts for the bitmap encodings
@@ -28,7 +32,8 @@ const char* dtype_name(DType t);
 using DTypeSet = uint32_t;
 constexpr DTypeSet dtype_bit(DType t) { return DTypeSet(1) << unsigned(t); }
 constexpr bool dtype_in(DType t, DTypeSet s) { return (s & dtype_bit(t)) != 0; }
-// Every encoding the stash may hand out (memory/stash.h).
+// Every encoding of f32 values the stash may hand out (memory/stash.h); bitmap_int4's codes are not
+// f32 values: only the integer kernels read them (memory/stored_codes.h).
 constexpr DTypeSet kStashDTypes = dtype_bit(DType::F32) | dtype_bit(DType::F16) | dtype_bit(DType::BF16) |
                                   dtype_bit(DType::BitmapF32) | dtype_bit(DType::BitmapF16);
 

@@ -1,7 +1,8 @@
 // conv2d: y = x * w (+ b). x [N,C,H,W], w [K,C/groups,R,S], b [K], y [N,K,P,Q].
 // Saves x for the weight gradient, which reads it as the stash stores it where the backend can.
 // 4-bit training (docs/quant.md, per node OpContext::quant()): INT4 forward on codes (the node
-// keeps x's codes instead of x), FP4 output gradients, integer products where the backend has them;
+// keeps x's codes instead of x: its X buffer, or the bitmap_int4 stash), FP4 output gradients,
+// integer products where the backend has them. A recompute reruns the product on the kept codes.
 // FNT: only the weights as INT4, dequantised for the float kernels.
 #include <memory>
 
@@ -48,6 +49,9 @@ class Conv2dOp final : public Op {
       return ctx.backend().conv2d_forward(g, ctx.input(0), qops::dequantized_weight(ctx, ctx.input(1)), b, y,
                                           ctx.workspace());
     if (!q || !q->int4_forward) return ctx.backend().conv2d_forward(g, ctx.input(0), ctx.input(1), b, y, ctx.workspace());
+    // A recompute: the first forward's codes and scales, so the integer product is the same.
+    if (ctx.recomputing() && int_kernels())
+      return ctx.backend().conv2d_forward_q(g, ctx.input_codes(), ctx.quant_operand(QuantSlot::W), b, y, ctx.workspace());
     // INT4: codes with SAWB scales, an integer product; depthwise multiplies the dequantised codes.
     const Tensor xq = qops::quantize_input(ctx, ctx.input(0));
     const Tensor wq = qops::quantize_weight(ctx, ctx.input(1));
@@ -93,7 +97,7 @@ class Conv2dOp final : public Op {
     const float alpha = qops::grad_alpha(ctx, dy);
     const int smp = q->smp;
     if (q->int4_forward && int_kernels()) {
-      const Tensor xq = ctx.quant_operand(QuantSlot::X), wq = ctx.quant_operand(QuantSlot::W);
+      const Tensor xq = ctx.input_codes(), wq = ctx.quant_operand(QuantSlot::W);
       Tensor gq = qops::quantize_grad(ctx, dy, alpha, 0);
       if (dx.wanted) be.conv2d_backward_data_q(g, gq, wq, dx.t, dx.accumulate, ws);
       for (int s = 0; s < smp; ++s) {

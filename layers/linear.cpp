@@ -61,7 +61,7 @@ class LinearOp final : public Op {
     const float alpha = qops::grad_alpha(ctx, dy);
     const int smp = q->smp;
     if (q->int4_forward) {
-      const Tensor xq = ctx.quant_operand(QuantSlot::X), wq = ctx.quant_operand(QuantSlot::W);
+      const Tensor xq = ctx.input_codes(), wq = ctx.quant_operand(QuantSlot::W);
       Tensor gq = qops::quantize_grad(ctx, dy, alpha, 0);
       if (dx.wanted) be.linear_backward_data_q(gq, wq, dx.t, dx.accumulate, ctx.workspace());
       for (int s = 0; s < smp; ++s) {

@@ -5,6 +5,7 @@
 #include <cstring>
 
 #include "memory/bitmap.h"
+#include "memory/code_bitmap.h"
 #include "memory/half.h"
 
 namespace et {
@@ -41,6 +42,11 @@ const SavedValue* Stash::info(int value_id) const {
 
 bool Stash::zero_copy(int value_id) const { return info(value_id)->format == StashFormat::DenseF32; }
 
+bool Stash::stores_codes(int value_id) const {
+  const SavedValue& s = *info(value_id);
+  return s.full && stash_encoding_info(stash_format_info(s.format).full).codes;
+}
+
 void Stash::clear() {
   for (int id : stack_) entries_[size_t(id)] = Entry{};
   stack_.clear();
@@ -56,7 +62,7 @@ MaskOut Stash::mask_target(int value_id) const {
   return m;
 }
 
-void Stash::push(int value_id, const Tensor& t, int64_t bits_kept) {
+void Stash::push(int value_id, const Tensor& t, int64_t bits_kept, const Tensor& codes) {
   const SavedValue& s = *info(value_id);
   const StashFormatInfo& format = stash_format_info(s.format);
   Entry& e = entries_[size_t(value_id)];
@@ -77,6 +83,12 @@ void Stash::push(int value_id, const Tensor& t, int64_t bits_kept) {
     void* dst = at(top_);
     if (enc == StashEncoding::Mask) {
       e.nonzero = bits_kept >= 0 ? bits_kept : bitmap::make_bits(x, n, prune_threshold_, static_cast<uint64_t*>(dst));
+    } else if (stash_encoding_info(enc).codes) {
+      ET_CHECK(codes.numel() == n && (codes.dtype == DType::I4 || codes.dtype == DType::U4) && bits_kept < 0,
+               "value ", value_id, " (bitmap_int4) pushed without its codes");
+      enc = codes.dtype == DType::U4 ? StashEncoding::BitmapU4 : StashEncoding::BitmapI4;
+      e.nonzero = code_bitmap::encode(x, codes.codes(), n, prune_threshold_, dst);
+      e.scale = codes.scale;
     } else if (enc == StashEncoding::F16 || enc == StashEncoding::BF16) {
       const bool bf = enc == StashEncoding::BF16;
       bf ? f32_to_bf16(x, n, static_cast<uint16_t*>(dst)) : f32_to_f16(x, n, static_cast<uint16_t*>(dst));
@@ -118,6 +130,7 @@ void Stash::push(int value_id, const Tensor& t, int64_t bits_kept) {
 Tensor Stash::get(int value_id) {
   Entry& e = entries_[size_t(value_id)];
   ET_CHECK(stash_encoding_info(e.stored).every_element, "value ", value_id, " not saved in full");
+  ET_CHECK(!stash_encoding_info(e.stored).codes, "value ", value_id, " is stored as codes: read it as stored");
   if (e.stored == StashEncoding::ZeroCopy) return e.view;
   const SavedValue& s = *info(value_id);
   const int64_t n = e.view.numel();
@@ -152,7 +165,9 @@ Tensor Stash::get_stored(int value_id) const {
   const StashEncodingInfo& info = stash_encoding_info(e.stored);
   ET_CHECK(info.every_element, "value ", value_id, " not saved in full");
   if (e.stored == StashEncoding::ZeroCopy) return e.view;
-  return Tensor::contiguous(at(e.offset), e.view.shape, info.dtype);
+  Tensor t = Tensor::contiguous(at(e.offset), e.view.shape, info.dtype);
+  t.scale = e.scale;
+  return t;
 }
 
 MaskView Stash::get_mask(int value_id) {

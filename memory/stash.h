@@ -9,6 +9,8 @@
 // (ReLU outputs...); others keep the dense format of the same precision (executor_plan.cpp).
 // A value only ever read as a mask (a ReLU output nobody else saves) is stored as its bitmap
 // alone in every format but dense_fp32; the ReLU backward reads that bitmap as its mask.
+// bitmap_int4 stores the INT4 codes a quantized layer computed from the value (pushed with them)
+// behind the value's bitmap, which a mask reads too; those codes are only read as stored.
 // Everything except dense_fp32 copies into the stash's own region, so the forward buffer dies
 // after its last forward reader. Full reads decode into an executor-planned f32 buffer, or, for
 // kernels that say they can, read the storage as it is (get_stored; memory/stored_reader.h).
@@ -51,14 +53,17 @@ class Stash {
   void clear();  // drops everything (a new training forward)
   // `bits_kept` >= 0: the bitmap of t (this stash's prune threshold) is already written at
   // mask_target(value_id) and has that many set bits; only the values remain to pack.
-  void push(int value_id, const Tensor& t, int64_t bits_kept = -1);
+  // bitmap_int4 (stores_codes): `codes` are the INT4 codes (I4 / U4, one per element, the scale in
+  // Tensor::scale) a quantized layer computed from t; the bitmap is t's.
+  void push(int value_id, const Tensor& t, int64_t bits_kept = -1, const Tensor& codes = Tensor{});
+  bool stores_codes(int value_id) const;
   // Where the next push's bitmap goes if value_id is stored with one (bitmap formats, auto, masks),
   // with the prune threshold; bits = nullptr otherwise.
   MaskOut mask_target(int value_id) const;
-  Tensor get(int value_id);  // every element, f32 (decoded on first use)
-  // The value as stored: F32 (the forward buffer or a copy), F16 / BF16, or BitmapF32 / BitmapF16
-  // (engine/tensor.h), a view into the stash for kernels that decode as they read. Not for
-  // values stored as a mask only.
+  Tensor get(int value_id);  // every element, f32 (decoded on first use); not for codes
+  // The value as stored: F32 (the forward buffer or a copy), F16 / BF16, BitmapF32 / BitmapF16, or
+  // the codes BitmapI4 / BitmapU4 with their scale (engine/tensor.h), a view into the stash for
+  // kernels that decode as they read. Not for values stored as a mask only.
   Tensor get_stored(int value_id) const;
   MaskView get_mask(int value_id);
   void pop(int value_id);
@@ -80,6 +85,7 @@ class Stash {
     StashEncoding stored = StashEncoding::None;
     size_t offset = 0, bytes = 0;
     int64_t nonzero = 0;
+    float scale = 1.f;     // codes: their scale
     Tensor view;           // zero copy: the forward buffer; else shape/dtype of the original
     bool decoded = false;  // unpack buffer holds this step's values
   };

@@ -3,20 +3,23 @@
 #include <algorithm>
 
 #include "memory/bitmap.h"
+#include "memory/code_bitmap.h"
 
 namespace et {
 
 namespace {
 // Indexed by StashEncoding.
 const StashEncodingInfo kEncodings[] = {
-    /* None      */ {"", false, false, DType::F32, 0},
-    /* ZeroCopy  */ {"fp32 (zero copy)", true, false, DType::F32, 0},
-    /* CopyF32   */ {"fp32 (copy)", true, false, DType::F32, 4},
-    /* F16       */ {"fp16", true, false, DType::F16, 2},
-    /* BF16      */ {"bf16", true, false, DType::BF16, 2},
-    /* BitmapF32 */ {"bitmap+fp32", true, true, DType::BitmapF32, 4},
-    /* BitmapF16 */ {"bitmap+fp16", true, true, DType::BitmapF16, 2},
-    /* Mask      */ {"bits (mask)", false, true, DType::F32, 0},  // dtype unused: not read as a tensor
+    /* None      */ {"", false, false, DType::F32, 0, false},
+    /* ZeroCopy  */ {"fp32 (zero copy)", true, false, DType::F32, 0, false},
+    /* CopyF32   */ {"fp32 (copy)", true, false, DType::F32, 32, false},
+    /* F16       */ {"fp16", true, false, DType::F16, 16, false},
+    /* BF16      */ {"bf16", true, false, DType::BF16, 16, false},
+    /* BitmapF32 */ {"bitmap+fp32", true, true, DType::BitmapF32, 32, false},
+    /* BitmapF16 */ {"bitmap+fp16", true, true, DType::BitmapF16, 16, false},
+    /* BitmapI4  */ {"bitmap+int4", true, true, DType::BitmapI4, 4, true},
+    /* BitmapU4  */ {"bitmap+uint4", true, true, DType::BitmapU4, 4, true},
+    /* Mask      */ {"bits (mask)", false, true, DType::F32, 0, false},  // dtype unused: not read as a tensor
 };
 static_assert(sizeof(kEncodings) / sizeof(kEncodings[0]) == size_t(StashEncoding::Mask) + 1);
 
@@ -28,6 +31,7 @@ const StashFormatInfo kFormats[] = {
     /* DenseBF16 */ {"dense_bf16", E::BF16, E::BF16, E::Mask},
     /* BitmapF32 */ {"bitmap_fp32", E::BitmapF32, E::BitmapF32, E::Mask},
     /* BitmapF16 */ {"bitmap_fp16", E::BitmapF16, E::BitmapF16, E::Mask},
+    /* BitmapI4  */ {"bitmap_int4", E::BitmapI4, E::BitmapU4, E::Mask},  // the codes' signedness picks
     /* Auto      */ {"auto", E::BitmapF32, E::CopyF32, E::Mask},
 };
 constexpr size_t kNumFormats = sizeof(kFormats) / sizeof(kFormats[0]);
@@ -38,7 +42,8 @@ const StashEncodingInfo& stash_encoding_info(StashEncoding e) { return kEncoding
 
 size_t stash_encoding_bytes(StashEncoding e, int64_t n, int64_t kept) {
   const StashEncodingInfo& info = stash_encoding_info(e);
-  return (info.bitmap ? size_t(bitmap::num_words(n)) * 8 : 0) + size_t(kept) * size_t(info.value_bytes);
+  if (info.codes) return code_bitmap::encoded_bytes(n, kept);
+  return (info.bitmap ? size_t(bitmap::num_words(n)) * 8 : 0) + (size_t(kept) * size_t(info.value_bits) + 7) / 8;
 }
 
 const StashFormatInfo& stash_format_info(StashFormat f) { return kFormats[size_t(f)]; }

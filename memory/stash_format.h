@@ -6,7 +6,10 @@
 //   dense_fp32   the forward buffer itself is kept (zero copy): exact, the baseline;
 //   dense_fp16 / dense_bf16   converted copies (lossy);
 //   bitmap_fp32 / bitmap_fp16 BitTrain: 1 bit per element + the non-zero values (fp32 exact);
-//   auto         per tensor the smaller exact one of bitmap_fp32 and a dense fp32 copy.
+//   bitmap_int4  the INT4 codes a quantized layer computed from its input: 1 bit per element + 4
+//                bits per non-zero (memory/code_bitmap.h), exactly what its integer backward reads;
+//   auto         per tensor the smaller exact one of bitmap_fp32 and a dense fp32 copy (and
+//                bitmap_int4 for the inputs of INT4 layers, engine/executor_codes.cpp).
 // A value only ever read as a mask is stored as its bitmap alone in every format but dense_fp32.
 #pragma once
 #include <cstddef>
@@ -17,7 +20,7 @@
 
 namespace et {
 
-enum class StashFormat : uint8_t { DenseF32, DenseF16, DenseBF16, BitmapF32, BitmapF16, Auto };
+enum class StashFormat : uint8_t { DenseF32, DenseF16, DenseBF16, BitmapF32, BitmapF16, BitmapI4, Auto };
 
 // What one push actually stored (a format stores one encoding per save; auto chooses per push).
 enum class StashEncoding : uint8_t {
@@ -28,6 +31,8 @@ enum class StashEncoding : uint8_t {
   BF16,
   BitmapF32,  // memory/bitmap.h: bitmap words, then the kept values
   BitmapF16,
+  BitmapI4,   // memory/code_bitmap.h: bitmap, directory, signed INT4 codes of the kept elements
+  BitmapU4,   // the same with unsigned codes (inputs >= 0 by construction)
   Mask,       // the bitmap alone: a value only read as a > 0 mask
 };
 
@@ -36,7 +41,8 @@ struct StashEncodingInfo {
   bool every_element;   // false: only the > 0 mask can be read back
   bool bitmap;          // starts with a bitmap (memory/bitmap.h layout), which a mask reads as is
   DType dtype;          // the tensor dtype the stash hands it out as (Stash::get_stored)
-  int value_bytes;      // per kept value in the stash region (0: none there)
+  int value_bits;       // per kept value in the stash region (0: none there)
+  bool codes;           // the 4-bit codes of a quantized layer's input (pushed with them), not f32 values
 };
 const StashEncodingInfo& stash_encoding_info(StashEncoding e);
 // Bytes in the stash region for n elements of which `kept` are stored (bitmaps; n for dense).
@@ -45,7 +51,9 @@ size_t stash_encoding_bytes(StashEncoding e, int64_t n, int64_t kept);
 
 struct StashFormatInfo {
   const char* name;            // in configs: "dense_fp32", ...
-  StashEncoding full, full_alt;  // a save of every element stores `full` or (auto) `full_alt`
+  // A save of every element stores `full` or `full_alt`: auto's dense copy when that is smaller,
+  // bitmap_int4's unsigned codes.
+  StashEncoding full, full_alt;
   StashEncoding mask;          // a save of the > 0 mask alone
 };
 const StashFormatInfo& stash_format_info(StashFormat f);

@@ -70,13 +70,22 @@ expect_error "fnt_epochs with pure fp32" "quant.fnt_epochs' = 1" "$BIN" train --
 expect_error "fnt_peak_lr = 0" "quant.fnt_peak_lr" "$BIN" train --config "$T/cfg.json" "${F[@]}" --set quant.fnt_peak_lr=0 --out "$T/f3"
 expect_error "fnt_peak_lr < 0" "quant.fnt_peak_lr" "$BIN" train --config "$T/cfg.json" "${F[@]}" --set quant.fnt_peak_lr=-0.1 --out "$T/f4"
 for x in f1 f2 f3 f4; do [ -e "$T/$x" ] && fail "run folder $x created despite the error"; done
+# bitmap_int4 stash: the same run bit for bit (BN inputs recomputed exactly from the stored codes)
+"$BIN" train --config "$T/cfg.json" "${Q[@]}" --set memory.stash=bitmap_int4 --out "$T/qint4" >"$T/qint4.log" 2>&1 && pass "train luq bitmap_int4" || fail "train luq bitmap_int4: $(tail -3 "$T/qint4.log")"
+strip_stash() { strip "$1" | sed -E 's/"stash_peak_mb":[^,}]*//g'; }
+if [ -s "$T/qint4/metrics.jsonl" ] && [ "$(strip_stash "$T/qfull/metrics.jsonl")" = "$(strip_stash "$T/qint4/metrics.jsonl")" ]; then pass "bitmap_int4 equals the dense stash"
+else fail "bitmap_int4 differs: $(strip_stash "$T/qfull/metrics.jsonl") vs $(strip_stash "$T/qint4/metrics.jsonl")"; fi
+expect_error "bitmap_int4 without an INT4 forward" "memory.stash" "$BIN" train --config "$T/cfg.json" --set memory.stash=bitmap_int4 --out "$T/q7"
+# ... and with FNT: its epochs keep f32 activations (bitmap_fp32 there), the run equals the dense FNT run
+"$BIN" train --config "$T/cfg.json" "${F[@]}" --set memory.stash=bitmap_int4 --out "$T/fint4" >"$T/fint4.log" 2>&1 && pass "train fnt bitmap_int4" || fail "train fnt bitmap_int4: $(tail -3 "$T/fint4.log")"
+[ -s "$T/fint4/metrics.jsonl" ] && [ "$(strip_stash "$T/ffull/metrics.jsonl")" = "$(strip_stash "$T/fint4/metrics.jsonl")" ] && pass "fnt bitmap_int4 equals the dense FNT run" || fail "fnt bitmap_int4 differs from the dense FNT run"
 expect_error "unknown quant mode" "quant.backward" "$BIN" train --config "$T/cfg.json" --set quant.backward=luq --out "$T/q1"
 expect_error "unknown quant layer" "quant.keep_fp32" "$BIN" train --config "$T/cfg.json" --set quant.forward=int4 --set 'quant.keep_fp32=["nope"]' --out "$T/q2"
 expect_error "smp_samples < 1" "quant.smp_samples" "$BIN" train --config "$T/cfg.json" --set quant.smp_samples=0 --out "$T/q3"
 expect_error "fnt_epochs >= epochs" "quant.fnt_epochs" "$BIN" train --config "$T/cfg.json" --set quant.fnt_epochs=2 --out "$T/q4"
 expect_error "grad_magnitudes 8" "quant.grad_magnitudes" "$BIN" train --config "$T/cfg.json" --set quant.grad_magnitudes=8 --out "$T/q5"
 expect_error "bad per-layer modes" "quant.layers.layer1.0.conv1" "$BIN" train --config "$T/cfg.json" --set 'quant.layers={"layer1.0.conv1": "int4"}' --out "$T/q6"
-for x in q1 q2 q3 q4 q5 q6; do [ -e "$T/$x" ] && fail "run folder $x created despite the error"; done
+for x in q1 q2 q3 q4 q5 q6 q7; do [ -e "$T/$x" ] && fail "run folder $x created despite the error"; done
 
 # --- bad input
 printf '{"model": {"name": "resnet8",}' >"$T/bad.json"
@@ -108,6 +117,8 @@ expect_error "arena larger than the address space" "largest buffer is layer 'con
   --set memory.checkpoint_every=1 --out "$T/mp" >"$T/mp.log" 2>&1 && pass "memprofile" || fail "memprofile: $(tail -3 "$T/mp.log")"
 grep -q "layer1.0.relu1" "$T/mp.log" && grep -q "bitmap+fp32" "$T/mp.log" && pass "memprofile table" || fail "memprofile table"
 [ -s "$T/mp/memprofile.svg" ] && grep -q '"uss_after_backward_mb"' "$T/mp/memprofile.json" && pass "memprofile files" || fail "memprofile files"
+"$BIN" memprofile --config "$T/cfg.json" "${Q[@]}" --set memory.stash=bitmap_int4 --out "$T/mpq" >"$T/mpq.log" 2>&1 && grep -q "bitmap+uint4" "$T/mpq.log" \
+  && pass "memprofile bitmap_int4" || fail "memprofile bitmap_int4: $(tail -3 "$T/mpq.log")"
 expect_error "memprofile over an existing profile" "memprofile.json" "$BIN" memprofile --config "$T/cfg.json" --out "$T/mp"
 expect_error "checkpoint_every out of range" "memory.checkpoint_every" "$BIN" memprofile --config "$T/cfg.json" --set memory.checkpoint_every=-1 --out "$T/mp2"
 expect_error "unknown stash format" "memory.stash" "$BIN" memprofile --config "$T/cfg.json" --set memory.stash=bitmap_fp8 --out "$T/mp3"

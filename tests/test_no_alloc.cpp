@@ -92,6 +92,11 @@ TEST_CASE("training steps after the first allocate nothing", "[memory]") {
   CHECK(allocations_in_steps("resnet8", 16, StashFormat::DenseF32, 0, false, luq) == 0);
   CHECK(allocations_in_steps("vgg11_bn", 8, StashFormat::BitmapF16, 0, false, luq) == 0);
   CHECK(allocations_in_steps("mobilenetv2", 4, StashFormat::DenseF32, 0, false, luq) == 0);  // depthwise fallback
+  // bitmap_int4: codes encoded into and decoded from the stash, BN inputs recomputed.
+  CHECK(allocations_in_steps("resnet8", 16, StashFormat::BitmapI4, 0, false, luq) == 0);
+  CHECK(allocations_in_steps("resnet8", 16, StashFormat::BitmapI4, 0, true, luq) == 0);  // release pages
+  CHECK(allocations_in_steps("vgg11_bn", 8, StashFormat::Auto, 0, false, luq) == 0);
+  CHECK(allocations_in_steps("mobilenetv2", 4, StashFormat::BitmapI4, 0, false, luq) == 0);
   QuantOptions fwd_only = luq;
   fwd_only.backward = BackwardQuant::Fp32;
   CHECK(allocations_in_steps("resnet8", 16, StashFormat::BitmapF32, 1, false, fwd_only) == 0);

@@ -34,6 +34,7 @@
 #include "backends/cpu/cpu_backend.h"
 #include "backends/cpu/igemm.h"
 #include "backends/cpu/quantize.h"
+#include "memory/stored_codes.h"
 
 namespace et {
 
@@ -52,7 +53,8 @@ const cpu::IntTileKernels& tiles() {
 }
 
 // What the staging adds to make the codes unsigned, where the path needs it.
-int x_offset(DType t) { return tiles().unsigned_staged && t == DType::I4 ? 8 : 0; }  // -7..7 -> 1..15
+bool signed_codes(DType t) { return t == DType::I4 || t == DType::BitmapI4; }
+int x_offset(DType t) { return tiles().unsigned_staged && signed_codes(t) ? 8 : 0; }  // -7..7 -> 1..15
 int grad_offset() { return tiles().unsigned_staged ? 64 : 0; }                        // -64..64 -> 0..128
 constexpr int64_t kTileWidth = 48;    // positions per conv tile: a multiple of every path's (48, 8, 4)
 constexpr int64_t kTileHeight = 8;    // output channels per conv tile (conv_mk of every path)
@@ -132,6 +134,7 @@ TilePass data_pass(const Conv2dGeom& g) {
 
 struct TilePassMemory {
   int32_t* w;       // weight words, panels of kTileHeight output channels (pack_words)
+  int8_t* decoded;  // this thread's image of stored input codes (code_rows)
   int32_t* corr;    // [coutp] offset * sum of each output channel's weights
   int64_t* toff;    // [taps] byte offsets
   uint8_t* stage;   // this thread's staging
@@ -144,7 +147,7 @@ CarveSize tile_pass_shared(const TilePass& p) {
 }
 CarveSize tile_pass_thread(const TilePass& p) {
   CarveSize s;
-  return s.add<uint8_t>(p.stage_bytes()).add<int32_t>(p.coutp * p.fpos);
+  return s.add<uint8_t>(p.stage_bytes()).add<int32_t>(p.coutp * p.fpos).add<int8_t>(p.cin * p.hi * p.wi);
 }
 
 TilePassMemory carve_shared(const TilePass& p, void* base) {
@@ -159,6 +162,7 @@ void carve_thread(const TilePass& p, void* base, TilePassMemory& m) {
   Carve cv(base);
   m.stage = cv.take<uint8_t>(p.stage_bytes());
   m.out = cv.take<int32_t>(p.coutp * p.fpos);
+  m.decoded = cv.take<int8_t>(p.cin * p.hi * p.wi);
 }
 
 void tap_offsets(const TilePass& p, TilePassMemory& mem) {
@@ -297,7 +301,7 @@ void run_tile_pass(const TilePass& p, int64_t N, int offset, const TilePassMemor
     for (int64_t ch = 0; ch < chunks; ++ch) {
       const int64_t n0 = ch * p.imgs, nb = std::min(p.imgs, N - n0), fpos = p.positions(nb);
       std::memset(m.stage, offset, size_t(p.stage_bytes()));
-      for (int64_t i = 0; i < nb; ++i) stage(n0 + i, i, m.stage);
+      for (int64_t i = 0; i < nb; ++i) stage(n0 + i, i, m);
       for (int64_t mb = 0; mb < p.coutp; mb += p.mblock)
         for (int64_t f0 = 0; f0 < fpos; f0 += tw)
           for (int64_t m0 = mb; m0 < std::min(p.coutp, mb + p.mblock); m0 += k.conv_mk) {
@@ -354,7 +358,8 @@ CarveSize wgrad_bytes(const Conv2dGeom& g, const WgradPass& w) {
   return s.add<int32_t>(g.R * g.S * w.kp * w.cp)
       .add<int64_t>(w.kp)
       .add<uint8_t>(g.S * w.x_col(w.imgs))
-      .add<int32_t>(w.kp / kTileHeight * w.g_blk(w.imgs));
+      .add<int32_t>(w.kp / kTileHeight * w.g_blk(w.imgs))
+      .add<int8_t>(g.C * g.H * g.W * cpu_threads());  // per thread: an image of stored codes (code_rows)
 }
 
 // Four codes (a little-endian word) plus the offset, per byte: 0 for UINT4 codes; 8 for INT4 codes
@@ -433,7 +438,7 @@ size_t CpuBackend::conv2d_q_workspace_bytes(const Conv2dGeom& g, ConvPass pass) 
 
 void CpuBackend::conv2d_forward_q(const Conv2dGeom& g, const Tensor& xq, const Tensor& wq, const Tensor& b, Tensor& y,
                                   Workspace ws) {
-  ET_CHECK(g.groups == 1 && wq.dtype == DType::I4 && (xq.dtype == DType::I4 || xq.dtype == DType::U4));
+  ET_CHECK(g.groups == 1 && wq.dtype == DType::I4 && is_input_codes(xq.dtype));
   const TilePass p = forward_pass(g);
   const size_t shared = tile_pass_shared(p).bytes, per_thread = tile_pass_thread(p).bytes;
   ET_CHECK(ws.bytes >= shared + per_thread * size_t(cpu_threads()), "conv int workspace");
@@ -441,7 +446,7 @@ void CpuBackend::conv2d_forward_q(const Conv2dGeom& g, const Tensor& xq, const T
   TilePassMemory mem = carve_shared(p, base);
   const int off = x_offset(xq.dtype);
   const int8_t* w = wq.codes();
-  const int64_t RS = g.R * g.S, CHW = g.C * g.H * g.W, PQ = g.P * g.Q;
+  const int64_t RS = g.R * g.S, PQ = g.P * g.Q;
   pack_words(p, [&](int64_t k, int64_t c, int64_t t) { return w[(k * g.C + c) * RS + t]; }, off, mem);
   tap_offsets(p, mem);
   const float scale = xq.scale * wq.scale;
@@ -449,9 +454,9 @@ void CpuBackend::conv2d_forward_q(const Conv2dGeom& g, const Tensor& xq, const T
   float* yd = y.f32();
   run_tile_pass(
       p, g.N, off, mem, base + shared, per_thread,
-      [&](int64_t n, int64_t i, uint8_t* stage) {
-        const int8_t* x = xq.codes() + n * CHW;
-        p.per_tap ? stage_per_tap(p, x, off, i, stage) : stage_padded(p, x, off, i, stage);
+      [&](int64_t n, int64_t i, const TilePassMemory& m) {
+        const int8_t* x = code_rows(xq, n, 1, m.decoded);  // dense codes, or decoded from the stash
+        p.per_tap ? stage_per_tap(p, x, off, i, m.stage) : stage_padded(p, x, off, i, m.stage);
       },
       [&](int64_t n0, int64_t nb, const int32_t* out) {
         for_each_output_row(p, nb, out, [&](int64_t i, int64_t k, int64_t r, const int32_t* src) {
@@ -481,9 +486,9 @@ void CpuBackend::conv2d_backward_data_q(const Conv2dGeom& g, const Tensor& gq, c
   float* dxd = dx.f32();
   run_tile_pass(
       p, g.N, off, mem, base + shared, per_thread,
-      [&](int64_t n, int64_t i, uint8_t* stage) {
+      [&](int64_t n, int64_t i, const TilePassMemory& m) {
         const int8_t* gn = gq.codes() + n * KPQ;
-        p.per_tap ? stage_per_tap(p, gn, off, i, stage) : stage_padded(p, gn, off, i, stage);
+        p.per_tap ? stage_per_tap(p, gn, off, i, m.stage) : stage_padded(p, gn, off, i, m.stage);
       },
       [&](int64_t n0, int64_t nb, const int32_t* out) {
         for_each_output_row(p, nb, out, [&](int64_t i, int64_t c, int64_t r, const int32_t* src) {
@@ -499,7 +504,7 @@ void CpuBackend::conv2d_backward_data_q(const Conv2dGeom& g, const Tensor& gq, c
 
 void CpuBackend::conv2d_backward_weight_q(const Conv2dGeom& g, const Tensor& xq, const Tensor& gq, Tensor& dw,
                                           Tensor& db, bool accumulate, Workspace ws) {
-  ET_CHECK(g.groups == 1 && gq.dtype == DType::F4 && (xq.dtype == DType::I4 || xq.dtype == DType::U4));
+  ET_CHECK(g.groups == 1 && gq.dtype == DType::F4 && is_input_codes(xq.dtype));
   // |sum| <= N * PQ * 15 * 64 (unsigned side <= 15 with its offset) must fit the int32 sums.
   ET_CHECK(double(g.N) * double(g.P * g.Q) * 64.0 * 15.0 < 2147483647.0, "int32 weight-gradient sums could overflow");
   const WgradPass w = wgrad_pass(g);
@@ -510,6 +515,7 @@ void CpuBackend::conv2d_backward_weight_q(const Conv2dGeom& g, const Tensor& xq,
   int64_t* gsum = cv.take<int64_t>(w.kp);
   uint8_t* xs = cv.take<uint8_t>(g.S * w.x_col(w.imgs));
   int32_t* gs = cv.take<int32_t>(w.kp / kTileHeight * w.g_blk(w.imgs));
+  int8_t* decoded = cv.take<int8_t>(CHW * cpu_threads());
   const int off = x_offset(xq.dtype);
 
   // Tiles: (tap, 8 output channels, a block of input channels: the widest the path has).
@@ -525,8 +531,10 @@ void CpuBackend::conv2d_backward_weight_q(const Conv2dGeom& g, const Tensor& xq,
     for (int64_t ch = 0; ch < chunks; ++ch) {
       const int64_t n0 = ch * w.imgs, nb = std::min(w.imgs, g.N - n0);
 #pragma omp for schedule(static)
-      for (int64_t i = 0; i < nb; ++i)
-        stage_wgrad(g, w, nb, xq.codes() + (n0 + i) * CHW, gq.codes() + (n0 + i) * KPQ, off, i, xs, gs);
+      for (int64_t i = 0; i < nb; ++i) {
+        const int8_t* x = code_rows(xq, n0 + i, 1, decoded + CHW * omp_get_thread_num());  // dense, or from the stash
+        stage_wgrad(g, w, nb, x, gq.codes() + (n0 + i) * KPQ, off, i, xs, gs);
+      }
 #pragma omp for schedule(static)
       for (int64_t t = 0; t < ntiles; ++t) {
         const int64_t tap = t / (kblocks * cblocks), kb = (t / cblocks) % kblocks, c0 = (t % cblocks) * cw;

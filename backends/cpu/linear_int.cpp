@@ -8,6 +8,7 @@
 #include "backends/cpu/carve.h"
 #include "backends/cpu/cpu_backend.h"
 #include "backends/cpu/igemm.h"
+#include "memory/stored_codes.h"
 
 namespace et {
 
@@ -25,7 +26,8 @@ int a_offset(DType t) { return t == DType::F4 ? 64 : t == DType::U4 ? 0 : 8; }
 
 size_t CpuBackend::linear_q_workspace_bytes(int64_t n, int64_t in, int64_t out) const {
   const int64_t m = std::max({n, in, out});
-  return cpu::igemm_packed_a_bytes(m, m) + cpu::igemm_scratch_bytes(m) + size_t(m * m) * 4 + 3 * kAlign;
+  return cpu::igemm_packed_a_bytes(m, m) + cpu::igemm_scratch_bytes(m) + size_t(m * m) * 4 + 3 * kAlign +
+         size_t(n * in) + kAlign;  // stored input codes (code_rows)
 }
 
 void CpuBackend::linear_forward_q(const Tensor& xq, const Tensor& wq, const Tensor& b, Tensor& y, Workspace ws) {
@@ -63,9 +65,10 @@ void CpuBackend::linear_backward_weight_q(const Tensor& xq, const Tensor& gq, Te
   uint8_t* ap = cv.take<uint8_t>(cpu::igemm_packed_a_bytes(O, N));
   void* scratch = cv.take<uint8_t>(cpu::igemm_scratch_bytes(N));
   int32_t* acc = cv.take<int32_t>(size_t(O * I));
+  const int8_t* x = code_rows(xq, 0, N, cv.take<int8_t>(N * I));  // dense, or decoded from the stash
   // A = gq^T: element (o, n) at gq[n * O + o].
   const cpu::PackedA a = cpu::igemm_pack_a(IgemmA{gq.codes(), O, N, 1, O, N, 0, a_offset(gq.dtype)}, ap);
-  cpu::igemm(a, IgemmB{xq.codes(), N, I, I, I, 0, false}, acc, I, false, scratch);
+  cpu::igemm(a, IgemmB{x, N, I, I, I, 0, false}, acc, I, false, scratch);
   const float scale = xq.scale * gq.scale;
   float* w = dw.f32();
   for (int64_t i = 0; i < O * I; ++i) w[i] = float(acc[i]) * scale + (accumulate ? w[i] : 0.f);

@@ -153,7 +153,7 @@ bool Trainer::enter_phase(int epoch) {
     kept.insert(kept.end(), static_cast<const char*>(t.data), static_cast<const char*>(t.data) + t.nbytes());
   }
   executor_.reset();
-  executor_ = std::make_unique<Executor>(graph_, *backend_, cfg_.stash_options(), cfg_.quant_options(fnt));
+  executor_ = std::make_unique<Executor>(graph_, *backend_, cfg_.stash_options(fnt), cfg_.quant_options(fnt));
   const std::vector<Tensor> to = executor_->state_tensors();
   ET_CHECK(to.size() == sizes.size(), "state tensors ", to.size(), " vs ", sizes.size());
   size_t at = 0;
