@@ -19,6 +19,7 @@ VARIANTS = {
     "int4_fwd": ["quant.forward=int4"],
     "luq": ["quant.forward=int4", "quant.backward=luq_fp4"],
     "luq_smp2": ["quant.forward=int4", "quant.backward=luq_fp4", "quant.smp_samples=2"],
+    "luq_int4stash": ["quant.forward=int4", "quant.backward=luq_fp4", "memory.stash=bitmap_int4"],
 }
 
 
@@ -55,11 +56,11 @@ def main():
         base = statistics.median(times[variants[0]])
         print(f"{model} batch {a.batch}, {a.threads} threads, median of {a.reps} interleaved runs "
               f"({a.steps} steps each)")
-        print(f"{'variant':10} {'step ms':>9} {'img/s':>8} {'vs ' + variants[0]:>9} {'quantizing':>11}")
+        print(f"{'variant':14} {'step ms':>9} {'img/s':>8} {'vs ' + variants[0]:>9} {'quantizing':>11}")
         for v in variants:
             t = statistics.median(times[v])
             q = statistics.median(quant[v])
-            print(f"{v:10} {t:9.1f} {a.batch * 1000 / t:8.1f} {base / t:8.2f}x {100 * q / t:10.1f}%")
+            print(f"{v:14} {t:9.1f} {a.batch * 1000 / t:8.1f} {base / t:8.2f}x {100 * q / t:10.1f}%")
 
 
 if __name__ == "__main__":
