@@ -23,19 +23,10 @@ class Conv2dOp final : public Op {
     return b.conv2d_weight_reads(geom_.with_batch(batch));
   }
   size_t workspace_bytes(const Backend& b, int64_t batch) const override {
-    const Conv2dGeom g = geom_.with_batch(batch);
-    size_t ws = 0;
-    for (ConvPass p : {ConvPass::Forward, ConvPass::BackwardData, ConvPass::BackwardWeight})
-      ws = std::max(ws, b.conv2d_workspace_bytes(g, p));
-    return ws;
+    return max_over_passes(batch, [&](const Conv2dGeom& g, ConvPass p) { return b.conv2d_workspace_bytes(g, p); });
   }
-
   size_t quant_workspace_bytes(const Backend& b, int64_t batch) const override {
-    const Conv2dGeom g = geom_.with_batch(batch);
-    size_t ws = 0;
-    for (ConvPass p : {ConvPass::Forward, ConvPass::BackwardData, ConvPass::BackwardWeight})
-      ws = std::max(ws, b.conv2d_q_workspace_bytes(g, p));
-    return ws;
+    return max_over_passes(batch, [&](const Conv2dGeom& g, ConvPass p) { return b.conv2d_q_workspace_bytes(g, p); });
   }
   bool int_kernels() const override { return geom_.groups == 1; }
 
@@ -122,6 +113,14 @@ class Conv2dOp final : public Op {
   }
 
  private:
+  // The largest of bytes(g, pass) over forward, data gradient and weight gradient.
+  template <class Bytes>
+  size_t max_over_passes(int64_t batch, Bytes bytes) const {
+    const Conv2dGeom g = geom_.with_batch(batch);
+    size_t ws = 0;
+    for (ConvPass p : {ConvPass::Forward, ConvPass::BackwardData, ConvPass::BackwardWeight}) ws = std::max(ws, bytes(g, p));
+    return ws;
+  }
   Conv2dGeom geom_;
 };
 

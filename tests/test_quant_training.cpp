@@ -18,11 +18,14 @@
 #include "engine/train/schedule.h"
 #include "engine/train/trainer.h"
 #include "models/models.h"
+#include "tests/tiny_training.h"
 #include "quant/scales.h"
 
 using namespace et;
 
 namespace {
+
+using et::test::luq;
 
 struct QuantRun {
   Graph g;
@@ -50,14 +53,6 @@ struct QuantRun {
     return loss;
   }
 };
-
-QuantOptions luq(int smp = 1) {
-  QuantOptions q;
-  q.forward = ForwardQuant::Int4;
-  q.backward = BackwardQuant::LuqFp4;
-  q.smp_samples = smp;
-  return q;
-}
 
 }  // namespace
 

@@ -12,13 +12,7 @@ using namespace et;
 
 namespace {
 
-QuantOptions luq(int smp = 1) {
-  QuantOptions q;
-  q.forward = ForwardQuant::Int4;
-  q.backward = BackwardQuant::LuqFp4;
-  q.smp_samples = smp;
-  return q;
-}
+using et::test::luq;
 
 StashOptions with(StashFormat f) {
   StashOptions o;

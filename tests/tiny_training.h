@@ -12,6 +12,15 @@
 
 namespace et::test {
 
+// 4-bit training as the LUQ paper runs it: INT4 forward, LUQ FP4 backward, `smp` gradient samples.
+inline QuantOptions luq(int smp = 1) {
+  QuantOptions q;
+  q.forward = ForwardQuant::Int4;
+  q.backward = BackwardQuant::LuqFp4;
+  q.smp_samples = smp;
+  return q;
+}
+
 struct TinyTraining {
   Graph g;
   std::unique_ptr<Backend> be = make_cpu_backend();

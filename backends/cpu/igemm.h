@@ -1,4 +1,5 @@
 // Integer GEMM for 4-bit training (docs/quant.md): C[M,N] (+)= A[M,K] x B[K,N] in int32, exact.
+// Used by the linear layers (linear_int.cpp); the convs use their own tiles (conv_int_tiles.h).
 //
 // Operand contract (what makes every path exact and lets AVX2 use vpmaddubsw without saturation):
 // A is stored as int8 and shifted to unsigned by `offset` while packing, B is int8, and
