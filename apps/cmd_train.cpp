@@ -35,12 +35,13 @@ namespace {
 // The dotted keys where two resolved configs differ, all of them (a derived default such as
 // quant.fnt_peak_lr = 0.1 * train.lr differs along with its source). Keys a resumed run may change:
 // the number of epochs (extend a run), the thread count (bit-exact reproduction needs the same
-// count, the training itself is the same) and the data root (the run moved to another machine).
+// count, the training itself is the same), the data root (the run moved to another machine) and
+// the fusion section (fused and unfused training are bit-identical).
 void differences(const json& a, const json& b, const std::string& path, std::vector<std::string>* out) {
   if (a.is_object() && b.is_object()) {
     for (auto it = a.begin(); it != a.end(); ++it) {
       const std::string key = path.empty() ? it.key() : path + "." + it.key();
-      if (key == "train.epochs" || key == "train.threads" || key == "data.root") continue;
+      if (key == "train.epochs" || key == "train.threads" || key == "data.root" || key == "fusion") continue;
       if (!b.contains(it.key())) out->push_back(key);
       else differences(*it, b[it.key()], key, out);
     }
