@@ -30,7 +30,8 @@ void build_stack(Graph& g, const BenchFusionArgs& a) {
   int y = x;
   for (int i = 0; i < a.depth; ++i) {
     const std::string p = "block" + std::to_string(i);
-    y = relu(g, batchnorm2d(g, maxpool2d(g, y, p + ".pool", 3, 1, 1), p + ".bn"), p + ".relu");
+    if (!a.no_pool) y = maxpool2d(g, y, p + ".pool", 3, 1, 1);
+    y = relu(g, batchnorm2d(g, y, p + ".bn"), p + ".relu");
   }
   g.logits = linear(g, global_avgpool(g, y, "avgpool"), "fc", 10);
   g.loss = softmax_cross_entropy(g, g.logits, labels, "loss");
@@ -90,7 +91,8 @@ int cmd_bench_fusion(const BenchFusionArgs& a) {
   }
   const bool identical = ex_plain.loss() == ex_fused.loss();
   const double up = median(tp.step), uf = median(tf.step), fp = median(tp.fwd), ff = median(tf.fwd);
-  std::printf("<MaxPool 3x3 s1 p1, BN, ReLU> x %d on [%lld, %lld, %lld, %lld], %d threads, median of %d\n", a.depth,
+  std::printf("<%sBN, ReLU> x %d on [%lld, %lld, %lld, %lld], %d threads, median of %d\n",
+              a.no_pool ? "" : "MaxPool 3x3 s1 p1, ", a.depth,
               (long long)a.batch, (long long)a.channels, (long long)a.size, (long long)a.size, omp_get_max_threads(),
               a.reps);
   std::printf("%-8s %12s %12s %14s\n", "", "forward ms", "step ms", "activations MB");
@@ -104,6 +106,7 @@ int cmd_bench_fusion(const BenchFusionArgs& a) {
                       {"batch", a.batch},
                       {"channels", a.channels},
                       {"size", a.size},
+                      {"pool", a.no_pool ? "none" : "max3x3s1p1"},
                       {"threads", omp_get_max_threads()},
                       {"reps", a.reps},
                       {"fused_ms", uf},

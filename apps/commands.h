@@ -53,6 +53,7 @@ int cmd_plan(const PlanArgs& a);
 struct BenchFusionArgs {
   int depth = 8, reps = 5, warmup = 2;
   int64_t batch = 128, channels = 64, size = 32;
+  bool no_pool = false;  // <BN, ReLU> blocks: the element-wise part alone
 };
 int cmd_bench_fusion(const BenchFusionArgs& a);
 

@@ -64,6 +64,7 @@ int main(int argc, char** argv) {
   bfu->add_option("--size", bf.size, "height = width")->check(CLI::Range(1, 1024));
   bfu->add_option("--reps", bf.reps, "timed repetitions (median)")->check(CLI::Range(1, 1000));
   bfu->add_option("--warmup", bf.warmup, "untimed repetitions first")->check(CLI::Range(0, 100));
+  bfu->add_flag("--no-pool", bf.no_pool, "<BN, ReLU> blocks (no max-pool): the element-wise part alone");
 
   CLI11_PARSE(app, argc, argv);
   try {

@@ -43,9 +43,10 @@ class FusedStackOp final : public Op {
 
   void backward(OpContext& ctx) override {
     FusedTensors t = tensors(ctx);
-    t.x = ctx.saved(0);
-    t.side = Tensor{};  // a stack with an Add ends at it or at the ReLU after it: never recomputed
     FusedGrads g;
+    t.x = ctx.saved(0);
+    g.x_exact = ctx.saved(0, kStashDTypes).dtype == DType::F32;  // not an fp16 / bf16 copy
+    t.side = Tensor{};  // a stack with an Add ends at it or at the ReLU after it: never recomputed
     g.dy = ctx.grad_output();
     if (stack_.saves_output_mask) g.y_mask = ctx.saved_mask(1);
     const GradOut dx = ctx.grad_input(0), dgamma = ctx.grad_input(1), dbeta = ctx.grad_input(2);

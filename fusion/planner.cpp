@@ -6,6 +6,7 @@
 // ReLU's mask is saved, since the Add's other operand is not kept for a recompute), and no pool
 // after an Add. A stack of a BN alone is left as it is.
 #include <algorithm>
+#include <cstdio>
 #include <fstream>
 #include <numeric>
 #include <sstream>
@@ -149,34 +150,28 @@ Plan plan(const Graph& g, const FusionSpec& spec) {
     if (sp.nodes.size() < 2) continue;
     for (int m : sp.nodes) claimed[size_t(m)] = 1;
     FusedStack& s = sp.stack;
-    // Per channel of a tile: its x plane, side plane, y plane, and the thread's scratch (one plane
-    // per stage and two gradient planes, as fused.cpp lays it out).
+    // A tile is `tile_channels` channels of the whole batch (BN reduces per channel over it): the
+    // backward's second sweep finds the slab of x and the parked dz in the cache if the tile fits.
+    // Inside it each plane runs through the stages in the thread's scratch (fused.cpp).
     int64_t plane = 0;
     for (const FusedStage& st : s.stages) plane = std::max({plane, st.H * st.W, st.P * st.Q});
-    sp.tile_bytes = f32(plane) * (s.stages.size() + 2 + 3);
+    const size_t scratch = f32(plane) * (s.stages.size() + 2);
+    const size_t slab = f32(N * s.stages[0].H * s.stages[0].W) * 2;  // x and dz of one channel
     sp.bytes_unfused = unfused_bytes(s, N);
     sp.bytes_fused = fused_bytes(s, N);
-    const int64_t pq = s.last().P * s.last().Q;
     if (std::find(spec.disable.begin(), spec.disable.end(), sp.name) != spec.disable.end()) {
       sp.why_not = "fusion.disable";
-    } else if (sp.tile_bytes > p.cache_bytes) {
-      if (spec.tile > 0)
-        user_error("config key 'fusion.tile' = ", spec.tile, ": a tile of stack ", sp.name, " needs ",
-                   sp.tile_bytes / 1024, " KiB per channel, more than the ", p.cache_bytes / 1024, " KiB cache");
-      sp.why_not = "one plane's working set (" + std::to_string(sp.tile_bytes / 1024) + " KiB) exceeds the cache";
+    } else if (scratch > p.cache_bytes) {
+      sp.why_not = "one plane's scratch (" + std::to_string(scratch / 1024) + " KiB) exceeds the cache";
     } else {
       sp.fused = true;
-      if (spec.tile > 0) {
-        s.tile_channels = std::min(spec.tile, s.C);
-      } else {
-        // About 16 KiB of y per tile, at least 8 tiles (both cores busy at batch 1), in whole
-        // 64-bit words of y's bitmap so that the tile writes its own words.
-        const int64_t word = 64 / std::gcd<int64_t>(pq, 64);
-        int64_t cb = std::min<int64_t>(s.C, std::max<int64_t>(1, 4096 / std::max<int64_t>(pq, 1)));
-        cb = std::min<int64_t>(cb, std::max<int64_t>(1, N * s.C / 8));
-        if (cb >= word) cb = cb / word * word;
-        s.tile_channels = std::max<int64_t>(1, cb);
-      }
+      s.tile_channels = spec.tile > 0 ? std::min(spec.tile, s.C) : 1;  // auto: the finest split over threads
+      if (spec.tile > 0 && scratch + size_t(s.tile_channels) * slab > p.cache_bytes)
+        user_error("config key 'fusion.tile' = ", spec.tile, ": a tile of stack ", sp.name, " needs ",
+                   (scratch + size_t(s.tile_channels) * slab) / 1024, " KiB, more than the ", p.cache_bytes / 1024,
+                   " KiB cache");
+      sp.tile_bytes = scratch + size_t(s.tile_channels) * slab;
+      sp.tile_fits = sp.tile_bytes <= p.cache_bytes;
       p.bytes_unfused += sp.bytes_unfused;
       p.bytes_fused += sp.bytes_fused;
     }
@@ -217,7 +212,7 @@ std::string mb(size_t b) {
 std::string describe(const Graph& g, const Plan& p) {
   std::ostringstream o;
   o << "cache: " << p.cache_bytes / 1024 << " KiB (" << p.cache_source << "), batch " << g.batch_size() << "\n";
-  o << "stack                 stages                  planes     tile  KiB/ch   MB unfused  MB fused  vanish\n";
+  o << "stack                 stages                  planes       tile  KiB/tile  MB unfused  MB fused  vanish\n";
   for (const StackPlan& sp : p.stacks) {
     std::string stages;
     for (const FusedStage& st : sp.stack.stages) stages += std::string(stages.empty() ? "" : ",") + kind_name(st.kind);
@@ -227,15 +222,19 @@ std::string describe(const Graph& g, const Plan& p) {
       << std::string(stages.size() < 24 ? 24 - stages.size() : 1, ' ') << planes
       << std::string(planes.size() < 11 ? 11 - planes.size() : 1, ' ');
     if (sp.fused) {
-      o << sp.stack.tile_channels << "ch" << std::string(sp.stack.tile_channels < 10 ? 5 : 4, ' ')
-        << sp.tile_bytes / 1024 << "\t" << mb(sp.bytes_unfused) << "\t" << mb(sp.bytes_fused) << "\t"
-        << sp.vanished.size() << "\n";
+      char line[160];
+      std::snprintf(line, sizeof line, "%4lldch %8zu%s %10s %9s %6zu\n", (long long)sp.stack.tile_channels,
+                    sp.tile_bytes / 1024, sp.tile_fits ? " " : "*", mb(sp.bytes_unfused).c_str(),
+                    mb(sp.bytes_fused).c_str(), sp.vanished.size());
+      o << line;
     } else {
       o << "not fused: " << sp.why_not << "\n";
     }
   }
   int fused = 0;
   for (const StackPlan& sp : p.stacks) fused += sp.fused;
+  o << "(tile: channels over the whole batch; * = larger than the cache: the second backward sweep re-reads "
+       "x from memory)\n";
   o << "fused stacks: " << fused << " of " << p.stacks.size() << " (one sequence each); bytes moved per step: "
     << mb(p.bytes_unfused) << " MB unfused, " << mb(p.bytes_fused) << " MB fused ("
     << (p.bytes_fused ? double(p.bytes_unfused) / double(p.bytes_fused) : 0.0) << "x less)\n";

@@ -1,15 +1,17 @@
-// Fused stacks on CPU (engine/fused_stack.h, docs/fusion.md). A tile is `tile_channels` whole
-// planes of one image; tiles spread over threads, and inside a tile each channel's plane runs
-// through every stage in a thread's scratch (a few KiB per plane at CIFAR sizes: L1 / L2), so only
-// x, the side input and y touch memory. Every stage calls the row / plane functions the layer
-// kernels call (bn_rows, pool_planes, the same element-wise expressions), and the BN reductions
-// keep their order (per plane in float, planes in double, n in order), so the results equal the
-// unfused layers' bit for bit.
+// Fused stacks on CPU (engine/fused_stack.h, docs/fusion.md). The work goes channel by channel
+// (threads over channels): BN's statistics and its two backward reductions are per channel over
+// the whole batch, so a channel's slab of x (N planes, 512 KiB at CIFAR's first stage and batch
+// 128) is read from memory once and found again in this core's L2 by the pass that follows.
+// Inside the slab each plane runs through every stage in a thread's scratch (one plane per stage
+// and two gradient planes), so the values between stages never reach memory. Every stage calls
+// the row / plane functions the layer kernels call (bn_rows, pool_planes, the same element-wise
+// expressions) and the reductions keep their order (per plane in float, planes in double, n in
+// order), so the results equal the unfused layers' bit for bit.
 //
-// Forward (training): BN statistics over x (one read), then one tiled pass x (+ side) -> y with
-// the stash's bitmap of y. Backward: two tiled sweeps, each recomputing from x what the stages'
-// backward needs (ReLU masks, pool inputs); the first reduces dgamma / dbeta (and writes the side
-// gradient), the second writes dx.
+// Forward (training): statistics of the channel's slab, then its planes x (+ side) -> y, with
+// y's bitmap words. Backward: sweep 1 rebuilds dz (the gradient of BN's output) plane by plane,
+// from the saved y mask or a recompute from x, writes the side gradient, reduces dgamma / dbeta
+// and parks dz in dx; sweep 2 turns dz into dx in place while the slab is still in L2.
 #include <omp.h>
 
 #include <algorithm>
@@ -24,6 +26,8 @@ namespace et {
 
 namespace {
 
+constexpr int64_t kMaxStages = 8;
+
 int64_t round16(int64_t n) { return (n + 15) / 16 * 16; }  // 64-byte multiples of floats
 
 int64_t max_plane(const FusedStack& s) {
@@ -34,11 +38,6 @@ int64_t max_plane(const FusedStack& s) {
 
 // Per thread: one plane per stage output and two gradient planes.
 int64_t thread_floats(const FusedStack& s) { return max_plane(s) * int64_t(s.stages.size() + 2); }
-
-struct Tiles {
-  int64_t blocks, count;  // channel blocks per image, tiles in all
-  Tiles(const FusedStack& s, int64_t N) : blocks((s.C + s.tile_channels - 1) / s.tile_channels), count(N * blocks) {}
-};
 
 // One channel plane through the stages: out[k] receives stage k's output (out[last] may be y).
 void forward_plane(const FusedStack& s, const float* x, const float* side, float scale, float shift, float* const* out) {
@@ -65,11 +64,27 @@ void forward_plane(const FusedStack& s, const float* x, const float* side, float
   }
 }
 
-bool needs_recompute(const FusedStack& s) {
+// The planes of one channel lie C planes apart, and a CIFAR plane is one 4 KiB page, where the
+// hardware prefetcher stops. Touching the first lines of the next plane early starts the
+// prefetcher on its page; more than a few lines per stream would stall on the fill buffers.
+constexpr int64_t kPrefetchFloats = 256;
+inline void prefetch_plane(const float* p, int64_t n) {
+  for (int64_t i = 0; i < std::min(n, kPrefetchFloats); i += 16) __builtin_prefetch(p + i);
+}
+inline void prefetch_plane_for_write(float* p, int64_t n) {
+  for (int64_t i = 0; i < std::min(n, kPrefetchFloats); i += 16) __builtin_prefetch(p + i, 1);
+}
+
+// Whether the backward rebuilds the stages' values from x: for a ReLU's mask or a max-pool's input.
+// A last ReLU reads y's saved mask, unless x is exact and no Add precedes it (recomputing its mask
+// from x, read anyway, saves reading the mask).
+bool needs_recompute(const FusedStack& s, bool x_exact) {
+  const bool has_add = s.add_stage() >= 0;
   for (size_t k = 1; k < s.stages.size(); ++k) {
     const FusedKind kind = s.stages[k].kind;
     if (kind == FusedKind::MaxPool) return true;
-    if (kind == FusedKind::Relu && !(k + 1 == s.stages.size() && s.saves_output_mask)) return true;
+    if (kind == FusedKind::Relu && (k + 1 < s.stages.size() || !s.saves_output_mask || (x_exact && !has_add)))
+      return true;
   }
   return false;
 }
@@ -105,61 +120,56 @@ bool output_nonnegative(const FusedStack& s) {
 }  // namespace
 
 size_t CpuBackend::fused_workspace_bytes(const FusedStack& s, int64_t batch) const {
-  return sizeof(float) * size_t(thread_floats(s) * cpu_threads() + round16(2 * batch * s.C) + round16(5 * s.C));
+  (void)batch;
+  return sizeof(float) * size_t(thread_floats(s) * cpu_threads());
 }
 
 void CpuBackend::fused_forward(const FusedStack& s, FusedTensors& t, bool training, MaskOut* mask, Workspace ws) {
   const FusedStage &bn = s.stages[0], &last = s.last();
   const int64_t N = t.x.dim(0), C = s.C, HW = bn.H * bn.W, PQ = last.P * last.Q, S = int64_t(s.stages.size());
   ET_CHECK(ws.bytes >= fused_workspace_bytes(s, N), "fused stack: workspace");
-  ET_CHECK(S <= 8, "fused stack of ", S, " stages");
+  ET_CHECK(S <= kMaxStages, "fused stack of ", S, " stages");
   const float* xp = t.x.f32();
   float* yp = t.y.f32();
-  if (training) {
-#pragma omp parallel for schedule(static)
-    for (int64_t c = 0; c < C; ++c)
-      bn_rows::channel_statistics(xp, N, C, HW, c, bn.momentum, bn.eps, t.running_mean, t.running_var, t.mean,
-                                  t.invstd);
-  }
-  // The bitmap is written tile by tile when tiles cover whole 64-bit words, else in a pass over y.
+  // The bitmap is written plane by plane when planes cover whole 64-bit words, else in a pass over y.
   const bool want_mask = training && mask && mask->bits && output_nonnegative(s);
-  const bool tile_words = (s.tile_channels * PQ) % 64 == 0 && (C * PQ) % 64 == 0;
+  const bool plane_words = PQ % 64 == 0;
   const uint32_t tb = want_mask ? bitmap::keep_threshold_bits(mask->prune_threshold) : 0;
-  const Tiles tiles(s, N);
+  const int add = s.add_stage();
+  const int64_t side_plane = add >= 0 ? s.stages[size_t(add)].H * s.stages[size_t(add)].W : 0;
   const int64_t per_thread = thread_floats(s), plane = max_plane(s);
   int64_t kept = 0;
 #pragma omp parallel reduction(+ : kept)
   {
     float* scratch = static_cast<float*>(ws.data) + omp_get_thread_num() * per_thread;
-    float* out[8];
+    float* out[kMaxStages];
     for (int64_t k = 0; k < S; ++k) out[k] = scratch + k * plane;
-#pragma omp for schedule(static)
-    for (int64_t ti = 0; ti < tiles.count; ++ti) {
-      const int64_t n = ti / tiles.blocks, c0 = ti % tiles.blocks * s.tile_channels;
-      const int64_t c1 = std::min(C, c0 + s.tile_channels);
-      for (int64_t c = c0; c < c1; ++c) {
-        float scale, shift;
-        if (training)
-          bn_rows::train_coefficients(t.gamma.f32()[c], t.beta.f32()[c], t.mean.f32()[c], t.invstd.f32()[c], &scale,
-                                      &shift);
-        else
-          bn_rows::eval_coefficients(t.gamma.f32()[c], t.beta.f32()[c], t.running_mean.f32()[c],
-                                     t.running_var.f32()[c], bn.eps, &scale, &shift);
-        const int64_t in_plane = n * C + c;
-        out[S - 1] = yp + in_plane * PQ;  // the last stage writes y
-        const int add = s.add_stage();
-        const float* side = add >= 0 ? t.side.f32() + in_plane * s.stages[size_t(add)].H * s.stages[size_t(add)].W
-                                     : nullptr;
-        forward_plane(s, xp + in_plane * HW, side, scale, shift, out);
+#pragma omp for schedule(static, s.tile_channels)
+    for (int64_t c = 0; c < C; ++c) {
+      float scale, shift;
+      if (training) {
+        bn_rows::channel_statistics(xp, N, C, HW, c, bn.momentum, bn.eps, t.running_mean, t.running_var, t.mean,
+                                    t.invstd);
+        bn_rows::train_coefficients(t.gamma.f32()[c], t.beta.f32()[c], t.mean.f32()[c], t.invstd.f32()[c], &scale,
+                                    &shift);
+      } else {
+        bn_rows::eval_coefficients(t.gamma.f32()[c], t.beta.f32()[c], t.running_mean.f32()[c],
+                                   t.running_var.f32()[c], bn.eps, &scale, &shift);
       }
-      if (want_mask && tile_words) {
-        const int64_t e0 = (n * C + c0) * PQ, e1 = (n * C + c1) * PQ;
-        kept += mask_words(yp, e0 / 64, e1 / 64, tb, mask->bits);
+      for (int64_t n = 0; n < N; ++n) {
+        const int64_t pl = n * C + c;
+        if (n + 1 < N) {  // x's next plane is in L2 already (the statistics read it)
+          prefetch_plane_for_write(yp + (pl + C) * PQ, PQ);
+          if (add >= 0) prefetch_plane(t.side.f32() + (pl + C) * side_plane, side_plane);
+        }
+        out[S - 1] = yp + pl * PQ;  // the last stage writes y
+        forward_plane(s, xp + pl * HW, add >= 0 ? t.side.f32() + pl * side_plane : nullptr, scale, shift, out);
+        if (want_mask && plane_words) kept += mask_words(yp, pl * PQ / 64, (pl + 1) * PQ / 64, tb, mask->bits);
       }
     }
   }
   if (want_mask) {
-    if (tile_words) {
+    if (plane_words) {
       mask->kept = kept;
     } else {
       Tensor y = t.y;
@@ -176,17 +186,16 @@ void CpuBackend::fused_backward(const FusedStack& s, const FusedTensors& t, Fuse
   const float* xp = t.x.f32();
   const int add = s.add_stage();
   const int64_t side_plane = add >= 0 ? s.stages[size_t(add)].H * s.stages[size_t(add)].W : 0;
-  const bool recompute = needs_recompute(s);
+  const bool recompute = needs_recompute(s, g.x_exact);
+  const bool read_y_mask = s.saves_output_mask && !(recompute && add < 0);
   const int64_t per_thread = thread_floats(s), plane = max_plane(s);
-  float* partial = static_cast<float*>(ws.data) + per_thread * cpu_threads();  // [N][C][2]
-  auto* coef = reinterpret_cast<bn_rows::GradCoefficients*>(partial + round16(2 * N * C));
-  static_assert(sizeof(bn_rows::GradCoefficients) == 5 * sizeof(float), "coefficient layout");
-  const Tiles tiles(s, N);
+  // dz parks in dx between the sweeps unless dx accumulates (then sweep 2 rebuilds it).
+  const bool park = g.dx.defined() && !g.dx_accumulate;
 
   // dz (the gradient of the BN output) of plane (n, c), in the thread's scratch. The first sweep
   // also writes the side input's gradient, which the Add stage hands on unchanged.
   auto plane_dz = [&](float* scratch, int64_t n, int64_t c, bool first_sweep) -> const float* {
-    float* out[8];
+    float* out[kMaxStages];
     for (int64_t k = 0; k < S; ++k) out[k] = scratch + k * plane;
     float* ga = scratch + S * plane;
     float* gb = ga + plane;
@@ -204,7 +213,7 @@ void CpuBackend::fused_backward(const FusedStack& s, const FusedTensors& t, Fuse
       const int64_t n_in = st.H * st.W;
       switch (st.kind) {
         case FusedKind::Relu:
-          if (k == S - 1 && s.saves_output_mask) {
+          if (k == S - 1 && read_y_mask) {
             const int64_t o = in_plane * PQ;
             if (g.y_mask.bits) {
               const uint64_t* bits = g.y_mask.bits;
@@ -246,42 +255,39 @@ void CpuBackend::fused_backward(const FusedStack& s, const FusedTensors& t, Fuse
     return ga;
   };
 
-  // Sweep 1: per-plane reductions (float), then per channel over n in order (double).
 #pragma omp parallel
   {
     float* scratch = static_cast<float*>(ws.data) + omp_get_thread_num() * per_thread;
-#pragma omp for schedule(static)
-    for (int64_t ti = 0; ti < tiles.count; ++ti) {
-      const int64_t n = ti / tiles.blocks, c0 = ti % tiles.blocks * s.tile_channels;
-      for (int64_t c = c0; c < std::min(C, c0 + s.tile_channels); ++c) {
-        const float* dz = plane_dz(scratch, n, c, true);
-        float* p = partial + 2 * (n * C + c);
-        bn_rows::grad_sums(dz, xp + (n * C + c) * HW, t.mean.f32()[c], HW, p, p + 1);
-      }
-    }
-#pragma omp for schedule(static)
+#pragma omp for schedule(static, s.tile_channels)
     for (int64_t c = 0; c < C; ++c) {
+      // Sweep 1: per-plane reductions in float, over n in order in double (BN's own order).
+      const float mu = t.mean.f32()[c];
       double sdy = 0, sdyx = 0;
       for (int64_t n = 0; n < N; ++n) {
-        sdy += partial[2 * (n * C + c)];
-        sdyx += partial[2 * (n * C + c) + 1];
+        const int64_t o = (n * C + c) * HW;
+        if (n + 1 < N) {
+          prefetch_plane(xp + o + C * HW, HW);
+          prefetch_plane(g.dy.f32() + ((n + 1) * C + c) * PQ, PQ);
+          if (read_y_mask && !g.y_mask.bits) prefetch_plane(g.y_mask.dense.f32() + ((n + 1) * C + c) * PQ, PQ);
+          if (park) prefetch_plane_for_write(g.dx.f32() + o + C * HW, HW);
+        }
+        const float* dz = plane_dz(scratch, n, c, true);
+        float a, b;
+        bn_rows::grad_sums(dz, xp + o, mu, HW, &a, &b);
+        sdy += a;
+        sdyx += b;
+        if (park) std::memcpy(g.dx.f32() + o, dz, sizeof(float) * size_t(HW));
       }
       const bn_rows::GradCoefficients k =
-          bn_rows::grad_coefficients(sdy, sdyx, t.gamma.f32()[c], t.mean.f32()[c], t.invstd.f32()[c], N * HW);
-      coef[c] = k;
+          bn_rows::grad_coefficients(sdy, sdyx, t.gamma.f32()[c], mu, t.invstd.f32()[c], N * HW);
       if (g.dbeta.defined()) g.dbeta.f32()[c] = g.params_accumulate ? g.dbeta.f32()[c] + k.dbeta : k.dbeta;
       if (g.dgamma.defined()) g.dgamma.f32()[c] = g.params_accumulate ? g.dgamma.f32()[c] + k.dgamma : k.dgamma;
-    }
-    // Sweep 2: dx.
-    if (g.dx.defined()) {
-#pragma omp for schedule(static)
-      for (int64_t ti = 0; ti < tiles.count; ++ti) {
-        const int64_t n = ti / tiles.blocks, c0 = ti % tiles.blocks * s.tile_channels;
-        for (int64_t c = c0; c < std::min(C, c0 + s.tile_channels); ++c) {
-          const float* dz = plane_dz(scratch, n, c, false);
-          const int64_t o = (n * C + c) * HW;
-          bn_rows::grad_apply(dz, xp + o, coef[c], HW, g.dx.f32() + o, g.dx_accumulate);
-        }
+      if (!g.dx.defined()) continue;
+      // Sweep 2: dx = a * dz + b * x + c0, the channel's slab still in this core's cache.
+      for (int64_t n = 0; n < N; ++n) {
+        const int64_t o = (n * C + c) * HW;
+        float* dx = g.dx.f32() + o;
+        bn_rows::grad_apply(park ? dx : plane_dz(scratch, n, c, false), xp + o, k, HW, dx, g.dx_accumulate);
       }
     }
   }
