@@ -1,6 +1,7 @@
 // Element-wise CPU kernels against plain references: the ReLU backward from a bitmap mask (the
 // AVX-512 word path and the scalar tail) equals the one from the dense saved output, for lengths
-// around the 64-element word, with and without accumulation, and in place (dx = dy).
+// around the 64-element word, with and without accumulation, and in place (dx = dy); the
+// vectorised pooling planes against their reference loops.
 #include <catch2/catch.hpp>
 
 #include <cmath>
@@ -9,6 +10,7 @@
 #include <vector>
 
 #include "backends/backend.h"
+#include "backends/cpu/pool_planes.h"
 #include "memory/bitmap.h"
 #include "memory/half.h"
 
@@ -165,5 +167,44 @@ TEST_CASE("max-pool backward reads stash encodings exactly like the f32 decode",
     float s = 0;
     for (float v : dx_ref) s += std::fabs(v);
     CHECK(s > 0);
+  }
+}
+
+TEST_CASE("pooling planes: the vectorised loops equal the reference loops bit for bit", "[kernels]") {
+  struct Geom {
+    int64_t H, W, R, S, sh, sw, ph, pw;
+  };
+  std::mt19937 rng(7);
+  // Values on a coarse grid (ties inside windows), zeros of both signs.
+  std::uniform_int_distribution<int> level(-4, 4);
+  for (const Geom& gm : {Geom{32, 32, 3, 3, 1, 1, 1, 1}, Geom{32, 32, 2, 2, 2, 2, 0, 0}, Geom{7, 5, 3, 3, 1, 1, 1, 1},
+                         Geom{9, 11, 3, 3, 2, 2, 1, 1}, Geom{13, 6, 3, 3, 1, 1, 0, 0}, Geom{4, 4, 2, 2, 2, 2, 0, 0},
+                         Geom{2, 2, 2, 2, 2, 2, 0, 0}, Geom{16, 40, 3, 2, 1, 3, 1, 1}, Geom{5, 3, 5, 3, 1, 1, 2, 1},
+                         Geom{8, 8, 2, 2, 1, 1, 1, 1}}) {
+    pool_planes::Plane g;
+    g.H = gm.H; g.W = gm.W; g.R = gm.R; g.S = gm.S;
+    g.stride_h = gm.sh; g.stride_w = gm.sw; g.pad_h = gm.ph; g.pad_w = gm.pw;
+    g.P = (g.H + 2 * g.pad_h - g.R) / g.stride_h + 1;
+    g.Q = (g.W + 2 * g.pad_w - g.S) / g.stride_w + 1;
+    DYNAMIC_SECTION(g.H << "x" << g.W << " window " << g.R << "x" << g.S << " stride " << g.stride_h << "," << g.stride_w
+                         << " pad " << g.pad_h << "," << g.pad_w) {
+      std::vector<float> x(size_t(g.H * g.W)), dy(size_t(g.P * g.Q));
+      for (float& v : x) {
+        const int l = level(rng);
+        v = l == 0 ? (rng() % 2 ? -0.f : 0.f) : 0.25f * float(l);
+      }
+      for (float& v : dy) v = float(level(rng)) * 0.37f + 0.01f;
+      std::vector<float> y1(dy.size()), y2(dy.size());
+      pool_planes::max_forward_reference(g, x.data(), y1.data());
+      pool_planes::max_forward(g, x.data(), y2.data());
+      CHECK(std::memcmp(y1.data(), y2.data(), y1.size() * 4) == 0);
+      pool_planes::avg_forward_reference(g, x.data(), y1.data());
+      pool_planes::avg_forward(g, x.data(), y2.data());
+      CHECK(std::memcmp(y1.data(), y2.data(), y1.size() * 4) == 0);
+      std::vector<float> d1(x.size(), 0.5f), d2(x.size(), 0.5f);  // accumulates into what is there
+      pool_planes::max_backward_reference(g, x.data(), dy.data(), d1.data());
+      pool_planes::max_backward(g, x.data(), dy.data(), d2.data());
+      CHECK(std::memcmp(d1.data(), d2.data(), d1.size() * 4) == 0);
+    }
   }
 }

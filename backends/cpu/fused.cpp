@@ -39,11 +39,13 @@ int64_t max_plane(const FusedStack& s) {
 // Per thread: one plane per stage output and two gradient planes.
 int64_t thread_floats(const FusedStack& s) { return max_plane(s) * int64_t(s.stages.size() + 2); }
 
-// One channel plane through the stages: out[k] receives stage k's output (out[last] may be y).
-void forward_plane(const FusedStack& s, const float* x, const float* side, float scale, float shift, float* const* out) {
+// One channel plane through the first `stages` stages: out[k] receives stage k's output (out[last]
+// may be y).
+void forward_plane(const FusedStack& s, size_t stages, const float* x, const float* side, float scale, float shift,
+                   float* const* out) {
   const FusedStage& bn = s.stages[0];
   bn_rows::apply(x, scale, shift, bn.H * bn.W, out[0]);
-  for (size_t k = 1; k < s.stages.size(); ++k) {
+  for (size_t k = 1; k < stages; ++k) {
     const FusedStage& st = s.stages[k];
     const float* in = out[k - 1];
     float* o = out[k];
@@ -163,7 +165,8 @@ void CpuBackend::fused_forward(const FusedStack& s, FusedTensors& t, bool traini
           if (add >= 0) prefetch_plane(t.side.f32() + (pl + C) * side_plane, side_plane);
         }
         out[S - 1] = yp + pl * PQ;  // the last stage writes y
-        forward_plane(s, xp + pl * HW, add >= 0 ? t.side.f32() + pl * side_plane : nullptr, scale, shift, out);
+        forward_plane(s, s.stages.size(), xp + pl * HW, add >= 0 ? t.side.f32() + pl * side_plane : nullptr, scale,
+                      shift, out);
         if (want_mask && plane_words) kept += mask_words(yp, pl * PQ / 64, (pl + 1) * PQ / 64, tb, mask->bits);
       }
     }
@@ -204,8 +207,10 @@ void CpuBackend::fused_backward(const FusedStack& s, const FusedTensors& t, Fuse
       float scale, shift;
       bn_rows::train_coefficients(t.gamma.f32()[c], t.beta.f32()[c], t.mean.f32()[c], t.invstd.f32()[c], &scale,
                                   &shift);
-      forward_plane(s, xp + in_plane * HW, add >= 0 ? t.side.f32() + in_plane * side_plane : nullptr, scale, shift,
-                    out);
+      // A last pool's output is not needed, only its input.
+      const bool last_pool = s.last().kind == FusedKind::MaxPool || s.last().kind == FusedKind::AvgPool;
+      forward_plane(s, s.stages.size() - (last_pool ? 1 : 0), xp + in_plane * HW,
+                    add >= 0 ? t.side.f32() + in_plane * side_plane : nullptr, scale, shift, out);
     }
     std::memcpy(ga, g.dy.f32() + in_plane * PQ, sizeof(float) * size_t(PQ));
     for (int64_t k = S - 1; k >= 1; --k) {
