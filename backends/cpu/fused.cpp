@@ -16,6 +16,9 @@
 
 #include <algorithm>
 #include <cstring>
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#endif
 
 #include "backends/cpu/batchnorm_rows.h"
 #include "backends/cpu/cpu_backend.h"
@@ -98,6 +101,14 @@ int64_t mask_words(const float* y, int64_t w0, int64_t w1, uint32_t tb, uint64_t
   for (int64_t w = w0; w < w1; ++w) {
     uint64_t m = 0;
     const float* v = y + w * 64;
+#if defined(__AVX512F__)
+    const __m512i thr = _mm512_set1_epi32(int32_t(tb));
+    for (int j = 0; j < 4; ++j)
+      m |= uint64_t(_mm512_cmpge_epu32_mask(_mm512_castps_si512(_mm512_loadu_ps(v + 16 * j)), thr)) << (16 * j);
+    bits[w] = m;
+    kept += __builtin_popcountll(m);
+    continue;
+#endif
     for (int t = 0; t < 64; ++t) {
       uint32_t u;
       std::memcpy(&u, v + t, 4);
