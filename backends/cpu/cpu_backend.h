@@ -82,7 +82,8 @@ class CpuBackend final : public Backend {
   void linear_backward_weight_q(const Tensor& xq, const Tensor& gq, Tensor& dw, Tensor& db, bool accumulate,
                                 Workspace ws) override;
 
-  void sgd_step(Tensor& param, const Tensor& grad, Tensor& momentum_buf, float lr, float momentum, float weight_decay,
+  bool all_finite(const std::vector<Tensor>& tensors) override;
+  bool sgd_step(Tensor& param, const Tensor& grad, Tensor& momentum_buf, float lr, float momentum, float weight_decay,
                 bool nesterov, bool first_step) override;
 
  private:
