@@ -32,20 +32,35 @@ void write_atomically(const fs::path& path, const std::string& text) {
 
 namespace {
 
+// Keys a resumed run may change: the number of epochs (extend a run), the thread count (bit-exact
+// reproduction needs the same count, the training itself is the same), the data root (the run
+// moved to another machine) and the divergence guard's (they decide only what happens once a
+// step has diverged: a run stopped by the guard continues with on_divergence = rollback; a
+// rollback's lower learning rate is in the checkpoint, not in these keys). Older runs' config.json
+// lack the guard's keys: skipped here, they do not count as differences either.
+bool resumable_key(const std::string& key) {
+  static const char* const keys[] = {"train.epochs",          "train.threads",        "data.root",
+                                     "train.on_divergence",   "train.divergence_loss", "train.divergence_lr_factor",
+                                     "train.divergence_max_rollbacks"};
+  for (const char* k : keys)
+    if (key == k) return true;
+  return false;
+}
+
 // The dotted keys where two resolved configs differ, all of them (a derived default such as
-// quant.fnt_peak_lr = 0.1 * train.lr differs along with its source). Keys a resumed run may change:
-// the number of epochs (extend a run), the thread count (bit-exact reproduction needs the same
-// count, the training itself is the same) and the data root (the run moved to another machine).
+// quant.fnt_peak_lr = 0.1 * train.lr differs along with its source), except resumable_key()s.
 void differences(const json& a, const json& b, const std::string& path, std::vector<std::string>* out) {
   if (a.is_object() && b.is_object()) {
     for (auto it = a.begin(); it != a.end(); ++it) {
       const std::string key = path.empty() ? it.key() : path + "." + it.key();
-      if (key == "train.epochs" || key == "train.threads" || key == "data.root") continue;
+      if (resumable_key(key)) continue;
       if (!b.contains(it.key())) out->push_back(key);
       else differences(*it, b[it.key()], key, out);
     }
-    for (auto it = b.begin(); it != b.end(); ++it)
-      if (!a.contains(it.key())) out->push_back(path.empty() ? it.key() : path + "." + it.key());
+    for (auto it = b.begin(); it != b.end(); ++it) {
+      const std::string key = path.empty() ? it.key() : path + "." + it.key();
+      if (!a.contains(it.key()) && !resumable_key(key)) out->push_back(key);
+    }
     return;
   }
   if (a != b) out->push_back(path.empty() ? "<top>" : path);
