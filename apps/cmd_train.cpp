@@ -75,14 +75,17 @@ int cmd_train(const TrainArgs& a) {
   std::error_code ec;
   if (a.resume) {
     if (a.out.empty()) user_error("--resume needs --out DIR (the run to continue)");
-    if (!fs::exists(dir / "checkpoint_last.ckpt"))
-      user_error("cannot resume: '", (dir / "checkpoint_last.ckpt").string(), "' does not exist");
+    if (!fs::is_directory(dir, ec))
+      user_error("cannot resume: run folder '", out, "' does not exist (no config.json, no checkpoint_last.ckpt)");
+    // config.json is what makes a folder a run: without checkpoint_last.ckpt (stopped during its
+    // first epoch) the run starts over (Trainer::fit), after the same comparison.
     std::ifstream in(dir / "config.json");
     json saved;
     try {
       saved = json::parse(in);
     } catch (const json::exception&) {
-      user_error("cannot resume: '", (dir / "config.json").string(), "' is missing or malformed");
+      user_error("cannot resume: '", (dir / "config.json").string(), "' is missing or malformed",
+                 fs::exists(dir / "checkpoint_last.ckpt") ? "" : " (and there is no checkpoint_last.ckpt)");
     }
     std::vector<std::string> diff;
     differences(cfg.resolved(), saved, "", &diff);

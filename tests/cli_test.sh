@@ -87,6 +87,21 @@ expect_error "grad_magnitudes 8" "quant.grad_magnitudes" "$BIN" train --config "
 expect_error "bad per-layer modes" "quant.layers.layer1.0.conv1" "$BIN" train --config "$T/cfg.json" --set 'quant.layers={"layer1.0.conv1": "int4"}' --out "$T/q6"
 for x in q1 q2 q3 q4 q5 q6 q7; do [ -e "$T/$x" ] && fail "run folder $x created despite the error"; done
 
+# --- a run killed during its first epoch leaves config.json and no checkpoint: --resume starts it
+# over (and says so) after the usual config comparison; it equals the uninterrupted run
+mkdir -p "$T/killed" "$T/killed2" "$T/killed3" "$T/killed4"
+cp "$T/full/config.json" "$T/killed/"; : >"$T/killed/metrics.jsonl"; cp "$T/full/config.json" "$T/killed2/"
+"$BIN" train --config "$T/cfg.json" --out "$T/killed" --resume >"$T/killed.log" 2>&1 && pass "resume a run killed in its first epoch" || fail "resume killed: $(tail -3 "$T/killed.log")"
+grep -q "no checkpoint yet.*starts from the beginning" "$T/killed.log" && pass "restart logged" || fail "restart not logged: $(head -3 "$T/killed.log")"
+[ -s "$T/killed/metrics.jsonl" ] && [ "$(strip "$T/full/metrics.jsonl")" = "$(strip "$T/killed/metrics.jsonl")" ] && pass "restarted run equals uninterrupted" || fail "restarted run differs"
+expect_error "restart with another config" "train.lr" "$BIN" train --config "$T/cfg.json" --set train.lr=0.01 --out "$T/killed2" --resume
+[ ! -e "$T/killed2/checkpoint_last.ckpt" ] && pass "refused restart wrote nothing" || fail "refused restart wrote a checkpoint"
+printf '{"model": ' >"$T/killed3/config.json"
+expect_error "restart with a corrupt config.json" "$T/killed3/config.json' is missing or malformed" "$BIN" train --config "$T/cfg.json" --out "$T/killed3" --resume
+expect_error "restart without config.json" "$T/killed4/config.json' is missing or malformed" "$BIN" train --config "$T/cfg.json" --out "$T/killed4" --resume
+cp -r "$T/full" "$T/lost"; rm "$T/lost/checkpoint_last.ckpt"
+expect_error "checkpoint lost after finished epochs" "records finished epochs" "$BIN" train --config "$T/cfg.json" --out "$T/lost" --resume
+
 # --- bad input
 printf '{"model": {"name": "resnet8",}' >"$T/bad.json"
 expect_error "malformed JSON" "$T/bad.json" "$BIN" train --config "$T/bad.json" --out "$T/x1"

@@ -259,7 +259,23 @@ void Trainer::fit(const std::string& out_dir, bool resume, Progress& progress, i
   const fs::path dir(out_dir);
   const fs::path ckpt = dir / "checkpoint_last.ckpt", metrics = dir / "metrics.jsonl";
   std::vector<std::string> kept_lines;
-  if (resume) {
+  if (resume && !fs::exists(ckpt)) {
+    // A run stopped during its first epoch leaves config.json (the caller compared it) and no
+    // checkpoint. Its first steps are all there was to it, so it starts over: the same run.
+    std::ifstream in(metrics);
+    for (std::string line; std::getline(in, line);) {
+      bool epoch_record = false;
+      try {
+        epoch_record = json::parse(line).contains("train_loss");
+      } catch (const json::exception&) {
+      }
+      if (epoch_record)
+        user_error("cannot resume: '", ckpt.string(), "' does not exist, but '", metrics.string(),
+                   "' records finished epochs (the checkpoint was lost); start a new run");
+    }
+    progress.line(fmt("resuming ", out_dir, ": it has no checkpoint yet (it stopped during its first epoch), so it "
+                      "starts from the beginning"));
+  } else if (resume) {
     state_ = load_checkpoint(ckpt.string(), *executor_, cfg_.model.name);
     if (state_.seed != cfg_.train.seed)
       user_error(ckpt.string(), ": checkpoint was trained with train.seed = ", state_.seed, ", the config says ",

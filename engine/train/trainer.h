@@ -41,8 +41,10 @@ class Trainer {
   ~Trainer();
 
   // Trains into `out_dir` (which the caller has created). With `resume`, continues from
-  // out_dir/checkpoint_last.ckpt and reproduces the numbers of an uninterrupted run.
-  // `max_epochs` > 0 stops after that many epochs in this call (as an interruption would).
+  // out_dir/checkpoint_last.ckpt and reproduces the numbers of an uninterrupted run; without that
+  // file (a run stopped during its first epoch) it starts from the beginning, unless metrics.jsonl
+  // records finished epochs (the checkpoint was lost). `max_epochs` > 0 stops after that many
+  // epochs in this call (as an interruption would).
   // A divergence (train.on_divergence) is logged in metrics.jsonl, then either throws UserError
   // (stop, or too many rollbacks; the last checkpoint stays as it was) or rolls back to the last
   // checkpoint at a lower learning rate.
