@@ -150,6 +150,13 @@ int cmd_bench_step(const BenchStepArgs& a) {
     j["recompute_ms"] = ex.recompute_seconds() * 1e3 / a.steps;
     j["quantize_ms"] = ex.quantize_seconds() * 1e3 / a.steps;
     j["guard_ms"] = guard_s * 1e3 / a.steps;
+    json ops = json::object();  // forward + backward ms per step, by op type
+    for (int k = 0; k < g.num_nodes(); ++k) {
+      const std::string type = g.node(k).op->type();
+      const double t = (ex.forward_seconds()[size_t(k)] + ex.backward_seconds()[size_t(k)]) * 1e3 / a.steps;
+      ops[type] = ops.value(type, 0.0) + t;
+    }
+    j["op_ms"] = ops;
   }
   std::printf("%s\n", j.dump().c_str());
   return 0;

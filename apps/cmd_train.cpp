@@ -34,13 +34,19 @@ namespace {
 
 // Keys a resumed run may change: the number of epochs (extend a run), the thread count (bit-exact
 // reproduction needs the same count, the training itself is the same), the data root (the run
-// moved to another machine) and the divergence guard's (they decide only what happens once a
-// step has diverged: a run stopped by the guard continues with on_divergence = rollback; a
-// rollback's lower learning rate is in the checkpoint, not in these keys). Older runs' config.json
-// lack the guard's keys: skipped here, they do not count as differences either.
+// moved to another machine), the fusion section (fused and unfused training are bit-identical)
+// and the divergence guard's (they decide only what happens once a step has diverged: a run
+// stopped by the guard continues with on_divergence = rollback; a rollback's lower learning rate
+// is in the checkpoint, not in these keys). Older runs' config.json lack the guard's and the
+// fusion keys: skipped here, they do not count as differences either.
 bool resumable_key(const std::string& key) {
-  static const char* const keys[] = {"train.epochs",          "train.threads",        "data.root",
-                                     "train.on_divergence",   "train.divergence_loss", "train.divergence_lr_factor",
+  static const char* const keys[] = {"train.epochs",
+                                     "train.threads",
+                                     "data.root",
+                                     "fusion",
+                                     "train.on_divergence",
+                                     "train.divergence_loss",
+                                     "train.divergence_lr_factor",
                                      "train.divergence_max_rollbacks"};
   for (const char* k : keys)
     if (key == k) return true;

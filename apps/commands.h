@@ -44,6 +44,19 @@ struct MemProfileArgs {
 };
 int cmd_memprofile(const MemProfileArgs& a);
 
+struct PlanArgs {
+  std::string config;
+  std::vector<std::string> sets;
+};
+int cmd_plan(const PlanArgs& a);
+
+struct BenchFusionArgs {
+  int depth = 8, reps = 5, warmup = 2;
+  int64_t batch = 128, channels = 64, size = 32;
+  bool no_pool = false;  // <BN, ReLU> blocks: the element-wise part alone
+};
+int cmd_bench_fusion(const BenchFusionArgs& a);
+
 struct BenchBitmapArgs {
   int reps = 15, threads = 0;  // threads 0 = the codec default (OpenMP threads)
   uint64_t seed = 1;

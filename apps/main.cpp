@@ -1,4 +1,4 @@
-// edgetrain command line: train / eval / memprofile / bench step / bench bitmap.
+// edgetrain command line: train / eval / memprofile / plan / bench step / bench bitmap / bench fusion.
 #include <CLI/CLI.hpp>
 #include <cstdio>
 
@@ -35,6 +35,11 @@ int main(int argc, char** argv) {
   m->add_flag("--synthetic", mp.synthetic, "N(0,1) images instead of a batch of the config's data");
   m->add_flag("--keep-pages", mp.keep_pages, "do not release dead pages during the step (memory.release_pages)");
 
+  PlanArgs plan;
+  auto* pl = app.add_subcommand("plan", "the fusion planner's stacks, tiles and bytes moved for a config");
+  pl->add_option("--config", plan.config, "config file (JSON)")->required();
+  pl->add_option("--set", plan.sets, "override a config key: dotted.key=value (repeatable)");
+
   auto* b = app.add_subcommand("bench", "benchmarks");
   b->require_subcommand(1);
   BenchStepArgs step;
@@ -51,6 +56,16 @@ int main(int argc, char** argv) {
   bb->add_option("--seed", bitmap.seed, "seed of the non-zero positions");
   bb->add_flag("--fp16", bitmap.fp16, "store the values as FP16");
 
+  BenchFusionArgs bf;
+  auto* bfu = b->add_subcommand("fusion", "BrainSlug micro-benchmark: <MaxPool 3x3, BN, ReLU> x depth, fused vs unfused");
+  bfu->add_option("--depth", bf.depth, "blocks")->check(CLI::Range(1, 100));
+  bfu->add_option("--batch", bf.batch, "batch size")->check(CLI::Range(1, 4096));
+  bfu->add_option("--channels", bf.channels, "channels")->check(CLI::Range(1, 4096));
+  bfu->add_option("--size", bf.size, "height = width")->check(CLI::Range(1, 1024));
+  bfu->add_option("--reps", bf.reps, "timed repetitions (median)")->check(CLI::Range(1, 1000));
+  bfu->add_option("--warmup", bf.warmup, "untimed repetitions first")->check(CLI::Range(0, 100));
+  bfu->add_flag("--no-pool", bf.no_pool, "<BN, ReLU> blocks (no max-pool): the element-wise part alone");
+
   CLI11_PARSE(app, argc, argv);
   try {
     if (*t) return cmd_train(train);
@@ -58,6 +73,8 @@ int main(int argc, char** argv) {
     if (*m) return cmd_memprofile(mp);
     if (*bs) return cmd_bench_step(step);
     if (*bb) return cmd_bench_bitmap(bitmap);
+    if (*pl) return cmd_plan(plan);
+    if (*bfu) return cmd_bench_fusion(bf);
   } catch (const et::UserError& err) {
     std::fprintf(stderr, "edgetrain: error: %s\n", err.what());
     return 1;

@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "engine/fused_stack.h"
 #include "engine/kernel_types.h"
 #include "engine/tensor.h"
 #include "quant/scales.h"
@@ -102,6 +103,16 @@ class Backend {
   // x [N,C,H,W] -> y [N,C]
   virtual void global_avgpool_forward(const Tensor& x, Tensor& y) = 0;
   virtual void global_avgpool_backward(const Tensor& dy, Tensor& dx, bool accumulate) = 0;
+
+  // ---- fused stacks (engine/fused_stack.h, docs/fusion.md), tile by tile; the results are bit
+  // for bit those of the stack's layers run one by one through the kernels above.
+  virtual size_t fused_workspace_bytes(const FusedStack& s, int64_t batch) const = 0;
+  // Training: batch statistics into t.mean / t.invstd, running statistics updated unless undefined
+  // (a recompute); else the running statistics. `mask`: y's bitmap, as relu_forward writes it.
+  virtual void fused_forward(const FusedStack& s, FusedTensors& t, bool training, MaskOut* mask, Workspace ws) = 0;
+  // Recomputes what the stages need from x (and the saved y mask), then BN's two sweeps: the
+  // per-channel reductions (dgamma, dbeta; the side gradient on the way), then dx.
+  virtual void fused_backward(const FusedStack& s, const FusedTensors& t, FusedGrads& g, Workspace ws) = 0;
 
   // ---- loss: logits [N,K], labels i32 [N]; loss [1] = mean over N of cross-entropy with label smoothing
   virtual void softmax_xent_forward(const Tensor& logits, const Tensor& labels, float smoothing, Tensor& loss) = 0;

@@ -72,6 +72,7 @@ class ObjectReader {
     if (!v.is_string()) type_error(v, key, "a string");
     out = v.get<std::string>();
   }
+  void read(const json& v, const std::string& key, json& out) const { out = v; }
   void read(const json& v, const std::string& key, float& out) const {
     if (!v.is_number()) type_error(v, key, "a number");
     out = v.get<float>();
@@ -279,6 +280,22 @@ Config parse_config(const json& j, const std::string& source) {
           c.memory.prune_threshold, "must be in [0, 1]");
   require(c.memory.checkpoint_every >= 0, mem, "checkpoint_every", c.memory.checkpoint_every,
           "must be >= 0 (0 = no recomputation, m = keep one layer in m)");
+  ObjectReader fu = top.child("fusion");
+  FusionSpec& f = c.model.fusion;
+  fu.get("enabled", f.enabled);
+  json tile = "auto";
+  fu.get("tile", tile);
+  if (tile.is_string() && tile.get<std::string>() == "auto") {
+    f.tile = 0;
+  } else {
+    require(tile.is_number_integer() && tile.get<int64_t>() >= 1, fu, "tile", tile.dump(),
+            "must be \"auto\" or a channel count >= 1");
+    f.tile = tile.get<int64_t>();
+  }
+  fu.get("disable", f.disable);
+  fu.get("cache_kb", f.cache_kb);
+  require(f.cache_kb >= 0, fu, "cache_kb", f.cache_kb, "must be > 0 (KiB), or 0 for this core's L2 from sysfs");
+  fu.finish();
   ObjectReader qr = top.child("quant");
   QuantConfig& q = c.quant;
   qr.get("forward", q.forward);
@@ -378,6 +395,11 @@ json Config::resolved() const {
                  {"checkpoint_every", memory.checkpoint_every},
                  {"release_pages", memory.release_pages},
                  {"double_mask_bn", memory.double_mask_bn}};
+  const FusionSpec& f = model.fusion;
+  j["fusion"] = {{"enabled", f.enabled},
+                 {"tile", f.tile > 0 ? json(f.tile) : json("auto")},
+                 {"disable", f.disable},
+                 {"cache_kb", f.cache_kb}};
   json qlayers = json::object();
   for (const auto& [layer, m] : quant.layers) qlayers[layer] = m;
   j["quant"] = {{"forward", quant.forward},         {"backward", quant.backward},

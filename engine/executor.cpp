@@ -171,7 +171,7 @@ void Executor::backward_nodes() {
   restore_views();
 }
 
-uint64_t OpContext::seed() const { return mix64(ex_.step_seed_ ^ mix64(uint64_t(node_id_) + 1)); }
+uint64_t OpContext::seed() const { return mix64(ex_.step_seed_ ^ mix64(uint64_t(node_.seed_index) + 1)); }
 
 int OpContext::saved_value(int i) const {
   const SaveSpec& s = ex_.save_specs_[size_t(node_id_)][size_t(i)];

@@ -17,6 +17,7 @@ int Graph::add_node(std::string name, std::unique_ptr<Op> op, std::vector<int> i
   }
   Node n;
   n.name = name;
+  n.seed_index = node_id;
   n.op = std::move(op);
   n.inputs = std::move(inputs);
   for (Value& a : aux) {

@@ -40,6 +40,9 @@ struct Node {
   std::vector<int> inputs;  // value ids; op-specific order (e.g. conv: x, w, b)
   std::vector<int> aux;     // per-node forward state for backward (Aux values)
   int output = -1;
+  // Seeds the node's stochastic ops (OpContext::seed): its index in the graph as built, kept when
+  // fusion rewrites the graph, so fused and unfused runs draw the same numbers.
+  int seed_index = -1;
 };
 
 class Graph {
@@ -52,6 +55,7 @@ class Graph {
   const Value& value(int id) const { return values_.at(size_t(id)); }
   Value& value(int id) { return values_.at(size_t(id)); }
   const Node& node(int id) const { return nodes_.at(size_t(id)); }
+  Node& node(int id) { return nodes_.at(size_t(id)); }
   int num_values() const { return int(values_.size()); }
   int num_nodes() const { return int(nodes_.size()); }
   const std::vector<Node>& nodes() const { return nodes_; }

@@ -10,6 +10,14 @@ namespace et {
 
 class Graph;
 
+// Depth-first fusion of the layers between convolutions (config section `fusion`, docs/fusion.md).
+struct FusionSpec {
+  bool enabled = false;
+  int64_t tile = 0;                  // channels of one image per tile; 0 = auto (from the cache)
+  std::vector<std::string> disable;  // stacks left unfused, by name (their head BN layer)
+  int64_t cache_kb = 0;              // cache a tile must fit in; 0 = this core's L2 (sysfs)
+};
+
 struct ModelSpec {
   std::string name = "resnet20";
   int64_t num_classes = 10;
@@ -18,9 +26,11 @@ struct ModelSpec {
   float label_smoothing = 0.f;
   float dropout = 0.f;  // before the classifier (VGG, MobileNetV2); 0 = none
   bool double_mask_bn = false;  // memory.double_mask_bn (layers/batchnorm.cpp)
+  FusionSpec fusion;            // the config's fusion section, applied by build_model
 };
 
-// Builds the model into an empty graph; throws UserError for an unknown name (listing known ones).
+// Builds the model into an empty graph, fused as spec.fusion says (fusion/fusion.h); throws
+// UserError for an unknown name (listing known ones).
 void build_model(Graph& g, const ModelSpec& spec);
 std::vector<std::string> model_names();
 

@@ -7,16 +7,15 @@
 #include <vector>
 
 #include "backends/backend.h"
+#include "engine/fused_stack.h"
 #include "engine/tensor.h"
 
 namespace et {
 
 class OpContext;
 
-// How ops group for depth-first fusion (BrainSlug): runs of Elementwise ops with at most one Pool
-// between Compute ops form a stack a scheduler could tile (none does yet). Normalize (BN) needs a
-// batch reduction and splits into statistics + element-wise apply. The executor's recompute
-// segments start at Compute ops and end before the Loss.
+// How ops group: the executor's recompute segments start at Compute ops and end before the Loss;
+// bitmap_int4 recomputes the inputs of Normalize ops (BN, and fused stacks headed by a BN).
 enum class OpClass : uint8_t { Compute, Normalize, Elementwise, Pool, Reshape, Loss };
 
 // What an op keeps for its backward. The stash decides the storage format (dense fp32 / fp16 /
@@ -67,6 +66,9 @@ class Op {
   // backward that reads dy[j] before writing dx[j]): the executor then gives both one buffer when
   // this op is the input's only consumer. The op still sees two tensors (maybe one memory).
   virtual bool grad_in_place(int input) const { return false; }
+  // What this layer is to the fusion planner (engine/fused_stack.h, fusion/): kind None ends a stack.
+  // The planner fills in the planes from the graph's shapes.
+  virtual FusedStage fusion_stage() const { return {}; }
   virtual void forward(OpContext& ctx) = 0;
   virtual void backward(OpContext& ctx) = 0;
 };

@@ -15,6 +15,7 @@ class ReluOp final : public Op {
   bool grad_in_place(int) const override { return true; }
   OutputZeros output_zeros() const override { return OutputZeros::Many; }
   bool output_nonnegative(bool) const override { return true; }
+  FusedStage fusion_stage() const override { return fused_stage(FusedKind::Relu); }
 
   // y = max(x, 0)
   void forward(OpContext& ctx) override {

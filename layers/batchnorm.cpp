@@ -24,6 +24,15 @@ class BatchNormOp final : public Op {
     return double_mask_ ? dtype_bit(DType::F32) : b.batchnorm_backward_reads();
   }
 
+  FusedStage fusion_stage() const override {
+    FusedStage s;
+    if (double_mask_) return s;  // masks by x's zeros: not a stage the fused kernels know
+    s.kind = FusedKind::BatchNorm;
+    s.eps = eps_;
+    s.momentum = momentum_;
+    return s;
+  }
+
   void forward(OpContext& ctx) override {
     Tensor y = ctx.output();
     Tensor rm = ctx.input(3), rv = ctx.input(4);

@@ -11,6 +11,7 @@ class AddOp final : public Op {
   const char* type() const override { return "add"; }
   OpClass op_class() const override { return OpClass::Elementwise; }
   bool grad_in_place(int) const override { return true; }  // dx = dy: sharing makes the copy free
+  FusedStage fusion_stage() const override { return fused_stage(FusedKind::Add); }
   void forward(OpContext& ctx) override {
     Tensor y = ctx.output();
     ctx.backend().add_forward(ctx.input(0), ctx.input(1), y);

@@ -7,6 +7,13 @@
 namespace et {
 namespace {
 
+FusedStage pool_stage(FusedKind kind, const Conv2dGeom& g) {
+  FusedStage s;
+  s.kind = kind;
+  s.pool = PoolWindow{g.R, g.S, g.stride_h, g.stride_w, g.pad_h, g.pad_w};
+  return s;
+}
+
 class MaxPoolOp final : public Op {
  public:
   explicit MaxPoolOp(const Conv2dGeom& g) : geom_(g) {}
@@ -20,6 +27,7 @@ class MaxPoolOp final : public Op {
   size_t workspace_bytes(const Backend& b, int64_t batch) const override {
     return b.maxpool2d_workspace_bytes(geom_.with_batch(batch));
   }
+  FusedStage fusion_stage() const override { return pool_stage(FusedKind::MaxPool, geom_); }
   void forward(OpContext& ctx) override {
     Tensor y = ctx.output();
     ctx.backend().maxpool2d_forward(geom_.with_batch(ctx.batch()), ctx.input(0), y);
@@ -42,6 +50,7 @@ class AvgPoolOp final : public Op {
   const char* type() const override { return "avgpool2d"; }
   OpClass op_class() const override { return OpClass::Pool; }
   bool output_nonnegative(bool in) const override { return in; }
+  FusedStage fusion_stage() const override { return pool_stage(FusedKind::AvgPool, geom_); }
   void forward(OpContext& ctx) override {
     Tensor y = ctx.output();
     ctx.backend().avgpool2d_forward(geom_.with_batch(ctx.batch()), ctx.input(0), y);

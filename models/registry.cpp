@@ -1,6 +1,7 @@
 #include <functional>
 #include <map>
 
+#include "fusion/fusion.h"
 #include "layers/layers.h"
 #include "models/models.h"
 
@@ -52,6 +53,7 @@ void build_model(Graph& g, const ModelSpec& spec) {
   const int labels = label_input(g, spec.batch);
   const int logits = it->second(g, x, spec);
   softmax_cross_entropy(g, logits, labels, "loss", spec.label_smoothing);
+  if (spec.fusion.enabled) fusion::apply(g, fusion::plan(g, spec.fusion));
 }
 
 }  // namespace et

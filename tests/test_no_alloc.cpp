@@ -46,12 +46,15 @@ void operator delete[](void* p, size_t) noexcept { std::free(p); }
 using namespace et;
 
 static long allocations_in_steps(const std::string& model, int64_t batch, StashFormat stash = StashFormat::DenseF32,
-                                 int checkpoint_every = 0, bool release_pages = false, const QuantOptions& quant = {}) {
+                                 int checkpoint_every = 0, bool release_pages = false, const QuantOptions& quant = {},
+                                 bool fused = false) {
   StashOptions opt;
   opt.format = stash;
   opt.checkpoint_every = checkpoint_every;
   opt.release_pages = release_pages;
-  test::TinyTraining t(model, batch, opt, 3, 0, 1, quant);
+  FusionSpec fusion;
+  fusion.enabled = fused;
+  test::TinyTraining t(model, batch, opt, 3, 0, 1, quant, fusion);
   Executor& ex = *t.ex;
   auto step = [&](int s) {
     ex.set_step_seed(uint64_t(s));
@@ -106,6 +109,11 @@ TEST_CASE("training steps after the first allocate nothing", "[memory]") {
   fnt.fnt = true;
   CHECK(allocations_in_steps("resnet8", 16, StashFormat::BitmapF32, 0, false, fnt) == 0);
   CHECK(allocations_in_steps("mobilenetv2", 4, StashFormat::DenseF32, 1, false, fnt) == 0);  // depthwise, recompute
+  // Fused stacks (docs/fusion.md): their scratch is the planned workspace.
+  CHECK(allocations_in_steps("resnet8", 16, StashFormat::Auto, 0, false, {}, true) == 0);
+  CHECK(allocations_in_steps("vgg11_bn", 8, StashFormat::DenseF32, 0, false, {}, true) == 0);
+  CHECK(allocations_in_steps("mobilenetv2", 4, StashFormat::BitmapF16, 1, true, {}, true) == 0);
+  CHECK(allocations_in_steps("resnet8", 16, StashFormat::BitmapI4, 0, false, luq, true) == 0);
 }
 
 // The trainer's step adds the divergence guard's checks (loss, gradients, update) to the above.

@@ -28,8 +28,9 @@ struct TinyTraining {
 
   // `side` 0: the model's default input size. Labels are (i * label_step) % 10.
   TinyTraining(const std::string& model, int64_t batch, const StashOptions& opt, uint64_t init_seed,
-               int64_t side = 0, int label_step = 3, const QuantOptions& quant = {}) {
+               int64_t side = 0, int label_step = 3, const QuantOptions& quant = {}, const FusionSpec& fusion = {}) {
     ModelSpec spec;
+    spec.fusion = fusion;
     spec.name = model;
     spec.batch = batch;
     if (side > 0) spec.height = spec.width = side;

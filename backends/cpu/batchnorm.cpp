@@ -1,50 +1,122 @@
 // batchnorm2d on CPU: channels spread over threads; each channel's reduction runs in one thread in
-// a fixed order (double accumulators), so results do not depend on scheduling.
+// a fixed order (double accumulators), so results do not depend on scheduling. The row pieces are
+// in bn_rows (batchnorm_rows.h), shared with the fused stacks.
 #include <algorithm>
 #include <cmath>
 
+#include "backends/cpu/batchnorm_rows.h"
 #include "backends/cpu/cpu_backend.h"
 #include "memory/half.h"
 
 namespace et {
 
+namespace bn_rows {
+
+// The row functions stay out of line (noinline): inlined into one caller, GCC vectorises a
+// reduction differently there than in the other, and fused results would drift by ulps.
+#define ET_ROW_FUNCTION __attribute__((noinline))
+
+void channel_statistics(const float* xp, int64_t N, int64_t C, int64_t HW, int64_t c, float momentum, float eps,
+                        Tensor& running_mean, Tensor& running_var, Tensor& mean, Tensor& invstd) {
+  const int64_t M = N * HW;
+  double s = 0, ss = 0;
+  for (int64_t n = 0; n < N; ++n) {
+    const float* row = xp + (n * C + c) * HW;
+    // A channel's planes lie C planes apart; the hardware prefetcher stops at each plane's end
+    // (a CIFAR plane is one page): touching the next plane's first lines starts it there.
+    if (n + 1 < N)
+      for (int64_t i = 0; i < std::min<int64_t>(HW, 64); i += 16) __builtin_prefetch(row + C * HW + i);
+    float s1 = 0.f, s2 = 0.f;
+#pragma omp simd reduction(+ : s1, s2)
+    for (int64_t i = 0; i < HW; ++i) {
+      s1 += row[i];
+      s2 += row[i] * row[i];
+    }
+    s += s1;
+    ss += s2;
+  }
+  const double mu = s / double(M);
+  const double var = std::max(0.0, ss / double(M) - mu * mu);
+  mean.f32()[c] = float(mu);
+  invstd.f32()[c] = float(1.0 / std::sqrt(var + double(eps)));
+  const double unbiased = M > 1 ? var * double(M) / double(M - 1) : var;
+  if (running_mean.defined()) {
+    running_mean.f32()[c] = (1.f - momentum) * running_mean.f32()[c] + momentum * float(mu);
+    running_var.f32()[c] = (1.f - momentum) * running_var.f32()[c] + momentum * float(unbiased);
+  }
+}
+
+ET_ROW_FUNCTION void apply(const float* x, float scale, float shift, int64_t len, float* out) {
+#pragma omp simd
+  for (int64_t i = 0; i < len; ++i) out[i] = x[i] * scale + shift;
+}
+
+void train_coefficients(float gamma, float beta, float mean, float invstd, float* scale, float* shift) {
+  *scale = gamma * invstd;
+  *shift = beta - mean * *scale;
+}
+
+void eval_coefficients(float gamma, float beta, float running_mean, float running_var, float eps, float* scale,
+                       float* shift) {
+  *scale = gamma / std::sqrt(running_var + eps);
+  *shift = beta - running_mean * *scale;
+}
+
+ET_ROW_FUNCTION void grad_sums(const float* dy, const float* x, float mu, int64_t len, float* a_out,
+                              float* b_out) {
+  float a = 0.f, b = 0.f;
+#pragma omp simd reduction(+ : a, b)
+  for (int64_t i = 0; i < len; ++i) {
+    a += dy[i];
+    b += dy[i] * (x[i] - mu);
+  }
+  *a_out = a;
+  *b_out = b;
+}
+
+// With x_hat = (x - mean) * invstd:
+//   dbeta = sum dy, dgamma = sum dy * x_hat,
+//   dx = gamma * invstd / M * (M * dy - dbeta - x_hat * dgamma)
+GradCoefficients grad_coefficients(double sum_dy, double sum_dy_xmu, float gamma, float mu, float is, int64_t M) {
+  GradCoefficients k;
+  k.dbeta = float(sum_dy);
+  k.dgamma = float(sum_dy_xmu) * is;
+  const float g = gamma * is / float(M);
+  const float coef = k.dgamma * is;  // multiplies (x - mu)
+  // dx = a * dy + b * x + c0, hoisted so the loop is one FMA chain
+  k.a = g * float(M);
+  k.b = -g * coef;
+  k.c0 = -g * k.dbeta + g * mu * coef;
+  return k;
+}
+
+ET_ROW_FUNCTION void grad_apply(const float* dy, const float* x, const GradCoefficients& k, int64_t len, float* out,
+                               bool accumulate) {
+  const float a = k.a, b = k.b, c0 = k.c0;
+  if (accumulate) {
+#pragma omp simd
+    for (int64_t i = 0; i < len; ++i) out[i] += a * dy[i] + b * x[i] + c0;
+  } else {
+#pragma omp simd
+    for (int64_t i = 0; i < len; ++i) out[i] = a * dy[i] + b * x[i] + c0;
+  }
+}
+
+}  // namespace bn_rows
+
 // x, y [N,C,H,W]; mean, invstd, gamma, beta, running_* [C]
 void CpuBackend::batchnorm_forward_train(const Tensor& x, const Tensor& gamma, const Tensor& beta,
                                          Tensor& running_mean, Tensor& running_var, float momentum, float eps,
                                          Tensor& y, Tensor& mean, Tensor& invstd) {
-  const int64_t N = x.dim(0), C = x.dim(1), HW = x.dim(2) * x.dim(3), M = N * HW;
+  const int64_t N = x.dim(0), C = x.dim(1), HW = x.dim(2) * x.dim(3);
   const float* xp = x.f32();
   float* yp = y.f32();
 #pragma omp parallel for schedule(static)
   for (int64_t c = 0; c < C; ++c) {
-    double s = 0, ss = 0;
-    for (int64_t n = 0; n < N; ++n) {
-      const float* row = xp + (n * C + c) * HW;
-      float s1 = 0.f, s2 = 0.f;
-#pragma omp simd reduction(+ : s1, s2)
-      for (int64_t i = 0; i < HW; ++i) {
-        s1 += row[i];
-        s2 += row[i] * row[i];
-      }
-      s += s1;
-      ss += s2;
-    }
-    const double mu = s / double(M);
-    const double var = std::max(0.0, ss / double(M) - mu * mu);
-    const float is = float(1.0 / std::sqrt(var + double(eps)));
-    mean.f32()[c] = float(mu);
-    invstd.f32()[c] = is;
-    const double unbiased = M > 1 ? var * double(M) / double(M - 1) : var;
-    if (running_mean.defined()) {
-      running_mean.f32()[c] = (1.f - momentum) * running_mean.f32()[c] + momentum * float(mu);
-      running_var.f32()[c] = (1.f - momentum) * running_var.f32()[c] + momentum * float(unbiased);
-    }
-    const float scale = gamma.f32()[c] * is, shift = beta.f32()[c] - float(mu) * scale;
-    for (int64_t n = 0; n < N; ++n) {
-      const float* row = xp + (n * C + c) * HW;
-      float* out = yp + (n * C + c) * HW;
-      for (int64_t i = 0; i < HW; ++i) out[i] = row[i] * scale + shift;
-    }
+    bn_rows::channel_statistics(xp, N, C, HW, c, momentum, eps, running_mean, running_var, mean, invstd);
+    float scale, shift;
+    bn_rows::train_coefficients(gamma.f32()[c], beta.f32()[c], mean.f32()[c], invstd.f32()[c], &scale, &shift);
+    for (int64_t n = 0; n < N; ++n) bn_rows::apply(xp + (n * C + c) * HW, scale, shift, HW, yp + (n * C + c) * HW);
   }
 }
 
@@ -54,17 +126,13 @@ void CpuBackend::batchnorm_forward_eval(const Tensor& x, const Tensor& gamma, co
 #pragma omp parallel for collapse(2) schedule(static)
   for (int64_t n = 0; n < N; ++n)
     for (int64_t c = 0; c < C; ++c) {
-      const float scale = gamma.f32()[c] / std::sqrt(running_var.f32()[c] + eps);
-      const float shift = beta.f32()[c] - running_mean.f32()[c] * scale;
-      const float* row = x.f32() + (n * C + c) * HW;
-      float* out = y.f32() + (n * C + c) * HW;
-      for (int64_t i = 0; i < HW; ++i) out[i] = row[i] * scale + shift;
+      float scale, shift;
+      bn_rows::eval_coefficients(gamma.f32()[c], beta.f32()[c], running_mean.f32()[c], running_var.f32()[c], eps,
+                                 &scale, &shift);
+      bn_rows::apply(x.f32() + (n * C + c) * HW, scale, shift, HW, y.f32() + (n * C + c) * HW);
     }
 }
 
-// With x_hat = (x - mean) * invstd:
-//   dbeta = sum dy, dgamma = sum dy * x_hat,
-//   dx = gamma * invstd / M * (M * dy - dbeta - x_hat * dgamma)
 namespace {
 // x rows for the backward: f32 in place, or a 16-bit saved copy (dense_fp16 / dense_bf16 stash)
 // widened chunk by chunk into a stack buffer, so BN reads the stash directly (no decode pass).
@@ -96,38 +164,24 @@ void CpuBackend::batchnorm_backward(const Tensor& dy, const Tensor& x, const Ten
     for (int64_t n = 0; n < N; ++n)
       for (int64_t i0 = 0; i0 < HW; i0 += chunk) {
         const int64_t len = std::min(chunk, HW - i0), base = (n * C + c) * HW + i0;
-        const float* xr = x_chunk(x, base, len, buf);
-        const float* dr = dyp + base;
-        float a = 0.f, b = 0.f;
-#pragma omp simd reduction(+ : a, b)
-        for (int64_t i = 0; i < len; ++i) {
-          a += dr[i];
-          b += dr[i] * (xr[i] - mu);
-        }
+        if (i0 == 0 && n + 1 < N && x.dtype == DType::F32)  // the next plane (see channel_statistics)
+          for (int64_t i = 0; i < std::min<int64_t>(HW, 64); i += 16) {
+            __builtin_prefetch(dyp + base + C * HW + i);
+            __builtin_prefetch(x.f32() + base + C * HW + i);
+          }
+        float a, b;
+        bn_rows::grad_sums(dyp + base, x_chunk(x, base, len, buf), mu, len, &a, &b);
         sdy += a;
         sdyx += b;
       }
-    const float db = float(sdy), dg = float(sdyx) * is;
-    dbeta.f32()[c] = accumulate_params ? dbeta.f32()[c] + db : db;
-    dgamma.f32()[c] = accumulate_params ? dgamma.f32()[c] + dg : dg;
+    const bn_rows::GradCoefficients k = bn_rows::grad_coefficients(sdy, sdyx, gamma.f32()[c], mu, is, M);
+    dbeta.f32()[c] = accumulate_params ? dbeta.f32()[c] + k.dbeta : k.dbeta;
+    dgamma.f32()[c] = accumulate_params ? dgamma.f32()[c] + k.dgamma : k.dgamma;
     if (!dx.defined()) continue;
-    const float k = gamma.f32()[c] * is / float(M);
-    const float coef = dg * is;  // multiplies (x - mu)
-    // dx = a * dy + b * x + c0, hoisted so the loop is one FMA chain
-    const float a = k * float(M), b = -k * coef, c0 = -k * db + k * mu * coef;
     for (int64_t n = 0; n < N; ++n)
       for (int64_t i0 = 0; i0 < HW; i0 += chunk) {
         const int64_t len = std::min(chunk, HW - i0), base = (n * C + c) * HW + i0;
-        const float* xr = x_chunk(x, base, len, buf);
-        const float* dr = dyp + base;
-        float* out = dx.f32() + base;
-        if (accumulate_dx) {
-#pragma omp simd
-          for (int64_t i = 0; i < len; ++i) out[i] += a * dr[i] + b * xr[i] + c0;
-        } else {
-#pragma omp simd
-          for (int64_t i = 0; i < len; ++i) out[i] = a * dr[i] + b * xr[i] + c0;
-        }
+        bn_rows::grad_apply(dyp + base, x_chunk(x, base, len, buf), k, len, dx.f32() + base, accumulate_dx);
       }
   }
 }

@@ -82,6 +82,10 @@ class CpuBackend final : public Backend {
   void linear_backward_weight_q(const Tensor& xq, const Tensor& gq, Tensor& dw, Tensor& db, bool accumulate,
                                 Workspace ws) override;
 
+  size_t fused_workspace_bytes(const FusedStack& s, int64_t batch) const override;
+  void fused_forward(const FusedStack& s, FusedTensors& t, bool training, MaskOut* mask, Workspace ws) override;
+  void fused_backward(const FusedStack& s, const FusedTensors& t, FusedGrads& g, Workspace ws) override;
+
   bool all_finite(const std::vector<Tensor>& tensors) override;
   bool sgd_step(Tensor& param, const Tensor& grad, Tensor& momentum_buf, float lr, float momentum, float weight_decay,
                 bool nesterov, bool first_step) override;

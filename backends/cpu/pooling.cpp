@@ -1,10 +1,10 @@
 // Pooling on CPU: one (n, c) plane per iteration, planes spread over threads.
 #include <omp.h>
 
-#include <cfloat>
 #include <cstring>
 
 #include "backends/cpu/cpu_backend.h"
+#include "backends/cpu/pool_planes.h"
 #include "memory/stored_reader.h"
 
 namespace et {
@@ -16,24 +16,9 @@ int64_t plane_floats(const Conv2dGeom& g) { return (g.H * g.W + 15) / 16 * 16; }
 // y [N,C,P,Q] = max over each R x S window of x [N,C,H,W] (padding never wins)
 void CpuBackend::maxpool2d_forward(const Conv2dGeom& g, const Tensor& x, Tensor& y) {
   const int64_t planes = g.N * g.C;
+  const pool_planes::Plane pg = pool_planes::of(g);
 #pragma omp parallel for schedule(static)
-  for (int64_t pl = 0; pl < planes; ++pl) {
-    const float* xp = x.f32() + pl * g.H * g.W;
-    float* yp = y.f32() + pl * g.P * g.Q;
-    for (int64_t p = 0; p < g.P; ++p)
-      for (int64_t q = 0; q < g.Q; ++q) {
-        float m = -FLT_MAX;
-        for (int64_t r = 0; r < g.R; ++r) {
-          const int64_t h = p * g.stride_h - g.pad_h + r;
-          if (h < 0 || h >= g.H) continue;
-          for (int64_t s = 0; s < g.S; ++s) {
-            const int64_t w = q * g.stride_w - g.pad_w + s;
-            if (w >= 0 && w < g.W && xp[h * g.W + w] > m) m = xp[h * g.W + w];
-          }
-        }
-        yp[p * g.Q + q] = m;
-      }
-  }
+  for (int64_t pl = 0; pl < planes; ++pl) pool_planes::max_forward(pg, x.f32() + pl * g.H * g.W, y.f32() + pl * g.P * g.Q);
 }
 
 size_t CpuBackend::maxpool2d_workspace_bytes(const Conv2dGeom& g) const {
@@ -55,70 +40,26 @@ void CpuBackend::maxpool2d_backward(const Conv2dGeom& g, const Tensor& dy, const
       const float* dyp = dy.f32() + pl * g.P * g.Q;
       float* dxp = dx.f32() + pl * HW;
       if (!accumulate) std::memset(dxp, 0, sizeof(float) * size_t(HW));
-      for (int64_t p = 0; p < g.P; ++p)
-        for (int64_t q = 0; q < g.Q; ++q) {
-          float m = -FLT_MAX;
-          int64_t arg = -1;
-          for (int64_t r = 0; r < g.R; ++r) {
-            const int64_t h = p * g.stride_h - g.pad_h + r;
-            if (h < 0 || h >= g.H) continue;
-            for (int64_t s = 0; s < g.S; ++s) {
-              const int64_t w = q * g.stride_w - g.pad_w + s;
-              if (w >= 0 && w < g.W && xp[h * g.W + w] > m) {
-                m = xp[h * g.W + w];
-                arg = h * g.W + w;
-              }
-            }
-          }
-          if (arg >= 0) dxp[arg] += dyp[p * g.Q + q];
-        }
+      pool_planes::max_backward(pool_planes::of(g), xp, dyp, dxp);
     }
   }
 }
 
 void CpuBackend::avgpool2d_forward(const Conv2dGeom& g, const Tensor& x, Tensor& y) {
   const int64_t planes = g.N * g.C;
-  const float inv = 1.f / float(g.R * g.S);
+  const pool_planes::Plane pg = pool_planes::of(g);
 #pragma omp parallel for schedule(static)
-  for (int64_t pl = 0; pl < planes; ++pl) {
-    const float* xp = x.f32() + pl * g.H * g.W;
-    float* yp = y.f32() + pl * g.P * g.Q;
-    for (int64_t p = 0; p < g.P; ++p)
-      for (int64_t q = 0; q < g.Q; ++q) {
-        float s = 0.f;
-        for (int64_t r = 0; r < g.R; ++r) {
-          const int64_t h = p * g.stride_h - g.pad_h + r;
-          if (h < 0 || h >= g.H) continue;
-          for (int64_t t = 0; t < g.S; ++t) {
-            const int64_t w = q * g.stride_w - g.pad_w + t;
-            if (w >= 0 && w < g.W) s += xp[h * g.W + w];
-          }
-        }
-        yp[p * g.Q + q] = s * inv;
-      }
-  }
+  for (int64_t pl = 0; pl < planes; ++pl) pool_planes::avg_forward(pg, x.f32() + pl * g.H * g.W, y.f32() + pl * g.P * g.Q);
 }
 
 void CpuBackend::avgpool2d_backward(const Conv2dGeom& g, const Tensor& dy, Tensor& dx, bool accumulate) {
   const int64_t planes = g.N * g.C;
-  const float inv = 1.f / float(g.R * g.S);
+  const pool_planes::Plane pg = pool_planes::of(g);
 #pragma omp parallel for schedule(static)
   for (int64_t pl = 0; pl < planes; ++pl) {
-    const float* dyp = dy.f32() + pl * g.P * g.Q;
     float* dxp = dx.f32() + pl * g.H * g.W;
     if (!accumulate) std::memset(dxp, 0, sizeof(float) * size_t(g.H * g.W));
-    for (int64_t p = 0; p < g.P; ++p)
-      for (int64_t q = 0; q < g.Q; ++q) {
-        const float v = dyp[p * g.Q + q] * inv;
-        for (int64_t r = 0; r < g.R; ++r) {
-          const int64_t h = p * g.stride_h - g.pad_h + r;
-          if (h < 0 || h >= g.H) continue;
-          for (int64_t t = 0; t < g.S; ++t) {
-            const int64_t w = q * g.stride_w - g.pad_w + t;
-            if (w >= 0 && w < g.W) dxp[h * g.W + w] += v;
-          }
-        }
-      }
+    pool_planes::avg_backward(pg, dy.f32() + pl * g.P * g.Q, dxp);
   }
 }
 

@@ -1,0 +1,296 @@
+// Fused stacks on CPU (engine/fused_stack.h, docs/fusion.md). The work goes channel by channel
+// (threads over channels): BN's statistics and its two backward reductions are per channel over
+// the whole batch, so a channel's slab of x (N planes, 512 KiB at CIFAR's first stage and batch
+// 128) is read from memory once and found again in this core's L2 by the pass that follows.
+// Inside the slab each plane runs through every stage in a thread's scratch (one plane per stage
+// and two gradient planes), so the values between stages never reach memory. Every stage calls
+// the row / plane functions the layer kernels call (bn_rows, pool_planes, the same element-wise
+// expressions) and the reductions keep their order (per plane in float, planes in double, n in
+// order), so the results equal the unfused layers' bit for bit.
+//
+// Forward (training): statistics of the channel's slab, then its planes x (+ side) -> y, with
+// y's bitmap words. Backward: sweep 1 rebuilds dz (the gradient of BN's output) plane by plane,
+// from the saved y mask or a recompute from x, writes the side gradient, reduces dgamma / dbeta
+// and parks dz in dx; sweep 2 turns dz into dx in place while the slab is still in L2.
+#include <omp.h>
+
+#include <algorithm>
+#include <cstring>
+
+#include "backends/cpu/batchnorm_rows.h"
+#include "backends/cpu/cpu_backend.h"
+#include "backends/cpu/pool_planes.h"
+#include "memory/bitmap.h"
+
+namespace et {
+
+namespace {
+
+constexpr int64_t kMaxStages = 8;
+
+int64_t round16(int64_t n) { return (n + 15) / 16 * 16; }  // 64-byte multiples of floats
+
+int64_t max_plane(const FusedStack& s) {
+  int64_t m = 0;
+  for (const FusedStage& st : s.stages) m = std::max({m, st.H * st.W, st.P * st.Q});
+  return round16(m);
+}
+
+// Per thread: one plane per stage output and two gradient planes.
+int64_t thread_floats(const FusedStack& s) { return max_plane(s) * int64_t(s.stages.size() + 2); }
+
+// One channel plane through the stages: out[k] receives stage k's output (out[last] may be y).
+void forward_plane(const FusedStack& s, const float* x, const float* side, float scale, float shift, float* const* out) {
+  const FusedStage& bn = s.stages[0];
+  bn_rows::apply(x, scale, shift, bn.H * bn.W, out[0]);
+  for (size_t k = 1; k < s.stages.size(); ++k) {
+    const FusedStage& st = s.stages[k];
+    const float* in = out[k - 1];
+    float* o = out[k];
+    const int64_t n = st.H * st.W;
+    switch (st.kind) {
+      case FusedKind::Relu:
+#pragma omp simd
+        for (int64_t i = 0; i < n; ++i) o[i] = in[i] > 0.f ? in[i] : 0.f;  // relu_forward's rule (NaN -> 0)
+        break;
+      case FusedKind::Add:
+#pragma omp simd
+        for (int64_t i = 0; i < n; ++i) o[i] = in[i] + side[i];
+        break;
+      case FusedKind::MaxPool: pool_planes::max_forward(pool_planes::of(st), in, o); break;
+      case FusedKind::AvgPool: pool_planes::avg_forward(pool_planes::of(st), in, o); break;
+      default: ET_CHECK(false, "fused stage kind ", int(st.kind));
+    }
+  }
+}
+
+// The planes of one channel lie C planes apart, and a CIFAR plane is one 4 KiB page, where the
+// hardware prefetcher stops. Touching the first lines of the next plane early starts the
+// prefetcher on its page; more than a few lines per stream would stall on the fill buffers.
+constexpr int64_t kPrefetchFloats = 256;
+inline void prefetch_plane(const float* p, int64_t n) {
+  for (int64_t i = 0; i < std::min(n, kPrefetchFloats); i += 16) __builtin_prefetch(p + i);
+}
+inline void prefetch_plane_for_write(float* p, int64_t n) {
+  for (int64_t i = 0; i < std::min(n, kPrefetchFloats); i += 16) __builtin_prefetch(p + i, 1);
+}
+
+// Whether the backward rebuilds the stages' values from x: for a ReLU's mask or a max-pool's input.
+// A last ReLU reads y's saved mask, unless x is exact and no Add precedes it (recomputing its mask
+// from x, read anyway, saves reading the mask).
+bool needs_recompute(const FusedStack& s, bool x_exact) {
+  const bool has_add = s.add_stage() >= 0;
+  for (size_t k = 1; k < s.stages.size(); ++k) {
+    const FusedKind kind = s.stages[k].kind;
+    if (kind == FusedKind::MaxPool) return true;
+    if (kind == FusedKind::Relu && (k + 1 < s.stages.size() || !s.saves_output_mask || (x_exact && !has_add)))
+      return true;
+  }
+  return false;
+}
+
+// y's bitmap words [w0, w1) with the stash's keep rule (y >= +0 by construction here, so it is one
+// unsigned compare, as in relu_forward). Returns the set bits.
+int64_t mask_words(const float* y, int64_t w0, int64_t w1, uint32_t tb, uint64_t* bits) {
+  int64_t kept = 0;
+  for (int64_t w = w0; w < w1; ++w) {
+    uint64_t m = 0;
+    const float* v = y + w * 64;
+    for (int t = 0; t < 64; ++t) {
+      uint32_t u;
+      std::memcpy(&u, v + t, 4);
+      m |= uint64_t(u >= tb) << t;
+    }
+    bits[w] = m;
+    kept += __builtin_popcountll(m);
+  }
+  return kept;
+}
+
+// The stack's output is >= +0 (a ReLU, then only pools): the bitmap keep rule applies to it.
+bool output_nonnegative(const FusedStack& s) {
+  bool nonneg = false;
+  for (size_t k = 1; k < s.stages.size(); ++k) {
+    const FusedKind kind = s.stages[k].kind;
+    nonneg = kind == FusedKind::Relu || (nonneg && (kind == FusedKind::MaxPool || kind == FusedKind::AvgPool));
+  }
+  return nonneg;
+}
+
+}  // namespace
+
+size_t CpuBackend::fused_workspace_bytes(const FusedStack& s, int64_t batch) const {
+  (void)batch;
+  return sizeof(float) * size_t(thread_floats(s) * cpu_threads());
+}
+
+void CpuBackend::fused_forward(const FusedStack& s, FusedTensors& t, bool training, MaskOut* mask, Workspace ws) {
+  const FusedStage &bn = s.stages[0], &last = s.last();
+  const int64_t N = t.x.dim(0), C = s.C, HW = bn.H * bn.W, PQ = last.P * last.Q, S = int64_t(s.stages.size());
+  ET_CHECK(ws.bytes >= fused_workspace_bytes(s, N), "fused stack: workspace");
+  ET_CHECK(S <= kMaxStages, "fused stack of ", S, " stages");
+  const float* xp = t.x.f32();
+  float* yp = t.y.f32();
+  // The bitmap is written plane by plane when planes cover whole 64-bit words, else in a pass over y.
+  const bool want_mask = training && mask && mask->bits && output_nonnegative(s);
+  const bool plane_words = PQ % 64 == 0;
+  const uint32_t tb = want_mask ? bitmap::keep_threshold_bits(mask->prune_threshold) : 0;
+  const int add = s.add_stage();
+  const int64_t side_plane = add >= 0 ? s.stages[size_t(add)].H * s.stages[size_t(add)].W : 0;
+  const int64_t per_thread = thread_floats(s), plane = max_plane(s);
+  int64_t kept = 0;
+#pragma omp parallel reduction(+ : kept)
+  {
+    float* scratch = static_cast<float*>(ws.data) + omp_get_thread_num() * per_thread;
+    float* out[kMaxStages];
+    for (int64_t k = 0; k < S; ++k) out[k] = scratch + k * plane;
+#pragma omp for schedule(static, s.tile_channels)
+    for (int64_t c = 0; c < C; ++c) {
+      float scale, shift;
+      if (training) {
+        bn_rows::channel_statistics(xp, N, C, HW, c, bn.momentum, bn.eps, t.running_mean, t.running_var, t.mean,
+                                    t.invstd);
+        bn_rows::train_coefficients(t.gamma.f32()[c], t.beta.f32()[c], t.mean.f32()[c], t.invstd.f32()[c], &scale,
+                                    &shift);
+      } else {
+        bn_rows::eval_coefficients(t.gamma.f32()[c], t.beta.f32()[c], t.running_mean.f32()[c],
+                                   t.running_var.f32()[c], bn.eps, &scale, &shift);
+      }
+      for (int64_t n = 0; n < N; ++n) {
+        const int64_t pl = n * C + c;
+        if (n + 1 < N) {  // x's next plane is in L2 already (the statistics read it)
+          prefetch_plane_for_write(yp + (pl + C) * PQ, PQ);
+          if (add >= 0) prefetch_plane(t.side.f32() + (pl + C) * side_plane, side_plane);
+        }
+        out[S - 1] = yp + pl * PQ;  // the last stage writes y
+        forward_plane(s, xp + pl * HW, add >= 0 ? t.side.f32() + pl * side_plane : nullptr, scale, shift, out);
+        if (want_mask && plane_words) kept += mask_words(yp, pl * PQ / 64, (pl + 1) * PQ / 64, tb, mask->bits);
+      }
+    }
+  }
+  if (want_mask) {
+    if (plane_words) {
+      mask->kept = kept;
+    } else {
+      Tensor y = t.y;
+      relu_forward(y, y, mask);  // y >= +0: an identity that writes the bitmap
+    }
+  }
+}
+
+void CpuBackend::fused_backward(const FusedStack& s, const FusedTensors& t, FusedGrads& g, Workspace ws) {
+  const FusedStage &bn = s.stages[0], &last = s.last();
+  const int64_t N = t.x.dim(0), C = s.C, HW = bn.H * bn.W, PQ = last.P * last.Q, S = int64_t(s.stages.size());
+  ET_CHECK(ws.bytes >= fused_workspace_bytes(s, N), "fused stack: workspace");
+  ET_CHECK(t.x.dtype == DType::F32, "fused stack backward reads x as f32");
+  const float* xp = t.x.f32();
+  const int add = s.add_stage();
+  const int64_t side_plane = add >= 0 ? s.stages[size_t(add)].H * s.stages[size_t(add)].W : 0;
+  const bool recompute = needs_recompute(s, g.x_exact);
+  const bool read_y_mask = s.saves_output_mask && !(recompute && add < 0);
+  const int64_t per_thread = thread_floats(s), plane = max_plane(s);
+  // dz parks in dx between the sweeps unless dx accumulates (then sweep 2 rebuilds it).
+  const bool park = g.dx.defined() && !g.dx_accumulate;
+
+  // dz (the gradient of the BN output) of plane (n, c), in the thread's scratch. The first sweep
+  // also writes the side input's gradient, which the Add stage hands on unchanged.
+  auto plane_dz = [&](float* scratch, int64_t n, int64_t c, bool first_sweep) -> const float* {
+    float* out[kMaxStages];
+    for (int64_t k = 0; k < S; ++k) out[k] = scratch + k * plane;
+    float* ga = scratch + S * plane;
+    float* gb = ga + plane;
+    const int64_t in_plane = n * C + c;
+    if (recompute) {
+      float scale, shift;
+      bn_rows::train_coefficients(t.gamma.f32()[c], t.beta.f32()[c], t.mean.f32()[c], t.invstd.f32()[c], &scale,
+                                  &shift);
+      forward_plane(s, xp + in_plane * HW, add >= 0 ? t.side.f32() + in_plane * side_plane : nullptr, scale, shift,
+                    out);
+    }
+    std::memcpy(ga, g.dy.f32() + in_plane * PQ, sizeof(float) * size_t(PQ));
+    for (int64_t k = S - 1; k >= 1; --k) {
+      const FusedStage& st = s.stages[size_t(k)];
+      const int64_t n_in = st.H * st.W;
+      switch (st.kind) {
+        case FusedKind::Relu:
+          if (k == S - 1 && read_y_mask) {
+            const int64_t o = in_plane * PQ;
+            if (g.y_mask.bits) {
+              const uint64_t* bits = g.y_mask.bits;
+              for (int64_t i = 0; i < n_in; ++i) ga[i] = (bits[(o + i) >> 6] >> ((o + i) & 63)) & 1 ? ga[i] : 0.f;
+            } else {
+              const float* m = g.y_mask.dense.f32() + o;
+#pragma omp simd
+              for (int64_t i = 0; i < n_in; ++i) ga[i] = m[i] > 0.f ? ga[i] : 0.f;
+            }
+          } else {
+            const float* m = out[k];
+#pragma omp simd
+            for (int64_t i = 0; i < n_in; ++i) ga[i] = m[i] > 0.f ? ga[i] : 0.f;
+          }
+          break;
+        case FusedKind::Add:
+          if (first_sweep && g.dside.defined()) {
+            float* d = g.dside.f32() + in_plane * side_plane;
+            if (g.dside_accumulate) {
+#pragma omp simd
+              for (int64_t i = 0; i < n_in; ++i) d[i] += ga[i];
+            } else {
+              std::memcpy(d, ga, sizeof(float) * size_t(n_in));
+            }
+          }
+          break;
+        case FusedKind::MaxPool:
+        case FusedKind::AvgPool:
+          std::memset(gb, 0, sizeof(float) * size_t(n_in));
+          if (st.kind == FusedKind::MaxPool)
+            pool_planes::max_backward(pool_planes::of(st), out[k - 1], ga, gb);
+          else
+            pool_planes::avg_backward(pool_planes::of(st), ga, gb);
+          std::swap(ga, gb);
+          break;
+        default: ET_CHECK(false, "fused stage kind ", int(st.kind));
+      }
+    }
+    return ga;
+  };
+
+#pragma omp parallel
+  {
+    float* scratch = static_cast<float*>(ws.data) + omp_get_thread_num() * per_thread;
+#pragma omp for schedule(static, s.tile_channels)
+    for (int64_t c = 0; c < C; ++c) {
+      // Sweep 1: per-plane reductions in float, over n in order in double (BN's own order).
+      const float mu = t.mean.f32()[c];
+      double sdy = 0, sdyx = 0;
+      for (int64_t n = 0; n < N; ++n) {
+        const int64_t o = (n * C + c) * HW;
+        if (n + 1 < N) {
+          prefetch_plane(xp + o + C * HW, HW);
+          prefetch_plane(g.dy.f32() + ((n + 1) * C + c) * PQ, PQ);
+          if (read_y_mask && !g.y_mask.bits) prefetch_plane(g.y_mask.dense.f32() + ((n + 1) * C + c) * PQ, PQ);
+          if (park) prefetch_plane_for_write(g.dx.f32() + o + C * HW, HW);
+        }
+        const float* dz = plane_dz(scratch, n, c, true);
+        float a, b;
+        bn_rows::grad_sums(dz, xp + o, mu, HW, &a, &b);
+        sdy += a;
+        sdyx += b;
+        if (park) std::memcpy(g.dx.f32() + o, dz, sizeof(float) * size_t(HW));
+      }
+      const bn_rows::GradCoefficients k =
+          bn_rows::grad_coefficients(sdy, sdyx, t.gamma.f32()[c], mu, t.invstd.f32()[c], N * HW);
+      if (g.dbeta.defined()) g.dbeta.f32()[c] = g.params_accumulate ? g.dbeta.f32()[c] + k.dbeta : k.dbeta;
+      if (g.dgamma.defined()) g.dgamma.f32()[c] = g.params_accumulate ? g.dgamma.f32()[c] + k.dgamma : k.dgamma;
+      if (!g.dx.defined()) continue;
+      // Sweep 2: dx = a * dz + b * x + c0, the channel's slab still in this core's cache.
+      for (int64_t n = 0; n < N; ++n) {
+        const int64_t o = (n * C + c) * HW;
+        float* dx = g.dx.f32() + o;
+        bn_rows::grad_apply(park ? dx : plane_dz(scratch, n, c, false), xp + o, k, HW, dx, g.dx_accumulate);
+      }
+    }
+  }
+}
+
+}  // namespace et

@@ -1,0 +1,78 @@
+// A fused stack (docs/fusion.md): a run of memory-bound layers after a convolution (BN apply,
+// ReLU, residual add, max / average pooling) that a backend executes depth-first, tile by tile, so
+// the values between them never travel to memory. The fusion planner (fusion/) finds stacks in the
+// graph; the backend gets this description and the tensors. Backend-neutral and C++14, like
+// engine/kernel_types.h, so a .cu file can include it.
+#pragma once
+#include <cstdint>
+#include <vector>
+
+#include "engine/kernel_types.h"
+#include "engine/tensor.h"
+
+namespace et {
+
+// What a layer is to the fusion planner (Op::fusion_stage): its kind and the parameters a fused
+// kernel needs. Layers that are none of these end a stack.
+enum class FusedKind : uint8_t { None, BatchNorm, Relu, Add, MaxPool, AvgPool };
+
+// A pooling window over one plane (the Conv2dGeom fields a plane kernel reads).
+struct PoolWindow {
+  int64_t R = 1, S = 1, stride_h = 1, stride_w = 1, pad_h = 0, pad_w = 0;
+};
+
+struct FusedStage {
+  FusedKind kind = FusedKind::None;
+  PoolWindow pool;             // MaxPool / AvgPool
+  int64_t H = 0, W = 0;        // this stage's input plane
+  int64_t P = 0, Q = 0;        // its output plane (= H, W for element-wise stages)
+  float eps = 0, momentum = 0;  // BatchNorm
+};
+
+inline FusedStage fused_stage(FusedKind kind) {
+  FusedStage s;
+  s.kind = kind;
+  return s;
+}
+
+// stages[0] is the BatchNorm applied to the stack's input x (its statistics need all of x first,
+// so a BN can only head a stack); the rest follow in graph order: at most one Add (its other
+// operand is the stack's `side` input) and at most one pool, never a pool after the Add.
+struct FusedStack {
+  std::vector<FusedStage> stages;
+  int64_t C = 0;              // channels (every stage keeps them)
+  int64_t tile_channels = 1;  // channels of one image per tile; a tile holds whole planes
+  // The last stage is a ReLU: the op saves y's mask, as the unfused ReLU does, and the backward
+  // reads it (OpContext::saved_mask) instead of recomputing the stack (after an Add it could not:
+  // the side input is not kept).
+  bool saves_output_mask = false;
+  int add_stage() const {
+    for (size_t i = 0; i < stages.size(); ++i)
+      if (stages[i].kind == FusedKind::Add) return int(i);
+    return -1;
+  }
+  const FusedStage& last() const { return stages.back(); }
+};
+
+// The tensors of one fused call (batch applied). BN: gamma, beta, running statistics [C], the
+// batch mean / invstd [C] (written by a training forward, read by the backward).
+struct FusedTensors {
+  Tensor x, side, y;
+  Tensor gamma, beta, running_mean, running_var, mean, invstd;
+};
+
+struct FusedGrads {
+  Tensor dy;          // gradient of y
+  MaskView y_mask;    // FusedStack::saves_output_mask: y's saved mask
+  // x is the forward's x bit for bit (not a rounded stash copy): a last ReLU without an Add before
+  // it recomputes its mask from x, which the backward reads anyway, instead of reading y_mask.
+  bool x_exact = false;
+  Tensor dx;          // undefined: not wanted
+  bool dx_accumulate = false;
+  Tensor dside;       // undefined: not wanted
+  bool dside_accumulate = false;
+  Tensor dgamma, dbeta;
+  bool params_accumulate = false;
+};
+
+}  // namespace et

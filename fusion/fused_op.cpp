@@ -1,0 +1,99 @@
+// FusedStackOp: one node running a whole stack (BN, then ReLU / add / pooling) through the
+// backend's fused kernels. It saves what the stack's layers saved minus what it can recompute
+// from x in the backward: BN's input x and, when the stack ends in a ReLU, y's mask. Pool inputs
+// and ReLU outputs inside the stack are neither saved nor kept.
+#include <memory>
+
+#include "engine/executor.h"
+#include "fusion/fusion.h"
+
+namespace et {
+namespace fusion {
+namespace {
+
+constexpr int kSideInput = 5;  // after x, gamma, beta, running_mean, running_var
+
+class FusedStackOp final : public Op {
+ public:
+  FusedStackOp(const FusedStack& s, std::vector<std::string> members) : stack_(s), members_(std::move(members)) {
+    for (const FusedStage& st : s.stages) has_pool_ |= st.kind == FusedKind::MaxPool || st.kind == FusedKind::AvgPool;
+  }
+  const char* type() const override { return "fused_stack"; }
+  // Headed by a BN: bitmap_int4 recomputes its input from the conv's codes as it does for a BN.
+  OpClass op_class() const override { return OpClass::Normalize; }
+  std::vector<SaveSpec> saves() const override {
+    std::vector<SaveSpec> s{{0, SaveKind::Full}};
+    if (stack_.saves_output_mask) s.push_back({-1, SaveKind::Mask});
+    return s;
+  }
+  size_t workspace_bytes(const Backend& b, int64_t batch) const override {
+    return b.fused_workspace_bytes(stack_, batch);
+  }
+  OutputZeros output_zeros() const override { return nonnegative() ? OutputZeros::Many : OutputZeros::None; }
+  bool output_nonnegative(bool) const override { return nonnegative(); }
+  // Each tile reads its dy planes into scratch before it writes the same planes of dx.
+  bool grad_in_place(int input) const override { return input == 0 && !has_pool_; }
+
+  void forward(OpContext& ctx) override {
+    FusedTensors t = tensors(ctx);
+    t.y = ctx.output();
+    if (ctx.training() && ctx.recomputing()) t.running_mean = t.running_var = Tensor{};  // updated once
+    ctx.backend().fused_forward(stack_, t, ctx.training(), ctx.output_mask(), ctx.workspace());
+  }
+
+  void backward(OpContext& ctx) override {
+    FusedTensors t = tensors(ctx);
+    FusedGrads g;
+    t.x = ctx.saved(0);
+    g.x_exact = ctx.saved(0, kStashDTypes).dtype == DType::F32;  // not an fp16 / bf16 copy
+    t.side = Tensor{};  // a stack with an Add ends at it or at the ReLU after it: never recomputed
+    g.dy = ctx.grad_output();
+    if (stack_.saves_output_mask) g.y_mask = ctx.saved_mask(1);
+    const GradOut dx = ctx.grad_input(0), dgamma = ctx.grad_input(1), dbeta = ctx.grad_input(2);
+    if (dx.wanted) g.dx = dx.t;
+    g.dx_accumulate = dx.accumulate;
+    if (dgamma.wanted) g.dgamma = dgamma.t;
+    if (dbeta.wanted) g.dbeta = dbeta.t;
+    g.params_accumulate = dgamma.accumulate;
+    if (ctx.has_input(kSideInput)) {
+      const GradOut ds = ctx.grad_input(kSideInput);
+      if (ds.wanted) g.dside = ds.t;
+      g.dside_accumulate = ds.accumulate;
+    }
+    ctx.backend().fused_backward(stack_, t, g, ctx.workspace());
+  }
+
+ private:
+  FusedTensors tensors(OpContext& ctx) const {
+    FusedTensors t;
+    t.x = ctx.input(0);
+    t.gamma = ctx.input(1);
+    t.beta = ctx.input(2);
+    t.running_mean = ctx.input(3);
+    t.running_var = ctx.input(4);
+    if (ctx.has_input(kSideInput)) t.side = ctx.input(kSideInput);
+    t.mean = ctx.aux(0);
+    t.invstd = ctx.aux(1);
+    return t;
+  }
+  bool nonnegative() const {
+    bool nonneg = false;
+    for (const FusedStage& st : stack_.stages)
+      nonneg = st.kind == FusedKind::Relu ||
+               (nonneg && (st.kind == FusedKind::MaxPool || st.kind == FusedKind::AvgPool));
+    return nonneg;
+  }
+
+  FusedStack stack_;
+  std::vector<std::string> members_;
+  bool has_pool_ = false;
+};
+
+}  // namespace
+
+std::unique_ptr<Op> make_fused_op(const FusedStack& s, std::vector<std::string> members) {
+  return std::make_unique<FusedStackOp>(s, std::move(members));
+}
+
+}  // namespace fusion
+}  // namespace et

@@ -1,0 +1,53 @@
+// The fusion planner (docs/fusion.md): finds the stacks of memory-bound layers after each BN
+// (BN apply, ReLU, residual add, max / average pooling), sizes their tiles against the cache,
+// counts the bytes they move fused and unfused, and rewrites the graph so each stack is one node
+// (a FusedStackOp, fused_op.cpp) whose intermediate values are gone from the memory plan.
+#pragma once
+#include <cstddef>
+#include <string>
+#include <vector>
+
+#include "engine/fused_stack.h"
+#include "engine/graph.h"
+#include "engine/model_spec.h"
+
+namespace et {
+namespace fusion {
+
+struct StackPlan {
+  std::string name;          // the head BN's layer name (fusion.disable takes it)
+  std::vector<int> nodes;    // members, head first, in graph order
+  FusedStack stack;          // what the backend runs
+  int input = -1, side = -1, output = -1;  // value ids: x, the Add's other operand, y
+  std::vector<int> vanished;               // intermediate values that leave the memory plan
+  size_t tile_bytes = 0;     // a tile's working set: its channels' slabs of x and dz, and the plane scratch
+  bool tile_fits = false;    // within the cache (else the backward's second sweep re-reads x)
+  size_t bytes_unfused = 0, bytes_fused = 0;  // moved per training step (forward + backward)
+  bool fused = false;
+  std::string why_not;       // when not fused
+};
+
+struct Plan {
+  size_t cache_bytes = 0;
+  std::string cache_source;  // "sysfs L2", "fusion.cache_kb", ...
+  std::vector<StackPlan> stacks;
+  size_t bytes_unfused = 0, bytes_fused = 0;  // over the fused stacks
+};
+
+// This core's L2 size from sysfs (0 if unreadable).
+size_t l2_cache_bytes();
+// Finds and sizes the stacks of `g` (batch = its batch size). Throws UserError for bad settings
+// (an explicit tile that does not fit, an unknown name in fusion.disable, a zero cache).
+Plan plan(const Graph& g, const FusionSpec& spec);
+// Rewrites `g`: each fused stack of `p` becomes one node (named after the stack), placed where its
+// last member was; values keep their names, parameters their order, nodes their seeds.
+void apply(Graph& g, const Plan& p);
+// A table of the stacks for `edgetrain plan`.
+std::string describe(const Graph& g, const Plan& p);
+
+// The op a fused stack becomes (fused_op.cpp). Inputs: x, gamma, beta, running_mean, running_var
+// [, side]; aux: batch mean, invstd.
+std::unique_ptr<Op> make_fused_op(const FusedStack& s, std::vector<std::string> members);
+
+}  // namespace fusion
+}  // namespace et

@@ -1,0 +1,245 @@
+// Finding and sizing the stacks (docs/fusion.md, "planner").
+//
+// A stack starts at a training-mode BN (its statistics need all of its input, so a BN can only
+// head one) and takes the layers after it while each value has a single consumer: ReLU, one Add,
+// one max / average pool. Rules: nothing after an Add but the ReLU that ends the stack (that
+// ReLU's mask is saved, since the Add's other operand is not kept for a recompute), and no pool
+// after an Add. A stack of a BN alone is left as it is.
+#include <algorithm>
+#include <cstdio>
+#include <fstream>
+#include <numeric>
+#include <sstream>
+
+#include "engine/check.h"
+#include "fusion/fusion.h"
+
+namespace et {
+namespace fusion {
+
+size_t l2_cache_bytes() {
+  for (int i = 0; i < 8; ++i) {
+    const std::string dir = "/sys/devices/system/cpu/cpu0/cache/index" + std::to_string(i) + "/";
+    std::ifstream level(dir + "level"), type(dir + "type"), size(dir + "size");
+    int lv = 0;
+    std::string ty, sz;
+    if (!(level >> lv) || !(type >> ty) || !(size >> sz)) continue;
+    if (lv != 2 || ty == "Instruction" || sz.empty()) continue;
+    size_t mult = 1;
+    if (sz.back() == 'K') mult = 1024;
+    if (sz.back() == 'M') mult = 1024 * 1024;
+    try {
+      return size_t(std::stoull(sz)) * mult;
+    } catch (...) {
+      return 0;
+    }
+  }
+  return 0;
+}
+
+namespace {
+
+size_t f32(int64_t elements) { return size_t(elements) * 4; }
+size_t bits(int64_t elements) { return size_t(elements + 7) / 8; }
+
+// Bytes the layers read and write per training step, one by one (kernel traffic of activations
+// and their gradients; parameters and stash copies are not counted, the same in both).
+size_t unfused_bytes(const FusedStack& s, int64_t N) {
+  size_t b = 0;
+  for (size_t k = 0; k < s.stages.size(); ++k) {
+    const FusedStage& st = s.stages[k];
+    const int64_t in = N * s.C * st.H * st.W, out = N * s.C * st.P * st.Q;
+    switch (st.kind) {
+      case FusedKind::BatchNorm: b += f32(3 * in) + f32(5 * in); break;  // stats, apply | sums, dx
+      case FusedKind::Relu: b += f32(2 * in) + bits(in) + f32(2 * in) + bits(in); break;  // + mask out, in
+      case FusedKind::Add: b += f32(3 * in) + f32(2 * in); break;         // a, b, y | dy, side grad
+      case FusedKind::MaxPool: b += f32(in + out) + f32(3 * in + out); break;  // | zero, x, dy, dx
+      case FusedKind::AvgPool: b += f32(in + out) + f32(2 * in + out); break;
+      default: break;
+    }
+  }
+  return b;
+}
+
+// The fused kernels: statistics and one tiled pass forward; two tiled sweeps backward.
+size_t fused_bytes(const FusedStack& s, int64_t N) {
+  const FusedStage &bn = s.stages[0], &last = s.last();
+  const int64_t in = N * s.C * bn.H * bn.W, out = N * s.C * last.P * last.Q;
+  const int add = s.add_stage();
+  const int64_t side = add >= 0 ? N * s.C * s.stages[size_t(add)].H * s.stages[size_t(add)].W : 0;
+  const size_t mask = s.saves_output_mask ? bits(out) : 0;
+  const size_t fwd = f32(in) + f32(in + side + out) + mask;
+  const size_t sweep = f32(in + out) + mask;  // x and dy (and y's mask) per sweep
+  return fwd + 2 * sweep + f32(side) + f32(in);  // + side gradient, dx
+}
+
+bool is_pool(FusedKind k) { return k == FusedKind::MaxPool || k == FusedKind::AvgPool; }
+
+// The stack headed by node `head` (a BN), or an empty one; nodes already in a stack end it.
+StackPlan find_stack(const Graph& g, int head, const std::vector<uint8_t>& claimed) {
+  StackPlan sp;
+  const Node& bn = g.node(head);
+  FusedStage first = bn.op->fusion_stage();
+  const Shape& xs = g.value(bn.inputs[0]).shape;
+  if (first.kind != FusedKind::BatchNorm || xs.ndim != 4) return sp;
+  first.H = first.P = xs[2];
+  first.W = first.Q = xs[3];
+  sp.name = bn.name;
+  sp.nodes = {head};
+  sp.input = bn.inputs[0];
+  sp.stack.C = xs[1];
+  sp.stack.stages = {first};
+  int cur = bn.output;
+  bool has_add = false, has_pool = false;
+  for (;;) {
+    const Value& v = g.value(cur);
+    if (v.consumers.size() != 1 || cur == g.logits || cur == g.loss) break;
+    const int k = v.consumers[0];
+    if (claimed[size_t(k)]) break;  // a projection shortcut's BN feeding an add another stack took
+    const Node& node = g.node(k);
+    FusedStage st = node.op->fusion_stage();
+    const Shape& out = g.value(node.output).shape;
+    if (out.ndim != 4) break;
+    if (st.kind == FusedKind::Add) {
+      if (has_add || has_pool || node.inputs.size() != 2 || node.inputs[0] == node.inputs[1]) break;
+      sp.side = node.inputs[0] == cur ? node.inputs[1] : node.inputs[0];
+      has_add = true;
+    } else if (is_pool(st.kind)) {
+      if (has_pool || has_add) break;
+      has_pool = true;
+    } else if (st.kind != FusedKind::Relu) {
+      break;
+    }
+    st.H = v.shape[2];
+    st.W = v.shape[3];
+    st.P = out[2];
+    st.Q = out[3];
+    sp.stack.stages.push_back(st);
+    sp.nodes.push_back(k);
+    sp.vanished.push_back(cur);
+    cur = node.output;
+    if (st.kind == FusedKind::Relu && has_add) break;  // its mask is saved: nothing may follow
+  }
+  sp.output = cur;
+  sp.stack.saves_output_mask = sp.stack.last().kind == FusedKind::Relu;
+  return sp;
+}
+
+}  // namespace
+
+Plan plan(const Graph& g, const FusionSpec& spec) {
+  Plan p;
+  if (spec.cache_kb < 0) user_error("config key 'fusion.cache_kb' = ", spec.cache_kb, ": must be > 0 (or 0 = from sysfs)");
+  if (spec.tile < 0) user_error("config key 'fusion.tile' = ", spec.tile, ": must be a channel count >= 1 (or auto)");
+  if (spec.cache_kb > 0) {
+    p.cache_bytes = size_t(spec.cache_kb) * 1024;
+    p.cache_source = "fusion.cache_kb";
+  } else {
+    p.cache_bytes = l2_cache_bytes();
+    p.cache_source = "sysfs L2 of cpu0";
+    if (p.cache_bytes == 0) {
+      p.cache_bytes = 1 << 20;
+      p.cache_source = "default (sysfs unreadable)";
+    }
+  }
+  const int64_t N = g.batch_size();
+  std::vector<uint8_t> claimed(size_t(g.num_nodes()), 0);
+  for (int n = 0; n < g.num_nodes(); ++n) {
+    if (claimed[size_t(n)]) continue;
+    StackPlan sp = find_stack(g, n, claimed);
+    if (sp.nodes.size() < 2) continue;
+    for (int m : sp.nodes) claimed[size_t(m)] = 1;
+    FusedStack& s = sp.stack;
+    // A tile is `tile_channels` channels of the whole batch (BN reduces per channel over it): the
+    // backward's second sweep finds the slab of x and the parked dz in the cache if the tile fits.
+    // Inside it each plane runs through the stages in the thread's scratch (fused.cpp).
+    int64_t plane = 0;
+    for (const FusedStage& st : s.stages) plane = std::max({plane, st.H * st.W, st.P * st.Q});
+    const size_t scratch = f32(plane) * (s.stages.size() + 2);
+    const size_t slab = f32(N * s.stages[0].H * s.stages[0].W) * 2;  // x and dz of one channel
+    sp.bytes_unfused = unfused_bytes(s, N);
+    sp.bytes_fused = fused_bytes(s, N);
+    if (std::find(spec.disable.begin(), spec.disable.end(), sp.name) != spec.disable.end()) {
+      sp.why_not = "fusion.disable";
+    } else if (scratch > p.cache_bytes) {
+      sp.why_not = "one plane's scratch (" + std::to_string(scratch / 1024) + " KiB) exceeds the cache";
+    } else {
+      sp.fused = true;
+      s.tile_channels = spec.tile > 0 ? std::min(spec.tile, s.C) : 1;  // auto: the finest split over threads
+      if (spec.tile > 0 && scratch + size_t(s.tile_channels) * slab > p.cache_bytes)
+        user_error("config key 'fusion.tile' = ", spec.tile, ": a tile of stack ", sp.name, " needs ",
+                   (scratch + size_t(s.tile_channels) * slab) / 1024, " KiB, more than the ", p.cache_bytes / 1024,
+                   " KiB cache");
+      sp.tile_bytes = scratch + size_t(s.tile_channels) * slab;
+      sp.tile_fits = sp.tile_bytes <= p.cache_bytes;
+      p.bytes_unfused += sp.bytes_unfused;
+      p.bytes_fused += sp.bytes_fused;
+    }
+    p.stacks.push_back(std::move(sp));
+  }
+  for (const std::string& name : spec.disable) {
+    bool found = false;
+    for (const StackPlan& sp : p.stacks) found |= sp.name == name;
+    if (!found) {
+      std::string known;
+      for (const StackPlan& sp : p.stacks) known += (known.empty() ? "" : ", ") + sp.name;
+      user_error("config key 'fusion.disable': no stack named '", name, "' (stacks: ", known, ")");
+    }
+  }
+  return p;
+}
+
+namespace {
+const char* kind_name(FusedKind k) {
+  switch (k) {
+    case FusedKind::BatchNorm: return "bn";
+    case FusedKind::Relu: return "relu";
+    case FusedKind::Add: return "add";
+    case FusedKind::MaxPool: return "maxpool";
+    case FusedKind::AvgPool: return "avgpool";
+    default: return "?";
+  }
+}
+std::string mb(size_t b) {
+  std::ostringstream o;
+  o.setf(std::ios::fixed);
+  o.precision(2);
+  o << double(b) / 1e6;
+  return o.str();
+}
+}  // namespace
+
+std::string describe(const Graph& g, const Plan& p) {
+  std::ostringstream o;
+  o << "cache: " << p.cache_bytes / 1024 << " KiB (" << p.cache_source << "), batch " << g.batch_size() << "\n";
+  o << "stack                 stages                  planes       tile  KiB/tile  MB unfused  MB fused  vanish\n";
+  for (const StackPlan& sp : p.stacks) {
+    std::string stages;
+    for (const FusedStage& st : sp.stack.stages) stages += std::string(stages.empty() ? "" : ",") + kind_name(st.kind);
+    const FusedStage& bn = sp.stack.stages[0];
+    const std::string planes = std::to_string(sp.stack.C) + "x" + std::to_string(bn.H) + "x" + std::to_string(bn.W);
+    o << sp.name << std::string(sp.name.size() < 22 ? 22 - sp.name.size() : 1, ' ') << stages
+      << std::string(stages.size() < 24 ? 24 - stages.size() : 1, ' ') << planes
+      << std::string(planes.size() < 11 ? 11 - planes.size() : 1, ' ');
+    if (sp.fused) {
+      char line[160];
+      std::snprintf(line, sizeof line, "%4lldch %8zu%s %10s %9s %6zu\n", (long long)sp.stack.tile_channels,
+                    sp.tile_bytes / 1024, sp.tile_fits ? " " : "*", mb(sp.bytes_unfused).c_str(),
+                    mb(sp.bytes_fused).c_str(), sp.vanished.size());
+      o << line;
+    } else {
+      o << "not fused: " << sp.why_not << "\n";
+    }
+  }
+  int fused = 0;
+  for (const StackPlan& sp : p.stacks) fused += sp.fused;
+  o << "(tile: channels over the whole batch; * = larger than the cache: the second backward sweep re-reads "
+       "x from memory)\n";
+  o << "fused stacks: " << fused << " of " << p.stacks.size() << " (one sequence each); bytes moved per step: "
+    << mb(p.bytes_unfused) << " MB unfused, " << mb(p.bytes_fused) << " MB fused ("
+    << (p.bytes_fused ? double(p.bytes_unfused) / double(p.bytes_fused) : 0.0) << "x less)\n";
+  return o.str();
+}
+
+}  // namespace fusion
+}  // namespace et

@@ -1,0 +1,88 @@
+// Rewriting a graph so that each fused stack is one node (fusion::apply). The new graph is built
+// by replaying the old one: values in their old order (so parameters and buffers keep the order
+// checkpoints use), each node as it was except that a stack's members become one FusedStackOp at
+// the place of its last member (where every input it reads has been produced). The stack's
+// intermediate values are not created at all.
+#include "fusion/fusion.h"
+
+namespace et {
+namespace fusion {
+
+namespace {
+Value fresh(const Value& v) {
+  Value c = v;
+  c.consumers.clear();
+  c.producer = -1;
+  return c;
+}
+}  // namespace
+
+void apply(Graph& g, const Plan& p) {
+  const int nn = g.num_nodes(), nv = g.num_values();
+  std::vector<int> stack_of(size_t(nn), -1);
+  std::vector<uint8_t> is_last(size_t(nn), 0);
+  for (size_t s = 0; s < p.stacks.size(); ++s) {
+    if (!p.stacks[s].fused) continue;
+    for (int n : p.stacks[s].nodes) stack_of[size_t(n)] = int(s);
+    is_last[size_t(p.stacks[s].nodes.back())] = 1;
+  }
+  Graph ng;
+  ng.build = g.build;
+  ng.set_batch_size(g.batch_size());
+  std::vector<int> vmap(size_t(nv), -1);
+  int next_free = 0;
+  // Inputs, parameters and buffers created before value `upto`, in their old order.
+  auto add_free_values = [&](int upto) {
+    for (; next_free < upto; ++next_free)
+      if (g.value(next_free).producer < 0) vmap[size_t(next_free)] = ng.add_value(fresh(g.value(next_free)));
+  };
+  auto mapped = [&](const std::vector<int>& ids) {
+    std::vector<int> out;
+    for (int id : ids) {
+      ET_CHECK(vmap[size_t(id)] >= 0, "fusion rewrite: value ", g.value(id).name, " read before it is made");
+      out.push_back(vmap[size_t(id)]);
+    }
+    return out;
+  };
+  for (int n = 0; n < nn; ++n) {
+    Node& node = g.node(n);
+    const int s = stack_of[size_t(n)];
+    if (s >= 0 && !is_last[size_t(n)]) continue;
+    add_free_values(node.output);
+    if (s < 0) {
+      std::vector<Value> aux;
+      for (int a : node.aux) aux.push_back(fresh(g.value(a)));
+      const int out = ng.add_node(node.name, std::move(node.op), mapped(node.inputs), fresh(g.value(node.output)),
+                                  std::move(aux));
+      Node& added = ng.node(ng.num_nodes() - 1);
+      added.seed_index = node.seed_index;
+      vmap[size_t(node.output)] = out;
+      for (size_t i = 0; i < node.aux.size(); ++i) vmap[size_t(node.aux[i])] = added.aux[i];
+      continue;
+    }
+    const StackPlan& sp = p.stacks[size_t(s)];
+    const Node& head = g.node(sp.nodes.front());
+    std::vector<int> inputs = head.inputs;  // x, gamma, beta, running_mean, running_var
+    if (sp.side >= 0) inputs.push_back(sp.side);
+    std::vector<Value> aux;
+    for (int a : head.aux) aux.push_back(fresh(g.value(a)));
+    std::vector<std::string> members;
+    for (int m : sp.nodes) members.push_back(g.node(m).name);
+    const int out = ng.add_node(sp.name, make_fused_op(sp.stack, members), mapped(inputs),
+                                fresh(g.value(sp.output)), std::move(aux));
+    Node& added = ng.node(ng.num_nodes() - 1);
+    added.seed_index = head.seed_index;
+    vmap[size_t(sp.output)] = out;
+    for (size_t i = 0; i < head.aux.size(); ++i) vmap[size_t(head.aux[i])] = added.aux[i];
+  }
+  add_free_values(nv);
+  auto remap = [&](int id) { return id < 0 ? id : vmap[size_t(id)]; };
+  ng.image_input = remap(g.image_input);
+  ng.label_input = remap(g.label_input);
+  ng.logits = remap(g.logits);
+  ng.loss = remap(g.loss);
+  g = std::move(ng);
+}
+
+}  // namespace fusion
+}  // namespace et

@@ -1,0 +1,257 @@
+// Depth-first fusion (docs/fusion.md): the planner's stacks and limits, and fused training equal to
+// unfused training bit for bit (the fused kernels call the layers' own row and plane functions and
+// keep every reduction order), for the shipped models and synthetic stacks with odd sizes,
+// overlapping padded pools and batch 1, under the stash formats, recomputation and 4-bit training.
+#include <catch2/catch.hpp>
+
+#include <cstring>
+
+#include "engine/check.h"
+#include "fusion/fusion.h"
+#include "layers/layers.h"
+#include "tests/tiny_training.h"
+
+using namespace et;
+
+namespace {
+
+int fused_nodes(const Graph& g) {
+  int n = 0;
+  for (const Node& node : g.nodes()) n += std::strcmp(node.op->type(), "fused_stack") == 0;
+  return n;
+}
+
+std::vector<float> copy_of(const Tensor& t) { return std::vector<float>(t.f32(), t.f32() + t.numel()); }
+
+// Inputs: N(0,1)-like deterministic images, labels i % classes.
+void fill(Executor& ex, int64_t batch) {
+  const Graph& g = ex.graph();
+  ex.forward(batch, false);  // sets the batch, so the input views span it
+  Tensor x = ex.value(g.image_input), y = ex.value(g.label_input);
+  const int64_t classes = g.value(g.logits).shape[1];
+  for (int64_t i = 0; i < x.numel(); ++i) x.f32()[i] = float((i * 2654435761u) % 2001) / 1000.f - 1.f;
+  for (int64_t i = 0; i < y.numel(); ++i) y.i32()[i] = int32_t(i % classes);
+}
+
+// Three SGD steps and an evaluation: the losses, logits, and every parameter, gradient and buffer.
+std::vector<std::vector<float>> train(Graph& g, int64_t batch, const StashOptions& stash,
+                                      const QuantOptions& quant = {}) {
+  auto be = make_cpu_backend();
+  Executor ex(g, *be, stash, quant);
+  init_parameters(ex, 7);
+  fill(ex, batch);
+  std::vector<std::vector<float>> out;
+  for (int s = 0; s < 3; ++s) {
+    ex.set_step(s);
+    ex.set_step_seed(uint64_t(100 + s));
+    ex.forward(batch, true);
+    ex.backward();
+    out.push_back({ex.loss()});
+    for (int p : g.params()) out.push_back(copy_of(ex.grad(p)));
+    sgd_update(ex, SgdOptions{0.9f, 5e-4f, false}, 0.05f, s == 0);
+  }
+  ex.forward(batch, false);
+  out.push_back(copy_of(ex.value(g.logits)));
+  for (const Tensor& t : ex.state_tensors()) out.push_back(copy_of(t));
+  return out;
+}
+
+ModelSpec spec_of(const std::string& model, int64_t batch, int64_t side, bool fused) {
+  ModelSpec s;
+  s.name = model;
+  s.batch = batch;
+  s.height = s.width = side;
+  s.fusion.enabled = fused;
+  return s;
+}
+
+size_t differing(const std::vector<std::vector<float>>& a, const std::vector<std::vector<float>>& b) {
+  REQUIRE(a.size() == b.size());
+  size_t d = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    REQUIRE(a[i].size() == b[i].size());
+    const bool diff = std::memcmp(a[i].data(), b[i].data(), a[i].size() * sizeof(float)) != 0;
+    if (diff && d < 3) {
+      float m = 0;
+      for (size_t j = 0; j < a[i].size(); ++j) m = std::max(m, std::abs(a[i][j] - b[i][j]));
+      WARN("entry " << i << " of " << a.size() << " differs by up to " << m << " (" << a[i][0] << " vs " << b[i][0] << ")");
+    }
+    d += diff;
+  }
+  return d;
+}
+
+void check_model(const std::string& model, int64_t batch, int64_t side, const StashOptions& stash,
+                 const QuantOptions& quant = {}) {
+  Graph plain, fused;
+  build_model(plain, spec_of(model, batch, side, false));
+  build_model(fused, spec_of(model, batch, side, true));
+  CHECK(fused_nodes(fused) > 0);
+  CHECK(fused.num_nodes() < plain.num_nodes());
+  const auto a = train(plain, batch, stash, quant), b = train(fused, batch, stash, quant);
+  REQUIRE(std::isfinite(a[0][0]));
+  CHECK(differing(a, b) == 0);
+}
+
+StashOptions stash(StashFormat f, int checkpoint_every = 0) {
+  StashOptions o;
+  o.format = f;
+  o.checkpoint_every = checkpoint_every;
+  return o;
+}
+
+}  // namespace
+
+TEST_CASE("fusion: the shipped models train bit-identically fused and unfused", "[fusion]") {
+  SECTION("resnet8 dense") { check_model("resnet8", 4, 16, stash(StashFormat::DenseF32)); }
+  SECTION("resnet8 bitmap, batch 1") { check_model("resnet8", 1, 16, stash(StashFormat::Auto)); }
+  SECTION("resnet20 bitmap_fp32") { check_model("resnet20", 2, 16, stash(StashFormat::BitmapF32)); }
+  SECTION("vgg11_bn dense") { check_model("vgg11_bn", 3, 32, stash(StashFormat::DenseF32)); }
+  SECTION("vgg11_bn bitmap") { check_model("vgg11_bn", 2, 32, stash(StashFormat::Auto)); }
+  SECTION("mobilenetv2") { check_model("mobilenetv2", 2, 16, stash(StashFormat::DenseF32)); }
+  SECTION("resnet8 recompute") { check_model("resnet8", 4, 16, stash(StashFormat::Auto, 1)); }
+  SECTION("vgg11_bn recompute") { check_model("vgg11_bn", 2, 32, stash(StashFormat::BitmapF32, 2)); }
+  SECTION("resnet8 LUQ") { check_model("resnet8", 4, 16, stash(StashFormat::DenseF32), test::luq(2)); }
+  SECTION("resnet8 LUQ bitmap_int4") { check_model("resnet8", 4, 16, stash(StashFormat::BitmapI4), test::luq()); }
+}
+
+TEST_CASE("fusion: lossy stash formats stay close (the stack recomputes from the stored x)", "[fusion]") {
+  // Under fp16 the unfused max-pool finds its maximum in the rounded ReLU output, the fused one in
+  // a ReLU recomputed from the rounded x: both approximate the same gradient.
+  Graph plain, fused;
+  build_model(plain, spec_of("vgg11_bn", 2, 32, false));
+  build_model(fused, spec_of("vgg11_bn", 2, 32, true));
+  const auto a = train(plain, 2, stash(StashFormat::DenseF16)), b = train(fused, 2, stash(StashFormat::DenseF16));
+  CHECK(a[0][0] == b[0][0]);  // the first loss: forwards are exact
+  CHECK(std::abs(a.back()[0] - b.back()[0]) < 0.05f * (1.f + std::abs(a.back()[0])));
+}
+
+namespace {
+// image -> conv -> BN -> ReLU -> pool (overlapping, padded) -> conv -> BN -> add(side) -> ReLU ->
+// conv -> BN -> avgpool -> flatten -> linear: every stage kind, odd plane sizes.
+void synthetic(Graph& g, int64_t batch, int64_t h, int64_t w, int64_t pool_k, int64_t pool_s, int64_t pool_p) {
+  g.set_batch_size(int(batch));
+  const int x = image_input(g, batch, 3, h, w);
+  const int labels = label_input(g, batch);
+  Conv2dOptions o;
+  o.out_channels = 5;
+  o.kernel = 3;
+  o.padding = 1;
+  int y = relu(g, batchnorm2d(g, conv2d(g, x, "c1", o), "b1"), "r1");
+  y = maxpool2d(g, y, "p1", pool_k, pool_s, pool_p);
+  const int side = y;
+  y = relu(g, add(g, batchnorm2d(g, conv2d(g, y, "c2", o), "b2"), side, "a2"), "r2");
+  y = avgpool2d(g, batchnorm2d(g, conv2d(g, y, "c3", o), "b3"), "p3", 2, 1, 1);
+  g.logits = linear(g, flatten(g, y, "flat"), "fc", 4);
+  g.loss = softmax_cross_entropy(g, g.logits, labels, "loss");
+  g.image_input = x;
+  g.label_input = labels;
+}
+}  // namespace
+
+TEST_CASE("fusion: synthetic stacks with odd sizes, overlapping pools and batch 1", "[fusion]") {
+  struct Case {
+    int64_t batch, h, w, k, s, p;
+  };
+  for (const Case c : {Case{1, 7, 5, 3, 1, 1}, Case{3, 9, 11, 3, 2, 1}, Case{2, 8, 8, 2, 2, 0}, Case{1, 13, 6, 3, 1, 0}}) {
+    DYNAMIC_SECTION("batch " << c.batch << " " << c.h << "x" << c.w << " pool " << c.k << "/" << c.s << "/" << c.p) {
+      for (int64_t tile : {0, 1, 3}) {
+        Graph plain, fused;
+        synthetic(plain, c.batch, c.h, c.w, c.k, c.s, c.p);
+        synthetic(fused, c.batch, c.h, c.w, c.k, c.s, c.p);
+        FusionSpec spec;
+        spec.enabled = true;
+        spec.tile = tile;
+        const fusion::Plan p = fusion::plan(fused, spec);
+        REQUIRE(p.stacks.size() == 3);
+        CHECK(p.stacks[0].stack.stages.size() == 3);  // bn, relu, maxpool
+        CHECK(p.stacks[1].stack.stages.size() == 3);  // bn, add, relu
+        CHECK(p.stacks[1].side >= 0);
+        CHECK(p.stacks[2].stack.stages.size() == 2);  // bn, avgpool
+        fusion::apply(fused, p);
+        CHECK(fused_nodes(fused) == 3);
+        for (StashFormat f : {StashFormat::DenseF32, StashFormat::Auto}) {
+          const auto a = train(plain, c.batch, stash(f)), b = train(fused, c.batch, stash(f));
+          REQUIRE(std::isfinite(a[0][0]));
+          CHECK(differing(a, b) == 0);
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("fusion: the planner's stacks, cache limit and bad settings", "[fusion]") {
+  Graph g;
+  build_model(g, spec_of("resnet20", 8, 32, false));
+  FusionSpec spec;
+  spec.enabled = true;
+  const fusion::Plan p = fusion::plan(g, spec);
+  // stem + 9 blocks x 2 stacks; the two projection shortcuts' BNs feed an add's side: lone BNs.
+  CHECK(p.stacks.size() == 19);
+  for (const fusion::StackPlan& sp : p.stacks) {
+    CHECK(sp.fused);
+    CHECK(sp.tile_fits);  // batch 8: a channel's slab of x and dz is 64 KiB at most
+    CHECK(sp.stack.tile_channels == 1);
+    CHECK(sp.bytes_fused < sp.bytes_unfused);
+  }
+  CHECK(p.cache_bytes > 0);
+
+  SECTION("a cache too small for one plane's scratch leaves stacks unfused, with the reason") {
+    spec.cache_kb = 12;  // 32x32 planes: 4 KiB, 4 or 5 of them in the scratch; 16x16: 1 KiB
+    const fusion::Plan small = fusion::plan(g, spec);
+    int fused = 0;
+    for (const fusion::StackPlan& sp : small.stacks) {
+      fused += sp.fused;
+      if (!sp.fused) CHECK(sp.why_not.find("exceeds the cache") != std::string::npos);
+    }
+    CHECK(fused > 0);                         // the 16x16 and 8x8 stages fit
+    CHECK(fused < int(small.stacks.size()));  // the 32x32 ones do not
+  }
+  SECTION("an explicit tile that cannot fit is an error naming the key and the stack") {
+    spec.cache_kb = 256;
+    spec.tile = 4;  // 4 channels x 8 images x 4 KiB x 2 = 256 KiB, plus the scratch
+    CHECK_THROWS_WITH(fusion::plan(g, spec), Catch::Contains("fusion.tile") && Catch::Contains("stack bn1"));
+    spec.tile = 2;
+    CHECK_NOTHROW(fusion::plan(g, spec));
+  }
+  SECTION("fusion.disable names stacks; an unknown one is an error") {
+    spec.disable = {"layer1.0.bn2"};
+    const fusion::Plan d = fusion::plan(g, spec);
+    for (const fusion::StackPlan& sp : d.stacks) CHECK(sp.fused == (sp.name != "layer1.0.bn2"));
+    spec.disable = {"layer9.bn"};
+    CHECK_THROWS_WITH(fusion::plan(g, spec), Catch::Contains("fusion.disable") && Catch::Contains("layer9.bn"));
+  }
+  SECTION("the rewrite keeps parameter order and names, and drops the intermediates") {
+    Graph f;
+    build_model(f, spec_of("resnet20", 8, 32, true));
+    const auto pa = g.params(), pb = f.params();
+    REQUIRE(pa.size() == pb.size());
+    for (size_t i = 0; i < pa.size(); ++i) CHECK(g.value(pa[i]).name == f.value(pb[i]).name);
+    CHECK(f.find_value("layer1.0.bn1") < 0);    // BN output: tile scratch only
+    CHECK(f.find_value("layer1.0.relu1") >= 0);  // the stack's output keeps its name
+    CHECK(f.find_value("layer1.0.bn1.running_mean") >= 0);
+  }
+}
+
+TEST_CASE("fusion: fused stacks plan no more activation memory, less where saves vanish", "[fusion]") {
+  // VGG: the max-pools' saved inputs (ReLU outputs) are gone, recomputed from BN's x. ResNet: the
+  // BN outputs vanish, but they were transient; the arena's packing may move by a few buffers.
+  for (const char* model : {"resnet20", "vgg11_bn"}) {
+    DYNAMIC_SECTION(model) {
+      Graph plain, fused;
+      build_model(plain, spec_of(model, 16, 32, false));
+      build_model(fused, spec_of(model, 16, 32, true));
+      auto be = make_cpu_backend();
+      Executor a(plain, *be), b(fused, *be);
+      const MemoryReport &ma = a.memory(), &mb = b.memory();
+      if (std::string(model) == "vgg11_bn") {
+        CHECK(mb.stash_dense_bytes < ma.stash_dense_bytes);
+        CHECK(mb.activations_planned < ma.activations_planned);
+      } else {
+        CHECK(mb.stash_dense_bytes == ma.stash_dense_bytes);
+        CHECK(double(mb.activations_planned) <= 1.02 * double(ma.activations_planned));
+      }
+      CHECK(mb.activations_unplanned < ma.activations_unplanned);
+    }
+  }
+}
