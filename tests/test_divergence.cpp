@@ -33,13 +33,14 @@ std::shared_ptr<Dataset> synthetic(int64_t n, uint32_t seed) {
   return d;
 }
 
-Config config(const json& train_extra = json::object(), const json& quant = json::object()) {
+Config config(const json& train_extra = json::object(), const json& quant = json::object(), bool fused = false) {
   json train = {{"epochs", 1}, {"batch_size", 8}, {"lr", 0.05}, {"threads", 2}};
   train.update(train_extra);
   return parse_config({{"model", {{"name", "resnet8"}}},
                        {"data", {{"format", "cifar10_binary"}, {"root", "x"}}},
                        {"train", train},
-                       {"quant", quant}},
+                       {"quant", quant},
+                       {"fusion", {{"enabled", fused}}}},
                       "<test>");
 }
 
@@ -111,6 +112,18 @@ TEST_CASE("the first layer in forward order with a non-finite value is named, ev
   CHECK((d.cause == DivergenceCause::NonFiniteLoss || d.cause == DivergenceCause::NonFiniteGradient));
   CHECK(d.layer == "layer2.0.conv1");
   CHECK_THAT(d.where, Catch::Contains("output in the forward") && Catch::Contains("'layer2.0.conv1.weight' is non-finite"));
+}
+
+TEST_CASE("with fusion, the fused stack is named by its BN layer", "[divergence][fusion]") {
+  for (bool fused : {false, true}) {
+    Guarded g(config(json::object(), json::object(), fused));
+    REQUIRE(g.t.train_step(8, 0.05f));
+    g.param("layer2.0.bn1.bias")[1] = std::numeric_limits<float>::infinity();
+    CHECK_FALSE(g.t.train_step(8, 0.05f));
+    INFO("fused " << fused << ": " << g.t.divergence().describe());
+    CHECK(g.t.divergence().layer == "layer2.0.bn1");
+    CHECK_THAT(g.t.divergence().where, Catch::Contains("'layer2.0.bn1.bias' is non-finite"));
+  }
 }
 
 TEST_CASE("a finite loss above train.divergence_loss diverges without a layer", "[divergence]") {
