@@ -12,6 +12,7 @@
 #include "engine/config.h"
 #include "engine/executor.h"
 #include "engine/init.h"
+#include "engine/train/divergence.h"
 #include "engine/train/optimizer.h"
 #include "memory/uss.h"
 
@@ -79,14 +80,23 @@ int cmd_bench_step(const BenchStepArgs& a) {
 
   const SgdOptions sgd = sgd_options(cfg.train);
   UssPeak uss;
+  // The trainer's divergence guard runs the same checks (engine/train/divergence.h), so this is
+  // a training step's time; with --profile the gradient check is timed on its own (guard_ms).
+  bool diverged = false;
+  double guard_s = 0;
   auto step = [&](int64_t s) {
     ex.set_step_seed(uint64_t(s));
     ex.forward(n, true);
     uss.sample();
+    diverged |= check_loss(ex.loss(), cfg.train.divergence_loss) != DivergenceCause::None;
     ex.backward();
-    sgd_update(ex, sgd, 0.01f, s == 0);
+    const auto t0 = a.profile ? Clock::now() : Clock::time_point{};
+    diverged |= !gradients_finite(ex);
+    if (a.profile) guard_s += std::chrono::duration<double>(Clock::now() - t0).count();
+    diverged |= !sgd_update(ex, sgd, 0.01f, s == 0);
   };
   for (int s = 0; s < a.warmup; ++s) step(s);
+  guard_s = 0;
   if (a.profile) ex.set_timing(true);
   ex.stash().reset_peak();
   std::vector<double> ms;
@@ -105,12 +115,15 @@ int cmd_bench_step(const BenchStepArgs& a) {
     const double rec = ex.recompute_seconds() * 1e3 / a.steps;
     std::printf("stash %s: pack %.2f ms, unpack %.2f ms per step (%.1f%% of the median step); recompute %.2f ms (%.1f%%)\n",
                 cfg.memory.stash.c_str(), pack, unpack, 100.0 * (pack + unpack) / median, rec, 100.0 * rec / median);
+    std::printf("divergence guard: gradient check %.3f ms per step (%.2f%%)\n", guard_s * 1e3 / a.steps,
+                100.0 * guard_s * 1e3 / a.steps / median);
     if (cfg.quant.forward != "fp32" || cfg.quant.backward != "fp32") {
       const double q = ex.quantize_seconds() * 1e3 / a.steps;
       std::printf("quantizing (statistics, codes, dequantised copies; forward %s, backward %s): %.2f ms per step (%.1f%%)\n",
                   cfg.quant.forward.c_str(), cfg.quant.backward.c_str(), q, 100.0 * q / median);
     }
   }
+  if (diverged) std::printf("note: the synthetic steps diverged (the divergence guard would have stopped training)\n");
   const MemoryReport& m = ex.memory();
   std::printf("%s batch %lld, %d threads: median step %.2f ms (min %.2f, max %.2f) over %d steps, loss %.4f\n",
               cfg.model.name.c_str(), (long long)n, omp_get_max_threads(), median, sorted.front(), sorted.back(),
@@ -136,6 +149,7 @@ int cmd_bench_step(const BenchStepArgs& a) {
     j["stash_unpack_ms"] = ex.stash().unpack_seconds() * 1e3 / a.steps;
     j["recompute_ms"] = ex.recompute_seconds() * 1e3 / a.steps;
     j["quantize_ms"] = ex.quantize_seconds() * 1e3 / a.steps;
+    j["guard_ms"] = guard_s * 1e3 / a.steps;
     json ops = json::object();  // forward + backward ms per step, by op type
     for (int k = 0; k < g.num_nodes(); ++k) {
       const std::string type = g.node(k).op->type();

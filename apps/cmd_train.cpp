@@ -32,21 +32,41 @@ void write_atomically(const fs::path& path, const std::string& text) {
 
 namespace {
 
+// Keys a resumed run may change: the number of epochs (extend a run), the thread count (bit-exact
+// reproduction needs the same count, the training itself is the same), the data root (the run
+// moved to another machine), the fusion section (fused and unfused training are bit-identical)
+// and the divergence guard's (they decide only what happens once a step has diverged: a run
+// stopped by the guard continues with on_divergence = rollback; a rollback's lower learning rate
+// is in the checkpoint, not in these keys). Older runs' config.json lack the guard's and the
+// fusion keys: skipped here, they do not count as differences either.
+bool resumable_key(const std::string& key) {
+  static const char* const keys[] = {"train.epochs",
+                                     "train.threads",
+                                     "data.root",
+                                     "fusion",
+                                     "train.on_divergence",
+                                     "train.divergence_loss",
+                                     "train.divergence_lr_factor",
+                                     "train.divergence_max_rollbacks"};
+  for (const char* k : keys)
+    if (key == k) return true;
+  return false;
+}
+
 // The dotted keys where two resolved configs differ, all of them (a derived default such as
-// quant.fnt_peak_lr = 0.1 * train.lr differs along with its source). Keys a resumed run may change:
-// the number of epochs (extend a run), the thread count (bit-exact reproduction needs the same
-// count, the training itself is the same), the data root (the run moved to another machine) and
-// the fusion section (fused and unfused training are bit-identical).
+// quant.fnt_peak_lr = 0.1 * train.lr differs along with its source), except resumable_key()s.
 void differences(const json& a, const json& b, const std::string& path, std::vector<std::string>* out) {
   if (a.is_object() && b.is_object()) {
     for (auto it = a.begin(); it != a.end(); ++it) {
       const std::string key = path.empty() ? it.key() : path + "." + it.key();
-      if (key == "train.epochs" || key == "train.threads" || key == "data.root" || key == "fusion") continue;
+      if (resumable_key(key)) continue;
       if (!b.contains(it.key())) out->push_back(key);
       else differences(*it, b[it.key()], key, out);
     }
-    for (auto it = b.begin(); it != b.end(); ++it)
-      if (!a.contains(it.key())) out->push_back(path.empty() ? it.key() : path + "." + it.key());
+    for (auto it = b.begin(); it != b.end(); ++it) {
+      const std::string key = path.empty() ? it.key() : path + "." + it.key();
+      if (!a.contains(it.key()) && !resumable_key(key)) out->push_back(key);
+    }
     return;
   }
   if (a != b) out->push_back(path.empty() ? "<top>" : path);
@@ -61,14 +81,17 @@ int cmd_train(const TrainArgs& a) {
   std::error_code ec;
   if (a.resume) {
     if (a.out.empty()) user_error("--resume needs --out DIR (the run to continue)");
-    if (!fs::exists(dir / "checkpoint_last.ckpt"))
-      user_error("cannot resume: '", (dir / "checkpoint_last.ckpt").string(), "' does not exist");
+    if (!fs::is_directory(dir, ec))
+      user_error("cannot resume: run folder '", out, "' does not exist (no config.json, no checkpoint_last.ckpt)");
+    // config.json is what makes a folder a run: without checkpoint_last.ckpt (stopped during its
+    // first epoch) the run starts over (Trainer::fit), after the same comparison.
     std::ifstream in(dir / "config.json");
     json saved;
     try {
       saved = json::parse(in);
     } catch (const json::exception&) {
-      user_error("cannot resume: '", (dir / "config.json").string(), "' is missing or malformed");
+      user_error("cannot resume: '", (dir / "config.json").string(), "' is missing or malformed",
+                 fs::exists(dir / "checkpoint_last.ckpt") ? "" : " (and there is no checkpoint_last.ckpt)");
     }
     std::vector<std::string> diff;
     differences(cfg.resolved(), saved, "", &diff);

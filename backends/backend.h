@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "engine/fused_stack.h"
 #include "engine/kernel_types.h"
@@ -147,8 +148,14 @@ class Backend {
   virtual void linear_backward_weight_q(const Tensor& xq, const Tensor& gq, Tensor& dw, Tensor& db, bool accumulate,
                                         Workspace ws) = 0;
 
+  // ---- divergence guard: whether every element of every f32 tensor is finite, in one pass.
+  virtual bool all_finite(const std::vector<Tensor>& tensors) = 0;
+
   // ---- optimizer: SGD with momentum (PyTorch formulation), optional Nesterov, L2 weight decay.
-  virtual void sgd_step(Tensor& param, const Tensor& grad, Tensor& momentum_buf, float lr, float momentum,
+  // Returns whether every updated parameter is finite: a non-finite gradient or momentum makes its
+  // parameter non-finite, so this one check, on values the step writes anyway, covers all three
+  // (the trainer's divergence guard).
+  virtual bool sgd_step(Tensor& param, const Tensor& grad, Tensor& momentum_buf, float lr, float momentum,
                         float weight_decay, bool nesterov, bool first_step) = 0;
 };
 

@@ -29,7 +29,7 @@ run() {
   local want
   want=$(python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['train']['epochs'])" "$dir/config.json")
   local have
-  have=$(wc -l < "$dir/metrics.jsonl")
+  have=$(grep -c '"train_loss"' "$dir/metrics.jsonl")  # epoch records, not divergence events
   [ "$have" -ge "$want" ] && touch "$dir/finished"
   return 0
 }
@@ -52,7 +52,7 @@ for name in ["fp32_30", "luq_30", "luq_smp2_30", "luq_smp2_fnt1_30", "fp32_10", 
     p = os.path.join(out, name, "metrics.jsonl")
     if not os.path.exists(p):
         continue
-    rows = [json.loads(l) for l in open(p) if l.strip()]
+    rows = [r for r in (json.loads(l) for l in open(p) if l.strip()) if "test_acc" in r]  # no events
     if not rows:
         continue
     done = os.path.exists(os.path.join(out, name, "finished"))

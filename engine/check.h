@@ -8,11 +8,20 @@
 #include <sstream>
 #include <stdexcept>
 #include <string>
+#include <utility>
 
 namespace et {
 
 struct UserError : std::runtime_error {
   using std::runtime_error::runtime_error;
+};
+
+// A non-finite value found inside a training step (a quantizer's input or gradient): the run
+// diverged. The trainer's divergence guard (engine/train/divergence.h) catches it to stop or roll
+// back; elsewhere it is a UserError like any other.
+struct NonFiniteError : UserError {
+  NonFiniteError(const std::string& message, std::string layer_name) : UserError(message), layer(std::move(layer_name)) {}
+  std::string layer;  // the node that found it
 };
 
 [[noreturn]] inline void check_failed(const char* file, int line, const char* cond, const std::string& msg) {

@@ -213,6 +213,11 @@ Config parse_config(const json& j, const std::string& source) {
   t.get("label_smoothing", tr.label_smoothing);
   t.get("seed", tr.seed);
   t.get("threads", tr.threads);
+  tr.divergence_loss = float(100.0 * std::log(double(c.model.num_classes)));  // see TrainConfig
+  t.get("divergence_loss", tr.divergence_loss);
+  t.get("on_divergence", tr.on_divergence);
+  t.get("divergence_lr_factor", tr.divergence_lr_factor);
+  t.get("divergence_max_rollbacks", tr.divergence_max_rollbacks);
   ObjectReader s = t.child("schedule");
   ScheduleConfig& sc = tr.schedule;
   s.get("type", sc.type);
@@ -235,6 +240,14 @@ Config parse_config(const json& j, const std::string& source) {
   require(tr.label_smoothing >= 0.f && tr.label_smoothing < 1.f, t, "label_smoothing", tr.label_smoothing,
           "must be in [0, 1)");
   require(tr.threads >= 0 && tr.threads <= 1024, t, "threads", tr.threads, "must be in 0..1024 (0 = all cores)");
+  require(std::isfinite(tr.divergence_loss) && tr.divergence_loss > 0.f, t, "divergence_loss", tr.divergence_loss,
+          "must be finite and > 0 (the loss above which a step counts as diverged)");
+  require(tr.on_divergence == "stop" || tr.on_divergence == "rollback", t, "on_divergence", tr.on_divergence,
+          "must be \"stop\" or \"rollback\"");
+  require(tr.divergence_lr_factor > 0.f && tr.divergence_lr_factor < 1.f, t, "divergence_lr_factor",
+          tr.divergence_lr_factor, "must be in (0, 1)");
+  require(tr.divergence_max_rollbacks >= 1 && tr.divergence_max_rollbacks <= 100, t, "divergence_max_rollbacks",
+          tr.divergence_max_rollbacks, "must be in 1..100");
   require(sc.type == "multistep" || sc.type == "cosine" || sc.type == "onecycle" || sc.type == "constant", s, "type",
           sc.type, "must be \"multistep\", \"cosine\", \"onecycle\" or \"constant\"");
   for (size_t i = 0; i < sc.milestones.size(); ++i)
@@ -362,6 +375,10 @@ json Config::resolved() const {
                 {"label_smoothing", train.label_smoothing},
                 {"seed", train.seed},
                 {"threads", train.threads},
+                {"divergence_loss", train.divergence_loss},
+                {"on_divergence", train.on_divergence},
+                {"divergence_lr_factor", train.divergence_lr_factor},
+                {"divergence_max_rollbacks", train.divergence_max_rollbacks},
                 {"schedule",
                  {{"type", s.type},
                   {"milestones", s.milestones},

@@ -48,6 +48,13 @@ struct TrainConfig {
   uint64_t seed = 1;
   int threads = 0;  // 0 = all cores
   ScheduleConfig schedule;
+  // Divergence guard (engine/train/divergence.h). A step diverged when its loss is non-finite or
+  // above divergence_loss (default 100 x the loss of a uniform prediction, 100 ln(num_classes);
+  // parse_config derives it), or a gradient / parameter is non-finite.
+  float divergence_loss = 230.258509f;  // 100 ln 10
+  std::string on_divergence = "stop";  // "stop" | "rollback"
+  float divergence_lr_factor = 0.5f;   // rollback: learning-rate factor per rollback, in (0, 1)
+  int divergence_max_rollbacks = 3;    // rollback: then give up as `stop` does
 };
 
 struct MemoryConfig {

@@ -66,6 +66,25 @@ void Executor::forward(int64_t batch, bool training) {
   training_ = training;
   if (training) stash_.clear();  // a forward without its backward leaves nothing behind
   restore_views();
+  try {
+    forward_nodes(training);
+  } catch (...) {
+    recover();
+    throw;
+  }
+}
+
+// An op threw mid-step (a quantizer's NonFiniteError): views may still point at recompute buffers
+// or into the stash. Puts every view back as planned, so the next step (a divergence guard's
+// re-run, a rollback) starts clean. Never on the normal path.
+void Executor::recover() {
+  data_ = forward_data_;  // equal sizes: element-wise assignment, no allocation
+  swapped_.clear();
+  recomputing_ = false;
+  stash_.clear();
+}
+
+void Executor::forward_nodes(bool training) {
   for (int n = 0; n < graph_.num_nodes(); ++n) {
     OpContext ctx(*this, n);
     const auto& pushes = push_after_[size_t(n)];
@@ -125,6 +144,15 @@ void Executor::recompute(const Segment& s) {
 
 void Executor::backward() {
   ET_CHECK(training_, "backward after an evaluation forward");
+  try {
+    backward_nodes();
+  } catch (...) {
+    recover();
+    throw;
+  }
+}
+
+void Executor::backward_nodes() {
   std::fill(grad_written_.begin(), grad_written_.end(), 0);
   for (int n = graph_.num_nodes() - 1; n >= 0; --n) {
     const Node& node = graph_.node(n);

@@ -82,6 +82,8 @@ class Executor {
   Tensor grad(int id) const;
   Tensor opt_slot(int param_id, int slot) const;
   const std::vector<int>& params() const { return params_; }  // Graph::params(), cached
+  // Their gradients, in the same order (the divergence guard checks them in one pass).
+  const std::vector<Tensor>& param_grads() const { return param_grads_; }
   // What a step carries to the next, in a fixed order: params, their gradients and optimizer
   // slots, buffers (BN running statistics). Copying them between two executors of one graph moves
   // the training state across a re-plan (the trainer's switch to FNT).
@@ -140,6 +142,9 @@ class Executor {
   void plan_page_release(const PlanState& st);
   void recompute(const Segment& s);
   void restore_views();
+  void forward_nodes(bool training);
+  void backward_nodes();
+  void recover();
 
   Graph& graph_;
   Backend& backend_;
@@ -175,6 +180,7 @@ class Executor {
   std::vector<Tensor> data_, grads_;           // full-batch views, one per value
   std::vector<std::vector<Tensor>> slots_;     // optimizer slots per value (params only)
   std::vector<int> params_;                    // parameter value ids, in creation order
+  std::vector<Tensor> param_grads_;            // grads_ of params_
   std::vector<uint8_t> needs_backward_;        // per node
   std::vector<std::vector<SaveSpec>> save_specs_;  // per node, cached: Op::saves() allocates
   std::vector<uint8_t> grad_written_;          // per value, reset each backward

@@ -40,6 +40,8 @@ void Executor::plan() {
   stash_.configure(std::move(st.saved), st.nv, stash_options_.prune_threshold, stash_options_.release_pages);
   report_.stash_region = stash_.region_bytes();
   batch_ = st.max_batch;  // views have the full batch until a forward says otherwise
+  param_grads_.clear();
+  for (int p : params_) param_grads_.push_back(grads_[size_t(p)]);
 }
 
 // Which nodes need a backward: those whose output depends on a parameter (or on a value that needs

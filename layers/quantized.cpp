@@ -25,8 +25,9 @@ Tensor quantize_int4(OpContext& ctx, const Tensor& t, QuantSlot slot, const char
   QuantizeTimer timer(ctx);
   const TensorStats s = ctx.backend().tensor_stats(t);
   if (!s.finite)
-    user_error("layer '", ctx.node().name, "': non-finite ", what, " at training step ", ctx.step(),
-               " (INT4 forward): the training diverged");
+    throw NonFiniteError(fmt("layer '", ctx.node().name, "': non-finite ", what, " at training step ", ctx.step(),
+                             " (INT4 forward): the training diverged"),
+                         ctx.node().name);
   Tensor q = ctx.quant_operand(slot);
   q.scale = quant::sawb_scale(s, t.numel(), q.dtype == DType::U4);
   ctx.set_quant_scale(slot, q.scale);
@@ -55,8 +56,10 @@ float grad_alpha(OpContext& ctx, const Tensor& dy) {
   QuantizeTimer timer(ctx);
   const TensorStats s = ctx.backend().tensor_max_abs(dy);
   if (!s.finite)
-    user_error("layer '", ctx.node().name, "': non-finite output gradient at training step ", ctx.step(), " (quant.backward = ",
-               backward_quant_name(ctx.quant()->backward), "): the training diverged; lower train.lr");
+    throw NonFiniteError(fmt("layer '", ctx.node().name, "': non-finite output gradient at training step ", ctx.step(),
+                             " (quant.backward = ", backward_quant_name(ctx.quant()->backward),
+                             "): the training diverged; lower train.lr"),
+                         ctx.node().name);
   return quant::fp4_alpha(s.max_abs, ctx.quant()->levels);
 }
 

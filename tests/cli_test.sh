@@ -87,6 +87,66 @@ expect_error "grad_magnitudes 8" "quant.grad_magnitudes" "$BIN" train --config "
 expect_error "bad per-layer modes" "quant.layers.layer1.0.conv1" "$BIN" train --config "$T/cfg.json" --set 'quant.layers={"layer1.0.conv1": "int4"}' --out "$T/q6"
 for x in q1 q2 q3 q4 q5 q6 q7; do [ -e "$T/$x" ] && fail "run folder $x created despite the error"; done
 
+# --- divergence guard (train.on_divergence): lr 99 diverges in the first epoch. `stop` exits non-zero
+# naming the step, the layer and the loss, and records the event in metrics.jsonl
+out="$("$BIN" train --config "$T/cfg.json" --set train.lr=99 --out "$T/dstop" 2>&1 >/dev/null)"; rc=$?
+if [ $rc -ne 0 ] && grep -q "training diverged at step [0-9]" <<<"$out" && grep -q "layer" <<<"$out" \
+   && grep -q "loss [0-9]" <<<"$out" && grep -q "train.on_divergence = stop" <<<"$out"; then pass "divergence: stop"
+else fail "divergence: stop (rc=$rc): $out"; fi
+grep -q '"event":"divergence"' "$T/dstop/metrics.jsonl" && grep -q '"action":"stop"' "$T/dstop/metrics.jsonl" \
+  && [ ! -e "$T/dstop/checkpoint_last.ckpt" ] && pass "divergence: stop event logged" || fail "divergence: stop event"
+# ... continued as the message says: --resume starts it over (no checkpoint yet), rolls back to the
+# initial state at 0.001 x the learning rate, logs the rollback and trains to the end
+R=(--set train.lr=99 --set train.on_divergence=rollback --set train.divergence_lr_factor=0.001)
+"$BIN" train --config "$T/cfg.json" "${R[@]}" --out "$T/dstop" --resume >"$T/droll.log" 2>&1 && pass "divergence: rollback continues" || fail "divergence: rollback: $(tail -3 "$T/droll.log")"
+grep -q "starts from the beginning" "$T/droll.log" && grep -q "Rolled back to the initial state" "$T/droll.log" \
+  && pass "divergence: rollback logged" || fail "divergence: rollback log: $(head -5 "$T/droll.log")"
+[ "$(grep -c '"train_loss"' "$T/dstop/metrics.jsonl")" -eq 2 ] && [ "$(grep -c '"action":"rollback"' "$T/dstop/metrics.jsonl")" -ge 1 ] \
+  && ! grep -q '"action":"stop"' "$T/dstop/metrics.jsonl" && grep -q '"rollbacks":1' "$T/dstop/metrics.jsonl" && [ -s "$T/dstop/checkpoint_last.ckpt" ] \
+  && pass "divergence: rollback in metrics" || fail "divergence: rollback metrics: $(cat "$T/dstop/metrics.jsonl")"
+# A rolled-back run equals a fresh one, and one resumed after its first epoch (the lower rate is in the checkpoint)
+"$BIN" train --config "$T/cfg.json" "${R[@]}" --out "$T/drfull" >/dev/null 2>&1
+"$BIN" train --config "$T/cfg.json" "${R[@]}" --stop-after 1 --out "$T/drpart" >/dev/null 2>&1
+"$BIN" train --config "$T/cfg.json" "${R[@]}" --out "$T/drpart" --resume >/dev/null 2>&1
+[ -s "$T/drfull/metrics.jsonl" ] && [ "$(strip "$T/drfull/metrics.jsonl")" = "$(strip "$T/dstop/metrics.jsonl")" ] \
+  && [ "$(strip "$T/drfull/metrics.jsonl")" = "$(strip "$T/drpart/metrics.jsonl")" ] && cmp -s "$T/drfull/checkpoint_last.ckpt" "$T/drpart/checkpoint_last.ckpt" \
+  && pass "divergence: rollback runs resume bit for bit" || fail "divergence: rollback runs differ: $(strip "$T/drfull/metrics.jsonl") vs $(strip "$T/drpart/metrics.jsonl")"
+# With a checkpoint: resumed with a bound every loss exceeds (the guard's keys may change on
+# --resume), it stops at the first step of epoch 2 and the epoch-1 checkpoint stays as it was;
+# with rollback it rolls back to that checkpoint and gives up after train.divergence_max_rollbacks
+"$BIN" train --config "$T/cfg.json" --stop-after 1 --out "$T/dkeep" >/dev/null 2>&1
+sum="$(md5sum <"$T/dkeep/checkpoint_last.ckpt")"
+expect_error "divergence: stop keeps the checkpoint" "at step 10 (epoch 2, batch 1 of 10)" \
+  "$BIN" train --config "$T/cfg.json" --set train.divergence_loss=0.01 --out "$T/dkeep" --resume
+expect_error "divergence: stop names the checkpoint" "checkpoint_last.ckpt' (after epoch 1) is kept" \
+  "$BIN" train --config "$T/cfg.json" --set train.divergence_loss=0.01 --out "$T/dkeep" --resume
+expect_error "divergence: rollback gives up" "Giving up after 2 rollbacks" "$BIN" train --config "$T/cfg.json" --set train.divergence_loss=0.01 \
+  --set train.on_divergence=rollback --set train.divergence_max_rollbacks=2 --out "$T/dkeep" --resume
+[ "$sum" = "$(md5sum <"$T/dkeep/checkpoint_last.ckpt")" ] && pass "divergence: checkpoint intact" || fail "divergence: checkpoint modified"
+[ "$(grep -c '"resume_epoch":2' "$T/dkeep/metrics.jsonl")" -eq 2 ] && grep -q '"action":"give_up"' "$T/dkeep/metrics.jsonl" \
+  && [ "$(grep -c '"train_loss"' "$T/dkeep/metrics.jsonl")" -eq 1 ] && pass "divergence: rollbacks to the checkpoint logged" \
+  || fail "divergence: rollback events: $(cat "$T/dkeep/metrics.jsonl")"
+expect_error "divergence_loss = 0" "train.divergence_loss" "$BIN" train --config "$T/cfg.json" --set train.divergence_loss=0 --out "$T/g1"
+expect_error "on_divergence unknown" "train.on_divergence" "$BIN" train --config "$T/cfg.json" --set train.on_divergence=ignore --out "$T/g2"
+expect_error "divergence_lr_factor = 1" "train.divergence_lr_factor" "$BIN" train --config "$T/cfg.json" --set train.divergence_lr_factor=1 --out "$T/g3"
+expect_error "divergence_max_rollbacks = 0" "train.divergence_max_rollbacks" "$BIN" train --config "$T/cfg.json" --set train.divergence_max_rollbacks=0 --out "$T/g4"
+for x in g1 g2 g3 g4; do [ -e "$T/$x" ] && fail "run folder $x created despite the error"; done
+
+# --- a run killed during its first epoch leaves config.json and no checkpoint: --resume starts it
+# over (and says so) after the usual config comparison; it equals the uninterrupted run
+mkdir -p "$T/killed" "$T/killed2" "$T/killed3" "$T/killed4"
+cp "$T/full/config.json" "$T/killed/"; : >"$T/killed/metrics.jsonl"; cp "$T/full/config.json" "$T/killed2/"
+"$BIN" train --config "$T/cfg.json" --out "$T/killed" --resume >"$T/killed.log" 2>&1 && pass "resume a run killed in its first epoch" || fail "resume killed: $(tail -3 "$T/killed.log")"
+grep -q "no checkpoint yet.*starts from the beginning" "$T/killed.log" && pass "restart logged" || fail "restart not logged: $(head -3 "$T/killed.log")"
+[ -s "$T/killed/metrics.jsonl" ] && [ "$(strip "$T/full/metrics.jsonl")" = "$(strip "$T/killed/metrics.jsonl")" ] && pass "restarted run equals uninterrupted" || fail "restarted run differs"
+expect_error "restart with another config" "train.lr" "$BIN" train --config "$T/cfg.json" --set train.lr=0.01 --out "$T/killed2" --resume
+[ ! -e "$T/killed2/checkpoint_last.ckpt" ] && pass "refused restart wrote nothing" || fail "refused restart wrote a checkpoint"
+printf '{"model": ' >"$T/killed3/config.json"
+expect_error "restart with a corrupt config.json" "$T/killed3/config.json' is missing or malformed" "$BIN" train --config "$T/cfg.json" --out "$T/killed3" --resume
+expect_error "restart without config.json" "$T/killed4/config.json' is missing or malformed" "$BIN" train --config "$T/cfg.json" --out "$T/killed4" --resume
+cp -r "$T/full" "$T/lost"; rm "$T/lost/checkpoint_last.ckpt"
+expect_error "checkpoint lost after finished epochs" "records finished epochs" "$BIN" train --config "$T/cfg.json" --out "$T/lost" --resume
+
 # --- bad input
 printf '{"model": {"name": "resnet8",}' >"$T/bad.json"
 expect_error "malformed JSON" "$T/bad.json" "$BIN" train --config "$T/bad.json" --out "$T/x1"

@@ -66,14 +66,19 @@ TEST_CASE("checkpoint round trip restores every tensor and the progress", "[chec
   Model a("resnet8", 1), b("resnet8", 2);
   REQUIRE(a.all() != b.all());
   const std::string path = tmp("rt.ckpt");
-  TrainProgress pr{"resnet8", 4, 1234, 99, 0.5};
+  TrainProgress pr{"resnet8", 4, 1234, 99, 0.5, 0.125 * 0.1f, 2};  // after two divergence rollbacks
   save_checkpoint(path, *a.ex, pr);
   CHECK_FALSE(fs::exists(path + ".tmp"));
   const TrainProgress got = load_checkpoint(path, *b.ex, "resnet8");
   CHECK(got.epoch == 4);
   CHECK(got.step == 1234);
   CHECK(got.seed == 99);
+  CHECK(got.lr_factor == pr.lr_factor);  // exactly: the resumed run trains at the same rate
+  CHECK(got.rollbacks == 2);
   CHECK(a.all() == b.all());
+  // Without rollbacks the factor is exactly 1.
+  save_checkpoint(path, *a.ex, TrainProgress{"resnet8", 0, 10, 1, 0});
+  CHECK(load_checkpoint(path, *b.ex, "resnet8").lr_factor == 1.0);
   fs::remove(path);
 }
 

@@ -8,6 +8,7 @@
 #include <cstdlib>
 #include <new>
 
+#include "engine/train/trainer.h"
 #include "tests/tiny_training.h"
 
 namespace {
@@ -113,4 +114,34 @@ TEST_CASE("training steps after the first allocate nothing", "[memory]") {
   CHECK(allocations_in_steps("vgg11_bn", 8, StashFormat::DenseF32, 0, false, {}, true) == 0);
   CHECK(allocations_in_steps("mobilenetv2", 4, StashFormat::BitmapF16, 1, true, {}, true) == 0);
   CHECK(allocations_in_steps("resnet8", 16, StashFormat::BitmapI4, 0, false, luq, true) == 0);
+}
+
+// The trainer's step adds the divergence guard's checks (loss, gradients, update) to the above.
+static long allocations_in_trainer_steps(const nlohmann::json& quant) {
+  auto data = std::make_shared<Dataset>();
+  data->size = 16;
+  data->channels = 3;
+  data->height = data->width = 32;
+  data->pixels.assign(size_t(16) * 3072, 0);
+  for (size_t i = 0; i < data->pixels.size(); ++i) data->pixels[i] = uint8_t(i * 2654435761u >> 24);
+  data->labels.assign(16, 0);
+  for (int i = 0; i < 16; ++i) data->labels[size_t(i)] = i % 10;
+  const Config cfg = parse_config({{"model", {{"name", "resnet8"}}},
+                                   {"data", {{"format", "cifar10_binary"}, {"root", "x"}}},
+                                   {"train", {{"batch_size", 16}, {"threads", 2}}},
+                                   {"quant", quant}},
+                                  "<test>");
+  Trainer t(cfg, data, data);
+  REQUIRE(t.train_step(16, 0.05f));
+  g_allocs = 0;
+  g_counting = true;
+  const bool ok = t.train_step(16, 0.05f) && t.train_step(16, 0.05f);
+  g_counting = false;
+  REQUIRE(ok);
+  return g_allocs.load();
+}
+
+TEST_CASE("the trainer's guarded steps allocate nothing", "[memory][divergence]") {
+  CHECK(allocations_in_trainer_steps(nlohmann::json::object()) == 0);
+  CHECK(allocations_in_trainer_steps({{"forward", "int4"}, {"backward", "luq_fp4"}}) == 0);
 }

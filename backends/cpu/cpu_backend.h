@@ -86,7 +86,8 @@ class CpuBackend final : public Backend {
   void fused_forward(const FusedStack& s, FusedTensors& t, bool training, MaskOut* mask, Workspace ws) override;
   void fused_backward(const FusedStack& s, const FusedTensors& t, FusedGrads& g, Workspace ws) override;
 
-  void sgd_step(Tensor& param, const Tensor& grad, Tensor& momentum_buf, float lr, float momentum, float weight_decay,
+  bool all_finite(const std::vector<Tensor>& tensors) override;
+  bool sgd_step(Tensor& param, const Tensor& grad, Tensor& momentum_buf, float lr, float momentum, float weight_decay,
                 bool nesterov, bool first_step) override;
 
  private:

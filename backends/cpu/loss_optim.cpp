@@ -1,4 +1,4 @@
-// Softmax cross-entropy and the SGD step on CPU.
+// Softmax cross-entropy, the SGD step and the divergence guard's finiteness check on CPU.
 #include <cfloat>
 #include <cmath>
 
@@ -48,21 +48,40 @@ void CpuBackend::softmax_xent_backward(const Tensor& logits, const Tensor& label
   }
 }
 
+// One parallel region for all the tensors (a region per tensor costs more than the scan of small
+// ones, and much more when another job holds a core); nowait: no barrier between tensors.
+bool CpuBackend::all_finite(const std::vector<Tensor>& tensors) {
+  int64_t bad = 0;
+#pragma omp parallel reduction(+ : bad)
+  for (const Tensor& t : tensors) {
+    const float* x = t.f32();
+    const int64_t n = t.numel();
+#pragma omp for schedule(static) nowait
+    for (int64_t i = 0; i < n; ++i) bad += !(std::fabs(x[i]) <= FLT_MAX);
+  }
+  return bad == 0;
+}
+
 // PyTorch's SGD: g = grad + wd * p; buf = first ? g : momentum * buf + g;
-// p -= lr * (nesterov ? g + momentum * buf : buf)
-void CpuBackend::sgd_step(Tensor& param, const Tensor& grad, Tensor& momentum_buf, float lr, float momentum,
+// p -= lr * (nesterov ? g + momentum * buf : buf). Counts the non-finite new p: NaN and +-inf fail
+// |p| <= FLT_MAX (a compare the loop vectorises, unlike a branch).
+bool CpuBackend::sgd_step(Tensor& param, const Tensor& grad, Tensor& momentum_buf, float lr, float momentum,
                           float weight_decay, bool nesterov, bool first_step) {
   float* p = param.f32();
   const float* gr = grad.f32();
   float* b = momentum_buf.f32();
   const int64_t n = param.numel();
-#pragma omp parallel for simd schedule(static) if (n > 16384)
+  int64_t bad = 0;
+#pragma omp parallel for simd schedule(static) reduction(+ : bad) if (n > 16384)
   for (int64_t i = 0; i < n; ++i) {
     const float g = gr[i] + weight_decay * p[i];
     const float buf = momentum == 0.f ? g : (first_step ? g : momentum * b[i] + g);
     b[i] = buf;
-    p[i] -= lr * (nesterov ? g + momentum * buf : buf);
+    const float np = p[i] - lr * (nesterov ? g + momentum * buf : buf);
+    p[i] = np;
+    bad += !(std::fabs(np) <= FLT_MAX);
   }
+  return bad == 0;
 }
 
 std::unique_ptr<Backend> make_cpu_backend() { return std::make_unique<CpuBackend>(); }

@@ -69,6 +69,8 @@ void save_checkpoint(const std::string& path, const Executor& ex, const TrainPro
   h["step"] = pr.step;
   h["seed"] = pr.seed;
   h["best_test_acc"] = pr.best_test_acc;
+  h["lr_factor"] = pr.lr_factor;
+  h["rollbacks"] = pr.rollbacks;
   json table = json::array();
   for (const Entry& e : entries) table.push_back({{"name", e.name}, {"role", e.role}, {"shape", shape_json(e.t.shape)}});
   h["tensors"] = table;
@@ -144,9 +146,13 @@ TrainProgress load_checkpoint(const std::string& path, Executor& ex, const std::
     pr.step = h.at("step").get<int64_t>();
     pr.seed = h.at("seed").get<uint64_t>();
     pr.best_test_acc = h.value("best_test_acc", 0.0);
+    pr.lr_factor = h.value("lr_factor", 1.0);
+    pr.rollbacks = h.value("rollbacks", 0);
   } catch (const json::exception& e) {
     bad(std::string("header field missing: ") + e.what());
   }
+  if (!(pr.lr_factor > 0 && pr.lr_factor <= 1) || pr.rollbacks < 0)
+    bad(fmt("lr_factor ", pr.lr_factor, " / rollbacks ", pr.rollbacks, " out of range"));
   if (pr.model != model_name)
     user_error("checkpoint '", path, "' is for model '", pr.model, "', but the config builds '", model_name, "'");
   const auto entries = checkpoint_entries(ex);

@@ -1,8 +1,9 @@
 // Checkpoints: parameters, BN running statistics, optimizer state and training progress in one
-// file. Layout: magic "EDGETRN1", u64 header length, JSON header (model, epoch, step, seed, and a
-// table of tensors: name, role, shape), raw little-endian f32 data in table order, CRC-32 of all
-// preceding bytes. Written to a temporary file, fsync'ed and renamed, so a crash never leaves a
-// partial file under the real name. Loading validates everything before touching the model.
+// file. Layout: magic "EDGETRN1", u64 header length, JSON header (model, epoch, step, seed,
+// lr_factor and rollbacks (absent in older files: 1 and 0), and a table of tensors: name, role,
+// shape), raw little-endian f32 data in table order, CRC-32 of all preceding bytes. Written to a
+// temporary file, fsync'ed and renamed, so a crash never leaves a partial file under the real
+// name. Loading validates everything before touching the model.
 #pragma once
 #include <cstdint>
 #include <string>
@@ -17,6 +18,10 @@ struct TrainProgress {
   int64_t step = 0;      // optimizer steps taken
   uint64_t seed = 0;
   double best_test_acc = 0;
+  // Divergence guard (train.on_divergence = rollback): the factor on the schedule's learning rate
+  // and the rollbacks so far. Part of the training state, so a resumed run trains at the same rate.
+  double lr_factor = 1.0;
+  int rollbacks = 0;
 };
 
 void save_checkpoint(const std::string& path, const Executor& ex, const TrainProgress& progress);

@@ -12,12 +12,14 @@ SgdOptions sgd_options(const TrainConfig& train) {
   return o;
 }
 
-void sgd_update(Executor& ex, const SgdOptions& options, float lr, bool first_step) {
+bool sgd_update(Executor& ex, const SgdOptions& options, float lr, bool first_step) {
+  bool finite = true;
   for (int p : ex.params()) {
     Tensor w = ex.value(p), momentum = ex.opt_slot(p, 0);
-    ex.backend().sgd_step(w, ex.grad(p), momentum, lr, options.momentum, options.weight_decay, options.nesterov,
-                          first_step);
+    finite &= ex.backend().sgd_step(w, ex.grad(p), momentum, lr, options.momentum, options.weight_decay,
+                                    options.nesterov, first_step);
   }
+  return finite;
 }
 
 }  // namespace et

@@ -16,6 +16,8 @@ struct SgdOptions {
 SgdOptions sgd_options(const TrainConfig& train);
 
 // `first_step`: the momentum buffers start from this step's gradients (they hold nothing yet).
-void sgd_update(Executor& ex, const SgdOptions& options, float lr, bool first_step);
+// Returns false if a parameter became non-finite (a non-finite gradient, or an overflow): the
+// training diverged, and the parameters are no longer usable.
+bool sgd_update(Executor& ex, const SgdOptions& options, float lr, bool first_step);
 
 }  // namespace et

@@ -131,15 +131,29 @@ void Trainer::build() {
 
 Trainer::~Trainer() = default;
 
-void Trainer::train_step(int64_t batch, float lr) {
+bool Trainer::train_step(int64_t batch, float lr) {
   Executor& ex = *executor_;
   ex.set_step_seed(mix(cfg_.train.seed, uint64_t(state_.step)));
   ex.set_step(state_.step);
-  ex.forward(batch, true);
-  uss_.sample();  // activations peak at the end of forward
-  ex.backward();
-  sgd_update(ex, sgd_options(cfg_.train), lr, state_.step == 0);
+  bool have_loss = false;
+  try {
+    ex.forward(batch, true);
+    uss_.sample();  // activations peak at the end of forward
+    have_loss = true;
+    // Checked before the backward, so the parameters are still the step's and the guard can run
+    // it again to find where the first non-finite value appeared.
+    if (const DivergenceCause c = check_loss(ex.loss(), cfg_.train.divergence_loss); c != DivergenceCause::None)
+      return diverged(c, batch, nullptr, true, lr);
+    ex.backward();
+  } catch (const NonFiniteError& e) {  // a quantizer's input, weight or output gradient
+    return diverged(DivergenceCause::NonFiniteValue, batch, &e, have_loss, lr);
+  }
+  // Gradients before the update, so the parameters stay the step's; then the update's own check.
+  if (!gradients_finite(ex)) return diverged(DivergenceCause::NonFiniteGradient, batch, nullptr, true, lr);
+  if (!sgd_update(ex, sgd_options(cfg_.train), lr, state_.step == 0))
+    return diverged(DivergenceCause::NonFiniteUpdate, batch, nullptr, true, lr);
   ++state_.step;
+  return true;
 }
 
 bool Trainer::enter_phase(int epoch) {
@@ -183,8 +197,15 @@ EpochResult Trainer::train_epoch(int epoch, Progress& progress) {
   for (int64_t i = 0; i < steps; ++i) {
     const int64_t n = loader.next(images.f32(), labels.i32());
     ET_CHECK(n == cfg_.train.batch_size, "train loader returned ", n);
-    const float lr = learning_rate(cfg_.train, cfg_.quant, epoch + double(i) / double(steps));
-    train_step(n, lr);
+    // lr_factor is 1 unless the guard rolled back (exact: float(double(x) * 1) == x).
+    const float lr = float(double(learning_rate(cfg_.train, cfg_.quant, epoch + double(i) / double(steps))) *
+                           state_.lr_factor);
+    if (!train_step(n, lr)) {
+      divergence_batch_ = i + 1;
+      divergence_batches_ = steps;
+      r.diverged = true;
+      return r;
+    }
     r.lr = lr;
     loss_sum += double(ex.loss()) * double(n);
     correct += count_correct(ex.value(graph_.logits), ex.value(graph_.label_input), n);
@@ -238,7 +259,23 @@ void Trainer::fit(const std::string& out_dir, bool resume, Progress& progress, i
   const fs::path dir(out_dir);
   const fs::path ckpt = dir / "checkpoint_last.ckpt", metrics = dir / "metrics.jsonl";
   std::vector<std::string> kept_lines;
-  if (resume) {
+  if (resume && !fs::exists(ckpt)) {
+    // A run stopped during its first epoch leaves config.json (the caller compared it) and no
+    // checkpoint. Its first steps are all there was to it, so it starts over: the same run.
+    std::ifstream in(metrics);
+    for (std::string line; std::getline(in, line);) {
+      bool epoch_record = false;
+      try {
+        epoch_record = json::parse(line).contains("train_loss");
+      } catch (const json::exception&) {
+      }
+      if (epoch_record)
+        user_error("cannot resume: '", ckpt.string(), "' does not exist, but '", metrics.string(),
+                   "' records finished epochs (the checkpoint was lost); start a new run");
+    }
+    progress.line(fmt("resuming ", out_dir, ": it has no checkpoint yet (it stopped during its first epoch), so it "
+                      "starts from the beginning"));
+  } else if (resume) {
     state_ = load_checkpoint(ckpt.string(), *executor_, cfg_.model.name);
     if (state_.seed != cfg_.train.seed)
       user_error(ckpt.string(), ": checkpoint was trained with train.seed = ", state_.seed, ", the config says ",
@@ -274,6 +311,10 @@ void Trainer::fit(const std::string& out_dir, bool resume, Progress& progress, i
                         executor_->memory().total / 1048576, " MB"));
     }
     EpochResult r = train_epoch(epoch, progress);
+    if (r.diverged) {
+      epoch = handle_divergence(epoch, out_dir, progress);  // throws, or rolls back
+      continue;
+    }
     const EvalResult ev = evaluate();
     r.test_loss = ev.loss;
     r.test_acc = ev.acc;
@@ -285,9 +326,7 @@ void Trainer::fit(const std::string& out_dir, bool resume, Progress& progress, i
               {"test_loss", r.test_loss}, {"test_acc", r.test_acc},   {"lr", r.lr},
               {"img_per_s", r.img_per_s}, {"epoch_s", r.epoch_s},     {"peak_uss_mb", r.peak_uss_mb},
               {"stash_peak_mb", r.stash_peak_mb}, {"fnt", r.fnt}};
-    std::ofstream out(metrics, std::ios::app);
-    out << j.dump() << "\n";
-    if (!out) user_error("cannot append to '", metrics.string(), "'");
+    append_metrics(out_dir, j);
     progress.line(fmt("epoch ", r.epoch, "/", cfg_.train.epochs, ": train loss ", r.train_loss, " acc ", r.train_acc,
                       " | test loss ", r.test_loss, " acc ", r.test_acc, " | ", int(r.img_per_s), " img/s, ",
                       format_duration(r.epoch_s), ", peak USS ", int(r.peak_uss_mb), " MB", r.fnt ? " [FNT]" : ""));

@@ -11,6 +11,7 @@
 #include "engine/data/dataset.h"
 #include "engine/executor.h"
 #include "engine/train/checkpoint.h"
+#include "engine/train/divergence.h"
 #include "engine/train/progress.h"
 #include "memory/uss.h"
 
@@ -22,7 +23,8 @@ struct EpochResult {
   double img_per_s = 0, epoch_s = 0, lr = 0;
   double peak_uss_mb = 0;
   double stash_peak_mb = 0;
-  bool fnt = false;  // an FNT epoch (quant.fnt_epochs)
+  bool fnt = false;       // an FNT epoch (quant.fnt_epochs)
+  bool diverged = false;  // ended early: Trainer::divergence() describes the step
 };
 
 struct EvalResult {
@@ -39,12 +41,20 @@ class Trainer {
   ~Trainer();
 
   // Trains into `out_dir` (which the caller has created). With `resume`, continues from
-  // out_dir/checkpoint_last.ckpt and reproduces the numbers of an uninterrupted run.
-  // `max_epochs` > 0 stops after that many epochs in this call (as an interruption would).
+  // out_dir/checkpoint_last.ckpt and reproduces the numbers of an uninterrupted run; without that
+  // file (a run stopped during its first epoch) it starts from the beginning, unless metrics.jsonl
+  // records finished epochs (the checkpoint was lost). `max_epochs` > 0 stops after that many
+  // epochs in this call (as an interruption would).
+  // A divergence (train.on_divergence) is logged in metrics.jsonl, then either throws UserError
+  // (stop, or too many rollbacks; the last checkpoint stays as it was) or rolls back to the last
+  // checkpoint at a lower learning rate.
   void fit(const std::string& out_dir, bool resume, Progress& progress, int max_epochs = 0);
   EvalResult evaluate();
-  // One optimizer step on the images / labels already in the executor's inputs.
-  void train_step(int64_t batch, float lr);
+  // One optimizer step on the images / labels already in the executor's inputs, at `lr`. Returns
+  // false when the divergence guard fires (divergence() says why and where); the step counter
+  // does not advance and the training state is unusable until restored (fit rolls back or stops).
+  bool train_step(int64_t batch, float lr);
+  const Divergence& divergence() const { return divergence_; }
   // Puts the executor in the mode of 0-based `epoch`: the main phase, or FNT for the last
   // quant.fnt_epochs. A change re-plans it (a new Executor, between steps) with params, gradients,
   // momentum and BN statistics carried over bit for bit; returns whether it changed. fit calls it
@@ -59,6 +69,12 @@ class Trainer {
 
  private:
   EpochResult train_epoch(int epoch, Progress& progress);
+  // Fills divergence_ (locating the first non-finite value) and returns false.
+  bool diverged(DivergenceCause cause, int64_t batch, const NonFiniteError* thrown, bool have_loss, float lr);
+  // After a divergence in 0-based `epoch`: logs it; stops (throws) or rolls back and returns the
+  // last completed epoch to continue after (trainer_divergence.cpp).
+  int handle_divergence(int epoch, const std::string& out_dir, Progress& progress);
+  void append_metrics(const std::string& out_dir, const nlohmann::json& record) const;
 
   Config cfg_;
   void build();
@@ -70,6 +86,8 @@ class Trainer {
   bool fnt_ = false;  // executor_ plans the FNT modes
   TrainProgress state_;
   UssPeak uss_;
+  Divergence divergence_;
+  int64_t divergence_batch_ = 0, divergence_batches_ = 0;  // where in its epoch (1-based), of how many
 };
 
 // Number of samples in [0, n) whose logits argmax equals the label.
