@@ -62,18 +62,6 @@ void eval_coefficients(float gamma, float beta, float running_mean, float runnin
   *shift = beta - running_mean * *scale;
 }
 
-ET_ROW_FUNCTION void grad_sums(const float* dy, const float* x, float mu, int64_t len, float* a_out,
-                              float* b_out) {
-  float a = 0.f, b = 0.f;
-#pragma omp simd reduction(+ : a, b)
-  for (int64_t i = 0; i < len; ++i) {
-    a += dy[i];
-    b += dy[i] * (x[i] - mu);
-  }
-  *a_out = a;
-  *b_out = b;
-}
-
 // With x_hat = (x - mean) * invstd:
 //   dbeta = sum dy, dgamma = sum dy * x_hat,
 //   dx = gamma * invstd / M * (M * dy - dbeta - x_hat * dgamma)
@@ -170,7 +158,8 @@ void CpuBackend::batchnorm_backward(const Tensor& dy, const Tensor& x, const Ten
             __builtin_prefetch(x.f32() + base + C * HW + i);
           }
         float a, b;
-        bn_rows::grad_sums(dyp + base, x_chunk(x, base, len, buf), mu, len, &a, &b);
+        const float* dr = dyp + base;
+        bn_rows::grad_sums(bn_rows::row_of(dr), x_chunk(x, base, len, buf), mu, len, &a, &b);
         sdy += a;
         sdyx += b;
       }

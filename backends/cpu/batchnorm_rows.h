@@ -3,7 +3,11 @@
 // the reduction order and the rounding of every element are the same: fused and unfused results
 // are bit-identical by construction, not by luck of the compiler.
 #pragma once
+#include <cmath>
 #include <cstdint>
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#endif
 
 #include "engine/tensor.h"
 
@@ -23,8 +27,64 @@ void train_coefficients(float gamma, float beta, float mean, float invstd, float
 void eval_coefficients(float gamma, float beta, float running_mean, float running_var, float eps, float* scale,
                        float* shift);
 
-// Backward reductions of one row: *a = sum dy, *b = sum dy * (x - mu), in float.
-void grad_sums(const float* dy, const float* x, float mu, int64_t len, float* a, float* b);
+// Backward reductions of one row: *a = sum d, *b = sum d * (x - mu), in float, in an order fixed
+// by this code and not by the compiler: lane j of 16 takes elements j, j + 16, ... in turn, then
+// the lanes add in a fixed tree. Every caller gets the same bits: the BN layer with d = dy, the
+// fused stacks with d built on the fly from dy, a mask and x. `d(i, m)` returns the 16 values
+// from element i (lanes outside the mask m are ignored); without AVX-512, `d(i)` one value.
+#if defined(__AVX512F__)
+template <class D>
+inline void grad_sums(D d, const float* x, float mu, int64_t len, float* a_out, float* b_out) {
+  __m512 la = _mm512_setzero_ps(), lb = _mm512_setzero_ps();
+  const __m512 vmu = _mm512_set1_ps(mu);
+  int64_t i = 0;
+  for (; i + 16 <= len; i += 16) {
+    const __m512 v = d(i, __mmask16(0xFFFF));
+    la = _mm512_add_ps(la, v);
+    lb = _mm512_fmadd_ps(v, _mm512_sub_ps(_mm512_loadu_ps(x + i), vmu), lb);
+  }
+  if (i < len) {
+    const __mmask16 m = __mmask16((1u << (len - i)) - 1);
+    const __m512 v = d(i, m);
+    la = _mm512_mask_add_ps(la, m, la, v);
+    lb = _mm512_mask3_fmadd_ps(v, _mm512_sub_ps(_mm512_maskz_loadu_ps(m, x + i), vmu), lb, m);
+  }
+  alignas(64) float ta[16], tb[16];
+  _mm512_store_ps(ta, la);
+  _mm512_store_ps(tb, lb);
+  for (int w = 8; w >= 1; w /= 2)
+    for (int j = 0; j < w; ++j) {
+      ta[j] += ta[j + w];
+      tb[j] += tb[j + w];
+    }
+  *a_out = ta[0];
+  *b_out = tb[0];
+}
+// d(i, m) for a plain row.
+inline auto row_of(const float* p) {
+  return [p](int64_t i, __mmask16 m) { return _mm512_maskz_loadu_ps(m, p + i); };
+}
+#else
+template <class D>
+inline void grad_sums(D d, const float* x, float mu, int64_t len, float* a_out, float* b_out) {
+  float la[16] = {}, lb[16] = {};
+  for (int64_t i = 0; i < len; ++i) {
+    const float v = d(i);
+    la[i % 16] += v;
+    lb[i % 16] = std::fma(v, x[i] - mu, lb[i % 16]);
+  }
+  for (int w = 8; w >= 1; w /= 2)
+    for (int j = 0; j < w; ++j) {
+      la[j] += la[j + w];
+      lb[j] += lb[j + w];
+    }
+  *a_out = la[0];
+  *b_out = lb[0];
+}
+inline auto row_of(const float* p) {
+  return [p](int64_t i) { return p[i]; };
+}
+#endif
 
 // From a channel's reductions (summed in double over its rows): dbeta, dgamma and the three
 // coefficients of dx = a * dy + b * x + c0.

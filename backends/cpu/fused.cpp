@@ -130,6 +130,63 @@ bool output_nonnegative(const FusedStack& s) {
   return nonneg;
 }
 
+// Stacks whose stages after the BN are element-wise (ResNet's two kinds, MobileNetV2's): the first
+// backward sweep builds dz element by element in registers instead of plane by plane in scratch.
+enum class ElementwiseOnly { No, Relu, AddRelu, Add };
+
+ElementwiseOnly elementwise_only(const FusedStack& s, const FusedGrads& g, bool recompute) {
+  const int64_t PQ = s.last().P * s.last().Q;
+  ElementwiseOnly e = ElementwiseOnly::No;
+  if (s.stages.size() == 2 && s.stages[1].kind == FusedKind::Relu) e = ElementwiseOnly::Relu;
+  if (s.stages.size() == 2 && s.stages[1].kind == FusedKind::Add) e = ElementwiseOnly::Add;
+  if (s.stages.size() == 3 && s.stages[1].kind == FusedKind::Add && s.stages[2].kind == FusedKind::Relu)
+    e = ElementwiseOnly::AddRelu;
+  // A mask read as bits goes 16 bits at a time: planes must start on 16-element boundaries.
+  const bool reads_mask = e == ElementwiseOnly::AddRelu || (e == ElementwiseOnly::Relu && !recompute);
+  if (reads_mask && g.y_mask.bits && PQ % 16 != 0) return ElementwiseOnly::No;
+  return e;
+}
+
+#if defined(__AVX512F__)
+// d(i, m) for grad_sums: plane (n, c)'s dz, 16 elements at a time, with the side gradient and the
+// parked dz written on the way (relu_backward's rule: masked-out lanes are +0).
+inline auto elementwise_dz(ElementwiseOnly e, FusedGrads& g, const FusedTensors& t, int64_t n, int64_t c, int64_t o,
+                           bool recompute) {
+  const int64_t C = t.x.dim(1);
+  const float* dy = g.dy.f32() + o;
+  const float* x = t.x.f32() + o;
+  float* park = g.dx.defined() && !g.dx_accumulate ? g.dx.f32() + o : nullptr;
+  float* dside = g.dside.defined() ? g.dside.f32() + o : nullptr;
+  const bool side_acc = g.dside_accumulate;
+  const float* ym = g.y_mask.bits ? nullptr : (g.y_mask.dense.defined() ? g.y_mask.dense.f32() + o : nullptr);
+  const uint64_t* bits = g.y_mask.bits;
+  float scale = 0, shift = 0;
+  bn_rows::train_coefficients(t.gamma.f32()[c], t.beta.f32()[c], t.mean.f32()[c], t.invstd.f32()[c], &scale, &shift);
+  const __m512 vscale = _mm512_set1_ps(scale), vshift = _mm512_set1_ps(shift), zero = _mm512_setzero_ps();
+  // The same line of the channel's next plane, one plane ahead (the planes are pages apart).
+  const int64_t ahead = n + 1 < t.x.dim(0) ? C * (t.x.dim(2) * t.x.dim(3)) : 0;
+  return [=](int64_t i, __mmask16 m) {
+    _mm_prefetch(reinterpret_cast<const char*>(x + i + ahead), _MM_HINT_T0);
+    _mm_prefetch(reinterpret_cast<const char*>(dy + i + ahead), _MM_HINT_T0);
+    __mmask16 on = m;
+    if (e == ElementwiseOnly::Relu && recompute) {  // relu(bn(x)) > 0, the forward's own arithmetic
+      const __m512 z = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, x + i), vscale, vshift);
+      on = _mm512_mask_cmp_ps_mask(m, z, zero, _CMP_GT_OQ);
+    } else if (e != ElementwiseOnly::Add) {  // y's saved mask
+      on = bits ? __mmask16(m & (bits[(o + i) >> 6] >> ((o + i) & 63)))
+                : _mm512_mask_cmp_ps_mask(m, _mm512_maskz_loadu_ps(m, ym + i), zero, _CMP_GT_OQ);
+    }
+    const __m512 d = _mm512_maskz_loadu_ps(on, dy + i);
+    if (dside) {
+      const __m512 v = side_acc ? _mm512_add_ps(_mm512_maskz_loadu_ps(m, dside + i), d) : d;
+      _mm512_mask_storeu_ps(dside + i, m, v);
+    }
+    if (park) _mm512_mask_storeu_ps(park + i, m, d);
+    return d;
+  };
+}
+#endif
+
 }  // namespace
 
 size_t CpuBackend::fused_workspace_bytes(const FusedStack& s, int64_t batch) const {
@@ -205,6 +262,7 @@ void CpuBackend::fused_backward(const FusedStack& s, const FusedTensors& t, Fuse
   const int64_t per_thread = thread_floats(s), plane = max_plane(s);
   // dz parks in dx between the sweeps unless dx accumulates (then sweep 2 rebuilds it).
   const bool park = g.dx.defined() && !g.dx_accumulate;
+  const ElementwiseOnly ew = elementwise_only(s, g, recompute);
 
   // dz (the gradient of the BN output) of plane (n, c), in the thread's scratch. The first sweep
   // also writes the side input's gradient, which the Add stage hands on unchanged.
@@ -287,12 +345,20 @@ void CpuBackend::fused_backward(const FusedStack& s, const FusedTensors& t, Fuse
           if (read_y_mask && !g.y_mask.bits) prefetch_plane(g.y_mask.dense.f32() + ((n + 1) * C + c) * PQ, PQ);
           if (park) prefetch_plane_for_write(g.dx.f32() + o + C * HW, HW);
         }
-        const float* dz = plane_dz(scratch, n, c, true);
         float a, b;
-        bn_rows::grad_sums(dz, xp + o, mu, HW, &a, &b);
+#if defined(__AVX512F__)
+        if (ew != ElementwiseOnly::No) {
+          // One pass: dz from dy and the mask (recomputed from x or read), side gradient, sums.
+          bn_rows::grad_sums(elementwise_dz(ew, g, t, n, c, o, recompute), xp + o, mu, HW, &a, &b);
+        } else
+#endif
+        {
+          const float* dz = plane_dz(scratch, n, c, true);
+          bn_rows::grad_sums(bn_rows::row_of(dz), xp + o, mu, HW, &a, &b);
+          if (park) std::memcpy(g.dx.f32() + o, dz, sizeof(float) * size_t(HW));
+        }
         sdy += a;
         sdyx += b;
-        if (park) std::memcpy(g.dx.f32() + o, dz, sizeof(float) * size_t(HW));
       }
       const bn_rows::GradCoefficients k =
           bn_rows::grad_coefficients(sdy, sdyx, t.gamma.f32()[c], mu, t.invstd.f32()[c], N * HW);
