@@ -32,10 +32,12 @@ struct NonFiniteError : UserError {
 }
 
 // Builds a message from stream-able pieces: fmt("layer ", name, " needs ", n, " bytes").
+// (An array expansion rather than a C++17 fold: .cu files include this header as C++14.)
 template <typename... Args>
 std::string fmt(const Args&... args) {
   std::ostringstream os;
-  (os << ... << args);
+  using expand = int[];
+  (void)expand{0, ((void)(os << args), 0)...};
   return os.str();
 }
 
@@ -46,7 +48,10 @@ template <typename... Args>
 
 }  // namespace et
 
-#define ET_CHECK(cond, ...)                                                       \
-  do {                                                                            \
-    if (!(cond)) ::et::check_failed(__FILE__, __LINE__, #cond, ::et::fmt("" __VA_OPT__(, ) __VA_ARGS__)); \
+// ET_CHECK(cond) or ET_CHECK(cond, message pieces...). The trailing "" gives the variadic part at
+// least one argument: C++14 (what .cu files get) has no __VA_OPT__.
+#define ET_CHECK(...) ET_CHECK_IMPL_(__VA_ARGS__, "")
+#define ET_CHECK_IMPL_(cond, ...)                                                              \
+  do {                                                                                         \
+    if (!(cond)) ::et::check_failed(__FILE__, __LINE__, #cond, ::et::fmt(__VA_ARGS__));        \
   } while (0)

@@ -20,7 +20,8 @@
 #include <cstdint>
 #include <cstring>
 
-namespace et::bitmap {
+namespace et {
+namespace bitmap {
 
 enum class ValueType : uint8_t { F32 = 0, F16 = 1 };
 
@@ -92,8 +93,9 @@ const Impl& best_impl();  // what the dispatching functions run on each thread's
 
 // Threading: tensors below this many elements run on one thread; above, on up to `threads`
 // OpenMP threads (0 = omp_get_max_threads()). set_threads is for benchmarks and tests.
-inline constexpr int64_t kParallelMinElements = 1 << 18;
+constexpr int64_t kParallelMinElements = 1 << 18;
 void set_threads(int threads);
 int threads();
 
-}  // namespace et::bitmap
+}  // namespace bitmap
+}  // namespace et
