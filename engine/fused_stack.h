@@ -41,7 +41,7 @@ inline FusedStage fused_stage(FusedKind kind) {
 struct FusedStack {
   std::vector<FusedStage> stages;
   int64_t C = 0;              // channels (every stage keeps them)
-  int64_t tile_channels = 1;  // channels of one image per tile; a tile holds whole planes
+  int64_t tile_channels = 1;  // channels per tile, each over the whole batch (BN reduces per channel)
   // The last stage is a ReLU: the op saves y's mask, as the unfused ReLU does, and the backward
   // reads it (OpContext::saved_mask) instead of recomputing the stack (after an Add it could not:
   // the side input is not kept).
