@@ -46,6 +46,21 @@ if [ -s "$T/full/metrics.jsonl" ] && [ "$(strip "$T/full/metrics.jsonl")" = "$(s
 else fail "resume differs: $(strip "$T/full/metrics.jsonl") vs $(strip "$T/part/metrics.jsonl")"; fi
 "$BIN" eval --config "$T/cfg.json" --checkpoint "$T/full/checkpoint_last.ckpt" | tail -1 | grep -q '"test_acc"' && pass "eval" || fail "eval"
 
+# --- fusion: a fused run equals the unfused one bit for bit, and so does a run switched to fusion
+# when resumed (its checkpoint came from the unfused graph)
+"$BIN" train --config "$T/cfg.json" --set fusion.enabled=true --out "$T/fusion_full" >/dev/null 2>&1 && pass "train fused" || fail "train fused"
+[ -s "$T/fusion_full/metrics.jsonl" ] && [ "$(strip "$T/full/metrics.jsonl")" = "$(strip "$T/fusion_full/metrics.jsonl")" ] \
+  && pass "fused run equals unfused" || fail "fused run differs: $(strip "$T/fusion_full/metrics.jsonl")"
+"$BIN" train --config "$T/cfg.json" --stop-after 1 --out "$T/fusion_part" >/dev/null 2>&1
+"$BIN" train --config "$T/cfg.json" --set fusion.enabled=true --out "$T/fusion_part" --resume >/dev/null 2>&1 \
+  && pass "resume with fusion switched on" || fail "resume with fusion switched on"
+[ -s "$T/fusion_part/metrics.jsonl" ] && [ "$(strip "$T/full/metrics.jsonl")" = "$(strip "$T/fusion_part/metrics.jsonl")" ] \
+  && pass "fusion switched on at resume equals unfused" || fail "fusion switched on at resume differs"
+expect_error "fusion: unknown stack" "fusion.disable" "$BIN" train --config "$T/cfg.json" --set fusion.enabled=true \
+  --set 'fusion.disable=["nope"]' --out "$T/fusion_bad"
+expect_error "fusion: bad tile" "fusion.tile" "$BIN" train --config "$T/cfg.json" --set fusion.tile=0 --out "$T/fusion_bad2"
+"$BIN" plan --config "$T/cfg.json" | grep -q "fused stacks: 7 of 7" && pass "plan" || fail "plan: $("$BIN" plan --config "$T/cfg.json" | tail -3)"
+
 # --- 4-bit training (LUQ, SMP 2): trains, and a resumed run reproduces the uninterrupted one bit for bit
 Q=(--set quant.forward=int4 --set quant.backward=luq_fp4 --set quant.smp_samples=2)
 "$BIN" train --config "$T/cfg.json" "${Q[@]}" --out "$T/qfull" >"$T/qfull.log" 2>&1 && pass "train luq" || fail "train luq: $(tail -3 "$T/qfull.log")"
