@@ -11,22 +11,10 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-CONFIGS = {"resnet20": "configs/resnet20_cifar10.json", "vgg16_bn": "configs/vgg16_bn_cifar10.json",
-           "mobilenetv2": "configs/mobilenetv2_cifar10.json", "resnet18": "configs/resnet18_cifar10.json"}
+from bench_step import ROOT, run_step
+
 MEMORY_BOUND = {"batchnorm2d", "relu", "add", "maxpool2d", "avgpool2d", "global_avgpool", "fused_stack"}
-
-
-def run(binary, model, batch, fused, extra, steps, warmup, threads):
-    cmd = [binary, "bench", "step", "--config", os.path.join(ROOT, CONFIGS[model]), "--steps", str(steps),
-           "--warmup", str(warmup), "--profile", "--set", f"train.batch_size={batch}",
-           "--set", f"train.threads={threads}", "--set", f"fusion.enabled={'true' if fused else 'false'}"]
-    for s in extra:
-        cmd += ["--set", s]
-    out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
-    return json.loads(out.strip().splitlines()[-1])
 
 
 def main():
@@ -45,7 +33,8 @@ def main():
         res = {False: [], True: []}
         for _ in range(a.reps):
             for fused in (False, True):
-                res[fused].append(run(a.binary, model, a.batch, fused, a.set, a.steps, a.warmup, a.threads))
+                res[fused].append(run_step(a.binary, model, a.batch, a.threads, a.steps, a.warmup,
+                                          a.set + [f"fusion.enabled={str(fused).lower()}"]))
         med = lambda fused, f: statistics.median(f(r) for r in res[fused])
         step = {f: med(f, lambda r: r["step_ms_median"]) for f in (False, True)}
         mb = {f: med(f, lambda r: sum(v for k, v in r["op_ms"].items() if k in MEMORY_BOUND)) for f in (False, True)}
@@ -57,7 +46,7 @@ def main():
                "peak_uss_mb_unfused": uss[False], "peak_uss_mb_fused": uss[True], "reps": a.reps}
         rows.append(row)
         print(f"{model} batch {a.batch}: step {step[False]:.1f} -> {step[True]:.1f} ms ({row['speedup']:.3f}x), "
-              f"BN/ReLU/add/pool {mb[False]:.1f} -> {mb[True]:.1f} ms (-{100 * row['memory_bound_cut']:.0f}%), "
+              f"BN/ReLU/add/pool {mb[False]:.1f} -> {mb[True]:.1f} ms ({-100 * row['memory_bound_cut']:+.0f}%), "
               f"peak USS {uss[False]:.1f} -> {uss[True]:.1f} MB", flush=True)
     print(json.dumps(rows))
 

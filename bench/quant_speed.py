@@ -7,13 +7,11 @@ FP32 step of the same run and the share of the step spent quantizing.
     python3 bench/quant_speed.py --models resnet20,vgg16_bn --batch 128 --reps 5
 """
 import argparse
-import json
 import os
 import statistics
-import subprocess
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-CONFIGS = {"resnet20": "configs/resnet20_cifar10.json", "vgg16_bn": "configs/vgg16_bn_cifar10.json"}
+from bench_step import ROOT, run_step
+
 VARIANTS = {
     "fp32": [],
     "int4_fwd": ["quant.forward=int4"],
@@ -21,16 +19,6 @@ VARIANTS = {
     "luq_smp2": ["quant.forward=int4", "quant.backward=luq_fp4", "quant.smp_samples=2"],
     "luq_int4stash": ["quant.forward=int4", "quant.backward=luq_fp4", "memory.stash=bitmap_int4"],
 }
-
-
-def run(binary, model, batch, sets, steps, warmup, threads):
-    cmd = [binary, "bench", "step", "--config", os.path.join(ROOT, CONFIGS[model]), "--steps", str(steps),
-           "--warmup", str(warmup), "--profile", "--set", f"train.batch_size={batch}",
-           "--set", f"train.threads={threads}"]
-    for s in sets:
-        cmd += ["--set", s]
-    out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
-    return json.loads(out.strip().splitlines()[-1])
 
 
 def main():
@@ -50,7 +38,7 @@ def main():
         quant = {v: [] for v in variants}
         for _ in range(a.reps):
             for v in variants:
-                r = run(a.binary, model, a.batch, VARIANTS[v], a.steps, a.warmup, a.threads)
+                r = run_step(a.binary, model, a.batch, a.threads, a.steps, a.warmup, VARIANTS[v])
                 times[v].append(r["step_ms_median"])
                 quant[v].append(r.get("quantize_ms", 0.0))
         base = statistics.median(times[variants[0]])

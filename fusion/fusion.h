@@ -20,8 +20,9 @@ struct StackPlan {
   FusedStack stack;          // what the backend runs
   int input = -1, side = -1, output = -1;  // value ids: x, the Add's other operand, y
   std::vector<int> vanished;               // intermediate values that leave the memory plan
-  size_t tile_bytes = 0;     // a tile's working set: its channels' slabs of x and dz, and the plane scratch
-  bool tile_fits = false;    // within the cache (else the backward's second sweep re-reads x)
+  // A tile's working set: its channels' slabs of x and dz, and the plane scratch. Beyond the
+  // cache the backward's second sweep re-reads x from memory.
+  size_t tile_bytes = 0;
   size_t bytes_unfused = 0, bytes_fused = 0;  // moved per training step (forward + backward)
   bool fused = false;
   std::string why_not;       // when not fused

@@ -8,7 +8,6 @@
 #include <algorithm>
 #include <cstdio>
 #include <fstream>
-#include <numeric>
 #include <sstream>
 
 #include "engine/check.h"
@@ -171,7 +170,6 @@ Plan plan(const Graph& g, const FusionSpec& spec) {
                    (scratch + size_t(s.tile_channels) * slab) / 1024, " KiB, more than the ", p.cache_bytes / 1024,
                    " KiB cache");
       sp.tile_bytes = scratch + size_t(s.tile_channels) * slab;
-      sp.tile_fits = sp.tile_bytes <= p.cache_bytes;
       p.bytes_unfused += sp.bytes_unfused;
       p.bytes_fused += sp.bytes_fused;
     }
@@ -224,7 +222,7 @@ std::string describe(const Graph& g, const Plan& p) {
     if (sp.fused) {
       char line[160];
       std::snprintf(line, sizeof line, "%4lldch %8zu%s %10s %9s %6zu\n", (long long)sp.stack.tile_channels,
-                    sp.tile_bytes / 1024, sp.tile_fits ? " " : "*", mb(sp.bytes_unfused).c_str(),
+                    sp.tile_bytes / 1024, sp.tile_bytes <= p.cache_bytes ? " " : "*", mb(sp.bytes_unfused).c_str(),
                     mb(sp.bytes_fused).c_str(), sp.vanished.size());
       o << line;
     } else {

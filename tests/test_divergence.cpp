@@ -7,6 +7,7 @@
 #include <limits>
 
 #include "engine/train/optimizer.h"
+#include "tests/synthetic_data.h"
 #include "engine/train/trainer.h"
 
 using namespace et;
@@ -14,24 +15,6 @@ using nlohmann::json;
 
 namespace {
 
-// Labels with their own pixel ranges (as in test_quant_training.cpp).
-std::shared_ptr<Dataset> synthetic(int64_t n, uint32_t seed) {
-  auto d = std::make_shared<Dataset>();
-  d->size = n;
-  d->channels = 3;
-  d->height = d->width = 32;
-  d->source = "<synthetic>";
-  d->pixels.resize(size_t(n) * 3 * 32 * 32);
-  d->labels.resize(size_t(n));
-  uint32_t x = seed;
-  auto next = [&] { return x = x * 1664525u + 1013904223u, x >> 8; };
-  for (int64_t i = 0; i < n; ++i) {
-    const int32_t l = int32_t(next() % 10);
-    d->labels[size_t(i)] = l;
-    for (size_t k = 0; k < 3 * 32 * 32; ++k) d->pixels[size_t(i) * 3072 + k] = uint8_t((l * 20 + next() % 40) % 256);
-  }
-  return d;
-}
 
 Config config(const json& train_extra = json::object(), const json& quant = json::object(), bool fused = false) {
   json train = {{"epochs", 1}, {"batch_size", 8}, {"lr", 0.05}, {"threads", 2}};
@@ -47,7 +30,7 @@ Config config(const json& train_extra = json::object(), const json& quant = json
 // A trainer with one batch of its training data in the executor's inputs (normalised like the loader's).
 struct Guarded {
   Trainer t;
-  explicit Guarded(const Config& c) : t(c, synthetic(16, 1), synthetic(8, 2)) {
+  explicit Guarded(const Config& c) : t(c, test::synthetic_dataset(16, 1), test::synthetic_dataset(8, 2)) {
     Executor& ex = t.executor();
     const Dataset& d = *t.train_data();
     Tensor x = ex.value(ex.graph().image_input), y = ex.value(ex.graph().label_input);

@@ -18,6 +18,7 @@
 #include "engine/train/schedule.h"
 #include "engine/train/trainer.h"
 #include "models/models.h"
+#include "tests/synthetic_data.h"
 #include "tests/tiny_training.h"
 #include "quant/scales.h"
 
@@ -165,24 +166,6 @@ std::vector<char> state_bytes(const Executor& ex) {
   return out;
 }
 
-// A synthetic data set a ResNet-8 learns in a few epochs: each label has its own pixel range.
-std::shared_ptr<Dataset> synthetic(int64_t n, uint32_t seed) {
-  auto d = std::make_shared<Dataset>();
-  d->size = n;
-  d->channels = 3;
-  d->height = d->width = 32;
-  d->source = "<synthetic>";
-  d->pixels.resize(size_t(n) * 3 * 32 * 32);
-  d->labels.resize(size_t(n));
-  uint32_t x = seed;
-  auto next = [&] { return x = x * 1664525u + 1013904223u, x >> 8; };
-  for (int64_t i = 0; i < n; ++i) {
-    const int32_t l = int32_t(next() % 10);
-    d->labels[size_t(i)] = l;
-    for (size_t k = 0; k < 3 * 32 * 32; ++k) d->pixels[size_t(i) * 3072 + k] = uint8_t((l * 20 + next() % 40) % 256);
-  }
-  return d;
-}
 
 }  // namespace
 
@@ -323,7 +306,7 @@ TEST_CASE("an FNT run switches at its last epoch, carries the state bit for bit 
        {"train", {{"epochs", 3}, {"batch_size", 32}, {"lr", 0.05}, {"threads", 2}, {"schedule", {{"type", "cosine"}}}}},
        {"quant", {{"forward", "int4"}, {"backward", "luq_fp4"}, {"fnt_epochs", 1}}}},
       "<test>");
-  const auto train = synthetic(256, 1), test = synthetic(64, 2);
+  const auto train = et::test::synthetic_dataset(256, 1), test = et::test::synthetic_dataset(64, 2);
   {  // enter_phase moves params, gradients, momentum and BN statistics exactly, both ways.
     Trainer t(cfg, train, test);
     for (const Tensor& m : t.executor().state_tensors())

@@ -150,9 +150,8 @@ ElementwiseOnly elementwise_only(const FusedStack& s, const FusedGrads& g, bool 
 #if defined(__AVX512F__)
 // d(i, m) for grad_sums: plane (n, c)'s dz, 16 elements at a time, with the side gradient and the
 // parked dz written on the way (relu_backward's rule: masked-out lanes are +0).
-inline auto elementwise_dz(ElementwiseOnly e, FusedGrads& g, const FusedTensors& t, int64_t n, int64_t c, int64_t o,
+inline auto elementwise_dz(ElementwiseOnly e, FusedGrads& g, const FusedTensors& t, int64_t c, int64_t o,
                            bool recompute) {
-  const int64_t C = t.x.dim(1);
   const float* dy = g.dy.f32() + o;
   const float* x = t.x.f32() + o;
   float* park = g.dx.defined() && !g.dx_accumulate ? g.dx.f32() + o : nullptr;
@@ -163,11 +162,7 @@ inline auto elementwise_dz(ElementwiseOnly e, FusedGrads& g, const FusedTensors&
   float scale = 0, shift = 0;
   bn_rows::train_coefficients(t.gamma.f32()[c], t.beta.f32()[c], t.mean.f32()[c], t.invstd.f32()[c], &scale, &shift);
   const __m512 vscale = _mm512_set1_ps(scale), vshift = _mm512_set1_ps(shift), zero = _mm512_setzero_ps();
-  // The same line of the channel's next plane, one plane ahead (the planes are pages apart).
-  const int64_t ahead = n + 1 < t.x.dim(0) ? C * (t.x.dim(2) * t.x.dim(3)) : 0;
   return [=](int64_t i, __mmask16 m) {
-    _mm_prefetch(reinterpret_cast<const char*>(x + i + ahead), _MM_HINT_T0);
-    _mm_prefetch(reinterpret_cast<const char*>(dy + i + ahead), _MM_HINT_T0);
     __mmask16 on = m;
     if (e == ElementwiseOnly::Relu && recompute) {  // relu(bn(x)) > 0, the forward's own arithmetic
       const __m512 z = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, x + i), vscale, vshift);
@@ -349,7 +344,7 @@ void CpuBackend::fused_backward(const FusedStack& s, const FusedTensors& t, Fuse
 #if defined(__AVX512F__)
         if (ew != ElementwiseOnly::No) {
           // One pass: dz from dy and the mask (recomputed from x or read), side gradient, sums.
-          bn_rows::grad_sums(elementwise_dz(ew, g, t, n, c, o, recompute), xp + o, mu, HW, &a, &b);
+          bn_rows::grad_sums(elementwise_dz(ew, g, t, c, o, recompute), xp + o, mu, HW, &a, &b);
         } else
 #endif
         {

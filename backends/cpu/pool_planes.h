@@ -24,60 +24,59 @@ inline Plane of(const FusedStage& s) {
   return {s.H, s.W, s.P, s.Q, s.pool.R, s.pool.S, s.pool.stride_h, s.pool.stride_w, s.pool.pad_h, s.pool.pad_w};
 }
 
-// y [P,Q] = max over each window of x [H,W] (padding never wins).
-inline void max_forward_reference(const Plane& g, const float* x, float* y) {
-  for (int64_t p = 0; p < g.P; ++p)
-    for (int64_t q = 0; q < g.Q; ++q) {
-      float m = -FLT_MAX;
-      for (int64_t r = 0; r < g.R; ++r) {
-        const int64_t h = p * g.stride_h - g.pad_h + r;
-        if (h < 0 || h >= g.H) continue;
-        for (int64_t s = 0; s < g.S; ++s) {
-          const int64_t w = q * g.stride_w - g.pad_w + s;
-          if (w >= 0 && w < g.W && x[h * g.W + w] > m) m = x[h * g.W + w];
-        }
+// One output of the max window at (p, q): its maximum (padding never wins) and, in *arg, the
+// flat index of its first maximum (PyTorch's rule), -1 if the window lies outside the plane.
+inline float max_at(const Plane& g, const float* x, int64_t p, int64_t q, int64_t* arg) {
+  float m = -FLT_MAX;
+  *arg = -1;
+  for (int64_t r = 0; r < g.R; ++r) {
+    const int64_t h = p * g.stride_h - g.pad_h + r;
+    if (h < 0 || h >= g.H) continue;
+    for (int64_t s = 0; s < g.S; ++s) {
+      const int64_t w = q * g.stride_w - g.pad_w + s;
+      if (w >= 0 && w < g.W && x[h * g.W + w] > m) {
+        m = x[h * g.W + w];
+        *arg = h * g.W + w;
       }
-      y[p * g.Q + q] = m;
     }
+  }
+  return m;
 }
 
-// dx [H,W] += dy routed to the first maximum of each window of x (PyTorch's rule).
+// One output of the average window at (p, q), count_include_pad = true (PyTorch's default).
+inline float avg_at(const Plane& g, const float* x, int64_t p, int64_t q) {
+  float s = 0.f;
+  for (int64_t r = 0; r < g.R; ++r) {
+    const int64_t h = p * g.stride_h - g.pad_h + r;
+    if (h < 0 || h >= g.H) continue;
+    for (int64_t t = 0; t < g.S; ++t) {
+      const int64_t w = q * g.stride_w - g.pad_w + t;
+      if (w >= 0 && w < g.W) s += x[h * g.W + w];
+    }
+  }
+  return s * (1.f / float(g.R * g.S));
+}
+
+// y [P,Q] = max over each window of x [H,W].
+inline void max_forward_reference(const Plane& g, const float* x, float* y) {
+  int64_t arg;
+  for (int64_t p = 0; p < g.P; ++p)
+    for (int64_t q = 0; q < g.Q; ++q) y[p * g.Q + q] = max_at(g, x, p, q, &arg);
+}
+
+// dx [H,W] += dy routed to the first maximum of each window of x.
 inline void max_backward_reference(const Plane& g, const float* x, const float* dy, float* dx) {
   for (int64_t p = 0; p < g.P; ++p)
     for (int64_t q = 0; q < g.Q; ++q) {
-      float m = -FLT_MAX;
-      int64_t arg = -1;
-      for (int64_t r = 0; r < g.R; ++r) {
-        const int64_t h = p * g.stride_h - g.pad_h + r;
-        if (h < 0 || h >= g.H) continue;
-        for (int64_t s = 0; s < g.S; ++s) {
-          const int64_t w = q * g.stride_w - g.pad_w + s;
-          if (w >= 0 && w < g.W && x[h * g.W + w] > m) {
-            m = x[h * g.W + w];
-            arg = h * g.W + w;
-          }
-        }
-      }
+      int64_t arg;
+      max_at(g, x, p, q, &arg);
       if (arg >= 0) dx[arg] += dy[p * g.Q + q];
     }
 }
 
-// count_include_pad = true (PyTorch's default).
 inline void avg_forward_reference(const Plane& g, const float* x, float* y) {
-  const float inv = 1.f / float(g.R * g.S);
   for (int64_t p = 0; p < g.P; ++p)
-    for (int64_t q = 0; q < g.Q; ++q) {
-      float s = 0.f;
-      for (int64_t r = 0; r < g.R; ++r) {
-        const int64_t h = p * g.stride_h - g.pad_h + r;
-        if (h < 0 || h >= g.H) continue;
-        for (int64_t t = 0; t < g.S; ++t) {
-          const int64_t w = q * g.stride_w - g.pad_w + t;
-          if (w >= 0 && w < g.W) s += x[h * g.W + w];
-        }
-      }
-      y[p * g.Q + q] = s * inv;
-    }
+    for (int64_t q = 0; q < g.Q; ++q) y[p * g.Q + q] = avg_at(g, x, p, q);
 }
 
 inline void avg_backward(const Plane& g, const float* dy, float* dx) {
@@ -101,24 +100,6 @@ inline void interior_columns(const Plane& g, int64_t* lo, int64_t* hi) {
   *lo = std::min(g.Q, (g.pad_w + g.stride_w - 1) / g.stride_w);
   const int64_t last = g.W - 1 + g.pad_w - (g.S - 1);  // largest q * stride_w that fits
   *hi = last < 0 ? *lo : std::max(*lo, std::min(g.Q, last / g.stride_w + 1));
-}
-
-// One output of the reference loops (border columns).
-inline float max_at(const Plane& g, const float* x, int64_t p, int64_t q, int64_t* arg) {
-  float m = -FLT_MAX;
-  *arg = -1;
-  for (int64_t r = 0; r < g.R; ++r) {
-    const int64_t h = p * g.stride_h - g.pad_h + r;
-    if (h < 0 || h >= g.H) continue;
-    for (int64_t s = 0; s < g.S; ++s) {
-      const int64_t w = q * g.stride_w - g.pad_w + s;
-      if (w >= 0 && w < g.W && x[h * g.W + w] > m) {
-        m = x[h * g.W + w];
-        *arg = h * g.W + w;
-      }
-    }
-  }
-  return m;
 }
 
 constexpr int64_t kMaxFastColumns = 1024;  // wider rows take the reference loops
@@ -208,19 +189,8 @@ inline void avg_forward(const Plane& g, const float* x, float* y) {
   alignas(64) float acc[kMaxFastColumns];
   for (int64_t p = 0; p < g.P; ++p) {
     float* yr = y + p * g.Q;
-    for (int64_t q = 0; q < g.Q; ++q) {
-      if (q >= lo && q < hi) continue;
-      float s = 0.f;
-      for (int64_t r = 0; r < g.R; ++r) {
-        const int64_t h = p * g.stride_h - g.pad_h + r;
-        if (h < 0 || h >= g.H) continue;
-        for (int64_t t = 0; t < g.S; ++t) {
-          const int64_t w = q * g.stride_w - g.pad_w + t;
-          if (w >= 0 && w < g.W) s += x[h * g.W + w];
-        }
-      }
-      yr[q] = s * inv;
-    }
+    for (int64_t q = 0; q < lo; ++q) yr[q] = avg_at(g, x, p, q);
+    for (int64_t q = hi; q < g.Q; ++q) yr[q] = avg_at(g, x, p, q);
     for (int64_t q = lo; q < hi; ++q) acc[q] = 0.f;
     for (int64_t r = 0; r < g.R; ++r) {
       const int64_t h = p * g.stride_h - g.pad_h + r;
