@@ -18,6 +18,7 @@
 #include "engine/executor.h"
 #include "engine/init.h"
 #include "engine/train/checkpoint.h"
+#include "engine/train/weights.h"
 #include "engine/train/optimizer.h"
 #include "memory/uss.h"
 
@@ -135,6 +136,8 @@ int cmd_memprofile(const MemProfileArgs& a) {
   Executor ex(g, *backend, cfg.stash_options(), cfg.quant_options());
   init_parameters(ex, cfg.train.seed);
   if (!a.checkpoint.empty()) load_checkpoint(a.checkpoint, ex, cfg.model.name);
+  else if (!cfg.weights.empty())
+    for (const std::string& line : load_weights(cfg.weights, ex).lines) std::printf("%s\n", line.c_str());
   std::copy(images.begin(), images.end(), ex.value(g.image_input).f32());
   std::copy(labels.begin(), labels.end(), ex.value(g.label_input).i32());
 

@@ -6,6 +6,7 @@
 
 #include "apps/commands.h"
 #include "engine/train/trainer.h"
+#include "engine/train/weights.h"
 
 namespace et::app {
 namespace fs = std::filesystem;
@@ -93,6 +94,11 @@ int cmd_train(const TrainArgs& a) {
       user_error("cannot resume: '", (dir / "config.json").string(), "' is missing or malformed",
                  fs::exists(dir / "checkpoint_last.ckpt") ? "" : " (and there is no checkpoint_last.ckpt)");
     }
+    // Keys added after a run was written have their then-implied values.
+    if (saved.contains("model") && saved["model"].is_object()) {
+      if (!saved["model"].contains("shortcut")) saved["model"]["shortcut"] = "B";
+      if (!saved["model"].contains("weights")) saved["model"]["weights"] = "";
+    }
     std::vector<std::string> diff;
     differences(cfg.resolved(), saved, "", &diff);
     if (!diff.empty()) {
@@ -119,14 +125,28 @@ int cmd_train(const TrainArgs& a) {
 
 int cmd_eval(const EvalArgs& a) {
   const Config cfg = load_config(a.config, a.sets);
+  if (a.checkpoint.empty() && cfg.weights.empty())
+    user_error("eval needs weights: --checkpoint FILE, or model.weights (--set model.weights=FILE)");
   Trainer trainer(cfg, false);
-  const TrainProgress pr = load_checkpoint(a.checkpoint, trainer.executor(), cfg.model.name);
-  trainer.enter_phase(pr.epoch);  // a checkpoint from an FNT epoch runs with INT4 weights, FP32 inputs
+  json j = {{"model", cfg.model.name}};
+  std::string what;
+  if (!a.checkpoint.empty()) {
+    const TrainProgress pr = load_checkpoint(a.checkpoint, trainer.executor(), cfg.model.name);
+    trainer.enter_phase(pr.epoch);  // a checkpoint from an FNT epoch runs with INT4 weights, FP32 inputs
+    what = fmt("after epoch ", pr.epoch + 1);
+    j["epoch"] = pr.epoch + 1;
+  } else {
+    const WeightsReport w = load_weights(cfg.weights, trainer.executor());
+    for (const std::string& line : w.lines) std::printf("%s\n", line.c_str());
+    what = "with weights " + cfg.weights;
+    j["weights"] = cfg.weights;
+  }
   const EvalResult r = trainer.evaluate();
-  std::printf("%s after epoch %d: test loss %.4f, test accuracy %.4f on %lld images\n", cfg.model.name.c_str(),
-              pr.epoch + 1, r.loss, r.acc, (long long)r.images);
-  json j = {{"model", cfg.model.name}, {"epoch", pr.epoch + 1}, {"test_loss", r.loss}, {"test_acc", r.acc},
-            {"images", r.images}};
+  std::printf("%s %s: test loss %.4f, test accuracy %.4f on %lld images\n", cfg.model.name.c_str(), what.c_str(),
+              r.loss, r.acc, (long long)r.images);
+  j["test_loss"] = r.loss;
+  j["test_acc"] = r.acc;
+  j["images"] = r.images;
   std::printf("%s\n", j.dump().c_str());
   return 0;
 }

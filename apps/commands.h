@@ -27,6 +27,11 @@ struct EvalArgs {
 };
 int cmd_eval(const EvalArgs& a);
 
+struct ExportArgs {
+  std::string checkpoint, format = "safetensors", out;
+};
+int cmd_export(const ExportArgs& a);
+
 struct BenchStepArgs {
   std::string config;
   std::vector<std::string> sets;

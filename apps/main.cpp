@@ -1,4 +1,4 @@
-// edgetrain command line: train / eval / memprofile / plan / bench step / bench bitmap / bench fusion.
+// edgetrain command line: train / eval / export / memprofile / plan / bench step / bench bitmap / bench fusion.
 #include <CLI/CLI.hpp>
 #include <cstdio>
 
@@ -20,9 +20,9 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(1, 1000000));
 
   EvalArgs eval;
-  auto* e = app.add_subcommand("eval", "evaluate a checkpoint on the test split");
+  auto* e = app.add_subcommand("eval", "evaluate a checkpoint (or model.weights) on the test split");
   e->add_option("--config", eval.config, "config file (JSON)")->required();
-  e->add_option("--checkpoint", eval.checkpoint, "checkpoint file")->required();
+  e->add_option("--checkpoint", eval.checkpoint, "checkpoint file (default: the config's model.weights)");
   e->add_option("--set", eval.sets, "override a config key: dotted.key=value (repeatable)");
 
   MemProfileArgs mp;
@@ -34,6 +34,12 @@ int main(int argc, char** argv) {
   m->add_option("--steps", mp.steps, "training steps; the last one is profiled")->check(CLI::Range(1, 1000));
   m->add_flag("--synthetic", mp.synthetic, "N(0,1) images instead of a batch of the config's data");
   m->add_flag("--keep-pages", mp.keep_pages, "do not release dead pages during the step (memory.release_pages)");
+
+  ExportArgs ex;
+  auto* x = app.add_subcommand("export", "write a checkpoint's weights for other tools");
+  x->add_option("--checkpoint", ex.checkpoint, "checkpoint file")->required();
+  x->add_option("--format", ex.format, "safetensors")->check(CLI::IsMember({"safetensors"}));
+  x->add_option("--out", ex.out, "file to write (must not exist)")->required();
 
   PlanArgs plan;
   auto* pl = app.add_subcommand("plan", "the fusion planner's stacks, tiles and bytes moved for a config");
@@ -71,6 +77,7 @@ int main(int argc, char** argv) {
     if (*t) return cmd_train(train);
     if (*e) return cmd_eval(eval);
     if (*m) return cmd_memprofile(mp);
+    if (*x) return cmd_export(ex);
     if (*bs) return cmd_bench_step(step);
     if (*bb) return cmd_bench_bitmap(bitmap);
     if (*pl) return cmd_plan(plan);

@@ -103,6 +103,10 @@ class Backend {
   // x [N,C,H,W] -> y [N,C]
   virtual void global_avgpool_forward(const Tensor& x, Tensor& y) = 0;
   virtual void global_avgpool_backward(const Tensor& dy, Tensor& dx, bool accumulate) = 0;
+  // Option-A shortcut (He et al.): x [N,C,H,W] -> y [N,K,ceil(H/s),ceil(W/s)], y[n, pad + c, p, q] =
+  // x[n, c, s*p, s*q], the other K - C channels zero; `pad` channels before, K - C - pad after.
+  virtual void subsample_pad_forward(const Tensor& x, int64_t stride, int64_t pad, Tensor& y) = 0;
+  virtual void subsample_pad_backward(const Tensor& dy, int64_t stride, int64_t pad, Tensor& dx, bool accumulate) = 0;
 
   // ---- fused stacks (engine/fused_stack.h, docs/fusion.md), tile by tile; the results are bit
   // for bit those of the stack's layers run one by one through the kernels above.

@@ -8,7 +8,7 @@ in VGG without BN; BN uses momentum 0.1, eps 1e-5; initialisation mirrors engine
 (conv: Kaiming normal with fan-out, std sqrt(2 / fan_out); linear and conv bias: uniform
 +-1/sqrt(fan_in); BN: gamma 1, beta 0).
 
-  build_model(name, num_classes=10, dropout=0.0) -> nn.Module
+  build_model(name, num_classes=10, dropout=0.0, shortcut="B") -> nn.Module (shortcut: model.shortcut)
   MODEL_NAMES: the names build_model knows (the same as edgetrain's registry).
 """
 import math
@@ -50,16 +50,31 @@ def _bn(c):
 # ResNets (models/resnet.cpp)
 
 
-class BasicBlock(nn.Module):
-    """relu(bn2(conv2(relu(bn1(conv1(x))))) + shortcut(x)); shortcut = 1x1 conv + BN on a shape change."""
+class ShortcutA(nn.Module):
+    """He et al.'s option A: x[:, :, ::s, ::s] with zero channels, (cout - cin) // 2 before x's
+    (for cout = 2 cin the published CIFAR ResNets' F.pad(..., (0, 0, 0, 0, cout // 4, cout // 4)))."""
 
     def __init__(self, cin, cout, stride):
+        super().__init__()
+        self.stride, self.before, self.after = stride, (cout - cin) // 2, cout - cin - (cout - cin) // 2
+
+    def forward(self, x):
+        return F.pad(x[:, :, ::self.stride, ::self.stride], (0, 0, 0, 0, self.before, self.after))
+
+
+class BasicBlock(nn.Module):
+    """relu(bn2(conv2(relu(bn1(conv1(x))))) + shortcut(x)); shortcut on a shape change: option B,
+    1x1 conv + BN (shortcut.0, shortcut.1), or option A (ShortcutA, no parameters)."""
+
+    def __init__(self, cin, cout, stride, shortcut="B"):
         super().__init__()
         self.conv1 = _conv(cin, cout, 3, stride)
         self.bn1 = _bn(cout)
         self.conv2 = _conv(cout, cout, 3, 1)
         self.bn2 = _bn(cout)
-        if stride != 1 or cin != cout:
+        if (stride != 1 or cin != cout) and shortcut == "A":
+            self.shortcut = ShortcutA(cin, cout, stride)
+        elif stride != 1 or cin != cout:
             self.shortcut = nn.Sequential(_conv(cin, cout, 1, stride), _bn(cout))
         else:
             self.shortcut = nn.Sequential()  # identity, no parameters
@@ -71,7 +86,7 @@ class BasicBlock(nn.Module):
 
 
 class ResNet(nn.Module):
-    def __init__(self, widths, blocks, stem, num_classes):
+    def __init__(self, widths, blocks, stem, num_classes, shortcut="B"):
         super().__init__()
         self.conv1 = _conv(3, stem, 3, 1)
         self.bn1 = _bn(stem)
@@ -80,7 +95,7 @@ class ResNet(nn.Module):
             layer = []
             for b in range(n):
                 stride = 2 if (stage > 0 and b == 0) else 1
-                layer.append(BasicBlock(cin, w, stride))
+                layer.append(BasicBlock(cin, w, stride, shortcut))
                 cin = w
             setattr(self, "layer%d" % (stage + 1), nn.Sequential(*layer))
         self.num_stages = len(widths)
@@ -94,16 +109,16 @@ class ResNet(nn.Module):
         return self.linear(y)
 
 
-def cifar_resnet(depth, num_classes=10):
+def cifar_resnet(depth, num_classes=10, shortcut="B"):
     """resnet8/20/32/44/56/110: depth = 6n + 2, three stages of n blocks, 16/32/64 channels."""
     assert (depth - 2) % 6 == 0, "CIFAR ResNet depth must be 6n+2"
     n = (depth - 2) // 6
-    return _init(ResNet([16, 32, 64], [n, n, n], 16, num_classes))
+    return _init(ResNet([16, 32, 64], [n, n, n], 16, num_classes, shortcut))
 
 
-def resnet18(num_classes=10):
+def resnet18(num_classes=10, shortcut="B"):
     """CIFAR ResNet-18: 3x3 stem (64), no max-pool, [2,2,2,2] blocks, 64..512 channels."""
-    return _init(ResNet([64, 128, 256, 512], [2, 2, 2, 2], 64, num_classes))
+    return _init(ResNet([64, 128, 256, 512], [2, 2, 2, 2], 64, num_classes, shortcut))
 
 
 # --------------------------------------------------------------------------------------------
@@ -225,11 +240,11 @@ MODEL_NAMES = sorted(
 )
 
 
-def build_model(name, num_classes=10, dropout=0.0):
+def build_model(name, num_classes=10, dropout=0.0, shortcut="B"):
     if name == "resnet18":
-        return resnet18(num_classes)
+        return resnet18(num_classes, shortcut)
     if name.startswith("resnet"):
-        return cifar_resnet(int(name[len("resnet"):]), num_classes)
+        return cifar_resnet(int(name[len("resnet"):]), num_classes, shortcut)
     if name.startswith("vgg"):
         bn = name.endswith("_bn")
         depth = int(name[3:].replace("_bn", ""))

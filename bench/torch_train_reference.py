@@ -98,18 +98,23 @@ def augment(x_u8, pad, flip, gen):
     return x_u8
 
 
-def run(cfg, data, seed, name, zero_init_residual, dev):
+def run(cfg, data, seed, name, zero_init_residual, dev, init=None, save=None):
     (xtr, ytr), (xte, yte) = data
     t = cfg["train"]
     d = cfg["data"]
     torch.manual_seed(seed)
     gen = torch.Generator(device=dev)
     gen.manual_seed(seed)
-    model = build_model(cfg["model"]["name"], cfg["model"].get("num_classes", 10), cfg["model"].get("dropout", 0.0))
+    model = build_model(cfg["model"]["name"], cfg["model"].get("num_classes", 10), cfg["model"].get("dropout", 0.0),
+                        cfg["model"].get("shortcut", "B"))
     if zero_init_residual:
         for m in model.modules():
             if hasattr(m, "bn2") and hasattr(m, "shortcut"):
                 torch.nn.init.zeros_(m.bn2.weight)
+    if init:  # a state_dict, or a published checkpoint holding one (as scripts/convert_pytorch.py reads it)
+        sd = torch.load(init, map_location="cpu")
+        sd = sd.get("state_dict", sd)
+        model.load_state_dict({k[len("module."):] if k.startswith("module.") else k: v for k, v in sd.items()})
     model = model.to(dev).to(memory_format=torch.channels_last)
     mean = torch.tensor(d.get("mean", [0, 0, 0]), device=dev).view(1, 3, 1, 1)
     std = torch.tensor(d.get("std", [1, 1, 1]), device=dev).view(1, 3, 1, 1)
@@ -153,6 +158,9 @@ def run(cfg, data, seed, name, zero_init_residual, dev):
         print("%s seed %d epoch %d loss %.4f train %.4f test %.4f (flip-TTA %.4f) %.0fs" % (
             name, seed, ep + 1, e["train_loss"], e["train_acc"], e["test_acc"], e["test_acc_flip"],
             time.time() - t0), flush=True)
+    if save:  # as published CIFAR checkpoints are: DataParallel names under "state_dict"
+        sd = {"module." + k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
+        torch.save({"state_dict": sd, "best_prec1": 100.0 * hist[-1]["test_acc"]}, save)
     return {"name": name, "seed": seed, "epochs": hist, "final_test_acc": hist[-1]["test_acc"],
             "seconds": time.time() - t0}
 
@@ -164,6 +172,8 @@ def main():
     ap.add_argument("--seeds", default="1")
     ap.add_argument("--variant", action="append", default=[], help="name:key=value,... (train.* keys)")
     ap.add_argument("--threads", type=int, default=2, help="CPU threads when there is no GPU")
+    ap.add_argument("--init", help="start from these weights (a state_dict .pt) instead of the initialisation")
+    ap.add_argument("--save", help="save the (first) trained model here, as {'state_dict': module.* names}")
     args = ap.parse_args()
     with open(args.config) as f:
         cfg = json.load(f)
@@ -196,7 +206,7 @@ def main():
             else:
                 c["train"][k] = val
         for seed in [int(s) for s in args.seeds.split(",")]:
-            results.append(run(c, data, seed, name, zero, dev))
+            results.append(run(c, data, seed, name, zero, dev, args.init, None if results else args.save))
     print(json.dumps({"runs": results}))
 
 

@@ -153,7 +153,14 @@ Config parse_config(const json& j, const std::string& source) {
   m.get("name", c.model.name);
   m.get("num_classes", c.model.num_classes);
   m.get("dropout", c.model.dropout);
+  std::string shortcut = "B";
+  m.get("shortcut", shortcut);
+  m.get("weights", c.weights);
   m.finish();
+  require(shortcut == "A" || shortcut == "B", m, "shortcut", shortcut, "must be \"A\" or \"B\"");
+  c.model.shortcut = shortcut[0];
+  if (c.model.shortcut == 'A' && c.model.name.rfind("resnet", 0) != 0)
+    m.fail("model.shortcut", "= \"A\": only the ResNets have shortcuts (model.name = " + c.model.name + ")");
   const auto names = model_names();
   if (std::find(names.begin(), names.end(), c.model.name) == names.end()) {
     std::string known;
@@ -194,11 +201,12 @@ Config parse_config(const json& j, const std::string& source) {
   for (float s : c.data.std) require(s > 0.f, d, "std", s, "must be positive");
   require(c.data.train_subset >= 0 && c.data.test_subset >= 0, d, "train_subset", c.data.train_subset,
           "subsets must be >= 0");
-  if (fs::path(c.data.root).is_relative() && !source.empty() && source != "<memory>") {
-    // Relative roots are taken from the working directory first, else from the config's folder.
-    if (!fs::exists(c.data.root)) {
-      const fs::path alt = fs::path(source).parent_path() / c.data.root;
-      if (fs::exists(alt)) c.data.root = alt.lexically_normal().string();
+  // Relative paths are taken from the working directory first, else from the config's folder.
+  for (std::string* path : {&c.data.root, &c.weights}) {
+    if (path->empty() || !fs::path(*path).is_relative() || source.empty() || source == "<memory>") continue;
+    if (!fs::exists(*path)) {
+      const fs::path alt = fs::path(source).parent_path() / *path;
+      if (fs::exists(alt)) *path = alt.lexically_normal().string();
     }
   }
 
@@ -360,7 +368,9 @@ Config load_config(const std::string& path, const std::vector<std::string>& over
 
 json Config::resolved() const {
   json j;
-  j["model"] = {{"name", model.name}, {"num_classes", model.num_classes}, {"dropout", model.dropout}};
+  j["model"] = {{"name", model.name},       {"num_classes", model.num_classes},
+                {"dropout", model.dropout}, {"shortcut", std::string(1, model.shortcut)},
+                {"weights", weights}};
   j["data"] = {{"format", data.format},       {"root", data.root},          {"channels", model.channels},
                {"height", model.height},      {"width", model.width},       {"resize", data.resize},
                {"crop_padding", data.crop_padding}, {"hflip", data.hflip}, {"mean", data.mean},

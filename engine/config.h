@@ -83,6 +83,9 @@ struct QuantConfig {
 
 struct Config {
   ModelSpec model;
+  // model.weights: initial parameters and buffers from a .safetensors file or an edgetrain
+  // checkpoint (engine/train/weights.h), instead of the random initialisation; "" = none.
+  std::string weights;
   DataConfig data;
   TrainConfig train;
   MemoryConfig memory;

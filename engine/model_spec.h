@@ -21,6 +21,9 @@ struct FusionSpec {
 struct ModelSpec {
   std::string name = "resnet20";
   int64_t num_classes = 10;
+  // ResNets' shortcut where a block changes shape: 'B' a 1x1 conv + BN, 'A' strided subsampling
+  // with zero channels, no parameters (He et al.'s CIFAR ResNets and their published weights).
+  char shortcut = 'B';
   int64_t channels = 3, height = 32, width = 32;
   int64_t batch = 128;
   float label_smoothing = 0.f;

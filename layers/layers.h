@@ -27,6 +27,9 @@ int dropout(Graph& g, int x, const std::string& name, float p);
 int maxpool2d(Graph& g, int x, const std::string& name, int64_t kernel, int64_t stride, int64_t padding = 0);
 int avgpool2d(Graph& g, int x, const std::string& name, int64_t kernel, int64_t stride, int64_t padding = 0);
 int global_avgpool(Graph& g, int x, const std::string& name);
+// Option-A shortcut: x[:, :, ::stride, ::stride] with zero channels to out_channels, (K - C) / 2 of
+// them before x's (as the CIFAR ResNets' F.pad(x[:, :, ::2, ::2], (0,0,0,0,K/4,K/4)) does for K = 2C).
+int subsample_pad(Graph& g, int x, const std::string& name, int64_t out_channels, int64_t stride);
 int add(Graph& g, int a, int b, const std::string& name);
 int flatten(Graph& g, int x, const std::string& name);
 // Mean softmax cross-entropy over the batch; target = (1 - s) one-hot + s / K.

@@ -1,5 +1,6 @@
 // Pooling: maxpool2d (saves its input; backward finds the first maximum again), avgpool2d
-// (count_include_pad, saves nothing), global average pooling [N,C,H,W] -> [N,C].
+// (count_include_pad, saves nothing), global average pooling [N,C,H,W] -> [N,C], and the
+// option-A shortcut of the CIFAR ResNets (strided subsampling, zero channels: a parameter-free pool).
 #include <memory>
 
 #include "layers/layers.h"
@@ -95,6 +96,25 @@ Conv2dGeom pool_geom(const Graph& gr, int x, const std::string& name, int64_t k,
   return g;
 }
 
+class SubsamplePadOp final : public Op {
+ public:
+  SubsamplePadOp(int64_t stride, int64_t pad) : stride_(stride), pad_(pad) {}
+  const char* type() const override { return "subsample_pad"; }
+  OpClass op_class() const override { return OpClass::Pool; }
+  bool output_nonnegative(bool in) const override { return in; }
+  void forward(OpContext& ctx) override {
+    Tensor y = ctx.output();
+    ctx.backend().subsample_pad_forward(ctx.input(0), stride_, pad_, y);
+  }
+  void backward(OpContext& ctx) override {
+    GradOut dx = ctx.grad_input(0);
+    if (dx.wanted) ctx.backend().subsample_pad_backward(ctx.grad_output(), stride_, pad_, dx.t, dx.accumulate);
+  }
+
+ private:
+  int64_t stride_, pad_;
+};
+
 }  // namespace
 
 int maxpool2d(Graph& gr, int x, const std::string& name, int64_t kernel, int64_t stride, int64_t padding) {
@@ -111,6 +131,18 @@ int global_avgpool(Graph& gr, int x, const std::string& name) {
   const Value& in = gr.value(x);
   if (in.shape.ndim != 4) user_error("layer ", name, ": global pooling needs an NCHW input, got ", in.shape.str());
   return gr.add_node(name, std::make_unique<GlobalAvgPoolOp>(), {x}, activation(name, Shape{in.shape[0], in.shape[1]}));
+}
+
+int subsample_pad(Graph& gr, int x, const std::string& name, int64_t out_channels, int64_t stride) {
+  const Value& in = gr.value(x);
+  if (in.shape.ndim != 4) user_error("layer ", name, ": the option-A shortcut needs an NCHW input, got ", in.shape.str());
+  const int64_t C = in.shape[1];
+  if (out_channels < C || stride < 1)
+    user_error("layer ", name, ": the option-A shortcut cannot map ", C, " channels to ", out_channels, " at stride ",
+               stride);
+  const int64_t P = (in.shape[2] + stride - 1) / stride, Q = (in.shape[3] + stride - 1) / stride;
+  return gr.add_node(name, std::make_unique<SubsamplePadOp>(stride, (out_channels - C) / 2), {x},
+                     activation(name, Shape{in.shape[0], out_channels, P, Q}));
 }
 
 }  // namespace et

@@ -12,8 +12,8 @@
 namespace et {
 
 // Family builders; return the logits value id.
-int build_cifar_resnet(Graph& g, int x, int depth, int64_t num_classes);  // resnet20..110: 6n+2
-int build_resnet18(Graph& g, int x, int64_t num_classes);
+int build_cifar_resnet(Graph& g, int x, int depth, int64_t num_classes, char shortcut);  // resnet8..110: 6n+2
+int build_resnet18(Graph& g, int x, int64_t num_classes, char shortcut);
 int build_vgg(Graph& g, int x, int depth, bool batchnorm, int64_t num_classes, float dropout);
 int build_mobilenetv2(Graph& g, int x, int64_t num_classes, float dropout);
 

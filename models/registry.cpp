@@ -15,9 +15,9 @@ const std::map<std::string, Builder>& registry() {
     std::map<std::string, Builder> m;
     for (int depth : {8, 20, 32, 44, 56, 110})
       m["resnet" + std::to_string(depth)] = [depth](Graph& g, int x, const ModelSpec& s) {
-        return build_cifar_resnet(g, x, depth, s.num_classes);
+        return build_cifar_resnet(g, x, depth, s.num_classes, s.shortcut);
       };
-    m["resnet18"] = [](Graph& g, int x, const ModelSpec& s) { return build_resnet18(g, x, s.num_classes); };
+    m["resnet18"] = [](Graph& g, int x, const ModelSpec& s) { return build_resnet18(g, x, s.num_classes, s.shortcut); };
     for (int depth : {11, 13, 16, 19}) {
       m["vgg" + std::to_string(depth)] = [depth](Graph& g, int x, const ModelSpec& s) {
         return build_vgg(g, x, depth, false, s.num_classes, s.dropout);

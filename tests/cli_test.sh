@@ -198,5 +198,52 @@ expect_error "memprofile over an existing profile" "memprofile.json" "$BIN" memp
 expect_error "checkpoint_every out of range" "memory.checkpoint_every" "$BIN" memprofile --config "$T/cfg.json" --set memory.checkpoint_every=-1 --out "$T/mp2"
 expect_error "unknown stash format" "memory.stash" "$BIN" memprofile --config "$T/cfg.json" --set memory.stash=bitmap_fp8 --out "$T/mp3"
 
+# --- model.weights, export, option-A shortcuts (docs/finetune.md)
+metrics_of() { tail -1 | grep -o '"test_\(acc\|loss\)":[^,}]*' | tr '\n' ' '; }
+"$BIN" export --checkpoint "$T/full/checkpoint_last.ckpt" --out "$T/wt.safetensors" >/dev/null && [ -s "$T/wt.safetensors" ] \
+  && pass "export safetensors" || fail "export safetensors"
+a="$("$BIN" eval --config "$T/cfg.json" --checkpoint "$T/full/checkpoint_last.ckpt" | metrics_of)"
+b="$("$BIN" eval --config "$T/cfg.json" --set model.weights="$T/wt.safetensors" | metrics_of)"
+c="$("$BIN" eval --config "$T/cfg.json" --set model.weights="$T/full/checkpoint_last.ckpt" | metrics_of)"
+[ -n "$a" ] && [ "$a" = "$b" ] && [ "$a" = "$c" ] && pass "eval of exported weights = eval of the checkpoint" || fail "eval weights: '$a' '$b' '$c'"
+"$BIN" train --config "$T/cfg.json" --set model.weights="$T/wt.safetensors" --set model.num_classes=12 --set train.epochs=1 \
+  --out "$T/wt_swap" >"$T/wt_swap.log" 2>&1 && grep -q "head swap" "$T/wt_swap.log" && grep -q "weights: 45 tensors" "$T/wt_swap.log" \
+  && pass "fine-tune with a head swap" || fail "head swap: $(tail -3 "$T/wt_swap.log")"
+"$BIN" train --config "$T/cfg.json" --set model.shortcut=A --set train.epochs=1 --out "$T/wt_a" >/dev/null 2>&1 \
+  && "$BIN" export --checkpoint "$T/wt_a/checkpoint_last.ckpt" --out "$T/wt_a.safetensors" >/dev/null \
+  && a="$("$BIN" eval --config "$T/cfg.json" --set model.shortcut=A --checkpoint "$T/wt_a/checkpoint_last.ckpt" | metrics_of)" \
+  && b="$("$BIN" eval --config "$T/cfg.json" --set model.shortcut=A --set model.weights="$T/wt_a.safetensors" | metrics_of)" \
+  && [ "$a" = "$b" ] && pass "option-A shortcut: train, export, eval" || fail "option-A shortcut: '$a' '$b'"
+expect_error "option-A weights into an option-B model" "model.shortcut" "$BIN" eval --config "$T/cfg.json" --set model.weights="$T/wt_a.safetensors"
+expect_error "weights of another architecture" "layer1.1.conv1.weight" "$BIN" eval --config "$T/cfg.json" --set model.name=resnet20 --set model.weights="$T/wt.safetensors"
+head -c 3000 "$T/wt.safetensors" >"$T/wt_trunc.safetensors"
+expect_error "truncated safetensors" "$T/wt_trunc.safetensors" "$BIN" eval --config "$T/cfg.json" --set model.weights="$T/wt_trunc.safetensors"
+expect_error "missing weights file" "$T/nope.safetensors" "$BIN" train --config "$T/cfg.json" --set model.weights="$T/nope.safetensors" --out "$T/wt_x1"
+[ ! -e "$T/wt_x1/checkpoint_last.ckpt" ] && pass "bad weights: no checkpoint written" || fail "bad weights wrote a checkpoint"
+expect_error "eval without weights" "--checkpoint FILE, or model.weights" "$BIN" eval --config "$T/cfg.json"
+expect_error "bad model.shortcut" "model.shortcut" "$BIN" eval --config "$T/cfg.json" --set model.shortcut=C --checkpoint "$T/full/checkpoint_last.ckpt"
+expect_error "option A without shortcuts" "only the ResNets" "$BIN" eval --config "$T/cfg.json" --set model.name=vgg11 --set model.shortcut=A --checkpoint "$T/full/checkpoint_last.ckpt"
+sum="$(md5sum <"$T/wt.safetensors")"
+expect_error "export over an existing file" "exists" "$BIN" export --checkpoint "$T/full/checkpoint_last.ckpt" --out "$T/wt.safetensors"
+[ "$sum" = "$(md5sum <"$T/wt.safetensors")" ] && pass "existing export untouched" || fail "existing export modified"
+expect_error "export into an unwritable place" "$T/afile/w.safetensors" "$BIN" export --checkpoint "$T/full/checkpoint_last.ckpt" --out "$T/afile/w.safetensors"
+expect_error "export of a truncated checkpoint" "$T/trunc.ckpt" "$BIN" export --checkpoint "$T/trunc.ckpt" --out "$T/wt_x2.safetensors"
+[ ! -e "$T/wt_x2.safetensors" ] && [ ! -e "$T/wt_x2.safetensors.tmp" ] && pass "failed export left nothing" || fail "failed export left a file"
+# The PyTorch converter, where Debian's python3-torch is installed: edgetrain -> PyTorch -> edgetrain is exact.
+if /usr/bin/python3 -c "import torch" 2>/dev/null; then
+  CONV="$(dirname "$0")/../scripts/convert_pytorch.py"
+  /usr/bin/python3 "$CONV" --to-pytorch "$T/wt.safetensors" "$T/wt.pt" >/dev/null \
+    && /usr/bin/python3 -c "import torch,sys; sd=torch.load(sys.argv[1]); torch.save({'state_dict': {'module.'+k: v for k, v in sd.items()}, 'epoch': 3}, sys.argv[2])" "$T/wt.pt" "$T/wt_dp.pt" \
+    && /usr/bin/python3 "$CONV" "$T/wt_dp.pt" "$T/wt_back.safetensors" >/dev/null \
+    && b="$("$BIN" eval --config "$T/cfg.json" --set model.weights="$T/wt_back.safetensors" | metrics_of)" \
+    && a="$("$BIN" eval --config "$T/cfg.json" --checkpoint "$T/full/checkpoint_last.ckpt" | metrics_of)" && [ "$a" = "$b" ] \
+    && pass "convert_pytorch.py round trip (DataParallel names, wrapped state_dict)" || fail "convert_pytorch.py round trip: '$a' '$b'"
+  printf 'not a checkpoint' >"$T/junk.pt"
+  expect_error "converter: corrupt PyTorch file" "$T/junk.pt" /usr/bin/python3 "$CONV" "$T/junk.pt" "$T/junk.safetensors"
+  [ ! -e "$T/junk.safetensors" ] && pass "converter: nothing written on error" || fail "converter wrote a file on error"
+else
+  echo "skip convert_pytorch.py checks: python3-torch is not installed"
+fi
+
 echo "$fails failure(s)"
 [ $fails -eq 0 ]

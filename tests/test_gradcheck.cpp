@@ -355,6 +355,42 @@ TEST_CASE("gradcheck: global_avgpool", "[gradcheck]") {
   net.check_all();
 }
 
+TEST_CASE("gradcheck: subsample_pad (option-A shortcut)", "[gradcheck]") {
+  SECTION("stride 2, 2 -> 4 channels, odd size") {
+    Net net(2, 2, 5, 5, [](Graph& g, int x) { return subsample_pad(g, x, "shortcut", 4, 2); });
+    net.check_all();
+  }
+  SECTION("stride 1, 2 -> 5 channels (uneven padding)") {
+    Net net(2, 2, 4, 4, [](Graph& g, int x) { return subsample_pad(g, x, "shortcut", 5, 1); });
+    net.check_all();
+  }
+}
+
+// The forward is F.pad(x[:, :, ::s, ::s], (0, 0, 0, 0, pad, K - C - pad)): checked element by element.
+TEST_CASE("subsample_pad forward and backward follow the option-A definition", "[gradcheck]") {
+  auto be = make_cpu_backend();
+  const int64_t N = 2, C = 3, H = 5, W = 4, K = 7, s = 2, pad = (K - C) / 2, P = 3, Q = 2;
+  std::vector<float> xb(size_t(N * C * H * W)), yb(size_t(N * K * P * Q), -1.f), dxb(xb.size(), 5.f);
+  for (size_t i = 0; i < xb.size(); ++i) xb[i] = float(i) + 0.5f;
+  Tensor x = Tensor::contiguous(xb.data(), Shape{N, C, H, W}), y = Tensor::contiguous(yb.data(), Shape{N, K, P, Q});
+  Tensor dx = Tensor::contiguous(dxb.data(), Shape{N, C, H, W});
+  be->subsample_pad_forward(x, s, pad, y);
+  for (int64_t n = 0; n < N; ++n)
+    for (int64_t k = 0; k < K; ++k)
+      for (int64_t p = 0; p < P; ++p)
+        for (int64_t q = 0; q < Q; ++q) {
+          const int64_t c = k - pad;
+          const float want = (c < 0 || c >= C) ? 0.f : xb[size_t(((n * C + c) * H + p * s) * W + q * s)];
+          REQUIRE(yb[size_t(((n * K + k) * P + p) * Q + q)] == want);
+        }
+  // Backward of y's values: the sampled positions of x get them back, the rest are zero.
+  be->subsample_pad_backward(y, s, pad, dx, false);
+  for (int64_t i = 0; i < N * C * H * W; ++i) {
+    const int64_t w = i % W, h = i / W % H;
+    REQUIRE(dxb[size_t(i)] == ((h % s == 0 && w % s == 0) ? xb[size_t(i)] : 0.f));
+  }
+}
+
 TEST_CASE("gradcheck: add (residual, gradient accumulation)", "[gradcheck]") {
   SECTION("x consumed by a conv and by the add: y = conv(x) + x") {
     Net net(2, 3, 4, 4, [](Graph& g, int x) {

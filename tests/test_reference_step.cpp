@@ -111,7 +111,7 @@ TEST_CASE("resnet8 training step matches PyTorch (loss, gradients, BN running st
   Graph g;
   const int x = image_input(g, N, input.dims[1], input.dims[2], input.dims[3]);
   const int labels = label_input(g, N);
-  const int logits = build_cifar_resnet(g, x, 8, 10);
+  const int logits = build_cifar_resnet(g, x, 8, 10, 'B');
   softmax_cross_entropy(g, logits, labels, "loss", scalar("label_smoothing"));
   auto be = make_cpu_backend();
   Executor ex(g, *be);

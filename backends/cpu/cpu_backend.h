@@ -59,6 +59,8 @@ class CpuBackend final : public Backend {
   void avgpool2d_backward(const Conv2dGeom& g, const Tensor& dy, Tensor& dx, bool accumulate) override;
   void global_avgpool_forward(const Tensor& x, Tensor& y) override;
   void global_avgpool_backward(const Tensor& dy, Tensor& dx, bool accumulate) override;
+  void subsample_pad_forward(const Tensor& x, int64_t stride, int64_t pad, Tensor& y) override;
+  void subsample_pad_backward(const Tensor& dy, int64_t stride, int64_t pad, Tensor& dx, bool accumulate) override;
 
   void softmax_xent_forward(const Tensor& logits, const Tensor& labels, float smoothing, Tensor& loss) override;
   void softmax_xent_backward(const Tensor& logits, const Tensor& labels, float smoothing, float dloss, Tensor& dlogits,

@@ -86,4 +86,36 @@ void CpuBackend::global_avgpool_backward(const Tensor& dy, Tensor& dx, bool accu
   }
 }
 
+// Option-A shortcut: plane (n, k) of y is zero or the strided subsample of plane (n, k - pad) of x.
+void CpuBackend::subsample_pad_forward(const Tensor& x, int64_t s, int64_t pad, Tensor& y) {
+  const int64_t N = x.dim(0), C = x.dim(1), H = x.dim(2), W = x.dim(3);
+  const int64_t K = y.dim(1), P = y.dim(2), Q = y.dim(3);
+#pragma omp parallel for schedule(static)
+  for (int64_t pl = 0; pl < N * K; ++pl) {
+    const int64_t n = pl / K, c = pl % K - pad;
+    float* yp = y.f32() + pl * P * Q;
+    if (c < 0 || c >= C) {
+      std::memset(yp, 0, sizeof(float) * size_t(P * Q));
+      continue;
+    }
+    const float* xp = x.f32() + (n * C + c) * H * W;
+    for (int64_t p = 0; p < P; ++p)
+      for (int64_t q = 0; q < Q; ++q) yp[p * Q + q] = xp[p * s * W + q * s];
+  }
+}
+
+void CpuBackend::subsample_pad_backward(const Tensor& dy, int64_t s, int64_t pad, Tensor& dx, bool accumulate) {
+  const int64_t N = dx.dim(0), C = dx.dim(1), H = dx.dim(2), W = dx.dim(3);
+  const int64_t K = dy.dim(1), P = dy.dim(2), Q = dy.dim(3);
+#pragma omp parallel for schedule(static)
+  for (int64_t pl = 0; pl < N * C; ++pl) {
+    const int64_t n = pl / C, c = pl % C;
+    float* dxp = dx.f32() + pl * H * W;
+    if (!accumulate) std::memset(dxp, 0, sizeof(float) * size_t(H * W));
+    const float* dyp = dy.f32() + (n * K + c + pad) * P * Q;
+    for (int64_t p = 0; p < P; ++p)
+      for (int64_t q = 0; q < Q; ++q) dxp[p * s * W + q * s] += dyp[p * Q + q];
+  }
+}
+
 }  // namespace et

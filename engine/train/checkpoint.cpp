@@ -120,10 +120,21 @@ void save_checkpoint(const std::string& path, const Executor& ex, const TrainPro
   }
 }
 
-TrainProgress load_checkpoint(const std::string& path, Executor& ex, const std::string& model_name) {
+namespace {
+
+// A checkpoint file read whole and checked: magic, CRC, header JSON.
+struct CheckpointFile {
+  std::vector<char> bytes;
+  json header;
+  size_t data_start = 0;
+};
+
+CheckpointFile read_checkpoint_file(const std::string& path) {
+  CheckpointFile f;
   std::ifstream in(path, std::ios::binary);
   if (!in) user_error("cannot open checkpoint '", path, "'");
-  std::vector<char> bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  f.bytes.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+  const std::vector<char>& bytes = f.bytes;
   auto bad = [&](const std::string& why) { user_error("checkpoint '", path, "' is not valid: ", why); };
   if (bytes.size() < sizeof(kMagic) + 8 + 4 || std::memcmp(bytes.data(), kMagic, sizeof(kMagic)) != 0)
     bad("not an edgetrain checkpoint (bad magic or too short)");
@@ -133,12 +144,23 @@ TrainProgress load_checkpoint(const std::string& path, Executor& ex, const std::
   uint64_t hlen;
   std::memcpy(&hlen, bytes.data() + 8, 8);
   if (hlen > bytes.size() - 20) bad("header length out of range");
-  json h;
   try {
-    h = json::parse(std::string(bytes.data() + 16, size_t(hlen)));
+    f.header = json::parse(std::string(bytes.data() + 16, size_t(hlen)));
   } catch (const json::exception& e) {
     bad(std::string("unreadable header: ") + e.what());
   }
+  if (!f.header.is_object()) bad("the header is not a JSON object");
+  f.data_start = 16 + size_t(hlen);
+  return f;
+}
+
+}  // namespace
+
+TrainProgress load_checkpoint(const std::string& path, Executor& ex, const std::string& model_name) {
+  CheckpointFile f = read_checkpoint_file(path);
+  const std::vector<char>& bytes = f.bytes;
+  const json& h = f.header;
+  auto bad = [&](const std::string& why) { user_error("checkpoint '", path, "' is not valid: ", why); };
   TrainProgress pr;
   try {
     pr.model = h.at("model").get<std::string>();
@@ -159,7 +181,7 @@ TrainProgress load_checkpoint(const std::string& path, Executor& ex, const std::
   const json& table = h["tensors"];
   if (!table.is_array() || table.size() != entries.size())
     bad(fmt("holds ", table.is_array() ? table.size() : 0, " tensors, the model has ", entries.size()));
-  size_t offset = 16 + size_t(hlen);
+  size_t offset = f.data_start;
   for (size_t i = 0; i < entries.size(); ++i) {
     const json& t = table[i];
     const Entry& e = entries[i];
@@ -170,12 +192,49 @@ TrainProgress load_checkpoint(const std::string& path, Executor& ex, const std::
   }
   if (offset + 4 != bytes.size()) bad("data size does not match the tensor table");
   // Everything checked: now copy.
-  offset = 16 + size_t(hlen);
+  offset = f.data_start;
   for (const Entry& e : entries) {
     std::memcpy(e.t.data, bytes.data() + offset, e.t.nbytes());
     offset += e.t.nbytes();
   }
   return pr;
+}
+
+std::vector<CheckpointTensor> read_checkpoint_tensors(const std::string& path, std::string* model_name) {
+  CheckpointFile f = read_checkpoint_file(path);
+  auto bad = [&](const std::string& why) { user_error("checkpoint '", path, "' is not valid: ", why); };
+  const json& table = f.header.contains("tensors") ? f.header["tensors"] : json();
+  if (!table.is_array()) bad("no tensor table");
+  if (model_name) *model_name = f.header.value("model", "");
+  std::vector<CheckpointTensor> out;
+  size_t offset = f.data_start;
+  const size_t data_end = f.bytes.size() - 4;
+  for (const json& t : table) {
+    CheckpointTensor ct;
+    try {
+      ct.name = t.at("name").get<std::string>();
+      ct.role = t.at("role").get<std::string>();
+      ct.shape = t.at("shape").get<std::vector<int64_t>>();
+    } catch (const json::exception& e) {
+      bad(std::string("tensor table entry ") + t.dump() + ": " + e.what());
+    }
+    // Element count, saturating at what the file can hold (a hostile shape cannot overflow it).
+    const size_t avail = (data_end - offset) / 4;
+    size_t n = 1;
+    for (int64_t d : ct.shape) {
+      if (d < 0) bad("tensor '" + ct.name + "' has a negative size");
+      n = (d == 0 || n == 0) ? 0 : (n > avail / size_t(d) ? avail + 1 : n * size_t(d));
+    }
+    if (n > avail) bad("tensor '" + ct.name + "' exceeds the file");
+    if (ct.role == "param" || ct.role == "buffer") {
+      ct.values.resize(n);
+      std::memcpy(ct.values.data(), f.bytes.data() + offset, n * 4);
+      out.push_back(std::move(ct));
+    }
+    offset += n * 4;
+  }
+  if (offset != data_end) bad("data size does not match the tensor table");
+  return out;
 }
 
 }  // namespace et

@@ -7,6 +7,7 @@
 #pragma once
 #include <cstdint>
 #include <string>
+#include <vector>
 
 namespace et {
 
@@ -27,6 +28,16 @@ struct TrainProgress {
 void save_checkpoint(const std::string& path, const Executor& ex, const TrainProgress& progress);
 // Throws UserError (naming the file) if it is not a valid checkpoint of this model.
 TrainProgress load_checkpoint(const std::string& path, Executor& ex, const std::string& model_name);
+
+// A checkpoint's parameters and buffers by name, without a model to load them into (model.weights
+// from a checkpoint, `edgetrain export`). Validated as load_checkpoint validates; the optimizer
+// state is skipped.
+struct CheckpointTensor {
+  std::string name, role;  // role: "param" | "buffer"
+  std::vector<int64_t> shape;
+  std::vector<float> values;
+};
+std::vector<CheckpointTensor> read_checkpoint_tensors(const std::string& path, std::string* model_name);
 
 uint32_t crc32_update(uint32_t crc, const void* data, size_t n);
 

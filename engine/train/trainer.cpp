@@ -13,6 +13,7 @@
 #include "engine/init.h"
 #include "engine/train/optimizer.h"
 #include "engine/train/schedule.h"
+#include "engine/train/weights.h"
 
 namespace et {
 namespace fs = std::filesystem;
@@ -259,6 +260,7 @@ void Trainer::fit(const std::string& out_dir, bool resume, Progress& progress, i
   const fs::path dir(out_dir);
   const fs::path ckpt = dir / "checkpoint_last.ckpt", metrics = dir / "metrics.jsonl";
   std::vector<std::string> kept_lines;
+  bool from_checkpoint = false;
   if (resume && !fs::exists(ckpt)) {
     // A run stopped during its first epoch leaves config.json (the caller compared it) and no
     // checkpoint. Its first steps are all there was to it, so it starts over: the same run.
@@ -276,6 +278,7 @@ void Trainer::fit(const std::string& out_dir, bool resume, Progress& progress, i
     progress.line(fmt("resuming ", out_dir, ": it has no checkpoint yet (it stopped during its first epoch), so it "
                       "starts from the beginning"));
   } else if (resume) {
+    from_checkpoint = true;
     state_ = load_checkpoint(ckpt.string(), *executor_, cfg_.model.name);
     if (state_.seed != cfg_.train.seed)
       user_error(ckpt.string(), ": checkpoint was trained with train.seed = ", state_.seed, ", the config says ",
@@ -290,6 +293,9 @@ void Trainer::fit(const std::string& out_dir, bool resume, Progress& progress, i
     }
     progress.line(fmt("resuming ", out_dir, " after epoch ", state_.epoch + 1, " (step ", state_.step, ")"));
   }
+  // A new run starts from model.weights where given (a resumed one has them in its checkpoint).
+  if (!from_checkpoint && !cfg_.weights.empty())
+    for (const std::string& line : load_weights(cfg_.weights, *executor_).lines) progress.line(line);
   {
     std::ofstream out(metrics, std::ios::trunc);
     for (const auto& l : kept_lines) out << l << "\n";

@@ -5,6 +5,7 @@
 
 #include "engine/init.h"
 #include "engine/train/trainer.h"
+#include "engine/train/weights.h"
 
 namespace et {
 namespace fs = std::filesystem;
@@ -79,6 +80,7 @@ int Trainer::handle_divergence(int epoch, const std::string& out_dir, Progress& 
     state_.best_test_acc = p.best_test_acc;
   } else {
     init_parameters(*executor_, cfg_.train.seed);
+    if (!cfg_.weights.empty()) load_weights(cfg_.weights, *executor_);
     state_.epoch = -1;
     state_.step = 0;
     state_.best_test_acc = 0;
