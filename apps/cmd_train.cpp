@@ -99,6 +99,7 @@ int cmd_train(const TrainArgs& a) {
       if (!saved["model"].contains("shortcut")) saved["model"]["shortcut"] = "B";
       if (!saved["model"].contains("weights")) saved["model"]["weights"] = "";
     }
+    if (!saved.contains("finetune")) saved["finetune"] = {{"trainable", "all"}, {"bn", "train"}};
     std::vector<std::string> diff;
     differences(cfg.resolved(), saved, "", &diff);
     if (!diff.empty()) {

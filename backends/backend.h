@@ -73,6 +73,10 @@ class Backend {
   virtual void batchnorm_backward(const Tensor& dy, const Tensor& x, const Tensor& gamma, const Tensor& mean,
                                   const Tensor& invstd, Tensor& dx, bool accumulate_dx, Tensor& dgamma, Tensor& dbeta,
                                   bool accumulate_params) = 0;
+  // Frozen BN (finetune.bn = frozen) normalises with the running statistics in training too, so
+  // its backward is per-channel scaling: dx (+)= dy * gamma / sqrt(running_var + eps).
+  virtual void batchnorm_backward_frozen(const Tensor& dy, const Tensor& gamma, const Tensor& running_var, float eps,
+                                         Tensor& dx, bool accumulate) = 0;
 
   // ---- element-wise
   // y = max(x, 0); with `mask`, also y's bitmap (fused: the stash's pack skips a pass over y).

@@ -304,6 +304,33 @@ Config parse_config(const json& j, const std::string& source) {
   fu.get("cache_kb", f.cache_kb);
   require(f.cache_kb >= 0, fu, "cache_kb", f.cache_kb, "must be > 0 (KiB), or 0 for this core's L2 from sysfs");
   fu.finish();
+  ObjectReader ft = top.child("finetune");
+  FinetuneSpec& fs_ = c.model.finetune;
+  json trainable = "all";
+  ft.get("trainable", trainable);
+  std::string bn = "train";
+  ft.get("bn", bn);
+  ft.finish();
+  if (trainable.is_string()) {
+    const std::string t = trainable.get<std::string>();
+    bool ok = t == "all" || t == "head";
+    if (t.rfind("last:", 0) == 0) {
+      const std::string n = t.substr(5);
+      ok = !n.empty() && n.size() < 6 && n.find_first_not_of("0123456789") == std::string::npos && std::stoi(n) >= 1;
+    }
+    require(ok, ft, "trainable", trainable.dump(), "must be \"all\", \"head\", \"last:N\" (N >= 1) or an array of name patterns");
+    fs_.trainable = {t};
+  } else {
+    require(trainable.is_array() && !trainable.empty(), ft, "trainable", trainable.dump(),
+            "must be \"all\", \"head\", \"last:N\" or a non-empty array of name patterns");
+    fs_.trainable.clear();
+    for (const json& p : trainable) {
+      require(p.is_string() && !p.get<std::string>().empty(), ft, "trainable", p.dump(), "patterns must be non-empty strings");
+      fs_.trainable.push_back(p.get<std::string>());
+    }
+  }
+  require(bn == "train" || bn == "frozen", ft, "bn", bn, "must be \"train\" or \"frozen\"");
+  fs_.frozen_bn = bn == "frozen";
   ObjectReader qr = top.child("quant");
   QuantConfig& q = c.quant;
   qr.get("forward", q.forward);
@@ -410,6 +437,11 @@ json Config::resolved() const {
                  {"tile", f.tile > 0 ? json(f.tile) : json("auto")},
                  {"disable", f.disable},
                  {"cache_kb", f.cache_kb}};
+  const FinetuneSpec& ftn = model.finetune;
+  const bool keyword = ftn.trainable.size() == 1 && (ftn.trainable[0] == "all" || ftn.trainable[0] == "head" ||
+                                                     ftn.trainable[0].rfind("last:", 0) == 0);
+  j["finetune"] = {{"trainable", keyword ? json(ftn.trainable[0]) : json(ftn.trainable)},
+                   {"bn", ftn.frozen_bn ? "frozen" : "train"}};
   json qlayers = json::object();
   for (const auto& [layer, m] : quant.layers) qlayers[layer] = m;
   j["quant"] = {{"forward", quant.forward},         {"backward", quant.backward},

@@ -49,8 +49,8 @@ Tensor Executor::opt_slot(int param_id, int slot) const { return slots_[size_t(p
 
 std::vector<Tensor> Executor::state_tensors() const {
   std::vector<Tensor> out;
+  for (int p : graph_.params()) out.push_back(data_[size_t(p)]);  // frozen ones too
   for (int p : params_) {
-    out.push_back(data_[size_t(p)]);
     out.push_back(grads_[size_t(p)]);
     for (const Tensor& t : slots_[size_t(p)]) out.push_back(t);
   }

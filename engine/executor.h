@@ -81,11 +81,11 @@ class Executor {
   Tensor value(int id) const;  // current view (batch applied)
   Tensor grad(int id) const;
   Tensor opt_slot(int param_id, int slot) const;
-  const std::vector<int>& params() const { return params_; }  // Graph::params(), cached
+  const std::vector<int>& params() const { return params_; }  // the trained ones: Graph::params() less frozen
   // Their gradients, in the same order (the divergence guard checks them in one pass).
   const std::vector<Tensor>& param_grads() const { return param_grads_; }
-  // What a step carries to the next, in a fixed order: params, their gradients and optimizer
-  // slots, buffers (BN running statistics). Copying them between two executors of one graph moves
+  // What a step carries to the next, in a fixed order: params (frozen too), the trained ones'
+  // gradients and optimizer slots, buffers (BN running statistics). Copying them between two executors of one graph moves
   // the training state across a re-plan (the trainer's switch to FNT).
   std::vector<Tensor> state_tensors() const;
   float loss() const;
@@ -179,7 +179,7 @@ class Executor {
   Arena arena_;
   std::vector<Tensor> data_, grads_;           // full-batch views, one per value
   std::vector<std::vector<Tensor>> slots_;     // optimizer slots per value (params only)
-  std::vector<int> params_;                    // parameter value ids, in creation order
+  std::vector<int> params_;                    // trained parameter value ids, in creation order
   std::vector<Tensor> param_grads_;            // grads_ of params_
   std::vector<uint8_t> needs_backward_;        // per node
   std::vector<std::vector<SaveSpec>> save_specs_;  // per node, cached: Op::saves() allocates

@@ -23,7 +23,9 @@ void Executor::plan() {
   st.nn = graph_.num_nodes();
   st.max_batch = graph_.batch_size();
   ET_CHECK(st.max_batch > 0, "graph batch size not set");
-  params_ = graph_.params();
+  params_.clear();  // the trained ones: frozen parameters get no gradient and no optimizer state
+  for (int p : graph_.params())
+    if (!graph_.value(p).frozen) params_.push_back(p);
 
   quant_ = resolve_quant(graph_, quant_options_);
   plan_needs_backward();
@@ -44,19 +46,20 @@ void Executor::plan() {
   for (int p : params_) param_grads_.push_back(grads_[size_t(p)]);
 }
 
-// Which nodes need a backward: those whose output depends on a parameter (or on a value that needs
-// a gradient). Values in node order, so one pass suffices.
+// Which nodes need a backward: those whose output depends on a trained parameter (or on a value
+// that needs a gradient). Values in node order, so one pass suffices. Below the lowest trained
+// layer nothing runs backward: the frozen bottom of a fine-tuned network costs forward time only.
 void Executor::plan_needs_backward() {
   const int nn = graph_.num_nodes();
   needs_backward_.assign(size_t(nn), 0);
+  for (int p : graph_.params()) graph_.value(p).needs_grad = !graph_.value(p).frozen;
   for (int n = 0; n < nn; ++n) {
     const Node& node = graph_.node(n);
     bool any = false;
-    for (int in : node.inputs) any |= graph_.value(in).needs_grad || graph_.value(in).kind == ValueKind::Param;
+    for (int in : node.inputs) any |= graph_.value(in).needs_grad;
     graph_.value(node.output).needs_grad = any;
     needs_backward_[size_t(n)] = any;
   }
-  for (int p : params_) graph_.value(p).needs_grad = true;
 }
 
 // Saved values: the first saving consumer pushes (its backward is the last reader and pops),
@@ -67,9 +70,16 @@ void Executor::plan_saves(PlanState& st) {
   const int nv = st.nv, nn = st.nn;
   save_specs_.assign(size_t(nn), {});
   for (int n = 0; n < nn; ++n) {
-    save_specs_[size_t(n)] = graph_.node(n).op->saves();
-    // A conv / linear with an INT4 forward keeps its input's codes instead (plan_quant_operands).
+    // A node without backward saves nothing; one with, what its wanted gradients read.
+    const Node& node = graph_.node(n);
+    if (!needs_backward_[size_t(n)]) continue;
+    std::vector<uint8_t> wanted;
+    for (int in : node.inputs) wanted.push_back(graph_.value(in).needs_grad);
+    save_specs_[size_t(n)] = node.op->saves();
     auto& specs = save_specs_[size_t(n)];
+    specs.erase(std::remove_if(specs.begin(), specs.end(), [&](const SaveSpec& s) { return !node.op->save_needed(s, wanted); }),
+                specs.end());
+    // A conv / linear with an INT4 forward keeps its input's codes instead (plan_quant_operands).
     if (quant_[size_t(n)].int4_forward)
       specs.erase(std::remove_if(specs.begin(), specs.end(), [](const SaveSpec& s) { return s.input == 0; }),
                   specs.end());
@@ -244,6 +254,7 @@ void Executor::plan_persistent(PlanState& st) {
     switch (v.kind) {
       case ValueKind::Param:
         st.data_offset[size_t(id)] = st.persistent; st.persistent += bytes; report_.params += bytes;
+        if (v.frozen) break;
         st.grad_offset[size_t(id)] = st.persistent; st.persistent += bytes; report_.grads += bytes;
         st.slot_offset[size_t(id)] = st.persistent; st.persistent += bytes * size_t(kOptimizerSlots);
         report_.optimizer += bytes * size_t(kOptimizerSlots);
@@ -385,7 +396,7 @@ void Executor::bind_views(PlanState& st) {
     const Value& v = graph_.value(id);
     if (v.kind == ValueKind::Activation || v.kind == ValueKind::Aux) continue;
     data_[size_t(id)] = Tensor::contiguous(arena_.at(st.data_offset[size_t(id)]), v.shape, v.dtype);
-    if (v.kind == ValueKind::Param) {
+    if (v.kind == ValueKind::Param && !v.frozen) {
       grads_[size_t(id)] = Tensor::contiguous(arena_.at(st.grad_offset[size_t(id)]), v.shape, v.dtype);
       const size_t slot_bytes = Arena::align_up(size_t(v.shape.numel()) * dtype_size(v.dtype));
       for (int s = 0; s < kOptimizerSlots; ++s)

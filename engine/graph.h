@@ -13,7 +13,7 @@ namespace et {
 
 enum class ValueKind : uint8_t {
   Input,       // fed by the data loader each step (images, labels)
-  Param,       // trained weights: persistent, with a gradient and optimizer state
+  Param,       // weights: persistent; trained ones (not frozen) have a gradient and optimizer state
   Buffer,      // persistent state without gradient (BN running statistics)
   Activation,  // produced by a node in forward; planned by lifetime
   Aux,         // produced by a node in forward for its own backward only (BN batch mean/invstd)
@@ -28,6 +28,7 @@ struct Value {
   ValueKind kind = ValueKind::Activation;
   bool batched = false;  // d[0] is the batch dimension
   bool needs_grad = false;
+  bool frozen = false;   // Param kept fixed by the fine-tuning policy (models/freeze.cpp)
   ParamInit init = ParamInit::None;
   int64_t init_fan = 0;  // fan used by the initializer
   int producer = -1;     // node index, -1 for inputs / params / buffers
@@ -62,7 +63,7 @@ class Graph {
 
   int find_value(const std::string& name) const;  // -1 if absent
 
-  std::vector<int> params() const;   // in creation order
+  std::vector<int> params() const;   // in creation order, frozen ones included
   std::vector<int> buffers() const;
   int batch_size() const { return batch_; }
   void set_batch_size(int n) { batch_ = n; }
@@ -70,6 +71,7 @@ class Graph {
   // Options op builders read while the model is built (from the config).
   struct BuildOptions {
     bool double_mask_bn = false;  // memory.double_mask_bn: BN output and gradient masked by x's zeros
+    bool frozen_bn = false;       // finetune.bn = frozen: BN normalises with its running statistics
   } build;
 
   // Marked by the model builder.

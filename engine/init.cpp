@@ -42,7 +42,7 @@ void init_parameters(Executor& ex, uint64_t seed) {
         break;
       }
     }
-    if (v.kind == ValueKind::Param)
+    if (v.kind == ValueKind::Param && !v.frozen)  // frozen ones have no optimizer state
       for (int s = 0; s < 1; ++s) {
         Tensor m = ex.opt_slot(id, s);
         for (int64_t i = 0; i < n; ++i) m.f32()[i] = 0.f;

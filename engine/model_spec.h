@@ -18,6 +18,14 @@ struct FusionSpec {
   int64_t cache_kb = 0;              // cache a tile must fit in; 0 = this core's L2 (sysfs)
 };
 
+// Which parameters train (config section `finetune`, docs/finetune.md; models/freeze.cpp).
+struct FinetuneSpec {
+  // "all", "head" (the classifier), "last:N" (the last N blocks or layers and the head), or name
+  // patterns (glob: * and ?) selecting layers by their own or their parameters' names.
+  std::vector<std::string> trainable = {"all"};
+  bool frozen_bn = false;  // finetune.bn = frozen: running statistics, BN parameters fixed
+};
+
 struct ModelSpec {
   std::string name = "resnet20";
   int64_t num_classes = 10;
@@ -30,6 +38,7 @@ struct ModelSpec {
   float dropout = 0.f;  // before the classifier (VGG, MobileNetV2); 0 = none
   bool double_mask_bn = false;  // memory.double_mask_bn (layers/batchnorm.cpp)
   FusionSpec fusion;            // the config's fusion section, applied by build_model
+  FinetuneSpec finetune;        // applied by build_model before fusion
 };
 
 // Builds the model into an empty graph, fused as spec.fusion says (fusion/fusion.h); throws

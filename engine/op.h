@@ -45,6 +45,9 @@ class Op {
   virtual OpClass op_class() const = 0;
   // Activations this op reads again in backward (params and aux values are always available).
   virtual std::vector<SaveSpec> saves() const { return {}; }
+  // Whether save `s` is read by the gradients wanted (input_wants_grad[i] for node input i): a conv
+  // whose weight is frozen needs its input only for nothing. Default: every save is read.
+  virtual bool save_needed(const SaveSpec& s, const std::vector<uint8_t>& input_wants_grad) const { return true; }
   // The encodings (engine/tensor.h dtypes) in which backward reads saves()[i] straight from the
   // stash, through OpContext::saved(i, set): a value whose every reader takes its encoding gets no
   // f32 decode buffer (the executor plans one otherwise). F32 alone: the decoded values.

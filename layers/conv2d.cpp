@@ -18,6 +18,8 @@ class Conv2dOp final : public Op {
   const char* type() const override { return "conv2d"; }
   OpClass op_class() const override { return OpClass::Compute; }
   std::vector<SaveSpec> saves() const override { return {{0, SaveKind::Full}}; }
+  // x is read by the weight gradient only: a frozen layer (finetune.trainable) does not keep it.
+  bool save_needed(const SaveSpec&, const std::vector<uint8_t>& wants) const override { return wants[1] != 0; }
   // The weight-gradient kernel may decode x from the stash's encoding image by image.
   DTypeSet reads_stored(int, const Backend& b, int64_t batch) const override {
     return b.conv2d_weight_reads(geom_.with_batch(batch));
@@ -63,7 +65,7 @@ class Conv2dOp final : public Op {
     const LayerQuant* q = ctx.quant();
     if (!q || q->int4_weights_only) {  // FP32 (FNT: the data gradient reads the forward's weights)
       const Tensor dy = ctx.grad_output();
-      be.conv2d_backward_weight(g, ctx.saved(0, be.conv2d_weight_reads(g)), dy, dw.t, db.t, dw.accumulate, ws);
+      if (dw.wanted) be.conv2d_backward_weight(g, ctx.saved(0, be.conv2d_weight_reads(g)), dy, dw.t, db.t, dw.accumulate, ws);
       const Tensor w = q ? ctx.quant_operand(QuantSlot::WF) : ctx.input(1);
       if (dx.wanted) be.conv2d_backward_data(g, dy, w, dx.t, dx.accumulate, ws);
       return;
@@ -79,7 +81,7 @@ class Conv2dOp final : public Op {
     };
     const Tensor dy = ctx.grad_output();
     if (q->backward == BackwardQuant::Fp32) {  // INT4 forward, FP32 backward (straight-through)
-      be.conv2d_backward_weight(g, x_f32(), dy, dw.t, db.t, dw.accumulate, ws);
+      if (dw.wanted) be.conv2d_backward_weight(g, x_f32(), dy, dw.t, db.t, dw.accumulate, ws);
       if (dx.wanted) be.conv2d_backward_data(g, dy, w_f32(), dx.t, dx.accumulate, ws);
       return;
     }
@@ -94,7 +96,7 @@ class Conv2dOp final : public Op {
       for (int s = 0; s < smp; ++s) {
         if (s > 0) gq = qops::quantize_grad(ctx, dy, alpha, s);
         gq.scale = alpha / float(smp);
-        be.conv2d_backward_weight_q(g, xq, gq, dw.t, db.t, dw.accumulate || s > 0, ws);
+        if (dw.wanted) be.conv2d_backward_weight_q(g, xq, gq, dw.t, db.t, dw.accumulate || s > 0, ws);
       }
       return;
     }
@@ -104,6 +106,7 @@ class Conv2dOp final : public Op {
       const Tensor gf = qops::dequantized(ctx, QuantSlot::G, QuantSlot::GF, alpha);
       be.conv2d_backward_data(g, gf, w_f32(), dx.t, dx.accumulate, ws);
     }
+    if (!dw.wanted) return;  // frozen: x was not kept
     const Tensor x = x_f32();
     for (int s = 0; s < smp; ++s) {
       if (s > 0) qops::quantize_grad(ctx, dy, alpha, s);

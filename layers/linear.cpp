@@ -13,6 +13,8 @@ class LinearOp final : public Op {
   const char* type() const override { return "linear"; }
   OpClass op_class() const override { return OpClass::Compute; }
   std::vector<SaveSpec> saves() const override { return {{0, SaveKind::Full}}; }
+  // x is read by the weight gradient only: a frozen layer (finetune.trainable) does not keep it.
+  bool save_needed(const SaveSpec&, const std::vector<uint8_t>& wants) const override { return wants[1] != 0; }
 
   size_t quant_workspace_bytes(const Backend& b, int64_t batch) const override {
     return b.linear_q_workspace_bytes(batch, in_, out_);
@@ -40,7 +42,7 @@ class LinearOp final : public Op {
     const Tensor dy = ctx.grad_output();
     const LayerQuant* q = ctx.quant();
     if (!q || q->int4_weights_only) {  // FP32 (FNT: the data gradient reads the forward's weights)
-      be.linear_backward_weight(ctx.saved(0), dy, dw.t, db.t, dw.accumulate);
+      if (dw.wanted) be.linear_backward_weight(ctx.saved(0), dy, dw.t, db.t, dw.accumulate);
       const Tensor w = q ? ctx.quant_operand(QuantSlot::WF) : ctx.input(1);
       if (dx.wanted) be.linear_backward_data(dy, w, dx.t, dx.accumulate);
       return;
@@ -54,7 +56,7 @@ class LinearOp final : public Op {
                              : ctx.input(1);
     };
     if (q->backward == BackwardQuant::Fp32) {
-      be.linear_backward_weight(x_f32(), dy, dw.t, db.t, dw.accumulate);
+      if (dw.wanted) be.linear_backward_weight(x_f32(), dy, dw.t, db.t, dw.accumulate);
       if (dx.wanted) be.linear_backward_data(dy, w_f32(), dx.t, dx.accumulate);
       return;
     }
@@ -67,13 +69,14 @@ class LinearOp final : public Op {
       for (int s = 0; s < smp; ++s) {
         if (s > 0) gq = qops::quantize_grad(ctx, dy, alpha, s);
         gq.scale = alpha / float(smp);
-        be.linear_backward_weight_q(xq, gq, dw.t, db.t, dw.accumulate || s > 0, ctx.workspace());
+        if (dw.wanted) be.linear_backward_weight_q(xq, gq, dw.t, db.t, dw.accumulate || s > 0, ctx.workspace());
       }
       return;
     }
     qops::quantize_grad(ctx, dy, alpha, 0);
     if (dx.wanted) be.linear_backward_data(qops::dequantized(ctx, QuantSlot::G, QuantSlot::GF, alpha), w_f32(), dx.t,
                                            dx.accumulate);
+    if (!dw.wanted) return;  // frozen: x was not kept
     const Tensor x = x_f32();
     for (int s = 0; s < smp; ++s) {
       if (s > 0) qops::quantize_grad(ctx, dy, alpha, s);

@@ -17,4 +17,8 @@ int build_resnet18(Graph& g, int x, int64_t num_classes, char shortcut);
 int build_vgg(Graph& g, int x, int depth, bool batchnorm, int64_t num_classes, float dropout);
 int build_mobilenetv2(Graph& g, int x, int64_t num_classes, float dropout);
 
+// Marks the parameters the fine-tuning policy keeps fixed (Value::frozen); UserError for a policy
+// that selects nothing or more blocks than the model has (models/freeze.cpp).
+void apply_finetune(Graph& g, const FinetuneSpec& f);
+
 }  // namespace et

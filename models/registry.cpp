@@ -49,10 +49,12 @@ void build_model(Graph& g, const ModelSpec& spec) {
   }
   if (spec.num_classes < 2) user_error("model.num_classes must be at least 2, got ", spec.num_classes);
   g.build.double_mask_bn = spec.double_mask_bn;
+  g.build.frozen_bn = spec.finetune.frozen_bn;
   const int x = image_input(g, spec.batch, spec.channels, spec.height, spec.width);
   const int labels = label_input(g, spec.batch);
   const int logits = it->second(g, x, spec);
   softmax_cross_entropy(g, logits, labels, "loss", spec.label_smoothing);
+  apply_finetune(g, spec.finetune);
   if (spec.fusion.enabled) fusion::apply(g, fusion::plan(g, spec.fusion));
 }
 

@@ -198,7 +198,8 @@ struct Net {
     Grads grads;
     for (int p : g.params()) {
       const std::string& name = g.value(p).name;
-      if (name == "probe.weight" || std::find(skip.begin(), skip.end(), name) != skip.end()) continue;
+      if (name == "probe.weight" || g.value(p).frozen || std::find(skip.begin(), skip.end(), name) != skip.end())
+        continue;
       targets.push_back({name, {ex->value(p), grads.keep(ex->grad(p))}});
     }
     if (check_input) targets.push_back({"input (via probe)", {images(), grads.keep(ex->grad(probe))}});
@@ -281,6 +282,23 @@ TEST_CASE("gradcheck: batchnorm2d (training mode)", "[gradcheck]") {
     });
     n2.check_all();
   }
+}
+
+TEST_CASE("gradcheck: frozen batchnorm2d (finetune.bn = frozen: running statistics, fixed gamma / beta)",
+          "[gradcheck]") {
+  Net net(4, 3, 3, 3, [](Graph& g, int x) {
+    g.build.frozen_bn = true;
+    return batchnorm2d(g, x, "bn");
+  });
+  REQUIRE(net.g.value(net.g.find_value("bn.weight")).frozen);
+  // Running statistics away from 0 / 1, so the scale and shift are generic.
+  Tensor rm = net.ex->value(net.g.find_value("bn.running_mean")), rv = net.ex->value(net.g.find_value("bn.running_var"));
+  for (int64_t c = 0; c < 3; ++c) rm.f32()[c] = 0.3f * float(c) - 0.2f, rv.f32()[c] = 0.5f + float(c);
+  const std::vector<float> rm0(rm.f32(), rm.f32() + 3), rv0(rv.f32(), rv.f32() + 3);
+  net.check_all();
+  // Training steps leave the running statistics as they were.
+  CHECK(std::equal(rm0.begin(), rm0.end(), rm.f32()));
+  CHECK(std::equal(rv0.begin(), rv0.end(), rv.f32()));
 }
 
 TEST_CASE("gradcheck: batchnorm2d with double mask (memory.double_mask_bn)", "[gradcheck]") {

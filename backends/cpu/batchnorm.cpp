@@ -121,6 +121,23 @@ void CpuBackend::batchnorm_forward_eval(const Tensor& x, const Tensor& gamma, co
     }
 }
 
+void CpuBackend::batchnorm_backward_frozen(const Tensor& dy, const Tensor& gamma, const Tensor& running_var,
+                                           float eps, Tensor& dx, bool accumulate) {
+  const int64_t N = dy.dim(0), C = dy.dim(1), HW = dy.dim(2) * dy.dim(3);
+#pragma omp parallel for collapse(2) schedule(static)
+  for (int64_t n = 0; n < N; ++n)
+    for (int64_t c = 0; c < C; ++c) {
+      float scale, shift;  // the forward's scale
+      bn_rows::eval_coefficients(gamma.f32()[c], 0.f, 0.f, running_var.f32()[c], eps, &scale, &shift);
+      const float* g = dy.f32() + (n * C + c) * HW;
+      float* o = dx.f32() + (n * C + c) * HW;
+      if (accumulate)
+        for (int64_t i = 0; i < HW; ++i) o[i] += g[i] * scale;
+      else
+        for (int64_t i = 0; i < HW; ++i) o[i] = g[i] * scale;
+    }
+}
+
 namespace {
 // x rows for the backward: f32 in place, or a 16-bit saved copy (dense_fp16 / dense_bf16 stash)
 // widened chunk by chunk into a stack buffer, so BN reads the stash directly (no decode pass).
@@ -164,8 +181,8 @@ void CpuBackend::batchnorm_backward(const Tensor& dy, const Tensor& x, const Ten
         sdyx += b;
       }
     const bn_rows::GradCoefficients k = bn_rows::grad_coefficients(sdy, sdyx, gamma.f32()[c], mu, is, M);
-    dbeta.f32()[c] = accumulate_params ? dbeta.f32()[c] + k.dbeta : k.dbeta;
-    dgamma.f32()[c] = accumulate_params ? dgamma.f32()[c] + k.dgamma : k.dgamma;
+    if (dbeta.defined()) dbeta.f32()[c] = accumulate_params ? dbeta.f32()[c] + k.dbeta : k.dbeta;  // else frozen
+    if (dgamma.defined()) dgamma.f32()[c] = accumulate_params ? dgamma.f32()[c] + k.dgamma : k.dgamma;
     if (!dx.defined()) continue;
     for (int64_t n = 0; n < N; ++n)
       for (int64_t i0 = 0; i0 < HW; i0 += chunk) {

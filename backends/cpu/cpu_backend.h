@@ -41,6 +41,8 @@ class CpuBackend final : public Backend {
   void batchnorm_backward(const Tensor& dy, const Tensor& x, const Tensor& gamma, const Tensor& mean,
                           const Tensor& invstd, Tensor& dx, bool accumulate_dx, Tensor& dgamma, Tensor& dbeta,
                           bool accumulate_params) override;
+  void batchnorm_backward_frozen(const Tensor& dy, const Tensor& gamma, const Tensor& running_var, float eps,
+                                 Tensor& dx, bool accumulate) override;
 
   void relu_forward(const Tensor& x, Tensor& y, MaskOut* mask = nullptr) override;
   void relu_backward(const Tensor& dy, const MaskView& mask, Tensor& dx, bool accumulate) override;

@@ -25,12 +25,12 @@ struct Entry {
   Tensor t;
 };
 
-// Every tensor a checkpoint holds, in a fixed order: params, their momentum, buffers.
+// Every tensor a checkpoint holds, in a fixed order: params, the trained ones' momentum, buffers.
 std::vector<Entry> checkpoint_entries(const Executor& ex) {
   std::vector<Entry> out;
   const Graph& g = ex.graph();
   for (int p : g.params()) out.push_back({g.value(p).name, "param", ex.value(p)});
-  for (int p : g.params()) out.push_back({g.value(p).name, "momentum", ex.opt_slot(p, 0)});
+  for (int p : ex.params()) out.push_back({g.value(p).name, "momentum", ex.opt_slot(p, 0)});
   for (int b : g.buffers()) out.push_back({g.value(b).name, "buffer", ex.value(b)});
   return out;
 }

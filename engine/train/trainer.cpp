@@ -302,7 +302,10 @@ void Trainer::fit(const std::string& out_dir, bool resume, Progress& progress, i
     if (!out) user_error("cannot write '", metrics.string(), "'");
   }
   const MemoryReport& m = executor_->memory();
-  progress.line(fmt("model ", cfg_.model.name, ": ", executor_->params().size(), " parameter tensors, arena ",
+  const size_t all_params = executor_->graph().params().size(), trained = executor_->params().size();
+  progress.line(fmt("model ", cfg_.model.name, ": ", all_params, " parameter tensors",
+                    trained < all_params ? fmt(" (", trained, " trained, ", all_params - trained, " frozen)") : "",
+                    ", arena ",
                     m.total / 1048576, " MB (params ", m.params / 1048576.0, " MB, activations planned ",
                     m.activations_planned / 1048576, " MB of ", m.activations_unplanned / 1048576, " MB unplanned)"));
   const int first = state_.epoch + 1;
