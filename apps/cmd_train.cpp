@@ -1,4 +1,5 @@
 // `edgetrain train` and `edgetrain eval`.
+#include <algorithm>
 #include <chrono>
 #include <ctime>
 #include <filesystem>
@@ -142,7 +143,26 @@ int cmd_eval(const EvalArgs& a) {
     what = "with weights " + cfg.weights;
     j["weights"] = cfg.weights;
   }
-  const EvalResult r = trainer.evaluate();
+  const EvalResult r = trainer.evaluate(!a.predictions.empty());
+  if (!a.predictions.empty()) {
+    // One line per test image, in the data set's order: index, label, predicted class, logits.
+    const int64_t K = cfg.model.num_classes;
+    std::string csv = "index,label,predicted";
+    for (int64_t k = 0; k < K; ++k) csv += ",logit" + std::to_string(k);
+    csv += "\n";
+    char buf[32];
+    for (int64_t i = 0; i < r.images; ++i) {
+      const float* z = r.logits.data() + i * K;
+      csv += std::to_string(i) + "," + std::to_string(r.labels[size_t(i)]) + "," +
+             std::to_string(std::max_element(z, z + K) - z);
+      for (int64_t k = 0; k < K; ++k) {
+        std::snprintf(buf, sizeof(buf), ",%.9g", double(z[k]));
+        csv += buf;
+      }
+      csv += "\n";
+    }
+    write_atomically(a.predictions, csv);
+  }
   std::printf("%s %s: test loss %.4f, test accuracy %.4f on %lld images\n", cfg.model.name.c_str(), what.c_str(),
               r.loss, r.acc, (long long)r.images);
   j["test_loss"] = r.loss;

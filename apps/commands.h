@@ -22,7 +22,7 @@ struct TrainArgs {
 int cmd_train(const TrainArgs& a);
 
 struct EvalArgs {
-  std::string config, checkpoint;
+  std::string config, checkpoint, predictions;
   std::vector<std::string> sets;
 };
 int cmd_eval(const EvalArgs& a);

@@ -24,6 +24,7 @@ int main(int argc, char** argv) {
   e->add_option("--config", eval.config, "config file (JSON)")->required();
   e->add_option("--checkpoint", eval.checkpoint, "checkpoint file (default: the config's model.weights)");
   e->add_option("--set", eval.sets, "override a config key: dotted.key=value (repeatable)");
+  e->add_option("--predictions", eval.predictions, "write each test image's label, prediction and logits (CSV)");
 
   MemProfileArgs mp;
   auto* m = app.add_subcommand("memprofile", "per-layer memory of a training step: stash formats, sparsity, USS");

@@ -98,7 +98,7 @@ def os_threads():
 # worker: one PyTorch run, one JSON line
 
 
-def torch_worker(model_name, batch, steps, warmup, threads, seed):
+def torch_worker(model_name, batch, steps, warmup, threads, seed, finetune="all"):
     os.environ.setdefault("OMP_NUM_THREADS", str(threads))
     os.environ.setdefault("MKL_NUM_THREADS", str(threads))
     import torch  # after the environment is set
@@ -113,9 +113,10 @@ def torch_worker(model_name, batch, steps, warmup, threads, seed):
     uss_before = read_uss_bytes()
     model = torch_models.build_model(model_name, num_classes=opt_cfg["num_classes"])
     model.train()
+    trained = torch_models.freeze(model, finetune)  # finetune.trainable; frozen: requires_grad = False
     x = torch.randn(batch, 3, 32, 32)
     y = torch.randint(0, opt_cfg["num_classes"], (batch,))
-    opt = torch.optim.SGD(model.parameters(), lr=opt_cfg["lr"], momentum=opt_cfg["momentum"],
+    opt = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=opt_cfg["lr"], momentum=opt_cfg["momentum"],
                           weight_decay=opt_cfg["weight_decay"], nesterov=opt_cfg["nesterov"])
     criterion = torch.nn.CrossEntropyLoss()  # mean softmax cross-entropy
 
@@ -155,6 +156,8 @@ def torch_worker(model_name, batch, steps, warmup, threads, seed):
         "uss_before_mb": uss_before / 1048576.0,
         "loss": float(loss.item()) if loss is not None else None,
         "jemalloc": "jemalloc" in os.environ.get("LD_PRELOAD", ""),
+        "finetune": finetune,
+        "trained_tensors": len(trained),
         "torch": torch.__version__,
     }
     if torch.get_num_threads() != threads:
@@ -252,12 +255,14 @@ def main():
     ap.add_argument("--malloc-conf", default="dirty_decay_ms:-1,muzzy_decay_ms:-1",
                     help="MALLOC_CONF for the jemalloc run (default: never purge dirty pages; '' = jemalloc's defaults)")
     ap.add_argument("--timeout", type=int, default=1800, help="seconds per child process")
+    ap.add_argument("--finetune", default="all",
+                    help="finetune.trainable for both engines (ResNets: all, head, last:N); torch freezes the same tensors")
     a = ap.parse_args()
 
     if a.torch_worker:
         model, batch, steps = a.torch_worker[0], int(a.torch_worker[1]), int(a.torch_worker[2])
         warmup = a.warmup if a.warmup is not None else default_steps(model)[1]
-        torch_worker(model, batch, steps, warmup, a.threads, a.seed)
+        torch_worker(model, batch, steps, warmup, a.threads, a.seed, a.finetune)
         return 0
 
     models = [m for m in a.models.split(",") if m]
@@ -298,10 +303,12 @@ def main():
                 "edgetrain": ([a.edgetrain, "bench", "step", "--config", config_for(model), "--steps", str(steps),
                                "--warmup", str(warmup), "--set", "model.name=" + model,
                                "--set", "train.batch_size=%d" % batch, "--set", "train.threads=%d" % a.threads,
-                               "--set", "train.seed=%d" % a.seed] + [x for kv in a.set for x in ("--set", kv)],
+                               "--set", "train.seed=%d" % a.seed, "--set", "finetune.trainable=" + a.finetune]
+                              + [x for kv in a.set for x in ("--set", kv)],
                               base_env),
                 "torch": ([sys.executable, os.path.abspath(__file__), "--torch-worker", model, str(batch), str(steps),
-                           "--warmup", str(warmup), "--threads", str(a.threads), "--seed", str(a.seed)], base_env),
+                           "--warmup", str(warmup), "--threads", str(a.threads), "--seed", str(a.seed),
+                           "--finetune", a.finetune], base_env),
             }
             if jemalloc:
                 cmds["torch+jemalloc"] = (cmds["torch"][0], je_env)

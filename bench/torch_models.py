@@ -256,6 +256,27 @@ def build_model(name, num_classes=10, dropout=0.0, shortcut="B"):
     raise ValueError("unknown model '%s' (known: %s)" % (name, ", ".join(MODEL_NAMES)))
 
 
+def freeze(model, policy):
+    """finetune.trainable for the ResNets, as models/freeze.cpp applies it: "all", "head" (the
+    classifier) or "last:N" (the last N blocks, the stem counting as one, and the head). Frozen
+    parameters get requires_grad = False; BN layers stay in training mode (finetune.bn = train).
+    Returns the names of the trained parameters."""
+    names = [n for n, _ in model.named_parameters()]
+    if policy == "all":
+        return names
+    units = ["conv1"] + sorted({".".join(n.split(".")[:2]) for n in names if n.startswith("layer")},
+                               key=lambda u: (int(u[5:].split(".")[0]), int(u.split(".")[1])))
+    last = 0 if policy == "head" else int(policy.split(":")[1])
+    keep = set(units[len(units) - last:]) if last else set()
+    trained = []
+    for n, p in model.named_parameters():
+        unit = "conv1" if n.startswith(("conv1.", "bn1.")) else ".".join(n.split(".")[:2])
+        p.requires_grad = n.startswith("linear.") or unit in keep
+        if p.requires_grad:
+            trained.append(n)
+    return trained
+
+
 def num_params(model):
     return sum(p.numel() for p in model.parameters())
 

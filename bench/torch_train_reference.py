@@ -115,11 +115,16 @@ def run(cfg, data, seed, name, zero_init_residual, dev, init=None, save=None):
         sd = torch.load(init, map_location="cpu")
         sd = sd.get("state_dict", sd)
         model.load_state_dict({k[len("module."):] if k.startswith("module.") else k: v for k, v in sd.items()})
+    ft = cfg.get("finetune", {})
+    if ft.get("bn", "train") != "train":
+        raise SystemExit("finetune.bn = %s: only \"train\" has a PyTorch replica here" % ft["bn"])
+    from torch_models import freeze
+    freeze(model, ft.get("trainable", "all"))  # requires_grad = False outside the trained blocks
     model = model.to(dev).to(memory_format=torch.channels_last)
     mean = torch.tensor(d.get("mean", [0, 0, 0]), device=dev).view(1, 3, 1, 1)
     std = torch.tensor(d.get("std", [1, 1, 1]), device=dev).view(1, 3, 1, 1)
     norm = lambda u8: ((u8.float() / 255.0 - mean) / std).contiguous(memory_format=torch.channels_last)
-    opt = torch.optim.SGD(model.parameters(), lr=t["lr"], momentum=t.get("momentum", 0.9),
+    opt = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=t["lr"], momentum=t.get("momentum", 0.9),
                           nesterov=t.get("nesterov", False), weight_decay=t.get("weight_decay", 0.0))
     bs, epochs = t["batch_size"], t["epochs"]
     steps = xtr.shape[0] // bs  # drop_last, as edgetrain

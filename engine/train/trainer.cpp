@@ -234,7 +234,7 @@ EpochResult Trainer::train_epoch(int epoch, Progress& progress) {
   return r;
 }
 
-EvalResult Trainer::evaluate() {
+EvalResult Trainer::evaluate(bool keep_logits) {
   Executor& ex = *executor_;
   BatchLoader loader(*test_, loader_options(cfg_, false));
   loader.start_epoch(0);
@@ -250,6 +250,11 @@ EvalResult Trainer::evaluate() {
     loss_sum += double(ex.loss()) * double(n);
     correct += count_correct(ex.value(graph_.logits), ex.value(graph_.label_input), n);
     r.images += n;
+    if (keep_logits) {
+      const Tensor z = ex.value(graph_.logits);
+      r.logits.insert(r.logits.end(), z.f32(), z.f32() + n * z.dim(1));
+      r.labels.insert(r.labels.end(), labels.i32(), labels.i32() + n);
+    }
   }
   r.loss = loss_sum / double(r.images);
   r.acc = double(correct) / double(r.images);

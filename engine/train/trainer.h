@@ -30,6 +30,8 @@ struct EpochResult {
 struct EvalResult {
   double loss = 0, acc = 0;
   int64_t images = 0;
+  std::vector<float> logits;    // [images, classes] in test-set order, when asked for
+  std::vector<int32_t> labels;  // [images], with the logits
 };
 
 class Trainer {
@@ -49,7 +51,8 @@ class Trainer {
   // (stop, or too many rollbacks; the last checkpoint stays as it was) or rolls back to the last
   // checkpoint at a lower learning rate.
   void fit(const std::string& out_dir, bool resume, Progress& progress, int max_epochs = 0);
-  EvalResult evaluate();
+  // Test-split loss and accuracy; `keep_logits`: also every image's logits and label.
+  EvalResult evaluate(bool keep_logits = false);
   // One optimizer step on the images / labels already in the executor's inputs, at `lr`. Returns
   // false when the divergence guard fires (divergence() says why and where); the step counter
   // does not advance and the training state is unusable until restored (fit rolls back or stops).
