@@ -32,6 +32,12 @@ struct ExportArgs {
 };
 int cmd_export(const ExportArgs& a);
 
+struct PlotArgs {
+  std::vector<std::string> runs;
+  std::string out;  // default runs/plot-<time>.svg
+};
+int cmd_plot(const PlotArgs& a);
+
 struct BenchStepArgs {
   std::string config;
   std::vector<std::string> sets;

@@ -1,4 +1,4 @@
-// edgetrain command line: train / eval / export / memprofile / plan / bench step / bench bitmap / bench fusion.
+// edgetrain command line: train / eval / export / plot / memprofile / plan / bench step / bench bitmap / bench fusion.
 #include <CLI/CLI.hpp>
 #include <cstdio>
 
@@ -42,6 +42,11 @@ int main(int argc, char** argv) {
   x->add_option("--format", ex.format, "safetensors")->check(CLI::IsMember({"safetensors"}));
   x->add_option("--out", ex.out, "file to write (must not exist)")->required();
 
+  PlotArgs plot;
+  auto* po = app.add_subcommand("plot", "draw runs' curves (loss, accuracy, learning rate, peak USS) on one SVG chart");
+  po->add_option("runs", plot.runs, "run folders (each with metrics.jsonl)")->required();
+  po->add_option("--out", plot.out, "SVG file to write (default runs/plot-<time>.svg; must not exist)");
+
   PlanArgs plan;
   auto* pl = app.add_subcommand("plan", "the fusion planner's stacks, tiles and bytes moved for a config");
   pl->add_option("--config", plan.config, "config file (JSON)")->required();
@@ -79,6 +84,7 @@ int main(int argc, char** argv) {
     if (*e) return cmd_eval(eval);
     if (*m) return cmd_memprofile(mp);
     if (*x) return cmd_export(ex);
+    if (*po) return cmd_plot(plot);
     if (*bs) return cmd_bench_step(step);
     if (*bb) return cmd_bench_bitmap(bitmap);
     if (*pl) return cmd_plan(plan);

@@ -7,9 +7,10 @@ test images, and compares accuracy, per-image predictions and logits.
       --checkpoint runs/finetune/torch_resnet20a.pt [--data ../shared/data/cifar10]
 
 The model is bench/torch_models.py's replica of the config's model (model.shortcut included), in
-eval mode; images are decoded by PIL on the PyTorch side and by stb_image in edgetrain, so the
-two see JPEG decodes that may differ by a grey level here and there: the logit differences below
-include that. The last line is one JSON object.
+eval mode. PyTorch's images are decoded by PIL; edgetrain runs twice: on the very same pixels
+(written as a CIFAR-10 binary test batch: the engines' numerics alone) and on the JPEG folder with
+its own decoder (stb_image; decodes may differ by a grey level here and there). The last line is
+one JSON object.
 """
 import argparse
 import csv
@@ -59,34 +60,41 @@ def main():
     tpred = tl.argmax(1)
     tacc = (tpred == yte).float().mean().item()
 
-    # edgetrain: convert, evaluate, read its predictions.
+    # edgetrain: convert, evaluate (twice: on the JPEG folder with its own decoder, and on the very
+    # pixels PyTorch saw, written as a CIFAR-10 binary test batch), read its predictions.
+    out = {"config": a.config, "checkpoint": a.checkpoint, "images": int(yte.shape[0]), "torch_test_acc": tacc}
+    K = tl.shape[1]
     with tempfile.TemporaryDirectory() as tmp:
         st = os.path.join(tmp, "w.safetensors")
         subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "convert_pytorch.py"), a.checkpoint, st], check=True)
-        pred_csv = os.path.join(tmp, "pred.csv")
+        with open(os.path.join(tmp, "test_batch.bin"), "wb") as f:  # label byte + CHW pixels per image
+            for i in range(xte.shape[0]):
+                f.write(bytes([int(yte[i])]) + xte[i].contiguous().numpy().tobytes())
         env = dict(os.environ, OMP_NUM_THREADS=str(a.threads))
-        subprocess.run([a.edgetrain, "eval", "--config", a.config, "--set", "model.weights=" + st, "--set",
-                        "data.root=" + root, "--set", "train.threads=%d" % a.threads, "--predictions", pred_csv],
-                       check=True, env=env)
-        with open(pred_csv) as f:
-            rows = list(csv.DictReader(f))
-    K = tl.shape[1]
-    el = torch.tensor([[float(r["logit%d" % k]) for k in range(K)] for r in rows])
-    elab = torch.tensor([int(r["label"]) for r in rows])
-    epred = torch.tensor([int(r["predicted"]) for r in rows])
-    if not torch.equal(elab, yte):
-        raise SystemExit("the two engines read the test images in different orders")
-    eacc = (epred == yte).float().mean().item()
-    same = (epred == tpred).float().mean().item()
-    diff = (el - tl).abs()
-    out = {"config": a.config, "checkpoint": a.checkpoint, "images": int(yte.shape[0]),
-           "torch_test_acc": tacc, "edgetrain_test_acc": eacc, "acc_diff_points": 100 * (eacc - tacc),
-           "same_prediction": same, "differing_predictions": int((epred != tpred).sum().item()),
-           "logit_abs_diff_max": diff.max().item(), "logit_abs_diff_mean": diff.mean().item()}
-    print("PyTorch %.4f, edgetrain %.4f (%+.3f points); identical predictions on %.3f %% (%d differ); "
-          "|logit difference| max %.2e, mean %.2e" % (tacc, eacc, out["acc_diff_points"], 100 * same,
-                                                     out["differing_predictions"], out["logit_abs_diff_max"],
-                                                     out["logit_abs_diff_mean"]))
+        for name, sets in (("same_pixels", ["data.format=cifar10_binary", "data.root=" + tmp]),
+                           ("own_decoder", ["data.root=" + root])):
+            pred_csv = os.path.join(tmp, name + ".csv")
+            cmd = [a.edgetrain, "eval", "--config", a.config, "--set", "model.weights=" + st,
+                   "--set", "train.threads=%d" % a.threads, "--predictions", pred_csv]
+            subprocess.run(cmd + [x for kv in sets for x in ("--set", kv)], check=True, env=env, stdout=subprocess.DEVNULL)
+            with open(pred_csv) as f:
+                rows = list(csv.DictReader(f))
+            el = torch.tensor([[float(r["logit%d" % k]) for k in range(K)] for r in rows])
+            elab = torch.tensor([int(r["label"]) for r in rows])
+            epred = torch.tensor([int(r["predicted"]) for r in rows])
+            if not torch.equal(elab, yte):
+                raise SystemExit("the two engines read the test images in different orders")
+            eacc = (epred == yte).float().mean().item()
+            diff = (el - tl).abs()
+            r = {"edgetrain_test_acc": eacc, "acc_diff_points": 100 * (eacc - tacc),
+                 "same_prediction": (epred == tpred).float().mean().item(),
+                 "differing_predictions": int((epred != tpred).sum().item()),
+                 "logit_abs_diff_max": diff.max().item(), "logit_abs_diff_mean": diff.mean().item()}
+            out[name] = r
+            print("%-11s PyTorch %.4f, edgetrain %.4f (%+.3f points); identical predictions on %.3f %% (%d differ); "
+                  "|logit difference| max %.2e, mean %.2e" % (name, tacc, eacc, r["acc_diff_points"],
+                                                             100 * r["same_prediction"], r["differing_predictions"],
+                                                             r["logit_abs_diff_max"], r["logit_abs_diff_mean"]), flush=True)
     print(json.dumps(out))
 
 

@@ -245,5 +245,12 @@ else
   echo "skip convert_pytorch.py checks: python3-torch is not installed"
 fi
 
+# --- curves.svg after every epoch; edgetrain plot of several runs
+grep -q "<svg" "$T/full/curves.svg" && grep -q "<polyline" "$T/full/curves.svg" && grep -q "2 epochs" "$T/full/curves.svg" \
+  && pass "curves.svg written by the run" || fail "curves.svg missing or empty"
+"$BIN" plot "$T/full" "$T/wt_a" --out "$T/plot.svg" >/dev/null && grep -q "full vs wt_a" "$T/plot.svg" && pass "plot of two runs" || fail "plot"
+expect_error "plot over an existing file" "exists" "$BIN" plot "$T/full" --out "$T/plot.svg"
+expect_error "plot of a folder without metrics" "$T/nothere/metrics.jsonl" "$BIN" plot "$T/nothere" --out "$T/plot2.svg"
+
 echo "$fails failure(s)"
 [ $fails -eq 0 ]

@@ -11,6 +11,7 @@
 
 #include "engine/data/loader.h"
 #include "engine/init.h"
+#include "engine/train/curves.h"
 #include "engine/train/optimizer.h"
 #include "engine/train/schedule.h"
 #include "engine/train/weights.h"
@@ -341,6 +342,7 @@ void Trainer::fit(const std::string& out_dir, bool resume, Progress& progress, i
               {"img_per_s", r.img_per_s}, {"epoch_s", r.epoch_s},     {"peak_uss_mb", r.peak_uss_mb},
               {"stash_peak_mb", r.stash_peak_mb}, {"fnt", r.fnt}};
     append_metrics(out_dir, j);
+    write_run_curves(out_dir, run_name(out_dir) + " (" + cfg_.model.name + ")");
     progress.line(fmt("epoch ", r.epoch, "/", cfg_.train.epochs, ": train loss ", r.train_loss, " acc ", r.train_acc,
                       " | test loss ", r.test_loss, " acc ", r.test_acc, " | ", int(r.img_per_s), " img/s, ",
                       format_duration(r.epoch_s), ", peak USS ", int(r.peak_uss_mb), " MB", r.fnt ? " [FNT]" : ""));
