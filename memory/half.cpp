@@ -18,7 +18,9 @@ namespace et {
 
 namespace {
 
+#if defined(__F16C__) || defined(__AVX512F__)  // the rounding macros exist only with immintrin.h
 constexpr int kRound = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
+#endif
 
 // Runs body(i0, i1) over [0, n) in parts whose bounds are multiples of 64 elements.
 template <typename Body>
