@@ -94,6 +94,7 @@ int cmd_bench_step(const BenchStepArgs& a) {
     diverged |= !gradients_finite(ex);
     if (a.profile) guard_s += std::chrono::duration<double>(Clock::now() - t0).count();
     diverged |= !sgd_update(ex, sgd, 0.01f, s == 0);
+    uss.sample();  // the peak over the step: after the forward (activations) and after the update
   };
   for (int s = 0; s < a.warmup; ++s) step(s);
   guard_s = 0;

@@ -11,7 +11,7 @@ A training step is zero_grad, forward, mean softmax cross-entropy, backward, SGD
 and weight decay (the config's values), on synthetic N(0,1) images and uniform labels, as in
 `edgetrain bench step`. The PyTorch models are bench/torch_models.py (replicas of our builders).
 Memory: USS = Private_Clean + Private_Dirty + Private_Hugetlb of /proc/self/smaps_rollup, peak
-over samples taken after each forward (after the loss); step USS = peak minus the USS just before
+over samples taken after each forward (after the loss) and after each optimizer step; step USS = peak minus the USS just before
 the model was built (and, for torch, after `import torch`), as edgetrain reports it.
 
   /usr/bin/python3 bench/compare_pytorch.py                       # resnet20, vgg16_bn x 32, 128
@@ -128,6 +128,7 @@ def torch_worker(model_name, batch, steps, warmup, threads, seed, finetune="all"
         peak[0] = max(peak[0], read_uss_bytes())  # after the forward (and the loss)
         loss.backward()
         opt.step()
+        peak[0] = max(peak[0], read_uss_bytes())  # and after the update: the peak over the step
         return loss
 
     for _ in range(warmup):

@@ -114,7 +114,15 @@ def run(cfg, data, seed, name, zero_init_residual, dev, init=None, save=None):
     if init:  # a state_dict, or a published checkpoint holding one (as scripts/convert_pytorch.py reads it)
         sd = torch.load(init, map_location="cpu")
         sd = sd.get("state_dict", sd)
-        model.load_state_dict({k[len("module."):] if k.startswith("module.") else k: v for k, v in sd.items()})
+        sd = {k[len("module."):] if k.startswith("module.") else k: v for k, v in sd.items()}
+        own = model.state_dict()
+        # Head swap, as model.weights does it: a classifier of another size keeps its initialisation.
+        swapped = [k for k, v in sd.items() if k in own and own[k].shape != v.shape and k.split(".")[0] in ("linear", "classifier")]
+        for k in swapped:
+            sd[k] = own[k]
+        if swapped:
+            print("head swap: %s initialised anew" % ", ".join(swapped), flush=True)
+        model.load_state_dict(sd)
     ft = cfg.get("finetune", {})
     if ft.get("bn", "train") != "train":
         raise SystemExit("finetune.bn = %s: only \"train\" has a PyTorch replica here" % ft["bn"])

@@ -9,8 +9,8 @@ Import reads a checkpoint as people publish them: a bare state_dict, or a dict h
 best accuracy, are ignored), with or without DataParallel's "module." prefix. Floating-point
 tensors are written as F32 under their state_dict names, which are edgetrain's parameter and
 buffer names; BN "num_batches_tracked" counters are dropped (edgetrain uses a fixed momentum).
-Loading uses torch.load(weights_only=True), which refuses pickled code; --unsafe-pickle allows a
-checkpoint that pickles a whole nn.Module (run it only on files you trust).
+Loading unpickles tensors, containers and plain values only (pickled code is refused);
+--unsafe-pickle allows a checkpoint that pickles a whole nn.Module (run it only on files you trust).
 
 --to-pytorch writes a state_dict (an OrderedDict of tensors) and adds each BN's
 num_batches_tracked (0), so that model.load_state_dict(torch.load(OUT)) works with strict=True.
@@ -73,11 +73,58 @@ def write_atomically(path, write):
         fail("cannot write %s: %s" % (path, e.strerror or e))
 
 
+def restricted_pickle():
+    """A pickle module for torch.load that builds tensors, containers and plain values only.
+    (torch 1.13's weights_only=True refuses floats, which published checkpoints hold, e.g. an
+    accuracy next to the state_dict.)"""
+    import collections as _c
+    import pickle
+    import types
+
+    import torch
+
+    allowed = {("collections", "OrderedDict"), ("torch._utils", "_rebuild_tensor_v2"),
+               ("torch._utils", "_rebuild_parameter"), ("torch._utils", "_rebuild_parameter_with_state"),
+               ("torch", "Size"), ("torch", "device"), ("torch", "dtype"), ("builtins", "set"),
+               ("builtins", "frozenset"), ("builtins", "slice"), ("builtins", "complex")}
+
+    class Unpickler(pickle.Unpickler):
+        def find_class(self, module, name):
+            if (module, name) in allowed or (module == "torch" and name.endswith("Storage")) or \
+                    (module == "torch" and name in ("float32", "float16", "bfloat16", "float64", "int64", "int32",
+                                                     "uint8", "int8", "bool")):
+                return super().find_class(module, name)
+            raise pickle.UnpicklingError("refusing to load %s.%s (not a tensor or plain value)" % (module, name))
+
+    def load(f, **kw):
+        return Unpickler(f, **kw).load()
+
+    del _c, torch
+    return types.SimpleNamespace(Unpickler=Unpickler, load=load, __name__="restricted_pickle")
+
+
+def safe_load(path):
+    """torch.load through restricted_pickle(). torch 1.13's torch.load replaces any pickle_module
+    by pickle unless weights_only=True (whose unpickler refuses floats), so this calls the loaders
+    torch.load itself uses; other torch versions get torch.load(weights_only=True)."""
+    import torch
+    import torch.serialization as ser
+
+    if not all(hasattr(ser, f) for f in ("_is_zipfile", "_open_zipfile_reader", "_load", "_legacy_load")):
+        return torch.load(path, map_location="cpu", weights_only=True)
+    module = restricted_pickle()
+    with open(path, "rb") as f:
+        if ser._is_zipfile(f):
+            with ser._open_zipfile_reader(f) as z:
+                return ser._load(z, "cpu", module, encoding="utf-8")
+        return ser._legacy_load(f, "cpu", module, encoding="utf-8")
+
+
 def to_safetensors(src, dst, unsafe):
     import torch
 
     try:
-        obj = torch.load(src, map_location="cpu", weights_only=not unsafe)
+        obj = torch.load(src, map_location="cpu") if unsafe else safe_load(src)
     except FileNotFoundError:
         fail("%s: no such file" % src)
     except Exception as e:  # torch raises many kinds for a truncated or foreign file

@@ -238,6 +238,12 @@ if /usr/bin/python3 -c "import torch" 2>/dev/null; then
     && b="$("$BIN" eval --config "$T/cfg.json" --set model.weights="$T/wt_back.safetensors" | metrics_of)" \
     && a="$("$BIN" eval --config "$T/cfg.json" --checkpoint "$T/full/checkpoint_last.ckpt" | metrics_of)" && [ "$a" = "$b" ] \
     && pass "convert_pytorch.py round trip (DataParallel names, wrapped state_dict)" || fail "convert_pytorch.py round trip: '$a' '$b'"
+  /usr/bin/python3 -c "import torch,os,sys
+class Evil:
+    def __reduce__(self): return (os.system, ('touch $T/pwned',))
+torch.save({'state_dict': torch.nn.Linear(2, 2).state_dict(), 'best_prec1': 91.5, 'x': Evil()}, sys.argv[1])" "$T/evil.pt"
+  expect_error "converter: pickled code is refused" "refusing to load posix.system" /usr/bin/python3 "$CONV" "$T/evil.pt" "$T/evil.safetensors"
+  [ ! -e "$T/pwned" ] && pass "converter: pickled code did not run" || fail "converter ran pickled code"
   printf 'not a checkpoint' >"$T/junk.pt"
   expect_error "converter: corrupt PyTorch file" "$T/junk.pt" /usr/bin/python3 "$CONV" "$T/junk.pt" "$T/junk.safetensors"
   [ ! -e "$T/junk.safetensors" ] && pass "converter: nothing written on error" || fail "converter wrote a file on error"
