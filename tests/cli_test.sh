@@ -251,6 +251,33 @@ else
   echo "skip convert_pytorch.py checks: python3-torch is not installed"
 fi
 
+# --- fine-tuning policies: frozen layers, resume exact, bad policies
+FT=(--set model.weights="$T/wt.safetensors" --set finetune.trainable=last:1 --set finetune.bn=frozen)
+"$BIN" train --config "$T/cfg.json" "${FT[@]}" --out "$T/ft_full" >"$T/ft_full.log" 2>&1 && grep -q "(5 trained, 24 frozen)" "$T/ft_full.log" \
+  && pass "fine-tune last:1 with frozen BN" || fail "fine-tune: $(grep -m1 "parameter tensors" "$T/ft_full.log") $(tail -2 "$T/ft_full.log")"
+"$BIN" train --config "$T/cfg.json" "${FT[@]}" --stop-after 1 --out "$T/ft_part" >/dev/null 2>&1
+"$BIN" train --config "$T/cfg.json" "${FT[@]}" --out "$T/ft_part" --resume >/dev/null 2>&1
+[ "$(strip "$T/ft_full/metrics.jsonl")" = "$(strip "$T/ft_part/metrics.jsonl")" ] && cmp -s "$T/ft_full/checkpoint_last.ckpt" "$T/ft_part/checkpoint_last.ckpt" \
+  && pass "fine-tune resume reproduces the uninterrupted run" || fail "fine-tune resume differs"
+"$BIN" export --checkpoint "$T/ft_full/checkpoint_last.ckpt" --out "$T/ft.safetensors" >/dev/null
+if /usr/bin/python3 -c "import torch" 2>/dev/null; then
+  /usr/bin/python3 - "$T/wt.safetensors" "$T/ft.safetensors" <<'PY' && pass "frozen tensors unchanged, trained ones changed" || fail "frozen tensors changed"
+import json, struct, sys
+def load(p):
+    raw = open(p, "rb").read(); n = struct.unpack("<Q", raw[:8])[0]; h = json.loads(raw[8:8 + n])
+    return {k: raw[8 + n + v["data_offsets"][0]: 8 + n + v["data_offsets"][1]] for k, v in h.items() if k != "__metadata__"}
+a, b = load(sys.argv[1]), load(sys.argv[2])
+frozen = [k for k in a if not k.startswith(("layer3.0.", "linear."))]
+assert all(a[k] == b[k] for k in frozen), "a frozen tensor changed"
+assert any(a[k] != b[k] for k in ("layer3.0.conv1.weight", "linear.weight")), "nothing trained"
+assert a["layer3.0.bn1.running_mean"] == b["layer3.0.bn1.running_mean"], "frozen BN statistics moved"
+PY
+fi
+expect_error "bad finetune.trainable" "finetune.trainable" "$BIN" train --config "$T/cfg.json" --set finetune.trainable=last:0 --out "$T/ft_x1"
+expect_error "pattern matching nothing" "pattern 'layer9*'" "$BIN" train --config "$T/cfg.json" --set 'finetune.trainable=["layer9*"]' --out "$T/ft_x2"
+expect_error "bad finetune.bn" "finetune.bn" "$BIN" train --config "$T/cfg.json" --set finetune.bn=eval --out "$T/ft_x3"
+expect_error "resume with another policy" "finetune.trainable" "$BIN" train --config "$T/cfg.json" "${FT[@]}" --set finetune.trainable=head --out "$T/ft_part" --resume
+
 # --- curves.svg after every epoch; edgetrain plot of several runs
 grep -q "<svg" "$T/full/curves.svg" && grep -q "<polyline" "$T/full/curves.svg" && grep -q "2 epochs" "$T/full/curves.svg" \
   && pass "curves.svg written by the run" || fail "curves.svg missing or empty"
