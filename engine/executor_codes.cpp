@@ -41,8 +41,9 @@ void Executor::plan_code_saves(PlanState& st) {
   for (int id = 0; id < st.nv; ++id) st.codes[size_t(id)] = all && eligible[size_t(id)];
   if (global == StashFormat::BitmapI4 && std::count(st.codes.begin(), st.codes.end(), 1) == 0)
     user_error("config key 'memory.stash' = \"bitmap_int4\": it keeps the INT4 input codes of layers with an INT4 "
-               "forward and a 4-bit backward, and no layer of this model has both (set quant.forward = int4 and "
-               "quant.backward = luq_fp4, or choose another stash format)");
+               "forward and a 4-bit backward, and no layer of this model that runs a backward has both (set "
+               "quant.forward = int4 and quant.backward = luq_fp4, train more than finetune.trainable does, or "
+               "choose another stash format)");
   for (const auto& [layer, f] : stash_options_.layers) {
     const int id = graph_.find_value(layer);
     if (id < 0) continue;  // stash_formats names it
