@@ -348,9 +348,13 @@ Config load_config(const std::string& path, const std::vector<std::string>& over
   if (!in) user_error("cannot open config file '", path, "'");
   std::stringstream buf;
   buf << in.rdbuf();
+  return load_config_text(buf.str(), overrides, path);
+}
+
+Config load_config_text(const std::string& text, const std::vector<std::string>& overrides, const std::string& path) {
   json j;
   try {
-    j = json::parse(buf.str());
+    j = json::parse(text);
   } catch (const json::parse_error& e) {
     user_error(path, ": malformed JSON at byte ", e.byte, ": ", e.what());
   }

@@ -72,6 +72,17 @@ fs::path split_dir(const fs::path& root, Split split) {
   return dir;
 }
 
+void check_options(const ImageFolderOptions& opt) {
+  if (opt.channels != 1 && opt.channels != 3)
+    user_error("image_folder: channels must be 1 or 3, got ", opt.channels);
+  if (opt.height <= 0 || opt.width <= 0)
+    user_error("image_folder: image size must be positive, got ", opt.height, "x", opt.width);
+  if (opt.resize != "none" && opt.resize != "stretch" && opt.resize != "center_crop")
+    user_error("image_folder: unknown resize mode \"", opt.resize, "\" (expected none, stretch or center_crop)");
+}
+
+constexpr uint64_t kMaxPixels = uint64_t(1) << 26, kMaxPixelsPerByte = 16384;
+
 // Per-thread decoder: the scratch buffers grow to the largest image and are then reused.
 class Decoder {
  public:
@@ -80,9 +91,24 @@ class Decoder {
   // Decodes `path` into `out` ([C, H, W] uint8). Throws UserError naming the file.
   void decode(const std::string& path, uint8_t* out) {
     read_file(path);
+    decode(bytes_.data(), bytes_.size(), path, out);
+  }
+
+  void decode(const uint8_t* bytes, size_t size, const std::string& path, uint8_t* out) {
+    if (size == 0) user_error(path, ": empty file, not an image");
+    if (size > size_t(INT32_MAX)) user_error(path, ": ", size, " bytes, too large for an image");
     int w = 0, h = 0, n = 0;
-    std::unique_ptr<stbi_uc, void (*)(void*)> px(
-        stbi_load_from_memory(bytes_.data(), int(bytes_.size()), &w, &h, &n, 0), stbi_image_free);
+    // The header's size, checked before stb allocates for it: no image edgetrain reads has more
+    // than kMaxPixels, nor more than kMaxPixelsPerByte per byte of its file (deflate packs at most
+    // ~1032 bytes in one, 8 1-bit pixels a byte; a JPEG block takes at least 2 bits).
+    if (!stbi_info_from_memory(bytes, int(size), &w, &h, &n))
+      user_error(path, ": cannot decode image: ", stbi_failure_reason());
+    const uint64_t pixels = uint64_t(w) * uint64_t(h);
+    if (pixels > kMaxPixels || pixels > kMaxPixelsPerByte * uint64_t(size))
+      user_error(path, ": image header says ", w, "x", h, " pixels, ",
+                 pixels > kMaxPixels ? "more than the 2^26 edgetrain decodes" : fmt("impossible in ", size, " bytes"));
+    std::unique_ptr<stbi_uc, void (*)(void*)> px(stbi_load_from_memory(bytes, int(size), &w, &h, &n, 0),
+                                                 stbi_image_free);
     if (!px) user_error(path, ": cannot decode image: ", stbi_failure_reason());
     to_channels(px.get(), size_t(w) * size_t(h), n);
     const int H = opt_.height, W = opt_.width, C = opt_.channels;
@@ -211,14 +237,14 @@ void decode_all(const std::vector<Item>& items, const ImageFolderOptions& opt, D
 
 }  // namespace
 
-Dataset load_image_folder(const std::string& root_str, Split split, const ImageFolderOptions& opt) {
-  if (opt.channels != 1 && opt.channels != 3)
-    user_error("image_folder: channels must be 1 or 3, got ", opt.channels);
-  if (opt.height <= 0 || opt.width <= 0)
-    user_error("image_folder: image size must be positive, got ", opt.height, "x", opt.width);
-  if (opt.resize != "none" && opt.resize != "stretch" && opt.resize != "center_crop")
-    user_error("image_folder: unknown resize mode \"", opt.resize, "\" (expected none, stretch or center_crop)");
+void decode_image(const uint8_t* bytes, size_t size, const std::string& path, const ImageFolderOptions& opt,
+                  uint8_t* out) {
+  check_options(opt);
+  Decoder(opt).decode(bytes, size, path, out);
+}
 
+Dataset load_image_folder(const std::string& root_str, Split split, const ImageFolderOptions& opt) {
+  check_options(opt);
   const fs::path root(root_str);
   const fs::path train_dir = split_dir(root, Split::Train);  // the class list always comes from train
   const fs::path dir = split == Split::Train ? train_dir : split_dir(root, split);
