@@ -5,6 +5,7 @@
 #include <cctype>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <exception>
 #include <filesystem>
 #include <memory>
@@ -14,7 +15,8 @@
 #include "engine/check.h"
 #include "engine/data/dataset.h"
 
-// stb_image compiled privately here (static functions: no clash with another copy in the program).
+// stb_image compiled privately here (static functions: no clash with another copy in the program),
+// from third_party/stb (v2.30): Debian 12's copy overflows on corrupt JPEGs (third_party/stb/README.md).
 #define STB_IMAGE_STATIC
 #define STB_IMAGE_IMPLEMENTATION
 #define STBI_ONLY_JPEG
@@ -26,7 +28,7 @@
 #pragma GCC diagnostic ignored "-Wsign-compare"
 #pragma GCC diagnostic ignored "-Wmissing-field-initializers"
 #pragma GCC diagnostic ignored "-Wimplicit-fallthrough"
-#include <stb_image.h>
+#include "third_party/stb/stb_image.h"
 #pragma GCC diagnostic pop
 
 namespace et {
@@ -83,6 +85,21 @@ void check_options(const ImageFolderOptions& opt) {
 
 constexpr uint64_t kMaxPixels = uint64_t(1) << 26, kMaxPixelsPerByte = 16384;
 
+// stb_image allocates a PNG chunk's declared length (up to 2^30) before reading it: a chunk longer
+// than what is left of the file is an error here first.
+void check_png_chunks(const uint8_t* p, size_t size, const std::string& path) {
+  static const uint8_t kSignature[8] = {0x89, 'P', 'N', 'G', '\r', '\n', 0x1A, '\n'};
+  if (size < 8 || std::memcmp(p, kSignature, 8) != 0) return;
+  for (size_t at = 8; size - at >= 12;) {
+    const uint64_t len = uint64_t(p[at]) << 24 | uint64_t(p[at + 1]) << 16 | uint64_t(p[at + 2]) << 8 | p[at + 3];
+    if (len > size - at - 12)
+      user_error(path, ": PNG chunk '", std::string(reinterpret_cast<const char*>(p + at + 4), 4), "' at byte ", at,
+                 " declares ", len, " bytes, the file has ", size - at - 12, " left: truncated or corrupt");
+    if (std::memcmp(p + at + 4, "IEND", 4) == 0) return;
+    at += 12 + size_t(len);
+  }
+}
+
 // Per-thread decoder: the scratch buffers grow to the largest image and are then reused.
 class Decoder {
  public:
@@ -97,6 +114,7 @@ class Decoder {
   void decode(const uint8_t* bytes, size_t size, const std::string& path, uint8_t* out) {
     if (size == 0) user_error(path, ": empty file, not an image");
     if (size > size_t(INT32_MAX)) user_error(path, ": ", size, " bytes, too large for an image");
+    check_png_chunks(bytes, size, path);
     int w = 0, h = 0, n = 0;
     // The header's size, checked before stb allocates for it: no image edgetrain reads has more
     // than kMaxPixels, nor more than kMaxPixelsPerByte per byte of its file (deflate packs at most
