@@ -4,7 +4,8 @@
 # with --resume after each kill; the finished run's metrics (timing fields aside) and its final
 # checkpoint (weights, momentum, progress) must equal an uninterrupted run's, bit for bit.
 # A quarter of the kills wait for the checkpoint's temporary file to appear and strike a random
-# moment later, so many land inside a checkpoint write. KILL_TEST_SEED fixes the moments.
+# moment later, so many land inside a checkpoint write. Launches before the last kill carry
+# --stop-after so that none can finish the run early. KILL_TEST_SEED fixes the moments.
 # Usage: kill_test.sh path/to/edgetrain
 set -u
 BIN="$1"
@@ -17,7 +18,7 @@ RANDOM=$SEED
 # Passive OpenMP waits: on a busy machine spinning threads slow the runs many times over (the
 # results do not depend on it).
 export OMP_WAIT_POLICY=passive
-now_ms() { echo $(($(date +%s%N) / 1000000)); }
+now_ms() { local t=${EPOCHREALTIME/[.,]/}; echo $((t / 1000)); }
 die() { echo "FAIL $1"; exit 1; }
 
 mkdir -p "$T/cifar"
@@ -45,20 +46,34 @@ echo "seed $SEED; uninterrupted run: $((t2 - t1)) ms for $EPOCHS epochs (start-u
 run="$T/run" tmp="$T/run/checkpoint_last.ckpt.tmp"
 kills=0 in_write=0 in_other_write=0 launches=0 finished=0
 D=$((S + 2 * P))  # random kills strike within D ms of a launch
+records() { (grep -c '"train_loss"' "$run/metrics.jsonl" 2>/dev/null) || true; }
 while [ $finished -eq 0 ]; do
   # A folder that does not exist or is empty (killed before config.json.tmp) is started afresh.
   args=(--resume); { [ -d "$run" ] && [ -n "$(ls -A "$run")" ]; } || args=()
+  done_epochs=$(records)
+  done_epochs=${done_epochs:-0}
+  # Until the last kill no launch may finish the run, nor rush through it (a launch the window
+  # misses on a machine faster than measured): one stops (exit 0) after 2 epochs at most and one
+  # epoch short of the end; once only the last epoch is left, every launch is killed in that
+  # epoch's checkpoint write.
+  last=0
+  if [ $kills -lt "$NEED" ]; then
+    left=$((EPOCHS - 1 - done_epochs))
+    if [ $left -ge 1 ]; then args+=(--stop-after $((left < 2 ? left : 2))); else last=1; fi
+  fi
   touch "$T/marker"
   "$BIN" train --config "$T/cfg.json" --out "$run" "${args[@]}" >>"$T/run.log" 2>&1 &
   pid=$!
   launches=$((launches + 1))
   if [ $kills -ge "$NEED" ]; then
-    :  # enough: the last launch finishes the run
-  elif [ $((launches % 4)) -eq 0 ]; then
-    # Wait for this launch's checkpoint write to start, then spin a random while before the kill.
-    deadline=$(($(now_ms) + 20 * (S + P) + 5000))
-    until [ "$tmp" -nt "$T/marker" ] || ! kill -0 $pid 2>/dev/null || [ "$(now_ms)" -gt $deadline ]; do :; done
-    for ((i = RANDOM % 400; i > 0; i--)); do :; done
+    :  # enough: this launch finishes the run
+  elif [ $last -eq 1 ] || [ $((launches % 4)) -eq 0 ]; then
+    # Wait for this launch's checkpoint write to start, then (but in the last epoch) spin a random
+    # while before the kill.
+    # (No process started in this loop: a fork per turn would miss the write.)
+    deadline=$((${EPOCHREALTIME/[.,]/} + 1000 * (20 * (S + P) + 5000)))
+    until [ "$tmp" -nt "$T/marker" ] || ! kill -0 $pid 2>/dev/null || [ ${EPOCHREALTIME/[.,]/} -gt $deadline ]; do :; done
+    [ $last -eq 1 ] || for ((i = RANDOM % 400; i > 0; i--)); do :; done
     kill -KILL $pid 2>/dev/null
   else
     ms=$(((RANDOM * 32768 + RANDOM) % D))
@@ -70,15 +85,15 @@ while [ $finished -eq 0 ]; do
     kills=$((kills + 1))
     [ "$tmp" -nt "$T/marker" ] && in_write=$((in_write + 1))
     for f in "$run/config.json.tmp" "$run/metrics.jsonl.tmp"; do [ "$f" -nt "$T/marker" ] && in_other_write=$((in_other_write + 1)); done
-  elif [ $rc -eq 0 ]; then
-    finished=1
-  else
+  elif [ $rc -ne 0 ]; then
     die "launch $launches exited with $rc after $kills kills: $(tail -5 "$T/run.log")"
+  elif [ "$(records)" -eq $EPOCHS ]; then
+    finished=1
   fi
-  # Keep to NEED kills over the run's EPOCHS epochs, whatever the machine's load: a longer window
-  # while behind that pace, a shorter one while ahead.
-  done_epochs=$( (grep -c '"train_loss"' "$run/metrics.jsonl" 2>/dev/null) || true)
-  if [ $((${done_epochs:-0} * NEED)) -lt $((kills * EPOCHS)) ]; then D=$((D * 3 / 2)); else D=$((D * 2 / 3 + 1)); fi
+  # Keep to NEED kills over the run's first EPOCHS - 4 epochs, whatever the machine's load: a
+  # longer window while behind that pace, a shorter one while ahead.
+  done_epochs=$(records)
+  if [ $((${done_epochs:-0} * NEED)) -lt $((kills * (EPOCHS - 4))) ]; then D=$((D * 3 / 2)); else D=$((D * 2 / 3 + 1)); fi
   [ $launches -gt $((20 * NEED)) ] && die "no end after $launches launches ($kills kills): $(tail -3 "$T/run.log")"
 done
 echo "kills: $kills over $launches launches ($in_write inside a checkpoint write, $in_other_write inside a config.json / metrics.jsonl rewrite)"
