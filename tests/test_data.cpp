@@ -275,6 +275,11 @@ TEST_CASE("image decode: fuzzer findings and over-large headers", "[data]") {
   REQUIRE(idat.size() == 79);
   CHECK_THAT(decode(idat), Catch::Contains("x.img: PNG chunk 'IDAT' at byte 33 declares 822083606 bytes, the file has 34 left"));
 
+  // A BMP of 327685 x 0 pixels, which stb_image returns as decoded: the resize divided by zero.
+  const auto empty_bmp = bytes_of("bmp_height_0.bmp");
+  REQUIRE(empty_bmp.size() == 263);
+  CHECK_THAT(decode(empty_bmp), Catch::Contains("x.img: image header says 327685x0 pixels: no image"));
+
   // An IHDR of W x H pixels and an empty IEND (stb checks no CRC).
   auto png_header = [](uint32_t w, uint32_t h) {
     std::vector<uint8_t> b = {0x89, 'P', 'N', 'G', '\r', '\n', 0x1A, '\n', 0, 0, 0, 13, 'I', 'H', 'D', 'R'};

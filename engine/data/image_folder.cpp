@@ -121,6 +121,7 @@ class Decoder {
     // ~1032 bytes in one, 8 1-bit pixels a byte; a JPEG block takes at least 2 bits).
     if (!stbi_info_from_memory(bytes, int(size), &w, &h, &n))
       user_error(path, ": cannot decode image: ", stbi_failure_reason());
+    if (w <= 0 || h <= 0) user_error(path, ": image header says ", w, "x", h, " pixels: no image");
     const uint64_t pixels = uint64_t(w) * uint64_t(h);
     if (pixels > kMaxPixels || pixels > kMaxPixelsPerByte * uint64_t(size))
       user_error(path, ": image header says ", w, "x", h, " pixels, ",
