@@ -123,7 +123,7 @@ void apply_override(json& j, const std::string& spec, const std::string& source)
   json value;
   try {
     value = json::parse(text);
-  } catch (const json::parse_error&) {
+  } catch (const json::exception&) {  // not JSON, or a number beyond double's range
     value = text;  // bare words are strings: --set model.name=vgg16_bn
   }
   json* node = &j;
@@ -365,6 +365,8 @@ Config load_config_text(const std::string& text, const std::vector<std::string>&
     j = json::parse(text);
   } catch (const json::parse_error& e) {
     user_error(path, ": malformed JSON at byte ", e.byte, ": ", e.what());
+  } catch (const json::exception& e) {  // a number beyond double's range
+    user_error(path, ": ", e.what());
   }
   for (const auto& o : overrides) apply_override(j, o, path);
   return parse_config(j, path);
