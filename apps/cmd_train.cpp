@@ -20,17 +20,7 @@ std::string default_run_dir(const std::string& prefix) {
   return "runs/" + prefix + "-" + buf;
 }
 
-void write_atomically(const fs::path& path, const std::string& text) {
-  const fs::path tmp = path.string() + ".tmp";
-  {
-    std::ofstream out(tmp, std::ios::trunc);
-    out << text;
-    if (!out) user_error("cannot write '", tmp.string(), "'");
-  }
-  std::error_code ec;
-  fs::rename(tmp, path, ec);
-  if (ec) user_error("cannot write '", path.string(), "': ", ec.message());
-}
+void write_atomically(const fs::path& path, const std::string& text) { write_file_durably(path.string(), text); }
 
 namespace {
 
@@ -74,6 +64,17 @@ void differences(const json& a, const json& b, const std::string& path, std::vec
   if (a != b) out->push_back(path.empty() ? "<top>" : path);
 }
 
+// Holds *.tmp files and nothing else: what a kill while config.json was being written leaves.
+bool only_temporary_files(const fs::path& dir) {
+  std::error_code ec;
+  int n = 0;
+  for (const auto& e : fs::directory_iterator(dir, ec)) {
+    if (e.path().extension() != ".tmp") return false;
+    ++n;
+  }
+  return !ec && n > 0;
+}
+
 }  // namespace
 
 int cmd_train(const TrainArgs& a) {
@@ -81,12 +82,21 @@ int cmd_train(const TrainArgs& a) {
   const std::string out = a.out.empty() ? default_run_dir(cfg.model.name) : a.out;
   const fs::path dir(out);
   std::error_code ec;
+  bool fresh = false;  // --resume of a run that never started
+  std::string note;
   if (a.resume) {
     if (a.out.empty()) user_error("--resume needs --out DIR (the run to continue)");
     if (!fs::is_directory(dir, ec))
       user_error("cannot resume: run folder '", out, "' does not exist (no config.json, no checkpoint_last.ckpt)");
     // config.json is what makes a folder a run: without checkpoint_last.ckpt (stopped during its
-    // first epoch) the run starts over (Trainer::fit), after the same comparison.
+    // first epoch) the run starts over (Trainer::fit), after the same comparison. A folder with
+    // nothing but temporary files was stopped while writing config.json: it starts afresh.
+    if (!fs::exists(dir / "config.json") && only_temporary_files(dir)) {
+      fresh = true;
+      note = "resuming " + out + ": it has no config.json yet (it stopped before it started), so it starts";
+    }
+  }
+  if (a.resume && !fresh) {
     std::ifstream in(dir / "config.json");
     json saved;
     try {
@@ -120,8 +130,9 @@ int cmd_train(const TrainArgs& a) {
   write_atomically(dir / "config.json", cfg.resolved().dump(2) + "\n");
 
   Progress progress;
+  if (!note.empty()) progress.line(note);
   progress.line(fmt("run folder ", out, "; ", trainer.train_data()->size, " training images from ", cfg.data.root));
-  trainer.fit(out, a.resume, progress, a.stop_after);
+  trainer.fit(out, a.resume && !fresh, progress, a.stop_after);
   return 0;
 }
 

@@ -1,5 +1,6 @@
 // edgetrain command line: train / eval / export / plot / memprofile / plan / bench step / bench bitmap / bench fusion.
 #include <CLI/CLI.hpp>
+#include <csignal>
 #include <cstdio>
 
 #include "apps/commands.h"
@@ -79,6 +80,10 @@ int main(int argc, char** argv) {
   bfu->add_flag("--no-pool", bf.no_pool, "<BN, ReLU> blocks (no max-pool): the element-wise part alone");
 
   CLI11_PARSE(app, argc, argv);
+  // A write past the file-size limit (ulimit -f) would otherwise kill the process with SIGXFSZ
+  // half-way through a checkpoint; ignored, the write fails with EFBIG and the run stops with a
+  // message naming the file, the previous checkpoint intact (docs/reliability.md).
+  std::signal(SIGXFSZ, SIG_IGN);
   try {
     if (*t) return cmd_train(train);
     if (*e) return cmd_eval(eval);

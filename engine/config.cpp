@@ -62,7 +62,7 @@ class ObjectReader {
 
  private:
   void type_error(const json& v, const std::string& key, const char* want) const {
-    fail(key, std::string("must be ") + want + ", got " + v.dump());
+    fail(key, std::string("must be ") + want + ", got " + v.dump(-1, ' ', false, json::error_handler_t::replace));
   }
   void read(const json& v, const std::string& key, bool& out) const {
     if (!v.is_boolean()) type_error(v, key, "true or false");
@@ -109,13 +109,21 @@ class ObjectReader {
 };
 
 void apply_override(json& j, const std::string& spec, const std::string& source) {
+  // Keys and bare-word values become JSON strings, which must be UTF-8 (config.json is written
+  // from them; nlohmann::json throws on anything else when dumping).
+  try {
+    (void)json(spec).dump();
+  } catch (const json::type_error&) {
+    const std::string shown = json(spec).dump(-1, ' ', false, json::error_handler_t::replace);
+    user_error("--set '", shown.substr(1, shown.size() - 2), "': not valid UTF-8");
+  }
   const size_t eq = spec.find('=');
   if (eq == std::string::npos || eq == 0) user_error("--set '", spec, "': expected key=value");
   const std::string key = spec.substr(0, eq), text = spec.substr(eq + 1);
   json value;
   try {
     value = json::parse(text);
-  } catch (const json::parse_error&) {
+  } catch (const json::exception&) {  // not JSON, or a number beyond double's range
     value = text;  // bare words are strings: --set model.name=vgg16_bn
   }
   json* node = &j;
@@ -383,11 +391,17 @@ Config load_config(const std::string& path, const std::vector<std::string>& over
   if (!in) user_error("cannot open config file '", path, "'");
   std::stringstream buf;
   buf << in.rdbuf();
+  return load_config_text(buf.str(), overrides, path);
+}
+
+Config load_config_text(const std::string& text, const std::vector<std::string>& overrides, const std::string& path) {
   json j;
   try {
-    j = json::parse(buf.str());
+    j = json::parse(text);
   } catch (const json::parse_error& e) {
     user_error(path, ": malformed JSON at byte ", e.byte, ": ", e.what());
+  } catch (const json::exception& e) {  // a number beyond double's range
+    user_error(path, ": ", e.what());
   }
   for (const auto& o : overrides) apply_override(j, o, path);
   return parse_config(j, path);

@@ -100,6 +100,8 @@ struct Config {
 // Reads `path`, applies `overrides` ("a.b=value"; value parsed as JSON, else taken as a string),
 // validates. Throws UserError naming the file and the dotted key.
 Config load_config(const std::string& path, const std::vector<std::string>& overrides = {});
+// The same from the file's text (`path` names it in messages); what the fuzzer drives.
+Config load_config_text(const std::string& text, const std::vector<std::string>& overrides, const std::string& path);
 Config parse_config(const nlohmann::json& j, const std::string& source);
 
 }  // namespace et

@@ -162,6 +162,46 @@ expect_error "restart without config.json" "$T/killed4/config.json' is missing o
 cp -r "$T/full" "$T/lost"; rm "$T/lost/checkpoint_last.ckpt"
 expect_error "checkpoint lost after finished epochs" "records finished epochs" "$BIN" train --config "$T/cfg.json" --out "$T/lost" --resume
 
+# --- a file-size limit (ulimit -f, in 1 KiB blocks) during a checkpoint write: SIGXFSZ is ignored, so
+# the write fails with EFBIG and the run stops naming the file (not killed by the signal); the
+# previous checkpoint stays as it was, no temporary file is left, and resuming from it is exact
+"$BIN" train --config "$T/cfg.json" --stop-after 1 --out "$T/xfsz" >/dev/null 2>&1
+sum="$(md5sum <"$T/xfsz/checkpoint_last.ckpt" 2>&1)"
+[ "$(stat -c %s "$T/xfsz/checkpoint_last.ckpt")" -gt 204800 ] || fail "checkpoint smaller than the 200 KiB limit below"
+out="$(bash -c 'ulimit -f 200; exec "$@"' _ "$BIN" train --config "$T/cfg.json" --out "$T/xfsz" --resume 2>&1 >/dev/null)"; rc=$?
+if [ $rc -eq 1 ] && grep -qF "cannot write checkpoint '$T/xfsz/checkpoint_last.ckpt'" <<<"$out" && grep -q "File too large" <<<"$out" \
+   && grep -q "previous checkpoint is unchanged" <<<"$out"; then pass "file-size limit: clear error"
+else fail "file-size limit (rc=$rc): $out"; fi
+[ "$sum" = "$(md5sum <"$T/xfsz/checkpoint_last.ckpt")" ] && [ ! -e "$T/xfsz/checkpoint_last.ckpt.tmp" ] \
+  && pass "file-size limit: previous checkpoint intact" || fail "file-size limit: checkpoint modified or .tmp left"
+"$BIN" train --config "$T/cfg.json" --out "$T/xfsz" --resume >/dev/null 2>&1 && pass "file-size limit: resume" || fail "file-size limit: resume"
+[ "$(strip "$T/full/metrics.jsonl")" = "$(strip "$T/xfsz/metrics.jsonl")" ] && cmp -s "$T/full/checkpoint_last.ckpt" "$T/xfsz/checkpoint_last.ckpt" \
+  && pass "file-size limit: resumed run equals uninterrupted" || fail "file-size limit: resumed run differs: $(strip "$T/xfsz/metrics.jsonl")"
+
+# --- a corrupt last checkpoint (a flipped byte, truncated, empty) is found by the CRC / size checks
+# and named, on --resume (which never starts over: the folder is left as it was) and on eval
+flip() { perl -e 'open(my $f, "+<", $ARGV[0]) or die; binmode $f; seek($f, $ARGV[1], 0); read($f, my $c, 1);
+  seek($f, $ARGV[1], 0); print $f chr(ord($c) ^ 0x10)' "$1" "$2"; }
+size="$(stat -c %s "$T/full/checkpoint_last.ckpt")"
+for kind in flip-data flip-header truncated empty; do
+  d="$T/corrupt-$kind"; cp -r "$T/full" "$d"; c="$d/checkpoint_last.ckpt"
+  case $kind in
+    flip-data) flip "$c" $((size / 2)) ;;
+    flip-header) flip "$c" 20 ;;
+    truncated) truncate -s $((size - 1000)) "$c" ;;
+    empty) : >"$c" ;;
+  esac
+  before="$(md5sum "$d/metrics.jsonl" "$c")"
+  why="checksum mismatch"; [ $kind = empty ] && why="not an edgetrain checkpoint (bad magic or too short)"
+  expect_error "corrupt checkpoint ($kind): --resume names it" "checkpoint '$c' is not valid: " \
+    "$BIN" train --config "$T/cfg.json" --set train.epochs=3 --out "$d" --resume
+  expect_error "corrupt checkpoint ($kind): the reason" "$why" "$BIN" train --config "$T/cfg.json" --out "$d" --resume
+  [ "$before" = "$(md5sum "$d/metrics.jsonl" "$c")" ] && pass "corrupt checkpoint ($kind): run folder untouched" \
+    || fail "corrupt checkpoint ($kind): run folder modified"
+  expect_error "corrupt checkpoint ($kind): eval names it" "checkpoint '$c' is not valid: $why" \
+    "$BIN" eval --config "$T/cfg.json" --checkpoint "$c"
+done
+
 # --- bad input
 printf '{"model": {"name": "resnet8",}' >"$T/bad.json"
 expect_error "malformed JSON" "$T/bad.json" "$BIN" train --config "$T/bad.json" --out "$T/x1"

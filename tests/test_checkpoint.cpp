@@ -4,6 +4,8 @@
 
 #include <unistd.h>
 
+#include <array>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 
@@ -113,6 +115,35 @@ TEST_CASE("bad checkpoints are rejected and change nothing", "[checkpoint]") {
     CHECK_THROWS_WITH(load_checkpoint(path, *c.ex, "resnet20"),
                       Catch::Contains("resnet8") && Catch::Contains("resnet20"));
     CHECK(c.all() == c_before);
+  }
+  SECTION("a header with a valid CRC but fields of the wrong kind or range") {
+    // Rewrites the JSON header and recomputes the CRC: what only a fuzzer or a bug would produce.
+    uint64_t hlen;
+    std::memcpy(&hlen, bytes.data() + 8, 8);
+    const std::string header(bytes.data() + 16, size_t(hlen));
+    for (const auto& [from, to, why] : std::vector<std::array<std::string, 3>>{
+             {"\"epoch\":0", "\"epoch\":1e300", "'epoch'"},
+             {"\"epoch\":0", "\"epoch\":-7", "'epoch' = -7 is out of range"},
+             {"\"step\":10", "\"step\":\"ten\"", "'step'"},
+             {"\"seed\":1", "\"seed\":-1", "'seed'"},
+             {"\"model\":\"resnet8\"", "\"model\":8", "'model'"},
+             {"\"tensors\":[{", "\"tensors\":[7,{", "tensors"},
+             {"{\"name\":\"conv1.weight\",\"role\":\"param\",\"shape\":[16,3,3,3]}", "[1]", "tensor 0 is [1]"}}) {
+      const size_t at = header.find(from);
+      REQUIRE(at != std::string::npos);
+      std::string h = header;
+      h.replace(at, from.size(), to);
+      std::vector<char> c(bytes.begin(), bytes.begin() + 8);
+      const uint64_t n = h.size();
+      c.insert(c.end(), reinterpret_cast<const char*>(&n), reinterpret_cast<const char*>(&n) + 8);
+      c.insert(c.end(), h.begin(), h.end());
+      c.insert(c.end(), bytes.begin() + int64_t(16 + hlen), bytes.end() - 4);
+      const uint32_t crc = crc32_update(0, c.data(), c.size());
+      c.insert(c.end(), reinterpret_cast<const char*>(&crc), reinterpret_cast<const char*>(&crc) + 4);
+      INFO(h.substr(0, 120));
+      CHECK_THROWS_WITH(load_checkpoint_bytes(c.data(), c.size(), path, *b.ex, "resnet8"),
+                        Catch::Contains(path) && Catch::Contains(why));
+    }
   }
   SECTION("same name, other architecture (num_classes)") {
     Graph g;

@@ -122,6 +122,28 @@ TEST_CASE("config files: malformed JSON, missing file, --set overrides", "[confi
   std::filesystem::remove(good);
 }
 
+// Found by fuzz/fuzz_config.cpp: a --set value that is not JSON became a string with its bytes as
+// given, and a byte that is not UTF-8 made nlohmann::json throw (uncaught) when the message or
+// config.json was written: `--set train.lr=0.<0xB0>` ended the process.
+TEST_CASE("a --set with bytes that are not UTF-8 is an error", "[config]") {
+  const std::string cfg = R"({"model": {"name": "resnet8"}, "data": {"root": "d"}})";
+  for (const std::string set : {"train.lr=0.\xB0", "data.root=/data/\xE9t\xE9", "memory.layers.\xFF=bitmap_fp16"})
+    CHECK_THROWS_WITH(load_config_text(cfg, {set}, "c.json"), Catch::Contains("not valid UTF-8"));
+  // ... and UTF-8 ones are fine, written back as given.
+  CHECK(load_config_text(cfg, {"data.root=/données"}, "c.json").resolved()["data"]["root"] == "/données");
+}
+
+// Found by fuzz/fuzz_config.cpp: a number beyond double's range is not a parse error to
+// nlohmann::json but an out_of_range exception, which escaped.
+TEST_CASE("numbers beyond double's range are errors", "[config]") {
+  const std::string big(400, '7');
+  CHECK_THROWS_WITH(load_config_text(big, {}, "c.json"), Catch::Contains("c.json") && Catch::Contains("number overflow"));
+  const std::string cfg = R"({"model": {"name": "resnet8"}, "train": {"lr": )" + big + "}}";
+  CHECK_THROWS_WITH(load_config_text(cfg, {}, "c.json"), Catch::Contains("number overflow"));
+  CHECK_THROWS_WITH(load_config_text(R"({"model": {"name": "resnet8"}, "data": {"root": "d"}})", {"train.lr=" + big}, "c.json"),
+                    Catch::Contains("train.lr") && Catch::Contains("must be a number"));
+}
+
 TEST_CASE("every shipped config parses", "[config]") {
   for (const char* name : {"resnet20_cifar10", "resnet20_cifar10_short", "vgg16_bn_cifar10", "resnet18_cifar10",
                            "mobilenetv2_cifar10", "resnet20_cifar10_luq", "vgg16_bn_cifar10_luq",

@@ -249,6 +249,50 @@ TEST_CASE("image folder: errors name the folder or file", "[data]") {
              Catch::Contains("channels"));
 }
 
+// Inputs found by fuzz/fuzz_image.cpp (tests/data/fuzz/), and headers asking for more pixels than
+// a file can hold: errors naming the file, decided before anything large is allocated.
+TEST_CASE("image decode: fuzzer findings and over-large headers", "[data]") {
+  auto bytes_of = [](const std::string& name) {
+    std::ifstream in(std::string(EDGETRAIN_SOURCE_DIR) + "/tests/data/fuzz/" + name, std::ios::binary);
+    return std::vector<uint8_t>(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+  };
+  ImageFolderOptions o;
+  o.resize = "stretch";
+  std::vector<uint8_t> out(3 * 32 * 32);
+  auto decode = [&](const std::vector<uint8_t>& b) {
+    return error_of([&] { decode_image(b.data(), b.size(), "x.img", o, out.data()); });
+  };
+  // DHT segments declaring more than 256 codes (found by the fuzzer; the other made from a seed):
+  // stb_image 2.27 (Debian 12) wrote past its Huffman tables, which ASan sees; decode_image
+  // rejects them before stb reads the file.
+  for (const char* name : {"jpeg_dht_over_256_codes.jpg", "jpeg_dht_4080_codes.jpg"}) {
+    const auto b = bytes_of(name);
+    REQUIRE(b.size() > 400);
+    CHECK_THAT(decode(b), Catch::Contains("x.img: JPEG Huffman table") && Catch::Contains("at most 256 exist"));
+  }
+  // An 80-byte PNG whose IDAT chunk declares 822 MB: stb_image allocated that before reading.
+  const auto idat = bytes_of("png_idat_length_822mb.png");
+  REQUIRE(idat.size() == 79);
+  CHECK_THAT(decode(idat), Catch::Contains("x.img: PNG chunk 'IDAT' at byte 33 declares 822083606 bytes, the file has 34 left"));
+
+  // A BMP of 327685 x 0 pixels, which stb_image returns as decoded: the resize divided by zero.
+  const auto empty_bmp = bytes_of("bmp_height_0.bmp");
+  REQUIRE(empty_bmp.size() == 263);
+  CHECK_THAT(decode(empty_bmp), Catch::Contains("x.img: image header says 327685x0 pixels: no image"));
+
+  // An IHDR of W x H pixels and an empty IEND (stb checks no CRC).
+  auto png_header = [](uint32_t w, uint32_t h) {
+    std::vector<uint8_t> b = {0x89, 'P', 'N', 'G', '\r', '\n', 0x1A, '\n', 0, 0, 0, 13, 'I', 'H', 'D', 'R'};
+    for (uint32_t v : {w, h})
+      for (int k = 3; k >= 0; --k) b.push_back(uint8_t(v >> (8 * k)));
+    for (int v : std::initializer_list<int>{8, 2, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 'I', 'E', 'N', 'D', 0, 0, 0, 0}) b.push_back(uint8_t(v));
+    return b;
+  };
+  CHECK_THAT(decode(png_header(10000, 10000)), Catch::Contains("10000x10000") && Catch::Contains("2^26"));
+  CHECK_THAT(decode(png_header(4096, 4096)), Catch::Contains("4096x4096") && Catch::Contains("impossible in 45 bytes"));
+  CHECK_THAT(decode({}), Catch::Contains("empty file"));
+}
+
 TEST_CASE("loader: shapes, partial batch, coverage, determinism", "[data]") {
   const Dataset d = synthetic(10, 3, 4, 5);
   LoaderOptions o;

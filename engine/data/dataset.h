@@ -44,6 +44,12 @@ struct ImageFolderOptions {
 // in byte-wise sorted order; decoding runs on several threads, the result does not depend on them.
 Dataset load_image_folder(const std::string& root, Split split, const ImageFolderOptions& opt);
 
+// One image file's bytes decoded as load_image_folder does each file (channel rule, resize), into
+// out [opt.channels, opt.height, opt.width]; `path` names it in errors (UserError). An image header
+// claiming more than 2^26 pixels, or more than its file could hold, is an error before decoding.
+void decode_image(const uint8_t* bytes, size_t size, const std::string& path, const ImageFolderOptions& opt,
+                  uint8_t* out);
+
 // format: "cifar10_binary" or "image_folder" (opt only matters for image_folder).
 Dataset load_dataset(const std::string& format, const std::string& root, Split split,
                      const ImageFolderOptions& opt);

@@ -5,6 +5,7 @@
 #include <cctype>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <exception>
 #include <filesystem>
 #include <memory>
@@ -14,7 +15,9 @@
 #include "engine/check.h"
 #include "engine/data/dataset.h"
 
-// stb_image compiled privately here (static functions: no clash with another copy in the program).
+// stb_image (Debian's libstb-dev) compiled privately here (static functions: no clash with another
+// copy in the program). Its 2.27 trusts two things in a file that decode_image checks first: PNG
+// chunk lengths and JPEG Huffman table sizes.
 #define STB_IMAGE_STATIC
 #define STB_IMAGE_IMPLEMENTATION
 #define STBI_ONLY_JPEG
@@ -72,6 +75,63 @@ fs::path split_dir(const fs::path& root, Split split) {
   return dir;
 }
 
+void check_options(const ImageFolderOptions& opt) {
+  if (opt.channels != 1 && opt.channels != 3)
+    user_error("image_folder: channels must be 1 or 3, got ", opt.channels);
+  if (opt.height <= 0 || opt.width <= 0)
+    user_error("image_folder: image size must be positive, got ", opt.height, "x", opt.width);
+  if (opt.resize != "none" && opt.resize != "stretch" && opt.resize != "center_crop")
+    user_error("image_folder: unknown resize mode \"", opt.resize, "\" (expected none, stretch or center_crop)");
+}
+
+constexpr uint64_t kMaxPixels = uint64_t(1) << 26, kMaxPixelsPerByte = 16384;
+
+// stb_image allocates a PNG chunk's declared length (up to 2^30) before reading it: a chunk longer
+// than what is left of the file is an error here first.
+void check_png_chunks(const uint8_t* p, size_t size, const std::string& path) {
+  static const uint8_t kSignature[8] = {0x89, 'P', 'N', 'G', '\r', '\n', 0x1A, '\n'};
+  if (size < 8 || std::memcmp(p, kSignature, 8) != 0) return;
+  for (size_t at = 8; size - at >= 12;) {
+    const uint64_t len = uint64_t(p[at]) << 24 | uint64_t(p[at + 1]) << 16 | uint64_t(p[at + 2]) << 8 | p[at + 3];
+    if (len > size - at - 12)
+      user_error(path, ": PNG chunk '", std::string(reinterpret_cast<const char*>(p + at + 4), 4), "' at byte ", at,
+                 " declares ", len, " bytes, the file has ", size - at - 12, " left: truncated or corrupt");
+    if (std::memcmp(p + at + 4, "IEND", 4) == 0) return;
+    at += 12 + size_t(len);
+  }
+}
+
+// stb_image 2.27 (Debian 12) builds a JPEG Huffman table from the code counts of a DHT segment
+// without checking that they sum to at most 256 (its tables' size; fixed upstream in 2.28): more
+// writes past the table. Every DHT segment of the file is checked here first, whole-file marker
+// walk included (progressive JPEGs define tables between scans).
+void check_jpeg_huffman_tables(const uint8_t* p, size_t size, const std::string& path) {
+  if (size < 4 || p[0] != 0xFF || p[1] != 0xD8) return;  // not a JPEG
+  for (size_t at = 2; at + 1 < size;) {
+    if (p[at] != 0xFF) {  // entropy-coded data between markers
+      ++at;
+      continue;
+    }
+    const uint8_t m = p[at + 1];
+    if (m == 0x00 || m == 0xFF || m == 0x01 || (m >= 0xD0 && m <= 0xD8)) {  // stuffing, fill, RSTn, SOI
+      at += m == 0xFF ? 1 : 2;
+      continue;
+    }
+    if (m == 0xD9 || at + 4 > size) return;  // EOI, or a truncated marker: stb reports it
+    const size_t len = size_t(p[at + 2]) << 8 | p[at + 3], end = std::min(size, at + 2 + len);
+    if (m == 0xC4)
+      for (size_t t = at + 4; t + 17 <= end;) {  // each table: class / id, 16 code counts, the symbols
+        size_t codes = 0;
+        for (int i = 1; i <= 16; ++i) codes += p[t + i];
+        if (codes > 256)
+          user_error(path, ": JPEG Huffman table (DHT segment at byte ", at, ") declares ", codes,
+                     " codes, at most 256 exist: corrupt");
+        t += 17 + codes;
+      }
+    at += 2 + len;
+  }
+}
+
 // Per-thread decoder: the scratch buffers grow to the largest image and are then reused.
 class Decoder {
  public:
@@ -80,9 +140,27 @@ class Decoder {
   // Decodes `path` into `out` ([C, H, W] uint8). Throws UserError naming the file.
   void decode(const std::string& path, uint8_t* out) {
     read_file(path);
+    decode(bytes_.data(), bytes_.size(), path, out);
+  }
+
+  void decode(const uint8_t* bytes, size_t size, const std::string& path, uint8_t* out) {
+    if (size == 0) user_error(path, ": empty file, not an image");
+    if (size > size_t(INT32_MAX)) user_error(path, ": ", size, " bytes, too large for an image");
+    check_png_chunks(bytes, size, path);
+    check_jpeg_huffman_tables(bytes, size, path);
     int w = 0, h = 0, n = 0;
-    std::unique_ptr<stbi_uc, void (*)(void*)> px(
-        stbi_load_from_memory(bytes_.data(), int(bytes_.size()), &w, &h, &n, 0), stbi_image_free);
+    // The header's size, checked before stb allocates for it: no image edgetrain reads has more
+    // than kMaxPixels, nor more than kMaxPixelsPerByte per byte of its file (deflate packs at most
+    // ~1032 bytes in one, 8 1-bit pixels a byte; a JPEG block takes at least 2 bits).
+    if (!stbi_info_from_memory(bytes, int(size), &w, &h, &n))
+      user_error(path, ": cannot decode image: ", stbi_failure_reason());
+    if (w <= 0 || h <= 0) user_error(path, ": image header says ", w, "x", h, " pixels: no image");
+    const uint64_t pixels = uint64_t(w) * uint64_t(h);
+    if (pixels > kMaxPixels || pixels > kMaxPixelsPerByte * uint64_t(size))
+      user_error(path, ": image header says ", w, "x", h, " pixels, ",
+                 pixels > kMaxPixels ? "more than the 2^26 edgetrain decodes" : fmt("impossible in ", size, " bytes"));
+    std::unique_ptr<stbi_uc, void (*)(void*)> px(stbi_load_from_memory(bytes, int(size), &w, &h, &n, 0),
+                                                 stbi_image_free);
     if (!px) user_error(path, ": cannot decode image: ", stbi_failure_reason());
     to_channels(px.get(), size_t(w) * size_t(h), n);
     const int H = opt_.height, W = opt_.width, C = opt_.channels;
@@ -211,14 +289,14 @@ void decode_all(const std::vector<Item>& items, const ImageFolderOptions& opt, D
 
 }  // namespace
 
-Dataset load_image_folder(const std::string& root_str, Split split, const ImageFolderOptions& opt) {
-  if (opt.channels != 1 && opt.channels != 3)
-    user_error("image_folder: channels must be 1 or 3, got ", opt.channels);
-  if (opt.height <= 0 || opt.width <= 0)
-    user_error("image_folder: image size must be positive, got ", opt.height, "x", opt.width);
-  if (opt.resize != "none" && opt.resize != "stretch" && opt.resize != "center_crop")
-    user_error("image_folder: unknown resize mode \"", opt.resize, "\" (expected none, stretch or center_crop)");
+void decode_image(const uint8_t* bytes, size_t size, const std::string& path, const ImageFolderOptions& opt,
+                  uint8_t* out) {
+  check_options(opt);
+  Decoder(opt).decode(bytes, size, path, out);
+}
 
+Dataset load_image_folder(const std::string& root_str, Split split, const ImageFolderOptions& opt) {
+  check_options(opt);
   const fs::path root(root_str);
   const fs::path train_dir = split_dir(root, Split::Train);  // the class list always comes from train
   const fs::path dir = split == Split::Train ? train_dir : split_dir(root, split);

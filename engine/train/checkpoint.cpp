@@ -3,6 +3,7 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -41,6 +42,16 @@ json shape_json(const Shape& s) {
   return a;
 }
 
+// Makes a rename into the folder of `path` durable.
+void sync_parent_dir(const std::string& path) {
+  const std::string dir = fs::path(path).parent_path().empty() ? "." : fs::path(path).parent_path().string();
+  const int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (dfd >= 0) {
+    ::fsync(dfd);
+    ::close(dfd);
+  }
+}
+
 }  // namespace
 
 uint32_t crc32_update(uint32_t crc, const void* data, size_t n) {
@@ -76,17 +87,28 @@ void save_checkpoint(const std::string& path, const Executor& ex, const TrainPro
   h["tensors"] = table;
   const std::string header = h.dump();
 
+  // Written beside `path` and renamed over it only when complete and on disk: a failure or a
+  // kill at any moment leaves the previous checkpoint as it was.
   const std::string tmp = path + ".tmp";
+  auto fail = [&](int err) {
+    ::unlink(tmp.c_str());
+    user_error("cannot write checkpoint '", path, "' (via '", tmp, "'): ", std::strerror(err),
+               fs::exists(path) ? "; the previous checkpoint is unchanged" : "");
+  };
   const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) user_error("cannot write checkpoint '", tmp, "': ", std::strerror(errno));
+  if (fd < 0) fail(errno);
   uint32_t crc = 0;
-  bool ok = true;
+  int err = 0;  // errno of the first failed call
   auto put = [&](const void* p, size_t n) {
     crc = crc32_update(crc, p, n);
     const char* c = static_cast<const char*>(p);
-    while (ok && n > 0) {
+    while (err == 0 && n > 0) {
       const ssize_t w = ::write(fd, c, n);
-      if (w <= 0) { ok = false; break; }
+      if (w < 0 && errno == EINTR) continue;
+      if (w <= 0) {
+        err = w < 0 ? errno : EIO;
+        break;
+      }
       c += w;
       n -= size_t(w);
     }
@@ -98,118 +120,147 @@ void save_checkpoint(const std::string& path, const Executor& ex, const TrainPro
   for (const Entry& e : entries) put(e.t.data, e.t.nbytes());
   const uint32_t final_crc = crc;
   put(&final_crc, sizeof(final_crc));
-  if (ok) ok = ::fsync(fd) == 0;
-  const int saved_errno = errno;
-  ::close(fd);
-  if (!ok) {
-    ::unlink(tmp.c_str());
-    user_error("cannot write checkpoint '", tmp, "': ", std::strerror(saved_errno));
-  }
+  if (err == 0 && ::fsync(fd) != 0) err = errno;
+  if (::close(fd) != 0 && err == 0) err = errno;
+  if (err != 0) fail(err);
   std::error_code ec;
   fs::rename(tmp, path, ec);
   if (ec) {
     ::unlink(tmp.c_str());
     user_error("cannot rename checkpoint to '", path, "': ", ec.message());
   }
-  // Make the rename itself durable.
-  const std::string dir = fs::path(path).parent_path().empty() ? "." : fs::path(path).parent_path().string();
-  const int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (dfd >= 0) {
-    ::fsync(dfd);
-    ::close(dfd);
-  }
+  sync_parent_dir(path);
 }
+
+void write_file_durably(const std::string& path, const std::string& text) {
+  const std::string tmp = path + ".tmp";
+  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) user_error("cannot write '", tmp, "': ", std::strerror(errno));
+  const ssize_t w = text.empty() ? 0 : ::write(fd, text.data(), text.size());
+  int err = w < 0 ? errno : w != ssize_t(text.size()) ? EIO : 0;
+  if (err == 0 && ::fsync(fd) != 0) err = errno;
+  ::close(fd);
+  std::error_code ec;
+  if (err == 0) fs::rename(tmp, path, ec);
+  if (err != 0 || ec) {
+    ::unlink(tmp.c_str());
+    user_error("cannot write '", path, "': ", err != 0 ? std::strerror(err) : ec.message());
+  }
+  sync_parent_dir(path);
+}
+
 
 namespace {
 
-// A checkpoint file read whole and checked: magic, CRC, header JSON.
-struct CheckpointFile {
-  std::vector<char> bytes;
-  json header;
-  size_t data_start = 0;
-};
-
-CheckpointFile read_checkpoint_file(const std::string& path) {
-  CheckpointFile f;
+std::vector<char> read_file(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   if (!in) user_error("cannot open checkpoint '", path, "'");
-  f.bytes.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
-  const std::vector<char>& bytes = f.bytes;
+  std::vector<char> bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  if (in.bad()) user_error("cannot read checkpoint '", path, "'");
+  return bytes;
+}
+
+// Magic, CRC and header of a checkpoint's bytes; the header JSON and where the data starts.
+json checked_header(const char* data, size_t size, const std::string& path, size_t* data_start) {
   auto bad = [&](const std::string& why) { user_error("checkpoint '", path, "' is not valid: ", why); };
-  if (bytes.size() < sizeof(kMagic) + 8 + 4 || std::memcmp(bytes.data(), kMagic, sizeof(kMagic)) != 0)
+  if (size < sizeof(kMagic) + 8 + 4 || std::memcmp(data, kMagic, sizeof(kMagic)) != 0)
     bad("not an edgetrain checkpoint (bad magic or too short)");
   uint32_t stored_crc;
-  std::memcpy(&stored_crc, bytes.data() + bytes.size() - 4, 4);
-  if (crc32_update(0, bytes.data(), bytes.size() - 4) != stored_crc) bad("checksum mismatch (truncated or corrupt)");
+  std::memcpy(&stored_crc, data + size - 4, 4);
+  if (crc32_update(0, data, size - 4) != stored_crc) bad("checksum mismatch (truncated or corrupt)");
   uint64_t hlen;
-  std::memcpy(&hlen, bytes.data() + 8, 8);
-  if (hlen > bytes.size() - 20) bad("header length out of range");
+  std::memcpy(&hlen, data + 8, 8);
+  if (hlen > size - 20) bad("header length out of range");
+  json h;
   try {
-    f.header = json::parse(std::string(bytes.data() + 16, size_t(hlen)));
+    h = json::parse(data + 16, data + 16 + hlen);
   } catch (const json::exception& e) {
     bad(std::string("unreadable header: ") + e.what());
   }
-  if (!f.header.is_object()) bad("the header is not a JSON object");
-  f.data_start = 16 + size_t(hlen);
-  return f;
+  if (!h.is_object()) bad("the header is not a JSON object");
+  *data_start = 16 + size_t(hlen);
+  return h;
 }
 
 }  // namespace
 
-TrainProgress load_checkpoint(const std::string& path, Executor& ex, const std::string& model_name) {
-  CheckpointFile f = read_checkpoint_file(path);
-  const std::vector<char>& bytes = f.bytes;
-  const json& h = f.header;
+TrainProgress load_checkpoint_bytes(const char* data, size_t size, const std::string& path, Executor& ex,
+                                    const std::string& model_name) {
   auto bad = [&](const std::string& why) { user_error("checkpoint '", path, "' is not valid: ", why); };
+  size_t data_start = 0;
+  const json h = checked_header(data, size, path, &data_start);
+  // Numbers are checked for kind and range before conversion (a double out of int's range would
+  // be undefined behaviour to convert).
+  auto integer = [&](const char* key, int64_t lo, int64_t hi) -> int64_t {
+    const auto it = h.find(key);
+    if (it == h.end() || !it->is_number_integer()) bad(fmt("header field '", key, "' is missing or not an integer"));
+    if (it->is_number_unsigned() ? it->get<uint64_t>() > uint64_t(hi) : (it->get<int64_t>() < lo || it->get<int64_t>() > hi))
+      bad(fmt("header field '", key, "' = ", it->dump(), " is out of range"));
+    return it->get<int64_t>();
+  };
+  auto number = [&](const char* key, double fallback) -> double {
+    const auto it = h.find(key);
+    if (it == h.end()) return fallback;
+    if (!it->is_number()) bad(fmt("header field '", key, "' is not a number"));
+    return it->get<double>();
+  };
   TrainProgress pr;
-  try {
-    pr.model = h.at("model").get<std::string>();
-    pr.epoch = h.at("epoch").get<int>();
-    pr.step = h.at("step").get<int64_t>();
-    pr.seed = h.at("seed").get<uint64_t>();
-    pr.best_test_acc = h.value("best_test_acc", 0.0);
-    pr.lr_factor = h.value("lr_factor", 1.0);
-    pr.rollbacks = h.value("rollbacks", 0);
-  } catch (const json::exception& e) {
-    bad(std::string("header field missing: ") + e.what());
-  }
-  if (!(pr.lr_factor > 0 && pr.lr_factor <= 1) || pr.rollbacks < 0)
-    bad(fmt("lr_factor ", pr.lr_factor, " / rollbacks ", pr.rollbacks, " out of range"));
+  const auto model = h.find("model");
+  if (model == h.end() || !model->is_string()) bad("header field 'model' is missing or not a string");
+  pr.model = model->get<std::string>();
+  pr.epoch = int(integer("epoch", -1, 1 << 30));
+  pr.step = integer("step", 0, INT64_MAX);
+  const auto seed = h.find("seed");
+  if (seed == h.end() || !seed->is_number_unsigned()) bad("header field 'seed' is missing or not an unsigned integer");
+  pr.seed = seed->get<uint64_t>();
+  pr.best_test_acc = number("best_test_acc", 0.0);
+  pr.lr_factor = number("lr_factor", 1.0);
+  pr.rollbacks = h.contains("rollbacks") ? int(integer("rollbacks", 0, 1 << 30)) : 0;
+  if (!(pr.lr_factor > 0 && pr.lr_factor <= 1)) bad(fmt("lr_factor ", pr.lr_factor, " out of range"));
   if (pr.model != model_name)
     user_error("checkpoint '", path, "' is for model '", pr.model, "', but the config builds '", model_name, "'");
   const auto entries = checkpoint_entries(ex);
-  const json& table = h["tensors"];
-  if (!table.is_array() || table.size() != entries.size())
-    bad(fmt("holds ", table.is_array() ? table.size() : 0, " tensors, the model has ", entries.size()));
-  size_t offset = f.data_start;
+  const auto table = h.find("tensors");
+  if (table == h.end() || !table->is_array() || table->size() != entries.size())
+    bad(fmt("holds ", table != h.end() && table->is_array() ? table->size() : 0, " tensors, the model has ",
+            entries.size()));
+  size_t offset = data_start;
   for (size_t i = 0; i < entries.size(); ++i) {
-    const json& t = table[i];
+    const json& t = (*table)[i];
     const Entry& e = entries[i];
-    if (t.value("name", "") != e.name || t.value("role", "") != e.role || t.value("shape", json()) != shape_json(e.t.shape))
-      bad(fmt("tensor ", i, " is ", t.dump(), ", the model expects ", e.role, " '", e.name, "' of shape ",
-              e.t.shape.str()));
+    const bool same = t.is_object() && t.value("name", json()) == e.name && t.value("role", json()) == e.role &&
+                      t.value("shape", json()) == shape_json(e.t.shape);
+    if (!same)
+      bad(fmt("tensor ", i, " is ", t.dump().substr(0, 200), ", the model expects ", e.role, " '", e.name,
+              "' of shape ", e.t.shape.str()));
     offset += e.t.nbytes();
   }
-  if (offset + 4 != bytes.size()) bad("data size does not match the tensor table");
+  if (offset + 4 != size) bad("data size does not match the tensor table");
   // Everything checked: now copy.
-  offset = f.data_start;
+  offset = data_start;
   for (const Entry& e : entries) {
-    std::memcpy(e.t.data, bytes.data() + offset, e.t.nbytes());
+    std::memcpy(e.t.data, data + offset, e.t.nbytes());
     offset += e.t.nbytes();
   }
   return pr;
 }
 
+TrainProgress load_checkpoint(const std::string& path, Executor& ex, const std::string& model_name) {
+  const std::vector<char> bytes = read_file(path);
+  return load_checkpoint_bytes(bytes.data(), bytes.size(), path, ex, model_name);
+}
+
 std::vector<CheckpointTensor> read_checkpoint_tensors(const std::string& path, std::string* model_name) {
-  CheckpointFile f = read_checkpoint_file(path);
+  const std::vector<char> bytes = read_file(path);
   auto bad = [&](const std::string& why) { user_error("checkpoint '", path, "' is not valid: ", why); };
-  const json& table = f.header.contains("tensors") ? f.header["tensors"] : json();
-  if (!table.is_array()) bad("no tensor table");
-  if (model_name) *model_name = f.header.value("model", "");
+  size_t offset = 0;
+  const json h = checked_header(bytes.data(), bytes.size(), path, &offset);
+  const auto table = h.find("tensors");
+  if (table == h.end() || !table->is_array()) bad("no tensor table");
+  if (model_name) *model_name = h.value("model", json("")).is_string() ? h.value("model", "") : "";
   std::vector<CheckpointTensor> out;
-  size_t offset = f.data_start;
-  const size_t data_end = f.bytes.size() - 4;
-  for (const json& t : table) {
+  const size_t data_end = bytes.size() - 4;
+  for (const json& t : *table) {
     CheckpointTensor ct;
     try {
       ct.name = t.at("name").get<std::string>();
@@ -228,7 +279,7 @@ std::vector<CheckpointTensor> read_checkpoint_tensors(const std::string& path, s
     if (n > avail) bad("tensor '" + ct.name + "' exceeds the file");
     if (ct.role == "param" || ct.role == "buffer") {
       ct.values.resize(n);
-      std::memcpy(ct.values.data(), f.bytes.data() + offset, n * 4);
+      std::memcpy(ct.values.data(), bytes.data() + offset, n * 4);
       out.push_back(std::move(ct));
     }
     offset += n * 4;

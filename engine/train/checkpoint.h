@@ -28,6 +28,13 @@ struct TrainProgress {
 void save_checkpoint(const std::string& path, const Executor& ex, const TrainProgress& progress);
 // Throws UserError (naming the file) if it is not a valid checkpoint of this model.
 TrainProgress load_checkpoint(const std::string& path, Executor& ex, const std::string& model_name);
+// The same from the file's bytes (`path` names it in messages); what the fuzzer drives.
+TrainProgress load_checkpoint_bytes(const char* data, size_t size, const std::string& path, Executor& ex,
+                                    const std::string& model_name);
+
+// Replaces `path` with `text` (temporary file, fsync, rename): a crash leaves the old or the new
+// content, never a mix. Throws UserError naming the file.
+void write_file_durably(const std::string& path, const std::string& text);
 
 // A checkpoint's parameters and buffers by name, without a model to load them into (model.weights
 // from a checkpoint, `edgetrain export`). Validated as load_checkpoint validates; the optimizer

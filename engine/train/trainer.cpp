@@ -269,12 +269,15 @@ void Trainer::fit(const std::string& out_dir, bool resume, Progress& progress, i
   bool from_checkpoint = false;
   if (resume && !fs::exists(ckpt)) {
     // A run stopped during its first epoch leaves config.json (the caller compared it) and no
-    // checkpoint. Its first steps are all there was to it, so it starts over: the same run.
+    // checkpoint. Its first steps are all there was to it, so it starts over: the same run. The
+    // record of epoch 1 may be there (it is written before the epoch's checkpoint); a later one
+    // means checkpoints were written and lost.
     std::ifstream in(metrics);
     for (std::string line; std::getline(in, line);) {
       bool epoch_record = false;
       try {
-        epoch_record = json::parse(line).contains("train_loss");
+        const json j = json::parse(line);
+        epoch_record = j.contains("train_loss") && !(j.value("epoch", json()) == json(1));
       } catch (const json::exception&) {
       }
       if (epoch_record)
@@ -285,7 +288,12 @@ void Trainer::fit(const std::string& out_dir, bool resume, Progress& progress, i
                       "starts from the beginning"));
   } else if (resume) {
     from_checkpoint = true;
-    state_ = load_checkpoint(ckpt.string(), *executor_, cfg_.model.name);
+    try {
+      state_ = load_checkpoint(ckpt.string(), *executor_, cfg_.model.name);
+    } catch (const UserError& e) {  // never start over silently: the run's epochs would be lost
+      user_error("cannot resume ", out_dir, ": ", e.what(),
+                 ". The run folder is left as it is: restore the checkpoint from a copy, or start a new run");
+    }
     if (state_.seed != cfg_.train.seed)
       user_error(ckpt.string(), ": checkpoint was trained with train.seed = ", state_.seed, ", the config says ",
                  cfg_.train.seed);
@@ -303,9 +311,10 @@ void Trainer::fit(const std::string& out_dir, bool resume, Progress& progress, i
   if (!from_checkpoint && !cfg_.weights.empty())
     for (const std::string& line : load_weights(cfg_.weights, *executor_).lines) progress.line(line);
   {
-    std::ofstream out(metrics, std::ios::trunc);
-    for (const auto& l : kept_lines) out << l << "\n";
-    if (!out) user_error("cannot write '", metrics.string(), "'");
+    // Replaced, not rewritten in place: a kill here leaves the old file for the next --resume.
+    std::string text;
+    for (const auto& l : kept_lines) text += l + "\n";
+    write_file_durably(metrics.string(), text);
   }
   const MemoryReport& m = executor_->memory();
   const size_t all_params = executor_->graph().params().size(), trained = executor_->params().size();
@@ -336,12 +345,14 @@ void Trainer::fit(const std::string& out_dir, bool resume, Progress& progress, i
     r.peak_uss_mb = double(uss_.peak()) / 1048576.0;
     state_.epoch = epoch;
     state_.best_test_acc = std::max(state_.best_test_acc, r.test_acc);
-    save_checkpoint(ckpt.string(), *executor_, state_);
     json j = {{"epoch", r.epoch},       {"train_loss", r.train_loss}, {"train_acc", r.train_acc},
               {"test_loss", r.test_loss}, {"test_acc", r.test_acc},   {"lr", r.lr},
               {"img_per_s", r.img_per_s}, {"epoch_s", r.epoch_s},     {"peak_uss_mb", r.peak_uss_mb},
               {"stash_peak_mb", r.stash_peak_mb}, {"fnt", r.fnt}};
+    // The record first, then the checkpoint that covers it: a kill between the two leaves a record
+    // newer than the checkpoint, which --resume drops (never a checkpoint without its record).
     append_metrics(out_dir, j);
+    save_checkpoint(ckpt.string(), *executor_, state_);
     write_run_curves(out_dir, run_name(out_dir) + " (" + cfg_.model.name + ")");
     progress.line(fmt("epoch ", r.epoch, "/", cfg_.train.epochs, ": train loss ", r.train_loss, " acc ", r.train_acc,
                       " | test loss ", r.test_loss, " acc ", r.test_acc, " | ", int(r.img_per_s), " img/s, ",

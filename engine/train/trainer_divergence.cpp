@@ -1,5 +1,10 @@
 // The trainer's side of the divergence guard (engine/train/divergence.h, docs/config.md
 // train.on_divergence): describing a diverged step, and stopping or rolling back.
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 
@@ -28,10 +33,16 @@ bool Trainer::diverged(DivergenceCause cause, int64_t batch, const NonFiniteErro
 }
 
 void Trainer::append_metrics(const std::string& out_dir, const json& record) const {
-  const fs::path metrics = fs::path(out_dir) / "metrics.jsonl";
-  std::ofstream out(metrics, std::ios::app);
-  out << record.dump() << "\n";
-  if (!out) user_error("cannot append to '", metrics.string(), "'");
+  // On disk before anything that depends on it (the epoch's checkpoint) is written.
+  const std::string metrics = (fs::path(out_dir) / "metrics.jsonl").string();
+  const std::string line = record.dump() + "\n";
+  const int fd = ::open(metrics.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+  if (fd < 0) user_error("cannot append to '", metrics, "': ", std::strerror(errno));
+  const ssize_t w = ::write(fd, line.data(), line.size());
+  int err = w < 0 ? errno : w != ssize_t(line.size()) ? EIO : 0;
+  if (err == 0 && ::fsync(fd) != 0) err = errno;
+  ::close(fd);
+  if (err != 0) user_error("cannot append to '", metrics, "': ", std::strerror(err));
 }
 
 int Trainer::handle_divergence(int epoch, const std::string& out_dir, Progress& progress) {
