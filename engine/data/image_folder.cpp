@@ -118,16 +118,22 @@ void check_jpeg_huffman_tables(const uint8_t* p, size_t size, const std::string&
       continue;
     }
     if (m == 0xD9 || at + 4 > size) return;  // EOI, or a truncated marker: stb reports it
-    const size_t len = size_t(p[at + 2]) << 8 | p[at + 3], end = std::min(size, at + 2 + len);
-    if (m == 0xC4)
-      for (size_t t = at + 4; t + 17 <= end;) {  // each table: class / id, 16 code counts, the symbols
+    const size_t len = size_t(p[at + 2]) << 8 | p[at + 3];
+    if (m == 0xC4) {
+      // As stb reads it: tables (class / id, 16 code counts, the symbols) while the segment's
+      // length lasts, bytes past the end of the file reading as 0.
+      auto byte = [&](size_t i) -> size_t { return i < size ? p[i] : 0; };
+      int64_t left = int64_t(len) - 2;
+      for (size_t t = at + 4; left > 0;) {
         size_t codes = 0;
-        for (int i = 1; i <= 16; ++i) codes += p[t + i];
+        for (size_t i = 1; i <= 16; ++i) codes += byte(t + i);
         if (codes > 256)
           user_error(path, ": JPEG Huffman table (DHT segment at byte ", at, ") declares ", codes,
                      " codes, at most 256 exist: corrupt");
         t += 17 + codes;
+        left -= int64_t(17 + codes);
       }
+    }
     at += 2 + len;
   }
 }
