@@ -41,7 +41,7 @@ for t in "${targets[@]}"; do
   # Single process, 1 s a input at most, no single allocation over 512 MB, 2 GB resident.
   set +e
   ASAN_OPTIONS=detect_leaks=1:allocator_may_return_null=0 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
-    OMP_NUM_THREADS=1 "$B/fuzz/fuzz_$t" "$corpus" "fuzz/corpus/$t" -max_total_time="$SECONDS_EACH" -timeout=10 \
+    OMP_NUM_THREADS=1 "$B/fuzz/fuzz_$t" "$corpus" "fuzz/corpus/$t" -max_total_time="$SECONDS_EACH" -timeout=10 ${FUZZ_SEED:+-seed=$FUZZ_SEED} \
     -malloc_limit_mb=512 -rss_limit_mb=2048 -max_len=16384 -print_final_stats=1 \
     -artifact_prefix="$B/artifacts/${t}-" >"$log" 2>&1
   rc=$?

@@ -106,8 +106,10 @@ void check_png_chunks(const uint8_t* p, size_t size, const std::string& path) {
 // writes past the table. Every DHT segment of the file is checked here first, whole-file marker
 // walk included (progressive JPEGs define tables between scans).
 void check_jpeg_huffman_tables(const uint8_t* p, size_t size, const std::string& path) {
-  if (size < 4 || p[0] != 0xFF || p[1] != 0xD8) return;  // not a JPEG
-  for (size_t at = 2; at + 1 < size;) {
+  // stb takes a file for a JPEG when its first marker is SOI, fill bytes (0xFF) before it included;
+  // no PNG or BMP starts with 0xFF.
+  if (size < 2 || p[0] != 0xFF) return;
+  for (size_t at = 0; at + 1 < size;) {
     if (p[at] != 0xFF) {  // entropy-coded data between markers
       ++at;
       continue;
