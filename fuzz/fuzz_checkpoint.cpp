@@ -13,26 +13,12 @@
 #include "engine/init.h"
 #include "engine/train/checkpoint.h"
 #include "fuzz/fuzz_util.h"
+#include "fuzz/tiny_model.h"
 #include "layers/layers.h"
 
 namespace {
 
-struct Tiny {
-  et::Graph g;
-  std::unique_ptr<et::Backend> be = et::make_cpu_backend();
-  std::unique_ptr<et::Executor> ex;
-  Tiny() {
-    const int x = et::image_input(g, 1, 1, 4, 4), labels = et::label_input(g, 1);
-    et::Conv2dOptions o;
-    o.out_channels = 2;
-    o.kernel = 1;
-    const int y = et::relu(g, et::batchnorm2d(g, et::conv2d(g, x, "conv", o), "bn"), "relu");
-    const int logits = et::linear(g, et::global_avgpool(g, y, "pool"), "fc", 2);
-    et::softmax_cross_entropy(g, logits, labels, "loss");
-    ex = std::make_unique<et::Executor>(g, *be);
-    et::init_parameters(*ex, 1);
-  }
-};
+using Tiny = et::fuzz::TinyModel;
 
 Tiny* g_model;
 
