@@ -119,7 +119,7 @@ int cmd_train(const TrainArgs& a) {
       user_error("cannot resume: config key", diff.size() > 1 ? "s " : " ", keys, diff.size() > 1 ? " differ" : " differs",
                  " from the run's ", (dir / "config.json").string());
     }
-  } else if (fs::exists(dir) && !fs::is_empty(dir, ec)) {
+  } else if (!a.resume && fs::exists(dir) && !fs::is_empty(dir, ec)) {
     user_error("output folder '", out, "' already holds files; choose another --out or add --resume");
   }
 

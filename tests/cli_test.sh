@@ -44,6 +44,11 @@ expect_error "resume with a different config" "train.lr" "$BIN" train --config "
 strip() { sed -E 's/"(img_per_s|epoch_s|peak_uss_mb)":[^,}]*//g' "$1"; }
 if [ -s "$T/full/metrics.jsonl" ] && [ "$(strip "$T/full/metrics.jsonl")" = "$(strip "$T/part/metrics.jsonl")" ]; then pass "resume equals uninterrupted"
 else fail "resume differs: $(strip "$T/full/metrics.jsonl") vs $(strip "$T/part/metrics.jsonl")"; fi
+# A run killed while it wrote config.json leaves only config.json.tmp: --resume starts it afresh
+mkdir -p "$T/tmponly" && echo '{"model": {' >"$T/tmponly/config.json.tmp"
+"$BIN" train --config "$T/cfg.json" --stop-after 1 --out "$T/tmponly" --resume >"$T/tmponly.log" 2>&1 \
+  && [ "$(wc -l <"$T/tmponly/metrics.jsonl")" -eq 1 ] && pass "resume of a folder with only config.json.tmp starts afresh" \
+  || fail "resume of a folder with only config.json.tmp: $(tail -3 "$T/tmponly.log")"
 "$BIN" eval --config "$T/cfg.json" --checkpoint "$T/full/checkpoint_last.ckpt" | tail -1 | grep -q '"test_acc"' && pass "eval" || fail "eval"
 
 # --- fusion: a fused run equals the unfused one bit for bit, and so does a run switched to fusion
