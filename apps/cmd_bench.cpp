@@ -14,6 +14,7 @@
 #include "engine/init.h"
 #include "engine/train/divergence.h"
 #include "engine/train/optimizer.h"
+#include "engine/train/trainer.h"
 #include "memory/uss.h"
 
 namespace et::app {
@@ -66,7 +67,11 @@ int cmd_bench_step(const BenchStepArgs& a) {
   Graph g;
   build_model(g, cfg.model);
   auto backend = make_cpu_backend();
-  Executor ex(g, *backend, cfg.stash_options(), cfg.quant_options());
+  BudgetPlan budget;  // memory.budget_mb: planned (calibration steps) before the executor is made
+  const StashOptions stash = plan_stash_options(cfg, g, *backend, &budget);
+  for (const std::string& line : budget.budget_mb > 0 ? budget.summary() : std::vector<std::string>{})
+    std::printf("%s\n", line.c_str());
+  Executor ex(g, *backend, stash, cfg.quant_options());
   init_parameters(ex, cfg.train.seed);
   const int64_t n = cfg.train.batch_size;
 
@@ -145,6 +150,12 @@ int cmd_bench_step(const BenchStepArgs& a) {
             {"stash_peak_mb", double(ex.stash().peak_bytes()) / 1048576.0},
             {"stash_dense_mb", double(m.stash_dense_bytes) / 1048576.0},
             {"checkpoint_every", cfg.memory.checkpoint_every}};
+  if (budget.budget_mb > 0) {
+    j["budget_mb"] = budget.budget_mb;
+    j["budget_predicted_mb"] = budget.predicted_mb;
+    j["budget_extra_ms"] = budget.extra_ms;
+    j["budget_segments"] = budget.segments;
+  }
   if (a.profile) {
     j["stash_pack_ms"] = ex.stash().pack_seconds() * 1e3 / a.steps;
     j["stash_unpack_ms"] = ex.stash().unpack_seconds() * 1e3 / a.steps;

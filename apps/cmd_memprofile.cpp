@@ -18,6 +18,7 @@
 #include "engine/executor.h"
 #include "engine/init.h"
 #include "engine/train/checkpoint.h"
+#include "engine/train/trainer.h"
 #include "engine/train/weights.h"
 #include "engine/train/optimizer.h"
 #include "memory/uss.h"
@@ -133,7 +134,11 @@ int cmd_memprofile(const MemProfileArgs& a) {
   Graph g;
   build_model(g, cfg.model);
   auto backend = make_cpu_backend();
-  Executor ex(g, *backend, cfg.stash_options(), cfg.quant_options());
+  BudgetPlan budget;  // memory.budget_mb: the planner's choice, shown per layer below
+  const StashOptions stash = plan_stash_options(cfg, g, *backend, &budget);
+  for (const std::string& line : budget.budget_mb > 0 ? budget.summary() : std::vector<std::string>{})
+    std::printf("%s\n", line.c_str());
+  Executor ex(g, *backend, stash, cfg.quant_options());
   init_parameters(ex, cfg.train.seed);
   if (!a.checkpoint.empty()) load_checkpoint(a.checkpoint, ex, cfg.model.name);
   else if (!cfg.weights.empty())
@@ -231,8 +236,15 @@ int cmd_memprofile(const MemProfileArgs& a) {
               m.params / kMB, m.grads / kMB, m.optimizer / kMB, m.activations_planned / kMB, m.workspace / kMB,
               stored_total, dense_total, dense_total > 0 ? stored_total / dense_total : 0.0, recomputed_total,
               double(ex.stash().peak_bytes()) / kMB);
+  const double step_mb = double(uss.peak - std::min(uss.peak, uss_before)) / kMB;
   std::printf("USS before the model %.1f MB, peak during the step %.1f MB (step %.1f MB)\n", double(uss_before) / kMB,
-              double(uss.peak) / kMB, double(uss.peak - std::min(uss.peak, uss_before)) / kMB);
+              double(uss.peak) / kMB, step_mb);
+  if (budget.budget_mb > 0) {
+    std::printf("memory budget %.1f MB: measured step USS %.1f MB (%s), predicted %.1f MB\n", budget.budget_mb, step_mb,
+                step_mb <= budget.budget_mb ? "within it" : "OVER it", budget.predicted_mb);
+    totals["budget_mb"] = budget.budget_mb;
+    totals["budget_predicted_mb"] = budget.predicted_mb;
+  }
 
   json doc = {{"model", cfg.model.name},
               {"batch", n},

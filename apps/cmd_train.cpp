@@ -110,6 +110,10 @@ int cmd_train(const TrainArgs& a) {
       if (!saved["model"].contains("shortcut")) saved["model"]["shortcut"] = "B";
       if (!saved["model"].contains("weights")) saved["model"]["weights"] = "";
     }
+    if (saved.contains("memory") && saved["memory"].is_object()) {
+      if (!saved["memory"].contains("budget_mb")) saved["memory"]["budget_mb"] = 0;
+      if (!saved["memory"].contains("budget_lossy")) saved["memory"]["budget_lossy"] = false;
+    }
     if (!saved.contains("finetune")) saved["finetune"] = {{"trainable", "all"}, {"bn", "train"}};
     std::vector<std::string> diff;
     differences(cfg.resolved(), saved, "", &diff);

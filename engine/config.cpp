@@ -285,6 +285,8 @@ Config parse_config(const json& j, const std::string& source) {
   mem.get("release_pages", c.memory.release_pages);
   mem.get("double_mask_bn", c.memory.double_mask_bn);
   mem.get_string_map("layers", c.memory.layers);
+  mem.get("budget_mb", c.memory.budget_mb);
+  mem.get("budget_lossy", c.memory.budget_lossy);
   mem.finish();
   StashFormat sf;
   require(parse_stash_format(c.memory.stash, &sf), mem, "stash", c.memory.stash,
@@ -296,6 +298,17 @@ Config parse_config(const json& j, const std::string& source) {
           c.memory.prune_threshold, "must be in [0, 1]");
   require(c.memory.checkpoint_every >= 0, mem, "checkpoint_every", c.memory.checkpoint_every,
           "must be >= 0 (0 = no recomputation, m = keep one layer in m)");
+  require(c.memory.budget_mb >= 0 && std::isfinite(c.memory.budget_mb), mem, "budget_mb", c.memory.budget_mb,
+          "must be a number of MB >= 0 (0 = no budget)");
+  if (c.memory.budget_mb > 0) {
+    // The budget's planner chooses these per tensor; a fixed choice would contradict it.
+    require(c.memory.stash == "dense_fp32" && c.memory.layers.empty(), mem, "budget_mb", c.memory.budget_mb,
+            "chooses the stash format of every tensor: leave memory.stash and memory.layers unset");
+    require(c.memory.checkpoint_every == 0, mem, "budget_mb", c.memory.budget_mb,
+            "chooses the recompute segments: leave memory.checkpoint_every unset");
+    require(c.memory.prune_threshold == 0.f, mem, "budget_mb", c.memory.budget_mb,
+            "plans exact and fp16 formats only: it does not combine with memory.prune_threshold");
+  }
   ObjectReader fu = top.child("fusion");
   FusionSpec& f = c.model.fusion;
   fu.get("enabled", f.enabled);
@@ -445,7 +458,9 @@ json Config::resolved() const {
   j["memory"] = {{"stash", memory.stash}, {"layers", layers}, {"prune_threshold", memory.prune_threshold},
                  {"checkpoint_every", memory.checkpoint_every},
                  {"release_pages", memory.release_pages},
-                 {"double_mask_bn", memory.double_mask_bn}};
+                 {"double_mask_bn", memory.double_mask_bn},
+                 {"budget_mb", memory.budget_mb},
+                 {"budget_lossy", memory.budget_lossy}};
   const FusionSpec& f = model.fusion;
   j["fusion"] = {{"enabled", f.enabled},
                  {"tile", f.tile > 0 ? json(f.tile) : json("auto")},

@@ -26,6 +26,9 @@ struct StashOptions {
   // (conv / linear) with the element-wise ops after them; what a segment produces and uses only
   // inside itself is not kept from the forward, the segment's forward runs again before its backward.
   int checkpoint_every = 0;
+  // Which of those segments (Executor::candidate_segments, in node order) run again: one flag per
+  // candidate; empty = all of them. The memory budget's planner (engine/budget.h) picks them.
+  std::vector<uint8_t> segments;
   // Hand each planned buffer's pages and the stash's freed pages back to the OS when they die
   // (memory.release_pages), so USS follows what is live; costs page faults in the next step.
   bool release_pages = false;
@@ -111,6 +114,18 @@ class Executor {
   std::vector<int> stashed_by(int node) const;
   // Those of them pushed by a recompute in backward (alive only until their reader's backward).
   const std::vector<int>& recomputed_by(int node) const { return push_after_recompute_[size_t(node)]; }
+  // Whether node n's forward runs again in a recompute (checkpoint_every).
+  bool reruns(int node) const { return !reruns_.empty() && reruns_[size_t(node)] != 0; }
+  // The recompute segments checkpoint_every = m cuts the graph into (node ranges, inclusive), before
+  // StashOptions::segments selects among them and before those with nothing to recompute drop out.
+  static std::vector<std::pair<int, int>> candidate_segments(const Graph& g, int m);
+  // The stash's pushes and pops over one training step, in order (push: value is pushed; else popped):
+  // what a memory prediction replays with its own sizes (engine/budget.cpp).
+  struct StashEvent {
+    bool push;
+    int value;
+  };
+  std::vector<StashEvent> stash_schedule() const;
 
  private:
   friend class OpContext;

@@ -450,22 +450,36 @@ void Executor::plan_page_release(const PlanState& st) {
 // Segments of checkpoint_every = m compute ops: each starts at a compute op (conv / linear) and runs
 // until the next segment; the loss and what follows stay outside. A segment is kept only if it
 // recomputes something the stash would otherwise hold.
+std::vector<std::pair<int, int>> Executor::candidate_segments(const Graph& g, int m) {
+  std::vector<std::pair<int, int>> all;
+  if (m <= 0) return all;
+  int computes = 0;
+  for (int n = 0; n < g.num_nodes(); ++n) {
+    const OpClass c = g.node(n).op->op_class();
+    if (c == OpClass::Loss) break;
+    if (c == OpClass::Compute && computes++ % m == 0) all.emplace_back(n, n);
+    if (!all.empty()) all.back().second = n;
+  }
+  return all;
+}
+
 void Executor::plan_segments(const std::vector<int>& first_saver, std::vector<int>* seg_of) {
   const int nn = graph_.num_nodes(), m = stash_options_.checkpoint_every;
   segments_.clear();
   seg_of->assign(size_t(nn), -1);
   if (m <= 0) return;
-  std::vector<Segment> all;
+  const std::vector<std::pair<int, int>> candidates = candidate_segments(graph_, m);
   int computes = 0;
-  for (int n = 0; n < nn; ++n) {
-    const OpClass c = graph_.node(n).op->op_class();
-    if (c == OpClass::Loss) break;
-    if (c == OpClass::Compute && computes++ % m == 0) all.push_back(Segment{n, n, {}, {}, {}});
-    if (!all.empty()) all.back().end = n;
-  }
+  for (int n = 0; n < nn; ++n) computes += graph_.node(n).op->op_class() == OpClass::Compute;
   if (computes < m)
     user_error("config key 'memory.checkpoint_every' = ", m, ": the model has only ", computes,
                " conv / linear layers, so no segment would be recomputed");
+  const std::vector<uint8_t>& chosen = stash_options_.segments;
+  ET_CHECK(chosen.empty() || chosen.size() == candidates.size(), "segment flags ", chosen.size(), " for ",
+           candidates.size(), " candidate segments");
+  std::vector<Segment> all;
+  for (size_t i = 0; i < candidates.size(); ++i)
+    if (chosen.empty() || chosen[i]) all.push_back(Segment{candidates[i].first, candidates[i].second, {}, {}, {}});
   reruns_.assign(size_t(nn), 0);
   for (Segment& s : all) {
     // Only what backward reads again is recomputed: the saved values produced and used inside the
@@ -502,6 +516,20 @@ void Executor::plan_segments(const std::vector<int>& first_saver, std::vector<in
     for (int n = s.begin; n <= s.end; ++n) (*seg_of)[size_t(n)] = int(segments_.size());
     segments_.push_back(std::move(s));
   }
+}
+
+std::vector<Executor::StashEvent> Executor::stash_schedule() const {
+  std::vector<StashEvent> out;
+  const int nn = graph_.num_nodes();
+  for (int n = 0; n < nn; ++n)
+    for (int id : push_after_[size_t(n)]) out.push_back({true, id});
+  for (int n = nn - 1; n >= 0; --n) {
+    if (const int s = segment_ending_at_[size_t(n)]; s >= 0)
+      for (int k = segments_[size_t(s)].begin; k <= n; ++k)
+        for (int id : push_after_recompute_[size_t(k)]) out.push_back({true, id});
+    for (int id : pop_after_[size_t(n)]) out.push_back({false, id});
+  }
+  return out;
 }
 
 }  // namespace et

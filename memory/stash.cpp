@@ -31,7 +31,7 @@ void Stash::configure(std::vector<SavedValue> saved, int num_values, float prune
   stack_.clear();
   stack_.reserve(saved_.size());
   if (total > 0) region_.reserve(total, "the activation stash");
-  top_ = peak_ = zero_copy_live_ = 0;
+  top_ = peak_ = region_peak_ = zero_copy_live_ = 0;
 }
 
 const SavedValue* Stash::info(int value_id) const {
@@ -117,7 +117,11 @@ void Stash::push(int value_id, const Tensor& t, int64_t bits_kept, const Tensor&
     e.bytes = stash_encoding_bytes(enc, n, e.nonzero);
     top_ += Arena::align_up(e.bytes);
     ET_CHECK(top_ <= region_.size(), "stash region overflow at value ", value_id);
-    if (timing_) pack_s_ += since(t0);
+    if (timing_) {
+      const double dt = since(t0);
+      pack_s_ += dt;
+      rec.seconds += dt;
+    }
   }
   e.stored = enc;
   rec.stored_as = stash_encoding_info(enc).display;
@@ -125,6 +129,7 @@ void Stash::push(int value_id, const Tensor& t, int64_t bits_kept, const Tensor&
   rec.nonzero = enc != StashEncoding::ZeroCopy ? e.nonzero : count_zero_copy_ ? bitmap::count_nonzero(x, n, 0.f) : -1;
   stack_.push_back(value_id);
   peak_ = std::max(peak_, live_bytes());
+  region_peak_ = std::max(region_peak_, top_);
 }
 
 Tensor Stash::get(int value_id) {
@@ -155,7 +160,11 @@ Tensor Stash::get(int value_id) {
       default: ET_CHECK(false, "unreachable");
     }
     e.decoded = true;
-    if (timing_) unpack_s_ += since(t0);
+    if (timing_) {
+      const double dt = since(t0);
+      unpack_s_ += dt;
+      records_[size_t(value_id)].seconds += dt;
+    }
   }
   return out;
 }

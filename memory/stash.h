@@ -40,6 +40,7 @@ struct StashRecord {
   const char* stored_as = "";  // StashEncodingInfo::display: "fp32 (zero copy)", "bits (mask)", ...
   size_t bytes = 0;            // bytes in the stash region (zero-copy: the forward buffer's)
   int64_t numel = 0, nonzero = 0;  // nonzero -1: not counted (zero copy outside a profile)
+  double seconds = 0;              // packing and decoding it since set_timing(true) (0 when off)
 };
 
 class Stash {
@@ -70,11 +71,19 @@ class Stash {
 
   size_t live_bytes() const { return top_ + zero_copy_live_; }
   size_t peak_bytes() const { return peak_; }  // since the last reset_peak()
-  void reset_peak() { peak_ = live_bytes(); }
+  void reset_peak() { peak_ = live_bytes(), region_peak_ = top_; }
+  // The highest the region's top has been since the last reset_peak(): its pages touched, what
+  // the stash adds to USS (zero-copy values live in the executor's arena).
+  size_t region_peak_bytes() const { return region_peak_; }
+  const std::vector<SavedValue>& saved() const { return saved_; }
   size_t region_bytes() const { return region_.size(); }
   const StashRecord& record(int value_id) const { return records_[size_t(value_id)]; }
   // Wall time spent compressing (push) and decoding (get) while enabled, in seconds.
-  void set_timing(bool on) { timing_ = on; pack_s_ = unpack_s_ = 0; }
+  void set_timing(bool on) {
+    timing_ = on;
+    pack_s_ = unpack_s_ = 0;
+    for (StashRecord& r : records_) r.seconds = 0;
+  }
   // Profilers: count the non-zeros of zero-copy values too (a pass over them; off in training).
   void set_count_zero_copy(bool on) { count_zero_copy_ = on; }
   double pack_seconds() const { return pack_s_; }
@@ -99,7 +108,7 @@ class Stash {
   std::vector<int> stack_;  // value ids in push order (LIFO check)
   Arena region_;
   float prune_threshold_ = 0.f;
-  size_t top_ = 0, peak_ = 0, zero_copy_live_ = 0;
+  size_t top_ = 0, peak_ = 0, region_peak_ = 0, zero_copy_live_ = 0;
   bool timing_ = false, release_pages_ = false, count_zero_copy_ = false;
   double pack_s_ = 0, unpack_s_ = 0;
 };

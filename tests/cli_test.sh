@@ -243,6 +243,17 @@ expect_error "memprofile over an existing profile" "memprofile.json" "$BIN" memp
 expect_error "checkpoint_every out of range" "memory.checkpoint_every" "$BIN" memprofile --config "$T/cfg.json" --set memory.checkpoint_every=-1 --out "$T/mp2"
 expect_error "unknown stash format" "memory.stash" "$BIN" memprofile --config "$T/cfg.json" --set memory.stash=bitmap_fp8 --out "$T/mp3"
 
+# --- memory.budget_mb: a met budget trains and memprofile measures against it; bad budgets name the key
+"$BIN" memprofile --config "$T/cfg.json" --set memory.budget_mb=1000 --out "$T/mpb" >"$T/mpb.log" 2>&1 \
+  && grep -q "memory budget 1000.0 MB: measured step USS" "$T/mpb.log" && pass "memprofile against a budget" || fail "memprofile budget: $(tail -3 "$T/mpb.log")"
+"$BIN" train --config "$T/cfg.json" --set memory.budget_mb=1000 --stop-after 1 --out "$T/budget" >"$T/budget.log" 2>&1 \
+  && grep -q "memory budget 1000.0 MB: predicted step USS" "$T/budget.log" && pass "train with a budget" || fail "train with a budget: $(tail -3 "$T/budget.log")"
+expect_error "impossible budget" "the smallest exact plan is predicted at" "$BIN" train --config "$T/cfg.json" --set memory.budget_mb=0.5 --out "$T/nobudget"
+[ ! -e "$T/nobudget" ] && pass "impossible budget leaves no run folder" || fail "impossible budget created $T/nobudget"
+expect_error "budget with a fixed stash format" "memory.budget_mb" "$BIN" train --config "$T/cfg.json" --set memory.budget_mb=100 --set memory.stash=bitmap_fp32 --out "$T/nb2"
+expect_error "negative budget" "memory.budget_mb" "$BIN" train --config "$T/cfg.json" --set memory.budget_mb=-5 --out "$T/nb3"
+expect_error "budget with 4-bit training" "quant" "$BIN" train --config "$T/cfg.json" "${Q[@]}" --set memory.budget_mb=100 --out "$T/nb4"
+
 # --- model.weights, export, option-A shortcuts (docs/finetune.md)
 metrics_of() { tail -1 | grep -o '"test_\(acc\|loss\)":[^,}]*' | tr '\n' ' '; }
 "$BIN" export --checkpoint "$T/full/checkpoint_last.ckpt" --out "$T/wt.safetensors" >/dev/null && [ -s "$T/wt.safetensors" ] \

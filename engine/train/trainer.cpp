@@ -125,13 +125,31 @@ void Trainer::build() {
 
   build_model(graph_, cfg_.model);
   backend_ = make_cpu_backend();
-  executor_ = std::make_unique<Executor>(graph_, *backend_, cfg_.stash_options(), cfg_.quant_options());
+  // A budget is planned for training; evaluation keeps the configured plan.
+  const StashOptions stash = train_ ? plan_stash_options(cfg_, graph_, *backend_, &budget_) : cfg_.stash_options();
+  executor_ = std::make_unique<Executor>(graph_, *backend_, stash, cfg_.quant_options());
   init_parameters(*executor_, cfg_.train.seed);
   state_.model = cfg_.model.name;
   state_.seed = cfg_.train.seed;
 }
 
 Trainer::~Trainer() = default;
+
+StashOptions plan_stash_options(const Config& cfg, Graph& g, Backend& backend, BudgetPlan* plan) {
+  if (cfg.memory.budget_mb <= 0) return cfg.stash_options();
+  BudgetOptions o;
+  o.budget_mb = cfg.memory.budget_mb;
+  o.lossy = cfg.memory.budget_lossy;
+  o.seed = cfg.train.seed;
+  BudgetPlan p = plan_memory_budget(g, backend, cfg.quant_options(), o, [&](Executor& ex) {
+    init_parameters(ex, cfg.train.seed);
+    if (!cfg.weights.empty()) load_weights(cfg.weights, ex);  // its sparsity is what training sees
+  });
+  StashOptions s = p.options;
+  s.release_pages = cfg.memory.release_pages;
+  if (plan) *plan = std::move(p);
+  return s;
+}
 
 bool Trainer::train_step(int64_t batch, float lr) {
   Executor& ex = *executor_;
@@ -267,6 +285,8 @@ void Trainer::fit(const std::string& out_dir, bool resume, Progress& progress, i
   const fs::path ckpt = dir / "checkpoint_last.ckpt", metrics = dir / "metrics.jsonl";
   std::vector<std::string> kept_lines;
   bool from_checkpoint = false;
+  if (budget_.budget_mb > 0)
+    for (const std::string& line : budget_.summary()) progress.line(line);
   if (resume && !fs::exists(ckpt)) {
     // A run stopped during its first epoch leaves config.json (the caller compared it) and no
     // checkpoint. Its first steps are all there was to it, so it starts over: the same run. The

@@ -8,6 +8,7 @@
 
 #include "backends/backend.h"
 #include "engine/config.h"
+#include "engine/budget.h"
 #include "engine/data/dataset.h"
 #include "engine/executor.h"
 #include "engine/train/checkpoint.h"
@@ -69,6 +70,8 @@ class Trainer {
   const Config& config() const { return cfg_; }
   TrainProgress& progress_state() { return state_; }
   const Dataset* train_data() const { return train_.get(); }
+  // memory.budget_mb: what its planner chose (budget_mb 0 when there is no budget).
+  const BudgetPlan& budget() const { return budget_; }
 
  private:
   EpochResult train_epoch(int epoch, Progress& progress);
@@ -90,8 +93,14 @@ class Trainer {
   TrainProgress state_;
   UssPeak uss_;
   Divergence divergence_;
+  BudgetPlan budget_;
   int64_t divergence_batch_ = 0, divergence_batches_ = 0;  // where in its epoch (1-based), of how many
 };
+
+// The executor's stash options for training: the config's, or, with memory.budget_mb, what the
+// budget's planner chooses (engine/budget.h: it runs calibration steps on `g` at its batch, with
+// the parameters of train.seed / model.weights); `plan` receives that choice.
+StashOptions plan_stash_options(const Config& cfg, Graph& g, Backend& backend, BudgetPlan* plan = nullptr);
 
 // Number of samples in [0, n) whose logits argmax equals the label.
 int64_t count_correct(const Tensor& logits, const Tensor& labels, int64_t n);

@@ -1,0 +1,351 @@
+// Memory budget planner (engine/budget.h): calibration, prediction, search.
+#include "engine/budget.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <map>
+#include <random>
+
+#include "engine/check.h"
+#include "memory/uss.h"
+
+namespace et {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+constexpr double kMB = 1048576.0;
+
+// What calibration measured (per value id / node index of the graph).
+struct Calibration {
+  std::vector<double> forward_s;   // per node, per step
+  std::vector<double> nonzero;     // per value: measured fraction (values stored with a bitmap), else 1
+  std::vector<double> exact_s;     // per value: pack + decode per step in its exact bitmap format
+  std::vector<double> lossy_s;     // per value: the same in its fp16 format (lossy calibration)
+  double overhead_bytes = 0;
+};
+
+void synthetic_batch(Executor& ex, uint64_t seed) {
+  Graph& g = ex.graph();
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<float> normal(0.f, 1.f);
+  Tensor x = ex.value(g.image_input);
+  for (int64_t i = 0; i < x.numel(); ++i) x.f32()[i] = normal(rng);
+  Tensor y = ex.value(g.label_input);
+  const int64_t classes = g.value(g.logits).shape[1];
+  for (int64_t i = 0; i < y.numel(); ++i) y.i32()[i] = int32_t(rng() % uint64_t(classes));
+}
+
+// Runs the graph in `format` with every single-layer segment recomputed, records its measurements.
+void calibrate(Graph& g, Backend& backend, const QuantOptions& quant, const BudgetOptions& o, StashFormat format,
+               const std::function<void(Executor&)>& init, Calibration* cal, std::vector<double>* seconds) {
+  StashOptions lean;
+  lean.format = format;
+  lean.checkpoint_every = 1;
+  const size_t uss_before = read_uss_bytes();
+  Executor ex(g, backend, lean, quant);
+  init(ex);
+  synthetic_batch(ex, o.seed);
+  const int64_t n = g.batch_size();
+  UssPeak uss;
+  auto step = [&] {
+    ex.forward(n, true);
+    uss.sample();
+    ex.backward();
+    uss.sample();
+  };
+  step();  // warm-up: first-touch page faults, kernel selection
+  ex.set_timing(true);
+  ex.stash().reset_peak();
+  for (int s = 0; s < o.calibration_steps; ++s) step();
+  const double k = 1.0 / o.calibration_steps;
+  if (cal->forward_s.empty()) {
+    cal->forward_s.assign(size_t(g.num_nodes()), 0.0);
+    for (int i = 0; i < g.num_nodes(); ++i) cal->forward_s[size_t(i)] = ex.forward_seconds()[size_t(i)] * k;
+    cal->nonzero.assign(size_t(g.num_values()), 1.0);
+    // USS the step adds beyond what the prediction counts (arena and stash region): thread stacks,
+    // per-thread scratch, the allocator's own pages.
+    cal->overhead_bytes = double(uss.peak()) - double(uss_before) - double(ex.memory().total) -
+                          double(ex.stash().region_peak_bytes());
+  }
+  seconds->assign(size_t(g.num_values()), 0.0);
+  for (const SavedValue& sv : ex.stash().saved()) {
+    const StashRecord& r = ex.stash().record(sv.value);
+    (*seconds)[size_t(sv.value)] = r.seconds * k;
+    const StashEncodingInfo& info = stash_encoding_info(stash_format_info(sv.format).full);
+    if (info.bitmap && r.numel > 0 && r.nonzero >= 0) cal->nonzero[size_t(sv.value)] = double(r.nonzero) / double(r.numel);
+    if (!sv.full && r.numel > 0 && r.nonzero >= 0) cal->nonzero[size_t(sv.value)] = double(r.nonzero) / double(r.numel);
+  }
+}
+
+// A candidate: per saved value its format (absent = dense_fp32), the segment length and flags.
+struct Candidate {
+  std::map<int, StashFormat> format;
+  int every = 1;
+  std::vector<uint8_t> segments;
+};
+
+class Search {
+ public:
+  Search(Graph& g, Backend& b, const QuantOptions& q, const Calibration& cal, double headroom)
+      : g_(g), backend_(b), quant_(q), cal_(cal), headroom_(headroom) {}
+
+  StashOptions options(const Candidate& c) const {
+    StashOptions o;
+    for (const auto& [id, f] : c.format) o.layers.emplace_back(g_.value(id).name, f);
+    o.checkpoint_every = c.every;
+    o.segments = c.segments;
+    return o;
+  }
+
+  // Predicted step USS of a candidate (bytes): planned, not run.
+  double predict(const Candidate& c) {
+    ++plans_;
+    Executor ex(g_, backend_, options(c), quant_);
+    std::vector<size_t> bytes(size_t(g_.num_values()), 0);
+    for (const SavedValue& sv : ex.stash().saved()) {
+      const StashFormatInfo& f = stash_format_info(sv.format);
+      const StashEncoding enc = sv.full ? f.full : f.mask;
+      if (enc == StashEncoding::ZeroCopy) continue;  // in the arena
+      int64_t kept = sv.numel;
+      if (stash_encoding_info(enc).bitmap)
+        kept = std::min<int64_t>(sv.numel, int64_t(std::ceil((cal_.nonzero[size_t(sv.value)] + headroom_) * double(sv.numel))));
+      bytes[size_t(sv.value)] = Arena::align_up(stash_encoding_bytes(enc, sv.numel, kept));
+    }
+    // The stash's top, replayed: pushes go on top; a pop from below the top leaves a hole that is
+    // reclaimed once everything above it is popped (Stash::pop).
+    std::vector<std::pair<int, size_t>> stack;  // value, end offset
+    size_t top = 0, peak = 0;
+    for (const Executor::StashEvent& e : ex.stash_schedule()) {
+      if (e.push) {
+        if (bytes[size_t(e.value)] == 0) continue;
+        top += bytes[size_t(e.value)];
+        stack.emplace_back(e.value, top);
+        peak = std::max(peak, top);
+      } else {
+        auto it = std::find_if(stack.begin(), stack.end(), [&](const auto& s) { return s.first == e.value; });
+        if (it == stack.end()) continue;
+        stack.erase(it);
+        top = stack.empty() ? 0 : stack.back().second;
+      }
+    }
+    return double(ex.memory().total) + double(peak) + cal_.overhead_bytes;
+  }
+
+  // Predicted extra time per step of a candidate (seconds): the formats' pack and decode, the
+  // recomputed nodes' forward.
+  double cost(const Candidate& c, double* recompute_s = nullptr) {
+    double s = 0;
+    for (const auto& [id, f] : c.format) s += format_cost(id, f);
+    double rec = 0;
+    if (!c.segments.empty() && std::count(c.segments.begin(), c.segments.end(), 1) > 0) {
+      Executor ex(g_, backend_, options(c), quant_);
+      for (int n = 0; n < g_.num_nodes(); ++n)
+        if (ex.reruns(n)) rec += cal_.forward_s[size_t(n)];
+    }
+    if (recompute_s) *recompute_s = rec;
+    return s + rec;
+  }
+
+  double format_cost(int id, StashFormat f) const {
+    if (f == StashFormat::DenseF32) return 0;
+    return f == StashFormat::BitmapF32 ? exact_s_[size_t(id)] : lossy_s_[size_t(id)];
+  }
+
+  std::vector<double> exact_s_, lossy_s_;
+  int plans_ = 0;
+
+ private:
+  Graph& g_;
+  Backend& backend_;
+  const QuantOptions& quant_;
+  const Calibration& cal_;
+  double headroom_;
+};
+
+struct Move {
+  int value = -1;    // a format move, or
+  int segment = -1;  // a segment recomputed
+  StashFormat to = StashFormat::DenseF32;
+  bool lossy = false;
+  double gain = 0, seconds = 0;  // alone from the start: predicted bytes saved, time added
+};
+
+struct Outcome {
+  Candidate c;
+  double bytes = 0, seconds = 0;
+};
+
+// Greedy from the fastest plan with segments of `every` layers. Each pass weighs every move not
+// yet made against the current plan (a move's saving depends on the others: a buffer kept in place
+// may stop setting the peak only once another one is gone) and makes them in order of time per
+// byte saved, exact ones first, keeping each only if the prediction falls. Passes repeat until the
+// budget is met or nothing more helps. `largest_first` orders by bytes saved alone: the way to the
+// smallest plan when the cheapest order gets stuck above the budget.
+Outcome search(Search& s, const std::vector<SavedValue>& saved, const std::vector<uint8_t>& sparse, int every,
+               int num_segments, double budget, bool lossy, bool largest_first) {
+  Candidate c;
+  c.every = every;
+  c.segments.assign(size_t(num_segments), 0);
+  std::vector<Move> todo;
+  for (const SavedValue& sv : saved) {
+    if (!sv.full || sparse[size_t(sv.value)]) todo.push_back(Move{sv.value, -1, StashFormat::BitmapF32, false});
+    if (lossy && sv.full)
+      todo.push_back(Move{sv.value, -1, sparse[size_t(sv.value)] ? StashFormat::BitmapF16 : StashFormat::DenseF16, true});
+  }
+  for (int i = 0; i < num_segments; ++i) todo.push_back(Move{-1, i, StashFormat::DenseF32, false});
+  auto apply = [](Candidate t, const Move& m) {
+    if (m.value >= 0) t.format[m.value] = m.to;
+    else t.segments[size_t(m.segment)] = 1;
+    return t;
+  };
+  double cur = s.predict(c);
+  for (bool lossy_pass : {false, true}) {
+    if (lossy_pass && !lossy) break;
+    for (bool progress = true; progress && cur > budget;) {
+      progress = false;
+      std::vector<Move> moves;
+      for (Move m : todo) {
+        if (m.lossy != lossy_pass) continue;
+        if (m.value >= 0 && c.format.count(m.value) && c.format.at(m.value) == m.to) continue;
+        if (m.segment >= 0 && c.segments[size_t(m.segment)]) continue;
+        const Candidate t = apply(c, m);
+        m.gain = cur - s.predict(t);
+        m.seconds = m.value >= 0 ? s.format_cost(m.value, m.to) - s.format_cost(m.value, c.format.count(m.value) ? c.format.at(m.value) : StashFormat::DenseF32)
+                                 : s.cost(t) - s.cost(c);
+        if (m.gain > 0) moves.push_back(m);
+      }
+      std::sort(moves.begin(), moves.end(), [&](const Move& a, const Move& b) {
+        if (largest_first) return a.gain > b.gain;
+        return std::max(a.seconds, 0.0) / a.gain < std::max(b.seconds, 0.0) / b.gain;
+      });
+      for (const Move& m : moves) {
+        if (cur <= budget) break;
+        const Candidate t = apply(c, m);
+        const double p = s.predict(t);
+        if (p < cur) c = t, cur = p, progress = true;
+      }
+    }
+  }
+  return Outcome{c, cur, s.cost(c)};
+}
+
+std::string mb(double bytes) {
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), "%.1f MB", bytes / kMB);
+  return buf;
+}
+
+}  // namespace
+
+BudgetPlan plan_memory_budget(Graph& g, Backend& backend, const QuantOptions& quant, const BudgetOptions& o,
+                              const std::function<void(Executor&)>& init) {
+  if (quant.forward != ForwardQuant::Fp32 || quant.backward != BackwardQuant::Fp32 || !quant.layers.empty())
+    user_error("config key 'memory.budget_mb': the budget's planner does not plan 4-bit training (quant.*) yet; "
+               "choose memory.stash / memory.checkpoint_every by hand there");
+  const auto t0 = Clock::now();
+  Calibration cal;
+  std::vector<double> exact_s, lossy_s;
+  calibrate(g, backend, quant, o, StashFormat::BitmapF32, init, &cal, &exact_s);
+  if (o.lossy) calibrate(g, backend, quant, o, StashFormat::BitmapF16, init, &cal, &lossy_s);
+
+  Search s(g, backend, quant, cal, o.headroom);
+  s.exact_s_ = exact_s;
+  s.lossy_s_ = o.lossy ? lossy_s : exact_s;
+  // Saved values and which have zeros by construction: the fastest plan's saves, and what a global
+  // bitmap format turns into a bitmap there (the executor's rule, executor_plan.cpp).
+  std::vector<SavedValue> saved;
+  std::vector<uint8_t> sparse(size_t(g.num_values()), 0);
+  {
+    StashOptions bitmap;
+    bitmap.format = StashFormat::BitmapF32;
+    Executor ex(g, backend, bitmap, quant);
+    for (const SavedValue& sv : ex.stash().saved()) {
+      if (g.value(sv.value).producer < 0) continue;  // the input batch: kept in place
+      saved.push_back(sv);
+      sparse[size_t(sv.value)] = sv.full && sv.format == StashFormat::BitmapF32;
+    }
+  }
+  const double budget = o.budget_mb * kMB;
+  Outcome best;
+  bool met = false;
+  double smallest = INFINITY, fastest = 0;
+  for (int every = 1; every <= 3; ++every) {
+    const int num_segments = int(Executor::candidate_segments(g, every).size());
+    if (num_segments == 0 || (every > 1 && num_segments == int(Executor::candidate_segments(g, every - 1).size())))
+      break;
+    Outcome r = search(s, saved, sparse, every, num_segments, budget, o.lossy, false);
+    if (r.bytes > budget) {
+      const Outcome small = search(s, saved, sparse, every, num_segments, budget, o.lossy, true);
+      if (small.bytes < r.bytes) r = small;
+    }
+    if (every == 1) {
+      Candidate none;
+      none.segments.assign(size_t(num_segments), 0);
+      fastest = s.predict(none);
+    }
+    smallest = std::min(smallest, r.bytes);
+    if (r.bytes <= budget && (!met || r.seconds < best.seconds || (r.seconds == best.seconds && r.bytes < best.bytes))) {
+      best = r;
+      met = true;
+    }
+  }
+  if (!met)
+    user_error("config key 'memory.budget_mb' = ", o.budget_mb, ": no plan fits the training step in it; the smallest ",
+               o.lossy ? "" : "exact ", "plan is predicted at ", mb(smallest), " (the fastest at ", mb(fastest),
+               "; USS outside arena and stash measured at ", mb(cal.overhead_bytes), ")",
+               o.lossy ? "" : "; memory.budget_lossy = true also allows fp16 formats");
+
+  BudgetPlan p;
+  p.options = s.options(best.c);
+  p.budget_mb = o.budget_mb;
+  p.predicted_mb = best.bytes / kMB;
+  p.fastest_mb = fastest / kMB;
+  p.overhead_mb = cal.overhead_bytes / kMB;
+  p.extra_ms = s.cost(best.c, &p.recompute_ms) * 1e3;
+  p.recompute_ms *= 1e3;
+  p.segments = int(std::count(best.c.segments.begin(), best.c.segments.end(), 1));
+  if (p.segments == 0) p.options.checkpoint_every = 0, p.options.segments.clear();
+  Executor chosen(g, backend, p.options, quant);
+  std::vector<uint8_t> recomputed(size_t(g.num_values()), 0);
+  for (int n = 0; n < g.num_nodes(); ++n)
+    for (int id : chosen.recomputed_by(n)) recomputed[size_t(id)] = 1;
+  for (const SavedValue& sv : saved) {
+    BudgetTensor t;
+    t.name = g.value(sv.value).name;
+    auto it = best.c.format.find(sv.value);
+    t.format = it == best.c.format.end() ? StashFormat::DenseF32 : it->second;
+    t.full = sv.full;
+    t.recomputed = recomputed[size_t(sv.value)] != 0;
+    t.dense_bytes = size_t(sv.numel) * 4;
+    t.nonzero = cal.nonzero[size_t(sv.value)];
+    t.ms = s.format_cost(sv.value, t.format) * 1e3;
+    p.tensors.push_back(t);
+  }
+  p.calibration_s = std::chrono::duration<double>(Clock::now() - t0).count();
+  return p;
+}
+
+std::vector<std::string> BudgetPlan::summary() const {
+  std::vector<std::string> out;
+  char buf[256];
+  std::snprintf(buf, sizeof(buf),
+                "memory budget %.1f MB: predicted step USS %.1f MB (fastest plan %.1f MB), predicted extra time %.2f ms "
+                "per step (recompute %.2f ms, %d segment%s of %d layer%s); planned in %.1f s (USS outside arena and stash: "
+                "%.1f MB)",
+                budget_mb, predicted_mb, fastest_mb, extra_ms, recompute_ms, segments, segments == 1 ? "" : "s",
+                options.checkpoint_every, options.checkpoint_every == 1 ? "" : "s", calibration_s, overhead_mb);
+  out.push_back(buf);
+  for (const BudgetTensor& t : tensors) {
+    if (t.format == StashFormat::DenseF32 && !t.recomputed) continue;
+    std::snprintf(buf, sizeof(buf), "  %-28s %-12s%s %8.2f MB dense, %3.0f%% non-zero, %.2f ms", t.name.c_str(),
+                  stash_format_name(t.format), t.recomputed ? " recomputed" : "           ", t.dense_bytes / kMB,
+                  100 * t.nonzero, t.ms);
+    out.push_back(buf);
+  }
+  return out;
+}
+
+}  // namespace et

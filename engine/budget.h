@@ -1,0 +1,68 @@
+// Memory budget (memory.budget_mb): before the first step, chooses per saved tensor its stash
+// format and which recompute segments run again, so that the training step's USS fits the budget
+// with the least predicted extra time.
+//
+// 1. Calibration: a few steps of the graph at its batch, on a synthetic batch, in the leanest exact
+//    plan (bitmap_fp32 where zeros come by construction, every single-layer segment recomputed),
+//    measure per node the forward time (what a recompute costs), per saved tensor the time spent
+//    packing and decoding it and its fraction of non-zeros, and the step's USS beyond the arena
+//    and the stash (threads, loader: `overhead`). With budget_lossy, a second calibration does the
+//    same in fp16 (bitmap_fp16 / dense_fp16).
+// 2. Prediction: a candidate plan is planned (Executor's plan, no step runs): arena size, plus the
+//    stash's highest top replayed from its push / pop schedule with each tensor's predicted size
+//    (bitmaps from the measured non-zeros plus `headroom`), plus the overhead.
+// 3. Search, for segments of 1, 2 and 3 layers (checkpoint_every): from the fastest plan (every
+//    save dense_fp32 in place, nothing recomputed) apply moves (a tensor to a bitmap format, a
+//    segment recomputed; exact ones first, fp16 ones only if allowed and still needed), cheapest
+//    measured time per predicted byte saved first, keeping a move only if the predicted USS falls,
+//    until the budget is met. The cheapest plan that meets it wins; if none does, the smallest
+//    prediction is reported in the error.
+#pragma once
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "engine/executor.h"
+
+namespace et {
+
+struct BudgetOptions {
+  double budget_mb = 0;
+  bool lossy = false;       // fp16 formats allowed (after every exact choice)
+  uint64_t seed = 1;        // the calibration batch
+  int calibration_steps = 2;
+  double headroom = 0.05;   // non-zero fraction added to the measured one (sparsity drifts in training)
+};
+
+// One saved tensor's choice.
+struct BudgetTensor {
+  std::string name;         // the layer (value) name
+  StashFormat format = StashFormat::DenseF32;
+  bool full = true;         // false: read only as a > 0 mask
+  bool recomputed = false;  // produced again in backward by its segment, not kept from the forward
+  size_t dense_bytes = 0;   // as fp32 at the planned batch
+  double nonzero = 1;       // measured fraction (bitmap formats)
+  double ms = 0;            // predicted per-step time of its format (pack + decode)
+};
+
+struct BudgetPlan {
+  StashOptions options;      // what the executor gets
+  double budget_mb = 0, predicted_mb = 0;
+  double fastest_mb = 0;     // prediction for the plan without any move (dense_fp32, no recompute)
+  double overhead_mb = 0;    // measured in calibration: USS beyond the arena and the stash
+  double extra_ms = 0;       // predicted time per step above the fastest plan
+  double recompute_ms = 0;   // of which recomputation
+  int segments = 0;          // recomputed segments
+  double calibration_s = 0;  // wall time of calibration and search
+  std::vector<BudgetTensor> tensors;
+  std::vector<std::string> summary() const;  // lines for the log (one per non-default choice)
+};
+
+// `init` sets the parameters of each calibration executor (random initialisation, or imported
+// weights: sparsity depends on them). Errors (user_error): a budget no plan meets, naming the
+// smallest prediction; 4-bit training (not planned yet).
+BudgetPlan plan_memory_budget(Graph& g, Backend& backend, const QuantOptions& quant, const BudgetOptions& o,
+                              const std::function<void(Executor&)>& init);
+
+}  // namespace et

@@ -1,0 +1,129 @@
+// memory.budget_mb (engine/budget.h): the planner meets a budget between the smallest exact plan and
+// the fastest one, its prediction matches what the stash and arena then take, the exact choices
+// change no number of training, and an impossible budget is an error naming the smallest plan.
+#include <catch2/catch.hpp>
+
+#include <cstring>
+
+#include "engine/budget.h"
+#include "engine/check.h"
+#include "tests/tiny_training.h"
+
+using namespace et;
+
+namespace {
+
+constexpr double kMB = 1048576.0;
+
+struct Planned {
+  Graph g;
+  std::unique_ptr<Backend> be = make_cpu_backend();
+  BudgetPlan plan;
+  explicit Planned(double budget_mb, bool lossy = false) {
+    ModelSpec spec;
+    spec.name = "resnet8";
+    spec.batch = 32;
+    build_model(g, spec);
+    BudgetOptions o;
+    o.budget_mb = budget_mb;
+    o.lossy = lossy;
+    plan = plan_memory_budget(g, *be, {}, o, [](Executor& ex) { init_parameters(ex, 5); });
+  }
+};
+
+struct Trained {
+  std::vector<float> losses, params;
+  double arena_and_stash_mb = 0;
+};
+
+Trained train(const StashOptions& opt, int steps = 3) {
+  test::TinyTraining t("resnet8", 32, opt, 5, 0, 7);
+  Trained r;
+  t.ex->stash().reset_peak();
+  for (int s = 0; s < steps; ++s) {
+    t.ex->set_step_seed(uint64_t(s));
+    t.ex->forward(32, true);
+    r.losses.push_back(t.ex->loss());
+    t.ex->backward();
+    t.sgd(0.05f, s == 0);
+  }
+  for (int p : t.g.params()) {
+    const Tensor v = t.ex->value(p);
+    r.params.insert(r.params.end(), v.f32(), v.f32() + v.numel());
+  }
+  r.arena_and_stash_mb = double(t.ex->memory().total + t.ex->stash().region_peak_bytes()) / kMB;
+  return r;
+}
+
+// The smallest plan, read from the error of a budget no plan meets.
+double smallest(bool lossy) {
+  try {
+    Planned p(1.0, lossy);
+  } catch (const UserError& e) {
+    const std::string msg = e.what();
+    CHECK(msg.find("memory.budget_mb") != std::string::npos);
+    const size_t at = msg.find("predicted at ");
+    REQUIRE(at != std::string::npos);
+    return std::stod(msg.substr(at + 13));
+  }
+  FAIL("a 1 MB budget was met");
+  return 0.0;
+}
+
+}  // namespace
+
+TEST_CASE("a budget above the fastest plan changes nothing", "[budget]") {
+  Planned p(1e6);
+  CHECK(p.plan.options.layers.empty());
+  CHECK(p.plan.options.checkpoint_every == 0);
+  CHECK(p.plan.extra_ms == 0);
+  CHECK(p.plan.predicted_mb == Approx(p.plan.fastest_mb));
+}
+
+TEST_CASE("a budget between the smallest and the fastest plan is met, exactly", "[budget]") {
+  const double fastest = Planned(1e6).plan.fastest_mb;
+  const double budget = 0.5 * (smallest(false) + fastest);
+  Planned p(budget);
+  INFO("fastest " << fastest << " MB, budget " << budget << " MB, predicted " << p.plan.predicted_mb);
+  REQUIRE(p.plan.predicted_mb <= budget);
+  // Something had to move: a bitmap, or a recomputed segment.
+  CHECK((!p.plan.options.layers.empty() || p.plan.segments > 0));
+  CHECK(p.plan.extra_ms > 0);
+
+  const Trained fast = train(StashOptions{});
+  const Trained lean = train(p.plan.options);
+  // The prediction (less the USS measured outside arena and stash) bounds what they take, within
+  // the non-zero headroom it adds to bitmaps.
+  const double predicted = p.plan.predicted_mb - p.plan.overhead_mb;
+  CHECK(lean.arena_and_stash_mb <= predicted + 0.01);
+  CHECK(lean.arena_and_stash_mb >= 0.9 * predicted);
+  CHECK(lean.arena_and_stash_mb < fast.arena_and_stash_mb);
+  // Exact formats and recomputation: every loss and parameter bit-identical.
+  CHECK(lean.losses == fast.losses);
+  REQUIRE(lean.params.size() == fast.params.size());
+  CHECK(std::memcmp(lean.params.data(), fast.params.data(), fast.params.size() * sizeof(float)) == 0);
+}
+
+TEST_CASE("an impossible budget names the smallest plan", "[budget]") {
+
+  const double exact = smallest(false), lossy = smallest(true);
+  const double fastest = Planned(1e6).plan.fastest_mb;
+  CHECK(exact < fastest);
+  CHECK(lossy < exact);
+  // ... and a budget just above the smallest exact one is met without fp16.
+  Planned p(exact * 1.02);
+  CHECK(p.plan.predicted_mb <= exact * 1.02);
+  for (const auto& [layer, f] : p.plan.options.layers) CHECK((f == StashFormat::BitmapF32 || f == StashFormat::DenseF32));
+}
+
+TEST_CASE("the budget does not plan 4-bit training", "[budget]") {
+  ModelSpec spec;
+  spec.name = "resnet8";
+  spec.batch = 4;
+  Graph g;
+  build_model(g, spec);
+  auto be = make_cpu_backend();
+  BudgetOptions o;
+  o.budget_mb = 100;
+  CHECK_THROWS_AS(plan_memory_budget(g, *be, test::luq(), o, [](Executor& ex) { init_parameters(ex, 1); }), UserError);
+}
