@@ -148,11 +148,15 @@ int cmd_bench_step(const BenchStepArgs& a) {
             {"arena_mb", m.total / 1048576.0},
             {"stash", cfg.memory.stash},
             {"stash_peak_mb", double(ex.stash().peak_bytes()) / 1048576.0},
+            {"stash_region_peak_mb", double(ex.stash().region_peak_bytes()) / 1048576.0},
             {"stash_dense_mb", double(m.stash_dense_bytes) / 1048576.0},
             {"checkpoint_every", cfg.memory.checkpoint_every}};
   if (budget.budget_mb > 0) {
     j["budget_mb"] = budget.budget_mb;
     j["budget_predicted_mb"] = budget.predicted_mb;
+    j["budget_predicted_arena_mb"] = budget.arena_mb;
+    j["budget_predicted_stash_mb"] = budget.stash_mb;
+    j["budget_overhead_mb"] = budget.overhead_mb;
     j["budget_extra_ms"] = budget.extra_ms;
     j["budget_segments"] = budget.segments;
   }

@@ -51,6 +51,7 @@ struct BudgetPlan {
   double budget_mb = 0, predicted_mb = 0;
   double fastest_mb = 0;     // prediction for the plan without any move (dense_fp32, no recompute)
   double overhead_mb = 0;    // measured in calibration: USS beyond the arena and the stash
+  double arena_mb = 0, stash_mb = 0;  // the prediction's parts: arena size, stash region peak
   double extra_ms = 0;       // predicted time per step above the fastest plan
   double recompute_ms = 0;   // of which recomputation
   int segments = 0;          // recomputed segments

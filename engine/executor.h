@@ -107,6 +107,7 @@ class Executor {
   // Per node: what it does in 4 bits (docs/quant.md); all off without a quant config.
   const LayerQuant& layer_quant(int node) const { return quant_[size_t(node)]; }
   const MemoryReport& memory() const { return report_; }
+  size_t arena_resident_bytes() const { return arena_.resident_bytes(); }  // of memory().total
   Stash& stash() { return stash_; }
   const Stash& stash() const { return stash_; }
   int64_t batch() const { return batch_; }

@@ -3,6 +3,8 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <vector>
+
 #include "engine/check.h"
 
 namespace et {
@@ -39,6 +41,16 @@ void Arena::release(size_t offset, size_t bytes) {
   size_t begin = (offset + p - 1) / p * p;
   size_t end = (offset + bytes) / p * p;
   if (end > begin) madvise(base_ + begin, end - begin, MADV_DONTNEED);
+}
+
+size_t Arena::resident_bytes() const {
+  if (!base_) return 0;
+  const size_t p = page_size(), pages = size_ / p;
+  std::vector<unsigned char> in(pages);
+  if (mincore(base_, size_, in.data()) != 0) return size_;  // unknown: count it all
+  size_t n = 0;
+  for (unsigned char c : in) n += c & 1;
+  return n * p;
 }
 
 }  // namespace et

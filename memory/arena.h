@@ -20,6 +20,8 @@ class Arena {
   size_t size() const { return size_; }
   // Returns the whole pages inside [offset, offset + bytes) to the OS; their contents become zero.
   void release(size_t offset, size_t bytes);
+  // Bytes of its pages that are resident now (mincore): what of it USS counts.
+  size_t resident_bytes() const;
 
   static constexpr size_t kAlign = 64;
   static size_t align_up(size_t n) { return (n + kAlign - 1) / kAlign * kAlign; }

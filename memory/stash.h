@@ -76,6 +76,7 @@ class Stash {
   // the stash adds to USS (zero-copy values live in the executor's arena).
   size_t region_peak_bytes() const { return region_peak_; }
   const std::vector<SavedValue>& saved() const { return saved_; }
+  size_t region_resident_bytes() const { return region_.resident_bytes(); }
   size_t region_bytes() const { return region_.size(); }
   const StashRecord& record(int value_id) const { return records_[size_t(value_id)]; }
   // Wall time spent compressing (push) and decoding (get) while enabled, in seconds.

@@ -110,9 +110,9 @@ TEST_CASE("an impossible budget names the smallest plan", "[budget]") {
   const double fastest = Planned(1e6).plan.fastest_mb;
   CHECK(exact < fastest);
   CHECK(lossy < exact);
-  // ... and a budget just above the smallest exact one is met without fp16.
-  Planned p(exact * 1.02);
-  CHECK(p.plan.predicted_mb <= exact * 1.02);
+  // ... and a budget 5 % above the smallest exact one is met without fp16.
+  Planned p(exact * 1.05);
+  CHECK(p.plan.predicted_mb <= exact * 1.05);
   for (const auto& [layer, f] : p.plan.options.layers) CHECK((f == StashFormat::BitmapF32 || f == StashFormat::DenseF32));
 }
 
