@@ -66,7 +66,8 @@ def main():
         uss = max(r["step_uss_mb"] for r in rs)
         pred = rs[0].get("budget_predicted_mb")
         met = "-" if b is None else ("yes" if uss <= b else "NO")
-        print(f"{'none' if b is None else b:>10} {pred if pred is not None else '-':>13.13} {uss:12.1f} {met:>4} {ms:8.1f} "
+        pred_s = f"{pred:.1f}" if pred is not None else "-"
+        print(f"{'none' if b is None else b:>10} {pred_s:>13} {uss:12.1f} {met:>4} {ms:8.1f} "
               f"{ratio:8.3f} {rs[0].get('budget_extra_ms', 0):19.1f} {rs[0].get('budget_segments', 0):>9}")
 
 
