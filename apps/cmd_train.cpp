@@ -78,8 +78,9 @@ bool only_temporary_files(const fs::path& dir) {
 }  // namespace
 
 int cmd_train(const TrainArgs& a) {
-  const Config cfg = load_config(a.config, a.sets);
+  Config cfg = load_config(a.config, a.sets);
   const std::string out = a.out.empty() ? default_run_dir(cfg.model.name) : a.out;
+  if (a.resume) cfg.memory_plan_file = (fs::path(out) / "memory_plan.json").string();
   const fs::path dir(out);
   std::error_code ec;
   bool fresh = false;  // --resume of a run that never started

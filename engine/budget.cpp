@@ -6,7 +6,10 @@
 #include <cmath>
 #include <cstdio>
 #include <map>
+#include <fstream>
 #include <random>
+
+#include <nlohmann/json.hpp>
 
 #include "engine/check.h"
 #include "memory/uss.h"
@@ -353,6 +356,45 @@ std::vector<std::string> BudgetPlan::summary() const {
     out.push_back(buf);
   }
   return out;
+}
+
+std::string budget_plan_json(const BudgetPlan& p) {
+  nlohmann::json layers = nlohmann::json::object();
+  for (const auto& [name, f] : p.options.layers) layers[name] = stash_format_name(f);
+  const nlohmann::json j = {{"budget_mb", p.budget_mb},           {"predicted_mb", p.predicted_mb},
+                            {"extra_ms", p.extra_ms},             {"checkpoint_every", p.options.checkpoint_every},
+                            {"segments", p.options.segments},     {"layers", layers}};
+  return j.dump(2) + "\n";
+}
+
+BudgetPlan read_budget_plan(const std::string& path, const Graph& g) {
+  std::ifstream in(path);
+  if (!in) user_error("cannot read the memory plan '", path, "'");
+  BudgetPlan p;
+  try {
+    const nlohmann::json j = nlohmann::json::parse(in);
+    p.budget_mb = j.at("budget_mb").get<double>();
+    p.predicted_mb = j.at("predicted_mb").get<double>();
+    p.extra_ms = j.at("extra_ms").get<double>();
+    p.options.checkpoint_every = j.at("checkpoint_every").get<int>();
+    p.options.segments = j.at("segments").get<std::vector<uint8_t>>();
+    for (const auto& [name, f] : j.at("layers").items()) {
+      StashFormat sf;
+      if (!parse_stash_format(f.get<std::string>(), &sf) || sf == StashFormat::BitmapI4 || sf == StashFormat::Auto)
+        user_error("memory plan '", path, "': layer '", name, "' has format ", f.dump(), ", not one the budget plans");
+      if (g.find_value(name) < 0) user_error("memory plan '", path, "': no layer '", name, "' in this model");
+      p.options.layers.emplace_back(name, sf);
+    }
+  } catch (const nlohmann::json::exception& e) {
+    user_error("memory plan '", path, "' is malformed: ", e.what());
+  }
+  const size_t candidates = Executor::candidate_segments(g, p.options.checkpoint_every).size();
+  if (p.options.checkpoint_every < 0 || p.options.checkpoint_every > 3 ||
+      (!p.options.segments.empty() && p.options.segments.size() != candidates))
+    user_error("memory plan '", path, "': ", p.options.segments.size(), " segment flags for checkpoint_every = ",
+               p.options.checkpoint_every, ", this model has ", candidates, " segments");
+  p.segments = int(std::count(p.options.segments.begin(), p.options.segments.end(), 1));
+  return p;
 }
 
 }  // namespace et

@@ -60,6 +60,12 @@ struct BudgetPlan {
   std::vector<std::string> summary() const;  // lines for the log (one per non-default choice)
 };
 
+// A run folder's memory_plan.json: the chosen options, so that a resumed run keeps the plan (a
+// lossy one would otherwise be chosen again from new timings) without calibrating again.
+std::string budget_plan_json(const BudgetPlan& p);
+// Reads one back for `g` (UserError naming the file for anything malformed or not of this model).
+BudgetPlan read_budget_plan(const std::string& path, const Graph& g);
+
 // `init` sets the parameters of each calibration executor (random initialisation, or imported
 // weights: sparsity depends on them). Errors (user_error): a budget no plan meets, naming the
 // smallest prediction; 4-bit training (not planned yet).

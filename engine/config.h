@@ -90,6 +90,9 @@ struct Config {
   // model.weights: initial parameters and buffers from a .safetensors file or an edgetrain
   // checkpoint (engine/train/weights.h), instead of the random initialisation; "" = none.
   std::string weights;
+  // Not a key: a run folder's memory_plan.json that `train --resume` hands over, so memory.budget_mb
+  // keeps the run's plan instead of planning again (engine/budget.h).
+  std::string memory_plan_file;
   DataConfig data;
   TrainConfig train;
   MemoryConfig memory;

@@ -248,6 +248,11 @@ expect_error "unknown stash format" "memory.stash" "$BIN" memprofile --config "$
   && grep -q "memory budget 1000.0 MB: measured step USS" "$T/mpb.log" && pass "memprofile against a budget" || fail "memprofile budget: $(tail -3 "$T/mpb.log")"
 "$BIN" train --config "$T/cfg.json" --set memory.budget_mb=1000 --stop-after 1 --out "$T/budget" >"$T/budget.log" 2>&1 \
   && grep -q "memory budget 1000.0 MB: predicted step USS" "$T/budget.log" && pass "train with a budget" || fail "train with a budget: $(tail -3 "$T/budget.log")"
+[ -s "$T/budget/memory_plan.json" ] && pass "budget: memory_plan.json in the run folder" || fail "budget: no memory_plan.json"
+"$BIN" train --config "$T/cfg.json" --set memory.budget_mb=1000 --out "$T/budget" --resume >"$T/budget2.log" 2>&1 \
+  && grep -q "the run's plan from" "$T/budget2.log" && pass "budget: resume keeps the run's plan" || fail "budget resume: $(tail -3 "$T/budget2.log")"
+echo '{"budget_mb": 1000, "layers": 3}' >"$T/budget/memory_plan.json"
+expect_error "budget: malformed memory_plan.json" "$T/budget/memory_plan.json" "$BIN" train --config "$T/cfg.json" --set memory.budget_mb=1000 --set train.epochs=3 --out "$T/budget" --resume
 expect_error "impossible budget" "the smallest exact plan is predicted at" "$BIN" train --config "$T/cfg.json" --set memory.budget_mb=0.5 --out "$T/nobudget"
 [ ! -e "$T/nobudget" ] && pass "impossible budget leaves no run folder" || fail "impossible budget created $T/nobudget"
 expect_error "budget with a fixed stash format" "memory.budget_mb" "$BIN" train --config "$T/cfg.json" --set memory.budget_mb=100 --set memory.stash=bitmap_fp32 --out "$T/nb2"

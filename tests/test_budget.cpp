@@ -3,7 +3,10 @@
 // change no number of training, and an impossible budget is an error naming the smallest plan.
 #include <catch2/catch.hpp>
 
+#include <cstdio>
 #include <cstring>
+#include <filesystem>
+#include <fstream>
 
 #include "engine/budget.h"
 #include "engine/check.h"
@@ -126,4 +129,25 @@ TEST_CASE("the budget does not plan 4-bit training", "[budget]") {
   BudgetOptions o;
   o.budget_mb = 100;
   CHECK_THROWS_AS(plan_memory_budget(g, *be, test::luq(), o, [](Executor& ex) { init_parameters(ex, 1); }), UserError);
+}
+
+TEST_CASE("a run's memory plan reads back as it was chosen", "[budget]") {
+  const double fastest = Planned(1e6).plan.fastest_mb;
+  Planned p(0.5 * (smallest(false) + fastest));
+  const std::string path = (std::filesystem::temp_directory_path() / "edgetrain_budget_plan_test.json").string();
+  {
+    std::ofstream out(path);
+    out << budget_plan_json(p.plan);
+  }
+  const BudgetPlan back = read_budget_plan(path, p.g);
+  CHECK(back.options.layers == p.plan.options.layers);
+  CHECK(back.options.checkpoint_every == p.plan.options.checkpoint_every);
+  CHECK(back.options.segments == p.plan.options.segments);
+  CHECK(back.budget_mb == p.plan.budget_mb);
+  {
+    std::ofstream out(path);
+    out << R"({"budget_mb": 1, "predicted_mb": 1, "extra_ms": 0, "checkpoint_every": 1, "segments": [1], "layers": {}})";
+  }
+  CHECK_THROWS_AS(read_budget_plan(path, p.g), UserError);  // resnet8 has more than one segment
+  std::remove(path.c_str());
 }

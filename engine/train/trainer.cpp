@@ -137,6 +137,13 @@ Trainer::~Trainer() = default;
 
 StashOptions plan_stash_options(const Config& cfg, Graph& g, Backend& backend, BudgetPlan* plan) {
   if (cfg.memory.budget_mb <= 0) return cfg.stash_options();
+  if (!cfg.memory_plan_file.empty() && fs::exists(cfg.memory_plan_file)) {
+    BudgetPlan p = read_budget_plan(cfg.memory_plan_file, g);
+    StashOptions s = p.options;
+    s.release_pages = cfg.memory.release_pages;
+    if (plan) *plan = std::move(p);
+    return s;
+  }
   BudgetOptions o;
   o.budget_mb = cfg.memory.budget_mb;
   o.lossy = cfg.memory.budget_lossy;
@@ -285,8 +292,15 @@ void Trainer::fit(const std::string& out_dir, bool resume, Progress& progress, i
   const fs::path ckpt = dir / "checkpoint_last.ckpt", metrics = dir / "metrics.jsonl";
   std::vector<std::string> kept_lines;
   bool from_checkpoint = false;
-  if (budget_.budget_mb > 0)
-    for (const std::string& line : budget_.summary()) progress.line(line);
+  if (budget_.budget_mb > 0) {
+    // The plan goes into the run folder first: a resumed run keeps it (Config::memory_plan_file).
+    if (!fs::exists(dir / "memory_plan.json")) write_file_durably((dir / "memory_plan.json").string(), budget_plan_json(budget_));
+    if (budget_.calibration_s > 0)
+      for (const std::string& line : budget_.summary()) progress.line(line);
+    else
+      progress.line("memory budget " + std::to_string(int(budget_.budget_mb)) + " MB: the run's plan from " +
+                    (dir / "memory_plan.json").string());
+  }
   if (resume && !fs::exists(ckpt)) {
     // A run stopped during its first epoch leaves config.json (the caller compared it) and no
     // checkpoint. Its first steps are all there was to it, so it starts over: the same run. The
