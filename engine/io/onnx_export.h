@@ -1,9 +1,9 @@
 // ONNX export (`edgetrain export --format onnx`, docs/finetune.md): a model's inference path, images
 // to logits, as an ONNX graph for deployment runtimes (TensorRT on Jetson, ONNX Runtime, OpenCV's
 // DNN module), written with Debian's ONNX library (libonnx-dev, protobuf) and checked by it. This
-// header includes neither ONNX nor protobuf, so nothing else in edgetrain sees them; the library is
-// used where CMake found it (option EDGETRAIN_ONNX), else export_onnx throws "built without ONNX
-// support".
+// header includes neither ONNX nor protobuf: they live in a module, libedgetrain_onnx.so, loaded with
+// dlopen on the first export (engine/io/onnx_module.h), built where CMake found them (option
+// EDGETRAIN_ONNX); otherwise export_onnx throws "built without ONNX support".
 //
 // The graph (opset 13, IR version 7), walked from the engine's own graph in evaluation mode:
 //   input "input": float32 [N, C, H, W] (N symbolic), pixel values in [0, 1], channels as the data
