@@ -28,7 +28,10 @@ struct EvalArgs {
 int cmd_eval(const EvalArgs& a);
 
 struct ExportArgs {
-  std::string checkpoint, format = "safetensors", out;
+  std::string checkpoint, format, out;  // format "" = by --out's extension (.onnx: onnx, else safetensors)
+  std::string config;                   // onnx: the run's config (default: config.json beside the checkpoint)
+  std::vector<std::string> sets;
+  bool keep_bn = false;                 // onnx: BatchNormalization nodes instead of BN folded into the convs
 };
 int cmd_export(const ExportArgs& a);
 

@@ -38,10 +38,14 @@ int main(int argc, char** argv) {
   m->add_flag("--keep-pages", mp.keep_pages, "do not release dead pages during the step (memory.release_pages)");
 
   ExportArgs ex;
-  auto* x = app.add_subcommand("export", "write a checkpoint's weights for other tools");
-  x->add_option("--checkpoint", ex.checkpoint, "checkpoint file")->required();
-  x->add_option("--format", ex.format, "safetensors")->check(CLI::IsMember({"safetensors"}));
+  auto* x = app.add_subcommand("export", "write a checkpoint for other tools: its weights (safetensors) or an ONNX inference graph");
+  x->add_option("--checkpoint", ex.checkpoint, "checkpoint file");
+  x->add_option("--format", ex.format, "safetensors | onnx (default: onnx for an --out ending in .onnx)")
+      ->check(CLI::IsMember({"safetensors", "onnx"}));
   x->add_option("--out", ex.out, "file to write (must not exist)")->required();
+  x->add_option("--config", ex.config, "onnx: the run's config (default: config.json beside the checkpoint)");
+  x->add_option("--set", ex.sets, "onnx: override a config key: dotted.key=value (repeatable), e.g. model.weights=FILE");
+  x->add_flag("--keep-bn", ex.keep_bn, "onnx: BatchNormalization nodes instead of BN folded into the convolutions");
 
   PlotArgs plot;
   auto* po = app.add_subcommand("plot", "draw runs' curves (loss, accuracy, learning rate, peak USS) on one SVG chart");

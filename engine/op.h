@@ -38,6 +38,17 @@ struct SaveSpec {
   SaveKind kind = SaveKind::Full;
 };
 
+// What a layer computes beyond its type() and its values' shapes, for code that reads the graph as
+// a network description (the ONNX exporter, engine/io/onnx_export.h). Each op fills its fields.
+struct OpAttributes {
+  Conv2dGeom window;            // conv2d (groups included), maxpool2d, avgpool2d: kernel, stride, padding
+  float eps = 0.f;              // batchnorm2d
+  bool masked = false;          // batchnorm2d with memory.double_mask_bn (y = 0 where x = 0)
+  float p = 0.f;                // dropout
+  int64_t stride = 1;           // subsample_pad
+  int64_t pad_channels = 0;     // subsample_pad: zero channels before x's
+};
+
 class Op {
  public:
   virtual ~Op() = default;
@@ -72,6 +83,7 @@ class Op {
   // What this layer is to the fusion planner (engine/fused_stack.h, fusion/): kind None ends a stack.
   // The planner fills in the planes from the graph's shapes.
   virtual FusedStage fusion_stage() const { return {}; }
+  virtual OpAttributes attributes() const { return {}; }
   virtual void forward(OpContext& ctx) = 0;
   virtual void backward(OpContext& ctx) = 0;
 };

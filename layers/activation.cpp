@@ -36,6 +36,11 @@ class DropoutOp final : public Op {
   OpClass op_class() const override { return OpClass::Elementwise; }
   OutputZeros output_zeros() const override { return p_ > 0.f ? OutputZeros::Many : OutputZeros::AsInput0; }
   bool output_nonnegative(bool in) const override { return in; }
+  OpAttributes attributes() const override {
+    OpAttributes a;
+    a.p = p_;
+    return a;
+  }
 
   void forward(OpContext& ctx) override {
     Tensor y = ctx.output();

@@ -30,6 +30,13 @@ class BatchNormOp final : public Op {
     return double_mask_ ? dtype_bit(DType::F32) : b.batchnorm_backward_reads();
   }
 
+  OpAttributes attributes() const override {
+    OpAttributes a;
+    a.eps = eps_;
+    a.masked = double_mask_;
+    return a;
+  }
+
   FusedStage fusion_stage() const override {
     FusedStage s;
     if (double_mask_ || frozen_) return s;  // not a stage the fused kernels know

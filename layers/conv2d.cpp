@@ -31,6 +31,11 @@ class Conv2dOp final : public Op {
     return max_over_passes(batch, [&](const Conv2dGeom& g, ConvPass p) { return b.conv2d_q_workspace_bytes(g, p); });
   }
   bool int_kernels() const override { return geom_.groups == 1; }
+  OpAttributes attributes() const override {
+    OpAttributes a;
+    a.window = geom_;
+    return a;
+  }
 
   // y [N,K,P,Q] = conv(x [N,C,H,W], w [K,C/g,R,S]) + b [K]
   void forward(OpContext& ctx) override {

@@ -15,6 +15,12 @@ FusedStage pool_stage(FusedKind kind, const Conv2dGeom& g) {
   return s;
 }
 
+OpAttributes window_attributes(const Conv2dGeom& g) {
+  OpAttributes a;
+  a.window = g;
+  return a;
+}
+
 class MaxPoolOp final : public Op {
  public:
   explicit MaxPoolOp(const Conv2dGeom& g) : geom_(g) {}
@@ -29,6 +35,7 @@ class MaxPoolOp final : public Op {
     return b.maxpool2d_workspace_bytes(geom_.with_batch(batch));
   }
   FusedStage fusion_stage() const override { return pool_stage(FusedKind::MaxPool, geom_); }
+  OpAttributes attributes() const override { return window_attributes(geom_); }
   void forward(OpContext& ctx) override {
     Tensor y = ctx.output();
     ctx.backend().maxpool2d_forward(geom_.with_batch(ctx.batch()), ctx.input(0), y);
@@ -52,6 +59,7 @@ class AvgPoolOp final : public Op {
   OpClass op_class() const override { return OpClass::Pool; }
   bool output_nonnegative(bool in) const override { return in; }
   FusedStage fusion_stage() const override { return pool_stage(FusedKind::AvgPool, geom_); }
+  OpAttributes attributes() const override { return window_attributes(geom_); }
   void forward(OpContext& ctx) override {
     Tensor y = ctx.output();
     ctx.backend().avgpool2d_forward(geom_.with_batch(ctx.batch()), ctx.input(0), y);
@@ -102,6 +110,12 @@ class SubsamplePadOp final : public Op {
   const char* type() const override { return "subsample_pad"; }
   OpClass op_class() const override { return OpClass::Pool; }
   bool output_nonnegative(bool in) const override { return in; }
+  OpAttributes attributes() const override {
+    OpAttributes a;
+    a.stride = stride_;
+    a.pad_channels = pad_;
+    return a;
+  }
   void forward(OpContext& ctx) override {
     Tensor y = ctx.output();
     ctx.backend().subsample_pad_forward(ctx.input(0), stride_, pad_, y);

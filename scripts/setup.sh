@@ -6,7 +6,10 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 . scripts/apt_missing.sh
-apt_missing build-essential cmake ninja-build pkg-config libeigen3-dev libcli11-dev catch2 nlohmann-json3-dev libstb-dev
+# libonnx-dev, libprotobuf-dev: ONNX export (edgetrain export --format onnx); python3-opencv runs
+# the exported files in the `onnx` test (tests/onnx_test.sh, bench/onnx_check.py).
+apt_missing build-essential cmake ninja-build pkg-config libeigen3-dev libcli11-dev catch2 nlohmann-json3-dev libstb-dev \
+  libonnx-dev libprotobuf-dev python3-opencv
 
 BUILD_DIR="${BUILD_DIR:-build}"
 cmake -S . -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE="${BUILD_TYPE:-Release}" ${CMAKE_ARGS:-}

@@ -136,8 +136,17 @@ void write_file_durably(const std::string& path, const std::string& text) {
   const std::string tmp = path + ".tmp";
   const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (fd < 0) user_error("cannot write '", tmp, "': ", std::strerror(errno));
-  const ssize_t w = text.empty() ? 0 : ::write(fd, text.data(), text.size());
-  int err = w < 0 ? errno : w != ssize_t(text.size()) ? EIO : 0;
+  // A short write is continued: its retry reports the reason (EFBIG past ulimit -f, ENOSPC).
+  int err = 0;
+  for (size_t done = 0; done < text.size();) {
+    const ssize_t w = ::write(fd, text.data() + done, text.size() - done);
+    if (w < 0 && errno == EINTR) continue;
+    if (w <= 0) {
+      err = w < 0 ? errno : EIO;
+      break;
+    }
+    done += size_t(w);
+  }
   if (err == 0 && ::fsync(fd) != 0) err = errno;
   ::close(fd);
   std::error_code ec;
