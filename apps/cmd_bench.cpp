@@ -10,6 +10,7 @@
 #include "apps/commands.h"
 #include "backends/backend.h"
 #include "engine/config.h"
+#include "engine/data/auto.h"
 #include "engine/executor.h"
 #include "engine/init.h"
 #include "engine/train/divergence.h"
@@ -61,7 +62,9 @@ void print_stash(const Executor& ex) {
 }  // namespace
 
 int cmd_bench_step(const BenchStepArgs& a) {
-  const Config cfg = load_config(a.config, a.sets);
+  Config cfg = load_config(a.config, a.sets);
+  // Synthetic inputs: only the shape matters ("auto": from the data, 3x32x32 where there is none).
+  if (const std::string line = resolve_data_shape(cfg, true); !line.empty()) std::fprintf(stderr, "%s\n", line.c_str());
   if (cfg.train.threads > 0) omp_set_num_threads(cfg.train.threads);
   const size_t uss_before = read_uss_bytes();
   Graph g;

@@ -14,6 +14,7 @@
 
 #include "apps/commands.h"
 #include "engine/config.h"
+#include "engine/data/auto.h"
 #include "engine/data/loader.h"
 #include "engine/executor.h"
 #include "engine/init.h"
@@ -87,9 +88,12 @@ std::string svg_chart(const json& rows, const std::string& title) {
 int cmd_memprofile(const MemProfileArgs& a) {
   std::vector<std::string> sets = a.sets;
   if (!a.keep_pages) sets.insert(sets.begin(), "memory.release_pages=true");  // --set may still override
-  const Config cfg = load_config(a.config, sets);
+  Config cfg = load_config(a.config, sets);
   if (cfg.train.threads > 0) omp_set_num_threads(cfg.train.threads);
   const int64_t n = cfg.train.batch_size;
+  // "auto" data keys resolve as in training: the shape from the data (with --synthetic, 3x32x32
+  // where there is none), mean / std over the training split (not with --synthetic: unused).
+  if (const std::string line = resolve_data_shape(cfg, a.synthetic); !line.empty()) std::printf("%s\n", line.c_str());
 
   // One training batch of real data (the test split: its images are like the training ones and
   // load faster), augmented as in training; sparsity depends on it.
@@ -102,6 +106,10 @@ int cmd_memprofile(const MemProfileArgs& a) {
     io.height = int(cfg.model.height);
     io.width = int(cfg.model.width);
     io.resize = cfg.data.resize;
+    if (cfg.stats_auto()) {
+      auto train = std::make_shared<const Dataset>(load_dataset(cfg.data.format, cfg.data.root, Split::Train, io));
+      std::printf("%s\n", resolve_data_stats(cfg, *training_images(train, cfg)).c_str());
+    }
     const Dataset d = load_dataset(cfg.data.format, cfg.data.root, Split::Test, io);
     if (d.channels != cfg.model.channels || d.height != cfg.model.height || d.width != cfg.model.width)
       user_error(d.source, ": images are ", d.channels, "x", d.height, "x", d.width, ", the model expects ",

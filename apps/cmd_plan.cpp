@@ -6,13 +6,16 @@
 #include "apps/commands.h"
 #include "backends/backend.h"
 #include "engine/config.h"
+#include "engine/data/auto.h"
 #include "engine/executor.h"
 #include "fusion/fusion.h"
 
 namespace et::app {
 
 int cmd_plan(const PlanArgs& a) {
-  const Config cfg = load_config(a.config, a.sets);
+  Config cfg = load_config(a.config, a.sets);
+  // Synthetic inputs: only the shape matters ("auto": from the data, 3x32x32 where there is none).
+  if (const std::string line = resolve_data_shape(cfg, true); !line.empty()) std::fprintf(stderr, "%s\n", line.c_str());
   ModelSpec unfused_spec = cfg.model;
   unfused_spec.fusion.enabled = false;
   Graph g;

@@ -6,6 +6,7 @@
 #include <fstream>
 
 #include "apps/commands.h"
+#include "engine/data/auto.h"
 #include "engine/train/trainer.h"
 #include "engine/train/weights.h"
 
@@ -85,6 +86,7 @@ int cmd_train(const TrainArgs& a) {
   std::error_code ec;
   bool fresh = false;  // --resume of a run that never started
   std::string note;
+  std::vector<std::string> adopted;  // auto data keys filled from the run's config.json
   if (a.resume) {
     if (a.out.empty()) user_error("--resume needs --out DIR (the run to continue)");
     if (!fs::is_directory(dir, ec))
@@ -116,6 +118,8 @@ int cmd_train(const TrainArgs& a) {
       if (!saved["memory"].contains("budget_lossy")) saved["memory"]["budget_lossy"] = false;
     }
     if (!saved.contains("finetune")) saved["finetune"] = {{"trainable", "all"}, {"bn", "train"}};
+    // "auto" data keys take the numbers the run's start resolved them to (engine/data/auto.h).
+    adopted = adopt_saved_data(cfg, saved);
     std::vector<std::string> diff;
     differences(cfg.resolved(), saved, "", &diff);
     if (!diff.empty()) {
@@ -132,20 +136,43 @@ int cmd_train(const TrainArgs& a) {
   Trainer trainer(cfg, true);
   fs::create_directories(dir, ec);
   if (ec) user_error("cannot create output folder '", out, "': ", ec.message());
-  write_atomically(dir / "config.json", cfg.resolved().dump(2) + "\n");
+  write_atomically(dir / "config.json", trainer.config().resolved().dump(2) + "\n");
 
   Progress progress;
   if (!note.empty()) progress.line(note);
+  for (const std::string& line : trainer.notes()) progress.line(line);
+  if (!adopted.empty()) {
+    std::string keys;
+    for (const std::string& k : adopted) keys += (keys.empty() ? "" : ", ") + k;
+    progress.line(fmt(keys, " = auto: the run's values from ", (dir / "config.json").string()));
+    // The run keeps its normalisation; say so if the training images now give other numbers.
+    const Config& rc = trainer.config();
+    const bool mean_auto = std::count(adopted.begin(), adopted.end(), "data.mean") > 0;
+    const bool std_auto = std::count(adopted.begin(), adopted.end(), "data.std") > 0;
+    if ((mean_auto || std_auto) && trainer.train_data()->channels == rc.model.channels) {
+      const ChannelStats st = channel_stats(*trainer.train_data());
+      bool same = true;
+      for (size_t c = 0; c < st.mean.size(); ++c)
+        same &= (!mean_auto || float(st.mean[c]) == rc.data.mean[c]) && (!std_auto || float(st.std[c]) == rc.data.std[c]);
+      if (!same)
+        progress.line("note: the training images now give another data.mean / data.std than the run started with; "
+                      "it keeps its own (config.json)");
+    }
+  }
   progress.line(fmt("run folder ", out, "; ", trainer.train_data()->size, " training images from ", cfg.data.root));
   trainer.fit(out, a.resume && !fresh, progress, a.stop_after);
   return 0;
 }
 
 int cmd_eval(const EvalArgs& a) {
-  const Config cfg = load_config(a.config, a.sets);
-  if (a.checkpoint.empty() && cfg.weights.empty())
+  const Config given = load_config(a.config, a.sets);
+  if (a.checkpoint.empty() && given.weights.empty())
     user_error("eval needs weights: --checkpoint FILE, or model.weights (--set model.weights=FILE)");
-  Trainer trainer(cfg, false);
+  // "auto" data keys resolve as in training (mean / std over the training split); the run's
+  // config.json holds them resolved and reproduces the run's inputs without that pass.
+  Trainer trainer(given, false);
+  const Config& cfg = trainer.config();
+  for (const std::string& line : trainer.notes()) std::printf("%s\n", line.c_str());
   json j = {{"model", cfg.model.name}};
   std::string what;
   if (!a.checkpoint.empty()) {

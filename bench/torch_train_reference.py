@@ -51,6 +51,20 @@ def load_split(root, split, classes=None):
     return torch.stack(imgs), torch.tensor(labels), classes
 
 
+def channel_stats(x):
+    """Per-channel mean and population std of uint8 [N,C,H,W] / 255, as data.mean / std = auto
+    computes them (exact sums: float64 holds these integers exactly)."""
+    s1 = torch.zeros(x.shape[1], dtype=torch.float64)
+    s2 = torch.zeros(x.shape[1], dtype=torch.float64)
+    for i in range(0, x.shape[0], 4096):
+        v = x[i:i + 4096].to("cpu", torch.float64)
+        s1 += v.sum(dim=(0, 2, 3))
+        s2 += (v * v).sum(dim=(0, 2, 3))
+    n = x.shape[0] * x.shape[2] * x.shape[3]
+    m = s1 / n
+    return (m / 255).tolist(), ((s2 / n - m * m).clamp(min=0).sqrt() / 255).tolist()
+
+
 def learning_rate(t, epoch):
     """engine/train/schedule.cpp, evaluated at a fractional epoch."""
     s, base, total = t["schedule"], t["lr"], t["epochs"]
@@ -129,8 +143,13 @@ def run(cfg, data, seed, name, zero_init_residual, dev, init=None, save=None):
     from torch_models import freeze
     freeze(model, ft.get("trainable", "all"))  # requires_grad = False outside the trained blocks
     model = model.to(dev).to(memory_format=torch.channels_last)
-    mean = torch.tensor(d.get("mean", [0, 0, 0]), device=dev).view(1, 3, 1, 1)
-    std = torch.tensor(d.get("std", [1, 1, 1]), device=dev).view(1, 3, 1, 1)
+    mean, std = d.get("mean", "auto"), d.get("std", "auto")  # edgetrain's default: auto
+    if mean == "auto" or std == "auto":
+        m, s = channel_stats(xtr)
+        mean, std = m if mean == "auto" else mean, s if std == "auto" else std
+        print("data.mean / std = auto: mean %s, std %s" % (["%.4f" % v for v in mean], ["%.4f" % v for v in std]), flush=True)
+    mean = torch.tensor(mean, device=dev).view(1, -1, 1, 1)
+    std = torch.tensor(std, device=dev).view(1, -1, 1, 1)
     norm = lambda u8: ((u8.float() / 255.0 - mean) / std).contiguous(memory_format=torch.channels_last)
     opt = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=t["lr"], momentum=t.get("momentum", 0.9),
                           nesterov=t.get("nesterov", False), weight_decay=t.get("weight_decay", 0.0))

@@ -43,6 +43,17 @@ class ObjectReader {
     }
   }
 
+  // A key that may be "auto", which it is when absent: returns true then, else reads `out`.
+  template <typename T>
+  bool get_or_auto(const char* key, T& out, const char* want) {
+    seen_.insert(key);
+    auto it = j_.find(key);
+    if (it == j_.end() || (it->is_string() && it->get<std::string>() == "auto")) return true;
+    if (it->is_string()) type_error(*it, full(key), (std::string("\"auto\" or ") + want).c_str());
+    read(*it, full(key), out);
+    return false;
+  }
+
   ObjectReader child(const char* key) {
     seen_.insert(key);
     static const json empty = json::object();
@@ -181,14 +192,15 @@ Config parse_config(const json& j, const std::string& source) {
   ObjectReader d = top.child("data");
   d.get("format", c.data.format);
   d.get("root", c.data.root);
-  d.get("channels", c.model.channels);
-  d.get("height", c.model.height);
-  d.get("width", c.model.width);
+  // "auto" (absent or "auto"): 0 channels / height / width, empty mean / std (engine/data/auto.h).
+  const bool auto_channels = d.get_or_auto("channels", c.model.channels, "1 or 3");
+  const bool auto_height = d.get_or_auto("height", c.model.height, "an integer");
+  const bool auto_width = d.get_or_auto("width", c.model.width, "an integer");
   d.get("resize", c.data.resize);
   d.get("crop_padding", c.data.crop_padding);
   d.get("hflip", c.data.hflip);
-  d.get("mean", c.data.mean);
-  d.get("std", c.data.std);
+  const bool auto_mean = d.get_or_auto("mean", c.data.mean, "an array of numbers");
+  const bool auto_std = d.get_or_auto("std", c.data.std, "an array of numbers");
   d.get("train_subset", c.data.train_subset);
   d.get("test_subset", c.data.test_subset);
   d.finish();
@@ -197,16 +209,36 @@ Config parse_config(const json& j, const std::string& source) {
   if (c.data.root.empty()) d.fail("data.root", "is required (the folder holding the data set)");
   require(c.data.resize == "none" || c.data.resize == "stretch" || c.data.resize == "center_crop", d, "resize",
           c.data.resize, "must be \"none\", \"stretch\" or \"center_crop\"");
-  require(c.model.channels == 1 || c.model.channels == 3, d, "channels", c.model.channels, "must be 1 or 3");
-  require(c.model.height >= 8 && c.model.width >= 8 && c.model.height <= 1024 && c.model.width <= 1024, d, "height",
-          c.model.height, "height and width must be in 8..1024");
+  if (auto_channels) c.model.channels = 0;
+  if (auto_height) c.model.height = 0;
+  if (auto_width) c.model.width = 0;
+  if (auto_mean) c.data.mean.clear();
+  if (auto_std) c.data.std.clear();
+  const int64_t ch = c.model.channels;
+  require(auto_channels || ch == 1 || ch == 3, d, "channels", ch, "must be 1, 3 or \"auto\"");
+  for (const char* key : {"height", "width"}) {
+    const int64_t v = key[0] == 'h' ? c.model.height : c.model.width;
+    require((key[0] == 'h' ? auto_height : auto_width) || (v >= 8 && v <= 1024), d, key, v,
+            "must be in 8..1024 or \"auto\"");
+  }
+  require(auto_mean || !c.data.mean.empty(), d, "mean", "[]", "needs one value per channel, or \"auto\"");
+  require(auto_std || !c.data.std.empty(), d, "std", "[]", "needs one value per channel, or \"auto\"");
   require(c.data.crop_padding >= 0 && c.data.crop_padding <= 64, d, "crop_padding", c.data.crop_padding,
           "must be in 0..64");
-  require(c.data.mean.size() == size_t(c.model.channels), d, "mean", c.data.mean.size(),
-          "values given: needs one per channel");
-  require(c.data.std.size() == size_t(c.model.channels), d, "std", c.data.std.size(),
-          "values given: needs one per channel");
-  for (float s : c.data.std) require(s > 0.f, d, "std", s, "must be positive");
+  // One value per channel; with data.channels = auto, 1 or 3 (checked against the data once known).
+  for (const auto* v : {&c.data.mean, &c.data.std}) {
+    const char* key = v == &c.data.mean ? "mean" : "std";
+    if (v->empty()) continue;
+    if (ch > 0)
+      require(v->size() == size_t(ch), d, key, fmt(v->size(), " values"), fmt("needs one per channel (", ch, ")").c_str());
+    else
+      require(v->size() == 1 || v->size() == 3, d, key, fmt(v->size(), " values"),
+              "needs one per channel: 1 or 3 values, or \"auto\"");
+  }
+  require(c.data.mean.empty() || c.data.std.empty() || c.data.mean.size() == c.data.std.size(), d, "std",
+          fmt(c.data.std.size(), " values"), fmt("data.mean has ", c.data.mean.size(), ": one each per channel").c_str());
+  for (float s : c.data.std) require(std::isfinite(s) && s > 0.f, d, "std", s, "must be positive");
+  for (float m : c.data.mean) require(std::isfinite(m), d, "mean", m, "must be finite");
   require(c.data.train_subset >= 0 && c.data.test_subset >= 0, d, "train_subset", c.data.train_subset,
           "subsets must be >= 0");
   // Relative paths are taken from the working directory first, else from the config's folder.
@@ -425,10 +457,19 @@ json Config::resolved() const {
   j["model"] = {{"name", model.name},       {"num_classes", model.num_classes},
                 {"dropout", model.dropout}, {"shortcut", std::string(1, model.shortcut)},
                 {"weights", weights}};
-  j["data"] = {{"format", data.format},       {"root", data.root},          {"channels", model.channels},
-               {"height", model.height},      {"width", model.width},       {"resize", data.resize},
-               {"crop_padding", data.crop_padding}, {"hflip", data.hflip}, {"mean", data.mean},
-               {"std", data.std},             {"train_subset", data.train_subset}, {"test_subset", data.test_subset}};
+  auto or_auto = [](const auto& v, bool is_auto) { return is_auto ? json("auto") : json(v); };
+  j["data"] = {{"format", data.format},
+               {"root", data.root},
+               {"channels", or_auto(model.channels, model.channels == 0)},
+               {"height", or_auto(model.height, model.height == 0)},
+               {"width", or_auto(model.width, model.width == 0)},
+               {"resize", data.resize},
+               {"crop_padding", data.crop_padding},
+               {"hflip", data.hflip},
+               {"mean", or_auto(data.mean, data.mean.empty())},
+               {"std", or_auto(data.std, data.std.empty())},
+               {"train_subset", data.train_subset},
+               {"test_subset", data.test_subset}};
   const ScheduleConfig& s = train.schedule;
   j["train"] = {{"epochs", train.epochs},
                 {"batch_size", train.batch_size},

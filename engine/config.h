@@ -13,14 +13,16 @@
 
 namespace et {
 
+// data.channels / height / width live in Config::model (ModelSpec) and data.mean / std here; each
+// may be "auto" (the default): 0, resp. empty, until engine/data/auto.h resolves it from the data
+// set (the Trainer does, before it builds the model). A run's config.json holds the resolved values.
 struct DataConfig {
   std::string format = "image_folder";  // "image_folder" | "cifar10_binary"
   std::string root;                     // resolved against the config file's folder if relative
   std::string resize = "none";          // image_folder: "none" | "stretch" | "center_crop"
   int crop_padding = 4;                 // random crop of the zero-padded image; 0 = off
   bool hflip = true;
-  std::vector<float> mean = {0.4914f, 0.4822f, 0.4465f};
-  std::vector<float> std = {0.2470f, 0.2435f, 0.2616f};
+  std::vector<float> mean, std;         // per channel, in pixel / 255 units; empty = "auto"
   int64_t train_subset = 0;  // use only the first n training images (after a seeded shuffle); 0 = all
   int64_t test_subset = 0;
 };
@@ -98,7 +100,10 @@ struct Config {
   MemoryConfig memory;
   QuantConfig quant;
   std::string source;  // file it came from
-  nlohmann::json resolved() const;  // every key with its effective value
+  // Every key with its effective value; an unresolved "auto" data key as "auto".
+  nlohmann::json resolved() const;
+  bool shape_auto() const { return model.channels == 0 || model.height == 0 || model.width == 0; }
+  bool stats_auto() const { return data.mean.empty() || data.std.empty(); }
   StashOptions stash_options(bool fnt = false) const;  // fnt: the FNT epochs' (no INT4 codes to keep)
   // The main phase's modes, or with `fnt` those of the FNT epochs (QuantOptions::fnt).
   QuantOptions quant_options(bool fnt = false) const;

@@ -48,6 +48,9 @@ void build_model(Graph& g, const ModelSpec& spec) {
     user_error("unknown model '", spec.name, "' (known: ", known, ")");
   }
   if (spec.num_classes < 2) user_error("model.num_classes must be at least 2, got ", spec.num_classes);
+  // 0 = data.channels / height / width = "auto", which engine/data/auto.h resolves first.
+  ET_CHECK(spec.channels > 0 && spec.height > 0 && spec.width > 0, "build_model: input shape ", spec.channels, "x",
+           spec.height, "x", spec.width, " not resolved");
   g.build.double_mask_bn = spec.double_mask_bn;
   g.build.frozen_bn = spec.finetune.frozen_bn;
   const int x = image_input(g, spec.batch, spec.channels, spec.height, spec.width);

@@ -346,5 +346,88 @@ grep -q "<svg" "$T/full/curves.svg" && grep -q "<polyline" "$T/full/curves.svg" 
 expect_error "plot over an existing file" "exists" "$BIN" plot "$T/full" --out "$T/plot.svg"
 expect_error "plot of a folder without metrics" "$T/nothere/metrics.jsonl" "$BIN" plot "$T/nothere" --out "$T/plot2.svg"
 
+# --- data.channels / height / width / mean / std = auto (docs/config.md): configs/resnet20_cifar10.json
+# with only data.root set (and a short schedule) trains on a folder of 28x28 grayscale PNGs and on one
+# of 64x64 colour PNGs; config.json holds the shape and the mean / std, equal to a direct computation;
+# --resume and eval accept the config with "auto"; an empty or mixed-size folder is a clear error.
+CFG20="$(dirname "$0")/../configs/resnet20_cifar10.json"
+# mkpng ROOT SIDE CHANNELS: classes cat, dog with 8 train and 4 test images each, pixel (y, x, c) of
+# image i of class k = (40 + 100k + 3i + 2y + x + 50c) % 256. Prints the training pixels' mean and
+# population std (divisor N) per channel, in pixel / 255 units: "mean0 std0 mean1 std1 ...".
+mkpng() {
+  perl -MCompress::Zlib -e '
+    my ($root, $side, $n) = @ARGV; my (@s, @q);
+    my $chunk = sub { my ($t, $d) = @_; pack("N", length $d) . $t . $d . pack("N", crc32($t . $d)) };
+    for my $split ("train", "test") { for my $k (0, 1) {
+      my $dir = "$root/$split/" . ($k ? "dog" : "cat"); system("mkdir", "-p", $dir) == 0 or die;
+      for my $i (0 .. ($split eq "train" ? 7 : 3)) {
+        my $raw = "";
+        for my $y (0 .. $side - 1) { $raw .= "\0"; for my $x (0 .. $side - 1) { for my $c (0 .. $n - 1) {
+          my $v = (40 + 100 * $k + 3 * $i + 2 * $y + $x + 50 * $c) % 256; $raw .= chr($v);
+          if ($split eq "train") { $s[$c] += $v; $q[$c] += $v * $v; } } } }
+        open(my $o, ">", "$dir/$i.png") or die; binmode $o;
+        print $o "\x89PNG\r\n\x1a\n", $chunk->("IHDR", pack("NNCCCCC", $side, $side, 8, $n == 1 ? 0 : 2, 0, 0, 0)),
+          $chunk->("IDAT", compress($raw)), $chunk->("IEND", ""); close $o; } } }
+    my $N = 16 * $side * $side;
+    print join(" ", map { my $m = $s[$_] / $N; sprintf("%.9f %.9f", $m / 255, sqrt($q[$_] / $N - $m * $m) / 255) } 0 .. $n - 1), "\n";' "$@"
+}
+# check_auto RUN C SIDE "mean0 std0 ...": RUN/config.json holds C x SIDE x SIDE and these statistics (as floats).
+check_auto() {
+  perl -MJSON::PP -e '
+    my ($file, $c, $side, @ms) = @ARGV; local $/; open(my $f, "<", $file) or die "no $file\n"; my $d = decode_json(<$f>)->{data};
+    die "shape $d->{channels}x$d->{height}x$d->{width}\n" unless $d->{channels} == $c && $d->{height} == $side && $d->{width} == $side;
+    die "mean / std: " . scalar(@{$d->{mean}}) . " values\n" unless @{$d->{mean}} == $c && @{$d->{std}} == $c;
+    for my $i (0 .. $c - 1) { my ($m, $s) = @ms[2 * $i, 2 * $i + 1];
+      die "mean $d->{mean}[$i], direct $m\n" if abs($d->{mean}[$i] - $m) > 1e-7;
+      die "std $d->{std}[$i], direct $s\n" if abs($d->{std}[$i] - $s) > 1e-7; }' "$1/config.json" "$2" "$3" $4
+}
+A=(--set train.epochs=2 --set train.batch_size=8 --set train.threads=2)
+for kind in gray:1:28 colour:3:64; do
+  IFS=: read -r name c side <<<"$kind"
+  stats="$(mkpng "$T/img_$name" "$side" "$c")"
+  "$BIN" train --config "$CFG20" --set data.root="$T/img_$name" "${A[@]}" --out "$T/auto_$name" >"$T/auto_$name.log" 2>&1 \
+    && pass "auto: resnet20_cifar10.json trains on ${side}x$side $name PNGs" || fail "auto: $name: $(tail -3 "$T/auto_$name.log")"
+  err="$(check_auto "$T/auto_$name" "$c" "$side" "$stats" 2>&1)" && pass "auto: config.json holds ${c}x${side}x$side and the data's mean / std" \
+    || fail "auto: $name config.json: $err"
+  grep -q "= auto: ${c}x${side}x$side from the 16 training images" "$T/auto_$name.log" && grep -q "data.mean / data.std = auto over the 16" "$T/auto_$name.log" \
+    && pass "auto: the log says what auto resolved to" || fail "auto: log: $(head -3 "$T/auto_$name.log")"
+  # Resumed with the auto config, and with the run's own config.json: the run's numbers, bit for bit
+  "$BIN" train --config "$CFG20" --set data.root="$T/img_$name" "${A[@]}" --stop-after 1 --out "$T/autop_$name" >/dev/null 2>&1
+  cp "$T/autop_$name/config.json" "$T/autop_$name.json"
+  "$BIN" train --config "$CFG20" --set data.root="$T/img_$name" "${A[@]}" --out "$T/autop_$name" --resume >"$T/autop_$name.log" 2>&1 \
+    && grep -q "data.channels, data.height, data.width, data.mean, data.std = auto: the run's values" "$T/autop_$name.log" \
+    && pass "auto: --resume with the auto config takes the run's values" || fail "auto: $name resume: $(tail -3 "$T/autop_$name.log")"
+  cmp -s "$T/autop_$name.json" "$T/autop_$name/config.json" && [ "$(strip "$T/auto_$name/metrics.jsonl")" = "$(strip "$T/autop_$name/metrics.jsonl")" ] \
+    && cmp -s "$T/auto_$name/checkpoint_last.ckpt" "$T/autop_$name/checkpoint_last.ckpt" \
+    && pass "auto: resumed run equals uninterrupted, config.json unchanged" || fail "auto: $name resumed run differs"
+  "$BIN" train --config "$T/autop_$name.json" --set train.epochs=3 --out "$T/autop_$name" --resume >/dev/null 2>&1 \
+    && pass "auto: --resume with the run's config.json" || fail "auto: $name resume with config.json"
+  a="$("$BIN" eval --config "$CFG20" --set data.root="$T/img_$name" "${A[@]}" --checkpoint "$T/auto_$name/checkpoint_last.ckpt" | tail -1)"
+  b="$("$BIN" eval --config "$T/auto_$name/config.json" --checkpoint "$T/auto_$name/checkpoint_last.ckpt" | tail -1)"
+  [ -n "$a" ] && [ "$a" = "$b" ] && pass "auto: eval with the auto config = eval with the run's config.json" || fail "auto: eval: '$a' vs '$b'"
+done
+expect_error "auto: resume with other statistics" "data.mean" "$BIN" train --config "$CFG20" --set data.root="$T/img_gray" "${A[@]}" \
+  --set 'data.mean=[0.5]' --out "$T/autop_gray" --resume
+# A run folder written before auto existed holds CIFAR-10's constants where cfg.json now says auto: it resumes with them
+cp -r "$T/full" "$T/preauto"
+perl -0pi -e 's/"mean": \[[^\]]*\]/"mean": [0.49140000343322754, 0.4821999967098236, 0.4465000033378601]/; s/"std": \[[^\]]*\]/"std": [0.24699999392032623, 0.2434999942779541, 0.26159998774528503]/' "$T/preauto/config.json"
+"$BIN" train --config "$T/cfg.json" --set train.epochs=3 --out "$T/preauto" --resume >"$T/preauto.log" 2>&1 \
+  && grep -q "0.49140000343322754" "$T/preauto/config.json" && pass "auto: a run folder from before auto resumes with its values" \
+  || fail "auto: pre-auto run folder: $(tail -3 "$T/preauto.log")"
+# Bad input: an empty folder, images of two sizes (without data.resize): messages naming the folder and files
+mkdir -p "$T/img_empty/train/cat" "$T/img_empty/test/cat"
+expect_error "auto: empty folder" "no images (*.jpg, *.jpeg, *.png, *.bmp) under $T/img_empty/train" \
+  "$BIN" train --config "$CFG20" --set data.root="$T/img_empty" "${A[@]}" --out "$T/auto_x1"
+cp -r "$T/img_gray" "$T/img_mixed"
+mkpng "$T/img_30" 30 1 >/dev/null
+cp "$T/img_30/train/dog/7.png" "$T/img_mixed/train/dog/9.png"
+out="$("$BIN" train --config "$CFG20" --set data.root="$T/img_mixed" "${A[@]}" --out "$T/auto_x2" 2>&1 >/dev/null)"; rc=$?
+if [ $rc -ne 0 ] && grep -qF "the images under $T/img_mixed/train are not all one size" <<<"$out" \
+   && grep -qF "$T/img_mixed/train/cat/0.png is 28x28" <<<"$out" && grep -qF "$T/img_mixed/train/dog/9.png is 30x30" <<<"$out" \
+   && grep -qF "data.resize" <<<"$out"; then pass "auto: mixed sizes name the folder and two files"; else fail "auto: mixed sizes (rc=$rc): $out"; fi
+for x in auto_x1 auto_x2; do [ -e "$T/$x" ] && fail "run folder $x created despite the error"; done
+"$BIN" train --config "$CFG20" --set data.root="$T/img_mixed" "${A[@]}" --set data.resize=stretch --set train.epochs=1 --out "$T/auto_mixed" >/dev/null 2>&1 \
+  && grep -q '"height": 28' "$T/auto_mixed/config.json" && pass "auto: mixed sizes with data.resize: the most common size" || fail "auto: mixed sizes with data.resize"
+
 echo "$fails failure(s)"
 [ $fails -eq 0 ]

@@ -3,6 +3,7 @@
 // Every problem with the files on disk is an et::UserError naming the file and what is wrong.
 #pragma once
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -49,6 +50,25 @@ Dataset load_image_folder(const std::string& root, Split split, const ImageFolde
 // claiming more than 2^26 pixels, or more than its file could hold, is an error before decoding.
 void decode_image(const uint8_t* bytes, size_t size, const std::string& path, const ImageFolderOptions& opt,
                   uint8_t* out);
+
+// An image file's header: its size, and its channels as stored: 1 gray, 2 gray + alpha, 3 colour,
+// 4 colour + alpha (a PNG palette counts as colour; stb_image reads BMP as 3 or 4).
+struct ImageHeader {
+  int width = 0, height = 0, channels = 0;
+};
+struct FolderHeaders {
+  std::string dir;                  // root/<split>
+  std::vector<std::string> files;   // the files load_image_folder reads, in its order
+  std::vector<ImageHeader> headers;  // [files.size()]
+};
+// Reads only the headers of the images load_image_folder(root, split, ...) would decode, with
+// the same checks and errors (each names its file), on several threads. What data.channels /
+// height / width = auto look at (engine/data/auto.h).
+FolderHeaders read_image_folder_headers(const std::string& root, Split split);
+
+// `n` images of `d` chosen by a seeded shuffle (std::mt19937_64(seed)), kept in their original
+// order; all of them if n >= d.size. What data.train_subset / test_subset select.
+std::shared_ptr<const Dataset> subset_dataset(const Dataset& d, int64_t n, uint64_t seed);
 
 // format: "cifar10_binary" or "image_folder" (opt only matters for image_folder).
 Dataset load_dataset(const std::string& format, const std::string& root, Split split,

@@ -140,6 +140,40 @@ void check_jpeg_huffman_tables(const uint8_t* p, size_t size, const std::string&
   }
 }
 
+// The checks that precede stb_image on a file's bytes, then its header: width, height and the
+// channels as stored (1 gray, 2 gray + alpha, 3 colour, 4 colour + alpha; a palette counts as colour).
+ImageHeader read_header(const uint8_t* bytes, size_t size, const std::string& path) {
+  if (size == 0) user_error(path, ": empty file, not an image");
+  if (size > size_t(INT32_MAX)) user_error(path, ": ", size, " bytes, too large for an image");
+  check_png_chunks(bytes, size, path);
+  check_jpeg_huffman_tables(bytes, size, path);
+  int w = 0, h = 0, n = 0;
+  // The header's size, checked before stb allocates for it: no image edgetrain reads has more
+  // than kMaxPixels, nor more than kMaxPixelsPerByte per byte of its file (deflate packs at most
+  // ~1032 bytes in one, 8 1-bit pixels a byte; a JPEG block takes at least 2 bits).
+  if (!stbi_info_from_memory(bytes, int(size), &w, &h, &n))
+    user_error(path, ": cannot decode image: ", stbi_failure_reason());
+  if (w <= 0 || h <= 0) user_error(path, ": image header says ", w, "x", h, " pixels: no image");
+  const uint64_t pixels = uint64_t(w) * uint64_t(h);
+  if (pixels > kMaxPixels || pixels > kMaxPixelsPerByte * uint64_t(size))
+    user_error(path, ": image header says ", w, "x", h, " pixels, ",
+               pixels > kMaxPixels ? "more than the 2^26 edgetrain decodes" : fmt("impossible in ", size, " bytes"));
+  if (n < 1 || n > 4) user_error(path, ": image header says ", n, " channels");
+  return {w, h, n};
+}
+
+// A whole file's bytes into `bytes` (reused between files).
+void read_file(const std::string& path, std::vector<uint8_t>& bytes) {
+  std::unique_ptr<FILE, int (*)(FILE*)> f(std::fopen(path.c_str(), "rb"), std::fclose);
+  if (!f) user_error(path, ": cannot open file");
+  std::fseek(f.get(), 0, SEEK_END);
+  const long size = std::ftell(f.get());
+  std::fseek(f.get(), 0, SEEK_SET);
+  if (size <= 0) user_error(path, ": empty file, not an image");
+  bytes.resize(size_t(size));
+  if (std::fread(bytes.data(), 1, bytes.size(), f.get()) != bytes.size()) user_error(path, ": cannot read file");
+}
+
 // Per-thread decoder: the scratch buffers grow to the largest image and are then reused.
 class Decoder {
  public:
@@ -147,30 +181,22 @@ class Decoder {
 
   // Decodes `path` into `out` ([C, H, W] uint8). Throws UserError naming the file.
   void decode(const std::string& path, uint8_t* out) {
-    read_file(path);
+    read_file(path, bytes_);
     decode(bytes_.data(), bytes_.size(), path, out);
   }
 
   void decode(const uint8_t* bytes, size_t size, const std::string& path, uint8_t* out) {
-    if (size == 0) user_error(path, ": empty file, not an image");
-    if (size > size_t(INT32_MAX)) user_error(path, ": ", size, " bytes, too large for an image");
-    check_png_chunks(bytes, size, path);
-    check_jpeg_huffman_tables(bytes, size, path);
+    const ImageHeader hd = read_header(bytes, size, path);
     int w = 0, h = 0, n = 0;
-    // The header's size, checked before stb allocates for it: no image edgetrain reads has more
-    // than kMaxPixels, nor more than kMaxPixelsPerByte per byte of its file (deflate packs at most
-    // ~1032 bytes in one, 8 1-bit pixels a byte; a JPEG block takes at least 2 bits).
-    if (!stbi_info_from_memory(bytes, int(size), &w, &h, &n))
-      user_error(path, ": cannot decode image: ", stbi_failure_reason());
-    if (w <= 0 || h <= 0) user_error(path, ": image header says ", w, "x", h, " pixels: no image");
-    const uint64_t pixels = uint64_t(w) * uint64_t(h);
-    if (pixels > kMaxPixels || pixels > kMaxPixelsPerByte * uint64_t(size))
-      user_error(path, ": image header says ", w, "x", h, " pixels, ",
-                 pixels > kMaxPixels ? "more than the 2^26 edgetrain decodes" : fmt("impossible in ", size, " bytes"));
-    std::unique_ptr<stbi_uc, void (*)(void*)> px(stbi_load_from_memory(bytes, int(size), &w, &h, &n, 0),
+    // The header's channel count is asked for explicitly: with 0 (as stored), stb 2.27 returns a
+    // gray or RGB PNG with a tRNS chunk with an alpha channel added but reports the count without
+    // it, and the pixels would be read with the wrong stride.
+    std::unique_ptr<stbi_uc, void (*)(void*)> px(stbi_load_from_memory(bytes, int(size), &w, &h, &n, hd.channels),
                                                  stbi_image_free);
     if (!px) user_error(path, ": cannot decode image: ", stbi_failure_reason());
-    to_channels(px.get(), size_t(w) * size_t(h), n);
+    if (w != hd.width || h != hd.height)
+      user_error(path, ": cannot decode image: the header says ", hd.width, "x", hd.height, ", the pixels are ", w, "x", h);
+    to_channels(px.get(), size_t(w) * size_t(h), hd.channels);
     const int H = opt_.height, W = opt_.width, C = opt_.channels;
     if (w == W && h == H) {
       for (int c = 0; c < C; ++c)  // HWC -> CHW
@@ -191,17 +217,6 @@ class Decoder {
   }
 
  private:
-  void read_file(const std::string& path) {
-    std::unique_ptr<FILE, int (*)(FILE*)> f(std::fopen(path.c_str(), "rb"), std::fclose);
-    if (!f) user_error(path, ": cannot open file");
-    std::fseek(f.get(), 0, SEEK_END);
-    const long size = std::ftell(f.get());
-    std::fseek(f.get(), 0, SEEK_SET);
-    if (size <= 0) user_error(path, ": empty file, not an image");
-    bytes_.resize(size_t(size));
-    if (std::fread(bytes_.data(), 1, bytes_.size(), f.get()) != bytes_.size()) user_error(path, ": cannot read file");
-  }
-
   // stb output (n = 1 gray, 2 gray+alpha, 3 RGB, 4 RGBA) -> hwc_ with opt_.channels (1 or 3).
   void to_channels(const stbi_uc* px, size_t pixels, int n) {
     const int C = opt_.channels;
@@ -258,12 +273,13 @@ class Decoder {
   std::vector<float> fx_;
 };
 
-// Decodes every item on `threads` threads, chunks handed out in index order. On errors, the one of
-// the lowest index is rethrown: chunks are taken in order and a started chunk is finished unless
-// it fails itself, so every item before the first failure has been tried. Deterministic message.
-void decode_all(const std::vector<Item>& items, const ImageFolderOptions& opt, Dataset& d) {
+// Runs body(state, i) for every item i in [0, n) on up to 8 threads, each with its own state from
+// make_state(), chunks handed out in index order. On errors, the one of the lowest index is
+// rethrown: chunks are taken in order and a started chunk is finished unless it fails itself, so
+// every item before the first failure has been tried. Deterministic message.
+template <typename MakeState, typename Body>
+void for_each_item(size_t n, MakeState make_state, Body body) {
   constexpr size_t kChunk = 64;
-  const size_t n = items.size(), img = size_t(d.image_elems());
   const unsigned hw = std::max(1u, std::thread::hardware_concurrency());
   const size_t threads = std::min<size_t>({hw, 8, (n + kChunk - 1) / kChunk});
   std::atomic<size_t> next{0};
@@ -272,13 +288,13 @@ void decode_all(const std::vector<Item>& items, const ImageFolderOptions& opt, D
   size_t err_index = n;
   std::exception_ptr err;
   auto work = [&] {
-    Decoder dec(opt);
+    auto state = make_state();
     while (!failed.load(std::memory_order_relaxed)) {
       const size_t begin = next.fetch_add(kChunk);
       if (begin >= n) return;
       for (size_t i = begin; i < std::min(n, begin + kChunk); ++i) {
         try {
-          dec.decode(items[i].path, d.pixels.data() + i * img);
+          body(state, i);
         } catch (...) {
           std::lock_guard<std::mutex> lock(mu);
           if (i < err_index) err_index = i, err = std::current_exception();
@@ -295,7 +311,62 @@ void decode_all(const std::vector<Item>& items, const ImageFolderOptions& opt, D
   if (err) std::rethrow_exception(err);
 }
 
+void decode_all(const std::vector<Item>& items, const ImageFolderOptions& opt, Dataset& d) {
+  const size_t img = size_t(d.image_elems());
+  for_each_item(
+      items.size(), [&] { return Decoder(opt); },
+      [&](Decoder& dec, size_t i) { dec.decode(items[i].path, d.pixels.data() + i * img); });
+}
+
+// The images of root/<split>, labelled by root/train's class folders (see load_image_folder).
+struct Listing {
+  fs::path dir, train_dir;
+  std::vector<std::string> classes;
+  std::vector<Item> items;
+};
+
+Listing list_images(const fs::path& root, Split split) {
+  Listing l;
+  l.train_dir = split_dir(root, Split::Train);  // the class list always comes from train
+  l.dir = split == Split::Train ? l.train_dir : split_dir(root, split);
+  try {
+    l.classes = class_folders(l.train_dir);
+  } catch (const fs::filesystem_error& e) {
+    user_error("cannot list ", l.train_dir.string(), ": ", e.what());
+  }
+  if (l.classes.empty()) user_error(l.train_dir.string(), " has no class folders (expected <class>/*.jpg|png|bmp)");
+  try {
+    for (const std::string& name : class_folders(l.dir)) {
+      const auto it = std::find(l.classes.begin(), l.classes.end(), name);
+      if (it == l.classes.end())
+        user_error((l.dir / name).string(), ": class folder not in ", l.train_dir.string(),
+                   " (labels come from the train split's class folders)");
+      append_images(l.dir / name, int32_t(it - l.classes.begin()), l.items);
+    }
+  } catch (const fs::filesystem_error& e) {  // e.g. an unreadable folder
+    user_error("cannot list ", l.dir.string(), ": ", e.what());
+  }
+  if (l.items.empty()) user_error("no images (*.jpg, *.jpeg, *.png, *.bmp) under ", l.dir.string(), "/<class>/");
+  return l;
+}
+
 }  // namespace
+
+FolderHeaders read_image_folder_headers(const std::string& root, Split split) {
+  Listing l = list_images(fs::path(root), split);
+  FolderHeaders out;
+  out.dir = l.dir.string();
+  out.headers.resize(l.items.size());
+  for_each_item(
+      l.items.size(), [] { return std::vector<uint8_t>(); },
+      [&](std::vector<uint8_t>& bytes, size_t i) {
+        read_file(l.items[i].path, bytes);
+        out.headers[i] = read_header(bytes.data(), bytes.size(), l.items[i].path);
+      });
+  out.files.reserve(l.items.size());
+  for (Item& it : l.items) out.files.push_back(std::move(it.path));
+  return out;
+}
 
 void decode_image(const uint8_t* bytes, size_t size, const std::string& path, const ImageFolderOptions& opt,
                   uint8_t* out) {
@@ -305,34 +376,14 @@ void decode_image(const uint8_t* bytes, size_t size, const std::string& path, co
 
 Dataset load_image_folder(const std::string& root_str, Split split, const ImageFolderOptions& opt) {
   check_options(opt);
-  const fs::path root(root_str);
-  const fs::path train_dir = split_dir(root, Split::Train);  // the class list always comes from train
-  const fs::path dir = split == Split::Train ? train_dir : split_dir(root, split);
+  Listing l = list_images(fs::path(root_str), split);
+  const std::vector<Item>& items = l.items;
   Dataset d;
-  try {
-    d.classes = class_folders(train_dir);
-  } catch (const fs::filesystem_error& e) {
-    user_error("cannot list ", train_dir.string(), ": ", e.what());
-  }
-  if (d.classes.empty()) user_error(train_dir.string(), " has no class folders (expected <class>/*.jpg|png|bmp)");
+  d.classes = std::move(l.classes);
   d.channels = opt.channels;
   d.height = opt.height;
   d.width = opt.width;
-  d.source = dir.string();
-
-  std::vector<Item> items;
-  try {
-    for (const std::string& name : class_folders(dir)) {
-      const auto it = std::find(d.classes.begin(), d.classes.end(), name);
-      if (it == d.classes.end())
-        user_error((dir / name).string(), ": class folder not in ", train_dir.string(),
-                   " (labels come from the train split's class folders)");
-      append_images(dir / name, int32_t(it - d.classes.begin()), items);
-    }
-  } catch (const fs::filesystem_error& e) {  // e.g. an unreadable folder
-    user_error("cannot list ", dir.string(), ": ", e.what());
-  }
-  if (items.empty()) user_error("no images (*.jpg, *.jpeg, *.png, *.bmp) under ", dir.string(), "/<class>/");
+  d.source = l.dir.string();
 
   d.size = int64_t(items.size());
   d.pixels.resize(size_t(d.size * d.image_elems()));

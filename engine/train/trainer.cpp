@@ -9,6 +9,7 @@
 #include <numeric>
 #include <random>
 
+#include "engine/data/auto.h"
 #include "engine/data/loader.h"
 #include "engine/init.h"
 #include "engine/train/curves.h"
@@ -28,34 +29,6 @@ uint64_t mix(uint64_t a, uint64_t b) {
   x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
   x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
   return x ^ (x >> 31);
-}
-
-// `n` images of `d` chosen by a seeded shuffle, in their original order (all if n >= size).
-std::shared_ptr<const Dataset> subset(const Dataset& d, int64_t n, uint64_t seed) {
-  if (n >= d.size) return std::make_shared<Dataset>(d);
-  std::vector<int64_t> idx(size_t(d.size));
-  std::iota(idx.begin(), idx.end(), 0);
-  std::mt19937_64 rng(seed);
-  std::shuffle(idx.begin(), idx.end(), rng);
-  idx.resize(size_t(n));
-  std::sort(idx.begin(), idx.end());
-  const size_t img = size_t(d.channels) * size_t(d.height) * size_t(d.width);
-  std::vector<uint8_t> pixels(static_cast<size_t>(n) * img);
-  std::vector<int32_t> labels(static_cast<size_t>(n));
-  for (size_t i = 0; i < idx.size(); ++i) {
-    std::copy_n(d.pixels.begin() + int64_t(size_t(idx[i]) * img), img, pixels.begin() + int64_t(i * img));
-    labels[i] = d.labels[size_t(idx[i])];
-  }
-  auto out = std::make_shared<Dataset>();
-  out->size = n;
-  out->channels = d.channels;
-  out->height = d.height;
-  out->width = d.width;
-  out->classes = d.classes;
-  out->source = d.source;
-  out->pixels = std::move(pixels);
-  out->labels = std::move(labels);
-  return out;
 }
 
 LoaderOptions loader_options(const Config& c, bool train) {
@@ -95,32 +68,52 @@ int64_t count_correct(const Tensor& logits, const Tensor& labels, int64_t n) {
 }
 
 Trainer::Trainer(const Config& cfg, bool need_train_split) : cfg_(cfg) {
+  if (cfg_.train.threads > 0) omp_set_num_threads(cfg_.train.threads);
+  note(resolve_data_shape(cfg_));
   ImageFolderOptions io;
   io.channels = int(cfg_.model.channels);
   io.height = int(cfg_.model.height);
   io.width = int(cfg_.model.width);
   io.resize = cfg_.data.resize;
-  if (need_train_split)
+  // data.mean / std = auto come from the training split, also when only the test split is used.
+  if (need_train_split || cfg_.stats_auto())
     train_ = std::make_shared<Dataset>(load_dataset(cfg_.data.format, cfg_.data.root, Split::Train, io));
   test_ = std::make_shared<Dataset>(load_dataset(cfg_.data.format, cfg_.data.root, Split::Test, io));
-  build();
+  build(need_train_split);
 }
 
 Trainer::Trainer(const Config& cfg, std::shared_ptr<const Dataset> train, std::shared_ptr<const Dataset> test)
     : cfg_(cfg), train_(std::move(train)), test_(std::move(test)) {
-  build();
+  if (cfg_.train.threads > 0) omp_set_num_threads(cfg_.train.threads);
+  if (cfg_.shape_auto()) {  // the shape of the data sets given
+    const Dataset& d = train_ ? *train_ : *test_;
+    if (cfg_.model.channels == 0) cfg_.model.channels = d.channels;
+    if (cfg_.model.height == 0) cfg_.model.height = d.height;
+    if (cfg_.model.width == 0) cfg_.model.width = d.width;
+  }
+  build(train_ != nullptr);
 }
 
-void Trainer::build() {
-  if (cfg_.train.threads > 0) omp_set_num_threads(cfg_.train.threads);
+void Trainer::note(const std::string& line) {
+  if (!line.empty()) notes_.push_back(line);
+}
+
+void Trainer::build(bool keep_train) {
   if (train_) {
-    if (cfg_.data.train_subset > 0) train_ = subset(*train_, cfg_.data.train_subset, cfg_.train.seed);
+    train_ = training_images(train_, cfg_);
     check_dataset(*train_, cfg_);
-    if (train_->size < cfg_.train.batch_size)
+    note(resolve_data_stats(cfg_, *train_));
+    if (!keep_train) {
+      train_.reset();
+    } else if (train_->size < cfg_.train.batch_size) {
       user_error(train_->source, ": ", train_->size, " training images, fewer than train.batch_size = ",
                  cfg_.train.batch_size);
+    }
+  } else if (cfg_.stats_auto()) {
+    user_error("data.mean / data.std = auto need the training split, and none was given");
   }
-  if (cfg_.data.test_subset > 0) test_ = subset(*test_, cfg_.data.test_subset, cfg_.train.seed + 1);
+  check_data_resolved(cfg_);
+  if (cfg_.data.test_subset > 0) test_ = subset_dataset(*test_, cfg_.data.test_subset, cfg_.train.seed + 1);
   check_dataset(*test_, cfg_);
 
   build_model(graph_, cfg_.model);

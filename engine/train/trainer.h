@@ -38,8 +38,12 @@ struct EvalResult {
 class Trainer {
  public:
   // Loads the splits it needs and builds the model. Throws UserError on bad data or config.
+  // The config's "auto" data keys are resolved from the data (engine/data/auto.h): config()
+  // holds the numbers, notes() says what they came from. data.mean / std = auto load the
+  // training split also without need_train_split (eval), and release it after.
   Trainer(const Config& cfg, bool need_train_split);
   // With data sets already in memory (tests, benchmarks); data.train_subset / test_subset apply.
+  // An auto shape is that of `train` (else `test`); auto mean / std need `train`.
   Trainer(const Config& cfg, std::shared_ptr<const Dataset> train, std::shared_ptr<const Dataset> test);
   ~Trainer();
 
@@ -67,7 +71,8 @@ class Trainer {
   bool fnt() const { return fnt_; }
 
   Executor& executor() { return *executor_; }
-  const Config& config() const { return cfg_; }
+  const Config& config() const { return cfg_; }  // resolved: no "auto" data key
+  const std::vector<std::string>& notes() const { return notes_; }  // how auto data keys resolved
   TrainProgress& progress_state() { return state_; }
   const Dataset* train_data() const { return train_.get(); }
   // memory.budget_mb: what its planner chose (budget_mb 0 when there is no budget).
@@ -83,7 +88,9 @@ class Trainer {
   void append_metrics(const std::string& out_dir, const nlohmann::json& record) const;
 
   Config cfg_;
-  void build();
+  std::vector<std::string> notes_;
+  void note(const std::string& line);
+  void build(bool keep_train);
 
   std::shared_ptr<const Dataset> train_, test_;
   Graph graph_;
