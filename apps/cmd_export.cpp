@@ -9,6 +9,8 @@
 #include <filesystem>
 
 #include "apps/commands.h"
+#include "engine/data/auto.h"
+#include "engine/data/dataset.h"
 #include "backends/backend.h"
 #include "engine/check.h"
 #include "engine/config.h"
@@ -74,6 +76,19 @@ int export_onnx_cmd(const ExportArgs& a) {
     user_error("export needs weights: --checkpoint FILE, or model.weights (--set model.weights=FILE)");
   if (cfg.memory.double_mask_bn)
     user_error("config '", config, "': memory.double_mask_bn (BN masked by its input's zeros) has no ONNX export");
+  // "auto" data keys (a user's config, not a run's config.json, which holds the numbers) resolve
+  // as in training: the shape from the data, mean / std over the training split, which the graph
+  // then holds as its normalisation.
+  if (const std::string line = resolve_data_shape(cfg); !line.empty()) std::printf("%s\n", line.c_str());
+  if (cfg.stats_auto()) {
+    ImageFolderOptions io;
+    io.channels = int(cfg.model.channels);
+    io.height = int(cfg.model.height);
+    io.width = int(cfg.model.width);
+    io.resize = cfg.data.resize;
+    auto train = std::make_shared<const Dataset>(load_dataset(cfg.data.format, cfg.data.root, Split::Train, io));
+    std::printf("%s\n", resolve_data_stats(cfg, *training_images(train, cfg)).c_str());
+  }
   cfg.model.fusion.enabled = false;  // the layers one by one: a fused stack is no ONNX op
   cfg.model.batch = 1;               // the ONNX batch is symbolic; one image's buffers suffice here
 
