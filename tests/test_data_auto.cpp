@@ -275,7 +275,7 @@ TEST_CASE("auto in the config: parsing, defaults, round trip, bad values", "[con
   CHECK_THAT(error_for({{"mean", json::array()}}), Catch::Contains("data.mean") && Catch::Contains("one value per channel"));
 }
 
-TEST_CASE("--resume: auto keys adopt the run's saved values", "[config][auto]") {
+TEST_CASE("resumed runs: auto keys adopt the run's saved values", "[config][auto]") {
   Config c = parse_config({{"model", {{"name", "resnet8"}}}, {"data", {{"root", "/x"}, {"height", 40}}}}, "t.json");
   const json saved = {{"data",
                        {{"channels", 1}, {"height", 28}, {"width", 28}, {"mean", {0.13f}}, {"std", {0.31f}}}}};
