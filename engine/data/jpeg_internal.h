@@ -187,7 +187,7 @@ struct JpegDecoder::Impl {
   bool insufficient_data = false;
   std::vector<int16_t> mcu;  // one-pass decoding: the blocks of one MCU
   std::vector<uint8_t> rows;  // output: upsampled rows
-  std::vector<int16_t> sums;  // output: h2v2 column sums
+  std::vector<int32_t> sums;  // output: h2v2 column sums, h2v1 input with its edges
 
   // jpeg_markers.cpp
   [[noreturn]] void corrupt(const std::string& what) const;

@@ -34,35 +34,48 @@ void ycc_to_rgb(const uint8_t* __restrict yy, const uint8_t* __restrict cb, cons
   }
 }
 
+// The upsampling loops run over whole chunks of kChunk samples, past the component's width into
+// the planes' padding (whole blocks plus kPlaneSlack), so that no scalar remainder loop is left
+// once the compiler vectorises them; what lands past the width is never used.
+constexpr int kChunk = 16;
+constexpr size_t kPlaneSlack = kChunk;
+inline int chunked(int w) { return (w + kChunk - 1) / kChunk * kChunk; }
+
 // jdsample.c h2v1_fancy_upsample: each output sample 3/4 of the nearer input, 1/4 of the
-// further, rounding alternately down (+1) and up (+2); the end samples are copied.
-void h2v1_fancy(const uint8_t* in, int w, uint8_t* out) {
-  out[0] = in[0];
-  out[1] = uint8_t((in[0] * 3 + in[1] + 2) >> 2);
-  for (int i = 1; i < w - 1; ++i) {
-    const int v = in[i] * 3;
-    out[2 * i] = uint8_t((v + in[i - 1] + 1) >> 2);
-    out[2 * i + 1] = uint8_t((v + in[i + 1] + 2) >> 2);
+// further, rounding alternately down (+1) and up (+2); the end samples are copied, which is what
+// the formula gives when an end sample is its own outer neighbour. `ext` holds chunked(w) + 2.
+void h2v1_fancy(const uint8_t* __restrict in, int w, int32_t* __restrict ext, uint8_t* __restrict out) {
+  const int n = chunked(w);
+  for (int i = 0; i < n; ++i) ext[i + 1] = in[i];
+  ext[0] = ext[1];
+  ext[w + 1] = ext[w];
+  for (int i = 0; i < n; ++i) {
+    out[2 * i] = uint8_t((ext[i + 1] * 3 + ext[i] + 1) >> 2);
+    out[2 * i + 1] = uint8_t((ext[i + 1] * 3 + ext[i + 2] + 2) >> 2);
   }
-  out[2 * w - 2] = uint8_t((in[w - 1] * 3 + in[w - 2] + 1) >> 2);
-  out[2 * w - 1] = in[w - 1];
 }
 
 // jdsample.c h2v2_fancy_upsample: 3/4 nearer row + 1/4 further row into column sums, then the
 // same horizontally: (3 * this + neighbour + 8) >> 4 on the left, + 7 on the right; the end
-// columns count themselves as their outer neighbour. `sums` holds w values.
-void h2v2_fancy(const uint8_t* __restrict near, const uint8_t* __restrict far, int w, int16_t* __restrict sums,
+// columns count themselves as their outer neighbour ((4 * sum + 8) >> 4 and (4 * sum + 7) >> 4
+// in libjpeg). `sums` holds chunked(w) + 2.
+void h2v2_fancy(const uint8_t* __restrict near, const uint8_t* __restrict far, int w, int32_t* __restrict sums,
                 uint8_t* __restrict out) {
-  for (int i = 0; i < w; ++i) sums[i] = int16_t(near[i] * 3 + far[i]);
-  out[0] = uint8_t((sums[0] * 4 + 8) >> 4);
-  for (int i = 1; i < w; ++i) out[2 * i] = uint8_t((sums[i] * 3 + sums[i - 1] + 8) >> 4);
-  for (int i = 0; i < w - 1; ++i) out[2 * i + 1] = uint8_t((sums[i] * 3 + sums[i + 1] + 7) >> 4);
-  out[2 * w - 1] = uint8_t((sums[w - 1] * 4 + 7) >> 4);
+  const int n = chunked(w);
+  for (int i = 0; i < n; ++i) sums[i + 1] = near[i] * 3 + far[i];
+  sums[0] = sums[1];
+  sums[w + 1] = sums[w];
+  for (int i = 0; i < n; ++i) {
+    out[2 * i] = uint8_t((sums[i + 1] * 3 + sums[i] + 8) >> 4);
+    out[2 * i + 1] = uint8_t((sums[i + 1] * 3 + sums[i + 2] + 7) >> 4);
+  }
 }
 
 // jdsample.c h1v2_fancy_upsample: vertical 3/4 + 1/4, +1 for the upper output row, +2 for the lower.
-void h1v2_fancy(const uint8_t* near, const uint8_t* far, int w, int bias, uint8_t* out) {
-  for (int i = 0; i < w; ++i) out[i] = uint8_t((near[i] * 3 + far[i] + bias) >> 2);
+void h1v2_fancy(const uint8_t* __restrict near, const uint8_t* __restrict far, int w, int bias,
+                uint8_t* __restrict out) {
+  const int n = chunked(w);
+  for (int i = 0; i < n; ++i) out[i] = uint8_t((near[i] * 3 + far[i] + bias) >> 2);
 }
 
 }  // namespace
@@ -83,7 +96,7 @@ bool JpegDecoder::decode(uint8_t* out) {
     }
   for (int c = 0; c < d.ncomp; ++c) {
     Impl::Component& k = d.comp[c];
-    k.plane.resize(k.stride() * size_t(k.padded_blocks_h) * 8);
+    k.plane.resize(k.stride() * size_t(k.padded_blocks_h) * 8 + kPlaneSlack);
     if (multi_scan) k.coefs.assign(size_t(k.padded_blocks_w) * size_t(k.padded_blocks_h) * 64, 0);
     std::fill(k.coef_bits, k.coef_bits + 64, -1);
   }
@@ -119,41 +132,50 @@ void JpegDecoder::Impl::idct_all() {
 }
 
 void JpegDecoder::Impl::write_pixels(uint8_t* out) {
-  // Row buffers, one per component, as wide as its upsampled row.
+  // How each component becomes full size (jdsample.c jinit_upsampler's choice).
+  enum class Up { none, h2v1, h1v2, h2v2, replicate };
+  Up up[jd::kMaxComponents];
   size_t offset[jd::kMaxComponents], total = 0;
   for (int c = 0; c < ncomp; ++c) {
+    const Component& k = comp[c];
+    const int hr = max_h / k.h, vr = max_v / k.v;
+    up[c] = hr == 1 && vr == 1            ? Up::none
+            : hr == 2 && vr == 1 && k.width > 2 ? Up::h2v1
+            : hr == 1 && vr == 2                ? Up::h1v2
+            : hr == 2 && vr == 2 && k.width > 2 ? Up::h2v2
+                                                : Up::replicate;  // h2v1_upsample, h2v2_upsample, int_upsample
     offset[c] = total;
-    total += size_t(comp[c].width) * size_t(max_h / comp[c].h) + 8;
+    total += size_t(std::max(k.width * hr, 2 * chunked(k.width))) + 64;  // one upsampled row
   }
   rows.resize(total);
-  sums.resize(size_t(width));
+  sums.resize(size_t(chunked(width)) + 2);
   const uint8_t* row[jd::kMaxComponents];
   for (int y = 0; y < height; ++y) {
     for (int c = 0; c < ncomp; ++c) {
       const Component& k = comp[c];
-      const int hr = max_h / k.h, vr = max_v / k.v, w = k.width;
       const uint8_t* plane = k.plane.data();
       const size_t stride = k.stride();
       uint8_t* buf = rows.data() + offset[c];
-      // The row nearer to output row y and the other one of the pair: above for the upper output
-      // row, below for the lower, the edge rows repeated (jdmainct.c context rows).
-      const int nearer = y / vr;
-      const int further = y % 2 == 0 ? std::max(nearer - 1, 0) : std::min(nearer + 1, k.height - 1);
-      if (hr == 1 && vr == 1) {
-        row[c] = plane + size_t(y) * stride;
-      } else if (hr == 2 && vr == 1 && w > 2) {
-        h2v1_fancy(plane + size_t(y) * stride, w, buf);
-        row[c] = buf;
-      } else if (hr == 1 && vr == 2) {
-        h1v2_fancy(plane + size_t(nearer) * stride, plane + size_t(further) * stride, w, y % 2 ? 2 : 1, buf);
-        row[c] = buf;
-      } else if (hr == 2 && vr == 2 && w > 2) {
-        h2v2_fancy(plane + size_t(nearer) * stride, plane + size_t(further) * stride, w, sums.data(), buf);
-        row[c] = buf;
-      } else {  // h2v1_upsample, h2v2_upsample, int_upsample: replication
-        const uint8_t* in = plane + size_t(nearer) * stride;
-        for (int x = 0; x < w * hr; ++x) buf[x] = in[x / hr];
-        row[c] = buf;
+      // Vertical 2:1: the nearer input row, and the other one of the pair (above for the upper
+      // output row, below for the lower), edge rows repeated (jdmainct.c's context rows).
+      const int nearer = y >> 1;
+      const int further = (y & 1) == 0 ? std::max(nearer - 1, 0) : std::min(nearer + 1, k.height - 1);
+      row[c] = buf;
+      switch (up[c]) {
+        case Up::none: row[c] = plane + size_t(y) * stride; break;
+        case Up::h2v1: h2v1_fancy(plane + size_t(y) * stride, k.width, sums.data(), buf); break;
+        case Up::h1v2:
+          h1v2_fancy(plane + size_t(nearer) * stride, plane + size_t(further) * stride, k.width, (y & 1) + 1, buf);
+          break;
+        case Up::h2v2:
+          h2v2_fancy(plane + size_t(nearer) * stride, plane + size_t(further) * stride, k.width, sums.data(), buf);
+          break;
+        case Up::replicate: {
+          const int hr = max_h / k.h;
+          const uint8_t* in = plane + size_t(y / (max_v / k.v)) * stride;
+          for (int x = 0; x < k.width * hr; ++x) buf[x] = in[x / hr];
+          break;
+        }
       }
     }
     uint8_t* o = out + size_t(y) * size_t(width) * size_t(ncomp == 1 ? 1 : 3);

@@ -133,37 +133,39 @@ void JpegDecoder::Impl::decode_scan(bool one_pass) {
 
 // Sequential (jdhuff.c decode_mcu_slow): DC difference, then run/size-coded AC coefficients.
 void JpegDecoder::Impl::decode_mcu_sequential(int16_t* const* blocks, const int* block_comp, int nblocks) {
+  jd::BitReader br = bits;  // a local copy the compiler keeps in registers
   for (int b = 0; b < nblocks; ++b) {
     const Component& k = comp[scan.comp[block_comp[b]]];
     const jd::HuffmanTable& dct = tables[k.dc_slot];
     const jd::HuffmanTable& act = tables[4 + k.ac_slot];
     int16_t* block = blocks[b];
-    bits.ensure(32);
-    const int s = jd::decode_symbol(bits, dct);
-    const int diff = s ? jd::extend(bits.bits(s), s) : 0;
+    br.ensure(32);
+    const int s = jd::decode_symbol(br, dct);
+    const int diff = s ? jd::extend(br.bits(s), s) : 0;
     // libjpeg adds in int and stores a short: corrupt data wraps both.
     int& dc = last_dc[block_comp[b]];
     dc = int(uint32_t(dc) + uint32_t(diff));
     block[0] = int16_t(dc);
     for (int i = 1; i < 64; ++i) {
-      bits.ensure(32);
-      const int32_t fast = act.ac_fast[bits.peek(jd::kLookaheadBits)];
+      br.ensure(32);
+      const int32_t fast = act.ac_fast[br.peek(jd::kLookaheadBits)];
       if (fast) {
-        bits.skip(fast & 0xFF);
+        br.skip(fast & 0xFF);
         i += (fast >> 8) & 0xFF;
         block[kNaturalOrder[i]] = int16_t(fast >> 16);
         continue;
       }
-      const int sym = jd::decode_symbol(bits, act), run = sym >> 4, size = sym & 15;
+      const int sym = jd::decode_symbol(br, act), run = sym >> 4, size = sym & 15;
       if (size) {
         i += run;
-        block[kNaturalOrder[i]] = int16_t(jd::extend(bits.bits(size), size));
+        block[kNaturalOrder[i]] = int16_t(jd::extend(br.bits(size), size));
       } else {
         if (run != 15) break;  // end of block
         i += 15;
       }
     }
   }
+  bits = br;
 }
 
 // Progressive, first DC scan: differences shifted left by Al.
