@@ -1,4 +1,6 @@
-// Image-folder reader: root/<split>/<class>/<image>, decoded with stb_image on several threads.
+// Image-folder reader: root/<split>/<class>/<image>, decoded on several threads: JPEGs with
+// edgetrain's decoder (engine/data/jpeg_decode.h: libjpeg-turbo's pixels, what PIL and so PyTorch
+// users get), PNG, BMP and the JPEG kinds it leaves aside (arithmetic, CMYK, ...) with stb_image.
 // Each image lands in its own slot of Dataset::pixels, so the result does not depend on threads.
 #include <algorithm>
 #include <atomic>
@@ -14,10 +16,12 @@
 
 #include "engine/check.h"
 #include "engine/data/dataset.h"
+#include "engine/data/jpeg_decode.h"
 
 // stb_image (Debian's libstb-dev) compiled privately here (static functions: no clash with another
 // copy in the program). Its 2.27 trusts two things in a file that decode_image checks first: PNG
-// chunk lengths and JPEG Huffman table sizes.
+// chunk lengths and JPEG Huffman table sizes (JPEGs still reach it: the kinds edgetrain's decoder
+// leaves aside, and files with fill bytes before SOI, which stb skips).
 #define STB_IMAGE_STATIC
 #define STB_IMAGE_IMPLEMENTATION
 #define STBI_ONLY_JPEG
@@ -154,23 +158,8 @@ class Decoder {
   void decode(const uint8_t* bytes, size_t size, const std::string& path, uint8_t* out) {
     if (size == 0) user_error(path, ": empty file, not an image");
     if (size > size_t(INT32_MAX)) user_error(path, ": ", size, " bytes, too large for an image");
-    check_png_chunks(bytes, size, path);
-    check_jpeg_huffman_tables(bytes, size, path);
-    int w = 0, h = 0, n = 0;
-    // The header's size, checked before stb allocates for it: no image edgetrain reads has more
-    // than kMaxPixels, nor more than kMaxPixelsPerByte per byte of its file (deflate packs at most
-    // ~1032 bytes in one, 8 1-bit pixels a byte; a JPEG block takes at least 2 bits).
-    if (!stbi_info_from_memory(bytes, int(size), &w, &h, &n))
-      user_error(path, ": cannot decode image: ", stbi_failure_reason());
-    if (w <= 0 || h <= 0) user_error(path, ": image header says ", w, "x", h, " pixels: no image");
-    const uint64_t pixels = uint64_t(w) * uint64_t(h);
-    if (pixels > kMaxPixels || pixels > kMaxPixelsPerByte * uint64_t(size))
-      user_error(path, ": image header says ", w, "x", h, " pixels, ",
-                 pixels > kMaxPixels ? "more than the 2^26 edgetrain decodes" : fmt("impossible in ", size, " bytes"));
-    std::unique_ptr<stbi_uc, void (*)(void*)> px(stbi_load_from_memory(bytes, int(size), &w, &h, &n, 0),
-                                                 stbi_image_free);
-    if (!px) user_error(path, ": cannot decode image: ", stbi_failure_reason());
-    to_channels(px.get(), size_t(w) * size_t(h), n);
+    int w = 0, h = 0;
+    if (!decode_jpeg(bytes, size, path, w, h)) decode_stb(bytes, size, path, w, h);
     const int H = opt_.height, W = opt_.width, C = opt_.channels;
     if (w == W && h == H) {
       for (int c = 0; c < C; ++c)  // HWC -> CHW
@@ -191,6 +180,48 @@ class Decoder {
   }
 
  private:
+  // The header's size, checked before anything is allocated for it: no image edgetrain reads has
+  // more than kMaxPixels, nor more than kMaxPixelsPerByte per byte of its file (deflate packs at
+  // most ~1032 bytes in one, 8 1-bit pixels a byte; a JPEG block takes at least 2 bits).
+  static void check_size(const std::string& path, size_t size, uint64_t w, uint64_t h) {
+    const uint64_t pixels = w * h;
+    if (pixels > kMaxPixels || pixels > kMaxPixelsPerByte * uint64_t(size))
+      user_error(path, ": image header says ", w, "x", h, " pixels, ",
+                 pixels > kMaxPixels ? "more than the 2^26 edgetrain decodes" : fmt("impossible in ", size, " bytes"));
+  }
+
+  // A JPEG of a kind edgetrain's decoder handles, into hwc_. False for any other file.
+  bool decode_jpeg(const uint8_t* bytes, size_t size, const std::string& path, int& w, int& h) {
+    if (size < 2 || bytes[0] != 0xFF || bytes[1] != 0xD8 || !jpeg_.read_header(bytes, size, path)) return false;
+    w = jpeg_.width();
+    h = jpeg_.height();
+    check_size(path, size, uint64_t(w), uint64_t(h));
+    // What the decoder allocates: whole MCUs (blocks of up to 32 x 32 pixels) of each component.
+    const uint64_t padded = jpeg_.padded_pixels();
+    if (padded > kMaxPixels || padded > kMaxPixelsPerByte * uint64_t(size))
+      user_error(path, ": JPEG of ", w, "x", h, " pixels is ", padded, " pixels in whole MCUs, ",
+                 padded > kMaxPixels ? "more than the 2^26 edgetrain decodes" : fmt("impossible in ", size, " bytes"));
+    const int n = jpeg_.channels();
+    px_.resize(size_t(w) * size_t(h) * size_t(n));
+    if (!jpeg_.decode(px_.data())) return false;  // progressive with block smoothing: stb_image's
+    to_channels(px_.data(), size_t(w) * size_t(h), n);
+    return true;
+  }
+
+  void decode_stb(const uint8_t* bytes, size_t size, const std::string& path, int& w, int& h) {
+    check_png_chunks(bytes, size, path);
+    check_jpeg_huffman_tables(bytes, size, path);
+    int n = 0;
+    if (!stbi_info_from_memory(bytes, int(size), &w, &h, &n))
+      user_error(path, ": cannot decode image: ", stbi_failure_reason());
+    if (w <= 0 || h <= 0) user_error(path, ": image header says ", w, "x", h, " pixels: no image");
+    check_size(path, size, uint64_t(w), uint64_t(h));
+    std::unique_ptr<stbi_uc, void (*)(void*)> px(stbi_load_from_memory(bytes, int(size), &w, &h, &n, 0),
+                                                 stbi_image_free);
+    if (!px) user_error(path, ": cannot decode image: ", stbi_failure_reason());
+    to_channels(px.get(), size_t(w) * size_t(h), n);
+  }
+
   void read_file(const std::string& path) {
     std::unique_ptr<FILE, int (*)(FILE*)> f(std::fopen(path.c_str(), "rb"), std::fclose);
     if (!f) user_error(path, ": cannot open file");
@@ -202,8 +233,8 @@ class Decoder {
     if (std::fread(bytes_.data(), 1, bytes_.size(), f.get()) != bytes_.size()) user_error(path, ": cannot read file");
   }
 
-  // stb output (n = 1 gray, 2 gray+alpha, 3 RGB, 4 RGBA) -> hwc_ with opt_.channels (1 or 3).
-  void to_channels(const stbi_uc* px, size_t pixels, int n) {
+  // Decoded pixels (n = 1 gray, 2 gray+alpha, 3 RGB, 4 RGBA) -> hwc_ with opt_.channels (1 or 3).
+  void to_channels(const uint8_t* px, size_t pixels, int n) {
     const int C = opt_.channels;
     hwc_.resize(pixels * size_t(C));
     uint8_t* o = hwc_.data();
@@ -253,7 +284,8 @@ class Decoder {
   }
 
   const ImageFolderOptions& opt_;
-  std::vector<uint8_t> bytes_, hwc_;
+  JpegDecoder jpeg_;
+  std::vector<uint8_t> bytes_, px_, hwc_;
   std::vector<int> x0_, x1_;
   std::vector<float> fx_;
 };
