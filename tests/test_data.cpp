@@ -280,6 +280,13 @@ TEST_CASE("image decode: fuzzer findings and over-large headers", "[data]") {
   const auto idat = bytes_of("png_idat_length_822mb.png");
   REQUIRE(idat.size() == 79);
   CHECK_THAT(decode(idat), Catch::Contains("x.img: PNG chunk 'IDAT' at byte 33 declares 822083606 bytes, the file has 34 left"));
+  // Found by the fuzzer once JPEGs had their own decoder: an IDAT chunk of 1 GB whose length and
+  // type end the file (11 bytes after byte 33: no room for the CRC); the check skipped chunks
+  // without their 12 bytes of framing, and stb_image allocated 1 GB.
+  const auto idat_at_end = bytes_of("png_idat_header_at_end.png");
+  REQUIRE(idat_at_end.size() == 44);
+  CHECK_THAT(decode(idat_at_end),
+             Catch::Contains("x.img: PNG chunk 'IDAT' at byte 33 declares 1073766934 bytes, the file has 0 left"));
 
   // A BMP of 327685 x 0 pixels, which stb_image returns as decoded: the resize divided by zero.
   const auto empty_bmp = bytes_of("bmp_height_0.bmp");

@@ -91,15 +91,17 @@ void check_options(const ImageFolderOptions& opt) {
 constexpr uint64_t kMaxPixels = uint64_t(1) << 26, kMaxPixelsPerByte = 16384;
 
 // stb_image allocates a PNG chunk's declared length (up to 2^30) before reading it: a chunk longer
-// than what is left of the file is an error here first.
+// than what is left of the file is an error here first. Every chunk whose length and type are in
+// the file counts, its CRC cut off or not (stb reads the type from 8 bytes).
 void check_png_chunks(const uint8_t* p, size_t size, const std::string& path) {
   static const uint8_t kSignature[8] = {0x89, 'P', 'N', 'G', '\r', '\n', 0x1A, '\n'};
   if (size < 8 || std::memcmp(p, kSignature, 8) != 0) return;
-  for (size_t at = 8; size - at >= 12;) {
+  for (size_t at = 8; at + 8 <= size;) {
     const uint64_t len = uint64_t(p[at]) << 24 | uint64_t(p[at + 1]) << 16 | uint64_t(p[at + 2]) << 8 | p[at + 3];
-    if (len > size - at - 12)
+    const uint64_t left = size - at >= 12 ? size - at - 12 : 0;  // after length, type and CRC
+    if (len > left)
       user_error(path, ": PNG chunk '", std::string(reinterpret_cast<const char*>(p + at + 4), 4), "' at byte ", at,
-                 " declares ", len, " bytes, the file has ", size - at - 12, " left: truncated or corrupt");
+                 " declares ", len, " bytes, the file has ", left, " left: truncated or corrupt");
     if (std::memcmp(p + at + 4, "IEND", 4) == 0) return;
     at += 12 + size_t(len);
   }
