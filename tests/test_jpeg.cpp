@@ -1,8 +1,8 @@
 // edgetrain's JPEG decoder (engine/data/jpeg_decode.h) against the pixels PIL (libjpeg-turbo 2.1)
 // decodes from the files in tests/data/jpeg/ (made by bench/make_jpeg_references.py: sampling
 // factors, odd sizes, qualities, progressive, restarts, damaged data, real CIFAR-10 images), its
-// islow IDCT against the transcription of jidctint.c, and hostile input: truncations, bad
-// markers and tables, over-large headers.
+// islow IDCT against libjpeg-turbo's x86 SIMD arithmetic and jidctint.c, and hostile input:
+// truncations, bad markers and tables, over-large headers.
 #include <catch2/catch.hpp>
 
 #include <algorithm>
@@ -179,46 +179,63 @@ TEST_CASE("jpeg: the image-folder path gives PIL's pixels, channel rule and fall
              Catch::Contains("a.jpg: cannot decode image"));
 }
 
-TEST_CASE("jpeg: islow IDCT equals jidctint.c transcribed, wrap-around included", "[jpeg]") {
+TEST_CASE("jpeg: islow IDCT: the fast path is libjpeg-turbo's x86 SIMD arithmetic, equal to its C code in range", "[jpeg]") {
   namespace jd = jpeg_detail;
   std::mt19937 rng(7);
   int16_t coef[64], quant[64];
-  uint8_t fast[64], ref[64];
-  auto both = [&] {
-    jd::idct_islow(coef, quant, fast, 8);
-    jd::idct_islow_reference(coef, quant, ref, 8);
-    return std::memcmp(fast, ref, 64) == 0;
-  };
-  // Blocks within the 32-bit path (dequantised |value| <= 1024), at its edge, and beyond it.
-  for (int trial = 0; trial < 20000; ++trial) {
-    const int limit = trial % 4 == 0 ? 1024 : trial % 4 == 1 ? 1100 : trial % 4 == 2 ? 40000 : 64;
-    const int nonzero = 1 + int(rng() % 64);
+  uint8_t fast[64], simd[64], c_code[64];
+  // Blocks of valid-data magnitudes (dequantised within +-1024: all three agree), at the fast
+  // path's edges, and far beyond them (only the fast path and the SIMD reference must agree).
+  for (int trial = 0; trial < 40000; ++trial) {
+    const int kind = trial % 5;
+    const int limit = kind == 0 ? 1024 : kind == 1 ? 1100 : kind == 2 ? 40000 : kind == 3 ? 2000 : 64;
     std::fill(coef, coef + 64, int16_t(0));
     for (int i = 0; i < 64; ++i) quant[i] = int16_t(1 + rng() % (trial % 3 == 0 ? 255 : 16));
+    if (trial % 97 == 0) quant[int(rng() % 64)] = int16_t(uint16_t(40000 + rng() % 25536));  // 16-bit DQT
+    const int nonzero = 1 + int(rng() % 64);
     for (int k = 0; k < nonzero; ++k) {
       const int i = int(rng() % 64);
       coef[i] = int16_t(int(rng() % uint32_t(2 * limit + 1)) - limit);
-      if (trial % 4 == 0) coef[i] = int16_t(std::clamp(int(coef[i]) / quant[i], -1024, 1024));
+      if (kind == 0 || kind == 4) coef[i] = int16_t(int(coef[i]) / quant[i]);
     }
-    if (trial % 50 == 0) std::fill(coef + 1, coef + 64, int16_t(0));  // DC only
+    if (trial % 50 == 0) std::fill(coef + 1, coef + 64, int16_t(0));       // DC only
+    if (trial % 50 == 1) std::fill(coef + 8, coef + 64, int16_t(0));       // row 0 only: SIMD's shortcut
+    jd::idct_islow(coef, quant, fast, 8);
+    jd::idct_islow_x86_simd(coef, quant, simd, 8);
     INFO("trial " << trial);
-    REQUIRE(both());
+    REQUIRE(std::memcmp(fast, simd, 64) == 0);
+    if (kind == 4 && trial % 97 != 0) {  // realistic magnitudes: the C code gives the same bytes
+      jd::idct_islow_c(coef, quant, c_code, 8);
+      REQUIRE(std::memcmp(fast, c_code, 64) == 0);
+    }
   }
-  // libjpeg's range-limit table wraps values past +-512 instead of clamping: DC 1000 x 8 gives
-  // 1000 after the IDCT, masked into the table's last part (896..1023 -> 0..127): 104, not 255.
+  // Out of range they differ: DC 1000 x 8 is 1000 after the IDCT. jidctint.c masks it into its
+  // range-limit table's last part (896..1023 -> 0..127): 104; the SIMD code saturates: 255.
   std::fill(coef, coef + 64, int16_t(0));
   std::fill(quant, quant + 64, int16_t(8));
   coef[0] = 1000;
+  jd::idct_islow_c(coef, quant, c_code, 8);
   jd::idct_islow(coef, quant, fast, 8);
-  CHECK(std::count(fast, fast + 64, uint8_t(104)) == 64);
-  coef[0] = 40;  // 40 * 8 / 8 + 128 = 168
+  CHECK(std::count(c_code, c_code + 64, uint8_t(104)) == 64);
+  CHECK(std::count(fast, fast + 64, uint8_t(255)) == 64);
+  coef[0] = 40;  // 40 * 8 / 8 + 128 = 168 in both
+  jd::idct_islow_c(coef, quant, c_code, 8);
   jd::idct_islow(coef, quant, fast, 8);
+  CHECK(std::count(c_code, c_code + 64, uint8_t(168)) == 64);
   CHECK(std::count(fast, fast + 64, uint8_t(168)) == 64);
-  // A 16-bit quantiser above 32767 is libjpeg's short multiplier: 65535 acts as -1.
+  // A 16-bit quantiser above 32767 is libjpeg's short multiplier: 65535 acts as -1 (both).
   quant[0] = int16_t(uint16_t(65535));
   coef[0] = 80;  // -80 / 8 + 128 = 118
   jd::idct_islow(coef, quant, fast, 8);
   CHECK(std::count(fast, fast + 64, uint8_t(118)) == 64);
+  // The SIMD code's 16-bit dequantisation wraps: 300 x 200 = 60000 is -5536 in 16 bits,
+  // -5536 / 8 + 128 = -564: saturated to 0 (the C code: 60000 / 8 = 7500, masked: 255).
+  std::fill(quant, quant + 64, int16_t(200));
+  coef[0] = 300;
+  jd::idct_islow(coef, quant, fast, 8);
+  jd::idct_islow_c(coef, quant, c_code, 8);
+  CHECK(std::count(fast, fast + 64, uint8_t(0)) == 64);
+  CHECK(std::count(c_code, c_code + 64, uint8_t(255)) == 64);
 }
 
 TEST_CASE("jpeg: hostile input: truncations, bad markers and tables, over-large headers", "[jpeg]") {

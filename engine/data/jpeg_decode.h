@@ -39,9 +39,8 @@ class JpegDecoder {
   // blocks (do_block_smoothing), which this decoder does not reproduce.
   bool decode(uint8_t* out);
 
-  struct Impl;
-
  private:
+  struct Impl;  // engine/data/jpeg_internal.h
   std::unique_ptr<Impl> impl_;
 };
 

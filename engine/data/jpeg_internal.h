@@ -3,7 +3,7 @@
 //   jpeg_markers.cpp  markers and tables, scan headers [jdmarker.c, jdinput.c]
 //   jpeg_huffman.cpp  bit reader and Huffman tables [jdhuff.c / jdhuff.h]
 //   jpeg_scan.cpp     decoding scans: sequential, progressive, restarts [jdhuff.c, jdphuff.c]
-//   jpeg_idct.cpp     the islow inverse DCT [jidctint.c, jdmaster.c's range limit]
+//   jpeg_idct.cpp     the islow inverse DCT [jidctint.c, jidctint-sse2/avx2.asm]
 //   jpeg_output.cpp   upsampling, colour conversion, the whole decode [jdsample.c, jdcolor.c]
 #pragma once
 #include <cstddef>
@@ -127,10 +127,13 @@ inline int decode_symbol(BitReader& br, const HuffmanTable& t) {
 inline int extend(int r, int s) { return r < (1 << (s - 1)) ? r - (1 << s) + 1 : r; }
 
 // The islow IDCT of one block (coefficients in natural order, libjpeg's 16-bit quantisation
-// multipliers) into 8x8 samples at `out`, rows `stride` apart (jpeg_idct.cpp).
+// multipliers) into 8x8 samples at `out`, rows `stride` apart (jpeg_idct.cpp): the decoder's,
+// equal to idct_islow_x86_simd.
 void idct_islow(const int16_t* coef, const int16_t* quant, uint8_t* out, size_t stride);
-// jidctint.c transcribed with its 64-bit intermediates: the reference idct_islow equals.
-void idct_islow_reference(const int16_t* coef, const int16_t* quant, uint8_t* out, size_t stride);
+// References: libjpeg-turbo's x86 SIMD arithmetic (what PIL on x86-64 runs), and jidctint.c (its
+// C code). They differ only on blocks whose coefficients overflow (corrupt data).
+void idct_islow_x86_simd(const int16_t* coef, const int16_t* quant, uint8_t* out, size_t stride);
+void idct_islow_c(const int16_t* coef, const int16_t* quant, uint8_t* out, size_t stride);
 
 struct Component {
   int id = 0, h = 1, v = 1, quant_slot = 0;  // from SOF
