@@ -1,13 +1,11 @@
 #!/usr/bin/env python3
-"""Up to which dequantised coefficient magnitude M libjpeg's islow IDCT (jidctint.c) cannot
-overflow 32 bits: engine/data/jpeg_idct.cpp runs blocks with every |coefficient x quantiser|
-<= 1024 in int32 and all others with libjpeg's 64-bit intermediates, which gives the same bytes
-only if no int32 intermediate can overflow below that bound.
-
-Every intermediate of a pass is a linear form of the pass's 8 inputs; its largest magnitude is the
-L1 norm of its weights times the inputs' bound. Pass 1 inputs are bounded by M; pass 2 inputs
-(pass 1 outputs, descaled by 2^11, plus 1 for the rounding) by what pass 1 gives for M.
-    python3 bench/jpeg_idct_bound.py      # prints the bound (1173)
+"""Why engine/data/jpeg_idct.cpp's plain-int32 path gives libjpeg-turbo's islow IDCT bytes: it
+runs a block only when every |coefficient x quantiser| <= 1024 (M) and every pass 1 result is
+within +-16383; otherwise libjpeg-turbo's SIMD arithmetic (16-bit lanes) could wrap or saturate,
+and the block takes the scalar reference. This computes the largest magnitudes both passes can
+reach in between: every intermediate is a linear form of the pass's 8 inputs, bounded by the L1
+norm of its weights times the inputs' bound.
+    python3 bench/jpeg_idct_bound.py
 """
 FIX = dict(c0298=2446, c0390=3196, c0541=4433, c0765=6270, c0899=7373, c1175=9633, c1501=12299,
            c1847=15137, c1961=16069, c2053=16819, c2562=20995, c3072=25172)
@@ -67,14 +65,17 @@ def main():
     x = [Lin({i: 1}) for i in range(8)]
     inter, outs = islow_pass(x)
     unit = [1] * 8
-    pass1 = max(v.l1(unit) for v in inter)  # per unit of M
-    ws = max(v.l1(unit) for v in outs) / 2 ** 11  # pass 1 outputs per unit of M (+1 rounding)
-    # Pass 2: each row's 8 inputs are pass 1 outputs (of 8 columns), each <= ws * M + 1.
-    pass2 = max(v.l1(unit) for v in inter) * ws
-    pass2_rounding = max(v.l1(unit) for v in inter) + 2 ** 17
-    bound = min(2 ** 31 / pass1, (2 ** 31 - pass2_rounding) / pass2)
-    print(f"pass 1: |intermediate| <= {pass1} M; pass 2: <= {pass2:.0f} M + {pass2_rounding}")
-    print(f"no int32 overflow for M < {bound:.0f}")
+    l1 = max(v.l1(unit) for v in inter)  # any intermediate, per unit of input bound
+    ws = max(v.l1(unit) for v in outs) / 2 ** 11  # a pass 1 result (descaled), per unit of M
+    m = 1024
+    print(f"pass 1, inputs <= {m}: intermediates <= {l1 * m:,} (int32 < 2,147,483,648); "
+          f"results <= {ws * m + 1:,.0f} (16-bit: no saturation below 32,767); 16-bit sums in0+-in4, "
+          f"z3, z4 <= {2 * m}")
+    w = 16383
+    print(f"pass 2, inputs <= {w}: 16-bit sums <= {2 * w}; intermediates <= {l1 * w + 2 ** 17:,} with rounding; "
+          f"results <= {(l1 * w + 2 ** 17) / 2 ** 18:,.0f} (no 16-bit saturation before the -128..127 clamp)")
+    print(f"pass 1 results stay within +-16383 for any block with M <= {16383 / ws:.0f}; beyond that the "
+          f"path checks them")
 
 
 if __name__ == "__main__":
