@@ -1,4 +1,6 @@
-// Image-folder reader: root/<split>/<class>/<image>, decoded with stb_image on several threads.
+// Image-folder reader: root/<split>/<class>/<image>, decoded on several threads: JPEGs with
+// edgetrain's decoder (engine/data/jpeg_decode.h: libjpeg-turbo's pixels, what PIL and so PyTorch
+// users get), PNG, BMP and the JPEG kinds it leaves aside (arithmetic, CMYK, ...) with stb_image.
 // Each image lands in its own slot of Dataset::pixels, so the result does not depend on threads.
 #include <algorithm>
 #include <atomic>
@@ -14,10 +16,12 @@
 
 #include "engine/check.h"
 #include "engine/data/dataset.h"
+#include "engine/data/jpeg_decode.h"
 
 // stb_image (Debian's libstb-dev) compiled privately here (static functions: no clash with another
 // copy in the program). Its 2.27 trusts two things in a file that decode_image checks first: PNG
-// chunk lengths and JPEG Huffman table sizes.
+// chunk lengths and JPEG Huffman table sizes (JPEGs still reach it: the kinds edgetrain's decoder
+// leaves aside, and files with fill bytes before SOI, which stb skips).
 #define STB_IMAGE_STATIC
 #define STB_IMAGE_IMPLEMENTATION
 #define STBI_ONLY_JPEG
@@ -87,15 +91,17 @@ void check_options(const ImageFolderOptions& opt) {
 constexpr uint64_t kMaxPixels = uint64_t(1) << 26, kMaxPixelsPerByte = 16384;
 
 // stb_image allocates a PNG chunk's declared length (up to 2^30) before reading it: a chunk longer
-// than what is left of the file is an error here first.
+// than what is left of the file is an error here first. Every chunk whose length and type are in
+// the file counts, its CRC cut off or not (stb reads the type from 8 bytes).
 void check_png_chunks(const uint8_t* p, size_t size, const std::string& path) {
   static const uint8_t kSignature[8] = {0x89, 'P', 'N', 'G', '\r', '\n', 0x1A, '\n'};
   if (size < 8 || std::memcmp(p, kSignature, 8) != 0) return;
-  for (size_t at = 8; size - at >= 12;) {
+  for (size_t at = 8; at + 8 <= size;) {
     const uint64_t len = uint64_t(p[at]) << 24 | uint64_t(p[at + 1]) << 16 | uint64_t(p[at + 2]) << 8 | p[at + 3];
-    if (len > size - at - 12)
+    const uint64_t left = size - at >= 12 ? size - at - 12 : 0;  // after length, type and CRC
+    if (len > left)
       user_error(path, ": PNG chunk '", std::string(reinterpret_cast<const char*>(p + at + 4), 4), "' at byte ", at,
-                 " declares ", len, " bytes, the file has ", size - at - 12, " left: truncated or corrupt");
+                 " declares ", len, " bytes, the file has ", left, " left: truncated or corrupt");
     if (std::memcmp(p + at + 4, "IEND", 4) == 0) return;
     at += 12 + size_t(len);
   }
@@ -186,17 +192,8 @@ class Decoder {
   }
 
   void decode(const uint8_t* bytes, size_t size, const std::string& path, uint8_t* out) {
-    const ImageHeader hd = read_header(bytes, size, path);
-    int w = 0, h = 0, n = 0;
-    // The header's channel count is asked for explicitly: with 0 (as stored), stb 2.27 returns a
-    // gray or RGB PNG with a tRNS chunk with an alpha channel added but reports the count without
-    // it, and the pixels would be read with the wrong stride.
-    std::unique_ptr<stbi_uc, void (*)(void*)> px(stbi_load_from_memory(bytes, int(size), &w, &h, &n, hd.channels),
-                                                 stbi_image_free);
-    if (!px) user_error(path, ": cannot decode image: ", stbi_failure_reason());
-    if (w != hd.width || h != hd.height)
-      user_error(path, ": cannot decode image: the header says ", hd.width, "x", hd.height, ", the pixels are ", w, "x", h);
-    to_channels(px.get(), size_t(w) * size_t(h), hd.channels);
+    int w = 0, h = 0;
+    if (!decode_jpeg(bytes, size, path, w, h)) decode_stb(bytes, size, path, w, h);
     const int H = opt_.height, W = opt_.width, C = opt_.channels;
     if (w == W && h == H) {
       for (int c = 0; c < C; ++c)  // HWC -> CHW
@@ -217,8 +214,51 @@ class Decoder {
   }
 
  private:
-  // stb output (n = 1 gray, 2 gray+alpha, 3 RGB, 4 RGBA) -> hwc_ with opt_.channels (1 or 3).
-  void to_channels(const stbi_uc* px, size_t pixels, int n) {
+  // The header's size, checked before anything is allocated for it: no image edgetrain reads has
+  // more than kMaxPixels, nor more than kMaxPixelsPerByte per byte of its file (deflate packs at
+  // most ~1032 bytes in one, 8 1-bit pixels a byte; a JPEG block takes at least 2 bits).
+  static void check_size(const std::string& path, size_t size, uint64_t w, uint64_t h) {
+    const uint64_t pixels = w * h;
+    if (pixels > kMaxPixels || pixels > kMaxPixelsPerByte * uint64_t(size))
+      user_error(path, ": image header says ", w, "x", h, " pixels, ",
+                 pixels > kMaxPixels ? "more than the 2^26 edgetrain decodes" : fmt("impossible in ", size, " bytes"));
+  }
+
+  // A JPEG of a kind edgetrain's decoder handles, into hwc_. False for any other file.
+  bool decode_jpeg(const uint8_t* bytes, size_t size, const std::string& path, int& w, int& h) {
+    if (size < 2 || bytes[0] != 0xFF || bytes[1] != 0xD8 || !jpeg_.read_header(bytes, size, path)) return false;
+    w = jpeg_.width();
+    h = jpeg_.height();
+    check_size(path, size, uint64_t(w), uint64_t(h));
+    // What the decoder allocates: whole MCUs (blocks of up to 32 x 32 pixels) of each component.
+    const uint64_t padded = jpeg_.padded_pixels();
+    if (padded > kMaxPixels || padded > kMaxPixelsPerByte * uint64_t(size))
+      user_error(path, ": JPEG of ", w, "x", h, " pixels is ", padded, " pixels in whole MCUs, ",
+                 padded > kMaxPixels ? "more than the 2^26 edgetrain decodes" : fmt("impossible in ", size, " bytes"));
+    const int n = jpeg_.channels();
+    px_.resize(size_t(w) * size_t(h) * size_t(n));
+    if (!jpeg_.decode(px_.data())) return false;  // progressive with block smoothing: stb_image's
+    to_channels(px_.data(), size_t(w) * size_t(h), n);
+    return true;
+  }
+
+  // PNG, BMP and the JPEG kinds decode_jpeg declines, with stb_image, after read_header's checks.
+  void decode_stb(const uint8_t* bytes, size_t size, const std::string& path, int& w, int& h) {
+    const ImageHeader hd = read_header(bytes, size, path);
+    int n = 0;
+    // The header's channel count is asked for explicitly: with 0 (as stored), stb 2.27 returns a
+    // gray or RGB PNG with a tRNS chunk with an alpha channel added but reports the count without
+    // it, and the pixels would be read with the wrong stride.
+    std::unique_ptr<stbi_uc, void (*)(void*)> px(stbi_load_from_memory(bytes, int(size), &w, &h, &n, hd.channels),
+                                                 stbi_image_free);
+    if (!px) user_error(path, ": cannot decode image: ", stbi_failure_reason());
+    if (w != hd.width || h != hd.height)
+      user_error(path, ": cannot decode image: the header says ", hd.width, "x", hd.height, ", the pixels are ", w, "x", h);
+    to_channels(px.get(), size_t(w) * size_t(h), hd.channels);
+  }
+
+  // Decoded pixels (n = 1 gray, 2 gray+alpha, 3 RGB, 4 RGBA) -> hwc_ with opt_.channels (1 or 3).
+  void to_channels(const uint8_t* px, size_t pixels, int n) {
     const int C = opt_.channels;
     hwc_.resize(pixels * size_t(C));
     uint8_t* o = hwc_.data();
@@ -268,7 +308,8 @@ class Decoder {
   }
 
   const ImageFolderOptions& opt_;
-  std::vector<uint8_t> bytes_, hwc_;
+  JpegDecoder jpeg_;
+  std::vector<uint8_t> bytes_, px_, hwc_;
   std::vector<int> x0_, x1_;
   std::vector<float> fx_;
 };
