@@ -9,8 +9,8 @@ test images, and compares accuracy, per-image predictions and logits.
 The model is bench/torch_models.py's replica of the config's model (model.shortcut included), in
 eval mode. PyTorch's images are decoded by PIL; edgetrain runs twice: on the very same pixels
 (written as a CIFAR-10 binary test batch: the engines' numerics alone) and on the JPEG folder with
-its own decoder (stb_image; decodes may differ by a grey level here and there). The last line is
-one JSON object.
+its own decoder (engine/data/jpeg_decode.h, bit-exact with PIL's libjpeg-turbo; stb_image before
+it differed by a grey level here and there). The last line is one JSON object.
 """
 import argparse
 import csv
