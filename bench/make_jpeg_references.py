@@ -4,7 +4,7 @@ JPEGs of the kinds edgetrain's decoder handles, each with the pixels PIL decodes
 (NAME.ppm for RGB, NAME.pgm for gray, binary). CI has no PIL: it reads these.
 
     apt-get install python3-pil libjpeg-turbo-progs     # PIL; cjpeg for restarts, sampling, scans
-    /usr/bin/python3 bench/make_jpeg_references.py [--out tests/data/jpeg] [--cifar /work/shared/data/cifar10]
+    /usr/bin/python3 bench/make_jpeg_references.py [--out tests/data/jpeg]
 
 The files and what the test expects of each, by name:
     NAME.jpg + NAME.ppm/.pgm   decoded exactly as PIL does (damaged_*: corrupt data PIL still
@@ -79,7 +79,6 @@ def segments(data):
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "..", "tests", "data", "jpeg"))
-    ap.add_argument("--cifar", default="/work/shared/data/cifar10")
     args = ap.parse_args()
     out = args.out
     if os.path.isdir(out):
@@ -117,11 +116,8 @@ def main():
     pil("gray_q80_17x13", synthetic(17, 13, 19, gray=True), quality=80)
     pil("gray_q70_progressive_23x9", synthetic(23, 9, 20, gray=True), quality=70, progressive=True)
 
-    # Real CIFAR-10 test images (the data edgetrain's accuracy is compared on).
-    for rel in ("test/cat/0000.jpg", "test/ship/0001.jpg", "test/frog/0002.jpg"):
-        name = "cifar_" + rel.replace("/", "_")[:-4]
-        shutil.copyfile(os.path.join(args.cifar, rel), os.path.join(out, name + ".jpg"))
-        names.append(name)
+    # No CIFAR-10 images here: the data set stays outside the repository (all 60,000 are compared
+    # with PIL by bench/jpeg_exactness.py).
 
     # cjpeg: restart intervals, the other sampling factors, RGB, multi-scan sequential.
     scans = os.path.join(tmp, "scans")

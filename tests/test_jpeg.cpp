@@ -151,9 +151,9 @@ TEST_CASE("jpeg: kinds left to stb_image are declined, PIL's failures are errors
 TEST_CASE("jpeg: the image-folder path gives PIL's pixels, channel rule and fallbacks included", "[jpeg]") {
   ImageFolderOptions o;  // 3 x 32 x 32, no resize
   std::vector<uint8_t> out(3 * 32 * 32);
-  const auto cifar = read_bytes(kDir / "cifar_test_cat_0000.jpg");
-  decode_image(cifar.data(), cifar.size(), "cat.jpg", o, out.data());
-  const Image ref = read_pnm(kDir / "cifar_test_cat_0000.ppm");
+  const auto jpg = read_bytes(kDir / "q75_420_32x32.jpg");  // like a CIFAR-10 JPEG: 32x32, 4:2:0
+  decode_image(jpg.data(), jpg.size(), "q75.jpg", o, out.data());
+  const Image ref = read_pnm(kDir / "q75_420_32x32.ppm");
   for (int c = 0; c < 3; ++c)
     for (int i = 0; i < 32 * 32; ++i) REQUIRE(out[size_t(c * 1024 + i)] == ref.pixels[size_t(i * 3 + c)]);
 
