@@ -4,26 +4,9 @@
 # nothing on disk damaged. Usage: cli_test.sh path/to/edgetrain
 set -u
 BIN="$1"
-T="$(mktemp -d)"
-trap 'rm -rf "$T"' EXIT
-fails=0
-pass() { echo "ok   $1"; }
-fail() { echo "FAIL $1"; fails=$((fails + 1)); }
-
-# expect_error NAME PATTERN CMD...: the command must exit non-zero and print PATTERN on stderr.
-expect_error() {
-  local name="$1" pattern="$2"; shift 2
-  local out rc
-  out="$("$@" 2>&1 >/dev/null)"; rc=$?
-  if [ $rc -ne 0 ] && grep -qF -- "$pattern" <<<"$out"; then pass "$name"; else fail "$name (rc=$rc): $out"; fi
-}
-
-# A CIFAR-10 binary data set: 5 x 64 training and 64 test records of label + 3072 pixel bytes.
-mkdir -p "$T/cifar"
-perl -e 'srand(7); for my $f (1..5) { open(my $o, ">", "'"$T"'/cifar/data_batch_$f.bin"); binmode $o;
-  for (1..64) { my $l = int(rand(10)); print $o chr($l), join("", map { chr(($l * 20 + int(rand(40))) % 256) } 1..3072); } }
-  open(my $o, ">", "'"$T"'/cifar/test_batch.bin"); binmode $o;
-  for (1..64) { my $l = int(rand(10)); print $o chr($l), join("", map { chr(($l * 20 + int(rand(40))) % 256) } 1..3072); }'
+. "$(dirname "$0")/test_lib.sh"
+# A CIFAR-10 binary data set: 5 x 64 training and 64 test records (tests/test_lib.sh).
+make_cifar "$T/cifar"
 cat > "$T/cfg.json" <<JSON
 {"model": {"name": "resnet8"},
  "data": {"format": "cifar10_binary", "root": "$T/cifar"},

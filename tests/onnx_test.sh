@@ -15,23 +15,8 @@ set -u
 BIN="$1"
 CHECK="$(cd "$(dirname "$0")/.." && pwd)/bench/onnx_check.py"
 PY="${PYTHON:-/usr/bin/python3}"
-T="$(mktemp -d)"
-trap 'rm -rf "$T"' EXIT
-fails=0
-pass() { echo "ok   $1"; }
-fail() { echo "FAIL $1"; fails=$((fails + 1)); }
-expect_error() {
-  local name="$1" pattern="$2"; shift 2
-  local out rc
-  out="$("$@" 2>&1 >/dev/null)"; rc=$?
-  if [ $rc -ne 0 ] && grep -qF -- "$pattern" <<<"$out"; then pass "$name"; else fail "$name (rc=$rc): $out"; fi
-}
-
-mkdir -p "$T/cifar"
-perl -e 'srand(7); for my $f (1..5) { open(my $o, ">", "'"$T"'/cifar/data_batch_$f.bin"); binmode $o;
-  for (1..64) { my $l = int(rand(10)); print $o chr($l), join("", map { chr(($l * 20 + int(rand(40))) % 256) } 1..3072); } }
-  open(my $o, ">", "'"$T"'/cifar/test_batch.bin"); binmode $o;
-  for (1..64) { my $l = int(rand(10)); print $o chr($l), join("", map { chr(int(rand(256))) } 1..3072); }'
+. "$(dirname "$0")/test_lib.sh"
+make_cifar "$T/cifar" random
 cat >"$T/cfg.json" <<JSON
 {"model": {"name": "resnet8"},
  "data": {"format": "cifar10_binary", "root": "$T/cifar"},

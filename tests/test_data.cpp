@@ -22,6 +22,7 @@
 #pragma GCC diagnostic ignored "-Wunused-function"
 #pragma GCC diagnostic ignored "-Wmissing-field-initializers"
 #include <stb_image_write.h>
+#include "tests/test_util.h"
 #pragma GCC diagnostic pop
 
 using namespace et;
@@ -29,29 +30,8 @@ namespace fs = std::filesystem;
 
 namespace {
 
-// A fresh folder under the system temp dir, removed at scope exit.
-struct TempDir {
-  fs::path path;
-  TempDir() {
-    static int counter = 0;
-    const auto tick = std::chrono::steady_clock::now().time_since_epoch().count();
-    path = fs::temp_directory_path() / ("edgetrain_data_" + std::to_string(tick) + "_" + std::to_string(++counter));
-    fs::create_directories(path);
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path, ec);
-  }
-};
-
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const UserError& e) {
-    return e.what();
-  }
-  return "";
-}
+using test::TempDir;
+using test::error_of;
 
 // CIFAR record i: label = labels[i], pixel j of the 3072 = (i * 7 + j) % 256.
 void write_cifar(const fs::path& file, const std::vector<int>& labels, size_t drop_bytes = 0) {

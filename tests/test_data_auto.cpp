@@ -23,6 +23,7 @@
 #pragma GCC diagnostic ignored "-Wunused-function"
 #pragma GCC diagnostic ignored "-Wmissing-field-initializers"
 #include <stb_image_write.h>
+#include "tests/test_util.h"
 #pragma GCC diagnostic pop
 
 using namespace et;
@@ -31,29 +32,8 @@ namespace fs = std::filesystem;
 
 namespace {
 
-struct TempDir {
-  fs::path path;
-  TempDir() {
-    static int counter = 0;
-    const auto tick = std::chrono::steady_clock::now().time_since_epoch().count();
-    path = fs::temp_directory_path() /
-           ("edgetrain_auto_" + std::to_string(::getpid()) + "_" + std::to_string(tick) + "_" + std::to_string(++counter));
-    fs::create_directories(path);
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path, ec);
-  }
-};
-
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const UserError& e) {
-    return e.what();
-  }
-  return "";
-}
+using test::TempDir;
+using test::error_of;
 
 std::vector<uint8_t> pixels(int w, int h, int n, const std::function<int(int, int, int)>& f) {
   std::vector<uint8_t> px(size_t(w * h * n));

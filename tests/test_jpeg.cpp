@@ -18,11 +18,14 @@
 #include "engine/data/dataset.h"
 #include "engine/data/jpeg_decode.h"
 #include "engine/data/jpeg_internal.h"
+#include "tests/test_util.h"
 
 using namespace et;
 namespace fs = std::filesystem;
 
 namespace {
+
+using test::error_of;
 
 const fs::path kDir = fs::path(EDGETRAIN_SOURCE_DIR) / "tests" / "data" / "jpeg";
 
@@ -55,15 +58,6 @@ Image read_pnm(const fs::path& p) {
   im.pixels.assign(b.begin() + long(at), b.end());
   REQUIRE(im.pixels.size() == size_t(im.width) * size_t(im.height) * size_t(im.channels));
   return im;
-}
-
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const UserError& e) {
-    return e.what();
-  }
-  return "";
 }
 
 std::vector<fs::path> jpegs(const std::string& prefix = "") {

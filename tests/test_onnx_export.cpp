@@ -14,6 +14,7 @@
 #include "engine/io/onnx_export.h"
 #include "layers/layers.h"
 #include "models/models.h"
+#include "tests/test_util.h"
 
 using namespace et;
 namespace fs = std::filesystem;
@@ -21,12 +22,7 @@ using Catch::Matchers::Contains;
 
 namespace {
 
-struct TempDir {
-  fs::path dir = fs::temp_directory_path() / ("et_onnx_" + std::to_string(::getpid()));
-  TempDir() { fs::create_directories(dir); }
-  ~TempDir() { fs::remove_all(dir); }
-  std::string file(const std::string& n) const { return (dir / n).string(); }
-};
+using test::TempDir;
 
 // Values for a graph's params and buffers: arbitrary, with positive BN variances.
 struct Values {
@@ -164,6 +160,6 @@ TEST_CASE("onnx: refusals name the layer or the file and write nothing", "[onnx]
   REQUIRE_THROWS_WITH(export_onnx(g, v.fn(g), bad, path), Contains("data.std of channel 1"));
   const std::string nowhere = t.file("nowhere/m.onnx");
   REQUIRE_THROWS_WITH(export_onnx(g, v.fn(g), cifar(), nowhere), Contains(nowhere));
-  CHECK(fs::is_empty(t.dir));
+  CHECK(fs::is_empty(t.path));
   CHECK_THAT(check_onnx_file(t.file("absent.onnx")), !Catch::Matchers::Equals(""));
 }

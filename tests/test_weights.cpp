@@ -15,12 +15,15 @@
 #include "engine/train/checkpoint.h"
 #include "engine/train/weights.h"
 #include "models/models.h"
+#include "tests/test_util.h"
 
 using namespace et;
 namespace fs = std::filesystem;
 using Catch::Matchers::Contains;
 
 namespace {
+
+using test::TempDir;
 
 struct Model {
   Graph g;
@@ -62,13 +65,6 @@ struct Model {
     }
     return true;
   }
-};
-
-struct TempDir {
-  fs::path dir = fs::temp_directory_path() / ("et_weights_" + std::to_string(::getpid()));
-  TempDir() { fs::create_directories(dir); }
-  ~TempDir() { fs::remove_all(dir); }
-  std::string file(const std::string& n) const { return (dir / n).string(); }
 };
 
 // A safetensors file from a header text and data bytes, for hand-made (and broken) files.
