@@ -25,8 +25,6 @@ constexpr double kMB = 1048576.0;
 struct Calibration {
   std::vector<double> forward_s;   // per node, per step
   std::vector<double> nonzero;     // per value: measured fraction (values stored with a bitmap), else 1
-  std::vector<double> exact_s;     // per value: pack + decode per step in its exact bitmap format
-  std::vector<double> lossy_s;     // per value: the same in its fp16 format (lossy calibration)
   double overhead_bytes = 0;
 };
 
@@ -78,9 +76,9 @@ void calibrate(Graph& g, Backend& backend, const QuantOptions& quant, const Budg
   for (const SavedValue& sv : ex.stash().saved()) {
     const StashRecord& r = ex.stash().record(sv.value);
     (*seconds)[size_t(sv.value)] = r.seconds * k;
-    const StashEncodingInfo& info = stash_encoding_info(stash_format_info(sv.format).full);
-    if (info.bitmap && r.numel > 0 && r.nonzero >= 0) cal->nonzero[size_t(sv.value)] = double(r.nonzero) / double(r.numel);
-    if (!sv.full && r.numel > 0 && r.nonzero >= 0) cal->nonzero[size_t(sv.value)] = double(r.nonzero) / double(r.numel);
+    // Bitmaps (masks included) counted their non-zeros; dense values keep 1.
+    const bool bitmap = !sv.full || stash_encoding_info(stash_format_info(sv.format).full).bitmap;
+    if (bitmap && r.numel > 0 && r.nonzero >= 0) cal->nonzero[size_t(sv.value)] = double(r.nonzero) / double(r.numel);
   }
 }
 
@@ -89,6 +87,11 @@ struct Candidate {
   std::map<int, StashFormat> format;
   int every = 1;
   std::vector<uint8_t> segments;
+};
+
+struct Estimate {
+  double bytes = 0, arena = 0, stash = 0;  // predicted step USS and its arena and stash parts
+  double seconds = 0, recompute_s = 0;     // predicted extra time per step, of which recomputation
 };
 
 class Search {
@@ -104,9 +107,9 @@ class Search {
     return o;
   }
 
-  // Predicted step USS of a candidate (bytes): planned, not run.
-  double predict(const Candidate& c, double* arena = nullptr, double* stash = nullptr) {
-    ++plans_;
+  // A candidate planned, not run: its predicted step USS (bytes) and extra time per step
+  // (seconds: the formats' pack and decode, the recomputed nodes' forward).
+  Estimate estimate(const Candidate& c) {
     Executor ex(g_, backend_, options(c), quant_);
     std::vector<size_t> bytes(size_t(g_.num_values()), 0);
     for (const SavedValue& sv : ex.stash().saved()) {
@@ -135,24 +138,15 @@ class Search {
         top = stack.empty() ? 0 : stack.back().second;
       }
     }
-    if (arena) *arena = double(ex.memory().total);
-    if (stash) *stash = double(peak);
-    return double(ex.memory().total) + double(peak) + cal_.overhead_bytes;
-  }
-
-  // Predicted extra time per step of a candidate (seconds): the formats' pack and decode, the
-  // recomputed nodes' forward.
-  double cost(const Candidate& c, double* recompute_s = nullptr) {
-    double s = 0;
-    for (const auto& [id, f] : c.format) s += format_cost(id, f);
-    double rec = 0;
-    if (!c.segments.empty() && std::count(c.segments.begin(), c.segments.end(), 1) > 0) {
-      Executor ex(g_, backend_, options(c), quant_);
-      for (int n = 0; n < g_.num_nodes(); ++n)
-        if (ex.reruns(n)) rec += cal_.forward_s[size_t(n)];
-    }
-    if (recompute_s) *recompute_s = rec;
-    return s + rec;
+    Estimate e;
+    e.arena = double(ex.memory().total);
+    e.stash = double(peak);
+    e.bytes = e.arena + e.stash + cal_.overhead_bytes;
+    for (int n = 0; n < g_.num_nodes(); ++n)
+      if (ex.reruns(n)) e.recompute_s += cal_.forward_s[size_t(n)];
+    e.seconds = e.recompute_s;
+    for (const auto& [id, f] : c.format) e.seconds += format_cost(id, f);
+    return e;
   }
 
   double format_cost(int id, StashFormat f) const {
@@ -161,7 +155,6 @@ class Search {
   }
 
   std::vector<double> exact_s_, lossy_s_;
-  int plans_ = 0;
 
  private:
   Graph& g_;
@@ -176,12 +169,12 @@ struct Move {
   int segment = -1;  // a segment recomputed
   StashFormat to = StashFormat::DenseF32;
   bool lossy = false;
-  double gain = 0, seconds = 0;  // alone from the start: predicted bytes saved, time added
+  double gain = 0, seconds = 0;  // against the current plan: predicted bytes saved, time added
 };
 
 struct Outcome {
   Candidate c;
-  double bytes = 0, seconds = 0;
+  Estimate e;
 };
 
 // Greedy from the fastest plan with segments of `every` layers. Each pass weighs every move not
@@ -207,20 +200,19 @@ Outcome search(Search& s, const std::vector<SavedValue>& saved, const std::vecto
     else t.segments[size_t(m.segment)] = 1;
     return t;
   };
-  double cur = s.predict(c);
+  Estimate cur = s.estimate(c);
   for (bool lossy_pass : {false, true}) {
     if (lossy_pass && !lossy) break;
-    for (bool progress = true; progress && cur > budget;) {
+    for (bool progress = true; progress && cur.bytes > budget;) {
       progress = false;
       std::vector<Move> moves;
       for (Move m : todo) {
         if (m.lossy != lossy_pass) continue;
         if (m.value >= 0 && c.format.count(m.value) && c.format.at(m.value) == m.to) continue;
         if (m.segment >= 0 && c.segments[size_t(m.segment)]) continue;
-        const Candidate t = apply(c, m);
-        m.gain = cur - s.predict(t);
-        m.seconds = m.value >= 0 ? s.format_cost(m.value, m.to) - s.format_cost(m.value, c.format.count(m.value) ? c.format.at(m.value) : StashFormat::DenseF32)
-                                 : s.cost(t) - s.cost(c);
+        const Estimate e = s.estimate(apply(c, m));
+        m.gain = cur.bytes - e.bytes;
+        m.seconds = e.seconds - cur.seconds;
         if (m.gain > 0) moves.push_back(m);
       }
       std::sort(moves.begin(), moves.end(), [&](const Move& a, const Move& b) {
@@ -228,14 +220,14 @@ Outcome search(Search& s, const std::vector<SavedValue>& saved, const std::vecto
         return std::max(a.seconds, 0.0) / a.gain < std::max(b.seconds, 0.0) / b.gain;
       });
       for (const Move& m : moves) {
-        if (cur <= budget) break;
+        if (cur.bytes <= budget) break;
         const Candidate t = apply(c, m);
-        const double p = s.predict(t);
-        if (p < cur) c = t, cur = p, progress = true;
+        const Estimate e = s.estimate(t);
+        if (e.bytes < cur.bytes) c = t, cur = e, progress = true;
       }
     }
   }
-  return Outcome{c, cur, s.cost(c)};
+  return Outcome{c, cur};
 }
 
 std::string mb(double bytes) {
@@ -285,17 +277,18 @@ BudgetPlan plan_memory_budget(Graph& g, Backend& backend, const QuantOptions& qu
     if (num_segments == 0 || (every > 1 && num_segments == int(Executor::candidate_segments(g, every - 1).size())))
       break;
     Outcome r = search(s, saved, sparse, every, num_segments, budget, o.lossy, false);
-    if (r.bytes > budget) {
+    if (r.e.bytes > budget) {
       const Outcome small = search(s, saved, sparse, every, num_segments, budget, o.lossy, true);
-      if (small.bytes < r.bytes) r = small;
+      if (small.e.bytes < r.e.bytes) r = small;
     }
     if (every == 1) {
       Candidate none;
       none.segments.assign(size_t(num_segments), 0);
-      fastest = s.predict(none);
+      fastest = s.estimate(none).bytes;
     }
-    smallest = std::min(smallest, r.bytes);
-    if (r.bytes <= budget && (!met || r.seconds < best.seconds || (r.seconds == best.seconds && r.bytes < best.bytes))) {
+    smallest = std::min(smallest, r.e.bytes);
+    if (r.e.bytes <= budget &&
+        (!met || r.e.seconds < best.e.seconds || (r.e.seconds == best.e.seconds && r.e.bytes < best.e.bytes))) {
       best = r;
       met = true;
     }
@@ -309,13 +302,13 @@ BudgetPlan plan_memory_budget(Graph& g, Backend& backend, const QuantOptions& qu
   BudgetPlan p;
   p.options = s.options(best.c);
   p.budget_mb = o.budget_mb;
-  p.predicted_mb = best.bytes / kMB;
+  p.predicted_mb = best.e.bytes / kMB;
   p.fastest_mb = fastest / kMB;
   p.overhead_mb = cal.overhead_bytes / kMB;
-  s.predict(best.c, &p.arena_mb, &p.stash_mb);
-  p.arena_mb /= kMB, p.stash_mb /= kMB;
-  p.extra_ms = s.cost(best.c, &p.recompute_ms) * 1e3;
-  p.recompute_ms *= 1e3;
+  p.arena_mb = best.e.arena / kMB;
+  p.stash_mb = best.e.stash / kMB;
+  p.extra_ms = best.e.seconds * 1e3;
+  p.recompute_ms = best.e.recompute_s * 1e3;
   p.segments = int(std::count(best.c.segments.begin(), best.c.segments.end(), 1));
   if (p.segments == 0) p.options.checkpoint_every = 0, p.options.segments.clear();
   Executor chosen(g, backend, p.options, quant);
