@@ -162,6 +162,7 @@ int cmd_bench_step(const BenchStepArgs& a) {
     j["budget_overhead_mb"] = budget.overhead_mb;
     j["budget_extra_ms"] = budget.extra_ms;
     j["budget_segments"] = budget.segments;
+    j["budget_code_segments"] = budget.code_segments;
   }
   if (a.profile) {
     j["stash_pack_ms"] = ex.stash().pack_seconds() * 1e3 / a.steps;

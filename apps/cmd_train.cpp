@@ -81,7 +81,7 @@ bool only_temporary_files(const fs::path& dir) {
 int cmd_train(const TrainArgs& a) {
   Config cfg = load_config(a.config, a.sets);
   const std::string out = a.out.empty() ? default_run_dir(cfg.model.name) : a.out;
-  if (a.resume) cfg.memory_plan_file = (fs::path(out) / "memory_plan.json").string();
+  if (a.resume) cfg.memory_plan_file = (fs::path(out) / budget_plan_name(false)).string();
   const fs::path dir(out);
   std::error_code ec;
   bool fresh = false;  // --resume of a run that never started

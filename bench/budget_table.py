@@ -67,8 +67,11 @@ def main():
         pred = rs[0].get("budget_predicted_mb")
         met = "-" if b is None else ("yes" if uss <= b else "NO")
         pred_s = f"{pred:.1f}" if pred is not None else "-"
+        segs = str(rs[0].get("budget_segments", 0))
+        if rs[0].get("budget_code_segments", 0):  # 4-bit training: BN inputs recomputed from INT4 codes
+            segs = f"{rs[0]['budget_code_segments']} codes"
         print(f"{'none' if b is None else b:>10} {pred_s:>13} {uss:12.1f} {met:>4} {ms:8.1f} "
-              f"{ratio:8.3f} {rs[0].get('budget_extra_ms', 0):19.1f} {rs[0].get('budget_segments', 0):>9}")
+              f"{ratio:8.3f} {rs[0].get('budget_extra_ms', 0):19.1f} {segs:>9}")
 
 
 if __name__ == "__main__":

@@ -39,12 +39,13 @@ void synthetic_batch(Executor& ex, uint64_t seed) {
   for (int64_t i = 0; i < y.numel(); ++i) y.i32()[i] = int32_t(rng() % uint64_t(classes));
 }
 
-// Runs the graph in `format` with every single-layer segment recomputed, records its measurements.
+// Runs the graph in `format` with every segment of `every` layers recomputed (bitmap_int4: 0, it
+// recomputes the BN inputs its own way), records its measurements.
 void calibrate(Graph& g, Backend& backend, const QuantOptions& quant, const BudgetOptions& o, StashFormat format,
-               const std::function<void(Executor&)>& init, Calibration* cal, std::vector<double>* seconds) {
+               int every, const std::function<void(Executor&)>& init, Calibration* cal, std::vector<double>* seconds) {
   StashOptions lean;
   lean.format = format;
-  lean.checkpoint_every = 1;
+  lean.checkpoint_every = every;
   const size_t uss_before = read_uss_bytes();
   Executor ex(g, backend, lean, quant);
   init(ex);
@@ -150,11 +151,15 @@ class Search {
   }
 
   double format_cost(int id, StashFormat f) const {
-    if (f == StashFormat::DenseF32) return 0;
-    return f == StashFormat::BitmapF32 ? exact_s_[size_t(id)] : lossy_s_[size_t(id)];
+    switch (f) {
+      case StashFormat::DenseF32: return 0;
+      case StashFormat::BitmapF32: return exact_s_[size_t(id)];
+      case StashFormat::BitmapI4: return codes_s_[size_t(id)];
+      default: return lossy_s_[size_t(id)];
+    }
   }
 
-  std::vector<double> exact_s_, lossy_s_;
+  std::vector<double> exact_s_, lossy_s_, codes_s_;
 
  private:
   Graph& g_;
@@ -183,14 +188,19 @@ struct Outcome {
 // byte saved, exact ones first, keeping each only if the prediction falls. Passes repeat until the
 // budget is met or nothing more helps. `largest_first` orders by bytes saved alone: the way to the
 // smallest plan when the cheapest order gets stuck above the budget.
-Outcome search(Search& s, const std::vector<SavedValue>& saved, const std::vector<uint8_t>& sparse, int every,
-               int num_segments, double budget, bool lossy, bool largest_first) {
+// `codes` (the values a bitmap_int4 save may keep as INT4 codes, empty for none): those moves too;
+// they exclude recomputed segments (the codes recompute BN inputs their own way), so a search
+// with codes has `every` = 0 and no segments.
+Outcome search(Search& s, const std::vector<SavedValue>& saved, const std::vector<uint8_t>& sparse,
+               const std::vector<uint8_t>& codes, int every, int num_segments, double budget, bool lossy,
+               bool largest_first) {
   Candidate c;
   c.every = every;
   c.segments.assign(size_t(num_segments), 0);
   std::vector<Move> todo;
   for (const SavedValue& sv : saved) {
     if (!sv.full || sparse[size_t(sv.value)]) todo.push_back(Move{sv.value, -1, StashFormat::BitmapF32, false});
+    if (!codes.empty() && codes[size_t(sv.value)]) todo.push_back(Move{sv.value, -1, StashFormat::BitmapI4, false});
     if (lossy && sv.full)
       todo.push_back(Move{sv.value, -1, sparse[size_t(sv.value)] ? StashFormat::BitmapF16 : StashFormat::DenseF16, true});
   }
@@ -240,18 +250,13 @@ std::string mb(double bytes) {
 
 BudgetPlan plan_memory_budget(Graph& g, Backend& backend, const QuantOptions& quant, const BudgetOptions& o,
                               const std::function<void(Executor&)>& init) {
-  if (quant.forward != ForwardQuant::Fp32 || quant.backward != BackwardQuant::Fp32 || !quant.layers.empty())
-    user_error("config key 'memory.budget_mb': the budget's planner does not plan 4-bit training (quant.*) yet; "
-               "choose memory.stash / memory.checkpoint_every by hand there");
   const auto t0 = Clock::now();
   Calibration cal;
-  std::vector<double> exact_s, lossy_s;
-  calibrate(g, backend, quant, o, StashFormat::BitmapF32, init, &cal, &exact_s);
-  if (o.lossy) calibrate(g, backend, quant, o, StashFormat::BitmapF16, init, &cal, &lossy_s);
+  std::vector<double> exact_s, lossy_s, codes_s;
+  calibrate(g, backend, quant, o, StashFormat::BitmapF32, 1, init, &cal, &exact_s);
+  if (o.lossy) calibrate(g, backend, quant, o, StashFormat::BitmapF16, 1, init, &cal, &lossy_s);
 
   Search s(g, backend, quant, cal, o.headroom);
-  s.exact_s_ = exact_s;
-  s.lossy_s_ = o.lossy ? lossy_s : exact_s;
   // Saved values and which have zeros by construction: the fastest plan's saves, and what a global
   // bitmap format turns into a bitmap there (the executor's rule, executor_plan.cpp).
   std::vector<SavedValue> saved;
@@ -266,25 +271,35 @@ BudgetPlan plan_memory_budget(Graph& g, Backend& backend, const QuantOptions& qu
       sparse[size_t(sv.value)] = sv.full && sv.format == StashFormat::BitmapF32;
     }
   }
+  // 4-bit training: the inputs of INT4 layers with a 4-bit backward may be kept as their INT4 codes
+  // (bitmap_int4: what auto's plan keeps so, engine/executor_codes.cpp), an exact choice there.
+  std::vector<uint8_t> codes;
+  if (quant.any()) {
+    StashOptions with_codes;
+    with_codes.format = StashFormat::Auto;
+    Executor ex(g, backend, with_codes, quant);
+    for (const SavedValue& sv : ex.stash().saved())
+      if (sv.format == StashFormat::BitmapI4) {
+        codes.resize(size_t(g.num_values()), 0);
+        codes[size_t(sv.value)] = 1;
+      }
+    if (!codes.empty()) calibrate(g, backend, quant, o, StashFormat::BitmapI4, 0, init, &cal, &codes_s);
+  }
+  s.exact_s_ = exact_s;
+  s.lossy_s_ = o.lossy ? lossy_s : exact_s;
+  s.codes_s_ = codes.empty() ? exact_s : codes_s;
   // Plans aim 1 % under the budget: the USS outside arena and stash moves by about a MB between
   // runs (measured on ResNet-20: 0.7-1.1 MB).
   const double budget = 0.99 * o.budget_mb * kMB;
   Outcome best;
   bool met = false;
-  double smallest = INFINITY, fastest = 0;
-  for (int every = 1; every <= 3; ++every) {
-    const int num_segments = int(Executor::candidate_segments(g, every).size());
-    if (num_segments == 0 || (every > 1 && num_segments == int(Executor::candidate_segments(g, every - 1).size())))
-      break;
-    Outcome r = search(s, saved, sparse, every, num_segments, budget, o.lossy, false);
+  double smallest = INFINITY;
+  const double fastest = s.estimate(Candidate{{}, 0, {}}).bytes;
+  auto consider = [&](const std::vector<uint8_t>& with_codes, int every, int num_segments) {
+    Outcome r = search(s, saved, sparse, with_codes, every, num_segments, budget, o.lossy, false);
     if (r.e.bytes > budget) {
-      const Outcome small = search(s, saved, sparse, every, num_segments, budget, o.lossy, true);
+      const Outcome small = search(s, saved, sparse, with_codes, every, num_segments, budget, o.lossy, true);
       if (small.e.bytes < r.e.bytes) r = small;
-    }
-    if (every == 1) {
-      Candidate none;
-      none.segments.assign(size_t(num_segments), 0);
-      fastest = s.estimate(none).bytes;
     }
     smallest = std::min(smallest, r.e.bytes);
     if (r.e.bytes <= budget &&
@@ -292,6 +307,13 @@ BudgetPlan plan_memory_budget(Graph& g, Backend& backend, const QuantOptions& qu
       best = r;
       met = true;
     }
+  };
+  if (!codes.empty()) consider(codes, 0, 0);
+  for (int every = 1; every <= 3; ++every) {
+    const int num_segments = int(Executor::candidate_segments(g, every).size());
+    if (num_segments == 0 || (every > 1 && num_segments == int(Executor::candidate_segments(g, every - 1).size())))
+      break;
+    consider({}, every, num_segments);
   }
   if (!met)
     user_error("config key 'memory.budget_mb' = ", o.budget_mb, ": no plan fits the training step in it; the smallest ",
@@ -313,8 +335,11 @@ BudgetPlan plan_memory_budget(Graph& g, Backend& backend, const QuantOptions& qu
   if (p.segments == 0) p.options.checkpoint_every = 0, p.options.segments.clear();
   Executor chosen(g, backend, p.options, quant);
   std::vector<uint8_t> recomputed(size_t(g.num_values()), 0);
-  for (int n = 0; n < g.num_nodes(); ++n)
+  for (int n = 0; n < g.num_nodes(); ++n) {
     for (int id : chosen.recomputed_by(n)) recomputed[size_t(id)] = 1;
+    // Without checkpoint segments, what runs again are the convs of BN inputs kept as codes.
+    if (p.segments == 0 && chosen.reruns(n)) ++p.code_segments;
+  }
   for (const SavedValue& sv : saved) {
     BudgetTensor t;
     t.name = g.value(sv.value).name;
@@ -333,13 +358,17 @@ BudgetPlan plan_memory_budget(Graph& g, Backend& backend, const QuantOptions& qu
 
 std::vector<std::string> BudgetPlan::summary() const {
   std::vector<std::string> out;
-  char buf[256];
+  char buf[320], recompute[96];
+  if (code_segments > 0)
+    std::snprintf(recompute, sizeof(recompute), "%d BN input%s recomputed from INT4 codes", code_segments,
+                  code_segments == 1 ? "" : "s");
+  else
+    std::snprintf(recompute, sizeof(recompute), "%d segment%s of %d layer%s", segments, segments == 1 ? "" : "s",
+                  options.checkpoint_every, options.checkpoint_every == 1 ? "" : "s");
   std::snprintf(buf, sizeof(buf),
                 "memory budget %.1f MB: predicted step USS %.1f MB (fastest plan %.1f MB), predicted extra time %.2f ms "
-                "per step (recompute %.2f ms, %d segment%s of %d layer%s); planned in %.1f s (USS outside arena and stash: "
-                "%.1f MB)",
-                budget_mb, predicted_mb, fastest_mb, extra_ms, recompute_ms, segments, segments == 1 ? "" : "s",
-                options.checkpoint_every, options.checkpoint_every == 1 ? "" : "s", calibration_s, overhead_mb);
+                "per step (recompute %.2f ms, %s); planned in %.1f s (USS outside arena and stash: %.1f MB)",
+                budget_mb, predicted_mb, fastest_mb, extra_ms, recompute_ms, recompute, calibration_s, overhead_mb);
   out.push_back(buf);
   for (const BudgetTensor& t : tensors) {
     if (t.format == StashFormat::DenseF32 && !t.recomputed) continue;
@@ -373,7 +402,7 @@ BudgetPlan read_budget_plan(const std::string& path, const Graph& g) {
     p.options.segments = j.at("segments").get<std::vector<uint8_t>>();
     for (const auto& [name, f] : j.at("layers").items()) {
       StashFormat sf;
-      if (!parse_stash_format(f.get<std::string>(), &sf) || sf == StashFormat::BitmapI4 || sf == StashFormat::Auto)
+      if (!parse_stash_format(f.get<std::string>(), &sf) || sf == StashFormat::Auto)
         user_error("memory plan '", path, "': layer '", name, "' has format ", f.dump(), ", not one the budget plans");
       if (g.find_value(name) < 0) user_error("memory plan '", path, "': no layer '", name, "' in this model");
       p.options.layers.emplace_back(name, sf);

@@ -15,8 +15,11 @@
 //    save dense_fp32 in place, nothing recomputed) apply moves (a tensor to a bitmap format, a
 //    segment recomputed; exact ones first, fp16 ones only if allowed and still needed), cheapest
 //    measured time per predicted byte saved first, keeping a move only if the predicted USS falls,
-//    until the budget is met. The cheapest plan that meets it wins; if none does, the smallest
-//    prediction is reported in the error.
+//    until the budget is met. Under 4-bit training a further search, without segments, also moves
+//    the inputs of INT4 layers to bitmap_int4 (their INT4 codes: exact there, and the BN inputs
+//    of those layers are then recomputed from them; a third calibration, in bitmap_int4, times
+//    it). The cheapest plan that meets the budget wins; if none does, the smallest prediction is
+//    reported in the error.
 #pragma once
 #include <cstdint>
 #include <functional>
@@ -54,7 +57,8 @@ struct BudgetPlan {
   double arena_mb = 0, stash_mb = 0;  // the prediction's parts: arena size, stash region peak
   double extra_ms = 0;       // predicted time per step above the fastest plan
   double recompute_ms = 0;   // of which recomputation
-  int segments = 0;          // recomputed segments
+  int segments = 0;          // recomputed segments (memory.checkpoint_every's)
+  int code_segments = 0;     // 4-bit training: BN inputs recomputed from their conv's INT4 codes
   double calibration_s = 0;  // wall time of calibration and search
   std::vector<BudgetTensor> tensors;
   std::vector<std::string> summary() const;  // lines for the log (one per non-default choice)
@@ -67,8 +71,9 @@ std::string budget_plan_json(const BudgetPlan& p);
 BudgetPlan read_budget_plan(const std::string& path, const Graph& g);
 
 // `init` sets the parameters of each calibration executor (random initialisation, or imported
-// weights: sparsity depends on them). Errors (user_error): a budget no plan meets, naming the
-// smallest prediction; 4-bit training (not planned yet).
+// weights: sparsity depends on them). `quant`: the training's (a plan fits one phase: FNT's FP32
+// activations need their own). Errors (user_error): a budget no plan meets, naming the smallest
+// prediction.
 BudgetPlan plan_memory_budget(Graph& g, Backend& backend, const QuantOptions& quant, const BudgetOptions& o,
                               const std::function<void(Executor&)>& init);
 

@@ -23,7 +23,7 @@ struct Planned {
   Graph g;
   std::unique_ptr<Backend> be = make_cpu_backend();
   BudgetPlan plan;
-  explicit Planned(double budget_mb, bool lossy = false) {
+  explicit Planned(double budget_mb, bool lossy = false, const QuantOptions& quant = {}) {
     ModelSpec spec;
     spec.name = "resnet8";
     spec.batch = 32;
@@ -31,7 +31,7 @@ struct Planned {
     BudgetOptions o;
     o.budget_mb = budget_mb;
     o.lossy = lossy;
-    plan = plan_memory_budget(g, *be, {}, o, [](Executor& ex) { init_parameters(ex, 5); });
+    plan = plan_memory_budget(g, *be, quant, o, [](Executor& ex) { init_parameters(ex, 5); });
   }
 };
 
@@ -40,8 +40,8 @@ struct Trained {
   double arena_and_stash_mb = 0;
 };
 
-Trained train(const StashOptions& opt, int steps = 3) {
-  test::TinyTraining t("resnet8", 32, opt, 5, 0, 7);
+Trained train(const StashOptions& opt, const QuantOptions& quant = {}, int steps = 3) {
+  test::TinyTraining t("resnet8", 32, opt, 5, 0, 7, quant);
   Trained r;
   t.ex->stash().reset_peak();
   for (int s = 0; s < steps; ++s) {
@@ -60,9 +60,9 @@ Trained train(const StashOptions& opt, int steps = 3) {
 }
 
 // The smallest plan, read from the error of a budget no plan meets.
-double smallest(bool lossy) {
+double smallest(bool lossy, const QuantOptions& quant = {}) {
   try {
-    Planned p(1.0, lossy);
+    Planned p(1.0, lossy, quant);
   } catch (const UserError& e) {
     const std::string msg = e.what();
     CHECK(msg.find("memory.budget_mb") != std::string::npos);
@@ -120,16 +120,31 @@ TEST_CASE("an impossible budget names the smallest plan", "[budget]") {
   for (const auto& [layer, f] : p.plan.options.layers) CHECK((f == StashFormat::BitmapF32 || f == StashFormat::DenseF32));
 }
 
-TEST_CASE("the budget does not plan 4-bit training", "[budget]") {
-  ModelSpec spec;
-  spec.name = "resnet8";
-  spec.batch = 4;
-  Graph g;
-  build_model(g, spec);
-  auto be = make_cpu_backend();
-  BudgetOptions o;
-  o.budget_mb = 100;
-  CHECK_THROWS_AS(plan_memory_budget(g, *be, test::luq(), o, [](Executor& ex) { init_parameters(ex, 1); }), UserError);
+TEST_CASE("4-bit training: the budget keeps INT4 codes where they fit, and its plans train bit-identically",
+          "[budget][quant]") {
+  const QuantOptions luq = test::luq();
+  const double fastest = Planned(1e6, false, luq).plan.fastest_mb;
+  const double exact = smallest(false, luq);
+  // Codes (1 + 4 bits a non-zero) and the BN inputs recomputed from them beat bitmap_fp32 and
+  // fp32 recompute segments: the smallest 4-bit plan is below the smallest FP32 one.
+  CHECK(exact < smallest(false));
+  for (const double budget : {0.5 * (exact + fastest), exact * 1.05}) {
+    Planned p(budget, false, luq);
+    INFO("fastest " << fastest << " MB, smallest " << exact << " MB, budget " << budget << " MB, predicted "
+                    << p.plan.predicted_mb);
+    REQUIRE(p.plan.predicted_mb <= budget);
+    const Trained fast = train(StashOptions{}, luq);
+    const Trained lean = train(p.plan.options, luq);
+    CHECK(lean.arena_and_stash_mb <= p.plan.predicted_mb - p.plan.overhead_mb + 0.01);
+    CHECK(lean.arena_and_stash_mb < fast.arena_and_stash_mb);
+    CHECK(lean.losses == fast.losses);
+    REQUIRE(lean.params.size() == fast.params.size());
+    CHECK(std::memcmp(lean.params.data(), fast.params.data(), fast.params.size() * sizeof(float)) == 0);
+  }
+  // Near the smallest plan, codes are what gets there.
+  const Planned tight(exact * 1.05, false, luq);
+  CHECK(std::any_of(tight.plan.options.layers.begin(), tight.plan.options.layers.end(),
+                    [](const auto& l) { return l.second == StashFormat::BitmapI4; }));
 }
 
 TEST_CASE("a run's memory plan reads back as it was chosen", "[budget]") {

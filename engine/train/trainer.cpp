@@ -120,6 +120,19 @@ void Trainer::build(bool keep_train) {
   backend_ = make_cpu_backend();
   // A budget is planned for training; evaluation keeps the configured plan.
   const StashOptions stash = train_ ? plan_stash_options(cfg_, graph_, *backend_, &budget_) : cfg_.stash_options();
+  if (train_ && cfg_.quant.fnt_epochs > 0 && budget_.budget_mb > 0) {
+    // The budget holds in both phases: FNT's FP32 activations get a plan of their own, made (or
+    // read back) now, so that a budget FNT cannot meet stops the run before its first step.
+    Config c = cfg_;
+    if (!c.memory_plan_file.empty())
+      c.memory_plan_file = (fs::path(c.memory_plan_file).parent_path() / budget_plan_name(true)).string();
+    try {
+      plan_stash_options(c, graph_, *backend_, &budget_fnt_, true);
+    } catch (const UserError& e) {
+      user_error("the last quant.fnt_epochs = ", cfg_.quant.fnt_epochs, " epochs (FNT: FP32 activations and gradients) ",
+                 "need a memory plan of their own: ", e.what());
+    }
+  }
   executor_ = std::make_unique<Executor>(graph_, *backend_, stash, cfg_.quant_options());
   init_parameters(*executor_, cfg_.train.seed);
   state_.model = cfg_.model.name;
@@ -128,23 +141,21 @@ void Trainer::build(bool keep_train) {
 
 Trainer::~Trainer() = default;
 
-StashOptions plan_stash_options(const Config& cfg, Graph& g, Backend& backend, BudgetPlan* plan) {
-  if (cfg.memory.budget_mb <= 0) return cfg.stash_options();
+StashOptions plan_stash_options(const Config& cfg, Graph& g, Backend& backend, BudgetPlan* plan, bool fnt) {
+  if (cfg.memory.budget_mb <= 0) return cfg.stash_options(fnt);
+  BudgetPlan p;
   if (!cfg.memory_plan_file.empty() && fs::exists(cfg.memory_plan_file)) {
-    BudgetPlan p = read_budget_plan(cfg.memory_plan_file, g);
-    StashOptions s = p.options;
-    s.release_pages = cfg.memory.release_pages;
-    if (plan) *plan = std::move(p);
-    return s;
+    p = read_budget_plan(cfg.memory_plan_file, g);
+  } else {
+    BudgetOptions o;
+    o.budget_mb = cfg.memory.budget_mb;
+    o.lossy = cfg.memory.budget_lossy;
+    o.seed = cfg.train.seed;
+    p = plan_memory_budget(g, backend, cfg.quant_options(fnt), o, [&](Executor& ex) {
+      init_parameters(ex, cfg.train.seed);
+      if (!cfg.weights.empty()) load_weights(cfg.weights, ex);  // its sparsity is what training sees
+    });
   }
-  BudgetOptions o;
-  o.budget_mb = cfg.memory.budget_mb;
-  o.lossy = cfg.memory.budget_lossy;
-  o.seed = cfg.train.seed;
-  BudgetPlan p = plan_memory_budget(g, backend, cfg.quant_options(), o, [&](Executor& ex) {
-    init_parameters(ex, cfg.train.seed);
-    if (!cfg.weights.empty()) load_weights(cfg.weights, ex);  // its sparsity is what training sees
-  });
   StashOptions s = p.options;
   s.release_pages = cfg.memory.release_pages;
   if (plan) *plan = std::move(p);
@@ -187,7 +198,13 @@ bool Trainer::enter_phase(int epoch) {
     kept.insert(kept.end(), static_cast<const char*>(t.data), static_cast<const char*>(t.data) + t.nbytes());
   }
   executor_.reset();
-  executor_ = std::make_unique<Executor>(graph_, *backend_, cfg_.stash_options(fnt), cfg_.quant_options(fnt));
+  StashOptions stash = cfg_.stash_options(fnt);
+  const BudgetPlan& plan = fnt ? budget_fnt_ : budget_;
+  if (plan.budget_mb > 0) {
+    stash = plan.options;
+    stash.release_pages = cfg_.memory.release_pages;
+  }
+  executor_ = std::make_unique<Executor>(graph_, *backend_, stash, cfg_.quant_options(fnt));
   const std::vector<Tensor> to = executor_->state_tensors();
   ET_CHECK(to.size() == sizes.size(), "state tensors ", to.size(), " vs ", sizes.size());
   size_t at = 0;
@@ -285,14 +302,18 @@ void Trainer::fit(const std::string& out_dir, bool resume, Progress& progress, i
   const fs::path ckpt = dir / "checkpoint_last.ckpt", metrics = dir / "metrics.jsonl";
   std::vector<std::string> kept_lines;
   bool from_checkpoint = false;
-  if (budget_.budget_mb > 0) {
+  for (const bool fnt : {false, true}) {
+    const BudgetPlan& plan = fnt ? budget_fnt_ : budget_;
+    if (plan.budget_mb <= 0) continue;
     // The plan goes into the run folder first: a resumed run keeps it (Config::memory_plan_file).
-    if (!fs::exists(dir / "memory_plan.json")) write_file_durably((dir / "memory_plan.json").string(), budget_plan_json(budget_));
-    if (budget_.calibration_s > 0)
-      for (const std::string& line : budget_.summary()) progress.line(line);
+    const fs::path file = dir / budget_plan_name(fnt);
+    if (!fs::exists(file)) write_file_durably(file.string(), budget_plan_json(plan));
+    const std::string phase = fnt ? "FNT " : "";
+    if (plan.calibration_s > 0)
+      for (const std::string& line : plan.summary()) progress.line(phase + line);
     else
-      progress.line("memory budget " + std::to_string(int(budget_.budget_mb)) + " MB: the run's plan from " +
-                    (dir / "memory_plan.json").string());
+      progress.line(phase + "memory budget " + std::to_string(int(plan.budget_mb)) + " MB: the run's plan from " +
+                    file.string());
   }
   if (resume && !fs::exists(ckpt)) {
     // A run stopped during its first epoch leaves config.json (the caller compared it) and no

@@ -75,8 +75,9 @@ class Trainer {
   const std::vector<std::string>& notes() const { return notes_; }  // how auto data keys resolved
   TrainProgress& progress_state() { return state_; }
   const Dataset* train_data() const { return train_.get(); }
-  // memory.budget_mb: what its planner chose (budget_mb 0 when there is no budget).
-  const BudgetPlan& budget() const { return budget_; }
+  // memory.budget_mb: what its planner chose for the main phase or FNT (budget_mb 0 when there is
+  // no budget, or no FNT).
+  const BudgetPlan& budget(bool fnt = false) const { return fnt ? budget_fnt_ : budget_; }
 
  private:
   EpochResult train_epoch(int epoch, Progress& progress);
@@ -100,14 +101,18 @@ class Trainer {
   TrainProgress state_;
   UssPeak uss_;
   Divergence divergence_;
-  BudgetPlan budget_;
+  BudgetPlan budget_, budget_fnt_;  // the main phase's, FNT's (quant.fnt_epochs)
   int64_t divergence_batch_ = 0, divergence_batches_ = 0;  // where in its epoch (1-based), of how many
 };
 
-// The executor's stash options for training: the config's, or, with memory.budget_mb, what the
-// budget's planner chooses (engine/budget.h: it runs calibration steps on `g` at its batch, with
-// the parameters of train.seed / model.weights); `plan` receives that choice.
-StashOptions plan_stash_options(const Config& cfg, Graph& g, Backend& backend, BudgetPlan* plan = nullptr);
+// The executor's stash options for training in the main phase or FNT (`fnt`): the config's, or, with
+// memory.budget_mb, the plan in cfg.memory_plan_file where that exists, else what the budget's
+// planner chooses (engine/budget.h: it runs calibration steps on `g` at its batch, with the
+// parameters of train.seed / model.weights); `plan` receives it.
+StashOptions plan_stash_options(const Config& cfg, Graph& g, Backend& backend, BudgetPlan* plan = nullptr,
+                                bool fnt = false);
+// The run folder's file for a phase's memory plan: memory_plan.json, memory_plan_fnt.json.
+inline const char* budget_plan_name(bool fnt) { return fnt ? "memory_plan_fnt.json" : "memory_plan.json"; }
 
 // Number of samples in [0, n) whose logits argmax equals the label.
 int64_t count_correct(const Tensor& logits, const Tensor& labels, int64_t n);
