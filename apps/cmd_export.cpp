@@ -98,9 +98,12 @@ int export_onnx_cmd(const ExportArgs& a) {
   Executor ex(g, *backend);
   init_parameters(ex, cfg.train.seed);
   int epoch = -1;
+  std::vector<std::string> fp32_layers;  // raised by the divergence guard's rollbacks
   std::string source;
   if (!a.checkpoint.empty()) {
-    epoch = load_checkpoint(a.checkpoint, ex, cfg.model.name).epoch;
+    const TrainProgress pr = load_checkpoint(a.checkpoint, ex, cfg.model.name);
+    epoch = pr.epoch;
+    fp32_layers = pr.fp32_layers;
     source = fmt("checkpoint ", a.checkpoint, " (after epoch ", epoch + 1, ")");
   } else {
     const WeightsReport w = load_weights(cfg.weights, ex);
@@ -113,7 +116,9 @@ int export_onnx_cmd(const ExportArgs& a) {
   // forward layers quantize their inputs per batch, which the graph does not: their float
   // weights are exported, and the graph computes in FP32.
   const bool fnt = cfg.quant.fnt_epochs > 0 && epoch >= cfg.train.epochs - cfg.quant.fnt_epochs;
-  const std::vector<LayerQuant> lq = resolve_quant(g, cfg.quant_options(fnt));
+  QuantOptions quant = cfg.quant_options(fnt);
+  quant.raise_to_fp32(fp32_layers);
+  const std::vector<LayerQuant> lq = resolve_quant(g, quant);
   int int4_weights = 0, int4_forward = 0;
   for (int n = 0; n < g.num_nodes(); ++n) {
     if (lq[size_t(n)].int4_weights_only) {

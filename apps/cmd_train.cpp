@@ -177,6 +177,7 @@ int cmd_eval(const EvalArgs& a) {
   std::string what;
   if (!a.checkpoint.empty()) {
     const TrainProgress pr = load_checkpoint(a.checkpoint, trainer.executor(), cfg.model.name);
+    trainer.progress_state().fp32_layers = pr.fp32_layers;  // layers a rollback raised to FP32
     trainer.enter_phase(pr.epoch);  // a checkpoint from an FNT epoch runs with INT4 weights, FP32 inputs
     what = fmt("after epoch ", pr.epoch + 1);
     j["epoch"] = pr.epoch + 1;

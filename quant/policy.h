@@ -35,6 +35,10 @@ struct QuantOptions {
   // keeps only INT4 weights; its inputs and gradients are FP32. FP32 layers stay FP32.
   bool fnt = false;
   bool any() const;
+  // The divergence guard's rollbacks (TrainProgress::fp32_layers): these layers FP32 both ways.
+  void raise_to_fp32(const std::vector<std::string>& names) {
+    for (const std::string& n : names) layers.push_back(Layer{n, ForwardQuant::Fp32, BackwardQuant::Fp32});
+  }
 };
 
 // What one node does in 4 bits.

@@ -69,6 +69,7 @@ TEST_CASE("checkpoint round trip restores every tensor and the progress", "[chec
   REQUIRE(a.all() != b.all());
   const std::string path = tmp("rt.ckpt");
   TrainProgress pr{"resnet8", 4, 1234, 99, 0.5, 0.125 * 0.1f, 2};  // after two divergence rollbacks
+  pr.fp32_layers = {"layer2.0.conv1", "layer1.0.conv2"};               // ... which raised these to FP32
   save_checkpoint(path, *a.ex, pr);
   CHECK_FALSE(fs::exists(path + ".tmp"));
   const TrainProgress got = load_checkpoint(path, *b.ex, "resnet8");
@@ -77,7 +78,14 @@ TEST_CASE("checkpoint round trip restores every tensor and the progress", "[chec
   CHECK(got.seed == 99);
   CHECK(got.lr_factor == pr.lr_factor);  // exactly: the resumed run trains at the same rate
   CHECK(got.rollbacks == 2);
+  CHECK(got.fp32_layers == pr.fp32_layers);
   CHECK(a.all() == b.all());
+  // A raised layer the model does not have (or that is not a conv / linear) is an error naming it.
+  for (const char* bad : {"layer9.conv1", "layer1.0.bn1"}) {
+    pr.fp32_layers = {bad};
+    save_checkpoint(path, *a.ex, pr);
+    CHECK_THROWS_WITH(load_checkpoint(path, *b.ex, "resnet8"), Catch::Contains("fp32_layers") && Catch::Contains(bad));
+  }
   // Without rollbacks the factor is exactly 1.
   save_checkpoint(path, *a.ex, TrainProgress{"resnet8", 0, 10, 1, 0});
   CHECK(load_checkpoint(path, *b.ex, "resnet8").lr_factor == 1.0);

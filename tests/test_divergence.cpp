@@ -3,6 +3,7 @@
 // non-finite value; each names the step and the first layer where a non-finite value appeared.
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 
@@ -187,4 +188,39 @@ TEST_CASE("a quantizer's non-finite value is a divergence; the executor stays us
   w[5] = kept;  // the run goes on from a good state (what a rollback does)
   CHECK(g.t.train_step(8, 0.05f));
   CHECK(std::isfinite(g.t.executor().loss()));
+}
+
+TEST_CASE("a layer raised to FP32 (a rollback's) is re-planned in FP32, and changes the step", "[divergence][quant]") {
+  const json luq = {{"forward", "int4"}, {"backward", "luq_fp4"}};
+  Guarded plain(config(json::object(), luq)), raised(config(json::object(), luq));
+  const Graph& gr = raised.t.executor().graph();
+  int conv = -1;
+  for (int n = 0; n < gr.num_nodes(); ++n)
+    if (gr.node(n).name == "layer2.0.conv1") conv = n;
+  REQUIRE(conv >= 0);
+  REQUIRE(raised.t.executor().layer_quant(conv).int4_forward);
+  raised.t.progress_state().fp32_layers = {"layer2.0.conv1"};
+  CHECK_FALSE(raised.t.enter_phase(0));  // the same phase, re-planned
+  const LayerQuant& q = raised.t.executor().layer_quant(conv);
+  CHECK_FALSE(q.on());
+  // The other quantized layers stay in 4 bits.
+  int quantized = 0;
+  for (int n = 0; n < gr.num_nodes(); ++n) quantized += raised.t.executor().layer_quant(n).int4_forward;
+  CHECK(quantized > 0);
+  // The state was carried over: the same parameters, and a step now computes another loss.
+  const int w = gr.find_value("layer2.0.conv1.weight");
+  REQUIRE(w >= 0);
+  const Tensor a = plain.t.executor().value(w), b = raised.t.executor().value(w);
+  CHECK(std::equal(a.f32(), a.f32() + a.numel(), b.f32()));
+  Guarded* both[] = {&plain, &raised};
+  for (Guarded* g : both) {  // the re-plan left the inputs behind: load the same batch again
+    Executor& ex = g->t.executor();
+    const Dataset& d = *g->t.train_data();
+    Tensor x = ex.value(ex.graph().image_input), y = ex.value(ex.graph().label_input);
+    for (int64_t i = 0; i < x.numel(); ++i) x.f32()[i] = float(d.pixels[size_t(i)]) / 255.f - 0.5f;
+    for (int64_t i = 0; i < 8; ++i) y.i32()[i] = d.labels[size_t(i)];
+  }
+  REQUIRE(plain.t.train_step(8, 0.05f));
+  REQUIRE(raised.t.train_step(8, 0.05f));
+  CHECK(plain.t.executor().loss() != raised.t.executor().loss());
 }

@@ -82,6 +82,7 @@ void save_checkpoint(const std::string& path, const Executor& ex, const TrainPro
   h["best_test_acc"] = pr.best_test_acc;
   h["lr_factor"] = pr.lr_factor;
   h["rollbacks"] = pr.rollbacks;
+  h["fp32_layers"] = pr.fp32_layers;
   json table = json::array();
   for (const Entry& e : entries) table.push_back({{"name", e.name}, {"role", e.role}, {"shape", shape_json(e.t.shape)}});
   h["tensors"] = table;
@@ -226,6 +227,16 @@ TrainProgress load_checkpoint_bytes(const char* data, size_t size, const std::st
   pr.lr_factor = number("lr_factor", 1.0);
   pr.rollbacks = h.contains("rollbacks") ? int(integer("rollbacks", 0, 1 << 30)) : 0;
   if (!(pr.lr_factor > 0 && pr.lr_factor <= 1)) bad(fmt("lr_factor ", pr.lr_factor, " out of range"));
+  if (const auto layers = h.find("fp32_layers"); layers != h.end()) {
+    if (!layers->is_array()) bad("header field 'fp32_layers' is not an array");
+    for (const json& l : *layers) {
+      bool known = false;
+      for (int n = 0; l.is_string() && n < ex.graph().num_nodes() && !known; ++n)
+        known = ex.graph().node(n).name == l.get<std::string>() && ex.graph().node(n).op->op_class() == OpClass::Compute;
+      if (!known) bad(fmt("header field 'fp32_layers' holds ", l.dump(), ", not a conv / linear layer of the model"));
+      pr.fp32_layers.push_back(l.get<std::string>());
+    }
+  }
   if (pr.model != model_name)
     user_error("checkpoint '", path, "' is for model '", pr.model, "', but the config builds '", model_name, "'");
   const auto entries = checkpoint_entries(ex);

@@ -1,6 +1,6 @@
 // Checkpoints: parameters, BN running statistics, optimizer state and training progress in one
 // file. Layout: magic "EDGETRN1", u64 header length, JSON header (model, epoch, step, seed,
-// lr_factor and rollbacks (absent in older files: 1 and 0), and a table of tensors: name, role,
+// lr_factor, rollbacks and fp32_layers (absent in older files: 1, 0, none), and a table of tensors: name, role,
 // shape), raw little-endian f32 data in table order, CRC-32 of all preceding bytes. Written to a
 // temporary file, fsync'ed and renamed, so a crash never leaves a partial file under the real
 // name. Loading validates everything before touching the model.
@@ -23,6 +23,8 @@ struct TrainProgress {
   // and the rollbacks so far. Part of the training state, so a resumed run trains at the same rate.
   double lr_factor = 1.0;
   int rollbacks = 0;
+  // Quantized layers a rollback raised to FP32 (forward and backward), in the order it did.
+  std::vector<std::string> fp32_layers;
 };
 
 void save_checkpoint(const std::string& path, const Executor& ex, const TrainProgress& progress);

@@ -187,9 +187,34 @@ bool Trainer::train_step(int64_t batch, float lr) {
   return true;
 }
 
+QuantOptions Trainer::quant_options(bool fnt) const {
+  QuantOptions q = cfg_.quant_options(fnt);
+  q.raise_to_fp32(state_.fp32_layers);
+  return q;
+}
+
+StashOptions Trainer::stash_options(bool fnt) const {
+  StashOptions stash = cfg_.stash_options(fnt);
+  const BudgetPlan& plan = fnt ? budget_fnt_ : budget_;
+  if (plan.budget_mb > 0) {
+    stash = plan.options;
+    stash.release_pages = cfg_.memory.release_pages;
+  }
+  // A layer raised to FP32 saves its input in f32, so no INT4 codes of it: bitmap_int4 there
+  // becomes bitmap_fp32 (exact as well).
+  for (auto& [value, format] : stash.layers)
+    for (const std::string& layer : state_.fp32_layers)
+      for (int n = 0; n < graph_.num_nodes(); ++n)
+        if (format == StashFormat::BitmapI4 && graph_.node(n).name == layer &&
+            graph_.value(graph_.node(n).inputs[0]).name == value)
+          format = StashFormat::BitmapF32;
+  return stash;
+}
+
 bool Trainer::enter_phase(int epoch) {
   const bool fnt = cfg_.quant.fnt_epochs > 0 && epoch >= cfg_.train.epochs - cfg_.quant.fnt_epochs;
-  if (fnt == fnt_) return false;
+  const bool changed = fnt != fnt_;
+  if (!changed && planned_fp32_ == state_.fp32_layers) return false;
   // The state goes through host memory, so the old arena is gone before the new one is mapped.
   std::vector<size_t> sizes;
   std::vector<char> kept;
@@ -198,13 +223,7 @@ bool Trainer::enter_phase(int epoch) {
     kept.insert(kept.end(), static_cast<const char*>(t.data), static_cast<const char*>(t.data) + t.nbytes());
   }
   executor_.reset();
-  StashOptions stash = cfg_.stash_options(fnt);
-  const BudgetPlan& plan = fnt ? budget_fnt_ : budget_;
-  if (plan.budget_mb > 0) {
-    stash = plan.options;
-    stash.release_pages = cfg_.memory.release_pages;
-  }
-  executor_ = std::make_unique<Executor>(graph_, *backend_, stash, cfg_.quant_options(fnt));
+  executor_ = std::make_unique<Executor>(graph_, *backend_, stash_options(fnt), quant_options(fnt));
   const std::vector<Tensor> to = executor_->state_tensors();
   ET_CHECK(to.size() == sizes.size(), "state tensors ", to.size(), " vs ", sizes.size());
   size_t at = 0;
@@ -214,7 +233,8 @@ bool Trainer::enter_phase(int epoch) {
     at += sizes[i];
   }
   fnt_ = fnt;
-  return true;
+  planned_fp32_ = state_.fp32_layers;
+  return changed;
 }
 
 EpochResult Trainer::train_epoch(int epoch, Progress& progress) {

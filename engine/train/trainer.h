@@ -67,6 +67,8 @@ class Trainer {
   // quant.fnt_epochs. A change re-plans it (a new Executor, between steps) with params, gradients,
   // momentum and BN statistics carried over bit for bit; returns whether it changed. fit calls it
   // every epoch; `edgetrain eval` for the checkpoint's last epoch.
+  // Also re-plans (returning false) when the layers raised to FP32 (progress_state().fp32_layers,
+  // a rollback's or a checkpoint's) differ from the executor's.
   bool enter_phase(int epoch);
   bool fnt() const { return fnt_; }
 
@@ -98,6 +100,13 @@ class Trainer {
   std::unique_ptr<Backend> backend_;
   std::unique_ptr<Executor> executor_;
   bool fnt_ = false;  // executor_ plans the FNT modes
+  std::vector<std::string> planned_fp32_;  // ... and these layers raised to FP32
+  // The executor's options for a phase: the config's (or the budget's plan), with the layers a
+  // rollback raised to FP32.
+  QuantOptions quant_options(bool fnt) const;
+  StashOptions stash_options(bool fnt) const;
+  // The quantized conv / linear a rollback raises to FP32 for a divergence; "" for none.
+  std::string layer_to_raise(const Divergence& d) const;
   TrainProgress state_;
   UssPeak uss_;
   Divergence divergence_;

@@ -5,6 +5,7 @@
 
 #include <cerrno>
 #include <cstring>
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 
@@ -30,6 +31,26 @@ bool Trainer::diverged(DivergenceCause cause, int64_t batch, const NonFiniteErro
   if (cause == DivergenceCause::NonFiniteUpdate) locate_in_update(*executor_, lr, d);
   else locate_in_step(*executor_, batch, d);
   return false;
+}
+
+std::string Trainer::layer_to_raise(const Divergence& d) const {
+  const Graph& g = graph_;
+  int at = -1;
+  for (int n = 0; n < g.num_nodes() && at < 0; ++n)
+    if (g.node(n).name == d.layer) at = n;
+  if (at < 0) return "";
+  auto quantized = [&](int n) {
+    return executor_->layer_quant(n).on() && std::find(state_.fp32_layers.begin(), state_.fp32_layers.end(),
+                                                       g.node(n).name) == state_.fp32_layers.end();
+  };
+  if (quantized(at)) return g.node(at).name;
+  // Not a quantized layer itself (a BN, a ReLU, the loss): the nearest quantized one whose result
+  // it took in, which ran just before it: in the forward the one before it in node order, in the
+  // backward (the gradient flows back) the one after it.
+  const bool backward = d.where.find("in the backward") != std::string::npos;
+  for (int n = backward ? at + 1 : at - 1; n >= 0 && n < g.num_nodes(); n += backward ? 1 : -1)
+    if (quantized(n)) return g.node(n).name;
+  return "";
 }
 
 void Trainer::append_metrics(const std::string& out_dir, const json& record) const {
@@ -98,15 +119,21 @@ int Trainer::handle_divergence(int epoch, const std::string& out_dir, Progress& 
   }
   state_.lr_factor = factor;
   state_.rollbacks = rollbacks;
+  // 4-bit training: the quantized layer where it diverged trains in FP32 from then on (the next
+  // enter_phase re-plans the executor with it), saved in the checkpoints like the factor.
+  const std::string raise = layer_to_raise(d);
+  if (!raise.empty()) state_.fp32_layers.push_back(raise);
   ev["action"] = "rollback";
   ev["lr_factor"] = factor;
   ev["rollbacks"] = rollbacks;
   ev["resume_epoch"] = state_.epoch + 2;
+  ev["fp32_layer"] = raise.empty() ? json(nullptr) : json(raise);
   append_metrics(out_dir, ev);
   progress.line(fmt(what, ". Rolled back to ",
                     have_ckpt ? fmt("the checkpoint after epoch ", state_.epoch + 1) : std::string("the initial state"),
                     " (rollback ", rollbacks, " of at most ", t.divergence_max_rollbacks, "): learning rate x", factor,
-                    " of the schedule from epoch ", state_.epoch + 2, " on"));
+                    " of the schedule from epoch ", state_.epoch + 2, " on",
+                    raise.empty() ? std::string() : fmt("; layer '", raise, "' trains in FP32 from now on")));
   return state_.epoch;
 }
 
