@@ -422,6 +422,31 @@ for kind in gray:1:28 colour:3:64; do
   b="$("$BIN" eval --config "$T/auto_$name/config.json" --checkpoint "$T/auto_$name/checkpoint_last.ckpt" | tail -1)"
   [ -n "$a" ] && [ "$a" = "$b" ] && pass "auto: eval with the auto config = eval with the run's config.json" || fail "auto: eval: '$a' vs '$b'"
 done
+# ... and on 64x64 colour JPEGs (written by OpenCV, which setup.sh installs for the ONNX test): the
+# statistics equal those of OpenCV's decode, libjpeg-turbo's pixels, which edgetrain's decoder matches
+jstats="$(/usr/bin/python3 - "$T/img_jpeg" <<'PY'
+import os, sys
+import cv2, numpy as np
+root, rng, train = sys.argv[1], np.random.default_rng(7), []
+for split, n in (("train", 8), ("test", 4)):
+    for k, cls in enumerate(("cat", "dog")):
+        os.makedirs(f"{root}/{split}/{cls}", exist_ok=True)
+        for i in range(n):
+            y, x = np.mgrid[0:64, 0:64]
+            img = np.stack([(40 + 100 * k + 3 * i + 2 * y + x + 50 * c) % 256 for c in range(3)], -1)
+            img = np.clip(img + rng.integers(-20, 21, img.shape), 0, 255).astype(np.uint8)
+            path = f"{root}/{split}/{cls}/{i}.jpg"
+            cv2.imwrite(path, img[:, :, ::-1], [cv2.IMWRITE_JPEG_QUALITY, 85])
+            if split == "train":
+                train.append(cv2.imread(path)[:, :, ::-1].astype(np.float64) / 255)
+px = np.stack(train).reshape(-1, 3)
+print(" ".join(f"{m:.9f} {s:.9f}" for m, s in zip(px.mean(0), px.std(0))))
+PY
+)"
+"$BIN" train --config "$CFG20" --set data.root="$T/img_jpeg" "${A[@]}" --out "$T/auto_jpeg" >"$T/auto_jpeg.log" 2>&1 \
+  && pass "auto: resnet20_cifar10.json trains on 64x64 colour JPEGs" || fail "auto: jpeg: $(tail -3 "$T/auto_jpeg.log")"
+err="$(check_auto "$T/auto_jpeg" 3 64 "$jstats" 2>&1)" && pass "auto: JPEGs: config.json holds 3x64x64 and the mean / std of libjpeg's pixels" \
+  || fail "auto: jpeg config.json: $err"
 expect_error "auto: resume with other statistics" "data.mean" "$BIN" train --config "$CFG20" --set data.root="$T/img_gray" "${A[@]}" \
   --set 'data.mean=[0.5]' --out "$T/autop_gray" --resume
 # A run folder written before auto existed holds CIFAR-10's constants where cfg.json now says auto: it resumes with them
