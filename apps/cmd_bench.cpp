@@ -69,7 +69,7 @@ int cmd_bench_step(const BenchStepArgs& a) {
   const size_t uss_before = read_uss_bytes();
   Graph g;
   build_model(g, cfg.model);
-  auto backend = make_cpu_backend();
+  auto backend = make_backend(cfg.train.device);
   BudgetPlan budget;  // memory.budget_mb: planned (calibration steps) before the executor is made
   const StashOptions stash = plan_stash_options(cfg, g, *backend, &budget);
   for (const std::string& line : budget.budget_mb > 0 ? budget.summary() : std::vector<std::string>{})

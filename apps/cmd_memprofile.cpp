@@ -141,7 +141,7 @@ int cmd_memprofile(const MemProfileArgs& a) {
   const size_t uss_before = read_uss_bytes();
   Graph g;
   build_model(g, cfg.model);
-  auto backend = make_cpu_backend();
+  auto backend = make_backend(cfg.train.device);
   BudgetPlan budget;  // memory.budget_mb: the planner's choice, shown per layer below
   const StashOptions stash = plan_stash_options(cfg, g, *backend, &budget);
   for (const std::string& line : budget.budget_mb > 0 ? budget.summary() : std::vector<std::string>{})

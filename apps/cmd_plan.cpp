@@ -24,7 +24,7 @@ int cmd_plan(const PlanArgs& a) {
   std::printf("%s: %s, fusion.enabled = %s\n", cfg.source.c_str(), cfg.model.name.c_str(),
               cfg.model.fusion.enabled ? "true" : "false");
   std::printf("%s", fusion::describe(g, p).c_str());
-  auto backend = make_cpu_backend();
+  auto backend = make_backend(cfg.train.device);
   Executor plain(g, *backend, cfg.stash_options(), cfg.quant_options());
   Graph f;
   build_model(f, unfused_spec);

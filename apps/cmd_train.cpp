@@ -26,7 +26,8 @@ void write_atomically(const fs::path& path, const std::string& text) { write_fil
 namespace {
 
 // Keys a resumed run may change: the number of epochs (extend a run), the thread count (bit-exact
-// reproduction needs the same count, the training itself is the same), the data root (the run
+// reproduction needs the same count, the training itself is the same), the device (a checkpoint
+// holds host values: a run moves between devices), the data root (the run
 // moved to another machine), the fusion section (fused and unfused training are bit-identical)
 // and the divergence guard's (they decide only what happens once a step has diverged: a run
 // stopped by the guard continues with on_divergence = rollback; a rollback's lower learning rate
@@ -35,6 +36,7 @@ namespace {
 bool resumable_key(const std::string& key) {
   static const char* const keys[] = {"train.epochs",
                                      "train.threads",
+                                     "train.device",
                                      "data.root",
                                      "fusion",
                                      "train.on_divergence",

@@ -14,6 +14,7 @@
 #include "engine/fused_stack.h"
 #include "engine/kernel_types.h"
 #include "engine/tensor.h"
+#include "memory/device_memory.h"
 #include "quant/scales.h"
 
 namespace et {
@@ -37,6 +38,8 @@ class Backend {
   virtual ~Backend() = default;
   virtual Device device() const = 0;
   virtual std::string name() const = 0;
+  // Where the executor's arena and stash region live (one allocation each).
+  virtual DeviceMemory& memory() = 0;
 
   // ---- memory helpers
   virtual void fill(Tensor& t, float value) = 0;
@@ -168,5 +171,8 @@ class Backend {
 };
 
 std::unique_ptr<Backend> make_cpu_backend();
+// The backend of config key train.device: "cpu", "cuda" or "cuda:N" (validated by the config).
+// UserError naming the key for a device this build or machine does not have.
+std::unique_ptr<Backend> make_backend(const std::string& device);
 
 }  // namespace et

@@ -261,6 +261,7 @@ Config parse_config(const json& j, const std::string& source) {
   t.get("label_smoothing", tr.label_smoothing);
   t.get("seed", tr.seed);
   t.get("threads", tr.threads);
+  t.get("device", tr.device);
   tr.divergence_loss = float(100.0 * std::log(double(c.model.num_classes)));  // see TrainConfig
   t.get("divergence_loss", tr.divergence_loss);
   t.get("on_divergence", tr.on_divergence);
@@ -288,6 +289,10 @@ Config parse_config(const json& j, const std::string& source) {
   require(tr.label_smoothing >= 0.f && tr.label_smoothing < 1.f, t, "label_smoothing", tr.label_smoothing,
           "must be in [0, 1)");
   require(tr.threads >= 0 && tr.threads <= 1024, t, "threads", tr.threads, "must be in 0..1024 (0 = all cores)");
+  const bool cuda_index = tr.device.size() > 5 && tr.device.size() <= 8 && tr.device.compare(0, 5, "cuda:") == 0 &&
+                          tr.device.find_first_not_of("0123456789", 5) == std::string::npos;
+  require(tr.device == "cpu" || tr.device == "cuda" || cuda_index, t, "device", tr.device,
+          "must be \"cpu\", \"cuda\" or \"cuda:N\" (N: the device index)");
   require(std::isfinite(tr.divergence_loss) && tr.divergence_loss > 0.f, t, "divergence_loss", tr.divergence_loss,
           "must be finite and > 0 (the loss above which a step counts as diverged)");
   require(tr.on_divergence == "stop" || tr.on_divergence == "rollback", t, "on_divergence", tr.on_divergence,
@@ -480,6 +485,7 @@ json Config::resolved() const {
                 {"label_smoothing", train.label_smoothing},
                 {"seed", train.seed},
                 {"threads", train.threads},
+                {"device", train.device},
                 {"divergence_loss", train.divergence_loss},
                 {"on_divergence", train.on_divergence},
                 {"divergence_lr_factor", train.divergence_lr_factor},

@@ -49,6 +49,8 @@ struct TrainConfig {
   float label_smoothing = 0.f;
   uint64_t seed = 1;
   int threads = 0;  // 0 = all cores
+  // Where the step runs: "cpu", "cuda" (device 0) or "cuda:N" (backends/backend.h make_backend).
+  std::string device = "cpu";
   ScheduleConfig schedule;
   // Divergence guard (engine/train/divergence.h). A step diverged when its loss is non-finite or
   // above divergence_loss (default 100 x the loss of a uniform prediction, 100 ln(num_classes);

@@ -39,7 +39,8 @@ void Executor::plan() {
 
   report_.recompute_segments = int(segments_.size());
   report_.recompute_nodes = int(std::count(reruns_.begin(), reruns_.end(), 1));
-  stash_.configure(std::move(st.saved), st.nv, stash_options_.prune_threshold, stash_options_.release_pages);
+  stash_.configure(std::move(st.saved), st.nv, stash_options_.prune_threshold, stash_options_.release_pages,
+                   backend_.memory());
   report_.stash_region = stash_.region_bytes();
   batch_ = st.max_batch;  // views have the full batch until a forward says otherwise
   param_grads_.clear();
@@ -381,7 +382,7 @@ void Executor::place_buffers(PlanState& st) {
   if (largest_id >= 0)
     what += "; its largest buffer is layer '" + graph_.value(largest_id).name + "' output, " +
             std::to_string(largest) + " bytes";
-  arena_.reserve(report_.total, what);
+  arena_.reserve(report_.total, what, backend_.memory());
 }
 
 // Views into the arena: values, gradients, optimizer slots, recompute and decode buffers, workspace.

@@ -3,32 +3,64 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <cstdint>
 #include <vector>
 
 #include "engine/check.h"
 
 namespace et {
 
-static size_t page_size() {
-  static const size_t p = size_t(sysconf(_SC_PAGESIZE));
-  return p;
+namespace {
+
+class HostMemory final : public DeviceMemory {
+ public:
+  Device device() const override { return Device::CPU; }
+  size_t granularity() const override { return page_; }
+  void* allocate(size_t bytes) override {
+    void* m = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    return m == MAP_FAILED ? nullptr : m;
+  }
+  void deallocate(void* p, size_t bytes) override { munmap(p, bytes); }
+  void release(void* p, size_t bytes) override {
+    const uintptr_t a = reinterpret_cast<uintptr_t>(p);
+    const uintptr_t begin = (a + page_ - 1) / page_ * page_, end = (a + bytes) / page_ * page_;
+    if (end > begin) madvise(reinterpret_cast<void*>(begin), end - begin, MADV_DONTNEED);
+  }
+  size_t resident_bytes(const void* p, size_t bytes) const override {
+    const uintptr_t a = reinterpret_cast<uintptr_t>(p) / page_ * page_;
+    const size_t span = reinterpret_cast<uintptr_t>(p) + bytes - a, pages = (span + page_ - 1) / page_;
+    std::vector<unsigned char> in(pages);
+    if (mincore(reinterpret_cast<void*>(a), span, in.data()) != 0) return bytes;  // unknown: count it all
+    size_t n = 0;
+    for (unsigned char c : in) n += c & 1;
+    return n * page_;
+  }
+
+ private:
+  const size_t page_ = size_t(sysconf(_SC_PAGESIZE));
+};
+
+}  // namespace
+
+DeviceMemory& host_memory() {
+  static HostMemory m;
+  return m;
 }
 
 Arena::~Arena() {
-  if (base_) munmap(base_, size_);
+  if (base_) memory_->deallocate(base_, size_);
 }
 
-void Arena::reserve(size_t bytes, const std::string& what) {
+void Arena::reserve(size_t bytes, const std::string& what, DeviceMemory& memory) {
   ET_CHECK(base_ == nullptr, "arena reserved twice");
-  const size_t p = page_size();
-  size_ = (bytes + p - 1) / p * p;
-  if (size_ == 0) size_ = p;
-  void* m = mmap(nullptr, size_, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-  if (m == MAP_FAILED) {
-    size_ = 0;
-    user_error("out of memory: could not map ", bytes, " bytes for ", what);
-  }
+  const size_t g = memory.granularity();
+  const size_t size = std::max<size_t>(1, (bytes + g - 1) / g) * g;
+  void* m = memory.allocate(size);
+  if (!m) user_error("out of memory: could not allocate ", bytes, " bytes for ", what);
+  memory_ = &memory;
   base_ = static_cast<char*>(m);
+  size_ = size;
 }
 
 void* Arena::at(size_t offset) const {
@@ -37,20 +69,10 @@ void* Arena::at(size_t offset) const {
 }
 
 void Arena::release(size_t offset, size_t bytes) {
-  const size_t p = page_size();
-  size_t begin = (offset + p - 1) / p * p;
-  size_t end = (offset + bytes) / p * p;
-  if (end > begin) madvise(base_ + begin, end - begin, MADV_DONTNEED);
+  ET_CHECK(offset + bytes <= size_, "arena release beyond its end");
+  if (base_ && bytes > 0) memory_->release(base_ + offset, bytes);
 }
 
-size_t Arena::resident_bytes() const {
-  if (!base_) return 0;
-  const size_t p = page_size(), pages = size_ / p;
-  std::vector<unsigned char> in(pages);
-  if (mincore(base_, size_, in.data()) != 0) return size_;  // unknown: count it all
-  size_t n = 0;
-  for (unsigned char c : in) n += c & 1;
-  return n * p;
-}
+size_t Arena::resident_bytes() const { return base_ ? memory_->resident_bytes(base_, size_) : 0; }
 
 }  // namespace et

@@ -1,9 +1,12 @@
-// Arena: one anonymous mapping holding every tensor of a training step, carved at planned offsets.
-// Owning the pages (instead of malloc) is what lets USS follow the plan: release() hands pages the
-// step no longer needs back to the OS (MADV_DONTNEED), which glibc's free() would not.
+// Arena: one allocation holding every tensor of a training step, carved at planned offsets. On
+// the host it is an anonymous mapping (memory/device_memory.h): owning the pages (instead of
+// malloc) is what lets USS follow the plan, since release() hands pages the step no longer needs
+// back to the OS (MADV_DONTNEED), which glibc's free() would not.
 #pragma once
 #include <cstddef>
 #include <string>
+
+#include "memory/device_memory.h"
 
 namespace et {
 
@@ -14,19 +17,22 @@ class Arena {
   Arena& operator=(const Arena&) = delete;
   ~Arena();
 
-  // Maps `bytes` (rounded up to pages). Throws UserError naming `what` if the OS refuses.
-  void reserve(size_t bytes, const std::string& what);
+  // Allocates `bytes` (rounded up to the memory's granularity) from `memory`. Throws UserError
+  // naming `what` if the system refuses.
+  void reserve(size_t bytes, const std::string& what, DeviceMemory& memory = host_memory());
   void* at(size_t offset) const;
   size_t size() const { return size_; }
-  // Returns the whole pages inside [offset, offset + bytes) to the OS; their contents become zero.
+  Device device() const { return memory_ ? memory_->device() : Device::CPU; }
+  // Returns the whole pages inside [offset, offset + bytes) to the system; their contents become zero.
   void release(size_t offset, size_t bytes);
-  // Bytes of its pages that are resident now (mincore): what of it USS counts.
+  // Bytes of it that are resident now: what of it USS counts.
   size_t resident_bytes() const;
 
   static constexpr size_t kAlign = 64;
   static size_t align_up(size_t n) { return (n + kAlign - 1) / kAlign * kAlign; }
 
  private:
+  DeviceMemory* memory_ = nullptr;
   char* base_ = nullptr;
   size_t size_ = 0;
 };

@@ -16,7 +16,8 @@ double since(Clock::time_point t0) { return std::chrono::duration<double>(Clock:
 
 }  // namespace
 
-void Stash::configure(std::vector<SavedValue> saved, int num_values, float prune_threshold, bool release_pages) {
+void Stash::configure(std::vector<SavedValue> saved, int num_values, float prune_threshold, bool release_pages,
+                      DeviceMemory& memory) {
   saved_ = std::move(saved);
   release_pages_ = release_pages;
   prune_threshold_ = prune_threshold;
@@ -30,7 +31,7 @@ void Stash::configure(std::vector<SavedValue> saved, int num_values, float prune
   }
   stack_.clear();
   stack_.reserve(saved_.size());
-  if (total > 0) region_.reserve(total, "the activation stash");
+  if (total > 0) region_.reserve(total, "the activation stash", memory);
   top_ = peak_ = region_peak_ = zero_copy_live_ = 0;
 }
 

@@ -46,9 +46,10 @@ struct StashRecord {
 class Stash {
  public:
   // Sizes the region for `saved` (worst case: everything pushed at once, as at the end of a
-  // forward). Outside the step: allocates.
+  // forward) and allocates it from `memory` (the backend's). Outside the step.
   // `release_pages`: pages above the top go back to the OS as values are popped.
-  void configure(std::vector<SavedValue> saved, int num_values, float prune_threshold, bool release_pages = false);
+  void configure(std::vector<SavedValue> saved, int num_values, float prune_threshold, bool release_pages = false,
+                 DeviceMemory& memory = host_memory());
   bool zero_copy(int value_id) const;
 
   void clear();  // drops everything (a new training forward)

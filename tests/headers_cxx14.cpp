@@ -5,6 +5,7 @@
 #include "engine/kernel_types.h"
 #include "engine/op.h"
 #include "memory/bitmap.h"
+#include "memory/device_memory.h"
 #include "quant/codes.h"
 #include "quant/scales.h"
 

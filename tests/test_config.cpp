@@ -4,6 +4,7 @@
 #include <filesystem>
 #include <fstream>
 
+#include "backends/backend.h"
 #include "engine/config.h"
 #include "engine/train/schedule.h"
 
@@ -96,6 +97,29 @@ TEST_CASE("mistyped and out-of-range values name key and value", "[config]") {
   j = minimal();
   j["data"].erase("root");
   CHECK_THAT(error_of(j), Catch::Contains("data.root"));
+  for (const char* device : {"gpu", "cuda:", "cuda:x", "cuda:123456", "CPU"}) {
+    j = minimal();
+    j["train"]["device"] = device;
+    CHECK_THAT(error_of(j), Catch::Contains("train.device") && Catch::Contains(device));
+  }
+}
+
+TEST_CASE("train.device selects the backend; one this build lacks is an error naming the key", "[config]") {
+  json j = minimal();
+  CHECK(parse_config(j, "test.json").train.device == "cpu");
+  const std::unique_ptr<Backend> cpu = make_backend("cpu");
+  CHECK(cpu->device() == Device::CPU);
+  CHECK(cpu->memory().device() == Device::CPU);
+  for (const char* device : {"cuda", "cuda:1"}) {
+    j["train"]["device"] = device;
+    const Config c = parse_config(j, "test.json");
+    CHECK(c.train.device == device);
+    CHECK(parse_config(c.resolved(), "resolved.json").train.device == device);
+#ifndef EDGETRAIN_WITH_CUDA
+    CHECK_THROWS_WITH(make_backend(c.train.device), Catch::Contains("train.device") && Catch::Contains(device) &&
+                                                        Catch::Contains("-DEDGETRAIN_CUDA=ON"));
+#endif
+  }
 }
 
 TEST_CASE("config files: malformed JSON, missing file, --set overrides", "[config]") {

@@ -13,6 +13,7 @@ class CpuBackend final : public Backend {
   CpuBackend();
   Device device() const override { return Device::CPU; }
   std::string name() const override { return "cpu"; }
+  DeviceMemory& memory() override { return host_memory(); }
 
   void fill(Tensor& t, float value) override;
   void copy(const Tensor& src, Tensor& dst) override;

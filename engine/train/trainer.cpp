@@ -117,7 +117,7 @@ void Trainer::build(bool keep_train) {
   check_dataset(*test_, cfg_);
 
   build_model(graph_, cfg_.model);
-  backend_ = make_cpu_backend();
+  backend_ = make_backend(cfg_.train.device);
   // A budget is planned for training; evaluation keeps the configured plan.
   const StashOptions stash = train_ ? plan_stash_options(cfg_, graph_, *backend_, &budget_) : cfg_.stash_options();
   if (train_ && cfg_.quant.fnt_epochs > 0 && budget_.budget_mb > 0) {

@@ -1,0 +1,30 @@
+// Where a backend keeps its tensors. The executor's arena and the stash region are one allocation
+// each, sized by the plan, from the backend's DeviceMemory (Backend::memory()): anonymous mappings
+// on the CPU (host_memory()), device allocations on a GPU. Backend neutral, C++14.
+#pragma once
+#include <cstddef>
+
+#include "engine/tensor.h"
+
+namespace et {
+
+class DeviceMemory {
+ public:
+  virtual ~DeviceMemory() = default;
+  virtual Device device() const = 0;
+  // Allocation granularity (the page size on the host): allocate() takes multiples of it.
+  virtual size_t granularity() const = 0;
+  // Zeroed memory of `bytes`; nullptr when the system refuses.
+  virtual void* allocate(size_t bytes) = 0;
+  virtual void deallocate(void* p, size_t bytes) = 0;
+  // Hands the whole pages inside [p, p + bytes) back to the system, their contents becoming zero
+  // (memory.release_pages); a device without paging may leave them.
+  virtual void release(void* p, size_t bytes) = 0;
+  // Bytes of [p, p + bytes) resident now: what USS counts of it on the host.
+  virtual size_t resident_bytes(const void* p, size_t bytes) const = 0;
+};
+
+// The host's: private anonymous mappings (MAP_PRIVATE | MAP_ANONYMOUS), MADV_DONTNEED, mincore.
+DeviceMemory& host_memory();
+
+}  // namespace et
