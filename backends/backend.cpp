@@ -2,6 +2,9 @@
 #include "backends/backend.h"
 
 #include "engine/check.h"
+#ifdef EDGETRAIN_WITH_CUDA
+#include "backends/cuda/cuda_device.h"
+#endif
 
 namespace et {
 
@@ -9,8 +12,10 @@ std::unique_ptr<Backend> make_backend(const std::string& device) {
   if (device == "cpu") return make_cpu_backend();
   ET_CHECK(device.rfind("cuda", 0) == 0, "train.device '", device, "' was not validated");
 #ifdef EDGETRAIN_WITH_CUDA
-  user_error("config key 'train.device' = \"", device, "\": this build has the CUDA toolkit, but the CUDA backend's "
-             "kernels are not written yet (issue 13); use \"cpu\"");
+  std::string why;
+  const int n = cuda_device_count(&why);
+  user_error("config key 'train.device' = \"", device, "\": the CUDA backend's kernels are not written yet (issue 13; "
+             "this machine has ", n, " CUDA device", n == 1 ? "" : "s", n == 0 ? ": " + why : std::string(), "); use \"cpu\"");
 #else
   user_error("config key 'train.device' = \"", device, "\": this build has no CUDA backend (configure with "
              "-DEDGETRAIN_CUDA=ON where the CUDA toolkit is installed); use \"cpu\"");

@@ -118,6 +118,8 @@ TEST_CASE("train.device selects the backend; one this build lacks is an error na
 #ifndef EDGETRAIN_WITH_CUDA
     CHECK_THROWS_WITH(make_backend(c.train.device), Catch::Contains("train.device") && Catch::Contains(device) &&
                                                         Catch::Contains("-DEDGETRAIN_CUDA=ON"));
+#else
+    CHECK_THROWS_WITH(make_backend(c.train.device), Catch::Contains("train.device") && Catch::Contains("issue 13"));
 #endif
   }
 }
