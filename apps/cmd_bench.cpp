@@ -59,6 +59,9 @@ void print_stash(const Executor& ex) {
     }
 }
 
+// USS in MB, or null where it could not be read (never 0).
+json mb_or_null(std::optional<size_t> b) { return b ? json(double(*b) / 1048576.0) : json(); }
+
 }  // namespace
 
 int cmd_bench_step(const BenchStepArgs& a) {
@@ -66,7 +69,7 @@ int cmd_bench_step(const BenchStepArgs& a) {
   // Synthetic inputs: only the shape matters ("auto": from the data, 3x32x32 where there is none).
   if (const std::string line = resolve_data_shape(cfg, true); !line.empty()) std::fprintf(stderr, "%s\n", line.c_str());
   if (cfg.train.threads > 0) omp_set_num_threads(cfg.train.threads);
-  const size_t uss_before = read_uss_bytes();
+  const std::optional<size_t> uss_before = read_uss_bytes();
   Graph g;
   build_model(g, cfg.model);
   auto backend = make_backend(cfg.train.device);
@@ -94,15 +97,17 @@ int cmd_bench_step(const BenchStepArgs& a) {
   double guard_s = 0;
   auto step = [&](int64_t s) {
     ex.set_step_seed(uint64_t(s));
+    uss.begin_step();  // the peak over the whole step (memory/uss.h)
     ex.forward(n, true);
-    uss.sample();
+    uss.phase();
     diverged |= check_loss(ex.loss(), cfg.train.divergence_loss) != DivergenceCause::None;
     ex.backward();
+    uss.phase();
     const auto t0 = a.profile ? Clock::now() : Clock::time_point{};
     diverged |= !gradients_finite(ex);
     if (a.profile) guard_s += std::chrono::duration<double>(Clock::now() - t0).count();
     diverged |= !sgd_update(ex, sgd, 0.01f, s == 0);
-    uss.sample();  // the peak over the step: after the forward (activations) and after the update
+    uss.end_step();
   };
   for (int s = 0; s < a.warmup; ++s) step(s);
   guard_s = 0;
@@ -140,14 +145,23 @@ int cmd_bench_step(const BenchStepArgs& a) {
   std::printf("arena %.1f MB: params %.1f, grads %.1f, optimizer %.1f, activations %.1f (unplanned %.1f), workspace %.1f\n",
               m.total / 1048576.0, m.params / 1048576.0, m.grads / 1048576.0, m.optimizer / 1048576.0,
               m.activations_planned / 1048576.0, m.activations_unplanned / 1048576.0, m.workspace / 1048576.0);
+  // Peak over the steps less the USS before the model was built: what training this model adds.
+  const std::optional<size_t> step_uss =
+      uss.peak() && uss_before ? std::optional<size_t>(*uss.peak() - std::min(*uss.peak(), *uss_before)) : std::nullopt;
+  if (uss.peak())
+    std::printf("peak USS %.1f MB (step %.1f MB), %s\n", double(*uss.peak()) / 1048576.0,
+                double(step_uss.value_or(0)) / 1048576.0, uss_method_name(uss.method()));
+  else
+    std::printf("peak USS unavailable (/proc/self/smaps_rollup and /proc/self/smaps cannot be read)\n");
   json j = {{"model", cfg.model.name},
             {"batch", n},
             {"threads", omp_get_max_threads()},
             {"steps", a.steps},
             {"step_ms_median", median},
             {"img_per_s", double(n) * 1000.0 / median},
-            {"peak_uss_mb", double(uss.peak()) / 1048576.0},
-            {"step_uss_mb", double(uss.peak() - std::min(uss.peak(), uss_before)) / 1048576.0},
+            {"peak_uss_mb", mb_or_null(uss.peak())},
+            {"step_uss_mb", mb_or_null(step_uss)},
+            {"uss_method", uss_method_name(uss.method())},
             {"arena_mb", m.total / 1048576.0},
             {"stash", cfg.memory.stash},
             {"stash_peak_mb", double(ex.stash().peak_bytes()) / 1048576.0},

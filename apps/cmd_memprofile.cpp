@@ -32,16 +32,17 @@ namespace {
 
 constexpr double kMB = 1048576.0;
 
-// USS after every node's forward and backward, on the step being profiled.
+// USS after every node's forward and backward, on the step being profiled (nullopt: unreadable).
 class UssRecorder final : public NodeObserver {
  public:
-  explicit UssRecorder(int nodes) : after_fwd(size_t(nodes), 0), after_bwd(size_t(nodes), 0) {}
-  void after_forward(int n) override { if (active) peak = std::max(peak, after_fwd[size_t(n)] = read_uss_bytes()); }
-  void after_backward(int n) override { if (active) peak = std::max(peak, after_bwd[size_t(n)] = read_uss_bytes()); }
+  explicit UssRecorder(int nodes) : after_fwd(size_t(nodes)), after_bwd(size_t(nodes)) {}
+  void after_forward(int n) override { if (active) after_fwd[size_t(n)] = read_uss_bytes(); }
+  void after_backward(int n) override { if (active) after_bwd[size_t(n)] = read_uss_bytes(); }
   bool active = false;
-  size_t peak = 0;
-  std::vector<size_t> after_fwd, after_bwd;
+  std::vector<std::optional<size_t>> after_fwd, after_bwd;
 };
+
+json mb_or_null(std::optional<size_t> b) { return b ? json(double(*b) / kMB) : json(); }
 
 std::string shape_str(const Shape& s, int64_t batch, bool batched) {
   Shape b = s;
@@ -138,7 +139,7 @@ int cmd_memprofile(const MemProfileArgs& a) {
   for (const char* f : {"memprofile.json", "memprofile.svg"})
     if (fs::exists(dir / f)) user_error("'", (dir / f).string(), "' exists; choose another --out");
 
-  const size_t uss_before = read_uss_bytes();
+  const std::optional<size_t> uss_before = read_uss_bytes();
   Graph g;
   build_model(g, cfg.model);
   auto backend = make_backend(cfg.train.device);
@@ -155,6 +156,7 @@ int cmd_memprofile(const MemProfileArgs& a) {
   std::copy(labels.begin(), labels.end(), ex.value(g.label_input).i32());
 
   UssRecorder uss(g.num_nodes());
+  UssPeak step_peak;  // the peak over the whole profiled step (memory/uss.h), between node samples too
   ex.set_observer(&uss);
   ex.stash().set_count_zero_copy(true);
   SgdOptions sgd = sgd_options(cfg.train);
@@ -167,11 +169,22 @@ int cmd_memprofile(const MemProfileArgs& a) {
       ex.set_timing(true);
     }
     ex.set_step_seed(uint64_t(s));
+    if (last) step_peak.begin_step();
     ex.forward(n, true);
+    if (last) step_peak.phase();
     ex.backward();
+    if (last) step_peak.phase();
     // lr 0: the profiled weights stay those of the checkpoint (or the initialisation).
     sgd_update(ex, sgd, 0.f, s == 0);
+    if (last) step_peak.end_step();
   }
+  // The node samples can only add to the peak where the high-water mark was not available.
+  std::optional<size_t> peak = step_peak.peak();
+  for (const auto* v : {&uss.after_fwd, &uss.after_bwd})
+    for (const std::optional<size_t>& u : *v)
+      if (u && (!peak || *u > *peak)) peak = u;
+  const std::optional<size_t> step_uss =
+      peak && uss_before ? std::optional<size_t>(*peak - std::min(*peak, *uss_before)) : std::nullopt;
   ex.set_observer(nullptr);
 
   // Rows: one per node, with what it stashed.
@@ -196,28 +209,31 @@ int cmd_memprofile(const MemProfileArgs& a) {
       stashed.push_back({{"value", v.name}, {"format", r.stored_as}, {"recomputed", recomputed}, {"dense_mb", dense},
                          {"stored_mb", stored}, {"sparsity", zeros}});
     }
-    const double uf = double(uss.after_fwd[size_t(node)]) / kMB, ub = double(uss.after_bwd[size_t(node)]) / kMB;
+    const std::optional<size_t> uf = uss.after_fwd[size_t(node)], ub = uss.after_bwd[size_t(node)];
+    char ufs[16] = "-", ubs[16] = "-";  // "-": USS unavailable
+    if (uf) std::snprintf(ufs, sizeof(ufs), "%.1f", double(*uf) / kMB);
+    if (ub) std::snprintf(ubs, sizeof(ubs), "%.1f", double(*ub) / kMB);
     rows.push_back({{"layer", nd.name},
                     {"type", nd.op->type()},
                     {"output_shape", shape_str(out.shape, n, out.batched)},
                     {"stashed", stashed},
-                    {"uss_after_forward_mb", uf},
-                    {"uss_after_backward_mb", ub},
+                    {"uss_after_forward_mb", mb_or_null(uf)},
+                    {"uss_after_backward_mb", mb_or_null(ub)},
                     {"forward_ms", ex.forward_seconds()[size_t(node)] * 1e3},
                     {"backward_ms", ex.backward_seconds()[size_t(node)] * 1e3}});
     if (stashed.empty()) {
-      std::printf("%-26.26s %-22.22s %-18s %10s %10s %8s %10.1f %10.1f\n", nd.name.c_str(),
-                  shape_str(out.shape, n, out.batched).c_str(), "-", "", "", "", uf, ub);
+      std::printf("%-26.26s %-22.22s %-18s %10s %10s %8s %10s %10s\n", nd.name.c_str(),
+                  shape_str(out.shape, n, out.batched).c_str(), "-", "", "", "", ufs, ubs);
     } else {
       for (size_t i = 0; i < stashed.size(); ++i) {
         const json& s = stashed[i];
         const double z = s["sparsity"].get<double>();
         char zs[16];
         z >= 0 ? std::snprintf(zs, sizeof(zs), "%.1f%%", 100 * z) : std::snprintf(zs, sizeof(zs), "-");
-        std::printf("%-26.26s %-22.22s %-18.18s %10.2f %10.2f %8s %10.1f %10.1f\n", i ? "" : nd.name.c_str(),
+        std::printf("%-26.26s %-22.22s %-18.18s %10.2f %10.2f %8s %10s %10s\n", i ? "" : nd.name.c_str(),
                     i ? "" : shape_str(out.shape, n, out.batched).c_str(),
                     s["recomputed"].get<bool>() ? "recomputed" : s["format"].get<std::string>().c_str(),
-                    s["dense_mb"].get<double>(), s["stored_mb"].get<double>(), zs, uf, ub);
+                    s["dense_mb"].get<double>(), s["stored_mb"].get<double>(), zs, ufs, ubs);
       }
     }
   }
@@ -236,18 +252,25 @@ int cmd_memprofile(const MemProfileArgs& a) {
                  {"stash_stored_mb", stored_total},
                  {"stash_recomputed_mb", recomputed_total},
                  {"stash_peak_mb", double(ex.stash().peak_bytes()) / kMB},
-                 {"uss_before_model_mb", double(uss_before) / kMB},
-                 {"peak_uss_mb", double(uss.peak) / kMB},
-                 {"step_uss_mb", double(uss.peak - std::min(uss.peak, uss_before)) / kMB}};
+                 {"uss_before_model_mb", mb_or_null(uss_before)},
+                 {"peak_uss_mb", mb_or_null(peak)},
+                 {"step_uss_mb", mb_or_null(step_uss)},
+                 {"uss_method", uss_method_name(peak ? step_peak.method() : UssMethod::None)}};
   std::printf("\nparams %.2f MB, grads %.2f, optimizer %.2f, activations (planned) %.2f, workspace %.2f; "
               "stash %.2f MB stored for %.2f MB dense (%.2fx) + %.2f MB recomputed in backward, stash peak %.2f MB\n",
               m.params / kMB, m.grads / kMB, m.optimizer / kMB, m.activations_planned / kMB, m.workspace / kMB,
               stored_total, dense_total, dense_total > 0 ? stored_total / dense_total : 0.0, recomputed_total,
               double(ex.stash().peak_bytes()) / kMB);
-  const double step_mb = double(uss.peak - std::min(uss.peak, uss_before)) / kMB;
-  std::printf("USS before the model %.1f MB, peak during the step %.1f MB (step %.1f MB)\n", double(uss_before) / kMB,
-              double(uss.peak) / kMB, step_mb);
-  if (budget.budget_mb > 0) {
+  const double step_mb = double(step_uss.value_or(0)) / kMB;
+  if (step_uss)
+    std::printf("USS before the model %.1f MB, peak during the step %.1f MB (step %.1f MB; %s)\n",
+                double(*uss_before) / kMB, double(*peak) / kMB, step_mb, uss_method_name(step_peak.method()));
+  else
+    std::printf("USS unavailable (/proc/self/smaps_rollup and /proc/self/smaps cannot be read)\n");
+  if (budget.budget_mb > 0 && !step_uss) {
+    std::printf("memory budget %.1f MB: step USS unavailable, predicted %.1f MB\n", budget.budget_mb,
+                budget.predicted_mb);
+  } else if (budget.budget_mb > 0) {
     std::printf("memory budget %.1f MB: measured step USS %.1f MB (%s), predicted %.1f MB\n", budget.budget_mb, step_mb,
                 step_mb <= budget.budget_mb ? "within it" : "OVER it", budget.predicted_mb);
     totals["budget_mb"] = budget.budget_mb;

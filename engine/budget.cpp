@@ -46,17 +46,23 @@ void calibrate(Graph& g, Backend& backend, const QuantOptions& quant, const Budg
   StashOptions lean;
   lean.format = format;
   lean.checkpoint_every = every;
-  const size_t uss_before = read_uss_bytes();
+  // The budget is one of USS: without it there is nothing to plan against.
+  const std::optional<size_t> uss_before = read_uss_bytes();
+  if (!uss_before)
+    user_error("memory.budget_mb: the process USS cannot be read (/proc/self/smaps_rollup and /proc/self/smaps are "
+               "unavailable), so a USS budget cannot be planned; leave memory.budget_mb at 0");
   Executor ex(g, backend, lean, quant);
   init(ex);
   synthetic_batch(ex, o.seed);
   const int64_t n = g.batch_size();
   UssPeak uss;
   auto step = [&] {
+    uss.begin_step();
     ex.forward(n, true);
-    uss.sample();
+    uss.phase();
     ex.backward();
-    uss.sample();
+    uss.phase();
+    uss.end_step();
   };
   step();  // warm-up: first-touch page faults, kernel selection
   ex.set_timing(true);
@@ -70,7 +76,7 @@ void calibrate(Graph& g, Backend& backend, const QuantOptions& quant, const Budg
     // USS the step adds beyond the arena and the stash region (thread stacks, per-thread
     // scratch, the allocator's own pages): their resident pages are subtracted as they are, the
     // prediction counts both whole (a plan may touch pages this one did not).
-    cal->overhead_bytes = std::max(0.0, double(uss.peak()) - double(uss_before) - double(ex.arena_resident_bytes()) -
+    cal->overhead_bytes = std::max(0.0, double(uss.peak().value_or(0)) - double(*uss_before) - double(ex.arena_resident_bytes()) -
                                             double(ex.stash().region_resident_bytes()));
   }
   seconds->assign(size_t(g.num_values()), 0.0);

@@ -89,10 +89,13 @@ void Executor::plan_saves(PlanState& st) {
   st.first_saver.assign(size_t(nv), -1);
   st.last_saver.assign(size_t(nv), -1);
   st.full.assign(size_t(nv), 0);
+  st.mask_read.assign(size_t(nv), 0);
   for (int n = 0; n < nn; ++n)
     for (const SaveSpec& sp : save_specs_[size_t(n)]) {
       const Node& node = graph_.node(n);
-      st.add_saver(sp.input < 0 ? node.output : node.inputs[size_t(sp.input)], n, sp.kind == SaveKind::Full);
+      const int id = sp.input < 0 ? node.output : node.inputs[size_t(sp.input)];
+      st.add_saver(id, n, sp.kind == SaveKind::Full);
+      st.mask_read[size_t(id)] |= sp.kind == SaveKind::Mask;
     }
   plan_code_saves(st);
   if (std::count(st.codes.begin(), st.codes.end(), 1) > 0)
@@ -124,6 +127,7 @@ void Executor::plan_saves(PlanState& st) {
     sv.value = id;
     sv.numel = v.shape.numel();
     sv.full = st.full[size_t(id)] != 0;
+    sv.mask_read = st.mask_read[size_t(id)] != 0;
     // Inputs live for the whole step anyway: keep them in place.
     sv.format = v.kind == ValueKind::Input ? StashFormat::DenseF32 : format[size_t(id)];
     st.saved_index[size_t(id)] = int(st.saved.size());

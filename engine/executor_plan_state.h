@@ -33,6 +33,7 @@ struct Executor::PlanState {
   // plan_saves: who saves what, and what the stash will hold.
   std::vector<int> first_saver, last_saver;  // per value: node, or -1 if nothing saves it
   std::vector<uint8_t> full;                 // per value: some saver needs every element
+  std::vector<uint8_t> mask_read;            // per value: some saver reads only its > 0 mask
   std::vector<int> seg_of;                   // per node: its recompute segment, or -1
   std::vector<uint8_t> recomputed;           // per value: produced and used inside a segment only
   std::vector<uint8_t> rewritten;            // per value: written again by a segment's rerun

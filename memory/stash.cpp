@@ -28,6 +28,7 @@ void Stash::configure(std::vector<SavedValue> saved, int num_values, float prune
   for (size_t i = 0; i < saved_.size(); ++i) {
     index_[size_t(saved_[i].value)] = int(i);
     total += Arena::align_up(stash_worst_case_bytes(saved_[i].format, saved_[i].numel, saved_[i].full));
+    if (mask_apart(saved_[i])) total += Arena::align_up(size_t(bitmap::num_words(saved_[i].numel)) * 8);
   }
   stack_.clear();
   stack_.reserve(saved_.size());
@@ -39,6 +40,10 @@ const SavedValue* Stash::info(int value_id) const {
   const int i = index_[size_t(value_id)];
   ET_CHECK(i >= 0, "value ", value_id, " is not planned for the stash");
   return &saved_[size_t(i)];
+}
+
+bool Stash::mask_apart(const SavedValue& s) const {
+  return prune_threshold_ > 0.f && s.full && s.mask_read && stash_format_has_bitmap(s.format, true);
 }
 
 bool Stash::zero_copy(int value_id) const { return info(value_id)->format == StashFormat::DenseF32; }
@@ -59,7 +64,8 @@ MaskOut Stash::mask_target(int value_id) const {
   MaskOut m;
   if (!stash_format_has_bitmap(s.format, s.full)) return m;
   m.bits = static_cast<uint64_t*>(at(top_));
-  m.prune_threshold = prune_threshold_;
+  // Pruned bits only where they select stored values and no mask is read from them.
+  m.prune_threshold = s.full && !mask_apart(s) ? prune_threshold_ : 0.f;
   return m;
 }
 
@@ -72,8 +78,9 @@ void Stash::push(int value_id, const Tensor& t, int64_t bits_kept, const Tensor&
   const float* x = t.f32();
   StashRecord& rec = records_[size_t(value_id)];
   e.view = t;
-  e.offset = top_;
+  e.offset = e.encoding_offset = top_;
   e.decoded = false;
+  e.exact_mask = false;
   rec.numel = n;
   StashEncoding enc = s.full ? format.full : format.mask;
   if (enc == StashEncoding::ZeroCopy) {
@@ -81,9 +88,19 @@ void Stash::push(int value_id, const Tensor& t, int64_t bits_kept, const Tensor&
     zero_copy_live_ += e.bytes;
   } else {
     const auto t0 = timing_ ? Clock::now() : Clock::time_point{};
-    void* dst = at(top_);
-    if (enc == StashEncoding::Mask) {
-      e.nonzero = bits_kept >= 0 ? bits_kept : bitmap::make_bits(x, n, prune_threshold_, static_cast<uint64_t*>(dst));
+    size_t mask_bytes = 0;
+    if (mask_apart(s)) {
+      // The exact mask first (the producer may have written it: mask_target), then the encoding
+      // with pruned values, whose own bitmap the pack below computes.
+      mask_bytes = Arena::align_up(size_t(bitmap::num_words(n)) * 8);
+      if (bits_kept < 0) bitmap::make_bits(x, n, 0.f, static_cast<uint64_t*>(at(top_)));
+      bits_kept = -1;
+      e.exact_mask = true;
+      e.encoding_offset = top_ + mask_bytes;
+    }
+    void* dst = at(e.encoding_offset);
+    if (enc == StashEncoding::Mask) {  // exact: pruning concerns stored values, a mask has none
+      e.nonzero = bits_kept >= 0 ? bits_kept : bitmap::make_bits(x, n, 0.f, static_cast<uint64_t*>(dst));
     } else if (stash_encoding_info(enc).codes) {
       ET_CHECK(codes.numel() == n && (codes.dtype == DType::I4 || codes.dtype == DType::U4) && bits_kept < 0,
                "value ", value_id, " (bitmap_int4) pushed without its codes");
@@ -101,7 +118,11 @@ void Stash::push(int value_id, const Tensor& t, int64_t bits_kept, const Tensor&
       const bool chooses = format.full_alt != format.full;
       const int64_t kept = bits_kept >= 0 || !chooses ? bits_kept : bitmap::count_nonzero(x, n, prune_threshold_);
       if (chooses && stash_encoding_bytes(enc, n, kept) >= stash_encoding_bytes(format.full_alt, n, n)) {
-        enc = format.full_alt;  // CopyF32: dense is smaller, keep an exact copy
+        enc = format.full_alt;  // CopyF32: dense is smaller, keep an exact copy (its own mask)
+        mask_bytes = 0;
+        e.exact_mask = false;
+        e.encoding_offset = top_;
+        dst = at(top_);
         std::memcpy(dst, x, size_t(n) * 4);
         e.nonzero = n;
       } else {
@@ -115,7 +136,7 @@ void Stash::push(int value_id, const Tensor& t, int64_t bits_kept, const Tensor&
         }
       }
     }
-    e.bytes = stash_encoding_bytes(enc, n, e.nonzero);
+    e.bytes = mask_bytes + stash_encoding_bytes(enc, n, e.nonzero);
     top_ += Arena::align_up(e.bytes);
     ET_CHECK(top_ <= region_.size(), "stash region overflow at value ", value_id);
     if (timing_) {
@@ -145,7 +166,7 @@ Tensor Stash::get(int value_id) {
   out.shape = e.view.shape;  // the current batch
   if (!e.decoded) {
     const auto t0 = timing_ ? Clock::now() : Clock::time_point{};
-    const void* src = at(e.offset);
+    const void* src = at(e.encoding_offset);
     float* y = out.f32();
     switch (e.stored) {
       case StashEncoding::CopyF32: std::memcpy(y, src, size_t(n) * 4); break;
@@ -175,7 +196,7 @@ Tensor Stash::get_stored(int value_id) const {
   const StashEncodingInfo& info = stash_encoding_info(e.stored);
   ET_CHECK(info.every_element, "value ", value_id, " not saved in full");
   if (e.stored == StashEncoding::ZeroCopy) return e.view;
-  Tensor t = Tensor::contiguous(at(e.offset), e.view.shape, info.dtype);
+  Tensor t = Tensor::contiguous(at(e.encoding_offset), e.view.shape, info.dtype);
   t.scale = e.scale;
   return t;
 }
@@ -186,8 +207,10 @@ MaskView Stash::get_mask(int value_id) {
   m.numel = e.view.numel();
   // The bitmap or the f32 values as they are (stash_mask_dtypes); other encodings decode.
   const StashEncodingInfo& info = stash_encoding_info(e.stored);
-  if (info.bitmap)
+  if (e.exact_mask)
     m.bits = static_cast<const uint64_t*>(at(e.offset));
+  else if (info.bitmap)  // no pruned values, or none stored: the encoding's bitmap is exact
+    m.bits = static_cast<const uint64_t*>(at(e.encoding_offset));
   else if (info.every_element && info.dtype == DType::F32)
     m.dense = get_stored(value_id);  // the forward buffer or the copy itself
   else

@@ -11,6 +11,9 @@
 // alone in every format but dense_fp32; the ReLU backward reads that bitmap as its mask.
 // bitmap_int4 stores the INT4 codes a quantized layer computed from the value (pushed with them)
 // behind the value's bitmap, which a mask reads too; those codes are only read as stored.
+// Activation pruning (prune_threshold > 0) is a property of the stored values only: a mask is
+// always the exact > 0 mask of the forward value. A value stored in a bitmap format with pruned
+// values and also read as a mask keeps its exact mask beside the encoding (n / 8 bytes more).
 // Everything except dense_fp32 copies into the stash's own region, so the forward buffer dies
 // after its last forward reader. Full reads decode into an executor-planned f32 buffer, or, for
 // kernels that say they can, read the storage as it is (get_stored; memory/stored_reader.h).
@@ -30,6 +33,7 @@ struct SavedValue {
   int value = -1;
   int64_t numel = 0;          // at the planned (maximum) batch
   bool full = false;          // some reader needs every element; else only the > 0 mask
+  bool mask_read = false;     // some reader reads only its > 0 mask (a ReLU backward)
   StashFormat format = StashFormat::DenseF32;
   Tensor unpack;              // f32 decode buffer for full reads; not planned for zero-copy values
                               // and for values every reader reads as stored (get_stored)
@@ -94,13 +98,17 @@ class Stash {
  private:
   struct Entry {
     StashEncoding stored = StashEncoding::None;
-    size_t offset = 0, bytes = 0;
+    size_t offset = 0, bytes = 0;  // the entry in the region: [exact mask] encoding
+    size_t encoding_offset = 0;    // where the encoding starts (offset, or after the exact mask)
+    bool exact_mask = false;       // the exact > 0 mask at offset, apart from pruned values
     int64_t nonzero = 0;
     float scale = 1.f;     // codes: their scale
     Tensor view;           // zero copy: the forward buffer; else shape/dtype of the original
     bool decoded = false;  // unpack buffer holds this step's values
   };
   const SavedValue* info(int value_id) const;
+  // Whether a full save keeps its exact mask apart: pruned values in a bitmap, read as a mask too.
+  bool mask_apart(const SavedValue& s) const;
   void* at(size_t offset) const { return region_.at(offset); }
 
   std::vector<SavedValue> saved_;

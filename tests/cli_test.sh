@@ -234,6 +234,14 @@ grep -q "layer1.0.relu1" "$T/mp.log" && grep -q "bitmap+fp32" "$T/mp.log" && pas
 [ -s "$T/mp/memprofile.svg" ] && grep -q '"uss_after_backward_mb"' "$T/mp/memprofile.json" && pass "memprofile files" || fail "memprofile files"
 "$BIN" memprofile --config "$T/cfg.json" "${Q[@]}" --set memory.stash=bitmap_int4 --out "$T/mpq" >"$T/mpq.log" 2>&1 && grep -q "bitmap+uint4" "$T/mpq.log" \
   && pass "memprofile bitmap_int4" || fail "memprofile bitmap_int4: $(tail -3 "$T/mpq.log")"
+# --- bench bitmap (BitTrain Table 1) measures through a real Stash: its resident pages hold exactly the
+# stored bytes (rounded up to a page), the dense arena the whole tensor
+"$BIN" bench bitmap --reps 1 --threads 1 >"$T/bb.log" 2>&1 && tail -1 "$T/bb.log" | python3 -c '
+import json, sys
+rows, page = json.load(sys.stdin)["rows"], 4096 / 1048576
+ok = len(rows) == 30 and all(r["stash_stored_mb"] <= r["stash_resident_mb"] < r["stash_stored_mb"] + page and
+                             abs(r["arena_resident_dense_mb"] - r["theory_dense_mb"]) < page for r in rows)
+sys.exit(0 if ok else 1)' && pass "bench bitmap through the stash" || fail "bench bitmap: $(tail -3 "$T/bb.log" | cut -c1-300)"
 expect_error "memprofile over an existing profile" "memprofile.json" "$BIN" memprofile --config "$T/cfg.json" --out "$T/mp"
 expect_error "checkpoint_every out of range" "memory.checkpoint_every" "$BIN" memprofile --config "$T/cfg.json" --set memory.checkpoint_every=-1 --out "$T/mp2"
 expect_error "unknown stash format" "memory.stash" "$BIN" memprofile --config "$T/cfg.json" --set memory.stash=bitmap_fp8 --out "$T/mp3"

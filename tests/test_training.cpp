@@ -83,6 +83,31 @@ TEST_CASE("a small ResNet on CIFAR-10 learns", "[training][cifar]") {
   fs::remove_all(dir);
 }
 
+TEST_CASE("training without a readable USS records null, never 0 MB", "[training][cifar][uss]") {
+  if (!fs::exists(cifar_root())) return;
+  Trainer t(small_config(1, 128, 64), cifar(Split::Train), cifar(Split::Test));
+  ProcFiles missing;
+  missing.smaps_rollup = missing.smaps = missing.status = missing.clear_refs = "/nonexistent/proc";
+  t.set_proc_files(missing);
+  const fs::path dir = fresh_dir("no_uss");
+  Quiet quiet;
+  t.fit(dir.string(), false, quiet);
+  const auto m = read_metrics(dir);
+  REQUIRE(m.size() == 1);
+  CHECK(m[0]["peak_uss_mb"].is_null());
+  CHECK(m[0]["uss_method"] == "unavailable");
+  // And with /proc: the kernel's high-water mark over every step.
+  Trainer t2(small_config(1, 128, 64), cifar(Split::Train), cifar(Split::Test));
+  const fs::path dir2 = fresh_dir("uss");
+  t2.fit(dir2.string(), false, quiet);
+  const auto m2 = read_metrics(dir2);
+  REQUIRE(m2.size() == 1);
+  CHECK(m2[0]["peak_uss_mb"].get<double>() > 0);
+  CHECK(m2[0]["uss_method"] == "high-water mark (VmHWM)");
+  fs::remove_all(dir);
+  fs::remove_all(dir2);
+}
+
 TEST_CASE("same seed and threads give identical losses", "[training][cifar]") {
   if (!fs::exists(cifar_root())) return;
   const Config cfg = small_config(1, 512, 32);

@@ -16,10 +16,12 @@ std::string format_duration(double s) {
 }
 
 void Progress::step(const StepStatus& s) {
-  char buf[256];
-  std::snprintf(buf, sizeof(buf), "epoch %d/%d step %lld/%lld loss %.4f acc %.3f lr %.4g %.0f img/s ETA %s USS %.0f MB",
+  char buf[256], uss[32];
+  if (s.uss_mb >= 0) std::snprintf(uss, sizeof(uss), "%.0f MB", s.uss_mb);
+  else std::snprintf(uss, sizeof(uss), "unavailable");
+  std::snprintf(buf, sizeof(buf), "epoch %d/%d step %lld/%lld loss %.4f acc %.3f lr %.4g %.0f img/s ETA %s USS %s",
                 s.epoch, s.epochs, (long long)s.step, (long long)s.steps, s.loss, s.acc, s.lr, s.img_per_s,
-                format_duration(s.eta_s).c_str(), s.uss_mb);
+                format_duration(s.eta_s).c_str(), uss);
   if (tty_) {
     std::fprintf(out_, "\r\033[K%s", buf);
     live_ = true;

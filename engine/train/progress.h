@@ -10,7 +10,8 @@ namespace et {
 struct StepStatus {
   int epoch = 0, epochs = 0;
   int64_t step = 0, steps = 0;
-  double loss = 0, acc = 0, img_per_s = 0, eta_s = 0, uss_mb = 0, lr = 0;
+  double loss = 0, acc = 0, img_per_s = 0, eta_s = 0, lr = 0;
+  double uss_mb = -1;  // peak USS so far; < 0: unavailable (no /proc)
 };
 
 class Progress {

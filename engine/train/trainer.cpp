@@ -167,15 +167,19 @@ bool Trainer::train_step(int64_t batch, float lr) {
   ex.set_step_seed(mix(cfg_.train.seed, uint64_t(state_.step)));
   ex.set_step(state_.step);
   bool have_loss = false;
+  // The peak USS over the whole step (memory/uss.h): the kernel's high-water mark from here to the
+  // end of the update, or, where it cannot be reset, samples after each phase.
+  uss_.begin_step();
   try {
     ex.forward(batch, true);
-    uss_.sample();  // activations peak at the end of forward
+    uss_.phase();
     have_loss = true;
     // Checked before the backward, so the parameters are still the step's and the guard can run
     // it again to find where the first non-finite value appeared.
     if (const DivergenceCause c = check_loss(ex.loss(), cfg_.train.divergence_loss); c != DivergenceCause::None)
       return diverged(c, batch, nullptr, true, lr);
     ex.backward();
+    uss_.phase();
   } catch (const NonFiniteError& e) {  // a quantizer's input, weight or output gradient
     return diverged(DivergenceCause::NonFiniteValue, batch, &e, have_loss, lr);
   }
@@ -183,6 +187,7 @@ bool Trainer::train_step(int64_t batch, float lr) {
   if (!gradients_finite(ex)) return diverged(DivergenceCause::NonFiniteGradient, batch, nullptr, true, lr);
   if (!sgd_update(ex, sgd_options(cfg_.train), lr, state_.step == 0))
     return diverged(DivergenceCause::NonFiniteUpdate, batch, nullptr, true, lr);
+  uss_.end_step();
   ++state_.step;
   return true;
 }
@@ -278,7 +283,7 @@ EpochResult Trainer::train_epoch(int epoch, Progress& progress) {
     s.img_per_s = double(seen) / el;
     s.eta_s = el / double(i + 1) * double(steps - i - 1) +
               el / double(i + 1) * double(steps) * double(cfg_.train.epochs - epoch - 1);
-    s.uss_mb = double(uss_.peak()) / 1048576.0;
+    s.uss_mb = uss_mb_or_negative(uss_.peak());
     s.lr = lr;
     progress.step(s);
   }
@@ -301,8 +306,9 @@ EvalResult Trainer::evaluate(bool keep_logits) {
   for (;;) {
     const int64_t n = loader.next(images.f32(), labels.i32());
     if (n == 0) break;
+    uss_.begin_step();
     ex.forward(n, false);
-    uss_.sample();
+    uss_.end_step();
     loss_sum += double(ex.loss()) * double(n);
     correct += count_correct(ex.value(graph_.logits), ex.value(graph_.label_input), n);
     r.images += n;
@@ -410,13 +416,13 @@ void Trainer::fit(const std::string& out_dir, bool resume, Progress& progress, i
     const EvalResult ev = evaluate();
     r.test_loss = ev.loss;
     r.test_acc = ev.acc;
-    r.peak_uss_mb = double(uss_.peak()) / 1048576.0;
+    r.peak_uss_mb = uss_mb_or_negative(uss_.peak());
     state_.epoch = epoch;
     state_.best_test_acc = std::max(state_.best_test_acc, r.test_acc);
     json j = {{"epoch", r.epoch},       {"train_loss", r.train_loss}, {"train_acc", r.train_acc},
               {"test_loss", r.test_loss}, {"test_acc", r.test_acc},   {"lr", r.lr},
-              {"img_per_s", r.img_per_s}, {"epoch_s", r.epoch_s},     {"peak_uss_mb", r.peak_uss_mb},
-              {"stash_peak_mb", r.stash_peak_mb}, {"fnt", r.fnt}};
+              {"img_per_s", r.img_per_s}, {"epoch_s", r.epoch_s},     {"peak_uss_mb", r.peak_uss_mb >= 0 ? json(r.peak_uss_mb) : json()},
+              {"uss_method", uss_method_name(uss_.method())}, {"stash_peak_mb", r.stash_peak_mb}, {"fnt", r.fnt}};
     // The record first, then the checkpoint that covers it: a kill between the two leaves a record
     // newer than the checkpoint, which --resume drops (never a checkpoint without its record).
     append_metrics(out_dir, j);
@@ -424,7 +430,9 @@ void Trainer::fit(const std::string& out_dir, bool resume, Progress& progress, i
     write_run_curves(out_dir, run_name(out_dir) + " (" + cfg_.model.name + ")");
     progress.line(fmt("epoch ", r.epoch, "/", cfg_.train.epochs, ": train loss ", r.train_loss, " acc ", r.train_acc,
                       " | test loss ", r.test_loss, " acc ", r.test_acc, " | ", int(r.img_per_s), " img/s, ",
-                      format_duration(r.epoch_s), ", peak USS ", int(r.peak_uss_mb), " MB", r.fnt ? " [FNT]" : ""));
+                      format_duration(r.epoch_s), ", peak USS ",
+                      r.peak_uss_mb >= 0 ? fmt(int(r.peak_uss_mb), " MB") : std::string("unavailable"),
+                      r.fnt ? " [FNT]" : ""));
   }
 }
 

@@ -22,7 +22,7 @@ struct EpochResult {
   int epoch = 0;  // 1-based
   double train_loss = 0, train_acc = 0, test_loss = 0, test_acc = 0;
   double img_per_s = 0, epoch_s = 0, lr = 0;
-  double peak_uss_mb = 0;
+  double peak_uss_mb = -1;  // over the epoch's steps and its evaluation; < 0: USS unavailable
   double stash_peak_mb = 0;
   bool fnt = false;       // an FNT epoch (quant.fnt_epochs)
   bool diverged = false;  // ended early: Trainer::divergence() describes the step
@@ -80,6 +80,9 @@ class Trainer {
   // memory.budget_mb: what its planner chose for the main phase or FNT (budget_mb 0 when there is
   // no budget, or no FNT).
   const BudgetPlan& budget(bool fnt = false) const { return fnt ? budget_fnt_ : budget_; }
+  // Where the peak USS per step is read (memory/uss.h); tests point it at missing files.
+  void set_proc_files(const ProcFiles& files) { uss_ = UssPeak(files); }
+  const UssPeak& uss() const { return uss_; }
 
  private:
   EpochResult train_epoch(int epoch, Progress& progress);
