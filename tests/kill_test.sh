@@ -44,7 +44,7 @@ S=$((t1 - t0 - P))
 echo "seed $SEED; uninterrupted run: $((t2 - t1)) ms for $EPOCHS epochs (start-up ~$S ms, epoch ~$P ms)"
 
 run="$T/run" tmp="$T/run/checkpoint_last.ckpt.tmp"
-kills=0 in_write=0 in_other_write=0 launches=0 finished=0
+kills=0 in_write=0 in_other_write=0 launches=0 finished=0 missed=0
 D=$((S + 2 * P))  # random kills strike within D ms of a launch
 records() { (grep -c '"train_loss"' "$run/metrics.jsonl" 2>/dev/null) || true; }
 while [ $finished -eq 0 ]; do
@@ -61,6 +61,10 @@ while [ $finished -eq 0 ]; do
     left=$((EPOCHS - 1 - done_epochs))
     if [ $left -ge 1 ]; then args+=(--stop-after $((left < 2 ? left : 2))); else last=1; fi
   fi
+  # A last-epoch launch whose checkpoint write the spinning shell misses (a loaded machine can
+  # deschedule it for longer than the write takes) would finish the run short of NEED kills: it is
+  # undone from a copy of the folder and launched again.
+  [ $last -eq 1 ] && { rm -rf "$T/undo"; cp -a "$run" "$T/undo"; }
   touch "$T/marker"
   "$BIN" train --config "$T/cfg.json" --out "$run" "${args[@]}" >>"$T/run.log" 2>&1 &
   pid=$!
@@ -87,6 +91,9 @@ while [ $finished -eq 0 ]; do
     for f in "$run/config.json.tmp" "$run/metrics.jsonl.tmp"; do [ "$f" -nt "$T/marker" ] && in_other_write=$((in_other_write + 1)); done
   elif [ $rc -ne 0 ]; then
     die "launch $launches exited with $rc after $kills kills: $(tail -5 "$T/run.log")"
+  elif [ $last -eq 1 ] && [ $kills -lt "$NEED" ]; then
+    rm -rf "$run" && mv "$T/undo" "$run"
+    missed=$((missed + 1))
   elif [ "$(records)" -eq $EPOCHS ]; then
     finished=1
   fi
@@ -96,7 +103,7 @@ while [ $finished -eq 0 ]; do
   if [ $((${done_epochs:-0} * NEED)) -lt $((kills * (EPOCHS - 4))) ]; then D=$((D * 3 / 2)); else D=$((D * 2 / 3 + 1)); fi
   [ $launches -gt $((20 * NEED)) ] && die "no end after $launches launches ($kills kills): $(tail -3 "$T/run.log")"
 done
-echo "kills: $kills over $launches launches ($in_write inside a checkpoint write, $in_other_write inside a config.json / metrics.jsonl rewrite)"
+echo "kills: $kills over $launches launches ($in_write inside a checkpoint write, $in_other_write inside a config.json / metrics.jsonl rewrite; $missed last-epoch launches missed and undone)"
 
 strip() { sed -E 's/"(img_per_s|epoch_s|peak_uss_mb)":[^,}]*//g' "$1"; }
 fails=0
