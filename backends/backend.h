@@ -40,6 +40,12 @@ class Backend {
   virtual std::string name() const = 0;
   // Where the executor's arena and stash region live (one allocation each).
   virtual DeviceMemory& memory() = 0;
+  // Host access (engine/host_view.h): whether host code may use this backend's tensor pointers
+  // directly (the CPU; a GPU whose memory the host maps). Otherwise it goes through these copies
+  // of whole contiguous tensors (nbytes()).
+  virtual bool host_addressable() const = 0;
+  virtual void copy_to_host(const Tensor& src, void* dst) = 0;
+  virtual void copy_from_host(const void* src, Tensor& dst) = 0;
 
   // ---- memory helpers
   virtual void fill(Tensor& t, float value) = 0;

@@ -12,6 +12,7 @@
 #include <nlohmann/json.hpp>
 
 #include "engine/check.h"
+#include "engine/host_view.h"
 #include "memory/uss.h"
 
 namespace et {
@@ -32,11 +33,11 @@ void synthetic_batch(Executor& ex, uint64_t seed) {
   Graph& g = ex.graph();
   std::mt19937_64 rng(seed);
   std::normal_distribution<float> normal(0.f, 1.f);
-  Tensor x = ex.value(g.image_input);
-  for (int64_t i = 0; i < x.numel(); ++i) x.f32()[i] = normal(rng);
-  Tensor y = ex.value(g.label_input);
+  const Tensor x = ex.value(g.image_input), y = ex.value(g.label_input);
+  const HostView xv(ex.backend(), x, HostView::Write), yv(ex.backend(), y, HostView::Write);
+  for (int64_t i = 0; i < x.numel(); ++i) xv.f32()[i] = normal(rng);
   const int64_t classes = g.value(g.logits).shape[1];
-  for (int64_t i = 0; i < y.numel(); ++i) y.i32()[i] = int32_t(rng() % uint64_t(classes));
+  for (int64_t i = 0; i < y.numel(); ++i) yv.i32()[i] = int32_t(rng() % uint64_t(classes));
 }
 
 // Runs the graph in `format` with every segment of `every` layers recomputed (bitmap_int4: 0, it

@@ -58,7 +58,14 @@ std::vector<Tensor> Executor::state_tensors() const {
   return out;
 }
 
-float Executor::loss() const { return data_[size_t(graph_.loss)].f32()[0]; }
+float Executor::loss() const {
+  const Tensor& t = data_[size_t(graph_.loss)];
+  if (backend_.host_addressable()) return t.f32()[0];
+  ET_CHECK(t.numel() == 1 && t.dtype == DType::F32);
+  float l = 0.f;
+  backend_.copy_to_host(t, &l);
+  return l;
+}
 
 void Executor::forward(int64_t batch, bool training) {
   ET_CHECK(batch > 0 && batch <= graph_.batch_size(), "batch ", batch, " outside 1..", graph_.batch_size());

@@ -75,7 +75,7 @@ class Executor {
 
   Graph& graph() { return graph_; }
   const Graph& graph() const { return graph_; }
-  Backend& backend() { return backend_; }
+  Backend& backend() const { return backend_; }
 
   // Runs the forward pass for the first `batch` samples of the inputs (batch <= graph batch size).
   void forward(int64_t batch, bool training);

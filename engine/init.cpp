@@ -4,6 +4,7 @@
 #include <random>
 
 #include "engine/executor.h"
+#include "engine/host_view.h"
 
 namespace et {
 
@@ -19,7 +20,8 @@ void init_parameters(Executor& ex, uint64_t seed) {
     const Value& v = g.value(id);
     if (v.kind != ValueKind::Param && v.kind != ValueKind::Buffer) continue;
     Tensor t = ex.value(id);
-    float* p = t.f32();
+    const HostView view(ex.backend(), t, HostView::Write);
+    float* p = view.f32();
     const int64_t n = t.numel();
     std::mt19937_64 rng(seed ^ hash_name(v.name));
     switch (v.init) {
@@ -45,7 +47,7 @@ void init_parameters(Executor& ex, uint64_t seed) {
     if (v.kind == ValueKind::Param && !v.frozen)  // frozen ones have no optimizer state
       for (int s = 0; s < 1; ++s) {
         Tensor m = ex.opt_slot(id, s);
-        for (int64_t i = 0; i < n; ++i) m.f32()[i] = 0.f;
+        ex.backend().fill(m, 0.f);
       }
   }
 }

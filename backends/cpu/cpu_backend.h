@@ -8,12 +8,15 @@
 
 namespace et {
 
-class CpuBackend final : public Backend {
+class CpuBackend : public Backend {
  public:
   CpuBackend();
   Device device() const override { return Device::CPU; }
   std::string name() const override { return "cpu"; }
   DeviceMemory& memory() override { return host_memory(); }
+  bool host_addressable() const override { return true; }
+  void copy_to_host(const Tensor& src, void* dst) override;
+  void copy_from_host(const void* src, Tensor& dst) override;
 
   void fill(Tensor& t, float value) override;
   void copy(const Tensor& src, Tensor& dst) override;

@@ -45,6 +45,16 @@ void CpuBackend::copy(const Tensor& src, Tensor& dst) {
   std::memcpy(dst.data, src.data, src.nbytes());
 }
 
+void CpuBackend::copy_to_host(const Tensor& src, void* dst) {
+  ET_CHECK(src.is_contiguous());
+  std::memcpy(dst, src.data, src.nbytes());
+}
+
+void CpuBackend::copy_from_host(const void* src, Tensor& dst) {
+  ET_CHECK(dst.is_contiguous());
+  std::memcpy(dst.data, src, dst.nbytes());
+}
+
 void CpuBackend::relu_forward(const Tensor& x, Tensor& y, MaskOut* mask) {
   const float* xp = x.f32();
   float* yp = y.f32();

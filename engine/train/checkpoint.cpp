@@ -12,6 +12,7 @@
 #include <nlohmann/json.hpp>
 
 #include "engine/executor.h"
+#include "engine/host_view.h"
 
 namespace et {
 namespace fs = std::filesystem;
@@ -118,7 +119,10 @@ void save_checkpoint(const std::string& path, const Executor& ex, const TrainPro
   put(kMagic, sizeof(kMagic));
   put(&hlen, sizeof(hlen));
   put(header.data(), header.size());
-  for (const Entry& e : entries) put(e.t.data, e.t.nbytes());
+  for (const Entry& e : entries) {
+    const HostView v(ex.backend(), e.t, HostView::Read);
+    put(v.data(), e.t.nbytes());
+  }
   const uint32_t final_crc = crc;
   put(&final_crc, sizeof(final_crc));
   if (err == 0 && ::fsync(fd) != 0) err = errno;
@@ -259,7 +263,8 @@ TrainProgress load_checkpoint_bytes(const char* data, size_t size, const std::st
   // Everything checked: now copy.
   offset = data_start;
   for (const Entry& e : entries) {
-    std::memcpy(e.t.data, data + offset, e.t.nbytes());
+    Tensor t = e.t;
+    ex.backend().copy_from_host(data + offset, t);
     offset += e.t.nbytes();
   }
   return pr;

@@ -11,6 +11,7 @@
 
 #include "engine/data/auto.h"
 #include "engine/data/loader.h"
+#include "engine/host_view.h"
 #include "engine/init.h"
 #include "engine/train/curves.h"
 #include "engine/train/optimizer.h"
@@ -56,16 +57,28 @@ void check_dataset(const Dataset& d, const Config& c) {
 
 }  // namespace
 
-int64_t count_correct(const Tensor& logits, const Tensor& labels, int64_t n) {
+int64_t count_correct(Backend& backend, const Tensor& logits, const Tensor& labels, int64_t n) {
+  const HostView zv(backend, logits, HostView::Read), yv(backend, labels, HostView::Read);
   const int64_t K = logits.dim(1);
   int64_t correct = 0;
   for (int64_t i = 0; i < n; ++i) {
-    const float* z = logits.f32() + i * K;
+    const float* z = zv.f32() + i * K;
     const int64_t arg = std::max_element(z, z + K) - z;
-    correct += arg == labels.i32()[i];
+    correct += arg == yv.i32()[i];
   }
   return correct;
 }
+
+namespace {
+
+// The loader's next batch into the executor's input tensors: in place on the CPU; a backend whose
+// memory the host cannot address gets it copied when the views go.
+int64_t next_batch(Backend& backend, BatchLoader& loader, const Tensor& images, const Tensor& labels) {
+  const HostView iv(backend, images, HostView::Write), lv(backend, labels, HostView::Write);
+  return loader.next(iv.f32(), lv.i32());
+}
+
+}  // namespace
 
 Trainer::Trainer(const Config& cfg, bool need_train_split) : cfg_(cfg) {
   if (cfg_.train.threads > 0) omp_set_num_threads(cfg_.train.threads);
@@ -225,7 +238,8 @@ bool Trainer::enter_phase(int epoch) {
   std::vector<char> kept;
   for (const Tensor& t : executor_->state_tensors()) {
     sizes.push_back(t.nbytes());
-    kept.insert(kept.end(), static_cast<const char*>(t.data), static_cast<const char*>(t.data) + t.nbytes());
+    const HostView v(*backend_, t, HostView::Read);
+    kept.insert(kept.end(), static_cast<const char*>(v.data()), static_cast<const char*>(v.data()) + t.nbytes());
   }
   executor_.reset();
   executor_ = std::make_unique<Executor>(graph_, *backend_, stash_options(fnt), quant_options(fnt));
@@ -234,7 +248,8 @@ bool Trainer::enter_phase(int epoch) {
   size_t at = 0;
   for (size_t i = 0; i < to.size(); ++i) {
     ET_CHECK(to[i].nbytes() == sizes[i], "state tensor ", i, " changed size across the re-plan");
-    std::memcpy(to[i].data, kept.data() + at, sizes[i]);
+    Tensor dst = to[i];
+    backend_->copy_from_host(kept.data() + at, dst);
     at += sizes[i];
   }
   fnt_ = fnt;
@@ -257,7 +272,7 @@ EpochResult Trainer::train_epoch(int epoch, Progress& progress) {
   ex.stash().reset_peak();
   const auto t0 = Clock::now();
   for (int64_t i = 0; i < steps; ++i) {
-    const int64_t n = loader.next(images.f32(), labels.i32());
+    const int64_t n = next_batch(*backend_, loader, images, labels);
     ET_CHECK(n == cfg_.train.batch_size, "train loader returned ", n);
     // lr_factor is 1 unless the guard rolled back (exact: float(double(x) * 1) == x).
     const float lr = float(double(learning_rate(cfg_.train, cfg_.quant, epoch + double(i) / double(steps))) *
@@ -270,7 +285,7 @@ EpochResult Trainer::train_epoch(int epoch, Progress& progress) {
     }
     r.lr = lr;
     loss_sum += double(ex.loss()) * double(n);
-    correct += count_correct(ex.value(graph_.logits), ex.value(graph_.label_input), n);
+    correct += count_correct(*backend_, ex.value(graph_.logits), labels, n);
     seen += n;
     const double el = std::chrono::duration<double>(Clock::now() - t0).count();
     StepStatus s;
@@ -304,18 +319,19 @@ EvalResult Trainer::evaluate(bool keep_logits) {
   double loss_sum = 0;
   int64_t correct = 0;
   for (;;) {
-    const int64_t n = loader.next(images.f32(), labels.i32());
+    const int64_t n = next_batch(*backend_, loader, images, labels);
     if (n == 0) break;
     uss_.begin_step();
     ex.forward(n, false);
     uss_.end_step();
     loss_sum += double(ex.loss()) * double(n);
-    correct += count_correct(ex.value(graph_.logits), ex.value(graph_.label_input), n);
+    correct += count_correct(*backend_, ex.value(graph_.logits), labels, n);
     r.images += n;
     if (keep_logits) {
       const Tensor z = ex.value(graph_.logits);
-      r.logits.insert(r.logits.end(), z.f32(), z.f32() + n * z.dim(1));
-      r.labels.insert(r.labels.end(), labels.i32(), labels.i32() + n);
+      const HostView zv(*backend_, z, HostView::Read), yv(*backend_, labels, HostView::Read);
+      r.logits.insert(r.logits.end(), zv.f32(), zv.f32() + n * z.dim(1));
+      r.labels.insert(r.labels.end(), yv.i32(), yv.i32() + n);
     }
   }
   r.loss = loss_sum / double(r.images);

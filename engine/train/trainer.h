@@ -127,6 +127,6 @@ StashOptions plan_stash_options(const Config& cfg, Graph& g, Backend& backend, B
 inline const char* budget_plan_name(bool fnt) { return fnt ? "memory_plan_fnt.json" : "memory_plan.json"; }
 
 // Number of samples in [0, n) whose logits argmax equals the label.
-int64_t count_correct(const Tensor& logits, const Tensor& labels, int64_t n);
+int64_t count_correct(Backend& backend, const Tensor& logits, const Tensor& labels, int64_t n);
 
 }  // namespace et

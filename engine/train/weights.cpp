@@ -133,7 +133,10 @@ WeightsReport load_weights(const std::string& path, Executor& ex) {
       if (!std::isfinite(x)) user_error("weights file '", path, "': tensor '", v.name, "' holds a non-finite value");
     staged.emplace_back(id, std::move(buf));
   }
-  for (auto& [id, buf] : staged) std::memcpy(ex.value(id).f32(), buf.data(), buf.size() * 4);
+  for (auto& [id, buf] : staged) {
+    Tensor t = ex.value(id);
+    ex.backend().copy_from_host(buf.data(), t);
+  }
   r.loaded = int(staged.size());
   r.head_swapped = head_swap;
   r.lines.push_back(fmt("weights: ", r.loaded, " tensors from ", path,

@@ -1,0 +1,110 @@
+// The device-aware core's host access (engine/host_view.h): with a backend whose memory the host
+// may not address, initialisation, the input batch, the loss and accuracy readout, weights and
+// checkpoints go through the backend's copies, and training computes the same bits as on the CPU.
+#include <catch2/catch.hpp>
+
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <unistd.h>
+
+#include "backends/cpu/cpu_backend.h"
+#include "engine/host_view.h"
+#include "engine/init.h"
+#include "engine/train/checkpoint.h"
+#include "engine/train/optimizer.h"
+#include "engine/train/trainer.h"
+
+using namespace et;
+namespace fs = std::filesystem;
+
+namespace {
+
+// The CPU backend, but host code must copy (as it will for a GPU's memory); copies are counted.
+class StagedCpu final : public CpuBackend {
+ public:
+  int to_host = 0, from_host = 0;
+  bool host_addressable() const override { return false; }
+  void copy_to_host(const Tensor& src, void* dst) override {
+    ++to_host;
+    CpuBackend::copy_to_host(src, dst);
+  }
+  void copy_from_host(const void* src, Tensor& dst) override {
+    ++from_host;
+    CpuBackend::copy_from_host(src, dst);
+  }
+};
+
+struct Run {
+  Graph g;
+  std::unique_ptr<Backend> be;
+  std::unique_ptr<Executor> ex;
+  explicit Run(std::unique_ptr<Backend> backend, uint64_t seed = 3) : be(std::move(backend)) {
+    ModelSpec spec;
+    spec.name = "resnet8";
+    spec.batch = 8;
+    build_model(g, spec);
+    ex = std::make_unique<Executor>(g, *be);
+    init_parameters(*ex, seed);
+  }
+  // One SGD step on a fixed batch written from the host; returns the loss.
+  float step(bool first) {
+    {
+      const HostView x(*be, ex->value(g.image_input), HostView::Write), y(*be, ex->value(g.label_input), HostView::Write);
+      for (int64_t i = 0; i < ex->value(g.image_input).numel(); ++i) x.f32()[i] = float(i % 17) / 8.f - 1.f;
+      for (int64_t i = 0; i < 8; ++i) y.i32()[i] = int32_t(i * 3 % 10);
+    }
+    ex->forward(8, true);
+    ex->backward();
+    sgd_update(*ex, SgdOptions{0.9f, 5e-4f, false}, 0.05f, first);
+    return ex->loss();
+  }
+  std::vector<char> state() const {
+    std::vector<char> out;
+    for (const Tensor& t : ex->state_tensors()) {
+      const HostView v(*be, t, HostView::Read);
+      out.insert(out.end(), static_cast<const char*>(v.data()), static_cast<const char*>(v.data()) + t.nbytes());
+    }
+    return out;
+  }
+};
+
+std::vector<char> file_bytes(const std::string& p) {
+  std::ifstream in(p, std::ios::binary);
+  return std::vector<char>((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+}
+
+}  // namespace
+
+TEST_CASE("host access through a backend's copies: the same training, checkpoints and readouts", "[host]") {
+  Run cpu(make_cpu_backend());
+  auto staged_backend = std::make_unique<StagedCpu>();
+  StagedCpu& staged = *staged_backend;
+  Run dev(std::move(staged_backend));
+  CHECK(staged.from_host > 0);  // initialisation wrote through copies
+  CHECK(dev.state() == cpu.state());
+
+  for (int s = 0; s < 2; ++s) {
+    const int before = staged.to_host;
+    CHECK(dev.step(s == 0) == cpu.step(s == 0));
+    CHECK(staged.to_host > before);  // the loss came back through a copy
+  }
+  CHECK(dev.state() == cpu.state());
+  const Tensor logits = dev.ex->value(dev.g.logits), labels = dev.ex->value(dev.g.label_input);
+  CHECK(count_correct(staged, logits, labels, 8) ==
+        count_correct(*cpu.be, cpu.ex->value(cpu.g.logits), cpu.ex->value(cpu.g.label_input), 8));
+
+  const std::string base = (fs::temp_directory_path() / ("edgetrain_host_view_" + std::to_string(::getpid()))).string();
+  const TrainProgress pr{"resnet8", 1, 2, 3, 0.25};
+  save_checkpoint(base + "_cpu.ckpt", *cpu.ex, pr);
+  save_checkpoint(base + "_dev.ckpt", *dev.ex, pr);
+  CHECK(file_bytes(base + "_cpu.ckpt") == file_bytes(base + "_dev.ckpt"));
+  // ... and one loads into the other's kind of backend (a run resumed on another device).
+  Run back(std::make_unique<StagedCpu>(), 4);
+  save_checkpoint(base + "_back.ckpt", *back.ex, pr);
+  CHECK(file_bytes(base + "_back.ckpt") != file_bytes(base + "_cpu.ckpt"));  // its own initialisation
+  load_checkpoint(base + "_cpu.ckpt", *back.ex, "resnet8");
+  save_checkpoint(base + "_back.ckpt", *back.ex, pr);
+  CHECK(file_bytes(base + "_back.ckpt") == file_bytes(base + "_cpu.ckpt"));
+  for (const char* f : {"_cpu.ckpt", "_dev.ckpt", "_back.ckpt"}) fs::remove(base + f);
+}
