@@ -319,7 +319,7 @@ TEST_CASE("resnet20_cifar10.json trains on a grayscale PNG and a colour JPEG fol
   }
 }
 
-TEST_CASE("auto mean / std over the training subset; a constant channel is an error", "[data][auto]") {
+TEST_CASE("auto mean / std over the training subset, and a constant channel is an error", "[data][auto]") {
   TempDir t;
   make_folder(t.path, Kind::ColourPng, 16, 10);
   const Config cfg = folder_config(t.path, {"data.train_subset=8", "data.test_subset=4"});
