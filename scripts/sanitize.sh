@@ -5,6 +5,8 @@
 #                                                   LeakSanitizer) in build-asan/, every test by default
 #   scripts/sanitize.sh thread [CTEST ARGS...]      ThreadSanitizer in build-tsan/, on the code that runs
 #                                                   its own std::threads (see below)
+#   scripts/sanitize.sh [address|thread] --build-only   the build alone
+# Env: BUILD_DIR (default build-asan / build-tsan), JOBS (default nproc).
 # -O1 -g with assertions on (Eigen's included); -march=native as the normal build, so the vector
 # kernels this CPU runs are the ones checked. Not built here: edgetrain_alloc_tests (it wraps malloc and
 # replaces operator new, which the sanitizers' own allocators must own). docs/sanitizers_aarch64.md.
@@ -15,6 +17,8 @@ apt_missing build-essential cmake ninja-build pkg-config libeigen3-dev libcli11-
 
 mode=address
 case "${1:-}" in address|thread) mode="$1"; shift ;; esac
+build_only=0
+[ "${1:-}" = --build-only ] && { build_only=1; shift; }
 
 if [ "$mode" = address ]; then
   dir="${BUILD_DIR:-build-asan}" sanitizers=address,undefined
@@ -35,7 +39,8 @@ fi
 
 cmake -S . -B "$dir" -G Ninja -DCMAKE_BUILD_TYPE=Debug "-DCMAKE_CXX_FLAGS_DEBUG=-O1 -g" \
   -DEDGETRAIN_SANITIZE="$sanitizers"
-cmake --build "$dir" -j "$(nproc)"
+cmake --build "$dir" -j "${JOBS:-$(nproc)}"
+[ $build_only -eq 1 ] && exit 0
 start=$(date +%s)
-ctest --test-dir "$dir" --output-on-failure -j "$(nproc)" "${args[@]}"
+ctest --test-dir "$dir" --output-on-failure -j "${JOBS:-$(nproc)}" "${args[@]}"
 echo "sanitize ($sanitizers): passed in $(( $(date +%s) - start )) s"

@@ -16,14 +16,9 @@
 #include "engine/data/dataset.h"
 #include "engine/data/loader.h"
 
-#define STB_IMAGE_WRITE_STATIC
-#define STB_IMAGE_WRITE_IMPLEMENTATION
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wunused-function"
-#pragma GCC diagnostic ignored "-Wmissing-field-initializers"
-#include <stb_image_write.h>
+#include <stb_image_write.h>  // compiled in tests/stb_image_write.cpp
+
 #include "tests/test_util.h"
-#pragma GCC diagnostic pop
 
 using namespace et;
 namespace fs = std::filesystem;

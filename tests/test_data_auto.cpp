@@ -17,14 +17,9 @@
 #include "engine/data/dataset.h"
 #include "engine/train/trainer.h"
 
-#define STB_IMAGE_WRITE_STATIC
-#define STB_IMAGE_WRITE_IMPLEMENTATION
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wunused-function"
-#pragma GCC diagnostic ignored "-Wmissing-field-initializers"
-#include <stb_image_write.h>
+#include <stb_image_write.h>  // compiled in tests/stb_image_write.cpp
+
 #include "tests/test_util.h"
-#pragma GCC diagnostic pop
 
 using namespace et;
 using nlohmann::json;
@@ -319,7 +314,7 @@ TEST_CASE("resnet20_cifar10.json trains on a grayscale PNG and a colour JPEG fol
   }
 }
 
-TEST_CASE("auto mean / std over the training subset; a constant channel is an error", "[data][auto]") {
+TEST_CASE("auto mean / std over the training subset, and a constant channel is an error", "[data][auto]") {
   TempDir t;
   make_folder(t.path, Kind::ColourPng, 16, 10);
   const Config cfg = folder_config(t.path, {"data.train_subset=8", "data.test_subset=4"});

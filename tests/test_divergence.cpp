@@ -173,7 +173,7 @@ TEST_CASE("train_step: a non-finite update (momentum) is detected in its step", 
   CHECK_THAT(d.where, Catch::Contains("'layer1.0.conv2.weight'"));
 }
 
-TEST_CASE("a quantizer's non-finite value is a divergence; the executor stays usable", "[divergence][quant]") {
+TEST_CASE("a quantizer's non-finite value is a divergence, and the executor stays usable", "[divergence][quant]") {
   Guarded g(config(json::object(), {{"forward", "int4"}, {"backward", "luq_fp4"}}));
   REQUIRE(g.t.train_step(8, 0.05f));
   float* w = g.param("layer1.0.conv2.weight");

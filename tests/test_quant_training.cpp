@@ -169,7 +169,7 @@ std::vector<char> state_bytes(const Executor& ex) {
 
 }  // namespace
 
-TEST_CASE("FNT resolves every quantized layer to INT4 weights only; FP32 layers stay FP32", "[quant][fnt]") {
+TEST_CASE("FNT resolves every quantized layer to INT4 weights only, FP32 layers stay FP32", "[quant][fnt]") {
   QuantOptions o = luq();
   o.layers = {{"layer1.0.conv1", ForwardQuant::Fp32, BackwardQuant::Fp32},    // per-layer FP32: stays FP32
               {"layer2.0.conv1", ForwardQuant::Fp32, BackwardQuant::LuqFp4}};  // backward only: INT4 weights

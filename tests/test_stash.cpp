@@ -82,7 +82,7 @@ TEST_CASE("exact stash formats are bit-identical to dense fp32", "[stash]") {
   }
 }
 
-TEST_CASE("bitmap formats apply where zeros come by construction; overrides force them anywhere", "[stash]") {
+TEST_CASE("bitmap formats apply where zeros come by construction, overrides force them anywhere", "[stash]") {
   const Run dense = train("resnet8", with(StashFormat::DenseF32), 2);
   const Run global = train("resnet8", with(StashFormat::BitmapF32), 2);
   const Run global16 = train("resnet8", with(StashFormat::BitmapF16), 1);
