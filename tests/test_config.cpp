@@ -104,7 +104,7 @@ TEST_CASE("mistyped and out-of-range values name key and value", "[config]") {
   }
 }
 
-TEST_CASE("train.device selects the backend; one this build lacks is an error naming the key", "[config]") {
+TEST_CASE("train.device selects the backend, and one this build lacks is an error naming the key", "[config]") {
   json j = minimal();
   CHECK(parse_config(j, "test.json").train.device == "cpu");
   const std::unique_ptr<Backend> cpu = make_backend("cpu");
