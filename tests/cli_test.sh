@@ -114,18 +114,6 @@ grep -q "starts from the beginning" "$T/droll.log" && grep -q "Rolled back to th
 [ -s "$T/drfull/metrics.jsonl" ] && [ "$(strip "$T/drfull/metrics.jsonl")" = "$(strip "$T/dstop/metrics.jsonl")" ] \
   && [ "$(strip "$T/drfull/metrics.jsonl")" = "$(strip "$T/drpart/metrics.jsonl")" ] && cmp -s "$T/drfull/checkpoint_last.ckpt" "$T/drpart/checkpoint_last.ckpt" \
   && pass "divergence: rollback runs resume bit for bit" || fail "divergence: rollback runs differ: $(strip "$T/drfull/metrics.jsonl") vs $(strip "$T/drpart/metrics.jsonl")"
-# 4-bit training: a rollback raises the quantized layer where it diverged to FP32 (logged, kept in the
-# checkpoint): a resumed run equals the uninterrupted one, and eval runs the layer in FP32 as training did
-RQ=("${Q[@]}" --set train.lr=99 --set train.divergence_loss=1e30 --set train.on_divergence=rollback --set train.divergence_lr_factor=0.001)
-"$BIN" train --config "$T/cfg.json" "${RQ[@]}" --out "$T/dqfull" >"$T/dqfull.log" 2>&1 \
-  && grep -q "trains in FP32 from now on" "$T/dqfull.log" && grep -q '"fp32_layer":"layer' "$T/dqfull/metrics.jsonl" \
-  && pass "divergence: a 4-bit rollback raises its layer to FP32" || fail "divergence: 4-bit rollback: $(grep -v 'step ' "$T/dqfull.log" | tail -3)"
-"$BIN" train --config "$T/cfg.json" "${RQ[@]}" --stop-after 1 --out "$T/dqpart" >/dev/null 2>&1
-"$BIN" train --config "$T/cfg.json" "${RQ[@]}" --out "$T/dqpart" --resume >/dev/null 2>&1
-cmp -s "$T/dqfull/checkpoint_last.ckpt" "$T/dqpart/checkpoint_last.ckpt" && [ "$(strip "$T/dqfull/metrics.jsonl")" = "$(strip "$T/dqpart/metrics.jsonl")" ] \
-  && pass "divergence: the raised layer survives --resume bit for bit" || fail "divergence: 4-bit rollback resume differs"
-ev="$("$BIN" eval --config "$T/cfg.json" "${RQ[@]}" --checkpoint "$T/dqfull/checkpoint_last.ckpt" | tail -1 | grep -o '"test_loss":[^,}]*')"
-[ -n "$ev" ] && tail -1 "$T/dqfull/metrics.jsonl" | grep -qF "$ev" && pass "divergence: eval runs the raised layer as training did" || fail "divergence: eval of a raised checkpoint: $ev"
 # With a checkpoint: resumed with a bound every loss exceeds (the guard's keys may change on
 # --resume), it stops at the first step of epoch 2 and the epoch-1 checkpoint stays as it was;
 # with rollback it rolls back to that checkpoint and gives up after train.divergence_max_rollbacks
