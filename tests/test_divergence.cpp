@@ -3,8 +3,13 @@
 // non-finite value; each names the step and the first layer where a non-finite value appeared.
 #include <catch2/catch.hpp>
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
 #include <limits>
 
 #include "engine/train/optimizer.h"
@@ -223,4 +228,56 @@ TEST_CASE("a layer raised to FP32 (a rollback's) is re-planned in FP32, and chan
   REQUIRE(plain.t.train_step(8, 0.05f));
   REQUIRE(raised.t.train_step(8, 0.05f));
   CHECK(plain.t.executor().loss() != raised.t.executor().loss());
+}
+
+TEST_CASE("fit with rollback: a quantized layer that diverges is raised to FP32, logged and checkpointed",
+          "[divergence][quant]") {
+  // 2 epochs of 2 steps; a NaN put into layer1.0.conv2's weight before step 3 (epoch 2) makes its
+  // quantizer fail; fit rolls back to the checkpoint after epoch 1 and trains epoch 2 again with
+  // that layer in FP32. Numerics-independent: the injected value, not a learning rate, diverges.
+  Config c = config({{"epochs", 2}, {"on_divergence", "rollback"}}, {{"forward", "int4"}, {"backward", "luq_fp4"}});
+  Trainer t(c, test::synthetic_dataset(16, 1), test::synthetic_dataset(8, 2));
+  int injected = 0, reached = 0;  // the NaN once; step 3 twice (again after the rollback)
+  t.set_before_step([&](Executor& ex, int64_t step) {
+    if (step != 3 || reached++) return;
+    ++injected;
+    ex.value(ex.graph().find_value("layer1.0.conv2.weight")).f32()[5] = std::numeric_limits<float>::quiet_NaN();
+  });
+  const std::filesystem::path dir =
+      std::filesystem::temp_directory_path() / ("edgetrain_raise_" + std::to_string(::getpid()));
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  std::FILE* null = std::fopen("/dev/null", "w");
+  Progress quiet(null);
+  t.fit(dir.string(), false, quiet);
+  std::fclose(null);
+  std::vector<json> m;
+  std::ifstream in(dir / "metrics.jsonl");
+  for (std::string line; std::getline(in, line);) m.push_back(json::parse(line));
+  CHECK(injected == 1);
+  CHECK(reached == 2);
+  // epoch 1, the rollback, epoch 2 again
+  REQUIRE(m.size() == 3);
+  INFO(m[1].dump());
+  CHECK(m[1]["event"] == "divergence");
+  CHECK(m[1]["action"] == "rollback");
+  CHECK(m[1]["cause"] == "non_finite_value");
+  CHECK(m[1]["layer"] == "layer1.0.conv2");
+  CHECK(m[1]["fp32_layer"] == "layer1.0.conv2");
+  CHECK(m[2]["epoch"] == 2);
+  CHECK(std::isfinite(m[2]["train_loss"].get<double>()));
+  // The executor runs that layer in FP32 now, the others still in 4 bits ...
+  const Graph& g = t.executor().graph();
+  int quantized = 0;
+  for (int n = 0; n < g.num_nodes(); ++n) {
+    if (g.node(n).name == "layer1.0.conv2") CHECK_FALSE(t.executor().layer_quant(n).on());
+    quantized += t.executor().layer_quant(n).int4_forward;
+  }
+  CHECK(quantized > 0);
+  // ... and the last checkpoint says so, for --resume, eval and export.
+  Trainer u(c, test::synthetic_dataset(16, 1), test::synthetic_dataset(8, 2));
+  const TrainProgress p = load_checkpoint((dir / "checkpoint_last.ckpt").string(), u.executor(), "resnet8");
+  CHECK(p.fp32_layers == std::vector<std::string>{"layer1.0.conv2"});
+  CHECK(p.rollbacks == 1);
+  std::filesystem::remove_all(dir);
 }

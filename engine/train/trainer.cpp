@@ -277,6 +277,7 @@ EpochResult Trainer::train_epoch(int epoch, Progress& progress) {
     // lr_factor is 1 unless the guard rolled back (exact: float(double(x) * 1) == x).
     const float lr = float(double(learning_rate(cfg_.train, cfg_.quant, epoch + double(i) / double(steps))) *
                            state_.lr_factor);
+    if (before_step_) before_step_(ex, state_.step);
     if (!train_step(n, lr)) {
       divergence_batch_ = i + 1;
       divergence_batches_ = steps;

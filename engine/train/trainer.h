@@ -2,6 +2,7 @@
 // graph, the backend and the executor; runs epochs (train, then evaluate on the test split),
 // writes metrics.jsonl and an atomic checkpoint after every epoch, and resumes from one.
 #pragma once
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -83,6 +84,9 @@ class Trainer {
   // Where the peak USS per step is read (memory/uss.h); tests point it at missing files.
   void set_proc_files(const ProcFiles& files) { uss_ = UssPeak(files); }
   const UssPeak& uss() const { return uss_; }
+  // Fault injection for tests: called in fit before each training step (its batch loaded), with
+  // the step's number; it may corrupt the executor's state to provoke the divergence guard.
+  void set_before_step(std::function<void(Executor&, int64_t step)> hook) { before_step_ = std::move(hook); }
 
  private:
   EpochResult train_epoch(int epoch, Progress& progress);
@@ -115,6 +119,7 @@ class Trainer {
   Divergence divergence_;
   BudgetPlan budget_, budget_fnt_;  // the main phase's, FNT's (quant.fnt_epochs)
   int64_t divergence_batch_ = 0, divergence_batches_ = 0;  // where in its epoch (1-based), of how many
+  std::function<void(Executor&, int64_t)> before_step_;
 };
 
 // The executor's stash options for training in the main phase or FNT (`fnt`): the config's, or, with
