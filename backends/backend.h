@@ -15,6 +15,7 @@
 #include "engine/kernel_types.h"
 #include "engine/tensor.h"
 #include "memory/device_memory.h"
+#include "memory/stash_codec.h"
 #include "quant/scales.h"
 
 namespace et {
@@ -40,6 +41,8 @@ class Backend {
   virtual std::string name() const = 0;
   // Where the executor's arena and stash region live (one allocation each).
   virtual DeviceMemory& memory() = 0;
+  // The stash's encoders and decoders on that memory (memory/stash_codec.h).
+  virtual StashCodec& stash_codec() = 0;
   // Host access (engine/host_view.h): whether host code may use this backend's tensor pointers
   // directly (the CPU; a GPU whose memory the host maps). Otherwise it goes through these copies
   // of whole contiguous tensors (nbytes()).

@@ -40,7 +40,7 @@ void Executor::plan() {
   report_.recompute_segments = int(segments_.size());
   report_.recompute_nodes = int(std::count(reruns_.begin(), reruns_.end(), 1));
   stash_.configure(std::move(st.saved), st.nv, stash_options_.prune_threshold, stash_options_.release_pages,
-                   backend_.memory());
+                   backend_.memory(), backend_.stash_codec());
   report_.stash_region = stash_.region_bytes();
   batch_ = st.max_batch;  // views have the full batch until a forward says otherwise
   param_grads_.clear();

@@ -2,11 +2,8 @@
 
 #include <algorithm>
 #include <chrono>
-#include <cstring>
 
 #include "memory/bitmap.h"
-#include "memory/code_bitmap.h"
-#include "memory/half.h"
 
 namespace et {
 
@@ -17,8 +14,9 @@ double since(Clock::time_point t0) { return std::chrono::duration<double>(Clock:
 }  // namespace
 
 void Stash::configure(std::vector<SavedValue> saved, int num_values, float prune_threshold, bool release_pages,
-                      DeviceMemory& memory) {
+                      DeviceMemory& memory, StashCodec& codec) {
   saved_ = std::move(saved);
+  codec_ = &codec;
   release_pages_ = release_pages;
   prune_threshold_ = prune_threshold;
   index_.assign(size_t(num_values), -1);
@@ -93,46 +91,46 @@ void Stash::push(int value_id, const Tensor& t, int64_t bits_kept, const Tensor&
       // The exact mask first (the producer may have written it: mask_target), then the encoding
       // with pruned values, whose own bitmap the pack below computes.
       mask_bytes = Arena::align_up(size_t(bitmap::num_words(n)) * 8);
-      if (bits_kept < 0) bitmap::make_bits(x, n, 0.f, static_cast<uint64_t*>(at(top_)));
+      if (bits_kept < 0) codec_->make_bits(x, n, 0.f, static_cast<uint64_t*>(at(top_)));
       bits_kept = -1;
       e.exact_mask = true;
       e.encoding_offset = top_ + mask_bytes;
     }
     void* dst = at(e.encoding_offset);
     if (enc == StashEncoding::Mask) {  // exact: pruning concerns stored values, a mask has none
-      e.nonzero = bits_kept >= 0 ? bits_kept : bitmap::make_bits(x, n, 0.f, static_cast<uint64_t*>(dst));
+      e.nonzero = bits_kept >= 0 ? bits_kept : codec_->make_bits(x, n, 0.f, static_cast<uint64_t*>(dst));
     } else if (stash_encoding_info(enc).codes) {
       ET_CHECK(codes.numel() == n && (codes.dtype == DType::I4 || codes.dtype == DType::U4) && bits_kept < 0,
                "value ", value_id, " (bitmap_int4) pushed without its codes");
       enc = codes.dtype == DType::U4 ? StashEncoding::BitmapU4 : StashEncoding::BitmapI4;
-      e.nonzero = code_bitmap::encode(x, codes.codes(), n, prune_threshold_, dst);
+      e.nonzero = codec_->encode_codes(x, codes.codes(), n, prune_threshold_, dst);
       e.scale = codes.scale;
     } else if (enc == StashEncoding::F16 || enc == StashEncoding::BF16) {
       const bool bf = enc == StashEncoding::BF16;
-      bf ? f32_to_bf16(x, n, static_cast<uint16_t*>(dst)) : f32_to_f16(x, n, static_cast<uint16_t*>(dst));
+      codec_->to_half(x, n, bf, static_cast<uint16_t*>(dst));
       e.nonzero = n;
     } else {
-      const auto vt = enc == StashEncoding::BitmapF16 ? bitmap::ValueType::F16 : bitmap::ValueType::F32;
+      const bool f16 = enc == StashEncoding::BitmapF16;
       // Only auto (two encodings to choose from) needs the count before choosing; pack itself
       // counts (one pass fewer).
       const bool chooses = format.full_alt != format.full;
-      const int64_t kept = bits_kept >= 0 || !chooses ? bits_kept : bitmap::count_nonzero(x, n, prune_threshold_);
+      const int64_t kept = bits_kept >= 0 || !chooses ? bits_kept : codec_->count_nonzero(x, n, prune_threshold_);
       if (chooses && stash_encoding_bytes(enc, n, kept) >= stash_encoding_bytes(format.full_alt, n, n)) {
         enc = format.full_alt;  // CopyF32: dense is smaller, keep an exact copy (its own mask)
         mask_bytes = 0;
         e.exact_mask = false;
         e.encoding_offset = top_;
         dst = at(top_);
-        std::memcpy(dst, x, size_t(n) * 4);
+        codec_->copy(dst, x, size_t(n) * 4);
         e.nonzero = n;
       } else {
         uint64_t* bits = static_cast<uint64_t*>(dst);
         void* values = bits + bitmap::num_words(n);
         if (bits_kept >= 0) {  // the producer wrote the bitmap (Backend MaskOut)
-          bitmap::pack_values(x, bits, n, values, vt);
+          codec_->pack_values(x, bits, n, values, f16);
           e.nonzero = bits_kept;
         } else {
-          e.nonzero = bitmap::pack(x, n, prune_threshold_, bits, values, vt);
+          e.nonzero = codec_->pack(x, n, prune_threshold_, bits, values, f16);
         }
       }
     }
@@ -148,7 +146,7 @@ void Stash::push(int value_id, const Tensor& t, int64_t bits_kept, const Tensor&
   e.stored = enc;
   rec.stored_as = stash_encoding_info(enc).display;
   rec.bytes = e.bytes;
-  rec.nonzero = enc != StashEncoding::ZeroCopy ? e.nonzero : count_zero_copy_ ? bitmap::count_nonzero(x, n, 0.f) : -1;
+  rec.nonzero = enc != StashEncoding::ZeroCopy ? e.nonzero : count_zero_copy_ ? codec_->count_nonzero(x, n, 0.f) : -1;
   stack_.push_back(value_id);
   peak_ = std::max(peak_, live_bytes());
   region_peak_ = std::max(region_peak_, top_);
@@ -169,14 +167,13 @@ Tensor Stash::get(int value_id) {
     const void* src = at(e.encoding_offset);
     float* y = out.f32();
     switch (e.stored) {
-      case StashEncoding::CopyF32: std::memcpy(y, src, size_t(n) * 4); break;
-      case StashEncoding::F16: f16_to_f32(static_cast<const uint16_t*>(src), n, y); break;
-      case StashEncoding::BF16: bf16_to_f32(static_cast<const uint16_t*>(src), n, y); break;
+      case StashEncoding::CopyF32: codec_->copy(y, src, size_t(n) * 4); break;
+      case StashEncoding::F16: codec_->from_half(static_cast<const uint16_t*>(src), n, false, y); break;
+      case StashEncoding::BF16: codec_->from_half(static_cast<const uint16_t*>(src), n, true, y); break;
       case StashEncoding::BitmapF32:
       case StashEncoding::BitmapF16: {
         const auto* bits = static_cast<const uint64_t*>(src);
-        bitmap::unpack(bits, bits + bitmap::num_words(n), n,
-                       e.stored == StashEncoding::BitmapF16 ? bitmap::ValueType::F16 : bitmap::ValueType::F32, y);
+        codec_->unpack(bits, bits + bitmap::num_words(n), n, e.stored == StashEncoding::BitmapF16, y);
         break;
       }
       default: ET_CHECK(false, "unreachable");

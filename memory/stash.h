@@ -24,6 +24,7 @@
 #include "engine/kernel_types.h"
 #include "engine/tensor.h"
 #include "memory/arena.h"
+#include "memory/stash_codec.h"
 #include "memory/stash_format.h"
 
 namespace et {
@@ -50,10 +51,11 @@ struct StashRecord {
 class Stash {
  public:
   // Sizes the region for `saved` (worst case: everything pushed at once, as at the end of a
-  // forward) and allocates it from `memory` (the backend's). Outside the step.
+  // forward) and allocates it from `memory` (the backend's); `codec` (the same backend's) encodes
+  // and decodes in it. Outside the step.
   // `release_pages`: pages above the top go back to the OS as values are popped.
   void configure(std::vector<SavedValue> saved, int num_values, float prune_threshold, bool release_pages = false,
-                 DeviceMemory& memory = host_memory());
+                 DeviceMemory& memory = host_memory(), StashCodec& codec = host_stash_codec());
   bool zero_copy(int value_id) const;
 
   void clear();  // drops everything (a new training forward)
@@ -117,6 +119,7 @@ class Stash {
   std::vector<StashRecord> records_;
   std::vector<int> stack_;  // value ids in push order (LIFO check)
   Arena region_;
+  StashCodec* codec_ = &host_stash_codec();
   float prune_threshold_ = 0.f;
   size_t top_ = 0, peak_ = 0, region_peak_ = 0, zero_copy_live_ = 0;
   bool timing_ = false, release_pages_ = false, count_zero_copy_ = false;

@@ -6,6 +6,7 @@
 #include "engine/op.h"
 #include "memory/bitmap.h"
 #include "memory/device_memory.h"
+#include "memory/stash_codec.h"
 #include "backends/cuda/cuda_device.h"
 #include "quant/codes.h"
 #include "quant/scales.h"

@@ -14,6 +14,7 @@ class CpuBackend : public Backend {
   Device device() const override { return Device::CPU; }
   std::string name() const override { return "cpu"; }
   DeviceMemory& memory() override { return host_memory(); }
+  StashCodec& stash_codec() override { return host_stash_codec(); }
   bool host_addressable() const override { return true; }
   void copy_to_host(const Tensor& src, void* dst) override;
   void copy_from_host(const void* src, Tensor& dst) override;

@@ -1,0 +1,40 @@
+// StashCodec: the per-backend part of the stash. The Stash (memory/stash.h) decides what to store
+// where in its region; a backend's codec does the element work on that backend's memory: the > 0
+// bitmap, the bitmap + packed non-zeros (memory/bitmap.h), the INT4 code bitmap
+// (memory/code_bitmap.h), fp16 / bf16 conversions and copies. Every pointer is one of the
+// backend's (device memory on a GPU); counts come back to the host. The host's codec wraps the
+// SIMD code of memory/; a GPU backend implements the same encodings bit for bit (its tests compare
+// bytes). Backend neutral, C++14.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+
+namespace et {
+
+class StashCodec {
+ public:
+  virtual ~StashCodec() = default;
+  // Elements of x[n] with |x| above the prune threshold (bitmap::count_nonzero).
+  virtual int64_t count_nonzero(const float* x, int64_t n, float prune_threshold) = 0;
+  // bits[num_words(n)] = the kept-element bitmap; returns its population (bitmap::make_bits).
+  virtual int64_t make_bits(const float* x, int64_t n, float prune_threshold, uint64_t* bits) = 0;
+  // values[] = the elements `bits` keeps, in order, f32 or f16 (bitmap::pack_values).
+  virtual void pack_values(const float* x, const uint64_t* bits, int64_t n, void* values, bool f16) = 0;
+  // make_bits and pack_values in one pass; returns the kept count (bitmap::pack).
+  virtual int64_t pack(const float* x, int64_t n, float prune_threshold, uint64_t* bits, void* values,
+                       bool f16) = 0;
+  // y[n] = the dense tensor `bits` / `values` encode, zeros elsewhere (bitmap::unpack).
+  virtual void unpack(const uint64_t* bits, const void* values, int64_t n, bool f16, float* y) = 0;
+  // The bitmap_int4 encoding of x's codes (code_bitmap::encode); returns the kept count.
+  virtual int64_t encode_codes(const float* x, const int8_t* codes, int64_t n, float prune_threshold,
+                               void* out) = 0;
+  // IEEE half (round to nearest even) or bfloat16 (round to nearest even) and back (memory/half.h).
+  virtual void to_half(const float* x, int64_t n, bool bf16, uint16_t* out) = 0;
+  virtual void from_half(const uint16_t* x, int64_t n, bool bf16, float* out) = 0;
+  virtual void copy(void* dst, const void* src, size_t bytes) = 0;
+};
+
+// The host's (the CPU backend's): memory/bitmap.h, code_bitmap.h and half.h.
+StashCodec& host_stash_codec();
+
+}  // namespace et
