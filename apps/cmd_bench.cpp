@@ -12,6 +12,7 @@
 #include "engine/config.h"
 #include "engine/data/auto.h"
 #include "engine/executor.h"
+#include "engine/host_view.h"
 #include "engine/init.h"
 #include "engine/train/divergence.h"
 #include "engine/train/optimizer.h"
@@ -84,10 +85,12 @@ int cmd_bench_step(const BenchStepArgs& a) {
   // Synthetic batch: N(0,1) images, uniform labels (the cost of a step does not depend on values).
   std::mt19937_64 rng(cfg.train.seed);
   std::normal_distribution<float> normal(0.f, 1.f);
-  Tensor x = ex.value(g.image_input);
-  for (int64_t i = 0; i < x.numel(); ++i) x.f32()[i] = normal(rng);
-  Tensor y = ex.value(g.label_input);
-  for (int64_t i = 0; i < n; ++i) y.i32()[i] = int32_t(rng() % uint64_t(cfg.model.num_classes));
+  {  // written through the backend's copies where the host cannot address its memory
+    const HostView x(*backend, ex.value(g.image_input), HostView::Write);
+    const HostView y(*backend, ex.value(g.label_input), HostView::Write);
+    for (int64_t i = 0; i < ex.value(g.image_input).numel(); ++i) x.f32()[i] = normal(rng);
+    for (int64_t i = 0; i < n; ++i) y.i32()[i] = int32_t(rng() % uint64_t(cfg.model.num_classes));
+  }
 
   const SgdOptions sgd = sgd_options(cfg.train);
   UssPeak uss;

@@ -17,6 +17,7 @@
 #include "engine/data/auto.h"
 #include "engine/data/loader.h"
 #include "engine/executor.h"
+#include "engine/host_view.h"
 #include "engine/init.h"
 #include "engine/train/checkpoint.h"
 #include "engine/train/trainer.h"
@@ -152,8 +153,12 @@ int cmd_memprofile(const MemProfileArgs& a) {
   if (!a.checkpoint.empty()) load_checkpoint(a.checkpoint, ex, cfg.model.name);
   else if (!cfg.weights.empty())
     for (const std::string& line : load_weights(cfg.weights, ex).lines) std::printf("%s\n", line.c_str());
-  std::copy(images.begin(), images.end(), ex.value(g.image_input).f32());
-  std::copy(labels.begin(), labels.end(), ex.value(g.label_input).i32());
+  {  // the batch into the backend's input buffers (a copy where the host cannot address them)
+    const HostView x(*backend, ex.value(g.image_input), HostView::Write);
+    const HostView y(*backend, ex.value(g.label_input), HostView::Write);
+    std::copy(images.begin(), images.end(), x.f32());
+    std::copy(labels.begin(), labels.end(), y.i32());
+  }
 
   UssRecorder uss(g.num_nodes());
   UssPeak step_peak;  // the peak over the whole profiled step (memory/uss.h), between node samples too

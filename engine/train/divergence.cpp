@@ -1,7 +1,6 @@
 #include "engine/train/divergence.h"
 
 #include <algorithm>
-#include <cfloat>
 
 #include "engine/executor.h"
 
@@ -14,19 +13,13 @@ struct Scan {
   float max_abs = 0;
 };
 
-// Diagnostics only (after a detection): one thread, no hurry.
-Scan scan(const Tensor& t) {
+// Diagnostics only (after a detection): the backend's own pass, where the tensor lives.
+Scan scan(Backend& backend, const Tensor& t) {
   Scan s;
-  if (t.dtype != DType::F32 || t.data == nullptr) return s;
-  const float* x = t.f32();
-  for (int64_t i = 0, n = t.numel(); i < n; ++i) {
-    const float a = std::fabs(x[i]);
-    if (!(a <= FLT_MAX)) {
-      s.finite = false;
-      return s;
-    }
-    s.max_abs = std::max(s.max_abs, a);
-  }
+  if (t.dtype != DType::F32 || t.data == nullptr || t.numel() == 0) return s;
+  const TensorStats st = backend.tensor_max_abs(t);
+  s.finite = st.finite;
+  s.max_abs = st.max_abs;
   return s;
 }
 
@@ -38,7 +31,7 @@ class FiniteWatch : public NodeObserver {
   void after_forward(int n) override {
     if (bad_node >= 0) return;
     const Node& node = ex_.graph().node(n);
-    const Scan s = scan(ex_.value(node.output));
+    const Scan s = scan(ex_.backend(), ex_.value(node.output));
     if (!s.finite) {
       bad_node = n;
       return;
@@ -52,7 +45,7 @@ class FiniteWatch : public NodeObserver {
     if (bad_node >= 0) return;
     // A node runs its backward iff one of its inputs needs a gradient, and then writes all of them.
     for (int id : ex_.graph().node(n).inputs)
-      if (ex_.graph().value(id).needs_grad && !scan(ex_.grad(id)).finite) {
+      if (ex_.graph().value(id).needs_grad && !scan(ex_.backend(), ex_.grad(id)).finite) {
         bad_node = n;
         bad_grad = id;
         return;
@@ -130,7 +123,7 @@ void locate_in_step(Executor& ex, int64_t batch, Divergence& d) {
     if (w.bad_grad < 0) {
       d.where = "its output in the forward";
       for (int id : node.inputs)
-        if (g.value(id).kind == ValueKind::Param && !scan(ex.value(id)).finite)
+        if (g.value(id).kind == ValueKind::Param && !scan(ex.backend(), ex.value(id)).finite)
           d.where += fmt(" (its parameter '", g.value(id).name, "' is non-finite)");
     } else {
       const Value& v = g.value(w.bad_grad);
@@ -151,13 +144,13 @@ void locate_in_update(const Executor& ex, float lr, Divergence& d) {
   const std::vector<int>& ps = ex.params();
   // Backward order: parameters are created in forward order.
   for (auto it = ps.rbegin(); it != ps.rend(); ++it)
-    if (!scan(ex.grad(*it)).finite) {
+    if (!scan(ex.backend(), ex.grad(*it)).finite) {
       d.layer = owner(g, *it);
       d.where = fmt("the gradient of its parameter '", g.value(*it).name, "' in the backward");
       return;
     }
   for (int p : ps)
-    if (!scan(ex.value(p)).finite) {
+    if (!scan(ex.backend(), ex.value(p)).finite) {
       d.layer = owner(g, p);
       d.where = fmt("its parameter '", g.value(p).name, "', made non-finite by the SGD update (lr ", lr,
                     ") from finite gradients");
