@@ -1,0 +1,314 @@
+// The CUDA stash codec (backends/cuda/cuda_stash_codec.h). Elements go in chunks of kChunk = 256
+// (one block of 256 threads, 8 warps, 4 bitmap words); a chunk's values start at the exclusive
+// scan of the chunk popcounts before it, an element's at that plus the set bits before it in its
+// chunk (warp ballots and __popc), so the packed order is the host's.
+#include "backends/cuda/cuda_stash_codec.h"
+
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <cstring>
+
+#include "backends/cuda/cuda_device.h"
+#include "engine/check.h"
+
+namespace et {
+
+namespace {
+
+constexpr int kChunk = 256;  // elements per chunk = threads per block
+constexpr int kWarps = kChunk / 32;
+constexpr int kScanThreads = 1024;
+
+void check(cudaError_t e, const char* what) {
+  if (e != cudaSuccess) user_error("CUDA stash codec: ", what, " failed: ", cudaGetErrorString(e));
+}
+
+int64_t num_words(int64_t n) { return (n + 63) / 64; }
+// Chunks that cover every bitmap word (the last word's bits past n are written as zeros).
+int64_t num_chunks(int64_t n) { return (num_words(n) * 64 + kChunk - 1) / kChunk; }
+unsigned grid_for(int64_t chunks) { return unsigned(chunks < 65535 ? chunks : 65535); }
+
+__device__ __forceinline__ uint32_t keep_bits(float x) { return __float_as_uint(x) & 0x7FFFFFFFu; }
+
+// memory/bitmap.cpp's f32_to_f16 and f16_to_f32, on the bits (round to nearest even; NaN quiet
+// with its top 10 payload bits; the denormal range rounded by an FP32 add, far from FTZ).
+__device__ __forceinline__ uint16_t to_f16(float x) {
+  uint32_t u = __float_as_uint(x);
+  const uint32_t sign = (u >> 16) & 0x8000u;
+  u &= 0x7FFFFFFFu;
+  uint32_t h;
+  if (u > 0x7F800000u) {
+    h = 0x7E00u | ((u >> 13) & 0x3FFu);
+  } else if (u >= 0x47800000u) {
+    h = 0x7C00u;
+  } else if (u < 0x38800000u) {
+    const float f = __fadd_rn(__uint_as_float(u), 0.5f);
+    h = __float_as_uint(f) - 0x3F000000u;
+  } else {
+    u += 0xC8000FFFu + ((u >> 13) & 1u);
+    h = u >> 13;
+  }
+  return uint16_t((h & 0xFFFFu) | sign);
+}
+
+__device__ __forceinline__ float from_f16(uint16_t h) {
+  const uint32_t sign = uint32_t(h & 0x8000u) << 16;
+  const uint32_t e = (h >> 10) & 0x1Fu, m = h & 0x3FFu;
+  uint32_t u;
+  if (e == 0x1F) {
+    u = sign | 0x7F800000u | (m << 13) | (m ? 0x00400000u : 0u);
+  } else if (e != 0) {
+    u = sign | ((e + 112u) << 23) | (m << 13);
+  } else if (m == 0) {
+    u = sign;
+  } else {  // a half denormal: m * 2^-24, exact in FP32 (normalised by the leading zeros)
+    const int shift = __clz(m) - 21;  // places until bit 10 is set
+    u = sign | (uint32_t(113 - shift) << 23) | (((m << shift) & 0x3FFu) << 13);
+  }
+  return __uint_as_float(u);
+}
+
+__device__ __forceinline__ uint16_t to_bf16(float x) {
+  const uint32_t u = __float_as_uint(x);
+  const bool nan = (u & 0x7FFFFFFFu) > 0x7F800000u;
+  return nan ? uint16_t((u >> 16) | 0x40u) : uint16_t((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
+}
+
+// Bitmap of x (as 32-bit halves of the 64-bit words), each chunk's count, the total.
+__global__ void make_bits_kernel(const float* x, int64_t n, uint32_t threshold, uint32_t* bits32, int64_t words32,
+                                 unsigned long long* chunk_counts, int64_t chunks, unsigned long long* total) {
+  __shared__ unsigned int warp_count[kWarps];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  for (int64_t c = blockIdx.x; c < chunks; c += gridDim.x) {
+    const int64_t i = c * kChunk + threadIdx.x;
+    const bool keep = i < n && keep_bits(x[i]) >= threshold;
+    const unsigned ballot = __ballot_sync(0xFFFFFFFFu, keep);
+    if (lane == 0) {
+      if (i / 32 < words32) bits32[i / 32] = ballot;
+      warp_count[warp] = __popc(ballot);
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      unsigned long long sum = 0;
+      for (int w = 0; w < kWarps; ++w) sum += warp_count[w];
+      if (chunk_counts) chunk_counts[c] = sum;
+      if (total) atomicAdd(total, sum);
+    }
+    __syncthreads();
+  }
+}
+
+// Each chunk's count from an existing bitmap.
+__global__ void chunk_counts_kernel(const uint32_t* bits32, int64_t words32, unsigned long long* chunk_counts,
+                                    int64_t chunks) {
+  const int64_t c = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (c >= chunks) return;
+  unsigned long long sum = 0;
+  for (int w = 0; w < kWarps; ++w) {
+    const int64_t j = c * kWarps + w;
+    if (j < words32) sum += __popc(bits32[j]);
+  }
+  chunk_counts[c] = sum;
+}
+
+// offsets[c] = counts[0] + ... + counts[c - 1], one block looping over tiles with a carry.
+__global__ void exclusive_scan_kernel(const unsigned long long* counts, int64_t chunks, unsigned long long* offsets) {
+  __shared__ unsigned long long tile[kScanThreads];
+  __shared__ unsigned long long carry;
+  if (threadIdx.x == 0) carry = 0;
+  __syncthreads();
+  for (int64_t base = 0; base < chunks; base += kScanThreads) {
+    const int64_t c = base + threadIdx.x;
+    const unsigned long long v = c < chunks ? counts[c] : 0ull;
+    tile[threadIdx.x] = v;
+    __syncthreads();
+    for (int step = 1; step < kScanThreads; step *= 2) {  // inclusive Hillis-Steele scan
+      const unsigned long long add = threadIdx.x >= step ? tile[threadIdx.x - step] : 0ull;
+      __syncthreads();
+      tile[threadIdx.x] += add;
+      __syncthreads();
+    }
+    if (c < chunks) offsets[c] = carry + tile[threadIdx.x] - v;
+    __syncthreads();
+    if (threadIdx.x == kScanThreads - 1) carry += tile[threadIdx.x];
+    __syncthreads();
+  }
+}
+
+// An element's kept bit and its value index (chunk offset + set bits before it in the chunk).
+struct Slot {
+  bool keep;
+  unsigned long long index;
+};
+
+__device__ __forceinline__ Slot slot_of(const uint32_t* bits32, int64_t words32, int64_t n, int64_t c,
+                                        const unsigned long long* offsets, unsigned int* warp_prefix) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int64_t i = c * kChunk + threadIdx.x;
+  const uint32_t word = i / 32 < words32 ? bits32[i / 32] : 0u;
+  if (lane == 0) warp_prefix[warp] = __popc(word);
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    unsigned int sum = 0;
+    for (int w = 0; w < kWarps; ++w) {
+      const unsigned int v = warp_prefix[w];
+      warp_prefix[w] = sum;
+      sum += v;
+    }
+  }
+  __syncthreads();
+  Slot s;
+  s.keep = i < n && ((word >> lane) & 1u);
+  s.index = offsets[c] + warp_prefix[warp] + __popc(word & ((1u << lane) - 1u));
+  __syncthreads();  // warp_prefix is reused by the next chunk
+  return s;
+}
+
+__global__ void pack_values_kernel(const float* x, const uint32_t* bits32, int64_t words32, int64_t n,
+                                   const unsigned long long* offsets, int64_t chunks, void* values, bool f16) {
+  __shared__ unsigned int warp_prefix[kWarps];
+  for (int64_t c = blockIdx.x; c < chunks; c += gridDim.x) {
+    const Slot s = slot_of(bits32, words32, n, c, offsets, warp_prefix);
+    if (!s.keep) continue;
+    const float v = x[c * kChunk + threadIdx.x];
+    if (f16) static_cast<uint16_t*>(values)[s.index] = to_f16(v);
+    else static_cast<float*>(values)[s.index] = v;
+  }
+}
+
+__global__ void unpack_kernel(const uint32_t* bits32, int64_t words32, const void* values, int64_t n,
+                              const unsigned long long* offsets, int64_t chunks, bool f16, float* y) {
+  __shared__ unsigned int warp_prefix[kWarps];
+  for (int64_t c = blockIdx.x; c < chunks; c += gridDim.x) {
+    const Slot s = slot_of(bits32, words32, n, c, offsets, warp_prefix);
+    const int64_t i = c * kChunk + threadIdx.x;
+    if (i >= n) continue;
+    y[i] = !s.keep ? 0.f : f16 ? from_f16(static_cast<const uint16_t*>(values)[s.index])
+                               : static_cast<const float*>(values)[s.index];
+  }
+}
+
+__global__ void to_half_kernel(const float* x, int64_t n, bool bf16, uint16_t* out) {
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
+    out[i] = bf16 ? to_bf16(x[i]) : to_f16(x[i]);
+}
+
+__global__ void from_half_kernel(const uint16_t* x, int64_t n, bool bf16, float* out) {
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
+    out[i] = bf16 ? __uint_as_float(uint32_t(x[i]) << 16) : from_f16(x[i]);
+}
+
+class CudaStashCodec final : public StashCodec {
+ public:
+  explicit CudaStashCodec(int device) : device_(device) {
+    check(cudaSetDevice(device_), "cudaSetDevice");
+    check(cudaMalloc(reinterpret_cast<void**>(&total_), sizeof(unsigned long long)), "cudaMalloc");
+  }
+  ~CudaStashCodec() override {
+    cudaFree(total_);
+    cudaFree(counts_);
+    cudaFree(offsets_);
+  }
+
+  int64_t count_nonzero(const float* x, int64_t n, float prune_threshold) override {
+    return bits_and_counts(x, n, prune_threshold, nullptr, false);
+  }
+  int64_t make_bits(const float* x, int64_t n, float prune_threshold, uint64_t* bits) override {
+    return bits_and_counts(x, n, prune_threshold, bits, false);
+  }
+  void pack_values(const float* x, const uint64_t* bits, int64_t n, void* values, bool f16) override {
+    if (n <= 0) return;
+    offsets_from_bits(bits, n);
+    const int64_t chunks = num_chunks(n);
+    pack_values_kernel<<<grid_for(chunks), kChunk>>>(x, reinterpret_cast<const uint32_t*>(bits), num_words(n) * 2, n,
+                                                     offsets_, chunks, values, f16);
+    check(cudaGetLastError(), "pack_values");
+  }
+  int64_t pack(const float* x, int64_t n, float prune_threshold, uint64_t* bits, void* values, bool f16) override {
+    if (n <= 0) return 0;
+    const int64_t kept = bits_and_counts(x, n, prune_threshold, bits, true);
+    const int64_t chunks = num_chunks(n);
+    exclusive_scan_kernel<<<1, kScanThreads>>>(counts_, chunks, offsets_);
+    pack_values_kernel<<<grid_for(chunks), kChunk>>>(x, reinterpret_cast<const uint32_t*>(bits), num_words(n) * 2, n,
+                                                     offsets_, chunks, values, f16);
+    check(cudaGetLastError(), "pack");
+    return kept;
+  }
+  void unpack(const uint64_t* bits, const void* values, int64_t n, bool f16, float* y) override {
+    if (n <= 0) return;
+    offsets_from_bits(bits, n);
+    const int64_t chunks = num_chunks(n);
+    unpack_kernel<<<grid_for(chunks), kChunk>>>(reinterpret_cast<const uint32_t*>(bits), num_words(n) * 2, values, n,
+                                                offsets_, chunks, f16, y);
+    check(cudaGetLastError(), "unpack");
+  }
+  int64_t encode_codes(const float*, const int8_t*, int64_t, float, void*) override {
+    // Reached only by 4-bit training, which the CUDA backend refuses before planning.
+    user_error("memory.stash = bitmap_int4: the CUDA backend has no INT4 code bitmap yet (issue 13)");
+  }
+  void to_half(const float* x, int64_t n, bool bf16, uint16_t* out) override {
+    if (n <= 0) return;
+    to_half_kernel<<<grid_for((n + kChunk - 1) / kChunk), kChunk>>>(x, n, bf16, out);
+    check(cudaGetLastError(), "to_half");
+  }
+  void from_half(const uint16_t* x, int64_t n, bool bf16, float* out) override {
+    if (n <= 0) return;
+    from_half_kernel<<<grid_for((n + kChunk - 1) / kChunk), kChunk>>>(x, n, bf16, out);
+    check(cudaGetLastError(), "from_half");
+  }
+  void copy(void* dst, const void* src, size_t bytes) override {
+    check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice), "cudaMemcpyAsync");
+  }
+
+ private:
+  // The bitmap (bits != nullptr) and, with `chunk_counts`, each chunk's count in counts_;
+  // returns the kept total (a synchronising copy to the host).
+  int64_t bits_and_counts(const float* x, int64_t n, float prune_threshold, uint64_t* bits, bool chunk_counts) {
+    if (n <= 0) return 0;
+    const int64_t chunks = num_chunks(n);
+    if (chunk_counts) reserve(chunks);
+    uint32_t threshold = 1;  // memory/bitmap.h keep_threshold_bits
+    if (prune_threshold > 0.f) std::memcpy(&threshold, &prune_threshold, 4);
+    check(cudaMemsetAsync(total_, 0, sizeof(unsigned long long)), "cudaMemsetAsync");
+    make_bits_kernel<<<grid_for(chunks), kChunk>>>(x, n, threshold, reinterpret_cast<uint32_t*>(bits),
+                                                   bits ? num_words(n) * 2 : 0, chunk_counts ? counts_ : nullptr,
+                                                   chunks, total_);
+    check(cudaGetLastError(), "make_bits");
+    unsigned long long total = 0;
+    check(cudaMemcpy(&total, total_, sizeof(total), cudaMemcpyDeviceToHost), "cudaMemcpy");
+    return int64_t(total);
+  }
+  void offsets_from_bits(const uint64_t* bits, int64_t n) {
+    const int64_t chunks = num_chunks(n);
+    reserve(chunks);
+    chunk_counts_kernel<<<unsigned((chunks + 255) / 256), 256>>>(reinterpret_cast<const uint32_t*>(bits),
+                                                                 num_words(n) * 2, counts_, chunks);
+    exclusive_scan_kernel<<<1, kScanThreads>>>(counts_, chunks, offsets_);
+    check(cudaGetLastError(), "chunk offsets");
+  }
+  void reserve(int64_t chunks) {
+    if (chunks <= capacity_) return;
+    cudaFree(counts_);
+    cudaFree(offsets_);
+    counts_ = offsets_ = nullptr;
+    check(cudaMalloc(reinterpret_cast<void**>(&counts_), size_t(chunks) * 8), "cudaMalloc");
+    check(cudaMalloc(reinterpret_cast<void**>(&offsets_), size_t(chunks) * 8), "cudaMalloc");
+    capacity_ = chunks;
+  }
+
+  int device_;
+  unsigned long long* total_ = nullptr;
+  unsigned long long *counts_ = nullptr, *offsets_ = nullptr;
+  int64_t capacity_ = 0;
+};
+
+}  // namespace
+
+std::unique_ptr<StashCodec> make_cuda_stash_codec(int device) {
+  make_cuda_memory(device);  // validates the index (UserError naming it)
+  return std::unique_ptr<StashCodec>(new CudaStashCodec(device));
+}
+
+}  // namespace et

@@ -1,0 +1,123 @@
+// The CUDA stash codec (backends/cuda/cuda_stash_codec.h) against the host's, byte for byte: the
+// bitmaps, the packed values (fp32 and fp16), the counts, the decoded tensors and the fp16 / bf16
+// conversions, on sizes around the word and chunk edges and values that test the keep rule
+// (+-0, denormals, NaN with payloads, infinities, values at the prune threshold).
+#include <catch2/catch.hpp>
+
+#include <cuda_runtime.h>
+
+#include <cstring>
+#include <limits>
+#include <random>
+#include <vector>
+
+#include "backends/cuda/cuda_stash_codec.h"
+#include "memory/bitmap.h"
+
+using namespace et;
+
+namespace {
+
+// A device buffer of `bytes`, zeroed.
+struct DeviceBuffer {
+  void* p = nullptr;
+  size_t bytes = 0;
+  explicit DeviceBuffer(size_t b) : bytes(b < 8 ? 8 : b) {
+    REQUIRE(cudaMalloc(&p, bytes) == cudaSuccess);
+    REQUIRE(cudaMemset(p, 0, bytes) == cudaSuccess);
+  }
+  ~DeviceBuffer() { cudaFree(p); }
+  template <typename T>
+  std::vector<T> read(size_t count) const {
+    std::vector<T> out(count);
+    REQUIRE(cudaMemcpy(out.data(), p, count * sizeof(T), cudaMemcpyDeviceToHost) == cudaSuccess);
+    return out;
+  }
+  template <typename T>
+  void write(const std::vector<T>& v) {
+    REQUIRE(cudaMemcpy(p, v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice) == cudaSuccess);
+  }
+};
+
+std::vector<float> tricky_values(int64_t n, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<float> u(-2.f, 2.f);
+  std::vector<float> x(static_cast<size_t>(n));
+  for (float& v : x) {
+    const int kind = int(rng() % 16);
+    if (kind < 6) v = 0.f;
+    else if (kind == 6) v = -0.f;
+    else if (kind == 7) v = std::numeric_limits<float>::denorm_min() * float(rng() % 1000 + 1);
+    else if (kind == 8) {
+      uint32_t bits = 0x7F800001u | (rng() & 0x007FFFFFu) | (rng() % 2 ? 0x80000000u : 0u);  // NaN, any payload
+      std::memcpy(&v, &bits, 4);
+    } else if (kind == 9) v = rng() % 2 ? std::numeric_limits<float>::infinity() : -std::numeric_limits<float>::infinity();
+    else if (kind == 10) v = rng() % 2 ? 0.5f : -0.5f;  // at the prune threshold below
+    else if (kind == 11) v = u(rng) * 1e-6f;            // fp16 denormals
+    else if (kind == 12) v = u(rng) * 70000.f;          // beyond fp16's range
+    else v = u(rng);
+  }
+  return x;
+}
+
+}  // namespace
+
+TEST_CASE("cuda: the stash codec writes the host codec's bytes", "[cuda][stash]") {
+  const std::unique_ptr<StashCodec> dev = make_cuda_stash_codec(0);
+  StashCodec& host = host_stash_codec();
+  for (int64_t n : {int64_t(1), int64_t(31), int64_t(63), int64_t(64), int64_t(65), int64_t(255), int64_t(256),
+                    int64_t(257), int64_t(1000), int64_t(100003), int64_t(1 << 20) + 37, int64_t(20) * 1000 * 1000 + 5}) {
+    const std::vector<float> x = tricky_values(n, uint32_t(n));
+    DeviceBuffer dx(size_t(n) * 4);
+    dx.write(x);
+    const size_t words = size_t(bitmap::num_words(n));
+    for (float t : {0.f, 0.5f}) {
+      for (bool f16 : {false, true}) {
+        INFO("n " << n << ", threshold " << t << ", fp16 " << f16);
+        const size_t vb = f16 ? 2 : 4;
+        std::vector<uint64_t> hbits(words);
+        std::vector<unsigned char> hvals(size_t(n) * vb);
+        const int64_t hk = host.pack(x.data(), n, t, hbits.data(), hvals.data(), f16);
+        CHECK(dev->count_nonzero(static_cast<const float*>(dx.p), n, t) == hk);
+        DeviceBuffer dbits(words * 8), dvals(size_t(n) * vb);
+        CHECK(dev->pack(static_cast<const float*>(dx.p), n, t, static_cast<uint64_t*>(dbits.p), dvals.p, f16) == hk);
+        CHECK(dbits.read<uint64_t>(words) == hbits);
+        const std::vector<unsigned char> dv = dvals.read<unsigned char>(size_t(hk) * vb);
+        CHECK(std::memcmp(dv.data(), hvals.data(), size_t(hk) * vb) == 0);
+        // make_bits + pack_values on an existing bitmap: the same
+        DeviceBuffer dbits2(words * 8), dvals2(size_t(n) * vb);
+        CHECK(dev->make_bits(static_cast<const float*>(dx.p), n, t, static_cast<uint64_t*>(dbits2.p)) == hk);
+        dev->pack_values(static_cast<const float*>(dx.p), static_cast<const uint64_t*>(dbits2.p), n, dvals2.p, f16);
+        CHECK(dbits2.read<uint64_t>(words) == hbits);
+        const std::vector<unsigned char> dv2 = dvals2.read<unsigned char>(size_t(hk) * vb);
+        CHECK(std::memcmp(dv2.data(), hvals.data(), size_t(hk) * vb) == 0);
+        // unpack: the host's decoded tensor, bit for bit (NaN payloads included)
+        std::vector<float> hy(static_cast<size_t>(n));
+        host.unpack(hbits.data(), hvals.data(), n, f16, hy.data());
+        DeviceBuffer dy(size_t(n) * 4);
+        dev->unpack(static_cast<const uint64_t*>(dbits.p), dvals.p, n, f16, static_cast<float*>(dy.p));
+        const std::vector<uint32_t> got = dy.read<uint32_t>(size_t(n));
+        CHECK(std::memcmp(got.data(), hy.data(), size_t(n) * 4) == 0);
+      }
+    }
+    for (bool bf16 : {false, true}) {
+      INFO("n " << n << ", bf16 " << bf16);
+      std::vector<uint16_t> hh(static_cast<size_t>(n));
+      host.to_half(x.data(), n, bf16, hh.data());
+      DeviceBuffer dh(size_t(n) * 2);
+      dev->to_half(static_cast<const float*>(dx.p), n, bf16, static_cast<uint16_t*>(dh.p));
+      CHECK(dh.read<uint16_t>(size_t(n)) == hh);
+      std::vector<float> hf(static_cast<size_t>(n));
+      host.from_half(hh.data(), n, bf16, hf.data());
+      DeviceBuffer df(size_t(n) * 4);
+      dev->from_half(static_cast<const uint16_t*>(dh.p), n, bf16, static_cast<float*>(df.p));
+      const std::vector<uint32_t> got = df.read<uint32_t>(size_t(n));
+      CHECK(std::memcmp(got.data(), hf.data(), size_t(n) * 4) == 0);
+    }
+    // copy
+    DeviceBuffer dc(size_t(n) * 4);
+    dev->copy(dc.p, dx.p, size_t(n) * 4);
+    const std::vector<float> back = dc.read<float>(size_t(n));
+    CHECK(std::memcmp(back.data(), x.data(), size_t(n) * 4) == 0);
+  }
+}
