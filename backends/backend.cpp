@@ -3,6 +3,7 @@
 
 #include "engine/check.h"
 #ifdef EDGETRAIN_WITH_CUDA
+#include "backends/cuda/cuda_backend.h"
 #include "backends/cuda/cuda_device.h"
 #endif
 
@@ -14,8 +15,11 @@ std::unique_ptr<Backend> make_backend(const std::string& device) {
 #ifdef EDGETRAIN_WITH_CUDA
   std::string why;
   const int n = cuda_device_count(&why);
-  user_error("config key 'train.device' = \"", device, "\": the CUDA backend's kernels are not written yet (issue 13; "
-             "this machine has ", n, " CUDA device", n == 1 ? "" : "s", n == 0 ? ": " + why : std::string(), "); use \"cpu\"");
+  const int index = device.size() > 5 ? std::stoi(device.substr(5)) : 0;
+  if (index >= n)
+    user_error("config key 'train.device' = \"", device, "\": this machine has ", n, " CUDA device", n == 1 ? "" : "s",
+               n == 0 ? " (" + why + ")" : std::string(), "; use \"cpu\"");
+  return make_cuda_backend(index);
 #else
   user_error("config key 'train.device' = \"", device, "\": this build has no CUDA backend (configure with "
              "-DEDGETRAIN_CUDA=ON where the CUDA toolkit is installed); use \"cpu\"");

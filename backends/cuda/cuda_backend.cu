@@ -1,0 +1,311 @@
+// CudaBackend: device, memory, copies, reductions for the host (finiteness, tensor statistics),
+// softmax cross-entropy and the SGD step; what it does not run yet. The other kernels:
+// cuda_elementwise.cu, cuda_batchnorm.cu, cuda_pooling.cu, cuda_conv.cu.
+#include <cfloat>
+#include <cstdio>
+#include <cstring>
+
+#include "backends/cuda/cuda_backend.h"
+#include "backends/cuda/cuda_backend_impl.h"
+#include "backends/cuda/cuda_device.h"
+#include "backends/cuda/cuda_stash_codec.h"
+
+namespace et {
+
+namespace cuda {
+
+void check(cudaError_t e, const char* what) {
+  if (e != cudaSuccess) user_error("CUDA: ", what, " failed: ", cudaGetErrorString(e));
+}
+
+void check(cublasStatus_t s, const char* what) {
+  if (s != CUBLAS_STATUS_SUCCESS) user_error("cuBLAS: ", what, " failed (status ", int(s), ")");
+}
+
+}  // namespace cuda
+
+namespace {
+
+using cuda::blocks_for;
+using cuda::kThreads;
+
+__global__ void fill_kernel(float* p, int64_t n, float v) {
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) p[i] = v;
+}
+
+// Counts the non-finite elements (|x| > FLT_MAX fails for NaN and infinities).
+__global__ void count_nonfinite_kernel(const float* x, int64_t n, unsigned long long* bad) {
+  unsigned long long local = 0;
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
+    local += !(fabsf(x[i]) <= FLT_MAX);
+  if (local) atomicAdd(bad, local);
+}
+
+// sum of squares and of |x|, max |x| over the finite values, and the non-finite count, in doubles
+// accumulated per block (stats[0], stats[1]: sums; stats[2] max bits; counter: non-finite).
+__global__ void stats_kernel(const float* x, int64_t n, bool sums, double* stats, unsigned int* max_bits,
+                             unsigned long long* bad) {
+  __shared__ double s_sq[kThreads], s_abs[kThreads];
+  __shared__ unsigned int s_max[kThreads];
+  double sq = 0, ab = 0;
+  unsigned int mx = 0;
+  unsigned long long nonfinite = 0;
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
+    const float a = fabsf(x[i]);
+    if (!(a <= FLT_MAX)) {
+      ++nonfinite;
+      continue;
+    }
+    if (sums) {
+      sq += double(a) * double(a);
+      ab += double(a);
+    }
+    mx = max(mx, __float_as_uint(a));  // non-negative floats order like their bits
+  }
+  s_sq[threadIdx.x] = sq;
+  s_abs[threadIdx.x] = ab;
+  s_max[threadIdx.x] = mx;
+  __syncthreads();
+  for (int s = kThreads / 2; s > 0; s /= 2) {
+    if (threadIdx.x < s) {
+      s_sq[threadIdx.x] += s_sq[threadIdx.x + s];
+      s_abs[threadIdx.x] += s_abs[threadIdx.x + s];
+      s_max[threadIdx.x] = max(s_max[threadIdx.x], s_max[threadIdx.x + s]);
+    }
+    __syncthreads();
+  }
+  if (threadIdx.x == 0) {
+    if (sums) {
+      atomicAdd(&stats[0], s_sq[0]);
+      atomicAdd(&stats[1], s_abs[0]);
+    }
+    atomicMax(max_bits, s_max[0]);
+  }
+  if (nonfinite) atomicAdd(bad, nonfinite);
+}
+
+// One row (sample) per block: log-sum-exp in double as the CPU does, the row's loss into `rows`.
+__global__ void xent_forward_kernel(const float* z, const int32_t* labels, int64_t K, float smoothing, double* rows) {
+  const int64_t n = blockIdx.x;
+  if (threadIdx.x != 0) return;  // K is small (classes): one thread per row keeps the CPU's order
+  const float* zr = z + n * K;
+  float m = -FLT_MAX;
+  for (int64_t k = 0; k < K; ++k) m = fmaxf(m, zr[k]);
+  double se = 0, sum_z = 0;
+  for (int64_t k = 0; k < K; ++k) {
+    se += exp(double(zr[k] - m));
+    sum_z += zr[k];
+  }
+  const double lse = double(m) + log(se);
+  const int32_t y = labels[n];
+  rows[n] = (1.0 - smoothing) * (lse - zr[y]) + smoothing * (lse - sum_z / double(K));
+}
+
+__global__ void xent_mean_kernel(const double* rows, int64_t N, float* loss) {
+  if (threadIdx.x != 0 || blockIdx.x != 0) return;
+  double total = 0;
+  for (int64_t n = 0; n < N; ++n) total += rows[n];
+  loss[0] = float(total / double(N));
+}
+
+__global__ void xent_backward_kernel(const float* z, const int32_t* labels, int64_t N, int64_t K, float smoothing,
+                                     float scale, float* d, bool accumulate) {
+  const int64_t n = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (n >= N) return;
+  const float* zr = z + n * K;
+  float* dr = d + n * K;
+  const int32_t y = labels[n];
+  float m = -FLT_MAX;
+  for (int64_t k = 0; k < K; ++k) m = fmaxf(m, zr[k]);
+  double se = 0;
+  for (int64_t k = 0; k < K; ++k) se += exp(double(zr[k] - m));
+  for (int64_t k = 0; k < K; ++k) {
+    const float p = float(exp(double(zr[k] - m)) / se);
+    const float t = (k == y ? 1.f - smoothing : 0.f) + smoothing / float(K);
+    const float v = (p - t) * scale;
+    dr[k] = accumulate ? dr[k] + v : v;
+  }
+}
+
+__global__ void label_check_kernel(const int32_t* labels, int64_t N, int64_t K, unsigned long long* bad) {
+  const int64_t n = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (n < N && (labels[n] < 0 || labels[n] >= K)) atomicAdd(bad, 1ull);
+}
+
+// PyTorch's SGD as the CPU backend computes it, element for element.
+__global__ void sgd_kernel(float* p, const float* gr, float* b, int64_t n, float lr, float momentum, float wd,
+                           bool nesterov, bool first, unsigned long long* bad) {
+  unsigned long long local = 0;
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
+    const float g = __fadd_rn(gr[i], __fmul_rn(wd, p[i]));
+    const float buf = momentum == 0.f ? g : (first ? g : __fadd_rn(__fmul_rn(momentum, b[i]), g));
+    b[i] = buf;
+    const float step = nesterov ? __fadd_rn(g, __fmul_rn(momentum, buf)) : buf;
+    const float np = __fsub_rn(p[i], __fmul_rn(lr, step));
+    p[i] = np;
+    local += !(fabsf(np) <= FLT_MAX);
+  }
+  if (local) atomicAdd(bad, local);
+}
+
+}  // namespace
+
+CudaBackend::CudaBackend(int device) : device_(device) {
+  memory_ = make_cuda_memory(device);  // validates the index
+  codec_ = make_cuda_stash_codec(device);
+  cuda::check(cublasCreate(&blas_), "cublasCreate");
+  // The CPU's FP32 arithmetic: no TF32 tensor-core rounding in the GEMMs.
+  cuda::check(cublasSetMathMode(blas_, CUBLAS_DEFAULT_MATH), "cublasSetMathMode");
+  cuda::check(cudaMalloc(&scratch_, 64), "cudaMalloc");
+}
+
+CudaBackend::~CudaBackend() {
+  cudaFree(xent_rows_);
+  cudaFree(scratch_);
+  if (blas_) cublasDestroy(blas_);
+}
+
+std::string CudaBackend::name() const { return "cuda:" + std::to_string(device_) + " (" + cuda_device_description(device_) + ")"; }
+
+unsigned long long* CudaBackend::counter() {
+  auto* c = static_cast<unsigned long long*>(scratch_);
+  cuda::check(cudaMemsetAsync(c, 0, sizeof(*c)), "cudaMemsetAsync");
+  return c;
+}
+
+int64_t CudaBackend::read_counter() {
+  unsigned long long v = 0;
+  cuda::check(cudaMemcpy(&v, scratch_, sizeof(v), cudaMemcpyDeviceToHost), "cudaMemcpy");
+  return int64_t(v);
+}
+
+void CudaBackend::copy_to_host(const Tensor& src, void* dst) {
+  ET_CHECK(src.is_contiguous());
+  cuda::check(cudaMemcpy(dst, src.data, src.nbytes(), cudaMemcpyDeviceToHost), "cudaMemcpy to the host");
+}
+
+void CudaBackend::copy_from_host(const void* src, Tensor& dst) {
+  ET_CHECK(dst.is_contiguous());
+  cuda::check(cudaMemcpy(dst.data, src, dst.nbytes(), cudaMemcpyHostToDevice), "cudaMemcpy from the host");
+}
+
+void CudaBackend::fill(Tensor& t, float value) {
+  ET_CHECK(t.is_contiguous());
+  fill_kernel<<<blocks_for(t.numel()), kThreads>>>(t.f32(), t.numel(), value);
+  cuda::launched("fill");
+}
+
+void CudaBackend::copy(const Tensor& src, Tensor& dst) {
+  ET_CHECK(src.nbytes() == dst.nbytes() && src.is_contiguous() && dst.is_contiguous());
+  cuda::check(cudaMemcpyAsync(dst.data, src.data, src.nbytes(), cudaMemcpyDeviceToDevice), "cudaMemcpyAsync");
+}
+
+bool CudaBackend::all_finite(const std::vector<Tensor>& tensors) {
+  unsigned long long* bad = counter();
+  for (const Tensor& t : tensors)
+    if (t.numel() > 0) count_nonfinite_kernel<<<blocks_for(t.numel()), kThreads>>>(t.f32(), t.numel(), bad);
+  cuda::launched("all_finite");
+  return read_counter() == 0;
+}
+
+TensorStats CudaBackend::tensor_stats(const Tensor& x) {
+  ET_CHECK(x.is_contiguous());
+  TensorStats out;
+  if (x.numel() == 0) return out;
+  // scratch_: [0, 8) the non-finite count, [8, 24) the two sums, [24, 28) the max's bits
+  char* s = static_cast<char*>(scratch_);
+  cuda::check(cudaMemsetAsync(s, 0, 32), "cudaMemsetAsync");
+  stats_kernel<<<blocks_for(x.numel()), kThreads>>>(x.f32(), x.numel(), true, reinterpret_cast<double*>(s + 8),
+                                                    reinterpret_cast<unsigned int*>(s + 24),
+                                                    reinterpret_cast<unsigned long long*>(s));
+  cuda::launched("tensor_stats");
+  unsigned char host[32];
+  cuda::check(cudaMemcpy(host, s, 32, cudaMemcpyDeviceToHost), "cudaMemcpy");
+  unsigned long long bad;
+  unsigned int max_bits;
+  std::memcpy(&bad, host, 8);
+  std::memcpy(&out.sum_sq, host + 8, 8);
+  std::memcpy(&out.sum_abs, host + 16, 8);
+  std::memcpy(&max_bits, host + 24, 4);
+  std::memcpy(&out.max_abs, &max_bits, 4);
+  out.finite = bad == 0;
+  return out;
+}
+
+TensorStats CudaBackend::tensor_max_abs(const Tensor& x) {
+  TensorStats full = tensor_stats(x);  // the sums come along; tests compare only max_abs and finite
+  TensorStats out;
+  out.max_abs = full.max_abs;
+  out.finite = full.finite;
+  return out;
+}
+
+void CudaBackend::softmax_xent_forward(const Tensor& logits, const Tensor& labels, float smoothing, Tensor& loss) {
+  const int64_t N = logits.dim(0), K = logits.dim(1);
+  unsigned long long* bad = counter();
+  label_check_kernel<<<unsigned((N + kThreads - 1) / kThreads), kThreads>>>(labels.i32(), N, K, bad);
+  cuda::launched("label check");
+  ET_CHECK(read_counter() == 0, "a label outside 0..", K - 1);
+  if (N > xent_rows_capacity_) {  // per-sample losses, summed in the CPU's order; grows in the first step only
+    cudaFree(xent_rows_);
+    xent_rows_ = nullptr;
+    cuda::check(cudaMalloc(reinterpret_cast<void**>(&xent_rows_), size_t(N) * 8), "cudaMalloc");
+    xent_rows_capacity_ = N;
+  }
+  xent_forward_kernel<<<unsigned(N), 32>>>(logits.f32(), labels.i32(), K, smoothing, xent_rows_);
+  xent_mean_kernel<<<1, 32>>>(xent_rows_, N, loss.f32());
+  cuda::launched("softmax_xent_forward");
+}
+
+void CudaBackend::softmax_xent_backward(const Tensor& logits, const Tensor& labels, float smoothing, float dloss,
+                                        Tensor& dlogits, bool accumulate) {
+  const int64_t N = logits.dim(0), K = logits.dim(1);
+  xent_backward_kernel<<<unsigned((N + 127) / 128), 128>>>(logits.f32(), labels.i32(), N, K, smoothing,
+                                                           dloss / float(N), dlogits.f32(), accumulate);
+  cuda::launched("softmax_xent_backward");
+}
+
+bool CudaBackend::sgd_step(Tensor& param, const Tensor& grad, Tensor& momentum_buf, float lr, float momentum,
+                           float weight_decay, bool nesterov, bool first_step) {
+  unsigned long long* bad = counter();
+  sgd_kernel<<<blocks_for(param.numel()), kThreads>>>(param.f32(), grad.f32(), momentum_buf.f32(), param.numel(), lr,
+                                                      momentum, weight_decay, nesterov, first_step, bad);
+  cuda::launched("sgd_step");
+  return read_counter() == 0;
+}
+
+// ---- not on CUDA yet: check_device_support (engine/config_sections.cpp) refuses the configs
+// that would reach these, so a call is a programmer error.
+size_t CudaBackend::fused_workspace_bytes(const FusedStack&, int64_t) const { return 0; }
+void CudaBackend::fused_forward(const FusedStack&, FusedTensors&, bool, MaskOut*, Workspace) {
+  ET_CHECK(false, "fused stacks on CUDA (the config should have refused fusion.enabled)");
+}
+void CudaBackend::fused_backward(const FusedStack&, const FusedTensors&, FusedGrads&, Workspace) {
+  ET_CHECK(false, "fused stacks on CUDA (the config should have refused fusion.enabled)");
+}
+#define ET_NO_QUANT ET_CHECK(false, "4-bit kernels on CUDA (the config should have refused quant.*)")
+void CudaBackend::quantize_int4(const Tensor&, Tensor&) { ET_NO_QUANT; }
+void CudaBackend::quantize_fp4(const Tensor&, int, Fp4Rounding, quant::RngKey, Tensor&) { ET_NO_QUANT; }
+void CudaBackend::dequantize(const Tensor&, Tensor&) { ET_NO_QUANT; }
+size_t CudaBackend::conv2d_q_workspace_bytes(const Conv2dGeom&, ConvPass) const { return 0; }
+void CudaBackend::conv2d_forward_q(const Conv2dGeom&, const Tensor&, const Tensor&, const Tensor&, Tensor&, Workspace) {
+  ET_NO_QUANT;
+}
+void CudaBackend::conv2d_backward_data_q(const Conv2dGeom&, const Tensor&, const Tensor&, Tensor&, bool, Workspace) {
+  ET_NO_QUANT;
+}
+void CudaBackend::conv2d_backward_weight_q(const Conv2dGeom&, const Tensor&, const Tensor&, Tensor&, Tensor&, bool,
+                                           Workspace) {
+  ET_NO_QUANT;
+}
+size_t CudaBackend::linear_q_workspace_bytes(int64_t, int64_t, int64_t) const { return 0; }
+void CudaBackend::linear_forward_q(const Tensor&, const Tensor&, const Tensor&, Tensor&, Workspace) { ET_NO_QUANT; }
+void CudaBackend::linear_backward_data_q(const Tensor&, const Tensor&, Tensor&, bool, Workspace) { ET_NO_QUANT; }
+void CudaBackend::linear_backward_weight_q(const Tensor&, const Tensor&, Tensor&, Tensor&, bool, Workspace) {
+  ET_NO_QUANT;
+}
+#undef ET_NO_QUANT
+
+std::unique_ptr<Backend> make_cuda_backend(int device) { return std::unique_ptr<Backend>(new CudaBackend(device)); }
+
+}  // namespace et

@@ -1,0 +1,132 @@
+// CudaBackend's declaration and the helpers its kernel files share (backends/cuda/*.cu).
+// Kernels run on the default stream in issue order; a call that returns a host value (a count,
+// a finiteness flag) synchronises. C++14.
+#pragma once
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "backends/backend.h"
+#include "engine/check.h"
+
+namespace et {
+namespace cuda {
+
+void check(cudaError_t e, const char* what);
+void check(cublasStatus_t s, const char* what);
+// After a launch: a launch error names the kernel.
+inline void launched(const char* kernel) { check(cudaGetLastError(), kernel); }
+
+constexpr int kThreads = 256;
+// Blocks for a grid-stride loop over n elements.
+inline unsigned blocks_for(int64_t n) {
+  const int64_t b = (n + kThreads - 1) / kThreads;
+  return unsigned(b < 1 ? 1 : b > 65535 ? 65535 : b);
+}
+
+}  // namespace cuda
+
+class CudaBackend final : public Backend {
+ public:
+  explicit CudaBackend(int device);
+  ~CudaBackend() override;
+  Device device() const override { return Device::CUDA; }
+  std::string name() const override;
+  DeviceMemory& memory() override { return *memory_; }
+  StashCodec& stash_codec() override { return *codec_; }
+  bool host_addressable() const override { return false; }
+  void copy_to_host(const Tensor& src, void* dst) override;
+  void copy_from_host(const void* src, Tensor& dst) override;
+
+  void fill(Tensor& t, float value) override;
+  void copy(const Tensor& src, Tensor& dst) override;
+
+  size_t conv2d_workspace_bytes(const Conv2dGeom& g, ConvPass pass) const override;
+  void conv2d_forward(const Conv2dGeom& g, const Tensor& x, const Tensor& w, const Tensor& b, Tensor& y,
+                      Workspace ws) override;
+  void conv2d_backward_data(const Conv2dGeom& g, const Tensor& dy, const Tensor& w, Tensor& dx, bool accumulate,
+                            Workspace ws) override;
+  void conv2d_backward_weight(const Conv2dGeom& g, const Tensor& x, const Tensor& dy, Tensor& dw, Tensor& db,
+                              bool accumulate, Workspace ws) override;
+
+  void linear_forward(const Tensor& x, const Tensor& w, const Tensor& b, Tensor& y) override;
+  void linear_backward_data(const Tensor& dy, const Tensor& w, Tensor& dx, bool accumulate) override;
+  void linear_backward_weight(const Tensor& x, const Tensor& dy, Tensor& dw, Tensor& db, bool accumulate) override;
+
+  void batchnorm_forward_train(const Tensor& x, const Tensor& gamma, const Tensor& beta, Tensor& running_mean,
+                               Tensor& running_var, float momentum, float eps, Tensor& y, Tensor& mean,
+                               Tensor& invstd) override;
+  void batchnorm_forward_eval(const Tensor& x, const Tensor& gamma, const Tensor& beta, const Tensor& running_mean,
+                              const Tensor& running_var, float eps, Tensor& y) override;
+  void batchnorm_backward(const Tensor& dy, const Tensor& x, const Tensor& gamma, const Tensor& mean,
+                          const Tensor& invstd, Tensor& dx, bool accumulate_dx, Tensor& dgamma, Tensor& dbeta,
+                          bool accumulate_params) override;
+  void batchnorm_backward_frozen(const Tensor& dy, const Tensor& gamma, const Tensor& running_var, float eps,
+                                 Tensor& dx, bool accumulate) override;
+
+  void relu_forward(const Tensor& x, Tensor& y, MaskOut* mask) override;
+  void relu_backward(const Tensor& dy, const MaskView& mask, Tensor& dx, bool accumulate) override;
+  void zero_where_zero(const Tensor& ref, Tensor& y) override;
+  void add_forward(const Tensor& a, const Tensor& b, Tensor& y) override;
+  void accumulate_grad(const Tensor& src, Tensor& dst, bool accumulate) override;
+  void dropout_forward(const Tensor& x, float p, uint64_t seed, Tensor& y) override;
+  void dropout_backward(const Tensor& dy, float p, uint64_t seed, Tensor& dx, bool accumulate) override;
+
+  void maxpool2d_forward(const Conv2dGeom& g, const Tensor& x, Tensor& y) override;
+  void maxpool2d_backward(const Conv2dGeom& g, const Tensor& dy, const Tensor& x, Tensor& dx, bool accumulate,
+                          Workspace ws) override;
+  void avgpool2d_forward(const Conv2dGeom& g, const Tensor& x, Tensor& y) override;
+  void avgpool2d_backward(const Conv2dGeom& g, const Tensor& dy, Tensor& dx, bool accumulate) override;
+  void global_avgpool_forward(const Tensor& x, Tensor& y) override;
+  void global_avgpool_backward(const Tensor& dy, Tensor& dx, bool accumulate) override;
+  void subsample_pad_forward(const Tensor& x, int64_t stride, int64_t pad, Tensor& y) override;
+  void subsample_pad_backward(const Tensor& dy, int64_t stride, int64_t pad, Tensor& dx, bool accumulate) override;
+
+  size_t fused_workspace_bytes(const FusedStack& s, int64_t batch) const override;
+  void fused_forward(const FusedStack& s, FusedTensors& t, bool training, MaskOut* mask, Workspace ws) override;
+  void fused_backward(const FusedStack& s, const FusedTensors& t, FusedGrads& g, Workspace ws) override;
+
+  void softmax_xent_forward(const Tensor& logits, const Tensor& labels, float smoothing, Tensor& loss) override;
+  void softmax_xent_backward(const Tensor& logits, const Tensor& labels, float smoothing, float dloss,
+                             Tensor& dlogits, bool accumulate) override;
+
+  TensorStats tensor_stats(const Tensor& x) override;
+  TensorStats tensor_max_abs(const Tensor& x) override;
+  void quantize_int4(const Tensor& x, Tensor& q) override;
+  void quantize_fp4(const Tensor& g, int levels, Fp4Rounding mode, quant::RngKey key, Tensor& q) override;
+  void dequantize(const Tensor& q, Tensor& y) override;
+  size_t conv2d_q_workspace_bytes(const Conv2dGeom& g, ConvPass pass) const override;
+  void conv2d_forward_q(const Conv2dGeom& g, const Tensor& xq, const Tensor& wq, const Tensor& b, Tensor& y,
+                        Workspace ws) override;
+  void conv2d_backward_data_q(const Conv2dGeom& g, const Tensor& gq, const Tensor& wq, Tensor& dx, bool accumulate,
+                              Workspace ws) override;
+  void conv2d_backward_weight_q(const Conv2dGeom& g, const Tensor& xq, const Tensor& gq, Tensor& dw, Tensor& db,
+                                bool accumulate, Workspace ws) override;
+  size_t linear_q_workspace_bytes(int64_t n, int64_t in, int64_t out) const override;
+  void linear_forward_q(const Tensor& xq, const Tensor& wq, const Tensor& b, Tensor& y, Workspace ws) override;
+  void linear_backward_data_q(const Tensor& gq, const Tensor& wq, Tensor& dx, bool accumulate, Workspace ws) override;
+  void linear_backward_weight_q(const Tensor& xq, const Tensor& gq, Tensor& dw, Tensor& db, bool accumulate,
+                                Workspace ws) override;
+
+  bool all_finite(const std::vector<Tensor>& tensors) override;
+  bool sgd_step(Tensor& param, const Tensor& grad, Tensor& momentum_buf, float lr, float momentum, float weight_decay,
+                bool nesterov, bool first_step) override;
+
+ private:
+  // A device counter for reductions that come back to the host (zeroed before each use).
+  unsigned long long* counter();
+  int64_t read_counter();
+
+  int device_;
+  std::unique_ptr<DeviceMemory> memory_;
+  std::unique_ptr<StashCodec> codec_;
+  cublasHandle_t blas_ = nullptr;
+  void* scratch_ = nullptr;  // 64 bytes: the counter and a few reduction results
+  double* xent_rows_ = nullptr;
+  int64_t xent_rows_capacity_ = 0;
+};
+
+}  // namespace et

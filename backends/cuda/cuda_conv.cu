@@ -1,0 +1,286 @@
+// Convolution and linear layers on CUDA. groups == 1: im2col of a chunk of images into the
+// workspace, then cuBLAS SGEMMs (strided-batched over the chunk's images); the data gradient
+// gathers the columns back (col2im, no atomics). groups > 1 (depthwise): direct kernels. Linear
+// layers: one SGEMM each way. cuBLAS runs in its default FP32 math (no TF32).
+//
+// Row-major [a, b] matrices are column-major [b, a] ones to cuBLAS, so each product below is
+// written for the transposes: Y = W X becomes Y^T = X^T W^T.
+#include "backends/cuda/cuda_backend_impl.h"
+
+namespace et {
+
+namespace {
+
+using cuda::blocks_for;
+using cuda::kThreads;
+
+constexpr size_t kColumnBytes = size_t(64) << 20;  // the im2col workspace's cap (a chunk of images)
+
+int64_t column_floats(const Conv2dGeom& g) { return g.C * g.R * g.S * g.P * g.Q; }  // one image's
+int64_t chunk_images(const Conv2dGeom& g) {
+  const int64_t per = column_floats(g) * 4, fit = int64_t(kColumnBytes) / (per > 0 ? per : 1);
+  return fit < 1 ? 1 : fit < g.N ? fit : g.N;
+}
+
+struct Geom {
+  int64_t C, H, W, K, P, Q, R, S, sh, sw, ph, pw, groups;
+};
+Geom geom_of(const Conv2dGeom& g) {
+  return Geom{g.C, g.H, g.W, g.K, g.P, g.Q, g.R, g.S, g.stride_h, g.stride_w, g.pad_h, g.pad_w, g.groups};
+}
+
+#define ET_GRID_STRIDE(i, n) \
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < (n); i += int64_t(gridDim.x) * blockDim.x)
+
+// col [images][C*R*S][P*Q] of x's images [n0, n0 + images)
+__global__ void im2col_kernel(Geom g, const float* x, int64_t images, float* col) {
+  const int64_t rows = g.C * g.R * g.S, PQ = g.P * g.Q, total = images * rows * PQ;
+  ET_GRID_STRIDE(i, total) {
+    const int64_t b = i / (rows * PQ), row = i / PQ % rows, pq = i % PQ;
+    const int64_t c = row / (g.R * g.S), r = row / g.S % g.R, s = row % g.S, p = pq / g.Q, q = pq % g.Q;
+    const int64_t h = p * g.sh - g.ph + r, w = q * g.sw - g.pw + s;
+    col[i] = h >= 0 && h < g.H && w >= 0 && w < g.W ? x[((b * g.C + c) * g.H + h) * g.W + w] : 0.f;
+  }
+}
+
+// dx[images] (+)= the columns gathered back: each input element sums the column entries that read it.
+__global__ void col2im_kernel(Geom g, const float* col, int64_t images, float* dx, bool acc) {
+  const int64_t rows = g.C * g.R * g.S, PQ = g.P * g.Q, total = images * g.C * g.H * g.W;
+  ET_GRID_STRIDE(i, total) {
+    const int64_t b = i / (g.C * g.H * g.W), c = i / (g.H * g.W) % g.C, h = i / g.W % g.H, w = i % g.W;
+    float v = acc ? dx[i] : 0.f;
+    for (int64_t r = 0; r < g.R; ++r) {
+      const int64_t ph = h + g.ph - r;
+      if (ph < 0 || ph % g.sh != 0 || ph / g.sh >= g.P) continue;
+      for (int64_t s = 0; s < g.S; ++s) {
+        const int64_t pw = w + g.pw - s;
+        if (pw < 0 || pw % g.sw != 0 || pw / g.sw >= g.Q) continue;
+        v += col[(b * rows + (c * g.R + r) * g.S + s) * PQ + ph / g.sh * g.Q + pw / g.sw];
+      }
+    }
+    dx[i] = v;
+  }
+}
+
+// y [N, K, PQ] += b[k]
+__global__ void add_bias_kernel(float* y, const float* b, int64_t total, int64_t K, int64_t PQ) {
+  ET_GRID_STRIDE(i, total) y[i] += b[i / PQ % K];
+}
+
+// db[k] (+)= sum over n and the PQ positions of dy [N, K, PQ]: one block per k.
+__global__ void bias_grad_kernel(const float* dy, int64_t N, int64_t K, int64_t PQ, float* db, bool acc) {
+  __shared__ double part[kThreads];
+  const int64_t k = blockIdx.x;
+  double s = 0;
+  for (int64_t j = threadIdx.x; j < N * PQ; j += blockDim.x) s += dy[(j / PQ * K + k) * PQ + j % PQ];
+  part[threadIdx.x] = s;
+  __syncthreads();
+  for (int t = kThreads / 2; t > 0; t /= 2) {
+    if (threadIdx.x < t) part[threadIdx.x] += part[threadIdx.x + t];
+    __syncthreads();
+  }
+  if (threadIdx.x == 0) db[k] = acc ? db[k] + float(part[0]) : float(part[0]);
+}
+
+// ---- groups > 1: direct kernels. w [K, C/groups, R, S].
+__global__ void grouped_forward_kernel(Geom g, const float* x, const float* w, const float* b, int64_t N, float* y) {
+  const int64_t Cg = g.C / g.groups, Kg = g.K / g.groups, total = N * g.K * g.P * g.Q;
+  ET_GRID_STRIDE(i, total) {
+    const int64_t n = i / (g.K * g.P * g.Q), k = i / (g.P * g.Q) % g.K, p = i / g.Q % g.P, q = i % g.Q;
+    const int64_t c0 = k / Kg * Cg;
+    float acc = b ? b[k] : 0.f;
+    for (int64_t c = 0; c < Cg; ++c)
+      for (int64_t r = 0; r < g.R; ++r) {
+        const int64_t h = p * g.sh - g.ph + r;
+        if (h < 0 || h >= g.H) continue;
+        for (int64_t s = 0; s < g.S; ++s) {
+          const int64_t ww = q * g.sw - g.pw + s;
+          if (ww < 0 || ww >= g.W) continue;
+          acc += x[((n * g.C + c0 + c) * g.H + h) * g.W + ww] * w[((k * Cg + c) * g.R + r) * g.S + s];
+        }
+      }
+    y[i] = acc;
+  }
+}
+
+__global__ void grouped_backward_data_kernel(Geom g, const float* dy, const float* w, int64_t N, float* dx, bool acc) {
+  const int64_t Cg = g.C / g.groups, Kg = g.K / g.groups, total = N * g.C * g.H * g.W;
+  ET_GRID_STRIDE(i, total) {
+    const int64_t n = i / (g.C * g.H * g.W), c = i / (g.H * g.W) % g.C, h = i / g.W % g.H, ww = i % g.W;
+    const int64_t grp = c / Cg, cl = c % Cg;
+    float v = acc ? dx[i] : 0.f;
+    for (int64_t kl = 0; kl < Kg; ++kl) {
+      const int64_t k = grp * Kg + kl;
+      for (int64_t r = 0; r < g.R; ++r) {
+        const int64_t ph = h + g.ph - r;
+        if (ph < 0 || ph % g.sh != 0 || ph / g.sh >= g.P) continue;
+        for (int64_t s = 0; s < g.S; ++s) {
+          const int64_t pw = ww + g.pw - s;
+          if (pw < 0 || pw % g.sw != 0 || pw / g.sw >= g.Q) continue;
+          v += dy[((n * g.K + k) * g.P + ph / g.sh) * g.Q + pw / g.sw] * w[((k * Cg + cl) * g.R + r) * g.S + s];
+        }
+      }
+    }
+    dx[i] = v;
+  }
+}
+
+// One block per weight element: the sum over images and output positions.
+__global__ void grouped_backward_weight_kernel(Geom g, const float* x, const float* dy, int64_t N, float* dw, bool acc) {
+  __shared__ double part[kThreads];
+  const int64_t Cg = g.C / g.groups, Kg = g.K / g.groups, e = blockIdx.x;
+  const int64_t k = e / (Cg * g.R * g.S), c = k / Kg * Cg + e / (g.R * g.S) % Cg, r = e / g.S % g.R, s = e % g.S;
+  double sum = 0;
+  for (int64_t j = threadIdx.x; j < N * g.P * g.Q; j += blockDim.x) {
+    const int64_t n = j / (g.P * g.Q), p = j / g.Q % g.P, q = j % g.Q;
+    const int64_t h = p * g.sh - g.ph + r, ww = q * g.sw - g.pw + s;
+    if (h < 0 || h >= g.H || ww < 0 || ww >= g.W) continue;
+    sum += double(x[((n * g.C + c) * g.H + h) * g.W + ww]) * double(dy[((n * g.K + k) * g.P + p) * g.Q + q]);
+  }
+  part[threadIdx.x] = sum;
+  __syncthreads();
+  for (int t = kThreads / 2; t > 0; t /= 2) {
+    if (threadIdx.x < t) part[threadIdx.x] += part[threadIdx.x + t];
+    __syncthreads();
+  }
+  if (threadIdx.x == 0) dw[e] = acc ? dw[e] + float(part[0]) : float(part[0]);
+}
+
+// y [N, O] += b[o]; db[o] (+)= sum_n dy[n, o]
+__global__ void linear_bias_kernel(float* y, const float* b, int64_t total, int64_t O) { ET_GRID_STRIDE(i, total) y[i] += b[i % O]; }
+__global__ void linear_bias_grad_kernel(const float* dy, int64_t N, int64_t O, float* db, bool acc) {
+  ET_GRID_STRIDE(o, O) {
+    float s = 0.f;
+    for (int64_t n = 0; n < N; ++n) s += dy[n * O + o];
+    db[o] = acc ? db[o] + s : s;
+  }
+}
+
+}  // namespace
+
+size_t CudaBackend::conv2d_workspace_bytes(const Conv2dGeom& g, ConvPass) const {
+  return g.groups == 1 ? size_t(chunk_images(g) * column_floats(g)) * 4 : 0;
+}
+
+void CudaBackend::conv2d_forward(const Conv2dGeom& g, const Tensor& x, const Tensor& w, const Tensor& b, Tensor& y,
+                                 Workspace ws) {
+  const Geom gg = geom_of(g);
+  if (g.groups != 1) {
+    grouped_forward_kernel<<<blocks_for(y.numel()), kThreads>>>(gg, x.f32(), w.f32(), b.defined() ? b.f32() : nullptr,
+                                                                g.N, y.f32());
+    cuda::launched("conv2d_forward (grouped)");
+    return;
+  }
+  ET_CHECK(ws.bytes >= conv2d_workspace_bytes(g, ConvPass::Forward), "conv2d_forward: workspace");
+  const int64_t PQ = g.P * g.Q, CRS = g.C * g.R * g.S, chunk = chunk_images(g);
+  float* col = static_cast<float*>(ws.data);
+  const float one = 1.f, zero = 0.f;
+  for (int64_t n0 = 0; n0 < g.N; n0 += chunk) {
+    const int64_t nb = g.N - n0 < chunk ? g.N - n0 : chunk;
+    im2col_kernel<<<blocks_for(nb * CRS * PQ), kThreads>>>(gg, x.f32() + n0 * g.C * g.H * g.W, nb, col);
+    cuda::launched("im2col");
+    // Y_b^T (PQ x K) = col_b^T (PQ x CRS) W^T (CRS x K)
+    cuda::check(cublasSgemmStridedBatched(blas_, CUBLAS_OP_N, CUBLAS_OP_N, int(PQ), int(g.K), int(CRS), &one, col,
+                                          int(PQ), CRS * PQ, w.f32(), int(CRS), 0, &zero, y.f32() + n0 * g.K * PQ,
+                                          int(PQ), g.K * PQ, int(nb)),
+                "conv2d_forward sgemm");
+  }
+  if (b.defined()) {
+    add_bias_kernel<<<blocks_for(y.numel()), kThreads>>>(y.f32(), b.f32(), y.numel(), g.K, PQ);
+    cuda::launched("conv bias");
+  }
+}
+
+void CudaBackend::conv2d_backward_data(const Conv2dGeom& g, const Tensor& dy, const Tensor& w, Tensor& dx,
+                                       bool accumulate, Workspace ws) {
+  const Geom gg = geom_of(g);
+  if (g.groups != 1) {
+    grouped_backward_data_kernel<<<blocks_for(dx.numel()), kThreads>>>(gg, dy.f32(), w.f32(), g.N, dx.f32(), accumulate);
+    cuda::launched("conv2d_backward_data (grouped)");
+    return;
+  }
+  ET_CHECK(ws.bytes >= conv2d_workspace_bytes(g, ConvPass::BackwardData), "conv2d_backward_data: workspace");
+  const int64_t PQ = g.P * g.Q, CRS = g.C * g.R * g.S, chunk = chunk_images(g);
+  float* col = static_cast<float*>(ws.data);
+  const float one = 1.f, zero = 0.f;
+  for (int64_t n0 = 0; n0 < g.N; n0 += chunk) {
+    const int64_t nb = g.N - n0 < chunk ? g.N - n0 : chunk;
+    // col_b^T (PQ x CRS) = dY_b^T (PQ x K) W (K x CRS)
+    cuda::check(cublasSgemmStridedBatched(blas_, CUBLAS_OP_N, CUBLAS_OP_T, int(PQ), int(CRS), int(g.K), &one,
+                                          dy.f32() + n0 * g.K * PQ, int(PQ), g.K * PQ, w.f32(), int(CRS), 0, &zero, col,
+                                          int(PQ), CRS * PQ, int(nb)),
+                "conv2d_backward_data sgemm");
+    col2im_kernel<<<blocks_for(nb * g.C * g.H * g.W), kThreads>>>(gg, col, nb, dx.f32() + n0 * g.C * g.H * g.W,
+                                                                   accumulate);
+    cuda::launched("col2im");
+  }
+}
+
+void CudaBackend::conv2d_backward_weight(const Conv2dGeom& g, const Tensor& x, const Tensor& dy, Tensor& dw,
+                                         Tensor& db, bool accumulate, Workspace ws) {
+  const Geom gg = geom_of(g);
+  const int64_t PQ = g.P * g.Q;
+  if (db.defined()) {
+    bias_grad_kernel<<<unsigned(g.K), kThreads>>>(dy.f32(), g.N, g.K, PQ, db.f32(), accumulate);
+    cuda::launched("conv bias gradient");
+  }
+  if (g.groups != 1) {
+    grouped_backward_weight_kernel<<<unsigned(dw.numel()), kThreads>>>(gg, x.f32(), dy.f32(), g.N, dw.f32(), accumulate);
+    cuda::launched("conv2d_backward_weight (grouped)");
+    return;
+  }
+  ET_CHECK(ws.bytes >= conv2d_workspace_bytes(g, ConvPass::BackwardWeight), "conv2d_backward_weight: workspace");
+  const int64_t CRS = g.C * g.R * g.S, chunk = chunk_images(g);
+  float* col = static_cast<float*>(ws.data);
+  const float one = 1.f, zero = 0.f;
+  for (int64_t n0 = 0; n0 < g.N; n0 += chunk) {
+    const int64_t nb = g.N - n0 < chunk ? g.N - n0 : chunk;
+    im2col_kernel<<<blocks_for(nb * CRS * PQ), kThreads>>>(gg, x.f32() + n0 * g.C * g.H * g.W, nb, col);
+    cuda::launched("im2col");
+    for (int64_t b = 0; b < nb; ++b) {
+      // dW^T (CRS x K) (+)= col_b (CRS x PQ) dY_b^T (PQ x K)
+      const bool overwrite = !accumulate && n0 == 0 && b == 0;
+      cuda::check(cublasSgemm(blas_, CUBLAS_OP_T, CUBLAS_OP_N, int(CRS), int(g.K), int(PQ), &one, col + b * CRS * PQ,
+                              int(PQ), dy.f32() + (n0 + b) * g.K * PQ, int(PQ), overwrite ? &zero : &one, dw.f32(),
+                              int(CRS)),
+                  "conv2d_backward_weight sgemm");
+    }
+  }
+}
+
+// x [N, I], w [O, I], y [N, O]: Y^T (O x N) = W (O x I) X^T (I x N)
+void CudaBackend::linear_forward(const Tensor& x, const Tensor& w, const Tensor& b, Tensor& y) {
+  const int64_t N = x.dim(0), I = x.dim(1), O = w.dim(0);
+  const float one = 1.f, zero = 0.f;
+  cuda::check(cublasSgemm(blas_, CUBLAS_OP_T, CUBLAS_OP_N, int(O), int(N), int(I), &one, w.f32(), int(I), x.f32(),
+                          int(I), &zero, y.f32(), int(O)),
+              "linear_forward sgemm");
+  if (b.defined()) {
+    linear_bias_kernel<<<blocks_for(N * O), kThreads>>>(y.f32(), b.f32(), N * O, O);
+    cuda::launched("linear bias");
+  }
+}
+
+// dX^T (I x N) (+)= W^T (I x O) dY^T (O x N)
+void CudaBackend::linear_backward_data(const Tensor& dy, const Tensor& w, Tensor& dx, bool accumulate) {
+  const int64_t N = dy.dim(0), O = dy.dim(1), I = w.dim(1);
+  const float one = 1.f, zero = 0.f;
+  cuda::check(cublasSgemm(blas_, CUBLAS_OP_N, CUBLAS_OP_N, int(I), int(N), int(O), &one, w.f32(), int(I), dy.f32(),
+                          int(O), accumulate ? &one : &zero, dx.f32(), int(I)),
+              "linear_backward_data sgemm");
+}
+
+// dW^T (I x O) (+)= X^T (I x N) dY (N x O)
+void CudaBackend::linear_backward_weight(const Tensor& x, const Tensor& dy, Tensor& dw, Tensor& db, bool accumulate) {
+  const int64_t N = x.dim(0), I = x.dim(1), O = dy.dim(1);
+  const float one = 1.f, zero = 0.f;
+  cuda::check(cublasSgemm(blas_, CUBLAS_OP_N, CUBLAS_OP_T, int(I), int(O), int(N), &one, x.f32(), int(I), dy.f32(),
+                          int(O), accumulate ? &one : &zero, dw.f32(), int(I)),
+              "linear_backward_weight sgemm");
+  if (db.defined()) {
+    linear_bias_grad_kernel<<<blocks_for(O), kThreads>>>(dy.f32(), N, O, db.f32(), accumulate);
+    cuda::launched("linear bias gradient");
+  }
+}
+
+}  // namespace et

@@ -1,0 +1,196 @@
+// Pooling on CUDA, the CPU's rules (backends/cpu/pool_planes.h): max windows where padding never
+// wins and the gradient goes to the first maximum; averages with count_include_pad. Backward
+// passes gather: each input element sums, in window order, what the windows covering it send it
+// (the argmax found again from x), so nothing races and the sum's order is the CPU reference's.
+#include <cfloat>
+
+#include "backends/cuda/cuda_backend_impl.h"
+
+namespace et {
+
+namespace {
+
+using cuda::blocks_for;
+using cuda::kThreads;
+
+struct Geom {
+  int64_t C, H, W, P, Q, R, S, sh, sw, ph, pw;
+};
+
+Geom geom_of(const Conv2dGeom& g) { return Geom{g.C, g.H, g.W, g.P, g.Q, g.R, g.S, g.stride_h, g.stride_w, g.pad_h, g.pad_w}; }
+
+__device__ float max_at(const Geom& g, const float* x, int64_t p, int64_t q, int64_t* arg) {
+  float m = -FLT_MAX;
+  *arg = -1;
+  for (int64_t r = 0; r < g.R; ++r) {
+    const int64_t h = p * g.sh - g.ph + r;
+    if (h < 0 || h >= g.H) continue;
+    for (int64_t s = 0; s < g.S; ++s) {
+      const int64_t w = q * g.sw - g.pw + s;
+      if (w >= 0 && w < g.W && x[h * g.W + w] > m) {
+        m = x[h * g.W + w];
+        *arg = h * g.W + w;
+      }
+    }
+  }
+  return m;
+}
+
+// The output windows covering input row h: p in [*lo, *hi).
+__device__ void covering(int64_t h, int64_t pad, int64_t R, int64_t stride, int64_t P, int64_t* lo, int64_t* hi) {
+  const int64_t top = h + pad - R + 1;  // p * stride >= top
+  *lo = top <= 0 ? 0 : (top + stride - 1) / stride;
+  const int64_t last = (h + pad) / stride;
+  *hi = last + 1 < P ? last + 1 : P;
+}
+
+__global__ void maxpool_forward_kernel(Geom g, int64_t total, const float* x, float* y) {
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < total; i += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t plane = i / (g.P * g.Q), p = i / g.Q % g.P, q = i % g.Q;
+    int64_t arg;
+    y[i] = max_at(g, x + plane * g.H * g.W, p, q, &arg);
+  }
+}
+
+__global__ void maxpool_backward_kernel(Geom g, int64_t total, const float* x, const float* dy, float* dx, bool acc) {
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < total; i += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t plane = i / (g.H * g.W), h = i / g.W % g.H, w = i % g.W, flat = h * g.W + w;
+    const float* xp = x + plane * g.H * g.W;
+    const float* dyp = dy + plane * g.P * g.Q;
+    int64_t p0, p1, q0, q1;
+    covering(h, g.ph, g.R, g.sh, g.P, &p0, &p1);
+    covering(w, g.pw, g.S, g.sw, g.Q, &q0, &q1);
+    float v = acc ? dx[i] : 0.f;
+    for (int64_t p = p0; p < p1; ++p)
+      for (int64_t q = q0; q < q1; ++q) {
+        int64_t arg;
+        max_at(g, xp, p, q, &arg);
+        if (arg == flat) v += dyp[p * g.Q + q];
+      }
+    dx[i] = v;
+  }
+}
+
+__global__ void avgpool_forward_kernel(Geom g, int64_t total, const float* x, float* y) {
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < total; i += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t plane = i / (g.P * g.Q), p = i / g.Q % g.P, q = i % g.Q;
+    const float* xp = x + plane * g.H * g.W;
+    float s = 0.f;
+    for (int64_t r = 0; r < g.R; ++r) {
+      const int64_t h = p * g.sh - g.ph + r;
+      if (h < 0 || h >= g.H) continue;
+      for (int64_t t = 0; t < g.S; ++t) {
+        const int64_t w = q * g.sw - g.pw + t;
+        if (w >= 0 && w < g.W) s += xp[h * g.W + w];
+      }
+    }
+    y[i] = s * (1.f / float(g.R * g.S));
+  }
+}
+
+__global__ void avgpool_backward_kernel(Geom g, int64_t total, const float* dy, float* dx, bool acc) {
+  const float inv = 1.f / float(g.R * g.S);
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < total; i += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t plane = i / (g.H * g.W), h = i / g.W % g.H, w = i % g.W;
+    const float* dyp = dy + plane * g.P * g.Q;
+    int64_t p0, p1, q0, q1;
+    covering(h, g.ph, g.R, g.sh, g.P, &p0, &p1);
+    covering(w, g.pw, g.S, g.sw, g.Q, &q0, &q1);
+    float v = acc ? dx[i] : 0.f;
+    for (int64_t p = p0; p < p1; ++p)
+      for (int64_t q = q0; q < q1; ++q) v += dyp[p * g.Q + q] * inv;
+    dx[i] = v;
+  }
+}
+
+// One plane per warp: a warp-shuffle sum in float (the CPU sums a plane in float too).
+__global__ void global_avg_forward_kernel(const float* x, int64_t planes, int64_t HW, float* y) {
+  const int64_t plane = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
+  const int lane = threadIdx.x & 31;
+  if (plane >= planes) return;
+  float s = 0.f;
+  for (int64_t i = lane; i < HW; i += 32) s += x[plane * HW + i];
+  for (int o = 16; o > 0; o /= 2) s += __shfl_down_sync(0xFFFFFFFFu, s, o);
+  if (lane == 0) y[plane] = s / float(HW);
+}
+
+__global__ void global_avg_backward_kernel(const float* dy, int64_t total, int64_t HW, float* dx, bool acc) {
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < total; i += int64_t(gridDim.x) * blockDim.x) {
+    const float v = dy[i / HW] / float(HW);
+    dx[i] = acc ? dx[i] + v : v;
+  }
+}
+
+__global__ void subsample_pad_forward_kernel(const float* x, int64_t N, int64_t C, int64_t H, int64_t W, int64_t K,
+                                             int64_t P, int64_t Q, int64_t s, int64_t pad, float* y) {
+  const int64_t total = N * K * P * Q;
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < total; i += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t n = i / (K * P * Q), k = i / (P * Q) % K, p = i / Q % P, q = i % Q, c = k - pad;
+    y[i] = c < 0 || c >= C ? 0.f : x[((n * C + c) * H + p * s) * W + q * s];
+  }
+}
+
+__global__ void subsample_pad_backward_kernel(const float* dy, int64_t N, int64_t C, int64_t H, int64_t W, int64_t K,
+                                              int64_t P, int64_t Q, int64_t s, int64_t pad, float* dx, bool acc) {
+  const int64_t total = N * C * H * W;
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < total; i += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t n = i / (C * H * W), c = i / (H * W) % C, h = i / W % H, w = i % W;
+    float v = acc ? dx[i] : 0.f;
+    if (h % s == 0 && w % s == 0 && h / s < P && w / s < Q) v += dy[((n * K + c + pad) * P + h / s) * Q + w / s];
+    dx[i] = v;
+  }
+}
+
+}  // namespace
+
+void CudaBackend::maxpool2d_forward(const Conv2dGeom& g, const Tensor& x, Tensor& y) {
+  const int64_t total = g.N * g.C * g.P * g.Q;
+  maxpool_forward_kernel<<<blocks_for(total), kThreads>>>(geom_of(g), total, x.f32(), y.f32());
+  cuda::launched("maxpool2d_forward");
+}
+
+void CudaBackend::maxpool2d_backward(const Conv2dGeom& g, const Tensor& dy, const Tensor& x, Tensor& dx,
+                                     bool accumulate, Workspace) {
+  const int64_t total = g.N * g.C * g.H * g.W;
+  maxpool_backward_kernel<<<blocks_for(total), kThreads>>>(geom_of(g), total, x.f32(), dy.f32(), dx.f32(), accumulate);
+  cuda::launched("maxpool2d_backward");
+}
+
+void CudaBackend::avgpool2d_forward(const Conv2dGeom& g, const Tensor& x, Tensor& y) {
+  const int64_t total = g.N * g.C * g.P * g.Q;
+  avgpool_forward_kernel<<<blocks_for(total), kThreads>>>(geom_of(g), total, x.f32(), y.f32());
+  cuda::launched("avgpool2d_forward");
+}
+
+void CudaBackend::avgpool2d_backward(const Conv2dGeom& g, const Tensor& dy, Tensor& dx, bool accumulate) {
+  const int64_t total = g.N * g.C * g.H * g.W;
+  avgpool_backward_kernel<<<blocks_for(total), kThreads>>>(geom_of(g), total, dy.f32(), dx.f32(), accumulate);
+  cuda::launched("avgpool2d_backward");
+}
+
+void CudaBackend::global_avgpool_forward(const Tensor& x, Tensor& y) {
+  const int64_t planes = x.dim(0) * x.dim(1), HW = x.dim(2) * x.dim(3);
+  global_avg_forward_kernel<<<unsigned((planes * 32 + kThreads - 1) / kThreads), kThreads>>>(x.f32(), planes, HW, y.f32());
+  cuda::launched("global_avgpool_forward");
+}
+
+void CudaBackend::global_avgpool_backward(const Tensor& dy, Tensor& dx, bool accumulate) {
+  const int64_t HW = dx.dim(2) * dx.dim(3);
+  global_avg_backward_kernel<<<blocks_for(dx.numel()), kThreads>>>(dy.f32(), dx.numel(), HW, dx.f32(), accumulate);
+  cuda::launched("global_avgpool_backward");
+}
+
+void CudaBackend::subsample_pad_forward(const Tensor& x, int64_t stride, int64_t pad, Tensor& y) {
+  subsample_pad_forward_kernel<<<blocks_for(y.numel()), kThreads>>>(x.f32(), x.dim(0), x.dim(1), x.dim(2), x.dim(3),
+                                                                    y.dim(1), y.dim(2), y.dim(3), stride, pad, y.f32());
+  cuda::launched("subsample_pad_forward");
+}
+
+void CudaBackend::subsample_pad_backward(const Tensor& dy, int64_t stride, int64_t pad, Tensor& dx, bool accumulate) {
+  subsample_pad_backward_kernel<<<blocks_for(dx.numel()), kThreads>>>(dy.f32(), dx.dim(0), dx.dim(1), dx.dim(2),
+                                                                      dx.dim(3), dy.dim(1), dy.dim(2), dy.dim(3), stride,
+                                                                      pad, dx.f32(), accumulate);
+  cuda::launched("subsample_pad_backward");
+}
+
+}  // namespace et
