@@ -144,6 +144,9 @@ int cmd_memprofile(const MemProfileArgs& a) {
   Graph g;
   build_model(g, cfg.model);
   auto backend = make_backend(cfg.train.device);
+  // A GPU's own memory (cudaMemGetInfo) before the model and after the step, beside the host USS.
+  size_t dev_before = 0, dev_after = 0, dev_total = 0;
+  const bool dev_usage = backend->memory().usage(&dev_before, &dev_total);
   BudgetPlan budget;  // memory.budget_mb: the planner's choice, shown per layer below
   const StashOptions stash = plan_stash_options(cfg, g, *backend, &budget);
   for (const std::string& line : budget.budget_mb > 0 ? budget.summary() : std::vector<std::string>{})
@@ -266,6 +269,16 @@ int cmd_memprofile(const MemProfileArgs& a) {
               m.params / kMB, m.grads / kMB, m.optimizer / kMB, m.activations_planned / kMB, m.workspace / kMB,
               stored_total, dense_total, dense_total > 0 ? stored_total / dense_total : 0.0, recomputed_total,
               double(ex.stash().peak_bytes()) / kMB);
+  if (dev_usage) {
+    backend->memory().usage(&dev_after, &dev_total);
+    std::printf("device memory (the driver's count, all processes): %.1f MB in use before the model, %.1f MB after "
+                "the step (+%.1f MB; arena %.1f MB and stash region %.1f MB as planned), of %.1f MB\n",
+                double(dev_before) / kMB, double(dev_after) / kMB, (double(dev_after) - double(dev_before)) / kMB,
+                m.total / kMB, double(ex.stash().region_bytes()) / kMB, double(dev_total) / kMB);
+    totals["device_used_before_mb"] = double(dev_before) / kMB;
+    totals["device_used_after_step_mb"] = double(dev_after) / kMB;
+    totals["device_total_mb"] = double(dev_total) / kMB;
+  }
   const double step_mb = double(step_uss.value_or(0)) / kMB;
   if (step_uss)
     std::printf("USS before the model %.1f MB, peak during the step %.1f MB (step %.1f MB; %s)\n",

@@ -22,6 +22,13 @@ class DeviceMemory {
   virtual void release(void* p, size_t bytes) = 0;
   // Bytes of [p, p + bytes) resident now: what USS counts of it on the host.
   virtual size_t resident_bytes(const void* p, size_t bytes) const = 0;
+  // The whole device's memory in use and in total, as its driver reports it (a GPU's
+  // cudaMemGetInfo); false where there is no such report (the host: USS measures it instead).
+  virtual bool usage(size_t* used, size_t* total) const {
+    (void)used;
+    (void)total;
+    return false;
+  }
 };
 
 // The host's: private anonymous mappings (MAP_PRIVATE | MAP_ANONYMOUS), MADV_DONTNEED, mincore.

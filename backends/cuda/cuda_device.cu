@@ -43,6 +43,12 @@ class CudaMemory final : public DeviceMemory {
   }
   void release(void*, size_t) override {}
   size_t resident_bytes(const void*, size_t bytes) const override { return bytes; }
+  bool usage(size_t* used, size_t* total) const override {
+    size_t free_bytes = 0;
+    cuda_memory_info(device_, &free_bytes, total);
+    *used = *total - free_bytes;
+    return true;
+  }
 
  private:
   int device_;

@@ -8,6 +8,7 @@
 #include <cuda_runtime.h>
 
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <memory>
 #include <random>
@@ -18,6 +19,7 @@
 #include "engine/executor.h"
 #include "engine/host_view.h"
 #include "engine/init.h"
+#include "engine/train/checkpoint.h"
 #include "engine/train/optimizer.h"
 #include "models/models.h"
 
@@ -290,31 +292,46 @@ TEST_CASE("cuda: softmax cross-entropy and SGD equal the CPU's", "[cuda]") {
     }
 }
 
+namespace {
+
+// resnet8 at batch 16 on a backend, one fixed batch written through HostView.
+struct Run {
+  Graph g;
+  std::unique_ptr<Backend> be;
+  std::unique_ptr<Executor> ex;
+  Run(std::unique_ptr<Backend> backend, const StashOptions& so) : be(std::move(backend)) {
+    ModelSpec spec;
+    spec.name = "resnet8";
+    spec.batch = 16;
+    build_model(g, spec);
+    ex = std::make_unique<Executor>(g, *be, so);
+    init_parameters(*ex, 5);
+  }
+  float step(bool first) {
+    {
+      const HostView x(*be, ex->value(g.image_input), HostView::Write), y(*be, ex->value(g.label_input), HostView::Write);
+      for (int64_t i = 0; i < ex->value(g.image_input).numel(); ++i) x.f32()[i] = float(i * 7 % 23) / 11.f - 1.f;
+      for (int64_t i = 0; i < 16; ++i) y.i32()[i] = int32_t(i * 3 % 10);
+    }
+    ex->forward(16, true);
+    ex->backward();
+    REQUIRE(sgd_update(*ex, SgdOptions{0.9f, 5e-4f, false}, 0.05f, first));
+    return ex->loss();
+  }
+};
+
+std::vector<char> state_bytes(Run& r) {
+  std::vector<char> out;
+  for (const Tensor& t : r.ex->state_tensors()) {
+    const HostView v(*r.be, t, HostView::Read);
+    out.insert(out.end(), static_cast<const char*>(v.data()), static_cast<const char*>(v.data()) + t.nbytes());
+  }
+  return out;
+}
+
+}  // namespace
+
 TEST_CASE("cuda: resnet8 trains as on the CPU, in every f32 stash format and with recomputation", "[cuda][training]") {
-  struct Run {
-    Graph g;
-    std::unique_ptr<Backend> be;
-    std::unique_ptr<Executor> ex;
-    Run(std::unique_ptr<Backend> backend, const StashOptions& so) : be(std::move(backend)) {
-      ModelSpec spec;
-      spec.name = "resnet8";
-      spec.batch = 16;
-      build_model(g, spec);
-      ex = std::make_unique<Executor>(g, *be, so);
-      init_parameters(*ex, 5);
-    }
-    float step(bool first) {
-      {
-        const HostView x(*be, ex->value(g.image_input), HostView::Write), y(*be, ex->value(g.label_input), HostView::Write);
-        for (int64_t i = 0; i < ex->value(g.image_input).numel(); ++i) x.f32()[i] = float(i * 7 % 23) / 11.f - 1.f;
-        for (int64_t i = 0; i < 16; ++i) y.i32()[i] = int32_t(i * 3 % 10);
-      }
-      ex->forward(16, true);
-      ex->backward();
-      REQUIRE(sgd_update(*ex, SgdOptions{0.9f, 5e-4f, false}, 0.05f, first));
-      return ex->loss();
-    }
-  };
   for (StashFormat f : {StashFormat::DenseF32, StashFormat::BitmapF32, StashFormat::BitmapF16, StashFormat::DenseF16,
                         StashFormat::DenseBF16, StashFormat::Auto}) {
     for (int every : {0, 1}) {
@@ -332,4 +349,22 @@ TEST_CASE("cuda: resnet8 trains as on the CPU, in every f32 stash format and wit
       CHECK(double(dev.ex->stash().peak_bytes()) == Approx(double(cpu.ex->stash().peak_bytes())).epsilon(0.02));
     }
   }
+}
+
+TEST_CASE("cuda: a checkpoint written on CUDA resumes on the CPU and back, bit for bit", "[cuda][training]") {
+  const std::string a = "/tmp/edgetrain_cuda_ckpt_a", b = "/tmp/edgetrain_cuda_ckpt_b";
+  Run dev(make_cuda_backend(0), StashOptions{}), cpu(make_cpu_backend(), StashOptions{});
+  for (int s = 0; s < 2; ++s) dev.step(s == 0);
+  TrainProgress p;
+  p.model = "resnet8";
+  p.step = 2;
+  save_checkpoint(a, *dev.ex, p);
+  CHECK(load_checkpoint(a, *cpu.ex, "resnet8").step == 2);
+  CHECK(state_bytes(cpu) == state_bytes(dev));  // parameters, momentum, BN statistics
+  cpu.step(false);
+  save_checkpoint(b, *cpu.ex, p);
+  load_checkpoint(b, *dev.ex, "resnet8");
+  CHECK(state_bytes(dev) == state_bytes(cpu));
+  std::remove(a.c_str());
+  std::remove(b.c_str());
 }
