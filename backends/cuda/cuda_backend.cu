@@ -30,13 +30,13 @@ using cuda::blocks_for;
 using cuda::kThreads;
 
 __global__ void fill_kernel(float* p, int64_t n, float v) {
-  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) p[i] = v;
+  ET_GRID_STRIDE(i, n) p[i] = v;
 }
 
 // Counts the non-finite elements (|x| > FLT_MAX fails for NaN and infinities).
 __global__ void count_nonfinite_kernel(const float* x, int64_t n, unsigned long long* bad) {
   unsigned long long local = 0;
-  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
+  ET_GRID_STRIDE(i, n)
     local += !(fabsf(x[i]) <= FLT_MAX);
   if (local) atomicAdd(bad, local);
 }
@@ -50,7 +50,7 @@ __global__ void stats_kernel(const float* x, int64_t n, bool sums, double* stats
   double sq = 0, ab = 0;
   unsigned int mx = 0;
   unsigned long long nonfinite = 0;
-  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
+  ET_GRID_STRIDE(i, n) {
     const float a = fabsf(x[i]);
     if (!(a <= FLT_MAX)) {
       ++nonfinite;
@@ -136,7 +136,7 @@ __global__ void label_check_kernel(const int32_t* labels, int64_t N, int64_t K, 
 __global__ void sgd_kernel(float* p, const float* gr, float* b, int64_t n, float lr, float momentum, float wd,
                            bool nesterov, bool first, unsigned long long* bad) {
   unsigned long long local = 0;
-  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
+  ET_GRID_STRIDE(i, n) {
     const float g = __fadd_rn(gr[i], __fmul_rn(wd, p[i]));
     const float buf = momentum == 0.f ? g : (first ? g : __fadd_rn(__fmul_rn(momentum, b[i]), g));
     b[i] = buf;

@@ -21,6 +21,9 @@ void check(cublasStatus_t s, const char* what);
 inline void launched(const char* kernel) { check(cudaGetLastError(), kernel); }
 
 constexpr int kThreads = 256;
+// A grid-stride loop of `i` over [0, n).
+#define ET_GRID_STRIDE(i, n) \
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < (n); i += int64_t(gridDim.x) * blockDim.x)
 // Blocks for a grid-stride loop over n elements.
 inline unsigned blocks_for(int64_t n) {
   const int64_t b = (n + kThreads - 1) / kThreads;

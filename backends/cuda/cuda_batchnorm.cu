@@ -60,7 +60,7 @@ __global__ void bn_train_kernel(const float* x, int64_t N, int64_t C, int64_t HW
 
 __global__ void bn_eval_kernel(const float* x, int64_t n_total, int64_t C, int64_t HW, const float* gamma,
                                const float* beta, const float* rm, const float* rv, float eps, float* y) {
-  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n_total; i += int64_t(gridDim.x) * blockDim.x) {
+  ET_GRID_STRIDE(i, n_total) {
     const int64_t c = i / HW % C;
     const float scale = gamma[c] / sqrtf(rv[c] + eps), shift = beta[c] - rm[c] * scale;
     y[i] = x[i] * scale + shift;
@@ -69,7 +69,7 @@ __global__ void bn_eval_kernel(const float* x, int64_t n_total, int64_t C, int64
 
 __global__ void bn_frozen_backward_kernel(const float* dy, int64_t n_total, int64_t C, int64_t HW, const float* gamma,
                                           const float* rv, float eps, float* dx, bool acc) {
-  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n_total; i += int64_t(gridDim.x) * blockDim.x) {
+  ET_GRID_STRIDE(i, n_total) {
     const int64_t c = i / HW % C;
     const float v = dy[i] * (gamma[c] / sqrtf(rv[c] + eps));
     dx[i] = acc ? dx[i] + v : v;

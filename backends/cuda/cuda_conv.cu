@@ -29,9 +29,6 @@ Geom geom_of(const Conv2dGeom& g) {
   return Geom{g.C, g.H, g.W, g.K, g.P, g.Q, g.R, g.S, g.stride_h, g.stride_w, g.pad_h, g.pad_w, g.groups};
 }
 
-#define ET_GRID_STRIDE(i, n) \
-  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < (n); i += int64_t(gridDim.x) * blockDim.x)
-
 // col [images][C*R*S][P*Q] of x's images [n0, n0 + images)
 __global__ void im2col_kernel(Geom g, const float* x, int64_t images, float* col) {
   const int64_t rows = g.C * g.R * g.S, PQ = g.P * g.Q, total = images * rows * PQ;

@@ -1,9 +1,8 @@
 // Element-wise kernels on CUDA: ReLU (writing its bitmap in the stash's layout with warp ballots),
 // its backward from a bitmap or a dense mask, add, gradient accumulation, dropout with the CPU's
 // counter-based mask (the same hash of (seed, i), so both backends drop the same elements).
-#include <cstring>
-
 #include "backends/cuda/cuda_backend_impl.h"
+#include "memory/bitmap.h"
 
 namespace et {
 
@@ -11,9 +10,6 @@ namespace {
 
 using cuda::blocks_for;
 using cuda::kThreads;
-
-#define ET_GRID_STRIDE(i, n) \
-  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < (n); i += int64_t(gridDim.x) * blockDim.x)
 
 __device__ __forceinline__ float hash_uniform(uint64_t seed, uint64_t i) {  // backends/cpu/elementwise.cpp
   uint64_t x = seed + (i + 1) * 0x9E3779B97F4A7C15ull;
@@ -88,8 +84,7 @@ void CudaBackend::relu_forward(const Tensor& x, Tensor& y, MaskOut* mask) {
     return;
   }
   ET_CHECK(mask->prune_threshold >= 0.f, "prune threshold ", mask->prune_threshold);
-  uint32_t threshold = 1;  // memory/bitmap.h keep_threshold_bits
-  if (mask->prune_threshold > 0.f) std::memcpy(&threshold, &mask->prune_threshold, 4);
+  const uint32_t threshold = bitmap::keep_threshold_bits(mask->prune_threshold);
   const int64_t words32 = (n + 63) / 64 * 2;
   unsigned long long* kept = counter();
   relu_mask_kernel<<<blocks_for(words32 * 32), 256>>>(x.f32(), y.f32(), n, threshold,

@@ -45,7 +45,7 @@ __device__ void covering(int64_t h, int64_t pad, int64_t R, int64_t stride, int6
 }
 
 __global__ void maxpool_forward_kernel(Geom g, int64_t total, const float* x, float* y) {
-  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < total; i += int64_t(gridDim.x) * blockDim.x) {
+  ET_GRID_STRIDE(i, total) {
     const int64_t plane = i / (g.P * g.Q), p = i / g.Q % g.P, q = i % g.Q;
     int64_t arg;
     y[i] = max_at(g, x + plane * g.H * g.W, p, q, &arg);
@@ -53,7 +53,7 @@ __global__ void maxpool_forward_kernel(Geom g, int64_t total, const float* x, fl
 }
 
 __global__ void maxpool_backward_kernel(Geom g, int64_t total, const float* x, const float* dy, float* dx, bool acc) {
-  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < total; i += int64_t(gridDim.x) * blockDim.x) {
+  ET_GRID_STRIDE(i, total) {
     const int64_t plane = i / (g.H * g.W), h = i / g.W % g.H, w = i % g.W, flat = h * g.W + w;
     const float* xp = x + plane * g.H * g.W;
     const float* dyp = dy + plane * g.P * g.Q;
@@ -72,7 +72,7 @@ __global__ void maxpool_backward_kernel(Geom g, int64_t total, const float* x, c
 }
 
 __global__ void avgpool_forward_kernel(Geom g, int64_t total, const float* x, float* y) {
-  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < total; i += int64_t(gridDim.x) * blockDim.x) {
+  ET_GRID_STRIDE(i, total) {
     const int64_t plane = i / (g.P * g.Q), p = i / g.Q % g.P, q = i % g.Q;
     const float* xp = x + plane * g.H * g.W;
     float s = 0.f;
@@ -90,7 +90,7 @@ __global__ void avgpool_forward_kernel(Geom g, int64_t total, const float* x, fl
 
 __global__ void avgpool_backward_kernel(Geom g, int64_t total, const float* dy, float* dx, bool acc) {
   const float inv = 1.f / float(g.R * g.S);
-  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < total; i += int64_t(gridDim.x) * blockDim.x) {
+  ET_GRID_STRIDE(i, total) {
     const int64_t plane = i / (g.H * g.W), h = i / g.W % g.H, w = i % g.W;
     const float* dyp = dy + plane * g.P * g.Q;
     int64_t p0, p1, q0, q1;
@@ -115,7 +115,7 @@ __global__ void global_avg_forward_kernel(const float* x, int64_t planes, int64_
 }
 
 __global__ void global_avg_backward_kernel(const float* dy, int64_t total, int64_t HW, float* dx, bool acc) {
-  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < total; i += int64_t(gridDim.x) * blockDim.x) {
+  ET_GRID_STRIDE(i, total) {
     const float v = dy[i / HW] / float(HW);
     dx[i] = acc ? dx[i] + v : v;
   }
@@ -124,7 +124,7 @@ __global__ void global_avg_backward_kernel(const float* dy, int64_t total, int64
 __global__ void subsample_pad_forward_kernel(const float* x, int64_t N, int64_t C, int64_t H, int64_t W, int64_t K,
                                              int64_t P, int64_t Q, int64_t s, int64_t pad, float* y) {
   const int64_t total = N * K * P * Q;
-  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < total; i += int64_t(gridDim.x) * blockDim.x) {
+  ET_GRID_STRIDE(i, total) {
     const int64_t n = i / (K * P * Q), k = i / (P * Q) % K, p = i / Q % P, q = i % Q, c = k - pad;
     y[i] = c < 0 || c >= C ? 0.f : x[((n * C + c) * H + p * s) * W + q * s];
   }
@@ -133,7 +133,7 @@ __global__ void subsample_pad_forward_kernel(const float* x, int64_t N, int64_t 
 __global__ void subsample_pad_backward_kernel(const float* dy, int64_t N, int64_t C, int64_t H, int64_t W, int64_t K,
                                               int64_t P, int64_t Q, int64_t s, int64_t pad, float* dx, bool acc) {
   const int64_t total = N * C * H * W;
-  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < total; i += int64_t(gridDim.x) * blockDim.x) {
+  ET_GRID_STRIDE(i, total) {
     const int64_t n = i / (C * H * W), c = i / (H * W) % C, h = i / W % H, w = i % W;
     float v = acc ? dx[i] : 0.f;
     if (h % s == 0 && w % s == 0 && h / s < P && w / s < Q) v += dy[((n * K + c + pad) * P + h / s) * Q + w / s];

@@ -8,10 +8,10 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
-#include <cstring>
 
 #include "backends/cuda/cuda_device.h"
 #include "engine/check.h"
+#include "memory/bitmap.h"
 
 namespace et {
 
@@ -269,8 +269,7 @@ class CudaStashCodec final : public StashCodec {
     if (n <= 0) return 0;
     const int64_t chunks = num_chunks(n);
     if (chunk_counts) reserve(chunks);
-    uint32_t threshold = 1;  // memory/bitmap.h keep_threshold_bits
-    if (prune_threshold > 0.f) std::memcpy(&threshold, &prune_threshold, 4);
+    const uint32_t threshold = bitmap::keep_threshold_bits(prune_threshold);
     check(cudaMemsetAsync(total_, 0, sizeof(unsigned long long)), "cudaMemsetAsync");
     make_bits_kernel<<<grid_for(chunks), kChunk>>>(x, n, threshold, reinterpret_cast<uint32_t*>(bits),
                                                    bits ? num_words(n) * 2 : 0, chunk_counts ? counts_ : nullptr,
