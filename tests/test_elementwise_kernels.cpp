@@ -175,12 +175,18 @@ TEST_CASE("pooling planes: the vectorised loops equal the reference loops bit fo
     int64_t H, W, R, S, sh, sw, ph, pw;
   };
   std::mt19937 rng(7);
-  // Values on a coarse grid (ties inside windows), zeros of both signs.
+  // Values on a coarse grid (ties inside windows), zeros of both signs, and a few NaN / -inf,
+  // which never win a window, as padding never does.
   std::uniform_int_distribution<int> level(-4, 4);
+  std::uniform_real_distribution<float> mantissa(1.f, 2.f);
+  std::uniform_int_distribution<int> exponent(-12, 12);
   for (const Geom& gm : {Geom{32, 32, 3, 3, 1, 1, 1, 1}, Geom{32, 32, 2, 2, 2, 2, 0, 0}, Geom{7, 5, 3, 3, 1, 1, 1, 1},
                          Geom{9, 11, 3, 3, 2, 2, 1, 1}, Geom{13, 6, 3, 3, 1, 1, 0, 0}, Geom{4, 4, 2, 2, 2, 2, 0, 0},
                          Geom{2, 2, 2, 2, 2, 2, 0, 0}, Geom{16, 40, 3, 2, 1, 3, 1, 1}, Geom{5, 3, 5, 3, 1, 1, 2, 1},
-                         Geom{8, 8, 2, 2, 1, 1, 1, 1}}) {
+                         Geom{8, 8, 2, 2, 1, 1, 1, 1}, Geom{1, 1, 3, 3, 1, 1, 1, 1}, Geom{3, 17, 3, 5, 1, 1, 1, 2},
+                         Geom{12, 12, 9, 9, 1, 1, 4, 4},      // window taller than the ring: reference loops
+                         Geom{6, 300, 3, 3, 1, 1, 1, 1},      // rows wider than the ring: reference loops
+                         Geom{20, 33, 4, 4, 1, 1, 2, 2}, Geom{15, 15, 3, 3, 3, 3, 0, 0}, Geom{10, 21, 1, 3, 1, 2, 0, 1}}) {
     pool_planes::Plane g;
     g.H = gm.H; g.W = gm.W; g.R = gm.R; g.S = gm.S;
     g.stride_h = gm.sh; g.stride_w = gm.sw; g.pad_h = gm.ph; g.pad_w = gm.pw;
@@ -192,19 +198,28 @@ TEST_CASE("pooling planes: the vectorised loops equal the reference loops bit fo
       for (float& v : x) {
         const int l = level(rng);
         v = l == 0 ? (rng() % 2 ? -0.f : 0.f) : 0.25f * float(l);
+        if (rng() % 50 == 0) v = rng() % 2 ? NAN : -INFINITY;
       }
-      for (float& v : dy) v = float(level(rng)) * 0.37f + 0.01f;
+      // Magnitudes far apart, so a changed order of additions changes the bits.
+      for (float& v : dy) v = (rng() % 2 ? -1.f : 1.f) * std::ldexp(mantissa(rng), exponent(rng));
       std::vector<float> y1(dy.size()), y2(dy.size());
       pool_planes::max_forward_reference(g, x.data(), y1.data());
       pool_planes::max_forward(g, x.data(), y2.data());
       CHECK(std::memcmp(y1.data(), y2.data(), y1.size() * 4) == 0);
-      pool_planes::avg_forward_reference(g, x.data(), y1.data());
-      pool_planes::avg_forward(g, x.data(), y2.data());
-      CHECK(std::memcmp(y1.data(), y2.data(), y1.size() * 4) == 0);
-      std::vector<float> d1(x.size(), 0.5f), d2(x.size(), 0.5f);  // accumulates into what is there
-      pool_planes::max_backward_reference(g, x.data(), dy.data(), d1.data());
-      pool_planes::max_backward(g, x.data(), dy.data(), d2.data());
-      CHECK(std::memcmp(d1.data(), d2.data(), d1.size() * 4) == 0);
+      {
+        std::vector<float> xa = x;  // finite, for the average pool
+        for (float& v : xa)
+          if (std::isnan(v) || std::isinf(v)) v = 0.5f;
+        pool_planes::avg_forward_reference(g, xa.data(), y1.data());
+        pool_planes::avg_forward(g, xa.data(), y2.data());
+        CHECK(std::memcmp(y1.data(), y2.data(), y1.size() * 4) == 0);
+      }
+      for (float start : {0.5f, -0.f}) {  // accumulates into what is there, -0 + 0 included
+        std::vector<float> d1(x.size(), start), d2(x.size(), start);
+        pool_planes::max_backward_reference(g, x.data(), dy.data(), d1.data());
+        pool_planes::max_backward(g, x.data(), dy.data(), d2.data());
+        CHECK(std::memcmp(d1.data(), d2.data(), d1.size() * 4) == 0);
+      }
     }
   }
 }

@@ -9,8 +9,14 @@
 #include <cfloat>
 #include <cstdint>
 #include <climits>
+#include <cmath>
+#include <cstring>
 
 #include "backends/backend.h"
+
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#endif
 
 namespace et {
 namespace pool_planes {
@@ -104,79 +110,236 @@ inline void interior_columns(const Plane& g, int64_t* lo, int64_t* hi) {
 
 constexpr int64_t kMaxFastColumns = 1024;  // wider rows take the reference loops
 
-inline void max_forward(const Plane& g, const float* x, float* y) {
-  int64_t lo, hi;
-  interior_columns(g, &lo, &hi);
-  if (g.Q > kMaxFastColumns) return max_forward_reference(g, x, y);
-  const int64_t sw = g.stride_w;
-  for (int64_t p = 0; p < g.P; ++p) {
-    float* yr = y + p * g.Q;
-    int64_t arg;
-    for (int64_t q = 0; q < lo; ++q) yr[q] = max_at(g, x, p, q, &arg);
-    for (int64_t q = hi; q < g.Q; ++q) yr[q] = max_at(g, x, p, q, &arg);
-    for (int64_t q = lo; q < hi; ++q) yr[q] = -FLT_MAX;
-    for (int64_t r = 0; r < g.R; ++r) {
-      const int64_t h = p * g.stride_h - g.pad_h + r;
-      if (h < 0 || h >= g.H) continue;
+// The fast max pool: row first, then across rows. Each input row, padded with -inf (which never
+// wins, as padding never does in the reference), gets its running first maximum over the S taps
+// of every output column; then each output row takes the running first maximum over its R rows.
+// The first maximum in (r, s) order is the first maximum of the first row holding the window's
+// maximum, so values (signed zeros included) and arguments equal the reference's. Input rows are
+// cached in a ring of R rows, so each is reduced once for the R output rows that read it. All
+// loops run over whole vectors (rows rounded to kLanes, padded buffers), with no scalar borders.
+constexpr int64_t kLanes = 16;
+constexpr int64_t kRingRows = 8;    // windows up to this height and width take the fast loops
+constexpr int64_t kRingCols = 256;  // padded row widths up to this take the fast loops
+inline int64_t round_lanes(int64_t n) { return (n + kLanes - 1) / kLanes * kLanes; }
+
+inline int64_t padded_row_floats(const Plane& g) { return (round_lanes(g.Q) - 1) * g.stride_w + g.S; }
+inline int64_t gather_row_ints(const Plane& g) {  // arg / dy rows of the stride-1 backward, padded
+  return std::max(round_lanes(g.W) + g.pad_w + g.S, g.Q + 2 * g.S);
+}
+inline bool fast_max_applies(const Plane& g) {
+  return g.R <= kRingRows && g.S <= kRingRows && g.pad_w < g.S && padded_row_floats(g) <= kRingCols && gather_row_ints(g) <= kRingCols &&
+         g.H * g.W <= INT32_MAX && g.P > 0 && g.Q > 0;
+}
+
+// The running first maximum over taps, kept in a register across the taps (AVX-512), or in memory
+// tap by tap (the portable loops, which the compiler vectorises over lanes). *_lanes: Qr lanes,
+// a multiple of kLanes; tap k reads v[k][q] (and its argument a[k][q], or arg0[k] + q * astep).
+#if defined(__AVX512F__)
+inline __m512i lane_iota() { return _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15); }
+#endif
+
+// Row maxima of input row h for every output column: m[q], and in a[q] the flat index of the first
+// maximum (kArg) or nothing; -FLT_MAX / -1 where every tap is padding or NaN.
+template <bool kArg>
+inline void row_max(const Plane& g, const float* x, int64_t h, float* m, int32_t* a) {
+  alignas(64) float xr[kRingCols];
+  const int64_t L = padded_row_floats(g), Qr = round_lanes(g.Q), sw = g.stride_w;
+  for (int64_t j = 0; j < L; ++j) xr[j] = -INFINITY;
+  const int64_t copy = std::min(g.W, L - g.pad_w);
+  if (copy > 0) std::memcpy(xr + g.pad_w, x + h * g.W, sizeof(float) * size_t(copy));
+  const int32_t base = int32_t(h * g.W - g.pad_w);  // flat index of padded column 0
+#if defined(__AVX512F__)
+  if (sw == 1) {
+    for (int64_t q0 = 0; q0 < Qr; q0 += kLanes) {
+      __m512 mv = _mm512_set1_ps(-FLT_MAX);
+      __m512i av = _mm512_set1_epi32(-1);
       for (int64_t s = 0; s < g.S; ++s) {
-        const float* xr = x + h * g.W - g.pad_w + s;
-        if (sw == 1) {
-#pragma omp simd
-          for (int64_t q = lo; q < hi; ++q) yr[q] = xr[q] > yr[q] ? xr[q] : yr[q];
-        } else {
-#pragma omp simd
-          for (int64_t q = lo; q < hi; ++q) yr[q] = xr[q * sw] > yr[q] ? xr[q * sw] : yr[q];
-        }
+        const __m512 v = _mm512_loadu_ps(xr + q0 + s);
+        const __mmask16 gt = _mm512_cmp_ps_mask(v, mv, _CMP_GT_OQ);  // false on NaN, as v > m
+        mv = _mm512_mask_mov_ps(mv, gt, v);
+        if (kArg) av = _mm512_mask_mov_epi32(av, gt, _mm512_add_epi32(_mm512_set1_epi32(base + int32_t(q0 + s)), lane_iota()));
       }
+      _mm512_store_ps(m + q0, mv);
+      if (kArg) _mm512_store_si512(a + q0, av);
+    }
+    return;
+  }
+#endif
+  for (int64_t q = 0; q < Qr; ++q) {
+    m[q] = -FLT_MAX;
+    if (kArg) a[q] = -1;
+  }
+  for (int64_t s = 0; s < g.S; ++s) {
+#pragma omp simd
+    for (int64_t q = 0; q < Qr; ++q) {
+      const float v = xr[q * sw + s], cur = m[q];
+      if (kArg) {
+        const int32_t take = -int32_t(v > cur);  // a bit select, not a conditional store
+        a[q] = ((base + int32_t(q * sw + s)) & take) | (a[q] & ~take);
+      }
+      m[q] = v > cur ? v : cur;
     }
   }
 }
 
-inline void max_backward(const Plane& g, const float* x, const float* dy, float* dx) {
-  int64_t lo, hi;
-  interior_columns(g, &lo, &hi);
-  if (g.Q > kMaxFastColumns || g.H * g.W > INT32_MAX) return max_backward_reference(g, x, dy, dx);
-  alignas(64) float m[kMaxFastColumns];
-  alignas(64) int32_t arg[kMaxFastColumns];
-  const int64_t sw = g.stride_w;
-  for (int64_t p = 0; p < g.P; ++p) {
-    for (int64_t q = lo; q < hi; ++q) {
-      m[q] = -FLT_MAX;
-      arg[q] = -1;
-    }
+// Output row p: ym[q] and (kArg) ya[q] over the window's rows, from a ring of cached row maxima.
+template <bool kArg>
+struct MaxRows {
+  alignas(64) float m[kRingRows][kRingCols];
+  alignas(64) int32_t a[kRingRows][kArg ? kRingCols : 1];
+  int64_t tag[kRingRows];
+  MaxRows() {
+    for (int64_t& t : tag) t = -1;
+  }
+  void output_row(const Plane& g, const float* x, int64_t p, float* ym, int32_t* ya) {
+    const float* rm[kRingRows];
+    const int32_t* ra[kRingRows];
+    int64_t n = 0;
     for (int64_t r = 0; r < g.R; ++r) {
       const int64_t h = p * g.stride_h - g.pad_h + r;
       if (h < 0 || h >= g.H) continue;
-      for (int64_t s = 0; s < g.S; ++s) {
-        const int64_t base = h * g.W - g.pad_w + s;
-        const float* xr = x + base;
-        if (sw == 1) {
+      const int64_t slot = h % g.R;  // the R rows of a window fall in distinct slots
+      if (tag[slot] != h) {
+        row_max<kArg>(g, x, h, m[slot], kArg ? a[slot] : nullptr);
+        tag[slot] = h;
+      }
+      rm[n] = m[slot];
+      ra[n++] = kArg ? a[slot] : nullptr;
+    }
+    const int64_t Qr = round_lanes(g.Q);
+#if defined(__AVX512F__)
+    for (int64_t q0 = 0; q0 < Qr; q0 += kLanes) {
+      __m512 mv = _mm512_set1_ps(-FLT_MAX);
+      __m512i av = _mm512_set1_epi32(-1);
+      for (int64_t k = 0; k < n; ++k) {
+        const __m512 v = _mm512_load_ps(rm[k] + q0);
+        const __mmask16 gt = _mm512_cmp_ps_mask(v, mv, _CMP_GT_OQ);
+        mv = _mm512_mask_mov_ps(mv, gt, v);
+        if (kArg) av = _mm512_mask_mov_epi32(av, gt, _mm512_load_si512(ra[k] + q0));
+      }
+      _mm512_store_ps(ym + q0, mv);
+      if (kArg) _mm512_store_si512(ya + q0, av);
+    }
+#else
+    for (int64_t q = 0; q < Qr; ++q) {
+      ym[q] = -FLT_MAX;
+      if (kArg) ya[q] = -1;
+    }
+    for (int64_t k = 0; k < n; ++k) {
 #pragma omp simd
-          for (int64_t q = lo; q < hi; ++q) {
-            const bool gt = xr[q] > m[q];
-            m[q] = gt ? xr[q] : m[q];
-            arg[q] = gt ? int32_t(base + q) : arg[q];
-          }
-        } else {
-#pragma omp simd
-          for (int64_t q = lo; q < hi; ++q) {
-            const float v = xr[q * sw];
-            const bool gt = v > m[q];
-            m[q] = gt ? v : m[q];
-            arg[q] = gt ? int32_t(base + q * sw) : arg[q];
-          }
+      for (int64_t q = 0; q < Qr; ++q) {
+        const float v = rm[k][q], cur = ym[q];
+        if (kArg) {
+          const int32_t take = -int32_t(v > cur);
+          ya[q] = (ra[k][q] & take) | (ya[q] & ~take);
         }
+        ym[q] = v > cur ? v : cur;
       }
     }
-    const float* dyr = dy + p * g.Q;
-    for (int64_t q = 0; q < g.Q; ++q) {  // the scatter, in the reference's order
-      int64_t a;
-      if (q >= lo && q < hi)
-        a = arg[q];
-      else
-        max_at(g, x, p, q, &a);
-      if (a >= 0) dx[a] += dyr[q];
+#endif
+  }
+};
+
+inline void max_forward(const Plane& g, const float* x, float* y) {
+  if (!fast_max_applies(g)) return max_forward_reference(g, x, y);
+  MaxRows<false> rows;
+  alignas(64) float ym[kRingCols];
+  for (int64_t p = 0; p < g.P; ++p) {
+    rows.output_row(g, x, p, ym, nullptr);
+    std::memcpy(y + p * g.Q, ym, sizeof(float) * size_t(g.Q));
+  }
+}
+
+#if !defined(__AVX512F__)
+// One tap of the gather: acc[w] += dy of the output whose argument is input row0 + w.
+inline void gather_tap(const int32_t* __restrict arg, const float* __restrict dy, int32_t row0, int32_t lanes,
+                       float* __restrict acc) {
+  // Adding -0 leaves every value as it is (-0 included), so the lanes that are not the argument
+  // add -0: a bit select (dy's bits or -0's) the compiler cannot turn back into a branch.
+#pragma omp simd
+  for (int32_t w = 0; w < lanes; ++w) {
+    const int32_t take = -int32_t(arg[w] == row0 + w);
+    int32_t bits;
+    std::memcpy(&bits, dy + w, 4);
+    bits = (bits & take) | (INT32_MIN & ~take);
+    float add;
+    std::memcpy(&add, &bits, 4);
+    acc[w] += add;
+  }
+}
+#endif
+
+// dx [H,W] += dy routed to the first maximum of each window of x, in the reference's order.
+// Stride 1 gathers: input (h, w) lies in the windows of outputs (h + ph - r, w + pw - s), which
+// come in the reference's raster order for r, then s, descending; each lane (input column) adds
+// the dy of those whose argument it is, in that order, so every dx element sees the same additions
+// in the same order. The argument and dy rows are kept padded with -1 / 0 in a ring of R output
+// rows. Other strides scatter in the reference's order from the fast arguments.
+inline void max_backward(const Plane& g, const float* x, const float* dy, float* dx) {
+  if (!fast_max_applies(g)) return max_backward_reference(g, x, dy, dx);
+  MaxRows<true> rows;
+  alignas(64) float ym[kRingCols];
+  alignas(64) int32_t ya[kRingCols];
+  if (g.stride_h != 1 || g.stride_w != 1) {
+    for (int64_t p = 0; p < g.P; ++p) {
+      rows.output_row(g, x, p, ym, ya);
+      const float* dyr = dy + p * g.Q;
+      for (int64_t q = 0; q < g.Q; ++q)
+        if (ya[q] >= 0) dx[ya[q]] += dyr[q];
     }
+    return;
+  }
+  // Ring of output rows: arg_ring[slot][S - 1 + q] = argument of (p, q), -1 outside [0, Q).
+  alignas(64) int32_t arg_ring[kRingRows][kRingCols];
+  alignas(64) float dy_ring[kRingRows][kRingCols];
+  int64_t tag[kRingRows];
+  for (int64_t& t : tag) t = -1;
+  const int64_t B = gather_row_ints(g), Wr = round_lanes(g.W), off = g.S - 1;
+  const int32_t* tap_arg[kRingRows * kRingRows];  // the taps of an input row, in the reference's order
+  const float* tap_dy[kRingRows * kRingRows];
+  for (int64_t h = 0; h < g.H; ++h) {
+    int64_t taps = 0;
+    for (int64_t r = g.R - 1; r >= 0; --r) {
+      const int64_t p = h + g.pad_h - r;
+      if (p < 0 || p >= g.P) continue;
+      const int64_t slot = p % g.R;
+      if (tag[slot] != p) {
+        rows.output_row(g, x, p, ym, ya);
+        int32_t* ar = arg_ring[slot];
+        float* dr = dy_ring[slot];
+        const float* dyp = dy + p * g.Q;
+        for (int64_t j = 0; j < B; ++j) {
+          const bool in = j >= off && j < off + g.Q;
+          ar[j] = in ? ya[j - off] : -1;
+          dr[j] = in ? dyp[j - off] : 0.f;
+        }
+        tag[slot] = p;
+      }
+      for (int64_t s = g.S - 1; s >= 0; --s) {
+        const int64_t shift = g.pad_w - s + off;  // column of output q = w + pw - s in the ring row
+        tap_arg[taps] = arg_ring[slot] + shift;
+        tap_dy[taps++] = dy_ring[slot] + shift;
+      }
+    }
+    float* dxh = dx + h * g.W;
+    const int32_t row0 = int32_t(h * g.W);
+#if defined(__AVX512F__)
+    for (int64_t w0 = 0; w0 < Wr; w0 += kLanes) {
+      const __mmask16 live = g.W - w0 >= kLanes ? __mmask16(0xFFFF) : __mmask16((1u << (g.W - w0)) - 1);
+      __m512 v = _mm512_maskz_loadu_ps(live, dxh + w0);
+      const __m512i me = _mm512_add_epi32(_mm512_set1_epi32(row0 + int32_t(w0)), lane_iota());
+      for (int64_t t = 0; t < taps; ++t) {
+        const __mmask16 mine = _mm512_cmpeq_epi32_mask(_mm512_loadu_si512(tap_arg[t] + w0), me);
+        v = _mm512_mask_add_ps(v, mine, v, _mm512_loadu_ps(tap_dy[t] + w0));
+      }
+      _mm512_mask_storeu_ps(dxh + w0, live, v);
+    }
+#else
+    alignas(64) float acc[kRingCols];
+    for (int64_t w = 0; w < Wr; ++w) acc[w] = w < g.W ? dxh[w] : 0.f;  // lanes past the row are discarded
+    for (int64_t t = 0; t < taps; ++t) gather_tap(tap_arg[t], tap_dy[t], row0, int32_t(Wr), acc);
+    std::memcpy(dxh, acc, sizeof(float) * size_t(g.W));
+#endif
   }
 }
 
