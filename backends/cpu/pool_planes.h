@@ -124,7 +124,7 @@ inline int64_t round_lanes(int64_t n) { return (n + kLanes - 1) / kLanes * kLane
 
 inline int64_t padded_row_floats(const Plane& g) { return (round_lanes(g.Q) - 1) * g.stride_w + g.S; }
 inline int64_t gather_row_ints(const Plane& g) {  // arg / dy rows of the stride-1 backward, padded
-  return std::max(round_lanes(g.W) + g.pad_w + g.S, g.Q + 2 * g.S);
+  return std::max(round_lanes(g.W) + g.pad_w + g.S, round_lanes(g.Q) + 2 * g.S);
 }
 inline bool fast_max_applies(const Plane& g) {
   return g.R <= kRingRows && g.S <= kRingRows && g.pad_w < g.S && padded_row_floats(g) <= kRingCols && gather_row_ints(g) <= kRingCols &&
@@ -142,19 +142,21 @@ inline __m512i lane_iota() { return _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8,
 // maximum (kArg) or nothing; -FLT_MAX / -1 where every tap is padding or NaN.
 template <bool kArg>
 inline void row_max(const Plane& g, const float* x, int64_t h, float* m, int32_t* a) {
-  alignas(64) float xr[kRingCols];
-  const int64_t L = padded_row_floats(g), Qr = round_lanes(g.Q), sw = g.stride_w;
-  for (int64_t j = 0; j < L; ++j) xr[j] = -INFINITY;
-  const int64_t copy = std::min(g.W, L - g.pad_w);
-  if (copy > 0) std::memcpy(xr + g.pad_w, x + h * g.W, sizeof(float) * size_t(copy));
+  const int64_t Qr = round_lanes(g.Q), sw = g.stride_w;
+  const float* xh = x + h * g.W;
   const int32_t base = int32_t(h * g.W - g.pad_w);  // flat index of padded column 0
 #if defined(__AVX512F__)
-  if (sw == 1) {
+  if (sw == 1) {  // masked loads read the row in place; lanes outside it load -inf
+    const __m512 minus_inf = _mm512_set1_ps(-INFINITY);
     for (int64_t q0 = 0; q0 < Qr; q0 += kLanes) {
       __m512 mv = _mm512_set1_ps(-FLT_MAX);
       __m512i av = _mm512_set1_epi32(-1);
       for (int64_t s = 0; s < g.S; ++s) {
-        const __m512 v = _mm512_loadu_ps(xr + q0 + s);
+        const int64_t col = q0 + s - g.pad_w;  // column of lane 0
+        const int64_t lo = std::max<int64_t>(0, -col), hi = std::min<int64_t>(kLanes, g.W - col);
+        const __mmask16 inside =
+            hi <= lo ? __mmask16(0) : __mmask16(((hi >= kLanes ? 0x10000u : 1u << hi) - 1u) & ~((1u << lo) - 1u));
+        const __m512 v = _mm512_mask_loadu_ps(minus_inf, inside, xh + col);
         const __mmask16 gt = _mm512_cmp_ps_mask(v, mv, _CMP_GT_OQ);  // false on NaN, as v > m
         mv = _mm512_mask_mov_ps(mv, gt, v);
         if (kArg) av = _mm512_mask_mov_epi32(av, gt, _mm512_add_epi32(_mm512_set1_epi32(base + int32_t(q0 + s)), lane_iota()));
@@ -165,6 +167,11 @@ inline void row_max(const Plane& g, const float* x, int64_t h, float* m, int32_t
     return;
   }
 #endif
+  alignas(64) float xr[kRingCols];  // the row padded with -inf
+  const int64_t L = padded_row_floats(g);
+  for (int64_t j = 0; j < L; ++j) xr[j] = -INFINITY;
+  const int64_t copy = std::min(g.W, L - g.pad_w);
+  if (copy > 0) std::memcpy(xr + g.pad_w, xh, sizeof(float) * size_t(copy));
   for (int64_t q = 0; q < Qr; ++q) {
     m[q] = -FLT_MAX;
     if (kArg) a[q] = -1;
@@ -217,8 +224,8 @@ struct MaxRows {
         mv = _mm512_mask_mov_ps(mv, gt, v);
         if (kArg) av = _mm512_mask_mov_epi32(av, gt, _mm512_load_si512(ra[k] + q0));
       }
-      _mm512_store_ps(ym + q0, mv);
-      if (kArg) _mm512_store_si512(ya + q0, av);
+      _mm512_storeu_ps(ym + q0, mv);
+      if (kArg) _mm512_storeu_si512(ya + q0, av);
     }
 #else
     for (int64_t q = 0; q < Qr; ++q) {
@@ -289,12 +296,19 @@ inline void max_backward(const Plane& g, const float* x, const float* dy, float*
     }
     return;
   }
-  // Ring of output rows: arg_ring[slot][S - 1 + q] = argument of (p, q), -1 outside [0, Q).
+  // Ring of output rows: arg_ring[slot][S - 1 + q] = argument of (p, q), -1 outside [0, Q); dy
+  // alike, 0 outside. The padding is written once; a row's Qr lanes land at S - 1.
   alignas(64) int32_t arg_ring[kRingRows][kRingCols];
   alignas(64) float dy_ring[kRingRows][kRingCols];
   int64_t tag[kRingRows];
-  for (int64_t& t : tag) t = -1;
-  const int64_t B = gather_row_ints(g), Wr = round_lanes(g.W), off = g.S - 1;
+  const int64_t B = gather_row_ints(g), Wr = round_lanes(g.W), Qr = round_lanes(g.Q), off = g.S - 1;
+  for (int64_t k = 0; k < g.R; ++k) {
+    tag[k] = -1;
+    for (int64_t j = 0; j < B; ++j) {
+      arg_ring[k][j] = -1;
+      dy_ring[k][j] = 0.f;
+    }
+  }
   const int32_t* tap_arg[kRingRows * kRingRows];  // the taps of an input row, in the reference's order
   const float* tap_dy[kRingRows * kRingRows];
   for (int64_t h = 0; h < g.H; ++h) {
@@ -304,15 +318,10 @@ inline void max_backward(const Plane& g, const float* x, const float* dy, float*
       if (p < 0 || p >= g.P) continue;
       const int64_t slot = p % g.R;
       if (tag[slot] != p) {
-        rows.output_row(g, x, p, ym, ya);
-        int32_t* ar = arg_ring[slot];
-        float* dr = dy_ring[slot];
-        const float* dyp = dy + p * g.Q;
-        for (int64_t j = 0; j < B; ++j) {
-          const bool in = j >= off && j < off + g.Q;
-          ar[j] = in ? ya[j - off] : -1;
-          dr[j] = in ? dyp[j - off] : 0.f;
-        }
+        int32_t* ar = arg_ring[slot] + off;
+        rows.output_row(g, x, p, ym, ar);
+        for (int64_t q = g.Q; q < Qr; ++q) ar[q] = -1;  // lanes past the row
+        std::memcpy(dy_ring[slot] + off, dy + p * g.Q, sizeof(float) * size_t(g.Q));
         tag[slot] = p;
       }
       for (int64_t s = g.S - 1; s >= 0; --s) {
@@ -324,8 +333,30 @@ inline void max_backward(const Plane& g, const float* x, const float* dy, float*
     float* dxh = dx + h * g.W;
     const int32_t row0 = int32_t(h * g.W);
 #if defined(__AVX512F__)
-    for (int64_t w0 = 0; w0 < Wr; w0 += kLanes) {
-      const __mmask16 live = g.W - w0 >= kLanes ? __mmask16(0xFFFF) : __mmask16((1u << (g.W - w0)) - 1);
+    // Two blocks of lanes at a time: each lane's additions are a chain in tap order, so two
+    // independent chains hide the latency of the adds.
+    auto live_of = [&](int64_t w0) {
+      return g.W - w0 >= kLanes ? __mmask16(0xFFFF) : __mmask16((1u << (g.W - w0)) - 1);
+    };
+    int64_t w0 = 0;
+    for (; w0 + 2 * kLanes <= Wr; w0 += 2 * kLanes) {
+      const __mmask16 live0 = live_of(w0), live1 = live_of(w0 + kLanes);
+      __m512 v0 = _mm512_maskz_loadu_ps(live0, dxh + w0), v1 = _mm512_maskz_loadu_ps(live1, dxh + w0 + kLanes);
+      const __m512i me0 = _mm512_add_epi32(_mm512_set1_epi32(row0 + int32_t(w0)), lane_iota());
+      const __m512i me1 = _mm512_add_epi32(me0, _mm512_set1_epi32(int32_t(kLanes)));
+      for (int64_t t = 0; t < taps; ++t) {
+        const int32_t* ta = tap_arg[t] + w0;
+        const float* td = tap_dy[t] + w0;
+        const __mmask16 mine0 = _mm512_cmpeq_epi32_mask(_mm512_loadu_si512(ta), me0);
+        const __mmask16 mine1 = _mm512_cmpeq_epi32_mask(_mm512_loadu_si512(ta + kLanes), me1);
+        v0 = _mm512_mask_add_ps(v0, mine0, v0, _mm512_loadu_ps(td));
+        v1 = _mm512_mask_add_ps(v1, mine1, v1, _mm512_loadu_ps(td + kLanes));
+      }
+      _mm512_mask_storeu_ps(dxh + w0, live0, v0);
+      _mm512_mask_storeu_ps(dxh + w0 + kLanes, live1, v1);
+    }
+    for (; w0 < Wr; w0 += kLanes) {
+      const __mmask16 live = live_of(w0);
       __m512 v = _mm512_maskz_loadu_ps(live, dxh + w0);
       const __m512i me = _mm512_add_epi32(_mm512_set1_epi32(row0 + int32_t(w0)), lane_iota());
       for (int64_t t = 0; t < taps; ++t) {
