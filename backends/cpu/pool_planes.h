@@ -1,9 +1,9 @@
 // Pooling of one (n, c) plane on CPU, shared by the pooling layers (pooling.cpp) and the fused
 // stacks (fused.cpp), so fused and unfused pooling agree bit for bit. The *_reference functions
-// are the definitions, one output at a time. The fast ones give the same bits: output columns
-// whose window lies inside the row run as vectors over the columns, each lane taking the window's
-// taps in the reference's order (the same compares, the same additions); border columns and the
-// gradient scatter run the reference loops, the scatter in the reference's order.
+// are the definitions, one output at a time. The fast ones give the same bits: the max pool
+// separably (row maxima, then across rows) with a gather for the stride-1 backward (below); the
+// average pool as vectors over the interior columns, each lane taking the window's taps in the
+// reference's order, with the border columns and the gradient scatter in the reference loops.
 #pragma once
 #include <algorithm>
 #include <cfloat>
@@ -101,22 +101,13 @@ inline void avg_backward(const Plane& g, const float* dy, float* dx) {
     }
 }
 
-// Output columns [lo, hi) whose whole window lies inside the row.
-inline void interior_columns(const Plane& g, int64_t* lo, int64_t* hi) {
-  *lo = std::min(g.Q, (g.pad_w + g.stride_w - 1) / g.stride_w);
-  const int64_t last = g.W - 1 + g.pad_w - (g.S - 1);  // largest q * stride_w that fits
-  *hi = last < 0 ? *lo : std::max(*lo, std::min(g.Q, last / g.stride_w + 1));
-}
-
-constexpr int64_t kMaxFastColumns = 1024;  // wider rows take the reference loops
-
-// The fast max pool: row first, then across rows. Each input row, padded with -inf (which never
-// wins, as padding never does in the reference), gets its running first maximum over the S taps
-// of every output column; then each output row takes the running first maximum over its R rows.
-// The first maximum in (r, s) order is the first maximum of the first row holding the window's
-// maximum, so values (signed zeros included) and arguments equal the reference's. Input rows are
-// cached in a ring of R rows, so each is reduced once for the R output rows that read it. All
-// loops run over whole vectors (rows rounded to kLanes, padded buffers), with no scalar borders.
+// The fast max pool: row first, then across rows. Each input row gets its running first maximum
+// over the S taps of every output column, the taps outside the row reading -inf (which never wins,
+// as padding never does in the reference); then each output row takes the running first maximum
+// over its R rows. The first maximum in (r, s) order is the first maximum of the first row holding
+// the window's maximum, so values (signed zeros included) and arguments equal the reference's.
+// Input rows are cached in a ring of R rows, so each is reduced once for the R output rows that
+// read it. Rows are rounded up to whole vectors (kLanes) in the ring, so no loop has a scalar tail.
 constexpr int64_t kLanes = 16;
 constexpr int64_t kRingRows = 8;    // windows up to this height and width take the fast loops
 constexpr int64_t kRingCols = 256;  // padded row widths up to this take the fast loops
@@ -127,13 +118,14 @@ inline int64_t gather_row_ints(const Plane& g) {  // arg / dy rows of the stride
   return std::max(round_lanes(g.W) + g.pad_w + g.S, round_lanes(g.Q) + 2 * g.S);
 }
 inline bool fast_max_applies(const Plane& g) {
-  return g.R <= kRingRows && g.S <= kRingRows && g.pad_w < g.S && padded_row_floats(g) <= kRingCols && gather_row_ints(g) <= kRingCols &&
-         g.H * g.W <= INT32_MAX && g.P > 0 && g.Q > 0;
+  return g.R <= kRingRows && g.S <= kRingRows && g.pad_w < g.S && padded_row_floats(g) <= kRingCols &&
+         gather_row_ints(g) <= kRingCols && g.H * g.W <= INT32_MAX && g.P > 0 && g.Q > 0;
 }
 
-// The running first maximum over taps, kept in a register across the taps (AVX-512), or in memory
-// tap by tap (the portable loops, which the compiler vectorises over lanes). *_lanes: Qr lanes,
-// a multiple of kLanes; tap k reads v[k][q] (and its argument a[k][q], or arg0[k] + q * astep).
+// AVX-512 keeps the running maximum and its argument in registers across the taps and reads rows
+// in place with masked loads; the portable loops (AVX2, NEON, by the compiler) keep them in memory
+// tap by tap and read a copy of the row padded with -inf. Their selects are bit selects: a select
+// stored back to memory became a branch on the lane mask, or no vectorisation at all.
 #if defined(__AVX512F__)
 inline __m512i lane_iota() { return _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15); }
 #endif
@@ -373,6 +365,15 @@ inline void max_backward(const Plane& g, const float* x, const float* dy, float*
 #endif
   }
 }
+
+// Output columns [lo, hi) whose whole window lies inside the row.
+inline void interior_columns(const Plane& g, int64_t* lo, int64_t* hi) {
+  *lo = std::min(g.Q, (g.pad_w + g.stride_w - 1) / g.stride_w);
+  const int64_t last = g.W - 1 + g.pad_w - (g.S - 1);  // largest q * stride_w that fits
+  *hi = last < 0 ? *lo : std::max(*lo, std::min(g.Q, last / g.stride_w + 1));
+}
+
+constexpr int64_t kMaxFastColumns = 1024;  // wider rows take the reference loops
 
 inline void avg_forward(const Plane& g, const float* x, float* y) {
   int64_t lo, hi;
