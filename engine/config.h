@@ -83,7 +83,7 @@ struct QuantConfig {
   int smp_samples = 1;
   // FNT (LUQ Sec. 3.2): the last fnt_epochs of train.epochs train in high precision except the
   // weights, with a triangular learning rate from the main schedule's final rate up to
-  // fnt_peak_lr and back (engine/train/schedule.h). Default peak 0.1 * train.lr: docs/quant.md.
+  // fnt_peak_lr and back (engine/train/schedule.h). Default peak 0.01 * train.lr: docs/quant.md.
   int fnt_epochs = 0;
   float fnt_peak_lr = 0.01f;
   int grad_magnitudes = 7;

@@ -266,7 +266,7 @@ void parse_quant(ObjectReader& top, Config& c) {
   qr.get_string_map("layers", q.layers);
   qr.get("smp_samples", q.smp_samples);
   qr.get("fnt_epochs", q.fnt_epochs);
-  q.fnt_peak_lr = 0.1f * tr.lr;  // see QuantConfig
+  q.fnt_peak_lr = 0.01f * tr.lr;  // see QuantConfig
   qr.get("fnt_peak_lr", q.fnt_peak_lr);
   qr.get("grad_magnitudes", q.grad_magnitudes);
   qr.finish();

@@ -288,12 +288,12 @@ TEST_CASE("FNT learning rate: the main schedule over epochs - fnt_epochs, then a
   q.fnt_peak_lr = 0.05f;
   const double want[] = {0.01, 0.03, 0.05, 0.03};
   for (int i = 0; i < 4; ++i) CHECK(learning_rate(t, q, 3 + i / 4.0) == Approx(want[i]));
-  // The default peak is 0.1 * train.lr; it is written back with the resolved config.
+  // The default peak is 0.01 * train.lr; it is written back with the resolved config.
   const Config c = parse_config({{"data", {{"root", "x"}}},
                                  {"train", {{"epochs", 3}, {"lr", 0.2}}},
                                  {"quant", {{"forward", "int4"}, {"fnt_epochs", 1}}}},
                                 "<test>");
-  CHECK(c.quant.fnt_peak_lr == Approx(0.02));
+  CHECK(c.quant.fnt_peak_lr == Approx(0.002));
   CHECK(c.resolved()["quant"]["fnt_peak_lr"].get<float>() == c.quant.fnt_peak_lr);
   CHECK(c.quant_options(true).fnt);
   CHECK(!c.quant_options().fnt);
