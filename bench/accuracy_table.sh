@@ -44,7 +44,27 @@ run luq_smp2_30 $SHORT "${LUQ[@]}" --set quant.smp_samples=2
 run fp32_10 $SHORT --set train.epochs=10
 run int4fwd_10 $SHORT --set quant.forward=int4 --set train.epochs=10
 run fp4rdn_10 $SHORT --set quant.forward=int4 --set quant.backward=fp4_rdn --set train.epochs=10
-# The peak is given (it is also the default, 0.01 x train.lr) so that older binaries run the same.
+# LUQ + SMP 2 + FNT: its first 30 epochs are luq_smp2_30's bit for bit (tests/cli_test.sh, "an FNT
+# epoch added after the schedule"), so a finished luq_smp2_30 seeds it (a copy whose config.json
+# says 31 epochs with the FNT epoch) and only the FNT epoch runs; without one, all 31 run. The
+# peak is given (it is also the default, 0.01 x train.lr) so that older binaries run the same.
+seed_from() {
+  local src="$OUT/$1" dst="$OUT/$2"
+  [ -n "$ONLY" ] && [[ ",$ONLY," != *",$2,"* ]] && return 0
+  { [ -e "$dst" ] || [ ! -f "$src/finished" ]; } && return 0
+  rm -rf "$dst.tmp"
+  cp -r "$src" "$dst.tmp"
+  rm -f "$dst.tmp/finished"
+  python3 -c 'import json, struct, sys
+c = json.load(open(sys.argv[1]))
+c["train"]["epochs"] = 31
+c["quant"]["fnt_epochs"] = 1
+c["quant"]["fnt_peak_lr"] = struct.unpack("f", struct.pack("f", 0.001))[0]  # as the binary stores it
+json.dump(c, open(sys.argv[1], "w"), indent=2)' "$dst.tmp/config.json"
+  mv "$dst.tmp" "$dst"
+  echo "== $2: seeded from $1 (its 30 epochs); the FNT epoch follows"
+}
+seed_from luq_smp2_30 luq_smp2_fnt1_31
 run luq_smp2_fnt1_31 $SHORT "${LUQ[@]}" --set quant.smp_samples=2 --set train.epochs=31 --set quant.fnt_epochs=1 \
   --set quant.fnt_peak_lr=0.001
 
