@@ -3,10 +3,9 @@
 # (configs/resnet20_cifar10_short.json, 30 epochs, seed 1): FP32, LUQ, LUQ + SMP 2 over 30 epochs;
 # LUQ + SMP 2 + FNT as the paper runs it, one FNT epoch added after those 30 (train.epochs = 31,
 # quant.fnt_epochs = 1: the main schedule still spans 30 epochs); FP32, INT4 forward only and
-# fp4_rdn over 10. Runs one after the
-# other in runs/accuracy/<name>; re-running the script resumes a partial run from its last
-# checkpoint and skips finished ones, so the table can be built over several sittings
-# (`--stop-after N` per invocation via STOP_AFTER=N). Prints the table of what has finished.
+# fp4_rdn over 10. Runs one after the other in runs/accuracy/<name>; re-running the script resumes
+# a partial run from its last checkpoint and skips finished ones, so the table can be built over
+# several sittings (`--stop-after N` per invocation via STOP_AFTER=N). Prints the table of what has finished.
 #
 #   bench/accuracy_table.sh            # or: nice -n 19 bench/accuracy_table.sh; STOP_AFTER=5 ...
 set -euo pipefail
@@ -48,6 +47,7 @@ run fp4rdn_10 $SHORT --set quant.forward=int4 --set quant.backward=fp4_rdn --set
 # epoch added after the schedule"), so a finished luq_smp2_30 seeds it (a copy whose config.json
 # says 31 epochs with the FNT epoch) and only the FNT epoch runs; without one, all 31 run. The
 # peak is given (it is also the default, 0.01 x train.lr) so that older binaries run the same.
+FNT_EPOCHS=31 FNT_PEAK=0.001
 seed_from() {
   local src="$OUT/$1" dst="$OUT/$2"
   [ -n "$ONLY" ] && [[ ",$ONLY," != *",$2,"* ]] && return 0
@@ -57,22 +57,22 @@ seed_from() {
   rm -f "$dst.tmp/finished"
   python3 -c 'import json, struct, sys
 c = json.load(open(sys.argv[1]))
-c["train"]["epochs"] = 31
+c["train"]["epochs"] = int(sys.argv[2])
 c["quant"]["fnt_epochs"] = 1
-c["quant"]["fnt_peak_lr"] = struct.unpack("f", struct.pack("f", 0.001))[0]  # as the binary stores it
-json.dump(c, open(sys.argv[1], "w"), indent=2)' "$dst.tmp/config.json"
+c["quant"]["fnt_peak_lr"] = struct.unpack("f", struct.pack("f", float(sys.argv[3])))[0]  # as the binary stores it
+json.dump(c, open(sys.argv[1], "w"), indent=2)' "$dst.tmp/config.json" "$FNT_EPOCHS" "$FNT_PEAK"
   mv "$dst.tmp" "$dst"
   echo "== $2: seeded from $1 (its 30 epochs); the FNT epoch follows"
 }
 seed_from luq_smp2_30 luq_smp2_fnt1_31
-run luq_smp2_fnt1_31 $SHORT "${LUQ[@]}" --set quant.smp_samples=2 --set train.epochs=31 --set quant.fnt_epochs=1 \
-  --set quant.fnt_peak_lr=0.001
+run luq_smp2_fnt1_31 $SHORT "${LUQ[@]}" --set quant.smp_samples=2 --set train.epochs=$FNT_EPOCHS --set quant.fnt_epochs=1 \
+  --set quant.fnt_peak_lr=$FNT_PEAK
 
 python3 - "$OUT" <<'PY'
 import json, os, sys
 out = sys.argv[1]
 print(f"{'run':18} {'epochs':>6} {'final test acc':>15} {'best':>7}")
-for name in ["fp32_30", "luq_30", "luq_smp2_30", "luq_smp2_fnt1_30", "luq_smp2_fnt1_31", "fp32_10", "int4fwd_10", "fp4rdn_10"]:
+for name in ["fp32_30", "luq_30", "luq_smp2_30", "luq_smp2_fnt1_31", "fp32_10", "int4fwd_10", "fp4rdn_10"]:
     p = os.path.join(out, name, "metrics.jsonl")
     if not os.path.exists(p):
         continue

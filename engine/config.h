@@ -85,7 +85,7 @@ struct QuantConfig {
   // weights, with a triangular learning rate from the main schedule's final rate up to
   // fnt_peak_lr and back (engine/train/schedule.h). Default peak 0.01 * train.lr: docs/quant.md.
   int fnt_epochs = 0;
-  float fnt_peak_lr = 0.01f;
+  float fnt_peak_lr = 0.001f;  // 0.01 * the default train.lr; the parser derives it from train.lr
   int grad_magnitudes = 7;
 };
 
