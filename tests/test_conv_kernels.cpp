@@ -219,6 +219,11 @@ TEST_CASE("conv kernels match the naive reference", "[conv]") {
       {5, 40, 8, 8, 24, 3, 1, 1, 1},  {9, 32, 4, 4, 8, 3, 1, 1, 1},   {20, 8, 8, 8, 8, 3, 1, 1, 1},
       {2, 128, 4, 4, 16, 3, 1, 1, 1}, {1, 16, 2, 2, 9, 3, 1, 1, 1},   {3, 24, 3, 5, 13, 3, 2, 1, 1},
       {2, 13, 6, 5, 11, 3, 1, 0, 1},
+      // Strided data gradients by phases (implicit path): maps whose last window does not reach
+      // the border, pad 0, 2x2 / 4x4 kernels (1 and 4 taps per phase), a 1x1 map, a ResNet
+      // downsampling stage over several chunks.
+      {3, 16, 10, 9, 24, 3, 2, 0, 1}, {2, 8, 8, 7, 16, 2, 2, 0, 1},   {2, 16, 9, 10, 8, 4, 2, 1, 1},
+      {1, 16, 1, 1, 8, 3, 2, 1, 1},   {6, 32, 16, 16, 64, 3, 2, 1, 1},
       // Winograd F(2x2, 3x3): pad 2 (the data gradient's padding is 0), odd maps (partial tiles),
       // channel counts off the 8 / 16 blocks, and one wide enough for the automatic choice.
       {2, 5, 5, 6, 7, 3, 1, 2, 1},    {2, 67, 5, 5, 70, 3, 1, 1, 1},

@@ -42,41 +42,137 @@ struct Carve {  // bump allocator over the workspace, 64-byte aligned pieces
   int64_t* take_i64(int64_t n) { return reinterpret_cast<int64_t*>(take(2 * n)); }
 };
 
-struct Corr {
-  int64_t N, Ci, Hi, Wi, ph, pw, sh, sw, R, S;  // input, padding, stride, window
-  int64_t Co, Ho, Wo;                            // output
-  int64_t Hp, Wp;                                // padded channels-last image [Hp][Wp][Ci]
-  int64_t toff[kMaxTaps];                        // tap (r,s) -> (r*Wp + s)*Ci
-  int64_t RS() const { return R * S; }
+// A correlation's output is computed in phases: each phase is a grid of output positions that
+// read the same set of window taps. Forward, stride-1 data gradient and weight gradient have one
+// phase (every tap, every position). The data gradient of a stride-(sh, sw) conv has sh * sw:
+// dx[h][w] only receives dy[p] for taps r with h + pad - r divisible by sh, so the positions of
+// one parity class (a, b) form a stride-1 correlation of dy with the sub-kernel of those taps
+// (2x2, 2x1, 1x2 and 1x1 of a 3x3 kernel at stride 2), with no zero rows in between: none of the
+// multiply-adds of the zero-upsampled dy is spent (the GEMM path's col2im, or direct kernels over
+// the upsampled plane, spend 3 in 4 on zeros).
+struct Phase {
+  int64_t taps = 0;
+  int64_t toff[kMaxTaps] = {};  // tap -> offset in the padded channels-last image
+  int64_t wtap[kMaxTaps] = {};  // tap -> r*S + s of the weight tensor's window
+  int64_t Ho = 0, Wo = 0;       // this phase's output grid
+  int64_t row0 = 0, col0 = 0, ish = 1, isw = 1;  // position (i,j) reads from padded (row0 + i*ish, col0 + j*isw)
+  int64_t oh0 = 0, ow0 = 0, osh = 1, osw = 1;    // and lands on output (oh0 + i*osh, ow0 + j*osw)
+  int64_t apk_off = 0;          // its packed weights in the shared workspace
   int64_t PQ() const { return Ho * Wo; }
-  int64_t depth() const { return R * S * Ci; }
+};
+constexpr int kMaxPhases = 4;  // strides up to 2 in the data gradient
+
+struct Corr {
+  int64_t N, Ci, Hi, Wi, ph, pw;  // input [N][Ci][Hi][Wi], placed at (ph, pw) of the padded image
+  int64_t Hp, Wp;                 // padded channels-last image [Hp][Wp][Ci]
+  int64_t Co, Ho, Wo;             // output [N][Co][Ho][Wo]
+  int64_t RS;                     // the weight tensor's window size
+  bool flip;                      // weights w [Ci][Co][RS] (data gradient), else w [Co][Ci][RS]
+  int nph;
+  Phase phase[kMaxPhases];
+  int64_t apk_n;                  // the packed weights of every phase
+  int64_t PQ() const { return Ho * Wo; }
   int64_t img() const { return Hp * Wp * Ci; }
+  int64_t max_depth() const {
+    int64_t d = 0;
+    for (int i = 0; i < nph; ++i) d = std::max(d, phase[i].taps * Ci);
+    return d;
+  }
+  int64_t max_phase_PQ() const {
+    int64_t m = 0;
+    for (int i = 0; i < nph; ++i) m = std::max(m, phase[i].PQ());
+    return m;
+  }
 };
 
-Corr make_corr(int64_t N, int64_t Ci, int64_t Hi, int64_t Wi, int64_t ph, int64_t pw, int64_t sh, int64_t sw,
-               int64_t R, int64_t S, int64_t Co, int64_t Ho, int64_t Wo) {
-  Corr k{N, Ci, Hi, Wi, ph, pw, sh, sw, R, S, Co, Ho, Wo, (Ho - 1) * sh + R, (Wo - 1) * sw + S, {}};
-  for (int64_t r = 0; r < R; ++r)
-    for (int64_t s = 0; s < S; ++s) k.toff[r * S + s] = (r * k.Wp + s) * Ci;
+// Each phase's packed weights: round_up(Co, MR) <= Co + kMaxMR rows of its depth, one after another.
+void set_tap_offsets(Corr& k) {
+  int64_t off = 0;
+  for (int i = 0; i < k.nph; ++i) {
+    Phase& f = k.phase[i];
+    f.apk_off = off;
+    off += (k.Co + kMaxMR) * f.taps * k.Ci;
+  }
+  k.apk_n = off;
+}
+
+// The forward correlation (also the weight gradient's geometry): one phase, every tap.
+Corr fwd_corr(const Conv2dGeom& g) {
+  Corr k{};
+  k.N = g.N, k.Ci = g.C, k.Hi = g.H, k.Wi = g.W, k.ph = g.pad_h, k.pw = g.pad_w;
+  k.Co = g.K, k.Ho = g.P, k.Wo = g.Q, k.RS = g.R * g.S, k.flip = false, k.nph = 1;
+  k.Hp = (g.P - 1) * g.stride_h + g.R, k.Wp = (g.Q - 1) * g.stride_w + g.S;
+  Phase& f = k.phase[0];
+  f.taps = g.R * g.S, f.Ho = g.P, f.Wo = g.Q, f.ish = g.stride_h, f.isw = g.stride_w;
+  for (int64_t r = 0; r < g.R; ++r)
+    for (int64_t s = 0; s < g.S; ++s) f.toff[r * g.S + s] = (r * k.Wp + s) * k.Ci, f.wtap[r * g.S + s] = r * g.S + s;
+  set_tap_offsets(k);
   return k;
 }
-Corr fwd_corr(const Conv2dGeom& g) {
-  return make_corr(g.N, g.C, g.H, g.W, g.pad_h, g.pad_w, g.stride_h, g.stride_w, g.R, g.S, g.K, g.P, g.Q);
+
+// One dimension of the data gradient's phases: output positions h = a + i*stride of [0, H) take
+// the taps r = r0 + m*stride (m < taps) from dy rows p = i + off - m.
+struct PhaseDim {
+  int64_t a, r0, taps, off, count;
+};
+PhaseDim phase_dim(int64_t a, int64_t H, int64_t R, int64_t pad, int64_t stride) {
+  PhaseDim d{};
+  d.a = a;
+  d.r0 = (a + pad) % stride;
+  d.taps = d.r0 < R ? (R - d.r0 + stride - 1) / stride : 0;
+  d.off = (a + pad - d.r0) / stride;
+  d.count = a < H ? (H - a + stride - 1) / stride : 0;
+  return d;
 }
-// dx = correlation of dy padded by R-1-pad with the flipped kernel (stride 1).
+
+// dx = correlation of dy (Ci = K, Co = C) with the flipped kernel, phase by phase. dy sits at
+// (top, left) of the padded image, so that every phase's window starts at row >= 0:
+// window tap u = taps-1-m of position i reads dy row i + off - (taps-1) + u.
 Corr data_corr(const Conv2dGeom& g) {
-  return make_corr(g.N, g.K, g.P, g.Q, g.R - 1 - g.pad_h, g.S - 1 - g.pad_w, 1, 1, g.R, g.S, g.C, g.H, g.W);
+  Corr k{};
+  k.N = g.N, k.Ci = g.K, k.Hi = g.P, k.Wi = g.Q, k.Co = g.C, k.Ho = g.H, k.Wo = g.W, k.RS = g.R * g.S, k.flip = true;
+  PhaseDim rows[2], cols[2];
+  for (int64_t a = 0; a < g.stride_h; ++a) rows[a] = phase_dim(a, g.H, g.R, g.pad_h, g.stride_h);
+  for (int64_t b = 0; b < g.stride_w; ++b) cols[b] = phase_dim(b, g.W, g.S, g.pad_w, g.stride_w);
+  int64_t top = 0, left = 0;
+  for (int64_t a = 0; a < g.stride_h; ++a) top = std::max(top, rows[a].taps - 1 - rows[a].off);
+  for (int64_t b = 0; b < g.stride_w; ++b) left = std::max(left, cols[b].taps - 1 - cols[b].off);
+  k.ph = top, k.pw = left;
+  // Rows read by phase a: up to (row0 + count - 1) + (taps - 1) = top + off + count - 1.
+  k.Hp = top + g.P, k.Wp = left + g.Q;
+  for (int64_t a = 0; a < g.stride_h; ++a) k.Hp = std::max(k.Hp, top + rows[a].off + rows[a].count);
+  for (int64_t b = 0; b < g.stride_w; ++b) k.Wp = std::max(k.Wp, left + cols[b].off + cols[b].count);
+  k.nph = int(g.stride_h * g.stride_w);
+  for (int64_t a = 0; a < g.stride_h; ++a)
+    for (int64_t b = 0; b < g.stride_w; ++b) {
+      const PhaseDim& rd = rows[a];
+      const PhaseDim& cd = cols[b];
+      Phase& f = k.phase[a * g.stride_w + b];
+      f.taps = rd.taps * cd.taps, f.Ho = rd.count, f.Wo = cd.count;
+      f.row0 = top + rd.off - (rd.taps - 1), f.col0 = left + cd.off - (cd.taps - 1);
+      f.oh0 = a, f.ow0 = b, f.osh = g.stride_h, f.osw = g.stride_w;
+      for (int64_t u = 0; u < rd.taps; ++u)
+        for (int64_t v = 0; v < cd.taps; ++v) {
+          const int64_t t = u * cd.taps + v;
+          const int64_t r = rd.r0 + (rd.taps - 1 - u) * g.stride_h, s = cd.r0 + (cd.taps - 1 - v) * g.stride_w;
+          f.toff[t] = (u * k.Wp + v) * k.Ci;
+          f.wtap[t] = r * g.S + s;
+        }
+    }
+  set_tap_offsets(k);
+  return k;
 }
 
 void to_channels_last(const Corr& k, const float* src, float* dst) {
   cpu::to_channels_last(src, k.Ci, k.Hi, k.Wi, k.ph, k.pw, k.Hp, k.Wp, dst);
 }
 
-// base[j] for the chunk's output positions j = (b, p, q): offset of the window's top-left element.
-void position_bases(const Corr& k, int64_t nb, int64_t* base) {
+// base[j] for the chunk's positions j = (b, i, jj) of phase f: offset of the window's top-left element.
+void position_bases(const Corr& k, const Phase& f, int64_t nb, int64_t* base) {
   for (int64_t b = 0, j = 0; b < nb; ++b)
-    for (int64_t p = 0; p < k.Ho; ++p)
-      for (int64_t q = 0; q < k.Wo; ++q) base[j++] = b * k.img() + (p * k.sh * k.Wp + q * k.sw) * k.Ci;
+    for (int64_t i = 0; i < f.Ho; ++i)
+      for (int64_t q = 0; q < f.Wo; ++q)
+        base[j++] = b * k.img() + ((f.row0 + i * f.ish) * k.Wp + f.col0 + q * f.isw) * k.Ci;
 }
 
 #if defined(__AVX__)
@@ -90,8 +186,8 @@ inline void transpose8(const float* s, const int64_t* base, float* dst, int64_t 
 
 // Im2col B panel, depth rows [pc, pc+kc) (row t*Ci + c) x columns j < cols, as NR-column slivers
 // [kc][NR] of xn[base[j] + toff[t] + c]; columns past cols up to a multiple of 16 are zero.
-void pack_im2col(const Corr& k, const float* xn, const int64_t* base, int64_t cols, int64_t pc, int64_t kc, int NR,
-                 float* dst) {
+void pack_im2col(const Corr& k, const int64_t* toff, const float* xn, const int64_t* base, int64_t cols, int64_t pc,
+                 int64_t kc, int NR, float* dst) {
   for (int64_t jr = 0; jr < cols; jr += NR) {
     const int64_t n = std::min<int64_t>(NR, cols - jr), nz = round_up(n, 16);
     const int64_t* bj = base + jr;
@@ -102,12 +198,12 @@ void pack_im2col(const Corr& k, const float* xn, const int64_t* base, int64_t co
       for (; j8 + 8 <= n; j8 += 8)
         for (int64_t kk = 0; kk < kc; kk += 8) {
           const int64_t t = (pc + kk) / k.Ci, c = (pc + kk) % k.Ci;
-          transpose8(xn + k.toff[t] + c, bj + j8, d + kk * NR + j8, NR);
+          transpose8(xn + toff[t] + c, bj + j8, d + kk * NR + j8, NR);
         }
 #endif
     for (int64_t kk = 0; kk < kc; ++kk) {
       const int64_t t = (pc + kk) / k.Ci, c = (pc + kk) % k.Ci;
-      const float* s = xn + k.toff[t] + c;
+      const float* s = xn + toff[t] + c;
       float* dk = d + kk * NR;
       for (int64_t j = j8; j < n; ++j) dk[j] = s[bj[j]];
       for (int64_t j = n; j < nz; ++j) dk[j] = 0.f;
@@ -115,63 +211,65 @@ void pack_im2col(const Corr& k, const float* xn, const int64_t* base, int64_t co
   }
 }
 
-// Weights as MR-row slivers over the whole depth: sliver o/MR, [depth][MR]; rows >= Co are zero.
-// Forward: A(o, t*Ci + c) = w[o][c][t]. Flip (backward data, Ci = K, Co = C): A(o, t*K + k) = w[k][o][RS-1-t].
-// Full slivers take loops with a constant trip count (unrolled, no per-element branch): this runs
-// once per call over the whole weight tensor, a tenth of a 2x2 layer's time at batch 32 otherwise.
+// One phase's weights as MR-row slivers over its depth: sliver o/MR, [taps * Ci][MR]; rows >= Co
+// are zero. Forward: A(o, t*Ci + c) = w[o][c][wtap[t]]. Flip (backward data, Ci = K, Co = C):
+// A(o, t*K + k) = w[k][o][wtap[t]] (wtap runs the window backwards). Full slivers take loops with
+// a constant trip count (unrolled, no per-element branch): this runs once per call over the whole
+// weight tensor, a tenth of a 2x2 layer's time at batch 32 otherwise.
 template <int MR>
-void pack_weights_full(const Corr& k, const float* w, bool flip, int64_t o0, float* dst) {
-  const int64_t RS = k.RS(), Ci = k.Ci;
-  if (flip) {
+void pack_weights_full(const Corr& k, const Phase& f, const float* w, int64_t o0, float* dst) {
+  const int64_t RS = k.RS, Ci = k.Ci;
+  if (k.flip) {
     for (int64_t c = 0; c < Ci; ++c) {
       const float* blk = w + (c * k.Co + o0) * RS;  // [MR][RS], contiguous
-      for (int64_t t = 0; t < RS; ++t) {
-        float* d = dst + ((RS - 1 - t) * Ci + c) * MR;
-        for (int i = 0; i < MR; ++i) d[i] = blk[i * RS + t];
+      for (int64_t t = 0; t < f.taps; ++t) {
+        float* d = dst + (t * Ci + c) * MR;
+        for (int i = 0; i < MR; ++i) d[i] = blk[i * RS + f.wtap[t]];
       }
     }
   } else {
     for (int64_t c = 0; c < Ci; ++c)
-      for (int64_t t = 0; t < RS; ++t) {
-        const float* s = w + (o0 * Ci + c) * RS + t;
+      for (int64_t t = 0; t < f.taps; ++t) {
+        const float* s = w + (o0 * Ci + c) * RS + f.wtap[t];
         float* d = dst + (t * Ci + c) * MR;
         for (int i = 0; i < MR; ++i) d[i] = s[i * Ci * RS];
       }
   }
 }
 
-void pack_weights_sliver(const Corr& k, const float* w, bool flip, int MR, int64_t sl, float* dst) {
-  const int64_t RS = k.RS(), o0 = sl * MR;
-  if (o0 + MR <= k.Co && MR == 8) return pack_weights_full<8>(k, w, flip, o0, dst);
-  if (o0 + MR <= k.Co && MR == 4) return pack_weights_full<4>(k, w, flip, o0, dst);
+void pack_weights_sliver(const Corr& k, const Phase& f, const float* w, int MR, int64_t sl, float* dst) {
+  const int64_t RS = k.RS, o0 = sl * MR;
+  if (o0 + MR <= k.Co && MR == 8) return pack_weights_full<8>(k, f, w, o0, dst);
+  if (o0 + MR <= k.Co && MR == 4) return pack_weights_full<4>(k, f, w, o0, dst);
   for (int64_t c = 0; c < k.Ci; ++c)
-    for (int64_t t = 0; t < RS; ++t) {
+    for (int64_t t = 0; t < f.taps; ++t) {
       float* d = dst + (t * k.Ci + c) * MR;
       for (int i = 0; i < MR; ++i) {
         const int64_t o = o0 + i;
-        d[i] = o >= k.Co ? 0.f : flip ? w[(c * k.Co + o) * RS + (RS - 1 - t)] : w[(o * k.Ci + c) * RS + t];
+        d[i] = o >= k.Co ? 0.f : k.flip ? w[(c * k.Co + o) * RS + f.wtap[t]] : w[(o * k.Ci + c) * RS + f.wtap[t]];
       }
     }
 }
 
 struct CorrLayout {
-  int64_t nb, cols, parts, apk_n, xn_n, base_n, bp_n, out_n, per_thread;
+  int64_t nb, cols, parts, xn_n, base_n, bp_n, out_n, per_thread;
 };
 
 // Tasks are (chunk, part of the output channels). Normally one part and at least one chunk per
 // thread; when the whole batch has few positions (2x2 maps at batch 32: 128), chunks that small
 // would stream the whole packed weight matrix for a handful of columns, so there is one chunk and
-// the threads split the output channels instead (each packs the same im2col panel).
+// the threads split the output channels instead (each packs the same im2col panel). Chunks are
+// sized by the largest phase (a phase is one GEMM).
 CorrLayout corr_layout(const Corr& k, int threads) {
   CorrLayout l;
-  const bool few = k.N * k.PQ() < threads * kFwdCols / 2;
+  const int64_t PQ = std::max<int64_t>(1, k.max_phase_PQ()), depth = std::max<int64_t>(1, k.max_depth());
+  const bool few = k.N * PQ < threads * kFwdCols / 2;
   l.parts = few ? threads : 1;
-  l.nb = few ? k.N : std::max<int64_t>(1, std::min(kFwdCols / k.PQ(), (k.N + threads - 1) / threads));
-  l.cols = l.nb * k.PQ();
-  l.apk_n = (k.Co + kMaxMR) * k.depth();  // >= round_up(Co, MR) rows for any tile
+  l.nb = few ? k.N : std::max<int64_t>(1, std::min(kFwdCols / PQ, (k.N + threads - 1) / threads));
+  l.cols = l.nb * PQ;
   l.xn_n = l.nb * k.img();
   l.base_n = 2 * l.cols;
-  l.bp_n = std::min(KC, k.depth()) * (l.cols + kMaxNR);
+  l.bp_n = std::min(KC, depth) * (l.cols + kMaxNR);
   l.out_n = k.Co * l.cols;
   l.per_thread = l.xn_n + l.base_n + l.bp_n + l.out_n + 64;
   return l;
@@ -179,20 +277,49 @@ CorrLayout corr_layout(const Corr& k, int threads) {
 
 size_t corr_workspace(const Corr& k, int threads) {
   const CorrLayout l = corr_layout(k, threads);
-  return size_t(l.apk_n + 16 + threads * l.per_thread) * sizeof(float);
+  return size_t(k.apk_n + 16 + threads * l.per_thread) * sizeof(float);
 }
 
-// out [N][Co][Ho][Wo] (+)= correlation of in [N][Ci][Hi][Wi] (+ bias).
-void run_corr(const Corr& k, const float* in, const float* w, bool flip, const float* bias, float* out,
-              bool accumulate, void* ws) {
+// Output channels [o0, o1) of images [n0, n0+nb) at phase f's positions (+)= ob + bias; a phase
+// without taps (a 1x1 stride-2 conv's odd rows and columns) gets zeros (ob == nullptr).
+void scatter_phase(const Corr& k, const Phase& f, const float* ob, int64_t cols, int64_t n0, int64_t nb, int64_t o0,
+                   int64_t o1, const float* bias, bool accumulate, float* out) {
+  const int64_t fPQ = f.PQ(), PQ = k.PQ();
+  const bool dense = f.osh == 1 && f.osw == 1 && fPQ == PQ;
+  for (int64_t b = 0; b < nb; ++b)
+    for (int64_t o = o0; o < o1; ++o) {
+      const float* src = ob ? ob + o * cols + b * fPQ : nullptr;
+      float* dst = out + ((n0 + b) * k.Co + o) * PQ;
+      const float bo = bias ? bias[o] : 0.f;
+      if (dense) {
+        if (accumulate)
+          for (int64_t j = 0; j < PQ; ++j) dst[j] += src[j] + bo;
+        else
+          for (int64_t j = 0; j < PQ; ++j) dst[j] = src[j] + bo;
+        continue;
+      }
+      for (int64_t i = 0; i < f.Ho; ++i) {
+        float* d = dst + (f.oh0 + i * f.osh) * k.Wo + f.ow0;
+        const float* sr = src ? src + i * f.Wo : nullptr;
+        for (int64_t j = 0; j < f.Wo; ++j) {
+          const float v = (sr ? sr[j] : 0.f) + bo;
+          d[j * f.osw] = accumulate ? d[j * f.osw] + v : v;
+        }
+      }
+    }
+}
+
+// out [N][Co][Ho][Wo] (+)= correlation of in [N][Ci][Hi][Wi] (+ bias), phase by phase.
+void run_corr(const Corr& k, const float* in, const float* w, const float* bias, float* out, bool accumulate,
+              void* ws) {
   const GemmTile tile = sgemm_tile();
   const int MR = tile.mr;
   const int threads = omp_get_max_threads();
   const CorrLayout l = corr_layout(k, threads);
-  const int64_t depth = k.depth(), PQ = k.PQ(), slivers = (k.Co + MR - 1) / MR;
+  const int64_t slivers = (k.Co + MR - 1) / MR;
   const int64_t chunks = (k.N + l.nb - 1) / l.nb;
   Carve shared{static_cast<float*>(ws)};
-  float* apk = shared.take(l.apk_n);
+  float* apk = shared.take(k.apk_n);
   float* thread_base = shared.p;
 #pragma omp parallel num_threads(threads)
   {
@@ -203,30 +330,35 @@ void run_corr(const Corr& k, const float* in, const float* w, bool flip, const f
     float* ob = cv.take(l.out_n);
     std::memset(xn, 0, sizeof(float) * size_t(l.xn_n));  // padding stays zero; interiors are overwritten
 #pragma omp for schedule(static)
-    for (int64_t s = 0; s < slivers; ++s) pack_weights_sliver(k, w, flip, MR, s, apk + s * MR * depth);
+    for (int64_t task = 0; task < k.nph * slivers; ++task) {
+      const Phase& f = k.phase[task / slivers];
+      const int64_t s = task % slivers;
+      pack_weights_sliver(k, f, w, MR, s, apk + f.apk_off + s * MR * f.taps * k.Ci);
+    }
 #pragma omp for schedule(dynamic, 1)
     for (int64_t task = 0; task < chunks * l.parts; ++task) {
       const int64_t ch = task / l.parts, part = task % l.parts;
       const int64_t o0 = std::min(k.Co, slivers * part / l.parts * MR), o1 = std::min(k.Co, slivers * (part + 1) / l.parts * MR);
-      const int64_t n0 = ch * l.nb, nb = std::min(l.nb, k.N - n0), cols = nb * PQ;
+      const int64_t n0 = ch * l.nb, nb = std::min(l.nb, k.N - n0);
       if (o1 <= o0) continue;
       for (int64_t b = 0; b < nb; ++b) to_channels_last(k, in + (n0 + b) * k.Ci * k.Hi * k.Wi, xn + b * k.img());
-      position_bases(k, nb, base);
-      for (int64_t pc = 0; pc < depth; pc += KC) {
-        const int64_t kc = std::min(KC, depth - pc);
-        pack_im2col(k, xn, base, cols, pc, kc, tile.nr, bp);
-        sgemm_packed(o1 - o0, cols, kc, apk + o0 * depth + pc * MR, MR * depth, bp, pc > 0, ob + o0 * cols, cols);
-      }
-      for (int64_t b = 0; b < nb; ++b)
-        for (int64_t o = o0; o < o1; ++o) {
-          const float* src = ob + o * cols + b * PQ;
-          float* dst = out + ((n0 + b) * k.Co + o) * PQ;
-          const float bo = bias ? bias[o] : 0.f;
-          if (accumulate)
-            for (int64_t j = 0; j < PQ; ++j) dst[j] += src[j] + bo;
-          else
-            for (int64_t j = 0; j < PQ; ++j) dst[j] = src[j] + bo;
+      for (int pi = 0; pi < k.nph; ++pi) {
+        const Phase& f = k.phase[pi];
+        const int64_t cols = nb * f.PQ(), depth = f.taps * k.Ci;
+        if (cols == 0) continue;
+        if (depth == 0) {
+          scatter_phase(k, f, nullptr, cols, n0, nb, o0, o1, bias, accumulate, out);
+          continue;
         }
+        position_bases(k, f, nb, base);
+        const float* a = apk + f.apk_off;
+        for (int64_t pc = 0; pc < depth; pc += KC) {
+          const int64_t kc = std::min(KC, depth - pc);
+          pack_im2col(k, f.toff, xn, base, cols, pc, kc, tile.nr, bp);
+          sgemm_packed(o1 - o0, cols, kc, a + o0 * depth + pc * MR, MR * depth, bp, pc > 0, ob + o0 * cols, cols);
+        }
+        scatter_phase(k, f, ob, cols, n0, nb, o0, o1, bias, accumulate, out);
+      }
     }
   }
 }
@@ -247,8 +379,8 @@ WgradLayout wgrad_layout(const Corr& k) {
   l.dyn_n = l.pos * k.Co;
   l.base_n = 2 * l.pos;
   l.ap_n = (std::min(kWgradMC, k.Co) + kMaxMR) * std::min(KC, l.pos);
-  l.bp_n = std::min(KC, l.pos) * (std::min(kWgradNC, k.depth()) + kMaxNR);
-  l.dwt_n = k.Co * k.depth();
+  l.bp_n = std::min(KC, l.pos) * (std::min(kWgradNC, k.max_depth()) + kMaxNR);
+  l.dwt_n = k.Co * k.max_depth();
   l.x_n = k.Ci * k.Hi * k.Wi;  // one image of a stashed x, decoded (StoredReader)
   l.per_thread = l.xn_n + l.dyn_n + l.base_n + l.ap_n + l.bp_n + l.x_n + 96;
   return l;
@@ -265,7 +397,7 @@ void pack_im2col_rows(const Corr& k, const float* xn, const int64_t* base, int64
       float* dk = d + kk * NR;
       for (int64_t f = 0; f < n;) {  // runs of channels within one tap
         const int64_t col = jc + jr + f, t = col / k.Ci, c = col % k.Ci, run = std::min(n - f, k.Ci - c);
-        std::memcpy(dk + f, src + k.toff[t] + c, sizeof(float) * size_t(run));
+        std::memcpy(dk + f, src + k.phase[0].toff[t] + c, sizeof(float) * size_t(run));
         f += run;
       }
       for (int64_t j = n; j < nz; ++j) dk[j] = 0.f;
@@ -301,8 +433,7 @@ void to_channels_last(const float* src, int64_t Ci, int64_t Hi, int64_t Wi, int6
 
 bool implicit_applies(const Conv2dGeom& g, ConvPass pass) {
   if (g.groups != 1 || g.R * g.S > kMaxTaps || g.P <= 0 || g.Q <= 0) return false;
-  if (pass == ConvPass::BackwardData)
-    return g.stride_h == 1 && g.stride_w == 1 && g.pad_h <= g.R - 1 && g.pad_w <= g.S - 1;
+  if (pass == ConvPass::BackwardData) return g.stride_h * g.stride_w <= kMaxPhases && g.H > 0 && g.W > 0;
   return true;
 }
 
@@ -314,12 +445,12 @@ size_t implicit_workspace(const Conv2dGeom& g, ConvPass pass, int threads) {
 }
 
 void implicit_forward(const Conv2dGeom& g, const float* x, const float* w, const float* b, float* y, void* ws) {
-  run_corr(fwd_corr(g), x, w, false, b, y, false, ws);
+  run_corr(fwd_corr(g), x, w, b, y, false, ws);
 }
 
 void implicit_backward_data(const Conv2dGeom& g, const float* dy, const float* w, float* dx, bool accumulate,
                             void* ws) {
-  run_corr(data_corr(g), dy, w, true, nullptr, dx, accumulate, ws);
+  run_corr(data_corr(g), dy, w, nullptr, dx, accumulate, ws);
 }
 
 void implicit_backward_weight(const Conv2dGeom& g, const Tensor& x, const float* dy, float* dw, float* db,
@@ -329,7 +460,7 @@ void implicit_backward_weight(const Conv2dGeom& g, const Tensor& x, const float*
   const GemmTile tile = sgemm_tile();
   const int MR = tile.mr, NR = tile.nr;
   const int threads = omp_get_max_threads();
-  const int64_t depth = k.depth(), PQ = k.PQ(), RS = k.RS(), K = k.Co, C = k.Ci;
+  const int64_t depth = k.max_depth(), PQ = k.PQ(), RS = k.RS, K = k.Co, C = k.Ci;
   Carve shared{static_cast<float*>(ws)};
   float* dwt = shared.take(l.dwt_n);
   float* thread_base = shared.p;
@@ -358,7 +489,7 @@ void implicit_backward_weight(const Conv2dGeom& g, const Tensor& x, const float*
         for (int64_t j = 0; j < PQ; ++j)
           for (int64_t o = j < j8 ? o8 : 0; o < K; ++o) d[j * K + o] = src[o * PQ + j];
       }
-      position_bases(k, nb, base);
+      position_bases(k, k.phase[0], nb, base);
       for (int64_t jc = c0; jc < c1; jc += kWgradNC) {
         const int64_t nc = std::min(kWgradNC, c1 - jc);
         for (int64_t pc = 0; pc < pos; pc += KC) {

@@ -7,9 +7,12 @@
 // GEMM's packing routines read im2col slivers straight from it (8 contiguous channels per load)
 // and no column matrix is ever written:
 //   forward:  y  [K, pos] = w [K, (t,c)]        x  im2col(x)  [(t,c), pos]
-//   data:     dx [C, pos] = w' [C, (t,k)]       x  im2col(dy padded by R-1-pad) (stride 1 only)
+//   data:     dx [C, pos] = w' [C, (t,k)]       x  im2col(dy padded by R-1-pad)
 //   weight:   dw [K, (t,c)] (+)= dy [K, pos]    x  im2col(x)^T [pos, (t,c)]
-// (w' is w transposed and flipped.) The weight matrices are packed once per call.
+// (w' is w transposed and flipped.) The weight matrices are packed once per call. A strided
+// conv's data gradient runs as stride * stride phases, one GEMM each: the dx positions of one
+// parity class read one sub-kernel of w' (see Phase in conv_implicit.cpp), and no multiply-add
+// is spent on the zeros of an upsampled dy (strides up to 2).
 #pragma once
 #include <cstddef>
 #include <cstdint>
