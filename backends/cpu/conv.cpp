@@ -59,9 +59,13 @@ cpu::ConvPathOverride g_override = initial_override();
 // 1.1-1.6x; resnet20 64->64 8x8 1.3x forward, even weight gradient); with fewer channels its
 // transforms cost more than the multiply-adds they save, and on 32x32 maps the direct kernels are
 // as fast (single-threaded CPU time, batch 32 and 128).
+// Weight gradients need 128+ channels for Winograd to win (wall time, batch 128: vgg 128->256 on
+// 8x8 1.15x the implicit GEMM, 128->128 on 16x16 even; with 64 channels it loses, resnet20 64->64
+// on 8x8 0.75x and vgg 64->128 on 16x16 0.8x the implicit GEMM).
 bool prefer_winograd(const Conv2dGeom& g, ConvPass pass) {
-  const int64_t PQ = g.P * g.Q;
-  return cpu::winograd_applies(g, pass) && g.C / g.groups >= 64 && g.K / g.groups >= 64 && PQ >= 4 && PQ <= 256;
+  const int64_t PQ = g.P * g.Q, min_channels = pass == ConvPass::BackwardWeight ? 128 : 64;
+  return cpu::winograd_applies(g, pass) && g.C / g.groups >= min_channels && g.K / g.groups >= min_channels &&
+         PQ >= 4 && PQ <= 256;
 }
 
 // Strided data gradients run by phases (conv_implicit.h), no multiply-add spent on the zeros of an
@@ -89,10 +93,13 @@ Path choose(const Conv2dGeom& g, ConvPass pass) {
   // col2im is cheaper (resnet20 / vgg16 / mobilenetv2 stems, 1.2-1.4x).
   if (pass == ConvPass::BackwardData && Cg < 8) return Path::Gemm;
   // Weight gradient: the direct kernel's chunk of images shrinks to one on small maps with many
-  // channels, and the blocked GEMM wins there (vgg 64->128 on 16x16, 128->256 and 256->256 on 8x8).
-  // Stems stay direct: resnet20 / mobilenetv2 / vgg16 3-channel weight gradients 5.5x / 4.4x / 1.3x
-  // faster than the GEMM (its K x 27 output is too thin for the micro-kernel; batch 128).
+  // channels; the implicit GEMM wins there (vgg 64->128 on 16x16: 21 ms against 25 direct and 30
+  // for the blocked GEMM, wall, batch 128), else the blocked GEMM.
+  if (pass == ConvPass::BackwardWeight && PQ <= 256 && Cg >= 64 && implicit) return Path::Implicit;
   if (pass == ConvPass::BackwardWeight && (PQ < 64 || (PQ <= 256 && Cg >= 64))) return Path::Gemm;
+  // Everything else is direct, the stems' weight gradients included: resnet20 / mobilenetv2 /
+  // vgg16 3-channel ones 2.5x / 2.2x / 1.7x faster than the GEMM (whose K x 27 output is too thin
+  // for the micro-kernel; wall time, batch 128).
   return Path::Direct;
 }
 
