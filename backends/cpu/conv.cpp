@@ -69,8 +69,8 @@ bool prefer_winograd(const Conv2dGeom& g, ConvPass pass) {
 }
 
 // Strided data gradients run by phases (conv_implicit.h), no multiply-add spent on the zeros of an
-// upsampled dy: resnet20 32->64 at 16x16 3x faster than the GEMM's col2im, 16->32 at 32x32 1.09x
-// (bench_conv --cpu, batch 128, the fastest of 4 alternating runs).
+// upsampled dy: resnet20 32->64 at 16x16 1.11x, 16->32 at 32x32 1.07x the GEMM's col2im (wall,
+// batch 128, 3 alternating runs; the phases' GEMMs are shallow, 1-4 taps, so packing dominates).
 bool prefer_implicit(const Conv2dGeom& g) {
   if (g.R * g.S == 1 || g.C / g.groups < 16 || g.K / g.groups < 16) return false;
   const bool small = g.P * g.Q <= 64, strided = g.stride_h > 1 || g.stride_w > 1;
