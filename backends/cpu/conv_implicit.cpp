@@ -275,9 +275,20 @@ CorrLayout corr_layout(const Corr& k, int threads) {
   return l;
 }
 
+// Sized for the planned batch and for any smaller one (the executor runs a partial last batch in
+// the same workspace): a batch of few positions takes the one-chunk layout, whose chunk grows with
+// the batch up to the threshold, so the largest such batch is sized too.
 size_t corr_workspace(const Corr& k, int threads) {
-  const CorrLayout l = corr_layout(k, threads);
-  return size_t(k.apk_n + 16 + threads * l.per_thread) * sizeof(float);
+  const int64_t PQ = std::max<int64_t>(1, k.max_phase_PQ());
+  const int64_t few_max = (threads * kFwdCols / 2 - 1) / PQ;  // largest N with N * PQ below the threshold
+  int64_t per_thread = 0;
+  Corr part = k;
+  for (int64_t n : {k.N, std::min(k.N, few_max)}) {
+    if (n < 1) continue;
+    part.N = n;
+    per_thread = std::max(per_thread, corr_layout(part, threads).per_thread);
+  }
+  return size_t(k.apk_n + 16 + threads * per_thread) * sizeof(float);
 }
 
 // Output channels [o0, o1) of images [n0, n0+nb) at phase f's positions (+)= ob + bias; a phase
