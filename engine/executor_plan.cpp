@@ -279,18 +279,55 @@ void Executor::plan_persistent(PlanState& st) {
 // Activation gradients shared in place (Op::grad_in_place): an input whose only consumer may
 // overwrite the output gradient with it uses the output gradient's buffer; chains (conv -> bn ->
 // relu) collapse to one buffer. grad_parent links a value to its consumer's output.
+//
+// Fan-in first: a node that hands its output gradient unchanged to several inputs (a residual
+// add) lets all of them share it, so its backward copies nothing. An input may have other
+// consumers if this node is its last one: its backward then runs first and starts the input's
+// gradient, and the others (the block's first conv) accumulate into the shared buffer. While
+// those accumulate, the buffer must still hold the add's gradient, so a member's producer may
+// write its own input gradient into the buffer (the chain below it) only if its backward runs
+// after every other member's producer and consumers: ResNet's trunk (the block input's ReLU)
+// keeps the chain, the residual branch's last BN writes its input gradient to its own buffer.
 void Executor::share_gradients_in_place(PlanState& st) {
   st.grad_parent.assign(size_t(st.nv), -1);
+  std::vector<uint8_t> no_chain(size_t(st.nv), 0);  // a fan-in member its producer must not overwrite
+  auto shareable = [&](const Node& node, size_t i) {
+    const Value& v = graph_.value(node.inputs[i]);
+    return v.kind == ValueKind::Activation && v.needs_grad &&
+           v.shape.numel() == graph_.value(node.output).shape.numel() && node.op->grad_in_place(int(i));
+  };
+  auto backward_node = [&](int n) {
+    return needs_backward_[size_t(n)] && graph_.value(graph_.node(n).output).kind == ValueKind::Activation;
+  };
   for (int n = 0; n < st.nn; ++n) {
+    if (!backward_node(n)) continue;
     const Node& node = graph_.node(n);
-    const Value& out = graph_.value(node.output);
-    if (!needs_backward_[size_t(n)] || out.kind != ValueKind::Activation) continue;
+    std::vector<int> members;
     for (size_t i = 0; i < node.inputs.size(); ++i) {
       const int in = node.inputs[i];
-      const Value& v = graph_.value(in);
-      if (v.kind != ValueKind::Activation || !v.needs_grad || v.consumers.size() != 1 ||
-          v.shape.numel() != out.shape.numel() || !node.op->grad_in_place(int(i)))
-        continue;
+      const std::vector<int>& cons = graph_.value(in).consumers;
+      if (shareable(node, i) && *std::max_element(cons.begin(), cons.end()) == n &&
+          std::find(members.begin(), members.end(), in) == members.end())
+        members.push_back(in);
+    }
+    if (members.size() < 2) continue;
+    for (int u : members) {
+      st.grad_parent[size_t(u)] = node.output;
+      const int pu = graph_.value(u).producer;
+      for (int w : members) {
+        if (w == u) continue;
+        bool after = pu < graph_.value(w).producer;  // u's backward after w's producer's ...
+        for (int c : graph_.value(w).consumers) after = after && pu < c;  // ... and w's consumers'
+        if (!after) no_chain[size_t(u)] = 1;
+      }
+    }
+  }
+  for (int n = 0; n < st.nn; ++n) {
+    const Node& node = graph_.node(n);
+    if (!backward_node(n) || no_chain[size_t(node.output)]) continue;
+    for (size_t i = 0; i < node.inputs.size(); ++i) {
+      const int in = node.inputs[i];
+      if (!shareable(node, i) || graph_.value(in).consumers.size() != 1 || st.grad_parent[size_t(in)] >= 0) continue;
       st.grad_parent[size_t(in)] = node.output;
       break;  // one input per node shares the output gradient
     }

@@ -117,23 +117,54 @@ struct Region {
   int grad_group = -1;  // activation gradients: the value whose gradient buffer they share in place
 };
 
-// Gradients meant to share memory (Op::grad_in_place): x's only consumer declares that x's gradient
-// may overwrite its output's; follow such links to the end of the chain.
+// Gradients meant to share memory (Op::grad_in_place), the rule written out again here: a node
+// whose backward hands its output gradient to several inputs (add) shares it with all of them
+// when it is each one's last consumer; a member's producer may then chain its own input into the
+// buffer only if its backward comes after every other member's producer and consumers. Then, as
+// before, an input whose only consumer declares grad_in_place shares its output's gradient (one
+// input per node). Follow the links to the root.
 int grad_group(const Graph& g, int id) {
-  for (;;) {
-    const Value& v = g.value(id);
-    if (v.consumers.size() != 1) return id;
-    const Node& c = g.node(v.consumers[0]);
-    int shared = -1;
-    for (size_t i = 0; i < c.inputs.size() && shared < 0; ++i) {
+  const int nv = g.num_values();
+  std::vector<int> parent(size_t(nv), -1);
+  std::vector<bool> no_chain(size_t(nv), false);
+  auto shareable = [&](const Node& c, size_t i) {
+    const Value& in = g.value(c.inputs[i]);
+    return in.kind == ValueKind::Activation && in.needs_grad &&
+           in.shape.numel() == g.value(c.output).shape.numel() && c.op->grad_in_place(int(i));
+  };
+  for (int n = 0; n < g.num_nodes(); ++n) {
+    const Node& c = g.node(n);
+    std::vector<int> members;
+    for (size_t i = 0; i < c.inputs.size(); ++i) {
       const Value& in = g.value(c.inputs[i]);
-      if (in.kind == ValueKind::Activation && in.needs_grad && in.consumers.size() == 1 &&
-          in.shape.numel() == g.value(c.output).shape.numel() && c.op->grad_in_place(int(i)))
-        shared = c.inputs[i];
+      bool last = true;
+      for (int k : in.consumers) last = last && k <= n;
+      bool seen = false;
+      for (int m : members) seen = seen || m == c.inputs[i];
+      if (shareable(c, i) && last && !seen) members.push_back(c.inputs[i]);
     }
-    if (shared != id) return id;
-    id = c.output;
+    if (members.size() < 2) continue;
+    for (int u : members) {
+      parent[size_t(u)] = c.output;
+      for (int w : members)
+        if (w != u) {
+          bool after = g.value(u).producer < g.value(w).producer;
+          for (int k : g.value(w).consumers) after = after && g.value(u).producer < k;
+          if (!after) no_chain[size_t(u)] = true;
+        }
+    }
   }
+  for (int n = 0; n < g.num_nodes(); ++n) {
+    const Node& c = g.node(n);
+    if (no_chain[size_t(c.output)]) continue;
+    for (size_t i = 0; i < c.inputs.size(); ++i)
+      if (shareable(c, i) && g.value(c.inputs[i]).consumers.size() == 1 && parent[size_t(c.inputs[i])] < 0) {
+        parent[size_t(c.inputs[i])] = c.output;
+        break;
+      }
+  }
+  while (parent[size_t(id)] >= 0) id = parent[size_t(id)];
+  return id;
 }
 
 std::vector<Region> live_regions(Executor& ex) {
