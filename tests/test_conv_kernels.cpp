@@ -228,6 +228,7 @@ TEST_CASE("conv kernels match the naive reference", "[conv]") {
       // downsampling stage over several chunks.
       {3, 16, 10, 9, 24, 3, 2, 0, 1}, {2, 8, 8, 7, 16, 2, 2, 0, 1},   {2, 16, 9, 10, 8, 4, 2, 1, 1},
       {1, 16, 1, 1, 8, 3, 2, 1, 1},   {6, 32, 16, 16, 64, 3, 2, 1, 1},
+      {2, 16, 10, 10, 16, 3, 3, 1, 1},  // stride 3: beyond the phases, another path takes it
       // Winograd F(2x2, 3x3): pad 2 (the data gradient's padding is 0), odd maps (partial tiles),
       // channel counts off the 8 / 16 blocks, and one wide enough for the automatic choice.
       {2, 5, 5, 6, 7, 3, 1, 2, 1},    {2, 67, 5, 5, 70, 3, 1, 1, 1},

@@ -95,8 +95,8 @@ Path choose(const Conv2dGeom& g, ConvPass pass) {
   // Weight gradient: the direct kernel's chunk of images shrinks to one on small maps with many
   // channels; the implicit GEMM wins there (vgg 64->128 on 16x16: 21 ms against 25 direct and 30
   // for the blocked GEMM, wall, batch 128), else the blocked GEMM.
-  if (pass == ConvPass::BackwardWeight && PQ <= 256 && Cg >= 64 && implicit) return Path::Implicit;
-  if (pass == ConvPass::BackwardWeight && (PQ < 64 || (PQ <= 256 && Cg >= 64))) return Path::Gemm;
+  if (pass == ConvPass::BackwardWeight && PQ <= 256 && Cg >= 64) return implicit ? Path::Implicit : Path::Gemm;
+  if (pass == ConvPass::BackwardWeight && PQ < 64) return Path::Gemm;
   // Everything else is direct, the stems' weight gradients included: resnet20 / mobilenetv2 /
   // vgg16 3-channel ones 2.5x / 2.2x / 1.7x faster than the GEMM (whose K x 27 output is too thin
   // for the micro-kernel; wall time, batch 128).

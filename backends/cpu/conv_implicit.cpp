@@ -86,7 +86,7 @@ struct Corr {
 };
 
 // Each phase's packed weights: round_up(Co, MR) <= Co + kMaxMR rows of its depth, one after another.
-void set_tap_offsets(Corr& k) {
+void set_packed_offsets(Corr& k) {
   int64_t off = 0;
   for (int i = 0; i < k.nph; ++i) {
     Phase& f = k.phase[i];
@@ -106,18 +106,17 @@ Corr fwd_corr(const Conv2dGeom& g) {
   f.taps = g.R * g.S, f.Ho = g.P, f.Wo = g.Q, f.ish = g.stride_h, f.isw = g.stride_w;
   for (int64_t r = 0; r < g.R; ++r)
     for (int64_t s = 0; s < g.S; ++s) f.toff[r * g.S + s] = (r * k.Wp + s) * k.Ci, f.wtap[r * g.S + s] = r * g.S + s;
-  set_tap_offsets(k);
+  set_packed_offsets(k);
   return k;
 }
 
 // One dimension of the data gradient's phases: output positions h = a + i*stride of [0, H) take
 // the taps r = r0 + m*stride (m < taps) from dy rows p = i + off - m.
 struct PhaseDim {
-  int64_t a, r0, taps, off, count;
+  int64_t r0, taps, off, count;
 };
 PhaseDim phase_dim(int64_t a, int64_t H, int64_t R, int64_t pad, int64_t stride) {
   PhaseDim d{};
-  d.a = a;
   d.r0 = (a + pad) % stride;
   d.taps = d.r0 < R ? (R - d.r0 + stride - 1) / stride : 0;
   d.off = (a + pad - d.r0) / stride;
@@ -159,7 +158,7 @@ Corr data_corr(const Conv2dGeom& g) {
           f.wtap[t] = r * g.S + s;
         }
     }
-  set_tap_offsets(k);
+  set_packed_offsets(k);
   return k;
 }
 
@@ -444,7 +443,8 @@ void to_channels_last(const float* src, int64_t Ci, int64_t Hi, int64_t Wi, int6
 
 bool implicit_applies(const Conv2dGeom& g, ConvPass pass) {
   if (g.groups != 1 || g.R * g.S > kMaxTaps || g.P <= 0 || g.Q <= 0) return false;
-  if (pass == ConvPass::BackwardData) return g.stride_h * g.stride_w <= kMaxPhases && g.H > 0 && g.W > 0;
+  // Strided data gradients run as stride_h x stride_w phases (data_corr): strides up to 2.
+  if (pass == ConvPass::BackwardData) return g.stride_h <= 2 && g.stride_w <= 2 && g.H > 0 && g.W > 0;
   return true;
 }
 
