@@ -1,12 +1,13 @@
 #include "engine/train/checkpoint.h"
 
 #include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -166,13 +167,46 @@ void write_file_durably(const std::string& path, const std::string& text) {
 
 namespace {
 
-std::vector<char> read_file(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) user_error("cannot open checkpoint '", path, "'");
-  std::vector<char> bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  if (in.bad()) user_error("cannot read checkpoint '", path, "'");
-  return bytes;
-}
+// A checkpoint's bytes, mapped read-only from the page cache instead of copied into the heap: a
+// load adds the file's clean pages (which the kernel may drop and re-read under pressure) beside
+// the parameters, no anonymous copy. The growing vector it replaces raised the USS by 1.8 times
+// the file (both buffers of the last doubling): 135 MB for VGG-11's 74 MB, on a device where the
+// model's own memory is the budget.
+class MappedFile {
+ public:
+  explicit MappedFile(const std::string& path) {
+    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) user_error("cannot open checkpoint '", path, "': ", std::strerror(errno));
+    struct stat st {};
+    const bool stat_ok = ::fstat(fd, &st) == 0;
+    const int err = errno;
+    if (!stat_ok || !S_ISREG(st.st_mode)) {
+      ::close(fd);
+      user_error("cannot read checkpoint '", path, "': ", stat_ok ? "not a regular file" : std::strerror(err));
+    }
+    size_ = size_t(st.st_size);
+    if (size_ > 0) {  // an empty file maps to nothing; the header check reports it as too short
+      void* p = ::mmap(nullptr, size_, PROT_READ, MAP_PRIVATE, fd, 0);
+      const int err = errno;
+      ::close(fd);
+      if (p == MAP_FAILED) user_error("cannot read checkpoint '", path, "': ", std::strerror(err));
+      data_ = static_cast<const char*>(p);
+    } else {
+      ::close(fd);
+    }
+  }
+  ~MappedFile() {
+    if (data_) ::munmap(const_cast<char*>(data_), size_);
+  }
+  MappedFile(const MappedFile&) = delete;
+  MappedFile& operator=(const MappedFile&) = delete;
+  const char* data() const { return data_ ? data_ : ""; }
+  size_t size() const { return size_; }
+
+ private:
+  const char* data_ = nullptr;
+  size_t size_ = 0;
+};
 
 // Magic, CRC and header of a checkpoint's bytes; the header JSON and where the data starts.
 json checked_header(const char* data, size_t size, const std::string& path, size_t* data_start) {
@@ -271,12 +305,12 @@ TrainProgress load_checkpoint_bytes(const char* data, size_t size, const std::st
 }
 
 TrainProgress load_checkpoint(const std::string& path, Executor& ex, const std::string& model_name) {
-  const std::vector<char> bytes = read_file(path);
+  const MappedFile bytes(path);
   return load_checkpoint_bytes(bytes.data(), bytes.size(), path, ex, model_name);
 }
 
 std::vector<CheckpointTensor> read_checkpoint_tensors(const std::string& path, std::string* model_name) {
-  const std::vector<char> bytes = read_file(path);
+  const MappedFile bytes(path);
   auto bad = [&](const std::string& why) { user_error("checkpoint '", path, "' is not valid: ", why); };
   size_t offset = 0;
   const json h = checked_header(bytes.data(), bytes.size(), path, &offset);
