@@ -25,8 +25,8 @@ using Clock = std::chrono::steady_clock;
 
 namespace {
 
-// Milliseconds per step by op type, forward and backward, largest first.
-void print_profile(const Executor& ex, int steps) {
+// Milliseconds per step by op type, forward and backward, largest first; with `nodes`, per node.
+void print_profile(const Executor& ex, int steps, bool nodes) {
   std::map<std::string, std::pair<double, double>> by_type;
   const Graph& g = ex.graph();
   double total = 0;
@@ -43,6 +43,11 @@ void print_profile(const Executor& ex, int steps) {
   std::printf("%-24s %10s %10s %7s\n", "op", "fwd ms", "bwd ms", "share");
   for (const auto& [type, t] : rows)
     std::printf("%-24s %10.2f %10.2f %6.1f%%\n", type.c_str(), t.first, t.second, 100.0 * (t.first + t.second) / total);
+  if (!nodes) return;
+  std::printf("%-28s %-22s %10s %10s\n", "node", "op", "fwd ms", "bwd ms");
+  for (int n = 0; n < g.num_nodes(); ++n)
+    std::printf("%-28.28s %-22s %10.3f %10.3f\n", g.node(n).name.c_str(), g.node(n).op->type(),
+                ex.forward_seconds()[size_t(n)] * 1e3 / steps, ex.backward_seconds()[size_t(n)] * 1e3 / steps);
 }
 
 // Per stashed value: how its last push stored it (StashEncodingInfo::display) and its size;
@@ -126,7 +131,7 @@ int cmd_bench_step(const BenchStepArgs& a) {
   std::sort(sorted.begin(), sorted.end());
   const double median = sorted[sorted.size() / 2];
   if (a.profile) {
-    print_profile(ex, a.steps);
+    print_profile(ex, a.steps, a.profile_nodes);
     print_stash(ex);
     const double pack = ex.stash().pack_seconds() * 1e3 / a.steps, unpack = ex.stash().unpack_seconds() * 1e3 / a.steps;
     const double rec = ex.recompute_seconds() * 1e3 / a.steps;

@@ -46,6 +46,7 @@ struct BenchStepArgs {
   std::vector<std::string> sets;
   int steps = 20, warmup = 3;
   bool profile = false;
+  bool profile_nodes = false;  // --profile-nodes: also one row per node
 };
 int cmd_bench_step(const BenchStepArgs& a);
 

@@ -66,6 +66,7 @@ int main(int argc, char** argv) {
   bs->add_option("--steps", step.steps, "timed steps")->check(CLI::Range(1, 100000));
   bs->add_option("--warmup", step.warmup, "untimed steps first")->check(CLI::Range(0, 1000));
   bs->add_flag("--profile", step.profile, "print time per op type (forward / backward)");
+  bs->add_flag("--profile-nodes", step.profile_nodes, "with --profile: also the time of every node, in graph order");
   BenchBitmapArgs bitmap;
   auto* bb = b->add_subcommand("bitmap", "BitTrain Table 1: bitmap vs dense memory (theory and USS), pack/unpack speed");
   bb->add_option("--reps", bitmap.reps, "timed repetitions per row (median)")->check(CLI::Range(1, 10000));
