@@ -232,6 +232,10 @@ TEST_CASE("conv kernels match the naive reference", "[conv]") {
       // Winograd F(2x2, 3x3): pad 2 (the data gradient's padding is 0), odd maps (partial tiles),
       // channel counts off the 8 / 16 blocks, and one wide enough for the automatic choice.
       {2, 5, 5, 6, 7, 3, 1, 2, 1},    {2, 67, 5, 5, 70, 3, 1, 1, 1},
+      // The direct weight gradient's dot form (Kg <= 16, Cg < 8; also taken above with channel
+      // counts off its 8-channel blocks, groups and 5x5 windows): a ResNet stem over several
+      // chunks per thread, the last one partial.
+      {7, 3, 32, 32, 16, 3, 1, 1, 1},
   };
   for (auto path : {cpu::ConvPathOverride::Auto, cpu::ConvPathOverride::Gemm, cpu::ConvPathOverride::Direct,
                     cpu::ConvPathOverride::Implicit, cpu::ConvPathOverride::Winograd})

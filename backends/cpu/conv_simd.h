@@ -31,7 +31,15 @@ struct VNative {
   static VNative load(const float* p) { return {_mm512_loadu_ps(p)}; }
   void store(float* p) const { _mm512_storeu_ps(p, v); }
   void fma(const VNative& a, const VNative& b) { v = _mm512_fmadd_ps(a.v, b.v, v); }
-  float hsum() const { return _mm512_reduce_add_ps(v); }
+  // Through memory, in a fixed tree order (the intrinsic reductions trip GCC 12's
+  // -Wmaybe-uninitialized through their _mm256_undefined_* operands).
+  float hsum() const {
+    alignas(64) float t[16];
+    _mm512_store_ps(t, v);
+    for (int w = 8; w > 0; w /= 2)
+      for (int i = 0; i < w; ++i) t[i] += t[i + w];
+    return t[0];
+  }
 };
 #elif defined(__AVX2__)
 struct VNative {
