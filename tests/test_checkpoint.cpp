@@ -15,6 +15,7 @@
 #include "engine/train/checkpoint.h"
 #include "memory/uss.h"
 #include "models/models.h"
+#include "tests/test_util.h"
 
 using namespace et;
 namespace fs = std::filesystem;
@@ -203,10 +204,7 @@ TEST_CASE("loading a checkpoint needs no copy of the file beside it", "[checkpoi
   REQUIRE(file_mb > 50);  // params and momentum of 9 M parameters
   UssPeak peak;
   const std::optional<size_t> before = read_uss_bytes();
-  if (!before) {
-    WARN("USS cannot be read here (no /proc): skipped");
-    return;
-  }
+  if (!before) ET_SKIP("USS cannot be read here (no /proc)");
   peak.begin_step();
   load_checkpoint(path, *b.ex, "vgg11_bn");
   peak.end_step();

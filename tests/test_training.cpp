@@ -8,6 +8,7 @@
 #include <fstream>
 
 #include "engine/train/trainer.h"
+#include "tests/test_util.h"
 
 using namespace et;
 using nlohmann::json;
@@ -59,10 +60,7 @@ struct Quiet : Progress {
 }  // namespace
 
 TEST_CASE("a small ResNet on CIFAR-10 learns", "[training][cifar]") {
-  if (!fs::exists(cifar_root())) {
-    WARN("skipped: " << cifar_root() << " not found");
-    return;
-  }
+  if (!fs::exists(cifar_root())) ET_SKIP(cifar_root() << " not found");
   const Config cfg = small_config(3, 5000, 64);
   Trainer t(cfg, cifar(Split::Train), cifar(Split::Test));
   const EvalResult before = t.evaluate();
@@ -84,7 +82,7 @@ TEST_CASE("a small ResNet on CIFAR-10 learns", "[training][cifar]") {
 }
 
 TEST_CASE("training without a readable USS records null, never 0 MB", "[training][cifar][uss]") {
-  if (!fs::exists(cifar_root())) return;
+  if (!fs::exists(cifar_root())) ET_SKIP(cifar_root() << " not found");
   Trainer t(small_config(1, 128, 64), cifar(Split::Train), cifar(Split::Test));
   ProcFiles missing;
   missing.smaps_rollup = missing.smaps = missing.status = missing.clear_refs = "/nonexistent/proc";
@@ -109,7 +107,7 @@ TEST_CASE("training without a readable USS records null, never 0 MB", "[training
 }
 
 TEST_CASE("same seed and threads give identical losses", "[training][cifar]") {
-  if (!fs::exists(cifar_root())) return;
+  if (!fs::exists(cifar_root())) ET_SKIP(cifar_root() << " not found");
   const Config cfg = small_config(1, 512, 32);
   std::vector<float> losses[2];
   for (auto& l : losses) {
@@ -133,7 +131,7 @@ TEST_CASE("same seed and threads give identical losses", "[training][cifar]") {
 }
 
 TEST_CASE("resume reproduces an uninterrupted run", "[training][cifar]") {
-  if (!fs::exists(cifar_root())) return;
+  if (!fs::exists(cifar_root())) ET_SKIP(cifar_root() << " not found");
   const Config cfg = small_config(2, 640, 64);
   const fs::path full = fresh_dir("full"), split = fresh_dir("split");
   Quiet quiet;
