@@ -223,11 +223,10 @@ void wgrad_planes(const float* dyT, int64_t kp, int64_t Kg, const PosRows& pr, c
   else wgrad_planes_nv<V, 4, 6>(dyT, kp, Kg, pr, xp, Cg, lx, off, RS, dwp);
 }
 
-// Dot-product form, for few output channels (Kg <= 16). The outer-product form above has one
-// vector of channels per broadcast of x there: a broadcast per FMA, which held resnet20's 16-channel
-// weight gradients to 2/3 of the forward's speed. Here vectors run along positions instead: a tile of
-// KB channels x UB taps loads KB rows of dy and UB shifted rows of x per 16 positions for KB*UB
-// FMAs. A tile sweeps one image (its rows of dy and x stay in L1 across the taps); its
+// Dot-product form, for few output channels (WgradLayout::dot says where). With 16 channels the
+// outer-product form above has one vector of channels per broadcast of x, and a 3-channel stem's
+// 27 taps fill its 24-tap tiles twice. Here vectors run along positions instead: a tile of KB
+// channels x UB taps loads KB rows of dy and UB shifted rows of x per 16 positions for KB*UB FMAs. A tile sweeps one image (its rows of dy and x stay in L1 across the taps); its
 // accumulators carry over in `part` (16 lanes per weight), whose lanes are summed once per call of
 // the kernel (wgrad_dot_fold).
 constexpr int kDotKB = 8, kDotUB = 3;
@@ -291,7 +290,7 @@ void wgrad_dot_fold(const float* part, int64_t Kg, int64_t CRS, float* dwp) {
 // Weight-gradient layout: NB images' padded planes back to back per channel (plane = Hp*Wp), so
 // one vector loop covers NB images and the horizontal sums are paid once per chunk. A valid
 // output position of image b only reads image b's plane; junk positions have dy = 0.
-// The dot form (Kg <= 16) keeps dy as planes too, [K][NB images], each image's output positions
+// The dot form keeps dy as planes too, [K][NB images], each image's output positions
 // where its padded input plane has them (p * Wp + q), zeros elsewhere. It reads NB * img positions
 // per row: images lie img >= Hp*Wp + 16 floats apart, so no vector reads into the next image.
 struct WgradLayout {
