@@ -171,7 +171,8 @@ namespace {
 // load adds the file's clean pages (which the kernel may drop and re-read under pressure) beside
 // the parameters, no anonymous copy. The growing vector it replaces raised the USS by 1.8 times
 // the file (both buffers of the last doubling): 135 MB for VGG-11's 74 MB, on a device where the
-// model's own memory is the budget.
+// model's own memory is the budget. (Checkpoints are replaced by rename, never rewritten in place,
+// so the mapped file cannot shrink under a load: save_checkpoint writes a new inode.)
 class MappedFile {
  public:
   explicit MappedFile(const std::string& path) {
@@ -187,9 +188,9 @@ class MappedFile {
     size_ = size_t(st.st_size);
     if (size_ > 0) {  // an empty file maps to nothing; the header check reports it as too short
       void* p = ::mmap(nullptr, size_, PROT_READ, MAP_PRIVATE, fd, 0);
-      const int err = errno;
+      const int map_err = errno;
       ::close(fd);
-      if (p == MAP_FAILED) user_error("cannot read checkpoint '", path, "': ", std::strerror(err));
+      if (p == MAP_FAILED) user_error("cannot read checkpoint '", path, "': ", std::strerror(map_err));
       data_ = static_cast<const char*>(p);
     } else {
       ::close(fd);
