@@ -300,6 +300,8 @@ struct WgradLayout {
   int64_t kp, lx;          // outer form: dyT row stride (channels, every group 16-aligned); x row stride
   int64_t x_n, dy_n;       // floats of the x and dy staging areas, per thread
   int64_t part_n;          // dot: floats of the partial sums, per thread
+  int64_t thread_n;        // floats per thread in all: the areas above, dw and db partials, a decode
+                           // plane, and the Carve alignment of its five pieces
   int64_t nvec;            // dot: vectors of positions per image (they cover P rows of Wp)
   int64_t off[kMaxTaps];
   int RS;
@@ -327,6 +329,7 @@ WgradLayout wgrad_layout(const Conv2dGeom& g, int threads) {
   l.dy_n = l.dot ? g.groups * round_up(g.K / g.groups, kDotKB) * l.NB * l.img : (l.NB * l.HW + 1) * l.kp;
   l.RS = int(g.R * g.S);
   l.part_n = l.dot ? g.groups * dot_part_floats(g.K / g.groups, g.C / g.groups * l.RS) : 0;
+  l.thread_n = l.x_n + l.dy_n + l.part_n + g.K * (g.C / g.groups) * l.RS + g.K + round16(g.H * g.W) + 5 * 16;
   for (int64_t r = 0; r < g.R; ++r)
     for (int64_t s = 0; s < g.S; ++s) l.off[r * g.S + s] = r * l.Wp + s;
   return l;
@@ -358,7 +361,7 @@ size_t direct_dense_workspace(const Conv2dGeom& g, ConvPass pass, int threads) {
     per_thread = g.K * f.L + round_up(Cg, MR) * f.Jr + 128;
   } else {
     const WgradLayout l = wgrad_layout(g, threads);
-    per_thread = l.x_n + l.dy_n + l.part_n + g.K * Cg * RS + g.K + round16(g.H * g.W) + 320;
+    per_thread = l.thread_n;
   }
   return size_t(shared + 64 + threads * per_thread) * sizeof(float);
 }
@@ -425,13 +428,12 @@ void direct_dense_backward_weight(const Conv2dGeom& g, const Tensor& x, const fl
   const int64_t Cg = g.C / g.groups, Kg = g.K / g.groups, RS = g.R * g.S, CRS = Cg * RS;
   const WgradLayout l = wgrad_layout(g, omp_get_max_threads());
   const int64_t dw_n = g.K * CRS, gstride = round_up(Kg, 64);  // dyT column of group gi: gi * gstride
-  const int64_t dyt_n = l.dy_n;
-  const int64_t HW = g.H * g.W, per_thread = l.x_n + dyt_n + l.part_n + dw_n + g.K + round16(HW) + 320;
+  const int64_t HW = g.H * g.W, per_thread = l.thread_n;
   float* base = static_cast<float*>(ws);
   auto carve = [&](int u, float** xp, float** dyT, float** lanes, float** part, float** plane) {
     Carve c{base + u * per_thread};
     *xp = c.take(l.x_n);
-    *dyT = c.take(dyt_n);
+    *dyT = c.take(l.dy_n);
     *lanes = c.take(l.part_n);
     *part = c.take(dw_n + g.K);
     *plane = c.take(round16(HW));
@@ -445,7 +447,7 @@ void direct_dense_backward_weight(const Conv2dGeom& g, const Tensor& x, const fl
     StoredReader xr(x, plane, HW);
     float* db_part = dw_part + dw_n;
     std::memset(xp, 0, sizeof(float) * size_t(l.x_n));
-    std::memset(dyT, 0, sizeof(float) * size_t(dyt_n));  // junk positions / padding channels stay zero
+    std::memset(dyT, 0, sizeof(float) * size_t(l.dy_n));  // junk positions / padding channels stay zero
     std::memset(lanes, 0, sizeof(float) * size_t(l.part_n));
     std::memset(dw_part, 0, sizeof(float) * size_t(dw_n + g.K));
     // Static contiguous split of the batch: thread t takes images [n0, n1), in chunks of NB.
