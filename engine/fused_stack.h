@@ -38,6 +38,9 @@ inline FusedStage fused_stage(FusedKind kind) {
 // stages[0] is the BatchNorm applied to the stack's input x (its statistics need all of x first,
 // so a BN can only head a stack); the rest follow in graph order: at most one Add (its other
 // operand is the stack's `side` input) and at most one pool, never a pool after the Add.
+// A stack without a BN (VGG without BN: conv, ReLU, pool) is exactly {Relu, pool} with windows
+// that do not overlap: its backward needs one bit per element of x (`FusedTensors::pass`), set
+// where dx takes a gradient, instead of the ReLU output the unfused layers keep.
 struct FusedStack {
   std::vector<FusedStage> stages;
   int64_t C = 0;              // channels (every stage keeps them)
@@ -52,13 +55,21 @@ struct FusedStack {
     return -1;
   }
   const FusedStage& last() const { return stages.back(); }
+  bool headed_by_bn() const { return stages[0].kind == FusedKind::BatchNorm; }
 };
+
+// The pass bits of a stack without a BN: one 64-bit word run per plane (planes never share a word,
+// so threads write whole words), [N, C, words_per_plane] in bytes.
+inline int64_t pass_words_per_plane(const FusedStage& head) { return (head.H * head.W + 63) / 64; }
 
 // The tensors of one fused call (batch applied). BN: gamma, beta, running statistics [C], the
 // batch mean / invstd [C] (written by a training forward, read by the backward).
 struct FusedTensors {
   Tensor x, side, y;
   Tensor gamma, beta, running_mean, running_var, mean, invstd;
+  // Without a BN: bit i of x's plane is set where dx[i] takes a gradient (written by a training
+  // forward, read by the backward): ReLU's mask, and for a max-pool also the window's first maximum.
+  Tensor pass;
 };
 
 struct FusedGrads {

@@ -1,7 +1,9 @@
 // FusedStackOp: one node running a whole stack (BN, then ReLU / add / pooling) through the
 // backend's fused kernels. It saves what the stack's layers saved minus what it can recompute
 // from x in the backward: BN's input x and, when the stack ends in a ReLU, y's mask. Pool inputs
-// and ReLU outputs inside the stack are neither saved nor kept.
+// and ReLU outputs inside the stack are neither saved nor kept. A stack without a BN (ReLU, then
+// a pool whose windows do not overlap) saves nothing: its aux value, one bit per element of x,
+// says where dx takes a gradient.
 #include <memory>
 
 #include "engine/executor.h"
@@ -20,8 +22,9 @@ class FusedStackOp final : public Op {
   }
   const char* type() const override { return "fused_stack"; }
   // Headed by a BN: bitmap_int4 recomputes its input from the conv's codes as it does for a BN.
-  OpClass op_class() const override { return OpClass::Normalize; }
+  OpClass op_class() const override { return stack_.headed_by_bn() ? OpClass::Normalize : OpClass::Pool; }
   std::vector<SaveSpec> saves() const override {
+    if (!stack_.headed_by_bn()) return {};
     std::vector<SaveSpec> s{{0, SaveKind::Full}};
     if (stack_.saves_output_mask) s.push_back({-1, SaveKind::Mask});
     return s;
@@ -44,10 +47,19 @@ class FusedStackOp final : public Op {
   void backward(OpContext& ctx) override {
     FusedTensors t = tensors(ctx);
     FusedGrads g;
+    g.dy = ctx.grad_output();
+    if (!stack_.headed_by_bn()) {
+      t.x = Tensor{};  // not kept: the pass bits say everything the backward needs
+      const GradOut dx = ctx.grad_input(0);
+      if (!dx.wanted) return;
+      g.dx = dx.t;
+      g.dx_accumulate = dx.accumulate;
+      ctx.backend().fused_backward(stack_, t, g, ctx.workspace());
+      return;
+    }
     t.x = ctx.saved(0);
     g.x_exact = ctx.saved(0, kStashDTypes).dtype == DType::F32;  // not an fp16 / bf16 copy
     t.side = Tensor{};  // a stack with an Add ends at it or at the ReLU after it: never recomputed
-    g.dy = ctx.grad_output();
     if (stack_.saves_output_mask) g.y_mask = ctx.saved_mask(1);
     const GradOut dx = ctx.grad_input(0), dgamma = ctx.grad_input(1), dbeta = ctx.grad_input(2);
     if (dx.wanted) g.dx = dx.t;
@@ -67,6 +79,10 @@ class FusedStackOp final : public Op {
   FusedTensors tensors(OpContext& ctx) const {
     FusedTensors t;
     t.x = ctx.input(0);
+    if (!stack_.headed_by_bn()) {
+      t.pass = ctx.aux(0);
+      return t;
+    }
     t.gamma = ctx.input(1);
     t.beta = ctx.input(2);
     t.running_mean = ctx.input(3);

@@ -4,7 +4,8 @@
 // head one) and takes the layers after it while each value has a single consumer: ReLU, one Add,
 // one max / average pool. Rules: nothing after an Add but the ReLU that ends the stack (that
 // ReLU's mask is saved, since the Add's other operand is not kept for a recompute), and no pool
-// after an Add. A stack of a BN alone is left as it is.
+// after an Add. A stack of a BN alone is left as it is. Where no BN heads it, a ReLU followed by
+// a pool whose windows do not overlap is a stack of its own (VGG without BN).
 #include <algorithm>
 #include <cstdio>
 #include <fstream>
@@ -60,9 +61,14 @@ size_t unfused_bytes(const FusedStack& s, int64_t N) {
   return b;
 }
 
-// The fused kernels: statistics and one tiled pass forward; two tiled sweeps backward.
+// The fused kernels: statistics and one tiled pass forward; two tiled sweeps backward. Without a
+// BN: one pass each way, x -> y and the pass bits, then dy and the bits -> dx.
 size_t fused_bytes(const FusedStack& s, int64_t N) {
   const FusedStage &bn = s.stages[0], &last = s.last();
+  if (!s.headed_by_bn()) {
+    const int64_t in = N * s.C * bn.H * bn.W, out = N * s.C * last.P * last.Q;
+    return f32(in + out) + bits(in) + f32(out + in) + bits(in);
+  }
   const int64_t in = N * s.C * bn.H * bn.W, out = N * s.C * last.P * last.Q;
   const int add = s.add_stage();
   const int64_t side = add >= 0 ? N * s.C * s.stages[size_t(add)].H * s.stages[size_t(add)].W : 0;
@@ -124,6 +130,38 @@ StackPlan find_stack(const Graph& g, int head, const std::vector<uint8_t>& claim
   return sp;
 }
 
+// A stack without a BN, headed by node `head`: a ReLU whose only consumer is a pool with windows
+// that do not overlap (VGG without BN), or an empty one. Its backward needs one bit per element of
+// x, not the ReLU output: an overlapping window's input would need its count of wins.
+StackPlan find_relu_stack(const Graph& g, int head, const std::vector<uint8_t>& claimed) {
+  StackPlan sp;
+  const Node& relu = g.node(head);
+  FusedStage first = relu.op->fusion_stage();
+  const Shape& xs = g.value(relu.inputs[0]).shape;
+  const Value& r = g.value(relu.output);
+  if (first.kind != FusedKind::Relu || xs.ndim != 4 || r.consumers.size() != 1 || relu.output == g.logits)
+    return sp;
+  const int k = r.consumers[0];
+  if (claimed[size_t(k)]) return sp;
+  const Node& pool = g.node(k);
+  FusedStage st = pool.op->fusion_stage();
+  const Shape& out = g.value(pool.output).shape;
+  if (!is_pool(st.kind) || out.ndim != 4 || st.pool.stride_h < st.pool.R || st.pool.stride_w < st.pool.S)
+    return sp;
+  first.H = first.P = st.H = xs[2];
+  first.W = first.Q = st.W = xs[3];
+  st.P = out[2];
+  st.Q = out[3];
+  sp.name = relu.name;
+  sp.nodes = {head, k};
+  sp.input = relu.inputs[0];
+  sp.output = pool.output;
+  sp.vanished = {relu.output};
+  sp.stack.C = xs[1];
+  sp.stack.stages = {first, st};
+  return sp;
+}
+
 }  // namespace
 
 Plan plan(const Graph& g, const FusionSpec& spec) {
@@ -146,6 +184,7 @@ Plan plan(const Graph& g, const FusionSpec& spec) {
   for (int n = 0; n < g.num_nodes(); ++n) {
     if (claimed[size_t(n)]) continue;
     StackPlan sp = find_stack(g, n, claimed);
+    if (sp.nodes.size() < 2) sp = find_relu_stack(g, n, claimed);
     if (sp.nodes.size() < 2) continue;
     for (int m : sp.nodes) claimed[size_t(m)] = 1;
     FusedStack& s = sp.stack;
@@ -155,7 +194,8 @@ Plan plan(const Graph& g, const FusionSpec& spec) {
     int64_t plane = 0;
     for (const FusedStage& st : s.stages) plane = std::max({plane, st.H * st.W, st.P * st.Q});
     const size_t scratch = f32(plane) * (s.stages.size() + 2);
-    const size_t slab = f32(N * s.stages[0].H * s.stages[0].W) * 2;  // x and dz of one channel
+    // Without a BN nothing reduces over the batch: a tile is one plane, its scratch.
+    const size_t slab = s.headed_by_bn() ? f32(N * s.stages[0].H * s.stages[0].W) * 2 : 0;  // x and dz of one channel
     sp.bytes_unfused = unfused_bytes(s, N);
     sp.bytes_fused = fused_bytes(s, N);
     if (std::find(spec.disable.begin(), spec.disable.end(), sp.name) != spec.disable.end()) {
@@ -165,7 +205,7 @@ Plan plan(const Graph& g, const FusionSpec& spec) {
     } else {
       sp.fused = true;
       s.tile_channels = spec.tile > 0 ? std::min(spec.tile, s.C) : 1;  // auto: the finest split over threads
-      if (spec.tile > 0 && scratch + size_t(s.tile_channels) * slab > p.cache_bytes)
+      if (spec.tile > 0 && slab > 0 && scratch + size_t(s.tile_channels) * slab > p.cache_bytes)
         user_error("config key 'fusion.tile' = ", spec.tile, ": a tile of stack ", sp.name, " needs ",
                    (scratch + size_t(s.tile_channels) * slab) / 1024, " KiB, more than the ", p.cache_bytes / 1024,
                    " KiB cache");

@@ -62,10 +62,18 @@ void apply(Graph& g, const Plan& p) {
     }
     const StackPlan& sp = p.stacks[size_t(s)];
     const Node& head = g.node(sp.nodes.front());
-    std::vector<int> inputs = head.inputs;  // x, gamma, beta, running_mean, running_var
+    std::vector<int> inputs = head.inputs;  // x, gamma, beta, running_mean, running_var (BN) or x
     if (sp.side >= 0) inputs.push_back(sp.side);
     std::vector<Value> aux;
     for (int a : head.aux) aux.push_back(fresh(g.value(a)));
+    if (!sp.stack.headed_by_bn()) {  // the pass bits, from the forward to the backward
+      Value pass;
+      pass.name = sp.name + ".pass";
+      pass.dtype = DType::U8;
+      pass.batched = true;
+      pass.shape = Shape{g.batch_size(), sp.stack.C * pass_words_per_plane(sp.stack.stages[0]) * 8};
+      aux.push_back(std::move(pass));
+    }
     std::vector<std::string> members;
     for (int m : sp.nodes) members.push_back(g.node(m).name);
     const int out = ng.add_node(sp.name, make_fused_op(sp.stack, members), mapped(inputs),

@@ -100,6 +100,10 @@ class CpuBackend : public Backend {
                 bool nesterov, bool first_step) override;
 
  private:
+  // Stacks without a BN: a ReLU, then a pool whose windows do not overlap (fused_relu_pool.cpp).
+  void relu_pool_forward(const FusedStack& s, FusedTensors& t, bool training, MaskOut* mask, Workspace ws);
+  void relu_pool_backward(const FusedStack& s, const FusedTensors& t, FusedGrads& g, Workspace ws);
+
   // SGEMM packing scratch for the ops without a Workspace (linear): one block-bounded slice per
   // thread, allocated here once so that no training step allocates (linear.cpp).
   std::vector<float> gemm_scratch_;

@@ -22,6 +22,7 @@
 
 #include "backends/cpu/batchnorm_rows.h"
 #include "backends/cpu/cpu_backend.h"
+#include "backends/cpu/fused_common.h"
 #include "backends/cpu/pool_planes.h"
 #include "memory/bitmap.h"
 
@@ -29,18 +30,7 @@ namespace et {
 
 namespace {
 
-constexpr int64_t kMaxStages = 8;
-
-int64_t round16(int64_t n) { return (n + 15) / 16 * 16; }  // 64-byte multiples of floats
-
-int64_t max_plane(const FusedStack& s) {
-  int64_t m = 0;
-  for (const FusedStage& st : s.stages) m = std::max({m, st.H * st.W, st.P * st.Q});
-  return round16(m);
-}
-
-// Per thread: one plane per stage output and two gradient planes.
-int64_t thread_floats(const FusedStack& s) { return max_plane(s) * int64_t(s.stages.size() + 2); }
+using namespace fused_planes;
 
 // One channel plane through the first `stages` stages: out[k] receives stage k's output (out[last]
 // may be y).
@@ -69,15 +59,14 @@ void forward_plane(const FusedStack& s, size_t stages, const float* x, const flo
   }
 }
 
-// The planes of one channel lie C planes apart, and a CIFAR plane is one 4 KiB page, where the
-// hardware prefetcher stops. Touching the first lines of the next plane early starts the
-// prefetcher on its page; more than a few lines per stream would stall on the fill buffers.
-constexpr int64_t kPrefetchFloats = 256;
-inline void prefetch_plane(const float* p, int64_t n) {
-  for (int64_t i = 0; i < std::min(n, kPrefetchFloats); i += 16) __builtin_prefetch(p + i);
-}
-inline void prefetch_plane_for_write(float* p, int64_t n) {
-  for (int64_t i = 0; i < std::min(n, kPrefetchFloats); i += 16) __builtin_prefetch(p + i, 1);
+// The stack's output is >= +0 (a ReLU, then only pools): the bitmap keep rule applies to it.
+bool output_nonnegative(const FusedStack& s) {
+  bool nonneg = false;
+  for (size_t k = 1; k < s.stages.size(); ++k) {
+    const FusedKind kind = s.stages[k].kind;
+    nonneg = kind == FusedKind::Relu || (nonneg && (kind == FusedKind::MaxPool || kind == FusedKind::AvgPool));
+  }
+  return nonneg;
 }
 
 // Whether the backward rebuilds the stages' values from x: for a ReLU's mask or a max-pool's input.
@@ -92,42 +81,6 @@ bool needs_recompute(const FusedStack& s, bool x_exact) {
       return true;
   }
   return false;
-}
-
-// y's bitmap words [w0, w1) with the stash's keep rule (y >= +0 by construction here, so it is one
-// unsigned compare, as in relu_forward). Returns the set bits.
-int64_t mask_words(const float* y, int64_t w0, int64_t w1, uint32_t tb, uint64_t* bits) {
-  int64_t kept = 0;
-  for (int64_t w = w0; w < w1; ++w) {
-    uint64_t m = 0;
-    const float* v = y + w * 64;
-#if defined(__AVX512F__)
-    const __m512i thr = _mm512_set1_epi32(int32_t(tb));
-    for (int j = 0; j < 4; ++j)
-      m |= uint64_t(_mm512_cmpge_epu32_mask(_mm512_castps_si512(_mm512_loadu_ps(v + 16 * j)), thr)) << (16 * j);
-    bits[w] = m;
-    kept += __builtin_popcountll(m);
-    continue;
-#endif
-    for (int t = 0; t < 64; ++t) {
-      uint32_t u;
-      std::memcpy(&u, v + t, 4);
-      m |= uint64_t(u >= tb) << t;
-    }
-    bits[w] = m;
-    kept += __builtin_popcountll(m);
-  }
-  return kept;
-}
-
-// The stack's output is >= +0 (a ReLU, then only pools): the bitmap keep rule applies to it.
-bool output_nonnegative(const FusedStack& s) {
-  bool nonneg = false;
-  for (size_t k = 1; k < s.stages.size(); ++k) {
-    const FusedKind kind = s.stages[k].kind;
-    nonneg = kind == FusedKind::Relu || (nonneg && (kind == FusedKind::MaxPool || kind == FusedKind::AvgPool));
-  }
-  return nonneg;
 }
 
 // Stacks whose stages after the BN are element-wise (ResNet's two kinds, MobileNetV2's): the first
@@ -190,6 +143,7 @@ size_t CpuBackend::fused_workspace_bytes(const FusedStack& s, int64_t batch) con
 }
 
 void CpuBackend::fused_forward(const FusedStack& s, FusedTensors& t, bool training, MaskOut* mask, Workspace ws) {
+  if (!s.headed_by_bn()) return relu_pool_forward(s, t, training, mask, ws);
   const FusedStage &bn = s.stages[0], &last = s.last();
   const int64_t N = t.x.dim(0), C = s.C, HW = bn.H * bn.W, PQ = last.P * last.Q, S = int64_t(s.stages.size());
   ET_CHECK(ws.bytes >= fused_workspace_bytes(s, N), "fused stack: workspace");
@@ -245,6 +199,7 @@ void CpuBackend::fused_forward(const FusedStack& s, FusedTensors& t, bool traini
 }
 
 void CpuBackend::fused_backward(const FusedStack& s, const FusedTensors& t, FusedGrads& g, Workspace ws) {
+  if (!s.headed_by_bn()) return relu_pool_backward(s, t, g, ws);
   const FusedStage &bn = s.stages[0], &last = s.last();
   const int64_t N = t.x.dim(0), C = s.C, HW = bn.H * bn.W, PQ = last.P * last.Q, S = int64_t(s.stages.size());
   ET_CHECK(ws.bytes >= fused_workspace_bytes(s, N), "fused stack: workspace");

@@ -249,6 +249,28 @@ inline void max_forward(const Plane& g, const float* x, float* y) {
   }
 }
 
+// max_forward, and arg [P,Q] = the flat index of each window's first maximum (-1: none), as
+// max_backward routes dy (a fused stack without a BN keeps only where they fall).
+inline void max_forward_args(const Plane& g, const float* x, float* y, int32_t* arg) {
+  if (!fast_max_applies(g)) {
+    for (int64_t p = 0; p < g.P; ++p)
+      for (int64_t q = 0; q < g.Q; ++q) {
+        int64_t a;
+        y[p * g.Q + q] = max_at(g, x, p, q, &a);
+        arg[p * g.Q + q] = int32_t(a);
+      }
+    return;
+  }
+  MaxRows<true> rows;
+  alignas(64) float ym[kRingCols];
+  alignas(64) int32_t ya[kRingCols];
+  for (int64_t p = 0; p < g.P; ++p) {
+    rows.output_row(g, x, p, ym, ya);
+    std::memcpy(y + p * g.Q, ym, sizeof(float) * size_t(g.Q));
+    std::memcpy(arg + p * g.Q, ya, sizeof(int32_t) * size_t(g.Q));
+  }
+}
+
 #if !defined(__AVX512F__)
 // One tap of the gather: acc[w] += dy of the output whose argument is input row0 + w.
 inline void gather_tap(const int32_t* __restrict arg, const float* __restrict dy, int32_t row0, int32_t lanes,

@@ -1,0 +1,152 @@
+// Fused stacks without a BN (engine/fused_stack.h, docs/fusion.md): a ReLU, then a max or average
+// pool whose windows do not overlap (VGG without BN: conv, ReLU, 2x2 max-pool). Nothing here
+// reduces over the batch, so the work goes plane by plane (threads over planes, in memory order).
+//
+// Forward: x -> r = relu(x) in scratch -> y = pool(r), and in training the pass bits of the plane:
+// bit i is set where dx[i] takes a gradient, i.e. r[i] > 0 and, for a max-pool, i is its window's
+// first maximum (where max_backward routes dy). Each input lies in at most one window, so one bit
+// per element of x holds all the backward needs; the unfused layers keep r instead (the ReLU's
+// mask and the max-pool's input), 32 bits per element dense.
+//
+// Backward: dx = pass ? (the pool's gradient of dy) : +0, with the unfused layers' arithmetic:
+// the pool's gradient starts from +0 and adds dy (max: once, at the first maximum; average: its
+// window's share), then the ReLU's rule keeps it or writes +0. So the results equal the unfused
+// layers' bit for bit (the stash's lossy formats and activation pruning aside: the unfused max-pool
+// searches its window in the stored r, the fused one in the exact r; docs/fusion.md).
+#include <omp.h>
+
+#include <cstring>
+
+#include "backends/cpu/cpu_backend.h"
+#include "backends/cpu/fused_common.h"
+#include "backends/cpu/pool_planes.h"
+#include "memory/bitmap.h"
+
+namespace et {
+
+using namespace fused_planes;
+
+namespace {
+
+inline bool bit(const uint64_t* w, int64_t i) { return (w[i >> 6] >> (i & 63)) & 1; }
+
+// The pass bits of one plane: r > 0 (average pool) or r > 0 at a window's first maximum (max pool).
+void pass_bits(const FusedStage& pool, const float* r, const int32_t* arg, int64_t HW, int64_t PQ, uint64_t* w) {
+  const int64_t words = (HW + 63) / 64;
+  if (pool.kind == FusedKind::AvgPool) {
+    for (int64_t k = 0; k < words; ++k) {
+      const int64_t i0 = k * 64, n = std::min<int64_t>(64, HW - i0);
+      uint64_t m = 0;
+      for (int64_t t = 0; t < n; ++t) m |= uint64_t(r[i0 + t] > 0.f) << t;
+      w[k] = m;
+    }
+    return;
+  }
+  std::memset(w, 0, sizeof(uint64_t) * size_t(words));
+  for (int64_t o = 0; o < PQ; ++o) {
+    const int32_t a = arg[o];
+    if (a >= 0 && r[a] > 0.f) w[a >> 6] |= uint64_t(1) << (a & 63);
+  }
+}
+
+}  // namespace
+
+void CpuBackend::relu_pool_forward(const FusedStack& s, FusedTensors& t, bool training, MaskOut* mask, Workspace ws) {
+  const FusedStage &head = s.stages[0], &pool = s.stages[1];
+  const int64_t N = t.x.dim(0), planes = N * s.C, HW = head.H * head.W, PQ = pool.P * pool.Q;
+  ET_CHECK(s.stages.size() == 2 && head.kind == FusedKind::Relu, "fused stack without BN: ReLU, pool");
+  ET_CHECK(ws.bytes >= fused_workspace_bytes(s, N), "fused stack: workspace");
+  const int64_t wpp = pass_words_per_plane(head);
+  uint64_t* pass = training ? static_cast<uint64_t*>(t.pass.data) : nullptr;
+  ET_CHECK(!training || (t.pass.defined() && t.pass.numel() >= planes * wpp * 8), "fused stack: pass bits");
+  const pool_planes::Plane pg = pool_planes::of(pool);
+  const bool want_mask = training && mask && mask->bits;  // y = pool(relu(x)) >= +0
+  const bool plane_words = PQ % 64 == 0;
+  const uint32_t tb = want_mask ? bitmap::keep_threshold_bits(mask->prune_threshold) : 0;
+  const float* xp = t.x.f32();
+  float* yp = t.y.f32();
+  const int64_t per_thread = thread_floats(s), plane = max_plane(s);
+  int64_t kept = 0;
+#pragma omp parallel reduction(+ : kept)
+  {
+    float* r = static_cast<float*>(ws.data) + omp_get_thread_num() * per_thread;
+    int32_t* arg = reinterpret_cast<int32_t*>(r + plane);
+#pragma omp for schedule(static)
+    for (int64_t pl = 0; pl < planes; ++pl) {
+      const float* x = xp + pl * HW;
+      float* y = yp + pl * PQ;
+#pragma omp simd
+      for (int64_t i = 0; i < HW; ++i) r[i] = x[i] > 0.f ? x[i] : 0.f;  // relu_forward's rule (NaN -> 0)
+      if (pool.kind == FusedKind::MaxPool) {
+        if (pass)
+          pool_planes::max_forward_args(pg, r, y, arg);
+        else
+          pool_planes::max_forward(pg, r, y);
+      } else {
+        pool_planes::avg_forward(pg, r, y);
+      }
+      if (pass) pass_bits(pool, r, arg, HW, PQ, pass + pl * wpp);
+      if (want_mask && plane_words) kept += mask_words(yp, pl * PQ / 64, (pl + 1) * PQ / 64, tb, mask->bits);
+    }
+  }
+  if (want_mask) {
+    if (plane_words) {
+      mask->kept = kept;
+    } else {
+      Tensor y = t.y;
+      relu_forward(y, y, mask);  // y >= +0: an identity that writes the bitmap
+    }
+  }
+}
+
+void CpuBackend::relu_pool_backward(const FusedStack& s, const FusedTensors& t, FusedGrads& g, Workspace ws) {
+  const FusedStage &head = s.stages[0], &pool = s.stages[1];
+  const int64_t N = g.dy.dim(0), planes = N * s.C, HW = head.H * head.W, PQ = pool.P * pool.Q;
+  ET_CHECK(ws.bytes >= fused_workspace_bytes(s, N), "fused stack: workspace");
+  if (!g.dx.defined()) return;
+  const int64_t wpp = pass_words_per_plane(head);
+  const uint64_t* pass = static_cast<const uint64_t*>(t.pass.data);
+  const pool_planes::Plane pg = pool_planes::of(pool);
+  const float* dyp = g.dy.f32();
+  float* dxp = g.dx.f32();
+  const bool acc = g.dx_accumulate;
+  const int64_t per_thread = thread_floats(s);
+#pragma omp parallel
+  {
+    float* gp = static_cast<float*>(ws.data) + omp_get_thread_num() * per_thread;  // the pool's gradient
+#pragma omp for schedule(static)
+    for (int64_t pl = 0; pl < planes; ++pl) {
+      const uint64_t* w = pass + pl * wpp;
+      const float* dy = dyp + pl * PQ;
+      float* dx = dxp + pl * HW;
+      std::memset(gp, 0, sizeof(float) * size_t(HW));
+      if (pool.kind == FusedKind::MaxPool) {
+        // dy to the window's first maximum where it is set; the other inputs keep +0.
+        for (int64_t p = 0; p < pg.P; ++p)
+          for (int64_t r = 0; r < pg.R; ++r) {
+            const int64_t h = p * pg.stride_h - pg.pad_h + r;
+            if (h < 0 || h >= pg.H) continue;
+            for (int64_t q = 0; q < pg.Q; ++q)
+              for (int64_t c = 0; c < pg.S; ++c) {
+                const int64_t x = q * pg.stride_w - pg.pad_w + c;
+                if (x >= 0 && x < pg.W && bit(w, h * pg.W + x)) gp[h * pg.W + x] += dy[p * pg.Q + q];
+              }
+          }
+        if (acc) {
+#pragma omp simd
+          for (int64_t i = 0; i < HW; ++i) dx[i] = dx[i] + gp[i];
+        } else {
+          std::memcpy(dx, gp, sizeof(float) * size_t(HW));
+        }
+      } else {
+        pool_planes::avg_backward(pg, dy, gp);
+        for (int64_t i = 0; i < HW; ++i) {
+          const float v = bit(w, i) ? gp[i] : 0.f;
+          dx[i] = acc ? dx[i] + v : v;
+        }
+      }
+    }
+  }
+}
+
+}  // namespace et
