@@ -65,11 +65,8 @@ size_t unfused_bytes(const FusedStack& s, int64_t N) {
 // BN: one pass each way, x -> y and the pass bits, then dy and the bits -> dx.
 size_t fused_bytes(const FusedStack& s, int64_t N) {
   const FusedStage &bn = s.stages[0], &last = s.last();
-  if (!s.headed_by_bn()) {
-    const int64_t in = N * s.C * bn.H * bn.W, out = N * s.C * last.P * last.Q;
-    return f32(in + out) + bits(in) + f32(out + in) + bits(in);
-  }
   const int64_t in = N * s.C * bn.H * bn.W, out = N * s.C * last.P * last.Q;
+  if (!s.headed_by_bn()) return f32(in + out) + bits(in) + f32(out + in) + bits(in);
   const int add = s.add_stage();
   const int64_t side = add >= 0 ? N * s.C * s.stages[size_t(add)].H * s.stages[size_t(add)].W : 0;
   const size_t mask = s.saves_output_mask ? bits(out) : 0;

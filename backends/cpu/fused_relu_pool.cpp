@@ -30,6 +30,12 @@ namespace {
 
 inline bool bit(const uint64_t* w, int64_t i) { return (w[i >> 6] >> (i & 63)) & 1; }
 
+// The output row (column) whose window holds input row (column) i, or -1: windows do not overlap.
+inline int64_t window_of(int64_t i, int64_t stride, int64_t pad, int64_t window, int64_t outputs) {
+  const int64_t o = (i + pad) / stride;
+  return i + pad - o * stride < window && o < outputs ? o : -1;
+}
+
 // The pass bits of one plane: r > 0 (average pool) or r > 0 at a window's first maximum (max pool).
 void pass_bits(const FusedStage& pool, const float* r, const int32_t* arg, int64_t HW, int64_t PQ, uint64_t* w) {
   const int64_t words = (HW + 63) / 64;
@@ -114,31 +120,27 @@ void CpuBackend::relu_pool_backward(const FusedStack& s, const FusedTensors& t, 
 #pragma omp parallel
   {
     float* gp = static_cast<float*>(ws.data) + omp_get_thread_num() * per_thread;  // the pool's gradient
+    int32_t* qmap = reinterpret_cast<int32_t*>(gp + max_plane(s));  // input column -> its window's
+    for (int64_t x = 0; x < pg.W; ++x) qmap[x] = int32_t(window_of(x, pg.stride_w, pg.pad_w, pg.S, pg.Q));
 #pragma omp for schedule(static)
     for (int64_t pl = 0; pl < planes; ++pl) {
       const uint64_t* w = pass + pl * wpp;
       const float* dy = dyp + pl * PQ;
       float* dx = dxp + pl * HW;
-      std::memset(gp, 0, sizeof(float) * size_t(HW));
       if (pool.kind == FusedKind::MaxPool) {
-        // dy to the window's first maximum where it is set; the other inputs keep +0.
-        for (int64_t p = 0; p < pg.P; ++p)
-          for (int64_t r = 0; r < pg.R; ++r) {
-            const int64_t h = p * pg.stride_h - pg.pad_h + r;
-            if (h < 0 || h >= pg.H) continue;
-            for (int64_t q = 0; q < pg.Q; ++q)
-              for (int64_t c = 0; c < pg.S; ++c) {
-                const int64_t x = q * pg.stride_w - pg.pad_w + c;
-                if (x >= 0 && x < pg.W && bit(w, h * pg.W + x)) gp[h * pg.W + x] += dy[p * pg.Q + q];
-              }
+        // A set bit lies in a window (its first maximum): dx = +0 + dy of that window, else +0.
+        for (int64_t h = 0; h < pg.H; ++h) {
+          const int64_t p = window_of(h, pg.stride_h, pg.pad_h, pg.R, pg.P);
+          const float* dyr = dy + (p < 0 ? 0 : p * pg.Q);
+          const int64_t i0 = h * pg.W;
+          float* d = dx + i0;
+          for (int64_t x = 0; x < pg.W; ++x) {
+            const float v = p >= 0 && bit(w, i0 + x) ? 0.f + dyr[qmap[x]] : 0.f;
+            d[x] = acc ? d[x] + v : v;
           }
-        if (acc) {
-#pragma omp simd
-          for (int64_t i = 0; i < HW; ++i) dx[i] = dx[i] + gp[i];
-        } else {
-          std::memcpy(dx, gp, sizeof(float) * size_t(HW));
         }
       } else {
+        std::memset(gp, 0, sizeof(float) * size_t(HW));
         pool_planes::avg_backward(pg, dy, gp);
         for (int64_t i = 0; i < HW; ++i) {
           const float v = bit(w, i) ? gp[i] : 0.f;
