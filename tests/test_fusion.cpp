@@ -237,6 +237,18 @@ TEST_CASE("fusion: stacks without a BN (a ReLU and a pool) train bit-identically
       }
     }
   }
+  SECTION("fusion.disable takes the ReLU's name") {
+    Graph g;
+    synthetic_no_bn(g, 2, 8, 8, {2, 2, 0}, {2, 2, 0});
+    FusionSpec spec;
+    spec.enabled = true;
+    spec.disable = {"r2"};
+    const fusion::Plan p = fusion::plan(g, spec);
+    REQUIRE(p.stacks.size() == 2);
+    CHECK(p.stacks[0].fused);
+    CHECK_FALSE(p.stacks[1].fused);
+    CHECK(p.stacks[1].why_not == "fusion.disable");
+  }
   SECTION("a pool whose windows overlap keeps the ReLU output: no stack") {
     Graph g;
     synthetic_no_bn(g, 2, 8, 8, {3, 1, 1}, {3, 2, 1});
