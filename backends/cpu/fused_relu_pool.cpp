@@ -16,6 +16,9 @@
 #include <omp.h>
 
 #include <cstring>
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#endif
 
 #include "backends/cpu/cpu_backend.h"
 #include "backends/cpu/fused_common.h"
@@ -30,28 +33,48 @@ namespace {
 
 inline bool bit(const uint64_t* w, int64_t i) { return (w[i >> 6] >> (i & 63)) & 1; }
 
+#if defined(__AVX512F__)
+// Bits i .. i + 15 of a plane's `words` words (those past its last word read as 0).
+inline uint32_t bits16(const uint64_t* w, int64_t words, int64_t i) {
+  const int64_t k = i >> 6, off = i & 63;
+  uint64_t v = w[k] >> off;
+  if (off > 48 && k + 1 < words) v |= w[k + 1] << (64 - off);
+  return uint32_t(v & 0xFFFF);
+}
+#endif
+
 // The output row (column) whose window holds input row (column) i, or -1: windows do not overlap.
 inline int64_t window_of(int64_t i, int64_t stride, int64_t pad, int64_t window, int64_t outputs) {
   const int64_t o = (i + pad) / stride;
   return i + pad - o * stride < window && o < outputs ? o : -1;
 }
 
-// The pass bits of one plane: r > 0 (average pool) or r > 0 at a window's first maximum (max pool).
-void pass_bits(const FusedStage& pool, const float* r, const int32_t* arg, int64_t HW, int64_t PQ, uint64_t* w) {
-  const int64_t words = (HW + 63) / 64;
-  if (pool.kind == FusedKind::AvgPool) {
-    for (int64_t k = 0; k < words; ++k) {
-      const int64_t i0 = k * 64, n = std::min<int64_t>(64, HW - i0);
-      uint64_t m = 0;
-      for (int64_t t = 0; t < n; ++t) m |= uint64_t(r[i0 + t] > 0.f) << t;
-      w[k] = m;
-    }
-    return;
+// The pass bits of one plane: r > 0 (average pool), or r > 0 at a window's first maximum (max
+// pool; `sel` receives r at the first maxima and +0 elsewhere). Each word is built in a register:
+// OR-ing bit after bit into memory would chain every output through a store.
+void pass_bits(const FusedStage& pool, const float* r, const int32_t* arg, int64_t HW, int64_t PQ, float* sel,
+               uint64_t* w) {
+  const float* v = r;
+  if (pool.kind == FusedKind::MaxPool) {
+    std::memset(sel, 0, sizeof(float) * size_t(HW));
+    for (int64_t o = 0; o < PQ; ++o)
+      if (arg[o] >= 0) sel[arg[o]] = r[arg[o]];
+    v = sel;
   }
-  std::memset(w, 0, sizeof(uint64_t) * size_t(words));
-  for (int64_t o = 0; o < PQ; ++o) {
-    const int32_t a = arg[o];
-    if (a >= 0 && r[a] > 0.f) w[a >> 6] |= uint64_t(1) << (a & 63);
+  const int64_t words = (HW + 63) / 64;
+  for (int64_t k = 0; k < words; ++k) {
+    const int64_t i0 = k * 64, n = std::min<int64_t>(64, HW - i0);
+    uint64_t m = 0;
+#if defined(__AVX512F__)
+    for (int64_t j = 0; j < n; j += 16) {
+      const __mmask16 lanes = n - j >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << (n - j)) - 1u);
+      const __m512 x = _mm512_maskz_loadu_ps(lanes, v + i0 + j);
+      m |= uint64_t(_mm512_mask_cmp_ps_mask(lanes, x, _mm512_setzero_ps(), _CMP_GT_OQ)) << j;
+    }
+#else
+    for (int64_t t = 0; t < n; ++t) m |= uint64_t(v[i0 + t] > 0.f) << t;
+#endif
+    w[k] = m;
   }
 }
 
@@ -77,6 +100,7 @@ void CpuBackend::relu_pool_forward(const FusedStack& s, FusedTensors& t, bool tr
   {
     float* r = static_cast<float*>(ws.data) + omp_get_thread_num() * per_thread;
     int32_t* arg = reinterpret_cast<int32_t*>(r + plane);
+    float* sel = r + 2 * plane;
 #pragma omp for schedule(static)
     for (int64_t pl = 0; pl < planes; ++pl) {
       const float* x = xp + pl * HW;
@@ -91,7 +115,7 @@ void CpuBackend::relu_pool_forward(const FusedStack& s, FusedTensors& t, bool tr
       } else {
         pool_planes::avg_forward(pg, r, y);
       }
-      if (pass) pass_bits(pool, r, arg, HW, PQ, pass + pl * wpp);
+      if (pass) pass_bits(pool, r, arg, HW, PQ, sel, pass + pl * wpp);
       if (want_mask && plane_words) kept += mask_words(yp, pl * PQ / 64, (pl + 1) * PQ / 64, tb, mask->bits);
     }
   }
@@ -134,10 +158,24 @@ void CpuBackend::relu_pool_backward(const FusedStack& s, const FusedTensors& t, 
           const float* dyr = dy + (p < 0 ? 0 : p * pg.Q);
           const int64_t i0 = h * pg.W;
           float* d = dx + i0;
+#if defined(__AVX512F__)
+          // 16 columns at a time: the set lanes gather their window's dy; +0 + dy, or +0.
+          const __m512 zero = _mm512_setzero_ps();
+          for (int64_t x0 = 0; x0 < pg.W; x0 += 16) {
+            const int64_t n = std::min<int64_t>(16, pg.W - x0);
+            const __mmask16 lanes = __mmask16((1u << n) - 1u);
+            const __mmask16 on = p >= 0 ? __mmask16(bits16(w, wpp, i0 + x0) & lanes) : __mmask16(0);
+            const __m512i q = _mm512_maskz_loadu_epi32(lanes, qmap + x0);
+            __m512 v = _mm512_maskz_add_ps(on, zero, _mm512_mask_i32gather_ps(zero, on, q, dyr, 4));
+            if (acc) v = _mm512_add_ps(_mm512_maskz_loadu_ps(lanes, d + x0), v);
+            _mm512_mask_storeu_ps(d + x0, lanes, v);
+          }
+#else
           for (int64_t x = 0; x < pg.W; ++x) {
             const float v = p >= 0 && bit(w, i0 + x) ? 0.f + dyr[qmap[x]] : 0.f;
             d[x] = acc ? d[x] + v : v;
           }
+#endif
         }
       } else {
         std::memset(gp, 0, sizeof(float) * size_t(HW));
