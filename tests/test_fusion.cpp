@@ -5,6 +5,8 @@
 #include <catch2/catch.hpp>
 
 #include <cstring>
+#include <limits>
+#include <random>
 
 #include "engine/check.h"
 #include "fusion/fusion.h"
@@ -255,6 +257,81 @@ TEST_CASE("fusion: stacks without a BN (a ReLU and a pool) train bit-identically
     FusionSpec spec;
     spec.enabled = true;
     CHECK(fusion::plan(g, spec).stacks.empty());
+  }
+}
+
+TEST_CASE("fusion: ReLU + pool kernels equal the layers on tied windows with NaN and -0", "[fusion]") {
+  // Values from a small set, so windows hold ties (at zero and above), NaN, -0 and negatives; dy
+  // holds -0. The layers: relu_forward, the pool forward / backward on r, relu_backward by r > 0.
+  auto be = make_cpu_backend();
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  const float values[] = {-1.f, -0.f, 0.f, 0.5f, 1.f, nan, 2.f, 1.f};
+  struct Case {
+    FusedKind kind;
+    int64_t H, W, k, s, p;
+  };
+  for (const Case c : {Case{FusedKind::MaxPool, 6, 7, 2, 2, 0}, Case{FusedKind::MaxPool, 9, 40, 2, 2, 0},
+                       Case{FusedKind::MaxPool, 5, 6, 2, 2, 1}, Case{FusedKind::MaxPool, 7, 8, 3, 3, 1},
+                       Case{FusedKind::AvgPool, 6, 7, 2, 2, 0}, Case{FusedKind::AvgPool, 7, 5, 3, 4, 1}}) {
+    for (bool accumulate : {false, true}) {
+      DYNAMIC_SECTION((c.kind == FusedKind::MaxPool ? "max " : "avg ") << c.H << "x" << c.W << " " << c.k << "/"
+                                                                        << c.s << "/" << c.p << (accumulate ? " acc" : "")) {
+        Conv2dGeom g;
+        g.N = 2; g.C = 3; g.H = c.H; g.W = c.W; g.K = 3; g.R = g.S = c.k;
+        g.stride_h = g.stride_w = c.s;
+        g.pad_h = g.pad_w = c.p;
+        g.infer_output();
+        const int64_t n = g.N * g.C * g.H * g.W, m = g.N * g.C * g.P * g.Q;
+        std::mt19937 rng(11);
+        std::vector<float> x(static_cast<size_t>(n)), r(x.size()), y_ref(static_cast<size_t>(m)), y(y_ref.size()), dy(y_ref.size());
+        for (auto& v : x) v = values[rng() % 8];
+        for (auto& v : dy) v = rng() % 5 == 0 ? -0.f : float(int(rng() % 9) - 4) * 0.25f;
+        std::vector<float> gb(x.size()), dx_ref(x.size(), 0.75f), dx(x.size(), 0.75f);
+        const Shape xs{g.N, g.C, g.H, g.W}, ys{g.N, g.C, g.P, g.Q};
+        Tensor xt = Tensor::contiguous(x.data(), xs), rt = Tensor::contiguous(r.data(), xs);
+        Tensor yt = Tensor::contiguous(y_ref.data(), ys), dyt = Tensor::contiguous(dy.data(), ys);
+        Tensor gbt = Tensor::contiguous(gb.data(), xs), dxt = Tensor::contiguous(dx_ref.data(), xs);
+        std::vector<float> ws_ref(be->maxpool2d_workspace_bytes(g) / 4 + 16);
+        be->relu_forward(xt, rt);
+        if (c.kind == FusedKind::MaxPool) {
+          be->maxpool2d_forward(g, rt, yt);
+          be->maxpool2d_backward(g, dyt, rt, gbt, false, Workspace{ws_ref.data(), ws_ref.size() * 4});
+        } else {
+          be->avgpool2d_forward(g, rt, yt);
+          be->avgpool2d_backward(g, dyt, gbt, false);
+        }
+        MaskView mask;
+        mask.dense = rt;
+        mask.numel = n;
+        be->relu_backward(gbt, mask, dxt, accumulate);
+
+        FusedStage relu_stage = fused_stage(FusedKind::Relu), pool = fused_stage(c.kind);
+        relu_stage.H = relu_stage.P = pool.H = g.H;
+        relu_stage.W = relu_stage.Q = pool.W = g.W;
+        pool.P = g.P;
+        pool.Q = g.Q;
+        pool.pool = PoolWindow{g.R, g.S, g.stride_h, g.stride_w, g.pad_h, g.pad_w};
+        FusedStack st;
+        st.stages = {relu_stage, pool};
+        st.C = g.C;
+        std::vector<uint64_t> pass(size_t(g.N * g.C * pass_words_per_plane(relu_stage)));
+        std::vector<float> ws(be->fused_workspace_bytes(st, g.N) / 4 + 16);
+        const Workspace w{ws.data(), ws.size() * 4};
+        FusedTensors t;
+        t.x = xt;
+        t.y = Tensor::contiguous(y.data(), ys);
+        t.pass = Tensor::contiguous(pass.data(), Shape{int64_t(pass.size() * 8)}, DType::U8);
+        be->fused_forward(st, t, true, nullptr, w);
+        CHECK(std::memcmp(y.data(), y_ref.data(), y.size() * 4) == 0);
+        FusedGrads fg;
+        fg.dy = dyt;
+        fg.dx = Tensor::contiguous(dx.data(), xs);
+        fg.dx_accumulate = accumulate;
+        t.x = Tensor{};
+        be->fused_backward(st, t, fg, w);
+        CHECK(std::memcmp(dx.data(), dx_ref.data(), dx.size() * 4) == 0);
+      }
+    }
   }
 }
 

@@ -78,6 +78,68 @@ void pass_bits(const FusedStage& pool, const float* r, const int32_t* arg, int64
   }
 }
 
+#if defined(__AVX512F__)
+// Spreads the 16 bits of x to the even bits of the result.
+inline uint32_t even_bits(uint32_t x) {
+  x = (x | x << 8) & 0x00FF00FFu;
+  x = (x | x << 4) & 0x0F0F0F0Fu;
+  x = (x | x << 2) & 0x33333333u;
+  return (x | x << 1) & 0x55555555u;
+}
+
+// ORs up to 32 bits into a plane's words at bit `pos` (the plane has `words` words).
+inline void or_bits(uint64_t* w, int64_t words, int64_t pos, uint32_t bits) {
+  const int64_t k = pos >> 6, off = pos & 63;
+  w[k] |= uint64_t(bits) << off;
+  if (off > 32 && k + 1 < words) w[k + 1] |= uint64_t(bits) >> (64 - off);
+}
+
+// VGG's pool, 2x2 windows at stride 2 without padding: ReLU, the windows' first maxima and the
+// pass bits of one plane in registers, 16 outputs at a time, without the r plane. The taps go in
+// the reference's order with its strict compare from -FLT_MAX (r >= +0, so the first tap always
+// starts the maximum); the last tap that raised it is the first maximum.
+inline bool relu_maxpool_2x2_applies(const pool_planes::Plane& g) {
+  return g.R == 2 && g.S == 2 && g.stride_h == 2 && g.stride_w == 2 && g.pad_h == 0 && g.pad_w == 0;
+}
+void relu_maxpool_2x2(const pool_planes::Plane& g, const float* x, float* y, uint64_t* pass, int64_t words) {
+  if (pass) std::memset(pass, 0, sizeof(uint64_t) * size_t(words));
+  const __m512 zero = _mm512_setzero_ps();
+  const __m512i even = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
+  const __m512i odd = _mm512_add_epi32(even, _mm512_set1_epi32(1));
+  auto relu = [&](const float* p, __mmask16 m) {  // relu_forward's rule: NaN and -0 -> +0
+    const __m512 v = _mm512_maskz_loadu_ps(m, p);
+    return _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(v, zero, _CMP_GT_OQ), v);
+  };
+  for (int64_t p = 0; p < g.P; ++p) {
+    const float* ra = x + 2 * p * g.W;
+    const float* rb = ra + g.W;
+    for (int64_t q0 = 0; q0 < g.Q; q0 += 16) {
+      const int64_t n = std::min<int64_t>(16, g.Q - q0), cols = 2 * n;
+      const __mmask16 lanes = __mmask16((1u << n) - 1u);
+      const __mmask16 lo = cols >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << cols) - 1u);
+      const __mmask16 hi = cols <= 16 ? __mmask16(0) : __mmask16((1u << (cols - 16)) - 1u);
+      const __m512 a0 = relu(ra + 2 * q0, lo), a1 = relu(ra + 2 * q0 + 16, hi);
+      const __m512 b0 = relu(rb + 2 * q0, lo), b1 = relu(rb + 2 * q0 + 16, hi);
+      const __m512 t1 = _mm512_permutex2var_ps(a0, odd, a1), t2 = _mm512_permutex2var_ps(b0, even, b1);
+      const __m512 t3 = _mm512_permutex2var_ps(b0, odd, b1);
+      __m512 m = _mm512_permutex2var_ps(a0, even, a1);
+      const __mmask16 k1 = _mm512_cmp_ps_mask(t1, m, _CMP_GT_OQ);
+      m = _mm512_mask_mov_ps(m, k1, t1);
+      const __mmask16 k2 = _mm512_cmp_ps_mask(t2, m, _CMP_GT_OQ);
+      m = _mm512_mask_mov_ps(m, k2, t2);
+      const __mmask16 k3 = _mm512_cmp_ps_mask(t3, m, _CMP_GT_OQ);
+      m = _mm512_mask_mov_ps(m, k3, t3);
+      _mm512_mask_storeu_ps(y + p * g.Q + q0, lanes, m);
+      if (!pass) continue;
+      const uint32_t on = _mm512_mask_cmp_ps_mask(lanes, m, zero, _CMP_GT_OQ);
+      const uint32_t w3 = k3 & on, w2 = k2 & ~k3 & on, w1 = k1 & ~k2 & ~k3 & on, w0 = ~(k1 | k2 | k3) & on;
+      or_bits(pass, words, 2 * p * g.W + 2 * q0, even_bits(w0) | even_bits(w1) << 1);
+      or_bits(pass, words, (2 * p + 1) * g.W + 2 * q0, even_bits(w2) | even_bits(w3) << 1);
+    }
+  }
+}
+#endif
+
 }  // namespace
 
 void CpuBackend::relu_pool_forward(const FusedStack& s, FusedTensors& t, bool training, MaskOut* mask, Workspace ws) {
@@ -105,6 +167,13 @@ void CpuBackend::relu_pool_forward(const FusedStack& s, FusedTensors& t, bool tr
     for (int64_t pl = 0; pl < planes; ++pl) {
       const float* x = xp + pl * HW;
       float* y = yp + pl * PQ;
+#if defined(__AVX512F__)
+      if (pool.kind == FusedKind::MaxPool && relu_maxpool_2x2_applies(pg)) {
+        relu_maxpool_2x2(pg, x, y, pass ? pass + pl * wpp : nullptr, wpp);
+        if (want_mask && plane_words) kept += mask_words(yp, pl * PQ / 64, (pl + 1) * PQ / 64, tb, mask->bits);
+        continue;
+      }
+#endif
 #pragma omp simd
       for (int64_t i = 0; i < HW; ++i) r[i] = x[i] > 0.f ? x[i] : 0.f;  // relu_forward's rule (NaN -> 0)
       if (pool.kind == FusedKind::MaxPool) {
