@@ -40,7 +40,7 @@ def memprofile(a, tmp, model, ckpt, batch, sets):
            "--steps", str(a.steps), "--set", f"train.batch_size={batch}", "--set", f"train.threads={a.threads}"]
     if ckpt:
         cmd += ["--checkpoint", ckpt]
-    for s in sets:
+    for s in a.set + sets:
         cmd += ["--set", s]
     print("$", " ".join(cmd), file=sys.stderr)
     subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
@@ -130,6 +130,7 @@ def main():
     ap.add_argument("--model", action="append", required=True, help="NAME=CHECKPOINT (NAME alone: initialisation)")
     ap.add_argument("--data-config", default=os.path.join(ROOT, "configs", "resnet20_cifar10.json"),
                     help="config whose data / train sections are used (a run's config.json: no 'auto' pass)")
+    ap.add_argument("--set", action="append", default=[], help="a config override for every run (e.g. fusion.enabled=true)")
     ap.add_argument("--batches", default="16,32")
     ap.add_argument("--batch", type=int, default=32)
     ap.add_argument("--thresholds", default="0,0.01,0.05,0.1")
