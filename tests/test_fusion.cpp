@@ -213,7 +213,7 @@ TEST_CASE("fusion: stacks without a BN (a ReLU and a pool) train bit-identically
     int64_t batch, h, w;
     PoolCfg maxp, avgp;
   };
-  for (const Case c : {Case{1, 7, 5, {2, 2, 0}, {2, 2, 0}}, Case{3, 9, 11, {3, 3, 1}, {2, 3, 1}},
+  for (const Case& c : {Case{1, 7, 5, {2, 2, 0}, {2, 2, 0}}, Case{3, 9, 11, {3, 3, 1}, {2, 3, 1}},
                        Case{2, 8, 8, {2, 2, 1}, {1, 1, 0}}, Case{1, 13, 6, {3, 4, 0}, {3, 3, 1}}}) {
     DYNAMIC_SECTION("batch " << c.batch << " " << c.h << "x" << c.w << " max " << c.maxp.k << "/" << c.maxp.s << "/"
                              << c.maxp.p << " avg " << c.avgp.k << "/" << c.avgp.s << "/" << c.avgp.p) {

@@ -212,7 +212,7 @@ void CpuBackend::fused_backward(const FusedStack& s, const FusedTensors& t, Fuse
   const int64_t per_thread = thread_floats(s), plane = max_plane(s);
   // dz parks in dx between the sweeps unless dx accumulates (then sweep 2 rebuilds it).
   const bool park = g.dx.defined() && !g.dx_accumulate;
-  const ElementwiseOnly ew = elementwise_only(s, g, recompute);
+  [[maybe_unused]] const ElementwiseOnly ew = elementwise_only(s, g, recompute);  // AVX-512 only
 
   // dz (the gradient of the BN output) of plane (n, c), in the thread's scratch. The first sweep
   // also writes the side input's gradient, which the Add stage hands on unchanged.
