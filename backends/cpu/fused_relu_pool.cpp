@@ -81,6 +81,9 @@ void pass_bits(const FusedStage& pool, const float* r, const int32_t* arg, int64
 #if defined(__AVX512F__)
 // Spreads the 16 bits of x to the even bits of the result.
 inline uint32_t even_bits(uint32_t x) {
+#if defined(__BMI2__)
+  return _pdep_u32(x, 0x55555555u);
+#endif
   x = (x | x << 8) & 0x00FF00FFu;
   x = (x | x << 4) & 0x0F0F0F0Fu;
   x = (x | x << 2) & 0x33333333u;
