@@ -112,6 +112,7 @@ TEST_CASE("training steps after the first allocate nothing", "[memory]") {
   // Fused stacks (docs/fusion.md): their scratch is the planned workspace.
   CHECK(allocations_in_steps("resnet8", 16, StashFormat::Auto, 0, false, {}, true) == 0);
   CHECK(allocations_in_steps("vgg11_bn", 8, StashFormat::DenseF32, 0, false, {}, true) == 0);
+  CHECK(allocations_in_steps("vgg11", 8, StashFormat::Auto, 0, false, {}, true) == 0);  // ReLU + pool stacks
   CHECK(allocations_in_steps("mobilenetv2", 4, StashFormat::BitmapF16, 1, true, {}, true) == 0);
   CHECK(allocations_in_steps("resnet8", 16, StashFormat::BitmapI4, 0, false, luq, true) == 0);
 }
