@@ -13,6 +13,11 @@
 // window's share), then the ReLU's rule keeps it or writes +0. So the results equal the unfused
 // layers' bit for bit (the stash's lossy formats and activation pruning aside: the unfused max-pool
 // searches its window in the stored r, the fused one in the exact r; docs/fusion.md).
+//
+// AVX-512: VGG's 2x2 stride-2 pool runs the whole forward in registers (relu_maxpool_2x2, no r
+// plane), and the max-pool backward gathers each row's dy 16 columns at a time. The portable
+// loops serve every other pool, and every pool on AVX2 / NEON; tests/test_fusion.cpp checks both
+// against the layers.
 #include <omp.h>
 
 #include <cstring>
