@@ -103,6 +103,7 @@ class CpuBackend : public Backend {
   // Stacks without a BN: a ReLU, then a pool whose windows do not overlap (fused_relu_pool.cpp).
   void relu_pool_forward(const FusedStack& s, FusedTensors& t, bool training, MaskOut* mask, Workspace ws);
   void relu_pool_backward(const FusedStack& s, const FusedTensors& t, FusedGrads& g, Workspace ws);
+  void finish_output_mask(Tensor y, MaskOut* mask, bool plane_words, int64_t kept);
 
   // SGEMM packing scratch for the ops without a Workspace (linear): one block-bounded slice per
   // thread, allocated here once so that no training step allocates (linear.cpp).

@@ -142,6 +142,14 @@ size_t CpuBackend::fused_workspace_bytes(const FusedStack& s, int64_t batch) con
   return sizeof(float) * size_t(thread_floats(s) * cpu_threads());
 }
 
+// The stack output's bitmap: counted where the planes wrote whole words, else one pass over y.
+void CpuBackend::finish_output_mask(Tensor y, MaskOut* mask, bool plane_words, int64_t kept) {
+  if (plane_words)
+    mask->kept = kept;
+  else
+    relu_forward(y, y, mask);  // y >= +0: an identity that writes the bitmap
+}
+
 void CpuBackend::fused_forward(const FusedStack& s, FusedTensors& t, bool training, MaskOut* mask, Workspace ws) {
   if (!s.headed_by_bn()) return relu_pool_forward(s, t, training, mask, ws);
   const FusedStage &bn = s.stages[0], &last = s.last();
@@ -188,14 +196,7 @@ void CpuBackend::fused_forward(const FusedStack& s, FusedTensors& t, bool traini
       }
     }
   }
-  if (want_mask) {
-    if (plane_words) {
-      mask->kept = kept;
-    } else {
-      Tensor y = t.y;
-      relu_forward(y, y, mask);  // y >= +0: an identity that writes the bitmap
-    }
-  }
+  if (want_mask) finish_output_mask(t.y, mask, plane_words, kept);
 }
 
 void CpuBackend::fused_backward(const FusedStack& s, const FusedTensors& t, FusedGrads& g, Workspace ws) {

@@ -83,6 +83,20 @@ void pass_bits(const FusedStage& pool, const float* r, const int32_t* arg, int64
   }
 }
 
+// r = relu(x), y = pool(r) of one plane; with `arg`, also the max-pool's first maxima.
+void relu_pool_plane(const FusedStage& pool, const pool_planes::Plane& pg, const float* x, float* r, float* y,
+                     int32_t* arg) {
+  const int64_t HW = pg.H * pg.W;
+#pragma omp simd
+  for (int64_t i = 0; i < HW; ++i) r[i] = x[i] > 0.f ? x[i] : 0.f;  // relu_forward's rule (NaN -> 0)
+  if (pool.kind == FusedKind::AvgPool)
+    pool_planes::avg_forward(pg, r, y);
+  else if (arg)
+    pool_planes::max_forward_args(pg, r, y, arg);
+  else
+    pool_planes::max_forward(pg, r, y);
+}
+
 #if defined(__AVX512F__)
 // Spreads the 16 bits of x to the even bits of the result.
 inline uint32_t even_bits(uint32_t x) {
@@ -178,32 +192,16 @@ void CpuBackend::relu_pool_forward(const FusedStack& s, FusedTensors& t, bool tr
 #if defined(__AVX512F__)
       if (pool.kind == FusedKind::MaxPool && relu_maxpool_2x2_applies(pg)) {
         relu_maxpool_2x2(pg, x, y, pass ? pass + pl * wpp : nullptr, wpp);
-        if (want_mask && plane_words) kept += mask_words(yp, pl * PQ / 64, (pl + 1) * PQ / 64, tb, mask->bits);
-        continue;
-      }
+      } else
 #endif
-#pragma omp simd
-      for (int64_t i = 0; i < HW; ++i) r[i] = x[i] > 0.f ? x[i] : 0.f;  // relu_forward's rule (NaN -> 0)
-      if (pool.kind == FusedKind::MaxPool) {
-        if (pass)
-          pool_planes::max_forward_args(pg, r, y, arg);
-        else
-          pool_planes::max_forward(pg, r, y);
-      } else {
-        pool_planes::avg_forward(pg, r, y);
+      {
+        relu_pool_plane(pool, pg, x, r, y, pass ? arg : nullptr);
+        if (pass) pass_bits(pool, r, arg, HW, PQ, sel, pass + pl * wpp);
       }
-      if (pass) pass_bits(pool, r, arg, HW, PQ, sel, pass + pl * wpp);
       if (want_mask && plane_words) kept += mask_words(yp, pl * PQ / 64, (pl + 1) * PQ / 64, tb, mask->bits);
     }
   }
-  if (want_mask) {
-    if (plane_words) {
-      mask->kept = kept;
-    } else {
-      Tensor y = t.y;
-      relu_forward(y, y, mask);  // y >= +0: an identity that writes the bitmap
-    }
-  }
+  if (want_mask) finish_output_mask(t.y, mask, plane_words, kept);
 }
 
 void CpuBackend::relu_pool_backward(const FusedStack& s, const FusedTensors& t, FusedGrads& g, Workspace ws) {
