@@ -56,7 +56,24 @@ struct FusedStack {
   }
   const FusedStage& last() const { return stages.back(); }
   bool headed_by_bn() const { return stages[0].kind == FusedKind::BatchNorm; }
+  bool small_planes() const;
 };
+
+// Small planes (H * W <= kSmallPlane: VGG's 4x4 and 2x2, the ResNets' and MobileNetV2's 4x4): the
+// per-plane work is a few vectors, less than the cost of visiting a plane, so BN (the layer and
+// the stacks it heads) works on channel blocks instead: one image's planes of consecutive channels,
+// contiguous in memory (backends/cpu/batchnorm_rows.h). An auto tile of such a stack is one block
+// of about kSmallPlaneBlock floats per image.
+constexpr int64_t kSmallPlane = 16;
+constexpr int64_t kSmallPlaneBlock = 256;
+inline bool FusedStack::small_planes() const {
+  return headed_by_bn() && stages[0].H * stages[0].W <= kSmallPlane;
+}
+inline int64_t small_plane_block_channels(int64_t plane, int64_t C) {
+  int64_t L = kSmallPlaneBlock / plane / 16 * 16;
+  L = L < 16 ? 16 : L;
+  return L < C ? L : C;
+}
 
 // The pass bits of a stack without a BN: one 64-bit word run per plane (planes never share a word,
 // so threads write whole words), [N, C, words_per_plane] in bytes.

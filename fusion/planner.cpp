@@ -201,7 +201,10 @@ Plan plan(const Graph& g, const FusionSpec& spec) {
       sp.why_not = "one plane's scratch (" + std::to_string(scratch / 1024) + " KiB) exceeds the cache";
     } else {
       sp.fused = true;
-      s.tile_channels = spec.tile > 0 ? std::min(spec.tile, s.C) : 1;  // auto: the finest split over threads
+      // auto: the finest split over threads; on small planes one channel block (fused_stack.h)
+      s.tile_channels = spec.tile > 0           ? std::min(spec.tile, s.C)
+                        : s.small_planes() ? small_plane_block_channels(s.stages[0].H * s.stages[0].W, s.C)
+                                           : 1;
       if (spec.tile > 0 && slab > 0 && scratch + size_t(s.tile_channels) * slab > p.cache_bytes)
         user_error("config key 'fusion.tile' = ", spec.tile, ": a tile of stack ", sp.name, " needs ",
                    (scratch + size_t(s.tile_channels) * slab) / 1024, " KiB, more than the ", p.cache_bytes / 1024,

@@ -134,12 +134,13 @@ TEST_CASE("fusion: lossy stash formats stay close (the stack recomputes from the
 namespace {
 // image -> conv -> BN -> ReLU -> pool (overlapping, padded) -> conv -> BN -> add(side) -> ReLU ->
 // conv -> BN -> avgpool -> flatten -> linear: every stage kind, odd plane sizes.
-void synthetic(Graph& g, int64_t batch, int64_t h, int64_t w, int64_t pool_k, int64_t pool_s, int64_t pool_p) {
+void synthetic(Graph& g, int64_t batch, int64_t h, int64_t w, int64_t pool_k, int64_t pool_s, int64_t pool_p,
+               int64_t channels) {
   g.set_batch_size(int(batch));
   const int x = image_input(g, batch, 3, h, w);
   const int labels = label_input(g, batch);
   Conv2dOptions o;
-  o.out_channels = 5;
+  o.out_channels = channels;
   o.kernel = 3;
   o.padding = 1;
   int y = relu(g, batchnorm2d(g, conv2d(g, x, "c1", o), "b1"), "r1");
@@ -156,14 +157,20 @@ void synthetic(Graph& g, int64_t batch, int64_t h, int64_t w, int64_t pool_k, in
 
 TEST_CASE("fusion: synthetic stacks with odd sizes, overlapping pools and batch 1", "[fusion]") {
   struct Case {
-    int64_t batch, h, w, k, s, p;
+    int64_t batch, h, w, k, s, p, channels;
   };
-  for (const Case c : {Case{1, 7, 5, 3, 1, 1}, Case{3, 9, 11, 3, 2, 1}, Case{2, 8, 8, 2, 2, 0}, Case{1, 13, 6, 3, 1, 0}}) {
-    DYNAMIC_SECTION("batch " << c.batch << " " << c.h << "x" << c.w << " pool " << c.k << "/" << c.s << "/" << c.p) {
+  // Planes of 16 elements or fewer run channel blocks (fused_blocks.cpp): 4x4 and 2x2 with pools that
+  // tile the plane (pooled as one tall plane), 3x5 with an overlapping pool (plane by plane), more
+  // channels than one block, and blocks that end early.
+  for (const Case c : {Case{1, 7, 5, 3, 1, 1, 5}, Case{3, 9, 11, 3, 2, 1, 5}, Case{2, 8, 8, 2, 2, 0, 5},
+                       Case{1, 13, 6, 3, 1, 0, 5}, Case{2, 4, 4, 2, 2, 0, 20}, Case{3, 3, 5, 3, 1, 1, 7},
+                       Case{1, 2, 2, 2, 2, 0, 40}}) {
+    DYNAMIC_SECTION("batch " << c.batch << " " << c.h << "x" << c.w << " pool " << c.k << "/" << c.s << "/" << c.p
+                             << " channels " << c.channels) {
       for (int64_t tile : {0, 1, 3}) {
         Graph plain, fused;
-        synthetic(plain, c.batch, c.h, c.w, c.k, c.s, c.p);
-        synthetic(fused, c.batch, c.h, c.w, c.k, c.s, c.p);
+        synthetic(plain, c.batch, c.h, c.w, c.k, c.s, c.p, c.channels);
+        synthetic(fused, c.batch, c.h, c.w, c.k, c.s, c.p, c.channels);
         FusionSpec spec;
         spec.enabled = true;
         spec.tile = tile;

@@ -38,6 +38,11 @@ void channel_statistics(const float* xp, int64_t N, int64_t C, int64_t HW, int64
     s += s1;
     ss += s2;
   }
+  finish_statistics(s, ss, M, c, momentum, eps, running_mean, running_var, mean, invstd);
+}
+
+void finish_statistics(double s, double ss, int64_t M, int64_t c, float momentum, float eps, Tensor& running_mean,
+                       Tensor& running_var, Tensor& mean, Tensor& invstd) {
   const double mu = s / double(M);
   const double var = std::max(0.0, ss / double(M) - mu * mu);
   mean.f32()[c] = float(mu);
@@ -65,6 +70,92 @@ ET_ROW_FUNCTION void apply(const float* x, float scale, float shift, int64_t len
 #pragma omp simd
   for (int64_t i = 0; i < len; ++i) out[i] = x[i] * scale + shift;
 #endif
+}
+
+// The block functions gather one position of 16 channels' planes into a vector (lanes = channels),
+// so each plane's sum runs left to right whatever the plane size.
+ET_ROW_FUNCTION void block_sums(const float* x, int64_t L, int64_t HW, float* s1, float* s2) {
+#if defined(__AVX512F__)
+  const __m512i idx = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+                                         _mm512_set1_epi32(int32_t(HW)));
+  for (int64_t l0 = 0; l0 < L; l0 += 16) {
+    const __mmask16 m = L - l0 >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << (L - l0)) - 1);
+    __m512 a = _mm512_setzero_ps(), q = _mm512_setzero_ps();
+    for (int64_t i = 0; i < HW; ++i) {
+      const __m512 v = _mm512_mask_i32gather_ps(_mm512_setzero_ps(), m, idx, x + l0 * HW + i, 4);
+      a = _mm512_add_ps(a, v);
+      q = _mm512_fmadd_ps(v, v, q);
+    }
+    _mm512_mask_storeu_ps(s1 + l0, m, a);
+    _mm512_mask_storeu_ps(s2 + l0, m, q);
+  }
+#else
+  for (int64_t l = 0; l < L; ++l) {
+    float a = 0.f, q = 0.f;
+    for (int64_t i = 0; i < HW; ++i) {
+      const float v = x[l * HW + i];
+      a += v;
+      q = std::fma(v, v, q);
+    }
+    s1[l] = a;
+    s2[l] = q;
+  }
+#endif
+}
+
+ET_ROW_FUNCTION void block_grad_sums(const float* d, const float* x, const float* mu, int64_t L, int64_t HW, float* a,
+                                     float* b) {
+#if defined(__AVX512F__)
+  const __m512i idx = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+                                         _mm512_set1_epi32(int32_t(HW)));
+  for (int64_t l0 = 0; l0 < L; l0 += 16) {
+    const __mmask16 m = L - l0 >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << (L - l0)) - 1);
+    const __m512 vmu = _mm512_maskz_loadu_ps(m, mu + l0);
+    __m512 sa = _mm512_setzero_ps(), sb = _mm512_setzero_ps();
+    for (int64_t i = 0; i < HW; ++i) {
+      const __m512 v = _mm512_mask_i32gather_ps(_mm512_setzero_ps(), m, idx, d + l0 * HW + i, 4);
+      const __m512 xv = _mm512_mask_i32gather_ps(_mm512_setzero_ps(), m, idx, x + l0 * HW + i, 4);
+      sa = _mm512_add_ps(sa, v);
+      sb = _mm512_fmadd_ps(v, _mm512_sub_ps(xv, vmu), sb);
+    }
+    _mm512_mask_storeu_ps(a + l0, m, sa);
+    _mm512_mask_storeu_ps(b + l0, m, sb);
+  }
+#else
+  for (int64_t l = 0; l < L; ++l) {
+    float sa = 0.f, sb = 0.f;
+    for (int64_t i = 0; i < HW; ++i) {
+      const float v = d[l * HW + i];
+      sa += v;
+      sb = std::fma(v, x[l * HW + i] - mu[l], sb);
+    }
+    a[l] = sa;
+    b[l] = sb;
+  }
+#endif
+}
+
+ET_ROW_FUNCTION void block_apply(const float* x, const float* scale, const float* shift, int64_t len, float* out) {
+#if defined(__AVX512F__)
+  int64_t i = 0;
+  for (; i + 16 <= len; i += 16)
+    _mm512_storeu_ps(out + i, _mm512_fmadd_ps(_mm512_loadu_ps(x + i), _mm512_loadu_ps(scale + i),
+                                              _mm512_loadu_ps(shift + i)));
+  if (i < len) {
+    const __mmask16 m = __mmask16((1u << (len - i)) - 1);
+    _mm512_mask_storeu_ps(out + i, m, _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, x + i),
+                                                      _mm512_maskz_loadu_ps(m, scale + i),
+                                                      _mm512_maskz_loadu_ps(m, shift + i)));
+  }
+#else
+#pragma omp simd
+  for (int64_t i = 0; i < len; ++i) out[i] = x[i] * scale[i] + shift[i];
+#endif
+}
+
+void expand(const float* v, int64_t L, int64_t HW, float* out) {
+  for (int64_t l = 0; l < L; ++l)
+    for (int64_t i = 0; i < HW; ++i) out[l * HW + i] = v[l];
 }
 
 void train_coefficients(float gamma, float beta, float mean, float invstd, float* scale, float* shift) {
@@ -106,6 +197,17 @@ ET_ROW_FUNCTION void grad_apply(const float* dy, const float* x, const GradCoeff
   }
 }
 
+ET_ROW_FUNCTION void block_grad_apply(const float* dy, const float* x, const float* a, const float* b, const float* c0,
+                                      int64_t len, float* out, bool accumulate) {
+  if (accumulate) {
+#pragma omp simd
+    for (int64_t i = 0; i < len; ++i) out[i] += a[i] * dy[i] + b[i] * x[i] + c0[i];
+  } else {
+#pragma omp simd
+    for (int64_t i = 0; i < len; ++i) out[i] = a[i] * dy[i] + b[i] * x[i] + c0[i];
+  }
+}
+
 }  // namespace bn_rows
 
 // x, y [N,C,H,W]; mean, invstd, gamma, beta, running_* [C]
@@ -115,6 +217,29 @@ void CpuBackend::batchnorm_forward_train(const Tensor& x, const Tensor& gamma, c
   const int64_t N = x.dim(0), C = x.dim(1), HW = x.dim(2) * x.dim(3);
   const float* xp = x.f32();
   float* yp = y.f32();
+  if (HW <= kSmallPlane) {  // channel blocks (batchnorm_rows.h)
+    const int64_t L = small_plane_block_channels(HW, C), M = N * HW;
+#pragma omp parallel for schedule(static)
+    for (int64_t c0 = 0; c0 < C; c0 += L) {
+      const int64_t Lb = std::min(L, C - c0);
+      double s[kSmallPlaneBlock] = {}, ss[kSmallPlaneBlock] = {};
+      alignas(64) float s1[kSmallPlaneBlock], s2[kSmallPlaneBlock], scale[kSmallPlaneBlock], shift[kSmallPlaneBlock];
+      for (int64_t n = 0; n < N; ++n) {
+        bn_rows::block_sums(xp + (n * C + c0) * HW, Lb, HW, s1, s2);
+        for (int64_t l = 0; l < Lb; ++l) s[l] += s1[l], ss[l] += s2[l];
+      }
+      for (int64_t l = 0; l < Lb; ++l) {
+        bn_rows::finish_statistics(s[l], ss[l], M, c0 + l, momentum, eps, running_mean, running_var, mean, invstd);
+        bn_rows::train_coefficients(gamma.f32()[c0 + l], beta.f32()[c0 + l], mean.f32()[c0 + l], invstd.f32()[c0 + l],
+                                    &s1[l], &s2[l]);
+      }
+      bn_rows::expand(s1, Lb, HW, scale);
+      bn_rows::expand(s2, Lb, HW, shift);
+      for (int64_t n = 0; n < N; ++n)
+        bn_rows::block_apply(xp + (n * C + c0) * HW, scale, shift, Lb * HW, yp + (n * C + c0) * HW);
+    }
+    return;
+  }
 #pragma omp parallel for schedule(static)
   for (int64_t c = 0; c < C; ++c) {
     bn_rows::channel_statistics(xp, N, C, HW, c, momentum, eps, running_mean, running_var, mean, invstd);
@@ -127,6 +252,22 @@ void CpuBackend::batchnorm_forward_train(const Tensor& x, const Tensor& gamma, c
 void CpuBackend::batchnorm_forward_eval(const Tensor& x, const Tensor& gamma, const Tensor& beta,
                                         const Tensor& running_mean, const Tensor& running_var, float eps, Tensor& y) {
   const int64_t N = x.dim(0), C = x.dim(1), HW = x.dim(2) * x.dim(3);
+  if (HW <= kSmallPlane) {  // channel blocks, as the fused stacks apply them
+    const int64_t L = small_plane_block_channels(HW, C);
+#pragma omp parallel for schedule(static)
+    for (int64_t c0 = 0; c0 < C; c0 += L) {
+      const int64_t Lb = std::min(L, C - c0);
+      alignas(64) float sc[kSmallPlaneBlock], sh[kSmallPlaneBlock], scale[kSmallPlaneBlock], shift[kSmallPlaneBlock];
+      for (int64_t l = 0; l < Lb; ++l)
+        bn_rows::eval_coefficients(gamma.f32()[c0 + l], beta.f32()[c0 + l], running_mean.f32()[c0 + l],
+                                   running_var.f32()[c0 + l], eps, &sc[l], &sh[l]);
+      bn_rows::expand(sc, Lb, HW, scale);
+      bn_rows::expand(sh, Lb, HW, shift);
+      for (int64_t n = 0; n < N; ++n)
+        bn_rows::block_apply(x.f32() + (n * C + c0) * HW, scale, shift, Lb * HW, y.f32() + (n * C + c0) * HW);
+    }
+    return;
+  }
 #pragma omp parallel for collapse(2) schedule(static)
   for (int64_t n = 0; n < N; ++n)
     for (int64_t c = 0; c < C; ++c) {
@@ -177,6 +318,8 @@ void CpuBackend::batchnorm_backward(const Tensor& dy, const Tensor& x, const Ten
   // f32 rows are read whole; 16-bit rows in chunks (a chunk as long as a CIFAR row keeps the
   // reduction order, hence the results, identical to reading the decoded f32 copy).
   const int64_t chunk = x.dtype == DType::F32 ? HW : std::min(HW, kRowChunk);
+  if (HW <= kSmallPlane)
+    return batchnorm_backward_blocks(dy, x, gamma, mean, invstd, dx, accumulate_dx, dgamma, dbeta, accumulate_params);
 #pragma omp parallel for schedule(static)
   for (int64_t c = 0; c < C; ++c) {
     alignas(64) float buf[kRowChunk];
@@ -205,6 +348,44 @@ void CpuBackend::batchnorm_backward(const Tensor& dy, const Tensor& x, const Ten
         const int64_t len = std::min(chunk, HW - i0), base = (n * C + c) * HW + i0;
         bn_rows::grad_apply(dyp + base, x_chunk(x, base, len, buf), k, len, dx.f32() + base, accumulate_dx);
       }
+  }
+}
+
+// Small planes: channel blocks (batchnorm_rows.h), each block's sums over n in order.
+void CpuBackend::batchnorm_backward_blocks(const Tensor& dy, const Tensor& x, const Tensor& gamma, const Tensor& mean,
+                                           const Tensor& invstd, Tensor& dx, bool accumulate_dx, Tensor& dgamma,
+                                           Tensor& dbeta, bool accumulate_params) {
+  const int64_t N = x.dim(0), C = x.dim(1), HW = x.dim(2) * x.dim(3), M = N * HW;
+  const int64_t L = small_plane_block_channels(HW, C);
+#pragma omp parallel for schedule(static)
+  for (int64_t c0 = 0; c0 < C; c0 += L) {
+    const int64_t Lb = std::min(L, C - c0), len = Lb * HW;
+    alignas(64) float buf[kSmallPlaneBlock];
+    alignas(64) float a[kSmallPlaneBlock], b[kSmallPlaneBlock], c[kSmallPlaneBlock];
+    alignas(64) float ae[kSmallPlaneBlock], be[kSmallPlaneBlock], ce[kSmallPlaneBlock];
+    double sdy[kSmallPlaneBlock] = {}, sdyx[kSmallPlaneBlock] = {};
+    for (int64_t n = 0; n < N; ++n) {
+      const int64_t base = (n * C + c0) * HW;
+      bn_rows::block_grad_sums(dy.f32() + base, x_chunk(x, base, len, buf), mean.f32() + c0, Lb, HW, a, b);
+      for (int64_t l = 0; l < Lb; ++l) sdy[l] += a[l], sdyx[l] += b[l];
+    }
+    for (int64_t l = 0; l < Lb; ++l) {
+      const int64_t ch = c0 + l;
+      const bn_rows::GradCoefficients k =
+          bn_rows::grad_coefficients(sdy[l], sdyx[l], gamma.f32()[ch], mean.f32()[ch], invstd.f32()[ch], M);
+      if (dbeta.defined()) dbeta.f32()[ch] = accumulate_params ? dbeta.f32()[ch] + k.dbeta : k.dbeta;
+      if (dgamma.defined()) dgamma.f32()[ch] = accumulate_params ? dgamma.f32()[ch] + k.dgamma : k.dgamma;
+      a[l] = k.a, b[l] = k.b, c[l] = k.c0;
+    }
+    if (!dx.defined()) continue;
+    bn_rows::expand(a, Lb, HW, ae);
+    bn_rows::expand(b, Lb, HW, be);
+    bn_rows::expand(c, Lb, HW, ce);
+    for (int64_t n = 0; n < N; ++n) {
+      const int64_t base = (n * C + c0) * HW;
+      bn_rows::block_grad_apply(dy.f32() + base, x_chunk(x, base, len, buf), ae, be, ce, len, dx.f32() + base,
+                                accumulate_dx);
+    }
   }
 }
 

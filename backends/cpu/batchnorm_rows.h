@@ -9,6 +9,7 @@
 #include <immintrin.h>
 #endif
 
+#include "engine/fused_stack.h"
 #include "engine/tensor.h"
 
 namespace et {
@@ -19,6 +20,10 @@ namespace bn_rows {
 // double, n in order.
 void channel_statistics(const float* x, int64_t N, int64_t C, int64_t HW, int64_t c, float momentum, float eps,
                         Tensor& running_mean, Tensor& running_var, Tensor& mean, Tensor& invstd);
+
+// From a channel's sums over the batch (in double): mean[c], invstd[c], the running statistics.
+void finish_statistics(double s, double ss, int64_t M, int64_t c, float momentum, float eps, Tensor& running_mean,
+                       Tensor& running_var, Tensor& mean, Tensor& invstd);
 
 // out[i] = x[i] * scale + shift (BN apply; scale, shift per channel).
 void apply(const float* x, float scale, float shift, int64_t len, float* out);
@@ -86,6 +91,21 @@ inline auto row_of(const float* p) {
 }
 #endif
 
+// Small planes (HW <= kSmallPlane, engine/fused_stack.h) go by channel blocks: x [L, HW], the planes
+// of L consecutive channels of one image, contiguous. Every small-plane caller (the BN layer, the
+// fused stacks) uses these functions and no per-plane one, so results agree bit for bit; per
+// channel they do not depend on L. Each plane's sums run left to right in float (vectors across
+// channels), planes add in double over n in order, as for large planes.
+// s1[l] = sum of x[l, :], s2[l] = sum of x[l, :]^2
+void block_sums(const float* x, int64_t L, int64_t HW, float* s1, float* s2);
+// a[l] = sum of d[l, :], b[l] = sum of d[l, :] * (x[l, :] - mu[l])
+void block_grad_sums(const float* d, const float* x, const float* mu, int64_t L, int64_t HW, float* a, float* b);
+// out[i] = x[i] * scale[i] + shift[i]: apply with the per-channel coefficients expanded per element
+// (expand()), so a block is one flat loop.
+void block_apply(const float* x, const float* scale, const float* shift, int64_t len, float* out);
+// out[l * HW + i] = v[l]
+void expand(const float* v, int64_t L, int64_t HW, float* out);
+
 // From a channel's reductions (summed in double over its rows): dbeta, dgamma and the three
 // coefficients of dx = a * dy + b * x + c0.
 struct GradCoefficients {
@@ -94,6 +114,9 @@ struct GradCoefficients {
 GradCoefficients grad_coefficients(double sum_dy, double sum_dy_xmu, float gamma, float mu, float invstd, int64_t M);
 // out (+)= a * dy + b * x + c0
 void grad_apply(const float* dy, const float* x, const GradCoefficients& k, int64_t len, float* out, bool accumulate);
+// The same over a block, a, b, c0 expanded per element.
+void block_grad_apply(const float* dy, const float* x, const float* a, const float* b, const float* c0, int64_t len,
+                      float* out, bool accumulate);
 
 }  // namespace bn_rows
 }  // namespace et

@@ -104,6 +104,13 @@ class CpuBackend : public Backend {
   void relu_pool_forward(const FusedStack& s, FusedTensors& t, bool training, MaskOut* mask, Workspace ws);
   void relu_pool_backward(const FusedStack& s, const FusedTensors& t, FusedGrads& g, Workspace ws);
   void finish_output_mask(Tensor y, MaskOut* mask, bool plane_words, int64_t kept);
+  // BN-headed stacks on small planes: channel blocks (fused_blocks.cpp).
+  void fused_blocks_forward(const FusedStack& s, FusedTensors& t, bool training, MaskOut* mask, Workspace ws);
+  void fused_blocks_backward(const FusedStack& s, const FusedTensors& t, FusedGrads& g, Workspace ws);
+  // batchnorm_backward on small planes (channel blocks, batchnorm.cpp).
+  void batchnorm_backward_blocks(const Tensor& dy, const Tensor& x, const Tensor& gamma, const Tensor& mean,
+                                 const Tensor& invstd, Tensor& dx, bool accumulate_dx, Tensor& dgamma, Tensor& dbeta,
+                                 bool accumulate_params);
 
   // SGEMM packing scratch for the ops without a Workspace (linear): one block-bounded slice per
   // thread, allocated here once so that no training step allocates (linear.cpp).

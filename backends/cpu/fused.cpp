@@ -59,30 +59,6 @@ void forward_plane(const FusedStack& s, size_t stages, const float* x, const flo
   }
 }
 
-// The stack's output is >= +0 (a ReLU, then only pools): the bitmap keep rule applies to it.
-bool output_nonnegative(const FusedStack& s) {
-  bool nonneg = false;
-  for (size_t k = 1; k < s.stages.size(); ++k) {
-    const FusedKind kind = s.stages[k].kind;
-    nonneg = kind == FusedKind::Relu || (nonneg && (kind == FusedKind::MaxPool || kind == FusedKind::AvgPool));
-  }
-  return nonneg;
-}
-
-// Whether the backward rebuilds the stages' values from x: for a ReLU's mask or a max-pool's input.
-// A last ReLU reads y's saved mask, unless x is exact and no Add precedes it (recomputing its mask
-// from x, read anyway, saves reading the mask).
-bool needs_recompute(const FusedStack& s, bool x_exact) {
-  const bool has_add = s.add_stage() >= 0;
-  for (size_t k = 1; k < s.stages.size(); ++k) {
-    const FusedKind kind = s.stages[k].kind;
-    if (kind == FusedKind::MaxPool) return true;
-    if (kind == FusedKind::Relu && (k + 1 < s.stages.size() || !s.saves_output_mask || (x_exact && !has_add)))
-      return true;
-  }
-  return false;
-}
-
 // Stacks whose stages after the BN are element-wise (ResNet's two kinds, MobileNetV2's): the first
 // backward sweep builds dz element by element in registers instead of plane by plane in scratch.
 enum class ElementwiseOnly { No, Relu, AddRelu, Add };
@@ -139,7 +115,7 @@ inline auto elementwise_dz(ElementwiseOnly e, FusedGrads& g, const FusedTensors&
 
 size_t CpuBackend::fused_workspace_bytes(const FusedStack& s, int64_t batch) const {
   (void)batch;
-  return sizeof(float) * size_t(thread_floats(s) * cpu_threads());
+  return sizeof(float) * size_t((s.small_planes() ? block_thread_floats(s) : thread_floats(s)) * cpu_threads());
 }
 
 // The stack output's bitmap: counted where the planes wrote whole words, else one pass over y.
@@ -152,6 +128,7 @@ void CpuBackend::finish_output_mask(Tensor y, MaskOut* mask, bool plane_words, i
 
 void CpuBackend::fused_forward(const FusedStack& s, FusedTensors& t, bool training, MaskOut* mask, Workspace ws) {
   if (!s.headed_by_bn()) return relu_pool_forward(s, t, training, mask, ws);
+  if (s.small_planes()) return fused_blocks_forward(s, t, training, mask, ws);
   const FusedStage &bn = s.stages[0], &last = s.last();
   const int64_t N = t.x.dim(0), C = s.C, HW = bn.H * bn.W, PQ = last.P * last.Q, S = int64_t(s.stages.size());
   ET_CHECK(ws.bytes >= fused_workspace_bytes(s, N), "fused stack: workspace");
@@ -201,6 +178,7 @@ void CpuBackend::fused_forward(const FusedStack& s, FusedTensors& t, bool traini
 
 void CpuBackend::fused_backward(const FusedStack& s, const FusedTensors& t, FusedGrads& g, Workspace ws) {
   if (!s.headed_by_bn()) return relu_pool_backward(s, t, g, ws);
+  if (s.small_planes()) return fused_blocks_backward(s, t, g, ws);
   const FusedStage &bn = s.stages[0], &last = s.last();
   const int64_t N = t.x.dim(0), C = s.C, HW = bn.H * bn.W, PQ = last.P * last.Q, S = int64_t(s.stages.size());
   ET_CHECK(ws.bytes >= fused_workspace_bytes(s, N), "fused stack: workspace");
