@@ -186,7 +186,12 @@ TEST_CASE("pooling planes: the vectorised loops equal the reference loops bit fo
                          Geom{8, 8, 2, 2, 1, 1, 1, 1}, Geom{1, 1, 3, 3, 1, 1, 1, 1}, Geom{3, 17, 3, 5, 1, 1, 1, 2},
                          Geom{12, 12, 9, 9, 1, 1, 4, 4},      // window taller than the ring: reference loops
                          Geom{6, 300, 3, 3, 1, 1, 1, 1},      // rows wider than the ring: reference loops
-                         Geom{20, 33, 4, 4, 1, 1, 2, 2}, Geom{15, 15, 3, 3, 3, 3, 0, 0}, Geom{10, 21, 1, 3, 1, 2, 0, 1}}) {
+                         Geom{20, 33, 4, 4, 1, 1, 2, 2}, Geom{15, 15, 3, 3, 3, 3, 0, 0}, Geom{10, 21, 1, 3, 1, 2, 0, 1},
+                         // windows that tile the plane with Q of 1 to 8 (AVX-512 gathers): tall planes
+                         // (the fused small-plane blocks), rows and columns past the last window, a
+                         // last vector of outputs cut short
+                         Geom{64, 4, 2, 2, 2, 2, 0, 0}, Geom{33, 2, 2, 2, 2, 2, 0, 0}, Geom{9, 5, 2, 2, 2, 2, 0, 0},
+                         Geom{16, 16, 2, 2, 2, 2, 0, 0}, Geom{12, 12, 3, 3, 3, 3, 0, 0}, Geom{8, 17, 4, 2, 4, 2, 0, 0}}) {
     pool_planes::Plane g;
     g.H = gm.H; g.W = gm.W; g.R = gm.R; g.S = gm.S;
     g.stride_h = gm.sh; g.stride_w = gm.sw; g.pad_h = gm.ph; g.pad_w = gm.pw;
@@ -212,6 +217,13 @@ TEST_CASE("pooling planes: the vectorised loops equal the reference loops bit fo
           if (std::isnan(v) || std::isinf(v)) v = 0.5f;
         pool_planes::avg_forward_reference(g, xa.data(), y1.data());
         pool_planes::avg_forward(g, xa.data(), y2.data());
+        CHECK(std::memcmp(y1.data(), y2.data(), y1.size() * 4) == 0);
+      }
+      if (g.H == 33) {  // a window of NaN and -inf only: -FLT_MAX and no gradient, as in the reference
+        x[0] = NAN, x[1] = -INFINITY, x[2] = -INFINITY, x[3] = NAN;
+        pool_planes::max_forward_reference(g, x.data(), y1.data());
+        pool_planes::max_forward(g, x.data(), y2.data());
+        CHECK(y2[0] == -FLT_MAX);
         CHECK(std::memcmp(y1.data(), y2.data(), y1.size() * 4) == 0);
       }
       for (float start : {0.5f, -0.f}) {  // accumulates into what is there, -0 + 0 included

@@ -239,7 +239,60 @@ struct MaxRows {
   }
 };
 
+// Windows that tile the plane (stride = window, no padding) with Q dividing 16: a vector of 16
+// outputs is 16 / Q whole output rows, so its taps lie at fixed offsets from one pointer and
+// AVX-512 gathers them. Each lane takes its window's taps in the reference's order with the
+// reference's compare, so values and arguments equal the reference's. For the narrow planes of
+// late stages (Q of 1 to 8: VGG's 2x2 to 8x8 outputs), where a row at a time fills a sixteenth to
+// a half of a vector.
+inline bool tiled_windows(const Plane& g) {
+  return g.stride_h == g.R && g.stride_w == g.S && g.pad_h == 0 && g.pad_w == 0 && g.Q <= 8 && 16 % g.Q == 0 &&
+         g.P * g.R <= g.H && g.Q * g.S <= g.W && g.R * g.S <= 16 && g.H * g.W <= INT32_MAX;
+}
+
+#if defined(__AVX512F__)
+// For outputs [j0, j0 + 16) (lanes past P * Q masked off): the maxima and their flat arguments.
+inline void tiled_max_vector(const Plane& g, const float* x, int64_t j0, __mmask16* live, __m512* best,
+                             __m512i* arg) {
+  const int32_t rows = int32_t(16 / g.Q);
+  const __m512i lane = lane_iota();
+  // window j: row (j / Q) * R, column (j % Q) * S, from the vector's first row
+  const __m512i q = _mm512_and_si512(lane, _mm512_set1_epi32(int32_t(g.Q - 1)));  // Q is a power of 2
+  const __m512i p = _mm512_srli_epi32(lane, __builtin_ctz(unsigned(g.Q)));
+  const int32_t row0 = int32_t(j0 / 16) * rows * int32_t(g.R * g.W);
+  const __m512i base = _mm512_add_epi32(
+      _mm512_set1_epi32(row0), _mm512_add_epi32(_mm512_mullo_epi32(p, _mm512_set1_epi32(int32_t(g.R * g.W))),
+                                                _mm512_mullo_epi32(q, _mm512_set1_epi32(int32_t(g.S)))));
+  const int64_t left = g.P * g.Q - j0;
+  *live = left >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << left) - 1);
+  __m512 mv = _mm512_set1_ps(-FLT_MAX);
+  __m512i av = _mm512_set1_epi32(-1);
+  for (int64_t r = 0; r < g.R; ++r)
+    for (int64_t t = 0; t < g.S; ++t) {
+      const __m512i idx = _mm512_add_epi32(base, _mm512_set1_epi32(int32_t(r * g.W + t)));
+      const __m512 v = _mm512_mask_i32gather_ps(mv, *live, idx, x, 4);
+      const __mmask16 gt = _mm512_mask_cmp_ps_mask(*live, v, mv, _CMP_GT_OQ);  // false on NaN, as v > m
+      mv = _mm512_mask_mov_ps(mv, gt, v);
+      av = _mm512_mask_mov_epi32(av, gt, idx);
+    }
+  *best = mv;
+  *arg = av;
+}
+#endif
+
 inline void max_forward(const Plane& g, const float* x, float* y) {
+#if defined(__AVX512F__)
+  if (tiled_windows(g)) {
+    for (int64_t j0 = 0; j0 < g.P * g.Q; j0 += 16) {
+      __mmask16 live;
+      __m512 m;
+      __m512i a;
+      tiled_max_vector(g, x, j0, &live, &m, &a);
+      _mm512_mask_storeu_ps(y + j0, live, m);
+    }
+    return;
+  }
+#endif
   if (!fast_max_applies(g)) return max_forward_reference(g, x, y);
   MaxRows<false> rows;
   alignas(64) float ym[kRingCols];
@@ -297,6 +350,21 @@ inline void gather_tap(const int32_t* __restrict arg, const float* __restrict dy
 // in the same order. The argument and dy rows are kept padded with -1 / 0 in a ring of R output
 // rows. Other strides scatter in the reference's order from the fast arguments.
 inline void max_backward(const Plane& g, const float* x, const float* dy, float* dx) {
+#if defined(__AVX512F__)
+  if (tiled_windows(g)) {  // windows do not overlap: each input takes at most one dy, no conflicts
+    for (int64_t j0 = 0; j0 < g.P * g.Q; j0 += 16) {
+      __mmask16 live;
+      __m512 m;
+      __m512i a;
+      tiled_max_vector(g, x, j0, &live, &m, &a);
+      const __mmask16 some = _mm512_mask_cmpge_epi32_mask(live, a, _mm512_setzero_si512());
+      const __m512 d = _mm512_add_ps(_mm512_mask_i32gather_ps(_mm512_setzero_ps(), some, a, dx, 4),
+                                     _mm512_maskz_loadu_ps(some, dy + j0));
+      _mm512_mask_i32scatter_ps(dx, some, a, d, 4);
+    }
+    return;
+  }
+#endif
   if (!fast_max_applies(g)) return max_backward_reference(g, x, dy, dx);
   MaxRows<true> rows;
   alignas(64) float ym[kRingCols];
