@@ -26,29 +26,14 @@ namespace {
 
 using namespace fused_planes;
 
-// A pool whose windows tile each plane (stride = window, no padding, the window rows dividing H)
-// pools L planes as one plane of L * H rows: no window there crosses two planes.
-bool pools_as_one_plane(const FusedStage& st) {
-  const PoolWindow& w = st.pool;
-  return w.stride_h == w.R && w.stride_w == w.S && w.pad_h == 0 && w.pad_w == 0 && st.H % w.R == 0 &&
-         st.P * w.R == st.H;
-}
-
-pool_planes::Plane tall(const FusedStage& st, int64_t L) {
-  pool_planes::Plane p = pool_planes::of(st);
-  p.H *= L;
-  p.P *= L;
-  return p;
-}
-
 // out = pool(in) over L planes.
 void pool_forward(const FusedStage& st, int64_t L, const float* in, float* out) {
   const bool max = st.kind == FusedKind::MaxPool;
-  if (pools_as_one_plane(st)) {
-    const pool_planes::Plane g = tall(st, L);
-    return max ? pool_planes::max_forward(g, in, out) : pool_planes::avg_forward(g, in, out);
-  }
   const pool_planes::Plane g = pool_planes::of(st);
+  if (pool_planes::pools_as_one_plane(g)) {
+    const pool_planes::Plane t = pool_planes::stacked(g, L);
+    return max ? pool_planes::max_forward(t, in, out) : pool_planes::avg_forward(t, in, out);
+  }
   for (int64_t l = 0; l < L; ++l) {
     if (max)
       pool_planes::max_forward(g, in + l * g.H * g.W, out + l * g.P * g.Q);
@@ -60,11 +45,11 @@ void pool_forward(const FusedStage& st, int64_t L, const float* in, float* out) 
 // dx (zeroed by the caller) += the pool's gradient of dy over L planes; in is the pool's input.
 void pool_backward(const FusedStage& st, int64_t L, const float* in, const float* dy, float* dx) {
   const bool max = st.kind == FusedKind::MaxPool;
-  if (pools_as_one_plane(st)) {
-    const pool_planes::Plane g = tall(st, L);
-    return max ? pool_planes::max_backward(g, in, dy, dx) : pool_planes::avg_backward(g, dy, dx);
-  }
   const pool_planes::Plane g = pool_planes::of(st);
+  if (pool_planes::pools_as_one_plane(g)) {
+    const pool_planes::Plane t = pool_planes::stacked(g, L);
+    return max ? pool_planes::max_backward(t, in, dy, dx) : pool_planes::avg_backward(t, dy, dx);
+  }
   for (int64_t l = 0; l < L; ++l) {
     if (max)
       pool_planes::max_backward(g, in + l * g.H * g.W, dy + l * g.P * g.Q, dx + l * g.H * g.W);

@@ -30,6 +30,19 @@ inline Plane of(const FusedStage& s) {
   return {s.H, s.W, s.P, s.Q, s.pool.R, s.pool.S, s.pool.stride_h, s.pool.stride_w, s.pool.pad_h, s.pool.pad_w};
 }
 
+// Windows that tile each plane exactly (stride = window, no padding, P * R = H): G consecutive
+// planes pool as one plane of G * H rows, since no window crosses two planes. The pooling layers
+// and the fused small-plane blocks call the plane functions on such stacks of planes: on late
+// stages' small planes a call per plane costs more than its work.
+inline bool pools_as_one_plane(const Plane& g) {
+  return g.stride_h == g.R && g.stride_w == g.S && g.pad_h == 0 && g.pad_w == 0 && g.P * g.R == g.H;
+}
+inline Plane stacked(Plane g, int64_t planes) {
+  g.H *= planes;
+  g.P *= planes;
+  return g;
+}
+
 // One output of the max window at (p, q): its maximum (padding never wins) and, in *arg, the
 // flat index of its first maximum (PyTorch's rule), -1 if the window lies outside the plane.
 inline float max_at(const Plane& g, const float* x, int64_t p, int64_t q, int64_t* arg) {

@@ -1,6 +1,10 @@
-// Pooling on CPU: one (n, c) plane per iteration, planes spread over threads.
+// Pooling on CPU: runs of (n, c) planes per call, runs spread over threads. A run is one plane,
+// or, where the windows tile each plane (pool_planes::pools_as_one_plane: VGG's 2x2 stride 2), up
+// to kRunFloats of input as one tall plane: on the late stages' small planes a call per plane
+// costs more than its work.
 #include <omp.h>
 
+#include <algorithm>
 #include <cstring>
 
 #include "backends/cpu/cpu_backend.h"
@@ -10,57 +14,72 @@
 namespace et {
 
 namespace {
-int64_t plane_floats(const Conv2dGeom& g) { return (g.H * g.W + 15) / 16 * 16; }  // 64-byte multiples
+constexpr int64_t kRunFloats = 4096;
+int64_t run_planes(const Conv2dGeom& g) {
+  return pool_planes::pools_as_one_plane(pool_planes::of(g)) ? std::max<int64_t>(1, kRunFloats / (g.H * g.W)) : 1;
+}
+int64_t run_floats(const Conv2dGeom& g) { return (run_planes(g) * g.H * g.W + 15) / 16 * 16; }  // 64-byte multiples
+
+// f(first plane, planes, the run's plane geometry) for every run, threads over runs.
+template <class F>
+void for_each_run(const Conv2dGeom& g, F f) {
+  const int64_t planes = g.N * g.C, G = run_planes(g), runs = (planes + G - 1) / G;
+  const pool_planes::Plane pg = pool_planes::of(g);
+#pragma omp for schedule(static)
+  for (int64_t r = 0; r < runs; ++r) {
+    const int64_t p0 = r * G, k = std::min(G, planes - p0);
+    f(p0, k, k == 1 ? pg : pool_planes::stacked(pg, k));
+  }
+}
 }  // namespace
 
 // y [N,C,P,Q] = max over each R x S window of x [N,C,H,W] (padding never wins)
 void CpuBackend::maxpool2d_forward(const Conv2dGeom& g, const Tensor& x, Tensor& y) {
-  const int64_t planes = g.N * g.C;
-  const pool_planes::Plane pg = pool_planes::of(g);
-#pragma omp parallel for schedule(static)
-  for (int64_t pl = 0; pl < planes; ++pl) pool_planes::max_forward(pg, x.f32() + pl * g.H * g.W, y.f32() + pl * g.P * g.Q);
+  const int64_t HW = g.H * g.W, PQ = g.P * g.Q;
+#pragma omp parallel
+  for_each_run(g, [&](int64_t p0, int64_t, const pool_planes::Plane& pg) {
+    pool_planes::max_forward(pg, x.f32() + p0 * HW, y.f32() + p0 * PQ);
+  });
 }
 
 size_t CpuBackend::maxpool2d_workspace_bytes(const Conv2dGeom& g) const {
-  return size_t(cpu_threads()) * size_t(plane_floats(g)) * sizeof(float);
+  return size_t(cpu_threads()) * size_t(run_floats(g)) * sizeof(float);
 }
 
-// x may be the stash's encoding: each thread decodes its planes (a contiguous, increasing range
-// under the static schedule) into its own slice of the workspace.
+// x may be the stash's encoding: each thread decodes its runs (increasing under the static
+// schedule) into its own slice of the workspace.
 void CpuBackend::maxpool2d_backward(const Conv2dGeom& g, const Tensor& dy, const Tensor& x, Tensor& dx,
                                     bool accumulate, Workspace ws) {
-  const int64_t planes = g.N * g.C, HW = g.H * g.W;
+  const int64_t HW = g.H * g.W, PQ = g.P * g.Q;
   ET_CHECK(x.dtype == DType::F32 || ws.bytes >= maxpool2d_workspace_bytes(g), "maxpool2d backward: workspace");
 #pragma omp parallel
   {
-    StoredReader xr(x, static_cast<float*>(ws.data) + omp_get_thread_num() * plane_floats(g), HW);
-#pragma omp for schedule(static)
-    for (int64_t pl = 0; pl < planes; ++pl) {
-      const float* xp = xr.read(pl * HW, HW);
-      const float* dyp = dy.f32() + pl * g.P * g.Q;
-      float* dxp = dx.f32() + pl * HW;
-      if (!accumulate) std::memset(dxp, 0, sizeof(float) * size_t(HW));
-      pool_planes::max_backward(pool_planes::of(g), xp, dyp, dxp);
-    }
+    StoredReader xr(x, static_cast<float*>(ws.data) + omp_get_thread_num() * run_floats(g), run_floats(g));
+    for_each_run(g, [&](int64_t p0, int64_t k, const pool_planes::Plane& pg) {
+      const float* xp = xr.read(p0 * HW, k * HW);
+      float* dxp = dx.f32() + p0 * HW;
+      if (!accumulate) std::memset(dxp, 0, sizeof(float) * size_t(k * HW));
+      pool_planes::max_backward(pg, xp, dy.f32() + p0 * PQ, dxp);
+    });
   }
 }
 
 void CpuBackend::avgpool2d_forward(const Conv2dGeom& g, const Tensor& x, Tensor& y) {
-  const int64_t planes = g.N * g.C;
-  const pool_planes::Plane pg = pool_planes::of(g);
-#pragma omp parallel for schedule(static)
-  for (int64_t pl = 0; pl < planes; ++pl) pool_planes::avg_forward(pg, x.f32() + pl * g.H * g.W, y.f32() + pl * g.P * g.Q);
+  const int64_t HW = g.H * g.W, PQ = g.P * g.Q;
+#pragma omp parallel
+  for_each_run(g, [&](int64_t p0, int64_t, const pool_planes::Plane& pg) {
+    pool_planes::avg_forward(pg, x.f32() + p0 * HW, y.f32() + p0 * PQ);
+  });
 }
 
 void CpuBackend::avgpool2d_backward(const Conv2dGeom& g, const Tensor& dy, Tensor& dx, bool accumulate) {
-  const int64_t planes = g.N * g.C;
-  const pool_planes::Plane pg = pool_planes::of(g);
-#pragma omp parallel for schedule(static)
-  for (int64_t pl = 0; pl < planes; ++pl) {
-    float* dxp = dx.f32() + pl * g.H * g.W;
-    if (!accumulate) std::memset(dxp, 0, sizeof(float) * size_t(g.H * g.W));
-    pool_planes::avg_backward(pg, dy.f32() + pl * g.P * g.Q, dxp);
-  }
+  const int64_t HW = g.H * g.W, PQ = g.P * g.Q;
+#pragma omp parallel
+  for_each_run(g, [&](int64_t p0, int64_t k, const pool_planes::Plane& pg) {
+    float* dxp = dx.f32() + p0 * HW;
+    if (!accumulate) std::memset(dxp, 0, sizeof(float) * size_t(k * HW));
+    pool_planes::avg_backward(pg, dy.f32() + p0 * PQ, dxp);
+  });
 }
 
 // y [N,C] = mean over H,W of x [N,C,H,W]
