@@ -72,20 +72,59 @@ ET_ROW_FUNCTION void apply(const float* x, float scale, float shift, int64_t len
 #endif
 }
 
-// The block functions gather one position of 16 channels' planes into a vector (lanes = channels),
-// so each plane's sum runs left to right whatever the plane size.
+// The block functions reduce 16 channels at a time. AVX-512: each plane sums as a binary tree of
+// adjacent pairs (pair_sums below); where HW divides 16 the planes are read as contiguous vectors
+// (16 / HW planes each), else one plane per vector, padded with zeros to 16 lanes. Portable: left
+// to right. Either way the order depends on HW only, not on L or on where a block starts.
+#if defined(__AVX512F__)
+namespace {
+// [a0 + a1, a2 + a3, ..., a14 + a15, b0 + b1, ..., b14 + b15]
+inline __m512 pair_sums(__m512 a, __m512 b) {
+  const __m512i even = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
+  const __m512i odd = _mm512_add_epi32(even, _mm512_set1_epi32(1));
+  return _mm512_add_ps(_mm512_permutex2var_ps(a, even, b), _mm512_permutex2var_ps(a, odd, b));
+}
+
+// Per channel l < min(L, 16) of planes [L, HW]: lane l of *s1 / *s2 = the plane's sum of the two
+// values load(offset, mask) returns for its elements.
+template <class Load>
+inline void reduce16(int64_t L, int64_t HW, Load load, __m512* s1, __m512* s2) {
+  __m512 u[16], v[16];
+  int64_t n = 16;
+  if (16 % HW == 0) {  // HW vectors, each 16 / HW whole planes
+    const int64_t len = std::min<int64_t>(L, 16) * HW;
+    n = HW;
+    for (int64_t j = 0; j < n; ++j) {
+      const int64_t left = len - j * 16;
+      const __mmask16 m = left >= 16 ? __mmask16(0xFFFF) : left <= 0 ? __mmask16(0) : __mmask16((1u << left) - 1);
+      load(j * 16, m, &u[j], &v[j]);
+    }
+  } else {  // a plane per vector
+    const __mmask16 plane = __mmask16((1u << HW) - 1);
+    for (int64_t l = 0; l < 16; ++l) load(l * HW, l < L ? plane : __mmask16(0), &u[l], &v[l]);
+  }
+  for (; n > 1; n /= 2)
+    for (int64_t k = 0; k < n / 2; ++k) {
+      u[k] = pair_sums(u[2 * k], u[2 * k + 1]);
+      v[k] = pair_sums(v[2 * k], v[2 * k + 1]);
+    }
+  *s1 = u[0];
+  *s2 = v[0];
+}
+}  // namespace
+#endif
+
 ET_ROW_FUNCTION void block_sums(const float* x, int64_t L, int64_t HW, float* s1, float* s2) {
 #if defined(__AVX512F__)
-  const __m512i idx = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
-                                         _mm512_set1_epi32(int32_t(HW)));
   for (int64_t l0 = 0; l0 < L; l0 += 16) {
+    const float* p = x + l0 * HW;
+    __m512 a, q;
+    reduce16(L - l0, HW, [p](int64_t o, __mmask16 m, __m512* u, __m512* v) {
+      const __m512 e = _mm512_maskz_loadu_ps(m, p + o);
+      *u = e;
+      *v = _mm512_mul_ps(e, e);
+    }, &a, &q);
     const __mmask16 m = L - l0 >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << (L - l0)) - 1);
-    __m512 a = _mm512_setzero_ps(), q = _mm512_setzero_ps();
-    for (int64_t i = 0; i < HW; ++i) {
-      const __m512 v = _mm512_mask_i32gather_ps(_mm512_setzero_ps(), m, idx, x + l0 * HW + i, 4);
-      a = _mm512_add_ps(a, v);
-      q = _mm512_fmadd_ps(v, v, q);
-    }
     _mm512_mask_storeu_ps(s1 + l0, m, a);
     _mm512_mask_storeu_ps(s2 + l0, m, q);
   }
@@ -106,18 +145,15 @@ ET_ROW_FUNCTION void block_sums(const float* x, int64_t L, int64_t HW, float* s1
 ET_ROW_FUNCTION void block_grad_sums(const float* d, const float* x, const float* mu, int64_t L, int64_t HW, float* a,
                                      float* b) {
 #if defined(__AVX512F__)
-  const __m512i idx = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
-                                         _mm512_set1_epi32(int32_t(HW)));
   for (int64_t l0 = 0; l0 < L; l0 += 16) {
+    const float *dp = d + l0 * HW, *xp = x + l0 * HW, *mp = mu + l0 * HW;
+    __m512 sa, sb;
+    reduce16(L - l0, HW, [=](int64_t o, __mmask16 m, __m512* u, __m512* v) {
+      const __m512 e = _mm512_maskz_loadu_ps(m, dp + o);
+      *u = e;
+      *v = _mm512_mul_ps(e, _mm512_sub_ps(_mm512_maskz_loadu_ps(m, xp + o), _mm512_maskz_loadu_ps(m, mp + o)));
+    }, &sa, &sb);
     const __mmask16 m = L - l0 >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << (L - l0)) - 1);
-    const __m512 vmu = _mm512_maskz_loadu_ps(m, mu + l0);
-    __m512 sa = _mm512_setzero_ps(), sb = _mm512_setzero_ps();
-    for (int64_t i = 0; i < HW; ++i) {
-      const __m512 v = _mm512_mask_i32gather_ps(_mm512_setzero_ps(), m, idx, d + l0 * HW + i, 4);
-      const __m512 xv = _mm512_mask_i32gather_ps(_mm512_setzero_ps(), m, idx, x + l0 * HW + i, 4);
-      sa = _mm512_add_ps(sa, v);
-      sb = _mm512_fmadd_ps(v, _mm512_sub_ps(xv, vmu), sb);
-    }
     _mm512_mask_storeu_ps(a + l0, m, sa);
     _mm512_mask_storeu_ps(b + l0, m, sb);
   }
@@ -127,7 +163,7 @@ ET_ROW_FUNCTION void block_grad_sums(const float* d, const float* x, const float
     for (int64_t i = 0; i < HW; ++i) {
       const float v = d[l * HW + i];
       sa += v;
-      sb = std::fma(v, x[l * HW + i] - mu[l], sb);
+      sb = std::fma(v, x[l * HW + i] - mu[l * HW + i], sb);
     }
     a[l] = sa;
     b[l] = sb;
@@ -364,9 +400,10 @@ void CpuBackend::batchnorm_backward_blocks(const Tensor& dy, const Tensor& x, co
     alignas(64) float a[kSmallPlaneBlock], b[kSmallPlaneBlock], c[kSmallPlaneBlock];
     alignas(64) float ae[kSmallPlaneBlock], be[kSmallPlaneBlock], ce[kSmallPlaneBlock];
     double sdy[kSmallPlaneBlock] = {}, sdyx[kSmallPlaneBlock] = {};
+    bn_rows::expand(mean.f32() + c0, Lb, HW, ae);  // the mean per element
     for (int64_t n = 0; n < N; ++n) {
       const int64_t base = (n * C + c0) * HW;
-      bn_rows::block_grad_sums(dy.f32() + base, x_chunk(x, base, len, buf), mean.f32() + c0, Lb, HW, a, b);
+      bn_rows::block_grad_sums(dy.f32() + base, x_chunk(x, base, len, buf), ae, Lb, HW, a, b);
       for (int64_t l = 0; l < Lb; ++l) sdy[l] += a[l], sdyx[l] += b[l];
     }
     for (int64_t l = 0; l < Lb; ++l) {

@@ -94,11 +94,11 @@ inline auto row_of(const float* p) {
 // Small planes (HW <= kSmallPlane, engine/fused_stack.h) go by channel blocks: x [L, HW], the planes
 // of L consecutive channels of one image, contiguous. Every small-plane caller (the BN layer, the
 // fused stacks) uses these functions and no per-plane one, so results agree bit for bit; per
-// channel they do not depend on L. Each plane's sums run left to right in float (vectors across
-// channels), planes add in double over n in order, as for large planes.
+// channel they do not depend on L. Each plane sums in float in an order fixed by HW (batchnorm.cpp),
+// planes add in double over n in order, as for large planes.
 // s1[l] = sum of x[l, :], s2[l] = sum of x[l, :]^2
 void block_sums(const float* x, int64_t L, int64_t HW, float* s1, float* s2);
-// a[l] = sum of d[l, :], b[l] = sum of d[l, :] * (x[l, :] - mu[l])
+// a[l] = sum of d[l, :], b[l] = sum of d[l, :] * (x[l, :] - mu[l, :]) (mu: the mean expanded per element)
 void block_grad_sums(const float* d, const float* x, const float* mu, int64_t L, int64_t HW, float* a, float* b);
 // out[i] = x[i] * scale[i] + shift[i]: apply with the per-channel coefficients expanded per element
 // (expand()), so a block is one flat loop.
