@@ -111,23 +111,31 @@ inline void reduce16(int64_t L, int64_t HW, Load load, __m512* s1, __m512* s2) {
   *s1 = u[0];
   *s2 = v[0];
 }
+
+// s1[l], s2[l] for every channel l < L, 16 at a time; loader_of(first channel) gives reduce16's loader.
+template <class LoaderOf>
+inline void reduce_channels(int64_t L, int64_t HW, LoaderOf loader_of, float* s1, float* s2) {
+  for (int64_t l0 = 0; l0 < L; l0 += 16) {
+    __m512 a, b;
+    reduce16(L - l0, HW, loader_of(l0), &a, &b);
+    const __mmask16 m = L - l0 >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << (L - l0)) - 1);
+    _mm512_mask_storeu_ps(s1 + l0, m, a);
+    _mm512_mask_storeu_ps(s2 + l0, m, b);
+  }
+}
 }  // namespace
 #endif
 
 ET_ROW_FUNCTION void block_sums(const float* x, int64_t L, int64_t HW, float* s1, float* s2) {
 #if defined(__AVX512F__)
-  for (int64_t l0 = 0; l0 < L; l0 += 16) {
+  reduce_channels(L, HW, [=](int64_t l0) {
     const float* p = x + l0 * HW;
-    __m512 a, q;
-    reduce16(L - l0, HW, [p](int64_t o, __mmask16 m, __m512* u, __m512* v) {
+    return [p](int64_t o, __mmask16 m, __m512* u, __m512* v) {
       const __m512 e = _mm512_maskz_loadu_ps(m, p + o);
       *u = e;
       *v = _mm512_mul_ps(e, e);
-    }, &a, &q);
-    const __mmask16 m = L - l0 >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << (L - l0)) - 1);
-    _mm512_mask_storeu_ps(s1 + l0, m, a);
-    _mm512_mask_storeu_ps(s2 + l0, m, q);
-  }
+    };
+  }, s1, s2);
 #else
   for (int64_t l = 0; l < L; ++l) {
     float a = 0.f, q = 0.f;
@@ -145,18 +153,14 @@ ET_ROW_FUNCTION void block_sums(const float* x, int64_t L, int64_t HW, float* s1
 ET_ROW_FUNCTION void block_grad_sums(const float* d, const float* x, const float* mu, int64_t L, int64_t HW, float* a,
                                      float* b) {
 #if defined(__AVX512F__)
-  for (int64_t l0 = 0; l0 < L; l0 += 16) {
+  reduce_channels(L, HW, [=](int64_t l0) {
     const float *dp = d + l0 * HW, *xp = x + l0 * HW, *mp = mu + l0 * HW;
-    __m512 sa, sb;
-    reduce16(L - l0, HW, [=](int64_t o, __mmask16 m, __m512* u, __m512* v) {
+    return [=](int64_t o, __mmask16 m, __m512* u, __m512* v) {
       const __m512 e = _mm512_maskz_loadu_ps(m, dp + o);
       *u = e;
       *v = _mm512_mul_ps(e, _mm512_sub_ps(_mm512_maskz_loadu_ps(m, xp + o), _mm512_maskz_loadu_ps(m, mp + o)));
-    }, &sa, &sb);
-    const __mmask16 m = L - l0 >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << (L - l0)) - 1);
-    _mm512_mask_storeu_ps(a + l0, m, sa);
-    _mm512_mask_storeu_ps(b + l0, m, sb);
-  }
+    };
+  }, a, b);
 #else
   for (int64_t l = 0; l < L; ++l) {
     float sa = 0.f, sb = 0.f;

@@ -38,25 +38,7 @@ void forward_plane(const FusedStack& s, size_t stages, const float* x, const flo
                    float* const* out) {
   const FusedStage& bn = s.stages[0];
   bn_rows::apply(x, scale, shift, bn.H * bn.W, out[0]);
-  for (size_t k = 1; k < stages; ++k) {
-    const FusedStage& st = s.stages[k];
-    const float* in = out[k - 1];
-    float* o = out[k];
-    const int64_t n = st.H * st.W;
-    switch (st.kind) {
-      case FusedKind::Relu:
-#pragma omp simd
-        for (int64_t i = 0; i < n; ++i) o[i] = in[i] > 0.f ? in[i] : 0.f;  // relu_forward's rule (NaN -> 0)
-        break;
-      case FusedKind::Add:
-#pragma omp simd
-        for (int64_t i = 0; i < n; ++i) o[i] = in[i] + side[i];
-        break;
-      case FusedKind::MaxPool: pool_planes::max_forward(pool_planes::of(st), in, o); break;
-      case FusedKind::AvgPool: pool_planes::avg_forward(pool_planes::of(st), in, o); break;
-      default: ET_CHECK(false, "fused stage kind ", int(st.kind));
-    }
-  }
+  for (size_t k = 1; k < stages; ++k) stage_forward(s.stages[k], 1, out[k - 1], side, out[k]);
 }
 
 // Stacks whose stages after the BN are element-wise (ResNet's two kinds, MobileNetV2's): the first
@@ -211,51 +193,7 @@ void CpuBackend::fused_backward(const FusedStack& s, const FusedTensors& t, Fuse
                     add >= 0 ? t.side.f32() + in_plane * side_plane : nullptr, scale, shift, out);
     }
     std::memcpy(ga, g.dy.f32() + in_plane * PQ, sizeof(float) * size_t(PQ));
-    for (int64_t k = S - 1; k >= 1; --k) {
-      const FusedStage& st = s.stages[size_t(k)];
-      const int64_t n_in = st.H * st.W;
-      switch (st.kind) {
-        case FusedKind::Relu:
-          if (k == S - 1 && read_y_mask) {
-            const int64_t o = in_plane * PQ;
-            if (g.y_mask.bits) {
-              const uint64_t* bits = g.y_mask.bits;
-              for (int64_t i = 0; i < n_in; ++i) ga[i] = (bits[(o + i) >> 6] >> ((o + i) & 63)) & 1 ? ga[i] : 0.f;
-            } else {
-              const float* m = g.y_mask.dense.f32() + o;
-#pragma omp simd
-              for (int64_t i = 0; i < n_in; ++i) ga[i] = m[i] > 0.f ? ga[i] : 0.f;
-            }
-          } else {
-            const float* m = out[k];
-#pragma omp simd
-            for (int64_t i = 0; i < n_in; ++i) ga[i] = m[i] > 0.f ? ga[i] : 0.f;
-          }
-          break;
-        case FusedKind::Add:
-          if (first_sweep && g.dside.defined()) {
-            float* d = g.dside.f32() + in_plane * side_plane;
-            if (g.dside_accumulate) {
-#pragma omp simd
-              for (int64_t i = 0; i < n_in; ++i) d[i] += ga[i];
-            } else {
-              std::memcpy(d, ga, sizeof(float) * size_t(n_in));
-            }
-          }
-          break;
-        case FusedKind::MaxPool:
-        case FusedKind::AvgPool:
-          std::memset(gb, 0, sizeof(float) * size_t(n_in));
-          if (st.kind == FusedKind::MaxPool)
-            pool_planes::max_backward(pool_planes::of(st), out[k - 1], ga, gb);
-          else
-            pool_planes::avg_backward(pool_planes::of(st), ga, gb);
-          std::swap(ga, gb);
-          break;
-        default: ET_CHECK(false, "fused stage kind ", int(st.kind));
-      }
-    }
-    return ga;
+    return stages_backward(s, g, out, ga, gb, in_plane, 1, first_sweep, read_y_mask);
   };
 
 #pragma omp parallel

@@ -29,38 +29,6 @@ namespace {
 
 using namespace fused_planes;
 
-// out = pool(in) over L planes.
-void pool_forward(const FusedStage& st, int64_t L, const float* in, float* out) {
-  const bool max = st.kind == FusedKind::MaxPool;
-  const pool_planes::Plane g = pool_planes::of(st);
-  if (pool_planes::pools_as_one_plane(g)) {
-    const pool_planes::Plane t = pool_planes::stacked(g, L);
-    return max ? pool_planes::max_forward(t, in, out) : pool_planes::avg_forward(t, in, out);
-  }
-  for (int64_t l = 0; l < L; ++l) {
-    if (max)
-      pool_planes::max_forward(g, in + l * g.H * g.W, out + l * g.P * g.Q);
-    else
-      pool_planes::avg_forward(g, in + l * g.H * g.W, out + l * g.P * g.Q);
-  }
-}
-
-// dx (zeroed by the caller) += the pool's gradient of dy over L planes; in is the pool's input.
-void pool_backward(const FusedStage& st, int64_t L, const float* in, const float* dy, float* dx) {
-  const bool max = st.kind == FusedKind::MaxPool;
-  const pool_planes::Plane g = pool_planes::of(st);
-  if (pool_planes::pools_as_one_plane(g)) {
-    const pool_planes::Plane t = pool_planes::stacked(g, L);
-    return max ? pool_planes::max_backward(t, in, dy, dx) : pool_planes::avg_backward(t, dy, dx);
-  }
-  for (int64_t l = 0; l < L; ++l) {
-    if (max)
-      pool_planes::max_backward(g, in + l * g.H * g.W, dy + l * g.P * g.Q, dx + l * g.H * g.W);
-    else
-      pool_planes::avg_backward(g, dy + l * g.P * g.Q, dx + l * g.H * g.W);
-  }
-}
-
 // One block through the first `stages` stages: out[k] receives stage k's output over L planes.
 void forward_block(const FusedStack& s, size_t stages, int64_t L, const float* x, const float* side,
                    const float* scale, const float* shift, float* const* out) {
@@ -94,25 +62,7 @@ void forward_block(const FusedStack& s, size_t stages, int64_t L, const float* x
   {
     bn_rows::block_apply(x, scale, shift, len, out[0]);
   }
-  for (; k < stages; ++k) {
-    const FusedStage& st = s.stages[k];
-    const float* in = out[k - 1];
-    float* o = out[k];
-    const int64_t n = L * st.H * st.W;
-    switch (st.kind) {
-      case FusedKind::Relu:
-#pragma omp simd
-        for (int64_t i = 0; i < n; ++i) o[i] = in[i] > 0.f ? in[i] : 0.f;  // relu_forward's rule (NaN -> 0)
-        break;
-      case FusedKind::Add:
-#pragma omp simd
-        for (int64_t i = 0; i < n; ++i) o[i] = in[i] + side[i];
-        break;
-      case FusedKind::MaxPool:
-      case FusedKind::AvgPool: pool_forward(st, L, in, o); break;
-      default: ET_CHECK(false, "fused stage kind ", int(st.kind));
-    }
-  }
+  for (; k < stages; ++k) stage_forward(s.stages[k], L, out[k - 1], side, out[k]);
 }
 
 // The thread's scratch (block_thread_floats): stage blocks, gradient blocks, coefficients.
@@ -231,50 +181,8 @@ void CpuBackend::fused_blocks_backward(const FusedStack& s, const FusedTensors& 
     if (recompute)
       forward_block(s, size_t(S) - (last_pool ? 1 : 0), L, xp + b0 * HW,
                     add >= 0 ? t.side.f32() + b0 * side_plane : nullptr, sc.scale, sc.shift, sc.out);
-    float *ga = sc.ga, *gb = sc.gb;
-    std::memcpy(ga, g.dy.f32() + b0 * PQ, sizeof(float) * size_t(L * PQ));
-    for (int64_t k = S - 1; k >= 1; --k) {
-      const FusedStage& st = s.stages[size_t(k)];
-      const int64_t n_in = L * st.H * st.W;
-      switch (st.kind) {
-        case FusedKind::Relu:
-          if (k == S - 1 && read_y_mask) {
-            const int64_t o = b0 * PQ;
-            if (g.y_mask.bits) {
-              const uint64_t* bits = g.y_mask.bits;
-              for (int64_t i = 0; i < n_in; ++i) ga[i] = (bits[(o + i) >> 6] >> ((o + i) & 63)) & 1 ? ga[i] : 0.f;
-            } else {
-              const float* m = g.y_mask.dense.f32() + o;
-#pragma omp simd
-              for (int64_t i = 0; i < n_in; ++i) ga[i] = m[i] > 0.f ? ga[i] : 0.f;
-            }
-          } else {
-            const float* m = sc.out[k];
-#pragma omp simd
-            for (int64_t i = 0; i < n_in; ++i) ga[i] = m[i] > 0.f ? ga[i] : 0.f;
-          }
-          break;
-        case FusedKind::Add:
-          if (first_sweep && g.dside.defined()) {
-            float* d = g.dside.f32() + b0 * side_plane;
-            if (g.dside_accumulate) {
-#pragma omp simd
-              for (int64_t i = 0; i < n_in; ++i) d[i] += ga[i];
-            } else {
-              std::memcpy(d, ga, sizeof(float) * size_t(n_in));
-            }
-          }
-          break;
-        case FusedKind::MaxPool:
-        case FusedKind::AvgPool:
-          std::memset(gb, 0, sizeof(float) * size_t(n_in));
-          pool_backward(st, L, sc.out[k - 1], ga, gb);
-          std::swap(ga, gb);
-          break;
-        default: ET_CHECK(false, "fused stage kind ", int(st.kind));
-      }
-    }
-    return ga;
+    std::memcpy(sc.ga, g.dy.f32() + b0 * PQ, sizeof(float) * size_t(L * PQ));
+    return stages_backward(s, g, sc.out, sc.ga, sc.gb, b0, L, first_sweep, read_y_mask);
   };
 
 #pragma omp parallel

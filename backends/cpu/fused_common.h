@@ -9,6 +9,8 @@
 #include <immintrin.h>
 #endif
 
+#include "backends/cpu/pool_planes.h"
+#include "engine/check.h"
 #include "engine/fused_stack.h"
 
 namespace et {
@@ -70,6 +72,110 @@ inline bool needs_recompute(const FusedStack& s, bool x_exact) {
       return true;
   }
   return false;
+}
+
+// Pools of L consecutive planes (L = 1: one plane): where the windows tile each plane, as one tall
+// plane (pool_planes::pools_as_one_plane), else plane by plane.
+inline void pool_forward(const FusedStage& st, int64_t L, const float* in, float* out) {
+  const bool max = st.kind == FusedKind::MaxPool;
+  const pool_planes::Plane g = pool_planes::of(st);
+  if (pool_planes::pools_as_one_plane(g)) {
+    const pool_planes::Plane t = pool_planes::stacked(g, L);
+    return max ? pool_planes::max_forward(t, in, out) : pool_planes::avg_forward(t, in, out);
+  }
+  for (int64_t l = 0; l < L; ++l) {
+    if (max)
+      pool_planes::max_forward(g, in + l * g.H * g.W, out + l * g.P * g.Q);
+    else
+      pool_planes::avg_forward(g, in + l * g.H * g.W, out + l * g.P * g.Q);
+  }
+}
+
+// dx (zeroed by the caller) += the pool's gradient of dy over L planes; in is the pool's input.
+inline void pool_backward(const FusedStage& st, int64_t L, const float* in, const float* dy, float* dx) {
+  const bool max = st.kind == FusedKind::MaxPool;
+  const pool_planes::Plane g = pool_planes::of(st);
+  if (pool_planes::pools_as_one_plane(g)) {
+    const pool_planes::Plane t = pool_planes::stacked(g, L);
+    return max ? pool_planes::max_backward(t, in, dy, dx) : pool_planes::avg_backward(t, dy, dx);
+  }
+  for (int64_t l = 0; l < L; ++l) {
+    if (max)
+      pool_planes::max_backward(g, in + l * g.H * g.W, dy + l * g.P * g.Q, dx + l * g.H * g.W);
+    else
+      pool_planes::avg_backward(g, dy + l * g.P * g.Q, dx + l * g.H * g.W);
+  }
+}
+
+// One stage after the BN over L consecutive planes: o = stage(in) (side: the Add's other operand).
+inline void stage_forward(const FusedStage& st, int64_t L, const float* in, const float* side, float* o) {
+  const int64_t n = L * st.H * st.W;
+  switch (st.kind) {
+    case FusedKind::Relu:
+#pragma omp simd
+      for (int64_t i = 0; i < n; ++i) o[i] = in[i] > 0.f ? in[i] : 0.f;  // relu_forward's rule (NaN -> 0)
+      break;
+    case FusedKind::Add:
+#pragma omp simd
+      for (int64_t i = 0; i < n; ++i) o[i] = in[i] + side[i];
+      break;
+    case FusedKind::MaxPool:
+    case FusedKind::AvgPool: pool_forward(st, L, in, o); break;
+    default: ET_CHECK(false, "fused stage kind ", int(st.kind));
+  }
+}
+
+// The stages' backward, last to first, over L consecutive planes from plane b0 on: ga holds dy of
+// the stack's output on entry; returns the buffer (ga or gb) that holds dz, the gradient of the BN
+// output. out[k]: stage k's recomputed output where a stage needs it. The first sweep also writes
+// the side input's gradient, which the Add stage hands on unchanged.
+inline float* stages_backward(const FusedStack& s, FusedGrads& g, float* const* out, float* ga, float* gb,
+                              int64_t b0, int64_t L, bool first_sweep, bool read_y_mask) {
+  const int64_t S = int64_t(s.stages.size()), PQ = s.last().P * s.last().Q;
+  const int add = s.add_stage();
+  const int64_t side_plane = add >= 0 ? s.stages[size_t(add)].H * s.stages[size_t(add)].W : 0;
+  for (int64_t k = S - 1; k >= 1; --k) {
+    const FusedStage& st = s.stages[size_t(k)];
+    const int64_t n_in = L * st.H * st.W;
+    switch (st.kind) {
+      case FusedKind::Relu:
+        if (k == S - 1 && read_y_mask) {
+          const int64_t o = b0 * PQ;
+          if (g.y_mask.bits) {
+            const uint64_t* bits = g.y_mask.bits;
+            for (int64_t i = 0; i < n_in; ++i) ga[i] = (bits[(o + i) >> 6] >> ((o + i) & 63)) & 1 ? ga[i] : 0.f;
+          } else {
+            const float* m = g.y_mask.dense.f32() + o;
+#pragma omp simd
+            for (int64_t i = 0; i < n_in; ++i) ga[i] = m[i] > 0.f ? ga[i] : 0.f;
+          }
+        } else {
+          const float* m = out[k];
+#pragma omp simd
+          for (int64_t i = 0; i < n_in; ++i) ga[i] = m[i] > 0.f ? ga[i] : 0.f;
+        }
+        break;
+      case FusedKind::Add:
+        if (first_sweep && g.dside.defined()) {
+          float* d = g.dside.f32() + b0 * side_plane;
+          if (g.dside_accumulate) {
+#pragma omp simd
+            for (int64_t i = 0; i < n_in; ++i) d[i] += ga[i];
+          } else {
+            std::memcpy(d, ga, sizeof(float) * size_t(n_in));
+          }
+        }
+        break;
+      case FusedKind::MaxPool:
+      case FusedKind::AvgPool:
+        std::memset(gb, 0, sizeof(float) * size_t(n_in));
+        pool_backward(st, L, out[k - 1], ga, gb);
+        std::swap(ga, gb);
+        break;
+      default: ET_CHECK(false, "fused stage kind ", int(st.kind));
+    }
+  }
+  return ga;
 }
 
 // y's bitmap words [w0, w1) with the stash's keep rule (y >= +0 by construction here, so it is one
