@@ -85,7 +85,13 @@ while [ $finished -eq 0 ]; do
     kill -KILL $pid 2>/dev/null
   fi
   wait $pid 2>/dev/null; rc=$?
-  if [ $rc -eq 137 ]; then
+  if [ $rc -eq 137 ] && [ $last -eq 1 ] && [ "$run/checkpoint_last.ckpt" -nt "$T/marker" ]; then
+    # The kill struck after the last epoch's checkpoint was renamed into place (the shell was
+    # descheduled between seeing the write and the kill): the run is complete, so counting this
+    # kill would leave no epoch to kill in. Undone like a missed launch.
+    rm -rf "$run" && mv "$T/undo" "$run"
+    missed=$((missed + 1))
+  elif [ $rc -eq 137 ]; then
     kills=$((kills + 1))
     [ "$tmp" -nt "$T/marker" ] && in_write=$((in_write + 1))
     for f in "$run/config.json.tmp" "$run/metrics.jsonl.tmp"; do [ "$f" -nt "$T/marker" ] && in_other_write=$((in_other_write + 1)); done
