@@ -44,7 +44,12 @@ inline FusedStage fused_stage(FusedKind kind) {
 struct FusedStack {
   std::vector<FusedStage> stages;
   int64_t C = 0;              // channels (every stage keeps them)
-  int64_t tile_channels = 1;  // channels per tile, each over the whole batch (BN reduces per channel)
+  // How a BN-headed stack walks the batch (backends/cpu/fused.cpp). Large planes: in memory order,
+  // a tile is one plane (channel_slabs false, fusion.tile auto), or by slabs of tile_channels
+  // channels over the whole batch (an explicit fusion.tile). Small planes: blocks of tile_channels
+  // channels of one image, in memory order.
+  int64_t tile_channels = 1;
+  bool channel_slabs = false;
   // The last stage is a ReLU: the op saves y's mask, as the unfused ReLU does, and the backward
   // reads it (OpContext::saved_mask) instead of recomputing the stack (after an Add it could not:
   // the side input is not kept).

@@ -185,9 +185,11 @@ Plan plan(const Graph& g, const FusionSpec& spec) {
     if (sp.nodes.size() < 2) continue;
     for (int m : sp.nodes) claimed[size_t(m)] = 1;
     FusedStack& s = sp.stack;
-    // A tile is `tile_channels` channels of the whole batch (BN reduces per channel over it): the
-    // backward's second sweep finds the slab of x and the parked dz in the cache if the tile fits.
-    // Inside it each plane runs through the stages in the thread's scratch (fused.cpp).
+    // A tile is one plane in memory order (auto), or `tile_channels` channels of the whole batch
+    // (an explicit fusion.tile: BN reduces per channel over the batch, so the backward's second
+    // sweep finds the slab of x and the parked dz in the cache if the tile fits), or on small
+    // planes a block of channels of one image. Each plane runs through the stages in the thread's
+    // scratch (fused.cpp).
     int64_t plane = 0;
     for (const FusedStage& st : s.stages) plane = std::max({plane, st.H * st.W, st.P * st.Q});
     const size_t scratch = f32(plane) * (s.stages.size() + 2);
@@ -205,11 +207,13 @@ Plan plan(const Graph& g, const FusionSpec& spec) {
       s.tile_channels = spec.tile > 0           ? std::min(spec.tile, s.C)
                         : s.small_planes() ? small_plane_block_channels(s.stages[0].H * s.stages[0].W, s.C)
                                            : 1;
-      if (spec.tile > 0 && slab > 0 && scratch + size_t(s.tile_channels) * slab > p.cache_bytes)
+      s.channel_slabs = spec.tile > 0 && slab > 0 && !s.small_planes();
+      if (s.channel_slabs && scratch + size_t(s.tile_channels) * slab > p.cache_bytes)
         user_error("config key 'fusion.tile' = ", spec.tile, ": a tile of stack ", sp.name, " needs ",
                    (scratch + size_t(s.tile_channels) * slab) / 1024, " KiB, more than the ", p.cache_bytes / 1024,
                    " KiB cache");
-      sp.tile_bytes = scratch + size_t(s.tile_channels) * slab;
+      sp.tile_bytes = scratch + (s.channel_slabs ? size_t(s.tile_channels) * slab : 0);
+      if (s.small_planes()) sp.tile_bytes = scratch * size_t(s.tile_channels);
       p.bytes_unfused += sp.bytes_unfused;
       p.bytes_fused += sp.bytes_fused;
     }
@@ -250,7 +254,7 @@ std::string mb(size_t b) {
 std::string describe(const Graph& g, const Plan& p) {
   std::ostringstream o;
   o << "cache: " << p.cache_bytes / 1024 << " KiB (" << p.cache_source << "), batch " << g.batch_size() << "\n";
-  o << "stack                 stages                  planes       tile  KiB/tile  MB unfused  MB fused  vanish\n";
+  o << "stack                 stages                  planes         tile  KiB/tile  MB unfused  MB fused  vanish\n";
   for (const StackPlan& sp : p.stacks) {
     std::string stages;
     for (const FusedStage& st : sp.stack.stages) stages += std::string(stages.empty() ? "" : ",") + kind_name(st.kind);
@@ -261,8 +265,14 @@ std::string describe(const Graph& g, const Plan& p) {
       << std::string(planes.size() < 11 ? 11 - planes.size() : 1, ' ');
     if (sp.fused) {
       char line[160];
-      std::snprintf(line, sizeof line, "%4lldch %8zu%s %10s %9s %6zu\n", (long long)sp.stack.tile_channels,
-                    sp.tile_bytes / 1024, sp.tile_bytes <= p.cache_bytes ? " " : "*", mb(sp.bytes_unfused).c_str(),
+      const FusedStack& s = sp.stack;
+      char tile[32];
+      if (s.channel_slabs || s.small_planes())
+        std::snprintf(tile, sizeof tile, "%lldch%s", (long long)s.tile_channels, s.channel_slabs ? " slab" : "");
+      else
+        std::snprintf(tile, sizeof tile, "plane");
+      std::snprintf(line, sizeof line, "%10s %8zu%s %10s %9s %6zu\n", tile, sp.tile_bytes / 1024,
+                    sp.tile_bytes <= p.cache_bytes ? " " : "*", mb(sp.bytes_unfused).c_str(),
                     mb(sp.bytes_fused).c_str(), sp.vanished.size());
       o << line;
     } else {
@@ -271,8 +281,9 @@ std::string describe(const Graph& g, const Plan& p) {
   }
   int fused = 0;
   for (const StackPlan& sp : p.stacks) fused += sp.fused;
-  o << "(tile: channels over the whole batch; * = larger than the cache: the second backward sweep re-reads "
-       "x from memory)\n";
+  o << "(tile: plane = one plane, in memory order; Nch = a block of N channels of one image; Nch slab = N "
+       "channels over the whole batch (fusion.tile), * = larger than the cache: the second backward sweep "
+       "re-reads x from memory)\n";
   o << "fused stacks: " << fused << " of " << p.stacks.size() << " (one sequence each); bytes moved per step: "
     << mb(p.bytes_unfused) << " MB unfused, " << mb(p.bytes_fused) << " MB fused ("
     << (p.bytes_fused ? double(p.bytes_unfused) / double(p.bytes_fused) : 0.0) << "x less)\n";

@@ -29,16 +29,23 @@ void channel_statistics(const float* xp, int64_t N, int64_t C, int64_t HW, int64
     // (a CIFAR plane is one page): touching the next plane's first lines starts it there.
     if (n + 1 < N)
       for (int64_t i = 0; i < std::min<int64_t>(HW, 64); i += 16) __builtin_prefetch(row + C * HW + i);
-    float s1 = 0.f, s2 = 0.f;
-#pragma omp simd reduction(+ : s1, s2)
-    for (int64_t i = 0; i < HW; ++i) {
-      s1 += row[i];
-      s2 += row[i] * row[i];
-    }
+    float s1, s2;
+    plane_sums(row, HW, &s1, &s2);
     s += s1;
     ss += s2;
   }
   finish_statistics(s, ss, M, c, momentum, eps, running_mean, running_var, mean, invstd);
+}
+
+ET_ROW_FUNCTION void plane_sums(const float* x, int64_t HW, float* s1_out, float* s2_out) {
+  float s1 = 0.f, s2 = 0.f;
+#pragma omp simd reduction(+ : s1, s2)
+  for (int64_t i = 0; i < HW; ++i) {
+    s1 += x[i];
+    s2 += x[i] * x[i];
+  }
+  *s1_out = s1;
+  *s2_out = s2;
 }
 
 void finish_statistics(double s, double ss, int64_t M, int64_t c, float momentum, float eps, Tensor& running_mean,

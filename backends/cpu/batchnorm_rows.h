@@ -21,6 +21,9 @@ namespace bn_rows {
 void channel_statistics(const float* x, int64_t N, int64_t C, int64_t HW, int64_t c, float momentum, float eps,
                         Tensor& running_mean, Tensor& running_var, Tensor& mean, Tensor& invstd);
 
+// One plane's sums in float (the order channel_statistics uses): *s1 = sum x, *s2 = sum x^2.
+void plane_sums(const float* x, int64_t HW, float* s1, float* s2);
+
 // From a channel's sums over the batch (in double): mean[c], invstd[c], the running statistics.
 void finish_statistics(double s, double ss, int64_t M, int64_t c, float momentum, float eps, Tensor& running_mean,
                        Tensor& running_var, Tensor& mean, Tensor& invstd);

@@ -1,17 +1,16 @@
-// Fused stacks on CPU (engine/fused_stack.h, docs/fusion.md). The work goes channel by channel
-// (threads over channels): BN's statistics and its two backward reductions are per channel over
-// the whole batch, so a channel's slab of x (N planes, 512 KiB at CIFAR's first stage and batch
-// 128) is read from memory once and found again in this core's L2 by the pass that follows.
-// Inside the slab each plane runs through every stage in a thread's scratch (one plane per stage
-// and two gradient planes), so the values between stages never reach memory. Every stage calls
-// the row / plane functions the layer kernels call (bn_rows, pool_planes, the same element-wise
-// expressions) and the reductions keep their order (per plane in float, planes in double, n in
-// order), so the results equal the unfused layers' bit for bit.
+// Fused stacks on CPU (engine/fused_stack.h, docs/fusion.md), headed by a BN, on planes larger than
+// kSmallPlane (smaller ones: fused_blocks.cpp). BN's statistics and its two backward reductions
+// are per channel over the whole batch, so the forward makes two sweeps (statistics, then the
+// stages) and the backward two (dz and its sums, then dx). Each plane runs through every stage in
+// a thread's scratch (one plane per stage and two gradient planes), so the values between stages
+// never reach memory. Every stage calls the row / plane functions the layer kernels call (bn_rows,
+// pool_planes, the same element-wise expressions) and the reductions keep their order (per plane
+// in float, planes in double, n in order), so the results equal the unfused layers' bit for bit.
 //
-// Forward (training): statistics of the channel's slab, then its planes x (+ side) -> y, with
-// y's bitmap words. Backward: sweep 1 rebuilds dz (the gradient of BN's output) plane by plane,
-// from the saved y mask or a recompute from x, writes the side gradient, reduces dgamma / dbeta
-// and parks dz in dx; sweep 2 turns dz into dx in place while the slab is still in L2.
+// Forward (training): statistics, then planes x (+ side) -> y, with y's bitmap words. Backward:
+// sweep 1 rebuilds dz (the gradient of BN's output) plane by plane, from the saved y mask or a
+// recompute from x, writes the side gradient, takes the plane's sums and parks dz in dx; sweep 2
+// turns dz into dx in place.
 #include <omp.h>
 
 #include <algorithm>
@@ -96,8 +95,8 @@ inline auto elementwise_dz(ElementwiseOnly e, FusedGrads& g, const FusedTensors&
 }  // namespace
 
 size_t CpuBackend::fused_workspace_bytes(const FusedStack& s, int64_t batch) const {
-  (void)batch;
-  return sizeof(float) * size_t((s.small_planes() ? block_thread_floats(s) : thread_floats(s)) * cpu_threads());
+  const int64_t per_thread = s.small_planes() ? block_thread_floats(s) : thread_floats(s);
+  return sizeof(float) * size_t(per_thread * cpu_threads() + table_floats(s, batch));
 }
 
 // The stack output's bitmap: counted where the planes wrote whole words, else one pass over y.
@@ -108,6 +107,14 @@ void CpuBackend::finish_output_mask(Tensor y, MaskOut* mask, bool plane_words, i
     relu_forward(y, y, mask);  // y >= +0: an identity that writes the bitmap
 }
 
+// Two orders of the planes, with equal results (docs/fusion.md):
+// - memory order (fusion.tile auto): every sweep streams the tensors plane after plane as they
+//   lie, each thread a contiguous range; per-plane sums go to an [N, C] table and add per channel
+//   in double over n in order, the BN layer's order, so every result is the same.
+// - channel slabs (an explicit fusion.tile): threads over channels; a channel's slab of N planes (a
+//   plane apart in memory) is read from memory by the first sweep and found again in this core's
+//   L2 by the second. Slower on the hosts measured (a page-strided walk: the prefetcher restarts
+//   on every plane), but it keeps x in L2 where memory is slow and the L2 holds a slab.
 void CpuBackend::fused_forward(const FusedStack& s, FusedTensors& t, bool training, MaskOut* mask, Workspace ws) {
   if (!s.headed_by_bn()) return relu_pool_forward(s, t, training, mask, ws);
   if (s.small_planes()) return fused_blocks_forward(s, t, training, mask, ws);
@@ -124,34 +131,63 @@ void CpuBackend::fused_forward(const FusedStack& s, FusedTensors& t, bool traini
   const int add = s.add_stage();
   const int64_t side_plane = add >= 0 ? s.stages[size_t(add)].H * s.stages[size_t(add)].W : 0;
   const int64_t per_thread = thread_floats(s), plane = max_plane(s);
+  const SumTables tab(static_cast<float*>(ws.data) + per_thread * cpu_threads(), N, C);
+  float *scale = tab.rest, *shift = tab.rest + C;
+  const bool memory_order = !s.channel_slabs;
   int64_t kept = 0;
+  // Plane (n, c) through every stage into y, with its bitmap words.
+  auto forward_one = [&](float* const* scratch_out, int64_t pl, float sc, float sh) {
+    float* out[kMaxStages];
+    for (int64_t k = 0; k < S; ++k) out[k] = scratch_out[k];
+    out[S - 1] = yp + pl * PQ;  // the last stage writes y
+    forward_plane(s, s.stages.size(), xp + pl * HW, add >= 0 ? t.side.f32() + pl * side_plane : nullptr, sc, sh, out);
+    return want_mask && plane_words ? mask_words(yp, pl * PQ / 64, (pl + 1) * PQ / 64, tb, mask->bits) : int64_t(0);
+  };
+  auto coefficients = [&](int64_t c, float* sc, float* sh) {
+    if (training)
+      bn_rows::train_coefficients(t.gamma.f32()[c], t.beta.f32()[c], t.mean.f32()[c], t.invstd.f32()[c], sc, sh);
+    else
+      bn_rows::eval_coefficients(t.gamma.f32()[c], t.beta.f32()[c], t.running_mean.f32()[c], t.running_var.f32()[c],
+                                 bn.eps, sc, sh);
+  };
 #pragma omp parallel reduction(+ : kept)
   {
     float* scratch = static_cast<float*>(ws.data) + omp_get_thread_num() * per_thread;
     float* out[kMaxStages];
     for (int64_t k = 0; k < S; ++k) out[k] = scratch + k * plane;
-#pragma omp for schedule(static, s.tile_channels)
-    for (int64_t c = 0; c < C; ++c) {
-      float scale, shift;
+    if (memory_order) {
       if (training) {
-        bn_rows::channel_statistics(xp, N, C, HW, c, bn.momentum, bn.eps, t.running_mean, t.running_var, t.mean,
-                                    t.invstd);
-        bn_rows::train_coefficients(t.gamma.f32()[c], t.beta.f32()[c], t.mean.f32()[c], t.invstd.f32()[c], &scale,
-                                    &shift);
-      } else {
-        bn_rows::eval_coefficients(t.gamma.f32()[c], t.beta.f32()[c], t.running_mean.f32()[c],
-                                   t.running_var.f32()[c], bn.eps, &scale, &shift);
+#pragma omp for schedule(static)
+        for (int64_t pl = 0; pl < N * C; ++pl) bn_rows::plane_sums(xp + pl * HW, HW, &tab.sum1[pl], &tab.sum2[pl]);
       }
-      for (int64_t n = 0; n < N; ++n) {
-        const int64_t pl = n * C + c;
-        if (n + 1 < N) {  // x's next plane is in L2 already (the statistics read it)
-          prefetch_plane_for_write(yp + (pl + C) * PQ, PQ);
-          if (add >= 0) prefetch_plane(t.side.f32() + (pl + C) * side_plane, side_plane);
+      int64_t ca, cb;
+      thread_channels(C, &ca, &cb);
+      if (training) sum_over_batch(tab.sum1, tab.sum2, N, C, ca, cb, tab.d1, tab.d2);
+      for (int64_t c = ca; c < cb; ++c) {
+        if (training)
+          bn_rows::finish_statistics(tab.d1[c], tab.d2[c], N * HW, c, bn.momentum, bn.eps, t.running_mean,
+                                     t.running_var, t.mean, t.invstd);
+        coefficients(c, &scale[c], &shift[c]);
+      }
+#pragma omp barrier
+#pragma omp for schedule(static)
+      for (int64_t pl = 0; pl < N * C; ++pl) kept += forward_one(out, pl, scale[pl % C], shift[pl % C]);
+    } else {
+#pragma omp for schedule(static, s.tile_channels)
+      for (int64_t c = 0; c < C; ++c) {
+        if (training)
+          bn_rows::channel_statistics(xp, N, C, HW, c, bn.momentum, bn.eps, t.running_mean, t.running_var, t.mean,
+                                      t.invstd);
+        float sc, sh;
+        coefficients(c, &sc, &sh);
+        for (int64_t n = 0; n < N; ++n) {
+          const int64_t pl = n * C + c;
+          if (n + 1 < N) {  // x's next plane is in L2 already (the statistics read it)
+            prefetch_plane_for_write(yp + (pl + C) * PQ, PQ);
+            if (add >= 0) prefetch_plane(t.side.f32() + (pl + C) * side_plane, side_plane);
+          }
+          kept += forward_one(out, pl, sc, sh);
         }
-        out[S - 1] = yp + pl * PQ;  // the last stage writes y
-        forward_plane(s, s.stages.size(), xp + pl * HW, add >= 0 ? t.side.f32() + pl * side_plane : nullptr, scale,
-                      shift, out);
-        if (want_mask && plane_words) kept += mask_words(yp, pl * PQ / 64, (pl + 1) * PQ / 64, tb, mask->bits);
       }
     }
   }
@@ -167,76 +203,96 @@ void CpuBackend::fused_backward(const FusedStack& s, const FusedTensors& t, Fuse
   ET_CHECK(t.x.dtype == DType::F32, "fused stack backward reads x as f32");
   const float* xp = t.x.f32();
   const int add = s.add_stage();
-  const int64_t side_plane = add >= 0 ? s.stages[size_t(add)].H * s.stages[size_t(add)].W : 0;
   const bool recompute = needs_recompute(s, g.x_exact);
   const bool read_y_mask = s.saves_output_mask && !(recompute && add < 0);
   const int64_t per_thread = thread_floats(s), plane = max_plane(s);
+  const SumTables tab(static_cast<float*>(ws.data) + per_thread * cpu_threads(), N, C);
+  auto* coef = reinterpret_cast<bn_rows::GradCoefficients*>(tab.rest);
+  const bool memory_order = !s.channel_slabs;
   // dz parks in dx between the sweeps unless dx accumulates (then sweep 2 rebuilds it).
   const bool park = g.dx.defined() && !g.dx_accumulate;
   [[maybe_unused]] const ElementwiseOnly ew = elementwise_only(s, g, recompute);  // AVX-512 only
 
   // dz (the gradient of the BN output) of plane (n, c), in the thread's scratch. The first sweep
   // also writes the side input's gradient, which the Add stage hands on unchanged.
-  auto plane_dz = [&](float* scratch, int64_t n, int64_t c, bool first_sweep) -> const float* {
+  auto plane_dz = [&](float* scratch, int64_t pl, bool first_sweep) -> const float* {
     float* out[kMaxStages];
     for (int64_t k = 0; k < S; ++k) out[k] = scratch + k * plane;
     float* ga = scratch + S * plane;
     float* gb = ga + plane;
-    const int64_t in_plane = n * C + c;
     if (recompute) {
       float scale, shift;
+      const int64_t c = pl % C;
       bn_rows::train_coefficients(t.gamma.f32()[c], t.beta.f32()[c], t.mean.f32()[c], t.invstd.f32()[c], &scale,
                                   &shift);
       // A last pool's output is not needed, only its input.
       const bool last_pool = s.last().kind == FusedKind::MaxPool || s.last().kind == FusedKind::AvgPool;
-      forward_plane(s, s.stages.size() - (last_pool ? 1 : 0), xp + in_plane * HW,
-                    add >= 0 ? t.side.f32() + in_plane * side_plane : nullptr, scale, shift, out);
+      const int64_t side_plane = add >= 0 ? s.stages[size_t(add)].H * s.stages[size_t(add)].W : 0;
+      forward_plane(s, s.stages.size() - (last_pool ? 1 : 0), xp + pl * HW,
+                    add >= 0 ? t.side.f32() + pl * side_plane : nullptr, scale, shift, out);
     }
-    std::memcpy(ga, g.dy.f32() + in_plane * PQ, sizeof(float) * size_t(PQ));
-    return stages_backward(s, g, out, ga, gb, in_plane, 1, first_sweep, read_y_mask);
+    std::memcpy(ga, g.dy.f32() + pl * PQ, sizeof(float) * size_t(PQ));
+    return stages_backward(s, g, out, ga, gb, pl, 1, first_sweep, read_y_mask);
+  };
+  // Sweep 1 on plane (n, c): dz, the side gradient, dz parked, the plane's two sums in float.
+  auto sweep1 = [&](float* scratch, int64_t pl, float* a, float* b) {
+    const int64_t c = pl % C, o = pl * HW;
+#if defined(__AVX512F__)
+    if (ew != ElementwiseOnly::No)  // dz from dy and the mask (recomputed from x or read), in registers
+      return bn_rows::grad_sums(elementwise_dz(ew, g, t, c, o, recompute), xp + o, t.mean.f32()[c], HW, a, b);
+#endif
+    const float* dz = plane_dz(scratch, pl, true);
+    bn_rows::grad_sums(bn_rows::row_of(dz), xp + o, t.mean.f32()[c], HW, a, b);
+    if (park) std::memcpy(g.dx.f32() + o, dz, sizeof(float) * size_t(HW));
+  };
+  auto finish_channel = [&](int64_t c, double sdy, double sdyx) {
+    const bn_rows::GradCoefficients k =
+        bn_rows::grad_coefficients(sdy, sdyx, t.gamma.f32()[c], t.mean.f32()[c], t.invstd.f32()[c], N * HW);
+    if (g.dbeta.defined()) g.dbeta.f32()[c] = g.params_accumulate ? g.dbeta.f32()[c] + k.dbeta : k.dbeta;
+    if (g.dgamma.defined()) g.dgamma.f32()[c] = g.params_accumulate ? g.dgamma.f32()[c] + k.dgamma : k.dgamma;
+    return k;
+  };
+  // Sweep 2 on plane (n, c): dx = a * dz + b * x + c0.
+  auto sweep2 = [&](float* scratch, int64_t pl, const bn_rows::GradCoefficients& k) {
+    float* dx = g.dx.f32() + pl * HW;
+    bn_rows::grad_apply(park ? dx : plane_dz(scratch, pl, false), xp + pl * HW, k, HW, dx, g.dx_accumulate);
   };
 
 #pragma omp parallel
   {
     float* scratch = static_cast<float*>(ws.data) + omp_get_thread_num() * per_thread;
-#pragma omp for schedule(static, s.tile_channels)
-    for (int64_t c = 0; c < C; ++c) {
-      // Sweep 1: per-plane reductions in float, over n in order in double (BN's own order).
-      const float mu = t.mean.f32()[c];
-      double sdy = 0, sdyx = 0;
-      for (int64_t n = 0; n < N; ++n) {
-        const int64_t o = (n * C + c) * HW;
-        if (n + 1 < N) {
-          prefetch_plane(xp + o + C * HW, HW);
-          prefetch_plane(g.dy.f32() + ((n + 1) * C + c) * PQ, PQ);
-          if (read_y_mask && !g.y_mask.bits) prefetch_plane(g.y_mask.dense.f32() + ((n + 1) * C + c) * PQ, PQ);
-          if (park) prefetch_plane_for_write(g.dx.f32() + o + C * HW, HW);
-        }
-        float a, b;
-#if defined(__AVX512F__)
-        if (ew != ElementwiseOnly::No) {
-          // One pass: dz from dy and the mask (recomputed from x or read), side gradient, sums.
-          bn_rows::grad_sums(elementwise_dz(ew, g, t, c, o, recompute), xp + o, mu, HW, &a, &b);
-        } else
-#endif
-        {
-          const float* dz = plane_dz(scratch, n, c, true);
-          bn_rows::grad_sums(bn_rows::row_of(dz), xp + o, mu, HW, &a, &b);
-          if (park) std::memcpy(g.dx.f32() + o, dz, sizeof(float) * size_t(HW));
-        }
-        sdy += a;
-        sdyx += b;
+    if (memory_order) {
+#pragma omp for schedule(static)
+      for (int64_t pl = 0; pl < N * C; ++pl) sweep1(scratch, pl, &tab.sum1[pl], &tab.sum2[pl]);
+      int64_t ca, cb;
+      thread_channels(C, &ca, &cb);
+      sum_over_batch(tab.sum1, tab.sum2, N, C, ca, cb, tab.d1, tab.d2);
+      for (int64_t c = ca; c < cb; ++c) coef[c] = finish_channel(c, tab.d1[c], tab.d2[c]);
+#pragma omp barrier
+      if (g.dx.defined()) {
+#pragma omp for schedule(static)
+        for (int64_t pl = 0; pl < N * C; ++pl) sweep2(scratch, pl, coef[pl % C]);
       }
-      const bn_rows::GradCoefficients k =
-          bn_rows::grad_coefficients(sdy, sdyx, t.gamma.f32()[c], mu, t.invstd.f32()[c], N * HW);
-      if (g.dbeta.defined()) g.dbeta.f32()[c] = g.params_accumulate ? g.dbeta.f32()[c] + k.dbeta : k.dbeta;
-      if (g.dgamma.defined()) g.dgamma.f32()[c] = g.params_accumulate ? g.dgamma.f32()[c] + k.dgamma : k.dgamma;
-      if (!g.dx.defined()) continue;
-      // Sweep 2: dx = a * dz + b * x + c0, the channel's slab still in this core's cache.
-      for (int64_t n = 0; n < N; ++n) {
-        const int64_t o = (n * C + c) * HW;
-        float* dx = g.dx.f32() + o;
-        bn_rows::grad_apply(park ? dx : plane_dz(scratch, n, c, false), xp + o, k, HW, dx, g.dx_accumulate);
+    } else {
+#pragma omp for schedule(static, s.tile_channels)
+      for (int64_t c = 0; c < C; ++c) {
+        double sdy = 0, sdyx = 0;
+        for (int64_t n = 0; n < N; ++n) {
+          const int64_t o = (n * C + c) * HW;
+          if (n + 1 < N) {  // the next plane's pages (see prefetch_plane)
+            prefetch_plane(xp + o + C * HW, HW);
+            prefetch_plane(g.dy.f32() + ((n + 1) * C + c) * PQ, PQ);
+            if (read_y_mask && !g.y_mask.bits) prefetch_plane(g.y_mask.dense.f32() + ((n + 1) * C + c) * PQ, PQ);
+            if (park) prefetch_plane_for_write(g.dx.f32() + o + C * HW, HW);
+          }
+          float a, b;
+          sweep1(scratch, n * C + c, &a, &b);
+          sdy += a;
+          sdyx += b;
+        }
+        const bn_rows::GradCoefficients k = finish_channel(c, sdy, sdyx);
+        if (!g.dx.defined()) continue;
+        for (int64_t n = 0; n < N; ++n) sweep2(scratch, n * C + c, k);  // the slab still in this core's L2
       }
     }
   }

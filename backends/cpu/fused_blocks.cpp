@@ -65,32 +65,35 @@ void forward_block(const FusedStack& s, size_t stages, int64_t L, const float* x
   for (; k < stages; ++k) stage_forward(s.stages[k], L, out[k - 1], side, out[k]);
 }
 
-// The thread's scratch (block_thread_floats): stage blocks, gradient blocks, coefficients.
+// The thread's scratch (block_thread_floats): a block per stage output, two gradient blocks.
 struct BlockScratch {
   float* out[kMaxStages];
   float *ga, *gb;
-  float *scale, *shift, *a, *b, *c0;  // per element of a block of x
-  float *f1, *f2, *f3, *f4;            // per channel
-  double *d1, *d2;                     // per channel
   BlockScratch(const FusedStack& s, float* p) {
-    int64_t plane = 0;
-    for (const FusedStage& st : s.stages) plane = std::max({plane, st.H * st.W, st.P * st.Q});
-    const int64_t T = s.tile_channels, HW = s.stages[0].H * s.stages[0].W, S = int64_t(s.stages.size());
-    d1 = reinterpret_cast<double*>(p);
-    d2 = d1 + T;
-    p += round16(4 * T);
+    const int64_t T = s.tile_channels, S = int64_t(s.stages.size()), plane = plane_floats(s);
     for (int64_t k = 0; k < S; ++k) out[k] = p + k * T * plane;
     ga = p + S * T * plane;
     gb = ga + T * plane;
-    p += round16(T * plane * (S + 2));
-    scale = p, shift = p + T * HW, a = p + 2 * T * HW, b = p + 3 * T * HW, c0 = p + 4 * T * HW;
-    p += round16(5 * T * HW);
-    f1 = p, f2 = p + T, f3 = p + 2 * T, f4 = p + 3 * T;
   }
 };
 
+// The shared tables after the threads' scratch (table_floats): per plane two sums, per channel its
+// coefficients expanded per element [C, HW], so a block of any channels reads them as one run.
+struct BlockTables : SumTables {
+  float* e[kBlockExpanded];
+  BlockTables(const FusedStack& s, int64_t N, float* p) : SumTables(p, N, s.C) {
+    const int64_t CHW = round16(s.C * s.stages[0].H * s.stages[0].W);
+    for (int k = 0; k < kBlockExpanded; ++k) e[k] = rest + k * CHW;
+  }
+};
+
+void fill_channel(float* expanded, int64_t c, int64_t HW, float v) { std::fill(expanded + c * HW, expanded + (c + 1) * HW, v); }
+
 }  // namespace
 
+// Both sweeps go in memory order: block after block of each image, image after image, each thread
+// a contiguous range of the tensors (as fused.cpp's planes). Per-plane sums go to an [N, C] table
+// and add per channel in double over n in order, the BN layer's order.
 void CpuBackend::fused_blocks_forward(const FusedStack& s, FusedTensors& t, bool training, MaskOut* mask,
                                       Workspace ws) {
   const FusedStage &bn = s.stages[0], &last = s.last();
@@ -106,7 +109,9 @@ void CpuBackend::fused_blocks_forward(const FusedStack& s, FusedTensors& t, bool
   const uint32_t tb = want_mask ? bitmap::keep_threshold_bits(mask->prune_threshold) : 0;
   const int add = s.add_stage();
   const int64_t side_plane = add >= 0 ? s.stages[size_t(add)].H * s.stages[size_t(add)].W : 0;
-  const int64_t per_thread = block_thread_floats(s), M = N * HW;
+  const int64_t per_thread = block_thread_floats(s);
+  const BlockTables tab(s, N, static_cast<float*>(ws.data) + per_thread * cpu_threads());
+  float *scale = tab.e[0], *shift = tab.e[1];
   bool has_pool = false;
   for (const FusedStage& st : s.stages) has_pool |= st.kind == FusedKind::MaxPool || st.kind == FusedKind::AvgPool;
   int64_t kept = 0;
@@ -115,44 +120,42 @@ void CpuBackend::fused_blocks_forward(const FusedStack& s, FusedTensors& t, bool
     BlockScratch sc(s, static_cast<float*>(ws.data) + omp_get_thread_num() * per_thread);
     float* out[kMaxStages];
     std::copy(sc.out, sc.out + S, out);
+    if (training) {
 #pragma omp for schedule(static)
-    for (int64_t blk = 0; blk < blocks; ++blk) {
-      const int64_t c0 = blk * T, L = std::min(T, C - c0);
+      for (int64_t i = 0; i < N * blocks; ++i) {
+        const int64_t b0 = i / blocks * C + i % blocks * T, L = std::min(T, C - i % blocks * T);
+        bn_rows::block_sums(xp + b0 * HW, L, HW, tab.sum1 + b0, tab.sum2 + b0);
+      }
+    }
+    int64_t ca, cb;
+    thread_channels(C, &ca, &cb);
+    if (training) sum_over_batch(tab.sum1, tab.sum2, N, C, ca, cb, tab.d1, tab.d2);
+    for (int64_t c = ca; c < cb; ++c) {
+      float sc1, sc2;
       if (training) {
-        std::fill(sc.d1, sc.d1 + L, 0.0);
-        std::fill(sc.d2, sc.d2 + L, 0.0);
-        for (int64_t n = 0; n < N; ++n) {
-          bn_rows::block_sums(xp + (n * C + c0) * HW, L, HW, sc.f1, sc.f2);
-          for (int64_t l = 0; l < L; ++l) sc.d1[l] += sc.f1[l], sc.d2[l] += sc.f2[l];
-        }
-        for (int64_t l = 0; l < L; ++l) {
-          const int64_t c = c0 + l;
-          bn_rows::finish_statistics(sc.d1[l], sc.d2[l], M, c, bn.momentum, bn.eps, t.running_mean, t.running_var,
-                                     t.mean, t.invstd);
-          bn_rows::train_coefficients(t.gamma.f32()[c], t.beta.f32()[c], t.mean.f32()[c], t.invstd.f32()[c],
-                                      &sc.f1[l], &sc.f2[l]);
-        }
+        bn_rows::finish_statistics(tab.d1[c], tab.d2[c], N * HW, c, bn.momentum, bn.eps, t.running_mean,
+                                   t.running_var, t.mean, t.invstd);
+        bn_rows::train_coefficients(t.gamma.f32()[c], t.beta.f32()[c], t.mean.f32()[c], t.invstd.f32()[c], &sc1, &sc2);
       } else {
-        for (int64_t l = 0; l < L; ++l) {
-          const int64_t c = c0 + l;
-          bn_rows::eval_coefficients(t.gamma.f32()[c], t.beta.f32()[c], t.running_mean.f32()[c],
-                                     t.running_var.f32()[c], bn.eps, &sc.f1[l], &sc.f2[l]);
-        }
+        bn_rows::eval_coefficients(t.gamma.f32()[c], t.beta.f32()[c], t.running_mean.f32()[c], t.running_var.f32()[c],
+                                   bn.eps, &sc1, &sc2);
       }
-      bn_rows::expand(sc.f1, L, HW, sc.scale);
-      bn_rows::expand(sc.f2, L, HW, sc.shift);
-      for (int64_t n = 0; n < N; ++n) {
-        const int64_t b0 = n * C + c0;  // the block's first plane
-        out[S - 1] = yp + b0 * PQ;      // the last stage writes y
-        // Without a pool every stage is element-wise and runs in place in y's block: a block in
-        // the scratch would sit at an arbitrary distance from x's modulo 4 KiB, and loads of x
-        // falsely waiting on stores to the scratch (4K aliasing) made the pass 1.4x slower.
-        if (!has_pool)
-          for (int64_t k = 0; k < S; ++k) out[k] = out[S - 1];
-        forward_block(s, size_t(S), L, xp + b0 * HW, add >= 0 ? t.side.f32() + b0 * side_plane : nullptr, sc.scale,
-                      sc.shift, out);
-        if (want_mask && plane_words) kept += mask_words(yp, b0 * PQ / 64, (b0 + L) * PQ / 64, tb, mask->bits);
-      }
+      fill_channel(scale, c, HW, sc1);
+      fill_channel(shift, c, HW, sc2);
+    }
+#pragma omp barrier
+#pragma omp for schedule(static)
+    for (int64_t i = 0; i < N * blocks; ++i) {
+      const int64_t c0 = i % blocks * T, L = std::min(T, C - c0), b0 = i / blocks * C + c0;  // the block's first plane
+      out[S - 1] = yp + b0 * PQ;  // the last stage writes y
+      // Without a pool every stage is element-wise and runs in place in y's block: a block in
+      // the scratch would sit at an arbitrary distance from x's modulo 4 KiB, and loads of x
+      // falsely waiting on stores to the scratch (4K aliasing) made the pass 1.4x slower.
+      if (!has_pool)
+        for (int64_t k = 0; k < S; ++k) out[k] = out[S - 1];
+      forward_block(s, size_t(S), L, xp + b0 * HW, add >= 0 ? t.side.f32() + b0 * side_plane : nullptr,
+                    scale + c0 * HW, shift + c0 * HW, out);
+      if (want_mask && plane_words) kept += mask_words(yp, b0 * PQ / 64, (b0 + L) * PQ / 64, tb, mask->bits);
     }
   }
   if (want_mask) finish_output_mask(t.y, mask, plane_words, kept);
@@ -170,17 +173,20 @@ void CpuBackend::fused_blocks_backward(const FusedStack& s, const FusedTensors& 
   const bool recompute = needs_recompute(s, g.x_exact);
   const bool read_y_mask = s.saves_output_mask && !(recompute && add < 0);
   const int64_t per_thread = block_thread_floats(s);
+  const BlockTables tab(s, N, static_cast<float*>(ws.data) + per_thread * cpu_threads());
+  // Per element of a channel: the mean, BN's scale and shift (to recompute), dx's a, b, c0.
+  float *mu = tab.e[0], *scale = tab.e[1], *shift = tab.e[2], *ka = tab.e[3], *kb = tab.e[4], *kc = tab.e[5];
   // dz parks in dx between the sweeps unless dx accumulates (then sweep 2 rebuilds it).
   const bool park = g.dx.defined() && !g.dx_accumulate;
   // A last pool's output is not needed again, only its input.
   const bool last_pool = last.kind == FusedKind::MaxPool || last.kind == FusedKind::AvgPool;
 
-  // dz (the gradient of the BN output) of the block of L planes from plane b0 on. The first sweep
-  // also writes the side input's gradient, which the Add stage hands on unchanged.
-  auto block_dz = [&](BlockScratch& sc, int64_t b0, int64_t L, bool first_sweep) -> const float* {
+  // dz (the gradient of the BN output) of the block of L planes from plane b0 (channel c0) on. The
+  // first sweep also writes the side input's gradient, which the Add stage hands on unchanged.
+  auto block_dz = [&](BlockScratch& sc, int64_t b0, int64_t c0, int64_t L, bool first_sweep) -> const float* {
     if (recompute)
       forward_block(s, size_t(S) - (last_pool ? 1 : 0), L, xp + b0 * HW,
-                    add >= 0 ? t.side.f32() + b0 * side_plane : nullptr, sc.scale, sc.shift, sc.out);
+                    add >= 0 ? t.side.f32() + b0 * side_plane : nullptr, scale + c0 * HW, shift + c0 * HW, sc.out);
     std::memcpy(sc.ga, g.dy.f32() + b0 * PQ, sizeof(float) * size_t(L * PQ));
     return stages_backward(s, g, sc.out, sc.ga, sc.gb, b0, L, first_sweep, read_y_mask);
   };
@@ -189,47 +195,44 @@ void CpuBackend::fused_blocks_backward(const FusedStack& s, const FusedTensors& 
   {
     BlockScratch sc(s, static_cast<float*>(ws.data) + omp_get_thread_num() * per_thread);
 #pragma omp for schedule(static)
-    for (int64_t blk = 0; blk < blocks; ++blk) {
-      const int64_t c0 = blk * T, L = std::min(T, C - c0), len = L * HW;
-      const float* mu = t.mean.f32() + c0;
-      bn_rows::expand(mu, L, HW, sc.a);  // the mean per element, until sweep 2 takes sc.a
-      if (recompute) {
-        for (int64_t l = 0; l < L; ++l) {
-          const int64_t c = c0 + l;
-          bn_rows::train_coefficients(t.gamma.f32()[c], t.beta.f32()[c], t.mean.f32()[c], t.invstd.f32()[c],
-                                      &sc.f1[l], &sc.f2[l]);
-        }
-        bn_rows::expand(sc.f1, L, HW, sc.scale);
-        bn_rows::expand(sc.f2, L, HW, sc.shift);
-      }
-      // Sweep 1: per-plane sums in float, over n in order in double (the BN layer's order).
-      std::fill(sc.d1, sc.d1 + L, 0.0);
-      std::fill(sc.d2, sc.d2 + L, 0.0);
-      for (int64_t n = 0; n < N; ++n) {
-        const int64_t b0 = n * C + c0;
-        const float* dz = block_dz(sc, b0, L, true);
-        bn_rows::block_grad_sums(dz, xp + b0 * HW, sc.a, L, HW, sc.f3, sc.f4);
-        for (int64_t l = 0; l < L; ++l) sc.d1[l] += sc.f3[l], sc.d2[l] += sc.f4[l];
-        if (park) std::memcpy(g.dx.f32() + b0 * HW, dz, sizeof(float) * size_t(len));
-      }
-      for (int64_t l = 0; l < L; ++l) {
-        const int64_t c = c0 + l;
-        const bn_rows::GradCoefficients k =
-            bn_rows::grad_coefficients(sc.d1[l], sc.d2[l], t.gamma.f32()[c], mu[l], t.invstd.f32()[c], N * HW);
-        if (g.dbeta.defined()) g.dbeta.f32()[c] = g.params_accumulate ? g.dbeta.f32()[c] + k.dbeta : k.dbeta;
-        if (g.dgamma.defined()) g.dgamma.f32()[c] = g.params_accumulate ? g.dgamma.f32()[c] + k.dgamma : k.dgamma;
-        sc.f1[l] = k.a, sc.f2[l] = k.b, sc.f3[l] = k.c0;
-      }
-      if (!g.dx.defined()) continue;
-      bn_rows::expand(sc.f1, L, HW, sc.a);
-      bn_rows::expand(sc.f2, L, HW, sc.b);
-      bn_rows::expand(sc.f3, L, HW, sc.c0);
-      // Sweep 2: dx = a * dz + b * x + c0, the blocks of x still in this core's cache.
-      for (int64_t n = 0; n < N; ++n) {
-        const int64_t b0 = n * C + c0;
+    for (int64_t c = 0; c < C; ++c) {
+      fill_channel(mu, c, HW, t.mean.f32()[c]);
+      if (!recompute) continue;
+      float sc1, sc2;
+      bn_rows::train_coefficients(t.gamma.f32()[c], t.beta.f32()[c], t.mean.f32()[c], t.invstd.f32()[c], &sc1, &sc2);
+      fill_channel(scale, c, HW, sc1);
+      fill_channel(shift, c, HW, sc2);
+    }
+    // Sweep 1: per-plane sums in float into the table.
+#pragma omp for schedule(static)
+    for (int64_t i = 0; i < N * blocks; ++i) {
+      const int64_t c0 = i % blocks * T, L = std::min(T, C - c0), b0 = i / blocks * C + c0;
+      const float* dz = block_dz(sc, b0, c0, L, true);
+      bn_rows::block_grad_sums(dz, xp + b0 * HW, mu + c0 * HW, L, HW, tab.sum1 + b0, tab.sum2 + b0);
+      if (park) std::memcpy(g.dx.f32() + b0 * HW, dz, sizeof(float) * size_t(L * HW));
+    }
+    // Per channel: the sums over n in order in double (the BN layer's order), the coefficients.
+    int64_t ca, cb;
+    thread_channels(C, &ca, &cb);
+    sum_over_batch(tab.sum1, tab.sum2, N, C, ca, cb, tab.d1, tab.d2);
+    for (int64_t c = ca; c < cb; ++c) {
+      const bn_rows::GradCoefficients k = bn_rows::grad_coefficients(tab.d1[c], tab.d2[c], t.gamma.f32()[c],
+                                                                     t.mean.f32()[c], t.invstd.f32()[c], N * HW);
+      if (g.dbeta.defined()) g.dbeta.f32()[c] = g.params_accumulate ? g.dbeta.f32()[c] + k.dbeta : k.dbeta;
+      if (g.dgamma.defined()) g.dgamma.f32()[c] = g.params_accumulate ? g.dgamma.f32()[c] + k.dgamma : k.dgamma;
+      fill_channel(ka, c, HW, k.a);
+      fill_channel(kb, c, HW, k.b);
+      fill_channel(kc, c, HW, k.c0);
+    }
+#pragma omp barrier
+    // Sweep 2: dx = a * dz + b * x + c0.
+    if (g.dx.defined()) {
+#pragma omp for schedule(static)
+      for (int64_t i = 0; i < N * blocks; ++i) {
+        const int64_t c0 = i % blocks * T, L = std::min(T, C - c0), b0 = i / blocks * C + c0;
         float* dx = g.dx.f32() + b0 * HW;
-        bn_rows::block_grad_apply(park ? dx : block_dz(sc, b0, L, false), xp + b0 * HW, sc.a, sc.b, sc.c0, len, dx,
-                                  g.dx_accumulate);
+        bn_rows::block_grad_apply(park ? dx : block_dz(sc, b0, c0, L, false), xp + b0 * HW, ka + c0 * HW,
+                                  kb + c0 * HW, kc + c0 * HW, L * HW, dx, g.dx_accumulate);
       }
     }
   }

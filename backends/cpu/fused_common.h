@@ -2,6 +2,8 @@
 // a ReLU and a pool): the per-thread plane scratch, prefetching of the next plane, and y's bitmap
 // words written in the stash's own layout.
 #pragma once
+#include <omp.h>
+
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
@@ -20,23 +22,62 @@ constexpr int64_t kMaxStages = 8;
 
 inline int64_t round16(int64_t n) { return (n + 15) / 16 * 16; }  // 64-byte multiples of floats
 
-inline int64_t max_plane(const FusedStack& s) {
+// The largest plane of any stage's input or output, in floats.
+inline int64_t plane_floats(const FusedStack& s) {
   int64_t m = 0;
   for (const FusedStage& st : s.stages) m = std::max({m, st.H * st.W, st.P * st.Q});
-  return round16(m);
+  return m;
 }
+inline int64_t max_plane(const FusedStack& s) { return round16(plane_floats(s)); }
 
 // Per thread: one plane per stage output and two gradient planes.
 inline int64_t thread_floats(const FusedStack& s) { return max_plane(s) * int64_t(s.stages.size() + 2); }
 
 // Small planes (fused_blocks.cpp), per thread: a block (tile_channels planes) per stage output and
-// two gradient blocks, five per-element coefficient arrays, four per-channel floats and two
-// per-channel doubles.
+// two gradient blocks.
 inline int64_t block_thread_floats(const FusedStack& s) {
-  int64_t plane = 0;
-  for (const FusedStage& st : s.stages) plane = std::max({plane, st.H * st.W, st.P * st.Q});
-  const int64_t T = s.tile_channels, HW = s.stages[0].H * s.stages[0].W;
-  return round16(T * plane * int64_t(s.stages.size() + 2)) + round16(5 * T * HW) + round16(4 * T) + round16(4 * T);
+  return round16(s.tile_channels * plane_floats(s) * int64_t(s.stages.size() + 2));
+}
+
+// The tables all threads share (memory order, fused.cpp / fused_blocks.cpp): two sums per plane
+// [N, C]; large planes: five floats of coefficients per channel; small planes: six coefficient
+// arrays expanded per element [C, H, W].
+constexpr int kBlockExpanded = 6;
+inline int64_t table_floats(const FusedStack& s, int64_t N) {
+  const int64_t sums = round16(2 * N * s.C) + round16(4 * s.C);  // and two doubles per channel
+  if (s.small_planes()) return sums + kBlockExpanded * round16(s.C * s.stages[0].H * s.stages[0].W);
+  return sums + round16(5 * s.C);
+}
+
+// The start of the shared tables (table_floats): the [N, C] sums, two doubles per channel, then
+// `rest` for the coefficients.
+struct SumTables {
+  float *sum1, *sum2;
+  double *d1, *d2;
+  float* rest;
+  SumTables(float* p, int64_t N, int64_t C) {
+    sum1 = p, sum2 = p + N * C;
+    p += round16(2 * N * C);
+    d1 = reinterpret_cast<double*>(p), d2 = d1 + C;
+    rest = p + round16(4 * C);
+  }
+};
+
+// The calling thread's share [c0, c1) of C channels.
+inline void thread_channels(int64_t C, int64_t* c0, int64_t* c1) {
+  const int64_t t = omp_get_thread_num(), T = omp_get_num_threads();
+  *c0 = C * t / T;
+  *c1 = C * (t + 1) / T;
+}
+
+// For channels [c0, c1): d1[c], d2[c] = the [N, C] tables' column c summed in double over n in
+// order (the BN layer's order), walking the tables row by row.
+inline void sum_over_batch(const float* t1, const float* t2, int64_t N, int64_t C, int64_t c0, int64_t c1, double* d1,
+                           double* d2) {
+  std::fill(d1 + c0, d1 + c1, 0.0);
+  std::fill(d2 + c0, d2 + c1, 0.0);
+  for (int64_t n = 0; n < N; ++n)
+    for (int64_t c = c0; c < c1; ++c) d1[c] += double(t1[n * C + c]), d2[c] += double(t2[n * C + c]);
 }
 
 // The planes of one channel lie C planes apart, and a CIFAR plane is one 4 KiB page, where the

@@ -271,7 +271,8 @@ inline void tiled_max_vector(const Plane& g, const float* x, int64_t j0, __mmask
   const __m512i lane = lane_iota();
   // window j: row (j / Q) * R, column (j % Q) * S, from the vector's first row
   const __m512i q = _mm512_and_si512(lane, _mm512_set1_epi32(int32_t(g.Q - 1)));  // Q is a power of 2
-  const __m512i p = _mm512_srli_epi32(lane, __builtin_ctz(unsigned(g.Q)));
+  // (maskz: the unmasked form makes GCC 12 warn of an uninitialised operand inside it)
+  const __m512i p = _mm512_maskz_srli_epi32(__mmask16(0xFFFF), lane, __builtin_ctz(unsigned(g.Q)));
   const int32_t row0 = int32_t(j0 / 16) * rows * int32_t(g.R * g.W);
   const __m512i base = _mm512_add_epi32(
       _mm512_set1_epi32(row0), _mm512_add_epi32(_mm512_mullo_epi32(p, _mm512_set1_epi32(int32_t(g.R * g.W))),
