@@ -191,7 +191,11 @@ TEST_CASE("pooling planes: the vectorised loops equal the reference loops bit fo
                          // (the fused small-plane blocks), rows and columns past the last window, a
                          // last vector of outputs cut short
                          Geom{64, 4, 2, 2, 2, 2, 0, 0}, Geom{33, 2, 2, 2, 2, 2, 0, 0}, Geom{9, 5, 2, 2, 2, 2, 0, 0},
-                         Geom{16, 16, 2, 2, 2, 2, 0, 0}, Geom{12, 12, 3, 3, 3, 3, 0, 0}, Geom{8, 17, 4, 2, 4, 2, 0, 0}}) {
+                         Geom{16, 16, 2, 2, 2, 2, 0, 0}, Geom{12, 12, 3, 3, 3, 3, 0, 0}, Geom{8, 17, 4, 2, 4, 2, 0, 0},
+                         // 2x2 stride 2 (AVX-512 pairs, pool_pairs.h): Q of 4 and 8 with whole and cut
+                         // vectors of rows, Q of 16, 20 (a last vector cut short), 40, odd H and W
+                         Geom{10, 8, 2, 2, 2, 2, 0, 0}, Geom{6, 9, 2, 2, 2, 2, 0, 0}, Geom{14, 17, 2, 2, 2, 2, 0, 0},
+                         Geom{7, 32, 2, 2, 2, 2, 0, 0}, Geom{5, 41, 2, 2, 2, 2, 0, 0}, Geom{64, 80, 2, 2, 2, 2, 0, 0}}) {
     pool_planes::Plane g;
     g.H = gm.H; g.W = gm.W; g.R = gm.R; g.S = gm.S;
     g.stride_h = gm.sh; g.stride_w = gm.sw; g.pad_h = gm.ph; g.pad_w = gm.pw;
@@ -211,6 +215,20 @@ TEST_CASE("pooling planes: the vectorised loops equal the reference loops bit fo
       pool_planes::max_forward_reference(g, x.data(), y1.data());
       pool_planes::max_forward(g, x.data(), y2.data());
       CHECK(std::memcmp(y1.data(), y2.data(), y1.size() * 4) == 0);
+      {  // the arguments too (a fused stack without a BN keeps where they fall)
+        std::vector<int32_t> a2(dy.size());
+        std::vector<float> y3(dy.size());
+        pool_planes::max_forward_args(g, x.data(), y3.data(), a2.data());
+        CHECK(std::memcmp(y1.data(), y3.data(), y1.size() * 4) == 0);
+        int wrong = 0;
+        for (int64_t p = 0; p < g.P; ++p)
+          for (int64_t q = 0; q < g.Q; ++q) {
+            int64_t a;
+            pool_planes::max_at(g, x.data(), p, q, &a);
+            wrong += a2[size_t(p * g.Q + q)] != int32_t(a);
+          }
+        CHECK(wrong == 0);
+      }
       {
         std::vector<float> xa = x;  // finite, for the average pool
         for (float& v : xa)

@@ -13,6 +13,7 @@
 #include <cstring>
 
 #include "backends/backend.h"
+#include "backends/cpu/pool_pairs.h"
 
 #if defined(__AVX512F__)
 #include <immintrin.h>
@@ -34,6 +35,16 @@ inline Plane of(const FusedStage& s) {
 // planes pool as one plane of G * H rows, since no window crosses two planes. The pooling layers
 // and the fused small-plane blocks call the plane functions on such stacks of planes: on late
 // stages' small planes a call per plane costs more than its work.
+// 2x2 windows at stride 2 without padding: pool_pairs.h (AVX-512).
+inline bool pairs_apply(const Plane& g) {
+#if defined(__AVX512F__)
+  return pool_pairs::applies(g.R, g.S, g.stride_h, g.stride_w, g.pad_h, g.pad_w, g.Q, g.H, g.W);
+#else
+  (void)g;
+  return false;
+#endif
+}
+
 inline bool pools_as_one_plane(const Plane& g) {
   return g.stride_h == g.R && g.stride_w == g.S && g.pad_h == 0 && g.pad_w == 0 && g.P * g.R == g.H;
 }
@@ -296,6 +307,7 @@ inline void tiled_max_vector(const Plane& g, const float* x, int64_t j0, __mmask
 
 inline void max_forward(const Plane& g, const float* x, float* y) {
 #if defined(__AVX512F__)
+  if (pairs_apply(g)) return pool_pairs::max_forward(g.W, g.P, g.Q, x, y);
   if (tiled_windows(g)) {
     for (int64_t j0 = 0; j0 < g.P * g.Q; j0 += 16) {
       __mmask16 live;
@@ -319,6 +331,9 @@ inline void max_forward(const Plane& g, const float* x, float* y) {
 // max_forward, and arg [P,Q] = the flat index of each window's first maximum (-1: none), as
 // max_backward routes dy (a fused stack without a BN keeps only where they fall).
 inline void max_forward_args(const Plane& g, const float* x, float* y, int32_t* arg) {
+#if defined(__AVX512F__)
+  if (pairs_apply(g)) return pool_pairs::max_forward_args(g.W, g.P, g.Q, x, y, arg);
+#endif
   if (!fast_max_applies(g)) {
     for (int64_t p = 0; p < g.P; ++p)
       for (int64_t q = 0; q < g.Q; ++q) {
@@ -365,6 +380,7 @@ inline void gather_tap(const int32_t* __restrict arg, const float* __restrict dy
 // rows. Other strides scatter in the reference's order from the fast arguments.
 inline void max_backward(const Plane& g, const float* x, const float* dy, float* dx) {
 #if defined(__AVX512F__)
+  if (pairs_apply(g)) return pool_pairs::max_backward(g.W, g.P, g.Q, x, dy, dx);
   if (tiled_windows(g)) {  // windows do not overlap: each input takes at most one dy, no conflicts
     for (int64_t j0 = 0; j0 < g.P * g.Q; j0 += 16) {
       __mmask16 live;
