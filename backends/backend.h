@@ -131,7 +131,9 @@ class Backend {
   // (a recompute); else the running statistics. `mask`: y's bitmap, as relu_forward writes it.
   virtual void fused_forward(const FusedStack& s, FusedTensors& t, bool training, MaskOut* mask, Workspace ws) = 0;
   // Recomputes what the stages need from x (and the saved y mask), then BN's two sweeps: the
-  // per-channel reductions (dgamma, dbeta; the side gradient on the way), then dx.
+  // per-channel reductions (dgamma, dbeta; the side gradient on the way), then dx. t.x: f32, or
+  // the stash's copy in any dtype fused_backward_reads() lists, read without a decode pass.
+  virtual DTypeSet fused_backward_reads() const { return dtype_bit(DType::F32); }
   virtual void fused_backward(const FusedStack& s, const FusedTensors& t, FusedGrads& g, Workspace ws) = 0;
 
   // ---- loss: logits [N,K], labels i32 [N]; loss [1] = mean over N of cross-entropy with label smoothing

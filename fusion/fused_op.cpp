@@ -34,6 +34,10 @@ class FusedStackOp final : public Op {
   }
   OutputZeros output_zeros() const override { return nonnegative() ? OutputZeros::Many : OutputZeros::None; }
   bool output_nonnegative(bool) const override { return nonnegative(); }
+  // x straight from an fp16 / bf16 stash: the kernels widen it plane by plane.
+  DTypeSet reads_stored(int save_index, const Backend& b, int64_t) const override {
+    return save_index == 0 && stack_.headed_by_bn() ? b.fused_backward_reads() : dtype_bit(DType::F32);
+  }
   // Each tile reads its dy planes into scratch before it writes the same planes of dx.
   bool grad_in_place(int input) const override { return input == 0 && !has_pool_; }
 
@@ -57,7 +61,7 @@ class FusedStackOp final : public Op {
       ctx.backend().fused_backward(stack_, t, g, ctx.workspace());
       return;
     }
-    t.x = ctx.saved(0);
+    t.x = ctx.saved(0, reads_stored(0, ctx.backend(), ctx.batch()));
     g.x_exact = ctx.saved(0, kStashDTypes).dtype == DType::F32;  // not an fp16 / bf16 copy
     t.side = Tensor{};  // a stack with an Add ends at it or at the ReLU after it: never recomputed
     if (stack_.saves_output_mask) g.y_mask = ctx.saved_mask(1);

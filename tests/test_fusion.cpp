@@ -106,6 +106,9 @@ StashOptions stash(StashFormat f, int checkpoint_every = 0) {
 
 TEST_CASE("fusion: the shipped models train bit-identically fused and unfused", "[fusion]") {
   SECTION("resnet8 dense") { check_model("resnet8", 4, 16, stash(StashFormat::DenseF32)); }
+  // x read straight from the 16-bit copies (no decode buffer), small planes included
+  SECTION("resnet8 dense_fp16") { check_model("resnet8", 4, 16, stash(StashFormat::DenseF16)); }
+  SECTION("resnet8 dense_bf16, batch 3") { check_model("resnet8", 3, 16, stash(StashFormat::DenseBF16)); }
   SECTION("resnet8 bitmap, batch 1") { check_model("resnet8", 1, 16, stash(StashFormat::Auto)); }
   SECTION("resnet20 bitmap_fp32") { check_model("resnet20", 2, 16, stash(StashFormat::BitmapF32)); }
   SECTION("vgg11_bn dense") { check_model("vgg11_bn", 3, 32, stash(StashFormat::DenseF32)); }

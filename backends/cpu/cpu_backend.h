@@ -93,6 +93,7 @@ class CpuBackend : public Backend {
 
   size_t fused_workspace_bytes(const FusedStack& s, int64_t batch) const override;
   void fused_forward(const FusedStack& s, FusedTensors& t, bool training, MaskOut* mask, Workspace ws) override;
+  DTypeSet fused_backward_reads() const override { return batchnorm_backward_reads(); }
   void fused_backward(const FusedStack& s, const FusedTensors& t, FusedGrads& g, Workspace ws) override;
 
   bool all_finite(const std::vector<Tensor>& tensors) override;

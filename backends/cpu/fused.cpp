@@ -61,9 +61,8 @@ ElementwiseOnly elementwise_only(const FusedStack& s, const FusedGrads& g, bool 
 // d(i, m) for grad_sums: plane (n, c)'s dz, 16 elements at a time, with the side gradient and the
 // parked dz written on the way (relu_backward's rule: masked-out lanes are +0).
 inline auto elementwise_dz(ElementwiseOnly e, FusedGrads& g, const FusedTensors& t, int64_t c, int64_t o,
-                           bool recompute) {
+                           const float* x, bool recompute) {
   const float* dy = g.dy.f32() + o;
-  const float* x = t.x.f32() + o;
   float* park = g.dx.defined() && !g.dx_accumulate ? g.dx.f32() + o : nullptr;
   float* dside = g.dside.defined() ? g.dside.f32() + o : nullptr;
   const bool side_acc = g.dside_accumulate;
@@ -200,8 +199,6 @@ void CpuBackend::fused_backward(const FusedStack& s, const FusedTensors& t, Fuse
   const FusedStage &bn = s.stages[0], &last = s.last();
   const int64_t N = t.x.dim(0), C = s.C, HW = bn.H * bn.W, PQ = last.P * last.Q, S = int64_t(s.stages.size());
   ET_CHECK(ws.bytes >= fused_workspace_bytes(s, N), "fused stack: workspace");
-  ET_CHECK(t.x.dtype == DType::F32, "fused stack backward reads x as f32");
-  const float* xp = t.x.f32();
   const int add = s.add_stage();
   const bool recompute = needs_recompute(s, g.x_exact);
   const bool read_y_mask = s.saves_output_mask && !(recompute && add < 0);
@@ -215,7 +212,9 @@ void CpuBackend::fused_backward(const FusedStack& s, const FusedTensors& t, Fuse
 
   // dz (the gradient of the BN output) of plane (n, c), in the thread's scratch. The first sweep
   // also writes the side input's gradient, which the Add stage hands on unchanged.
-  auto plane_dz = [&](float* scratch, int64_t pl, bool first_sweep) -> const float* {
+  // x's plane (n, c) as f32: in place, or widened into the scratch's last plane.
+  auto x_plane = [&](float* scratch, int64_t pl) { return x_f32(t.x, pl * HW, HW, scratch + (S + 2) * plane); };
+  auto plane_dz = [&](float* scratch, int64_t pl, const float* x, bool first_sweep) -> const float* {
     float* out[kMaxStages];
     for (int64_t k = 0; k < S; ++k) out[k] = scratch + k * plane;
     float* ga = scratch + S * plane;
@@ -228,8 +227,8 @@ void CpuBackend::fused_backward(const FusedStack& s, const FusedTensors& t, Fuse
       // A last pool's output is not needed, only its input.
       const bool last_pool = s.last().kind == FusedKind::MaxPool || s.last().kind == FusedKind::AvgPool;
       const int64_t side_plane = add >= 0 ? s.stages[size_t(add)].H * s.stages[size_t(add)].W : 0;
-      forward_plane(s, s.stages.size() - (last_pool ? 1 : 0), xp + pl * HW,
-                    add >= 0 ? t.side.f32() + pl * side_plane : nullptr, scale, shift, out);
+      forward_plane(s, s.stages.size() - (last_pool ? 1 : 0), x, add >= 0 ? t.side.f32() + pl * side_plane : nullptr,
+                    scale, shift, out);
     }
     std::memcpy(ga, g.dy.f32() + pl * PQ, sizeof(float) * size_t(PQ));
     return stages_backward(s, g, out, ga, gb, pl, 1, first_sweep, read_y_mask);
@@ -237,12 +236,13 @@ void CpuBackend::fused_backward(const FusedStack& s, const FusedTensors& t, Fuse
   // Sweep 1 on plane (n, c): dz, the side gradient, dz parked, the plane's two sums in float.
   auto sweep1 = [&](float* scratch, int64_t pl, float* a, float* b) {
     const int64_t c = pl % C, o = pl * HW;
+    const float* x = x_plane(scratch, pl);
 #if defined(__AVX512F__)
     if (ew != ElementwiseOnly::No)  // dz from dy and the mask (recomputed from x or read), in registers
-      return bn_rows::grad_sums(elementwise_dz(ew, g, t, c, o, recompute), xp + o, t.mean.f32()[c], HW, a, b);
+      return bn_rows::grad_sums(elementwise_dz(ew, g, t, c, o, x, recompute), x, t.mean.f32()[c], HW, a, b);
 #endif
-    const float* dz = plane_dz(scratch, pl, true);
-    bn_rows::grad_sums(bn_rows::row_of(dz), xp + o, t.mean.f32()[c], HW, a, b);
+    const float* dz = plane_dz(scratch, pl, x, true);
+    bn_rows::grad_sums(bn_rows::row_of(dz), x, t.mean.f32()[c], HW, a, b);
     if (park) std::memcpy(g.dx.f32() + o, dz, sizeof(float) * size_t(HW));
   };
   auto finish_channel = [&](int64_t c, double sdy, double sdyx) {
@@ -255,7 +255,8 @@ void CpuBackend::fused_backward(const FusedStack& s, const FusedTensors& t, Fuse
   // Sweep 2 on plane (n, c): dx = a * dz + b * x + c0.
   auto sweep2 = [&](float* scratch, int64_t pl, const bn_rows::GradCoefficients& k) {
     float* dx = g.dx.f32() + pl * HW;
-    bn_rows::grad_apply(park ? dx : plane_dz(scratch, pl, false), xp + pl * HW, k, HW, dx, g.dx_accumulate);
+    const float* x = x_plane(scratch, pl);
+    bn_rows::grad_apply(park ? dx : plane_dz(scratch, pl, x, false), x, k, HW, dx, g.dx_accumulate);
   };
 
 #pragma omp parallel
@@ -280,7 +281,7 @@ void CpuBackend::fused_backward(const FusedStack& s, const FusedTensors& t, Fuse
         for (int64_t n = 0; n < N; ++n) {
           const int64_t o = (n * C + c) * HW;
           if (n + 1 < N) {  // the next plane's pages (see prefetch_plane)
-            prefetch_plane(xp + o + C * HW, HW);
+            if (t.x.dtype == DType::F32) prefetch_plane(t.x.f32() + o + C * HW, HW);
             prefetch_plane(g.dy.f32() + ((n + 1) * C + c) * PQ, PQ);
             if (read_y_mask && !g.y_mask.bits) prefetch_plane(g.y_mask.dense.f32() + ((n + 1) * C + c) * PQ, PQ);
             if (park) prefetch_plane_for_write(g.dx.f32() + o + C * HW, HW);

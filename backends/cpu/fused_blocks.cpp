@@ -65,15 +65,17 @@ void forward_block(const FusedStack& s, size_t stages, int64_t L, const float* x
   for (; k < stages; ++k) stage_forward(s.stages[k], L, out[k - 1], side, out[k]);
 }
 
-// The thread's scratch (block_thread_floats): a block per stage output, two gradient blocks.
+// The thread's scratch (block_thread_floats): a block per stage output, two gradient blocks, x's
+// block widened from a 16-bit stash.
 struct BlockScratch {
   float* out[kMaxStages];
-  float *ga, *gb;
+  float *ga, *gb, *x;
   BlockScratch(const FusedStack& s, float* p) {
     const int64_t T = s.tile_channels, S = int64_t(s.stages.size()), plane = plane_floats(s);
     for (int64_t k = 0; k < S; ++k) out[k] = p + k * T * plane;
     ga = p + S * T * plane;
     gb = ga + T * plane;
+    x = gb + T * plane;
   }
 };
 
@@ -166,8 +168,6 @@ void CpuBackend::fused_blocks_backward(const FusedStack& s, const FusedTensors& 
   const int64_t N = t.x.dim(0), C = s.C, HW = bn.H * bn.W, PQ = last.P * last.Q, S = int64_t(s.stages.size());
   const int64_t T = s.tile_channels, blocks = (C + T - 1) / T;
   ET_CHECK(ws.bytes >= fused_workspace_bytes(s, N), "fused stack: workspace");
-  ET_CHECK(t.x.dtype == DType::F32, "fused stack backward reads x as f32");
-  const float* xp = t.x.f32();
   const int add = s.add_stage();
   const int64_t side_plane = add >= 0 ? s.stages[size_t(add)].H * s.stages[size_t(add)].W : 0;
   const bool recompute = needs_recompute(s, g.x_exact);
@@ -183,10 +183,11 @@ void CpuBackend::fused_blocks_backward(const FusedStack& s, const FusedTensors& 
 
   // dz (the gradient of the BN output) of the block of L planes from plane b0 (channel c0) on. The
   // first sweep also writes the side input's gradient, which the Add stage hands on unchanged.
-  auto block_dz = [&](BlockScratch& sc, int64_t b0, int64_t c0, int64_t L, bool first_sweep) -> const float* {
+  auto block_dz = [&](BlockScratch& sc, int64_t b0, int64_t c0, int64_t L, const float* x,
+                      bool first_sweep) -> const float* {
     if (recompute)
-      forward_block(s, size_t(S) - (last_pool ? 1 : 0), L, xp + b0 * HW,
-                    add >= 0 ? t.side.f32() + b0 * side_plane : nullptr, scale + c0 * HW, shift + c0 * HW, sc.out);
+      forward_block(s, size_t(S) - (last_pool ? 1 : 0), L, x, add >= 0 ? t.side.f32() + b0 * side_plane : nullptr,
+                    scale + c0 * HW, shift + c0 * HW, sc.out);
     std::memcpy(sc.ga, g.dy.f32() + b0 * PQ, sizeof(float) * size_t(L * PQ));
     return stages_backward(s, g, sc.out, sc.ga, sc.gb, b0, L, first_sweep, read_y_mask);
   };
@@ -207,8 +208,9 @@ void CpuBackend::fused_blocks_backward(const FusedStack& s, const FusedTensors& 
 #pragma omp for schedule(static)
     for (int64_t i = 0; i < N * blocks; ++i) {
       const int64_t c0 = i % blocks * T, L = std::min(T, C - c0), b0 = i / blocks * C + c0;
-      const float* dz = block_dz(sc, b0, c0, L, true);
-      bn_rows::block_grad_sums(dz, xp + b0 * HW, mu + c0 * HW, L, HW, tab.sum1 + b0, tab.sum2 + b0);
+      const float* x = x_f32(t.x, b0 * HW, L * HW, sc.x);
+      const float* dz = block_dz(sc, b0, c0, L, x, true);
+      bn_rows::block_grad_sums(dz, x, mu + c0 * HW, L, HW, tab.sum1 + b0, tab.sum2 + b0);
       if (park) std::memcpy(g.dx.f32() + b0 * HW, dz, sizeof(float) * size_t(L * HW));
     }
     // Per channel: the sums over n in order in double (the BN layer's order), the coefficients.
@@ -231,8 +233,9 @@ void CpuBackend::fused_blocks_backward(const FusedStack& s, const FusedTensors& 
       for (int64_t i = 0; i < N * blocks; ++i) {
         const int64_t c0 = i % blocks * T, L = std::min(T, C - c0), b0 = i / blocks * C + c0;
         float* dx = g.dx.f32() + b0 * HW;
-        bn_rows::block_grad_apply(park ? dx : block_dz(sc, b0, c0, L, false), xp + b0 * HW, ka + c0 * HW,
-                                  kb + c0 * HW, kc + c0 * HW, L * HW, dx, g.dx_accumulate);
+        const float* x = x_f32(t.x, b0 * HW, L * HW, sc.x);
+        bn_rows::block_grad_apply(park ? dx : block_dz(sc, b0, c0, L, x, false), x, ka + c0 * HW, kb + c0 * HW,
+                                  kc + c0 * HW, L * HW, dx, g.dx_accumulate);
       }
     }
   }
