@@ -353,7 +353,7 @@ std::vector<Executor::PlannedBuffer> Executor::activation_buffers(PlanState& st)
     const int p = v.producer;
     const bool rec = st.recomputed[size_t(id)] != 0;
     const SavedValue* sv = st.saved_of(id);
-    const bool zero_copy = sv && sv->format == StashFormat::DenseF32;
+    const bool zero_copy = sv && sv->stored_in_place();
     // Aux values (BN batch statistics) keep one buffer; a recompute rewrites the same values.
     int last = v.kind == ValueKind::Aux ? bwd_t[size_t(p)] : p;
     for (int c : v.consumers) last = std::max(last, c);

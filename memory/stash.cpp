@@ -44,8 +44,6 @@ bool Stash::mask_apart(const SavedValue& s) const {
   return prune_threshold_ > 0.f && s.full && s.mask_read && stash_format_has_bitmap(s.format, true);
 }
 
-bool Stash::zero_copy(int value_id) const { return info(value_id)->format == StashFormat::DenseF32; }
-
 bool Stash::stores_codes(int value_id) const {
   const SavedValue& s = *info(value_id);
   return s.full && stash_encoding_info(stash_format_info(s.format).full).codes;

@@ -38,6 +38,11 @@ struct SavedValue {
   StashFormat format = StashFormat::DenseF32;
   Tensor unpack;              // f32 decode buffer for full reads; not planned for zero-copy values
                               // and for values every reader reads as stored (get_stored)
+  // The save is the forward buffer itself (dense_fp32's full saves): it must outlive the backward.
+  bool stored_in_place() const {
+    const StashFormatInfo& f = stash_format_info(format);
+    return (full ? f.full : f.mask) == StashEncoding::ZeroCopy;
+  }
 };
 
 // What the last push stored for a value (for the memory profile).
@@ -56,7 +61,6 @@ class Stash {
   // `release_pages`: pages above the top go back to the OS as values are popped.
   void configure(std::vector<SavedValue> saved, int num_values, float prune_threshold, bool release_pages = false,
                  DeviceMemory& memory = host_memory(), StashCodec& codec = host_stash_codec());
-  bool zero_copy(int value_id) const;
 
   void clear();  // drops everything (a new training forward)
   // `bits_kept` >= 0: the bitmap of t (this stash's prune threshold) is already written at

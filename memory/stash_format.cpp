@@ -26,7 +26,7 @@ static_assert(sizeof(kEncodings) / sizeof(kEncodings[0]) == size_t(StashEncoding
 using E = StashEncoding;
 // Indexed by StashFormat.
 const StashFormatInfo kFormats[] = {
-    /* DenseF32  */ {"dense_fp32", E::ZeroCopy, E::ZeroCopy, E::ZeroCopy},
+    /* DenseF32  */ {"dense_fp32", E::ZeroCopy, E::ZeroCopy, E::Mask},
     /* DenseF16  */ {"dense_fp16", E::F16, E::F16, E::Mask},
     /* DenseBF16 */ {"dense_bf16", E::BF16, E::BF16, E::Mask},
     /* BitmapF32 */ {"bitmap_fp32", E::BitmapF32, E::BitmapF32, E::Mask},

@@ -198,11 +198,13 @@ std::vector<Region> live_regions(Executor& ex) {
         for (int c : v.consumers) {
           last = std::max(last, c);
           const Node& cn = g.node(c);
+          // dense_fp32 keeps a full save in place until its backward; a mask-only save is bits.
           for (const SaveSpec& s : cn.op->saves())
-            if ((s.input < 0 ? cn.output : cn.inputs[size_t(s.input)]) == id) last = std::max(last, bwd(c));
+            if (s.kind == SaveKind::Full && (s.input < 0 ? cn.output : cn.inputs[size_t(s.input)]) == id)
+              last = std::max(last, bwd(c));
         }
         for (const SaveSpec& s : g.node(v.producer).op->saves())
-          if (s.input < 0) last = std::max(last, bwd(v.producer));
+          if (s.kind == SaveKind::Full && s.input < 0) last = std::max(last, bwd(v.producer));
         if (id == g.loss || id == g.logits) last = end;
         add(v.name, ex.value(id), v, v.producer, last);
         if (v.needs_grad) {

@@ -106,9 +106,10 @@ TEST_CASE("bitmap_int4 trains bit-identically to a dense stash under the same 4-
       const Run dense = train(model, with(StashFormat::DenseF32), luq(smp));
       const Run int4 = train(model, with(StashFormat::BitmapI4), luq(smp));
       check_identical(dense, int4);
-      // ResNet: 1/5 or less. VGG's max-pools read their ReLU inputs' values (bitmap_fp32), and
-      // MobileNetV2's depthwise convs have no integer kernels (their inputs stay f32).
-      CHECK(int4.stash_peak * (std::string(model) == "resnet8" ? 5 : 3) < dense.stash_peak);
+      // ResNet: under 1/3 (0.25 measured). VGG's max-pools read their ReLU inputs' values (bitmap_fp32), and
+      // MobileNetV2's depthwise convs have no integer kernels (their inputs stay f32). (The dense
+      // side keeps values read only as a ReLU mask as bits: under an INT4 forward, most ReLU outputs.)
+      CHECK(int4.stash_peak * (std::string(model) == "resnet8" ? 3 : 2) < dense.stash_peak);
       CHECK(int4.segments > 0);
       // auto picks the same under an INT4 forward.
       const Run automatic = train(model, with(StashFormat::Auto), luq(smp));
