@@ -149,7 +149,7 @@ json Config::resolved() const {
                  {"budget_mb", memory.budget_mb},
                  {"budget_lossy", memory.budget_lossy}};
   const FusionSpec& f = model.fusion;
-  j["fusion"] = {{"enabled", f.enabled},
+  j["fusion"] = {{"enabled", f.automatic ? json("auto") : json(f.enabled)},
                  {"tile", f.tile > 0 ? json(f.tile) : json("auto")},
                  {"disable", f.disable},
                  {"cache_kb", f.cache_kb}};

@@ -207,7 +207,10 @@ void parse_memory(ObjectReader& top, Config& c) {
 void parse_fusion(ObjectReader& top, Config& c) {
   ObjectReader fu = top.child("fusion");
   FusionSpec& f = c.model.fusion;
-  fu.get("enabled", f.enabled);
+  // auto: fused where the backend runs fused stacks (CPU: faster on every shipped model and no
+  // more memory, docs/fusion.md); CUDA has none yet. train is parsed before this section.
+  f.automatic = fu.get_or_auto("enabled", f.enabled, "true or false");
+  if (f.automatic) f.enabled = c.train.device.compare(0, 4, "cuda") != 0;
   json tile = "auto";
   fu.get("tile", tile);
   if (tile.is_string() && tile.get<std::string>() == "auto") {

@@ -13,6 +13,9 @@ class Graph;
 // Depth-first fusion of the layers between convolutions (config section `fusion`, docs/fusion.md).
 struct FusionSpec {
   bool enabled = false;
+  // fusion.enabled = "auto" (the config's default): on where the backend runs fused stacks (the
+  // CPU), off on CUDA; `enabled` holds the resolved value, this the setting (written back as "auto").
+  bool automatic = false;
   int64_t tile = 0;                  // channels of one image per tile; 0 = auto (from the cache)
   std::vector<std::string> disable;  // stacks left unfused, by name (their head BN layer)
   int64_t cache_kb = 0;              // cache a tile must fit in; 0 = this core's L2 (sysfs)

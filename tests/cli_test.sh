@@ -230,7 +230,7 @@ fi
 # --- memprofile: per-layer table, JSON and SVG from a real batch with trained weights
 "$BIN" memprofile --config "$T/cfg.json" --checkpoint "$T/full/checkpoint_last.ckpt" --set memory.stash=bitmap_fp32 \
   --set memory.checkpoint_every=1 --out "$T/mp" >"$T/mp.log" 2>&1 && pass "memprofile" || fail "memprofile: $(tail -3 "$T/mp.log")"
-grep -q "layer1.0.relu1" "$T/mp.log" && grep -q "bitmap+fp32" "$T/mp.log" && pass "memprofile table" || fail "memprofile table"
+grep -q "layer1.0.conv1" "$T/mp.log" && grep -q "bitmap+fp32" "$T/mp.log" && pass "memprofile table" || fail "memprofile table"
 [ -s "$T/mp/memprofile.svg" ] && grep -q '"uss_after_backward_mb"' "$T/mp/memprofile.json" && pass "memprofile files" || fail "memprofile files"
 "$BIN" memprofile --config "$T/cfg.json" "${Q[@]}" --set memory.stash=bitmap_int4 --out "$T/mpq" >"$T/mpq.log" 2>&1 && grep -q "bitmap+uint4" "$T/mpq.log" \
   && pass "memprofile bitmap_int4" || fail "memprofile bitmap_int4: $(tail -3 "$T/mpq.log")"

@@ -132,6 +132,27 @@ TEST_CASE("train.device selects the backend, and one this build lacks is an erro
   j["train"]["device"] = "cuda";
   j["fusion"] = {{"enabled", true}};
   CHECK_THROWS_WITH(parse_config(j, "t.json"), Catch::Contains("train.device") && Catch::Contains("fusion.enabled"));
+  // fusion.enabled = "auto" (the default): off on CUDA, on on the CPU, written back as "auto"
+  for (const json& setting : {json("auto"), json()}) {
+    if (setting.is_null())
+      j.erase("fusion");
+    else
+      j["fusion"] = {{"enabled", setting}};
+    j["train"]["device"] = "cuda";
+    const Config on_cuda = parse_config(j, "t.json");
+    CHECK_FALSE(on_cuda.model.fusion.enabled);
+    CHECK(on_cuda.model.fusion.automatic);
+    j["train"]["device"] = "cpu";
+    const Config on_cpu = parse_config(j, "t.json");
+    CHECK(on_cpu.model.fusion.enabled);
+    CHECK(on_cuda.resolved()["fusion"]["enabled"] == "auto");
+    CHECK(parse_config(on_cpu.resolved(), "r.json").model.fusion.enabled);
+  }
+  j["fusion"] = {{"enabled", false}};
+  CHECK_FALSE(parse_config(j, "t.json").model.fusion.enabled);
+  j["fusion"] = {{"enabled", "yes"}};
+  CHECK_THROWS_WITH(parse_config(j, "t.json"), Catch::Contains("fusion.enabled") && Catch::Contains("\"yes\""));
+  j["train"]["device"] = "cuda";
   j.erase("fusion");
   j["quant"] = {{"forward", "int4"}};
   CHECK_THROWS_WITH(parse_config(j, "t.json"), Catch::Contains("train.device") && Catch::Contains("quant.forward"));
