@@ -91,6 +91,49 @@ struct BlockTables : SumTables {
 
 void fill_channel(float* expanded, int64_t c, int64_t HW, float v) { std::fill(expanded + c * HW, expanded + (c + 1) * HW, v); }
 
+#if defined(__AVX512F__)
+// Blocks of stacks whose stages after the BN are element-wise: BN + ReLU (its mask recomputed from
+// x), BN + add + ReLU (y's saved mask), BN + add. dz = dy where the mask passes, else +0
+// (relu_backward's rule), built 16 elements at a time into `dz` in one pass, with the side
+// gradient written on the way, instead of the stages' planes in scratch. false: not such a stack
+// (or a bit mask whose words do not start on 16-element boundaries); the caller goes the long way.
+bool block_dz_registers(const FusedStack& s, const FusedTensors& t, FusedGrads& g, bool recompute, int64_t b0,
+                        int64_t len, const float* x, const float* scale, const float* shift, float* dz) {
+  const size_t S = s.stages.size();
+  const bool relu = S == 2 && s.stages[1].kind == FusedKind::Relu;
+  const bool add_relu = S == 3 && s.stages[1].kind == FusedKind::Add && s.stages[2].kind == FusedKind::Relu;
+  const bool add = S == 2 && s.stages[1].kind == FusedKind::Add;
+  if (!relu && !add_relu && !add) return false;
+  if (relu && !recompute && !g.y_mask.bits && !g.y_mask.dense.defined()) return false;
+  const int64_t HW = s.stages[0].H * s.stages[0].W, o = b0 * HW;
+  const uint64_t* bits = (add_relu || (relu && !recompute)) ? g.y_mask.bits : nullptr;
+  if (bits && (o % 16 != 0)) return false;
+  const float* ym = (add_relu || (relu && !recompute)) && !bits ? g.y_mask.dense.f32() + o : nullptr;
+  const float* dy = g.dy.f32() + o;
+  float* dside = g.dside.defined() ? g.dside.f32() + o : nullptr;
+  const __m512 zero = _mm512_setzero_ps();
+  for (int64_t i = 0; i < len; i += 16) {
+    const __mmask16 m = len - i >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << (len - i)) - 1);
+    __mmask16 on = m;
+    if (relu && recompute)  // the forward's own arithmetic (forward_block): one FMA, then > 0
+      on = _mm512_mask_cmp_ps_mask(m, _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, x + i), _mm512_maskz_loadu_ps(m, scale + i),
+                                                      _mm512_maskz_loadu_ps(m, shift + i)),
+                                   zero, _CMP_GT_OQ);
+    else if (bits)
+      on = __mmask16(m & (bits[(o + i) >> 6] >> ((o + i) & 63)));
+    else if (ym)
+      on = _mm512_mask_cmp_ps_mask(m, _mm512_maskz_loadu_ps(m, ym + i), zero, _CMP_GT_OQ);
+    const __m512 d = _mm512_maskz_loadu_ps(on, dy + i);
+    if (dside) {
+      const __m512 v = g.dside_accumulate ? _mm512_add_ps(_mm512_maskz_loadu_ps(m, dside + i), d) : d;
+      _mm512_mask_storeu_ps(dside + i, m, v);
+    }
+    _mm512_mask_storeu_ps(dz + i, m, d);
+  }
+  return true;
+}
+#endif
+
 }  // namespace
 
 // Both sweeps go in memory order: block after block of each image, image after image, each thread
@@ -209,6 +252,14 @@ void CpuBackend::fused_blocks_backward(const FusedStack& s, const FusedTensors& 
     for (int64_t i = 0; i < N * blocks; ++i) {
       const int64_t c0 = i % blocks * T, L = std::min(T, C - c0), b0 = i / blocks * C + c0;
       const float* x = x_f32(t.x, b0 * HW, L * HW, sc.x);
+#if defined(__AVX512F__)
+      // Element-wise stages: dz in one pass, straight into its parking place.
+      float* fast = park ? g.dx.f32() + b0 * HW : sc.ga;
+      if (block_dz_registers(s, t, g, recompute, b0, L * HW, x, scale + c0 * HW, shift + c0 * HW, fast)) {
+        bn_rows::block_grad_sums(fast, x, mu + c0 * HW, L, HW, tab.sum1 + b0, tab.sum2 + b0);
+        continue;
+      }
+#endif
       const float* dz = block_dz(sc, b0, c0, L, x, true);
       bn_rows::block_grad_sums(dz, x, mu + c0 * HW, L, HW, tab.sum1 + b0, tab.sum2 + b0);
       if (park) std::memcpy(g.dx.f32() + b0 * HW, dz, sizeof(float) * size_t(L * HW));
