@@ -89,7 +89,9 @@ struct BlockTables : SumTables {
   }
 };
 
-void fill_channel(float* expanded, int64_t c, int64_t HW, float v) { std::fill(expanded + c * HW, expanded + (c + 1) * HW, v); }
+void fill_channel(float* expanded, int64_t c, int64_t HW, float v) {
+  std::fill(expanded + c * HW, expanded + (c + 1) * HW, v);
+}
 
 #if defined(__AVX512F__)
 // Blocks of stacks whose stages after the BN are element-wise: BN + ReLU (its mask recomputed from
@@ -115,10 +117,11 @@ bool block_dz_registers(const FusedStack& s, const FusedTensors& t, FusedGrads& 
   for (int64_t i = 0; i < len; i += 16) {
     const __mmask16 m = len - i >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << (len - i)) - 1);
     __mmask16 on = m;
-    if (relu && recompute)  // the forward's own arithmetic (forward_block): one FMA, then > 0
-      on = _mm512_mask_cmp_ps_mask(m, _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, x + i), _mm512_maskz_loadu_ps(m, scale + i),
-                                                      _mm512_maskz_loadu_ps(m, shift + i)),
-                                   zero, _CMP_GT_OQ);
+    if (relu && recompute) {  // the forward's own arithmetic (forward_block): one FMA, then > 0
+      const __m512 z = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, x + i), _mm512_maskz_loadu_ps(m, scale + i),
+                                       _mm512_maskz_loadu_ps(m, shift + i));
+      on = _mm512_mask_cmp_ps_mask(m, z, zero, _CMP_GT_OQ);
+    }
     else if (bits)
       on = __mmask16(m & (bits[(o + i) >> 6] >> ((o + i) & 63)));
     else if (ym)

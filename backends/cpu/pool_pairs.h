@@ -148,13 +148,15 @@ inline void max_forward_args(int64_t W, int64_t P, int64_t Q, const float* x, fl
     const __mmask16 live = first_lanes(s.live);
     _mm512_mask_storeu_ps(y + s.out, live, window_max(t, &which));
     // top-left tap of each lane's window: row 2 (p + row_in_vector), column 2 (q0 + col_in_vector)
-    const __m512i top_left = _mm512_add_epi32(
-        _mm512_mullo_epi32(_mm512_add_epi32(_mm512_set1_epi32(int32_t(s.p)), row_in_vector),
-                           _mm512_set1_epi32(int32_t(2 * W))),
-        _mm512_maskz_slli_epi32(__mmask16(0xFFFF), _mm512_add_epi32(_mm512_set1_epi32(int32_t(s.q0)), col_in_vector), 1));
+    const __mmask16 all = __mmask16(0xFFFF);
+    const __m512i row = _mm512_add_epi32(_mm512_set1_epi32(int32_t(s.p)), row_in_vector);
+    const __m512i col = _mm512_add_epi32(_mm512_set1_epi32(int32_t(s.q0)), col_in_vector);
+    const __m512i top_left = _mm512_add_epi32(_mm512_mullo_epi32(row, _mm512_set1_epi32(int32_t(2 * W))),
+                                              _mm512_maskz_slli_epi32(all, col, 1));
     // tap k lies k / 2 rows and k % 2 columns from the top-left one
-    const __m512i offset = _mm512_add_epi32(_mm512_mullo_epi32(_mm512_maskz_srai_epi32(__mmask16(0xFFFF), which, 1), _mm512_set1_epi32(int32_t(W))),
-                                            _mm512_and_si512(which, _mm512_set1_epi32(1)));
+    const __m512i offset =
+        _mm512_add_epi32(_mm512_mullo_epi32(_mm512_maskz_srai_epi32(all, which, 1), _mm512_set1_epi32(int32_t(W))),
+                         _mm512_and_si512(which, _mm512_set1_epi32(1)));
     const __mmask16 some = _mm512_cmpge_epi32_mask(which, _mm512_setzero_si512());
     _mm512_mask_storeu_epi32(arg + s.out, live,
                              _mm512_mask_add_epi32(_mm512_set1_epi32(-1), some, top_left, offset));
