@@ -9,7 +9,6 @@
 
 #include "backends/cpu/batchnorm_rows.h"
 #include "backends/cpu/cpu_backend.h"
-#include "memory/half.h"
 
 namespace et {
 
@@ -232,6 +231,15 @@ GradCoefficients grad_coefficients(double sum_dy, double sum_dy_xmu, float gamma
   return k;
 }
 
+GradCoefficients channel_gradients(double sum_dy, double sum_dy_xmu, const Tensor& gamma, const Tensor& mean,
+                                   const Tensor& invstd, int64_t c, int64_t M, Tensor& dgamma, Tensor& dbeta,
+                                   bool accumulate) {
+  const GradCoefficients k = grad_coefficients(sum_dy, sum_dy_xmu, gamma.f32()[c], mean.f32()[c], invstd.f32()[c], M);
+  if (dbeta.defined()) dbeta.f32()[c] = accumulate ? dbeta.f32()[c] + k.dbeta : k.dbeta;
+  if (dgamma.defined()) dgamma.f32()[c] = accumulate ? dgamma.f32()[c] + k.dgamma : k.dgamma;
+  return k;
+}
+
 ET_ROW_FUNCTION void grad_apply(const float* dy, const float* x, const GradCoefficients& k, int64_t len, float* out,
                                bool accumulate) {
   const float a = k.a, b = k.b, c0 = k.c0;
@@ -343,18 +351,8 @@ void CpuBackend::batchnorm_backward_frozen(const Tensor& dy, const Tensor& gamma
 }
 
 namespace {
-// x rows for the backward: f32 in place, or a 16-bit saved copy (dense_fp16 / dense_bf16 stash)
-// widened chunk by chunk into a stack buffer, so BN reads the stash directly (no decode pass).
+// 16-bit x rows are widened chunk by chunk into a stack buffer (bn_rows::x_f32).
 constexpr int64_t kRowChunk = 4096;
-inline const float* x_chunk(const Tensor& x, int64_t offset, int64_t len, float* buf) {
-  switch (x.dtype) {
-    case DType::F32: return x.f32() + offset;
-    case DType::F16: f16_to_f32(static_cast<const uint16_t*>(x.data) + offset, len, buf); return buf;
-    case DType::BF16: bf16_to_f32(static_cast<const uint16_t*>(x.data) + offset, len, buf); return buf;
-    default: ET_CHECK(false, "batchnorm backward: x dtype ", int(x.dtype));
-  }
-  return nullptr;
-}
 }  // namespace
 
 void CpuBackend::batchnorm_backward(const Tensor& dy, const Tensor& x, const Tensor& gamma, const Tensor& mean,
@@ -370,7 +368,7 @@ void CpuBackend::batchnorm_backward(const Tensor& dy, const Tensor& x, const Ten
 #pragma omp parallel for schedule(static)
   for (int64_t c = 0; c < C; ++c) {
     alignas(64) float buf[kRowChunk];
-    const float mu = mean.f32()[c], is = invstd.f32()[c];
+    const float mu = mean.f32()[c];
     double sdy = 0, sdyx = 0;
     for (int64_t n = 0; n < N; ++n)
       for (int64_t i0 = 0; i0 < HW; i0 += chunk) {
@@ -382,18 +380,17 @@ void CpuBackend::batchnorm_backward(const Tensor& dy, const Tensor& x, const Ten
           }
         float a, b;
         const float* dr = dyp + base;
-        bn_rows::grad_sums(bn_rows::row_of(dr), x_chunk(x, base, len, buf), mu, len, &a, &b);
+        bn_rows::grad_sums(bn_rows::row_of(dr), bn_rows::x_f32(x, base, len, buf), mu, len, &a, &b);
         sdy += a;
         sdyx += b;
       }
-    const bn_rows::GradCoefficients k = bn_rows::grad_coefficients(sdy, sdyx, gamma.f32()[c], mu, is, M);
-    if (dbeta.defined()) dbeta.f32()[c] = accumulate_params ? dbeta.f32()[c] + k.dbeta : k.dbeta;  // else frozen
-    if (dgamma.defined()) dgamma.f32()[c] = accumulate_params ? dgamma.f32()[c] + k.dgamma : k.dgamma;
+    const bn_rows::GradCoefficients k =
+        bn_rows::channel_gradients(sdy, sdyx, gamma, mean, invstd, c, M, dgamma, dbeta, accumulate_params);
     if (!dx.defined()) continue;
     for (int64_t n = 0; n < N; ++n)
       for (int64_t i0 = 0; i0 < HW; i0 += chunk) {
         const int64_t len = std::min(chunk, HW - i0), base = (n * C + c) * HW + i0;
-        bn_rows::grad_apply(dyp + base, x_chunk(x, base, len, buf), k, len, dx.f32() + base, accumulate_dx);
+        bn_rows::grad_apply(dyp + base, bn_rows::x_f32(x, base, len, buf), k, len, dx.f32() + base, accumulate_dx);
       }
   }
 }
@@ -414,15 +411,13 @@ void CpuBackend::batchnorm_backward_blocks(const Tensor& dy, const Tensor& x, co
     bn_rows::expand(mean.f32() + c0, Lb, HW, ae);  // the mean per element
     for (int64_t n = 0; n < N; ++n) {
       const int64_t base = (n * C + c0) * HW;
-      bn_rows::block_grad_sums(dy.f32() + base, x_chunk(x, base, len, buf), ae, Lb, HW, a, b);
+      bn_rows::block_grad_sums(dy.f32() + base, bn_rows::x_f32(x, base, len, buf), ae, Lb, HW, a, b);
       for (int64_t l = 0; l < Lb; ++l) sdy[l] += a[l], sdyx[l] += b[l];
     }
     for (int64_t l = 0; l < Lb; ++l) {
       const int64_t ch = c0 + l;
       const bn_rows::GradCoefficients k =
-          bn_rows::grad_coefficients(sdy[l], sdyx[l], gamma.f32()[ch], mean.f32()[ch], invstd.f32()[ch], M);
-      if (dbeta.defined()) dbeta.f32()[ch] = accumulate_params ? dbeta.f32()[ch] + k.dbeta : k.dbeta;
-      if (dgamma.defined()) dgamma.f32()[ch] = accumulate_params ? dgamma.f32()[ch] + k.dgamma : k.dgamma;
+          bn_rows::channel_gradients(sdy[l], sdyx[l], gamma, mean, invstd, ch, M, dgamma, dbeta, accumulate_params);
       a[l] = k.a, b[l] = k.b, c[l] = k.c0;
     }
     if (!dx.defined()) continue;
@@ -431,7 +426,7 @@ void CpuBackend::batchnorm_backward_blocks(const Tensor& dy, const Tensor& x, co
     bn_rows::expand(c, Lb, HW, ce);
     for (int64_t n = 0; n < N; ++n) {
       const int64_t base = (n * C + c0) * HW;
-      bn_rows::block_grad_apply(dy.f32() + base, x_chunk(x, base, len, buf), ae, be, ce, len, dx.f32() + base,
+      bn_rows::block_grad_apply(dy.f32() + base, bn_rows::x_f32(x, base, len, buf), ae, be, ce, len, dx.f32() + base,
                                 accumulate_dx);
     }
   }

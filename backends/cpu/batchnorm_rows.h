@@ -10,7 +10,9 @@
 #endif
 
 #include "engine/fused_stack.h"
+#include "engine/check.h"
 #include "engine/tensor.h"
+#include "memory/half.h"
 
 namespace et {
 namespace bn_rows {
@@ -20,6 +22,19 @@ namespace bn_rows {
 // double, n in order.
 void channel_statistics(const float* x, int64_t N, int64_t C, int64_t HW, int64_t c, float momentum, float eps,
                         Tensor& running_mean, Tensor& running_var, Tensor& mean, Tensor& invstd);
+
+// x's n elements from offset o as f32 for a backward: in place, or a 16-bit saved copy (the
+// dense_fp16 / dense_bf16 stash) widened into buf, so BN reads the stash directly (no decode pass).
+// The BN layer and the fused stacks widen the same rows, so they reduce the same values.
+inline const float* x_f32(const Tensor& x, int64_t o, int64_t n, float* buf) {
+  switch (x.dtype) {
+    case DType::F32: return x.f32() + o;
+    case DType::F16: f16_to_f32(static_cast<const uint16_t*>(x.data) + o, n, buf); return buf;
+    case DType::BF16: bf16_to_f32(static_cast<const uint16_t*>(x.data) + o, n, buf); return buf;
+    default: ET_CHECK(false, "batchnorm backward: x dtype ", int(x.dtype));
+  }
+  return nullptr;
+}
 
 // One plane's sums in float (the order channel_statistics uses): *s1 = sum x, *s2 = sum x^2.
 void plane_sums(const float* x, int64_t HW, float* s1, float* s2);
@@ -115,6 +130,11 @@ struct GradCoefficients {
   float dbeta, dgamma, a, b, c0;
 };
 GradCoefficients grad_coefficients(double sum_dy, double sum_dy_xmu, float gamma, float mu, float invstd, int64_t M);
+// The same for channel c of a BN over M elements per channel, with dbeta[c], dgamma[c] written (or
+// added to, when `accumulate`; undefined: frozen, left alone).
+GradCoefficients channel_gradients(double sum_dy, double sum_dy_xmu, const Tensor& gamma, const Tensor& mean,
+                                   const Tensor& invstd, int64_t c, int64_t M, Tensor& dgamma, Tensor& dbeta,
+                                   bool accumulate);
 // out (+)= a * dy + b * x + c0
 void grad_apply(const float* dy, const float* x, const GradCoefficients& k, int64_t len, float* out, bool accumulate);
 // The same over a block, a, b, c0 expanded per element.

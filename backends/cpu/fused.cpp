@@ -210,10 +210,12 @@ void CpuBackend::fused_backward(const FusedStack& s, const FusedTensors& t, Fuse
   const bool park = g.dx.defined() && !g.dx_accumulate;
   [[maybe_unused]] const ElementwiseOnly ew = elementwise_only(s, g, recompute);  // AVX-512 only
 
+  // x's plane (n, c) as f32: in place, or widened into the scratch's last plane.
+  auto x_plane = [&](float* scratch, int64_t pl) {
+    return bn_rows::x_f32(t.x, pl * HW, HW, scratch + (S + 2) * plane);
+  };
   // dz (the gradient of the BN output) of plane (n, c), in the thread's scratch. The first sweep
   // also writes the side input's gradient, which the Add stage hands on unchanged.
-  // x's plane (n, c) as f32: in place, or widened into the scratch's last plane.
-  auto x_plane = [&](float* scratch, int64_t pl) { return x_f32(t.x, pl * HW, HW, scratch + (S + 2) * plane); };
   auto plane_dz = [&](float* scratch, int64_t pl, const float* x, bool first_sweep) -> const float* {
     float* out[kMaxStages];
     for (int64_t k = 0; k < S; ++k) out[k] = scratch + k * plane;
@@ -246,11 +248,8 @@ void CpuBackend::fused_backward(const FusedStack& s, const FusedTensors& t, Fuse
     if (park) std::memcpy(g.dx.f32() + o, dz, sizeof(float) * size_t(HW));
   };
   auto finish_channel = [&](int64_t c, double sdy, double sdyx) {
-    const bn_rows::GradCoefficients k =
-        bn_rows::grad_coefficients(sdy, sdyx, t.gamma.f32()[c], t.mean.f32()[c], t.invstd.f32()[c], N * HW);
-    if (g.dbeta.defined()) g.dbeta.f32()[c] = g.params_accumulate ? g.dbeta.f32()[c] + k.dbeta : k.dbeta;
-    if (g.dgamma.defined()) g.dgamma.f32()[c] = g.params_accumulate ? g.dgamma.f32()[c] + k.dgamma : k.dgamma;
-    return k;
+    return bn_rows::channel_gradients(sdy, sdyx, t.gamma, t.mean, t.invstd, c, N * HW, g.dgamma, g.dbeta,
+                                      g.params_accumulate);
   };
   // Sweep 2 on plane (n, c): dx = a * dz + b * x + c0.
   auto sweep2 = [&](float* scratch, int64_t pl, const bn_rows::GradCoefficients& k) {

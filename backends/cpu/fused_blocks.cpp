@@ -81,6 +81,14 @@ struct BlockScratch {
 
 // The shared tables after the threads' scratch (table_floats): per plane two sums, per channel its
 // coefficients expanded per element [C, HW], so a block of any channels reads them as one run.
+// Item i of the memory-order walk: block i % blocks of image i / blocks, L channels from c0, its
+// first plane b0.
+struct BlockAt {
+  int64_t c0, L, b0;
+  BlockAt(int64_t i, int64_t blocks, int64_t T, int64_t C)
+      : c0(i % blocks * T), L(std::min(T, C - c0)), b0(i / blocks * C + c0) {}
+};
+
 struct BlockTables : SumTables {
   float* e[kBlockExpanded];
   BlockTables(const FusedStack& s, int64_t N, float* p) : SumTables(p, N, s.C) {
@@ -171,8 +179,8 @@ void CpuBackend::fused_blocks_forward(const FusedStack& s, FusedTensors& t, bool
     if (training) {
 #pragma omp for schedule(static)
       for (int64_t i = 0; i < N * blocks; ++i) {
-        const int64_t b0 = i / blocks * C + i % blocks * T, L = std::min(T, C - i % blocks * T);
-        bn_rows::block_sums(xp + b0 * HW, L, HW, tab.sum1 + b0, tab.sum2 + b0);
+        const BlockAt b(i, blocks, T, C);
+        bn_rows::block_sums(xp + b.b0 * HW, b.L, HW, tab.sum1 + b.b0, tab.sum2 + b.b0);
       }
     }
     int64_t ca, cb;
@@ -194,7 +202,8 @@ void CpuBackend::fused_blocks_forward(const FusedStack& s, FusedTensors& t, bool
 #pragma omp barrier
 #pragma omp for schedule(static)
     for (int64_t i = 0; i < N * blocks; ++i) {
-      const int64_t c0 = i % blocks * T, L = std::min(T, C - c0), b0 = i / blocks * C + c0;  // the block's first plane
+      const BlockAt blk(i, blocks, T, C);
+      const int64_t c0 = blk.c0, L = blk.L, b0 = blk.b0;
       out[S - 1] = yp + b0 * PQ;  // the last stage writes y
       // Without a pool every stage is element-wise and runs in place in y's block: a block in
       // the scratch would sit at an arbitrary distance from x's modulo 4 KiB, and loads of x
@@ -253,8 +262,9 @@ void CpuBackend::fused_blocks_backward(const FusedStack& s, const FusedTensors& 
     // Sweep 1: per-plane sums in float into the table.
 #pragma omp for schedule(static)
     for (int64_t i = 0; i < N * blocks; ++i) {
-      const int64_t c0 = i % blocks * T, L = std::min(T, C - c0), b0 = i / blocks * C + c0;
-      const float* x = x_f32(t.x, b0 * HW, L * HW, sc.x);
+      const BlockAt blk(i, blocks, T, C);
+      const int64_t c0 = blk.c0, L = blk.L, b0 = blk.b0;
+      const float* x = bn_rows::x_f32(t.x, b0 * HW, L * HW, sc.x);
 #if defined(__AVX512F__)
       // Element-wise stages: dz in one pass, straight into its parking place.
       float* fast = park ? g.dx.f32() + b0 * HW : sc.ga;
@@ -272,10 +282,8 @@ void CpuBackend::fused_blocks_backward(const FusedStack& s, const FusedTensors& 
     thread_channels(C, &ca, &cb);
     sum_over_batch(tab.sum1, tab.sum2, N, C, ca, cb, tab.d1, tab.d2);
     for (int64_t c = ca; c < cb; ++c) {
-      const bn_rows::GradCoefficients k = bn_rows::grad_coefficients(tab.d1[c], tab.d2[c], t.gamma.f32()[c],
-                                                                     t.mean.f32()[c], t.invstd.f32()[c], N * HW);
-      if (g.dbeta.defined()) g.dbeta.f32()[c] = g.params_accumulate ? g.dbeta.f32()[c] + k.dbeta : k.dbeta;
-      if (g.dgamma.defined()) g.dgamma.f32()[c] = g.params_accumulate ? g.dgamma.f32()[c] + k.dgamma : k.dgamma;
+      const bn_rows::GradCoefficients k = bn_rows::channel_gradients(tab.d1[c], tab.d2[c], t.gamma, t.mean, t.invstd, c,
+                                                                     N * HW, g.dgamma, g.dbeta, g.params_accumulate);
       fill_channel(ka, c, HW, k.a);
       fill_channel(kb, c, HW, k.b);
       fill_channel(kc, c, HW, k.c0);
@@ -285,9 +293,10 @@ void CpuBackend::fused_blocks_backward(const FusedStack& s, const FusedTensors& 
     if (g.dx.defined()) {
 #pragma omp for schedule(static)
       for (int64_t i = 0; i < N * blocks; ++i) {
-        const int64_t c0 = i % blocks * T, L = std::min(T, C - c0), b0 = i / blocks * C + c0;
+        const BlockAt blk(i, blocks, T, C);
+      const int64_t c0 = blk.c0, L = blk.L, b0 = blk.b0;
         float* dx = g.dx.f32() + b0 * HW;
-        const float* x = x_f32(t.x, b0 * HW, L * HW, sc.x);
+        const float* x = bn_rows::x_f32(t.x, b0 * HW, L * HW, sc.x);
         bn_rows::block_grad_apply(park ? dx : block_dz(sc, b0, c0, L, x, false), x, ka + c0 * HW, kb + c0 * HW,
                                   kc + c0 * HW, L * HW, dx, g.dx_accumulate);
       }

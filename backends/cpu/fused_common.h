@@ -14,7 +14,6 @@
 #include "backends/cpu/pool_planes.h"
 #include "engine/check.h"
 #include "engine/fused_stack.h"
-#include "memory/half.h"
 
 namespace et {
 namespace fused_planes {
@@ -39,18 +38,6 @@ inline int64_t thread_floats(const FusedStack& s) { return max_plane(s) * int64_
 // gradient blocks and x's block widened from a 16-bit stash.
 inline int64_t block_thread_floats(const FusedStack& s) {
   return round16(s.tile_channels * plane_floats(s) * int64_t(s.stages.size() + 3));
-}
-
-// x's n elements from offset o as f32: in place, or widened from the stash's fp16 / bf16 copy into
-// buf (whole planes at a time: the reductions then run as over the decoded copy).
-inline const float* x_f32(const Tensor& x, int64_t o, int64_t n, float* buf) {
-  switch (x.dtype) {
-    case DType::F32: return x.f32() + o;
-    case DType::F16: f16_to_f32(static_cast<const uint16_t*>(x.data) + o, n, buf); return buf;
-    case DType::BF16: bf16_to_f32(static_cast<const uint16_t*>(x.data) + o, n, buf); return buf;
-    default: ET_CHECK(false, "fused stack backward: x dtype ", int(x.dtype));
-  }
-  return nullptr;
 }
 
 // The tables all threads share (memory order, fused.cpp / fused_blocks.cpp): two sums per plane
