@@ -58,6 +58,13 @@ class Backend {
   virtual size_t conv2d_workspace_bytes(const Conv2dGeom& g, ConvPass pass) const = 0;
   virtual void conv2d_forward(const Conv2dGeom& g, const Tensor& x, const Tensor& w, const Tensor& b, Tensor& y,
                               Workspace ws) = 0;
+  // conv2d_forward, and y's per-plane sums for the fused BN stack reading y (plane_sums below):
+  // written while each plane is still in cache where the kernel allows it, else by plane_sums.
+  virtual void conv2d_forward_sums(const Conv2dGeom& g, const Tensor& x, const Tensor& w, const Tensor& b, Tensor& y,
+                                   Tensor& sums, Workspace ws) {
+    conv2d_forward(g, x, w, b, y, ws);
+    plane_sums(y, sums);
+  }
   virtual void conv2d_backward_data(const Conv2dGeom& g, const Tensor& dy, const Tensor& w, Tensor& dx,
                                     bool accumulate, Workspace ws) = 0;
   // dw (and db if defined) are overwritten or accumulated per `accumulate`. x is f32, or a saved
@@ -127,6 +134,12 @@ class Backend {
   // ---- fused stacks (engine/fused_stack.h, docs/fusion.md), tile by tile; the results are bit
   // for bit those of the stack's layers run one by one through the kernels above.
   virtual size_t fused_workspace_bytes(const FusedStack& s, int64_t batch) const = 0;
+  // The sums BN's statistics take of each plane of y [N,C,H,W], as the BN kernels take them (same
+  // order, same bits): sums [2, >= N, C], sum of x at [0, n, c], of x^2 at [1, n, c]. A producer of a
+  // stack's x writes them (Op::write_plane_sums), so the stack's forward need not read x twice.
+  virtual void plane_sums(const Tensor& y, Tensor& sums) {
+    ET_CHECK(false, name(), ": plane sums for fused stacks are not built on this backend");
+  }
   // Training: batch statistics into t.mean / t.invstd, running statistics updated unless undefined
   // (a recompute); else the running statistics. `mask`: y's bitmap, as relu_forward writes it.
   virtual void fused_forward(const FusedStack& s, FusedTensors& t, bool training, MaskOut* mask, Workspace ws) = 0;

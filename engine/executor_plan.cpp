@@ -355,7 +355,8 @@ std::vector<Executor::PlannedBuffer> Executor::activation_buffers(PlanState& st)
     const SavedValue* sv = st.saved_of(id);
     const bool zero_copy = sv && sv->stored_in_place();
     // Aux values (BN batch statistics) keep one buffer; a recompute rewrites the same values.
-    int last = v.kind == ValueKind::Aux ? bwd_t[size_t(p)] : p;
+    // Forward-only ones (plane sums for a fused stack) die after their last reader.
+    int last = v.kind == ValueKind::Aux && !v.forward_only ? bwd_t[size_t(p)] : p;
     for (int c : v.consumers) last = std::max(last, c);
     if (zero_copy && !rec) last = std::max(last, bwd_t[size_t(st.first_saver[size_t(id)])]);
     if (id == graph_.logits || id == graph_.loss) last = st.t_end;  // read by the trainer after the step

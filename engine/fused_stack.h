@@ -92,6 +92,10 @@ struct FusedTensors {
   // Without a BN: bit i of x's plane is set where dx[i] takes a gradient (written by a training
   // forward, read by the backward): ReLU's mask, and for a max-pool also the window's first maximum.
   Tensor pass;
+  // Per-plane sums [2, >= N, C] (Backend::plane_sums), or undefined. x_sums: x's, written by the
+  // layer that produced x (a conv, or the stack before), from which a training forward takes BN's
+  // statistics instead of reading x once more. y_sums: to be written for the stack that reads y.
+  Tensor x_sums, y_sums;
 };
 
 struct FusedGrads {

@@ -32,6 +32,15 @@ int Graph::add_node(std::string name, std::unique_ptr<Op> op, std::vector<int> i
   return nodes_.back().output;
 }
 
+int Graph::add_aux(int node, Value aux) {
+  ET_CHECK(node >= 0 && node < num_nodes(), "add_aux: node ", node);
+  aux.kind = ValueKind::Aux;
+  aux.producer = node;
+  const int id = add_value(std::move(aux));
+  nodes_[size_t(node)].aux.push_back(id);
+  return id;
+}
+
 int Graph::find_value(const std::string& name) const {
   for (size_t i = 0; i < values_.size(); ++i)
     if (values_[i].name == name) return int(i);

@@ -16,7 +16,8 @@ enum class ValueKind : uint8_t {
   Param,       // weights: persistent; trained ones (not frozen) have a gradient and optimizer state
   Buffer,      // persistent state without gradient (BN running statistics)
   Activation,  // produced by a node in forward; planned by lifetime
-  Aux,         // produced by a node in forward for its own backward only (BN batch mean/invstd)
+  Aux,         // produced by a node in forward for its own backward (BN batch mean/invstd), or for
+               // a later node's forward (Value::forward_only)
 };
 
 enum class ParamInit : uint8_t { None, Zeros, Ones, KaimingNormalFanOut, UniformFanIn };
@@ -33,6 +34,10 @@ struct Value {
   int64_t init_fan = 0;  // fan used by the initializer
   int producer = -1;     // node index, -1 for inputs / params / buffers
   std::vector<int> consumers;
+  // An Aux value read by later nodes' first forward only, not by its producer's backward (a conv's
+  // per-plane sums for the fused BN stack after it): it dies after its last reader. Not written or
+  // read by a recompute, which comes after that.
+  bool forward_only = false;
 };
 
 struct Node {
@@ -52,6 +57,8 @@ class Graph {
   // Wires a node; checks inputs exist. Returns the output value id.
   int add_node(std::string name, std::unique_ptr<Op> op, std::vector<int> inputs, Value output,
                std::vector<Value> aux = {});
+  // Adds an aux value to node `node` (after the ones it was built with). Returns its value id.
+  int add_aux(int node, Value aux);
 
   const Value& value(int id) const { return values_.at(size_t(id)); }
   Value& value(int id) { return values_.at(size_t(id)); }

@@ -83,6 +83,12 @@ class Op {
   // What this layer is to the fusion planner (engine/fused_stack.h, fusion/): kind None ends a stack.
   // The planner fills in the planes from the graph's shapes.
   virtual FusedStage fusion_stage() const { return {}; }
+  // Whether this op's training forward can also write the per-plane sums of its output that the
+  // BN-headed fused stack reading it takes its batch statistics from (docs/fusion.md, "Statistics
+  // in the producer"). write_plane_sums asks it to, into its aux value `aux_index` ([2, N, C],
+  // Backend::plane_sums), on every first (not recomputing) training forward.
+  virtual bool can_write_plane_sums() const { return false; }
+  virtual void write_plane_sums(int aux_index) { ET_CHECK(false, type(), " writes no plane sums"); }
   virtual OpAttributes attributes() const { return {}; }
   virtual void forward(OpContext& ctx) = 0;
   virtual void backward(OpContext& ctx) = 0;

@@ -17,7 +17,8 @@ constexpr int kSideInput = 5;  // after x, gamma, beta, running_mean, running_va
 
 class FusedStackOp final : public Op {
  public:
-  FusedStackOp(const FusedStack& s, std::vector<std::string> members) : stack_(s), members_(std::move(members)) {
+  FusedStackOp(const FusedStack& s, std::vector<std::string> members, int sums_input)
+      : stack_(s), members_(std::move(members)), sums_input_(sums_input) {
     for (const FusedStage& st : s.stages) has_pool_ |= st.kind == FusedKind::MaxPool || st.kind == FusedKind::AvgPool;
   }
   const char* type() const override { return "fused_stack"; }
@@ -40,11 +41,22 @@ class FusedStackOp final : public Op {
   }
   // Each tile reads its dy planes into scratch before it writes the same planes of dx.
   bool grad_in_place(int input) const override { return input == 0 && !has_pool_; }
+  // The planes of y for the stack after this one, while each is in cache (where planes go one by one).
+  bool can_write_plane_sums() const override { return takes_plane_sums(stack_) && y_sums_aux_ < 0; }
+  void write_plane_sums(int aux_index) override {
+    ET_CHECK(can_write_plane_sums(), "fused stack: plane sums asked for twice, or of small planes");
+    y_sums_aux_ = aux_index;
+  }
 
   void forward(OpContext& ctx) override {
     FusedTensors t = tensors(ctx);
     t.y = ctx.output();
     if (ctx.training() && ctx.recomputing()) t.running_mean = t.running_var = Tensor{};  // updated once
+    // The sums pass from producer to reader in the first training forward only (Value::forward_only).
+    if (ctx.training() && !ctx.recomputing()) {
+      if (sums_input_ >= 0) t.x_sums = ctx.input(sums_input_);
+      if (y_sums_aux_ >= 0) t.y_sums = ctx.aux(y_sums_aux_);
+    }
     ctx.backend().fused_forward(stack_, t, ctx.training(), ctx.output_mask(), ctx.workspace());
   }
 
@@ -71,7 +83,7 @@ class FusedStackOp final : public Op {
     if (dgamma.wanted) g.dgamma = dgamma.t;
     if (dbeta.wanted) g.dbeta = dbeta.t;
     g.params_accumulate = dgamma.accumulate;
-    if (ctx.has_input(kSideInput)) {
+    if (stack_.add_stage() >= 0) {
       const GradOut ds = ctx.grad_input(kSideInput);
       if (ds.wanted) g.dside = ds.t;
       g.dside_accumulate = ds.accumulate;
@@ -91,7 +103,7 @@ class FusedStackOp final : public Op {
     t.beta = ctx.input(2);
     t.running_mean = ctx.input(3);
     t.running_var = ctx.input(4);
-    if (ctx.has_input(kSideInput)) t.side = ctx.input(kSideInput);
+    if (stack_.add_stage() >= 0) t.side = ctx.input(kSideInput);
     t.mean = ctx.aux(0);
     t.invstd = ctx.aux(1);
     return t;
@@ -107,12 +119,16 @@ class FusedStackOp final : public Op {
   FusedStack stack_;
   std::vector<std::string> members_;
   bool has_pool_ = false;
+  int sums_input_ = -1;  // the input holding x's plane sums, written by x's producer
+  int y_sums_aux_ = -1;  // the aux value to write y's plane sums to
 };
 
 }  // namespace
 
-std::unique_ptr<Op> make_fused_op(const FusedStack& s, std::vector<std::string> members) {
-  return std::make_unique<FusedStackOp>(s, std::move(members));
+bool takes_plane_sums(const FusedStack& s) { return s.headed_by_bn() && !s.small_planes() && !s.channel_slabs; }
+
+std::unique_ptr<Op> make_fused_op(const FusedStack& s, std::vector<std::string> members, int sums_input) {
+  return std::make_unique<FusedStackOp>(s, std::move(members), sums_input);
 }
 
 }  // namespace fusion

@@ -26,6 +26,9 @@ struct StackPlan {
   size_t bytes_unfused = 0, bytes_fused = 0;  // moved per training step (forward + backward)
   bool fused = false;
   std::string why_not;       // when not fused
+  // BN's per-plane sums come from x's producer (a conv's epilogue, or the fused stack before it,
+  // fusion::takes_plane_sums), so the forward reads x once instead of twice.
+  bool sums_from_producer = false;
 };
 
 struct Plan {
@@ -47,8 +50,12 @@ void apply(Graph& g, const Plan& p);
 std::string describe(const Graph& g, const Plan& p);
 
 // The op a fused stack becomes (fused_op.cpp). Inputs: x, gamma, beta, running_mean, running_var
-// [, side]; aux: batch mean, invstd.
-std::unique_ptr<Op> make_fused_op(const FusedStack& s, std::vector<std::string> members);
+// [, side] [, x's plane sums at input `sums_input`]; aux: batch mean, invstd [, y's plane sums].
+std::unique_ptr<Op> make_fused_op(const FusedStack& s, std::vector<std::string> members, int sums_input = -1);
+// Whether a stack walks its planes one by one in memory order (large planes, no channel slabs), so
+// that per-plane sums fit its forward: it takes x's from x's producer (docs/fusion.md,
+// "Statistics in the producer") and can write y's for the stack after it.
+bool takes_plane_sums(const FusedStack& s);
 
 }  // namespace fusion
 }  // namespace et

@@ -178,6 +178,7 @@ Plan plan(const Graph& g, const FusionSpec& spec) {
   }
   const int64_t N = g.batch_size();
   std::vector<uint8_t> claimed(size_t(g.num_nodes()), 0);
+  std::vector<int> fused_stack_ending_at(size_t(g.num_nodes()), -1);  // index into p.stacks
   for (int n = 0; n < g.num_nodes(); ++n) {
     if (claimed[size_t(n)]) continue;
     StackPlan sp = find_stack(g, n, claimed);
@@ -214,6 +215,16 @@ Plan plan(const Graph& g, const FusionSpec& spec) {
                    " KiB cache");
       sp.tile_bytes = scratch + (s.channel_slabs ? size_t(s.tile_channels) * slab : 0);
       if (s.small_planes()) sp.tile_bytes = scratch * size_t(s.tile_channels);
+      // BN's per-plane sums from x's producer: a conv (in its epilogue) or a stack walking its
+      // planes in memory order, when this stack is x's only reader.
+      const Value& x = g.value(sp.input);
+      if (takes_plane_sums(s) && x.producer >= 0 && x.consumers.size() == 1) {
+        const int before = fused_stack_ending_at[size_t(x.producer)];
+        sp.sums_from_producer = before >= 0 ? takes_plane_sums(p.stacks[size_t(before)].stack)
+                                            : g.node(x.producer).op->can_write_plane_sums();
+      }
+      if (sp.sums_from_producer) sp.bytes_fused -= f32(N * s.C * s.stages[0].H * s.stages[0].W);  // one read of x
+      fused_stack_ending_at[size_t(sp.nodes.back())] = int(p.stacks.size());
       p.bytes_unfused += sp.bytes_unfused;
       p.bytes_fused += sp.bytes_fused;
     }
@@ -254,7 +265,8 @@ std::string mb(size_t b) {
 std::string describe(const Graph& g, const Plan& p) {
   std::ostringstream o;
   o << "cache: " << p.cache_bytes / 1024 << " KiB (" << p.cache_source << "), batch " << g.batch_size() << "\n";
-  o << "stack                 stages                  planes         tile  KiB/tile  MB unfused  MB fused  vanish\n";
+  o << "stack                 stages                  planes         tile  KiB/tile  MB unfused  MB fused  vanish  "
+       "statistics\n";
   for (const StackPlan& sp : p.stacks) {
     std::string stages;
     for (const FusedStage& st : sp.stack.stages) stages += std::string(stages.empty() ? "" : ",") + kind_name(st.kind);
@@ -271,9 +283,10 @@ std::string describe(const Graph& g, const Plan& p) {
         std::snprintf(tile, sizeof tile, "%lldch%s", (long long)s.tile_channels, s.channel_slabs ? " slab" : "");
       else
         std::snprintf(tile, sizeof tile, "plane");
-      std::snprintf(line, sizeof line, "%10s %8zu%s %10s %9s %6zu\n", tile, sp.tile_bytes / 1024,
+      std::snprintf(line, sizeof line, "%10s %8zu%s %10s %9s %6zu  %s\n", tile, sp.tile_bytes / 1024,
                     sp.tile_bytes <= p.cache_bytes ? " " : "*", mb(sp.bytes_unfused).c_str(),
-                    mb(sp.bytes_fused).c_str(), sp.vanished.size());
+                    mb(sp.bytes_fused).c_str(), sp.vanished.size(),
+                    !s.headed_by_bn() ? "-" : sp.sums_from_producer ? "producer" : "own sweep");
       o << line;
     } else {
       o << "not fused: " << sp.why_not << "\n";
@@ -283,7 +296,8 @@ std::string describe(const Graph& g, const Plan& p) {
   for (const StackPlan& sp : p.stacks) fused += sp.fused;
   o << "(tile: plane = one plane, in memory order; Nch = a block of N channels of one image; Nch slab = N "
        "channels over the whole batch (fusion.tile), * = larger than the cache: the second backward sweep "
-       "re-reads x from memory)\n";
+       "re-reads x from memory; statistics: producer = BN's per-plane sums written by x's producer, "
+       "own sweep = the stack reads x for them)\n";
   o << "fused stacks: " << fused << " of " << p.stacks.size() << " (one sequence each); bytes moved per step: "
     << mb(p.bytes_unfused) << " MB unfused, " << mb(p.bytes_fused) << " MB fused ("
     << (p.bytes_fused ? double(p.bytes_unfused) / double(p.bytes_fused) : 0.0) << "x less)\n";

@@ -76,7 +76,22 @@ void apply(Graph& g, const Plan& p) {
     }
     std::vector<std::string> members;
     for (int m : sp.nodes) members.push_back(g.node(m).name);
-    const int out = ng.add_node(sp.name, make_fused_op(sp.stack, members), mapped(inputs),
+    std::vector<int> new_inputs = mapped(inputs);
+    // BN's statistics from sums x's producer writes (a conv's epilogue, the stack before): one
+    // more input, an aux value of the producer that lives until this forward has read it.
+    int sums_input = -1;
+    if (sp.sums_from_producer) {
+      const int producer = ng.value(new_inputs[0]).producer;
+      ET_CHECK(producer >= 0 && ng.node(producer).op->can_write_plane_sums(), "fusion rewrite: sums of ", sp.name);
+      ng.node(producer).op->write_plane_sums(int(ng.node(producer).aux.size()));
+      Value sums;
+      sums.name = sp.name + ".x_sums";
+      sums.shape = Shape{2, g.batch_size(), sp.stack.C};
+      sums.forward_only = true;
+      sums_input = int(new_inputs.size());
+      new_inputs.push_back(ng.add_aux(producer, std::move(sums)));
+    }
+    const int out = ng.add_node(sp.name, make_fused_op(sp.stack, members, sums_input), std::move(new_inputs),
                                 fresh(g.value(sp.output)), std::move(aux));
     Node& added = ng.node(ng.num_nodes() - 1);
     added.seed_index = head.seed_index;

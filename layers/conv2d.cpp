@@ -37,16 +37,35 @@ class Conv2dOp final : public Op {
     return a;
   }
 
+  // The fused BN stack after this conv takes its statistics from sums written here (op.h).
+  bool can_write_plane_sums() const override { return sums_aux_ < 0; }  // for one reader
+  void write_plane_sums(int aux_index) override {
+    ET_CHECK(sums_aux_ < 0, "conv2d: plane sums asked for twice");
+    sums_aux_ = aux_index;
+  }
+
   // y [N,K,P,Q] = conv(x [N,C,H,W], w [K,C/g,R,S]) + b [K]
   void forward(OpContext& ctx) override {
     const Conv2dGeom g = geom_.with_batch(ctx.batch());
     const Tensor b = ctx.has_input(2) ? ctx.input(2) : Tensor{};
     Tensor y = ctx.output();
     const LayerQuant* q = ctx.quant();
-    if (q && q->int4_weights_only)  // FNT: f32 input, dequantised INT4 weights
+    // Only the first training forward: a recompute comes after the stack's forward has read them.
+    Tensor sums = sums_aux_ >= 0 && ctx.training() && !ctx.recomputing() ? ctx.aux(sums_aux_) : Tensor{};
+    if (!q || (!q->int4_forward && !q->int4_weights_only)) {
+      if (sums.defined())
+        return ctx.backend().conv2d_forward_sums(g, ctx.input(0), ctx.input(1), b, y, sums, ctx.workspace());
+      return ctx.backend().conv2d_forward(g, ctx.input(0), ctx.input(1), b, y, ctx.workspace());
+    }
+    forward_quantized(ctx, g, b, y, *q);
+    if (sums.defined()) ctx.backend().plane_sums(y, sums);
+  }
+
+  // FNT (INT4 weights only) or INT4 forward.
+  void forward_quantized(OpContext& ctx, const Conv2dGeom& g, const Tensor& b, Tensor& y, const LayerQuant& q) {
+    if (q.int4_weights_only)  // FNT: f32 input, dequantised INT4 weights
       return ctx.backend().conv2d_forward(g, ctx.input(0), qops::dequantized_weight(ctx, ctx.input(1)), b, y,
                                           ctx.workspace());
-    if (!q || !q->int4_forward) return ctx.backend().conv2d_forward(g, ctx.input(0), ctx.input(1), b, y, ctx.workspace());
     // A recompute: the first forward's codes and scales, so the integer product is the same.
     if (ctx.recomputing() && int_kernels())
       return ctx.backend().conv2d_forward_q(g, ctx.input_codes(), ctx.quant_operand(QuantSlot::W), b, y, ctx.workspace());
@@ -130,6 +149,7 @@ class Conv2dOp final : public Op {
     return ws;
   }
   Conv2dGeom geom_;
+  int sums_aux_ = -1;  // write_plane_sums
 };
 
 }  // namespace

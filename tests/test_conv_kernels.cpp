@@ -193,6 +193,23 @@ void run_geometry(Conv2dGeom g, bool bias, bool accumulate, int64_t planned_batc
     CHECK(std::memcmp(dx.data(), dx2.data(), xn * sizeof(float)) == 0);
     CHECK(std::memcmp(dw.data(), dw2.data(), wn * sizeof(float)) == 0);
     if (!scalar) check_stored_inputs(g, x, dy, bias, accumulate, ws);
+
+    // The forward with BN's per-plane sums (a fused stack's statistics, docs/fusion.md): the same y,
+    // and the sums plane_sums takes of it, bit for bit (the direct kernels take them in their
+    // epilogue, the other paths by plane_sums). The table is sized for the planned batch.
+    std::vector<float> y3(yn, 7.f), sums(size_t(2 * planned.N * g.K), 7.f), ref(sums.size(), 7.f);
+    Tensor y3t = view(y3, {g.N, g.K, g.P, g.Q}), sums_t = view(sums, {2, planned.N, g.K});
+    Tensor ref_t = view(ref, {2, planned.N, g.K});
+    be->conv2d_forward_sums(g, xt, wt, bias ? bt : none, y3t, sums_t, ws);
+    be->plane_sums(yt, ref_t);
+    CHECK(std::memcmp(y.data(), y3.data(), yn * sizeof(float)) == 0);
+    CHECK(std::memcmp(sums.data(), ref.data(), sums.size() * sizeof(float)) == 0);
+    for (int64_t i = 0; i < g.N * g.K; i += std::max<int64_t>(1, g.N * g.K / 7)) {  // and they are the sums
+      double s1 = 0, s2 = 0;
+      for (int64_t j = 0; j < g.P * g.Q; ++j) s1 += y[size_t(i * g.P * g.Q + j)], s2 += double(y[size_t(i * g.P * g.Q + j)]) * y[size_t(i * g.P * g.Q + j)];
+      CHECK(sums[size_t(i)] == Approx(s1).epsilon(1e-4).margin(1e-3));
+      CHECK(sums[size_t(planned.N * g.K + i)] == Approx(s2).epsilon(1e-4).margin(1e-3));
+    }
   }
   cpu::conv_force_scalar(false);
 }

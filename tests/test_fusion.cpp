@@ -196,6 +196,76 @@ TEST_CASE("fusion: synthetic stacks with odd sizes, overlapping pools and batch 
 }
 
 namespace {
+// image -> conv -> <BN, ReLU, max-pool 3x3 stride 1> x 2 -> BN, ReLU -> flatten -> linear: stacks that
+// follow a conv and stacks that follow a stack (BrainSlug's micro-benchmark), each taking BN's
+// per-plane sums from x's producer.
+void chain(Graph& g, int64_t batch, int64_t h, int64_t w, int64_t channels) {
+  g.set_batch_size(int(batch));
+  const int x = image_input(g, batch, 3, h, w);
+  const int labels = label_input(g, batch);
+  Conv2dOptions o;
+  o.out_channels = channels;
+  o.kernel = 3;
+  o.padding = 1;
+  int y = conv2d(g, x, "c0", o);
+  for (int i = 0; i < 2; ++i) {
+    const std::string b = "b" + std::to_string(i);
+    y = maxpool2d(g, relu(g, batchnorm2d(g, y, b + ".bn"), b + ".relu"), b + ".pool", 3, 1, 1);
+  }
+  y = relu(g, batchnorm2d(g, y, "b2.bn"), "b2.relu");
+  g.logits = linear(g, flatten(g, y, "flat"), "fc", 4);
+  g.loss = softmax_cross_entropy(g, g.logits, labels, "loss");
+  g.image_input = x;
+  g.label_input = labels;
+}
+}  // namespace
+
+TEST_CASE("fusion: BN statistics from x's producer (a conv's epilogue, the stack before)", "[fusion]") {
+  struct Case {
+    int64_t batch, h, w, channels;
+  };
+  // 32x32: the direct conv takes the sums in its epilogue; 9x7 and 5x4 (odd, and 20 elements, just
+  // above the small planes): other conv paths, by plane_sums after the kernel.
+  for (const Case c : {Case{2, 32, 32, 16}, Case{3, 9, 7, 5}, Case{1, 5, 4, 6}}) {
+    DYNAMIC_SECTION("batch " << c.batch << " " << c.h << "x" << c.w << " channels " << c.channels) {
+      for (int64_t tile : {0, 2}) {
+        INFO("fusion.tile " << tile);
+        // Built for one image more than each step runs: the sums tables are [2, batch + 1, C].
+        Graph plain, fused;
+        chain(plain, c.batch + 1, c.h, c.w, c.channels);
+        chain(fused, c.batch + 1, c.h, c.w, c.channels);
+        FusionSpec spec;
+        spec.enabled = true;
+        spec.tile = tile;
+        const fusion::Plan p = fusion::plan(fused, spec);
+        REQUIRE(p.stacks.size() == 3);
+        // Channel slabs (an explicit tile) take their own statistics; memory order takes the producer's.
+        for (const fusion::StackPlan& sp : p.stacks) CHECK(sp.sums_from_producer == (tile == 0));
+        fusion::apply(fused, p);
+        REQUIRE(fused_nodes(fused) == 3);
+        int sums = 0;
+        for (int id = 0; id < fused.num_values(); ++id) {
+          const Value& v = fused.value(id);
+          if (!v.forward_only) continue;
+          ++sums;
+          CHECK(v.kind == ValueKind::Aux);
+          CHECK(v.shape == Shape{2, c.batch + 1, c.channels});
+          REQUIRE(v.consumers.size() == 1);
+          CHECK(std::strcmp(fused.node(v.consumers[0]).op->type(), "fused_stack") == 0);
+        }
+        CHECK(sums == (tile == 0 ? 3 : 0));
+        for (const StashOptions& o : {stash(StashFormat::DenseF32), stash(StashFormat::Auto), stash(StashFormat::Auto, 1)}) {
+          INFO("stash format " << int(o.format) << ", checkpoint_every " << o.checkpoint_every);
+          const auto a = train(plain, c.batch, o), b = train(fused, c.batch, o);
+          REQUIRE(std::isfinite(a[0][0]));
+          CHECK(differing(a, b) == 0);
+        }
+      }
+    }
+  }
+}
+
+namespace {
 // image -> conv -> ReLU -> max-pool -> conv -> ReLU -> avg-pool -> flatten -> linear: the stacks
 // without a BN (VGG without BN), odd plane sizes, padded windows and windows with gaps between.
 struct PoolCfg {

@@ -265,6 +265,17 @@ ET_ROW_FUNCTION void block_grad_apply(const float* dy, const float* x, const flo
 
 }  // namespace bn_rows
 
+// y [N,C,H,W] -> sums [2, >= N, C]: each plane's sums as channel_statistics takes them.
+void CpuBackend::plane_sums(const Tensor& y, Tensor& sums) {
+  const int64_t N = y.dim(0), C = y.dim(1), HW = y.dim(2) * y.dim(3);
+  ET_CHECK(sums.dim(0) == 2 && sums.dim(1) >= N && sums.dim(2) == C, "plane sums of ", y.shape.str(), " into ",
+           sums.shape.str());
+  const float* yp = y.f32();
+  float *s1 = sums.f32(), *s2 = s1 + sums.dim(1) * C;
+#pragma omp parallel for schedule(static)
+  for (int64_t pl = 0; pl < N * C; ++pl) bn_rows::plane_sums(yp + pl * HW, HW, s1 + pl, s2 + pl);
+}
+
 // x, y [N,C,H,W]; mean, invstd, gamma, beta, running_* [C]
 void CpuBackend::batchnorm_forward_train(const Tensor& x, const Tensor& gamma, const Tensor& beta,
                                          Tensor& running_mean, Tensor& running_var, float momentum, float eps,

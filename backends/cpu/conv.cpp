@@ -136,6 +136,16 @@ void CpuBackend::conv2d_forward(const Conv2dGeom& g, const Tensor& x, const Tens
   cpu::gemm_conv_forward(g, x.f32(), w.f32(), b.defined() ? b.f32() : nullptr, y.f32(), ws.data);
 }
 
+// The direct kernels take the sums in their epilogue; the other paths leave y to plane_sums.
+void CpuBackend::conv2d_forward_sums(const Conv2dGeom& g, const Tensor& x, const Tensor& w, const Tensor& b,
+                                     Tensor& y, Tensor& sums, Workspace ws) {
+  if (choose(g, ConvPass::Forward) != Path::Direct) return Backend::conv2d_forward_sums(g, x, w, b, y, sums, ws);
+  ET_CHECK(sums.dim(0) == 2 && sums.dim(1) >= g.N && sums.dim(2) == g.K, "conv plane sums into ", sums.shape.str());
+  float* s1 = sums.f32();
+  cpu::direct_dense_forward(g, x.f32(), w.f32(), b.defined() ? b.f32() : nullptr, y.f32(), ws.data, s1,
+                            s1 + sums.dim(1) * g.K);
+}
+
 void CpuBackend::conv2d_backward_data(const Conv2dGeom& g, const Tensor& dy, const Tensor& w, Tensor& dx,
                                       bool accumulate, Workspace ws) {
   switch (choose(g, ConvPass::BackwardData)) {

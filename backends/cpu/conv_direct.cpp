@@ -14,6 +14,7 @@
 #include <algorithm>
 #include <cstring>
 
+#include "backends/cpu/batchnorm_rows.h"
 #include "backends/cpu/conv_simd.h"
 #include "memory/stored_reader.h"
 
@@ -366,7 +367,8 @@ size_t direct_dense_workspace(const Conv2dGeom& g, ConvPass pass, int threads) {
   return size_t(shared + 64 + threads * per_thread) * sizeof(float);
 }
 
-void direct_dense_forward(const Conv2dGeom& g, const float* x, const float* w, const float* b, float* y, void* ws) {
+void direct_dense_forward(const Conv2dGeom& g, const float* x, const float* w, const float* b, float* y, void* ws,
+                          float* sum1, float* sum2) {
   const int64_t Cg = g.C / g.groups, Kg = g.K / g.groups, RS = g.R * g.S, Kr = round_up(Kg, MR);
   const Flat f = fwd_flat(g);
   Carve cv{static_cast<float*>(ws)};
@@ -386,9 +388,11 @@ void direct_dense_forward(const Conv2dGeom& g, const float* x, const float* w, c
         place_plane(x + (n * g.C + c) * g.H * g.W, g.H, g.W, 1, g.pad_h, g.pad_w, f.Wp, xp + c * f.L);
       for (int64_t gi = 0; gi < g.groups; ++gi) {
         corr_planes_any(xp + gi * Cg * f.L, Cg, f.L, f.off, f.RS, wpk + gi * Kr * Cg * RS, Kr, tile, f.Jr);
-        for (int64_t k = 0; k < Kg; ++k)
-          extract_plane(tile + k * f.Jr, f.Wp, g.P, g.Q, 1, b ? b[gi * Kg + k] : 0.f, false,
-                        y + (n * g.K + gi * Kg + k) * g.P * g.Q);
+        for (int64_t k = 0; k < Kg; ++k) {
+          const int64_t pl = n * g.K + gi * Kg + k;
+          extract_plane(tile + k * f.Jr, f.Wp, g.P, g.Q, 1, b ? b[gi * Kg + k] : 0.f, false, y + pl * g.P * g.Q);
+          if (sum1) bn_rows::plane_sums(y + pl * g.P * g.Q, g.P * g.Q, sum1 + pl, sum2 + pl);
+        }
       }
     }
   }

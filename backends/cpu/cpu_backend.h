@@ -25,6 +25,8 @@ class CpuBackend : public Backend {
   size_t conv2d_workspace_bytes(const Conv2dGeom& g, ConvPass pass) const override;
   void conv2d_forward(const Conv2dGeom& g, const Tensor& x, const Tensor& w, const Tensor& b, Tensor& y,
                       Workspace ws) override;
+  void conv2d_forward_sums(const Conv2dGeom& g, const Tensor& x, const Tensor& w, const Tensor& b, Tensor& y,
+                           Tensor& sums, Workspace ws) override;
   void conv2d_backward_data(const Conv2dGeom& g, const Tensor& dy, const Tensor& w, Tensor& dx, bool accumulate,
                             Workspace ws) override;
   DTypeSet conv2d_weight_reads(const Conv2dGeom& g) const override;
@@ -92,6 +94,7 @@ class CpuBackend : public Backend {
                                 Workspace ws) override;
 
   size_t fused_workspace_bytes(const FusedStack& s, int64_t batch) const override;
+  void plane_sums(const Tensor& y, Tensor& sums) override;
   void fused_forward(const FusedStack& s, FusedTensors& t, bool training, MaskOut* mask, Workspace ws) override;
   DTypeSet fused_backward_reads() const override { return batchnorm_backward_reads(); }
   void fused_backward(const FusedStack& s, const FusedTensors& t, FusedGrads& g, Workspace ws) override;

@@ -115,8 +115,14 @@ void CpuBackend::finish_output_mask(Tensor y, MaskOut* mask, bool plane_words, i
 //   L2 by the second. Slower on the hosts measured (a page-strided walk: the prefetcher restarts
 //   on every plane), but it keeps x in L2 where memory is slow and the L2 holds a slab.
 void CpuBackend::fused_forward(const FusedStack& s, FusedTensors& t, bool training, MaskOut* mask, Workspace ws) {
-  if (!s.headed_by_bn()) return relu_pool_forward(s, t, training, mask, ws);
-  if (s.small_planes()) return fused_blocks_forward(s, t, training, mask, ws);
+  if (!s.headed_by_bn() || s.small_planes()) {  // (x_sums are not asked for there: fusion::takes_plane_sums)
+    if (!s.headed_by_bn())
+      relu_pool_forward(s, t, training, mask, ws);
+    else
+      fused_blocks_forward(s, t, training, mask, ws);
+    if (t.y_sums.defined()) plane_sums(t.y, t.y_sums);
+    return;
+  }
   const FusedStage &bn = s.stages[0], &last = s.last();
   const int64_t N = t.x.dim(0), C = s.C, HW = bn.H * bn.W, PQ = last.P * last.Q, S = int64_t(s.stages.size());
   ET_CHECK(ws.bytes >= fused_workspace_bytes(s, N), "fused stack: workspace");
@@ -133,13 +139,22 @@ void CpuBackend::fused_forward(const FusedStack& s, FusedTensors& t, bool traini
   const SumTables tab(static_cast<float*>(ws.data) + per_thread * cpu_threads(), N, C);
   float *scale = tab.rest, *shift = tab.rest + C;
   const bool memory_order = !s.channel_slabs;
+  // BN's per-plane sums: from x's producer (memory order), or taken here. y's for the next stack.
+  const bool sums_given = memory_order && t.x_sums.defined();
+  const float* sum1 = sums_given ? t.x_sums.f32() : tab.sum1;
+  const float* sum2 = sums_given ? t.x_sums.f32() + t.x_sums.dim(1) * C : tab.sum2;
+  float* y_sum1 = t.y_sums.defined() ? t.y_sums.f32() : nullptr;
+  float* y_sum2 = y_sum1 ? y_sum1 + t.y_sums.dim(1) * C : nullptr;
+  if (sums_given) ET_CHECK(t.x_sums.dim(1) >= N && t.x_sums.dim(2) == C, "fused stack: x sums ", t.x_sums.shape.str());
+  if (y_sum1) ET_CHECK(t.y_sums.dim(1) >= N && t.y_sums.dim(2) == C, "fused stack: y sums ", t.y_sums.shape.str());
   int64_t kept = 0;
-  // Plane (n, c) through every stage into y, with its bitmap words.
+  // Plane (n, c) through every stage into y, with its bitmap words (and its sums, in L1).
   auto forward_one = [&](float* const* scratch_out, int64_t pl, float sc, float sh) {
     float* out[kMaxStages];
     for (int64_t k = 0; k < S; ++k) out[k] = scratch_out[k];
     out[S - 1] = yp + pl * PQ;  // the last stage writes y
     forward_plane(s, s.stages.size(), xp + pl * HW, add >= 0 ? t.side.f32() + pl * side_plane : nullptr, sc, sh, out);
+    if (y_sum1) bn_rows::plane_sums(yp + pl * PQ, PQ, y_sum1 + pl, y_sum2 + pl);
     return want_mask && plane_words ? mask_words(yp, pl * PQ / 64, (pl + 1) * PQ / 64, tb, mask->bits) : int64_t(0);
   };
   auto coefficients = [&](int64_t c, float* sc, float* sh) {
@@ -155,13 +170,13 @@ void CpuBackend::fused_forward(const FusedStack& s, FusedTensors& t, bool traini
     float* out[kMaxStages];
     for (int64_t k = 0; k < S; ++k) out[k] = scratch + k * plane;
     if (memory_order) {
-      if (training) {
+      if (training && !sums_given) {
 #pragma omp for schedule(static)
         for (int64_t pl = 0; pl < N * C; ++pl) bn_rows::plane_sums(xp + pl * HW, HW, &tab.sum1[pl], &tab.sum2[pl]);
       }
       int64_t ca, cb;
       thread_channels(C, &ca, &cb);
-      if (training) sum_over_batch(tab.sum1, tab.sum2, N, C, ca, cb, tab.d1, tab.d2);
+      if (training) sum_over_batch(sum1, sum2, N, C, ca, cb, tab.d1, tab.d2);
       for (int64_t c = ca; c < cb; ++c) {
         if (training)
           bn_rows::finish_statistics(tab.d1[c], tab.d2[c], N * HW, c, bn.momentum, bn.eps, t.running_mean,
