@@ -36,7 +36,29 @@ void channel_statistics(const float* xp, int64_t N, int64_t C, int64_t HW, int64
   finish_statistics(s, ss, M, c, momentum, eps, running_mean, running_var, mean, invstd);
 }
 
+// AVX-512: four accumulators of each sum (vector j into j % 4, a masked last one), so the adds
+// are four independent chains: a conv epilogue takes the sums of a plane it just wrote (in L1),
+// where one chain made them latency-bound. Portable builds: the compiler's vector order.
 ET_ROW_FUNCTION void plane_sums(const float* x, int64_t HW, float* s1_out, float* s2_out) {
+#if defined(__AVX512F__)
+  __m512 a[4], b[4];
+  for (int k = 0; k < 4; ++k) a[k] = b[k] = _mm512_setzero_ps();
+  int64_t i = 0, j = 0;
+  for (; i + 64 <= HW; i += 64, j += 4)
+    for (int k = 0; k < 4; ++k) {
+      const __m512 v = _mm512_loadu_ps(x + i + 16 * k);
+      a[k] = _mm512_add_ps(a[k], v);
+      b[k] = _mm512_fmadd_ps(v, v, b[k]);
+    }
+  for (; i < HW; i += 16, ++j) {
+    const __mmask16 m = HW - i >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << (HW - i)) - 1);
+    const __m512 v = _mm512_maskz_loadu_ps(m, x + i);
+    a[j % 4] = _mm512_add_ps(a[j % 4], v);
+    b[j % 4] = _mm512_fmadd_ps(v, v, b[j % 4]);
+  }
+  *s1_out = _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(a[0], a[1]), _mm512_add_ps(a[2], a[3])));
+  *s2_out = _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(b[0], b[1]), _mm512_add_ps(b[2], b[3])));
+#else
   float s1 = 0.f, s2 = 0.f;
 #pragma omp simd reduction(+ : s1, s2)
   for (int64_t i = 0; i < HW; ++i) {
@@ -45,6 +67,7 @@ ET_ROW_FUNCTION void plane_sums(const float* x, int64_t HW, float* s1_out, float
   }
   *s1_out = s1;
   *s2_out = s2;
+#endif
 }
 
 void finish_statistics(double s, double ss, int64_t M, int64_t c, float momentum, float eps, Tensor& running_mean,
