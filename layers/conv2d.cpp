@@ -61,23 +61,6 @@ class Conv2dOp final : public Op {
     if (sums.defined()) ctx.backend().plane_sums(y, sums);
   }
 
-  // FNT (INT4 weights only) or INT4 forward.
-  void forward_quantized(OpContext& ctx, const Conv2dGeom& g, const Tensor& b, Tensor& y, const LayerQuant& q) {
-    if (q.int4_weights_only)  // FNT: f32 input, dequantised INT4 weights
-      return ctx.backend().conv2d_forward(g, ctx.input(0), qops::dequantized_weight(ctx, ctx.input(1)), b, y,
-                                          ctx.workspace());
-    // A recompute: the first forward's codes and scales, so the integer product is the same.
-    if (ctx.recomputing() && int_kernels())
-      return ctx.backend().conv2d_forward_q(g, ctx.input_codes(), ctx.quant_operand(QuantSlot::W), b, y, ctx.workspace());
-    // INT4: codes with SAWB scales, an integer product; depthwise multiplies the dequantised codes.
-    const Tensor xq = qops::quantize_input(ctx, ctx.input(0));
-    const Tensor wq = qops::quantize_weight(ctx, ctx.input(1));
-    if (int_kernels()) return ctx.backend().conv2d_forward_q(g, xq, wq, b, y, ctx.workspace());
-    const Tensor xf = qops::dequantized(ctx, QuantSlot::X, QuantSlot::XF, xq.scale);
-    const Tensor wf = qops::dequantized(ctx, QuantSlot::W, QuantSlot::WF, wq.scale);
-    ctx.backend().conv2d_forward(g, xf, wf, b, y, ctx.workspace());
-  }
-
   // dx = conv_transpose(dy, w); dw = corr(x, dy); db = sum(dy)
   void backward(OpContext& ctx) override {
     const Conv2dGeom g = geom_.with_batch(ctx.batch());
@@ -140,6 +123,23 @@ class Conv2dOp final : public Op {
   }
 
  private:
+  // FNT (INT4 weights only) or INT4 forward.
+  void forward_quantized(OpContext& ctx, const Conv2dGeom& g, const Tensor& b, Tensor& y, const LayerQuant& q) {
+    if (q.int4_weights_only)  // FNT: f32 input, dequantised INT4 weights
+      return ctx.backend().conv2d_forward(g, ctx.input(0), qops::dequantized_weight(ctx, ctx.input(1)), b, y,
+                                          ctx.workspace());
+    // A recompute: the first forward's codes and scales, so the integer product is the same.
+    if (ctx.recomputing() && int_kernels())
+      return ctx.backend().conv2d_forward_q(g, ctx.input_codes(), ctx.quant_operand(QuantSlot::W), b, y, ctx.workspace());
+    // INT4: codes with SAWB scales, an integer product; depthwise multiplies the dequantised codes.
+    const Tensor xq = qops::quantize_input(ctx, ctx.input(0));
+    const Tensor wq = qops::quantize_weight(ctx, ctx.input(1));
+    if (int_kernels()) return ctx.backend().conv2d_forward_q(g, xq, wq, b, y, ctx.workspace());
+    const Tensor xf = qops::dequantized(ctx, QuantSlot::X, QuantSlot::XF, xq.scale);
+    const Tensor wf = qops::dequantized(ctx, QuantSlot::W, QuantSlot::WF, wq.scale);
+    ctx.backend().conv2d_forward(g, xf, wf, b, y, ctx.workspace());
+  }
+
   // The largest of bytes(g, pass) over forward, data gradient and weight gradient.
   template <class Bytes>
   size_t max_over_passes(int64_t batch, Bytes bytes) const {

@@ -206,7 +206,11 @@ void run_geometry(Conv2dGeom g, bool bias, bool accumulate, int64_t planned_batc
     CHECK(std::memcmp(sums.data(), ref.data(), sums.size() * sizeof(float)) == 0);
     for (int64_t i = 0; i < g.N * g.K; i += std::max<int64_t>(1, g.N * g.K / 7)) {  // and they are the sums
       double s1 = 0, s2 = 0;
-      for (int64_t j = 0; j < g.P * g.Q; ++j) s1 += y[size_t(i * g.P * g.Q + j)], s2 += double(y[size_t(i * g.P * g.Q + j)]) * y[size_t(i * g.P * g.Q + j)];
+      for (int64_t j = 0; j < g.P * g.Q; ++j) {
+        const double v = y[size_t(i * g.P * g.Q + j)];
+        s1 += v;
+        s2 += v * v;
+      }
       CHECK(sums[size_t(i)] == Approx(s1).epsilon(1e-4).margin(1e-3));
       CHECK(sums[size_t(planned.N * g.K + i)] == Approx(s2).epsilon(1e-4).margin(1e-3));
     }

@@ -135,26 +135,41 @@ TEST_CASE("fusion: lossy stash formats stay close (the stack recomputes from the
 }
 
 namespace {
-// image -> conv -> BN -> ReLU -> pool (overlapping, padded) -> conv -> BN -> add(side) -> ReLU ->
-// conv -> BN -> avgpool -> flatten -> linear: every stage kind, odd plane sizes.
-void synthetic(Graph& g, int64_t batch, int64_t h, int64_t w, int64_t pool_k, int64_t pool_s, int64_t pool_p,
-               int64_t channels) {
+// The synthetic graphs' common ends: a 3-channel image and labels in; flatten, a linear layer of 4
+// classes and the loss out. Their convs are 3x3 with padding 1.
+struct TestNet {
+  int x, labels;
+};
+TestNet open_net(Graph& g, int64_t batch, int64_t h, int64_t w) {
   g.set_batch_size(int(batch));
-  const int x = image_input(g, batch, 3, h, w);
-  const int labels = label_input(g, batch);
+  return {image_input(g, batch, 3, h, w), label_input(g, batch)};
+}
+void close_net(Graph& g, const TestNet& net, int y) {
+  g.logits = linear(g, flatten(g, y, "flat"), "fc", 4);
+  g.loss = softmax_cross_entropy(g, g.logits, net.labels, "loss");
+  g.image_input = net.x;
+  g.label_input = net.labels;
+}
+Conv2dOptions conv3x3(int64_t channels) {
   Conv2dOptions o;
   o.out_channels = channels;
   o.kernel = 3;
   o.padding = 1;
-  int y = relu(g, batchnorm2d(g, conv2d(g, x, "c1", o), "b1"), "r1");
+  return o;
+}
+
+// image -> conv -> BN -> ReLU -> pool (overlapping, padded) -> conv -> BN -> add(side) -> ReLU ->
+// conv -> BN -> avgpool -> flatten -> linear: every stage kind, odd plane sizes.
+void synthetic(Graph& g, int64_t batch, int64_t h, int64_t w, int64_t pool_k, int64_t pool_s, int64_t pool_p,
+               int64_t channels) {
+  const TestNet net = open_net(g, batch, h, w);
+  const Conv2dOptions o = conv3x3(channels);
+  int y = relu(g, batchnorm2d(g, conv2d(g, net.x, "c1", o), "b1"), "r1");
   y = maxpool2d(g, y, "p1", pool_k, pool_s, pool_p);
   const int side = y;
   y = relu(g, add(g, batchnorm2d(g, conv2d(g, y, "c2", o), "b2"), side, "a2"), "r2");
   y = avgpool2d(g, batchnorm2d(g, conv2d(g, y, "c3", o), "b3"), "p3", 2, 1, 1);
-  g.logits = linear(g, flatten(g, y, "flat"), "fc", 4);
-  g.loss = softmax_cross_entropy(g, g.logits, labels, "loss");
-  g.image_input = x;
-  g.label_input = labels;
+  close_net(g, net, y);
 }
 }  // namespace
 
@@ -200,23 +215,15 @@ namespace {
 // follow a conv and stacks that follow a stack (BrainSlug's micro-benchmark), each taking BN's
 // per-plane sums from x's producer.
 void chain(Graph& g, int64_t batch, int64_t h, int64_t w, int64_t channels) {
-  g.set_batch_size(int(batch));
-  const int x = image_input(g, batch, 3, h, w);
-  const int labels = label_input(g, batch);
-  Conv2dOptions o;
-  o.out_channels = channels;
-  o.kernel = 3;
-  o.padding = 1;
-  int y = conv2d(g, x, "c0", o);
+  const TestNet net = open_net(g, batch, h, w);
+  const Conv2dOptions o = conv3x3(channels);
+  int y = conv2d(g, net.x, "c0", o);
   for (int i = 0; i < 2; ++i) {
     const std::string b = "b" + std::to_string(i);
     y = maxpool2d(g, relu(g, batchnorm2d(g, y, b + ".bn"), b + ".relu"), b + ".pool", 3, 1, 1);
   }
   y = relu(g, batchnorm2d(g, y, "b2.bn"), "b2.relu");
-  g.logits = linear(g, flatten(g, y, "flat"), "fc", 4);
-  g.loss = softmax_cross_entropy(g, g.logits, labels, "loss");
-  g.image_input = x;
-  g.label_input = labels;
+  close_net(g, net, y);
 }
 }  // namespace
 
@@ -254,7 +261,8 @@ TEST_CASE("fusion: BN statistics from x's producer (a conv's epilogue, the stack
           CHECK(std::strcmp(fused.node(v.consumers[0]).op->type(), "fused_stack") == 0);
         }
         CHECK(sums == (tile == 0 ? 3 : 0));
-        for (const StashOptions& o : {stash(StashFormat::DenseF32), stash(StashFormat::Auto), stash(StashFormat::Auto, 1)}) {
+        for (const StashOptions& o :
+             {stash(StashFormat::DenseF32), stash(StashFormat::Auto), stash(StashFormat::Auto, 1)}) {
           INFO("stash format " << int(o.format) << ", checkpoint_every " << o.checkpoint_every);
           const auto a = train(plain, c.batch, o), b = train(fused, c.batch, o);
           REQUIRE(std::isfinite(a[0][0]));
@@ -272,19 +280,11 @@ struct PoolCfg {
   int64_t k, s, p;
 };
 void synthetic_no_bn(Graph& g, int64_t batch, int64_t h, int64_t w, PoolCfg maxp, PoolCfg avgp) {
-  g.set_batch_size(int(batch));
-  const int x = image_input(g, batch, 3, h, w);
-  const int labels = label_input(g, batch);
-  Conv2dOptions o;
-  o.out_channels = 5;
-  o.kernel = 3;
-  o.padding = 1;
-  int y = maxpool2d(g, relu(g, conv2d(g, x, "c1", o), "r1"), "p1", maxp.k, maxp.s, maxp.p);
+  const TestNet net = open_net(g, batch, h, w);
+  const Conv2dOptions o = conv3x3(5);
+  int y = maxpool2d(g, relu(g, conv2d(g, net.x, "c1", o), "r1"), "p1", maxp.k, maxp.s, maxp.p);
   y = avgpool2d(g, relu(g, conv2d(g, y, "c2", o), "r2"), "p2", avgp.k, avgp.s, avgp.p);
-  g.logits = linear(g, flatten(g, y, "flat"), "fc", 4);
-  g.loss = softmax_cross_entropy(g, g.logits, labels, "loss");
-  g.image_input = x;
-  g.label_input = labels;
+  close_net(g, net, y);
 }
 }  // namespace
 

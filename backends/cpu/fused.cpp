@@ -115,14 +115,9 @@ void CpuBackend::finish_output_mask(Tensor y, MaskOut* mask, bool plane_words, i
 //   L2 by the second. Slower on the hosts measured (a page-strided walk: the prefetcher restarts
 //   on every plane), but it keeps x in L2 where memory is slow and the L2 holds a slab.
 void CpuBackend::fused_forward(const FusedStack& s, FusedTensors& t, bool training, MaskOut* mask, Workspace ws) {
-  if (!s.headed_by_bn() || s.small_planes()) {  // (x_sums are not asked for there: fusion::takes_plane_sums)
-    if (!s.headed_by_bn())
-      relu_pool_forward(s, t, training, mask, ws);
-    else
-      fused_blocks_forward(s, t, training, mask, ws);
-    if (t.y_sums.defined()) plane_sums(t.y, t.y_sums);
-    return;
-  }
+  // (plane sums are neither given nor asked for there: fusion::takes_plane_sums)
+  if (!s.headed_by_bn()) return relu_pool_forward(s, t, training, mask, ws);
+  if (s.small_planes()) return fused_blocks_forward(s, t, training, mask, ws);
   const FusedStage &bn = s.stages[0], &last = s.last();
   const int64_t N = t.x.dim(0), C = s.C, HW = bn.H * bn.W, PQ = last.P * last.Q, S = int64_t(s.stages.size());
   ET_CHECK(ws.bytes >= fused_workspace_bytes(s, N), "fused stack: workspace");
