@@ -97,13 +97,13 @@ void Executor::forward_nodes(bool training) {
     const auto& pushes = push_after_[size_t(n)];
     // The output goes to the stash first: an op may write its bitmap there as it computes it.
     const bool own_first = training && !pushes.empty() && pushes.front() == graph_.node(n).output;
-    if (own_first) ctx.mask_ = stash_.mask_target(pushes.front());
+    if (own_first) ctx.mask_ = stash_.mask_target(pushes.front(), value(pushes.front()).numel());
     const auto t0 = timing_ ? Clock::now() : Clock::time_point{};
     graph_.node(n).op->forward(ctx);
     if (timing_) fwd_s_[size_t(n)] += std::chrono::duration<double>(Clock::now() - t0).count();
     if (training)
       for (int id : pushes)  // bitmap_int4 pushes the codes this node computed from its input
-        stash_.push(id, value(id), own_first && id == pushes.front() ? ctx.mask_.kept : -1,
+        stash_.push(id, value(id), own_first && id == pushes.front() ? ctx.mask_ : MaskOut{},
                     stash_.stores_codes(id) ? ctx.quant_operand(QuantSlot::X) : Tensor{});
     if (training) release(dies_after_forward_[size_t(n)]);  // eval forwards read logits only
     if (observer_) observer_->after_forward(n);

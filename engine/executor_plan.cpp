@@ -137,6 +137,13 @@ void Executor::plan_saves(PlanState& st) {
     const int pusher = st.code_pusher[size_t(id)] >= 0 ? st.code_pusher[size_t(id)] : st.first_saver[size_t(id)];
     (st.recomputed[size_t(id)] ? push_after_recompute_ : push_after_)[size_t(pusher)].push_back(id);
   }
+  // A node's own output goes first: the stash's top is where its forward may write the output's
+  // bitmap and values as it computes them (Stash::mask_target; a fused stack also pushes its input).
+  for (int n = 0; n < nn; ++n) {
+    std::vector<int>& p = push_after_[size_t(n)];
+    const auto own = std::find(p.begin(), p.end(), graph_.node(n).output);
+    if (own != p.end()) std::rotate(p.begin(), own, own + 1);
+  }
   // Pops after the first saver's backward (the last reader's), the latest pushed first: recomputed
   // values (pushed in backward), then forward pushes in reverse.
   for (int n = 0; n < nn; ++n)

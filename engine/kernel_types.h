@@ -25,10 +25,16 @@ struct MaskView {
 // Where a forward kernel may write its output's bitmap (memory/bitmap.h layout and keep rule,
 // with activation pruning at `prune_threshold`) while it writes the output: the stash then only
 // packs the values. The kernel sets `kept` to the number of set bits; -1 = not written.
+// `values` (the stash keeps the output as bitmap + values, f32 or `values_f16`): where the kept
+// values go, in order, right after the bitmap; a kernel that packs them as it writes the output
+// sets `values_written`, and the stash reads nothing of the output then.
 struct MaskOut {
   uint64_t* bits = nullptr;
   float prune_threshold = 0.f;
   int64_t kept = -1;
+  void* values = nullptr;
+  bool values_f16 = false;
+  bool values_written = false;
 };
 
 }  // namespace et

@@ -55,17 +55,24 @@ void Stash::clear() {
   top_ = zero_copy_live_ = 0;
 }
 
-MaskOut Stash::mask_target(int value_id) const {
+MaskOut Stash::mask_target(int value_id, int64_t numel) const {
   const SavedValue& s = *info(value_id);
   MaskOut m;
   if (!stash_format_has_bitmap(s.format, s.full)) return m;
   m.bits = static_cast<uint64_t*>(at(top_));
   // Pruned bits only where they select stored values and no mask is read from them.
   m.prune_threshold = s.full && !mask_apart(s) ? prune_threshold_ : 0.f;
+  // The values follow the bitmap (push's layout) unless an exact mask goes first (mask_apart).
+  const StashEncoding enc = s.full ? stash_format_info(s.format).full : stash_format_info(s.format).mask;
+  if ((enc == StashEncoding::BitmapF32 || enc == StashEncoding::BitmapF16) && !mask_apart(s)) {
+    m.values = m.bits + bitmap::num_words(numel);
+    m.values_f16 = enc == StashEncoding::BitmapF16;
+  }
   return m;
 }
 
-void Stash::push(int value_id, const Tensor& t, int64_t bits_kept, const Tensor& codes) {
+void Stash::push(int value_id, const Tensor& t, const MaskOut& written, const Tensor& codes) {
+  int64_t bits_kept = written.kept;
   const SavedValue& s = *info(value_id);
   const StashFormatInfo& format = stash_format_info(s.format);
   Entry& e = entries_[size_t(value_id)];
@@ -78,6 +85,7 @@ void Stash::push(int value_id, const Tensor& t, int64_t bits_kept, const Tensor&
   e.decoded = false;
   e.exact_mask = false;
   rec.numel = n;
+  rec.packed_by_producer = false;
   StashEncoding enc = s.full ? format.full : format.mask;
   if (enc == StashEncoding::ZeroCopy) {
     e.bytes = t.nbytes();
@@ -124,8 +132,11 @@ void Stash::push(int value_id, const Tensor& t, int64_t bits_kept, const Tensor&
       } else {
         uint64_t* bits = static_cast<uint64_t*>(dst);
         void* values = bits + bitmap::num_words(n);
-        if (bits_kept >= 0) {  // the producer wrote the bitmap (Backend MaskOut)
-          codec_->pack_values(x, bits, n, values, f16);
+        if (bits_kept >= 0) {  // the producer wrote the bitmap (Backend MaskOut), maybe the values
+          ET_CHECK(!written.values_written || (written.values == values && written.values_f16 == f16),
+                   "value ", value_id, ": values packed elsewhere");
+          if (!written.values_written) codec_->pack_values(x, bits, n, values, f16);
+          rec.packed_by_producer = written.values_written;
           e.nonzero = bits_kept;
         } else {
           e.nonzero = codec_->pack(x, n, prune_threshold_, bits, values, f16);

@@ -50,6 +50,7 @@ struct StashRecord {
   const char* stored_as = "";  // StashEncodingInfo::display: "fp32 (zero copy)", "bits (mask)", ...
   size_t bytes = 0;            // bytes in the stash region (zero-copy: the forward buffer's)
   int64_t numel = 0, nonzero = 0;  // nonzero -1: not counted (zero copy outside a profile)
+  bool packed_by_producer = false; // the producing kernel packed the values as it wrote the value
   double seconds = 0;              // packing and decoding it since set_timing(true) (0 when off)
 };
 
@@ -63,15 +64,17 @@ class Stash {
                  DeviceMemory& memory = host_memory(), StashCodec& codec = host_stash_codec());
 
   void clear();  // drops everything (a new training forward)
-  // `bits_kept` >= 0: the bitmap of t (this stash's prune threshold) is already written at
-  // mask_target(value_id) and has that many set bits; only the values remain to pack.
+  // `written`: what the producer wrote at mask_target(value_id) (MaskOut::kept >= 0: the bitmap of t
+  // at this stash's prune threshold, with that many set bits; values_written: the values too), so
+  // only the rest remains to pack.
   // bitmap_int4 (stores_codes): `codes` are the INT4 codes (I4 / U4, one per element, the scale in
   // Tensor::scale) a quantized layer computed from t; the bitmap is t's.
-  void push(int value_id, const Tensor& t, int64_t bits_kept = -1, const Tensor& codes = Tensor{});
+  void push(int value_id, const Tensor& t, const MaskOut& written = MaskOut{}, const Tensor& codes = Tensor{});
   bool stores_codes(int value_id) const;
-  // Where the next push's bitmap goes if value_id is stored with one (bitmap formats, auto, masks),
-  // with the prune threshold; bits = nullptr otherwise.
-  MaskOut mask_target(int value_id) const;
+  // Where the next push of value_id (numel elements) puts its bitmap if stored with one (bitmap
+  // formats, auto, masks), with the prune threshold, and its kept values if stored as bitmap +
+  // values; bits = nullptr otherwise.
+  MaskOut mask_target(int value_id, int64_t numel) const;
   Tensor get(int value_id);  // every element, f32 (decoded on first use); not for codes
   // The value as stored: F32 (the forward buffer or a copy), F16 / BF16, BitmapF32 / BitmapF16, or
   // the codes BitmapI4 / BitmapU4 with their scale (engine/tensor.h), a view into the stash for

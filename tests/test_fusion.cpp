@@ -8,8 +8,10 @@
 #include <limits>
 #include <random>
 
+#include "backends/cpu/fused_common.h"
 #include "engine/check.h"
 #include "fusion/fusion.h"
+#include "memory/bitmap.h"
 #include "layers/layers.h"
 #include "tests/tiny_training.h"
 
@@ -268,6 +270,86 @@ TEST_CASE("fusion: BN statistics from x's producer (a conv's epilogue, the stack
           REQUIRE(std::isfinite(a[0][0]));
           CHECK(differing(a, b) == 0);
         }
+      }
+    }
+  }
+}
+
+namespace {
+// After each fused stack's training forward: where the stack packed its output's values itself,
+// the stash holds the bytes its own pack of y would write (the bitmap, then the values).
+struct PackedInPass : NodeObserver {
+  Executor& ex;
+  int checked = 0, wrong = 0;
+  explicit PackedInPass(Executor& e) : ex(e) {}
+  void after_forward(int node) override {
+    const int id = ex.graph().node(node).output;
+    if (std::strcmp(ex.graph().node(node).op->type(), "fused_stack") != 0) return;  // (training forwards only)
+    const StashRecord& r = ex.stash().record(id);
+    if (!r.packed_by_producer) return;
+    const Tensor y = ex.value(id), stored = ex.stash().get_stored(id);
+    const bitmap::ValueType t = stored.dtype == DType::BitmapF16 ? bitmap::ValueType::F16 : bitmap::ValueType::F32;
+    const int64_t n = y.numel();
+    std::vector<uint64_t> want(size_t(bitmap::num_words(n) + n));  // room for n f32 values after the words
+    const int64_t kept = bitmap::pack(y.f32(), n, 0.f, want.data(), want.data() + bitmap::num_words(n), t);
+    const size_t bytes = bitmap::bitmap_bytes(n, kept, t);
+    ++checked;
+    wrong += kept != r.nonzero || r.bytes != bytes || std::memcmp(stored.data, want.data(), bytes) != 0;
+  }
+  void after_backward(int) override {}
+};
+
+// image -> conv -> <BN, ReLU> -> conv -> <BN, ReLU> -> conv -> <BN, ReLU> -> flatten -> linear: each
+// stack saves its output's mask, and the conv after it the output in full, so the stack pushes it.
+void relu_chain(Graph& g, int64_t batch, int64_t h, int64_t w, int64_t channels) {
+  const TestNet net = open_net(g, batch, h, w);
+  const Conv2dOptions o = conv3x3(channels);
+  int y = conv2d(g, net.x, "c0", o);
+  for (int i = 0; i < 3; ++i) {
+    const std::string b = "b" + std::to_string(i);
+    y = relu(g, batchnorm2d(g, y, b + ".bn"), b + ".relu");
+    if (i < 2) y = conv2d(g, y, "c" + std::to_string(i + 1), o);
+  }
+  close_net(g, net, y);
+}
+}  // namespace
+
+TEST_CASE("fusion: a stack packs the stash's values in its pass, the stash's own bytes", "[fusion]") {
+  struct Case {
+    int64_t batch, h, w, channels;
+  };
+  // Planes of 32x32 and 16x8 (whole bitmap words); 15 and 14 planes, so rounds end unevenly.
+  for (const Case c : {Case{3, 32, 32, 5}, Case{2, 16, 8, 7}}) {
+    for (const size_t round : {size_t(0), size_t(4096), size_t(1)}) {  // the default; 1 or 8 planes; 1 plane
+      DYNAMIC_SECTION("batch " << c.batch << " " << c.h << "x" << c.w << " channels " << c.channels
+                               << ", rounds of " << round << " bytes") {
+        fused_planes::set_pack_round_bytes(round);
+        Graph plain, fused;
+        relu_chain(plain, c.batch, c.h, c.w, c.channels);
+        relu_chain(fused, c.batch, c.h, c.w, c.channels);
+        FusionSpec spec;
+        spec.enabled = true;
+        fusion::apply(fused, fusion::plan(fused, spec));
+        REQUIRE(fused_nodes(fused) == 3);
+        for (StashFormat f : {StashFormat::BitmapF32, StashFormat::BitmapF16, StashFormat::Auto}) {
+          INFO("stash format " << stash_format_name(f));
+          auto be = make_cpu_backend();
+          Executor ex(fused, *be, stash(f));
+          init_parameters(ex, 7);
+          fill(ex, c.batch);
+          PackedInPass check(ex);
+          ex.set_observer(&check);
+          ex.forward(c.batch, true);
+          ex.set_observer(nullptr);
+          CHECK(check.checked == 2);  // the first two stacks' outputs (the third's is saved as its mask,
+          CHECK(check.wrong == 0);    // the classifier saves the flattened view)
+          if (f != StashFormat::BitmapF16) {  // lossless: training equals the unfused layers'
+            const auto a = train(plain, c.batch, stash(f)), b = train(fused, c.batch, stash(f));
+            REQUIRE(std::isfinite(a[0][0]));
+            CHECK(differing(a, b) == 0);
+          }
+        }
+        fused_planes::set_pack_round_bytes(0);
       }
     }
   }

@@ -204,10 +204,9 @@ TEST_CASE("a pruned stash hands out exact masks and pruned values", "[stash]") {
       sv.unpack = Tensor::contiguous(decoded.data(), Shape{n});
       stash.configure({sv}, 1, t);
       // Pushed as the executor does for an op's own output: the ReLU writes the bitmap first.
-      const MaskOut out = stash.mask_target(0);
-      int64_t kept = -1;
-      if (out.bits) kept = bitmap::make_bits(y.data(), n, out.prune_threshold, out.bits);
-      stash.push(0, Tensor::contiguous(y.data(), Shape{n}), kept);
+      MaskOut out = stash.mask_target(0, n);
+      if (out.bits) out.kept = bitmap::make_bits(y.data(), n, out.prune_threshold, out.bits);
+      stash.push(0, Tensor::contiguous(y.data(), Shape{n}), out);
       const MaskView m = stash.get_mask(0);
       int wrong = 0;
       for (int64_t i = 0; i < n; ++i) {
@@ -224,6 +223,47 @@ TEST_CASE("a pruned stash hands out exact masks and pruned values", "[stash]") {
         else CHECK(pruned == 0);        // dense formats store no bitmap of values: nothing pruned
       }
       stash.pop(0);
+    }
+  }
+}
+
+// A fused stack packs its output's values in its own pass (backends/cpu/fused.cpp): where the stash
+// keeps bitmap + values, mask_target says where they go, and a push then reads nothing of the output.
+TEST_CASE("a producer may write the values behind the bitmap itself", "[stash]") {
+  const int64_t n = 1000;
+  std::vector<float> y(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) y[size_t(i)] = i % 3 == 0 ? 0.f : float((i * 37) % 100) / 100.f;
+  for (StashFormat f : {StashFormat::BitmapF32, StashFormat::BitmapF16, StashFormat::Auto, StashFormat::DenseF16}) {
+    for (const float t : {0.f, 0.3f}) {
+      INFO(stash_format_name(f) << ", prune threshold " << t);
+      // The reference: the stash packs from the output.
+      std::vector<float> want(static_cast<size_t>(n)), got(static_cast<size_t>(n));
+      std::vector<std::vector<uint8_t>> stored;
+      for (const bool producer_packs : {false, true}) {
+        Stash stash;
+        SavedValue sv;
+        sv.value = 0, sv.numel = n, sv.full = true, sv.format = f;
+        sv.unpack = Tensor::contiguous((producer_packs ? got : want).data(), Shape{n});
+        stash.configure({sv}, 1, t);
+        MaskOut out = stash.mask_target(0, n);
+        CHECK((out.values != nullptr) == (f != StashFormat::DenseF16));
+        std::vector<float> x = y;
+        if (out.bits) out.kept = bitmap::make_bits(x.data(), n, out.prune_threshold, out.bits);
+        if (producer_packs && out.values) {
+          bitmap::pack_values(x.data(), out.bits, n, out.values, out.values_f16 ? bitmap::ValueType::F16 : bitmap::ValueType::F32);
+          out.values_written = true;
+          std::fill(x.begin(), x.end(), -1.f);  // the stash must not read the output now
+        }
+        stash.push(0, Tensor::contiguous(x.data(), Shape{n}), out);
+        CHECK(stash.record(0).packed_by_producer == out.values_written);
+        stash.get(0);  // decodes into sv.unpack
+        if (out.bits)
+          stored.emplace_back(static_cast<const uint8_t*>(static_cast<void*>(out.bits)),
+                              static_cast<const uint8_t*>(static_cast<void*>(out.bits)) + stash.live_bytes());
+        stash.pop(0);
+      }
+      if (stored.size() == 2) CHECK(stored[0] == stored[1]);  // the same bytes in the region
+      CHECK(std::memcmp(want.data(), got.data(), sizeof(float) * size_t(n)) == 0);
     }
   }
 }

@@ -114,7 +114,7 @@ TEST_CASE("a bitmap_int4 stash entry: codes and scale as stored, the bitmap as t
     CHECK(st.stores_codes(0));
     Tensor codes = Tensor::contiguous(const_cast<int8_t*>(s.codes.data()), shape, is_signed ? DType::I4 : DType::U4);
     codes.scale = 0.375f;
-    st.push(0, Tensor::contiguous(const_cast<float*>(s.x.data()), shape), -1, codes);
+    st.push(0, Tensor::contiguous(const_cast<float*>(s.x.data()), shape), MaskOut{}, codes);
     const Tensor stored = st.get_stored(0);
     CHECK(stored.dtype == (is_signed ? DType::BitmapI4 : DType::BitmapU4));
     CHECK(stored.scale == 0.375f);

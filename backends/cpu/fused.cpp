@@ -7,7 +7,8 @@
 // pool_planes, the same element-wise expressions) and the reductions keep their order (per plane
 // in float, planes in double, n in order), so the results equal the unfused layers' bit for bit.
 //
-// Forward (training): statistics, then planes x (+ side) -> y, with y's bitmap words. Backward:
+// Forward (training): statistics, then planes x (+ side) -> y, with y's bitmap words and, where the
+// stash keeps y as bitmap + values, the packed values (PackRounds). Backward:
 // sweep 1 rebuilds dz (the gradient of BN's output) plane by plane, from the saved y mask or a
 // recompute from x, writes the side gradient, takes the plane's sums and parks dz in dx; sweep 2
 // turns dz into dx in place.
@@ -27,9 +28,75 @@
 
 namespace et {
 
+namespace fused_planes {
+
+namespace {
+size_t g_pack_round_bytes = 0;
+}
+size_t pack_round_bytes() { return g_pack_round_bytes ? g_pack_round_bytes : size_t(128) << 10; }
+void set_pack_round_bytes(size_t bytes) { g_pack_round_bytes = bytes; }
+
+}  // namespace fused_planes
+
 namespace {
 
 using namespace fused_planes;
+
+// y's kept values packed in the forward pass, in the stash's layout (memory/bitmap.h: in element
+// order behind the bitmap), so the stash reads nothing of y afterwards. A value's place in that
+// order is the count of kept elements before it, which a thread learns only once the planes
+// before its own are done. So the planes go in rounds: each thread takes `planes` consecutive
+// planes of the round, writes them (and their bitmap words), posts its count, and after a barrier
+// packs its planes' values from y, still in its L2, at the offset the counts before it give.
+// The same bytes as the stash's own pack, whatever the thread count (tested).
+class PackRounds {
+ public:
+  static constexpr int kMaxThreads = 256;
+  PackRounds(const MaskOut& mask, int64_t plane_elems, int64_t num_planes)
+      : bits_(mask.bits),
+        values_(static_cast<char*>(mask.values)),
+        type_(mask.values_f16 ? bitmap::ValueType::F16 : bitmap::ValueType::F32),
+        plane_(plane_elems),
+        planes_(std::max<int64_t>(1, int64_t(pack_round_bytes()) / (4 * plane_elems))),
+        num_planes_(num_planes) {
+    ET_CHECK(cpu_threads() <= kMaxThreads, "fused stack: ", cpu_threads(), " threads");
+  }
+  // On every thread of the parallel region: plane(pl) writes plane pl and returns its kept count.
+  // Returns the thread's kept count.
+  template <class Plane>
+  int64_t run(const float* y, Plane&& plane) {
+    const int T = omp_get_num_threads(), me = omp_get_thread_num();
+    int64_t base = 0, mine = 0;
+    for (int64_t r0 = 0, round = 0; r0 < num_planes_; r0 += planes_ * T, ++round) {
+      const int64_t a = std::min(num_planes_, r0 + me * planes_), b = std::min(num_planes_, a + planes_);
+      int64_t k = 0;
+      for (int64_t pl = a; pl < b; ++pl) k += plane(pl);
+      // Two count rows in turn: row r % 2 is written before round r's barrier and read after it;
+      // a thread writes it again in round r + 2 only past round r + 1's barrier, which no thread
+      // reaches before it has read round r's counts.
+      int64_t* row = counts_[round & 1];
+      row[me] = k;
+#pragma omp barrier
+      int64_t before = base;
+      for (int u = 0; u < T; ++u) {
+        if (u < me) before += row[u];
+        base += row[u];
+      }
+      if (b > a)
+        bitmap::best_impl().pack_values(y + a * plane_, bits_ + a * plane_ / 64, (b - a) * plane_,
+                                        values_ + before * bitmap::value_bytes(type_), type_);
+      mine += k;
+    }
+    return mine;
+  }
+
+ private:
+  uint64_t* bits_;
+  char* values_;
+  bitmap::ValueType type_;
+  int64_t plane_, planes_, num_planes_;
+  int64_t counts_[2][kMaxThreads] = {};
+};
 
 // One channel plane through the first `stages` stages: out[k] receives stage k's output (out[last]
 // may be y).
@@ -127,6 +194,9 @@ void CpuBackend::fused_forward(const FusedStack& s, FusedTensors& t, bool traini
   // The bitmap is written plane by plane when planes cover whole 64-bit words, else in a pass over y.
   const bool want_mask = training && mask && mask->bits && output_nonnegative(s);
   const bool plane_words = PQ % 64 == 0;
+  // Values packed here where the stash keeps them behind the bitmap (memory order only).
+  const bool pack_values = want_mask && plane_words && mask->values && !s.channel_slabs;
+  PackRounds rounds(pack_values ? *mask : MaskOut{}, PQ, N * C);
   const uint32_t tb = want_mask ? bitmap::keep_threshold_bits(mask->prune_threshold) : 0;
   const int add = s.add_stage();
   const int64_t side_plane = add >= 0 ? s.stages[size_t(add)].H * s.stages[size_t(add)].W : 0;
@@ -179,8 +249,12 @@ void CpuBackend::fused_forward(const FusedStack& s, FusedTensors& t, bool traini
         coefficients(c, &scale[c], &shift[c]);
       }
 #pragma omp barrier
+      if (pack_values) {
+        kept += rounds.run(yp, [&](int64_t pl) { return forward_one(out, pl, scale[pl % C], shift[pl % C]); });
+      } else {
 #pragma omp for schedule(static)
-      for (int64_t pl = 0; pl < N * C; ++pl) kept += forward_one(out, pl, scale[pl % C], shift[pl % C]);
+        for (int64_t pl = 0; pl < N * C; ++pl) kept += forward_one(out, pl, scale[pl % C], shift[pl % C]);
+      }
     } else {
 #pragma omp for schedule(static, s.tile_channels)
       for (int64_t c = 0; c < C; ++c) {
@@ -201,6 +275,7 @@ void CpuBackend::fused_forward(const FusedStack& s, FusedTensors& t, bool traini
     }
   }
   if (want_mask) finish_output_mask(t.y, mask, plane_words, kept);
+  if (pack_values) mask->values_written = true;
 }
 
 void CpuBackend::fused_backward(const FusedStack& s, const FusedTensors& t, FusedGrads& g, Workspace ws) {

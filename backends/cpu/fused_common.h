@@ -246,5 +246,11 @@ inline int64_t mask_words(const float* y, int64_t w0, int64_t w1, uint32_t tb, u
   return kept;
 }
 
+// Values packed in the pass (fused.cpp, `PackRounds`): each thread's share of a round, in bytes of
+// y, kept small enough to stay in a core's L2 (256 KiB on a Jetson Orin's Cortex-A78AE) until the
+// thread packs it. Tests set it smaller, for many rounds and uneven ones.
+size_t pack_round_bytes();
+void set_pack_round_bytes(size_t bytes);  // 0: the default
+
 }  // namespace fused_planes
 }  // namespace et
