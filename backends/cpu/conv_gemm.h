@@ -5,9 +5,11 @@
 // for a chunk of nb images (cols = nb*P*Q columns, image b at columns [b*PQ, (b+1)*PQ)):
 //   forward:  y [Kg, cols]   = w [Kg, CRS] x col [CRS, cols]              (per thread, own images)
 //   data:     col [CRS, cols] = w^T x dy [Kg, cols];  dx = col2im(col)    (per thread, own images)
-//   weight:   dw [K, CRS]   (+)= dy [K, cols] x col^T                      (threads split K rows)
+//   weight:   dw [K, CRS]   (+)= dy [K, cols] x col^T                      (threads split K rows;
+//                                                                       1x1: threads split images)
 // The weight gradient walks the chunks in order and every dw element belongs to one thread, so
-// its summation order depends on the geometry only, not on the thread count.
+// its summation order depends on the geometry only, not on the thread count; for 1x1 convs it
+// depends on the thread count too (per-thread partials, reduced in thread order).
 #pragma once
 #include <cstddef>
 
