@@ -257,6 +257,12 @@ TEST_CASE("conv kernels match the naive reference", "[conv]") {
       // counts off its 8-channel blocks, groups and 5x5 windows): a ResNet stem over several
       // chunks per thread, the last one partial.
       {7, 3, 32, 32, 16, 3, 1, 1, 1},
+      // The channels-last weight gradient (3x3, 16k input channels, up to 16 output channels):
+      // two channel blocks with a map width off the 8-column transposes and an uneven split of
+      // the batch, output channels in blocks of 3 + 3 + 3 + 3 + 2 + 2, 3 + 2, 2 + 2 and 1, pad 0
+      // and 2, batch 1 (a thread without images).
+      {3, 32, 7, 11, 16, 3, 1, 1, 1}, {1, 16, 9, 6, 5, 3, 1, 0, 1},   {2, 16, 5, 5, 1, 3, 1, 2, 1},
+      {2, 16, 8, 8, 4, 3, 1, 1, 1},
   };
   for (auto path : {cpu::ConvPathOverride::Auto, cpu::ConvPathOverride::Gemm, cpu::ConvPathOverride::Direct,
                     cpu::ConvPathOverride::Implicit, cpu::ConvPathOverride::Winograd})

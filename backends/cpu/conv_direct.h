@@ -35,6 +35,13 @@ void direct_dense_backward_data(const Conv2dGeom& g, const float* dy, const floa
 void direct_dense_backward_weight(const Conv2dGeom& g, const Tensor& x, const float* dy, float* dw, float* db,
                                   bool accumulate, void* ws);
 
+// The 3x3 weight gradient with vectors along 16 input channels (conv_wgrad_cl.cpp), which
+// direct_dense_backward_weight hands over to where wgrad_cl_chosen says.
+bool wgrad_cl_applies(const Conv2dGeom& g);
+size_t wgrad_cl_workspace(const Conv2dGeom& g, int threads);
+void wgrad_cl(const Conv2dGeom& g, const Tensor& x, const float* dy, float* dw, float* db, bool accumulate,
+              void* ws);
+
 // Depthwise kernels (groups == C == K), any stride.
 bool depthwise_applies(const Conv2dGeom& g, ConvPass pass);
 size_t depthwise_workspace(const Conv2dGeom& g, ConvPass pass, int threads);
