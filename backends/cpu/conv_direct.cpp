@@ -344,14 +344,6 @@ struct Carve {  // bump allocator over the workspace, 64-byte aligned pieces
 
 }  // namespace
 
-namespace {
-// The channels-last weight gradient (conv_wgrad_cl.cpp) where the outer form has a single vector
-// of output channels: resnet20's 16 -> 16 layers at 32x32 1.43x (1.98 -> 1.38 ms, bench_conv, batch
-// 128, two alternating runs). With 32 or 64 output channels the two measured even (resnet20
-// 32 -> 32 at 16x16, vgg16 64 -> 64 at 32x32), so the outer form keeps them.
-bool wgrad_cl_chosen(const Conv2dGeom& g) { return wgrad_cl_applies(g) && g.K / g.groups <= 16; }
-}  // namespace
-
 bool direct_dense_applies(const Conv2dGeom& g, ConvPass pass) {
   if (g.stride_h != 1 || g.stride_w != 1 || g.R * g.S > kMaxTaps) return false;
   if (pass == ConvPass::BackwardData && (g.pad_h > g.R - 1 || g.pad_w > g.S - 1)) return false;

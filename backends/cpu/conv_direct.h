@@ -35,9 +35,11 @@ void direct_dense_backward_data(const Conv2dGeom& g, const float* dy, const floa
 void direct_dense_backward_weight(const Conv2dGeom& g, const Tensor& x, const float* dy, float* dw, float* db,
                                   bool accumulate, void* ws);
 
-// The 3x3 weight gradient with vectors along 16 input channels (conv_wgrad_cl.cpp), which
-// direct_dense_backward_weight hands over to where wgrad_cl_chosen says.
+// The 3x3 weight gradient (stride 1 or 2) with vectors along 16 input channels
+// (conv_wgrad_cl.cpp), which direct_dense_backward_weight hands over to where wgrad_cl_chosen says
+// (strided layers reach it through conv.cpp's choice, as direct_dense_applies is for stride 1).
 bool wgrad_cl_applies(const Conv2dGeom& g);
+bool wgrad_cl_chosen(const Conv2dGeom& g);
 size_t wgrad_cl_workspace(const Conv2dGeom& g, int threads);
 void wgrad_cl(const Conv2dGeom& g, const Tensor& x, const float* dy, float* dw, float* db, bool accumulate,
               void* ws);

@@ -1,6 +1,6 @@
-// Direct 3x3 stride-1 weight gradient with vectors along the input channels (channels last).
+// Direct 3x3 weight gradient (stride 1 or 2) with vectors along the input channels (channels last).
 //
-//   dw[k][c][t] = sum_{n,p,q} dy[n][k][p*Q + q] * xpad[n][c][(p + r)*Wp + q + s]     t = r*3 + s
+//   dw[k][c][t] = sum_{n,p,q} dy[n][k][p*Q + q] * xpad[n][c][(st*p + r)*Wp + st*q + s]     t = r*3 + s
 //
 // The outer-product form (conv_direct.cpp, vectors along output channels) broadcasts one x value
 // per tap for each vector of dy it loads: with 16 output channels that is 25 loads for 24 FMAs, and
@@ -47,23 +47,23 @@ ClLayout cl_layout(const Conv2dGeom& g) {
 
 float* align64(float* p) { return reinterpret_cast<float*>((reinterpret_cast<uintptr_t>(p) + 63) & ~uintptr_t(63)); }
 
-// part[(kb*9 + t)*C + 0..15] += sum over the valid positions of one image of
-//   dy[kb*PQ + p*Q + q] * xcl[((p*Wp + q) + off[t]) * C + 0..15]
+// part[(kb*9 + t)*C + 0..15] += sum over the output positions of one image of
+//   dy[kb*PQ + p*Q + q] * xcl[(st*p*Wp + st*q) * C + off[t] + 0..15]
 // dy at output channel k0, xcl at input channel c0 (both already offset).
 template <class V, int KB>
-void cl_tile(const float* dy, int64_t P, int64_t Q, const float* xcl, int64_t C, int64_t Wp, const int64_t* off,
-             float* part) {
+void cl_tile(const float* dy, int64_t P, int64_t Q, const float* xcl, int64_t C, int64_t Wp, int64_t st,
+             const int64_t* off, float* part) {
   const int64_t PQ = P * Q;
   V acc[KB][kTaps];
   for (int kb = 0; kb < KB; ++kb)
     for (int t = 0; t < kTaps; ++t) acc[kb][t] = V::zero();
   for (int64_t p = 0; p < P; ++p) {
-    const float* xr = xcl + p * Wp * C;
+    const float* xr = xcl + st * p * Wp * C;
     const float* dr = dy + p * Q;
     for (int64_t q = 0; q < Q; ++q) {
       V d[KB];
       for (int kb = 0; kb < KB; ++kb) d[kb] = V::set1(dr[kb * PQ + q]);
-      const float* xq = xr + q * C;
+      const float* xq = xr + st * q * C;
 #pragma GCC unroll 9
       for (int t = 0; t < kTaps; ++t) {
         V xv = V::load(xq + off[t]);
@@ -85,7 +85,7 @@ void cl_tile(const float* dy, int64_t P, int64_t Q, const float* xcl, int64_t C,
 // of 2 or 1: 16 = 3+3+3+3+2+2).
 template <class V>
 void cl_image(const float* dy, int64_t K, int64_t P, int64_t Q, const float* xcl, int64_t C, int64_t Wp,
-              const int64_t* off, float* part) {
+              int64_t st, const int64_t* off, float* part) {
   const int64_t PQ = P * Q;
   for (int64_t c0 = 0; c0 < C; c0 += 16)
     for (int64_t k0 = 0; k0 < K;) {
@@ -93,9 +93,9 @@ void cl_image(const float* dy, int64_t K, int64_t P, int64_t Q, const float* xcl
       const float* d = dy + k0 * PQ;
       const float* x = xcl + c0;
       float* pt = part + k0 * kTaps * C + c0;
-      if (kb == 3) cl_tile<V, 3>(d, P, Q, x, C, Wp, off, pt);
-      else if (kb == 2) cl_tile<V, 2>(d, P, Q, x, C, Wp, off, pt);
-      else cl_tile<V, 1>(d, P, Q, x, C, Wp, off, pt);
+      if (kb == 3) cl_tile<V, 3>(d, P, Q, x, C, Wp, st, off, pt);
+      else if (kb == 2) cl_tile<V, 2>(d, P, Q, x, C, Wp, st, off, pt);
+      else cl_tile<V, 1>(d, P, Q, x, C, Wp, st, off, pt);
       k0 += kb;
     }
 }
@@ -114,9 +114,22 @@ void stage_channels_last(const float* x, const Conv2dGeom& g, int64_t Wp, float*
 
 }  // namespace
 
+// Every read lies inside the padded plane: the last window starts at st*(P-1) <= Hp - 3.
 bool wgrad_cl_applies(const Conv2dGeom& g) {
-  return g.groups == 1 && g.C % 16 == 0 && g.R == 3 && g.S == 3 && g.stride_h == 1 && g.stride_w == 1 &&
-         g.pad_h <= 2 && g.pad_w <= 2 && g.P == g.H + 2 * g.pad_h - 2 && g.Q == g.W + 2 * g.pad_w - 2;
+  return g.groups == 1 && g.C % 16 == 0 && g.R == 3 && g.S == 3 && g.stride_h == g.stride_w &&
+         (g.stride_h == 1 || g.stride_h == 2) && g.pad_h <= 2 && g.pad_w <= 2 && g.P > 0 && g.Q > 0;
+}
+
+// Where this form runs: where the outer form has a single vector of output channels (resnet20's
+// 16 -> 16 layers at 32x32 1.43x, 1.98 -> 1.38 ms, bench_conv, batch 128, two alternating runs;
+// with 32 or 64 output channels the two measured even: resnet20 32 -> 32 at 16x16, vgg16 64 -> 64
+// at 32x32), and for strided layers, which no other direct kernel takes (conv.cpp routes them here).
+// Each tile adds its sums into the thread's partials once per image, so those ([K][9][C]) must stay
+// in L2: resnet18's 64 -> 128 at 32x32 (288 KiB of partials) gained 1.15x in the step, its 128 ->
+// 256 (1.1 MiB) and 256 -> 512 (4.5 MiB) lost 0.88x and 0.5x (bench step --profile-nodes).
+bool wgrad_cl_chosen(const Conv2dGeom& g) {
+  const bool partials_in_l2 = g.K * kTaps * g.C <= 96 * 1024;
+  return wgrad_cl_applies(g) && partials_in_l2 && (g.K <= 16 || g.stride_h > 1);
 }
 
 size_t wgrad_cl_workspace(const Conv2dGeom& g, int threads) {
@@ -155,8 +168,8 @@ void wgrad_cl(const Conv2dGeom& g, const Tensor& x, const float* dy, float* dw, 
           for (int64_t i = 0; i < PQ; ++i) s += dyn[k * PQ + i];
           part[dw_n + k] += s;
         }
-      if (scalar_forced()) cl_image<VScalar>(dyn, K, g.P, g.Q, xcl, C, l.Wp, off, part);
-      else cl_image<VNative>(dyn, K, g.P, g.Q, xcl, C, l.Wp, off, part);
+      if (scalar_forced()) cl_image<VScalar>(dyn, K, g.P, g.Q, xcl, C, l.Wp, g.stride_h, off, part);
+      else cl_image<VNative>(dyn, K, g.P, g.Q, xcl, C, l.Wp, g.stride_h, off, part);
     }
 #pragma omp barrier
     // dw[k][c][t] = sum over threads, in thread order, of part[k][t][c]; each thread owns a slice.
