@@ -76,6 +76,8 @@ inline void in_register(VScalar&) {}
 inline void in_register(VNative& x) { asm("" : "+v"(x.v)); }
 #elif defined(__AVX2__)
 inline void in_register(VNative& x) { asm("" : "+x"(x.a), "+x"(x.b)); }
+#elif defined(__ARM_NEON)
+inline void in_register(VNative&) {}
 #endif
 
 // dst[k*ldd + i] = src[i*lds + k] for i, k < 8: the GEMM packing and the layout changes of the conv
