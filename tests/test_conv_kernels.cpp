@@ -263,6 +263,8 @@ TEST_CASE("conv kernels match the naive reference", "[conv]") {
       // and 2, batch 1 (a thread without images).
       {3, 32, 7, 11, 16, 3, 1, 1, 1}, {1, 16, 9, 6, 5, 3, 1, 0, 1},   {2, 16, 5, 5, 1, 3, 1, 2, 1},
       {2, 16, 8, 8, 4, 3, 1, 1, 1},
+      // ... and its strided forms (data gradient too): two channel blocks, odd maps, 16 outputs.
+      {3, 32, 11, 13, 16, 3, 2, 1, 1},
   };
   for (auto path : {cpu::ConvPathOverride::Auto, cpu::ConvPathOverride::Gemm, cpu::ConvPathOverride::Direct,
                     cpu::ConvPathOverride::Implicit, cpu::ConvPathOverride::Winograd})

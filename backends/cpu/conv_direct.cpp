@@ -7,7 +7,7 @@
 // Backward weight, per image: dw[k][c*RS+t] += sum_j dyp[k][j] * xp[c][j + off[t]]
 // in one of three forms: outer products (vectors along output channels), dot products (vectors
 // along positions: stems) or, for 3x3 layers with 16 output channels, channels last
-// (conv_wgrad_cl.cpp); partial sums per thread (contiguous slice of the batch) are reduced in
+// (conv_channels_last.cpp); partial sums per thread (contiguous slice of the batch) are reduced in
 // thread order => deterministic.
 #include "backends/cpu/conv_direct.h"
 
@@ -357,6 +357,8 @@ size_t direct_dense_workspace(const Conv2dGeom& g, ConvPass pass, int threads) {
     const Flat f = fwd_flat(g);
     shared = g.groups * round_up(Kg, MR) * Cg * RS;
     per_thread = g.C * f.L + round_up(Kg, MR) * f.Jr + 128;
+  } else if (pass == ConvPass::BackwardData && dgrad_cl_chosen(g)) {
+    return dgrad_cl_workspace(g, threads);
   } else if (pass == ConvPass::BackwardData) {
     const Flat f = bwd_data_flat(g);
     shared = g.groups * round_up(Cg, MR) * Kg * RS;
@@ -403,6 +405,7 @@ void direct_dense_forward(const Conv2dGeom& g, const float* x, const float* w, c
 
 void direct_dense_backward_data(const Conv2dGeom& g, const float* dy, const float* w, float* dx, bool accumulate,
                                 void* ws) {
+  if (dgrad_cl_chosen(g)) return dgrad_cl(g, dy, w, dx, accumulate, ws);
   const int64_t Cg = g.C / g.groups, Kg = g.K / g.groups, RS = g.R * g.S, Cr = round_up(Cg, MR);
   const Flat f = bwd_data_flat(g);  // f.rows == H
   Carve cv{static_cast<float*>(ws)};

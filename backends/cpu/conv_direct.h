@@ -35,14 +35,18 @@ void direct_dense_backward_data(const Conv2dGeom& g, const float* dy, const floa
 void direct_dense_backward_weight(const Conv2dGeom& g, const Tensor& x, const float* dy, float* dw, float* db,
                                   bool accumulate, void* ws);
 
-// The 3x3 weight gradient (stride 1 or 2) with vectors along 16 input channels
-// (conv_wgrad_cl.cpp), which direct_dense_backward_weight hands over to where wgrad_cl_chosen says
-// (strided layers reach it through conv.cpp's choice, as direct_dense_applies is for stride 1).
-bool wgrad_cl_applies(const Conv2dGeom& g);
+// The 3x3 weight and data gradients (stride 1 or 2) with vectors along 16 input channels
+// (conv_channels_last.cpp), which direct_dense_backward_weight / _data hand over to where
+// wgrad_cl_chosen / dgrad_cl_chosen say (strided layers reach them through conv.cpp's choice, as
+// direct_dense_applies is for stride 1).
+bool wgrad_cl_applies(const Conv2dGeom& g);  // both passes
 bool wgrad_cl_chosen(const Conv2dGeom& g);
 size_t wgrad_cl_workspace(const Conv2dGeom& g, int threads);
 void wgrad_cl(const Conv2dGeom& g, const Tensor& x, const float* dy, float* dw, float* db, bool accumulate,
               void* ws);
+bool dgrad_cl_chosen(const Conv2dGeom& g);
+size_t dgrad_cl_workspace(const Conv2dGeom& g, int threads);
+void dgrad_cl(const Conv2dGeom& g, const float* dy, const float* w, float* dx, bool accumulate, void* ws);
 
 // Depthwise kernels (groups == C == K), any stride.
 bool depthwise_applies(const Conv2dGeom& g, ConvPass pass);

@@ -70,7 +70,7 @@ using VNative = VScalar;
 #endif
 
 // Keeps a loaded vector in a register: without it GCC 12 folds a load that several FMAs share into
-// each of them as a memory operand (conv_wgrad_cl.cpp: 27 loads instead of 9 per position).
+// each of them as a memory operand (conv_channels_last.cpp: 27 loads instead of 9 per position).
 inline void in_register(VScalar&) {}
 #if defined(__AVX512F__)
 inline void in_register(VNative& x) { asm("" : "+v"(x.v)); }

@@ -1,5 +1,7 @@
-// Direct 3x3 weight gradient (stride 1 or 2) with vectors along the input channels (channels last).
+// Direct 3x3 kernels (stride 1 or 2) with vectors along the input channels (channels last): the
+// weight gradient and the data gradient.
 //
+// Weight gradient:
 //   dw[k][c][t] = sum_{n,p,q} dy[n][k][p*Q + q] * xpad[n][c][(st*p + r)*Wp + st*q + s]     t = r*3 + s
 //
 // The outer-product form (conv_direct.cpp, vectors along output channels) broadcasts one x value
@@ -189,6 +191,140 @@ void wgrad_cl(const Conv2dGeom& g, const Tensor& x, const float* dy, float* dw, 
       }
       float& dst = i < dw_n ? dw[i] : db[i - dw_n];
       dst = accumulate ? dst + s : s;
+    }
+  }
+}
+
+// ---------------------------------------------------------------- data gradient
+//   dxpad[c][(st*p + r)*Wp + st*q + s] += sum_k dy[k][p*Q + q] * w[k][c][r][s]
+// The same register tile with the roles of positions and output channels swapped: NP = 3
+// consecutive output positions x 9 taps x 16 input channels, 27 accumulators summed over all K
+// output channels (per k: 3 broadcasts of dy, 9 loads of the packed weights wt[k][t][c0..], 27
+// FMAs), then added into the image's channels-last dx at the 27 padded positions they belong to.
+// The implicit GEMM computes strided data gradients by stride x stride phases whose GEMMs are
+// 1 to 4 taps deep, so packing dominates there (resnet20 16 -> 32 at 32x32: 177 GFLOP/s).
+
+namespace {
+
+struct DgradLayout {
+  int64_t Hp, Wp, HWp, HW;
+  int64_t wt_n, dxcl_n, rows_n, thread_n;  // shared packed weights; per thread: dx staged, a row of planes
+};
+
+DgradLayout dgrad_layout(const Conv2dGeom& g) {
+  DgradLayout l;
+  l.Hp = g.H + 2 * g.pad_h;
+  l.Wp = g.W + 2 * g.pad_w;
+  l.HWp = l.Hp * l.Wp;
+  l.HW = g.H * g.W;
+  l.wt_n = round16(g.K * kTaps * g.C);
+  l.dxcl_n = round16(l.HWp * g.C);
+  l.rows_n = round16(g.C * g.W);
+  l.thread_n = l.dxcl_n + l.rows_n + 2 * 16;
+  return l;
+}
+
+template <class V, int NP>
+void cl_dgrad_tile(const float* dy, int64_t PQ, int64_t K, const float* wt, int64_t C, float* dxq, int64_t step,
+                   const int64_t* off) {
+  V acc[NP][kTaps];
+  for (int i = 0; i < NP; ++i)
+    for (int t = 0; t < kTaps; ++t) acc[i][t] = V::zero();
+  for (int64_t k = 0; k < K; ++k) {
+    V d[NP];
+    for (int i = 0; i < NP; ++i) d[i] = V::set1(dy[k * PQ + i]);
+    const float* wk = wt + k * kTaps * C;
+#pragma GCC unroll 9
+    for (int t = 0; t < kTaps; ++t) {
+      V wv = V::load(wk + t * C);
+      in_register(wv);
+      for (int i = 0; i < NP; ++i) acc[i][t].fma(d[i], wv);
+    }
+  }
+  const V one = V::set1(1.f);  // dst + acc * 1 is dst + acc exactly: a vector add through the FMA
+  for (int i = 0; i < NP; ++i)
+    for (int t = 0; t < kTaps; ++t) {
+      float* dst = dxq + i * step + off[t];
+      V sum = V::load(dst);
+      sum.fma(acc[i][t], one);
+      sum.store(dst);
+    }
+}
+
+// dx_cl of one image (zeroed) += the contributions of all its output positions.
+template <class V>
+void cl_dgrad_image(const float* dy, const Conv2dGeom& g, const float* wt, int64_t Wp, const int64_t* off,
+                    float* dxcl) {
+  const int64_t PQ = g.P * g.Q, C = g.C, st = g.stride_h;
+  for (int64_t c0 = 0; c0 < C; c0 += 16)
+    for (int64_t p = 0; p < g.P; ++p) {
+      const float* dr = dy + p * g.Q;
+      float* xr = dxcl + st * p * Wp * C + c0;
+      int64_t q = 0;
+      for (; q + 3 <= g.Q; q += 3) cl_dgrad_tile<V, 3>(dr + q, PQ, g.K, wt + c0, C, xr + st * q * C, st * C, off);
+      if (g.Q - q == 2) cl_dgrad_tile<V, 2>(dr + q, PQ, g.K, wt + c0, C, xr + st * q * C, st * C, off);
+      if (g.Q - q == 1) cl_dgrad_tile<V, 1>(dr + q, PQ, g.K, wt + c0, C, xr + st * q * C, st * C, off);
+    }
+}
+
+// dx [C][H][W] (+)= the interior of dxcl, a row at a time through rows [C][W].
+void unstage_channels_last(const float* dxcl, const Conv2dGeom& g, int64_t Wp, bool accumulate, float* rows,
+                           float* dx) {
+  const int64_t HW = g.H * g.W, C = g.C, W = g.W, w8 = W / 8 * 8;
+  for (int64_t h = 0; h < g.H; ++h) {
+    const float* src = dxcl + ((h + g.pad_h) * Wp + g.pad_w) * C;
+    for (int64_t c = 0; c + 8 <= C; c += 8)
+      for (int64_t w = 0; w < w8; w += 8) transpose8x8(src + w * C + c, C, rows + c * W + w, W);
+    for (int64_t w = w8; w < W; ++w)
+      for (int64_t c = 0; c < C; ++c) rows[c * W + w] = src[w * C + c];
+    for (int64_t c = 0; c < C; ++c) {
+      float* d = dx + c * HW + h * W;
+      const float* r = rows + c * W;
+      if (accumulate)
+        for (int64_t w = 0; w < W; ++w) d[w] += r[w];
+      else
+        std::memcpy(d, r, sizeof(float) * size_t(W));
+    }
+  }
+}
+
+}  // namespace
+
+// Strided layers whose weights for one block of 16 input channels (K x 9 vectors, read for every
+// tile) fit in half of L1: resnet20's 16 -> 32 at 32x32 1.58x the implicit GEMM's phases (193 ->
+// 305 GFLOP/s, bench_conv, batch 128, two alternating runs); its 32 -> 64 at 16x16 (36 KiB of
+// weights per block) measured even.
+bool dgrad_cl_chosen(const Conv2dGeom& g) {
+  return wgrad_cl_applies(g) && g.stride_h > 1 && g.K * kTaps * 16 <= 6 * 1024;
+}
+
+size_t dgrad_cl_workspace(const Conv2dGeom& g, int threads) {
+  const DgradLayout l = dgrad_layout(g);
+  return size_t(l.wt_n + threads * l.thread_n + 16) * sizeof(float);
+}
+
+void dgrad_cl(const Conv2dGeom& g, const float* dy, const float* w, float* dx, bool accumulate, void* ws) {
+  const DgradLayout l = dgrad_layout(g);
+  const int64_t C = g.C, K = g.K, PQ = g.P * g.Q;
+  int64_t off[kTaps];
+  for (int r = 0; r < 3; ++r)
+    for (int s = 0; s < 3; ++s) off[r * 3 + s] = (r * l.Wp + s) * C;
+  float* wt = align64(static_cast<float*>(ws));  // wt[k][t][c] = w[k][c][t]
+  for (int64_t k = 0; k < K; ++k)
+    for (int64_t c = 0; c < C; ++c)
+      for (int t = 0; t < kTaps; ++t) wt[(k * kTaps + t) * C + c] = w[(k * C + c) * kTaps + t];
+  float* base = wt + l.wt_n;
+#pragma omp parallel
+  {
+    const int t = omp_get_thread_num(), nt = omp_get_num_threads();
+    float* dxcl = align64(base + t * l.thread_n);
+    float* rows = align64(dxcl + l.dxcl_n);
+    const int64_t n0 = g.N * t / nt, n1 = g.N * (t + 1) / nt;
+    for (int64_t n = n0; n < n1; ++n) {
+      std::memset(dxcl, 0, sizeof(float) * size_t(l.HWp * C));
+      if (scalar_forced()) cl_dgrad_image<VScalar>(dy + n * K * PQ, g, wt, l.Wp, off, dxcl);
+      else cl_dgrad_image<VNative>(dy + n * K * PQ, g, wt, l.Wp, off, dxcl);
+      unstage_channels_last(dxcl, g, l.Wp, accumulate, rows, dx + n * C * l.HW);
     }
   }
 }
