@@ -7,8 +7,8 @@
 //                                   channels on small maps, strided 3x3 convs (data gradient
 //                                   by stride x stride phases)
 //   channels last (conv_channels_last.cpp, behind the direct entry points) 3x3 weight gradients
-//                                   with up to 16 output channels or stride 2, strided data
-//                                   gradients with few output channels; 16k input channels
+//                                   with 16k input channels up to 128 x 128 channels (stride 1
+//                                   or 2), strided data gradients with few output channels
 //   winograd  (conv_winograd.cpp)   F(2x2, 3x3) (weight gradient: F(3x3, 2x2)) for 3x3 stride-1
 //                                   layers with 64+ channels on 16x16..2x2 maps
 // Every family is deterministic for a given thread count and allocates nothing.
@@ -87,11 +87,10 @@ Path choose(const Conv2dGeom& g, ConvPass pass) {
   if (g_override == cpu::ConvPathOverride::Direct) return direct ? Path::Direct : Path::Gemm;
   if (g_override == cpu::ConvPathOverride::Winograd && cpu::winograd_applies(g, pass)) return Path::Winograd;
   if (g_override == cpu::ConvPathOverride::Auto && prefer_winograd(g, pass)) return Path::Winograd;
-  // Strided 3x3 weight (and some data) gradients with 16k input channels: the channels-last direct form
-  // (conv_channels_last.cpp): resnet20 16 -> 32 at 32x32 2.3x (161 -> 372 GFLOP/s), 32 -> 64 at 16x16
-  // 1.1x the implicit GEMM (bench_conv, batch 128, two alternating runs).
-  if (g_override == cpu::ConvPathOverride::Auto && pass == ConvPass::BackwardWeight && g.stride_h > 1 &&
-      cpu::wgrad_cl_chosen(g))
+  // 3x3 weight gradients with 16k input channels and up to 128 x 128 channels, strided or not: the
+  // channels-last direct form (conv_channels_last.cpp, wgrad_cl_chosen has the measurements);
+  // strided data gradients with few output channels too (dgrad_cl_chosen).
+  if (g_override == cpu::ConvPathOverride::Auto && pass == ConvPass::BackwardWeight && cpu::wgrad_cl_chosen(g))
     return Path::Direct;
   if (g_override == cpu::ConvPathOverride::Auto && pass == ConvPass::BackwardData && g.stride_h > 1 &&
       cpu::dgrad_cl_chosen(g))

@@ -10,7 +10,8 @@
 // channels last, xcl[position][c], so the 9 taps of one position are 9 aligned vector loads of 16
 // channels, each used by KB = 3 output channels whose dy values are broadcast once per position:
 // 12 loads for 27 FMAs, the 27 accumulators (KB x 9 taps x 16 channels) in registers for a whole
-// image. dy is read where it lies (no transposed copy); only x is staged, one image at a time.
+// chunk of images (their staged x near 256 KiB, in L2). dy is read where it lies (no transposed
+// copy); only x is staged.
 //
 // Per thread: a contiguous slice of the batch; partial sums part[k][t][c] per thread, reduced in
 // thread order (deterministic for a given thread count, like the other direct kernels).
@@ -31,16 +32,19 @@ constexpr int kTaps = 9;  // 3x3
 
 struct ClLayout {
   int64_t Hp, Wp, HWp, HW;
+  int64_t NB;                                // images per chunk: a tile sweeps them all
   int64_t xcl_n, plane_n, part_n, thread_n;  // floats per thread: staged x, decoded image, partials
 };
 
-ClLayout cl_layout(const Conv2dGeom& g) {
+ClLayout cl_layout(const Conv2dGeom& g, int threads) {
   ClLayout l;
   l.Hp = g.H + 2 * g.pad_h;
   l.Wp = g.W + 2 * g.pad_w;
   l.HWp = l.Hp * l.Wp;
   l.HW = g.H * g.W;
-  l.xcl_n = l.HWp * g.C;
+  // A chunk's staged x near 256 KiB (L2): its tiles add into the partials once per chunk.
+  l.NB = std::clamp<int64_t>(64 * 1024 / (l.HWp * g.C), 1, std::max<int64_t>(1, (g.N + threads - 1) / threads));
+  l.xcl_n = l.NB * l.HWp * g.C;
   l.plane_n = round16(g.C * l.HW);
   l.part_n = round16(g.K * kTaps * g.C + g.K);  // dw partials [K][9][C], then db [K]
   l.thread_n = l.xcl_n + l.plane_n + l.part_n + 4 * 16;
@@ -49,19 +53,20 @@ ClLayout cl_layout(const Conv2dGeom& g) {
 
 float* align64(float* p) { return reinterpret_cast<float*>((reinterpret_cast<uintptr_t>(p) + 63) & ~uintptr_t(63)); }
 
-// part[(kb*9 + t)*C + 0..15] += sum over the output positions of one image of
-//   dy[kb*PQ + p*Q + q] * xcl[(st*p*Wp + st*q) * C + off[t] + 0..15]
+// part[(kb*9 + t)*C + 0..15] += sum over the output positions of nb images of
+//   dy[b*dy_img + kb*PQ + p*Q + q] * xcl[b*x_img + (st*p*Wp + st*q) * C + off[t] + 0..15]
 // dy at output channel k0, xcl at input channel c0 (both already offset).
 template <class V, int KB>
-void cl_tile(const float* dy, int64_t P, int64_t Q, const float* xcl, int64_t C, int64_t Wp, int64_t st,
-             const int64_t* off, float* part) {
+void cl_tile(const float* dy, int64_t dy_img, int64_t P, int64_t Q, const float* xcl, int64_t x_img, int64_t nb,
+             int64_t C, int64_t Wp, int64_t st, const int64_t* off, float* part) {
   const int64_t PQ = P * Q;
   V acc[KB][kTaps];
   for (int kb = 0; kb < KB; ++kb)
     for (int t = 0; t < kTaps; ++t) acc[kb][t] = V::zero();
-  for (int64_t p = 0; p < P; ++p) {
-    const float* xr = xcl + st * p * Wp * C;
-    const float* dr = dy + p * Q;
+  for (int64_t r = 0; r < nb * P; ++r) {
+    const int64_t b = r / P, p = r % P;
+    const float* xr = xcl + b * x_img + st * p * Wp * C;
+    const float* dr = dy + b * dy_img + p * Q;
     for (int64_t q = 0; q < Q; ++q) {
       V d[KB];
       for (int kb = 0; kb < KB; ++kb) d[kb] = V::set1(dr[kb * PQ + q]);
@@ -74,30 +79,31 @@ void cl_tile(const float* dy, int64_t P, int64_t Q, const float* xcl, int64_t C,
       }
     }
   }
-  alignas(64) float tmp[16];
+  const V one = V::set1(1.f);  // part + acc * 1 is part + acc exactly: a vector add through the FMA
   for (int kb = 0; kb < KB; ++kb)
     for (int t = 0; t < kTaps; ++t) {
-      acc[kb][t].store(tmp);
       float* dst = part + (kb * kTaps + t) * C;
-      for (int i = 0; i < 16; ++i) dst[i] += tmp[i];
+      V sum = V::load(dst);
+      sum.fma(acc[kb][t], one);
+      sum.store(dst);
     }
 }
 
-// One image: every 16-channel block of x against output channels in blocks of 3 (the last ones
-// of 2 or 1: 16 = 3+3+3+3+2+2).
+// A chunk of nb images: every 16-channel block of x against output channels in blocks of 3 (the
+// last ones of 2 or 1: 16 = 3+3+3+3+2+2).
 template <class V>
-void cl_image(const float* dy, int64_t K, int64_t P, int64_t Q, const float* xcl, int64_t C, int64_t Wp,
-              int64_t st, const int64_t* off, float* part) {
-  const int64_t PQ = P * Q;
+void cl_chunk(const float* dy, int64_t K, int64_t P, int64_t Q, const float* xcl, int64_t x_img, int64_t nb,
+              int64_t C, int64_t Wp, int64_t st, const int64_t* off, float* part) {
+  const int64_t PQ = P * Q, dy_img = K * PQ;
   for (int64_t c0 = 0; c0 < C; c0 += 16)
     for (int64_t k0 = 0; k0 < K;) {
       const int64_t left = K - k0, kb = left == 4 || left == 2 ? 2 : std::min<int64_t>(left, 3);
       const float* d = dy + k0 * PQ;
       const float* x = xcl + c0;
       float* pt = part + k0 * kTaps * C + c0;
-      if (kb == 3) cl_tile<V, 3>(d, P, Q, x, C, Wp, st, off, pt);
-      else if (kb == 2) cl_tile<V, 2>(d, P, Q, x, C, Wp, st, off, pt);
-      else cl_tile<V, 1>(d, P, Q, x, C, Wp, st, off, pt);
+      if (kb == 3) cl_tile<V, 3>(d, dy_img, P, Q, x, x_img, nb, C, Wp, st, off, pt);
+      else if (kb == 2) cl_tile<V, 2>(d, dy_img, P, Q, x, x_img, nb, C, Wp, st, off, pt);
+      else cl_tile<V, 1>(d, dy_img, P, Q, x, x_img, nb, C, Wp, st, off, pt);
       k0 += kb;
     }
 }
@@ -122,26 +128,23 @@ bool wgrad_cl_applies(const Conv2dGeom& g) {
          (g.stride_h == 1 || g.stride_h == 2) && g.pad_h <= 2 && g.pad_w <= 2 && g.P > 0 && g.Q > 0;
 }
 
-// Where this form runs: where the outer form has a single vector of output channels (resnet20's
-// 16 -> 16 layers at 32x32 1.43x, 1.98 -> 1.38 ms, bench_conv, batch 128, two alternating runs;
-// with 32 or 64 output channels the two measured even: resnet20 32 -> 32 at 16x16, vgg16 64 -> 64
-// at 32x32), and for strided layers, which no other direct kernel takes (conv.cpp routes them here).
-// Each tile adds its sums into the thread's partials once per image, so those ([K][9][C]) must stay
-// in L2: resnet18's 64 -> 128 at 32x32 (288 KiB of partials) gained 1.15x in the step, its 128 ->
-// 256 (1.1 MiB) and 256 -> 512 (4.5 MiB) lost 0.88x and 0.5x (bench step --profile-nodes).
-bool wgrad_cl_chosen(const Conv2dGeom& g) {
-  const bool partials_in_l2 = g.K * kTaps * g.C <= 96 * 1024;
-  return wgrad_cl_applies(g) && partials_in_l2 && (g.K <= 16 || g.stride_h > 1);
-}
+// Where this form runs (conv.cpp asks before the implicit GEMM and the outer form, after
+// Winograd): layers of up to 128 x 128 channels. Against the paths it replaced (bench_conv, batch
+// 128, GFLOP/s, two alternating runs): resnet20 16 -> 16 at 32x32 300 -> 450 (outer form), 16 -> 32
+// stride 2 161 -> 415 and 32 -> 64 stride 2 250 -> 430 (implicit GEMM), 32 -> 32 at 16x16 413 -> 470
+// (outer form), 64 -> 64 at 8x8 310-366 -> 463 (implicit GEMM); vgg16 64 -> 64 at 32x32 420 -> 449,
+// 64 -> 128 at 16x16 361 -> 458; 128 -> 128 at 16x16 even. With more channels the partials
+// ([K][9][C] per thread, 1.2 MiB at 128 x 256) leave L2 and it measured even or behind.
+bool wgrad_cl_chosen(const Conv2dGeom& g) { return wgrad_cl_applies(g) && g.K * g.C <= 128 * 128; }
 
 size_t wgrad_cl_workspace(const Conv2dGeom& g, int threads) {
-  return size_t(threads * cl_layout(g).thread_n + 16) * sizeof(float);
+  return size_t(threads * cl_layout(g, threads).thread_n + 16) * sizeof(float);
 }
 
 void wgrad_cl(const Conv2dGeom& g, const Tensor& x, const float* dy, float* dw, float* db, bool accumulate,
               void* ws) {
-  const ClLayout l = cl_layout(g);
-  const int64_t C = g.C, K = g.K, PQ = g.P * g.Q, dw_n = K * kTaps * C;
+  const ClLayout l = cl_layout(g, omp_get_max_threads());
+  const int64_t C = g.C, K = g.K, PQ = g.P * g.Q, dw_n = K * kTaps * C, x_img = l.HWp * C;
   int64_t off[kTaps];
   for (int r = 0; r < 3; ++r)
     for (int s = 0; s < 3; ++s) off[r * 3 + s] = (r * l.Wp + s) * C;
@@ -161,17 +164,22 @@ void wgrad_cl(const Conv2dGeom& g, const Tensor& x, const float* dy, float* dw, 
     std::memset(xcl, 0, sizeof(float) * size_t(l.xcl_n));  // the padding positions stay zero
     std::memset(part, 0, sizeof(float) * size_t(l.part_n));
     const int64_t n0 = g.N * t / nt, n1 = g.N * (t + 1) / nt;
-    for (int64_t n = n0; n < n1; ++n) {
-      stage_channels_last(xr.read(n * C * l.HW, C * l.HW), g, l.Wp, xcl);
-      const float* dyn = dy + n * K * PQ;
-      if (db)
-        for (int64_t k = 0; k < K; ++k) {
-          float s = 0.f;
-          for (int64_t i = 0; i < PQ; ++i) s += dyn[k * PQ + i];
-          part[dw_n + k] += s;
-        }
-      if (scalar_forced()) cl_image<VScalar>(dyn, K, g.P, g.Q, xcl, C, l.Wp, g.stride_h, off, part);
-      else cl_image<VNative>(dyn, K, g.P, g.Q, xcl, C, l.Wp, g.stride_h, off, part);
+    for (int64_t nc = n0; nc < n1; nc += l.NB) {
+      const int64_t nb = std::min(l.NB, n1 - nc);
+      for (int64_t b = 0; b < nb; ++b) {
+        const int64_t n = nc + b;
+        stage_channels_last(xr.read(n * C * l.HW, C * l.HW), g, l.Wp, xcl + b * x_img);
+        const float* dyn = dy + n * K * PQ;
+        if (db)
+          for (int64_t k = 0; k < K; ++k) {
+            float s = 0.f;
+            for (int64_t i = 0; i < PQ; ++i) s += dyn[k * PQ + i];
+            part[dw_n + k] += s;
+          }
+      }
+      const float* dyc = dy + nc * K * PQ;
+      if (scalar_forced()) cl_chunk<VScalar>(dyc, K, g.P, g.Q, xcl, x_img, nb, C, l.Wp, g.stride_h, off, part);
+      else cl_chunk<VNative>(dyc, K, g.P, g.Q, xcl, x_img, nb, C, l.Wp, g.stride_h, off, part);
     }
 #pragma omp barrier
     // dw[k][c][t] = sum over threads, in thread order, of part[k][t][c]; each thread owns a slice.
