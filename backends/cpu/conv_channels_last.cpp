@@ -259,19 +259,26 @@ void cl_dgrad_tile(const float* dy, int64_t PQ, int64_t K, const float* wt, int6
     }
 }
 
+// Output channels per sweep over the positions: 32 x 9 vectors of weights (18 KiB) stay in L1.
+constexpr int64_t kDgradK = 32;
+
 // dx_cl of one image (zeroed) += the contributions of all its output positions.
 template <class V>
 void cl_dgrad_image(const float* dy, const Conv2dGeom& g, const float* wt, int64_t Wp, const int64_t* off,
                     float* dxcl) {
   const int64_t PQ = g.P * g.Q, C = g.C, st = g.stride_h;
   for (int64_t c0 = 0; c0 < C; c0 += 16)
-    for (int64_t p = 0; p < g.P; ++p) {
-      const float* dr = dy + p * g.Q;
-      float* xr = dxcl + st * p * Wp * C + c0;
-      int64_t q = 0;
-      for (; q + 3 <= g.Q; q += 3) cl_dgrad_tile<V, 3>(dr + q, PQ, g.K, wt + c0, C, xr + st * q * C, st * C, off);
-      if (g.Q - q == 2) cl_dgrad_tile<V, 2>(dr + q, PQ, g.K, wt + c0, C, xr + st * q * C, st * C, off);
-      if (g.Q - q == 1) cl_dgrad_tile<V, 1>(dr + q, PQ, g.K, wt + c0, C, xr + st * q * C, st * C, off);
+    for (int64_t k0 = 0; k0 < g.K; k0 += kDgradK) {  // the block's weights stay in L1 over its sweep
+      const int64_t kn = std::min(kDgradK, g.K - k0);
+      const float* w0 = wt + k0 * kTaps * C + c0;
+      for (int64_t p = 0; p < g.P; ++p) {
+        const float* dr = dy + k0 * PQ + p * g.Q;
+        float* xr = dxcl + st * p * Wp * C + c0;
+        int64_t q = 0;
+        for (; q + 3 <= g.Q; q += 3) cl_dgrad_tile<V, 3>(dr + q, PQ, kn, w0, C, xr + st * q * C, st * C, off);
+        if (g.Q - q == 2) cl_dgrad_tile<V, 2>(dr + q, PQ, kn, w0, C, xr + st * q * C, st * C, off);
+        if (g.Q - q == 1) cl_dgrad_tile<V, 1>(dr + q, PQ, kn, w0, C, xr + st * q * C, st * C, off);
+      }
     }
 }
 
@@ -298,13 +305,11 @@ void unstage_channels_last(const float* dxcl, const Conv2dGeom& g, int64_t Wp, b
 
 }  // namespace
 
-// Strided layers whose weights for one block of 16 input channels (K x 9 vectors, read for every
-// tile) fit in half of L1: resnet20's 16 -> 32 at 32x32 1.58x the implicit GEMM's phases (193 ->
-// 305 GFLOP/s, bench_conv, batch 128, two alternating runs); its 32 -> 64 at 16x16 (36 KiB of
-// weights per block) measured even.
-bool dgrad_cl_chosen(const Conv2dGeom& g) {
-  return wgrad_cl_applies(g) && g.stride_h > 1 && g.K * kTaps * 16 <= 6 * 1024;
-}
+// Strided layers with up to 64 output channels (the shapes measured): resnet20's 16 -> 32 at 32x32
+// 1.58x the implicit GEMM's phases (193 -> 305 GFLOP/s), 32 -> 64 at 16x16 1.25x (250 -> 300-330,
+// with the output channels in sweeps of 32; 0.95x in one sweep of 64), bench_conv, batch 128, two
+// alternating runs.
+bool dgrad_cl_chosen(const Conv2dGeom& g) { return wgrad_cl_applies(g) && g.stride_h > 1 && g.K <= 64; }
 
 size_t dgrad_cl_workspace(const Conv2dGeom& g, int threads) {
   const DgradLayout l = dgrad_layout(g);
