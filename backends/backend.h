@@ -148,6 +148,14 @@ class Backend {
   // the stash's copy in any dtype fused_backward_reads() lists, read without a decode pass.
   virtual DTypeSet fused_backward_reads() const { return dtype_bit(DType::F32); }
   virtual void fused_backward(const FusedStack& s, const FusedTensors& t, FusedGrads& g, Workspace ws) = 0;
+  // y again from x (t.x: f32 or a dtype fused_backward_reads() lists) with the batch statistics of
+  // the training forward (t.mean, t.invstd), bit for bit its y where x is exact, for stacks where
+  // fused_recomputes(s) (memory.recompute_stack_outputs). No workspace: it runs inside another
+  // node's backward.
+  virtual bool fused_recomputes(const FusedStack& s) const { return false; }
+  virtual void fused_recompute_output(const FusedStack& s, const FusedTensors& t, Tensor& y) {
+    ET_CHECK(false, name(), ": fused stacks recompute no output on this backend");
+  }
 
   // ---- loss: logits [N,K], labels i32 [N]; loss [1] = mean over N of cross-entropy with label smoothing
   virtual void softmax_xent_forward(const Tensor& logits, const Tensor& labels, float smoothing, Tensor& loss) = 0;

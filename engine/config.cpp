@@ -146,6 +146,7 @@ json Config::resolved() const {
                  {"checkpoint_every", memory.checkpoint_every},
                  {"release_pages", memory.release_pages},
                  {"double_mask_bn", memory.double_mask_bn},
+                 {"recompute_stack_outputs", memory.recompute_stack_outputs},
                  {"budget_mb", memory.budget_mb},
                  {"budget_lossy", memory.budget_lossy}};
   const FusionSpec& f = model.fusion;
@@ -182,6 +183,7 @@ StashOptions Config::stash_options(bool fnt) const {
   o.prune_threshold = memory.prune_threshold;
   o.checkpoint_every = memory.checkpoint_every;
   o.release_pages = memory.release_pages;
+  o.recompute_stack_outputs = memory.recompute_stack_outputs;
   return o;
 }
 

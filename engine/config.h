@@ -68,6 +68,9 @@ struct MemoryConfig {
   int checkpoint_every = 0;          // recompute segments of this many conv/linear layers; 0 = off
   bool release_pages = false;        // return dead buffers' pages to the OS during the step
   bool double_mask_bn = false;       // BN output masked by its input's zeros (lossy; layers/batchnorm.cpp)
+  // A fused BN -> ReLU stack's output that a later layer reads in backward is not kept: the
+  // backward recomputes it from the stack's saved input (exact; Op::recompute_output).
+  bool recompute_stack_outputs = false;
   // A memory budget for the training step's USS (engine/budget.h): the planner chooses stash
   // formats and recompute segments per tensor; 0 = off. budget_lossy allows fp16 formats too.
   float budget_mb = 0;

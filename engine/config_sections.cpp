@@ -176,6 +176,7 @@ void parse_memory(ObjectReader& top, Config& c) {
   mem.get("checkpoint_every", c.memory.checkpoint_every);
   mem.get("release_pages", c.memory.release_pages);
   mem.get("double_mask_bn", c.memory.double_mask_bn);
+  mem.get("recompute_stack_outputs", c.memory.recompute_stack_outputs);
   mem.get_string_map("layers", c.memory.layers);
   mem.get("budget_mb", c.memory.budget_mb);
   mem.get("budget_lossy", c.memory.budget_lossy);
@@ -201,6 +202,9 @@ void parse_memory(ObjectReader& top, Config& c) {
     require(c.memory.prune_threshold == 0.f, mem, "budget_mb", c.memory.budget_mb,
             "plans exact and fp16 formats only: it does not combine with memory.prune_threshold");
   }
+  if (c.memory.recompute_stack_outputs)
+    require(c.memory.checkpoint_every == 0 && c.memory.budget_mb == 0, mem, "recompute_stack_outputs", true,
+            "does not combine with memory.checkpoint_every or memory.budget_mb (they choose what is recomputed)");
 }
 
 // fusion: depth-first stacks (docs/fusion.md).

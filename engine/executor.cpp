@@ -189,6 +189,7 @@ Tensor OpContext::saved(int i) const { return ex_.stash_.get(saved_value(i)); }
 
 Tensor OpContext::saved(int i, DTypeSet accepted) const {
   const int id = saved_value(i);
+  if (ex_.stash_.recomputed(id)) return ex_.stash_.get(id);
   Tensor t = ex_.stash_.get_stored(id);
   return dtype_in(t.dtype, accepted) ? t : ex_.stash_.get(id);
 }

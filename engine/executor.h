@@ -32,6 +32,10 @@ struct StashOptions {
   // Hand each planned buffer's pages and the stash's freed pages back to the OS when they die
   // (memory.release_pages), so USS follows what is live; costs page faults in the next step.
   bool release_pages = false;
+  // memory.recompute_stack_outputs: outputs whose producer can recompute them from what it saves
+  // itself (Op::recompute_output) are not kept; their readers' backward gets them recomputed.
+  // Not with recompute segments (checkpoint_every), which already choose what is kept.
+  bool recompute_stack_outputs = false;
 };
 
 // The operand buffers a quantized conv / linear node gets in the plan (executor_quant.cpp):
@@ -147,6 +151,7 @@ class Executor {
   void plan_code_saves(PlanState& st);
   void plan_code_segments(PlanState& st);
   std::vector<StashFormat> stash_formats(const PlanState& st) const;
+  void plan_recomputed_outputs(PlanState& st);
   void plan_decode_buffers(PlanState& st);
   void plan_time_line(PlanState& st);
   void plan_layout(PlanState& st, const std::vector<PlannedBuffer>& extra);

@@ -3,7 +3,8 @@
 // lifetime on it goes to the planner (memory/planner.h), which packs them into one arena.
 //
 // plan() runs named passes in order over one PlanState (what they share):
-//   needs-backward -> saves (codes, segments) and stash formats -> decode buffers -> time line -> layout
+//   needs-backward -> saves (codes, segments) and stash formats -> recomputed outputs -> decode buffers
+//   -> time line -> layout
 //   -> page release.
 // A pass that needs more arena buffers planned by lifetime (e.g. per-op operand buffers) runs
 // after the time line, hands its PlannedBuffers (role Extra) to plan_layout and, after it, finds
@@ -30,6 +31,7 @@ void Executor::plan() {
   quant_ = resolve_quant(graph_, quant_options_);
   plan_needs_backward();
   plan_saves(st);
+  plan_recomputed_outputs(st);
   plan_decode_buffers(st);
   plan_time_line(st);
   const std::vector<PlannedBuffer> quant_buffers = plan_quant_operands(st);
@@ -42,6 +44,11 @@ void Executor::plan() {
   stash_.configure(std::move(st.saved), st.nv, stash_options_.prune_threshold, stash_options_.release_pages,
                    backend_.memory(), backend_.stash_codec());
   report_.stash_region = stash_.region_bytes();
+  stash_.set_recomputer([this](int id, Tensor& out) {
+    const int p = graph_.value(id).producer;
+    OpContext ctx(*this, p);
+    graph_.node(p).op->recompute_output(ctx, out);
+  });
   batch_ = st.max_batch;  // views have the full batch until a forward says otherwise
   param_grads_.clear();
   for (int p : params_) param_grads_.push_back(grads_[size_t(p)]);
@@ -193,6 +200,28 @@ std::vector<StashFormat> Executor::stash_formats(const PlanState& st) const {
   return format;
 }
 
+// memory.recompute_stack_outputs: a value saved in full whose producer can recompute it from its own
+// saves (Op::output_recomputable: a fused BN -> ReLU stack from its input x) is not kept. Its first
+// reader's backward has the producer write it into the value's decode buffer, which lives from
+// there to the producer's backward (plan_decode_buffers); the producer's saves are popped after
+// its own backward, so they outlive every later reader's. Not with recompute segments, which
+// choose what is kept themselves, and not from a value that is itself recomputed.
+void Executor::plan_recomputed_outputs(PlanState& st) {
+  if (!stash_options_.recompute_stack_outputs || !segments_.empty()) return;
+  for (SavedValue& sv : st.saved) {
+    const Value& v = graph_.value(sv.value);
+    if (!sv.full || v.kind != ValueKind::Activation || v.producer < 0 || st.codes[size_t(sv.value)]) continue;
+    const int p = v.producer;
+    if (!graph_.node(p).op->output_recomputable(backend_)) continue;
+    const int x = graph_.node(p).inputs[0];
+    bool keeps_x = false;
+    for (const SaveSpec& sp : save_specs_[size_t(p)]) keeps_x |= sp.input == 0 && sp.kind == SaveKind::Full;
+    const int xi = st.saved_index[size_t(x)];
+    if (!keeps_x || xi < 0 || st.saved[size_t(xi)].recomputed) continue;
+    sv.recomputed = true;
+  }
+}
+
 // Decode buffers: only for values some reader needs as f32 (a recomputed segment always does).
 // A reader may take the stored encoding (Op::reads_stored); a compressed save every reader takes
 // as stored gets no buffer.
@@ -219,6 +248,10 @@ void Executor::plan_decode_buffers(PlanState& st) {
   st.needs_unpack.assign(size_t(st.nv), 0);
   for (const SavedValue& sv : st.saved) {
     const ValueKind kind = graph_.value(sv.value).kind;
+    if (sv.recomputed) {  // written there by its producer for the first reader
+      st.needs_unpack[size_t(sv.value)] = 1;
+      continue;
+    }
     if (!sv.full || sv.format == StashFormat::DenseF32 || (kind != ValueKind::Activation && kind != ValueKind::Aux))
       continue;
     st.needs_unpack[size_t(sv.value)] = needs_decode[size_t(sv.value)];  // else read as stored

@@ -89,6 +89,14 @@ class Op {
   // Backend::plane_sums), on every first (not recomputing) training forward.
   virtual bool can_write_plane_sums() const { return false; }
   virtual void write_plane_sums(int aux_index) { ET_CHECK(false, type(), " writes no plane sums"); }
+  // Whether the backward of a later reader may get this op's output from recompute_output()
+  // instead of the stash keeping it (memory.recompute_stack_outputs): only from what this op saves
+  // for its own backward (which outlives every later reader's) and its parameters and aux values,
+  // and equal bit for bit to its forward's output where those saves are exact.
+  virtual bool output_recomputable(const Backend& backend) const { return false; }
+  // Writes the output of this node's last training forward into `y` (the current batch); runs
+  // during another node's backward, so it must not touch the workspace.
+  virtual void recompute_output(OpContext& ctx, Tensor& y) const { ET_CHECK(false, type(), " recomputes no output"); }
   virtual OpAttributes attributes() const { return {}; }
   virtual void forward(OpContext& ctx) = 0;
   virtual void backward(OpContext& ctx) = 0;

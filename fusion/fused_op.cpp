@@ -48,6 +48,15 @@ class FusedStackOp final : public Op {
     y_sums_aux_ = aux_index;
   }
 
+  // memory.recompute_stack_outputs: y from the x this stack keeps for its own backward and the
+  // batch statistics in its aux values (a BN -> ReLU stack; the backend says which it recomputes).
+  bool output_recomputable(const Backend& b) const override { return b.fused_recomputes(stack_); }
+  void recompute_output(OpContext& ctx, Tensor& y) const override {
+    FusedTensors t = tensors(ctx);
+    t.x = ctx.saved(0, reads_stored(0, ctx.backend(), ctx.batch()));
+    ctx.backend().fused_recompute_output(stack_, t, y);
+  }
+
   void forward(OpContext& ctx) override {
     FusedTensors t = tensors(ctx);
     t.y = ctx.output();

@@ -25,6 +25,7 @@ void Stash::configure(std::vector<SavedValue> saved, int num_values, float prune
   size_t total = 0;
   for (size_t i = 0; i < saved_.size(); ++i) {
     index_[size_t(saved_[i].value)] = int(i);
+    if (saved_[i].recomputed) continue;  // nothing in the region
     total += Arena::align_up(stash_worst_case_bytes(saved_[i].format, saved_[i].numel, saved_[i].full));
     if (mask_apart(saved_[i])) total += Arena::align_up(size_t(bitmap::num_words(saved_[i].numel)) * 8);
   }
@@ -41,7 +42,7 @@ const SavedValue* Stash::info(int value_id) const {
 }
 
 bool Stash::mask_apart(const SavedValue& s) const {
-  return prune_threshold_ > 0.f && s.full && s.mask_read && stash_format_has_bitmap(s.format, true);
+  return !s.recomputed && prune_threshold_ > 0.f && s.full && s.mask_read && stash_format_has_bitmap(s.format, true);
 }
 
 bool Stash::stores_codes(int value_id) const {
@@ -58,7 +59,7 @@ void Stash::clear() {
 MaskOut Stash::mask_target(int value_id, int64_t numel) const {
   const SavedValue& s = *info(value_id);
   MaskOut m;
-  if (!stash_format_has_bitmap(s.format, s.full)) return m;
+  if (s.recomputed || !stash_format_has_bitmap(s.format, s.full)) return m;
   m.bits = static_cast<uint64_t*>(at(top_));
   // Pruned bits only where they select stored values and no mask is read from them.
   m.prune_threshold = s.full && !mask_apart(s) ? prune_threshold_ : 0.f;
@@ -86,8 +87,11 @@ void Stash::push(int value_id, const Tensor& t, const MaskOut& written, const Te
   e.exact_mask = false;
   rec.numel = n;
   rec.packed_by_producer = false;
-  StashEncoding enc = s.full ? format.full : format.mask;
-  if (enc == StashEncoding::ZeroCopy) {
+  StashEncoding enc = s.recomputed ? StashEncoding::Recomputed : s.full ? format.full : format.mask;
+  if (enc == StashEncoding::Recomputed) {
+    e.bytes = 0;
+    e.nonzero = -1;
+  } else if (enc == StashEncoding::ZeroCopy) {
     e.bytes = t.nbytes();
     zero_copy_live_ += e.bytes;
   } else {
@@ -155,7 +159,9 @@ void Stash::push(int value_id, const Tensor& t, const MaskOut& written, const Te
   e.stored = enc;
   rec.stored_as = stash_encoding_info(enc).display;
   rec.bytes = e.bytes;
-  rec.nonzero = enc != StashEncoding::ZeroCopy ? e.nonzero : count_zero_copy_ ? codec_->count_nonzero(x, n, 0.f) : -1;
+  rec.nonzero = enc == StashEncoding::Recomputed ? -1
+                : enc != StashEncoding::ZeroCopy ? e.nonzero
+                : count_zero_copy_ ? codec_->count_nonzero(x, n, 0.f) : -1;
   stack_.push_back(value_id);
   peak_ = std::max(peak_, live_bytes());
   region_peak_ = std::max(region_peak_, top_);
@@ -176,6 +182,10 @@ Tensor Stash::get(int value_id) {
     const void* src = at(e.encoding_offset);
     float* y = out.f32();
     switch (e.stored) {
+      case StashEncoding::Recomputed:
+        ET_CHECK(recomputer_ != nullptr, "value ", value_id, ": recomputed, but no recomputer set");
+        recomputer_(value_id, out);
+        break;
       case StashEncoding::CopyF32: codec_->copy(y, src, size_t(n) * 4); break;
       case StashEncoding::F16: codec_->from_half(static_cast<const uint16_t*>(src), n, false, y); break;
       case StashEncoding::BF16: codec_->from_half(static_cast<const uint16_t*>(src), n, true, y); break;
@@ -201,6 +211,7 @@ Tensor Stash::get_stored(int value_id) const {
   const Entry& e = entries_[size_t(value_id)];
   const StashEncodingInfo& info = stash_encoding_info(e.stored);
   ET_CHECK(info.every_element, "value ", value_id, " not saved in full");
+  ET_CHECK(e.stored != StashEncoding::Recomputed, "value ", value_id, " is recomputed: read it through get()");
   if (e.stored == StashEncoding::ZeroCopy) return e.view;
   Tensor t = Tensor::contiguous(at(e.encoding_offset), e.view.shape, info.dtype);
   t.scale = e.scale;
@@ -213,7 +224,9 @@ MaskView Stash::get_mask(int value_id) {
   m.numel = e.view.numel();
   // The bitmap or the f32 values as they are (stash_mask_dtypes); other encodings decode.
   const StashEncodingInfo& info = stash_encoding_info(e.stored);
-  if (e.exact_mask)
+  if (e.stored == StashEncoding::Recomputed)
+    m.dense = get(value_id);  // its first reader's backward recomputed it already
+  else if (e.exact_mask)
     m.bits = static_cast<const uint64_t*>(at(e.offset));
   else if (info.bitmap)  // no pruned values, or none stored: the encoding's bitmap is exact
     m.bits = static_cast<const uint64_t*>(at(e.encoding_offset));

@@ -18,6 +18,7 @@
 // after its last forward reader. Full reads decode into an executor-planned f32 buffer, or, for
 // kernels that say they can, read the storage as it is (get_stored; memory/stored_reader.h).
 #pragma once
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -38,8 +39,12 @@ struct SavedValue {
   StashFormat format = StashFormat::DenseF32;
   Tensor unpack;              // f32 decode buffer for full reads; not planned for zero-copy values
                               // and for values every reader reads as stored (get_stored)
+  // Not kept at all (memory.recompute_stack_outputs): the first read of a backward has the
+  // recomputer (Stash::set_recomputer) write it into `unpack`; masks read it there too.
+  bool recomputed = false;
   // The save is the forward buffer itself (dense_fp32's full saves): it must outlive the backward.
   bool stored_in_place() const {
+    if (recomputed) return false;
     const StashFormatInfo& f = stash_format_info(format);
     return (full ? f.full : f.mask) == StashEncoding::ZeroCopy;
   }
@@ -82,6 +87,11 @@ class Stash {
   Tensor get_stored(int value_id) const;
   MaskView get_mask(int value_id);
   void pop(int value_id);
+  // For SavedValue::recomputed values: writes value_id (every element, the current batch) into
+  // `out`. Set once by the executor, outside the step.
+  using Recomputer = std::function<void(int value_id, Tensor& out)>;
+  void set_recomputer(Recomputer r) { recomputer_ = std::move(r); }
+  bool recomputed(int value_id) const { return info(value_id)->recomputed; }
 
   size_t live_bytes() const { return top_ + zero_copy_live_; }
   size_t peak_bytes() const { return peak_; }  // since the last reset_peak()
@@ -126,6 +136,7 @@ class Stash {
   std::vector<StashRecord> records_;
   std::vector<int> stack_;  // value ids in push order (LIFO check)
   Arena region_;
+  Recomputer recomputer_;
   StashCodec* codec_ = &host_stash_codec();
   float prune_threshold_ = 0.f;
   size_t top_ = 0, peak_ = 0, region_peak_ = 0, zero_copy_live_ = 0;

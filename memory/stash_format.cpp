@@ -20,8 +20,9 @@ const StashEncodingInfo kEncodings[] = {
     /* BitmapI4  */ {"bitmap+int4", true, true, DType::BitmapI4, 4, true},
     /* BitmapU4  */ {"bitmap+uint4", true, true, DType::BitmapU4, 4, true},
     /* Mask      */ {"bits (mask)", false, true, DType::F32, 0, false},  // dtype unused: not read as a tensor
+    /* Recomputed */ {"recomputed", true, false, DType::F32, 0, false},  // read through Stash::get only
 };
-static_assert(sizeof(kEncodings) / sizeof(kEncodings[0]) == size_t(StashEncoding::Mask) + 1);
+static_assert(sizeof(kEncodings) / sizeof(kEncodings[0]) == size_t(StashEncoding::Recomputed) + 1);
 
 using E = StashEncoding;
 // Indexed by StashFormat.

@@ -34,6 +34,7 @@ enum class StashEncoding : uint8_t {
   BitmapI4,   // memory/code_bitmap.h: bitmap, directory, signed INT4 codes of the kept elements
   BitmapU4,   // the same with unsigned codes (inputs >= 0 by construction)
   Mask,       // the bitmap alone: a value only read as a > 0 mask
+  Recomputed, // nothing: its producer recomputes it for the first reader's backward (SavedValue::recomputed)
 };
 
 struct StashEncodingInfo {

@@ -245,3 +245,16 @@ TEST_CASE("learning-rate schedules", "[config]") {
   CHECK(learning_rate(t, 10) == Approx(0.0001));
   CHECK(learning_rate(t, 6) < 0.1);
 }
+
+TEST_CASE("memory.recompute_stack_outputs: a boolean, not with recompute segments or a budget", "[config]") {
+  json j = minimal();
+  j["memory"]["recompute_stack_outputs"] = true;
+  CHECK(error_of(j).empty());
+  CHECK(parse_config(j, "test.json").stash_options(false).recompute_stack_outputs);
+  j["memory"]["checkpoint_every"] = 2;
+  const std::string e = error_of(j);
+  CHECK_THAT(e, Catch::Contains("memory.recompute_stack_outputs") && Catch::Contains("checkpoint_every"));
+  j["memory"].erase("checkpoint_every");
+  j["memory"]["recompute_stack_outputs"] = "yes";
+  CHECK_THAT(error_of(j), Catch::Contains("memory.recompute_stack_outputs"));
+}

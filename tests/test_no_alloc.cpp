@@ -47,9 +47,10 @@ using namespace et;
 
 static long allocations_in_steps(const std::string& model, int64_t batch, StashFormat stash = StashFormat::DenseF32,
                                  int checkpoint_every = 0, bool release_pages = false, const QuantOptions& quant = {},
-                                 bool fused = false) {
+                                 bool fused = false, bool recompute_stack_outputs = false) {
   StashOptions opt;
   opt.format = stash;
+  opt.recompute_stack_outputs = recompute_stack_outputs;
   opt.checkpoint_every = checkpoint_every;
   opt.release_pages = release_pages;
   FusionSpec fusion;
@@ -88,6 +89,9 @@ TEST_CASE("training steps after the first allocate nothing", "[memory]") {
   CHECK(allocations_in_steps("resnet8", 16, StashFormat::DenseBF16) == 0);
   CHECK(allocations_in_steps("resnet8", 16, StashFormat::BitmapF16, 1, true) == 0);  // recompute, release
   CHECK(allocations_in_steps("mobilenetv2", 4, StashFormat::BitmapF32, 2) == 0);
+  // Fused stacks whose outputs the backward recomputes (memory.recompute_stack_outputs).
+  CHECK(allocations_in_steps("resnet8", 16, StashFormat::DenseF32, 0, false, {}, true, true) == 0);
+  CHECK(allocations_in_steps("vgg11_bn", 8, StashFormat::Auto, 0, false, {}, true, true) == 0);
   // 4-bit training: codes, scales and dequantised copies are planned buffers too.
   QuantOptions luq;
   luq.forward = ForwardQuant::Int4;

@@ -98,6 +98,8 @@ class CpuBackend : public Backend {
   void fused_forward(const FusedStack& s, FusedTensors& t, bool training, MaskOut* mask, Workspace ws) override;
   DTypeSet fused_backward_reads() const override { return batchnorm_backward_reads(); }
   void fused_backward(const FusedStack& s, const FusedTensors& t, FusedGrads& g, Workspace ws) override;
+  bool fused_recomputes(const FusedStack& s) const override;
+  void fused_recompute_output(const FusedStack& s, const FusedTensors& t, Tensor& y) override;
 
   bool all_finite(const std::vector<Tensor>& tensors) override;
   bool sgd_step(Tensor& param, const Tensor& grad, Tensor& momentum_buf, float lr, float momentum, float weight_decay,

@@ -278,6 +278,28 @@ void CpuBackend::fused_forward(const FusedStack& s, FusedTensors& t, bool traini
   if (pack_values) mask->values_written = true;
 }
 
+// BN then ReLU on planes in memory order (the stacks fused_forward runs plane by plane): y's plane
+// is the BN stage's output, then the ReLU's in place, through the forward's own functions.
+bool CpuBackend::fused_recomputes(const FusedStack& s) const {
+  return s.headed_by_bn() && !s.small_planes() && s.stages.size() == 2 && s.stages[1].kind == FusedKind::Relu;
+}
+
+void CpuBackend::fused_recompute_output(const FusedStack& s, const FusedTensors& t, Tensor& y) {
+  ET_CHECK(fused_recomputes(s), "fused stack: no output recompute for this stack");
+  const int64_t N = t.x.dim(0), C = s.C, HW = s.stages[0].H * s.stages[0].W;
+  ET_CHECK(y.numel() == N * C * HW && y.dtype == DType::F32, "fused stack: recompute into ", y.shape.str());
+  float* yp = y.f32();
+#pragma omp parallel for schedule(static)
+  for (int64_t pl = 0; pl < N * C; ++pl) {
+    const int64_t c = pl % C;
+    float scale, shift;
+    bn_rows::train_coefficients(t.gamma.f32()[c], t.beta.f32()[c], t.mean.f32()[c], t.invstd.f32()[c], &scale,
+                                &shift);
+    float* out[2] = {yp + pl * HW, yp + pl * HW};  // the ReLU in place over the BN stage's output
+    forward_plane(s, 2, bn_rows::x_f32(t.x, pl * HW, HW, yp + pl * HW), nullptr, scale, shift, out);
+  }
+}
+
 void CpuBackend::fused_backward(const FusedStack& s, const FusedTensors& t, FusedGrads& g, Workspace ws) {
   if (!s.headed_by_bn()) return relu_pool_backward(s, t, g, ws);
   if (s.small_planes()) return fused_blocks_backward(s, t, g, ws);
