@@ -228,6 +228,10 @@ void parse_fusion(ObjectReader& top, Config& c) {
   fu.get("cache_kb", f.cache_kb);
   require(f.cache_kb >= 0, fu, "cache_kb", f.cache_kb, "must be > 0 (KiB), or 0 for this core's L2 from sysfs");
   fu.finish();
+  // memory is parsed before this section; its option recomputes fused stacks' outputs only.
+  if (c.memory.recompute_stack_outputs)
+    require(f.enabled, fu, "enabled", f.automatic ? "auto (off on " + c.train.device + ")" : std::string("false"),
+            "memory.recompute_stack_outputs recomputes fused stacks' outputs: it needs fusion on");
 }
 
 // finetune: which parameters train (docs/finetune.md).

@@ -255,6 +255,9 @@ TEST_CASE("memory.recompute_stack_outputs: a boolean, not with recompute segment
   const std::string e = error_of(j);
   CHECK_THAT(e, Catch::Contains("memory.recompute_stack_outputs") && Catch::Contains("checkpoint_every"));
   j["memory"].erase("checkpoint_every");
+  j["fusion"]["enabled"] = false;
+  CHECK_THAT(error_of(j), Catch::Contains("fusion.enabled") && Catch::Contains("recompute_stack_outputs"));
+  j.erase("fusion");
   j["memory"]["recompute_stack_outputs"] = "yes";
   CHECK_THAT(error_of(j), Catch::Contains("memory.recompute_stack_outputs"));
 }
