@@ -20,6 +20,7 @@
 #include <algorithm>
 #include <cstring>
 
+#include "backends/cpu/carve.h"
 #include "backends/cpu/conv_direct.h"
 #include "backends/cpu/conv_simd.h"
 #include "memory/stored_reader.h"
@@ -30,28 +31,55 @@ namespace {
 
 constexpr int kTaps = 9;  // 3x3
 
-struct ClLayout {
-  int64_t Hp, Wp, HWp, HW;
-  int64_t NB;                                // images per chunk: a tile sweeps them all
-  int64_t xcl_n, plane_n, part_n, thread_n;  // floats per thread: staged x, decoded image, partials
+// x's (or dx's) padded plane with its channels last: position j = h * Wp + w holds C floats, and
+// tap t = r * 3 + s of the window at j is off[t] floats further.
+struct Padded {
+  int64_t Wp, HWp, HW;
+  int64_t off[kTaps];
+};
+
+Padded padded(const Conv2dGeom& g) {
+  Padded l;
+  l.Wp = g.W + 2 * g.pad_w;
+  l.HWp = (g.H + 2 * g.pad_h) * l.Wp;
+  l.HW = g.H * g.W;
+  for (int r = 0; r < 3; ++r)
+    for (int s = 0; s < 3; ++s) l.off[r * 3 + s] = (r * l.Wp + s) * g.C;
+  return l;
+}
+
+// dst[0..15] += a (a vector add through the FMA: dst + a * 1 is dst + a exactly).
+template <class V>
+void add_into(float* dst, const V& a) {
+  V sum = V::load(dst);
+  sum.fma(a, V::set1(1.f));
+  sum.store(dst);
+}
+
+// Weight gradient, per thread: staged x of a chunk of NB images, one decoded image, partials.
+struct ClLayout : Padded {
+  int64_t NB;                  // images per chunk: a tile sweeps them all
+  int64_t xcl_n, plane_n, part_n;
+  size_t thread_bytes;
+  float* part_of(void* ws, int u) const {  // thread u's partials, carved as in wgrad_cl
+    Carve c(static_cast<uint8_t*>(ws) + size_t(u) * thread_bytes);
+    c.take<float>(xcl_n);
+    c.take<float>(plane_n);
+    return c.take<float>(part_n);
+  }
 };
 
 ClLayout cl_layout(const Conv2dGeom& g, int threads) {
   ClLayout l;
-  l.Hp = g.H + 2 * g.pad_h;
-  l.Wp = g.W + 2 * g.pad_w;
-  l.HWp = l.Hp * l.Wp;
-  l.HW = g.H * g.W;
+  static_cast<Padded&>(l) = padded(g);
   // A chunk's staged x near 256 KiB (L2): its tiles add into the partials once per chunk.
   l.NB = std::clamp<int64_t>(64 * 1024 / (l.HWp * g.C), 1, std::max<int64_t>(1, (g.N + threads - 1) / threads));
   l.xcl_n = l.NB * l.HWp * g.C;
-  l.plane_n = round16(g.C * l.HW);
-  l.part_n = round16(g.K * kTaps * g.C + g.K);  // dw partials [K][9][C], then db [K]
-  l.thread_n = l.xcl_n + l.plane_n + l.part_n + 4 * 16;
+  l.plane_n = g.C * l.HW;
+  l.part_n = g.K * kTaps * g.C + g.K;  // dw partials [K][9][C], then db [K]
+  l.thread_bytes = CarveSize().add<float>(l.xcl_n).add<float>(l.plane_n).add<float>(l.part_n).bytes;
   return l;
 }
-
-float* align64(float* p) { return reinterpret_cast<float*>((reinterpret_cast<uintptr_t>(p) + 63) & ~uintptr_t(63)); }
 
 // part[(kb*9 + t)*C + 0..15] += sum over the output positions of nb images of
 //   dy[b*dy_img + kb*PQ + p*Q + q] * xcl[b*x_img + (st*p*Wp + st*q) * C + off[t] + 0..15]
@@ -79,14 +107,8 @@ void cl_tile(const float* dy, int64_t dy_img, int64_t P, int64_t Q, const float*
       }
     }
   }
-  const V one = V::set1(1.f);  // part + acc * 1 is part + acc exactly: a vector add through the FMA
   for (int kb = 0; kb < KB; ++kb)
-    for (int t = 0; t < kTaps; ++t) {
-      float* dst = part + (kb * kTaps + t) * C;
-      V sum = V::load(dst);
-      sum.fma(acc[kb][t], one);
-      sum.store(dst);
-    }
+    for (int t = 0; t < kTaps; ++t) add_into(part + (kb * kTaps + t) * C, acc[kb][t]);
 }
 
 // A chunk of nb images: every 16-channel block of x against output channels in blocks of 3 (the
@@ -138,28 +160,21 @@ bool wgrad_cl_applies(const Conv2dGeom& g) {
 bool wgrad_cl_chosen(const Conv2dGeom& g) { return wgrad_cl_applies(g) && g.K * g.C <= 128 * 128; }
 
 size_t wgrad_cl_workspace(const Conv2dGeom& g, int threads) {
-  return size_t(threads * cl_layout(g, threads).thread_n + 16) * sizeof(float);
+  return size_t(threads) * cl_layout(g, threads).thread_bytes;
 }
 
 void wgrad_cl(const Conv2dGeom& g, const Tensor& x, const float* dy, float* dw, float* db, bool accumulate,
               void* ws) {
   const ClLayout l = cl_layout(g, omp_get_max_threads());
   const int64_t C = g.C, K = g.K, PQ = g.P * g.Q, dw_n = K * kTaps * C, x_img = l.HWp * C;
-  int64_t off[kTaps];
-  for (int r = 0; r < 3; ++r)
-    for (int s = 0; s < 3; ++s) off[r * 3 + s] = (r * l.Wp + s) * C;
-  float* base = align64(static_cast<float*>(ws));
-  auto pieces = [&](int u, float** xcl, float** plane, float** part) {
-    float* p = base + u * l.thread_n;
-    *xcl = align64(p);
-    *plane = align64(*xcl + l.xcl_n);
-    *part = align64(*plane + l.plane_n);
-  };
+  const int64_t* off = l.off;
 #pragma omp parallel
   {
     const int t = omp_get_thread_num(), nt = omp_get_num_threads();
-    float *xcl, *plane, *part;
-    pieces(t, &xcl, &plane, &part);
+    Carve carve(static_cast<uint8_t*>(ws) + size_t(t) * l.thread_bytes);
+    float* xcl = carve.take<float>(l.xcl_n);
+    float* plane = carve.take<float>(l.plane_n);
+    float* part = carve.take<float>(l.part_n);
     StoredReader xr(x, plane, C * l.HW);
     std::memset(xcl, 0, sizeof(float) * size_t(l.xcl_n));  // the padding positions stay zero
     std::memset(part, 0, sizeof(float) * size_t(l.part_n));
@@ -186,17 +201,13 @@ void wgrad_cl(const Conv2dGeom& g, const Tensor& x, const float* dy, float* dw, 
     const int64_t total = dw_n + (db ? K : 0);
     const int64_t i0 = total * t / nt, i1 = total * (t + 1) / nt;
     for (int64_t i = i0; i < i1; ++i) {
-      int64_t src = dw_n + (i - dw_n);  // db
+      int64_t src = i;  // db: the partials' layout too
       if (i < dw_n) {
         const int64_t k = i / (C * kTaps), c = i / kTaps % C, tap = i % kTaps;
         src = (k * kTaps + tap) * C + c;
       }
       float s = 0.f;
-      for (int u = 0; u < nt; ++u) {
-        float *a, *b, *pu;
-        pieces(u, &a, &b, &pu);
-        s += pu[src];
-      }
+      for (int u = 0; u < nt; ++u) s += l.part_of(ws, u)[src];
       float& dst = i < dw_n ? dw[i] : db[i - dw_n];
       dst = accumulate ? dst + s : s;
     }
@@ -214,21 +225,20 @@ void wgrad_cl(const Conv2dGeom& g, const Tensor& x, const float* dy, float* dw, 
 
 namespace {
 
-struct DgradLayout {
-  int64_t Hp, Wp, HWp, HW;
-  int64_t wt_n, dxcl_n, rows_n, thread_n;  // shared packed weights; per thread: dx staged, a row of planes
+// Data gradient: the packed weights (shared), then per thread the image's staged dx and a row of planes.
+struct DgradLayout : Padded {
+  int64_t wt_n, dxcl_n, rows_n;
+  size_t shared_bytes, thread_bytes;
 };
 
 DgradLayout dgrad_layout(const Conv2dGeom& g) {
   DgradLayout l;
-  l.Hp = g.H + 2 * g.pad_h;
-  l.Wp = g.W + 2 * g.pad_w;
-  l.HWp = l.Hp * l.Wp;
-  l.HW = g.H * g.W;
-  l.wt_n = round16(g.K * kTaps * g.C);
-  l.dxcl_n = round16(l.HWp * g.C);
-  l.rows_n = round16(g.C * g.W);
-  l.thread_n = l.dxcl_n + l.rows_n + 2 * 16;
+  static_cast<Padded&>(l) = padded(g);
+  l.wt_n = g.K * kTaps * g.C;
+  l.dxcl_n = l.HWp * g.C;
+  l.rows_n = g.C * g.W;
+  l.shared_bytes = CarveSize().add<float>(l.wt_n).bytes;
+  l.thread_bytes = CarveSize().add<float>(l.dxcl_n).add<float>(l.rows_n).bytes;
   return l;
 }
 
@@ -249,14 +259,8 @@ void cl_dgrad_tile(const float* dy, int64_t PQ, int64_t K, const float* wt, int6
       for (int i = 0; i < NP; ++i) acc[i][t].fma(d[i], wv);
     }
   }
-  const V one = V::set1(1.f);  // dst + acc * 1 is dst + acc exactly: a vector add through the FMA
   for (int i = 0; i < NP; ++i)
-    for (int t = 0; t < kTaps; ++t) {
-      float* dst = dxq + i * step + off[t];
-      V sum = V::load(dst);
-      sum.fma(acc[i][t], one);
-      sum.store(dst);
-    }
+    for (int t = 0; t < kTaps; ++t) add_into(dxq + i * step + off[t], acc[i][t]);
 }
 
 // Output channels per sweep over the positions: 32 x 9 vectors of weights (18 KiB) stay in L1.
@@ -313,25 +317,23 @@ bool dgrad_cl_chosen(const Conv2dGeom& g) { return wgrad_cl_applies(g) && g.stri
 
 size_t dgrad_cl_workspace(const Conv2dGeom& g, int threads) {
   const DgradLayout l = dgrad_layout(g);
-  return size_t(l.wt_n + threads * l.thread_n + 16) * sizeof(float);
+  return l.shared_bytes + size_t(threads) * l.thread_bytes;
 }
 
 void dgrad_cl(const Conv2dGeom& g, const float* dy, const float* w, float* dx, bool accumulate, void* ws) {
   const DgradLayout l = dgrad_layout(g);
   const int64_t C = g.C, K = g.K, PQ = g.P * g.Q;
-  int64_t off[kTaps];
-  for (int r = 0; r < 3; ++r)
-    for (int s = 0; s < 3; ++s) off[r * 3 + s] = (r * l.Wp + s) * C;
-  float* wt = align64(static_cast<float*>(ws));  // wt[k][t][c] = w[k][c][t]
+  const int64_t* off = l.off;
+  float* wt = Carve(ws).take<float>(l.wt_n);  // wt[k][t][c] = w[k][c][t]
   for (int64_t k = 0; k < K; ++k)
     for (int64_t c = 0; c < C; ++c)
       for (int t = 0; t < kTaps; ++t) wt[(k * kTaps + t) * C + c] = w[(k * C + c) * kTaps + t];
-  float* base = wt + l.wt_n;
 #pragma omp parallel
   {
     const int t = omp_get_thread_num(), nt = omp_get_num_threads();
-    float* dxcl = align64(base + t * l.thread_n);
-    float* rows = align64(dxcl + l.dxcl_n);
+    Carve carve(static_cast<uint8_t*>(ws) + l.shared_bytes + size_t(t) * l.thread_bytes);
+    float* dxcl = carve.take<float>(l.dxcl_n);
+    float* rows = carve.take<float>(l.rows_n);
     const int64_t n0 = g.N * t / nt, n1 = g.N * (t + 1) / nt;
     for (int64_t n = n0; n < n1; ++n) {
       std::memset(dxcl, 0, sizeof(float) * size_t(l.HWp * C));
