@@ -276,6 +276,9 @@ GradCoefficients channel_gradients(double sum_dy, double sum_dy_xmu, const Tenso
 ET_ROW_FUNCTION void grad_apply(const float* dy, const float* x, const GradCoefficients& k, int64_t len, float* out,
                                bool accumulate) {
   const float a = k.a, b = k.b, c0 = k.c0;
+#if defined(__AVX512F__)
+  return grad_apply_d(row_of(dy), x, a, b, c0, len, out, accumulate);
+#endif
   if (accumulate) {
 #pragma omp simd
     for (int64_t i = 0; i < len; ++i) out[i] += a * dy[i] + b * x[i] + c0;

@@ -23,6 +23,7 @@
 #include "backends/cpu/batchnorm_rows.h"
 #include "backends/cpu/cpu_backend.h"
 #include "backends/cpu/fused_common.h"
+#include "backends/cpu/fused_pool_dz.h"
 #include "backends/cpu/pool_planes.h"
 #include "memory/bitmap.h"
 
@@ -125,13 +126,14 @@ ElementwiseOnly elementwise_only(const FusedStack& s, const FusedGrads& g, bool 
 }
 
 #if defined(__AVX512F__)
-// d(i, m) for grad_sums: plane (n, c)'s dz, 16 elements at a time, with the side gradient and the
-// parked dz written on the way (relu_backward's rule: masked-out lanes are +0).
+// d(i, m) for grad_sums and grad_apply_d: plane (n, c)'s dz, 16 elements at a time (relu_backward's
+// rule: masked-out lanes are +0). The first sweep writes the side gradient on the way, and dz
+// parked in dx where `park`.
 inline auto elementwise_dz(ElementwiseOnly e, FusedGrads& g, const FusedTensors& t, int64_t c, int64_t o,
-                           const float* x, bool recompute) {
+                           const float* x, bool recompute, bool first_sweep, bool park_dz) {
   const float* dy = g.dy.f32() + o;
-  float* park = g.dx.defined() && !g.dx_accumulate ? g.dx.f32() + o : nullptr;
-  float* dside = g.dside.defined() ? g.dside.f32() + o : nullptr;
+  float* dside = first_sweep && g.dside.defined() ? g.dside.f32() + o : nullptr;
+  float* park = first_sweep && park_dz ? g.dx.f32() + o : nullptr;
   const bool side_acc = g.dside_accumulate;
   const float* ym = g.y_mask.bits ? nullptr : (g.y_mask.dense.defined() ? g.y_mask.dense.f32() + o : nullptr);
   const uint64_t* bits = g.y_mask.bits;
@@ -313,9 +315,30 @@ void CpuBackend::fused_backward(const FusedStack& s, const FusedTensors& t, Fuse
   const SumTables tab(static_cast<float*>(ws.data) + per_thread * cpu_threads(), N, C);
   auto* coef = reinterpret_cast<bn_rows::GradCoefficients*>(tab.rest);
   const bool memory_order = !s.channel_slabs;
-  // dz parks in dx between the sweeps unless dx accumulates (then sweep 2 rebuilds it).
-  const bool park = g.dx.defined() && !g.dx_accumulate;
   [[maybe_unused]] const ElementwiseOnly ew = elementwise_only(s, g, recompute);  // AVX-512 only
+#if defined(__AVX512F__)
+  const bool in_registers = ew != ElementwiseOnly::No;
+#else
+  const bool in_registers = false;
+#endif
+  // dz parks in dx between the sweeps, unless dx accumulates (sweep 2 rebuilds it) or both sweeps
+  // build dz in registers from dy and the mask and dx has its own memory (then writing dz and
+  // reading it back would move more bytes; in dy's place it moves none).
+  const bool rebuild = in_registers && g.dx.data != g.dy.data;
+#if defined(__AVX512F__)
+  // BN -> ReLU -> 2x2 max-pool: dz in registers from x and dy in both sweeps (fused_pool_dz.h).
+  const bool pool_in_registers = fused_pool_dz::applies(s);
+  const fused_pool_dz::Layout pool_layout(pool_in_registers ? last.Q : 4);
+  auto pool_dz = [&](int64_t pl, const float* x) {
+    float scale, shift;
+    const int64_t c = pl % C;
+    bn_rows::train_coefficients(t.gamma.f32()[c], t.beta.f32()[c], t.mean.f32()[c], t.invstd.f32()[c], &scale, &shift);
+    return fused_pool_dz::PlaneDz(pool_layout, x, g.dy.f32() + pl * PQ, scale, shift);
+  };
+#else
+  const bool pool_in_registers = false;
+#endif
+  const bool park = g.dx.defined() && !g.dx_accumulate && !rebuild && !pool_in_registers;
 
   // x's plane (n, c) as f32: in place, or widened into the scratch's last plane.
   auto x_plane = [&](float* scratch, int64_t pl) {
@@ -347,8 +370,9 @@ void CpuBackend::fused_backward(const FusedStack& s, const FusedTensors& t, Fuse
     const int64_t c = pl % C, o = pl * HW;
     const float* x = x_plane(scratch, pl);
 #if defined(__AVX512F__)
-    if (ew != ElementwiseOnly::No)  // dz from dy and the mask (recomputed from x or read), in registers
-      return bn_rows::grad_sums(elementwise_dz(ew, g, t, c, o, x, recompute), x, t.mean.f32()[c], HW, a, b);
+    if (in_registers)  // dz from dy and the mask (recomputed from x or read)
+      return bn_rows::grad_sums(elementwise_dz(ew, g, t, c, o, x, recompute, true, park), x, t.mean.f32()[c], HW, a, b);
+    if (pool_in_registers) return bn_rows::grad_sums(pool_dz(pl, x), x, t.mean.f32()[c], HW, a, b);
 #endif
     const float* dz = plane_dz(scratch, pl, x, true);
     bn_rows::grad_sums(bn_rows::row_of(dz), x, t.mean.f32()[c], HW, a, b);
@@ -362,6 +386,12 @@ void CpuBackend::fused_backward(const FusedStack& s, const FusedTensors& t, Fuse
   auto sweep2 = [&](float* scratch, int64_t pl, const bn_rows::GradCoefficients& k) {
     float* dx = g.dx.f32() + pl * HW;
     const float* x = x_plane(scratch, pl);
+#if defined(__AVX512F__)
+    if (in_registers && !park)
+      return bn_rows::grad_apply_d(elementwise_dz(ew, g, t, pl % C, pl * HW, x, recompute, false, false), x, k.a, k.b,
+                                   k.c0, HW, dx, g.dx_accumulate);
+    if (pool_in_registers) return bn_rows::grad_apply_d(pool_dz(pl, x), x, k.a, k.b, k.c0, HW, dx, g.dx_accumulate);
+#endif
     bn_rows::grad_apply(park ? dx : plane_dz(scratch, pl, x, false), x, k, HW, dx, g.dx_accumulate);
   };
 
