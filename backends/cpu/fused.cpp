@@ -321,10 +321,6 @@ void CpuBackend::fused_backward(const FusedStack& s, const FusedTensors& t, Fuse
 #else
   const bool in_registers = false;
 #endif
-  // dz parks in dx between the sweeps, unless dx accumulates (sweep 2 rebuilds it) or both sweeps
-  // build dz in registers from dy and the mask and dx has its own memory (then writing dz and
-  // reading it back would move more bytes; in dy's place it moves none).
-  const bool rebuild = in_registers && g.dx.data != g.dy.data;
 #if defined(__AVX512F__)
   // BN -> ReLU -> 2x2 max-pool: dz in registers from x and dy in both sweeps (fused_pool_dz.h).
   const bool pool_in_registers = fused_pool_dz::applies(s);
@@ -338,7 +334,9 @@ void CpuBackend::fused_backward(const FusedStack& s, const FusedTensors& t, Fuse
 #else
   const bool pool_in_registers = false;
 #endif
-  const bool park = g.dx.defined() && !g.dx_accumulate && !rebuild && !pool_in_registers;
+  // dz parks in dx between the sweeps (in dy's place, as the planner shares them, it costs no
+  // bytes), unless dx accumulates or the pool's dz is rebuilt: then sweep 2 builds it again.
+  const bool park = g.dx.defined() && !g.dx_accumulate && !pool_in_registers;
 
   // x's plane (n, c) as f32: in place, or widened into the scratch's last plane.
   auto x_plane = [&](float* scratch, int64_t pl) {
