@@ -216,7 +216,7 @@ TEST_CASE("fusion: synthetic stacks with odd sizes, overlapping pools and batch 
   // Planes of 16 elements or fewer run channel blocks (fused_blocks.cpp): 4x4 and 2x2 with pools that
   // tile the plane (pooled as one tall plane), 3x5 with an overlapping pool (plane by plane), more
   // channels than one block, and blocks that end early. 2x2 pools of 8x8, 16x16 and 32x32 planes
-  // build the BN -> ReLU -> pool stack's dz in registers (fused_pool_dz.h); 16x12 does not (Q = 6).
+  // build the BN -> ReLU -> pool stack's dz in registers (fused_bn_relu_pool.h); 16x12 does not (Q = 6).
   for (const Case c : {Case{1, 7, 5, 3, 1, 1, 5}, Case{3, 9, 11, 3, 2, 1, 5}, Case{2, 8, 8, 2, 2, 0, 5},
                        Case{1, 13, 6, 3, 1, 0, 5}, Case{2, 4, 4, 2, 2, 0, 20}, Case{3, 3, 5, 3, 1, 1, 7},
                        Case{1, 2, 2, 2, 2, 0, 40}, Case{1, 32, 32, 2, 2, 0, 3}, Case{2, 16, 16, 2, 2, 0, 3},

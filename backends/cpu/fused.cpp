@@ -23,7 +23,7 @@
 #include "backends/cpu/batchnorm_rows.h"
 #include "backends/cpu/cpu_backend.h"
 #include "backends/cpu/fused_common.h"
-#include "backends/cpu/fused_pool_dz.h"
+#include "backends/cpu/fused_bn_relu_pool.h"
 #include "backends/cpu/pool_planes.h"
 #include "memory/bitmap.h"
 
@@ -215,12 +215,25 @@ void CpuBackend::fused_forward(const FusedStack& s, FusedTensors& t, bool traini
   if (sums_given) ET_CHECK(t.x_sums.dim(1) >= N && t.x_sums.dim(2) == C, "fused stack: x sums ", t.x_sums.shape.str());
   if (y_sum1) ET_CHECK(t.y_sums.dim(1) >= N && t.y_sums.dim(2) == C, "fused stack: y sums ", t.y_sums.shape.str());
   int64_t kept = 0;
+#if defined(__AVX512F__)
+  // BN -> ReLU -> 2x2 max-pool: x to y in registers (fused_bn_relu_pool.h).
+  const bool pool_in_registers = fused_bn_relu_pool::applies(s);
+  const fused_bn_relu_pool::Layout pool_layout(pool_in_registers ? last.Q : 4);
+#endif
   // Plane (n, c) through every stage into y, with its bitmap words (and its sums, in L1).
   auto forward_one = [&](float* const* scratch_out, int64_t pl, float sc, float sh) {
-    float* out[kMaxStages];
-    for (int64_t k = 0; k < S; ++k) out[k] = scratch_out[k];
-    out[S - 1] = yp + pl * PQ;  // the last stage writes y
-    forward_plane(s, s.stages.size(), xp + pl * HW, add >= 0 ? t.side.f32() + pl * side_plane : nullptr, sc, sh, out);
+#if defined(__AVX512F__)
+    if (pool_in_registers) {
+      fused_bn_relu_pool::plane_forward(pool_layout, xp + pl * HW, HW, sc, sh, yp + pl * PQ);
+    } else
+#endif
+    {
+      float* out[kMaxStages];
+      for (int64_t k = 0; k < S; ++k) out[k] = scratch_out[k];
+      out[S - 1] = yp + pl * PQ;  // the last stage writes y
+      forward_plane(s, s.stages.size(), xp + pl * HW, add >= 0 ? t.side.f32() + pl * side_plane : nullptr, sc, sh,
+                    out);
+    }
     if (y_sum1) bn_rows::plane_sums(yp + pl * PQ, PQ, y_sum1 + pl, y_sum2 + pl);
     return want_mask && plane_words ? mask_words(yp, pl * PQ / 64, (pl + 1) * PQ / 64, tb, mask->bits) : int64_t(0);
   };
@@ -322,14 +335,14 @@ void CpuBackend::fused_backward(const FusedStack& s, const FusedTensors& t, Fuse
   const bool in_registers = false;
 #endif
 #if defined(__AVX512F__)
-  // BN -> ReLU -> 2x2 max-pool: dz in registers from x and dy in both sweeps (fused_pool_dz.h).
-  const bool pool_in_registers = fused_pool_dz::applies(s);
-  const fused_pool_dz::Layout pool_layout(pool_in_registers ? last.Q : 4);
+  // BN -> ReLU -> 2x2 max-pool: dz in registers from x and dy in both sweeps (fused_bn_relu_pool.h).
+  const bool pool_in_registers = fused_bn_relu_pool::applies(s);
+  const fused_bn_relu_pool::Layout pool_layout(pool_in_registers ? last.Q : 4);
   auto pool_dz = [&](int64_t pl, const float* x) {
     float scale, shift;
     const int64_t c = pl % C;
     bn_rows::train_coefficients(t.gamma.f32()[c], t.beta.f32()[c], t.mean.f32()[c], t.invstd.f32()[c], &scale, &shift);
-    return fused_pool_dz::PlaneDz(pool_layout, x, g.dy.f32() + pl * PQ, scale, shift);
+    return fused_bn_relu_pool::PlaneDz(pool_layout, x, g.dy.f32() + pl * PQ, scale, shift);
   };
 #else
   const bool pool_in_registers = false;

@@ -1,19 +1,21 @@
-// The backward of a fused BN -> ReLU -> 2x2 max-pool stack (every pooled stack of VGG-16-BN) with
-// dz, the gradient of the BN output, built in registers from x and dy, as the element-wise stacks
-// build theirs (fused.cpp, elementwise_dz). Without it, each backward sweep rebuilds a plane stage
-// by stage in scratch (BN apply, ReLU, zeroed gradient, pool scatter, ReLU mask), and sweep 1 parks
-// dz in dx: a full-size write and read-back that an in-place dx does not save here, since dy is a
-// quarter of dx. Here both sweeps rebuild dz from x (read anyway) and dy, and nothing is parked.
+// A fused BN -> ReLU -> 2x2 max-pool stack (every pooled stack of VGG-16-BN) in registers, forward
+// and backward. Stage by stage, a plane goes through scratch three times (BN apply, ReLU, pool), and
+// backward rebuilds it so again, with a zeroed gradient, the pool's scatter and the ReLU mask, and
+// sweep 1 parks dz in dx: a full-size write and read-back that an in-place dx does not save here,
+// since dy is a quarter of dx. Here the forward goes from x to y in registers, and both backward
+// sweeps rebuild dz (the gradient of the BN output) from x (read anyway) and dy, as the
+// element-wise stacks build theirs (fused.cpp, elementwise_dz); nothing is parked.
 //
 // Where the windows tile the plane (stride 2, H = 2P, W = 2Q) and Q is 4, 8 or 16, the 64 floats
 // from any multiple of 64 in a plane are exactly the windows of 16 consecutive outputs:
 //   Q = 16: one output row (two input rows of 32); Q = 8: two (four rows of 16); Q = 4: four
 //   (eight rows of 8).
-// So a block of four vectors gives the four taps of 16 windows by two-source permutes, the
+// So a block of four vectors gives the four taps of 16 windows by two-source permutes, and the
 // running first maximum picks the winners as pool_pairs.h does (the reference's order and
-// compare), and each element takes its window's dy where it won and its ReLU passed. Every value
-// equals the unfused layers': the ReLU is max(z, +0) (z > 0 ? z : +0, NaN -> +0), the pool's
-// gradient is +0 + dy at the winner, and masked lanes are +0.
+// compare). Every value equals the unfused layers': BN's apply is the one FMA of bn_rows::apply,
+// the ReLU is max(z, +0) (z > 0 ? z : +0, NaN -> +0); backward, each element takes its window's
+// dy where it won and its ReLU passed (the pool's gradient is +0 + dy at the winner), masked
+// lanes are +0.
 #pragma once
 #include <cstdint>
 
@@ -24,7 +26,7 @@
 #include "engine/fused_stack.h"
 
 namespace et {
-namespace fused_pool_dz {
+namespace fused_bn_relu_pool {
 
 // Whether stack s is BN -> ReLU -> 2x2 stride-2 max-pool on planes this layout covers.
 inline bool applies(const FusedStack& s) {
@@ -64,6 +66,31 @@ struct Layout {
   }
 };
 
+// The 64 floats of x from x0 through BN's apply and the ReLU (r, in element order) and as the four
+// taps of their 16 windows (t).
+inline void relu_taps(const Layout& L, const float* x0, __m512 scale, __m512 shift, __m512 r[4], __m512 t[4]) {
+  const __m512 zero = _mm512_setzero_ps();
+  const __mmask16 all = 0xFFFF;  // maskz forms: the plain ones make GCC 12 warn (pool_pairs.h)
+  for (int j = 0; j < 4; ++j) r[j] = _mm512_maskz_max_ps(all, _mm512_fmadd_ps(_mm512_loadu_ps(x0 + 16 * j), scale, shift), zero);
+  for (int k = 0; k < 4; ++k) {  // elements 0..31 from r[0], r[1]; 32..63 from r[2], r[3]
+    const __m512i e = L.tap_index[k];
+    const __mmask16 high = _mm512_cmpge_epi32_mask(e, _mm512_set1_epi32(32));
+    t[k] = _mm512_mask_blend_ps(high, _mm512_permutex2var_ps(r[0], e, r[1]), _mm512_permutex2var_ps(r[2], e, r[3]));
+  }
+}
+
+// Forward over one plane of HW floats (a multiple of 64): y = pool(relu(x * scale + shift)), HW / 4
+// floats.
+inline void plane_forward(const Layout& L, const float* x, int64_t HW, float scale, float shift, float* y) {
+  const __m512 vs = _mm512_set1_ps(scale), vt = _mm512_set1_ps(shift);
+  for (int64_t i = 0; i < HW; i += 64) {
+    __m512 r[4], t[4];
+    __m512i which;
+    relu_taps(L, x + i, vs, vt, r, t);
+    _mm512_storeu_ps(y + i / 4, pool_pairs::window_max(t, &which));
+  }
+}
+
 // d(i, m) for bn_rows::grad_sums / grad_apply_d over one plane: called with i = 0, 16, 32, ... in
 // turn (whole vectors only: H * W is a multiple of 64), it builds each block's four vectors of dz
 // at the block's first and hands them out in order.
@@ -81,15 +108,9 @@ class PlaneDz {
  private:
   void block(int64_t i) {
     const __m512 zero = _mm512_setzero_ps();
-    const __mmask16 all = 0xFFFF;  // maskz forms: the plain ones make GCC 12 warn (pool_pairs.h)
+    const __mmask16 all = 0xFFFF;
     __m512 r[4], t[4];
-    for (int j = 0; j < 4; ++j)  // the forward's BN apply (one FMA) and ReLU
-      r[j] = _mm512_maskz_max_ps(all, _mm512_fmadd_ps(_mm512_loadu_ps(x_ + i + 16 * j), scale_, shift_), zero);
-    for (int k = 0; k < 4; ++k) {  // elements 0..31 from r[0], r[1]; 32..63 from r[2], r[3]
-      const __m512i e = L_->tap_index[k];
-      const __mmask16 high = _mm512_cmpge_epi32_mask(e, _mm512_set1_epi32(32));
-      t[k] = _mm512_mask_blend_ps(high, _mm512_permutex2var_ps(r[0], e, r[1]), _mm512_permutex2var_ps(r[2], e, r[3]));
-    }
+    relu_taps(*L_, x_ + i, scale_, shift_, r, t);
     __m512i which;
     pool_pairs::window_max(t, &which);
     const __m512 g = _mm512_loadu_ps(dy_ + i / 4);
@@ -107,6 +128,6 @@ class PlaneDz {
   __m512 dz_[4];
 };
 
-}  // namespace fused_pool_dz
+}  // namespace fused_bn_relu_pool
 }  // namespace et
 #endif
