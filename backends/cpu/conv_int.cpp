@@ -389,7 +389,10 @@ void stage_wgrad(const Conv2dGeom& g, const WgradPass& w, int64_t nb, const int8
             const __m512i rows16 = _mm512_mullo_epi32(_mm512_set1_epi32(int32_t(HW)),
                                                       _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15));
             for (int64_t cb = 0; cb < g.C / kLanePad; ++cb) {
-              __m512i v = _mm512_i32gather_epi32(rows16, src + cb * kLanePad * HW + col0, 1);
+              // mask_ form with a defined (zero) source and all lanes on: the same gather, without
+              // GCC 12's -Wmaybe-uninitialized on the unmasked form's undefined source operand.
+              __m512i v = _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), __mmask16(0xFFFF), rows16,
+                                                      src + cb * kLanePad * HW + col0, 1);
               if (offset) v = _mm512_and_si512(_mm512_xor_si512(v, _mm512_set1_epi32(0x08080808)), _mm512_set1_epi32(0x0F0F0F0F));
               _mm512_storeu_si512(dst + cb * w.x_blk(nb), v);
             }

@@ -51,6 +51,34 @@ void stats_scalar(const float* x, int64_t n, PartStats* s) {
 }
 
 #if ET_QUANT_AVX512
+// GCC 12's unmasked AVX-512 intrinsics (_mm512_max_ps, _mm512_srli_epi32, _mm512_cvtps_pd, ...)
+// pass an _mm512_undefined_*() merge operand to their masked builtins and trip
+// -Wmaybe-uninitialized. The code below uses the maskz_ forms with an all-ones mask instead:
+// the same instructions, so the same bits.
+constexpr __mmask16 kAll16 = 0xFFFF;
+constexpr __mmask8 kAll8 = 0xFF;
+
+// Half H (0: low, 1: high) of a: _mm512_extractf64x4_pd, which _mm512_castps512_ps256 is in GCC 12, too.
+template <int H>
+__m256 half_ps(__m512 a) {
+  return _mm256_castpd_ps(_mm512_maskz_extractf64x4_pd(0xF, _mm512_castps_pd(a), H));
+}
+
+// _mm512_reduce_max_ps with the same operations in the same order as GCC 12's
+// (__MM512_REDUCE_OP in avx512fintrin.h: 512 -> 256 -> 128 -> 64 -> 32 bits, high half first).
+float reduce_max_ps(__m512 a) {
+  const __m256 t1 = half_ps<1>(a);
+  const __m256 t2 = half_ps<0>(a);
+  const __m256 t3 = _mm256_max_ps(t1, t2);
+  const __m128 t4 = _mm256_extractf128_ps(t3, 1);
+  const __m128 t5 = _mm256_extractf128_ps(t3, 0);
+  const __m128 t6 = _mm_max_ps(t4, t5);
+  const __m128 t7 = _mm_shuffle_ps(t6, t6, _MM_SHUFFLE(1, 0, 3, 2));  // lanes {2, 3, 0, 1}
+  const __m128 t8 = _mm_max_ps(t6, t7);
+  const __m128 t9 = _mm_shuffle_ps(t8, t8, _MM_SHUFFLE(0, 1, 0, 1));  // lanes {1, 0, 1, 0}
+  return _mm_cvtss_f32(_mm_max_ps(t8, t9));
+}
+
 template <bool Moments>
 void stats_avx512(const float* x, int64_t n, PartStats* s) {
   __m512d sq_lo = _mm512_setzero_pd(), sq_hi = sq_lo, ab_lo = sq_lo, ab_hi = sq_lo;
@@ -63,11 +91,11 @@ void stats_avx512(const float* x, int64_t n, PartStats* s) {
     const __m512 a = _mm512_abs_ps(v);
     const __mmask16 fin = _mm512_cmp_ps_mask(a, inf, _CMP_LT_OQ);  // false for inf and NaN
     bad |= __mmask16(m & ~fin);
-    mx = _mm512_max_ps(mx, _mm512_maskz_mov_ps(fin, a));
+    mx = _mm512_maskz_max_ps(kAll16, mx, _mm512_maskz_mov_ps(fin, a));
     if (!Moments) continue;
     v = _mm512_maskz_mov_ps(fin, v);
-    const __m512d lo = _mm512_cvtps_pd(_mm512_castps512_ps256(v));
-    const __m512d hi = _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1)));
+    const __m512d lo = _mm512_maskz_cvtps_pd(kAll8, half_ps<0>(v));
+    const __m512d hi = _mm512_maskz_cvtps_pd(kAll8, half_ps<1>(v));
     sq_lo = _mm512_fmadd_pd(lo, lo, sq_lo);
     sq_hi = _mm512_fmadd_pd(hi, hi, sq_hi);
     ab_lo = _mm512_add_pd(ab_lo, _mm512_abs_pd(lo));
@@ -80,7 +108,7 @@ void stats_avx512(const float* x, int64_t n, PartStats* s) {
   _mm512_storeu_pd(t, ab_lo);
   _mm512_storeu_pd(t + 8, ab_hi);
   for (int j = 0; j < kLanes; ++j) s->ab[j] += t[j];
-  s->max_abs = std::fmax(s->max_abs, _mm512_reduce_max_ps(mx));
+  s->max_abs = std::fmax(s->max_abs, reduce_max_ps(mx));
   s->finite = s->finite && bad == 0;
 }
 #endif
@@ -124,11 +152,11 @@ void fp4_scalar(const float* g, int64_t begin, int64_t end, float inv_alpha, int
 
 #if ET_QUANT_AVX512
 __m512i fmix32_v(__m512i h) {
-  h = _mm512_xor_si512(h, _mm512_srli_epi32(h, 16));
+  h = _mm512_xor_si512(h, _mm512_maskz_srli_epi32(kAll16, h, 16));
   h = _mm512_mullo_epi32(h, _mm512_set1_epi32(int(0x85EBCA6Bu)));
-  h = _mm512_xor_si512(h, _mm512_srli_epi32(h, 13));
+  h = _mm512_xor_si512(h, _mm512_maskz_srli_epi32(kAll16, h, 13));
   h = _mm512_mullo_epi32(h, _mm512_set1_epi32(int(0xC2B2AE35u)));
-  return _mm512_xor_si512(h, _mm512_srli_epi32(h, 16));
+  return _mm512_xor_si512(h, _mm512_maskz_srli_epi32(kAll16, h, 16));
 }
 
 void fp4_avx512(const float* g, int64_t begin, int64_t end, float inv_alpha, int levels, Fp4Rounding mode,
@@ -146,19 +174,20 @@ void fp4_avx512(const float* g, int64_t begin, int64_t end, float inv_alpha, int
     const __m512i idx = _mm512_add_epi32(_mm512_set1_epi32(int(uint32_t(i))), lane);
     const __m512i rnd = fmix32_v(_mm512_add_epi32(fmix32_v(_mm512_xor_si512(idx, k0)), k1));
     const __m512i bits = _mm512_castps_si512(a);
-    const __m512i e = _mm512_sub_epi32(_mm512_srli_epi32(bits, 23), _mm512_set1_epi32(127));
+    const __m512i e = _mm512_sub_epi32(_mm512_maskz_srli_epi32(kAll16, bits, 23), _mm512_set1_epi32(127));
     const __m512i mant = _mm512_and_si512(bits, mant_mask);
     // Between powers of two (a >= 1).
-    const __mmask16 up_n = stochastic ? _mm512_cmplt_epu32_mask(_mm512_srli_epi32(rnd, 9), mant)
+    const __mmask16 up_n = stochastic ? _mm512_cmplt_epu32_mask(_mm512_maskz_srli_epi32(kAll16, rnd, 9), mant)
                                       : _mm512_cmpge_epu32_mask(mant, half_mant);
     __m512i f = _mm512_add_epi32(_mm512_add_epi32(e, ones_i), _mm512_maskz_mov_epi32(up_n, ones_i));
     f = _mm512_mask_mov_epi32(f, _mm512_cmpge_epi32_mask(e, top), _mm512_set1_epi32(levels));
     // Below alpha (a < 1): 0 or 1.
     const __mmask16 under = _mm512_cmp_ps_mask(a, one, _CMP_LT_OQ);
     const __mmask16 up_u =
-        stochastic ? _mm512_cmp_ps_mask(_mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_srli_epi32(rnd, 8)),
-                                                      _mm512_set1_ps(0x1p-24f)),
-                                        a, _CMP_LT_OQ)
+        stochastic ? _mm512_cmp_ps_mask(
+                         _mm512_mul_ps(_mm512_maskz_cvtepi32_ps(kAll16, _mm512_maskz_srli_epi32(kAll16, rnd, 8)),
+                                       _mm512_set1_ps(0x1p-24f)),
+                         a, _CMP_LT_OQ)
                    : _mm512_cmp_ps_mask(a, half, _CMP_GE_OQ);
     f = _mm512_mask_mov_epi32(f, under, _mm512_maskz_mov_epi32(up_u, ones_i));
     // Value +-2^(f-1), 0 for f = 0.
@@ -166,7 +195,7 @@ void fp4_avx512(const float* g, int64_t begin, int64_t end, float inv_alpha, int
                                           _mm512_sub_epi32(f, ones_i));
     const __mmask16 neg = _mm512_movepi32_mask(_mm512_castps_si512(v));  // sign bit
     mag = _mm512_mask_sub_epi32(mag, neg, _mm512_setzero_si512(), mag);
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(q + i), _mm512_cvtepi32_epi8(mag));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(q + i), _mm512_maskz_cvtepi32_epi8(kAll16, mag));
   }
   fp4_scalar(g, i, end, inv_alpha, levels, mode, key, q);
 }
@@ -201,10 +230,11 @@ void quantize_int4(const float* x, int64_t n, float inv_scale, int lo, int hi, i
     const __m512 inv = _mm512_set1_ps(inv_scale), vlo = _mm512_set1_ps(flo), vhi = _mm512_set1_ps(fhi);
 #pragma omp parallel for schedule(static)
     for (int64_t i = 0; i < n / 16; ++i) {
-      __m512 r = _mm512_roundscale_ps(_mm512_mul_ps(_mm512_loadu_ps(x + i * 16), inv),
-                                      _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-      r = _mm512_min_ps(_mm512_max_ps(r, vlo), vhi);
-      _mm_storeu_si128(reinterpret_cast<__m128i*>(q + i * 16), _mm512_cvtepi32_epi8(_mm512_cvtps_epi32(r)));
+      __m512 r = _mm512_maskz_roundscale_ps(kAll16, _mm512_mul_ps(_mm512_loadu_ps(x + i * 16), inv),
+                                            _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+      r = _mm512_maskz_min_ps(kAll16, _mm512_maskz_max_ps(kAll16, r, vlo), vhi);
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(q + i * 16),
+                       _mm512_maskz_cvtepi32_epi8(kAll16, _mm512_maskz_cvtps_epi32(kAll16, r)));
     }
     for (int64_t i = n / 16 * 16; i < n; ++i) q[i] = int4_scalar(x[i], inv_scale, flo, fhi);
     return;
