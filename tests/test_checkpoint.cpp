@@ -71,7 +71,7 @@ TEST_CASE("checkpoint round trip restores every tensor and the progress", "[chec
   Model a("resnet8", 1), b("resnet8", 2);
   REQUIRE(a.all() != b.all());
   const std::string path = tmp("rt.ckpt");
-  TrainProgress pr{"resnet8", 4, 1234, 99, 0.5, 0.125 * 0.1f, 2};  // after two divergence rollbacks
+  TrainProgress pr{"resnet8", 4, 1234, 99, 0.5, 0.125 * 0.1f, 2, {}};  // after two divergence rollbacks
   pr.fp32_layers = {"layer2.0.conv1", "layer1.0.conv2"};               // ... which raised these to FP32
   save_checkpoint(path, *a.ex, pr);
   CHECK_FALSE(fs::exists(path + ".tmp"));
@@ -90,7 +90,7 @@ TEST_CASE("checkpoint round trip restores every tensor and the progress", "[chec
     CHECK_THROWS_WITH(load_checkpoint(path, *b.ex, "resnet8"), Catch::Contains("fp32_layers") && Catch::Contains(bad));
   }
   // Without rollbacks the factor is exactly 1.
-  save_checkpoint(path, *a.ex, TrainProgress{"resnet8", 0, 10, 1, 0});
+  save_checkpoint(path, *a.ex, TrainProgress{"resnet8", 0, 10, 1, 0, 1.0, 0, {}});
   CHECK(load_checkpoint(path, *b.ex, "resnet8").lr_factor == 1.0);
   fs::remove(path);
 }
@@ -98,7 +98,7 @@ TEST_CASE("checkpoint round trip restores every tensor and the progress", "[chec
 TEST_CASE("bad checkpoints are rejected and change nothing", "[checkpoint]") {
   Model a("resnet8", 1), b("resnet8", 2);
   const std::string path = tmp("bad.ckpt");
-  save_checkpoint(path, *a.ex, TrainProgress{"resnet8", 0, 10, 1, 0});
+  save_checkpoint(path, *a.ex, TrainProgress{"resnet8", 0, 10, 1, 0, 1.0, 0, {}});
   const auto bytes = read_all(path);
   const auto before = b.all();
 
@@ -173,7 +173,7 @@ TEST_CASE("bad checkpoints are rejected and change nothing", "[checkpoint]") {
 
 TEST_CASE("saving into an unwritable place fails cleanly and keeps the old file", "[checkpoint]") {
   Model a("resnet8", 1);
-  CHECK_THROWS_WITH(save_checkpoint("/nonexistent-dir/x.ckpt", *a.ex, TrainProgress{"resnet8", 0, 0, 1, 0}),
+  CHECK_THROWS_WITH(save_checkpoint("/nonexistent-dir/x.ckpt", *a.ex, TrainProgress{"resnet8", 0, 0, 1, 0, 1.0, 0, {}}),
                     Catch::Contains("/nonexistent-dir/x.ckpt"));
 }
 

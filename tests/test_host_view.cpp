@@ -95,7 +95,7 @@ TEST_CASE("host access through a backend's copies: the same training, checkpoint
         count_correct(*cpu.be, cpu.ex->value(cpu.g.logits), cpu.ex->value(cpu.g.label_input), 8));
 
   const std::string base = (fs::temp_directory_path() / ("edgetrain_host_view_" + std::to_string(::getpid()))).string();
-  const TrainProgress pr{"resnet8", 1, 2, 3, 0.25};
+  const TrainProgress pr{"resnet8", 1, 2, 3, 0.25, 1.0, 0, {}};
   save_checkpoint(base + "_cpu.ckpt", *cpu.ex, pr);
   save_checkpoint(base + "_dev.ckpt", *dev.ex, pr);
   CHECK(file_bytes(base + "_cpu.ckpt") == file_bytes(base + "_dev.ckpt"));

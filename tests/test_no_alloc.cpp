@@ -32,16 +32,19 @@ int __wrap_posix_memalign(void** p, size_t a, size_t n) { note(); return __real_
 void* __wrap_aligned_alloc(size_t a, size_t n) { note(); return __real_aligned_alloc(a, n); }
 }
 
-void* operator new(size_t n) {
+// Not inlined: otherwise GCC sees the malloc inside operator new, or the free inside operator
+// delete, at the call sites and reports the pairs new / free (or malloc / delete) as mismatched
+// (-Wmismatched-new-delete). As calls, every new meets its own delete.
+[[gnu::noinline]] void* operator new(size_t n) {
   note();
   if (void* p = std::malloc(n ? n : 1)) return p;
   throw std::bad_alloc();
 }
-void* operator new[](size_t n) { return operator new(n); }
-void operator delete(void* p) noexcept { std::free(p); }
-void operator delete[](void* p) noexcept { std::free(p); }
-void operator delete(void* p, size_t) noexcept { std::free(p); }
-void operator delete[](void* p, size_t) noexcept { std::free(p); }
+[[gnu::noinline]] void* operator new[](size_t n) { return operator new(n); }
+[[gnu::noinline]] void operator delete(void* p) noexcept { std::free(p); }
+[[gnu::noinline]] void operator delete[](void* p) noexcept { std::free(p); }
+[[gnu::noinline]] void operator delete(void* p, size_t) noexcept { std::free(p); }
+[[gnu::noinline]] void operator delete[](void* p, size_t) noexcept { std::free(p); }
 
 using namespace et;
 

@@ -223,7 +223,7 @@ TEST_CASE("head swap: another number of classes keeps the new classifier, loads 
 TEST_CASE("an edgetrain checkpoint is a weights file too", "[weights]") {
   TempDir t;
   Model a("resnet8", 1, 10, 'A'), b("resnet8", 2, 10, 'A');
-  save_checkpoint(t.file("a.ckpt"), *a.ex, TrainProgress{"resnet8", 3, 40, 1});
+  save_checkpoint(t.file("a.ckpt"), *a.ex, TrainProgress{"resnet8", 3, 40, 1, 0, 1.0, 0, {}});
   load_weights(t.file("a.ckpt"), *b.ex);
   CHECK(a.same_as(b));
   // Its tensors by name (what `edgetrain export` writes), optimizer state left out.
