@@ -19,6 +19,7 @@
 
 #include "backends/cpu/batchnorm_rows.h"
 #include "backends/cpu/cpu_backend.h"
+#include "backends/cpu/fused_bn_relu_pool.h"
 #include "backends/cpu/fused_common.h"
 #include "backends/cpu/pool_planes.h"
 #include "memory/bitmap.h"
@@ -171,6 +172,11 @@ void CpuBackend::fused_blocks_forward(const FusedStack& s, FusedTensors& t, bool
   bool has_pool = false;
   for (const FusedStage& st : s.stages) has_pool |= st.kind == FusedKind::MaxPool || st.kind == FusedKind::AvgPool;
   int64_t kept = 0;
+#if defined(__AVX512F__)
+  // BN -> ReLU -> 2x2 max-pool: x to y in registers (fused_bn_relu_pool.h).
+  const bool pool_in_registers = fused_bn_relu_pool::applies_to_blocks(s, T);
+  const fused_bn_relu_pool::Layout pool_layout(pool_in_registers ? last.Q : 4);
+#endif
 #pragma omp parallel reduction(+ : kept)
   {
     BlockScratch sc(s, static_cast<float*>(ws.data) + omp_get_thread_num() * per_thread);
@@ -210,8 +216,14 @@ void CpuBackend::fused_blocks_forward(const FusedStack& s, FusedTensors& t, bool
       // falsely waiting on stores to the scratch (4K aliasing) made the pass 1.4x slower.
       if (!has_pool)
         for (int64_t k = 0; k < S; ++k) out[k] = out[S - 1];
-      forward_block(s, size_t(S), L, xp + b0 * HW, add >= 0 ? t.side.f32() + b0 * side_plane : nullptr,
-                    scale + c0 * HW, shift + c0 * HW, out);
+#if defined(__AVX512F__)
+      if (pool_in_registers)
+        fused_bn_relu_pool::block_forward(pool_layout, xp + b0 * HW, scale + c0 * HW, shift + c0 * HW, L * HW,
+                                          out[S - 1]);
+      else
+#endif
+        forward_block(s, size_t(S), L, xp + b0 * HW, add >= 0 ? t.side.f32() + b0 * side_plane : nullptr,
+                      scale + c0 * HW, shift + c0 * HW, out);
       if (want_mask && plane_words) kept += mask_words(yp, b0 * PQ / 64, (b0 + L) * PQ / 64, tb, mask->bits);
     }
   }
@@ -236,10 +248,23 @@ void CpuBackend::fused_blocks_backward(const FusedStack& s, const FusedTensors& 
   // A last pool's output is not needed again, only its input.
   const bool last_pool = last.kind == FusedKind::MaxPool || last.kind == FusedKind::AvgPool;
 
+#if defined(__AVX512F__)
+  // BN -> ReLU -> 2x2 max-pool: dz in registers from x and dy (fused_bn_relu_pool.h).
+  const bool pool_in_registers = fused_bn_relu_pool::applies_to_blocks(s, T);
+  const fused_bn_relu_pool::Layout pool_layout(pool_in_registers ? last.Q : 4);
+#endif
+
   // dz (the gradient of the BN output) of the block of L planes from plane b0 (channel c0) on. The
   // first sweep also writes the side input's gradient, which the Add stage hands on unchanged.
   auto block_dz = [&](BlockScratch& sc, int64_t b0, int64_t c0, int64_t L, const float* x,
                       bool first_sweep) -> const float* {
+#if defined(__AVX512F__)
+    if (pool_in_registers) {
+      fused_bn_relu_pool::block_backward_dz(pool_layout, x, scale + c0 * HW, shift + c0 * HW, g.dy.f32() + b0 * PQ,
+                                            L * HW, sc.ga);
+      return sc.ga;
+    }
+#endif
     if (recompute)
       forward_block(s, size_t(S) - (last_pool ? 1 : 0), L, x, add >= 0 ? t.side.f32() + b0 * side_plane : nullptr,
                     scale + c0 * HW, shift + c0 * HW, sc.out);
@@ -268,6 +293,12 @@ void CpuBackend::fused_blocks_backward(const FusedStack& s, const FusedTensors& 
 #if defined(__AVX512F__)
       // Element-wise stages: dz in one pass, straight into its parking place.
       float* fast = park ? g.dx.f32() + b0 * HW : sc.ga;
+      if (pool_in_registers) {
+        fused_bn_relu_pool::block_backward_dz(pool_layout, x, scale + c0 * HW, shift + c0 * HW, g.dy.f32() + b0 * PQ,
+                                              L * HW, fast);
+        bn_rows::block_grad_sums(fast, x, mu + c0 * HW, L, HW, tab.sum1 + b0, tab.sum2 + b0);
+        continue;
+      }
       if (block_dz_registers(s, t, g, recompute, b0, L * HW, x, scale + c0 * HW, shift + c0 * HW, fast)) {
         bn_rows::block_grad_sums(fast, x, mu + c0 * HW, L, HW, tab.sum1 + b0, tab.sum2 + b0);
         continue;

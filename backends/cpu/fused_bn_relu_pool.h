@@ -6,10 +6,11 @@
 // sweeps rebuild dz (the gradient of the BN output) from x (read anyway) and dy, as the
 // element-wise stacks build theirs (fused.cpp, elementwise_dz); nothing is parked.
 //
-// Where the windows tile the plane (stride 2, H = 2P, W = 2Q) and Q is 4, 8 or 16, the 64 floats
-// from any multiple of 64 in a plane are exactly the windows of 16 consecutive outputs:
+// Where the windows tile the plane (stride 2, H = 2P, W = 2Q) and Q is 1, 2, 4, 8 or 16, the 64
+// floats from any multiple of 64 in a plane are exactly the windows of 16 consecutive outputs:
 //   Q = 16: one output row (two input rows of 32); Q = 8: two (four rows of 16); Q = 4: four
-//   (eight rows of 8).
+//   (eight rows of 8); Q = 2 and 1 (4x4 and 2x2 planes): a block of 4 or 16 planes, pooled as one
+//   tall plane by the small-plane stacks (fused_blocks.cpp), which keep BN's coefficients per element.
 // So a block of four vectors gives the four taps of 16 windows by two-source permutes, and the
 // running first maximum picks the winners as pool_pairs.h does (the reference's order and
 // compare). Every value equals the unfused layers': BN's apply is the one FMA of bn_rows::apply,
@@ -28,14 +29,25 @@
 namespace et {
 namespace fused_bn_relu_pool {
 
-// Whether stack s is BN -> ReLU -> 2x2 stride-2 max-pool on planes this layout covers.
-inline bool applies(const FusedStack& s) {
+// Whether stack s is BN -> ReLU -> 2x2 stride-2 max-pool whose windows tile its planes (H = 2P,
+// W = 2Q) with Q of 1, 2, 4, 8 or 16: then 64 floats from any multiple of 64 of a plane, or of a
+// block of consecutive planes (as one tall plane: no window crosses two), are 16 whole windows.
+inline bool is_bn_relu_pool2(const FusedStack& s) {
   if (s.stages.size() != 3 || s.stages[1].kind != FusedKind::Relu || s.stages[2].kind != FusedKind::MaxPool)
     return false;
   const FusedStage& p = s.stages[2];
   const PoolWindow& w = p.pool;
   return w.R == 2 && w.S == 2 && w.stride_h == 2 && w.stride_w == 2 && w.pad_h == 0 && w.pad_w == 0 &&
-         p.H == 2 * p.P && p.W == 2 * p.Q && (p.Q == 4 || p.Q == 8 || p.Q == 16) && (p.P * p.Q) % 16 == 0;
+         p.H == 2 * p.P && p.W == 2 * p.Q && (p.Q == 1 || p.Q == 2 || p.Q == 4 || p.Q == 8 || p.Q == 16);
+}
+
+// Plane by plane (fused.cpp): every plane a whole number of 64-float blocks.
+inline bool applies(const FusedStack& s) { return is_bn_relu_pool2(s) && (s.last().P * s.last().Q) % 16 == 0; }
+
+// By channel blocks of `tile` planes (fused_blocks.cpp): every block, the last one too.
+inline bool applies_to_blocks(const FusedStack& s, int64_t tile) {
+  const int64_t HW = s.stages[0].H * s.stages[0].W;
+  return is_bn_relu_pool2(s) && (tile * HW) % 64 == 0 && ((s.C % tile) * HW) % 64 == 0;
 }
 
 // Index vectors for one Q (W = 2Q): element e of a 64-float block lies in row e / W, column e % W;
@@ -66,16 +78,32 @@ struct Layout {
   }
 };
 
-// The 64 floats of x from x0 through BN's apply and the ReLU (r, in element order) and as the four
-// taps of their 16 windows (t).
-inline void relu_taps(const Layout& L, const float* x0, __m512 scale, __m512 shift, __m512 r[4], __m512 t[4]) {
-  const __m512 zero = _mm512_setzero_ps();
-  const __mmask16 all = 0xFFFF;  // maskz forms: the plain ones make GCC 12 warn (pool_pairs.h)
-  for (int j = 0; j < 4; ++j) r[j] = _mm512_maskz_max_ps(all, _mm512_fmadd_ps(_mm512_loadu_ps(x0 + 16 * j), scale, shift), zero);
-  for (int k = 0; k < 4; ++k) {  // elements 0..31 from r[0], r[1]; 32..63 from r[2], r[3]
+inline __m512 relu(__m512 z) { return _mm512_maskz_max_ps(0xFFFF, z, _mm512_setzero_ps()); }  // z > 0 ? z : +0
+
+// The four taps of the 16 windows of a 64-float block r (in element order): elements 0..31 come
+// from r[0], r[1], 32..63 from r[2], r[3].
+inline void taps(const Layout& L, const __m512 r[4], __m512 t[4]) {
+  for (int k = 0; k < 4; ++k) {
     const __m512i e = L.tap_index[k];
     const __mmask16 high = _mm512_cmpge_epi32_mask(e, _mm512_set1_epi32(32));
     t[k] = _mm512_mask_blend_ps(high, _mm512_permutex2var_ps(r[0], e, r[1]), _mm512_permutex2var_ps(r[2], e, r[3]));
+  }
+}
+
+// dz of a block from its ReLU outputs r and g, the dy of its 16 windows: dy where the element won
+// its window and its ReLU passed, else +0.
+inline void block_dz(const Layout& L, const __m512 r[4], __m512 g, __m512 dz[4]) {
+  const __m512 zero = _mm512_setzero_ps();
+  const __mmask16 all = 0xFFFF;  // maskz forms: the plain ones make GCC 12 warn (pool_pairs.h)
+  __m512 t[4];
+  __m512i which;
+  taps(L, r, t);
+  pool_pairs::window_max(t, &which);
+  for (int j = 0; j < 4; ++j) {
+    const __m512i o = L.out_of[j];
+    const __mmask16 won = _mm512_cmpeq_epi32_mask(_mm512_maskz_permutexvar_epi32(all, o, which), L.tap_of[j]) &
+                          _mm512_cmp_ps_mask(r[j], zero, _CMP_GT_OQ);
+    dz[j] = _mm512_maskz_add_ps(won, zero, _mm512_maskz_permutexvar_ps(all, o, g));
   }
 }
 
@@ -86,8 +114,40 @@ inline void plane_forward(const Layout& L, const float* x, int64_t HW, float sca
   for (int64_t i = 0; i < HW; i += 64) {
     __m512 r[4], t[4];
     __m512i which;
-    relu_taps(L, x + i, vs, vt, r, t);
+    for (int j = 0; j < 4; ++j) r[j] = relu(_mm512_fmadd_ps(_mm512_loadu_ps(x + i + 16 * j), vs, vt));
+    taps(L, r, t);
     _mm512_storeu_ps(y + i / 4, pool_pairs::window_max(t, &which));
+  }
+}
+
+// The same over a block of len floats (a multiple of 64) with BN's coefficients per element
+// (block_apply's FMA).
+inline void block_forward(const Layout& L, const float* x, const float* scale, const float* shift, int64_t len,
+                          float* y) {
+  for (int64_t i = 0; i < len; i += 64) {
+    __m512 r[4], t[4];
+    __m512i which;
+    for (int j = 0; j < 4; ++j) {
+      const int64_t e = i + 16 * j;
+      r[j] = relu(_mm512_fmadd_ps(_mm512_loadu_ps(x + e), _mm512_loadu_ps(scale + e), _mm512_loadu_ps(shift + e)));
+    }
+    taps(L, r, t);
+    _mm512_storeu_ps(y + i / 4, pool_pairs::window_max(t, &which));
+  }
+}
+
+// dz over a block of len floats (a multiple of 64) from x and dy (len / 4 floats), BN recomputed
+// with its coefficients per element.
+inline void block_backward_dz(const Layout& L, const float* x, const float* scale, const float* shift,
+                              const float* dy, int64_t len, float* dz) {
+  for (int64_t i = 0; i < len; i += 64) {
+    __m512 r[4], d[4];
+    for (int j = 0; j < 4; ++j) {
+      const int64_t e = i + 16 * j;
+      r[j] = relu(_mm512_fmadd_ps(_mm512_loadu_ps(x + e), _mm512_loadu_ps(scale + e), _mm512_loadu_ps(shift + e)));
+    }
+    block_dz(L, r, _mm512_loadu_ps(dy + i / 4), d);
+    for (int j = 0; j < 4; ++j) _mm512_storeu_ps(dz + i + 16 * j, d[j]);
   }
 }
 
@@ -107,19 +167,9 @@ class PlaneDz {
 
  private:
   void block(int64_t i) {
-    const __m512 zero = _mm512_setzero_ps();
-    const __mmask16 all = 0xFFFF;
-    __m512 r[4], t[4];
-    relu_taps(*L_, x_ + i, scale_, shift_, r, t);
-    __m512i which;
-    pool_pairs::window_max(t, &which);
-    const __m512 g = _mm512_loadu_ps(dy_ + i / 4);
-    for (int j = 0; j < 4; ++j) {
-      const __m512i o = L_->out_of[j];
-      const __mmask16 won = _mm512_cmpeq_epi32_mask(_mm512_maskz_permutexvar_epi32(all, o, which), L_->tap_of[j]) &
-                            _mm512_cmp_ps_mask(r[j], zero, _CMP_GT_OQ);
-      dz_[j] = _mm512_maskz_add_ps(won, zero, _mm512_maskz_permutexvar_ps(all, o, g));
-    }
+    __m512 r[4];
+    for (int j = 0; j < 4; ++j) r[j] = relu(_mm512_fmadd_ps(_mm512_loadu_ps(x_ + i + 16 * j), scale_, shift_));
+    block_dz(*L_, r, _mm512_loadu_ps(dy_ + i / 4), dz_);
   }
 
   const Layout* L_;
