@@ -153,7 +153,8 @@ json Config::resolved() const {
   j["fusion"] = {{"enabled", f.automatic ? json("auto") : json(f.enabled)},
                  {"tile", f.tile > 0 ? json(f.tile) : json("auto")},
                  {"disable", f.disable},
-                 {"cache_kb", f.cache_kb}};
+                 {"cache_kb", f.cache_kb},
+                 {"llc_kb", f.llc_kb}};
   const FinetuneSpec& ftn = model.finetune;
   const bool keyword = ftn.trainable.size() == 1 && (ftn.trainable[0] == "all" || ftn.trainable[0] == "head" ||
                                                      ftn.trainable[0].rfind("last:", 0) == 0);

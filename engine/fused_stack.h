@@ -54,6 +54,11 @@ struct FusedStack {
   // reads it (OpContext::saved_mask) instead of recomputing the stack (after an Add it could not:
   // the side input is not kept).
   bool saves_output_mask = false;
+  // Streaming stores (no read of each line before it is written) for y, where x and y together
+  // fill the last-level cache, and for dx where it is a tensor of its own and x and dx fill it (the
+  // planner's rule, fusion.llc_kb): by the time their reader comes, their first lines have left
+  // the cache anyway. Results are the same either way.
+  bool stream_y = false, stream_dx = false;
   int add_stage() const {
     for (size_t i = 0; i < stages.size(); ++i)
       if (stages[i].kind == FusedKind::Add) return int(i);

@@ -34,12 +34,16 @@ struct StackPlan {
 struct Plan {
   size_t cache_bytes = 0;
   std::string cache_source;  // "sysfs L2", "fusion.cache_kb", ...
+  size_t llc_bytes = 0;      // the last-level cache (0: unknown, nothing streams)
+  std::string llc_source;
   std::vector<StackPlan> stacks;
   size_t bytes_unfused = 0, bytes_fused = 0;  // over the fused stacks
 };
 
 // This core's L2 size from sysfs (0 if unreadable).
 size_t l2_cache_bytes();
+// The last-level cache: cpu0's largest data or unified cache from sysfs (0 if unreadable).
+size_t llc_cache_bytes();
 // Finds and sizes the stacks of `g` (batch = its batch size). Throws UserError for bad settings
 // (an explicit tile that does not fit, an unknown name in fusion.disable, a zero cache).
 Plan plan(const Graph& g, const FusionSpec& spec);

@@ -10,6 +10,7 @@
 #include <cstdio>
 #include <fstream>
 #include <sstream>
+#include <utility>
 
 #include "engine/check.h"
 #include "fusion/fusion.h"
@@ -17,24 +18,41 @@
 namespace et {
 namespace fusion {
 
-size_t l2_cache_bytes() {
+namespace {
+// cpu0's data or unified caches from sysfs: (level, bytes) of each.
+std::vector<std::pair<int, size_t>> sysfs_caches() {
+  std::vector<std::pair<int, size_t>> caches;
   for (int i = 0; i < 8; ++i) {
     const std::string dir = "/sys/devices/system/cpu/cpu0/cache/index" + std::to_string(i) + "/";
     std::ifstream level(dir + "level"), type(dir + "type"), size(dir + "size");
     int lv = 0;
     std::string ty, sz;
     if (!(level >> lv) || !(type >> ty) || !(size >> sz)) continue;
-    if (lv != 2 || ty == "Instruction" || sz.empty()) continue;
+    if (ty == "Instruction" || sz.empty()) continue;
     size_t mult = 1;
     if (sz.back() == 'K') mult = 1024;
     if (sz.back() == 'M') mult = 1024 * 1024;
     try {
-      return size_t(std::stoull(sz)) * mult;
+      caches.emplace_back(lv, size_t(std::stoull(sz)) * mult);
     } catch (...) {
-      return 0;
     }
   }
+  return caches;
+}
+}  // namespace
+
+size_t l2_cache_bytes() {
+  for (const auto& [level, bytes] : sysfs_caches())
+    if (level == 2) return bytes;
   return 0;
+}
+
+size_t llc_cache_bytes() {
+  int top = 0;
+  size_t bytes = 0;
+  for (const auto& [level, b] : sysfs_caches())
+    if (level > top) top = level, bytes = b;
+  return bytes;
 }
 
 namespace {
@@ -176,6 +194,9 @@ Plan plan(const Graph& g, const FusionSpec& spec) {
       p.cache_source = "default (sysfs unreadable)";
     }
   }
+  if (spec.llc_kb < 0) user_error("config key 'fusion.llc_kb' = ", spec.llc_kb, ": must be > 0 (or 0 = from sysfs)");
+  p.llc_bytes = spec.llc_kb > 0 ? size_t(spec.llc_kb) * 1024 : llc_cache_bytes();
+  p.llc_source = spec.llc_kb > 0 ? "fusion.llc_kb" : p.llc_bytes ? "sysfs, cpu0's last level" : "sysfs unreadable";
   const int64_t N = g.batch_size();
   std::vector<uint8_t> claimed(size_t(g.num_nodes()), 0);
   std::vector<int> fused_stack_ending_at(size_t(g.num_nodes()), -1);  // index into p.stacks
@@ -224,6 +245,10 @@ Plan plan(const Graph& g, const FusionSpec& spec) {
                                             : g.node(x.producer).op->can_write_plane_sums();
       }
       if (sp.sums_from_producer) sp.bytes_fused -= f32(N * s.C * s.stages[0].H * s.stages[0].W);  // one read of x
+      const size_t x_bytes = f32(N * s.C * s.stages[0].H * s.stages[0].W), y_bytes = f32(N * s.C * s.last().P * s.last().Q);
+      s.stream_y = p.llc_bytes > 0 && x_bytes + y_bytes >= p.llc_bytes;
+      // dx: only after a pool (element-wise stacks write dx in dy's place, whose lines are cached).
+      s.stream_dx = p.llc_bytes > 0 && y_bytes < x_bytes && 2 * x_bytes >= p.llc_bytes;
       fused_stack_ending_at[size_t(sp.nodes.back())] = int(p.stacks.size());
       p.bytes_unfused += sp.bytes_unfused;
       p.bytes_fused += sp.bytes_fused;
@@ -264,9 +289,10 @@ std::string mb(size_t b) {
 
 std::string describe(const Graph& g, const Plan& p) {
   std::ostringstream o;
-  o << "cache: " << p.cache_bytes / 1024 << " KiB (" << p.cache_source << "), batch " << g.batch_size() << "\n";
+  o << "cache: " << p.cache_bytes / 1024 << " KiB (" << p.cache_source << "), last level " << p.llc_bytes / 1024
+    << " KiB (" << p.llc_source << "), batch " << g.batch_size() << "\n";
   o << "stack                 stages                  planes         tile  KiB/tile  MB unfused  MB fused  vanish  "
-       "statistics\n";
+       "statistics streamed\n";
   for (const StackPlan& sp : p.stacks) {
     std::string stages;
     for (const FusedStage& st : sp.stack.stages) stages += std::string(stages.empty() ? "" : ",") + kind_name(st.kind);
@@ -283,10 +309,11 @@ std::string describe(const Graph& g, const Plan& p) {
         std::snprintf(tile, sizeof tile, "%lldch%s", (long long)s.tile_channels, s.channel_slabs ? " slab" : "");
       else
         std::snprintf(tile, sizeof tile, "plane");
-      std::snprintf(line, sizeof line, "%10s %8zu%s %10s %9s %6zu  %s\n", tile, sp.tile_bytes / 1024,
+      std::snprintf(line, sizeof line, "%10s %8zu%s %10s %9s %6zu  %-10s %s\n", tile, sp.tile_bytes / 1024,
                     sp.tile_bytes <= p.cache_bytes ? " " : "*", mb(sp.bytes_unfused).c_str(),
                     mb(sp.bytes_fused).c_str(), sp.vanished.size(),
-                    !s.headed_by_bn() ? "-" : sp.sums_from_producer ? "producer" : "own sweep");
+                    !s.headed_by_bn() ? "-" : sp.sums_from_producer ? "producer" : "own sweep",
+                    s.stream_y ? (s.stream_dx ? "y, dx" : "y") : s.stream_dx ? "dx" : "-");
       o << line;
     } else {
       o << "not fused: " << sp.why_not << "\n";
@@ -297,7 +324,8 @@ std::string describe(const Graph& g, const Plan& p) {
   o << "(tile: plane = one plane, in memory order; Nch = a block of N channels of one image; Nch slab = N "
        "channels over the whole batch (fusion.tile), * = larger than the cache: the second backward sweep "
        "re-reads x from memory; statistics: producer = BN's per-plane sums written by x's producer, "
-       "own sweep = the stack reads x for them)\n";
+       "own sweep = the stack reads x for them; streamed: y where x and y fill the last-level cache, dx where "
+       "x and dx do (written around the cache; dx only where it is a tensor of its own, after a pool))\n";
   o << "fused stacks: " << fused << " of " << p.stacks.size() << " (one sequence each); bytes moved per step: "
     << mb(p.bytes_unfused) << " MB unfused, " << mb(p.bytes_fused) << " MB fused ("
     << (p.bytes_fused ? double(p.bytes_unfused) / double(p.bytes_fused) : 0.0) << "x less)\n";

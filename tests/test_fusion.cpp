@@ -60,8 +60,9 @@ std::vector<std::vector<float>> train(Graph& g, int64_t batch, const StashOption
   return out;
 }
 
-ModelSpec spec_of(const std::string& model, int64_t batch, int64_t side, bool fused) {
+ModelSpec spec_of(const std::string& model, int64_t batch, int64_t side, bool fused, int64_t llc_kb = 0) {
   ModelSpec s;
+  s.fusion.llc_kb = llc_kb;
   s.name = model;
   s.batch = batch;
   s.height = s.width = side;
@@ -86,10 +87,10 @@ size_t differing(const std::vector<std::vector<float>>& a, const std::vector<std
 }
 
 void check_model(const std::string& model, int64_t batch, int64_t side, const StashOptions& stash,
-                 const QuantOptions& quant = {}) {
+                 const QuantOptions& quant = {}, int64_t llc_kb = 0) {
   Graph plain, fused;
   build_model(plain, spec_of(model, batch, side, false));
-  build_model(fused, spec_of(model, batch, side, true));
+  build_model(fused, spec_of(model, batch, side, true, llc_kb));
   CHECK(fused_nodes(fused) > 0);
   CHECK(fused.num_nodes() < plain.num_nodes());
   const auto a = train(plain, batch, stash, quant), b = train(fused, batch, stash, quant);
@@ -115,6 +116,11 @@ TEST_CASE("fusion: the shipped models train bit-identically fused and unfused", 
   SECTION("resnet20 bitmap_fp32") { check_model("resnet20", 2, 16, stash(StashFormat::BitmapF32)); }
   SECTION("vgg11_bn dense") { check_model("vgg11_bn", 3, 32, stash(StashFormat::DenseF32)); }
   SECTION("vgg11_bn bitmap") { check_model("vgg11_bn", 2, 32, stash(StashFormat::Auto)); }
+  // A last-level cache of 1 KiB: every stack writes y (and dx after a pool) by streaming stores.
+  SECTION("vgg11_bn dense, streaming") { check_model("vgg11_bn", 3, 32, stash(StashFormat::DenseF32), {}, 1); }
+  SECTION("vgg11_bn bitmap_fp32, streaming") { check_model("vgg11_bn", 2, 32, stash(StashFormat::BitmapF32), {}, 1); }
+  SECTION("resnet8 dense_fp16, streaming") { check_model("resnet8", 4, 16, stash(StashFormat::DenseF16), {}, 1); }
+  SECTION("resnet8 dense, streaming") { check_model("resnet8", 4, 16, stash(StashFormat::DenseF32), {}, 1); }
   SECTION("vgg11 (no BN) dense") { check_model("vgg11", 3, 32, stash(StashFormat::DenseF32)); }
   SECTION("vgg11 (no BN) bitmap, batch 1") { check_model("vgg11", 1, 32, stash(StashFormat::Auto)); }
   SECTION("vgg11 (no BN) recompute") { check_model("vgg11", 2, 32, stash(StashFormat::BitmapF32, 2)); }
@@ -217,33 +223,42 @@ TEST_CASE("fusion: synthetic stacks with odd sizes, overlapping pools and batch 
   // tile the plane (pooled as one tall plane), 3x5 with an overlapping pool (plane by plane), more
   // channels than one block, and blocks that end early. 2x2 pools of 8x8, 16x16 and 32x32 planes
   // build the BN -> ReLU -> pool stack's dz in registers (fused_bn_relu_pool.h); 16x12 does not (Q = 6).
+  // A last-level cache of 1 KiB makes every stack stream y (and dx after a pool) past the cache where
+  // its planes are whole vectors; the sysfs one (MiBs) streams none of these small tensors.
   for (const Case c : {Case{1, 7, 5, 3, 1, 1, 5}, Case{3, 9, 11, 3, 2, 1, 5}, Case{2, 8, 8, 2, 2, 0, 5},
                        Case{1, 13, 6, 3, 1, 0, 5}, Case{2, 4, 4, 2, 2, 0, 20}, Case{3, 3, 5, 3, 1, 1, 7},
                        Case{1, 2, 2, 2, 2, 0, 40}, Case{1, 32, 32, 2, 2, 0, 3}, Case{2, 16, 16, 2, 2, 0, 3},
                        Case{2, 16, 12, 2, 2, 0, 3}}) {
     DYNAMIC_SECTION("batch " << c.batch << " " << c.h << "x" << c.w << " pool " << c.k << "/" << c.s << "/" << c.p
                              << " channels " << c.channels) {
-      for (int64_t tile : {0, 1, 3}) {
-        Graph plain, fused;
-        synthetic(plain, c.batch, c.h, c.w, c.k, c.s, c.p, c.channels);
-        synthetic(fused, c.batch, c.h, c.w, c.k, c.s, c.p, c.channels);
-        FusionSpec spec;
-        spec.enabled = true;
-        spec.tile = tile;
-        const fusion::Plan p = fusion::plan(fused, spec);
-        REQUIRE(p.stacks.size() == 3);
-        CHECK(p.stacks[0].stack.stages.size() == 3);  // bn, relu, maxpool
-        CHECK(p.stacks[1].stack.stages.size() == 3);  // bn, add, relu
-        CHECK(p.stacks[1].side >= 0);
-        CHECK(p.stacks[2].stack.stages.size() == 2);  // bn, avgpool
-        fusion::apply(fused, p);
-        CHECK(fused_nodes(fused) == 3);
-        for (StashFormat f : {StashFormat::DenseF32, StashFormat::Auto}) {
-          const auto a = train(plain, c.batch, stash(f)), b = train(fused, c.batch, stash(f));
-          REQUIRE(std::isfinite(a[0][0]));
-          CHECK(differing(a, b) == 0);
+      for (int64_t tile : {0, 1, 3})
+        for (int64_t llc_kb : {0, 1}) {
+          INFO("tile " << tile << ", fusion.llc_kb " << llc_kb);
+          Graph plain, fused;
+          synthetic(plain, c.batch, c.h, c.w, c.k, c.s, c.p, c.channels);
+          synthetic(fused, c.batch, c.h, c.w, c.k, c.s, c.p, c.channels);
+          FusionSpec spec;
+          spec.enabled = true;
+          spec.tile = tile;
+          spec.llc_kb = llc_kb;
+          const fusion::Plan p = fusion::plan(fused, spec);
+          REQUIRE(p.stacks.size() == 3);
+          const FusedStage& add = p.stacks[1].stack.stages[0];  // x and y of the BN, add, ReLU stack: 1 KiB or more?
+          CHECK(p.stacks[1].stack.stream_y == (llc_kb == 1 && 2 * 4 * c.batch * c.channels * add.H * add.W >= 1024));
+          const FusedStage& pool = p.stacks[0].stack.last();
+          CHECK(p.stacks[0].stack.stream_dx == (llc_kb == 1 && pool.P * pool.Q < pool.H * pool.W));  // dx of its own
+          CHECK(p.stacks[0].stack.stages.size() == 3);  // bn, relu, maxpool
+          CHECK(p.stacks[1].stack.stages.size() == 3);  // bn, add, relu
+          CHECK(p.stacks[1].side >= 0);
+          CHECK(p.stacks[2].stack.stages.size() == 2);  // bn, avgpool
+          fusion::apply(fused, p);
+          CHECK(fused_nodes(fused) == 3);
+          for (StashFormat f : {StashFormat::DenseF32, StashFormat::Auto}) {
+            const auto a = train(plain, c.batch, stash(f)), b = train(fused, c.batch, stash(f));
+            REQUIRE(std::isfinite(a[0][0]));
+            CHECK(differing(a, b) == 0);
+          }
         }
-      }
     }
   }
 }
@@ -566,6 +581,19 @@ TEST_CASE("fusion: the planner's stacks, cache limit and bad settings", "[fusion
     CHECK_THROWS_WITH(fusion::plan(g, spec), Catch::Contains("fusion.tile") && Catch::Contains("stack bn1"));
     spec.tile = 2;
     CHECK_NOTHROW(fusion::plan(g, spec));
+  }
+  SECTION("streaming stores where x and y (or x and dx) fill the last-level cache") {
+    spec.llc_kb = 4 * 1024;  // batch 8: the 16-channel 32x32 stacks' x and y are 0.5 MiB each
+    const fusion::Plan s = fusion::plan(g, spec);
+    CHECK(s.llc_bytes == size_t(4) << 20);
+    for (const fusion::StackPlan& sp : s.stacks) CHECK(!sp.stack.stream_y);
+    spec.llc_kb = 1024;
+    for (const fusion::StackPlan& sp : fusion::plan(g, spec).stacks) {
+      CHECK(sp.stack.stream_y == (sp.stack.stages[0].H == 32));  // 32x32 x 16 channels x 8 images x 4 B x 2 = 1 MiB
+      CHECK(!sp.stack.stream_dx);  // element-wise stacks write dx in dy's place
+    }
+    spec.llc_kb = -1;
+    CHECK_THROWS_WITH(fusion::plan(g, spec), Catch::Contains("fusion.llc_kb"));
   }
   SECTION("fusion.disable names stacks; an unknown one is an error") {
     spec.disable = {"layer1.0.bn2"};

@@ -89,9 +89,11 @@ inline auto row_of(const float* p) {
 }
 // out (+)= (a * d + b * x) + c0, one multiply, one FMA and one add per element in this order, so
 // the BN layer (grad_apply, d = dy) and the fused stacks (d built from dy and a mask in registers)
-// round every element alike.
+// round every element alike. `stream`: out (64-byte aligned, len a multiple of 16, not accumulated)
+// by streaming stores (FusedStack::stream_dx); the caller fences.
 template <class D>
-inline void grad_apply_d(D d, const float* x, float a, float b, float c0, int64_t len, float* out, bool accumulate) {
+inline void grad_apply_d(D d, const float* x, float a, float b, float c0, int64_t len, float* out, bool accumulate,
+                         bool stream = false) {
   const __m512 va = _mm512_set1_ps(a), vb = _mm512_set1_ps(b), vc = _mm512_set1_ps(c0);
   auto value = [&](int64_t i, __mmask16 m, __m512 xv) {
     return _mm512_add_ps(_mm512_fmadd_ps(va, d(i, m), _mm512_mul_ps(vb, xv)), vc);
@@ -101,6 +103,8 @@ inline void grad_apply_d(D d, const float* x, float a, float b, float c0, int64_
   if (accumulate) {
     for (; i + 16 <= len; i += 16)
       _mm512_storeu_ps(out + i, _mm512_add_ps(_mm512_loadu_ps(out + i), value(i, 0xFFFF, _mm512_loadu_ps(x + i))));
+  } else if (stream) {
+    for (; i + 16 <= len; i += 16) _mm512_stream_ps(out + i, value(i, 0xFFFF, _mm512_loadu_ps(x + i)));
   } else {
     for (; i + 16 <= len; i += 16) _mm512_storeu_ps(out + i, value(i, 0xFFFF, _mm512_loadu_ps(x + i)));
   }

@@ -112,13 +112,18 @@ void forward_plane(const FusedStack& s, size_t stages, const float* x, const flo
 // backward sweep builds dz element by element in registers instead of plane by plane in scratch.
 enum class ElementwiseOnly { No, Relu, AddRelu, Add };
 
+ElementwiseOnly elementwise_kind(const FusedStack& s) {
+  if (s.stages.size() == 2 && s.stages[1].kind == FusedKind::Relu) return ElementwiseOnly::Relu;
+  if (s.stages.size() == 2 && s.stages[1].kind == FusedKind::Add) return ElementwiseOnly::Add;
+  if (s.stages.size() == 3 && s.stages[1].kind == FusedKind::Add && s.stages[2].kind == FusedKind::Relu)
+    return ElementwiseOnly::AddRelu;
+  return ElementwiseOnly::No;
+}
+
+// The same for the backward, where it can go in registers.
 ElementwiseOnly elementwise_only(const FusedStack& s, const FusedGrads& g, bool recompute) {
   const int64_t PQ = s.last().P * s.last().Q;
-  ElementwiseOnly e = ElementwiseOnly::No;
-  if (s.stages.size() == 2 && s.stages[1].kind == FusedKind::Relu) e = ElementwiseOnly::Relu;
-  if (s.stages.size() == 2 && s.stages[1].kind == FusedKind::Add) e = ElementwiseOnly::Add;
-  if (s.stages.size() == 3 && s.stages[1].kind == FusedKind::Add && s.stages[2].kind == FusedKind::Relu)
-    e = ElementwiseOnly::AddRelu;
+  const ElementwiseOnly e = elementwise_kind(s);
   // A mask read as bits goes 16 bits at a time: planes must start on 16-element boundaries.
   const bool reads_mask = e == ElementwiseOnly::AddRelu || (e == ElementwiseOnly::Relu && !recompute);
   if (reads_mask && g.y_mask.bits && PQ % 16 != 0) return ElementwiseOnly::No;
@@ -126,6 +131,37 @@ ElementwiseOnly elementwise_only(const FusedStack& s, const FusedGrads& g, bool 
 }
 
 #if defined(__AVX512F__)
+// The forward of such a stack over one plane (n, c) in registers, with the stages' own arithmetic
+// (bn_rows::apply's FMA, + side, relu_forward's rule): y, and where `words`, y's bitmap words with
+// the stash's keep rule (mask_words; a plane of whole words). `stream`: y by streaming stores (y
+// 64-byte aligned, HW a multiple of 16). Returns the kept count.
+int64_t elementwise_forward_plane(ElementwiseOnly e, const float* x, const float* side, float scale, float shift,
+                                  int64_t HW, float* y, bool stream, uint32_t tb, uint64_t* words) {
+  const __m512 vs = _mm512_set1_ps(scale), vt = _mm512_set1_ps(shift), zero = _mm512_setzero_ps();
+  const __m512i threshold = _mm512_set1_epi32(int32_t(tb));
+  int64_t kept = 0;
+  uint64_t word = 0;
+  for (int64_t i = 0; i < HW; i += 16) {
+    const __mmask16 m = HW - i >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << (HW - i)) - 1);
+    __m512 v = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, x + i), vs, vt);
+    if (e != ElementwiseOnly::Relu) v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(m, side + i));
+    if (e != ElementwiseOnly::Add) v = _mm512_maskz_max_ps(0xFFFF, v, zero);  // v > 0 ? v : +0 (NaN -> +0)
+    if (stream)
+      _mm512_stream_ps(y + i, v);
+    else
+      _mm512_mask_storeu_ps(y + i, m, v);
+    if (words) {
+      word |= uint64_t(_mm512_cmpge_epu32_mask(_mm512_castps_si512(v), threshold)) << (i & 63);
+      if ((i & 63) == 48) {
+        words[i >> 6] = word;
+        kept += __builtin_popcountll(word);
+        word = 0;
+      }
+    }
+  }
+  return kept;
+}
+
 // d(i, m) for grad_sums and grad_apply_d: plane (n, c)'s dz, 16 elements at a time (relu_backward's
 // rule: masked-out lanes are +0). The first sweep writes the side gradient on the way, and dz
 // parked in dx where `park`.
@@ -215,16 +251,32 @@ void CpuBackend::fused_forward(const FusedStack& s, FusedTensors& t, bool traini
   if (sums_given) ET_CHECK(t.x_sums.dim(1) >= N && t.x_sums.dim(2) == C, "fused stack: x sums ", t.x_sums.shape.str());
   if (y_sum1) ET_CHECK(t.y_sums.dim(1) >= N && t.y_sums.dim(2) == C, "fused stack: y sums ", t.y_sums.shape.str());
   int64_t kept = 0;
+  uint64_t* const words = want_mask && plane_words ? mask->bits : nullptr;
 #if defined(__AVX512F__)
-  // BN -> ReLU -> 2x2 max-pool: x to y in registers (fused_bn_relu_pool.h).
+  // In registers, x to y: BN -> ReLU -> 2x2 max-pool (fused_bn_relu_pool.h), and the stacks whose
+  // stages after the BN are element-wise.
   const bool pool_in_registers = fused_bn_relu_pool::applies(s);
   const fused_bn_relu_pool::Layout pool_layout(pool_in_registers ? last.Q : 4);
+  const ElementwiseOnly ew = elementwise_kind(s);
+  // Streaming stores where the planner asks for them (FusedStack::stream_y) and nothing reads
+  // y back in the pass: not the rounds that pack y's values, not y's sums; with the pool, not the
+  // bitmap words either (the element-wise planes take theirs in registers).
+  const bool stream = s.stream_y && !pack_values && !y_sum1 && PQ % 16 == 0 &&
+                      reinterpret_cast<uintptr_t>(yp) % 64 == 0 && (ew != ElementwiseOnly::No || !words) &&
+                      (ew != ElementwiseOnly::No || pool_in_registers);
 #endif
   // Plane (n, c) through every stage into y, with its bitmap words (and its sums, in L1).
-  auto forward_one = [&](float* const* scratch_out, int64_t pl, float sc, float sh) {
+  auto forward_one = [&](float* const* scratch_out, int64_t pl, float sc, float sh) -> int64_t {
 #if defined(__AVX512F__)
+    if (ew != ElementwiseOnly::No) {
+      const int64_t k = elementwise_forward_plane(ew, xp + pl * HW, add >= 0 ? t.side.f32() + pl * side_plane : nullptr,
+                                                  sc, sh, HW, yp + pl * PQ, stream, tb,
+                                                  words ? words + pl * PQ / 64 : nullptr);
+      if (y_sum1) bn_rows::plane_sums(yp + pl * PQ, PQ, y_sum1 + pl, y_sum2 + pl);
+      return k;
+    }
     if (pool_in_registers) {
-      fused_bn_relu_pool::plane_forward(pool_layout, xp + pl * HW, HW, sc, sh, yp + pl * PQ);
+      fused_bn_relu_pool::plane_forward(pool_layout, xp + pl * HW, HW, sc, sh, yp + pl * PQ, stream);
     } else
 #endif
     {
@@ -235,7 +287,7 @@ void CpuBackend::fused_forward(const FusedStack& s, FusedTensors& t, bool traini
                     out);
     }
     if (y_sum1) bn_rows::plane_sums(yp + pl * PQ, PQ, y_sum1 + pl, y_sum2 + pl);
-    return want_mask && plane_words ? mask_words(yp, pl * PQ / 64, (pl + 1) * PQ / 64, tb, mask->bits) : int64_t(0);
+    return words ? mask_words(yp, pl * PQ / 64, (pl + 1) * PQ / 64, tb, words) : int64_t(0);
   };
   auto coefficients = [&](int64_t c, float* sc, float* sh) {
     if (training)
@@ -288,6 +340,9 @@ void CpuBackend::fused_forward(const FusedStack& s, FusedTensors& t, bool traini
         }
       }
     }
+#if defined(__AVX512F__)
+    if (stream) _mm_sfence();  // this thread's streaming stores, before y's readers
+#endif
   }
   if (want_mask) finish_output_mask(t.y, mask, plane_words, kept);
   if (pack_values) mask->values_written = true;
@@ -350,6 +405,12 @@ void CpuBackend::fused_backward(const FusedStack& s, const FusedTensors& t, Fuse
   // dz parks in dx between the sweeps (in dy's place, as the planner shares them, it costs no
   // bytes), unless dx accumulates or the pool's dz is rebuilt: then sweep 2 builds it again.
   const bool park = g.dx.defined() && !g.dx_accumulate && !pool_in_registers;
+#if defined(__AVX512F__)
+  // dx, a tensor of its own here (dy is a quarter of it), by streaming stores where the planner
+  // asks for them (FusedStack::stream_dx).
+  const bool stream_dx = pool_in_registers && s.stream_dx && g.dx.defined() && !g.dx_accumulate &&
+                         reinterpret_cast<uintptr_t>(g.dx.f32()) % 64 == 0;
+#endif
 
   // x's plane (n, c) as f32: in place, or widened into the scratch's last plane.
   auto x_plane = [&](float* scratch, int64_t pl) {
@@ -401,7 +462,8 @@ void CpuBackend::fused_backward(const FusedStack& s, const FusedTensors& t, Fuse
     if (in_registers && !park)
       return bn_rows::grad_apply_d(elementwise_dz(ew, g, t, pl % C, pl * HW, x, recompute, false, false), x, k.a, k.b,
                                    k.c0, HW, dx, g.dx_accumulate);
-    if (pool_in_registers) return bn_rows::grad_apply_d(pool_dz(pl, x), x, k.a, k.b, k.c0, HW, dx, g.dx_accumulate);
+    if (pool_in_registers)
+      return bn_rows::grad_apply_d(pool_dz(pl, x), x, k.a, k.b, k.c0, HW, dx, g.dx_accumulate, stream_dx);
 #endif
     bn_rows::grad_apply(park ? dx : plane_dz(scratch, pl, x, false), x, k, HW, dx, g.dx_accumulate);
   };
@@ -443,6 +505,9 @@ void CpuBackend::fused_backward(const FusedStack& s, const FusedTensors& t, Fuse
         for (int64_t n = 0; n < N; ++n) sweep2(scratch, n * C + c, k);  // the slab still in this core's L2
       }
     }
+#if defined(__AVX512F__)
+    if (stream_dx) _mm_sfence();  // this thread's streaming stores, before dx's readers
+#endif
   }
 }
 

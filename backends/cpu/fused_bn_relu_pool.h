@@ -108,15 +108,20 @@ inline void block_dz(const Layout& L, const __m512 r[4], __m512 g, __m512 dz[4])
 }
 
 // Forward over one plane of HW floats (a multiple of 64): y = pool(relu(x * scale + shift)), HW / 4
-// floats.
-inline void plane_forward(const Layout& L, const float* x, int64_t HW, float scale, float shift, float* y) {
+// floats; `stream`: by streaming stores (y 64-byte aligned).
+inline void plane_forward(const Layout& L, const float* x, int64_t HW, float scale, float shift, float* y,
+                          bool stream) {
   const __m512 vs = _mm512_set1_ps(scale), vt = _mm512_set1_ps(shift);
   for (int64_t i = 0; i < HW; i += 64) {
     __m512 r[4], t[4];
     __m512i which;
     for (int j = 0; j < 4; ++j) r[j] = relu(_mm512_fmadd_ps(_mm512_loadu_ps(x + i + 16 * j), vs, vt));
     taps(L, r, t);
-    _mm512_storeu_ps(y + i / 4, pool_pairs::window_max(t, &which));
+    const __m512 v = pool_pairs::window_max(t, &which);
+    if (stream)
+      _mm512_stream_ps(y + i / 4, v);
+    else
+      _mm512_storeu_ps(y + i / 4, v);
   }
 }
 
