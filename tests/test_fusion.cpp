@@ -8,7 +8,9 @@
 #include <limits>
 #include <random>
 
+#include "backends/cpu/fused_bn_relu_pool.h"
 #include "backends/cpu/fused_common.h"
+#include "backends/cpu/pool_planes.h"
 #include "engine/check.h"
 #include "fusion/fusion.h"
 #include "memory/bitmap.h"
@@ -547,6 +549,61 @@ TEST_CASE("fusion: ReLU + pool kernels equal the layers on tied windows with NaN
     }
   }
 }
+
+#if defined(__AVX512F__)
+TEST_CASE("fusion: BN -> ReLU -> 2x2 max-pool in registers equals the layers on tied windows", "[fusion]") {
+  // x from a small set, so windows hold ties (at zero and above), NaN, -0, +inf and negatives; dy
+  // holds -0. The register kernels (fused_bn_relu_pool.h), plane by plane and by blocks, against
+  // BN's FMA, relu_forward's rule, the pool's reference loops and relu_backward's rule.
+  const float nan = std::numeric_limits<float>::quiet_NaN(), inf = std::numeric_limits<float>::infinity();
+  const float values[] = {-1.f, -0.f, 0.f, 0.5f, 1.f, nan, 2.f, 1.f, inf, 0.5f};
+  struct Coefficients {
+    float scale, shift;
+  };
+  for (const int64_t Q : {1, 2, 4, 8, 16})
+    for (const Coefficients k : {Coefficients{1.f, 0.f}, Coefficients{1.5f, -0.5f}}) {
+      DYNAMIC_SECTION("Q " << Q << ", scale " << k.scale << ", shift " << k.shift) {
+        const int64_t W = 2 * Q, H = 256 / W, HW = H * W;  // four 64-float blocks
+        std::mt19937 rng{static_cast<unsigned>(Q)};
+        alignas(64) float x[256], y[64], y_ref[64], dy[64], dz[256], dz_ref[256], scale[256], shift[256];
+        for (float& v : x) v = values[rng() % 10];
+        for (float& v : dy) v = rng() % 5 == 0 ? -0.f : float(int(rng() % 9) - 4) * 0.25f;
+        for (int64_t i = 0; i < HW; ++i) scale[i] = k.scale, shift[i] = k.shift;
+        float r[256];
+        for (int64_t i = 0; i < HW; ++i) {
+          const float z = std::fma(x[i], k.scale, k.shift);
+          r[i] = z > 0.f ? z : 0.f;
+        }
+        FusedStage pool = fused_stage(FusedKind::MaxPool);
+        pool.H = H, pool.W = W, pool.P = H / 2, pool.Q = Q;
+        pool.pool = PoolWindow{2, 2, 2, 2, 0, 0};
+        const pool_planes::Plane g = pool_planes::of(pool);
+        pool_planes::max_forward_reference(g, r, y_ref);
+        float dr[256] = {};
+        pool_planes::max_backward_reference(g, r, dy, dr);
+        for (int64_t i = 0; i < HW; ++i) dz_ref[i] = r[i] > 0.f ? dr[i] : 0.f;
+
+        const fused_bn_relu_pool::Layout layout(Q);
+        for (bool stream : {false, true}) {
+          std::fill(y, y + 64, 7.f);
+          fused_bn_relu_pool::plane_forward(layout, x, HW, k.scale, k.shift, y, stream);
+          _mm_sfence();
+          CHECK(std::memcmp(y, y_ref, sizeof y) == 0);
+        }
+        std::fill(y, y + 64, 7.f);
+        fused_bn_relu_pool::block_forward(layout, x, scale, shift, HW, y);
+        CHECK(std::memcmp(y, y_ref, sizeof y) == 0);
+
+        fused_bn_relu_pool::PlaneDz d(layout, x, dy, k.scale, k.shift);
+        for (int64_t i = 0; i < HW; i += 16) _mm512_storeu_ps(dz + i, d(i, 0xFFFF));
+        CHECK(std::memcmp(dz, dz_ref, sizeof dz) == 0);
+        std::fill(dz, dz + 256, 7.f);
+        fused_bn_relu_pool::block_backward_dz(layout, x, scale, shift, dy, HW, dz);
+        CHECK(std::memcmp(dz, dz_ref, sizeof dz) == 0);
+      }
+    }
+}
+#endif
 
 TEST_CASE("fusion: the planner's stacks, cache limit and bad settings", "[fusion]") {
   Graph g;
