@@ -387,7 +387,7 @@ void CpuBackend::fused_backward(const FusedStack& s, const FusedTensors& t, Fuse
 #if defined(__AVX512F__)
   const bool in_registers = ew != ElementwiseOnly::No;
 #else
-  const bool in_registers = false;
+  [[maybe_unused]] const bool in_registers = false;
 #endif
 #if defined(__AVX512F__)
   // BN -> ReLU -> 2x2 max-pool: dz in registers from x and dy in both sweeps (fused_bn_relu_pool.h).
