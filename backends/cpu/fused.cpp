@@ -8,10 +8,13 @@
 // in float, planes in double, n in order), so the results equal the unfused layers' bit for bit.
 //
 // Forward (training): statistics, then planes x (+ side) -> y, with y's bitmap words and, where the
-// stash keeps y as bitmap + values, the packed values (PackRounds). Backward:
-// sweep 1 rebuilds dz (the gradient of BN's output) plane by plane, from the saved y mask or a
-// recompute from x, writes the side gradient, takes the plane's sums and parks dz in dx; sweep 2
-// turns dz into dx in place.
+// stash keeps y as bitmap + values, the packed values (PackRounds); element-wise stacks and BN ->
+// ReLU -> 2x2 max-pool go from x to y in registers, and y bypasses the cache where the planner
+// says so (FusedStack::stream_y). Backward: sweep 1 rebuilds dz (the gradient of BN's output)
+// plane by plane, from the saved y mask or a recompute from x, writes the side gradient, takes the
+// plane's sums and parks dz in dx; sweep 2 turns dz into dx in place. BN -> ReLU -> 2x2 max-pool
+// rebuilds dz in registers in both sweeps instead (fused_bn_relu_pool.h), and dx that accumulates
+// has sweep 2 rebuild it.
 #include <omp.h>
 
 #include <algorithm>
