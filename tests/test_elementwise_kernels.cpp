@@ -10,11 +10,56 @@
 #include <vector>
 
 #include "backends/backend.h"
+#include "backends/cpu/batchnorm_rows.h"
 #include "backends/cpu/pool_planes.h"
 #include "memory/bitmap.h"
 #include "memory/half.h"
 
 using namespace et;
+
+TEST_CASE("BN's plane and gradient sums keep their fixed order bit for bit", "[kernels]") {
+  // Values of magnitudes far apart, so any other order of additions changes the bits. The order:
+  // lane j of 16 takes elements j, j + 16, ... (plane_sums: vector k into accumulator k % 4, the
+  // four added (0 + 1) + (2 + 3)), then the lanes add by a halving tree (j + 8 into j, then 4, 2, 1).
+  std::mt19937 rng(5);
+  auto halving = [](float t[16]) {
+    for (int w = 8; w >= 1; w /= 2)
+      for (int j = 0; j < w; ++j) t[j] += t[j + w];
+    return t[0];
+  };
+  for (const int64_t len : {1, 7, 16, 33, 64, 100, 256, 1024}) {
+    std::vector<float> x(static_cast<size_t>(len)), d(static_cast<size_t>(len));
+    for (int rep = 0; rep < 50; ++rep) {
+      for (float& v : x) v = std::ldexp(float(int(rng() % 2001) - 1000), int(rng() % 40) - 20);
+      for (float& v : d) v = std::ldexp(float(int(rng() % 2001) - 1000), int(rng() % 40) - 20);
+      const float mu = 0.375f;
+      float s1, s2, a, b;
+      bn_rows::plane_sums(x.data(), len, &s1, &s2);
+      bn_rows::grad_sums(bn_rows::row_of(d.data()), x.data(), mu, len, &a, &b);
+#if defined(__AVX512F__)
+      float p1[4][16] = {}, p2[4][16] = {}, ga[16] = {}, gb[16] = {};
+      for (int64_t i = 0; i < len; ++i) {
+        const int k = int(i / 16 % 4), j = int(i % 16);
+        p1[k][j] += x[size_t(i)];
+        p2[k][j] = std::fma(x[size_t(i)], x[size_t(i)], p2[k][j]);
+        ga[j] += d[size_t(i)];
+        gb[j] = std::fma(d[size_t(i)], x[size_t(i)] - mu, gb[j]);
+      }
+      float t1[16], t2[16];
+      for (int j = 0; j < 16; ++j) {
+        t1[j] = (p1[0][j] + p1[1][j]) + (p1[2][j] + p1[3][j]);
+        t2[j] = (p2[0][j] + p2[1][j]) + (p2[2][j] + p2[3][j]);
+      }
+      CHECK(s1 == halving(t1));
+      CHECK(s2 == halving(t2));
+      CHECK(a == halving(ga));
+      CHECK(b == halving(gb));
+#else
+      CHECK(std::isfinite(s1 + s2 + a + b));
+#endif
+    }
+  }
+}
 
 TEST_CASE("relu backward from a bitmap mask equals the dense reference", "[kernels]") {
   auto be = make_cpu_backend();

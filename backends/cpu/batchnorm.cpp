@@ -56,18 +56,8 @@ ET_ROW_FUNCTION void plane_sums(const float* x, int64_t HW, float* s1_out, float
     a[j % 4] = _mm512_add_ps(a[j % 4], v);
     b[j % 4] = _mm512_fmadd_ps(v, v, b[j % 4]);
   }
-  // _mm512_reduce_add_ps's order (halves, quarters, ...) through memory: the intrinsic trips GCC 12's
-  // -Wuninitialized through its _mm256_undefined_* operands.
-  alignas(64) float t1[16], t2[16];
-  _mm512_store_ps(t1, _mm512_add_ps(_mm512_add_ps(a[0], a[1]), _mm512_add_ps(a[2], a[3])));
-  _mm512_store_ps(t2, _mm512_add_ps(_mm512_add_ps(b[0], b[1]), _mm512_add_ps(b[2], b[3])));
-  for (int w = 8; w > 0; w /= 2)
-    for (int k = 0; k < w; ++k) {
-      t1[k] += t1[k + w];
-      t2[k] += t2[k + w];
-    }
-  *s1_out = t1[0];
-  *s2_out = t2[0];
+  *s1_out = halving_sum(_mm512_add_ps(_mm512_add_ps(a[0], a[1]), _mm512_add_ps(a[2], a[3])));
+  *s2_out = halving_sum(_mm512_add_ps(_mm512_add_ps(b[0], b[1]), _mm512_add_ps(b[2], b[3])));
 #else
   float s1 = 0.f, s2 = 0.f;
 #pragma omp simd reduction(+ : s1, s2)

@@ -56,6 +56,17 @@ void eval_coefficients(float gamma, float beta, float running_mean, float runnin
 // fused stacks with d built on the fly from dy, a mask and x. `d(i, m)` returns the 16 values
 // from element i (lanes outside the mask m are ignored); without AVX-512, `d(i)` one value.
 #if defined(__AVX512F__)
+// The sum of v's lanes by a halving tree: lane j + 8 into j, then j + 4, j + 2, j + 1 (the scalar
+// loops' order and _mm512_reduce_add_ps's), in registers. maskz forms: the plain shuffles make
+// GCC 12 warn of an uninitialised operand.
+inline float halving_sum(__m512 v) {
+  v = _mm512_add_ps(v, _mm512_maskz_shuffle_f32x4(0xFFFF, v, v, 0x4E));  // 256-bit halves swapped
+  v = _mm512_add_ps(v, _mm512_maskz_shuffle_f32x4(0xFFFF, v, v, 0xB1));  // 128-bit quarters swapped
+  v = _mm512_add_ps(v, _mm512_maskz_permute_ps(0xFFFF, v, 0x4E));        // 64-bit pairs swapped
+  v = _mm512_add_ps(v, _mm512_maskz_permute_ps(0xFFFF, v, 0xB1));        // neighbours swapped
+  return _mm512_cvtss_f32(v);
+}
+
 template <class D>
 inline void grad_sums(D d, const float* x, float mu, int64_t len, float* a_out, float* b_out) {
   __m512 la = _mm512_setzero_ps(), lb = _mm512_setzero_ps();
@@ -72,16 +83,8 @@ inline void grad_sums(D d, const float* x, float mu, int64_t len, float* a_out, 
     la = _mm512_mask_add_ps(la, m, la, v);
     lb = _mm512_mask3_fmadd_ps(v, _mm512_sub_ps(_mm512_maskz_loadu_ps(m, x + i), vmu), lb, m);
   }
-  alignas(64) float ta[16], tb[16];
-  _mm512_store_ps(ta, la);
-  _mm512_store_ps(tb, lb);
-  for (int w = 8; w >= 1; w /= 2)
-    for (int j = 0; j < w; ++j) {
-      ta[j] += ta[j + w];
-      tb[j] += tb[j + w];
-    }
-  *a_out = ta[0];
-  *b_out = tb[0];
+  *a_out = halving_sum(la);
+  *b_out = halving_sum(lb);
 }
 // d(i, m) for a plain row.
 inline auto row_of(const float* p) {
