@@ -291,7 +291,8 @@ void CpuBackend::fused_blocks_backward(const FusedStack& s, const FusedTensors& 
       const int64_t c0 = blk.c0, L = blk.L, b0 = blk.b0;
       const float* x = bn_rows::x_f32(t.x, b0 * HW, L * HW, sc.x);
 #if defined(__AVX512F__)
-      // Element-wise stages: dz in one pass, straight into its parking place.
+      // BN -> ReLU -> 2x2 max-pool, or element-wise stages: dz in one pass in registers, straight
+      // into its parking place.
       float* fast = park ? g.dx.f32() + b0 * HW : sc.ga;
       if (pool_in_registers) {
         fused_bn_relu_pool::block_backward_dz(pool_layout, x, scale + c0 * HW, shift + c0 * HW, g.dy.f32() + b0 * PQ,
