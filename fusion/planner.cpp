@@ -244,8 +244,8 @@ Plan plan(const Graph& g, const FusionSpec& spec) {
         sp.sums_from_producer = before >= 0 ? takes_plane_sums(p.stacks[size_t(before)].stack)
                                             : g.node(x.producer).op->can_write_plane_sums();
       }
-      if (sp.sums_from_producer) sp.bytes_fused -= f32(N * s.C * s.stages[0].H * s.stages[0].W);  // one read of x
       const size_t x_bytes = f32(N * s.C * s.stages[0].H * s.stages[0].W), y_bytes = f32(N * s.C * s.last().P * s.last().Q);
+      if (sp.sums_from_producer) sp.bytes_fused -= x_bytes;  // one read of x
       s.stream_y = p.llc_bytes > 0 && x_bytes + y_bytes >= p.llc_bytes;
       // dx: only after a pool (element-wise stacks write dx in dy's place, whose lines are cached).
       s.stream_dx = p.llc_bytes > 0 && y_bytes < x_bytes && 2 * x_bytes >= p.llc_bytes;

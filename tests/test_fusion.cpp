@@ -586,19 +586,19 @@ TEST_CASE("fusion: BN -> ReLU -> 2x2 max-pool in registers equals the layers on 
         const fused_bn_relu_pool::Layout layout(Q);
         for (bool stream : {false, true}) {
           std::fill(y, y + 64, 7.f);
-          fused_bn_relu_pool::plane_forward(layout, x, HW, k.scale, k.shift, y, stream);
+          fused_bn_relu_pool::forward(layout, x, fused_bn_relu_pool::ChannelBn(k.scale, k.shift), HW, y, stream);
           _mm_sfence();
           CHECK(std::memcmp(y, y_ref, sizeof y) == 0);
         }
         std::fill(y, y + 64, 7.f);
-        fused_bn_relu_pool::block_forward(layout, x, scale, shift, HW, y);
+        fused_bn_relu_pool::forward(layout, x, fused_bn_relu_pool::ElementBn{scale, shift}, HW, y, false);
         CHECK(std::memcmp(y, y_ref, sizeof y) == 0);
 
         fused_bn_relu_pool::PlaneDz d(layout, x, dy, k.scale, k.shift);
         for (int64_t i = 0; i < HW; i += 16) _mm512_storeu_ps(dz + i, d(i, 0xFFFF));
         CHECK(std::memcmp(dz, dz_ref, sizeof dz) == 0);
         std::fill(dz, dz + 256, 7.f);
-        fused_bn_relu_pool::block_backward_dz(layout, x, scale, shift, dy, HW, dz);
+        fused_bn_relu_pool::backward_dz(layout, x, fused_bn_relu_pool::ElementBn{scale, shift}, dy, HW, dz);
         CHECK(std::memcmp(dz, dz_ref, sizeof dz) == 0);
       }
     }

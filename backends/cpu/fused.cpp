@@ -265,21 +265,20 @@ void CpuBackend::fused_forward(const FusedStack& s, FusedTensors& t, bool traini
   // y back in the pass: not the rounds that pack y's values, not y's sums; with the pool, not the
   // bitmap words either (the element-wise planes take theirs in registers).
   const bool stream = s.stream_y && !pack_values && !y_sum1 && PQ % 16 == 0 &&
-                      reinterpret_cast<uintptr_t>(yp) % 64 == 0 && (ew != ElementwiseOnly::No || !words) &&
-                      (ew != ElementwiseOnly::No || pool_in_registers);
+                      reinterpret_cast<uintptr_t>(yp) % 64 == 0 &&
+                      (ew != ElementwiseOnly::No || (pool_in_registers && !words));
 #endif
   // Plane (n, c) through every stage into y, with its bitmap words (and its sums, in L1).
   auto forward_one = [&](float* const* scratch_out, int64_t pl, float sc, float sh) -> int64_t {
+    int64_t kept_in_registers = -1;  // the element-wise planes count their bitmap words' bits themselves
 #if defined(__AVX512F__)
     if (ew != ElementwiseOnly::No) {
-      const int64_t k = elementwise_forward_plane(ew, xp + pl * HW, add >= 0 ? t.side.f32() + pl * side_plane : nullptr,
-                                                  sc, sh, HW, yp + pl * PQ, stream, tb,
-                                                  words ? words + pl * PQ / 64 : nullptr);
-      if (y_sum1) bn_rows::plane_sums(yp + pl * PQ, PQ, y_sum1 + pl, y_sum2 + pl);
-      return k;
-    }
-    if (pool_in_registers) {
-      fused_bn_relu_pool::plane_forward(pool_layout, xp + pl * HW, HW, sc, sh, yp + pl * PQ, stream);
+      kept_in_registers =
+          elementwise_forward_plane(ew, xp + pl * HW, add >= 0 ? t.side.f32() + pl * side_plane : nullptr, sc, sh, HW,
+                                    yp + pl * PQ, stream, tb, words ? words + pl * PQ / 64 : nullptr);
+    } else if (pool_in_registers) {
+      fused_bn_relu_pool::forward(pool_layout, xp + pl * HW, fused_bn_relu_pool::ChannelBn(sc, sh), HW, yp + pl * PQ,
+                                  stream);
     } else
 #endif
     {
@@ -290,6 +289,7 @@ void CpuBackend::fused_forward(const FusedStack& s, FusedTensors& t, bool traini
                     out);
     }
     if (y_sum1) bn_rows::plane_sums(yp + pl * PQ, PQ, y_sum1 + pl, y_sum2 + pl);
+    if (kept_in_registers >= 0) return kept_in_registers;
     return words ? mask_words(yp, pl * PQ / 64, (pl + 1) * PQ / 64, tb, words) : int64_t(0);
   };
   auto coefficients = [&](int64_t c, float* sc, float* sh) {

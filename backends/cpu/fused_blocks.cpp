@@ -218,8 +218,8 @@ void CpuBackend::fused_blocks_forward(const FusedStack& s, FusedTensors& t, bool
         for (int64_t k = 0; k < S; ++k) out[k] = out[S - 1];
 #if defined(__AVX512F__)
       if (pool_in_registers)
-        fused_bn_relu_pool::block_forward(pool_layout, xp + b0 * HW, scale + c0 * HW, shift + c0 * HW, L * HW,
-                                          out[S - 1]);
+        fused_bn_relu_pool::forward(pool_layout, xp + b0 * HW, fused_bn_relu_pool::ElementBn{scale + c0 * HW, shift + c0 * HW},
+                                    L * HW, out[S - 1], false);
       else
 #endif
         forward_block(s, size_t(S), L, xp + b0 * HW, add >= 0 ? t.side.f32() + b0 * side_plane : nullptr,
@@ -260,8 +260,8 @@ void CpuBackend::fused_blocks_backward(const FusedStack& s, const FusedTensors& 
                       bool first_sweep) -> const float* {
 #if defined(__AVX512F__)
     if (pool_in_registers) {
-      fused_bn_relu_pool::block_backward_dz(pool_layout, x, scale + c0 * HW, shift + c0 * HW, g.dy.f32() + b0 * PQ,
-                                            L * HW, sc.ga);
+      fused_bn_relu_pool::backward_dz(pool_layout, x, fused_bn_relu_pool::ElementBn{scale + c0 * HW, shift + c0 * HW},
+                                      g.dy.f32() + b0 * PQ, L * HW, sc.ga);
       return sc.ga;
     }
 #endif
@@ -295,8 +295,8 @@ void CpuBackend::fused_blocks_backward(const FusedStack& s, const FusedTensors& 
       // into its parking place.
       float* fast = park ? g.dx.f32() + b0 * HW : sc.ga;
       if (pool_in_registers) {
-        fused_bn_relu_pool::block_backward_dz(pool_layout, x, scale + c0 * HW, shift + c0 * HW, g.dy.f32() + b0 * PQ,
-                                              L * HW, fast);
+        fused_bn_relu_pool::backward_dz(pool_layout, x, fused_bn_relu_pool::ElementBn{scale + c0 * HW, shift + c0 * HW},
+                                        g.dy.f32() + b0 * PQ, L * HW, fast);
         bn_rows::block_grad_sums(fast, x, mu + c0 * HW, L, HW, tab.sum1 + b0, tab.sum2 + b0);
         continue;
       }

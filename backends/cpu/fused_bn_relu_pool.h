@@ -152,14 +152,33 @@ inline void block_dz(const Layout& L, const __m512 r[4], __m512 g, __m512 dz[4])
   }
 }
 
-// Forward over one plane of HW floats (a multiple of 64): y = pool(relu(x * scale + shift)), HW / 4
-// floats; `stream`: by streaming stores (y 64-byte aligned).
-inline void plane_forward(const Layout& L, const float* x, int64_t HW, float scale, float shift, float* y,
-                          bool stream) {
-  const __m512 vs = _mm512_set1_ps(scale), vt = _mm512_set1_ps(shift);
-  for (int64_t i = 0; i < HW; i += 64) {
+// BN's apply (bn_rows::apply's FMA) on 16 elements from element e: with one channel's coefficients
+// (a plane, fused.cpp), or with coefficients per element (a block of planes, fused_blocks.cpp).
+struct ChannelBn {
+  __m512 scale, shift;
+  ChannelBn(float sc, float sh) : scale(_mm512_set1_ps(sc)), shift(_mm512_set1_ps(sh)) {}
+  __m512 operator()(__m512 x, int64_t) const { return _mm512_fmadd_ps(x, scale, shift); }
+};
+struct ElementBn {
+  const float *scale, *shift;
+  __m512 operator()(__m512 x, int64_t e) const {
+    return _mm512_fmadd_ps(x, _mm512_loadu_ps(scale + e), _mm512_loadu_ps(shift + e));
+  }
+};
+
+// r: the block of 64 floats from element i through BN and the ReLU.
+template <class Bn>
+inline void relu_block(const float* x, int64_t i, const Bn& bn, __m512 r[4]) {
+  for (int j = 0; j < 4; ++j) r[j] = relu(bn(_mm512_loadu_ps(x + i + 16 * j), i + 16 * j));
+}
+
+// Forward over len floats (a multiple of 64): y = pool(relu(bn(x))), len / 4 floats; `stream`: by
+// streaming stores (y 64-byte aligned).
+template <class Bn>
+inline void forward(const Layout& L, const float* x, const Bn& bn, int64_t len, float* y, bool stream) {
+  for (int64_t i = 0; i < len; i += 64) {
     __m512 r[4];
-    for (int j = 0; j < 4; ++j) r[j] = relu(_mm512_fmadd_ps(_mm512_loadu_ps(x + i + 16 * j), vs, vt));
+    relu_block(x, i, bn, r);
     const __m512 v = window_maxima(L, r);
     if (stream)
       _mm512_stream_ps(y + i / 4, v);
@@ -168,30 +187,12 @@ inline void plane_forward(const Layout& L, const float* x, int64_t HW, float sca
   }
 }
 
-// The same over a block of len floats (a multiple of 64) with BN's coefficients per element
-// (block_apply's FMA).
-inline void block_forward(const Layout& L, const float* x, const float* scale, const float* shift, int64_t len,
-                          float* y) {
-  for (int64_t i = 0; i < len; i += 64) {
-    __m512 r[4];
-    for (int j = 0; j < 4; ++j) {
-      const int64_t e = i + 16 * j;
-      r[j] = relu(_mm512_fmadd_ps(_mm512_loadu_ps(x + e), _mm512_loadu_ps(scale + e), _mm512_loadu_ps(shift + e)));
-    }
-    _mm512_storeu_ps(y + i / 4, window_maxima(L, r));
-  }
-}
-
-// dz over a block of len floats (a multiple of 64) from x and dy (len / 4 floats), BN recomputed
-// with its coefficients per element.
-inline void block_backward_dz(const Layout& L, const float* x, const float* scale, const float* shift,
-                              const float* dy, int64_t len, float* dz) {
+// dz over len floats (a multiple of 64) from x and dy (len / 4 floats), BN and the ReLU recomputed.
+template <class Bn>
+inline void backward_dz(const Layout& L, const float* x, const Bn& bn, const float* dy, int64_t len, float* dz) {
   for (int64_t i = 0; i < len; i += 64) {
     __m512 r[4], d[4];
-    for (int j = 0; j < 4; ++j) {
-      const int64_t e = i + 16 * j;
-      r[j] = relu(_mm512_fmadd_ps(_mm512_loadu_ps(x + e), _mm512_loadu_ps(scale + e), _mm512_loadu_ps(shift + e)));
-    }
+    relu_block(x, i, bn, r);
     block_dz(L, r, _mm512_loadu_ps(dy + i / 4), d);
     for (int j = 0; j < 4; ++j) _mm512_storeu_ps(dz + i + 16 * j, d[j]);
   }
@@ -203,24 +204,22 @@ inline void block_backward_dz(const Layout& L, const float* x, const float* scal
 class PlaneDz {
  public:
   PlaneDz(const Layout& layout, const float* x, const float* dy, float scale, float shift)
-      : L_(&layout), x_(x), dy_(dy), scale_(_mm512_set1_ps(scale)), shift_(_mm512_set1_ps(shift)) {}
+      : L_(&layout), x_(x), dy_(dy), bn_(scale, shift) {}
 
   __m512 operator()(int64_t i, __mmask16) {
     const int64_t j = (i >> 4) & 3;
-    if (j == 0) block(i);
+    if (j == 0) {
+      __m512 r[4];
+      relu_block(x_, i, bn_, r);
+      block_dz(*L_, r, _mm512_loadu_ps(dy_ + i / 4), dz_);
+    }
     return dz_[j];
   }
 
  private:
-  void block(int64_t i) {
-    __m512 r[4];
-    for (int j = 0; j < 4; ++j) r[j] = relu(_mm512_fmadd_ps(_mm512_loadu_ps(x_ + i + 16 * j), scale_, shift_));
-    block_dz(*L_, r, _mm512_loadu_ps(dy_ + i / 4), dz_);
-  }
-
   const Layout* L_;
   const float *x_, *dy_;
-  __m512 scale_, shift_;
+  ChannelBn bn_;
   __m512 dz_[4];
 };
 
