@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "engine/affine_relu.h"
 #include "engine/fused_stack.h"
 #include "engine/kernel_types.h"
 #include "engine/tensor.h"
@@ -155,6 +156,14 @@ class Backend {
   virtual bool fused_recomputes(const FusedStack& s) const { return false; }
   virtual void fused_recompute_output(const FusedStack& s, const FusedTensors& t, Tensor& y) {
     ET_CHECK(false, name(), ": fused stacks recompute no output on this backend");
+  }
+  // Where fused_recomputes(s) and y = relu(x * scale[c] + shift[c]): the run that computes it as
+  // the forward did (bit for bit), for readers that take DType::AffineRelu (engine/affine_relu.h);
+  // null where the backend has none. fused_affine_coefficients writes scale / shift [C] from the
+  // batch statistics and gamma / beta in t.
+  virtual AffineReluRun fused_affine_relu(const FusedStack& s) const { return nullptr; }
+  virtual void fused_affine_coefficients(const FusedStack& s, const FusedTensors& t, float* scale, float* shift) {
+    ET_CHECK(false, name(), ": fused stacks give no relu(affine) output on this backend");
   }
 
   // ---- loss: logits [N,K], labels i32 [N]; loss [1] = mean over N of cross-entropy with label smoothing

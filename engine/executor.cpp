@@ -189,12 +189,26 @@ Tensor OpContext::saved(int i) const { return ex_.stash_.get(saved_value(i)); }
 
 Tensor OpContext::saved(int i, DTypeSet accepted) const {
   const int id = saved_value(i);
-  if (ex_.stash_.recomputed(id)) return ex_.stash_.get(id);
+  if (ex_.stash_.recomputed(id)) {
+    if (!ex_.stash_.affine_relu(id) || !dtype_in(DType::AffineRelu, accepted)) return ex_.stash_.get(id);
+    // Computed by the reader as it reads: the producer says from what.
+    const int p = ex_.graph_.value(id).producer;
+    AffineReluSource& src = ex_.affine_sources_[size_t(id)];
+    std::vector<float>& k = ex_.affine_coefficients_[size_t(id)];
+    OpContext producer(ex_, p);
+    ex_.graph_.node(p).op->describe_output(producer, src, k.data(), k.data() + k.size() / 2);
+    return affine_relu_tensor(src);
+  }
   Tensor t = ex_.stash_.get_stored(id);
   return dtype_in(t.dtype, accepted) ? t : ex_.stash_.get(id);
 }
 
 MaskView OpContext::saved_mask(int i) const { return ex_.stash_.get_mask(saved_value(i)); }
+
+bool OpContext::saved_computed_by_readers(int i) const {
+  const int id = saved_value(i);
+  return ex_.stash_.recomputed(id) && ex_.stash_.affine_relu(id);
+}
 
 GradOut OpContext::grad_input(int i) const {
   const int id = node_.inputs[size_t(i)];

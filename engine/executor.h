@@ -181,6 +181,10 @@ class Executor {
   std::vector<std::vector<Range>> dies_after_forward_, dies_after_recompute_, dies_after_backward_;
   void release(const std::vector<Range>& ranges);
   std::vector<Tensor> forward_data_, recompute_data_;     // data_ as planned; recompute buffers
+  // Per value read as DType::AffineRelu: its source and coefficients ([2, C]), filled by its producer
+  // when a reader asks (OpContext::saved).
+  std::vector<AffineReluSource> affine_sources_;
+  std::vector<std::vector<float>> affine_coefficients_;
   std::vector<int> swapped_;                              // values whose data_ view is swapped
   bool recomputing_ = false;
   double rec_s_ = 0, quant_s_ = 0;
@@ -257,6 +261,8 @@ class OpContext {
   // kernels that decode as they read, skipping the decode pass and its buffer.
   Tensor saved(int i, DTypeSet accepted) const;
   MaskView saved_mask(int i) const;
+  // Save i is not kept: its readers compute it from this op's saved input (DType::AffineRelu).
+  bool saved_computed_by_readers(int i) const;
 
   // Where the op may write its output's bitmap during forward (Backend MaskOut), or nullptr: set
   // when the stash stores this output as a bitmap right after this forward.

@@ -204,9 +204,14 @@ std::vector<StashFormat> Executor::stash_formats(const PlanState& st) const {
 // saves (Op::output_recomputable: a fused BN -> ReLU stack from its input x) is not kept. Its first
 // reader's backward has the producer write it into the value's decode buffer, which lives from
 // there to the producer's backward (plan_decode_buffers); the producer's saves are popped after
-// its own backward, so they outlive every later reader's. Not with recompute segments, which
-// choose what is kept themselves, and not from a value that is itself recomputed.
+// its own backward, so they outlive every later reader's. Where the producer describes it as
+// relu(x * scale[c] + shift[c]) of x as stored (Op::output_is_affine_relu) and every reader takes
+// DType::AffineRelu (the conv weight gradients), there is no buffer: each reader computes the
+// pieces it reads (memory/stored_reader.h). Not with recompute segments, which choose what is
+// kept themselves, and not from a value that is itself recomputed.
 void Executor::plan_recomputed_outputs(PlanState& st) {
+  affine_sources_.assign(size_t(st.nv), AffineReluSource{});
+  affine_coefficients_.assign(size_t(st.nv), {});
   if (!stash_options_.recompute_stack_outputs || !segments_.empty()) return;
   for (SavedValue& sv : st.saved) {
     const Value& v = graph_.value(sv.value);
@@ -219,7 +224,12 @@ void Executor::plan_recomputed_outputs(PlanState& st) {
     const int xi = st.saved_index[size_t(x)];
     if (!keeps_x || xi < 0 || st.saved[size_t(xi)].recomputed) continue;
     sv.recomputed = true;
+    // Readers may compute it from x as stored, where every encoding of x is one StoredReader reads.
+    sv.affine_relu = graph_.node(p).op->output_is_affine_relu(backend_) &&
+                     (stash_format_dtypes(st.saved[size_t(xi)].format) & ~kStashDTypes) == 0;
   }
+  for (const SavedValue& sv : st.saved)
+    if (sv.affine_relu) affine_coefficients_[size_t(sv.value)].assign(size_t(2 * graph_.value(sv.value).shape[1]), 0.f);
 }
 
 // Decode buffers: only for values some reader needs as f32 (a recomputed segment always does).
@@ -229,12 +239,18 @@ void Executor::plan_decode_buffers(PlanState& st) {
   std::vector<uint8_t> needs_decode(size_t(st.nv), 0);
   const DTypeSet mask_reads = stash_mask_dtypes();
   std::vector<DTypeSet> stored(size_t(st.nv), 0);
-  for (const SavedValue& sv : st.saved) stored[size_t(sv.value)] = stash_format_dtypes(sv.format);
+  for (const SavedValue& sv : st.saved)
+    stored[size_t(sv.value)] = sv.affine_relu ? dtype_bit(DType::AffineRelu)
+                               : sv.recomputed ? dtype_bit(DType::F32)
+                                               : stash_format_dtypes(sv.format);
   for (int n = 0; n < st.nn; ++n) {
     const Node& node = graph_.node(n);
     const auto& specs = save_specs_[size_t(n)];
     for (size_t i = 0; i < specs.size(); ++i) {
       const int id = specs[i].input < 0 ? node.output : node.inputs[size_t(specs[i].input)];
+      // A producer's mask of an output its readers compute: its backward rebuilds it from its input.
+      if (specs[i].input < 0 && specs[i].kind == SaveKind::Mask && st.saved_of(id) && st.saved_of(id)->affine_relu)
+        continue;
       // A mask reads the bitmap, or the f32 values (a dense 16-bit copy decodes for it).
       const DTypeSet reads = specs[i].kind == SaveKind::Mask ? mask_reads
                                                              : node.op->reads_stored(int(i), backend_, st.max_batch);
@@ -248,8 +264,8 @@ void Executor::plan_decode_buffers(PlanState& st) {
   st.needs_unpack.assign(size_t(st.nv), 0);
   for (const SavedValue& sv : st.saved) {
     const ValueKind kind = graph_.value(sv.value).kind;
-    if (sv.recomputed) {  // written there by its producer for the first reader
-      st.needs_unpack[size_t(sv.value)] = 1;
+    if (sv.recomputed) {  // written there by its producer for the first reader, unless all compute it
+      st.needs_unpack[size_t(sv.value)] = !sv.affine_relu || needs_decode[size_t(sv.value)];
       continue;
     }
     if (!sv.full || sv.format == StashFormat::DenseF32 || (kind != ValueKind::Activation && kind != ValueKind::Aux))

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "backends/backend.h"
+#include "engine/affine_relu.h"
 #include "engine/fused_stack.h"
 #include "engine/tensor.h"
 
@@ -97,6 +98,15 @@ class Op {
   // Writes the output of this node's last training forward into `y` (the current batch); runs
   // during another node's backward, so it must not touch the workspace.
   virtual void recompute_output(OpContext& ctx, Tensor& y) const { ET_CHECK(false, type(), " recomputes no output"); }
+  // Where output_recomputable: whether its output is relu(x * scale[c] + shift[c]) of its input x as
+  // saved (x stored in kStashDTypes), so a reader that takes DType::AffineRelu computes it as it reads
+  // (engine/affine_relu.h) and nothing of y's size is written. describe_output fills `src`: x as
+  // stored, the coefficients into `scale` / `shift` [C], the producer's run; during another node's
+  // backward, like recompute_output.
+  virtual bool output_is_affine_relu(const Backend& backend) const { return false; }
+  virtual void describe_output(OpContext& ctx, AffineReluSource& src, float* scale, float* shift) const {
+    ET_CHECK(false, type(), " describes no output");
+  }
   virtual OpAttributes attributes() const { return {}; }
   virtual void forward(OpContext& ctx) = 0;
   virtual void backward(OpContext& ctx) = 0;

@@ -17,7 +17,8 @@ size_t dtype_size(DType t) {
     case DType::BitmapF32:
     case DType::BitmapF16:
     case DType::BitmapI4:
-    case DType::BitmapU4: break;
+    case DType::BitmapU4:
+    case DType::AffineRelu: break;
   }
   ET_CHECK(false, "dtype ", dtype_name(t), " has no per-element size");
   return 0;
@@ -37,6 +38,7 @@ const char* dtype_name(DType t) {
     case DType::F4: return "fp4";
     case DType::BitmapI4: return "bitmap+int4";
     case DType::BitmapU4: return "bitmap+uint4";
+    case DType::AffineRelu: return "relu(affine)";
   }
   return "?";
 }

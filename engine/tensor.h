@@ -23,7 +23,13 @@ namespace et {
 // BitmapI4 / BitmapU4: the stash's bitmap_int4 encoding of INT4 (signed / unsigned) codes
 // (memory/code_bitmap.h): the bitmap of the non-zero input values, a directory, and the kept
 // elements' codes two per byte; the scale in Tensor::scale. Read through memory/stored_codes.h.
-enum class DType : uint8_t { F32, F16, BF16, I32, U8, BitmapF32, BitmapF16, I4, U4, F4, BitmapI4, BitmapU4 };
+//
+// AffineRelu: values not stored at all, y = relu(x * scale[c] + shift[c]) of another stored tensor x
+// (a fused BN -> ReLU stack's output, memory.recompute_stack_outputs): `data` points to an
+// AffineReluSource (engine/affine_relu.h); memory/stored_reader.h computes its pieces as it reads.
+enum class DType : uint8_t {
+  F32, F16, BF16, I32, U8, BitmapF32, BitmapF16, I4, U4, F4, BitmapI4, BitmapU4, AffineRelu
+};
 enum class Device : uint8_t { CPU, CUDA };
 
 size_t dtype_size(DType t);  // aborts for the bitmap encodings
@@ -36,6 +42,8 @@ constexpr bool dtype_in(DType t, DTypeSet s) { return (s & dtype_bit(t)) != 0; }
 // f32 values: only the integer kernels read them (memory/stored_codes.h).
 constexpr DTypeSet kStashDTypes = dtype_bit(DType::F32) | dtype_bit(DType::F16) | dtype_bit(DType::BF16) |
                                   dtype_bit(DType::BitmapF32) | dtype_bit(DType::BitmapF16);
+// What memory/stored_reader.h reads: the stash's encodings, and values computed from one as read.
+constexpr DTypeSet kReaderDTypes = kStashDTypes | dtype_bit(DType::AffineRelu);
 
 constexpr int kMaxDims = 4;
 

@@ -57,6 +57,16 @@ class FusedStackOp final : public Op {
     ctx.backend().fused_recompute_output(stack_, t, y);
   }
 
+  bool output_is_affine_relu(const Backend& b) const override { return b.fused_affine_relu(stack_) != nullptr; }
+  void describe_output(OpContext& ctx, AffineReluSource& src, float* scale, float* shift) const override {
+    FusedTensors t = tensors(ctx);
+    ctx.backend().fused_affine_coefficients(stack_, t, scale, shift);
+    src.x = ctx.saved(0, kStashDTypes);  // as stored: the reader decodes it
+    src.scale = scale;
+    src.shift = shift;
+    src.run = ctx.backend().fused_affine_relu(stack_);
+  }
+
   void forward(OpContext& ctx) override {
     FusedTensors t = tensors(ctx);
     t.y = ctx.output();
@@ -83,9 +93,11 @@ class FusedStackOp final : public Op {
       return;
     }
     t.x = ctx.saved(0, reads_stored(0, ctx.backend(), ctx.batch()));
-    g.x_exact = ctx.saved(0, kStashDTypes).dtype == DType::F32;  // not an fp16 / bf16 copy
+    // y computed by its readers from x (nothing kept): the last ReLU's mask is rebuilt from x as y was.
+    const bool y_from_x = stack_.saves_output_mask && ctx.saved_computed_by_readers(1);
+    g.x_exact = y_from_x || ctx.saved(0, kStashDTypes).dtype == DType::F32;  // not an fp16 / bf16 copy
     t.side = Tensor{};  // a stack with an Add ends at it or at the ReLU after it: never recomputed
-    if (stack_.saves_output_mask) g.y_mask = ctx.saved_mask(1);
+    if (stack_.saves_output_mask && !y_from_x) g.y_mask = ctx.saved_mask(1);
     const GradOut dx = ctx.grad_input(0), dgamma = ctx.grad_input(1), dbeta = ctx.grad_input(2);
     if (dx.wanted) g.dx = dx.t;
     g.dx_accumulate = dx.accumulate;

@@ -42,6 +42,9 @@ struct SavedValue {
   // Not kept at all (memory.recompute_stack_outputs): the first read of a backward has the
   // recomputer (Stash::set_recomputer) write it into `unpack`; masks read it there too.
   bool recomputed = false;
+  // A recomputed value its producer describes as relu(x * scale[c] + shift[c]) of its saved x: a
+  // reader that takes DType::AffineRelu computes it as it reads (engine/affine_relu.h).
+  bool affine_relu = false;
   // The save is the forward buffer itself (dense_fp32's full saves): it must outlive the backward.
   bool stored_in_place() const {
     if (recomputed) return false;
@@ -92,6 +95,7 @@ class Stash {
   using Recomputer = std::function<void(int value_id, Tensor& out)>;
   void set_recomputer(Recomputer r) { recomputer_ = std::move(r); }
   bool recomputed(int value_id) const { return info(value_id)->recomputed; }
+  bool affine_relu(int value_id) const { return info(value_id)->affine_relu; }
 
   size_t live_bytes() const { return top_ + zero_copy_live_; }
   size_t peak_bytes() const { return peak_; }  // since the last reset_peak()

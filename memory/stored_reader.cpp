@@ -1,12 +1,23 @@
 #include "memory/stored_reader.h"
 
+#include <algorithm>
+
 #include "memory/bitmap.h"
 #include "memory/half.h"
 
 namespace et {
 
-StoredReader::StoredReader(const Tensor& x, float* scratch, int64_t scratch_elems)
-    : x_(x), scratch_(scratch), capacity_(scratch_elems) {
+StoredReader::StoredReader(const Tensor& y, float* scratch, int64_t scratch_elems)
+    : x_(y), scratch_(scratch), capacity_(scratch_elems) {
+  if (y.dtype == DType::AffineRelu) {
+    affine_ = static_cast<const AffineReluSource*>(y.data);
+    x_ = affine_->x;
+    ET_CHECK(x_.shape == y.shape && x_.shape.ndim == 4, "StoredReader: relu(affine) of ", x_.shape.str(), " as ",
+             y.shape.str());
+    channels_ = x_.dim(1);
+    plane_ = x_.dim(2) * x_.dim(3);
+  }
+  const Tensor& x = x_;
   if (x.dtype == DType::BitmapF32 || x.dtype == DType::BitmapF16) {
     bits_ = static_cast<const uint64_t*>(x.data);
     values_ = bits_ + bitmap::num_words(x.numel());
@@ -18,10 +29,27 @@ StoredReader::StoredReader(const Tensor& x, float* scratch, int64_t scratch_elem
 }
 
 const float* StoredReader::read(int64_t begin, int64_t count) {
+  const float* p = read_source(begin, count);
+  return affine_ ? affine_relu(p, begin, count) : p;
+}
+
+// The source's piece through the scratch, a channel's run at a time (runs start on plane
+// boundaries as in the producer's forward, which applied it plane by plane).
+const float* StoredReader::affine_relu(const float* src, int64_t begin, int64_t count) {
+  ET_CHECK(count <= capacity_, "piece of ", count, " elements, scratch for ", capacity_);
+  for (int64_t i = 0; i < count;) {
+    const int64_t e = begin + i, c = e / plane_ % channels_, len = std::min(count - i, plane_ - e % plane_);
+    affine_->run(src + i, affine_->scale[c], affine_->shift[c], len, scratch_ + i);
+    i += len;
+  }
+  return scratch_;
+}
+
+const float* StoredReader::read_source(int64_t begin, int64_t count) {
   if (bits_) {
     if (begin != next_) value_index_ = bitmap::popcount(bits_, begin);
     next_ = begin + count;
-    return read_at(begin, count, &value_index_);
+    return read_at_source(begin, count, &value_index_);
   }
   ET_CHECK(begin >= 0 && count >= 0 && begin + count <= x_.numel(), "piece [", begin, ", +", count, ") of ",
            x_.numel());
@@ -35,6 +63,11 @@ const float* StoredReader::read(int64_t begin, int64_t count) {
 
 const float* StoredReader::read_at(int64_t begin, int64_t count, int64_t* cursor) {
   if (!bits_) return read(begin, count);
+  const float* p = read_at_source(begin, count, cursor);
+  return affine_ ? affine_relu(p, begin, count) : p;
+}
+
+const float* StoredReader::read_at_source(int64_t begin, int64_t count, int64_t* cursor) {
   ET_CHECK(begin >= 0 && count >= 0 && begin + count <= x_.numel() && count <= capacity_, "piece [", begin, ", +",
            count, ") of ", x_.numel(), ", scratch for ", capacity_);
   const auto vt = f16_values_ ? bitmap::ValueType::F16 : bitmap::ValueType::F32;

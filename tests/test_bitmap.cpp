@@ -372,3 +372,75 @@ TEST_CASE("bitmap ranges decode like the whole tensor from any position", "[bitm
       }
     }
 }
+
+namespace {
+// A run with its own arithmetic, distinct per channel through the coefficients.
+void test_affine_relu_run(const float* x, float scale, float shift, int64_t len, float* y) {
+  for (int64_t i = 0; i < len; ++i) {
+    const float v = std::fma(x[i], scale, shift);
+    y[i] = v > 0.f ? v : 0.f;
+  }
+}
+}  // namespace
+
+TEST_CASE("a stored reader computes relu(affine) of a stored x piece by piece", "[bitmap][stash]") {
+  // DType::AffineRelu (engine/affine_relu.h): pieces of y = relu(x * scale[c] + shift[c]) from x as
+  // the stash keeps it, against the same computed over the whole decoded x. Pieces start and end
+  // inside planes and cross channels and images, so a wrong channel or offset changes the values.
+  const int64_t N = 3, C = 5, H = 7, W = 9, HW = H * W, n = N * C * HW;
+  const auto x = random_tensor(n, 0.7, 11);
+  std::vector<float> scale(C), shift(C);
+  for (int64_t c = 0; c < C; ++c) {
+    scale[size_t(c)] = 0.5f + 0.37f * float(c);
+    shift[size_t(c)] = 0.1f * float(c) - 0.2f;
+  }
+  for (int enc = 0; enc < 3; ++enc) {  // f32, f16, bitmap + f32
+    std::vector<uint64_t> store(static_cast<size_t>(num_words(n) + n));
+    std::vector<float> decoded(static_cast<size_t>(n));
+    et::Tensor xs;
+    if (enc == 0) {
+      decoded = x;
+      xs = et::Tensor::contiguous(decoded.data(), et::Shape{N, C, H, W});
+    } else if (enc == 1) {
+      auto* h = reinterpret_cast<uint16_t*>(store.data());
+      for (int64_t i = 0; i < n; ++i) {
+        h[i] = f32_to_f16(x[size_t(i)]);
+        decoded[size_t(i)] = f16_to_f32(h[i]);
+      }
+      xs = et::Tensor::contiguous(store.data(), et::Shape{N, C, H, W}, et::DType::F16);
+    } else {
+      pack(x.data(), n, 0.f, store.data(), store.data() + num_words(n), ValueType::F32);
+      unpack(store.data(), store.data() + num_words(n), n, ValueType::F32, decoded.data());
+      xs = et::Tensor::contiguous(store.data(), et::Shape{N, C, H, W}, et::DType::BitmapF32);
+    }
+    std::vector<float> whole(static_cast<size_t>(n));
+    for (int64_t i = 0; i < n; ++i)
+      test_affine_relu_run(&decoded[size_t(i)], scale[size_t(i / HW % C)], shift[size_t(i / HW % C)], 1,
+                           &whole[size_t(i)]);
+    et::AffineReluSource src;
+    src.x = xs;
+    src.scale = scale.data();
+    src.shift = shift.data();
+    src.run = test_affine_relu_run;
+    const et::Tensor y = et::affine_relu_tensor(src);
+    CHECK(y.dtype == et::DType::AffineRelu);
+    const int64_t cap = 3 * HW;
+    std::vector<float> scratch(static_cast<size_t>(cap + 1), 9.f);
+    et::StoredReader r(y, scratch.data(), cap);
+    for (auto [b, count] : std::vector<std::pair<int64_t, int64_t>>{
+             {0, HW}, {HW, 2 * HW}, {5, 100}, {HW * C - 3, 10}, {n - cap, cap}, {40, 1}, {0, cap}}) {
+      INFO("encoding " << enc << " piece " << b << " +" << count);
+      CHECK(std::memcmp(r.read(b, count), whole.data() + b, size_t(count) * 4) == 0);
+      CHECK(scratch[size_t(cap)] == 9.f);  // nothing past the scratch
+    }
+    // Caller-held cursors count x's stored values; planes of two channels interleaved.
+    int64_t ca = r.cursor_at(0), cb = r.cursor_at(HW);
+    for (int64_t k = 0; k < N; ++k) {
+      const int64_t a = (k * C) * HW, b = (k * C + 1) * HW;
+      CHECK(std::memcmp(r.read_at(a, HW, &ca), whole.data() + a, size_t(HW) * 4) == 0);
+      CHECK(std::memcmp(r.read_at(b, HW, &cb), whole.data() + b, size_t(HW) * 4) == 0);
+      ca = r.cursor_at(a + C * HW);
+      cb = r.cursor_at(b + C * HW);
+    }
+  }
+}

@@ -724,6 +724,9 @@ TEST_CASE("fusion: a BN -> ReLU stack's output recomputed for backward trains bi
       int recomputed_values = 0;
       for (const SavedValue& sv : eb.stash().saved()) {
         recomputed_values += sv.recomputed;
+        // every reader is a conv's weight gradient, which computes y as it reads: no decode buffer
+        CHECK(sv.affine_relu == sv.recomputed);
+        if (sv.recomputed) CHECK_FALSE(sv.unpack.defined());
         // only BN -> ReLU stacks' outputs, each read by a later layer
         if (sv.recomputed) CHECK(std::strcmp(g2.node(g2.value(sv.value).producer).op->type(), "fused_stack") == 0);
       }

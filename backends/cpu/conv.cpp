@@ -171,15 +171,16 @@ void CpuBackend::conv2d_backward_data(const Conv2dGeom& g, const Tensor& dy, con
 
 // Every weight-gradient kernel reads x one image (or plane) at a time into its own staging layout;
 // it decodes a stashed x there (memory/stored_reader.h) instead of reading a decoded copy of the
-// whole tensor. (The implicit, Winograd and GEMM kernels split the output over threads, so each
-// thread decodes every image: twice the decode work, but in cache, and no shared buffer to sync.)
+// whole tensor, or computes it there from the stack before it (DType::AffineRelu). (The implicit,
+// Winograd and GEMM kernels split the output over threads, so each thread decodes every image:
+// twice the decode work, but in cache, and no shared buffer to sync.)
 DTypeSet CpuBackend::conv2d_weight_reads(const Conv2dGeom& g) const {
   switch (choose(g, ConvPass::BackwardWeight)) {
     case Path::Direct:
     case Path::Implicit:
     case Path::Winograd:
     case Path::Gemm:
-    case Path::Depthwise: return kStashDTypes;
+    case Path::Depthwise: return kReaderDTypes;
   }
   return dtype_bit(DType::F32);
 }

@@ -100,6 +100,8 @@ class CpuBackend : public Backend {
   void fused_backward(const FusedStack& s, const FusedTensors& t, FusedGrads& g, Workspace ws) override;
   bool fused_recomputes(const FusedStack& s) const override;
   void fused_recompute_output(const FusedStack& s, const FusedTensors& t, Tensor& y) override;
+  AffineReluRun fused_affine_relu(const FusedStack& s) const override;
+  void fused_affine_coefficients(const FusedStack& s, const FusedTensors& t, float* scale, float* shift) override;
 
   bool all_finite(const std::vector<Tensor>& tensors) override;
   bool sgd_step(Tensor& param, const Tensor& grad, Tensor& momentum_buf, float lr, float momentum, float weight_decay,

@@ -373,6 +373,25 @@ void CpuBackend::fused_recompute_output(const FusedStack& s, const FusedTensors&
   }
 }
 
+namespace {
+// forward_plane's arithmetic for a BN -> ReLU stack over a run of one channel.
+void bn_relu_run(const float* x, float scale, float shift, int64_t len, float* y) {
+  bn_rows::apply(x, scale, shift, len, y);
+  relu_run(y, len, y);
+}
+}  // namespace
+
+AffineReluRun CpuBackend::fused_affine_relu(const FusedStack& s) const {
+  return fused_recomputes(s) ? bn_relu_run : nullptr;
+}
+
+void CpuBackend::fused_affine_coefficients(const FusedStack& s, const FusedTensors& t, float* scale, float* shift) {
+  ET_CHECK(fused_recomputes(s), "fused stack: no relu(affine) output for this stack");
+  for (int64_t c = 0; c < s.C; ++c)
+    bn_rows::train_coefficients(t.gamma.f32()[c], t.beta.f32()[c], t.mean.f32()[c], t.invstd.f32()[c], scale + c,
+                                shift + c);
+}
+
 void CpuBackend::fused_backward(const FusedStack& s, const FusedTensors& t, FusedGrads& g, Workspace ws) {
   if (!s.headed_by_bn()) return relu_pool_backward(s, t, g, ws);
   if (s.small_planes()) return fused_blocks_backward(s, t, g, ws);

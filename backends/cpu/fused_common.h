@@ -150,13 +150,16 @@ inline void pool_backward(const FusedStage& st, int64_t L, const float* in, cons
 }
 
 // One stage after the BN over L consecutive planes: o = stage(in) (side: the Add's other operand).
+// o[i] = relu(in[i]), relu_forward's rule (NaN -> 0); in place allowed.
+inline void relu_run(const float* in, int64_t n, float* o) {
+#pragma omp simd
+  for (int64_t i = 0; i < n; ++i) o[i] = in[i] > 0.f ? in[i] : 0.f;
+}
+
 inline void stage_forward(const FusedStage& st, int64_t L, const float* in, const float* side, float* o) {
   const int64_t n = L * st.H * st.W;
   switch (st.kind) {
-    case FusedKind::Relu:
-#pragma omp simd
-      for (int64_t i = 0; i < n; ++i) o[i] = in[i] > 0.f ? in[i] : 0.f;  // relu_forward's rule (NaN -> 0)
-      break;
+    case FusedKind::Relu: relu_run(in, n, o); break;
     case FusedKind::Add:
 #pragma omp simd
       for (int64_t i = 0; i < n; ++i) o[i] = in[i] + side[i];
