@@ -146,7 +146,8 @@ json Config::resolved() const {
                  {"checkpoint_every", memory.checkpoint_every},
                  {"release_pages", memory.release_pages},
                  {"double_mask_bn", memory.double_mask_bn},
-                 {"recompute_stack_outputs", memory.recompute_stack_outputs},
+                 {"recompute_stack_outputs",
+                  memory.recompute_stack_outputs_auto ? json("auto") : json(memory.recompute_stack_outputs)},
                  {"budget_mb", memory.budget_mb},
                  {"budget_lossy", memory.budget_lossy}};
   const FusionSpec& f = model.fusion;

@@ -68,9 +68,12 @@ struct MemoryConfig {
   int checkpoint_every = 0;          // recompute segments of this many conv/linear layers; 0 = off
   bool release_pages = false;        // return dead buffers' pages to the OS during the step
   bool double_mask_bn = false;       // BN output masked by its input's zeros (lossy; layers/batchnorm.cpp)
-  // A fused BN -> ReLU stack's output that a later layer reads in backward is not kept: the
-  // backward recomputes it from the stack's saved input (exact; Op::recompute_output).
+  // A fused BN -> ReLU stack's output that a later layer reads in backward is not kept: its readers
+  // compute it from the stack's saved input (exact; engine/affine_relu.h). "auto" (the default,
+  // recompute_stack_outputs_auto): on where it combines (fusion on, no recompute segments, budget
+  // or pruning), resolved by parse_config.
   bool recompute_stack_outputs = false;
+  bool recompute_stack_outputs_auto = true;
   // A memory budget for the training step's USS (engine/budget.h): the planner chooses stash
   // formats and recompute segments per tensor; 0 = off. budget_lossy allows fp16 formats too.
   float budget_mb = 0;

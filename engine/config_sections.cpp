@@ -176,7 +176,8 @@ void parse_memory(ObjectReader& top, Config& c) {
   mem.get("checkpoint_every", c.memory.checkpoint_every);
   mem.get("release_pages", c.memory.release_pages);
   mem.get("double_mask_bn", c.memory.double_mask_bn);
-  mem.get("recompute_stack_outputs", c.memory.recompute_stack_outputs);
+  c.memory.recompute_stack_outputs_auto =
+      mem.get_or_auto("recompute_stack_outputs", c.memory.recompute_stack_outputs, "true or false");
   mem.get_string_map("layers", c.memory.layers);
   mem.get("budget_mb", c.memory.budget_mb);
   mem.get("budget_lossy", c.memory.budget_lossy);
@@ -205,6 +206,10 @@ void parse_memory(ObjectReader& top, Config& c) {
   if (c.memory.recompute_stack_outputs)
     require(c.memory.checkpoint_every == 0 && c.memory.budget_mb == 0, mem, "recompute_stack_outputs", true,
             "does not combine with memory.checkpoint_every or memory.budget_mb (they choose what is recomputed)");
+  // auto: on where it combines; pruning prunes the values the stash keeps, and these it would not.
+  if (c.memory.recompute_stack_outputs_auto)
+    c.memory.recompute_stack_outputs =
+        c.memory.checkpoint_every == 0 && c.memory.budget_mb == 0 && c.memory.prune_threshold == 0.f;
 }
 
 // fusion: depth-first stacks (docs/fusion.md).
@@ -231,6 +236,7 @@ void parse_fusion(ObjectReader& top, Config& c) {
   require(f.llc_kb >= 0, fu, "llc_kb", f.llc_kb, "must be > 0 (KiB), or 0 for the last-level cache from sysfs");
   fu.finish();
   // memory is parsed before this section; its option recomputes fused stacks' outputs only.
+  if (c.memory.recompute_stack_outputs_auto) c.memory.recompute_stack_outputs &= f.enabled;
   if (c.memory.recompute_stack_outputs)
     require(f.enabled, fu, "enabled", f.automatic ? "auto (off on " + c.train.device + ")" : std::string("false"),
             "memory.recompute_stack_outputs recomputes fused stacks' outputs: it needs fusion on");

@@ -246,7 +246,7 @@ TEST_CASE("learning-rate schedules", "[config]") {
   CHECK(learning_rate(t, 6) < 0.1);
 }
 
-TEST_CASE("memory.recompute_stack_outputs: a boolean, not with recompute segments or a budget", "[config]") {
+TEST_CASE("memory.recompute_stack_outputs: auto or a boolean, not with recompute segments or a budget", "[config]") {
   json j = minimal();
   j["memory"]["recompute_stack_outputs"] = true;
   CHECK(error_of(j).empty());
@@ -260,4 +260,25 @@ TEST_CASE("memory.recompute_stack_outputs: a boolean, not with recompute segment
   j.erase("fusion");
   j["memory"]["recompute_stack_outputs"] = "yes";
   CHECK_THAT(error_of(j), Catch::Contains("memory.recompute_stack_outputs"));
+  // auto (the default): on where it combines, off with segments, a budget, pruning or fusion off.
+  for (bool explicit_auto : {false, true}) {
+    json a = minimal();
+    if (explicit_auto) a["memory"]["recompute_stack_outputs"] = "auto";
+    CHECK(parse_config(a, "test.json").stash_options(false).recompute_stack_outputs);
+    json b = a;
+    b["memory"]["checkpoint_every"] = 2;
+    CHECK_FALSE(parse_config(b, "test.json").stash_options(false).recompute_stack_outputs);
+    b = a;
+    b["memory"]["prune_threshold"] = 0.01;
+    CHECK_FALSE(parse_config(b, "test.json").stash_options(false).recompute_stack_outputs);
+    b = a;
+    b["fusion"]["enabled"] = false;
+    CHECK_FALSE(parse_config(b, "test.json").stash_options(false).recompute_stack_outputs);
+    b = a;
+    b["memory"]["budget_mb"] = 300;
+    CHECK_FALSE(parse_config(b, "test.json").stash_options(false).recompute_stack_outputs);
+  }
+  json f = minimal();
+  f["memory"]["recompute_stack_outputs"] = false;
+  CHECK_FALSE(parse_config(f, "test.json").stash_options(false).recompute_stack_outputs);
 }
