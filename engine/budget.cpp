@@ -95,6 +95,10 @@ struct Candidate {
   std::map<int, StashFormat> format;
   int every = 1;
   std::vector<uint8_t> segments;
+  // memory.recompute_stack_outputs: fused BN -> ReLU stack outputs computed by their readers (not
+  // with segments, which choose what is kept themselves). Predicted free: the readers apply BN and
+  // ReLU to x as they stage it (docs/fusion.md measures even steps).
+  bool stack_outputs = false;
 };
 
 struct Estimate {
@@ -112,6 +116,7 @@ class Search {
     for (const auto& [id, f] : c.format) o.layers.emplace_back(g_.value(id).name, f);
     o.checkpoint_every = c.every;
     o.segments = c.segments;
+    o.recompute_stack_outputs = c.stack_outputs;
     return o;
   }
 
@@ -121,6 +126,7 @@ class Search {
     Executor ex(g_, backend_, options(c), quant_);
     std::vector<size_t> bytes(size_t(g_.num_values()), 0);
     for (const SavedValue& sv : ex.stash().saved()) {
+      if (sv.recomputed) continue;  // nothing kept: its readers compute it
       const StashFormatInfo& f = stash_format_info(sv.format);
       const StashEncoding enc = sv.full ? f.full : f.mask;
       if (enc == StashEncoding::ZeroCopy) continue;  // in the arena
@@ -199,10 +205,11 @@ struct Outcome {
 // they exclude recomputed segments (the codes recompute BN inputs their own way), so a search
 // with codes has `every` = 0 and no segments.
 Outcome search(Search& s, const std::vector<SavedValue>& saved, const std::vector<uint8_t>& sparse,
-               const std::vector<uint8_t>& codes, int every, int num_segments, double budget, bool lossy,
-               bool largest_first) {
+               const std::vector<uint8_t>& codes, int every, int num_segments, bool stack_outputs, double budget,
+               bool lossy, bool largest_first) {
   Candidate c;
   c.every = every;
+  c.stack_outputs = stack_outputs;
   c.segments.assign(size_t(num_segments), 0);
   std::vector<Move> todo;
   for (const SavedValue& sv : saved) {
@@ -302,10 +309,11 @@ BudgetPlan plan_memory_budget(Graph& g, Backend& backend, const QuantOptions& qu
   bool met = false;
   double smallest = INFINITY;
   const double fastest = s.estimate(Candidate{{}, 0, {}}).bytes;
-  auto consider = [&](const std::vector<uint8_t>& with_codes, int every, int num_segments) {
-    Outcome r = search(s, saved, sparse, with_codes, every, num_segments, budget, o.lossy, false);
+  auto consider = [&](const std::vector<uint8_t>& with_codes, int every, int num_segments, bool stack_outputs) {
+    Outcome r = search(s, saved, sparse, with_codes, every, num_segments, stack_outputs, budget, o.lossy, false);
     if (r.e.bytes > budget) {
-      const Outcome small = search(s, saved, sparse, with_codes, every, num_segments, budget, o.lossy, true);
+      const Outcome small =
+          search(s, saved, sparse, with_codes, every, num_segments, stack_outputs, budget, o.lossy, true);
       if (small.e.bytes < r.e.bytes) r = small;
     }
     smallest = std::min(smallest, r.e.bytes);
@@ -315,12 +323,21 @@ BudgetPlan plan_memory_budget(Graph& g, Backend& backend, const QuantOptions& qu
       met = true;
     }
   };
-  if (!codes.empty()) consider(codes, 0, 0);
+  if (!codes.empty()) consider(codes, 0, 0, false);
   for (int every = 1; every <= 3; ++every) {
     const int num_segments = int(Executor::candidate_segments(g, every).size());
     if (num_segments == 0 || (every > 1 && num_segments == int(Executor::candidate_segments(g, every - 1).size())))
       break;
-    consider({}, every, num_segments);
+    consider({}, every, num_segments, false);
+  }
+  // Stack outputs computed by their readers, where the graph has such (fused stacks on this backend).
+  {
+    StashOptions with;
+    with.recompute_stack_outputs = true;
+    Executor ex(g, backend, with, quant);
+    bool any = false;
+    for (const SavedValue& sv : ex.stash().saved()) any |= sv.recomputed;
+    if (any) consider({}, 0, 0, true);
   }
   if (!met)
     user_error("config key 'memory.budget_mb' = ", o.budget_mb, ": no plan fits the training step in it; the smallest ",
@@ -342,6 +359,10 @@ BudgetPlan plan_memory_budget(Graph& g, Backend& backend, const QuantOptions& qu
   if (p.segments == 0) p.options.checkpoint_every = 0, p.options.segments.clear();
   Executor chosen(g, backend, p.options, quant);
   std::vector<uint8_t> recomputed(size_t(g.num_values()), 0);
+  for (const SavedValue& sv : chosen.stash().saved()) {
+    recomputed[size_t(sv.value)] = sv.recomputed;
+    p.stack_outputs += sv.recomputed;
+  }
   for (int n = 0; n < g.num_nodes(); ++n) {
     for (int id : chosen.recomputed_by(n)) recomputed[size_t(id)] = 1;
     // Without checkpoint segments, what runs again are the convs of BN inputs kept as codes.
@@ -369,6 +390,9 @@ std::vector<std::string> BudgetPlan::summary() const {
   if (code_segments > 0)
     std::snprintf(recompute, sizeof(recompute), "%d BN input%s recomputed from INT4 codes", code_segments,
                   code_segments == 1 ? "" : "s");
+  else if (stack_outputs > 0)
+    std::snprintf(recompute, sizeof(recompute), "%d fused stack output%s computed by %s readers", stack_outputs,
+                  stack_outputs == 1 ? "" : "s", stack_outputs == 1 ? "its" : "their");
   else
     std::snprintf(recompute, sizeof(recompute), "%d segment%s of %d layer%s", segments, segments == 1 ? "" : "s",
                   options.checkpoint_every, options.checkpoint_every == 1 ? "" : "s");
@@ -392,7 +416,8 @@ std::string budget_plan_json(const BudgetPlan& p) {
   for (const auto& [name, f] : p.options.layers) layers[name] = stash_format_name(f);
   const nlohmann::json j = {{"budget_mb", p.budget_mb},           {"predicted_mb", p.predicted_mb},
                             {"extra_ms", p.extra_ms},             {"checkpoint_every", p.options.checkpoint_every},
-                            {"segments", p.options.segments},     {"layers", layers}};
+                            {"segments", p.options.segments},     {"layers", layers},
+                            {"recompute_stack_outputs", p.options.recompute_stack_outputs}};
   return j.dump(2) + "\n";
 }
 
@@ -407,6 +432,7 @@ BudgetPlan read_budget_plan(const std::string& path, const Graph& g) {
     p.extra_ms = j.at("extra_ms").get<double>();
     p.options.checkpoint_every = j.at("checkpoint_every").get<int>();
     p.options.segments = j.at("segments").get<std::vector<uint8_t>>();
+    p.options.recompute_stack_outputs = j.value("recompute_stack_outputs", false);  // absent before session 26
     for (const auto& [name, f] : j.at("layers").items()) {
       StashFormat sf;
       if (!parse_stash_format(f.get<std::string>(), &sf) || sf == StashFormat::Auto)

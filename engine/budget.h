@@ -18,8 +18,9 @@
 //    until the budget is met. Under 4-bit training a further search, without segments, also moves
 //    the inputs of INT4 layers to bitmap_int4 (their INT4 codes: exact there, and the BN inputs
 //    of those layers are then recomputed from them; a third calibration, in bitmap_int4, times
-//    it). The cheapest plan that meets the budget wins; if none does, the smallest prediction is
-//    reported in the error.
+//    it). A further search, without segments, keeps no fused BN -> ReLU stack output
+//    (memory.recompute_stack_outputs: its readers compute it, predicted free). The cheapest plan
+//    that meets the budget wins; if none does, the smallest prediction is reported in the error.
 #pragma once
 #include <cstdint>
 #include <functional>
@@ -59,6 +60,7 @@ struct BudgetPlan {
   double recompute_ms = 0;   // of which recomputation
   int segments = 0;          // recomputed segments (memory.checkpoint_every's)
   int code_segments = 0;     // 4-bit training: BN inputs recomputed from their conv's INT4 codes
+  int stack_outputs = 0;     // fused stack outputs computed by their readers (recompute_stack_outputs)
   double calibration_s = 0;  // wall time of calibration and search
   std::vector<BudgetTensor> tensors;
   std::vector<std::string> summary() const;  // lines for the log (one per non-default choice)

@@ -24,10 +24,11 @@ struct Planned {
   Graph g;
   std::unique_ptr<Backend> be = make_cpu_backend();
   BudgetPlan plan;
-  explicit Planned(double budget_mb, bool lossy = false, const QuantOptions& quant = {}) {
+  explicit Planned(double budget_mb, bool lossy = false, const QuantOptions& quant = {}, bool fused = false) {
     ModelSpec spec;
     spec.name = "resnet8";
     spec.batch = 32;
+    spec.fusion.enabled = fused;
     build_model(g, spec);
     BudgetOptions o;
     o.budget_mb = budget_mb;
@@ -41,8 +42,10 @@ struct Trained {
   double arena_and_stash_mb = 0;
 };
 
-Trained train(const StashOptions& opt, const QuantOptions& quant = {}, int steps = 3) {
-  test::TinyTraining t("resnet8", 32, opt, 5, 0, 7, quant);
+Trained train(const StashOptions& opt, const QuantOptions& quant = {}, int steps = 3, bool fused = false) {
+  FusionSpec fusion;
+  fusion.enabled = fused;
+  test::TinyTraining t("resnet8", 32, opt, 5, 0, 7, quant, fusion);
   Trained r;
   t.ex->stash().reset_peak();
   for (int s = 0; s < steps; ++s) {
@@ -142,6 +145,45 @@ TEST_CASE("a budget between the smallest and the fastest plan is met, exactly", 
   CHECK(lean.losses == fast.losses);
   REQUIRE(lean.params.size() == fast.params.size());
   CHECK(std::memcmp(lean.params.data(), fast.params.data(), fast.params.size() * sizeof(float)) == 0);
+}
+
+TEST_CASE("with fused stacks the budget keeps no stack output first: free, exact, and what the plan predicts",
+          "[budget][fusion]") {
+  // memory.recompute_stack_outputs as the budget's lever: a BN -> ReLU stack's output is computed by
+  // the conv that reads it in backward, at no predicted time. A budget just under the fastest plan
+  // is met by it alone, before any bitmap or segment (which cost time).
+  const Planned fastest(1e6, false, {}, true);
+  CHECK(fastest.plan.options.recompute_stack_outputs);  // free: taken even where nothing needs it
+  CHECK(fastest.plan.predicted_mb < fastest.plan.fastest_mb);
+  const Planned p(fastest.plan.fastest_mb - 0.5, false, {}, true);
+  INFO("fastest " << p.plan.fastest_mb << " MB, predicted " << p.plan.predicted_mb);
+  REQUIRE(p.plan.predicted_mb <= p.plan.budget_mb);
+  CHECK(p.plan.options.recompute_stack_outputs);
+  CHECK(p.plan.stack_outputs == 4);  // resnet8: the stem's BN -> ReLU stack and one per block
+  CHECK(p.plan.options.layers.empty());
+  CHECK(p.plan.segments == 0);
+  CHECK(p.plan.extra_ms == 0);
+  bool named = false;
+  for (const std::string& line : p.plan.summary()) named |= line.find("4 fused stack outputs computed") != std::string::npos;
+  CHECK(named);
+
+  const Trained fast = train(StashOptions{}, {}, 3, true);
+  const Trained lean = train(p.plan.options, {}, 3, true);
+  const double predicted = p.plan.predicted_mb - p.plan.overhead_mb;
+  CHECK(lean.arena_and_stash_mb <= predicted + 0.01);
+  CHECK(lean.arena_and_stash_mb < fast.arena_and_stash_mb);
+  CHECK(lean.losses == fast.losses);
+  REQUIRE(lean.params.size() == fast.params.size());
+  CHECK(std::memcmp(lean.params.data(), fast.params.data(), fast.params.size() * sizeof(float)) == 0);
+
+  // The choice survives a run folder's memory plan.
+  const std::string path = (std::filesystem::temp_directory_path() / "edgetrain_budget_stack_plan.json").string();
+  {
+    std::ofstream out(path);
+    out << budget_plan_json(p.plan);
+  }
+  CHECK(read_budget_plan(path, p.g).options.recompute_stack_outputs);
+  std::remove(path.c_str());
 }
 
 TEST_CASE("an impossible budget names the smallest plan", "[budget]") {
