@@ -155,7 +155,18 @@ TEST_CASE("with fused stacks the budget keeps no stack output first: free, exact
   const Planned fastest(1e6, false, {}, true);
   CHECK(fastest.plan.options.recompute_stack_outputs);  // free: taken even where nothing needs it
   CHECK(fastest.plan.predicted_mb < fastest.plan.fastest_mb);
-  const Planned p(fastest.plan.fastest_mb - 0.5, false, {}, true);
+  // 0.5 MB under the fastest plan's arena + stash, plus the overhead (USS outside them) measured by
+  // the latest planning run: it drifts between runs (2.6 MB seen under ctest -j2), so the plan is
+  // taken again, at most three times, when its run measured another by more than 0.25 MB.
+  const double fastest_core = fastest.plan.fastest_mb - fastest.plan.overhead_mb;
+  double overhead_mb = fastest.plan.overhead_mb;
+  std::unique_ptr<Planned> planned;
+  for (int attempt = 0; attempt < 3; ++attempt) {
+    planned = std::make_unique<Planned>(overhead_mb + fastest_core - 0.5, false, QuantOptions{}, true);
+    if (std::abs(planned->plan.overhead_mb - overhead_mb) <= 0.25) break;
+    overhead_mb = planned->plan.overhead_mb;
+  }
+  const Planned& p = *planned;
   INFO("fastest " << p.plan.fastest_mb << " MB, predicted " << p.plan.predicted_mb);
   REQUIRE(p.plan.predicted_mb <= p.plan.budget_mb);
   CHECK(p.plan.options.recompute_stack_outputs);
