@@ -740,3 +740,41 @@ TEST_CASE("fusion: a BN -> ReLU stack's output recomputed for backward trains bi
     }
   }
 }
+
+TEST_CASE("fusion: the relu(affine) run a reader computes a stack output with is the forward's arithmetic",
+          "[fusion][kernels]") {
+  // Backend::fused_affine_relu: what the conv weight gradients apply to x as they read a stack
+  // output nobody kept (memory.recompute_stack_outputs). Its bits must be the forward's: one FMA,
+  // then relu_forward's rule (NaN and -0 give +0). Runs of every length up to 40 (masked tails) on
+  // special values, and on a product whose separate rounding differs from the FMA's.
+  FusedStack s;
+  s.C = 1;
+  FusedStage bn = fused_stage(FusedKind::BatchNorm), relu = fused_stage(FusedKind::Relu);
+  bn.H = relu.H = bn.P = relu.P = 8;
+  bn.W = relu.W = bn.Q = relu.Q = 8;
+  s.stages = {bn, relu};
+  auto be = make_cpu_backend();
+  const AffineReluRun run = be->fused_affine_relu(s);
+  REQUIRE(run != nullptr);
+  const float inf = std::numeric_limits<float>::infinity(), nan = std::numeric_limits<float>::quiet_NaN();
+  const float fma_x = 1.f + 0x1p-12f;  // fma_x * fma_x - 1: 2^-11 + 2^-24 with one rounding, 2^-11 with two
+  std::vector<float> x;
+  for (float v : {0.f, -0.f, 1.f, -1.f, inf, -inf, nan, 1e-40f, -1e-40f, 3.5f, -2.25f, fma_x})
+    for (int k = 0; k < 4; ++k) x.push_back(v);
+  for (int64_t len = 1; len <= 40; ++len)
+    for (auto [scale, shift] : std::vector<std::pair<float, float>>{{1.f, 0.f}, {-1.f, 0.f}, {fma_x, -1.f}, {0.5f, -0.f}}) {
+      std::vector<float> y(static_cast<size_t>(len) + 1, 7.f), ref(static_cast<size_t>(len));
+      for (int64_t i = 0; i < len; ++i) {
+        const float v = std::fma(x[size_t(i)], scale, shift);
+        ref[size_t(i)] = v > 0.f ? v : 0.f;
+      }
+      run(x.data(), scale, shift, len, y.data());
+      INFO("len " << len << " scale " << scale << " shift " << shift);
+      CHECK(std::memcmp(y.data(), ref.data(), size_t(len) * 4) == 0);
+      CHECK(y[size_t(len)] == 7.f);  // nothing past the run
+      // In place, as a reader does on a decoded piece in its scratch.
+      std::vector<float> z(x.begin(), x.begin() + len);
+      run(z.data(), scale, shift, len, z.data());
+      CHECK(std::memcmp(z.data(), ref.data(), size_t(len) * 4) == 0);
+    }
+}

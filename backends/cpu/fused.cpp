@@ -374,10 +374,23 @@ void CpuBackend::fused_recompute_output(const FusedStack& s, const FusedTensors&
 }
 
 namespace {
-// forward_plane's arithmetic for a BN -> ReLU stack over a run of one channel.
+// forward_plane's arithmetic for a BN -> ReLU stack over a run of one channel: bn_rows::apply's FMA,
+// then relu_forward's rule, which a max with +0 as second operand is (NaN and -0 give +0), in one
+// pass as elementwise_forward_plane does (maskz forms: GCC 12 warns on the plain max).
 void bn_relu_run(const float* x, float scale, float shift, int64_t len, float* y) {
+#if defined(__AVX512F__)
+  const __m512 vs = _mm512_set1_ps(scale), vt = _mm512_set1_ps(shift), zero = _mm512_setzero_ps();
+  int64_t i = 0;
+  for (; i + 16 <= len; i += 16)
+    _mm512_storeu_ps(y + i, _mm512_maskz_max_ps(0xFFFF, _mm512_fmadd_ps(_mm512_loadu_ps(x + i), vs, vt), zero));
+  if (i < len) {
+    const __mmask16 m = __mmask16((1u << (len - i)) - 1);
+    _mm512_mask_storeu_ps(y + i, m, _mm512_maskz_max_ps(0xFFFF, _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, x + i), vs, vt), zero));
+  }
+#else
   bn_rows::apply(x, scale, shift, len, y);
   relu_run(y, len, y);
+#endif
 }
 }  // namespace
 
