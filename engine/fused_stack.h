@@ -106,8 +106,9 @@ struct FusedTensors {
 struct FusedGrads {
   Tensor dy;          // gradient of y
   MaskView y_mask;    // FusedStack::saves_output_mask: y's saved mask
-  // x is the forward's x bit for bit (not a rounded stash copy): a last ReLU without an Add before
-  // it recomputes its mask from x, which the backward reads anyway, instead of reading y_mask.
+  // x is the forward's x bit for bit (not a rounded stash copy), or y was not kept and its readers
+  // computed it from this x (DType::AffineRelu): a last ReLU without an Add before it recomputes
+  // its mask from x, which the backward reads anyway, instead of reading y_mask.
   bool x_exact = false;
   Tensor dx;          // undefined: not wanted
   bool dx_accumulate = false;
