@@ -354,7 +354,7 @@ void CpuBackend::fused_forward(const FusedStack& s, FusedTensors& t, bool traini
 // BN then ReLU on planes in memory order (the stacks fused_forward runs plane by plane): y's plane
 // is the BN stage's output, then the ReLU's in place, through the forward's own functions.
 bool CpuBackend::fused_recomputes(const FusedStack& s) const {
-  return s.headed_by_bn() && !s.small_planes() && s.stages.size() == 2 && s.stages[1].kind == FusedKind::Relu;
+  return s.headed_by_bn() && s.stages.size() == 2 && s.stages[1].kind == FusedKind::Relu;
 }
 
 void CpuBackend::fused_recompute_output(const FusedStack& s, const FusedTensors& t, Tensor& y) {
