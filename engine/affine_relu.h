@@ -10,9 +10,12 @@
 
 namespace et {
 
-// y[i] = relu(x[i] * scale + shift) over one channel's run, with the arithmetic of the producer's
-// forward (so the bits are its output's). In place (x == y) allowed.
-using AffineReluRun = void (*)(const float* x, float scale, float shift, int64_t len, float* y);
+// Elements [begin, begin + count) (flat index) of y = relu(x * scale[c] + shift[c]), c = i / plane %
+// channels, with the arithmetic of the producer's forward plane by plane (so the bits are its
+// output's): x and y point at element `begin`. In place (x == y) allowed. One call per piece, so
+// small planes cost no call each.
+using AffineReluRun = void (*)(const float* x, const float* scale, const float* shift, int64_t channels,
+                               int64_t plane, int64_t begin, int64_t count, float* y);
 
 struct AffineReluSource {
   Tensor x;                      // the source, as the stash keeps it (kStashDTypes), shape [N, C, H, W]

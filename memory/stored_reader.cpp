@@ -1,7 +1,5 @@
 #include "memory/stored_reader.h"
 
-#include <algorithm>
-
 #include "memory/bitmap.h"
 #include "memory/half.h"
 
@@ -33,15 +31,10 @@ const float* StoredReader::read(int64_t begin, int64_t count) {
   return affine_ ? affine_relu(p, begin, count) : p;
 }
 
-// The source's piece through the scratch, a channel's run at a time (runs start on plane
-// boundaries as in the producer's forward, which applied it plane by plane).
+// The source's piece through the scratch.
 const float* StoredReader::affine_relu(const float* src, int64_t begin, int64_t count) {
   ET_CHECK(count <= capacity_, "piece of ", count, " elements, scratch for ", capacity_);
-  for (int64_t i = 0; i < count;) {
-    const int64_t e = begin + i, c = e / plane_ % channels_, len = std::min(count - i, plane_ - e % plane_);
-    affine_->run(src + i, affine_->scale[c], affine_->shift[c], len, scratch_ + i);
-    i += len;
-  }
+  affine_->run(src, affine_->scale, affine_->shift, channels_, plane_, begin, count, scratch_);
   return scratch_;
 }
 

@@ -375,9 +375,11 @@ TEST_CASE("bitmap ranges decode like the whole tensor from any position", "[bitm
 
 namespace {
 // A run with its own arithmetic, distinct per channel through the coefficients.
-void test_affine_relu_run(const float* x, float scale, float shift, int64_t len, float* y) {
-  for (int64_t i = 0; i < len; ++i) {
-    const float v = std::fma(x[i], scale, shift);
+void test_affine_relu_run(const float* x, const float* scale, const float* shift, int64_t channels, int64_t plane,
+                          int64_t begin, int64_t count, float* y) {
+  for (int64_t i = 0; i < count; ++i) {
+    const int64_t c = (begin + i) / plane % channels;
+    const float v = std::fma(x[i], scale[c], shift[c]);
     y[i] = v > 0.f ? v : 0.f;
   }
 }
@@ -414,9 +416,11 @@ TEST_CASE("a stored reader computes relu(affine) of a stored x piece by piece", 
       xs = et::Tensor::contiguous(store.data(), et::Shape{N, C, H, W}, et::DType::BitmapF32);
     }
     std::vector<float> whole(static_cast<size_t>(n));
-    for (int64_t i = 0; i < n; ++i)
-      test_affine_relu_run(&decoded[size_t(i)], scale[size_t(i / HW % C)], shift[size_t(i / HW % C)], 1,
-                           &whole[size_t(i)]);
+    for (int64_t i = 0; i < n; ++i) {
+      const size_t c = size_t(i / HW % C);
+      const float v = std::fma(decoded[size_t(i)], scale[c], shift[c]);
+      whole[size_t(i)] = v > 0.f ? v : 0.f;
+    }
     et::AffineReluSource src;
     src.x = xs;
     src.scale = scale.data();

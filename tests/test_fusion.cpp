@@ -746,7 +746,8 @@ TEST_CASE("fusion: the relu(affine) run a reader computes a stack output with is
   // Backend::fused_affine_relu: what the conv weight gradients apply to x as they read a stack
   // output nobody kept (memory.recompute_stack_outputs). Its bits must be the forward's: one FMA,
   // then relu_forward's rule (NaN and -0 give +0). Runs of every length up to 40 (masked tails) on
-  // special values, and on a product whose separate rounding differs from the FMA's.
+  // special values, and on a product whose separate rounding differs from the FMA's; then pieces
+  // over planes of 1 to 20 elements of 3 channels, from any start.
   FusedStack s;
   s.C = 1;
   FusedStage bn = fused_stage(FusedKind::BatchNorm), relu = fused_stage(FusedKind::Relu);
@@ -768,13 +769,28 @@ TEST_CASE("fusion: the relu(affine) run a reader computes a stack output with is
         const float v = std::fma(x[size_t(i)], scale, shift);
         ref[size_t(i)] = v > 0.f ? v : 0.f;
       }
-      run(x.data(), scale, shift, len, y.data());
+      run(x.data(), &scale, &shift, 1, len, 0, len, y.data());
       INFO("len " << len << " scale " << scale << " shift " << shift);
       CHECK(std::memcmp(y.data(), ref.data(), size_t(len) * 4) == 0);
       CHECK(y[size_t(len)] == 7.f);  // nothing past the run
       // In place, as a reader does on a decoded piece in its scratch.
       std::vector<float> z(x.begin(), x.begin() + len);
-      run(z.data(), scale, shift, len, z.data());
+      run(z.data(), &scale, &shift, 1, len, 0, len, z.data());
       CHECK(std::memcmp(z.data(), ref.data(), size_t(len) * 4) == 0);
+    }
+  const float scales[3] = {fma_x, -0.5f, 2.f}, shifts[3] = {-1.f, 0.25f, -0.f};
+  for (int64_t plane = 1; plane <= 20; ++plane)
+    for (int64_t begin : {int64_t(0), int64_t(1), plane - 1, plane, 2 * plane + 1}) {
+      const int64_t count = std::min<int64_t>(int64_t(x.size()), 4 * plane + 3);
+      std::vector<float> y(static_cast<size_t>(count) + 1, 7.f), ref(static_cast<size_t>(count));
+      for (int64_t i = 0; i < count; ++i) {
+        const int64_t c = (begin + i) / plane % 3;
+        const float v = std::fma(x[size_t(i)], scales[c], shifts[c]);
+        ref[size_t(i)] = v > 0.f ? v : 0.f;
+      }
+      run(x.data(), scales, shifts, 3, plane, begin, count, y.data());
+      INFO("plane " << plane << " begin " << begin);
+      CHECK(std::memcmp(y.data(), ref.data(), size_t(count) * 4) == 0);
+      CHECK(y[size_t(count)] == 7.f);
     }
 }

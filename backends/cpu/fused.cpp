@@ -377,7 +377,7 @@ namespace {
 // forward_plane's arithmetic for a BN -> ReLU stack over a run of one channel: bn_rows::apply's FMA,
 // then relu_forward's rule, which a max with +0 as second operand is (NaN and -0 give +0), in one
 // pass as elementwise_forward_plane does (maskz forms: GCC 12 warns on the plain max).
-void bn_relu_run(const float* x, float scale, float shift, int64_t len, float* y) {
+inline void bn_relu_channel(const float* x, float scale, float shift, int64_t len, float* y) {
 #if defined(__AVX512F__)
   const __m512 vs = _mm512_set1_ps(scale), vt = _mm512_set1_ps(shift), zero = _mm512_setzero_ps();
   int64_t i = 0;
@@ -391,6 +391,16 @@ void bn_relu_run(const float* x, float scale, float shift, int64_t len, float* y
   bn_rows::apply(x, scale, shift, len, y);
   relu_run(y, len, y);
 #endif
+}
+
+// AffineReluRun: the piece channel run by channel run, each from its plane's boundary or the piece's.
+void bn_relu_run(const float* x, const float* scale, const float* shift, int64_t channels, int64_t plane,
+                 int64_t begin, int64_t count, float* y) {
+  for (int64_t i = 0; i < count;) {
+    const int64_t e = begin + i, c = e / plane % channels, len = std::min(count - i, plane - e % plane);
+    bn_relu_channel(x + i, scale[c], shift[c], len, y + i);
+    i += len;
+  }
 }
 }  // namespace
 
