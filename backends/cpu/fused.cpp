@@ -351,8 +351,9 @@ void CpuBackend::fused_forward(const FusedStack& s, FusedTensors& t, bool traini
   if (pack_values) mask->values_written = true;
 }
 
-// BN then ReLU on planes in memory order (the stacks fused_forward runs plane by plane): y's plane
-// is the BN stage's output, then the ReLU's in place, through the forward's own functions.
+// BN then ReLU, on large planes or small-plane blocks alike: every element of y is the BN stage's
+// FMA with its channel's coefficients, then the ReLU, so a plane at a time gives the forward's bits
+// (the blocks' forward expands the same coefficients per element).
 bool CpuBackend::fused_recomputes(const FusedStack& s) const {
   return s.headed_by_bn() && s.stages.size() == 2 && s.stages[1].kind == FusedKind::Relu;
 }
