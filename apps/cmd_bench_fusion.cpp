@@ -52,6 +52,7 @@ int cmd_bench_fusion(const BenchFusionArgs& a) {
   build_stack(fused, a);
   FusionSpec spec;
   spec.enabled = true;
+  spec.cache_kb = a.cache_kb;
   const fusion::Plan p = fusion::plan(fused, spec);
   fusion::apply(fused, p);
   auto backend = make_cpu_backend();
@@ -102,6 +103,16 @@ int cmd_bench_fusion(const BenchFusionArgs& a) {
               identical ? "yes" : "NO");
   std::printf("bytes moved per step by the %zu stacks (planner's count): %.1f MB unfused, %.1f MB fused\n",
               p.stacks.size(), p.bytes_unfused / 1e6, p.bytes_fused / 1e6);
+  // The tiles: whole planes, or bands of rows where a plane's scratch exceeds the cache.
+  int fused_stacks = 0;
+  int64_t band_rows = 0;
+  for (const fusion::StackPlan& sp : p.stacks) {
+    fused_stacks += sp.fused;
+    if (sp.fused) band_rows = std::max(band_rows, sp.stack.band_rows);
+  }
+  const std::string tile = band_rows > 0 ? std::to_string(band_rows) + " rows" : "plane";
+  std::printf("cache %zu KiB (%s): %d of %zu stacks fused, tile %s\n", p.cache_bytes / 1024, p.cache_source.c_str(),
+              fused_stacks, p.stacks.size(), tile.c_str());
   nlohmann::json j = {{"depth", a.depth},
                       {"batch", a.batch},
                       {"channels", a.channels},
@@ -119,6 +130,9 @@ int cmd_bench_fusion(const BenchFusionArgs& a) {
                       {"bytes_moved_unfused", p.bytes_unfused},
                       {"activations_mb_fused", ex_fused.memory().activations_planned / 1048576.0},
                       {"activations_mb_unfused", ex_plain.memory().activations_planned / 1048576.0},
+                      {"cache_kb", p.cache_bytes / 1024},
+                      {"stacks_fused", fused_stacks},
+                      {"tile", tile},
                       {"identical", identical}};
   std::printf("%s\n", j.dump().c_str());
   return identical ? 0 : 1;

@@ -69,6 +69,7 @@ struct BenchFusionArgs {
   int depth = 8, reps = 5, warmup = 2;
   int64_t batch = 128, channels = 64, size = 32;
   bool no_pool = false;  // <BN, ReLU> blocks: the element-wise part alone
+  int64_t cache_kb = 0;  // fusion.cache_kb: 0 = this core's L2 (planes beyond it go by bands of rows)
 };
 int cmd_bench_fusion(const BenchFusionArgs& a);
 

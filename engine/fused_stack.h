@@ -50,6 +50,12 @@ struct FusedStack {
   // channels of one image, in memory order.
   int64_t tile_channels = 1;
   bool channel_slabs = false;
+  // Planes larger than the cache (memory order only): a tile is a band of `band_rows` rows of x's
+  // plane instead of the whole plane (0: whole planes). The rows a band's pool windows reach
+  // beyond it (the halo) are recomputed by each band that needs them, as in BrainSlug's Fig. 10.
+  // A multiple of 16 / gcd(W, 16) rows, so every band but a plane's last is whole vectors long and
+  // BN's backward sums carry across bands in the unfused order (bn_rows::GradLanes).
+  int64_t band_rows = 0;
   // The last stage is a ReLU: the op saves y's mask, as the unfused ReLU does, and the backward
   // reads it (OpContext::saved_mask) instead of recomputing the stack (after an Add it could not:
   // the side input is not kept).
@@ -83,6 +89,85 @@ inline int64_t small_plane_block_channels(int64_t plane, int64_t C) {
   int64_t L = kSmallPlaneBlock / plane / 16 * 16;
   L = L < 16 ? 16 : L;
   return L < C ? L : C;
+}
+
+// Row bands (FusedStack::band_rows): the rows of each stage a band covers. The stages before the
+// pool and the pool's input cover rows [b0, b1) of the H x W planes; the pool's output and the
+// stages after it rows [o0, o1) of the P x Q planes. Without a pool both are the band's own rows.
+struct BandRows {
+  int64_t b0 = 0, b1 = 0;  // input side: x, BN, the ReLUs before the pool, the pool's input
+  int64_t o0 = 0, o1 = 0;  // output side: the pool's output, the stages after it, y
+};
+inline int pool_stage(const FusedStack& s) {
+  for (size_t i = 0; i < s.stages.size(); ++i)
+    if (s.stages[i].kind == FusedKind::MaxPool || s.stages[i].kind == FusedKind::AvgPool) return int(i);
+  return -1;
+}
+// The rows the windows of output rows [o0, o1) read, [o0 * sh - ph, (o1 - 1) * sh - ph + R) within [0, H).
+inline void pool_input_rows(const FusedStage& st, int64_t o0, int64_t o1, int64_t* b0, int64_t* b1) {
+  const int64_t lo = o0 * st.pool.stride_h - st.pool.pad_h, hi = (o1 - 1) * st.pool.stride_h - st.pool.pad_h + st.pool.R;
+  *b0 = lo < 0 ? 0 : lo;
+  *b1 = hi > st.H ? st.H : hi;
+}
+// Forward: output rows [r0, r1) of y, and the input rows their windows read (the halo included).
+inline BandRows forward_band(const FusedStack& s, int64_t r0, int64_t r1) {
+  BandRows b;
+  b.b0 = b.o0 = r0;
+  b.b1 = b.o1 = r1;
+  const int k = pool_stage(s);
+  if (k >= 0) pool_input_rows(s.stages[size_t(k)], r0, r1, &b.b0, &b.b1);
+  return b;
+}
+// The output rows per forward band: about band_rows input rows each.
+inline int64_t forward_band_out_rows(const FusedStack& s) {
+  const int k = pool_stage(s);
+  const int64_t r = k >= 0 ? s.band_rows / s.stages[size_t(k)].pool.stride_h : s.band_rows;
+  return r < 1 ? 1 : r;
+}
+// Backward: dz rows [a0, a1) of x's plane. The pool's gradient there comes from the outputs whose
+// windows reach those rows, [o0, o1); their windows read rows beyond the band, which the band
+// recomputes. [b0, b1) joins those rows and the band (rows in no window take no gradient).
+inline BandRows backward_band(const FusedStack& s, int64_t a0, int64_t a1) {
+  BandRows b;
+  b.b0 = b.o0 = a0;
+  b.b1 = b.o1 = a1;
+  const int k = pool_stage(s);
+  if (k < 0) return b;
+  const FusedStage& st = s.stages[size_t(k)];
+  const int64_t sh = st.pool.stride_h, first = a0 + st.pool.pad_h - st.pool.R + 1, last = a1 - 1 + st.pool.pad_h;
+  b.o0 = first <= 0 ? 0 : (first + sh - 1) / sh;
+  b.o1 = last < 0 ? 0 : last / sh + 1;
+  if (b.o1 > st.P) b.o1 = st.P;
+  if (b.o0 > b.o1) b.o0 = b.o1;
+  if (b.o1 > b.o0) {
+    int64_t w0, w1;
+    pool_input_rows(st, b.o0, b.o1, &w0, &w1);
+    if (w0 < b.b0) b.b0 = w0;
+    if (w1 > b.b1) b.b1 = w1;
+  }
+  return b;
+}
+// The floats of one stage buffer of a band: its rows (the band's and the halo, 2 R at most) times
+// the widest plane; never more than a whole plane.
+inline int64_t band_buffer_floats(const FusedStack& s) {
+  int64_t plane = 0, width = 0;
+  for (const FusedStage& st : s.stages) {
+    plane = st.H * st.W > plane ? st.H * st.W : plane;
+    plane = st.P * st.Q > plane ? st.P * st.Q : plane;
+    width = st.W > width ? st.W : width;
+    width = st.Q > width ? st.Q : width;
+  }
+  const int k = pool_stage(s);
+  const int64_t R = k >= 0 ? s.stages[size_t(k)].pool.R : 0;
+  int64_t band = (s.band_rows + 2 * R) * width;
+  band = band < plane ? band : plane;
+  return (band + 15) / 16 * 16;
+}
+// The row unit of a band: 16 / gcd(W, 16) rows of x's plane are whole vectors of 16 floats.
+inline int64_t band_row_unit(const FusedStack& s) {
+  int64_t w = s.stages[0].W, u = 16;
+  while (u > 1 && w % 2 == 0) w /= 2, u /= 2;
+  return u;
 }
 
 // The pass bits of a stack without a BN: one 64-bit word run per plane (planes never share a word,

@@ -93,6 +93,37 @@ size_t fused_bytes(const FusedStack& s, int64_t N) {
   return fwd + 2 * sweep + f32(side) + f32(in);  // + side gradient, dx
 }
 
+// A thread's scratch for bands of s.band_rows rows (backends/cpu/fused_common.h, thread_floats):
+// a buffer per stage, two gradient buffers and x's rows widened from a 16-bit stash.
+size_t band_scratch_bytes(const FusedStack& s) { return f32(band_buffer_floats(s) * int64_t(s.stages.size() + 3)); }
+
+// The most rows (a multiple of band_row_unit, fewer than the plane's) whose scratch fits the cache;
+// 0 if not even one unit does.
+int64_t band_rows_within(const FusedStack& s, size_t cache_bytes) {
+  const int64_t unit = band_row_unit(s), H = s.stages[0].H;
+  FusedStack t = s;
+  for (int64_t rows = (H - 1) / unit * unit; rows >= unit; rows -= unit) {
+    t.band_rows = rows;
+    if (band_scratch_bytes(t) <= cache_bytes) return rows;
+  }
+  return 0;
+}
+
+// The rows of x's plane that bands read beyond their own, forward and in the first backward sweep.
+int64_t halo_rows(const FusedStack& s) {
+  const int64_t H = s.stages[0].H, P = s.last().P, step = forward_band_out_rows(s);
+  int64_t forward = 0, backward = 0;
+  for (int64_t r0 = 0; r0 < P; r0 += step) {
+    const BandRows b = forward_band(s, r0, std::min(P, r0 + step));
+    forward += b.b1 - b.b0;
+  }
+  for (int64_t a0 = 0; a0 < H; a0 += s.band_rows) {
+    const BandRows b = backward_band(s, a0, std::min(H, a0 + s.band_rows));
+    backward += b.b1 - b.b0;
+  }
+  return std::max<int64_t>(0, forward - H) + std::max<int64_t>(0, backward - H);
+}
+
 bool is_pool(FusedKind k) { return k == FusedKind::MaxPool || k == FusedKind::AvgPool; }
 
 // The stack headed by node `head` (a BN), or an empty one; nodes already in a stack end it.
@@ -219,10 +250,20 @@ Plan plan(const Graph& g, const FusionSpec& spec) {
     const size_t slab = s.headed_by_bn() ? f32(N * s.stages[0].H * s.stages[0].W) * 2 : 0;  // x and dz of one channel
     sp.bytes_unfused = unfused_bytes(s, N);
     sp.bytes_fused = fused_bytes(s, N);
+    // Planes whose scratch exceeds the cache go by bands of rows in memory order (BN-headed stacks,
+    // fusion.tile auto): the most rows whose scratch fits, each band recomputing its pool's halo.
+    if (scratch > p.cache_bytes && s.headed_by_bn() && !s.small_planes() && spec.tile == 0)
+      s.band_rows = band_rows_within(s, p.cache_bytes);
     if (std::find(spec.disable.begin(), spec.disable.end(), sp.name) != spec.disable.end()) {
       sp.why_not = "fusion.disable";
-    } else if (scratch > p.cache_bytes) {
+    } else if (scratch > p.cache_bytes && s.band_rows == 0) {
       sp.why_not = "one plane's scratch (" + std::to_string(scratch / 1024) + " KiB) exceeds the cache";
+      if (s.headed_by_bn() && !s.small_planes() && spec.tile == 0) {
+        FusedStack one = s;
+        one.band_rows = band_row_unit(s);
+        sp.why_not += ", and so does one band of " + std::to_string(one.band_rows) + " rows (" +
+                      std::to_string(band_scratch_bytes(one) / 1024) + " KiB)";
+      }
     } else {
       sp.fused = true;
       // auto: the finest split over threads; on small planes one channel block (fused_stack.h)
@@ -236,6 +277,10 @@ Plan plan(const Graph& g, const FusionSpec& spec) {
                    " KiB cache");
       sp.tile_bytes = scratch + (s.channel_slabs ? size_t(s.tile_channels) * slab : 0);
       if (s.small_planes()) sp.tile_bytes = scratch * size_t(s.tile_channels);
+      if (s.band_rows > 0) {
+        sp.tile_bytes = band_scratch_bytes(s);
+        sp.bytes_fused += f32(N * s.C * halo_rows(s) * s.stages[0].W);  // x's halo rows, read again
+      }
       // BN's per-plane sums from x's producer: a conv (in its epilogue) or a stack walking its
       // planes in memory order, when this stack is x's only reader.
       const Value& x = g.value(sp.input);
@@ -307,6 +352,8 @@ std::string describe(const Graph& g, const Plan& p) {
       char tile[32];
       if (s.channel_slabs || s.small_planes())
         std::snprintf(tile, sizeof tile, "%lldch%s", (long long)s.tile_channels, s.channel_slabs ? " slab" : "");
+      else if (s.band_rows > 0)
+        std::snprintf(tile, sizeof tile, "%lld rows", (long long)s.band_rows);
       else
         std::snprintf(tile, sizeof tile, "plane");
       std::snprintf(line, sizeof line, "%10s %8zu%s %10s %9s %6zu  %-10s %s\n", tile, sp.tile_bytes / 1024,
@@ -321,7 +368,8 @@ std::string describe(const Graph& g, const Plan& p) {
   }
   int fused = 0;
   for (const StackPlan& sp : p.stacks) fused += sp.fused;
-  o << "(tile: plane = one plane, in memory order; Nch = a block of N channels of one image; Nch slab = N "
+  o << "(tile: plane = one plane, in memory order; N rows = a band of N rows of a plane, in memory order, "
+       "its pool's halo recomputed; Nch = a block of N channels of one image; Nch slab = N "
        "channels over the whole batch (fusion.tile), * = larger than the cache: the second backward sweep "
        "re-reads x from memory; statistics: producer = BN's per-plane sums written by x's producer, "
        "own sweep = the stack reads x for them; streamed: y where x and y fill the last-level cache, dx where "

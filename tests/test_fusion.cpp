@@ -367,6 +367,97 @@ void relu_chain(Graph& g, int64_t batch, int64_t h, int64_t w, int64_t channels)
 }
 }  // namespace
 
+namespace {
+// Plans `g` fused with a cache of `cache_kb` KiB (0: this machine's) and the stacks in `disable` left
+// unfused, and rewrites it; returns how many stacks go by bands of rows, and in *unfused the stacks
+// left unfused. Every fused stack's tile fits the cache; a stack left unfused says why.
+int fuse_with_cache(Graph& g, int64_t cache_kb, std::vector<std::string>* unfused = nullptr,
+                    const std::vector<std::string>& disable = {}) {
+  FusionSpec spec;
+  spec.enabled = true;
+  spec.disable = disable;
+  spec.cache_kb = cache_kb;
+  const fusion::Plan p = fusion::plan(g, spec);
+  int banded = 0;
+  for (const fusion::StackPlan& sp : p.stacks) {
+    if (!sp.fused) {
+      CHECK(sp.why_not.find(disable.empty() ? "exceeds the cache" : "") != std::string::npos);
+      if (unfused) unfused->push_back(sp.name);
+      continue;
+    }
+    CHECK(sp.tile_bytes <= p.cache_bytes);
+    if (sp.stack.band_rows > 0) {
+      ++banded;
+      CHECK(sp.stack.band_rows < sp.stack.stages[0].H);
+      CHECK(sp.stack.band_rows * sp.stack.stages[0].W % 16 == 0);  // whole vectors: BN's sums carry over bands
+    }
+  }
+  fusion::apply(g, p);
+  return banded;
+}
+}  // namespace
+
+TEST_CASE("fusion: planes larger than the cache go by bands of rows, halos recomputed, bit-identically",
+          "[fusion]") {
+  struct Case {
+    int64_t batch, h, w, k, s, p, channels;
+  };
+  // Overlapping padded pools (3/1/1, 3/2/1, 5/3/2: halos above and below every band), windows that
+  // tile the plane (2/2/0), windows with gaps between them (2/3/0: rows in no window), odd sizes, a
+  // 40-wide plane (bands of 2-row units) and a 7-wide one (16-row units). The stacks: BN, ReLU, the
+  // pool; BN, add, ReLU (no halo); BN, 2x2 stride-1 average pool with padding.
+  for (const Case c : {Case{2, 20, 20, 3, 1, 1, 3}, Case{1, 40, 17, 3, 2, 1, 2}, Case{2, 16, 24, 2, 2, 0, 2},
+                       Case{1, 37, 12, 5, 3, 2, 2}, Case{1, 26, 12, 2, 3, 0, 2}, Case{1, 9, 40, 3, 1, 1, 2},
+                       Case{1, 40, 7, 3, 1, 1, 2}}) {
+    DYNAMIC_SECTION("batch " << c.batch << " " << c.h << "x" << c.w << " pool " << c.k << "/" << c.s << "/" << c.p) {
+      int banded = 0;
+      for (int64_t cache_kb : {2, 3, 5, 8, 10, 12, 16}) {
+        INFO("fusion.cache_kb " << cache_kb);
+        Graph plain, fused, whole;
+        synthetic(plain, c.batch, c.h, c.w, c.k, c.s, c.p, c.channels);
+        synthetic(fused, c.batch, c.h, c.w, c.k, c.s, c.p, c.channels);
+        synthetic(whole, c.batch, c.h, c.w, c.k, c.s, c.p, c.channels);
+        std::vector<std::string> unfused;
+        const int b = fuse_with_cache(fused, cache_kb, &unfused);
+        banded += b;
+        if (b == 0) continue;
+        for (StashFormat f : {StashFormat::DenseF32, StashFormat::Auto}) {
+          INFO(stash_format_name(f));
+          const auto a = train(plain, c.batch, stash(f)), d = train(fused, c.batch, stash(f));
+          REQUIRE(std::isfinite(a[0][0]));
+          CHECK(differing(a, d) == 0);
+        }
+        // A 16-bit x: the element-wise stacks leave their paths in registers for the bands, and the
+        // pooled ones differ from the unfused layers (the lossy formats' rule), so against whole planes
+        // (the stacks the small cache left unfused unfused there too).
+        REQUIRE(fuse_with_cache(whole, 0, nullptr, unfused) == 0);
+        const auto w = train(whole, c.batch, stash(StashFormat::DenseF16)),
+                   d = train(fused, c.batch, stash(StashFormat::DenseF16));
+        CHECK(differing(w, d) == 0);
+      }
+      CHECK(banded > 0);
+    }
+  }
+  SECTION("stacks after stacks (sums from the producer) and a conv output read by two stacks") {
+    for (int64_t cache_kb : {6, 8}) {
+      INFO("fusion.cache_kb " << cache_kb);
+      Graph plain, fused;
+      chain(plain, 2, 24, 20, 3);
+      chain(fused, 2, 24, 20, 3);
+      CHECK(fuse_with_cache(fused, cache_kb) > 0);
+      CHECK(differing(train(plain, 2, stash(StashFormat::Auto)), train(fused, 2, stash(StashFormat::Auto))) == 0);
+      for (bool pool : {false, true}) {
+        Graph plain2, fused2;
+        two_readers(plain2, 2, 24, pool);
+        two_readers(fused2, 2, 24, pool);
+        CHECK(fuse_with_cache(fused2, cache_kb) == 2);
+        CHECK(differing(train(plain2, 2, stash(StashFormat::DenseF32)), train(fused2, 2, stash(StashFormat::DenseF32))) ==
+              0);
+      }
+    }
+  }
+}
+
 TEST_CASE("fusion: a stack packs the stash's values in its pass, the stash's own bytes", "[fusion]") {
   struct Case {
     int64_t batch, h, w, channels;
@@ -621,16 +712,37 @@ TEST_CASE("fusion: the planner's stacks, cache limit and bad settings", "[fusion
   }
   CHECK(p.cache_bytes > 0);
 
-  SECTION("a cache too small for one plane's scratch leaves stacks unfused, with the reason") {
+  SECTION("a cache too small for one plane's scratch: bands of rows, or with channel slabs unfused") {
     spec.cache_kb = 12;  // 32x32 planes: 4 KiB, 4 or 5 of them in the scratch; 16x16: 1 KiB
     const fusion::Plan small = fusion::plan(g, spec);
-    int fused = 0;
+    int banded = 0;
     for (const fusion::StackPlan& sp : small.stacks) {
-      fused += sp.fused;
-      if (!sp.fused) CHECK(sp.why_not.find("exceeds the cache") != std::string::npos);
+      REQUIRE(sp.fused);
+      CHECK(sp.tile_bytes <= small.cache_bytes);
+      const FusedStage& bn = sp.stack.stages[0];
+      CHECK((sp.stack.band_rows > 0) == (bn.H == 32));  // the 16x16 and 8x8 stages fit whole
+      if (sp.stack.band_rows == 0) continue;
+      ++banded;
+      // the most rows that fit: 5 or 6 buffers of 32-float rows
+      const int64_t buffers = int64_t(sp.stack.stages.size()) + 3;
+      CHECK(sp.stack.band_rows == 12 * 1024 / (buffers * 32 * 4));
+      CHECK(sp.bytes_fused < sp.bytes_unfused);
     }
-    CHECK(fused > 0);                         // the 16x16 and 8x8 stages fit
-    CHECK(fused < int(small.stacks.size()));  // the 32x32 ones do not
+    CHECK(banded == 7);  // the stem's stack and layer1's six
+    CHECK(fusion::describe(g, small).find("rows") != std::string::npos);
+    spec.tile = 1;  // channel slabs take no bands: layer2's slabs (16 KiB) do not fit
+    CHECK_THROWS_WITH(fusion::plan(g, spec), Catch::Contains("fusion.tile"));
+    // Not even one band fits: unfused, with the reason.
+    Graph wide;
+    synthetic(wide, 1, 6, 200, 3, 1, 1, 2);  // 200-wide rows: bands of 2-row units, 8 KiB or more of scratch
+    FusionSpec tiny;
+    tiny.enabled = true;
+    tiny.cache_kb = 4;
+    const fusion::Plan none = fusion::plan(wide, tiny);
+    for (const fusion::StackPlan& sp : none.stacks) {
+      CHECK(!sp.fused);
+      CHECK(sp.why_not.find("exceeds the cache, and so does one band of 2 rows") != std::string::npos);
+    }
   }
   SECTION("an explicit tile that cannot fit is an error naming the key and the stack") {
     spec.cache_kb = 256;

@@ -67,9 +67,16 @@ inline float halving_sum(__m512 v) {
   return _mm512_cvtss_f32(v);
 }
 
+// The running lanes of grad_sums. A plane may be summed in pieces (the fused stacks' row bands,
+// fused.cpp) with one GradLanes carried across them: every piece but the last must be a multiple of
+// 16 elements long, so each element meets the lane and the position in its lane's chain it would
+// meet in one call over the whole plane, and the sums are the same bits.
+struct GradLanes {
+  __m512 a = _mm512_setzero_ps(), b = _mm512_setzero_ps();
+};
 template <class D>
-inline void grad_sums(D d, const float* x, float mu, int64_t len, float* a_out, float* b_out) {
-  __m512 la = _mm512_setzero_ps(), lb = _mm512_setzero_ps();
+inline void grad_sums_piece(D d, const float* x, float mu, int64_t len, GradLanes* lanes) {
+  __m512 la = lanes->a, lb = lanes->b;
   const __m512 vmu = _mm512_set1_ps(mu);
   int64_t i = 0;
   for (; i + 16 <= len; i += 16) {
@@ -83,8 +90,18 @@ inline void grad_sums(D d, const float* x, float mu, int64_t len, float* a_out, 
     la = _mm512_mask_add_ps(la, m, la, v);
     lb = _mm512_mask3_fmadd_ps(v, _mm512_sub_ps(_mm512_maskz_loadu_ps(m, x + i), vmu), lb, m);
   }
-  *a_out = halving_sum(la);
-  *b_out = halving_sum(lb);
+  lanes->a = la;
+  lanes->b = lb;
+}
+inline void grad_sums_finish(const GradLanes& lanes, float* a_out, float* b_out) {
+  *a_out = halving_sum(lanes.a);
+  *b_out = halving_sum(lanes.b);
+}
+template <class D>
+inline void grad_sums(D d, const float* x, float mu, int64_t len, float* a_out, float* b_out) {
+  GradLanes lanes;
+  grad_sums_piece(d, x, mu, len, &lanes);
+  grad_sums_finish(lanes, a_out, b_out);
 }
 // d(i, m) for a plain row.
 inline auto row_of(const float* p) {
@@ -119,14 +136,22 @@ inline void grad_apply_d(D d, const float* x, float a, float b, float c0, int64_
   }
 }
 #else
+struct GradLanes {  // as above: pieces of multiples of 16 elements but the last
+  float a[16] = {}, b[16] = {};
+};
 template <class D>
-inline void grad_sums(D d, const float* x, float mu, int64_t len, float* a_out, float* b_out) {
-  float la[16] = {}, lb[16] = {};
+inline void grad_sums_piece(D d, const float* x, float mu, int64_t len, GradLanes* lanes) {
+  float* la = lanes->a;
+  float* lb = lanes->b;
   for (int64_t i = 0; i < len; ++i) {
     const float v = d(i);
     la[i % 16] += v;
     lb[i % 16] = std::fma(v, x[i] - mu, lb[i % 16]);
   }
+}
+inline void grad_sums_finish(GradLanes lanes, float* a_out, float* b_out) {
+  float* la = lanes.a;
+  float* lb = lanes.b;
   for (int w = 8; w >= 1; w /= 2)
     for (int j = 0; j < w; ++j) {
       la[j] += la[j + w];
@@ -134,6 +159,12 @@ inline void grad_sums(D d, const float* x, float mu, int64_t len, float* a_out, 
     }
   *a_out = la[0];
   *b_out = lb[0];
+}
+template <class D>
+inline void grad_sums(D d, const float* x, float mu, int64_t len, float* a_out, float* b_out) {
+  GradLanes lanes;
+  grad_sums_piece(d, x, mu, len, &lanes);
+  grad_sums_finish(lanes, a_out, b_out);
 }
 inline auto row_of(const float* p) {
   return [p](int64_t i) { return p[i]; };

@@ -111,6 +111,19 @@ void forward_plane(const FusedStack& s, size_t stages, const float* x, const flo
   for (size_t k = 1; k < stages; ++k) stage_forward(s.stages[k], 1, out[k - 1], side, out[k]);
 }
 
+// The same over the rows r describes (a band, FusedStack::band_rows): x and side start at the
+// band's first input-side row; the pool reads its windows' rows from r.pool_off on.
+void forward_rows(const FusedStack& s, const StageRows& r, size_t stages, const float* x, const float* side,
+                  float scale, float shift, float* const* out) {
+  bn_rows::apply(x, scale, shift, r.L * r.geo[0].H * r.geo[0].W, out[0]);
+  for (size_t k = 1; k < stages; ++k) {
+    const FusedStage& st = r.geo[k];
+    const bool pool = st.kind == FusedKind::MaxPool || st.kind == FusedKind::AvgPool;
+    if (pool && st.P == 0) continue;  // a backward band in no window: nothing to pool
+    stage_forward(st, r.L, out[k - 1] + (pool ? r.pool_off : 0), side, out[k]);
+  }
+}
+
 // Stacks whose stages after the BN are element-wise (ResNet's two kinds, MobileNetV2's): the first
 // backward sweep builds dz element by element in registers instead of plane by plane in scratch.
 enum class ElementwiseOnly { No, Relu, AddRelu, Add };
@@ -241,7 +254,7 @@ void CpuBackend::fused_forward(const FusedStack& s, FusedTensors& t, bool traini
   const uint32_t tb = want_mask ? bitmap::keep_threshold_bits(mask->prune_threshold) : 0;
   const int add = s.add_stage();
   const int64_t side_plane = add >= 0 ? s.stages[size_t(add)].H * s.stages[size_t(add)].W : 0;
-  const int64_t per_thread = thread_floats(s), plane = max_plane(s);
+  const int64_t per_thread = thread_floats(s), plane = stage_buffer(s);
   const SumTables tab(static_cast<float*>(ws.data) + per_thread * cpu_threads(), N, C);
   float *scale = tab.rest, *shift = tab.rest + C;
   const bool memory_order = !s.channel_slabs;
@@ -281,7 +294,18 @@ void CpuBackend::fused_forward(const FusedStack& s, FusedTensors& t, bool traini
                                   stream);
     } else
 #endif
-    {
+    if (s.band_rows > 0) {  // planes larger than the cache: bands of rows, their halos recomputed
+      float* out[kMaxStages];
+      for (int64_t k = 0; k < S; ++k) out[k] = scratch_out[k];
+      const int64_t step = forward_band_out_rows(s);
+      for (int64_t r0 = 0; r0 < last.P; r0 += step) {
+        const BandRows b = forward_band(s, r0, std::min(last.P, r0 + step));
+        const StageRows rows = one_band(s, b, pl);
+        out[S - 1] = yp + rows.y_off;  // the last stage writes y's rows
+        forward_rows(s, rows, s.stages.size(), xp + pl * HW + b.b0 * bn.W,
+                     add >= 0 ? t.side.f32() + rows.side_off : nullptr, sc, sh, out);
+      }
+    } else {
       float* out[kMaxStages];
       for (int64_t k = 0; k < S; ++k) out[k] = scratch_out[k];
       out[S - 1] = yp + pl * PQ;  // the last stage writes y
@@ -425,19 +449,23 @@ void CpuBackend::fused_backward(const FusedStack& s, const FusedTensors& t, Fuse
   const int add = s.add_stage();
   const bool recompute = needs_recompute(s, g.x_exact);
   const bool read_y_mask = s.saves_output_mask && !(recompute && add < 0);
-  const int64_t per_thread = thread_floats(s), plane = max_plane(s);
+  const int64_t per_thread = thread_floats(s), plane = stage_buffer(s);
   const SumTables tab(static_cast<float*>(ws.data) + per_thread * cpu_threads(), N, C);
   auto* coef = reinterpret_cast<bn_rows::GradCoefficients*>(tab.rest);
   const bool memory_order = !s.channel_slabs;
   [[maybe_unused]] const ElementwiseOnly ew = elementwise_only(s, g, recompute);  // AVX-512 only
+  // Bands of rows (FusedStack::band_rows): the scratch holds a band, not a plane. The paths in
+  // registers need no scratch but for x widened from a 16-bit stash, a whole plane: not then.
+  const bool banded = s.band_rows > 0;
+  [[maybe_unused]] const bool whole_x = !banded || t.x.dtype == DType::F32;
 #if defined(__AVX512F__)
-  const bool in_registers = ew != ElementwiseOnly::No;
+  const bool in_registers = ew != ElementwiseOnly::No && whole_x;
 #else
   [[maybe_unused]] const bool in_registers = false;
 #endif
 #if defined(__AVX512F__)
   // BN -> ReLU -> 2x2 max-pool: dz in registers from x and dy in both sweeps (fused_bn_relu_pool.h).
-  const bool pool_in_registers = fused_bn_relu_pool::applies(s);
+  const bool pool_in_registers = fused_bn_relu_pool::applies(s) && whole_x;
   const fused_bn_relu_pool::Layout pool_layout(pool_in_registers ? last.Q : 4);
   auto pool_dz = [&](int64_t pl, const float* x) {
     float scale, shift;
@@ -458,6 +486,7 @@ void CpuBackend::fused_backward(const FusedStack& s, const FusedTensors& t, Fuse
                          reinterpret_cast<uintptr_t>(g.dx.f32()) % 64 == 0;
 #endif
 
+  const bool last_pool = s.last().kind == FusedKind::MaxPool || s.last().kind == FusedKind::AvgPool;
   // x's plane (n, c) as f32: in place, or widened into the scratch's last plane.
   auto x_plane = [&](float* scratch, int64_t pl) {
     return bn_rows::x_f32(t.x, pl * HW, HW, scratch + (S + 2) * plane);
@@ -474,18 +503,52 @@ void CpuBackend::fused_backward(const FusedStack& s, const FusedTensors& t, Fuse
       const int64_t c = pl % C;
       bn_rows::train_coefficients(t.gamma.f32()[c], t.beta.f32()[c], t.mean.f32()[c], t.invstd.f32()[c], &scale,
                                   &shift);
-      // A last pool's output is not needed, only its input.
-      const bool last_pool = s.last().kind == FusedKind::MaxPool || s.last().kind == FusedKind::AvgPool;
+      // A last pool's output is not needed, only its input (last_pool).
       const int64_t side_plane = add >= 0 ? s.stages[size_t(add)].H * s.stages[size_t(add)].W : 0;
       forward_plane(s, s.stages.size() - (last_pool ? 1 : 0), x, add >= 0 ? t.side.f32() + pl * side_plane : nullptr,
                     scale, shift, out);
     }
     std::memcpy(ga, g.dy.f32() + pl * PQ, sizeof(float) * size_t(PQ));
-    return stages_backward(s, g, out, ga, gb, pl, 1, first_sweep, read_y_mask);
+    return stages_backward(s, whole_planes(s, pl, 1), g, out, ga, gb, first_sweep, read_y_mask);
+  };
+  // Bands: x's rows [r0, r1) of plane (n, c) as f32, and dz of band b over its input-side rows
+  // [b0, b1) (x from row b0), the stages run on the band's rows and the pool's halo.
+  auto x_rows = [&](float* scratch, int64_t pl, int64_t r0, int64_t r1) {
+    return bn_rows::x_f32(t.x, pl * HW + r0 * bn.W, (r1 - r0) * bn.W, scratch + (S + 2) * plane);
+  };
+  auto band_dz = [&](float* scratch, int64_t pl, const BandRows& b, const float* x, bool first_sweep) -> const float* {
+    const StageRows rows = one_band(s, b, pl);
+    float* out[kMaxStages];
+    for (int64_t k = 0; k < S; ++k) out[k] = scratch + k * plane;
+    float* ga = scratch + S * plane;
+    float* gb = ga + plane;
+    if (recompute) {
+      float scale, shift;
+      const int64_t c = pl % C;
+      bn_rows::train_coefficients(t.gamma.f32()[c], t.beta.f32()[c], t.mean.f32()[c], t.invstd.f32()[c], &scale,
+                                  &shift);
+      forward_rows(s, rows, s.stages.size() - (last_pool ? 1 : 0), x, add >= 0 ? t.side.f32() + rows.side_off : nullptr,
+                   scale, shift, out);
+    }
+    std::memcpy(ga, g.dy.f32() + rows.y_off, sizeof(float) * size_t((b.o1 - b.o0) * last.Q));
+    return stages_backward(s, rows, g, out, ga, gb, first_sweep, read_y_mask);
   };
   // Sweep 1 on plane (n, c): dz, the side gradient, dz parked, the plane's two sums in float.
   auto sweep1 = [&](float* scratch, int64_t pl, float* a, float* b) {
     const int64_t c = pl % C, o = pl * HW;
+    if (banded && !in_registers && !pool_in_registers) {  // the sums carried across the bands
+      bn_rows::GradLanes lanes;
+      for (int64_t a0 = 0; a0 < bn.H; a0 += s.band_rows) {
+        const int64_t a1 = std::min(bn.H, a0 + s.band_rows);
+        const BandRows band = backward_band(s, a0, a1);
+        const float* x = x_rows(scratch, pl, band.b0, band.b1);
+        const int64_t from = (a0 - band.b0) * bn.W;
+        const float* dz = band_dz(scratch, pl, band, x, true) + from;
+        bn_rows::grad_sums_piece(bn_rows::row_of(dz), x + from, t.mean.f32()[c], (a1 - a0) * bn.W, &lanes);
+        if (park) std::memcpy(g.dx.f32() + o + a0 * bn.W, dz, sizeof(float) * size_t((a1 - a0) * bn.W));
+      }
+      return bn_rows::grad_sums_finish(lanes, a, b);
+    }
     const float* x = x_plane(scratch, pl);
 #if defined(__AVX512F__)
     if (in_registers)  // dz from dy and the mask (recomputed from x or read)
@@ -503,6 +566,21 @@ void CpuBackend::fused_backward(const FusedStack& s, const FusedTensors& t, Fuse
   // Sweep 2 on plane (n, c): dx = a * dz + b * x + c0.
   auto sweep2 = [&](float* scratch, int64_t pl, const bn_rows::GradCoefficients& k) {
     float* dx = g.dx.f32() + pl * HW;
+    if (banded && !in_registers && !pool_in_registers) {
+      for (int64_t a0 = 0; a0 < bn.H; a0 += s.band_rows) {
+        const int64_t a1 = std::min(bn.H, a0 + s.band_rows), len = (a1 - a0) * bn.W;
+        float* d = dx + a0 * bn.W;
+        if (park) {
+          bn_rows::grad_apply(d, x_rows(scratch, pl, a0, a1), k, len, d, false);
+        } else {
+          const BandRows band = backward_band(s, a0, a1);
+          const float* x = x_rows(scratch, pl, band.b0, band.b1);
+          const int64_t from = (a0 - band.b0) * bn.W;
+          bn_rows::grad_apply(band_dz(scratch, pl, band, x, false) + from, x + from, k, len, d, g.dx_accumulate);
+        }
+      }
+      return;
+    }
     const float* x = x_plane(scratch, pl);
 #if defined(__AVX512F__)
     if (in_registers && !park)

@@ -30,9 +30,27 @@ inline int64_t plane_floats(const FusedStack& s) {
 }
 inline int64_t max_plane(const FusedStack& s) { return round16(plane_floats(s)); }
 
-// Per thread: one plane per stage output, two gradient planes, and x's plane widened from a 16-bit
+// One stage buffer of the thread's scratch: a whole plane, or a band's rows (FusedStack::band_rows).
+inline int64_t stage_buffer(const FusedStack& s) { return s.band_rows > 0 ? band_buffer_floats(s) : max_plane(s); }
+
+// Per thread: one buffer per stage output, two gradient buffers, and x's rows widened from a 16-bit
 // stash.
-inline int64_t thread_floats(const FusedStack& s) { return max_plane(s) * int64_t(s.stages.size() + 3); }
+inline int64_t thread_floats(const FusedStack& s) { return stage_buffer(s) * int64_t(s.stages.size() + 3); }
+
+// The pool's plane over a band (fused.cpp): its output rows [o0, o1), the input rows their windows
+// read, which start *in_offset floats into the band's input-side buffer (rows from b0), and the top
+// padding left of pad_h there. Rows past the band's last input row are the plane's bottom border or
+// lie in no window of these outputs, so the plane kernels' clipping at H is the whole plane's.
+inline pool_planes::Plane band_pool_plane(const FusedStage& st, const BandRows& b, int64_t* in_offset) {
+  pool_planes::Plane g = pool_planes::of(st);
+  int64_t pb0, pb1;
+  pool_input_rows(st, b.o0, b.o1, &pb0, &pb1);
+  g.H = pb1 - pb0;
+  g.P = b.o1 - b.o0;
+  g.pad_h = pb0 - b.o0 * st.pool.stride_h + st.pool.pad_h;
+  *in_offset = (pb0 - b.b0) * st.W;
+  return g;
+}
 
 // Small planes (fused_blocks.cpp), per thread: a block (tile_channels planes) per stage output, two
 // gradient blocks and x's block widened from a 16-bit stash.
@@ -170,22 +188,67 @@ inline void stage_forward(const FusedStage& st, int64_t L, const float* in, cons
   }
 }
 
-// The stages' backward, last to first, over L consecutive planes from plane b0 on: ga holds dy of
-// the stack's output on entry; returns the buffer (ga or gb) that holds dz, the gradient of the BN
-// output. out[k]: stage k's recomputed output where a stage needs it. The first sweep also writes
-// the side input's gradient, which the Add stage hands on unchanged.
-inline float* stages_backward(const FusedStack& s, FusedGrads& g, float* const* out, float* ga, float* gb,
-                              int64_t b0, int64_t L, bool first_sweep, bool read_y_mask) {
-  const int64_t S = int64_t(s.stages.size()), PQ = s.last().P * s.last().Q;
+// Where the stages' forward and backward work: L whole planes, or one band of rows of a plane
+// (FusedStack::band_rows, fused.cpp). geo[k] is stage k with H / P set to the rows it covers.
+struct StageRows {
+  FusedStage geo[kMaxStages];
+  int64_t L = 1;            // planes
+  int64_t y_off = 0;        // elements of y (and dy, y's mask) before these rows
+  int64_t side_off = 0;     // elements of the side input before them
+  int64_t pool_off = 0;     // where the pool's input rows start in its input buffer (bands: the halo above)
+  int64_t pool_span = 0;    // floats of the pool's input buffer, its gradient zeroed over them
+};
+
+// L whole planes from plane b0.
+inline StageRows whole_planes(const FusedStack& s, int64_t b0, int64_t L) {
+  StageRows r;
+  for (size_t k = 0; k < s.stages.size(); ++k) r.geo[k] = s.stages[k];
+  r.L = L;
+  r.y_off = b0 * s.last().P * s.last().Q;
   const int add = s.add_stage();
-  const int64_t side_plane = add >= 0 ? s.stages[size_t(add)].H * s.stages[size_t(add)].W : 0;
+  r.side_off = add >= 0 ? b0 * s.stages[size_t(add)].H * s.stages[size_t(add)].W : 0;
+  const int k = pool_stage(s);
+  r.pool_span = k >= 0 ? L * s.stages[size_t(k)].H * s.stages[size_t(k)].W : 0;
+  return r;
+}
+
+// Band b of plane pl: the stages before the pool on rows [b0, b1), the pool on its windows' rows
+// (band_pool_plane), the stages after it on rows [o0, o1).
+inline StageRows one_band(const FusedStack& s, const BandRows& b, int64_t pl) {
+  StageRows r = whole_planes(s, pl, 1);
+  r.y_off += b.o0 * s.last().Q;
+  r.side_off += b.b0 * s.stages[0].W;  // an Add has no pool before it: its rows are the band's
+  bool after_pool = false;
+  for (size_t k = 0; k < s.stages.size(); ++k) {
+    FusedStage& st = r.geo[k];
+    if (st.kind == FusedKind::MaxPool || st.kind == FusedKind::AvgPool) {
+      const pool_planes::Plane g = band_pool_plane(st, b, &r.pool_off);
+      st.H = g.H;
+      st.P = g.P;
+      st.pool.pad_h = g.pad_h;
+      r.pool_span = (b.b1 - b.b0) * st.W;
+      after_pool = true;
+    } else {
+      st.H = st.P = after_pool ? b.o1 - b.o0 : b.b1 - b.b0;
+    }
+  }
+  return r;
+}
+
+// The stages' backward, last to first, over the rows r describes: ga holds dy of the stack's output
+// on entry; returns the buffer (ga or gb) that holds dz, the gradient of the BN output. out[k]:
+// stage k's recomputed output where a stage needs it. The first sweep also writes the side input's
+// gradient, which the Add stage hands on unchanged.
+inline float* stages_backward(const FusedStack& s, const StageRows& r, FusedGrads& g, float* const* out, float* ga,
+                              float* gb, bool first_sweep, bool read_y_mask) {
+  const int64_t S = int64_t(s.stages.size()), L = r.L;
   for (int64_t k = S - 1; k >= 1; --k) {
-    const FusedStage& st = s.stages[size_t(k)];
+    const FusedStage& st = r.geo[k];
     const int64_t n_in = L * st.H * st.W;
     switch (st.kind) {
       case FusedKind::Relu:
         if (k == S - 1 && read_y_mask) {
-          const int64_t o = b0 * PQ;
+          const int64_t o = r.y_off;
           if (g.y_mask.bits) {
             const uint64_t* bits = g.y_mask.bits;
             for (int64_t i = 0; i < n_in; ++i) ga[i] = (bits[(o + i) >> 6] >> ((o + i) & 63)) & 1 ? ga[i] : 0.f;
@@ -202,7 +265,7 @@ inline float* stages_backward(const FusedStack& s, FusedGrads& g, float* const* 
         break;
       case FusedKind::Add:
         if (first_sweep && g.dside.defined()) {
-          float* d = g.dside.f32() + b0 * side_plane;
+          float* d = g.dside.f32() + r.side_off;
           if (g.dside_accumulate) {
 #pragma omp simd
             for (int64_t i = 0; i < n_in; ++i) d[i] += ga[i];
@@ -213,8 +276,8 @@ inline float* stages_backward(const FusedStack& s, FusedGrads& g, float* const* 
         break;
       case FusedKind::MaxPool:
       case FusedKind::AvgPool:
-        std::memset(gb, 0, sizeof(float) * size_t(n_in));
-        pool_backward(st, L, out[k - 1], ga, gb);
+        std::memset(gb, 0, sizeof(float) * size_t(r.pool_span));
+        if (st.P > 0) pool_backward(st, L, out[k - 1] + r.pool_off, ga, gb + r.pool_off);
         std::swap(ga, gb);
         break;
       default: ET_CHECK(false, "fused stage kind ", int(st.kind));
