@@ -83,8 +83,8 @@ int main(int argc, char** argv) {
   bfu->add_option("--reps", bf.reps, "timed repetitions (median)")->check(CLI::Range(1, 1000));
   bfu->add_option("--warmup", bf.warmup, "untimed repetitions first")->check(CLI::Range(0, 100));
   bfu->add_flag("--no-pool", bf.no_pool, "<BN, ReLU> blocks (no max-pool): the element-wise part alone");
-  bfu->add_option("--cache-kb", bf.cache_kb, "the cache the tiles fit (fusion.cache_kb; default: this core's L2)")
-      ->check(CLI::Range(int64_t(1), int64_t(1) << 30));
+  bfu->add_option("--cache-kb", bf.cache_kb, "the cache the tiles fit, KiB (fusion.cache_kb; 0: this core's L2)")
+      ->check(CLI::Range(int64_t(0), int64_t(1) << 30));
 
   CLI11_PARSE(app, argc, argv);
   // A write past the file-size limit (ulimit -f) would otherwise kill the process with SIGXFSZ

@@ -245,7 +245,8 @@ Plan plan(const Graph& g, const FusionSpec& spec) {
     // scratch (fused.cpp).
     int64_t plane = 0;
     for (const FusedStage& st : s.stages) plane = std::max({plane, st.H * st.W, st.P * st.Q});
-    const size_t scratch = f32(plane) * (s.stages.size() + 2);
+    // one plane per stage, two gradient planes and x's widened from a 16-bit stash (thread_floats)
+    const size_t scratch = f32(plane) * (s.stages.size() + 3);
     // Without a BN nothing reduces over the batch: a tile is one plane, its scratch.
     const size_t slab = s.headed_by_bn() ? f32(N * s.stages[0].H * s.stages[0].W) * 2 : 0;  // x and dz of one channel
     sp.bytes_unfused = unfused_bytes(s, N);
