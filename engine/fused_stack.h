@@ -14,7 +14,7 @@ namespace et {
 
 // What a layer is to the fusion planner (Op::fusion_stage): its kind and the parameters a fused
 // kernel needs. Layers that are none of these end a stack.
-enum class FusedKind : uint8_t { None, BatchNorm, Relu, Add, MaxPool, AvgPool };
+enum class FusedKind : uint8_t { None, BatchNorm, Relu, Add, MaxPool, AvgPool, Dropout };
 
 // A pooling window over one plane (the Conv2dGeom fields a plane kernel reads).
 struct PoolWindow {
@@ -27,6 +27,7 @@ struct FusedStage {
   int64_t H = 0, W = 0;        // this stage's input plane
   int64_t P = 0, Q = 0;        // its output plane (= H, W for element-wise stages)
   float eps = 0, momentum = 0;  // BatchNorm
+  float p = 0;                  // Dropout: the probability of dropping an element
 };
 
 inline FusedStage fused_stage(FusedKind kind) {
@@ -37,7 +38,8 @@ inline FusedStage fused_stage(FusedKind kind) {
 
 // stages[0] is the BatchNorm applied to the stack's input x (its statistics need all of x first,
 // so a BN can only head a stack); the rest follow in graph order: at most one Add (its other
-// operand is the stack's `side` input) and at most one pool, never a pool after the Add.
+// operand is the stack's `side` input) and at most one pool, never a pool after the Add; at most
+// one Dropout (inverted, its counter-based mask drawn again in the backward), not after the Add.
 // A stack without a BN (VGG without BN: conv, ReLU, pool) is exactly {Relu, pool} with windows
 // that do not overlap: its backward needs one bit per element of x (`FusedTensors::pass`), set
 // where dx takes a gradient, instead of the ReLU output the unfused layers keep.
@@ -186,6 +188,9 @@ struct FusedTensors {
   // layer that produced x (a conv, or the stack before), from which a training forward takes BN's
   // statistics instead of reading x once more. y_sums: to be written for the stack that reads y.
   Tensor x_sums, y_sums;
+  // Dropout: the dropout layer's seed for this step (OpContext::seed of its node, which the fused
+  // node keeps); its mask is a function of the seed and each element's index in its tensor.
+  uint64_t seed = 0;
 };
 
 struct FusedGrads {

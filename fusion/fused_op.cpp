@@ -127,13 +127,14 @@ class FusedStackOp final : public Op {
     if (stack_.add_stage() >= 0) t.side = ctx.input(kSideInput);
     t.mean = ctx.aux(0);
     t.invstd = ctx.aux(1);
+    t.seed = ctx.seed();  // the dropout member's (fusion::apply gives the node its seed index)
     return t;
   }
   bool nonnegative() const {
     bool nonneg = false;
     for (const FusedStage& st : stack_.stages)
-      nonneg = st.kind == FusedKind::Relu ||
-               (nonneg && (st.kind == FusedKind::MaxPool || st.kind == FusedKind::AvgPool));
+      nonneg = st.kind == FusedKind::Relu || (nonneg && (st.kind == FusedKind::MaxPool ||
+                                                          st.kind == FusedKind::AvgPool || st.kind == FusedKind::Dropout));
     return nonneg;
   }
 

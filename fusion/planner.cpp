@@ -2,7 +2,7 @@
 //
 // A stack starts at a training-mode BN (its statistics need all of its input, so a BN can only
 // head one) and takes the layers after it while each value has a single consumer: ReLU, one Add,
-// one max / average pool. Rules: nothing after an Add but the ReLU that ends the stack (that
+// one max / average pool, one dropout (not after the Add). Rules: nothing after an Add but the ReLU that ends the stack (that
 // ReLU's mask is saved, since the Add's other operand is not kept for a recompute), and no pool
 // after an Add. A stack of a BN alone is left as it is. Where no BN heads it, a ReLU followed by
 // a pool whose windows do not overlap is a stack of its own (VGG without BN).
@@ -73,6 +73,7 @@ size_t unfused_bytes(const FusedStack& s, int64_t N) {
       case FusedKind::Add: b += f32(3 * in) + f32(2 * in); break;         // a, b, y | dy, side grad
       case FusedKind::MaxPool: b += f32(in + out) + f32(3 * in + out); break;  // | zero, x, dy, dx
       case FusedKind::AvgPool: b += f32(in + out) + f32(2 * in + out); break;
+      case FusedKind::Dropout: b += f32(2 * in) + f32(2 * in); break;  // x, y | dy, dx
       default: break;
     }
   }
@@ -141,7 +142,7 @@ StackPlan find_stack(const Graph& g, int head, const std::vector<uint8_t>& claim
   sp.stack.C = xs[1];
   sp.stack.stages = {first};
   int cur = bn.output;
-  bool has_add = false, has_pool = false;
+  bool has_add = false, has_pool = false, has_dropout = false;
   for (;;) {
     const Value& v = g.value(cur);
     if (v.consumers.size() != 1 || cur == g.logits || cur == g.loss) break;
@@ -158,6 +159,9 @@ StackPlan find_stack(const Graph& g, int head, const std::vector<uint8_t>& claim
     } else if (is_pool(st.kind)) {
       if (has_pool || has_add) break;
       has_pool = true;
+    } else if (st.kind == FusedKind::Dropout) {
+      if (has_dropout || has_add) break;
+      has_dropout = true;
     } else if (st.kind != FusedKind::Relu) {
       break;
     }

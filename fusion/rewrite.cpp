@@ -94,7 +94,10 @@ void apply(Graph& g, const Plan& p) {
     const int out = ng.add_node(sp.name, make_fused_op(sp.stack, members, sums_input), std::move(new_inputs),
                                 fresh(g.value(sp.output)), std::move(aux));
     Node& added = ng.node(ng.num_nodes() - 1);
+    // A dropout member draws its mask from its own seed (OpContext::seed): the fused node takes it.
     added.seed_index = head.seed_index;
+    for (int m : sp.nodes)
+      if (g.node(m).op->fusion_stage().kind == FusedKind::Dropout) added.seed_index = g.node(m).seed_index;
     vmap[size_t(sp.output)] = out;
     for (size_t i = 0; i < head.aux.size(); ++i) vmap[size_t(head.aux[i])] = added.aux[i];
   }

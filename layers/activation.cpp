@@ -41,6 +41,11 @@ class DropoutOp final : public Op {
     a.p = p_;
     return a;
   }
+  FusedStage fusion_stage() const override {
+    FusedStage s = fused_stage(FusedKind::Dropout);
+    s.p = p_;
+    return s;
+  }
 
   void forward(OpContext& ctx) override {
     Tensor y = ctx.output();

@@ -458,6 +458,83 @@ TEST_CASE("fusion: planes larger than the cache go by bands of rows, halos recom
   }
 }
 
+namespace {
+// Dropout inside stacks, in every place the planner takes it: after a ReLU and before a pool,
+// before an add, after a pool, and before the ReLU that ends a stack (whose mask the backward
+// recomputes through the dropout).
+void with_dropout(Graph& g, int64_t batch, int64_t h, int64_t w, int64_t pool_k, int64_t pool_s, int64_t pool_p,
+                  int64_t channels, float p) {
+  const TestNet net = open_net(g, batch, h, w);
+  const Conv2dOptions o = conv3x3(channels);
+  int y = dropout(g, relu(g, batchnorm2d(g, conv2d(g, net.x, "c1", o), "b1"), "r1"), "d1", p);
+  y = maxpool2d(g, y, "p1", pool_k, pool_s, pool_p);
+  const int side = y;
+  y = relu(g, add(g, dropout(g, batchnorm2d(g, conv2d(g, y, "c2", o), "b2"), "d2", p), side, "a2"), "r2");
+  y = dropout(g, avgpool2d(g, batchnorm2d(g, conv2d(g, y, "c3", o), "b3"), "p3", 2, 1, 1), "d3", p);
+  y = relu(g, dropout(g, batchnorm2d(g, conv2d(g, y, "c4", o), "b4"), "d4", p), "r4");
+  close_net(g, net, y);
+}
+}  // namespace
+
+TEST_CASE("fusion: dropout as a stage trains bit-identically (its mask drawn again in the backward)", "[fusion]") {
+  struct Case {
+    int64_t batch, h, w, k, s, p, channels;
+    float drop;
+  };
+  // Large planes (plane by plane), small ones (4x4 -> 3x3 and 2x2 blocks), bands (a small cache),
+  // channel slabs (tile 1), dropout 0 (the layer passes its input on).
+  for (const Case c : {Case{2, 24, 16, 3, 1, 1, 3, 0.3f}, Case{1, 9, 7, 3, 2, 1, 2, 0.5f}, Case{3, 4, 4, 2, 2, 0, 5, 0.25f},
+                       Case{2, 8, 8, 2, 2, 0, 3, 0.f}}) {
+    DYNAMIC_SECTION("batch " << c.batch << " " << c.h << "x" << c.w << " pool " << c.k << "/" << c.s << "/" << c.p
+                             << " dropout " << c.drop) {
+      for (int64_t tile : {0, 1})
+        for (int64_t cache_kb : {0, 8}) {  // 8 KiB: bands of the 24x16 and 25x17 planes
+          INFO("tile " << tile << ", cache " << cache_kb);
+          Graph plain, fused;
+          with_dropout(plain, c.batch, c.h, c.w, c.k, c.s, c.p, c.channels, c.drop);
+          with_dropout(fused, c.batch, c.h, c.w, c.k, c.s, c.p, c.channels, c.drop);
+          FusionSpec spec;
+          spec.enabled = true;
+          spec.tile = tile;
+          spec.cache_kb = tile ? 0 : cache_kb;
+          const fusion::Plan p = fusion::plan(fused, spec);
+          REQUIRE(p.stacks.size() == 4);
+          int dropouts = 0;
+          for (const fusion::StackPlan& sp : p.stacks) {
+            CHECK(sp.fused);
+            for (const FusedStage& st : sp.stack.stages) dropouts += st.kind == FusedKind::Dropout;
+          }
+          CHECK(dropouts == 4);
+          if (cache_kb && !tile && c.h == 24) CHECK(p.stacks[0].stack.band_rows > 0);
+          CHECK(p.stacks[0].stack.stages.size() == 4);  // bn, relu, dropout, maxpool
+          CHECK(p.stacks[1].stack.stages.size() == 4);  // bn, dropout, add, relu
+          CHECK(p.stacks[2].stack.stages.size() == 3);  // bn, avgpool, dropout
+          CHECK(p.stacks[3].stack.stages.size() == 3);  // bn, dropout, relu
+          fusion::apply(fused, p);
+          for (StashFormat f : {StashFormat::DenseF32, StashFormat::Auto}) {
+            const auto a = train(plain, c.batch, stash(f)), b = train(fused, c.batch, stash(f));
+            REQUIRE(std::isfinite(a[0][0]));
+            CHECK(differing(a, b) == 0);
+          }
+        }
+    }
+  }
+  SECTION("one dropout per stack, none after the add") {
+    Graph g;
+    const TestNet net = open_net(g, 2, 8, 8);
+    const int x = conv2d(g, net.x, "c1", conv3x3(3));
+    int y = dropout(g, dropout(g, batchnorm2d(g, x, "b1"), "d1", 0.1f), "d2", 0.1f);
+    y = dropout(g, add(g, batchnorm2d(g, conv2d(g, y, "c2", conv3x3(3)), "b2"), x, "a2"), "d3", 0.1f);
+    close_net(g, net, y);
+    FusionSpec spec;
+    spec.enabled = true;
+    const fusion::Plan p = fusion::plan(g, spec);
+    REQUIRE(p.stacks.size() == 2);
+    CHECK(p.stacks[0].stack.stages.size() == 2);  // bn, dropout: the second dropout ends it
+    CHECK(p.stacks[1].stack.stages.size() == 2);  // bn, add: the dropout after the add ends it
+  }
+}
+
 TEST_CASE("fusion: a stack packs the stash's values in its pass, the stash's own bytes", "[fusion]") {
   struct Case {
     int64_t batch, h, w, channels;

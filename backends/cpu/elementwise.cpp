@@ -7,21 +7,10 @@
 #endif
 
 #include "backends/cpu/cpu_backend.h"
+#include "backends/cpu/dropout_mask.h"
 #include "memory/bitmap.h"
 
 namespace et {
-
-namespace {
-// Counter-based uniform in [0,1) for dropout: a pure function of (seed, i), so backward can
-// recompute the forward mask and any thread split gives the same mask.
-inline float hash_uniform(uint64_t seed, uint64_t i) {
-  uint64_t x = seed + (i + 1) * 0x9E3779B97F4A7C15ull;
-  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
-  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
-  x ^= x >> 31;
-  return float(x >> 40) * (1.0f / 16777216.0f);
-}
-}  // namespace
 
 void CpuBackend::fill(Tensor& t, float value) {
   ET_CHECK(t.is_contiguous());
@@ -163,12 +152,12 @@ void CpuBackend::accumulate_grad(const Tensor& src, Tensor& dst, bool accumulate
 }
 
 void CpuBackend::dropout_forward(const Tensor& x, float p, uint64_t seed, Tensor& y) {
-  const float scale = 1.f / (1.f - p);
   const float* xp = x.f32();
   float* yp = y.f32();
-  const int64_t n = x.numel();
+  const int64_t n = x.numel(), chunk = 4096;
 #pragma omp parallel for schedule(static)
-  for (int64_t i = 0; i < n; ++i) yp[i] = hash_uniform(seed, uint64_t(i)) >= p ? xp[i] * scale : 0.f;
+  for (int64_t i = 0; i < n; i += chunk)
+    dropout_mask::forward(p, seed, i, xp + i, std::min(chunk, n - i), yp + i);
 }
 
 void CpuBackend::dropout_backward(const Tensor& dy, float p, uint64_t seed, Tensor& dx, bool accumulate) {
@@ -178,7 +167,7 @@ void CpuBackend::dropout_backward(const Tensor& dy, float p, uint64_t seed, Tens
   const int64_t n = dy.numel();
 #pragma omp parallel for schedule(static)
   for (int64_t i = 0; i < n; ++i) {
-    const float v = hash_uniform(seed, uint64_t(i)) >= p ? d[i] * scale : 0.f;
+    const float v = dropout_mask::uniform(seed, uint64_t(i)) >= p ? d[i] * scale : 0.f;
     o[i] = accumulate ? o[i] + v : v;
   }
 }

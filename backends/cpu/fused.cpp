@@ -104,23 +104,27 @@ class PackRounds {
 
 // One channel plane through the first `stages` stages: out[k] receives stage k's output (out[last]
 // may be y).
+// A dropout stage draws from `seed` at the plane's place pl in its tensor, where `training`.
 void forward_plane(const FusedStack& s, size_t stages, const float* x, const float* side, float scale, float shift,
-                   float* const* out) {
+                   float* const* out, int64_t pl = 0, uint64_t seed = 0, bool training = false) {
   const FusedStage& bn = s.stages[0];
   bn_rows::apply(x, scale, shift, bn.H * bn.W, out[0]);
-  for (size_t k = 1; k < stages; ++k) stage_forward(s.stages[k], 1, out[k - 1], side, out[k]);
+  for (size_t k = 1; k < stages; ++k) {
+    const FusedStage& st = s.stages[k];
+    stage_forward(st, 1, out[k - 1], side, out[k], DropoutDraw{seed, pl * st.H * st.W, training});
+  }
 }
 
 // The same over the rows r describes (a band, FusedStack::band_rows): x and side start at the
 // band's first input-side row; the pool reads its windows' rows from r.pool_off on.
 void forward_rows(const FusedStack& s, const StageRows& r, size_t stages, const float* x, const float* side,
-                  float scale, float shift, float* const* out) {
+                  float scale, float shift, float* const* out, bool training) {
   bn_rows::apply(x, scale, shift, r.L * r.geo[0].H * r.geo[0].W, out[0]);
   for (size_t k = 1; k < stages; ++k) {
     const FusedStage& st = r.geo[k];
     const bool pool = st.kind == FusedKind::MaxPool || st.kind == FusedKind::AvgPool;
     if (pool && st.P == 0) continue;  // a backward band in no window: nothing to pool
-    stage_forward(st, r.L, out[k - 1] + (pool ? r.pool_off : 0), side, out[k]);
+    stage_forward(st, r.L, out[k - 1] + (pool ? r.pool_off : 0), side, out[k], r.draw(int64_t(k), training));
   }
 }
 
@@ -300,17 +304,17 @@ void CpuBackend::fused_forward(const FusedStack& s, FusedTensors& t, bool traini
       const int64_t step = forward_band_out_rows(s);
       for (int64_t r0 = 0; r0 < last.P; r0 += step) {
         const BandRows b = forward_band(s, r0, std::min(last.P, r0 + step));
-        const StageRows rows = one_band(s, b, pl);
+        const StageRows rows = one_band(s, b, pl, t.seed);
         out[S - 1] = yp + rows.y_off;  // the last stage writes y's rows
         forward_rows(s, rows, s.stages.size(), xp + pl * HW + b.b0 * bn.W,
-                     add >= 0 ? t.side.f32() + rows.side_off : nullptr, sc, sh, out);
+                     add >= 0 ? t.side.f32() + rows.side_off : nullptr, sc, sh, out, training);
       }
     } else {
       float* out[kMaxStages];
       for (int64_t k = 0; k < S; ++k) out[k] = scratch_out[k];
       out[S - 1] = yp + pl * PQ;  // the last stage writes y
       forward_plane(s, s.stages.size(), xp + pl * HW, add >= 0 ? t.side.f32() + pl * side_plane : nullptr, sc, sh,
-                    out);
+                    out, pl, t.seed, training);
     }
     if (y_sum1) bn_rows::plane_sums(yp + pl * PQ, PQ, y_sum1 + pl, y_sum2 + pl);
     if (kept_in_registers >= 0) return kept_in_registers;
@@ -506,10 +510,10 @@ void CpuBackend::fused_backward(const FusedStack& s, const FusedTensors& t, Fuse
       // A last pool's output is not needed, only its input (last_pool).
       const int64_t side_plane = add >= 0 ? s.stages[size_t(add)].H * s.stages[size_t(add)].W : 0;
       forward_plane(s, s.stages.size() - (last_pool ? 1 : 0), x, add >= 0 ? t.side.f32() + pl * side_plane : nullptr,
-                    scale, shift, out);
+                    scale, shift, out, pl, t.seed, true);
     }
     std::memcpy(ga, g.dy.f32() + pl * PQ, sizeof(float) * size_t(PQ));
-    return stages_backward(s, whole_planes(s, pl, 1), g, out, ga, gb, first_sweep, read_y_mask);
+    return stages_backward(s, whole_planes(s, pl, 1, t.seed), g, out, ga, gb, first_sweep, read_y_mask);
   };
   // Bands: x's rows [r0, r1) of plane (n, c) as f32, and dz of band b over its input-side rows
   // [b0, b1) (x from row b0), the stages run on the band's rows and the pool's halo.
@@ -517,7 +521,7 @@ void CpuBackend::fused_backward(const FusedStack& s, const FusedTensors& t, Fuse
     return bn_rows::x_f32(t.x, pl * HW + r0 * bn.W, (r1 - r0) * bn.W, scratch + (S + 2) * plane);
   };
   auto band_dz = [&](float* scratch, int64_t pl, const BandRows& b, const float* x, bool first_sweep) -> const float* {
-    const StageRows rows = one_band(s, b, pl);
+    const StageRows rows = one_band(s, b, pl, t.seed);
     float* out[kMaxStages];
     for (int64_t k = 0; k < S; ++k) out[k] = scratch + k * plane;
     float* ga = scratch + S * plane;
@@ -528,7 +532,7 @@ void CpuBackend::fused_backward(const FusedStack& s, const FusedTensors& t, Fuse
       bn_rows::train_coefficients(t.gamma.f32()[c], t.beta.f32()[c], t.mean.f32()[c], t.invstd.f32()[c], &scale,
                                   &shift);
       forward_rows(s, rows, s.stages.size() - (last_pool ? 1 : 0), x, add >= 0 ? t.side.f32() + rows.side_off : nullptr,
-                   scale, shift, out);
+                   scale, shift, out, true);
     }
     std::memcpy(ga, g.dy.f32() + rows.y_off, sizeof(float) * size_t((b.o1 - b.o0) * last.Q));
     return stages_backward(s, rows, g, out, ga, gb, first_sweep, read_y_mask);

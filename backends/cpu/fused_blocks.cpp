@@ -30,9 +30,11 @@ namespace {
 
 using namespace fused_planes;
 
-// One block through the first `stages` stages: out[k] receives stage k's output over L planes.
+// One block through the first `stages` stages: out[k] receives stage k's output over L planes from
+// plane b0 (a dropout stage draws from `seed` there, where `training`).
 void forward_block(const FusedStack& s, size_t stages, int64_t L, const float* x, const float* side,
-                   const float* scale, const float* shift, float* const* out) {
+                   const float* scale, const float* shift, float* const* out, int64_t b0, uint64_t seed,
+                   bool training) {
   const FusedStage& bn = s.stages[0];
   const int64_t len = L * bn.H * bn.W;
   size_t k = 1;
@@ -63,7 +65,10 @@ void forward_block(const FusedStack& s, size_t stages, int64_t L, const float* x
   {
     bn_rows::block_apply(x, scale, shift, len, out[0]);
   }
-  for (; k < stages; ++k) stage_forward(s.stages[k], L, out[k - 1], side, out[k]);
+  for (; k < stages; ++k) {
+    const FusedStage& st = s.stages[k];
+    stage_forward(st, L, out[k - 1], side, out[k], DropoutDraw{seed, b0 * st.H * st.W, training});
+  }
 }
 
 // The thread's scratch (block_thread_floats): a block per stage output, two gradient blocks, x's
@@ -223,7 +228,7 @@ void CpuBackend::fused_blocks_forward(const FusedStack& s, FusedTensors& t, bool
       else
 #endif
         forward_block(s, size_t(S), L, xp + b0 * HW, add >= 0 ? t.side.f32() + b0 * side_plane : nullptr,
-                      scale + c0 * HW, shift + c0 * HW, out);
+                      scale + c0 * HW, shift + c0 * HW, out, b0, t.seed, training);
       if (want_mask && plane_words) kept += mask_words(yp, b0 * PQ / 64, (b0 + L) * PQ / 64, tb, mask->bits);
     }
   }
@@ -267,9 +272,9 @@ void CpuBackend::fused_blocks_backward(const FusedStack& s, const FusedTensors& 
 #endif
     if (recompute)
       forward_block(s, size_t(S) - (last_pool ? 1 : 0), L, x, add >= 0 ? t.side.f32() + b0 * side_plane : nullptr,
-                    scale + c0 * HW, shift + c0 * HW, sc.out);
+                    scale + c0 * HW, shift + c0 * HW, sc.out, b0, t.seed, true);
     std::memcpy(sc.ga, g.dy.f32() + b0 * PQ, sizeof(float) * size_t(L * PQ));
-    return stages_backward(s, whole_planes(s, b0, L), g, sc.out, sc.ga, sc.gb, first_sweep, read_y_mask);
+    return stages_backward(s, whole_planes(s, b0, L, t.seed), g, sc.out, sc.ga, sc.gb, first_sweep, read_y_mask);
   };
 
 #pragma omp parallel

@@ -11,6 +11,7 @@
 #include <immintrin.h>
 #endif
 
+#include "backends/cpu/dropout_mask.h"
 #include "backends/cpu/pool_planes.h"
 #include "engine/check.h"
 #include "engine/fused_stack.h"
@@ -115,7 +116,8 @@ inline bool output_nonnegative(const FusedStack& s) {
   bool nonneg = false;
   for (size_t k = 1; k < s.stages.size(); ++k) {
     const FusedKind kind = s.stages[k].kind;
-    nonneg = kind == FusedKind::Relu || (nonneg && (kind == FusedKind::MaxPool || kind == FusedKind::AvgPool));
+    nonneg = kind == FusedKind::Relu ||
+             (nonneg && (kind == FusedKind::MaxPool || kind == FusedKind::AvgPool || kind == FusedKind::Dropout));
   }
   return nonneg;
 }
@@ -174,9 +176,24 @@ inline void relu_run(const float* in, int64_t n, float* o) {
   for (int64_t i = 0; i < n; ++i) o[i] = in[i] > 0.f ? in[i] : 0.f;
 }
 
-inline void stage_forward(const FusedStage& st, int64_t L, const float* in, const float* side, float* o) {
+// A dropout stage's draw: the layer's seed for the step, the index of in[0] in the stage's input
+// tensor, and whether it drops at all (training; in evaluation it passes its input on).
+struct DropoutDraw {
+  uint64_t seed = 0;
+  int64_t first = 0;
+  bool training = false;
+};
+
+inline void stage_forward(const FusedStage& st, int64_t L, const float* in, const float* side, float* o,
+                          const DropoutDraw& d = {}) {
   const int64_t n = L * st.H * st.W;
   switch (st.kind) {
+    case FusedKind::Dropout:
+      if (d.training && st.p > 0.f)
+        dropout_mask::forward(st.p, d.seed, d.first, in, n, o);
+      else if (o != in)
+        std::memcpy(o, in, sizeof(float) * size_t(n));
+      break;
     case FusedKind::Relu: relu_run(in, n, o); break;
     case FusedKind::Add:
 #pragma omp simd
@@ -197,12 +214,19 @@ struct StageRows {
   int64_t side_off = 0;     // elements of the side input before them
   int64_t pool_off = 0;     // where the pool's input rows start in its input buffer (bands: the halo above)
   int64_t pool_span = 0;    // floats of the pool's input buffer, its gradient zeroed over them
+  int64_t first[kMaxStages] = {};  // stage k's first element here, its index in the stage's input tensor
+  uint64_t seed = 0;        // a dropout stage's (FusedTensors::seed)
+  DropoutDraw draw(int64_t k, bool training) const { return {seed, first[k], training}; }
 };
 
 // L whole planes from plane b0.
-inline StageRows whole_planes(const FusedStack& s, int64_t b0, int64_t L) {
+inline StageRows whole_planes(const FusedStack& s, int64_t b0, int64_t L, uint64_t seed) {
   StageRows r;
-  for (size_t k = 0; k < s.stages.size(); ++k) r.geo[k] = s.stages[k];
+  r.seed = seed;
+  for (size_t k = 0; k < s.stages.size(); ++k) {
+    r.geo[k] = s.stages[k];
+    r.first[k] = b0 * s.stages[k].H * s.stages[k].W;
+  }
   r.L = L;
   r.y_off = b0 * s.last().P * s.last().Q;
   const int add = s.add_stage();
@@ -214,8 +238,8 @@ inline StageRows whole_planes(const FusedStack& s, int64_t b0, int64_t L) {
 
 // Band b of plane pl: the stages before the pool on rows [b0, b1), the pool on its windows' rows
 // (band_pool_plane), the stages after it on rows [o0, o1).
-inline StageRows one_band(const FusedStack& s, const BandRows& b, int64_t pl) {
-  StageRows r = whole_planes(s, pl, 1);
+inline StageRows one_band(const FusedStack& s, const BandRows& b, int64_t pl, uint64_t seed) {
+  StageRows r = whole_planes(s, pl, 1, seed);
   r.y_off += b.o0 * s.last().Q;
   r.side_off += b.b0 * s.stages[0].W;  // an Add has no pool before it: its rows are the band's
   bool after_pool = false;
@@ -230,6 +254,7 @@ inline StageRows one_band(const FusedStack& s, const BandRows& b, int64_t pl) {
       after_pool = true;
     } else {
       st.H = st.P = after_pool ? b.o1 - b.o0 : b.b1 - b.b0;
+      r.first[k] += (after_pool ? b.o0 : b.b0) * st.W;
     }
   }
   return r;
@@ -273,6 +298,9 @@ inline float* stages_backward(const FusedStack& s, const StageRows& r, FusedGrad
             std::memcpy(d, ga, sizeof(float) * size_t(n_in));
           }
         }
+        break;
+      case FusedKind::Dropout:
+        if (st.p > 0.f) dropout_mask::backward(st.p, r.seed, r.first[k], ga, n_in);
         break;
       case FusedKind::MaxPool:
       case FusedKind::AvgPool:
