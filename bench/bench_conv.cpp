@@ -3,7 +3,8 @@
 // Median of --reps timed repetitions after one warm-up; GFLOP/s = 2*N*K*P*Q*(C/groups)*R*S / time.
 // The per-network total weights each shape by how often it occurs in the network.
 //
-//   bench_conv [--filter SUBSTR] [--reps N] [--batch N] [--csv] [--cpu] [--int4]
+//   bench_conv [--filter SUBSTR] [--reps N] [--batch N] [--csv] [--cpu] [--int4] [--flat]
+//   --flat: the direct kernels' flat form everywhere (cpu::conv_direct_rows(false)), to A/B the row form
 //   --int4: also the integer passes on 4-bit codes (4-bit training), and their speed-up over FP32
 //   bench_conv --reps N --gemm     (single-threaded SGEMM vs Eigen on conv-like shapes)
 // Compare with PyTorch: python3 bench/conv_pytorch.py --ours <csv from --csv>
@@ -33,6 +34,7 @@
 #endif
 
 #include "backends/backend.h"
+#include "backends/cpu/conv_direct.h"
 #include "backends/cpu/cpu_backend.h"
 #include "backends/cpu/gemm.h"
 
@@ -192,12 +194,13 @@ int main(int argc, char** argv) {
     else if (!std::strcmp(argv[i], "--csv")) csv = true;
     else if (!std::strcmp(argv[i], "--cpu")) g_cpu_time = true;
     else if (!std::strcmp(argv[i], "--int4")) int4 = true;
+    else if (!std::strcmp(argv[i], "--flat")) cpu::conv_direct_rows(false);
     else if (!std::strcmp(argv[i], "--gemm")) {
       bench_gemm(reps);
       return 0;
     }
     else {
-      std::fprintf(stderr, "usage: %s [--filter SUBSTR] [--reps N] [--batch N] [--csv] [--cpu] [--int4] | [--reps N] --gemm\n",
+      std::fprintf(stderr, "usage: %s [--filter SUBSTR] [--reps N] [--batch N] [--csv] [--cpu] [--int4] [--flat] | [--reps N] --gemm\n",
                    argv[0]);
       return 2;
     }

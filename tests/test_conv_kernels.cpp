@@ -192,6 +192,15 @@ void run_geometry(Conv2dGeom g, bool bias, bool accumulate, int64_t planned_batc
     CHECK(std::memcmp(y.data(), y2.data(), yn * sizeof(float)) == 0);
     CHECK(std::memcmp(dx.data(), dx2.data(), xn * sizeof(float)) == 0);
     CHECK(std::memcmp(dw.data(), dw2.data(), wn * sizeof(float)) == 0);
+    // The direct kernels' flat form (junk columns, a tile, an extract) gives the row form's bits.
+    cpu::conv_direct_rows(false);
+    std::vector<float> y4(yn), dx4 = accumulate ? dx0 : std::vector<float>(xn);
+    Tensor y4t = view(y4, {g.N, g.K, g.P, g.Q}), dx4t = view(dx4, {g.N, g.C, g.H, g.W});
+    be->conv2d_forward(g, xt, wt, bias ? bt : none, y4t, ws);
+    be->conv2d_backward_data(g, dyt, wt, dx4t, accumulate, ws);
+    cpu::conv_direct_rows(true);
+    CHECK(std::memcmp(y.data(), y4.data(), yn * sizeof(float)) == 0);
+    CHECK(std::memcmp(dx.data(), dx4.data(), xn * sizeof(float)) == 0);
     if (!scalar) check_stored_inputs(g, x, dy, bias, accumulate, ws);
 
     // The forward with BN's per-plane sums (a fused stack's statistics, docs/fusion.md): the same y,
@@ -265,6 +274,11 @@ TEST_CASE("conv kernels match the naive reference", "[conv]") {
       {2, 16, 8, 8, 4, 3, 1, 1, 1},
       // ... and its strided forms (data gradient too): two channel blocks, odd maps, 16 outputs.
       {3, 32, 11, 13, 16, 3, 2, 1, 1},
+      // The direct forward / data gradient's row form (whole vectors per row): ResNet's 16x16 and
+      // 32x32 stages, output channels off the 8-channel blocks (20, 7), a 5x5 window, groups,
+      // and a map with one row of vectors.
+      {2, 16, 16, 16, 16, 3, 1, 1, 1}, {3, 12, 16, 32, 20, 3, 1, 1, 1}, {2, 9, 8, 16, 7, 5, 1, 2, 1},
+      {2, 8, 16, 16, 8, 3, 1, 1, 2},   {2, 4, 1, 48, 6, 3, 1, 1, 1},
   };
   for (auto path : {cpu::ConvPathOverride::Auto, cpu::ConvPathOverride::Gemm, cpu::ConvPathOverride::Direct,
                     cpu::ConvPathOverride::Implicit, cpu::ConvPathOverride::Winograd})

@@ -24,6 +24,7 @@ namespace et::cpu {
 
 namespace {
 bool g_force_scalar = false;
+bool g_rows = true;
 constexpr int MR = 8;           // forward: output channels per register block
 
 float* align64(float* p) { return reinterpret_cast<float*>((reinterpret_cast<uintptr_t>(p) + 63) & ~uintptr_t(63)); }
@@ -31,6 +32,7 @@ int64_t round_up(int64_t v, int64_t m) { return (v + m - 1) / m * m; }
 }  // namespace
 
 void conv_force_scalar(bool on) { g_force_scalar = on; }
+void conv_direct_rows(bool on) { g_rows = on; }
 bool scalar_forced() { return g_force_scalar; }
 
 void place_plane(const float* src, int64_t H, int64_t W, int64_t dil, int64_t top, int64_t left, int64_t Wp,
@@ -110,6 +112,77 @@ void corr_planes_any(const float* xp, int64_t Cin, int64_t L, const int64_t* off
                      int64_t Kr, float* tile, int64_t Jr) {
   if (g_force_scalar) corr_planes<VScalar>(xp, Cin, L, off, RS, wpk, Kr, tile, Jr);
   else corr_planes<VNative>(xp, Cin, L, off, RS, wpk, Kr, tile, Jr);
+}
+
+// Row vectors, where each output row is whole vectors (Q a multiple of 16, stride 1): output vector
+// v covers out[16v, 16v + 16) of the plane, row v / (Q / 16), and reads its inputs from that row's
+// place in the padded planes. Nothing is computed for the padded planes' junk columns (2 of 18
+// columns at 16x16, 2 of 34 at 32x32), and the results go straight to the output planes, with the
+// flat form's epilogue arithmetic (+ bias, or out + (acc + bias)): no tile, no extract. Each
+// element takes the same FMAs in the same order as in corr_tile, so the results are the same bits.
+// out[i * ldo + 16v] for i < nk (<= MR), v < NV; xp already offset by the tile's first vector's
+// input place, `at` holds each vector's place relative to it.
+template <class V, int NV>
+void corr_tile_rows(const float* xp, int64_t L, const int64_t* off, int RS, int64_t Cin, const float* wpk,
+                    const int64_t* at, float* out, int64_t ldo, int nk, const float* bias, bool accumulate) {
+  V acc[MR][NV];
+  for (int i = 0; i < MR; ++i)
+    for (int v = 0; v < NV; ++v) acc[i][v] = V::zero();
+  for (int64_t c = 0; c < Cin; ++c) {
+    const float* xc = xp + c * L;
+    for (int t = 0; t < RS; ++t, wpk += MR) {
+      const float* xs = xc + off[t];
+      V xv[NV];
+      for (int v = 0; v < NV; ++v) xv[v] = V::load(xs + at[v]);
+      for (int i = 0; i < MR; ++i) {
+        const V wb = V::set1(wpk[i]);
+        for (int v = 0; v < NV; ++v) acc[i][v].fma(wb, xv[v]);
+      }
+    }
+  }
+  for (int i = 0; i < nk; ++i)
+    for (int v = 0; v < NV; ++v) acc[i][v].store_plus(out + i * ldo + 16 * v, bias ? bias[i] : 0.f, accumulate);
+}
+
+// out [Kvalid][P*Q] (plane stride ldo) = the correlation of Cin padded planes xp [Cin][L] (row width
+// Wp) with packed weights wpk [Kr/MR][Cin][RS][MR] (+ bias[k]; accumulated into out where asked).
+template <class V>
+void corr_planes_rows(const float* xp, int64_t Cin, int64_t L, int64_t Wp, const int64_t* off, int RS,
+                      const float* wpk, int64_t Kr, int64_t Kvalid, int64_t P, int64_t Q, float* out, int64_t ldo,
+                      const float* bias, bool accumulate) {
+  const int64_t per_row = Q / 16, nvec = P * per_row;
+  auto place = [&](int64_t v) { return (v / per_row) * Wp + (v % per_row) * 16; };
+  for (int64_t kb = 0; kb < Kr / MR; ++kb) {
+    const float* wb = wpk + kb * Cin * RS * MR;
+    const int nk = int(std::min<int64_t>(MR, Kvalid - kb * MR));
+    if (nk <= 0) break;
+    float* ob = out + kb * MR * ldo;
+    const float* bb = bias ? bias + kb * MR : nullptr;
+    int64_t v = 0;
+    for (; v + 3 <= nvec; v += 3) {
+      const int64_t at[3] = {0, place(v + 1) - place(v), place(v + 2) - place(v)};
+      corr_tile_rows<V, 3>(xp + place(v), L, off, RS, Cin, wb, at, ob + 16 * v, ldo, nk, bb, accumulate);
+    }
+    if (nvec - v == 2) {
+      const int64_t at[2] = {0, place(v + 1) - place(v)};
+      corr_tile_rows<V, 2>(xp + place(v), L, off, RS, Cin, wb, at, ob + 16 * v, ldo, nk, bb, accumulate);
+    } else if (nvec - v == 1) {
+      const int64_t at[1] = {0};
+      corr_tile_rows<V, 1>(xp + place(v), L, off, RS, Cin, wb, at, ob + 16 * v, ldo, nk, bb, accumulate);
+    }
+  }
+}
+
+// Where the row form applies: whole vectors per output row.
+bool rows_apply(int64_t Q) { return g_rows && Q % 16 == 0; }
+
+void corr_planes_rows_any(const float* xp, int64_t Cin, int64_t L, int64_t Wp, const int64_t* off, int RS,
+                          const float* wpk, int64_t Kr, int64_t Kvalid, int64_t P, int64_t Q, float* out, int64_t ldo,
+                          const float* bias, bool accumulate) {
+  if (g_force_scalar)
+    corr_planes_rows<VScalar>(xp, Cin, L, Wp, off, RS, wpk, Kr, Kvalid, P, Q, out, ldo, bias, accumulate);
+  else
+    corr_planes_rows<VNative>(xp, Cin, L, Wp, off, RS, wpk, Kr, Kvalid, P, Q, out, ldo, bias, accumulate);
 }
 
 // Packs one group's weights for corr_planes. w [Kg][Cg][RS]. Forward: out = Kg, in = Cg.
@@ -392,12 +465,19 @@ void direct_dense_forward(const Conv2dGeom& g, const float* x, const float* w, c
       for (int64_t c = 0; c < g.C; ++c)
         place_plane(x + (n * g.C + c) * g.H * g.W, g.H, g.W, 1, g.pad_h, g.pad_w, f.Wp, xp + c * f.L);
       for (int64_t gi = 0; gi < g.groups; ++gi) {
-        corr_planes_any(xp + gi * Cg * f.L, Cg, f.L, f.off, f.RS, wpk + gi * Kr * Cg * RS, Kr, tile, f.Jr);
-        for (int64_t k = 0; k < Kg; ++k) {
-          const int64_t pl = n * g.K + gi * Kg + k;
-          extract_plane(tile + k * f.Jr, f.Wp, g.P, g.Q, 1, b ? b[gi * Kg + k] : 0.f, false, y + pl * g.P * g.Q);
-          if (sum1) bn_rows::plane_sums(y + pl * g.P * g.Q, g.P * g.Q, sum1 + pl, sum2 + pl);
+        const int64_t pl0 = n * g.K + gi * Kg;
+        if (rows_apply(g.Q)) {  // straight into y
+          corr_planes_rows_any(xp + gi * Cg * f.L, Cg, f.L, f.Wp, f.off, f.RS, wpk + gi * Kr * Cg * RS, Kr, Kg, g.P,
+                               g.Q, y + pl0 * g.P * g.Q, g.P * g.Q, b ? b + gi * Kg : nullptr, false);
+        } else {
+          corr_planes_any(xp + gi * Cg * f.L, Cg, f.L, f.off, f.RS, wpk + gi * Kr * Cg * RS, Kr, tile, f.Jr);
+          for (int64_t k = 0; k < Kg; ++k)
+            extract_plane(tile + k * f.Jr, f.Wp, g.P, g.Q, 1, b ? b[gi * Kg + k] : 0.f, false,
+                          y + (pl0 + k) * g.P * g.Q);
         }
+        if (sum1)
+          for (int64_t k = 0; k < Kg; ++k)
+            bn_rows::plane_sums(y + (pl0 + k) * g.P * g.Q, g.P * g.Q, sum1 + pl0 + k, sum2 + pl0 + k);
       }
     }
   }
@@ -425,9 +505,15 @@ void direct_dense_backward_data(const Conv2dGeom& g, const float* dy, const floa
       for (int64_t k = 0; k < g.K; ++k)
         place_plane(dy + (n * g.K + k) * g.P * g.Q, g.P, g.Q, 1, ph, pw, f.Wp, dyp + k * f.L);
       for (int64_t gi = 0; gi < g.groups; ++gi) {
+        float* dxg = dx + (n * g.C + gi * Cg) * g.H * g.W;
+        if (rows_apply(g.W)) {  // straight into dx
+          corr_planes_rows_any(dyp + gi * Kg * f.L, Kg, f.L, f.Wp, f.off, f.RS, wpk + gi * Cr * Kg * RS, Cr, Cg, g.H,
+                               g.W, dxg, g.H * g.W, nullptr, accumulate);
+          continue;
+        }
         corr_planes_any(dyp + gi * Kg * f.L, Kg, f.L, f.off, f.RS, wpk + gi * Cr * Kg * RS, Cr, tile, f.Jr);
         for (int64_t c = 0; c < Cg; ++c)
-          extract_plane(tile + c * f.Jr, f.Wp, g.H, g.W, 1, 0.f, accumulate, dx + (n * g.C + gi * Cg + c) * g.H * g.W);
+          extract_plane(tile + c * f.Jr, f.Wp, g.H, g.W, 1, 0.f, accumulate, dxg + c * g.H * g.W);
       }
     }
   }

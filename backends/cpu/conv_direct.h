@@ -4,7 +4,10 @@
 // padded, into rows of width Wp; a stride-1 correlation then reads, for output position
 // j = p*Wp + q and tap (r,s), the element j + r*Wp + s. So every output row is computed over the
 // full padded width (the last S-1 columns are junk and dropped when the result is copied out) and
-// the whole output plane is one contiguous vector loop, whatever the map size. Backward data is
+// the whole output plane is one contiguous vector loop, whatever the map size. Where output rows
+// are whole vectors (Q a multiple of 16: ResNet's 32x32 and 16x16 stages) the forward and data
+// gradient skip the junk columns instead, a vector per 16 columns of a row, and write the output
+// directly (the "row form", same bits). Backward data is
 // the same correlation over the (zero-upsampled, for stride > 1) padded output gradient with the
 // kernel flipped and channels swapped.
 #pragma once
@@ -16,6 +19,9 @@ namespace et::cpu {
 
 // Tests: run the scalar reference vectors instead of the native SIMD ones.
 void conv_force_scalar(bool on);
+// Tests: the direct forward / data gradient's row form (whole vectors per output row, no junk
+// columns, results straight to the output; default on) or the flat form everywhere: the same bits.
+void conv_direct_rows(bool on);
 // Tests / A-B measurements: where both the GEMM and the direct kernels apply, force one
 // (conv.cpp; the environment variable ET_CONV_PATH=gemm|direct|implicit|winograd sets the initial
 // value; implicit / winograd fall back to the automatic choice where they do not apply).

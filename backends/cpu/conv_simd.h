@@ -18,6 +18,10 @@ struct VScalar {
   static VScalar set1(float a) { VScalar r; for (int i = 0; i < 16; ++i) r.v[i] = a; return r; }
   static VScalar load(const float* p) { VScalar r; for (int i = 0; i < 16; ++i) r.v[i] = p[i]; return r; }
   void store(float* p) const { for (int i = 0; i < 16; ++i) p[i] = v[i]; }
+  // p = this + b; accumulated: p = p + (this + b) (an epilogue's bias and accumulation)
+  void store_plus(float* p, float b, bool accumulate) const {
+    for (int i = 0; i < 16; ++i) p[i] = accumulate ? p[i] + (v[i] + b) : v[i] + b;
+  }
   // this += a * b
   void fma(const VScalar& a, const VScalar& b) { for (int i = 0; i < 16; ++i) v[i] += a.v[i] * b.v[i]; }
   float hsum() const { float s = 0.f; for (int i = 0; i < 16; ++i) s += v[i]; return s; }
@@ -30,6 +34,10 @@ struct VNative {
   static VNative set1(float a) { return {_mm512_set1_ps(a)}; }
   static VNative load(const float* p) { return {_mm512_loadu_ps(p)}; }
   void store(float* p) const { _mm512_storeu_ps(p, v); }
+  void store_plus(float* p, float b, bool accumulate) const {
+    const __m512 r = _mm512_add_ps(v, _mm512_set1_ps(b));
+    _mm512_storeu_ps(p, accumulate ? _mm512_add_ps(_mm512_loadu_ps(p), r) : r);
+  }
   void fma(const VNative& a, const VNative& b) { v = _mm512_fmadd_ps(a.v, b.v, v); }
   // Through memory, in a fixed tree order (the intrinsic reductions trip GCC 12's
   // -Wmaybe-uninitialized through their _mm256_undefined_* operands).
@@ -48,6 +56,11 @@ struct VNative {
   static VNative set1(float x) { return {_mm256_set1_ps(x), _mm256_set1_ps(x)}; }
   static VNative load(const float* p) { return {_mm256_loadu_ps(p), _mm256_loadu_ps(p + 8)}; }
   void store(float* p) const { _mm256_storeu_ps(p, a); _mm256_storeu_ps(p + 8, b); }
+  void store_plus(float* p, float c, bool accumulate) const {
+    const __m256 vc = _mm256_set1_ps(c), ra = _mm256_add_ps(a, vc), rb = _mm256_add_ps(b, vc);
+    _mm256_storeu_ps(p, accumulate ? _mm256_add_ps(_mm256_loadu_ps(p), ra) : ra);
+    _mm256_storeu_ps(p + 8, accumulate ? _mm256_add_ps(_mm256_loadu_ps(p + 8), rb) : rb);
+  }
   void fma(const VNative& x, const VNative& y) { a = _mm256_fmadd_ps(x.a, y.a, a); b = _mm256_fmadd_ps(x.b, y.b, b); }
   float hsum() const {
     alignas(32) float t[8];
@@ -62,6 +75,13 @@ struct VNative {
   static VNative set1(float a) { VNative r; for (auto& x : r.q) x = vdupq_n_f32(a); return r; }
   static VNative load(const float* p) { VNative r; for (int i = 0; i < 4; ++i) r.q[i] = vld1q_f32(p + 4 * i); return r; }
   void store(float* p) const { for (int i = 0; i < 4; ++i) vst1q_f32(p + 4 * i, q[i]); }
+  void store_plus(float* p, float b, bool accumulate) const {
+    const float32x4_t vb = vdupq_n_f32(b);
+    for (int i = 0; i < 4; ++i) {
+      const float32x4_t r = vaddq_f32(q[i], vb);
+      vst1q_f32(p + 4 * i, accumulate ? vaddq_f32(vld1q_f32(p + 4 * i), r) : r);
+    }
+  }
   void fma(const VNative& a, const VNative& b) { for (int i = 0; i < 4; ++i) q[i] = vfmaq_f32(q[i], a.q[i], b.q[i]); }
   float hsum() const { return vaddvq_f32(vaddq_f32(vaddq_f32(q[0], q[1]), vaddq_f32(q[2], q[3]))); }
 };
