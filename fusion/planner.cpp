@@ -325,6 +325,7 @@ const char* kind_name(FusedKind k) {
     case FusedKind::Add: return "add";
     case FusedKind::MaxPool: return "maxpool";
     case FusedKind::AvgPool: return "avgpool";
+    case FusedKind::Dropout: return "dropout";
     default: return "?";
   }
 }

@@ -510,6 +510,7 @@ TEST_CASE("fusion: dropout as a stage trains bit-identically (its mask drawn aga
           CHECK(p.stacks[1].stack.stages.size() == 4);  // bn, dropout, add, relu
           CHECK(p.stacks[2].stack.stages.size() == 3);  // bn, avgpool, dropout
           CHECK(p.stacks[3].stack.stages.size() == 3);  // bn, dropout, relu
+          CHECK(fusion::describe(fused, p).find("bn,dropout,relu") != std::string::npos);
           fusion::apply(fused, p);
           for (StashFormat f : {StashFormat::DenseF32, StashFormat::Auto}) {
             const auto a = train(plain, c.batch, stash(f)), b = train(fused, c.batch, stash(f));
