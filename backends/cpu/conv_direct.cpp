@@ -69,12 +69,14 @@ namespace {
 
 // ---------------------------------------------------------------- forward-style correlation
 
-// out[i][j0 + 16v] for i < MR, v < NV; xp and out already offset by j0.
+// acc[i][v] = sum over c, t of wpk's weight i of (c, t) times the 16 inputs at xp + c * L + off[t]
+// + at[v], c outer, t inner: every caller's FMAs per element in this one order.
 // wpk [Cin][RS][MR]: the MR weights of one tap are adjacent (broadcast one after the other).
+// Always inlined: called out of line, its accumulators lived in memory (2.5x slower).
 template <class V, int NV>
-void corr_tile(const float* xp, int64_t L, const int64_t* off, int RS, int64_t Cin, const float* wpk, float* out,
-               int64_t Jr) {
-  V acc[MR][NV];
+__attribute__((always_inline)) inline void corr_accumulate(const float* xp, int64_t L, const int64_t* off, int RS,
+                                                           int64_t Cin, const float* wpk, const int64_t* at,
+                                                           V (&acc)[MR][NV]) {
   for (int i = 0; i < MR; ++i)
     for (int v = 0; v < NV; ++v) acc[i][v] = V::zero();
   for (int64_t c = 0; c < Cin; ++c) {
@@ -82,13 +84,23 @@ void corr_tile(const float* xp, int64_t L, const int64_t* off, int RS, int64_t C
     for (int t = 0; t < RS; ++t, wpk += MR) {
       const float* xs = xc + off[t];
       V xv[NV];
-      for (int v = 0; v < NV; ++v) xv[v] = V::load(xs + 16 * v);
+      for (int v = 0; v < NV; ++v) xv[v] = V::load(xs + at[v]);
       for (int i = 0; i < MR; ++i) {
         const V wb = V::set1(wpk[i]);
         for (int v = 0; v < NV; ++v) acc[i][v].fma(wb, xv[v]);
       }
     }
   }
+}
+
+// out[i][j0 + 16v] for i < MR, v < NV; xp and out already offset by j0.
+template <class V, int NV>
+void corr_tile(const float* xp, int64_t L, const int64_t* off, int RS, int64_t Cin, const float* wpk, float* out,
+               int64_t Jr) {
+  int64_t at[NV];
+  for (int v = 0; v < NV; ++v) at[v] = 16 * v;
+  V acc[MR][NV];
+  corr_accumulate<V, NV>(xp, L, off, RS, Cin, wpk, at, acc);
   for (int i = 0; i < MR; ++i)
     for (int v = 0; v < NV; ++v) acc[i][v].store(out + i * Jr + 16 * v);
 }
@@ -126,20 +138,7 @@ template <class V, int NV>
 void corr_tile_rows(const float* xp, int64_t L, const int64_t* off, int RS, int64_t Cin, const float* wpk,
                     const int64_t* at, float* out, int64_t ldo, int nk, const float* bias, bool accumulate) {
   V acc[MR][NV];
-  for (int i = 0; i < MR; ++i)
-    for (int v = 0; v < NV; ++v) acc[i][v] = V::zero();
-  for (int64_t c = 0; c < Cin; ++c) {
-    const float* xc = xp + c * L;
-    for (int t = 0; t < RS; ++t, wpk += MR) {
-      const float* xs = xc + off[t];
-      V xv[NV];
-      for (int v = 0; v < NV; ++v) xv[v] = V::load(xs + at[v]);
-      for (int i = 0; i < MR; ++i) {
-        const V wb = V::set1(wpk[i]);
-        for (int v = 0; v < NV; ++v) acc[i][v].fma(wb, xv[v]);
-      }
-    }
-  }
+  corr_accumulate<V, NV>(xp, L, off, RS, Cin, wpk, at, acc);
   for (int i = 0; i < nk; ++i)
     for (int v = 0; v < NV; ++v) acc[i][v].store_plus(out + i * ldo + 16 * v, bias ? bias[i] : 0.f, accumulate);
 }

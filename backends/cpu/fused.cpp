@@ -102,21 +102,9 @@ class PackRounds {
   int64_t counts_[2][kMaxThreads] = {};
 };
 
-// One channel plane through the first `stages` stages: out[k] receives stage k's output (out[last]
-// may be y).
-// A dropout stage draws from `seed` at the plane's place pl in its tensor, where `training`.
-void forward_plane(const FusedStack& s, size_t stages, const float* x, const float* side, float scale, float shift,
-                   float* const* out, int64_t pl = 0, uint64_t seed = 0, bool training = false) {
-  const FusedStage& bn = s.stages[0];
-  bn_rows::apply(x, scale, shift, bn.H * bn.W, out[0]);
-  for (size_t k = 1; k < stages; ++k) {
-    const FusedStage& st = s.stages[k];
-    stage_forward(st, 1, out[k - 1], side, out[k], DropoutDraw{seed, pl * st.H * st.W, training});
-  }
-}
-
-// The same over the rows r describes (a band, FusedStack::band_rows): x and side start at the
-// band's first input-side row; the pool reads its windows' rows from r.pool_off on.
+// The rows r describes (whole planes, or a band: FusedStack::band_rows) through the first `stages`
+// stages: out[k] receives stage k's output (out[last] may be y). x and side start at the first
+// input-side row; the pool reads its windows' rows from r.pool_off on.
 void forward_rows(const FusedStack& s, const StageRows& r, size_t stages, const float* x, const float* side,
                   float scale, float shift, float* const* out, bool training) {
   bn_rows::apply(x, scale, shift, r.L * r.geo[0].H * r.geo[0].W, out[0]);
@@ -298,10 +286,10 @@ void CpuBackend::fused_forward(const FusedStack& s, FusedTensors& t, bool traini
                                   stream);
     } else
 #endif
-    if (s.band_rows > 0) {  // planes larger than the cache: bands of rows, their halos recomputed
+    {  // the whole plane, or bands of rows (planes larger than the cache), their halos recomputed
       float* out[kMaxStages];
       for (int64_t k = 0; k < S; ++k) out[k] = scratch_out[k];
-      const int64_t step = forward_band_out_rows(s);
+      const int64_t step = s.band_rows > 0 ? forward_band_out_rows(s) : last.P;
       for (int64_t r0 = 0; r0 < last.P; r0 += step) {
         const BandRows b = forward_band(s, r0, std::min(last.P, r0 + step));
         const StageRows rows = one_band(s, b, pl, t.seed);
@@ -309,12 +297,6 @@ void CpuBackend::fused_forward(const FusedStack& s, FusedTensors& t, bool traini
         forward_rows(s, rows, s.stages.size(), xp + pl * HW + b.b0 * bn.W,
                      add >= 0 ? t.side.f32() + rows.side_off : nullptr, sc, sh, out, training);
       }
-    } else {
-      float* out[kMaxStages];
-      for (int64_t k = 0; k < S; ++k) out[k] = scratch_out[k];
-      out[S - 1] = yp + pl * PQ;  // the last stage writes y
-      forward_plane(s, s.stages.size(), xp + pl * HW, add >= 0 ? t.side.f32() + pl * side_plane : nullptr, sc, sh,
-                    out, pl, t.seed, training);
     }
     if (y_sum1) bn_rows::plane_sums(yp + pl * PQ, PQ, y_sum1 + pl, y_sum2 + pl);
     if (kept_in_registers >= 0) return kept_in_registers;
@@ -397,8 +379,9 @@ void CpuBackend::fused_recompute_output(const FusedStack& s, const FusedTensors&
     float scale, shift;
     bn_rows::train_coefficients(t.gamma.f32()[c], t.beta.f32()[c], t.mean.f32()[c], t.invstd.f32()[c], &scale,
                                 &shift);
-    float* out[2] = {yp + pl * HW, yp + pl * HW};  // the ReLU in place over the BN stage's output
-    forward_plane(s, 2, bn_rows::x_f32(t.x, pl * HW, HW, yp + pl * HW), nullptr, scale, shift, out);
+    float* yl = yp + pl * HW;  // the ReLU in place over the BN stage's output
+    bn_rows::apply(bn_rows::x_f32(t.x, pl * HW, HW, yl), scale, shift, HW, yl);
+    relu_run(yl, HW, yl);
   }
 }
 
@@ -495,31 +478,14 @@ void CpuBackend::fused_backward(const FusedStack& s, const FusedTensors& t, Fuse
   auto x_plane = [&](float* scratch, int64_t pl) {
     return bn_rows::x_f32(t.x, pl * HW, HW, scratch + (S + 2) * plane);
   };
-  // dz (the gradient of the BN output) of plane (n, c), in the thread's scratch. The first sweep
-  // also writes the side input's gradient, which the Add stage hands on unchanged.
-  auto plane_dz = [&](float* scratch, int64_t pl, const float* x, bool first_sweep) -> const float* {
-    float* out[kMaxStages];
-    for (int64_t k = 0; k < S; ++k) out[k] = scratch + k * plane;
-    float* ga = scratch + S * plane;
-    float* gb = ga + plane;
-    if (recompute) {
-      float scale, shift;
-      const int64_t c = pl % C;
-      bn_rows::train_coefficients(t.gamma.f32()[c], t.beta.f32()[c], t.mean.f32()[c], t.invstd.f32()[c], &scale,
-                                  &shift);
-      // A last pool's output is not needed, only its input (last_pool).
-      const int64_t side_plane = add >= 0 ? s.stages[size_t(add)].H * s.stages[size_t(add)].W : 0;
-      forward_plane(s, s.stages.size() - (last_pool ? 1 : 0), x, add >= 0 ? t.side.f32() + pl * side_plane : nullptr,
-                    scale, shift, out, pl, t.seed, true);
-    }
-    std::memcpy(ga, g.dy.f32() + pl * PQ, sizeof(float) * size_t(PQ));
-    return stages_backward(s, whole_planes(s, pl, 1, t.seed), g, out, ga, gb, first_sweep, read_y_mask);
-  };
   // Bands: x's rows [r0, r1) of plane (n, c) as f32, and dz of band b over its input-side rows
   // [b0, b1) (x from row b0), the stages run on the band's rows and the pool's halo.
   auto x_rows = [&](float* scratch, int64_t pl, int64_t r0, int64_t r1) {
     return bn_rows::x_f32(t.x, pl * HW + r0 * bn.W, (r1 - r0) * bn.W, scratch + (S + 2) * plane);
   };
+  // dz (the gradient of the BN output) in the thread's scratch. The first sweep also writes the side
+  // input's gradient, which the Add stage hands on unchanged. A last pool's output is not needed,
+  // only its input.
   auto band_dz = [&](float* scratch, int64_t pl, const BandRows& b, const float* x, bool first_sweep) -> const float* {
     const StageRows rows = one_band(s, b, pl, t.seed);
     float* out[kMaxStages];
@@ -536,6 +502,10 @@ void CpuBackend::fused_backward(const FusedStack& s, const FusedTensors& t, Fuse
     }
     std::memcpy(ga, g.dy.f32() + rows.y_off, sizeof(float) * size_t((b.o1 - b.o0) * last.Q));
     return stages_backward(s, rows, g, out, ga, gb, first_sweep, read_y_mask);
+  };
+  // ... of a whole plane: one band of all its rows.
+  auto plane_dz = [&](float* scratch, int64_t pl, const float* x, bool first_sweep) {
+    return band_dz(scratch, pl, forward_band(s, 0, last.P), x, first_sweep);
   };
   // Sweep 1 on plane (n, c): dz, the side gradient, dz parked, the plane's two sums in float.
   auto sweep1 = [&](float* scratch, int64_t pl, float* a, float* b) {
