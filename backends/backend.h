@@ -57,6 +57,9 @@ class Backend {
 
   // ---- convolution: x [N,C,H,W], w [K,C/groups,R,S], b [K] or undefined, y [N,K,P,Q]
   virtual size_t conv2d_workspace_bytes(const Conv2dGeom& g, ConvPass pass) const = 0;
+  // x is f32, or (DType::AffineRelu) a fused stack's output that the kernel computes from the stack's
+  // input as it stages it, where conv2d_forward_reads(g) lists it: the stack never writes it.
+  virtual DTypeSet conv2d_forward_reads(const Conv2dGeom& g) const { return dtype_bit(DType::F32); }
   virtual void conv2d_forward(const Conv2dGeom& g, const Tensor& x, const Tensor& w, const Tensor& b, Tensor& y,
                               Workspace ws) = 0;
   // conv2d_forward, and y's per-plane sums for the fused BN stack reading y (plane_sums below):
@@ -164,6 +167,15 @@ class Backend {
   virtual AffineReluRun fused_affine_relu(const FusedStack& s) const { return nullptr; }
   virtual void fused_affine_coefficients(const FusedStack& s, const FusedTensors& t, float* scale, float* shift) {
     ET_CHECK(false, name(), ": fused stacks give no relu(affine) output on this backend");
+  }
+  // Where every forward reader of y computes it (conv2d_forward_reads): fused_forward without its
+  // pass over the planes. The statistics (t.mean, t.invstd, the running ones) as fused_forward
+  // takes them, and scale / shift [C] of y = relu(x * scale[c] + shift[c]): the batch statistics'
+  // in training, the running ones' in evaluation. t.y is not read.
+  virtual bool fused_forward_by_readers(const FusedStack& s) const { return false; }
+  virtual void fused_forward_statistics(const FusedStack& s, FusedTensors& t, bool training, float* scale,
+                                        float* shift, Workspace ws) {
+    ET_CHECK(false, name(), ": fused stacks leave no output to their readers on this backend");
   }
 
   // ---- loss: logits [N,K], labels i32 [N]; loss [1] = mean over N of cross-entropy with label smoothing

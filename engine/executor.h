@@ -114,6 +114,8 @@ class Executor {
   size_t arena_resident_bytes() const { return arena_.resident_bytes(); }  // of memory().total
   Stash& stash() { return stash_; }
   const Stash& stash() const { return stash_; }
+  // Whether the readers of this value compute it in forward too (no buffer: plan_forward_by_readers).
+  bool computed_by_readers(int value) const { return by_readers_[size_t(value)] != 0; }
   int64_t batch() const { return batch_; }
   // Values the stash takes after node n's forward (or its recompute), for profiles.
   std::vector<int> stashed_by(int node) const;
@@ -152,6 +154,7 @@ class Executor {
   void plan_code_segments(PlanState& st);
   std::vector<StashFormat> stash_formats(const PlanState& st) const;
   void plan_recomputed_outputs(PlanState& st);
+  void plan_forward_by_readers(PlanState& st);
   void plan_decode_buffers(PlanState& st);
   void plan_time_line(PlanState& st);
   void plan_layout(PlanState& st, const std::vector<PlannedBuffer>& extra);
@@ -185,6 +188,9 @@ class Executor {
   // when a reader asks (OpContext::saved).
   std::vector<AffineReluSource> affine_sources_;
   std::vector<std::vector<float>> affine_coefficients_;
+  // Per value: computed by its readers in forward too (plan_forward_by_readers); data_ is then a
+  // tensor of dtype AffineRelu over affine_sources_, which the producer's forward fills.
+  std::vector<uint8_t> by_readers_;
   std::vector<int> swapped_;                              // values whose data_ view is swapped
   bool recomputing_ = false;
   double rec_s_ = 0, quant_s_ = 0;
@@ -267,6 +273,13 @@ class OpContext {
   // Where the op may write its output's bitmap during forward (Backend MaskOut), or nullptr: set
   // when the stash stores this output as a bitmap right after this forward.
   MaskOut* output_mask() { return mask_.bits ? &mask_ : nullptr; }
+  // Where this node's readers compute its output in forward (Op::output_by_readers_in_forward):
+  // the source to fill (x and run), and its coefficients [2, C] to write (scale, then shift, which
+  // the source points at); else nullptr.
+  AffineReluSource* output_source() {
+    return ex_.by_readers_[size_t(node_.output)] ? &ex_.affine_sources_[size_t(node_.output)] : nullptr;
+  }
+  float* output_coefficients() { return ex_.affine_coefficients_[size_t(node_.output)].data(); }
   Tensor grad_output() const { return ex_.grad(node_.output); }
   // A wanted input gradient; the op must write it (overwrite or add, per `accumulate`).
   GradOut grad_input(int i) const;

@@ -10,6 +10,8 @@
 // after the time line, hands its PlannedBuffers (role Extra) to plan_layout and, after it, finds
 // their arena offsets in PlanState::buffers.
 #include <algorithm>
+#include <cstdlib>
+#include <cstring>
 #include <cstdint>
 
 #include "engine/executor.h"
@@ -32,6 +34,7 @@ void Executor::plan() {
   plan_needs_backward();
   plan_saves(st);
   plan_recomputed_outputs(st);
+  plan_forward_by_readers(st);
   plan_decode_buffers(st);
   plan_time_line(st);
   const std::vector<PlannedBuffer> quant_buffers = plan_quant_operands(st);
@@ -232,6 +235,37 @@ void Executor::plan_recomputed_outputs(PlanState& st) {
     if (sv.affine_relu) affine_coefficients_[size_t(sv.value)].assign(size_t(2 * graph_.value(sv.value).shape[1]), 0.f);
 }
 
+// The same values in forward: where the producer can leave its output to its readers in forward too
+// (Op::output_by_readers_in_forward) and every reader's forward takes DType::AffineRelu (a direct
+// conv, which computes it as it places x's planes), the output has no buffer at all: the producer's
+// forward computes its coefficients only (OpContext::output_source), and its readers get a tensor
+// of dtype AffineRelu. Not for quantized readers, which quantize x itself; ET_FORWARD_BY_READERS=0
+// turns it off (A/B measurements).
+void Executor::plan_forward_by_readers(PlanState& st) {
+  by_readers_.assign(size_t(st.nv), 0);
+  const char* env = std::getenv("ET_FORWARD_BY_READERS");
+  if (env && !std::strcmp(env, "0")) return;
+  for (const SavedValue& sv : st.saved) {
+    const int id = sv.value;
+    const Value& v = graph_.value(id);
+    if (!sv.affine_relu || id == graph_.logits || id == graph_.loss || v.consumers.empty()) continue;
+    if (!graph_.node(v.producer).op->output_by_readers_in_forward(backend_)) continue;
+    bool all = true;
+    for (int c : v.consumers) {
+      const Node& reader = graph_.node(c);
+      all = all && !quant_[size_t(c)].on();
+      for (size_t i = 0; i < reader.inputs.size(); ++i)
+        if (reader.inputs[i] == id)
+          all = all && dtype_in(DType::AffineRelu, reader.op->forward_reads(int(i), backend_, st.max_batch));
+    }
+    if (!all) continue;
+    by_readers_[size_t(id)] = 1;
+    std::vector<float>& k = affine_coefficients_[size_t(id)];
+    affine_sources_[size_t(id)].scale = k.data();
+    affine_sources_[size_t(id)].shift = k.data() + k.size() / 2;
+  }
+}
+
 // Decode buffers: only for values some reader needs as f32 (a recomputed segment always does).
 // A reader may take the stored encoding (Op::reads_stored); a compressed save every reader takes
 // as stored gets no buffer.
@@ -416,7 +450,7 @@ std::vector<Executor::PlannedBuffer> Executor::activation_buffers(PlanState& st)
     for (int c : v.consumers) last = std::max(last, c);
     if (zero_copy && !rec) last = std::max(last, bwd_t[size_t(st.first_saver[size_t(id)])]);
     if (id == graph_.logits || id == graph_.loss) last = st.t_end;  // read by the trainer after the step
-    add(bytes, p, last, id, Role::Data);
+    if (!by_readers_[size_t(id)]) add(bytes, p, last, id, Role::Data);
     if (st.rewritten[size_t(id)]) {
       // The recomputed copy: read by the segment's own nodes, and by backward if saved in place.
       int rec_last = rec_t[size_t(p)];
@@ -520,6 +554,8 @@ void Executor::bind_views(PlanState& st) {
     const Value& v = graph_.value(id);
     if (v.needs_grad && v.kind == ValueKind::Activation)
       grads_[size_t(id)] = Tensor::contiguous(grad_memory[size_t(st.grad_root(id))], v.shape, v.dtype);
+    if (by_readers_[size_t(id)])  // its producer's forward fills the source
+      data_[size_t(id)] = Tensor::contiguous(&affine_sources_[size_t(id)], v.shape, DType::AffineRelu);
   }
   forward_data_ = data_;
   swapped_.clear();

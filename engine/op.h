@@ -107,6 +107,15 @@ class Op {
   virtual void describe_output(OpContext& ctx, AffineReluSource& src, float* scale, float* shift) const {
     ET_CHECK(false, type(), " describes no output");
   }
+  // Where output_is_affine_relu: whether this op's forward may also leave its output to its readers,
+  // computing only the coefficients (OpContext::output_source). The executor does so where every
+  // reader's forward takes DType::AffineRelu (forward_reads) and the stash does not keep the output.
+  virtual bool output_by_readers_in_forward(const Backend& backend) const { return false; }
+  // The dtypes this op's forward reads input i in at this batch: f32, and DType::AffineRelu where its
+  // kernel computes another op's output from that op's input as it reads it.
+  virtual DTypeSet forward_reads(int input, const Backend& backend, int64_t batch) const {
+    return dtype_bit(DType::F32);
+  }
   virtual OpAttributes attributes() const { return {}; }
   virtual void forward(OpContext& ctx) = 0;
   virtual void backward(OpContext& ctx) = 0;

@@ -67,15 +67,27 @@ class FusedStackOp final : public Op {
     src.run = ctx.backend().fused_affine_relu(stack_);
   }
 
+  // Not where y's planes' sums feed the next stack: those need y.
+  bool output_by_readers_in_forward(const Backend& b) const override {
+    return output_is_affine_relu(b) && b.fused_forward_by_readers(stack_) && y_sums_aux_ < 0;
+  }
+
   void forward(OpContext& ctx) override {
     FusedTensors t = tensors(ctx);
-    t.y = ctx.output();
     if (ctx.training() && ctx.recomputing()) t.running_mean = t.running_var = Tensor{};  // updated once
     // The sums pass from producer to reader in the first training forward only (Value::forward_only).
     if (ctx.training() && !ctx.recomputing()) {
       if (sums_input_ >= 0) t.x_sums = ctx.input(sums_input_);
       if (y_sums_aux_ >= 0) t.y_sums = ctx.aux(y_sums_aux_);
     }
+    if (AffineReluSource* src = ctx.output_source()) {  // the readers compute y from x as they read it
+      float* k = ctx.output_coefficients();
+      ctx.backend().fused_forward_statistics(stack_, t, ctx.training(), k, k + stack_.C, ctx.workspace());
+      src->x = t.x;
+      src->run = ctx.backend().fused_affine_relu(stack_);
+      return;
+    }
+    t.y = ctx.output();
     ctx.backend().fused_forward(stack_, t, ctx.training(), ctx.output_mask(), ctx.workspace());
   }
 

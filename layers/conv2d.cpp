@@ -24,6 +24,11 @@ class Conv2dOp final : public Op {
   DTypeSet reads_stored(int, const Backend& b, int64_t batch) const override {
     return b.conv2d_weight_reads(geom_.with_batch(batch));
   }
+  // x may be a fused stack's output that the kernel computes as it stages x (not 4-bit: the
+  // executor does not offer it to quantized nodes).
+  DTypeSet forward_reads(int input, const Backend& b, int64_t batch) const override {
+    return input == 0 ? b.conv2d_forward_reads(geom_.with_batch(batch)) : dtype_bit(DType::F32);
+  }
   size_t workspace_bytes(const Backend& b, int64_t batch) const override {
     return max_over_passes(batch, [&](const Conv2dGeom& g, ConvPass p) { return b.conv2d_workspace_bytes(g, p); });
   }

@@ -7,14 +7,11 @@
 
 namespace et {
 
-MemoryPlan plan_memory(const std::vector<BufferRequest>& requests) {
+namespace {
+// First fit in the given order: each buffer at the lowest offset free during its lifetime.
+MemoryPlan first_fit(const std::vector<BufferRequest>& requests, const std::vector<size_t>& order) {
   MemoryPlan plan;
   plan.offsets.assign(requests.size(), 0);
-  std::vector<size_t> order(requests.size());
-  std::iota(order.begin(), order.end(), 0);
-  std::stable_sort(order.begin(), order.end(),
-                   [&](size_t a, size_t b) { return requests[a].bytes > requests[b].bytes; });
-
   struct Placed { size_t offset, end; int first, last; };
   std::vector<Placed> placed;
   for (size_t idx : order) {
@@ -37,6 +34,22 @@ MemoryPlan plan_memory(const std::vector<BufferRequest>& requests) {
     plan.total_bytes = std::max(plan.total_bytes, offset + bytes);
   }
   return plan;
+}
+}  // namespace
+
+// First fit is a heuristic, and no one order wins on every time line: the largest first, and the
+// largest area (bytes x lifetime) first, are both tried and the smaller plan kept. (With largest
+// first only, removing a buffer could grow a small plan by a few KB.)
+MemoryPlan plan_memory(const std::vector<BufferRequest>& requests) {
+  std::vector<size_t> by_size(requests.size());
+  std::iota(by_size.begin(), by_size.end(), 0);
+  std::vector<size_t> by_area = by_size;
+  std::stable_sort(by_size.begin(), by_size.end(),
+                   [&](size_t a, size_t b) { return requests[a].bytes > requests[b].bytes; });
+  auto area = [&](size_t i) { return double(requests[i].bytes) * double(requests[i].last - requests[i].first + 1); };
+  std::stable_sort(by_area.begin(), by_area.end(), [&](size_t a, size_t b) { return area(a) > area(b); });
+  MemoryPlan a = first_fit(requests, by_size), b = first_fit(requests, by_area);
+  return b.total_bytes < a.total_bytes ? b : a;
 }
 
 }  // namespace et

@@ -1,5 +1,6 @@
 // Lifetime-based memory planner: buffers with [first, last] use times are placed at offsets so that
-// buffers alive at the same time never overlap. Greedy: largest first, lowest free offset.
+// buffers alive at the same time never overlap. Greedy first fit (lowest free offset), in two orders
+// (largest first, largest bytes x lifetime first), the smaller plan kept.
 #pragma once
 #include <cstddef>
 #include <vector>

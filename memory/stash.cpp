@@ -79,7 +79,8 @@ void Stash::push(int value_id, const Tensor& t, const MaskOut& written, const Te
   Entry& e = entries_[size_t(value_id)];
   ET_CHECK(e.stored == StashEncoding::None, "value ", value_id, " pushed twice");
   const int64_t n = t.numel();
-  const float* x = t.f32();
+  // (a recomputed value may have no f32 forward buffer: its readers computed it, DType::AffineRelu)
+  const float* x = s.recomputed ? nullptr : t.f32();
   StashRecord& rec = records_[size_t(value_id)];
   e.view = t;
   e.offset = e.encoding_offset = top_;

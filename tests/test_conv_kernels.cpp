@@ -6,12 +6,15 @@
 // bit-identical to the same values decoded to f32 first.
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <vector>
 
 #include "backends/backend.h"
 #include "backends/cpu/conv_direct.h"
+#include "backends/cpu/conv_winograd.h"
+#include "engine/affine_relu.h"
 #include "backends/cpu/cpu_backend.h"
 #include "backends/cpu/gemm.h"
 #include "memory/bitmap.h"
@@ -309,6 +312,75 @@ TEST_CASE("a partial batch runs in the workspace sized for the planned batch", "
       run_geometry(geom(c.N, c.C, c.H, c.H, c.K, 3, c.stride, 1, 1), true, false, c.planned);
       cpu::conv_set_path_override(cpu::ConvPathOverride::Auto);
     }
+}
+
+namespace {
+// A stack's run as the backends' are: per element an FMA with its channel's coefficients, then
+// the ReLU (channel c = flat index / plane % channels).
+void test_run(const float* x, const float* scale, const float* shift, int64_t channels, int64_t plane, int64_t begin,
+              int64_t count, float* y) {
+  for (int64_t i = 0; i < count; ++i) {
+    const int64_t c = (begin + i) / plane % channels;
+    y[i] = std::max(std::fma(x[i], scale[c], shift[c]), 0.f);
+  }
+}
+}  // namespace
+
+TEST_CASE("a conv forward computes a fused stack's output as it stages x (DType::AffineRelu)", "[conv][fusion]") {
+  struct Case { int64_t N, C, H, W, K, R, pad, groups; };
+  // The direct row form (16 columns), its flat form (odd maps), groups, a 5x5 window; Winograd
+  // with partial tiles and channels off its 8-channel blocks.
+  const Case cases[] = {{2, 16, 16, 16, 16, 3, 1, 1}, {3, 12, 5, 7, 20, 3, 1, 1}, {2, 8, 16, 16, 8, 3, 1, 2},
+                        {1, 5, 11, 13, 7, 5, 2, 1},    {2, 67, 5, 5, 70, 3, 1, 1},  {3, 9, 7, 6, 11, 3, 2, 1}};
+  auto be = make_cpu_backend();
+  int ran[2] = {0, 0};
+  const cpu::ConvPathOverride paths[] = {cpu::ConvPathOverride::Direct, cpu::ConvPathOverride::Winograd};
+  for (int pi = 0; pi < 2; ++pi)
+    for (const Case& c : cases)
+      for (bool sums : {false, true}) {
+        cpu::conv_set_path_override(paths[pi]);
+        const Conv2dGeom g = [&] {
+          Conv2dGeom r = geom(c.N, c.C, c.H, c.W, c.K, c.R, 1, c.pad, c.groups);
+          r.infer_output();
+          return r;
+        }();
+        if (!dtype_in(DType::AffineRelu, be->conv2d_forward_reads(g))) continue;
+        if (paths[pi] == cpu::ConvPathOverride::Winograd && !cpu::winograd_applies(g, ConvPass::Forward)) continue;
+        INFO("path " << pi << " N " << c.N << " C " << c.C << " H " << c.H << " W " << c.W << " K " << c.K << " sums "
+                     << sums);
+        ++ran[pi];
+        const int64_t xn = g.N * g.C * g.H * g.W, yn = g.N * g.K * g.P * g.Q;
+        std::vector<float> x = rnd(size_t(xn), 11), w = rnd(size_t(g.K * (g.C / g.groups) * g.R * g.S), 12),
+                           b = rnd(size_t(g.K), 13), k = rnd(size_t(2 * g.C), 14), y_in = std::vector<float>(size_t(xn));
+        test_run(x.data(), k.data(), k.data() + g.C, g.C, g.H * g.W, 0, xn, y_in.data());
+        AffineReluSource src;
+        src.x = view(x, {g.N, g.C, g.H, g.W});
+        src.scale = k.data();
+        src.shift = k.data() + g.C;
+        src.run = test_run;
+        const Tensor xa = affine_relu_tensor(src);
+        std::vector<float> ws(be->conv2d_workspace_bytes(g, ConvPass::Forward) / sizeof(float) + 16);
+        std::vector<float> want = std::vector<float>(size_t(yn)), got = std::vector<float>(size_t(yn), 7.f),
+                           s_want = std::vector<float>(size_t(2 * g.N * g.K)), s_got = s_want;
+        Tensor tw = view(want, {g.N, g.K, g.P, g.Q}), tg = view(got, {g.N, g.K, g.P, g.Q});
+        Tensor sw = view(s_want, {2, g.N, g.K}), sg = view(s_got, {2, g.N, g.K});
+        const Tensor wt = view(w, {g.K, g.C / g.groups, g.R, g.S}), bt = view(b, {g.K}), yt = view(y_in, {g.N, g.C, g.H, g.W});
+        const Workspace wsp{ws.data(), ws.size() * sizeof(float)};
+        if (sums) {
+          be->conv2d_forward_sums(g, yt, wt, bt, tw, sw, wsp);
+          be->conv2d_forward_sums(g, xa, wt, bt, tg, sg, wsp);
+          CHECK(std::memcmp(s_want.data(), s_got.data(), s_want.size() * sizeof(float)) == 0);
+        } else {
+          be->conv2d_forward(g, yt, wt, bt, tw, wsp);
+          be->conv2d_forward(g, xa, wt, bt, tg, wsp);
+        }
+        // The same input values, placed by the same kernel: the same bits.
+        CHECK(std::memcmp(want.data(), got.data(), want.size() * sizeof(float)) == 0);
+        cpu::conv_set_path_override(cpu::ConvPathOverride::Auto);
+      }
+  cpu::conv_set_path_override(cpu::ConvPathOverride::Auto);
+  CHECK(ran[0] >= 8);
+  CHECK(ran[1] >= 4);
 }
 
 TEST_CASE("linear kernels match the naive reference", "[conv][linear]") {

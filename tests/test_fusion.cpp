@@ -456,6 +456,16 @@ TEST_CASE("fusion: a BN -> ReLU stack's output recomputed for backward trains bi
       const auto a = train(g1, c.batch, kept), b = train(g2, c.batch, recomputed);
       REQUIRE(std::isfinite(a[0][0]));
       CHECK(differing(a, b) == 0);
+      // In forward, the direct convs compute y too as they place x's planes (below); with that
+      // off, the stacks write y in forward: the same training, evaluation included.
+      {
+        Graph g3;
+        build_model(g3, spec_of(c.model, c.batch, c.side, true));
+        setenv("ET_FORWARD_BY_READERS", "0", 1);
+        const auto written = train(g3, c.batch, recomputed);
+        unsetenv("ET_FORWARD_BY_READERS");
+        CHECK(differing(written, b) == 0);
+      }
 
       auto be = make_cpu_backend();
       Executor ea(g1, *be, kept), eb(g2, *be, recomputed);
@@ -469,6 +479,13 @@ TEST_CASE("fusion: a BN -> ReLU stack's output recomputed for backward trains bi
         if (sv.recomputed) CHECK(std::strcmp(g2.node(g2.value(sv.value).producer).op->type(), "fused_stack") == 0);
       }
       CHECK(recomputed_values > 0);
+      // Those the direct convs read in forward have no buffer: the arena's requests shrink by them.
+      int64_t by_readers = 0;
+      for (const SavedValue& sv : eb.stash().saved())
+        if (eb.computed_by_readers(sv.value)) by_readers += int64_t(g2.value(sv.value).shape.numel()) * 4;
+      CHECK(by_readers > 0);
+      for (int v = 0; v < g1.num_values(); ++v) CHECK_FALSE(ea.computed_by_readers(v));
+      CHECK(eb.memory().activations_unplanned + by_readers <= ea.memory().activations_unplanned);
       for (const SavedValue& sv : ea.stash().saved()) CHECK_FALSE(sv.recomputed);
       // dense_fp32 keeps y in the arena (zero copy), the other formats in the stash region; the
       // decode buffer y now takes lives in backward only, below the arena's peak here.

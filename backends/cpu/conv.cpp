@@ -131,17 +131,27 @@ size_t CpuBackend::conv2d_workspace_bytes(const Conv2dGeom& g, ConvPass pass) co
   return cpu::gemm_conv_workspace(g, pass, cpu_threads());
 }
 
+// The direct kernels place x's planes in padded planes, Winograd copies each image channels-last:
+// both can compute a fused stack's output there (direct_dense_forward, winograd_forward), so
+// nothing of y's size is written.
+DTypeSet CpuBackend::conv2d_forward_reads(const Conv2dGeom& g) const {
+  const Path p = choose(g, ConvPass::Forward);
+  return p == Path::Direct || p == Path::Winograd ? dtype_bit(DType::F32) | dtype_bit(DType::AffineRelu)
+                                                  : dtype_bit(DType::F32);
+}
+
 void CpuBackend::conv2d_forward(const Conv2dGeom& g, const Tensor& x, const Tensor& w, const Tensor& b, Tensor& y,
                                 Workspace ws) {
+  ET_CHECK(dtype_in(x.dtype, conv2d_forward_reads(g)), "conv2d forward: x dtype ", dtype_name(x.dtype));
   switch (choose(g, ConvPass::Forward)) {
     case Path::Depthwise:
       return cpu::depthwise_forward(g, x.f32(), w.f32(), b.defined() ? b.f32() : nullptr, y.f32(), ws.data);
     case Path::Direct:
-      return cpu::direct_dense_forward(g, x.f32(), w.f32(), b.defined() ? b.f32() : nullptr, y.f32(), ws.data);
+      return cpu::direct_dense_forward(g, x, w.f32(), b.defined() ? b.f32() : nullptr, y.f32(), ws.data);
     case Path::Implicit:
       return cpu::implicit_forward(g, x.f32(), w.f32(), b.defined() ? b.f32() : nullptr, y.f32(), ws.data);
     case Path::Winograd:
-      return cpu::winograd_forward(g, x.f32(), w.f32(), b.defined() ? b.f32() : nullptr, y.f32(), ws.data);
+      return cpu::winograd_forward(g, x, w.f32(), b.defined() ? b.f32() : nullptr, y.f32(), ws.data);
     case Path::Gemm: break;
   }
   cpu::gemm_conv_forward(g, x.f32(), w.f32(), b.defined() ? b.f32() : nullptr, y.f32(), ws.data);
@@ -150,10 +160,11 @@ void CpuBackend::conv2d_forward(const Conv2dGeom& g, const Tensor& x, const Tens
 // The direct kernels take the sums in their epilogue; the other paths leave y to plane_sums.
 void CpuBackend::conv2d_forward_sums(const Conv2dGeom& g, const Tensor& x, const Tensor& w, const Tensor& b,
                                      Tensor& y, Tensor& sums, Workspace ws) {
+  ET_CHECK(dtype_in(x.dtype, conv2d_forward_reads(g)), "conv2d forward: x dtype ", dtype_name(x.dtype));
   if (choose(g, ConvPass::Forward) != Path::Direct) return Backend::conv2d_forward_sums(g, x, w, b, y, sums, ws);
   ET_CHECK(sums.dim(0) == 2 && sums.dim(1) >= g.N && sums.dim(2) == g.K, "conv plane sums into ", sums.shape.str());
   float* s1 = sums.f32();
-  cpu::direct_dense_forward(g, x.f32(), w.f32(), b.defined() ? b.f32() : nullptr, y.f32(), ws.data, s1,
+  cpu::direct_dense_forward(g, x, w.f32(), b.defined() ? b.f32() : nullptr, y.f32(), ws.data, s1,
                             s1 + sums.dim(1) * g.K);
 }
 

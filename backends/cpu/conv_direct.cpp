@@ -444,10 +444,21 @@ size_t direct_dense_workspace(const Conv2dGeom& g, ConvPass pass, int threads) {
   return size_t(shared + 64 + threads * per_thread) * sizeof(float);
 }
 
-void direct_dense_forward(const Conv2dGeom& g, const float* x, const float* w, const float* b, float* y, void* ws,
+void direct_dense_forward(const Conv2dGeom& g, const Tensor& xt, const float* w, const float* b, float* y, void* ws,
                           float* sum1, float* sum2) {
+  // x's planes as stored, or the stack's input and its run (y = relu(x * scale + shift)).
+  const AffineReluSource* stack = xt.dtype == DType::AffineRelu ? static_cast<const AffineReluSource*>(xt.data) : nullptr;
+  if (stack) ET_CHECK(stack->x.dtype == DType::F32 && stack->x.numel() == xt.numel(), "conv2d: relu(affine) input");
+  const float* x = stack ? stack->x.f32() : xt.f32();
   const int64_t Cg = g.C / g.groups, Kg = g.K / g.groups, RS = g.R * g.S, Kr = round_up(Kg, MR);
   const Flat f = fwd_flat(g);
+  const int64_t HW = g.H * g.W;
+  auto place = [&](int64_t pl, float* dst) {  // plane pl = (n, c) of x into its padded plane
+    if (!stack) return place_plane(x + pl * HW, g.H, g.W, 1, g.pad_h, g.pad_w, f.Wp, dst);
+    for (int64_t h = 0; h < g.H; ++h)
+      stack->run(x + pl * HW + h * g.W, stack->scale, stack->shift, g.C, HW, pl * HW + h * g.W, g.W,
+                 dst + (g.pad_h + h) * f.Wp + g.pad_w);
+  };
   Carve cv{static_cast<float*>(ws)};
   float* wpk = cv.take(g.groups * Kr * Cg * RS);
   for (int64_t gi = 0; gi < g.groups; ++gi)
@@ -461,8 +472,7 @@ void direct_dense_forward(const Conv2dGeom& g, const float* x, const float* w, c
     std::memset(xp, 0, sizeof(float) * size_t(g.C * f.L));  // borders stay zero; interiors are overwritten
 #pragma omp for schedule(static)
     for (int64_t n = 0; n < g.N; ++n) {
-      for (int64_t c = 0; c < g.C; ++c)
-        place_plane(x + (n * g.C + c) * g.H * g.W, g.H, g.W, 1, g.pad_h, g.pad_w, f.Wp, xp + c * f.L);
+      for (int64_t c = 0; c < g.C; ++c) place(n * g.C + c, xp + c * f.L);
       for (int64_t gi = 0; gi < g.groups; ++gi) {
         const int64_t pl0 = n * g.K + gi * Kg;
         if (rows_apply(g.Q)) {  // straight into y

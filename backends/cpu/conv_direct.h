@@ -31,9 +31,11 @@ void conv_set_path_override(ConvPathOverride p);
 // Dense (groups >= 1, not depthwise) stride-1 kernels.
 bool direct_dense_applies(const Conv2dGeom& g, ConvPass pass);
 size_t direct_dense_workspace(const Conv2dGeom& g, ConvPass pass, int threads);
-// sum1 / sum2 [N, K] (or null): each output plane's sums as BN takes them (bn_rows::plane_sums), taken
-// right after the plane is written, while it is in L1.
-void direct_dense_forward(const Conv2dGeom& g, const float* x, const float* w, const float* b, float* y, void* ws,
+// x: f32, or DType::AffineRelu (a fused stack's output, computed from the stack's f32 input row by
+// row as the kernel places it in its padded planes). sum1 / sum2 [N, K] (or null): each output
+// plane's sums as BN takes them (bn_rows::plane_sums), taken right after the plane is written,
+// while it is in L1.
+void direct_dense_forward(const Conv2dGeom& g, const Tensor& x, const float* w, const float* b, float* y, void* ws,
                           float* sum1 = nullptr, float* sum2 = nullptr);
 void direct_dense_backward_data(const Conv2dGeom& g, const float* dy, const float* w, float* dx, bool accumulate,
                                 void* ws);

@@ -10,7 +10,9 @@ namespace et::cpu {
 
 bool winograd_applies(const Conv2dGeom& g, ConvPass pass);
 size_t winograd_workspace(const Conv2dGeom& g, ConvPass pass, int threads);
-void winograd_forward(const Conv2dGeom& g, const float* x, const float* w, const float* b, float* y, void* ws);
+// x: f32, or DType::AffineRelu (a fused stack's output, computed image by image from the stack's
+// f32 input before the channels-last copy).
+void winograd_forward(const Conv2dGeom& g, const Tensor& x, const float* w, const float* b, float* y, void* ws);
 void winograd_backward_data(const Conv2dGeom& g, const float* dy, const float* w, float* dx, bool accumulate,
                             void* ws);
 // x: f32 or any stash encoding (memory/stored_reader.h), decoded an image at a time.

@@ -30,6 +30,7 @@ class CpuBackend : public Backend {
   void conv2d_backward_data(const Conv2dGeom& g, const Tensor& dy, const Tensor& w, Tensor& dx, bool accumulate,
                             Workspace ws) override;
   DTypeSet conv2d_weight_reads(const Conv2dGeom& g) const override;
+  DTypeSet conv2d_forward_reads(const Conv2dGeom& g) const override;
   void conv2d_backward_weight(const Conv2dGeom& g, const Tensor& x, const Tensor& dy, Tensor& dw, Tensor& db,
                               bool accumulate, Workspace ws) override;
 
@@ -102,6 +103,9 @@ class CpuBackend : public Backend {
   void fused_recompute_output(const FusedStack& s, const FusedTensors& t, Tensor& y) override;
   AffineReluRun fused_affine_relu(const FusedStack& s) const override;
   void fused_affine_coefficients(const FusedStack& s, const FusedTensors& t, float* scale, float* shift) override;
+  bool fused_forward_by_readers(const FusedStack& s) const override;
+  void fused_forward_statistics(const FusedStack& s, FusedTensors& t, bool training, float* scale, float* shift,
+                                Workspace ws) override;
 
   bool all_finite(const std::vector<Tensor>& tensors) override;
   bool sgd_step(Tensor& param, const Tensor& grad, Tensor& momentum_buf, float lr, float momentum, float weight_decay,

@@ -227,6 +227,41 @@ void CpuBackend::finish_output_mask(Tensor y, MaskOut* mask, bool plane_words, i
 //   plane apart in memory) is read from memory by the first sweep and found again in this core's
 //   L2 by the second. Slower on the hosts measured (a page-strided walk: the prefetcher restarts
 //   on every plane), but it keeps x in L2 where memory is slow and the L2 holds a slab.
+namespace {
+// Inside a parallel region, stacks in memory order: BN's batch statistics from the per-plane sums
+// (given by x's producer, else taken here into tab), the running ones updated, and each channel's
+// scale / shift for y = x * scale + shift (the batch statistics' in training, the running ones'
+// in evaluation). Ends with a barrier.
+void statistics_in_region(const FusedStack& s, FusedTensors& t, bool training, const SumTables& tab, float* scale,
+                          float* shift) {
+  const FusedStage& bn = s.stages[0];
+  const int64_t N = t.x.dim(0), C = s.C, HW = bn.H * bn.W;
+  const bool sums_given = t.x_sums.defined();
+  if (training && !sums_given) {
+    const float* xp = t.x.f32();
+#pragma omp for schedule(static)
+    for (int64_t pl = 0; pl < N * C; ++pl) bn_rows::plane_sums(xp + pl * HW, HW, &tab.sum1[pl], &tab.sum2[pl]);
+  }
+  const float* sum1 = sums_given ? t.x_sums.f32() : tab.sum1;
+  const float* sum2 = sums_given ? t.x_sums.f32() + t.x_sums.dim(1) * C : tab.sum2;
+  int64_t ca, cb;
+  thread_channels(C, &ca, &cb);
+  if (training) sum_over_batch(sum1, sum2, N, C, ca, cb, tab.d1, tab.d2);
+  for (int64_t c = ca; c < cb; ++c) {
+    if (training) {
+      bn_rows::finish_statistics(tab.d1[c], tab.d2[c], N * HW, c, bn.momentum, bn.eps, t.running_mean, t.running_var,
+                                 t.mean, t.invstd);
+      bn_rows::train_coefficients(t.gamma.f32()[c], t.beta.f32()[c], t.mean.f32()[c], t.invstd.f32()[c], &scale[c],
+                                  &shift[c]);
+    } else {
+      bn_rows::eval_coefficients(t.gamma.f32()[c], t.beta.f32()[c], t.running_mean.f32()[c], t.running_var.f32()[c],
+                                 bn.eps, &scale[c], &shift[c]);
+    }
+  }
+#pragma omp barrier
+}
+}  // namespace
+
 void CpuBackend::fused_forward(const FusedStack& s, FusedTensors& t, bool training, MaskOut* mask, Workspace ws) {
   // (plane sums are neither given nor asked for there: fusion::takes_plane_sums)
   if (!s.headed_by_bn()) return relu_pool_forward(s, t, training, mask, ws);
@@ -252,8 +287,6 @@ void CpuBackend::fused_forward(const FusedStack& s, FusedTensors& t, bool traini
   const bool memory_order = !s.channel_slabs;
   // BN's per-plane sums: from x's producer (memory order), or taken here. y's for the next stack.
   const bool sums_given = memory_order && t.x_sums.defined();
-  const float* sum1 = sums_given ? t.x_sums.f32() : tab.sum1;
-  const float* sum2 = sums_given ? t.x_sums.f32() + t.x_sums.dim(1) * C : tab.sum2;
   float* y_sum1 = t.y_sums.defined() ? t.y_sums.f32() : nullptr;
   float* y_sum2 = y_sum1 ? y_sum1 + t.y_sums.dim(1) * C : nullptr;
   if (sums_given) ET_CHECK(t.x_sums.dim(1) >= N && t.x_sums.dim(2) == C, "fused stack: x sums ", t.x_sums.shape.str());
@@ -315,20 +348,7 @@ void CpuBackend::fused_forward(const FusedStack& s, FusedTensors& t, bool traini
     float* out[kMaxStages];
     for (int64_t k = 0; k < S; ++k) out[k] = scratch + k * plane;
     if (memory_order) {
-      if (training && !sums_given) {
-#pragma omp for schedule(static)
-        for (int64_t pl = 0; pl < N * C; ++pl) bn_rows::plane_sums(xp + pl * HW, HW, &tab.sum1[pl], &tab.sum2[pl]);
-      }
-      int64_t ca, cb;
-      thread_channels(C, &ca, &cb);
-      if (training) sum_over_batch(sum1, sum2, N, C, ca, cb, tab.d1, tab.d2);
-      for (int64_t c = ca; c < cb; ++c) {
-        if (training)
-          bn_rows::finish_statistics(tab.d1[c], tab.d2[c], N * HW, c, bn.momentum, bn.eps, t.running_mean,
-                                     t.running_var, t.mean, t.invstd);
-        coefficients(c, &scale[c], &shift[c]);
-      }
-#pragma omp barrier
+      statistics_in_region(s, t, training, tab, scale, shift);
       if (pack_values) {
         kept += rounds.run(yp, [&](int64_t pl) { return forward_one(out, pl, scale[pl % C], shift[pl % C]); });
       } else {
@@ -425,6 +445,23 @@ void CpuBackend::fused_affine_coefficients(const FusedStack& s, const FusedTenso
   for (int64_t c = 0; c < s.C; ++c)
     bn_rows::train_coefficients(t.gamma.f32()[c], t.beta.f32()[c], t.mean.f32()[c], t.invstd.f32()[c], scale + c,
                                 shift + c);
+}
+
+// The readers compute y (Backend::fused_forward_by_readers): stacks y = relu(x * scale + shift) of
+// x's planes in memory order, where fused_forward's statistics are statistics_in_region's.
+bool CpuBackend::fused_forward_by_readers(const FusedStack& s) const {
+  return fused_recomputes(s) && !s.small_planes() && !s.channel_slabs;
+}
+
+void CpuBackend::fused_forward_statistics(const FusedStack& s, FusedTensors& t, bool training, float* scale,
+                                          float* shift, Workspace ws) {
+  ET_CHECK(fused_forward_by_readers(s), "fused stack: its readers cannot compute its output");
+  const int64_t N = t.x.dim(0), C = s.C;
+  ET_CHECK(ws.bytes >= fused_workspace_bytes(s, N), "fused stack: workspace");
+  if (t.x_sums.defined()) ET_CHECK(t.x_sums.dim(1) >= N && t.x_sums.dim(2) == C, "fused stack: x sums ", t.x_sums.shape.str());
+  const SumTables tab(static_cast<float*>(ws.data) + thread_floats(s) * cpu_threads(), N, C);
+#pragma omp parallel
+  statistics_in_region(s, t, training, tab, scale, shift);
 }
 
 void CpuBackend::fused_backward(const FusedStack& s, const FusedTensors& t, FusedGrads& g, Workspace ws) {

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "engine/affine_relu.h"
 #include "engine/executor.h"
 
 namespace et {
@@ -31,7 +32,18 @@ class FiniteWatch : public NodeObserver {
   void after_forward(int n) override {
     if (bad_node >= 0) return;
     const Node& node = ex_.graph().node(n);
-    const Scan s = scan(ex_.backend(), ex_.value(node.output));
+    const Tensor y = ex_.value(node.output);
+    if (y.dtype == DType::AffineRelu) {
+      // Computed by its readers: no values of its own. Its coefficients (from this node's
+      // parameters and statistics) are what it adds to its finite input.
+      const auto& src = *static_cast<const AffineReluSource*>(y.data);
+      const Shape c{y.dim(1)};
+      if (!scan(ex_.backend(), Tensor::contiguous(const_cast<float*>(src.scale), c)).finite ||
+          !scan(ex_.backend(), Tensor::contiguous(const_cast<float*>(src.shift), c)).finite)
+        bad_node = n;
+      return;
+    }
+    const Scan s = scan(ex_.backend(), y);
     if (!s.finite) {
       bad_node = n;
       return;
