@@ -5,6 +5,9 @@ run, then per model and value the median step, its ratio to A's, and the median 
 
     GOMP_SPINCOUNT=10000 python3 bench/option_pairs.py --key memory.recompute_stack_outputs \\
         --values false,true --models resnet20,resnet18,vgg16_bn,mobilenetv2 --reps 3 --steps 4
+
+A key env:NAME sets the environment variable NAME instead (the A/B switches such as
+ET_FORWARD_BY_READERS=0|1 and ET_CONV_PATH).
 """
 import argparse
 import os
@@ -32,7 +35,10 @@ def main():
         runs = {v: [] for v in values}
         for rep in range(a.reps):
             for v in values:
-                r = run_step(a.binary, model, a.batch, a.threads, a.steps, a.warmup, [f"{a.key}={v}"])
+                if a.key.startswith("env:"):
+                    r = run_step(a.binary, model, a.batch, a.threads, a.steps, a.warmup, [], {a.key[4:]: v})
+                else:
+                    r = run_step(a.binary, model, a.batch, a.threads, a.steps, a.warmup, [f"{a.key}={v}"])
                 runs[v].append(r)
                 print(f"{model} {a.key}={v} rep {rep + 1}: step {r['step_ms_median']:.1f} ms, "
                       f"peak USS {r['peak_uss_mb']:.1f} MB", flush=True)
