@@ -445,7 +445,7 @@ TEST_CASE("fusion: a BN -> ReLU stack's output recomputed for backward trains bi
   };
   const Case cases[] = {{"resnet8", 4, 16, StashFormat::DenseF32},  {"resnet8", 1, 16, StashFormat::Auto},
                         {"resnet20", 2, 16, StashFormat::BitmapF32}, {"vgg11_bn", 3, 32, StashFormat::DenseF32},
-                        {"vgg11_bn", 2, 32, StashFormat::Auto}};
+                        {"vgg11_bn", 2, 32, StashFormat::Auto},      {"mobilenetv2", 2, 16, StashFormat::DenseF32}};
   for (const Case& c : cases) {
     DYNAMIC_SECTION(c.model << " " << stash_format_name(c.format) << " batch " << c.batch) {
       Graph g1, g2;

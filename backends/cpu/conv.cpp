@@ -131,13 +131,12 @@ size_t CpuBackend::conv2d_workspace_bytes(const Conv2dGeom& g, ConvPass pass) co
   return cpu::gemm_conv_workspace(g, pass, cpu_threads());
 }
 
-// The direct kernels place x's planes in padded planes, Winograd copies each image channels-last:
-// both can compute a fused stack's output there (direct_dense_forward, winograd_forward), so
-// nothing of y's size is written.
+// The direct and depthwise kernels place x's planes in padded planes, Winograd copies each image
+// channels-last, the GEMM path gathers it (or, 1x1, reads it in place): all but the implicit GEMM
+// can compute a fused stack's output there (cpu::ConvInput), so nothing of y's size is written.
 DTypeSet CpuBackend::conv2d_forward_reads(const Conv2dGeom& g) const {
-  const Path p = choose(g, ConvPass::Forward);
-  return p == Path::Direct || p == Path::Winograd ? dtype_bit(DType::F32) | dtype_bit(DType::AffineRelu)
-                                                  : dtype_bit(DType::F32);
+  return choose(g, ConvPass::Forward) == Path::Implicit ? dtype_bit(DType::F32)
+                                                        : dtype_bit(DType::F32) | dtype_bit(DType::AffineRelu);
 }
 
 void CpuBackend::conv2d_forward(const Conv2dGeom& g, const Tensor& x, const Tensor& w, const Tensor& b, Tensor& y,
@@ -145,7 +144,7 @@ void CpuBackend::conv2d_forward(const Conv2dGeom& g, const Tensor& x, const Tens
   ET_CHECK(dtype_in(x.dtype, conv2d_forward_reads(g)), "conv2d forward: x dtype ", dtype_name(x.dtype));
   switch (choose(g, ConvPass::Forward)) {
     case Path::Depthwise:
-      return cpu::depthwise_forward(g, x.f32(), w.f32(), b.defined() ? b.f32() : nullptr, y.f32(), ws.data);
+      return cpu::depthwise_forward(g, x, w.f32(), b.defined() ? b.f32() : nullptr, y.f32(), ws.data);
     case Path::Direct:
       return cpu::direct_dense_forward(g, x, w.f32(), b.defined() ? b.f32() : nullptr, y.f32(), ws.data);
     case Path::Implicit:
@@ -154,7 +153,7 @@ void CpuBackend::conv2d_forward(const Conv2dGeom& g, const Tensor& x, const Tens
       return cpu::winograd_forward(g, x, w.f32(), b.defined() ? b.f32() : nullptr, y.f32(), ws.data);
     case Path::Gemm: break;
   }
-  cpu::gemm_conv_forward(g, x.f32(), w.f32(), b.defined() ? b.f32() : nullptr, y.f32(), ws.data);
+  cpu::gemm_conv_forward(g, x, w.f32(), b.defined() ? b.f32() : nullptr, y.f32(), ws.data);
 }
 
 // The direct kernels take the sums in their epilogue; the other paths leave y to plane_sums.

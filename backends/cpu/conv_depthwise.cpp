@@ -83,7 +83,7 @@ void dw_wgrad(const float* dyu, const float* xp, const Plane& p, V* acc) {
 }
 
 template <class V>
-void forward_impl(const Conv2dGeom& g, const float* x, const float* w, const float* b, float* y, float* ws) {
+void forward_impl(const Conv2dGeom& g, const ConvInput& x, const float* w, const float* b, float* y, float* ws) {
   const Plane p = fwd_plane(g);
   const int64_t per_thread = p.L + p.Jr + 32;
 #pragma omp parallel
@@ -94,7 +94,7 @@ void forward_impl(const Conv2dGeom& g, const float* x, const float* w, const flo
 #pragma omp for schedule(static)
     for (int64_t n = 0; n < g.N; ++n)
       for (int64_t c = 0; c < g.C; ++c) {
-        place_plane(x + (n * g.C + c) * g.H * g.W, g.H, g.W, 1, g.pad_h, g.pad_w, p.Wp, xp);
+        x.place(g.C, n * g.C + c, g.H, g.W, g.pad_h, g.pad_w, p.Wp, xp);
         dw_corr<V>(xp, p, w + c * p.RS, tile);
         // stride_h == stride_w is not required: rows and columns are picked separately.
         for (int64_t r = 0; r < g.P; ++r) {
@@ -198,7 +198,8 @@ size_t depthwise_workspace(const Conv2dGeom& g, ConvPass pass, int threads) {
   return size_t(threads) * size_t(per_thread) * sizeof(float);
 }
 
-void depthwise_forward(const Conv2dGeom& g, const float* x, const float* w, const float* b, float* y, void* ws) {
+void depthwise_forward(const Conv2dGeom& g, const Tensor& xt, const float* w, const float* b, float* y, void* ws) {
+  const ConvInput x(xt);
   if (scalar_forced()) forward_impl<VScalar>(g, x, w, b, y, static_cast<float*>(ws));
   else forward_impl<VNative>(g, x, w, b, y, static_cast<float*>(ws));
 }

@@ -46,6 +46,32 @@ void place_plane(const float* src, int64_t H, int64_t W, int64_t dil, int64_t to
   }
 }
 
+ConvInput::ConvInput(const Tensor& x) {
+  if (x.dtype != DType::AffineRelu) {
+    planes = x.f32();
+    return;
+  }
+  stack = static_cast<const AffineReluSource*>(x.data);
+  ET_CHECK(stack->x.dtype == DType::F32 && stack->x.numel() == x.numel(), "conv2d: relu(affine) input ",
+           x.shape.str());
+  planes = stack->x.f32();
+}
+
+void ConvInput::place(int64_t C, int64_t pl, int64_t H, int64_t W, int64_t top, int64_t left, int64_t Wp,
+                      float* dst) const {
+  const float* x = planes + pl * H * W;
+  if (!stack) return place_plane(x, H, W, 1, top, left, Wp, dst);
+  for (int64_t h = 0; h < H; ++h)  // the stack's run over each row, at its place in x
+    stack->run(x + h * W, stack->scale, stack->shift, C, H * W, pl * H * W + h * W, W, dst + (top + h) * Wp + left);
+}
+
+const float* ConvInput::image(int64_t C, int64_t HW, int64_t n, float* scratch) const {
+  const float* x = planes + n * C * HW;
+  if (!stack) return x;
+  stack->run(x, stack->scale, stack->shift, C, HW, n * C * HW, C * HW, scratch);
+  return scratch;
+}
+
 void extract_plane(const float* tile, int64_t Wp, int64_t P, int64_t Q, int64_t s, float bias, bool accumulate,
                    float* dst) {
   for (int64_t p = 0; p < P; ++p) {
@@ -446,19 +472,9 @@ size_t direct_dense_workspace(const Conv2dGeom& g, ConvPass pass, int threads) {
 
 void direct_dense_forward(const Conv2dGeom& g, const Tensor& xt, const float* w, const float* b, float* y, void* ws,
                           float* sum1, float* sum2) {
-  // x's planes as stored, or the stack's input and its run (y = relu(x * scale + shift)).
-  const AffineReluSource* stack = xt.dtype == DType::AffineRelu ? static_cast<const AffineReluSource*>(xt.data) : nullptr;
-  if (stack) ET_CHECK(stack->x.dtype == DType::F32 && stack->x.numel() == xt.numel(), "conv2d: relu(affine) input");
-  const float* x = stack ? stack->x.f32() : xt.f32();
+  const ConvInput x(xt);
   const int64_t Cg = g.C / g.groups, Kg = g.K / g.groups, RS = g.R * g.S, Kr = round_up(Kg, MR);
   const Flat f = fwd_flat(g);
-  const int64_t HW = g.H * g.W;
-  auto place = [&](int64_t pl, float* dst) {  // plane pl = (n, c) of x into its padded plane
-    if (!stack) return place_plane(x + pl * HW, g.H, g.W, 1, g.pad_h, g.pad_w, f.Wp, dst);
-    for (int64_t h = 0; h < g.H; ++h)
-      stack->run(x + pl * HW + h * g.W, stack->scale, stack->shift, g.C, HW, pl * HW + h * g.W, g.W,
-                 dst + (g.pad_h + h) * f.Wp + g.pad_w);
-  };
   Carve cv{static_cast<float*>(ws)};
   float* wpk = cv.take(g.groups * Kr * Cg * RS);
   for (int64_t gi = 0; gi < g.groups; ++gi)
@@ -472,7 +488,7 @@ void direct_dense_forward(const Conv2dGeom& g, const Tensor& xt, const float* w,
     std::memset(xp, 0, sizeof(float) * size_t(g.C * f.L));  // borders stay zero; interiors are overwritten
 #pragma omp for schedule(static)
     for (int64_t n = 0; n < g.N; ++n) {
-      for (int64_t c = 0; c < g.C; ++c) place(n * g.C + c, xp + c * f.L);
+      for (int64_t c = 0; c < g.C; ++c) x.place(g.C, n * g.C + c, g.H, g.W, g.pad_h, g.pad_w, f.Wp, xp + c * f.L);
       for (int64_t gi = 0; gi < g.groups; ++gi) {
         const int64_t pl0 = n * g.K + gi * Kg;
         if (rows_apply(g.Q)) {  // straight into y

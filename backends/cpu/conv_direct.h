@@ -31,8 +31,8 @@ void conv_set_path_override(ConvPathOverride p);
 // Dense (groups >= 1, not depthwise) stride-1 kernels.
 bool direct_dense_applies(const Conv2dGeom& g, ConvPass pass);
 size_t direct_dense_workspace(const Conv2dGeom& g, ConvPass pass, int threads);
-// x: f32, or DType::AffineRelu (a fused stack's output, computed from the stack's f32 input row by
-// row as the kernel places it in its padded planes). sum1 / sum2 [N, K] (or null): each output
+// x: f32, or DType::AffineRelu (ConvInput: computed row by row as the kernel places x's planes in
+// its padded planes). sum1 / sum2 [N, K] (or null): each output
 // plane's sums as BN takes them (bn_rows::plane_sums), taken right after the plane is written,
 // while it is in L1.
 void direct_dense_forward(const Conv2dGeom& g, const Tensor& x, const float* w, const float* b, float* y, void* ws,
@@ -59,7 +59,8 @@ void dgrad_cl(const Conv2dGeom& g, const float* dy, const float* w, float* dx, b
 // Depthwise kernels (groups == C == K), any stride.
 bool depthwise_applies(const Conv2dGeom& g, ConvPass pass);
 size_t depthwise_workspace(const Conv2dGeom& g, ConvPass pass, int threads);
-void depthwise_forward(const Conv2dGeom& g, const float* x, const float* w, const float* b, float* y, void* ws);
+// x: f32, or DType::AffineRelu (ConvInput).
+void depthwise_forward(const Conv2dGeom& g, const Tensor& x, const float* w, const float* b, float* y, void* ws);
 void depthwise_backward_data(const Conv2dGeom& g, const float* dy, const float* w, float* dx, bool accumulate,
                              void* ws);
 // x: f32 or any stash encoding (memory/stored_reader.h), decoded a plane at a time.
@@ -74,6 +75,19 @@ inline int64_t plane_stride(int64_t Hp, int64_t Wp, int64_t S) { return round16(
 // src [H,W] -> dst at rows top + h*dil, columns left + w*dil of width-Wp rows; other elements untouched.
 void place_plane(const float* src, int64_t H, int64_t W, int64_t dil, int64_t top, int64_t left, int64_t Wp,
                  float* dst);
+// A forward's x: f32 planes, or (DType::AffineRelu) a fused stack's output y = relu(x * scale[c] +
+// shift[c]) that the kernel computes from the stack's f32 input as it stages it. `planes` is what
+// the kernel reads from: x's own values, or the stack's input.
+struct ConvInput {
+  const float* planes = nullptr;
+  const AffineReluSource* stack = nullptr;
+  explicit ConvInput(const Tensor& x);
+  explicit ConvInput(const float* x) : planes(x) {}
+  // Plane pl = (n, c) of the C-channel input, [H, W], placed as place_plane does (dil 1).
+  void place(int64_t C, int64_t pl, int64_t H, int64_t W, int64_t top, int64_t left, int64_t Wp, float* dst) const;
+  // Image n of the C-channel input, [C, H, W]: x's own planes, or computed into `scratch`.
+  const float* image(int64_t C, int64_t HW, int64_t n, float* scratch) const;
+};
 // dst [P,Q] (+)= tile[(p*s)*Wp + q*s] + bias
 void extract_plane(const float* tile, int64_t Wp, int64_t P, int64_t Q, int64_t s, float bias, bool accumulate,
                    float* dst);

@@ -13,6 +13,7 @@
 #include <algorithm>
 #include <cstring>
 
+#include "backends/cpu/conv_direct.h"
 #include "backends/cpu/conv_gemm.h"
 #include "backends/cpu/gemm.h"
 #include "memory/stored_reader.h"
@@ -99,6 +100,7 @@ struct Layout {
   int64_t nb = 1, cols = 0;          // images per chunk, columns of a full chunk
   int64_t a_n = 0, b_n = 0, scr_n = 0;  // the pieces (see each pass)
   int64_t x_n = 0;                      // weight gradient: one image of a stashed x, decoded
+  int64_t img_n = 0;                    // forward: one image of x computed from a stack (ConvInput)
   int64_t part_n = 0;                   // weight gradient split by images: this thread's dw, db
   int64_t per_thread = 0, shared = 0;
 };
@@ -113,7 +115,8 @@ Layout fwd_layout(const Conv2dGeom& g, int threads) {
   l.a_n = (pointwise(g) && l.nb == 1) ? 0 : g.C * RS * l.cols;
   l.b_n = l.nb == 1 ? 0 : g.K * l.cols;
   l.scr_n = int64_t(sgemm_scratch_floats(Kg, l.cols, Cg * RS));
-  l.per_thread = l.a_n + l.b_n + l.scr_n + 64;
+  l.img_n = g.C * g.H * g.W;  // one input image, where x is a fused stack's output (ConvInput)
+  l.per_thread = l.a_n + l.b_n + l.scr_n + l.img_n + 80;
   return l;
 }
 
@@ -178,7 +181,8 @@ size_t gemm_conv_workspace(const Conv2dGeom& g, ConvPass pass, int threads) {
   return size_t(l.shared + threads * l.per_thread) * sizeof(float);
 }
 
-void gemm_conv_forward(const Conv2dGeom& g, const float* x, const float* w, const float* b, float* y, void* ws) {
+void gemm_conv_forward(const Conv2dGeom& g, const Tensor& xt, const float* w, const float* b, float* y, void* ws) {
+  const ConvInput x(xt);
   const int threads = omp_get_max_threads();
   const Layout l = fwd_layout(g, threads);
   const int64_t RS = g.R * g.S, Cg = g.C / g.groups, Kg = g.K / g.groups, CRS = Cg * RS, PQ = g.P * g.Q,
@@ -190,13 +194,15 @@ void gemm_conv_forward(const Conv2dGeom& g, const float* x, const float* w, cons
     float* col = cv.take(l.a_n);
     float* out = cv.take(l.b_n);
     float* scr = cv.take(l.scr_n);
+    float* img = cv.take(l.img_n);
     const int64_t lo = g.N * t / nt, hi = g.N * (t + 1) / nt;
     for (int64_t n0 = lo; n0 < hi; n0 += l.nb) {
       const int64_t nb = std::min(l.nb, hi - n0), cols = nb * PQ;
-      const float* src = x + n0 * g.C * HW;  // 1x1, nb == 1: x [C, PQ] itself
+      const float* src = col;
       if (l.a_n) {
-        for (int64_t i = 0; i < nb; ++i) im2col(g, x + (n0 + i) * g.C * HW, g.C, col + i * PQ, cols);
-        src = col;
+        for (int64_t i = 0; i < nb; ++i) im2col(g, x.image(g.C, HW, n0 + i, img), g.C, col + i * PQ, cols);
+      } else {
+        src = x.image(g.C, HW, n0, img);  // 1x1, nb == 1: x [C, PQ] itself (or the stack's output)
       }
       float* dst = l.b_n ? out : y + n0 * g.K * PQ;
       for (int64_t gi = 0; gi < g.groups; ++gi)

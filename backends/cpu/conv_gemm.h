@@ -18,7 +18,8 @@
 namespace et::cpu {
 
 size_t gemm_conv_workspace(const Conv2dGeom& g, ConvPass pass, int threads);
-void gemm_conv_forward(const Conv2dGeom& g, const float* x, const float* w, const float* b, float* y, void* ws);
+// x: f32, or DType::AffineRelu (conv_direct.h, ConvInput: computed an image at a time).
+void gemm_conv_forward(const Conv2dGeom& g, const Tensor& x, const float* w, const float* b, float* y, void* ws);
 void gemm_conv_backward_data(const Conv2dGeom& g, const float* dy, const float* w, float* dx, bool accumulate,
                              void* ws);
 void gemm_conv_backward_weight(const Conv2dGeom& g, const Tensor& x, const float* dy, float* dw, float* db,

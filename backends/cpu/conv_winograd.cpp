@@ -21,6 +21,7 @@
 #include <algorithm>
 #include <cstring>
 
+#include "backends/cpu/conv_direct.h"
 #include "backends/cpu/conv_implicit.h"
 #include "backends/cpu/conv_simd.h"
 #include "backends/cpu/gemm.h"
@@ -70,7 +71,7 @@ Layout layout(const Wino& w, int threads) {
   l.xn_n = l.nb * w.img();
   l.v_n = 16 * (l.tiles + kMaxMR) * w.Ci;
   l.m_n = 16 * l.tiles * w.Co;
-  l.img_n = w.Ci * w.Hi * w.Wi;  // one input image, where x is a fused stack's output (run())
+  l.img_n = w.Ci * w.Hi * w.Wi;  // one input image, where x is a fused stack's output (ConvInput)
   l.per_thread = l.xn_n + l.v_n + l.m_n + (16 * 64 + 128) + l.img_n + 5 * 16;  // + scratch + alignment of 5 pieces
   return l;
 }
@@ -225,10 +226,10 @@ size_t workspace(const Wino& w, int threads) {
   return size_t(l.u_n + 16 + threads * l.per_thread) * sizeof(float);
 }
 
-// stack: where x is a fused stack's output (DType::AffineRelu, forward only), `in` is the stack's
-// input, and each image is computed into the thread's img buffer before its channels-last copy.
-void run(const Wino& w, const float* in, const float* wt, bool flip, const float* bias, float* out, bool accumulate,
-         void* ws, const AffineReluSource* stack = nullptr) {
+// in: the input images (the forward's ConvInput: each computed into the thread's img buffer before
+// its channels-last copy where x is a fused stack's output).
+void run(const Wino& w, const ConvInput& in, const float* wt, bool flip, const float* bias, float* out,
+         bool accumulate, void* ws) {
   const GemmTile tile = sgemm_tile();
   const int MR = tile.mr, NR = tile.nr;
   const int threads = omp_get_max_threads();
@@ -251,15 +252,9 @@ void run(const Wino& w, const float* in, const float* wt, bool flip, const float
 #pragma omp for schedule(dynamic, 1)
     for (int64_t ch = 0; ch < chunks; ++ch) {
       const int64_t n0 = ch * l.nb, nb = std::min(l.nb, w.N - n0), tiles = nb * w.TI();
-      for (int64_t b = 0; b < nb; ++b) {
-        const int64_t at = (n0 + b) * l.img_n;
-        const float* x = in + at;
-        if (stack) {  // y = relu(x * scale + shift), channel run by channel run, as the stack's forward
-          stack->run(x, stack->scale, stack->shift, w.Ci, w.Hi * w.Wi, at, l.img_n, img);
-          x = img;
-        }
-        to_channels_last(x, w.Ci, w.Hi, w.Wi, w.ph, w.pw, w.Hp, w.Wp, xn + b * w.img());
-      }
+      for (int64_t b = 0; b < nb; ++b)
+        to_channels_last(in.image(w.Ci, w.Hi * w.Wi, n0 + b, img), w.Ci, w.Hi, w.Wi, w.ph, w.pw, w.Hp, w.Wp,
+                         xn + b * w.img());
       transform_inputs(w, xn, tiles, MR, vp, scratch);
       // Output channels in blocks whose U slivers stay in L2 while every tile sliver passes over
       // them (a whole U_xi is 1 MiB at 512 channels: streaming it from L3 per 8 tiles halved the
@@ -454,14 +449,12 @@ size_t winograd_workspace(const Conv2dGeom& g, ConvPass pass, int threads) {
 }
 
 void winograd_forward(const Conv2dGeom& g, const Tensor& x, const float* w, const float* b, float* y, void* ws) {
-  const AffineReluSource* stack = x.dtype == DType::AffineRelu ? static_cast<const AffineReluSource*>(x.data) : nullptr;
-  if (stack) ET_CHECK(stack->x.dtype == DType::F32 && stack->x.numel() == x.numel(), "conv2d: relu(affine) input");
-  run(fwd_wino(g), stack ? stack->x.f32() : x.f32(), w, false, b, y, false, ws, stack);
+  run(fwd_wino(g), ConvInput(x), w, false, b, y, false, ws);
 }
 
 void winograd_backward_data(const Conv2dGeom& g, const float* dy, const float* w, float* dx, bool accumulate,
                             void* ws) {
-  run(data_wino(g), dy, w, true, nullptr, dx, accumulate, ws);
+  run(data_wino(g), ConvInput(dy), w, true, nullptr, dx, accumulate, ws);
 }
 
 void winograd_backward_weight(const Conv2dGeom& g, const Tensor& x, const float* dy, float* dw, float* db,
