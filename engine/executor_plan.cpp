@@ -236,8 +236,8 @@ void Executor::plan_recomputed_outputs(PlanState& st) {
 }
 
 // The same values in forward: where the producer can leave its output to its readers in forward too
-// (Op::output_by_readers_in_forward) and every reader's forward takes DType::AffineRelu (a direct
-// conv, which computes it as it places x's planes), the output has no buffer at all: the producer's
+// (Op::output_by_readers_in_forward) and every reader's forward takes DType::AffineRelu (a conv
+// that computes it as it stages its input: cpu::ConvInput), the output has no buffer at all: the producer's
 // forward computes its coefficients only (OpContext::output_source), and its readers get a tensor
 // of dtype AffineRelu. Not for quantized readers, which quantize x itself; ET_FORWARD_BY_READERS=0
 // turns it off (A/B measurements).

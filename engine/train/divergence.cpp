@@ -34,8 +34,9 @@ class FiniteWatch : public NodeObserver {
     const Node& node = ex_.graph().node(n);
     const Tensor y = ex_.value(node.output);
     if (y.dtype == DType::AffineRelu) {
-      // Computed by its readers: no values of its own. Its coefficients (from this node's
-      // parameters and statistics) are what it adds to its finite input.
+      // Computed by its readers: no values of its own to scan. It is relu(x * scale + shift) of
+      // an input scanned at its producer, so this node turns it non-finite through its
+      // coefficients (its parameters and statistics).
       const auto& src = *static_cast<const AffineReluSource*>(y.data);
       const Shape c{y.dim(1)};
       if (!scan(ex_.backend(), Tensor::contiguous(const_cast<float*>(src.scale), c)).finite ||
