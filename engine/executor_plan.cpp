@@ -243,6 +243,7 @@ void Executor::plan_recomputed_outputs(PlanState& st) {
 // turns it off (A/B measurements).
 void Executor::plan_forward_by_readers(PlanState& st) {
   by_readers_.assign(size_t(st.nv), 0);
+  st.read_through.assign(size_t(st.nv), -1);
   const char* env = std::getenv("ET_FORWARD_BY_READERS");
   if (env && !std::strcmp(env, "0")) return;
   for (const SavedValue& sv : st.saved) {
@@ -260,6 +261,10 @@ void Executor::plan_forward_by_readers(PlanState& st) {
     }
     if (!all) continue;
     by_readers_[size_t(id)] = 1;
+    // The readers read the producer's input: its forward buffer lives until the last of them (a
+    // packed stash would otherwise let it die at the producer, and a reader's output take its place).
+    int& until = st.read_through[size_t(graph_.node(v.producer).inputs[0])];
+    for (int c : v.consumers) until = std::max(until, c);
     std::vector<float>& k = affine_coefficients_[size_t(id)];
     affine_sources_[size_t(id)].scale = k.data();
     affine_sources_[size_t(id)].shift = k.data() + k.size() / 2;
@@ -448,6 +453,7 @@ std::vector<Executor::PlannedBuffer> Executor::activation_buffers(PlanState& st)
     // Forward-only ones (plane sums for a fused stack) die after their last reader.
     int last = v.kind == ValueKind::Aux && !v.forward_only ? bwd_t[size_t(p)] : p;
     for (int c : v.consumers) last = std::max(last, c);
+    last = std::max(last, st.read_through[size_t(id)]);
     if (zero_copy && !rec) last = std::max(last, bwd_t[size_t(st.first_saver[size_t(id)])]);
     if (id == graph_.logits || id == graph_.loss) last = st.t_end;  // read by the trainer after the step
     if (!by_readers_[size_t(id)]) add(bytes, p, last, id, Role::Data);

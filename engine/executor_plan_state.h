@@ -44,6 +44,10 @@ struct Executor::PlanState {
   std::vector<uint8_t> codes;
   std::vector<int> code_pusher;
 
+  // plan_forward_by_readers: per value, the last forward node that reads it through a value its
+  // readers compute from it (a stack's input x, read by the convs after the stack), or -1.
+  std::vector<int> read_through;
+
   // plan_decode_buffers: saved values some reader needs decoded to f32 (an unpack buffer).
   std::vector<uint8_t> needs_unpack;
 
