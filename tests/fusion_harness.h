@@ -102,6 +102,16 @@ inline StashOptions stash(StashFormat f, int checkpoint_every = 0) {
   return o;
 }
 
+// The same training, bit for bit, of an unfused graph and its fused rewrite under the dense and
+// the automatic stash.
+inline void check_trains_alike(Graph& plain, Graph& fused, int64_t batch) {
+  for (StashFormat f : {StashFormat::DenseF32, StashFormat::Auto}) {
+    INFO(stash_format_name(f));
+    const auto a = train(plain, batch, stash(f)), b = train(fused, batch, stash(f));
+    REQUIRE(std::isfinite(a[0][0]));
+    CHECK(differing(a, b) == 0);
+  }
+}
 
 // The synthetic graphs' common ends: a 3-channel image and labels in; flatten, a linear layer of 4
 // classes and the loss out. Their convs are 3x3 with padding 1.

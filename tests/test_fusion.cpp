@@ -71,11 +71,7 @@ TEST_CASE("fusion: two stacks reading one conv output (dx accumulates) train bit
         spec.tile = tile;
         fusion::apply(fused, fusion::plan(fused, spec));
         REQUIRE(fused_nodes(fused) == 2);
-        for (StashFormat f : {StashFormat::DenseF32, StashFormat::Auto}) {
-          const auto a = train(plain, 2, stash(f)), b = train(fused, 2, stash(f));
-          REQUIRE(std::isfinite(a[0][0]));
-          CHECK(differing(a, b) == 0);
-        }
+        check_trains_alike(plain, fused, 2);
       }
     }
 }
@@ -118,11 +114,7 @@ TEST_CASE("fusion: synthetic stacks with odd sizes, overlapping pools and batch 
           CHECK(p.stacks[2].stack.stages.size() == 2);  // bn, avgpool
           fusion::apply(fused, p);
           CHECK(fused_nodes(fused) == 3);
-          for (StashFormat f : {StashFormat::DenseF32, StashFormat::Auto}) {
-            const auto a = train(plain, c.batch, stash(f)), b = train(fused, c.batch, stash(f));
-            REQUIRE(std::isfinite(a[0][0]));
-            CHECK(differing(a, b) == 0);
-          }
+          check_trains_alike(plain, fused, c.batch);
         }
     }
   }
@@ -294,11 +286,7 @@ TEST_CASE("fusion: stacks without a BN (a ReLU and a pool) train bit-identically
       CHECK(fused_nodes(fused) == 2);
       CHECK(fused.find_value("r1") < 0);  // the ReLU output is gone; one bit per element of x remains
       CHECK(fused.find_value("r1.pass") >= 0);
-      for (StashFormat f : {StashFormat::DenseF32, StashFormat::Auto}) {
-        const auto a = train(plain, c.batch, stash(f)), b = train(fused, c.batch, stash(f));
-        REQUIRE(std::isfinite(a[0][0]));
-        CHECK(differing(a, b) == 0);
-      }
+      check_trains_alike(plain, fused, c.batch);
     }
   }
   SECTION("fusion.disable takes the ReLU's name") {

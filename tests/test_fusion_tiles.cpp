@@ -64,12 +64,7 @@ TEST_CASE("fusion: planes larger than the cache go by bands of rows, halos recom
         const int b = fuse_with_cache(fused, cache_kb, &unfused);
         banded += b;
         if (b == 0) continue;
-        for (StashFormat f : {StashFormat::DenseF32, StashFormat::Auto}) {
-          INFO(stash_format_name(f));
-          const auto a = train(plain, c.batch, stash(f)), d = train(fused, c.batch, stash(f));
-          REQUIRE(std::isfinite(a[0][0]));
-          CHECK(differing(a, d) == 0);
-        }
+        check_trains_alike(plain, fused, c.batch);
         // A 16-bit x: the element-wise stacks leave their paths in registers for the bands, and the
         // pooled ones differ from the unfused layers (the lossy formats' rule), so against whole planes
         // (the stacks the small cache left unfused unfused there too).
@@ -155,11 +150,7 @@ TEST_CASE("fusion: dropout as a stage trains bit-identically (its mask drawn aga
           CHECK(p.stacks[3].stack.stages.size() == 3);  // bn, dropout, relu
           CHECK(fusion::describe(fused, p).find("bn,dropout,relu") != std::string::npos);
           fusion::apply(fused, p);
-          for (StashFormat f : {StashFormat::DenseF32, StashFormat::Auto}) {
-            const auto a = train(plain, c.batch, stash(f)), b = train(fused, c.batch, stash(f));
-            REQUIRE(std::isfinite(a[0][0]));
-            CHECK(differing(a, b) == 0);
-          }
+          check_trains_alike(plain, fused, c.batch);
         }
     }
   }
