@@ -157,7 +157,12 @@ bool wgrad_cl_applies(const Conv2dGeom& g) {
 // (outer form), 64 -> 64 at 8x8 310-366 -> 463 (implicit GEMM); vgg16 64 -> 64 at 32x32 420 -> 449,
 // 64 -> 128 at 16x16 361 -> 458; 128 -> 128 at 16x16 even. With more channels the partials
 // ([K][9][C] per thread, 1.2 MiB at 128 x 256) leave L2 and it measured even or behind.
-bool wgrad_cl_chosen(const Conv2dGeom& g) { return wgrad_cl_applies(g) && g.K * g.C <= 128 * 128; }
+// With narrow vectors (conv_simd.h) not even one output channel's 9 taps fit the registers (18
+// ymm): the outer form and the implicit GEMM measured 1.6-2.5x faster there (bench_conv, 2 Zen 3
+// cores, resnet20's 16 -> 16 and 32 -> 32 61 / 56 -> 100 GFLOP/s).
+bool wgrad_cl_chosen(const Conv2dGeom& g) {
+  return !kNarrowVectors && wgrad_cl_applies(g) && g.K * g.C <= 128 * 128;
+}
 
 size_t wgrad_cl_workspace(const Conv2dGeom& g, int threads) {
   return size_t(threads) * cl_layout(g, threads).thread_bytes;
@@ -313,7 +318,11 @@ void unstage_channels_last(const float* dxcl, const Conv2dGeom& g, int64_t Wp, b
 // 1.58x the implicit GEMM's phases (193 -> 305 GFLOP/s), 32 -> 64 at 16x16 1.25x (250 -> 300-330,
 // with the output channels in sweeps of 32; 0.95x in one sweep of 64), bench_conv, batch 128, two
 // alternating runs.
-bool dgrad_cl_chosen(const Conv2dGeom& g) { return wgrad_cl_applies(g) && g.stride_h > 1 && g.K <= 64; }
+// Narrow vectors: 27 accumulators do not fit (above); the implicit GEMM's phases run resnet20's
+// 32 -> 64 stride 2 at 73 GFLOP/s there against 35.
+bool dgrad_cl_chosen(const Conv2dGeom& g) {
+  return !kNarrowVectors && wgrad_cl_applies(g) && g.stride_h > 1 && g.K <= 64;
+}
 
 size_t dgrad_cl_workspace(const Conv2dGeom& g, int threads) {
   const DgradLayout l = dgrad_layout(g);

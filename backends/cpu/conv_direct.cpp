@@ -25,7 +25,10 @@ namespace et::cpu {
 namespace {
 bool g_force_scalar = false;
 bool g_rows = true;
-constexpr int MR = 8;           // forward: output channels per register block
+// Forward / data gradient register block: MR output channels x kNV vectors of 16 positions (24 zmm
+// accumulators; narrow vectors: 4 VNative, 8 ymm, bench_conv on 2 Zen 3 cores: resnet20's 16 -> 16
+// forward 55 -> 85 GFLOP/s; 6 x 1 measured even but wastes 2 of 18 rows at 16 channels, 2 x 2 72).
+constexpr int MR = kNarrowVectors ? 4 : 8, kNV = kNarrowVectors ? 1 : 3;
 
 float* align64(float* p) { return reinterpret_cast<float*>((reinterpret_cast<uintptr_t>(p) + 63) & ~uintptr_t(63)); }
 int64_t round_up(int64_t v, int64_t m) { return (v + m - 1) / m * m; }
@@ -140,7 +143,7 @@ void corr_planes(const float* xp, int64_t Cin, int64_t L, const int64_t* off, in
     const float* wb = wpk + kb * Cin * RS * MR;
     float* ob = tile + kb * MR * Jr;
     int64_t v = 0;
-    for (; v + 3 <= nvec; v += 3) corr_tile<V, 3>(xp + 16 * v, L, off, RS, Cin, wb, ob + 16 * v, Jr);
+    for (; v + kNV <= nvec; v += kNV) corr_tile<V, kNV>(xp + 16 * v, L, off, RS, Cin, wb, ob + 16 * v, Jr);
     if (nvec - v == 2) corr_tile<V, 2>(xp + 16 * v, L, off, RS, Cin, wb, ob + 16 * v, Jr);
     else if (nvec - v == 1) corr_tile<V, 1>(xp + 16 * v, L, off, RS, Cin, wb, ob + 16 * v, Jr);
   }
@@ -184,9 +187,10 @@ void corr_planes_rows(const float* xp, int64_t Cin, int64_t L, int64_t Wp, const
     float* ob = out + kb * MR * ldo;
     const float* bb = bias ? bias + kb * MR : nullptr;
     int64_t v = 0;
-    for (; v + 3 <= nvec; v += 3) {
-      const int64_t at[3] = {0, place(v + 1) - place(v), place(v + 2) - place(v)};
-      corr_tile_rows<V, 3>(xp + place(v), L, off, RS, Cin, wb, at, ob + 16 * v, ldo, nk, bb, accumulate);
+    for (; v + kNV <= nvec; v += kNV) {
+      int64_t at[kNV];
+      for (int i = 0; i < kNV; ++i) at[i] = place(v + i) - place(v);
+      corr_tile_rows<V, kNV>(xp + place(v), L, off, RS, Cin, wb, at, ob + 16 * v, ldo, nk, bb, accumulate);
     }
     if (nvec - v == 2) {
       const int64_t at[2] = {0, place(v + 1) - place(v)};
@@ -313,11 +317,14 @@ void wgrad_planes_nv(const float* dyT, int64_t kp, int64_t Kg, const PosRows& pr
   }
 }
 
-// Register block by channel count: NV vectors of 16 channels x NT taps, NV*NT = 24 accumulators.
+// Register block by channel count: NV vectors of 16 channels x NT taps, NV*NT = 24 accumulators
+// (narrow vectors: 1 x 6, 12 ymm; each accumulator is one (tap, 16 channels) summed over the
+// positions in order whatever the block, so the results do not depend on it).
 template <class V>
 void wgrad_planes(const float* dyT, int64_t kp, int64_t Kg, const PosRows& pr, const float* xp, int64_t Cg,
                   int64_t lx, const int64_t* off, int RS, float* dwp) {
-  if (Kg <= 16) wgrad_planes_nv<V, 1, 24>(dyT, kp, Kg, pr, xp, Cg, lx, off, RS, dwp);
+  if (kNarrowVectors) wgrad_planes_nv<V, 1, 6>(dyT, kp, Kg, pr, xp, Cg, lx, off, RS, dwp);
+  else if (Kg <= 16) wgrad_planes_nv<V, 1, 24>(dyT, kp, Kg, pr, xp, Cg, lx, off, RS, dwp);
   else if (Kg <= 32) wgrad_planes_nv<V, 2, 12>(dyT, kp, Kg, pr, xp, Cg, lx, off, RS, dwp);
   else if (Kg <= 48) wgrad_planes_nv<V, 3, 8>(dyT, kp, Kg, pr, xp, Cg, lx, off, RS, dwp);
   else wgrad_planes_nv<V, 4, 6>(dyT, kp, Kg, pr, xp, Cg, lx, off, RS, dwp);
@@ -329,7 +336,7 @@ void wgrad_planes(const float* dyT, int64_t kp, int64_t Kg, const PosRows& pr, c
 // channels x UB taps loads KB rows of dy and UB shifted rows of x per 16 positions for KB*UB FMAs. A tile sweeps one image (its rows of dy and x stay in L1 across the taps); its
 // accumulators carry over in `part` (16 lanes per weight), whose lanes are summed once per call of
 // the kernel (wgrad_dot_fold).
-constexpr int kDotKB = 8, kDotUB = 3;
+constexpr int kDotKB = kNarrowVectors ? 2 : 8, kDotUB = kNarrowVectors ? 2 : 3;  // narrow: 4 accumulators
 
 template <class V, int KB, int UB>
 void wgrad_dot_tile(const float* dy, int64_t ldy, const float* const* xs, int64_t nvec, float* part /*[KB][UB][16]*/) {

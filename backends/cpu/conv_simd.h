@@ -89,6 +89,16 @@ struct VNative {
 using VNative = VScalar;
 #endif
 
+// Where a VNative spans several registers (AVX2: 2 of 16 ymm; NEON: 4 of 32 q; the portable
+// build's arrays, SSE2: 4 of 16 xmm), the register blocks sized for AVX-512's 32 zmm (24
+// accumulators) spill to the stack on every step: the direct kernels pick smaller blocks there
+// (about 6 accumulators), with the same multiply-adds per element in the same order.
+#if defined(__AVX512F__)
+constexpr bool kNarrowVectors = false;
+#else
+constexpr bool kNarrowVectors = true;
+#endif
+
 // Keeps a loaded vector in a register: without it GCC 12 folds a load that several FMAs share into
 // each of them as a memory operand (conv_channels_last.cpp: 27 loads instead of 9 per position).
 inline void in_register(VScalar&) {}
