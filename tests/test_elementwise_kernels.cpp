@@ -36,14 +36,25 @@ TEST_CASE("BN's plane and gradient sums keep their fixed order bit for bit", "[k
       float s1, s2, a, b;
       bn_rows::plane_sums(x.data(), len, &s1, &s2);
       bn_rows::grad_sums(bn_rows::row_of(d.data()), x.data(), mu, len, &a, &b);
+#if defined(__AVX512F__) || defined(__AVX2__)
+      // The gradient sums: the same lanes on AVX-512 and on AVX2's two halves.
+      float ga[16] = {}, gb[16] = {};
+      for (int64_t i = 0; i < len; ++i) {
+        const int j = int(i % 16);
+        ga[j] += d[size_t(i)];
+        gb[j] = std::fma(d[size_t(i)], x[size_t(i)] - mu, gb[j]);
+      }
+      CHECK(a == halving(ga));
+      CHECK(b == halving(gb));
+#else
+      CHECK(std::isfinite(a + b));
+#endif
 #if defined(__AVX512F__)
-      float p1[4][16] = {}, p2[4][16] = {}, ga[16] = {}, gb[16] = {};
+      float p1[4][16] = {}, p2[4][16] = {};
       for (int64_t i = 0; i < len; ++i) {
         const int k = int(i / 16 % 4), j = int(i % 16);
         p1[k][j] += x[size_t(i)];
         p2[k][j] = std::fma(x[size_t(i)], x[size_t(i)], p2[k][j]);
-        ga[j] += d[size_t(i)];
-        gb[j] = std::fma(d[size_t(i)], x[size_t(i)] - mu, gb[j]);
       }
       float t1[16], t2[16];
       for (int j = 0; j < 16; ++j) {
@@ -52,10 +63,8 @@ TEST_CASE("BN's plane and gradient sums keep their fixed order bit for bit", "[k
       }
       CHECK(s1 == halving(t1));
       CHECK(s2 == halving(t2));
-      CHECK(a == halving(ga));
-      CHECK(b == halving(gb));
 #else
-      CHECK(std::isfinite(s1 + s2 + a + b));
+      CHECK(std::isfinite(s1 + s2));  // the compiler's vector order
 #endif
     }
   }

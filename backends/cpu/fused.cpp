@@ -19,8 +19,9 @@
 
 #include <algorithm>
 #include <cstring>
-#if defined(__AVX512F__)
+#if defined(__AVX512F__) || defined(__AVX2__)
 #include <immintrin.h>
+#define ET_ELEMENTWISE_IN_REGISTERS 1  // elementwise_forward_plane / elementwise_dz below
 #endif
 
 #include "backends/cpu/batchnorm_rows.h"
@@ -202,6 +203,77 @@ inline auto elementwise_dz(ElementwiseOnly e, FusedGrads& g, const FusedTensors&
     return d;
   };
 }
+#elif defined(__AVX2__)
+// The AVX-512 functions above on AVX2's two halves (bn_rows::Lanes16), with the same arithmetic.
+int64_t elementwise_forward_plane(ElementwiseOnly e, const float* x, const float* side, float scale, float shift,
+                                  int64_t HW, float* y, bool stream, uint32_t tb, uint64_t* words) {
+  using namespace bn_rows;
+  const Lanes16 vs = splat16(scale), vt = splat16(shift);
+  const __m256i threshold = _mm256_set1_epi32(int32_t(tb));
+  // y's bits >= the threshold's, as unsigned 32-bit integers (AVX2 has no unsigned compare).
+  auto kept_bits = [&](__m256 v) {
+    const __m256i b = _mm256_castps_si256(v);
+    return uint64_t(uint32_t(_mm256_movemask_ps(_mm256_castsi256_ps(_mm256_cmpeq_epi32(_mm256_max_epu32(b, threshold), b)))));
+  };
+  auto value = [&](int64_t i, auto m) {
+    Lanes16 v = fmadd16(load16(m, x + i), vs, vt);
+    if (e != ElementwiseOnly::Relu) v = add16(v, load16(m, side + i));
+    if (e != ElementwiseOnly::Add) v = relu16(v);
+    return v;
+  };
+  int64_t kept = 0;
+  uint64_t word = 0;
+  int64_t i = 0;
+  for (; i + 16 <= HW; i += 16) {
+    const Lanes16 v = value(i, Full{});
+    if (stream) {
+      _mm256_stream_ps(y + i, v.lo);
+      _mm256_stream_ps(y + i + 8, v.hi);
+    } else {
+      store16(Full{}, y + i, v);
+    }
+    if (words) {  // whole words only (a plane of whole words): no partial vector here
+      word |= (kept_bits(v.lo) | kept_bits(v.hi) << 8) << (i & 63);
+      if ((i & 63) == 48) {
+        words[i >> 6] = word;
+        kept += __builtin_popcountll(word);
+        word = 0;
+      }
+    }
+  }
+  if (i < HW) {
+    const Lanes16 m = lanes_first(HW - i);
+    store16(m, y + i, value(i, m));
+  }
+  return kept;
+}
+
+inline auto elementwise_dz(ElementwiseOnly e, FusedGrads& g, const FusedTensors& t, int64_t c, int64_t o,
+                           const float* x, bool recompute, bool first_sweep, bool park_dz) {
+  using namespace bn_rows;
+  const float* dy = g.dy.f32() + o;
+  float* dside = first_sweep && g.dside.defined() ? g.dside.f32() + o : nullptr;
+  float* park = first_sweep && park_dz ? g.dx.f32() + o : nullptr;
+  const bool side_acc = g.dside_accumulate;
+  const float* ym = g.y_mask.bits ? nullptr : (g.y_mask.dense.defined() ? g.y_mask.dense.f32() + o : nullptr);
+  const uint64_t* bits = g.y_mask.bits;
+  float scale = 0, shift = 0;
+  bn_rows::train_coefficients(t.gamma.f32()[c], t.beta.f32()[c], t.mean.f32()[c], t.invstd.f32()[c], &scale, &shift);
+  const Lanes16 vscale = splat16(scale), vshift = splat16(shift);
+  return [=](int64_t i, auto m) {
+    Lanes16 on = on16(m);
+    if (e == ElementwiseOnly::Relu && recompute) {  // relu(bn(x)) > 0, the forward's own arithmetic
+      on = and16(on, gt_zero16(fmadd16(load16(m, x + i), vscale, vshift)));
+    } else if (e != ElementwiseOnly::Add) {  // y's saved mask
+      on = and16(on, bits ? lanes_of_bits(uint32_t(bits[(o + i) >> 6] >> ((o + i) & 63)))
+                          : gt_zero16(load16(m, ym + i)));
+    }
+    const Lanes16 d = and16(load16(m, dy + i), on);  // +0 in the lanes off
+    if (dside) store16(m, dside + i, side_acc ? add16(load16(m, dside + i), d) : d);
+    if (park) store16(m, park + i, d);
+    return d;
+  };
+}
 #endif
 
 }  // namespace
@@ -293,11 +365,15 @@ void CpuBackend::fused_forward(const FusedStack& s, FusedTensors& t, bool traini
   if (y_sum1) ET_CHECK(t.y_sums.dim(1) >= N && t.y_sums.dim(2) == C, "fused stack: y sums ", t.y_sums.shape.str());
   int64_t kept = 0;
   uint64_t* const words = want_mask && plane_words ? mask->bits : nullptr;
+#if defined(ET_ELEMENTWISE_IN_REGISTERS)
+  // In registers, x to y: BN -> ReLU -> 2x2 max-pool (fused_bn_relu_pool.h, AVX-512), and the
+  // stacks whose stages after the BN are element-wise.
 #if defined(__AVX512F__)
-  // In registers, x to y: BN -> ReLU -> 2x2 max-pool (fused_bn_relu_pool.h), and the stacks whose
-  // stages after the BN are element-wise.
   const bool pool_in_registers = fused_bn_relu_pool::applies(s);
   const fused_bn_relu_pool::Layout pool_layout(pool_in_registers ? last.Q : 4);
+#else
+  const bool pool_in_registers = false;
+#endif
   const ElementwiseOnly ew = elementwise_kind(s);
   // Streaming stores where the planner asks for them (FusedStack::stream_y) and nothing reads
   // y back in the pass: not the rounds that pack y's values, not y's sums; with the pool, not the
@@ -309,12 +385,15 @@ void CpuBackend::fused_forward(const FusedStack& s, FusedTensors& t, bool traini
   // Plane (n, c) through every stage into y, with its bitmap words (and its sums, in L1).
   auto forward_one = [&](float* const* scratch_out, int64_t pl, float sc, float sh) -> int64_t {
     int64_t kept_in_registers = -1;  // the element-wise planes count their bitmap words' bits themselves
-#if defined(__AVX512F__)
+#if defined(ET_ELEMENTWISE_IN_REGISTERS)
     if (ew != ElementwiseOnly::No) {
       kept_in_registers =
           elementwise_forward_plane(ew, xp + pl * HW, add >= 0 ? t.side.f32() + pl * side_plane : nullptr, sc, sh, HW,
                                     yp + pl * PQ, stream, tb, words ? words + pl * PQ / 64 : nullptr);
-    } else if (pool_in_registers) {
+    } else
+#endif
+#if defined(__AVX512F__)
+    if (pool_in_registers) {
       fused_bn_relu_pool::forward(pool_layout, xp + pl * HW, fused_bn_relu_pool::ChannelBn(sc, sh), HW, yp + pl * PQ,
                                   stream);
     } else
@@ -373,7 +452,7 @@ void CpuBackend::fused_forward(const FusedStack& s, FusedTensors& t, bool traini
         }
       }
     }
-#if defined(__AVX512F__)
+#if defined(ET_ELEMENTWISE_IN_REGISTERS)
     if (stream) _mm_sfence();  // this thread's streaming stores, before y's readers
 #endif
   }
@@ -418,6 +497,15 @@ inline void bn_relu_channel(const float* x, float scale, float shift, int64_t le
   if (i < len) {
     const __mmask16 m = __mmask16((1u << (len - i)) - 1);
     _mm512_mask_storeu_ps(y + i, m, _mm512_maskz_max_ps(0xFFFF, _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, x + i), vs, vt), zero));
+  }
+#elif defined(__AVX2__)
+  using namespace bn_rows;
+  const Lanes16 vs = splat16(scale), vt = splat16(shift);
+  int64_t i = 0;
+  for (; i + 16 <= len; i += 16) store16(Full{}, y + i, relu16(fmadd16(load16(Full{}, x + i), vs, vt)));
+  if (i < len) {
+    const Lanes16 m = lanes_first(len - i);
+    store16(m, y + i, relu16(fmadd16(load16(m, x + i), vs, vt)));
   }
 #else
   bn_rows::apply(x, scale, shift, len, y);
@@ -477,12 +565,12 @@ void CpuBackend::fused_backward(const FusedStack& s, const FusedTensors& t, Fuse
   const SumTables tab(static_cast<float*>(ws.data) + per_thread * cpu_threads(), N, C);
   auto* coef = reinterpret_cast<bn_rows::GradCoefficients*>(tab.rest);
   const bool memory_order = !s.channel_slabs;
-  [[maybe_unused]] const ElementwiseOnly ew = elementwise_only(s, g, recompute);  // AVX-512 only
+  [[maybe_unused]] const ElementwiseOnly ew = elementwise_only(s, g, recompute);  // AVX-512 and AVX2
   // Bands of rows (FusedStack::band_rows): the scratch holds a band, not a plane. The paths in
   // registers need no scratch but for x widened from a 16-bit stash, a whole plane: not then.
   const bool banded = s.band_rows > 0;
   [[maybe_unused]] const bool whole_x = !banded || t.x.dtype == DType::F32;
-#if defined(__AVX512F__)
+#if defined(ET_ELEMENTWISE_IN_REGISTERS)
   const bool in_registers = ew != ElementwiseOnly::No && whole_x;
 #else
   [[maybe_unused]] const bool in_registers = false;
@@ -561,9 +649,11 @@ void CpuBackend::fused_backward(const FusedStack& s, const FusedTensors& t, Fuse
       return bn_rows::grad_sums_finish(lanes, a, b);
     }
     const float* x = x_plane(scratch, pl);
-#if defined(__AVX512F__)
+#if defined(ET_ELEMENTWISE_IN_REGISTERS)
     if (in_registers)  // dz from dy and the mask (recomputed from x or read)
       return bn_rows::grad_sums(elementwise_dz(ew, g, t, c, o, x, recompute, true, park), x, t.mean.f32()[c], HW, a, b);
+#endif
+#if defined(__AVX512F__)
     if (pool_in_registers) return bn_rows::grad_sums(pool_dz(pl, x), x, t.mean.f32()[c], HW, a, b);
 #endif
     const float* dz = plane_dz(scratch, pl, x, true);
@@ -593,10 +683,12 @@ void CpuBackend::fused_backward(const FusedStack& s, const FusedTensors& t, Fuse
       return;
     }
     const float* x = x_plane(scratch, pl);
-#if defined(__AVX512F__)
+#if defined(ET_ELEMENTWISE_IN_REGISTERS)
     if (in_registers && !park)
       return bn_rows::grad_apply_d(elementwise_dz(ew, g, t, pl % C, pl * HW, x, recompute, false, false), x, k.a, k.b,
                                    k.c0, HW, dx, g.dx_accumulate);
+#endif
+#if defined(__AVX512F__)
     if (pool_in_registers)
       return bn_rows::grad_apply_d(pool_dz(pl, x), x, k.a, k.b, k.c0, HW, dx, g.dx_accumulate, stream_dx);
 #endif
