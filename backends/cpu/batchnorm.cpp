@@ -3,7 +3,7 @@
 // in bn_rows (batchnorm_rows.h), shared with the fused stacks.
 #include <algorithm>
 #include <cmath>
-#if defined(__AVX512F__) || defined(__AVX2__)
+#if defined(__AVX512F__)
 #include <immintrin.h>
 #endif
 
@@ -83,7 +83,7 @@ void finish_statistics(double s, double ss, int64_t M, int64_t c, float momentum
   }
 }
 
-// With AVX-512 or AVX2 the fused stacks' backward recomputes relu(bn(x)) with one fused multiply-add
+// With AVX-512, AVX2 or NEON the fused stacks' backward recomputes relu(bn(x)) with one fused multiply-add
 // per element (fused.cpp, elementwise_dz); the forward uses the same instruction explicitly, so the
 // mask bits agree in every build (an -O1 build, ASan's, did not contract x * scale + shift).
 ET_ROW_FUNCTION void apply(const float* x, float scale, float shift, int64_t len, float* out) {
@@ -95,7 +95,7 @@ ET_ROW_FUNCTION void apply(const float* x, float scale, float shift, int64_t len
     const __mmask16 m = __mmask16((1u << (len - i)) - 1);
     _mm512_mask_storeu_ps(out + i, m, _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, x + i), vs, vt));
   }
-#elif defined(__AVX2__)
+#elif defined(ET_LANES16)
   const Lanes16 vs = splat16(scale), vt = splat16(shift);
   int64_t i = 0;
   for (; i + 16 <= len; i += 16) store16(Full{}, out + i, fmadd16(load16(Full{}, x + i), vs, vt));
@@ -274,7 +274,7 @@ GradCoefficients channel_gradients(double sum_dy, double sum_dy_xmu, const Tenso
 ET_ROW_FUNCTION void grad_apply(const float* dy, const float* x, const GradCoefficients& k, int64_t len, float* out,
                                bool accumulate) {
   const float a = k.a, b = k.b, c0 = k.c0;
-#if defined(__AVX512F__) || defined(__AVX2__)
+#if defined(__AVX512F__) || defined(ET_LANES16)
   return grad_apply_d(row_of(dy), x, a, b, c0, len, out, accumulate);
 #endif
   if (accumulate) {

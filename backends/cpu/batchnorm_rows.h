@@ -5,10 +5,11 @@
 #pragma once
 #include <cmath>
 #include <cstdint>
-#if defined(__AVX512F__) || defined(__AVX2__)
+#if defined(__AVX512F__)
 #include <immintrin.h>
 #endif
 
+#include "backends/cpu/lanes16.h"
 #include "engine/fused_stack.h"
 #include "engine/check.h"
 #include "engine/tensor.h"
@@ -54,7 +55,7 @@ void eval_coefficients(float gamma, float beta, float running_mean, float runnin
 // by this code and not by the compiler: lane j of 16 takes elements j, j + 16, ... in turn, then
 // the lanes add in a fixed tree. Every caller gets the same bits: the BN layer with d = dy, the
 // fused stacks with d built on the fly from dy, a mask and x. `d(i, m)` returns the 16 values
-// from element i (lanes outside the mask m are ignored; AVX2: m is `Full` or a `Lanes16` mask);
+// from element i (lanes outside the mask m are ignored; AVX2, NEON: m is `Full` or a `Lanes16`);
 // portable builds: `d(i)` one value.
 #if defined(__AVX512F__)
 // The sum of v's lanes by a halving tree: lane j + 8 into j, then j + 4, j + 2, j + 1 (the scalar
@@ -136,69 +137,10 @@ inline void grad_apply_d(D d, const float* x, float a, float b, float c0, int64_
     _mm512_mask_storeu_ps(out + i, m, v);
   }
 }
-#elif defined(__AVX2__)
-// AVX2: the same 16 lanes as AVX-512's in two ymm halves (lanes 0-7, 8-15), so every sum takes its
-// elements in the same order and the bits are the same as there and in the portable loops. A mask
-// is a Lanes16 of all-ones (on) and zero (off) lanes; `Full` stands for all 16 on, so whole
-// vectors take plain loads and stores.
-struct Lanes16 {
-  __m256 lo, hi;
-};
-struct Full {};
-inline Lanes16 lanes_first(int64_t n) {  // lanes [0, n) on
-  const __m256i vn = _mm256_set1_epi32(int(n));
-  return {_mm256_castsi256_ps(_mm256_cmpgt_epi32(vn, _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7))),
-          _mm256_castsi256_ps(_mm256_cmpgt_epi32(vn, _mm256_setr_epi32(8, 9, 10, 11, 12, 13, 14, 15)))};
-}
-inline Lanes16 lanes_of_bits(uint32_t bits) {  // lane j on where bit j of the 16 is set
-  const __m256i b = _mm256_set1_epi32(int(bits & 0xFFFF));
-  const __m256i lo = _mm256_setr_epi32(1, 2, 4, 8, 16, 32, 64, 128);
-  const __m256i hi = _mm256_setr_epi32(256, 512, 1024, 2048, 4096, 8192, 16384, 32768);
-  return {_mm256_castsi256_ps(_mm256_cmpeq_epi32(_mm256_and_si256(b, lo), lo)),
-          _mm256_castsi256_ps(_mm256_cmpeq_epi32(_mm256_and_si256(b, hi), hi))};
-}
-inline Lanes16 splat16(float v) { return {_mm256_set1_ps(v), _mm256_set1_ps(v)}; }
-inline Lanes16 load16(Full, const float* p) { return {_mm256_loadu_ps(p), _mm256_loadu_ps(p + 8)}; }
-inline Lanes16 load16(const Lanes16& m, const float* p) {  // +0 in the lanes off
-  return {_mm256_maskload_ps(p, _mm256_castps_si256(m.lo)), _mm256_maskload_ps(p + 8, _mm256_castps_si256(m.hi))};
-}
-inline void store16(Full, float* p, const Lanes16& v) {
-  _mm256_storeu_ps(p, v.lo);
-  _mm256_storeu_ps(p + 8, v.hi);
-}
-inline void store16(const Lanes16& m, float* p, const Lanes16& v) {
-  _mm256_maskstore_ps(p, _mm256_castps_si256(m.lo), v.lo);
-  _mm256_maskstore_ps(p + 8, _mm256_castps_si256(m.hi), v.hi);
-}
-inline Lanes16 on16(Full) { return {_mm256_castsi256_ps(_mm256_set1_epi32(-1)), _mm256_castsi256_ps(_mm256_set1_epi32(-1))}; }
-inline Lanes16 on16(const Lanes16& m) { return m; }
-inline Lanes16 and16(const Lanes16& a, const Lanes16& b) { return {_mm256_and_ps(a.lo, b.lo), _mm256_and_ps(a.hi, b.hi)}; }
-inline Lanes16 add16(const Lanes16& a, const Lanes16& b) { return {_mm256_add_ps(a.lo, b.lo), _mm256_add_ps(a.hi, b.hi)}; }
-inline Lanes16 sub16(const Lanes16& a, const Lanes16& b) { return {_mm256_sub_ps(a.lo, b.lo), _mm256_sub_ps(a.hi, b.hi)}; }
-inline Lanes16 mul16(const Lanes16& a, const Lanes16& b) { return {_mm256_mul_ps(a.lo, b.lo), _mm256_mul_ps(a.hi, b.hi)}; }
-inline Lanes16 fmadd16(const Lanes16& a, const Lanes16& b, const Lanes16& c) {  // a * b + c, one rounding
-  return {_mm256_fmadd_ps(a.lo, b.lo, c.lo), _mm256_fmadd_ps(a.hi, b.hi, c.hi)};
-}
-// v > 0 ? v : +0 (NaN and -0 give +0): max returns its second operand when unordered or equal.
-inline Lanes16 relu16(const Lanes16& v) {
-  const __m256 z = _mm256_setzero_ps();
-  return {_mm256_max_ps(v.lo, z), _mm256_max_ps(v.hi, z)};
-}
-inline Lanes16 gt_zero16(const Lanes16& v) {  // lanes where v > 0 (ordered)
-  const __m256 z = _mm256_setzero_ps();
-  return {_mm256_cmp_ps(v.lo, z, _CMP_GT_OQ), _mm256_cmp_ps(v.hi, z, _CMP_GT_OQ)};
-}
-inline Lanes16 blend16(const Lanes16& a, const Lanes16& b, const Lanes16& m) {  // m ? b : a
-  return {_mm256_blendv_ps(a.lo, b.lo, m.lo), _mm256_blendv_ps(a.hi, b.hi, m.hi)};
-}
-// The halving tree of the AVX-512 code and the portable loops: lane j + 8 into j, then 4, 2, 1.
-inline float halving_sum(const Lanes16& v) {
-  const __m256 s8 = _mm256_add_ps(v.lo, v.hi);
-  const __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(s8), _mm256_extractf128_ps(s8, 1));
-  const __m128 s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
-  return _mm_cvtss_f32(_mm_add_ss(s2, _mm_shuffle_ps(s2, s2, 1)));
-}
-
+#elif defined(ET_LANES16)
+// AVX2 and NEON: AVX-512's 16 lanes in two ymm or four q registers (lanes16.h), so every sum takes
+// its elements in the same order and the bits are the same as there and in the portable loops.
+using namespace lanes16;
 struct GradLanes {
   Lanes16 a = splat16(0.f), b = splat16(0.f);
 };
@@ -245,11 +187,7 @@ inline void grad_apply_d(D d, const float* x, float a, float b, float c0, int64_
     for (; i + 16 <= len; i += 16)
       store16(Full{}, out + i, add16(load16(Full{}, out + i), value(i, Full{}, load16(Full{}, x + i))));
   } else if (stream) {
-    for (; i + 16 <= len; i += 16) {
-      const Lanes16 v = value(i, Full{}, load16(Full{}, x + i));
-      _mm256_stream_ps(out + i, v.lo);
-      _mm256_stream_ps(out + i + 8, v.hi);
-    }
+    for (; i + 16 <= len; i += 16) stream16(out + i, value(i, Full{}, load16(Full{}, x + i)));
   } else {
     for (; i + 16 <= len; i += 16) store16(Full{}, out + i, value(i, Full{}, load16(Full{}, x + i)));
   }

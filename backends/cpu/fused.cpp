@@ -19,9 +19,8 @@
 
 #include <algorithm>
 #include <cstring>
-#if defined(__AVX512F__) || defined(__AVX2__)
+#if defined(__AVX512F__)
 #include <immintrin.h>
-#define ET_ELEMENTWISE_IN_REGISTERS 1  // elementwise_forward_plane / elementwise_dz below
 #endif
 
 #include "backends/cpu/batchnorm_rows.h"
@@ -30,6 +29,10 @@
 #include "backends/cpu/fused_bn_relu_pool.h"
 #include "backends/cpu/pool_planes.h"
 #include "memory/bitmap.h"
+
+#if defined(__AVX512F__) || defined(ET_LANES16)
+#define ET_ELEMENTWISE_IN_REGISTERS 1  // elementwise_forward_plane / elementwise_dz below
+#endif
 
 namespace et {
 
@@ -203,18 +206,12 @@ inline auto elementwise_dz(ElementwiseOnly e, FusedGrads& g, const FusedTensors&
     return d;
   };
 }
-#elif defined(__AVX2__)
-// The AVX-512 functions above on AVX2's two halves (bn_rows::Lanes16), with the same arithmetic.
+#elif defined(ET_LANES16)
+// The AVX-512 functions above on AVX2's or NEON's registers (lanes16.h), with the same arithmetic.
 int64_t elementwise_forward_plane(ElementwiseOnly e, const float* x, const float* side, float scale, float shift,
                                   int64_t HW, float* y, bool stream, uint32_t tb, uint64_t* words) {
-  using namespace bn_rows;
+  using namespace lanes16;
   const Lanes16 vs = splat16(scale), vt = splat16(shift);
-  const __m256i threshold = _mm256_set1_epi32(int32_t(tb));
-  // y's bits >= the threshold's, as unsigned 32-bit integers (AVX2 has no unsigned compare).
-  auto kept_bits = [&](__m256 v) {
-    const __m256i b = _mm256_castps_si256(v);
-    return uint64_t(uint32_t(_mm256_movemask_ps(_mm256_castsi256_ps(_mm256_cmpeq_epi32(_mm256_max_epu32(b, threshold), b)))));
-  };
   auto value = [&](int64_t i, auto m) {
     Lanes16 v = fmadd16(load16(m, x + i), vs, vt);
     if (e != ElementwiseOnly::Relu) v = add16(v, load16(m, side + i));
@@ -226,14 +223,12 @@ int64_t elementwise_forward_plane(ElementwiseOnly e, const float* x, const float
   int64_t i = 0;
   for (; i + 16 <= HW; i += 16) {
     const Lanes16 v = value(i, Full{});
-    if (stream) {
-      _mm256_stream_ps(y + i, v.lo);
-      _mm256_stream_ps(y + i + 8, v.hi);
-    } else {
+    if (stream)
+      stream16(y + i, v);
+    else
       store16(Full{}, y + i, v);
-    }
-    if (words) {  // whole words only (a plane of whole words): no partial vector here
-      word |= (kept_bits(v.lo) | kept_bits(v.hi) << 8) << (i & 63);
+    if (words) {  // a plane of whole words: every vector is whole
+      word |= uint64_t(bits_at_least16(v, tb)) << (i & 63);
       if ((i & 63) == 48) {
         words[i >> 6] = word;
         kept += __builtin_popcountll(word);
@@ -250,7 +245,7 @@ int64_t elementwise_forward_plane(ElementwiseOnly e, const float* x, const float
 
 inline auto elementwise_dz(ElementwiseOnly e, FusedGrads& g, const FusedTensors& t, int64_t c, int64_t o,
                            const float* x, bool recompute, bool first_sweep, bool park_dz) {
-  using namespace bn_rows;
+  using namespace lanes16;
   const float* dy = g.dy.f32() + o;
   float* dside = first_sweep && g.dside.defined() ? g.dside.f32() + o : nullptr;
   float* park = first_sweep && park_dz ? g.dx.f32() + o : nullptr;
@@ -452,8 +447,10 @@ void CpuBackend::fused_forward(const FusedStack& s, FusedTensors& t, bool traini
         }
       }
     }
-#if defined(ET_ELEMENTWISE_IN_REGISTERS)
+#if defined(__AVX512F__)
     if (stream) _mm_sfence();  // this thread's streaming stores, before y's readers
+#elif defined(ET_LANES16)
+    if (stream) lanes16::stream_fence();
 #endif
   }
   if (want_mask) finish_output_mask(t.y, mask, plane_words, kept);
@@ -498,8 +495,8 @@ inline void bn_relu_channel(const float* x, float scale, float shift, int64_t le
     const __mmask16 m = __mmask16((1u << (len - i)) - 1);
     _mm512_mask_storeu_ps(y + i, m, _mm512_maskz_max_ps(0xFFFF, _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, x + i), vs, vt), zero));
   }
-#elif defined(__AVX2__)
-  using namespace bn_rows;
+#elif defined(ET_LANES16)
+  using namespace lanes16;
   const Lanes16 vs = splat16(scale), vt = splat16(shift);
   int64_t i = 0;
   for (; i + 16 <= len; i += 16) store16(Full{}, y + i, relu16(fmadd16(load16(Full{}, x + i), vs, vt)));
@@ -565,7 +562,7 @@ void CpuBackend::fused_backward(const FusedStack& s, const FusedTensors& t, Fuse
   const SumTables tab(static_cast<float*>(ws.data) + per_thread * cpu_threads(), N, C);
   auto* coef = reinterpret_cast<bn_rows::GradCoefficients*>(tab.rest);
   const bool memory_order = !s.channel_slabs;
-  [[maybe_unused]] const ElementwiseOnly ew = elementwise_only(s, g, recompute);  // AVX-512 and AVX2
+  [[maybe_unused]] const ElementwiseOnly ew = elementwise_only(s, g, recompute);  // AVX-512, AVX2, NEON
   // Bands of rows (FusedStack::band_rows): the scratch holds a band, not a plane. The paths in
   // registers need no scratch but for x widened from a 16-bit stash, a whole plane: not then.
   const bool banded = s.band_rows > 0;
