@@ -36,8 +36,8 @@ TEST_CASE("BN's plane and gradient sums keep their fixed order bit for bit", "[k
       float s1, s2, a, b;
       bn_rows::plane_sums(x.data(), len, &s1, &s2);
       bn_rows::grad_sums(bn_rows::row_of(d.data()), x.data(), mu, len, &a, &b);
-#if defined(__AVX512F__) || defined(__AVX2__)
-      // The gradient sums: the same lanes on AVX-512 and on AVX2's two halves.
+#if defined(__AVX512F__) || defined(ET_LANES16)
+      // The gradient sums: the same lanes on AVX-512 and on AVX2's or NEON's registers (lanes16.h).
       float ga[16] = {}, gb[16] = {};
       for (int64_t i = 0; i < len; ++i) {
         const int j = int(i % 16);
