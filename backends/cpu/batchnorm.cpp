@@ -275,8 +275,8 @@ ET_ROW_FUNCTION void grad_apply(const float* dy, const float* x, const GradCoeff
                                bool accumulate) {
   const float a = k.a, b = k.b, c0 = k.c0;
 #if defined(__AVX512F__) || defined(ET_LANES16)
-  return grad_apply_d(row_of(dy), x, a, b, c0, len, out, accumulate);
-#endif
+  grad_apply_d(row_of(dy), x, a, b, c0, len, out, accumulate);
+#else
   if (accumulate) {
 #pragma omp simd
     for (int64_t i = 0; i < len; ++i) out[i] += a * dy[i] + b * x[i] + c0;
@@ -284,6 +284,7 @@ ET_ROW_FUNCTION void grad_apply(const float* dy, const float* x, const GradCoeff
 #pragma omp simd
     for (int64_t i = 0; i < len; ++i) out[i] = a * dy[i] + b * x[i] + c0;
   }
+#endif
 }
 
 ET_ROW_FUNCTION void block_grad_apply(const float* dy, const float* x, const float* a, const float* b, const float* c0,
