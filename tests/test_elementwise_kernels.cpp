@@ -22,7 +22,7 @@ TEST_CASE("BN's plane and gradient sums keep their fixed order bit for bit", "[k
   // lane j of 16 takes elements j, j + 16, ... (plane_sums: vector k into accumulator k % 4, the
   // four added (0 + 1) + (2 + 3)), then the lanes add by a halving tree (j + 8 into j, then 4, 2, 1).
   std::mt19937 rng(5);
-  auto halving = [](float t[16]) {
+  [[maybe_unused]] auto halving = [](float t[16]) {
     for (int w = 8; w >= 1; w /= 2)
       for (int j = 0; j < w; ++j) t[j] += t[j + w];
     return t[0];
