@@ -21,6 +21,7 @@
 #include "backends/cpu/cpu_backend.h"
 #include "backends/cpu/conv_direct.h"
 #include "backends/cpu/conv_gemm.h"
+#include "backends/cpu/conv_simd.h"
 #include "backends/cpu/conv_implicit.h"
 #include "backends/cpu/conv_winograd.h"
 
@@ -65,10 +66,16 @@ cpu::ConvPathOverride g_override = initial_override();
 // Weight gradients need 128+ channels for Winograd to win (wall time, batch 128: vgg 128->256 on
 // 8x8 1.15x the implicit GEMM, 128->128 on 16x16 even; with 64 channels it loses, resnet20 64->64
 // on 8x8 0.75x and vgg 64->128 on 16x16 0.8x the implicit GEMM).
+// With narrow vectors (AVX2, NEON: conv_simd.h's kNarrowVectors) the direct kernels' register
+// blocks are a third of AVX-512's, and Winograd's forward / data gradient win on 32x32 maps too
+// (vgg 64->64: 72 against 123 ms each, 2 Zen 3 cores, batch 128), while its weight gradient loses on
+// 16x16 (vgg 128->128: 156 against 94 direct, 96 implicit GEMM) and stays ahead from 8x8 down.
 bool prefer_winograd(const Conv2dGeom& g, ConvPass pass) {
-  const int64_t PQ = g.P * g.Q, min_channels = pass == ConvPass::BackwardWeight ? 128 : 64;
+  const bool wgrad = pass == ConvPass::BackwardWeight;
+  const int64_t PQ = g.P * g.Q, min_channels = wgrad ? 128 : 64;
+  const int64_t max_pq = cpu::kNarrowVectors ? (wgrad ? 64 : 1024) : 256;
   return cpu::winograd_applies(g, pass) && g.C / g.groups >= min_channels && g.K / g.groups >= min_channels &&
-         PQ >= 4 && PQ <= 256;
+         PQ >= 4 && PQ <= max_pq;
 }
 
 // Strided data gradients run by phases (conv_implicit.h), no multiply-add spent on the zeros of an
@@ -101,8 +108,9 @@ Path choose(const Conv2dGeom& g, ConvPass pass) {
   const int64_t Cg = g.C / g.groups;
   if (g.R * g.S == 1 || PQ <= 16) return Path::Gemm;
   // Stem convs (3 input channels): the direct data gradient writes 3 planes from K, the GEMM's
-  // col2im is cheaper (resnet20 / vgg16 / mobilenetv2 stems, 1.2-1.4x).
-  if (pass == ConvPass::BackwardData && Cg < 8) return Path::Gemm;
+  // col2im is cheaper (resnet20 / vgg16 / mobilenetv2 stems, 1.2-1.4x). Not with narrow vectors,
+  // whose direct blocks of 4 channels waste 1 of 4 rows there, not 5 of 8: direct 2.2-2.4x the GEMM.
+  if (pass == ConvPass::BackwardData && Cg < 8 && !cpu::kNarrowVectors) return Path::Gemm;
   // Weight gradient: the direct kernel's chunk of images shrinks to one on small maps with many
   // channels; the implicit GEMM wins there (vgg 64->128 on 16x16: 21 ms against 25 direct and 30
   // for the blocked GEMM, wall, batch 128), else the blocked GEMM.
