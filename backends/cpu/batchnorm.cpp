@@ -224,6 +224,16 @@ ET_ROW_FUNCTION void block_apply(const float* x, const float* scale, const float
                                                       _mm512_maskz_loadu_ps(m, scale + i),
                                                       _mm512_maskz_loadu_ps(m, shift + i)));
   }
+#elif defined(ET_LANES16)
+  // The explicit FMA of apply() and of the readers' relu(affine) run: a portable loop is contracted
+  // to one only where the compiler chooses (-O2 and up), and ASan's -O1 build then differed.
+  int64_t i = 0;
+  for (; i + 16 <= len; i += 16)
+    store16(Full{}, out + i, fmadd16(load16(Full{}, x + i), load16(Full{}, scale + i), load16(Full{}, shift + i)));
+  if (i < len) {
+    const Lanes16 m = lanes_first(len - i);
+    store16(m, out + i, fmadd16(load16(m, x + i), load16(m, scale + i), load16(m, shift + i)));
+  }
 #else
 #pragma omp simd
   for (int64_t i = 0; i < len; ++i) out[i] = x[i] * scale[i] + shift[i];
