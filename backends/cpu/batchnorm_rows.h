@@ -99,12 +99,6 @@ inline void grad_sums_finish(const GradLanes& lanes, float* a_out, float* b_out)
   *a_out = halving_sum(lanes.a);
   *b_out = halving_sum(lanes.b);
 }
-template <class D>
-inline void grad_sums(D d, const float* x, float mu, int64_t len, float* a_out, float* b_out) {
-  GradLanes lanes;
-  grad_sums_piece(d, x, mu, len, &lanes);
-  grad_sums_finish(lanes, a_out, b_out);
-}
 // d(i, m) for a plain row.
 inline auto row_of(const float* p) {
   return [p](int64_t i, __mmask16 m) { return _mm512_maskz_loadu_ps(m, p + i); };
@@ -167,12 +161,6 @@ inline void grad_sums_finish(const GradLanes& lanes, float* a_out, float* b_out)
   *a_out = halving_sum(lanes.a);
   *b_out = halving_sum(lanes.b);
 }
-template <class D>
-inline void grad_sums(D d, const float* x, float mu, int64_t len, float* a_out, float* b_out) {
-  GradLanes lanes;
-  grad_sums_piece(d, x, mu, len, &lanes);
-  grad_sums_finish(lanes, a_out, b_out);
-}
 inline auto row_of(const float* p) {
   return [p](int64_t i, auto m) { return load16(m, p + i); };
 }
@@ -223,16 +211,17 @@ inline void grad_sums_finish(GradLanes lanes, float* a_out, float* b_out) {
   *a_out = la[0];
   *b_out = lb[0];
 }
+inline auto row_of(const float* p) {
+  return [p](int64_t i) { return p[i]; };
+}
+#endif
+// One row's sums in one call: the lanes of grad_sums_piece over the whole row, then the tree.
 template <class D>
 inline void grad_sums(D d, const float* x, float mu, int64_t len, float* a_out, float* b_out) {
   GradLanes lanes;
   grad_sums_piece(d, x, mu, len, &lanes);
   grad_sums_finish(lanes, a_out, b_out);
 }
-inline auto row_of(const float* p) {
-  return [p](int64_t i) { return p[i]; };
-}
-#endif
 
 // Small planes (HW <= kSmallPlane, engine/fused_stack.h) go by channel blocks: x [L, HW], the planes
 // of L consecutive channels of one image, contiguous. Every small-plane caller (the BN layer, the

@@ -142,6 +142,31 @@ ElementwiseOnly elementwise_only(const FusedStack& s, const FusedGrads& g, bool 
   return e;
 }
 
+// What elementwise_dz (below, per instruction set) reads and writes for plane (n, c) at offset o:
+// dy, the side gradient (first sweep), dz's parking place in dx, y's saved mask (dense or bits),
+// and the BN stage's training coefficients.
+struct DzSources {
+  const float* dy;
+  float *dside, *park;
+  const float* ym;
+  const uint64_t* bits;
+  bool side_acc;
+  float scale, shift;
+};
+[[maybe_unused]] inline DzSources dz_sources(FusedGrads& g, const FusedTensors& t, int64_t c, int64_t o,
+                                             bool first_sweep, bool park_dz) {
+  DzSources r;
+  r.dy = g.dy.f32() + o;
+  r.dside = first_sweep && g.dside.defined() ? g.dside.f32() + o : nullptr;
+  r.park = first_sweep && park_dz ? g.dx.f32() + o : nullptr;
+  r.ym = g.y_mask.bits ? nullptr : (g.y_mask.dense.defined() ? g.y_mask.dense.f32() + o : nullptr);
+  r.bits = g.y_mask.bits;
+  r.side_acc = g.dside_accumulate;
+  bn_rows::train_coefficients(t.gamma.f32()[c], t.beta.f32()[c], t.mean.f32()[c], t.invstd.f32()[c], &r.scale,
+                              &r.shift);
+  return r;
+}
+
 #if defined(__AVX512F__)
 // The forward of such a stack over one plane (n, c) in registers, with the stages' own arithmetic
 // (bn_rows::apply's FMA, + side, relu_forward's rule): y, and where `words`, y's bitmap words with
@@ -179,14 +204,12 @@ int64_t elementwise_forward_plane(ElementwiseOnly e, const float* x, const float
 // parked in dx where `park`.
 inline auto elementwise_dz(ElementwiseOnly e, FusedGrads& g, const FusedTensors& t, int64_t c, int64_t o,
                            const float* x, bool recompute, bool first_sweep, bool park_dz) {
-  const float* dy = g.dy.f32() + o;
-  float* dside = first_sweep && g.dside.defined() ? g.dside.f32() + o : nullptr;
-  float* park = first_sweep && park_dz ? g.dx.f32() + o : nullptr;
-  const bool side_acc = g.dside_accumulate;
-  const float* ym = g.y_mask.bits ? nullptr : (g.y_mask.dense.defined() ? g.y_mask.dense.f32() + o : nullptr);
-  const uint64_t* bits = g.y_mask.bits;
-  float scale = 0, shift = 0;
-  bn_rows::train_coefficients(t.gamma.f32()[c], t.beta.f32()[c], t.mean.f32()[c], t.invstd.f32()[c], &scale, &shift);
+  const DzSources src = dz_sources(g, t, c, o, first_sweep, park_dz);
+  const float *dy = src.dy, *ym = src.ym;
+  float *dside = src.dside, *park = src.park;
+  const uint64_t* bits = src.bits;
+  const bool side_acc = src.side_acc;
+  const float scale = src.scale, shift = src.shift;
   const __m512 vscale = _mm512_set1_ps(scale), vshift = _mm512_set1_ps(shift), zero = _mm512_setzero_ps();
   return [=](int64_t i, __mmask16 m) {
     __mmask16 on = m;
@@ -246,14 +269,12 @@ int64_t elementwise_forward_plane(ElementwiseOnly e, const float* x, const float
 inline auto elementwise_dz(ElementwiseOnly e, FusedGrads& g, const FusedTensors& t, int64_t c, int64_t o,
                            const float* x, bool recompute, bool first_sweep, bool park_dz) {
   using namespace lanes16;
-  const float* dy = g.dy.f32() + o;
-  float* dside = first_sweep && g.dside.defined() ? g.dside.f32() + o : nullptr;
-  float* park = first_sweep && park_dz ? g.dx.f32() + o : nullptr;
-  const bool side_acc = g.dside_accumulate;
-  const float* ym = g.y_mask.bits ? nullptr : (g.y_mask.dense.defined() ? g.y_mask.dense.f32() + o : nullptr);
-  const uint64_t* bits = g.y_mask.bits;
-  float scale = 0, shift = 0;
-  bn_rows::train_coefficients(t.gamma.f32()[c], t.beta.f32()[c], t.mean.f32()[c], t.invstd.f32()[c], &scale, &shift);
+  const DzSources src = dz_sources(g, t, c, o, first_sweep, park_dz);
+  const float *dy = src.dy, *ym = src.ym;
+  float *dside = src.dside, *park = src.park;
+  const uint64_t* bits = src.bits;
+  const bool side_acc = src.side_acc;
+  const float scale = src.scale, shift = src.shift;
   const Lanes16 vscale = splat16(scale), vshift = splat16(shift);
   return [=](int64_t i, auto m) {
     Lanes16 on = on16(m);
