@@ -91,7 +91,16 @@ TEST_CASE("fusion: ReLU + pool kernels equal the layers on tied windows with NaN
   }
 }
 
+#if defined(ET_POOL_IN_REGISTERS)
+// The kernels' 16-lane vectors to memory, on AVX-512 and on lanes16.h's AVX2 / NEON lanes.
 #if defined(__AVX512F__)
+inline void store_vector(float* p, __m512 v) { _mm512_storeu_ps(p, v); }
+inline void fence_streams() { _mm_sfence(); }
+#else
+inline void store_vector(float* p, const lanes16::Lanes16& v) { lanes16::store16(lanes16::Full{}, p, v); }
+inline void fence_streams() { lanes16::stream_fence(); }
+#endif
+
 TEST_CASE("fusion: BN -> ReLU -> 2x2 max-pool in registers equals the layers on tied windows", "[fusion]") {
   // x from a small set, so windows hold ties (at zero and above), NaN, -0, +inf and negatives; dy
   // holds -0. The register kernels (fused_bn_relu_pool.h), plane by plane and by blocks, against
@@ -128,7 +137,7 @@ TEST_CASE("fusion: BN -> ReLU -> 2x2 max-pool in registers equals the layers on 
         for (bool stream : {false, true}) {
           std::fill(y, y + 64, 7.f);
           fused_bn_relu_pool::forward(layout, x, fused_bn_relu_pool::ChannelBn(k.scale, k.shift), HW, y, stream);
-          _mm_sfence();
+          fence_streams();
           CHECK(std::memcmp(y, y_ref, sizeof y) == 0);
         }
         std::fill(y, y + 64, 7.f);
@@ -136,7 +145,11 @@ TEST_CASE("fusion: BN -> ReLU -> 2x2 max-pool in registers equals the layers on 
         CHECK(std::memcmp(y, y_ref, sizeof y) == 0);
 
         fused_bn_relu_pool::PlaneDz d(layout, x, dy, k.scale, k.shift);
-        for (int64_t i = 0; i < HW; i += 16) _mm512_storeu_ps(dz + i, d(i, 0xFFFF));
+#if defined(__AVX512F__)
+        for (int64_t i = 0; i < HW; i += 16) store_vector(dz + i, d(i, __mmask16(0xFFFF)));
+#else
+        for (int64_t i = 0; i < HW; i += 16) store_vector(dz + i, d(i, lanes16::Full{}));
+#endif
         CHECK(std::memcmp(dz, dz_ref, sizeof dz) == 0);
         std::fill(dz, dz + 256, 7.f);
         fused_bn_relu_pool::backward_dz(layout, x, fused_bn_relu_pool::ElementBn{scale, shift}, dy, HW, dz);

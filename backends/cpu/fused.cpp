@@ -382,9 +382,9 @@ void CpuBackend::fused_forward(const FusedStack& s, FusedTensors& t, bool traini
   int64_t kept = 0;
   uint64_t* const words = want_mask && plane_words ? mask->bits : nullptr;
 #if defined(ET_ELEMENTWISE_IN_REGISTERS)
-  // In registers, x to y: BN -> ReLU -> 2x2 max-pool (fused_bn_relu_pool.h, AVX-512), and the
+  // In registers, x to y: BN -> ReLU -> 2x2 max-pool (fused_bn_relu_pool.h), and the
   // stacks whose stages after the BN are element-wise.
-#if defined(__AVX512F__)
+#if defined(ET_POOL_IN_REGISTERS)
   const bool pool_in_registers = fused_bn_relu_pool::applies(s);
   const fused_bn_relu_pool::Layout pool_layout(pool_in_registers ? last.Q : 4);
 #else
@@ -408,7 +408,7 @@ void CpuBackend::fused_forward(const FusedStack& s, FusedTensors& t, bool traini
                                     yp + pl * PQ, stream, tb, words ? words + pl * PQ / 64 : nullptr);
     } else
 #endif
-#if defined(__AVX512F__)
+#if defined(ET_POOL_IN_REGISTERS)
     if (pool_in_registers) {
       fused_bn_relu_pool::forward(pool_layout, xp + pl * HW, fused_bn_relu_pool::ChannelBn(sc, sh), HW, yp + pl * PQ,
                                   stream);
@@ -593,7 +593,7 @@ void CpuBackend::fused_backward(const FusedStack& s, const FusedTensors& t, Fuse
 #else
   [[maybe_unused]] const bool in_registers = false;
 #endif
-#if defined(__AVX512F__)
+#if defined(ET_POOL_IN_REGISTERS)
   // BN -> ReLU -> 2x2 max-pool: dz in registers from x and dy in both sweeps (fused_bn_relu_pool.h).
   const bool pool_in_registers = fused_bn_relu_pool::applies(s) && whole_x;
   const fused_bn_relu_pool::Layout pool_layout(pool_in_registers ? last.Q : 4);
@@ -609,7 +609,7 @@ void CpuBackend::fused_backward(const FusedStack& s, const FusedTensors& t, Fuse
   // dz parks in dx between the sweeps (in dy's place, as the planner shares them, it costs no
   // bytes), unless dx accumulates or the pool's dz is rebuilt: then sweep 2 builds it again.
   const bool park = g.dx.defined() && !g.dx_accumulate && !pool_in_registers;
-#if defined(__AVX512F__)
+#if defined(ET_POOL_IN_REGISTERS)
   // dx, a tensor of its own here (dy is a quarter of it), by streaming stores where the planner
   // asks for them (FusedStack::stream_dx).
   const bool stream_dx = pool_in_registers && s.stream_dx && g.dx.defined() && !g.dx_accumulate &&
@@ -671,7 +671,7 @@ void CpuBackend::fused_backward(const FusedStack& s, const FusedTensors& t, Fuse
     if (in_registers)  // dz from dy and the mask (recomputed from x or read)
       return bn_rows::grad_sums(elementwise_dz(ew, g, t, c, o, x, recompute, true, park), x, t.mean.f32()[c], HW, a, b);
 #endif
-#if defined(__AVX512F__)
+#if defined(ET_POOL_IN_REGISTERS)
     if (pool_in_registers) return bn_rows::grad_sums(pool_dz(pl, x), x, t.mean.f32()[c], HW, a, b);
 #endif
     const float* dz = plane_dz(scratch, pl, x, true);
@@ -706,7 +706,7 @@ void CpuBackend::fused_backward(const FusedStack& s, const FusedTensors& t, Fuse
       return bn_rows::grad_apply_d(elementwise_dz(ew, g, t, pl % C, pl * HW, x, recompute, false, false), x, k.a, k.b,
                                    k.c0, HW, dx, g.dx_accumulate);
 #endif
-#if defined(__AVX512F__)
+#if defined(ET_POOL_IN_REGISTERS)
     if (pool_in_registers)
       return bn_rows::grad_apply_d(pool_dz(pl, x), x, k.a, k.b, k.c0, HW, dx, g.dx_accumulate, stream_dx);
 #endif
@@ -752,6 +752,8 @@ void CpuBackend::fused_backward(const FusedStack& s, const FusedTensors& t, Fuse
     }
 #if defined(__AVX512F__)
     if (stream_dx) _mm_sfence();  // this thread's streaming stores, before dx's readers
+#elif defined(ET_POOL_IN_REGISTERS)
+    if (stream_dx) lanes16::stream_fence();
 #endif
   }
 }

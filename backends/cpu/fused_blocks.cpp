@@ -177,7 +177,7 @@ void CpuBackend::fused_blocks_forward(const FusedStack& s, FusedTensors& t, bool
   bool has_pool = false;
   for (const FusedStage& st : s.stages) has_pool |= st.kind == FusedKind::MaxPool || st.kind == FusedKind::AvgPool;
   int64_t kept = 0;
-#if defined(__AVX512F__)
+#if defined(ET_POOL_IN_REGISTERS)
   // BN -> ReLU -> 2x2 max-pool: x to y in registers (fused_bn_relu_pool.h).
   const bool pool_in_registers = fused_bn_relu_pool::applies_to_blocks(s, T);
   const fused_bn_relu_pool::Layout pool_layout(pool_in_registers ? last.Q : 4);
@@ -221,7 +221,7 @@ void CpuBackend::fused_blocks_forward(const FusedStack& s, FusedTensors& t, bool
       // falsely waiting on stores to the scratch (4K aliasing) made the pass 1.4x slower.
       if (!has_pool)
         for (int64_t k = 0; k < S; ++k) out[k] = out[S - 1];
-#if defined(__AVX512F__)
+#if defined(ET_POOL_IN_REGISTERS)
       if (pool_in_registers)
         fused_bn_relu_pool::forward(pool_layout, xp + b0 * HW, fused_bn_relu_pool::ElementBn{scale + c0 * HW, shift + c0 * HW},
                                     L * HW, out[S - 1], false);
@@ -253,7 +253,7 @@ void CpuBackend::fused_blocks_backward(const FusedStack& s, const FusedTensors& 
   // A last pool's output is not needed again, only its input.
   const bool last_pool = last.kind == FusedKind::MaxPool || last.kind == FusedKind::AvgPool;
 
-#if defined(__AVX512F__)
+#if defined(ET_POOL_IN_REGISTERS)
   // BN -> ReLU -> 2x2 max-pool: dz in registers from x and dy (fused_bn_relu_pool.h).
   const bool pool_in_registers = fused_bn_relu_pool::applies_to_blocks(s, T);
   const fused_bn_relu_pool::Layout pool_layout(pool_in_registers ? last.Q : 4);
@@ -263,7 +263,7 @@ void CpuBackend::fused_blocks_backward(const FusedStack& s, const FusedTensors& 
   // first sweep also writes the side input's gradient, which the Add stage hands on unchanged.
   auto block_dz = [&](BlockScratch& sc, int64_t b0, int64_t c0, int64_t L, const float* x,
                       bool first_sweep) -> const float* {
-#if defined(__AVX512F__)
+#if defined(ET_POOL_IN_REGISTERS)
     if (pool_in_registers) {
       fused_bn_relu_pool::backward_dz(pool_layout, x, fused_bn_relu_pool::ElementBn{scale + c0 * HW, shift + c0 * HW},
                                       g.dy.f32() + b0 * PQ, L * HW, sc.ga);
@@ -295,9 +295,9 @@ void CpuBackend::fused_blocks_backward(const FusedStack& s, const FusedTensors& 
       const BlockAt blk(i, blocks, T, C);
       const int64_t c0 = blk.c0, L = blk.L, b0 = blk.b0;
       const float* x = bn_rows::x_f32(t.x, b0 * HW, L * HW, sc.x);
-#if defined(__AVX512F__)
-      // BN -> ReLU -> 2x2 max-pool, or element-wise stages: dz in one pass in registers, straight
-      // into its parking place.
+#if defined(ET_POOL_IN_REGISTERS)
+      // BN -> ReLU -> 2x2 max-pool, or (AVX-512) element-wise stages: dz in one pass in registers,
+      // straight into its parking place.
       float* fast = park ? g.dx.f32() + b0 * HW : sc.ga;
       if (pool_in_registers) {
         fused_bn_relu_pool::backward_dz(pool_layout, x, fused_bn_relu_pool::ElementBn{scale + c0 * HW, shift + c0 * HW},
@@ -305,6 +305,8 @@ void CpuBackend::fused_blocks_backward(const FusedStack& s, const FusedTensors& 
         bn_rows::block_grad_sums(fast, x, mu + c0 * HW, L, HW, tab.sum1 + b0, tab.sum2 + b0);
         continue;
       }
+#endif
+#if defined(__AVX512F__)
       if (block_dz_registers(s, t, g, recompute, b0, L * HW, x, scale + c0 * HW, shift + c0 * HW, fast)) {
         bn_rows::block_grad_sums(fast, x, mu + c0 * HW, L, HW, tab.sum1 + b0, tab.sum2 + b0);
         continue;
