@@ -13,6 +13,7 @@
 // gathers (pool_planes.h). Rows and columns past the last window (odd H or W) are never read.
 #pragma once
 #include <cfloat>
+#include <climits>
 #include <cstdint>
 
 #if defined(__AVX512F__)
@@ -182,6 +183,176 @@ inline void max_backward(int64_t W, int64_t P, int64_t Q, const float* x, const 
     store_row(dx, s, W, _mm512_permutex2var_ps(d[2], low_interleave(), d[3]),
               _mm512_permutex2var_ps(d[2], high_interleave(), d[3]));
   });
+}
+
+}  // namespace pool_pairs
+}  // namespace et
+
+#elif defined(__AVX2__)
+// AVX2 (8 floats a register): the same deinterleave and compare, 8 outputs a vector, where each
+// output row is whole vectors or the plane is rows of W = 2Q with Q of 4, 2 or 1 (VGG's 8x8, 4x4
+// and 2x2 planes, pooled as one tall plane by the callers): then a vector's 8 windows are 32
+// consecutive floats. Outputs past the last whole vector (a tall plane of an odd count of rows)
+// take the reference's loop, one at a time.
+#include <immintrin.h>
+
+namespace et {
+namespace pool_pairs {
+
+inline bool applies(int64_t R, int64_t S, int64_t stride_h, int64_t stride_w, int64_t pad_h, int64_t pad_w, int64_t Q,
+                    int64_t H, int64_t W) {
+  return R == 2 && S == 2 && stride_h == 2 && stride_w == 2 && pad_h == 0 && pad_w == 0 && W == 2 * Q &&
+         (Q % 8 == 0 || Q == 4 || Q == 2 || Q == 1) && H * W <= INT32_MAX;
+}
+
+inline __m256 evens8(__m256 a, __m256 b) {  // a's lanes 0, 2, 4, 6, then b's
+  return _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(_mm256_shuffle_ps(a, b, 0x88)), 0xD8));
+}
+inline __m256 odds8(__m256 a, __m256 b) {  // a's lanes 1, 3, 5, 7, then b's
+  return _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(_mm256_shuffle_ps(a, b, 0xDD)), 0xD8));
+}
+// The inverse of (evens8, odds8): a and b back from e and o.
+inline void interleave8(__m256 e, __m256 o, __m256* a, __m256* b) {
+  const __m256 lo = _mm256_unpacklo_ps(e, o), hi = _mm256_unpackhi_ps(e, o);
+  *a = _mm256_permute2f128_ps(lo, hi, 0x20);
+  *b = _mm256_permute2f128_ps(lo, hi, 0x31);
+}
+
+// The four taps, (r, s) = (0,0), (0,1), (1,0), (1,1), of outputs j0 .. j0 + 7 (j0 a multiple of 8).
+inline void load_taps(const float* x, int64_t W, int64_t Q, int64_t j0, __m256 t[4]) {
+  if (Q >= 8) {  // one output row: its top input row's 16 floats, then the bottom row's
+    const float* top = x + 2 * (j0 / Q) * W + 2 * (j0 % Q);
+    const __m256 a = _mm256_loadu_ps(top), b = _mm256_loadu_ps(top + 8);
+    const __m256 c = _mm256_loadu_ps(top + W), d = _mm256_loadu_ps(top + W + 8);
+    t[0] = evens8(a, b), t[1] = odds8(a, b), t[2] = evens8(c, d), t[3] = odds8(c, d);
+    return;
+  }
+  const float* p = x + 4 * j0;  // 8 / Q output rows of 4Q floats each (a top row, a bottom row)
+  const __m256 x0 = _mm256_loadu_ps(p), x1 = _mm256_loadu_ps(p + 8), x2 = _mm256_loadu_ps(p + 16),
+               x3 = _mm256_loadu_ps(p + 24);
+  if (Q == 4) {  // x0 top, x1 bottom of one output row; x2, x3 the next
+    t[0] = evens8(x0, x2), t[1] = odds8(x0, x2), t[2] = evens8(x1, x3), t[3] = odds8(x1, x3);
+  } else if (Q == 2) {  // each register: a top row of 4, then its bottom row
+    const __m256 a = _mm256_permute2f128_ps(x0, x1, 0x20), b = _mm256_permute2f128_ps(x2, x3, 0x20);
+    const __m256 c = _mm256_permute2f128_ps(x0, x1, 0x31), d = _mm256_permute2f128_ps(x2, x3, 0x31);
+    t[0] = evens8(a, b), t[1] = odds8(a, b), t[2] = evens8(c, d), t[3] = odds8(c, d);
+  } else {  // Q = 1: each window's 4 floats in a row, tap order
+    const __m256 e0 = evens8(x0, x1), e1 = evens8(x2, x3), o0 = odds8(x0, x1), o1 = odds8(x2, x3);
+    t[0] = evens8(e0, e1), t[1] = evens8(o0, o1), t[2] = odds8(e0, e1), t[3] = odds8(o0, o1);
+  }
+}
+// The inverse of load_taps: the taps back to their places.
+inline void store_taps(float* x, int64_t W, int64_t Q, int64_t j0, const __m256 t[4]) {
+  if (Q >= 8) {
+    float* top = x + 2 * (j0 / Q) * W + 2 * (j0 % Q);
+    __m256 a, b, c, d;
+    interleave8(t[0], t[1], &a, &b);
+    interleave8(t[2], t[3], &c, &d);
+    _mm256_storeu_ps(top, a), _mm256_storeu_ps(top + 8, b), _mm256_storeu_ps(top + W, c), _mm256_storeu_ps(top + W + 8, d);
+    return;
+  }
+  float* p = x + 4 * j0;
+  __m256 x0, x1, x2, x3;
+  if (Q == 4) {
+    interleave8(t[0], t[1], &x0, &x2);
+    interleave8(t[2], t[3], &x1, &x3);
+  } else if (Q == 2) {
+    __m256 a, b, c, d;
+    interleave8(t[0], t[1], &a, &b);
+    interleave8(t[2], t[3], &c, &d);
+    x0 = _mm256_permute2f128_ps(a, c, 0x20), x1 = _mm256_permute2f128_ps(a, c, 0x31);
+    x2 = _mm256_permute2f128_ps(b, d, 0x20), x3 = _mm256_permute2f128_ps(b, d, 0x31);
+  } else {
+    __m256 e0, e1, o0, o1;
+    interleave8(t[0], t[2], &e0, &e1);
+    interleave8(t[1], t[3], &o0, &o1);
+    interleave8(e0, o0, &x0, &x1);
+    interleave8(e1, o1, &x2, &x3);
+  }
+  _mm256_storeu_ps(p, x0), _mm256_storeu_ps(p + 8, x1), _mm256_storeu_ps(p + 16, x2), _mm256_storeu_ps(p + 24, x3);
+}
+
+// The running first maximum over the taps in order from -FLT_MAX (NaN never wins, as v > m is
+// false); which: the winning tap's number, -1 where none won.
+inline __m256 window_max(const __m256 t[4], __m256i* which) {
+  __m256 m = _mm256_set1_ps(-FLT_MAX), w = _mm256_castsi256_ps(_mm256_set1_epi32(-1));
+  for (int k = 0; k < 4; ++k) {
+    const __m256 gt = _mm256_cmp_ps(t[k], m, _CMP_GT_OQ);
+    m = _mm256_blendv_ps(m, t[k], gt);
+    w = _mm256_blendv_ps(w, _mm256_castsi256_ps(_mm256_set1_epi32(k)), gt);
+  }
+  *which = _mm256_castps_si256(w);
+  return m;
+}
+
+// One output the reference's way (the outputs past the last whole vector): its maximum and the
+// flat index of its first maximum, -1 if none beat -FLT_MAX.
+inline float max_at(const float* x, int64_t W, int64_t Q, int64_t j, int32_t* arg) {
+  const int64_t top = 2 * (j / Q) * W + 2 * (j % Q), at[4] = {top, top + 1, top + W, top + W + 1};
+  float m = -FLT_MAX;
+  *arg = -1;
+  for (int64_t k = 0; k < 4; ++k)
+    if (x[at[k]] > m) m = x[at[k]], *arg = int32_t(at[k]);
+  return m;
+}
+inline int64_t whole_vectors_end(int64_t P, int64_t Q) { return P * Q / 8 * 8; }
+
+inline void max_forward(int64_t W, int64_t P, int64_t Q, const float* x, float* y) {
+  const int64_t end = whole_vectors_end(P, Q);
+  for (int64_t j0 = 0; j0 < end; j0 += 8) {
+    __m256 t[4];
+    __m256i which;
+    load_taps(x, W, Q, j0, t);
+    _mm256_storeu_ps(y + j0, window_max(t, &which));
+  }
+  int32_t a;
+  for (int64_t j = end; j < P * Q; ++j) y[j] = max_at(x, W, Q, j, &a);
+}
+
+// max_forward, and arg = the flat index of each window's first maximum (-1: none).
+inline void max_forward_args(int64_t W, int64_t P, int64_t Q, const float* x, float* y, int32_t* arg) {
+  const int64_t end = whole_vectors_end(P, Q);
+  alignas(32) int32_t lane_top_left[8];  // lane l's top-left tap from the vector's first output's row
+  for (int l = 0; l < 8; ++l)
+    lane_top_left[l] = int32_t(Q >= 8 ? 2 * l : 2 * (l / Q) * W + 2 * (l % Q));
+  const __m256i offsets = _mm256_load_si256(reinterpret_cast<const __m256i*>(lane_top_left));
+  const __m256i W1 = _mm256_set1_epi32(int32_t(W)), one = _mm256_set1_epi32(1), none = _mm256_set1_epi32(-1);
+  for (int64_t j0 = 0; j0 < end; j0 += 8) {
+    __m256 t[4];
+    __m256i which;
+    load_taps(x, W, Q, j0, t);
+    _mm256_storeu_ps(y + j0, window_max(t, &which));
+    const __m256i top_left = _mm256_add_epi32(_mm256_set1_epi32(int32_t(2 * (j0 / Q) * W + 2 * (j0 % Q))), offsets);
+    // tap k lies k / 2 rows and k % 2 columns from the top-left one
+    const __m256i at = _mm256_add_epi32(top_left, _mm256_add_epi32(_mm256_mullo_epi32(_mm256_srai_epi32(which, 1), W1),
+                                                                   _mm256_and_si256(which, one)));
+    const __m256i some = _mm256_cmpgt_epi32(which, none);
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(arg + j0), _mm256_blendv_epi8(none, at, some));
+  }
+  for (int64_t j = end; j < P * Q; ++j) y[j] = max_at(x, W, Q, j, arg + j);
+}
+
+// dx += dy at each window's first maximum of x (windows do not overlap: one add per element at most).
+inline void max_backward(int64_t W, int64_t P, int64_t Q, const float* x, const float* dy, float* dx) {
+  const int64_t end = whole_vectors_end(P, Q);
+  for (int64_t j0 = 0; j0 < end; j0 += 8) {
+    __m256 t[4], d[4];
+    __m256i which;
+    load_taps(x, W, Q, j0, t);
+    window_max(t, &which);
+    load_taps(dx, W, Q, j0, d);
+    const __m256 g = _mm256_loadu_ps(dy + j0);
+    for (int k = 0; k < 4; ++k) {
+      const __m256 won = _mm256_castsi256_ps(_mm256_cmpeq_epi32(which, _mm256_set1_epi32(k)));
+      d[k] = _mm256_blendv_ps(d[k], _mm256_add_ps(d[k], g), won);
+    }
+    store_taps(dx, W, Q, j0, d);
+  }
+  for (int64_t j = end; j < P * Q; ++j) {
+    int32_t a;
+    max_at(x, W, Q, j, &a);
+    if (a >= 0) dx[a] += dy[j];
+  }
 }
 
 }  // namespace pool_pairs

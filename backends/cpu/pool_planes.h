@@ -15,7 +15,7 @@
 #include "backends/backend.h"
 #include "backends/cpu/pool_pairs.h"
 
-#if defined(__AVX512F__)
+#if defined(__AVX512F__) || defined(__AVX2__)
 #include <immintrin.h>
 #endif
 
@@ -35,9 +35,9 @@ inline Plane of(const FusedStage& s) {
 // planes pool as one plane of G * H rows, since no window crosses two planes. The pooling layers
 // and the fused small-plane blocks call the plane functions on such stacks of planes: on late
 // stages' small planes a call per plane costs more than its work.
-// 2x2 windows at stride 2 without padding: pool_pairs.h (AVX-512).
+// 2x2 windows at stride 2 without padding: pool_pairs.h (AVX-512, AVX2).
 inline bool pairs_apply(const Plane& g) {
-#if defined(__AVX512F__)
+#if defined(__AVX512F__) || defined(__AVX2__)
   return pool_pairs::applies(g.R, g.S, g.stride_h, g.stride_w, g.pad_h, g.pad_w, g.Q, g.H, g.W);
 #else
   (void)g;
@@ -146,12 +146,27 @@ inline bool fast_max_applies(const Plane& g) {
          gather_row_ints(g) <= kRingCols && g.H * g.W <= INT32_MAX && g.P > 0 && g.Q > 0;
 }
 
-// AVX-512 keeps the running maximum and its argument in registers across the taps and reads rows
-// in place with masked loads; the portable loops (AVX2, NEON, by the compiler) keep them in memory
-// tap by tap and read a copy of the row padded with -inf. Their selects are bit selects: a select
-// stored back to memory became a branch on the lane mask, or no vectorisation at all.
+// AVX-512 and AVX2 keep the running maximum and its argument in registers across the taps and
+// read rows in place, masked where a vector crosses the row's ends; the portable loops (NEON, by
+// the compiler) keep them in memory tap by tap and read a copy of the row padded with -inf. Their
+// selects are bit selects: a select stored back to memory became a branch on the lane mask, or
+// no vectorisation at all.
 #if defined(__AVX512F__)
 inline __m512i lane_iota() { return _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15); }
+#elif defined(__AVX2__)
+inline __m256i lane_iota8() { return _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7); }
+// Lanes l of 8 with first + l in [0, n): all ones, else zero.
+inline __m256i lanes_inside8(int64_t first, int64_t n) {
+  const __m256i l = lane_iota8();
+  return _mm256_and_si256(_mm256_cmpgt_epi32(l, _mm256_set1_epi32(int32_t(-first - 1))),
+                          _mm256_cmpgt_epi32(_mm256_set1_epi32(int32_t(n - first)), l));
+}
+// p[0..8) where lanes_inside8(first, n) (p = row + first), `outside` elsewhere; reads nothing outside.
+inline __m256 load_inside8(const float* p, int64_t first, int64_t n, __m256 outside) {
+  if (first >= 0 && first + 8 <= n) return _mm256_loadu_ps(p);
+  const __m256i in = lanes_inside8(first, n);
+  return _mm256_blendv_ps(outside, _mm256_maskload_ps(p, in), _mm256_castsi256_ps(in));
+}
 #endif
 
 // Row maxima of input row h for every output column: m[q], and in a[q] the flat index of the first
@@ -179,6 +194,26 @@ inline void row_max(const Plane& g, const float* x, int64_t h, float* m, int32_t
       }
       _mm512_store_ps(m + q0, mv);
       if (kArg) _mm512_store_si512(a + q0, av);
+    }
+    return;
+  }
+#elif defined(__AVX2__)
+  if (sw == 1) {
+    const __m256 minus_inf = _mm256_set1_ps(-INFINITY);
+    for (int64_t q0 = 0; q0 < Qr; q0 += 8) {
+      __m256 mv = _mm256_set1_ps(-FLT_MAX);
+      __m256 av = _mm256_castsi256_ps(_mm256_set1_epi32(-1));
+      for (int64_t s = 0; s < g.S; ++s) {
+        const int64_t col = q0 + s - g.pad_w;  // column of lane 0
+        const __m256 v = load_inside8(xh + col, col, g.W, minus_inf);
+        const __m256 gt = _mm256_cmp_ps(v, mv, _CMP_GT_OQ);  // false on NaN, as v > m
+        mv = _mm256_blendv_ps(mv, v, gt);
+        if (kArg)
+          av = _mm256_blendv_ps(
+              av, _mm256_castsi256_ps(_mm256_add_epi32(_mm256_set1_epi32(base + int32_t(q0 + s)), lane_iota8())), gt);
+      }
+      _mm256_store_ps(m + q0, mv);
+      if (kArg) _mm256_store_ps(reinterpret_cast<float*>(a + q0), av);
     }
     return;
   }
@@ -243,6 +278,19 @@ struct MaxRows {
       _mm512_storeu_ps(ym + q0, mv);
       if (kArg) _mm512_storeu_si512(ya + q0, av);
     }
+#elif defined(__AVX2__)
+    for (int64_t q0 = 0; q0 < Qr; q0 += 8) {
+      __m256 mv = _mm256_set1_ps(-FLT_MAX);
+      __m256 av = _mm256_castsi256_ps(_mm256_set1_epi32(-1));
+      for (int64_t k = 0; k < n; ++k) {
+        const __m256 v = _mm256_load_ps(rm[k] + q0);
+        const __m256 gt = _mm256_cmp_ps(v, mv, _CMP_GT_OQ);
+        mv = _mm256_blendv_ps(mv, v, gt);
+        if (kArg) av = _mm256_blendv_ps(av, _mm256_load_ps(reinterpret_cast<const float*>(ra[k] + q0)), gt);
+      }
+      _mm256_storeu_ps(ym + q0, mv);
+      if (kArg) _mm256_storeu_ps(reinterpret_cast<float*>(ya + q0), av);
+    }
 #else
     for (int64_t q = 0; q < Qr; ++q) {
       ym[q] = -FLT_MAX;
@@ -306,8 +354,10 @@ inline void tiled_max_vector(const Plane& g, const float* x, int64_t j0, __mmask
 #endif
 
 inline void max_forward(const Plane& g, const float* x, float* y) {
-#if defined(__AVX512F__)
+#if defined(__AVX512F__) || defined(__AVX2__)
   if (pairs_apply(g)) return pool_pairs::max_forward(g.W, g.P, g.Q, x, y);
+#endif
+#if defined(__AVX512F__)
   if (tiled_windows(g)) {
     for (int64_t j0 = 0; j0 < g.P * g.Q; j0 += 16) {
       __mmask16 live;
@@ -331,7 +381,7 @@ inline void max_forward(const Plane& g, const float* x, float* y) {
 // max_forward, and arg [P,Q] = the flat index of each window's first maximum (-1: none), as
 // max_backward routes dy (a fused stack without a BN keeps only where they fall).
 inline void max_forward_args(const Plane& g, const float* x, float* y, int32_t* arg) {
-#if defined(__AVX512F__)
+#if defined(__AVX512F__) || defined(__AVX2__)
   if (pairs_apply(g)) return pool_pairs::max_forward_args(g.W, g.P, g.Q, x, y, arg);
 #endif
   if (!fast_max_applies(g)) {
@@ -353,7 +403,7 @@ inline void max_forward_args(const Plane& g, const float* x, float* y, int32_t* 
   }
 }
 
-#if !defined(__AVX512F__)
+#if !defined(__AVX512F__) && !defined(__AVX2__)
 // One tap of the gather: acc[w] += dy of the output whose argument is input row0 + w.
 inline void gather_tap(const int32_t* __restrict arg, const float* __restrict dy, int32_t row0, int32_t lanes,
                        float* __restrict acc) {
@@ -379,8 +429,10 @@ inline void gather_tap(const int32_t* __restrict arg, const float* __restrict dy
 // in the same order. The argument and dy rows are kept padded with -1 / 0 in a ring of R output
 // rows. Other strides scatter in the reference's order from the fast arguments.
 inline void max_backward(const Plane& g, const float* x, const float* dy, float* dx) {
-#if defined(__AVX512F__)
+#if defined(__AVX512F__) || defined(__AVX2__)
   if (pairs_apply(g)) return pool_pairs::max_backward(g.W, g.P, g.Q, x, dy, dx);
+#endif
+#if defined(__AVX512F__)
   if (tiled_windows(g)) {  // windows do not overlap: each input takes at most one dy, no conflicts
     for (int64_t j0 = 0; j0 < g.P * g.Q; j0 += 16) {
       __mmask16 live;
@@ -476,6 +528,32 @@ inline void max_backward(const Plane& g, const float* x, const float* dy, float*
         v = _mm512_mask_add_ps(v, mine, v, _mm512_loadu_ps(tap_dy[t] + w0));
       }
       _mm512_mask_storeu_ps(dxh + w0, live, v);
+    }
+#elif defined(__AVX2__)
+    // Lanes that are not the argument add -0, which leaves every value as it is (-0 included):
+    // each lane's additions stay a chain in tap order. Two blocks of lanes at a time, as above.
+    const __m256 minus_zero = _mm256_set1_ps(-0.f), zero = _mm256_setzero_ps();
+    auto tap_add = [&](__m256 v, int64_t t, int64_t w, __m256i me) {
+      const __m256i mine = _mm256_cmpeq_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(tap_arg[t] + w)), me);
+      return _mm256_add_ps(v, _mm256_blendv_ps(minus_zero, _mm256_loadu_ps(tap_dy[t] + w), _mm256_castsi256_ps(mine)));
+    };
+    auto store_inside = [&](int64_t w, __m256 v) {
+      if (w + 8 <= g.W)
+        _mm256_storeu_ps(dxh + w, v);
+      else
+        _mm256_maskstore_ps(dxh + w, lanes_inside8(w, g.W), v);
+    };
+    int64_t w0 = 0;
+    for (; w0 + 16 <= Wr; w0 += 16) {
+      __m256 v0 = load_inside8(dxh + w0, w0, g.W, zero), v1 = load_inside8(dxh + w0 + 8, w0 + 8, g.W, zero);
+      const __m256i me0 = _mm256_add_epi32(_mm256_set1_epi32(row0 + int32_t(w0)), lane_iota8());
+      const __m256i me1 = _mm256_add_epi32(me0, _mm256_set1_epi32(8));
+      for (int64_t t = 0; t < taps; ++t) {
+        v0 = tap_add(v0, t, w0, me0);
+        v1 = tap_add(v1, t, w0 + 8, me1);
+      }
+      if (w0 < g.W) store_inside(w0, v0);
+      if (w0 + 8 < g.W) store_inside(w0 + 8, v1);
     }
 #else
     alignas(64) float acc[kRingCols];
