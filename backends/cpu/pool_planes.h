@@ -11,6 +11,7 @@
 #include <climits>
 #include <cmath>
 #include <cstring>
+#include <type_traits>
 
 #include "backends/backend.h"
 #include "backends/cpu/pool_pairs.h"
@@ -167,6 +168,45 @@ inline __m256 load_inside8(const float* p, int64_t first, int64_t n, __m256 outs
   const __m256i in = lanes_inside8(first, n);
   return _mm256_blendv_ps(outside, _mm256_maskload_ps(p, in), _mm256_castsi256_ps(in));
 }
+// The running first maximum: v > m takes v (and its argument). Without arguments one max does it:
+// max_ps returns its second operand where v is NaN or equal to m, where v > m is false.
+template <bool kArg>
+inline void take_if_greater8(__m256 v, __m256 arg, __m256* m, __m256* a) {
+  if (!kArg) {
+    *m = _mm256_max_ps(v, *m);
+    return;
+  }
+  const __m256 gt = _mm256_cmp_ps(v, *m, _CMP_GT_OQ);  // false on NaN
+  *m = _mm256_blendv_ps(*m, v, gt);
+  *a = _mm256_blendv_ps(*a, arg, gt);
+}
+inline __m256 int_bits8(int32_t first) {  // first, first + 1, ..., first + 7 as float bits
+  return _mm256_castsi256_ps(_mm256_add_epi32(_mm256_set1_epi32(first), lane_iota8()));
+}
+#endif
+
+#if defined(__AVX2__) && !defined(__AVX512F__)
+// row_max's vectors q0 .. q0 + 8V of a stride-1 row (xh: the row, base: the flat index of its
+// padded column 0), V running maxima side by side.
+template <bool kArg, int V>
+inline void row_max_vectors8(const Plane& g, const float* xh, int32_t base, int64_t q0, float* m, int32_t* a) {
+  const __m256 minus_inf = _mm256_set1_ps(-INFINITY);
+  __m256 mv[V], av[V];
+  for (int v = 0; v < V; ++v) {
+    mv[v] = _mm256_set1_ps(-FLT_MAX);
+    av[v] = _mm256_castsi256_ps(_mm256_set1_epi32(-1));
+  }
+  for (int64_t s = 0; s < g.S; ++s)
+    for (int v = 0; v < V; ++v) {
+      const int64_t col = q0 + 8 * v + s - g.pad_w;  // column of lane 0
+      const __m256 x = load_inside8(xh + col, col, g.W, minus_inf);
+      take_if_greater8<kArg>(x, kArg ? int_bits8(base + int32_t(q0 + 8 * v + s)) : x, &mv[v], &av[v]);
+    }
+  for (int v = 0; v < V; ++v) {
+    _mm256_store_ps(m + q0 + 8 * v, mv[v]);
+    if (kArg) _mm256_store_ps(reinterpret_cast<float*>(a + q0 + 8 * v), av[v]);
+  }
+}
 #endif
 
 // Row maxima of input row h for every output column: m[q], and in a[q] the flat index of the first
@@ -198,23 +238,10 @@ inline void row_max(const Plane& g, const float* x, int64_t h, float* m, int32_t
     return;
   }
 #elif defined(__AVX2__)
-  if (sw == 1) {
-    const __m256 minus_inf = _mm256_set1_ps(-INFINITY);
-    for (int64_t q0 = 0; q0 < Qr; q0 += 8) {
-      __m256 mv = _mm256_set1_ps(-FLT_MAX);
-      __m256 av = _mm256_castsi256_ps(_mm256_set1_epi32(-1));
-      for (int64_t s = 0; s < g.S; ++s) {
-        const int64_t col = q0 + s - g.pad_w;  // column of lane 0
-        const __m256 v = load_inside8(xh + col, col, g.W, minus_inf);
-        const __m256 gt = _mm256_cmp_ps(v, mv, _CMP_GT_OQ);  // false on NaN, as v > m
-        mv = _mm256_blendv_ps(mv, v, gt);
-        if (kArg)
-          av = _mm256_blendv_ps(
-              av, _mm256_castsi256_ps(_mm256_add_epi32(_mm256_set1_epi32(base + int32_t(q0 + s)), lane_iota8())), gt);
-      }
-      _mm256_store_ps(m + q0, mv);
-      if (kArg) _mm256_store_ps(reinterpret_cast<float*>(a + q0), av);
-    }
+  if (sw == 1) {  // blocks of 4 vectors: 4 chains of compares, the latency of one behind the others
+    int64_t q0 = 0;
+    for (; q0 + 32 <= Qr; q0 += 32) row_max_vectors8<kArg, 4>(g, xh, base, q0, m, a);
+    for (; q0 < Qr; q0 += 8) row_max_vectors8<kArg, 1>(g, xh, base, q0, m, a);
     return;
   }
 #endif
@@ -256,7 +283,7 @@ struct MaxRows {
     for (int64_t r = 0; r < g.R; ++r) {
       const int64_t h = p * g.stride_h - g.pad_h + r;
       if (h < 0 || h >= g.H) continue;
-      const int64_t slot = h % g.R;  // the R rows of a window fall in distinct slots
+      const int64_t slot = int64_t(uint32_t(h) % uint32_t(g.R));  // the R rows of a window fall in distinct slots (32-bit: cheaper)
       if (tag[slot] != h) {
         row_max<kArg>(g, x, h, m[slot], kArg ? a[slot] : nullptr);
         tag[slot] = h;
@@ -279,18 +306,26 @@ struct MaxRows {
       if (kArg) _mm512_storeu_si512(ya + q0, av);
     }
 #elif defined(__AVX2__)
-    for (int64_t q0 = 0; q0 < Qr; q0 += 8) {
-      __m256 mv = _mm256_set1_ps(-FLT_MAX);
-      __m256 av = _mm256_castsi256_ps(_mm256_set1_epi32(-1));
-      for (int64_t k = 0; k < n; ++k) {
-        const __m256 v = _mm256_load_ps(rm[k] + q0);
-        const __m256 gt = _mm256_cmp_ps(v, mv, _CMP_GT_OQ);
-        mv = _mm256_blendv_ps(mv, v, gt);
-        if (kArg) av = _mm256_blendv_ps(av, _mm256_load_ps(reinterpret_cast<const float*>(ra[k] + q0)), gt);
+    auto vectors = [&](int64_t q0, auto vectors_side_by_side) {
+      constexpr int V = decltype(vectors_side_by_side)::value;
+      __m256 mv[V], av[V];
+      for (int v = 0; v < V; ++v) {
+        mv[v] = _mm256_set1_ps(-FLT_MAX);
+        av[v] = _mm256_castsi256_ps(_mm256_set1_epi32(-1));
       }
-      _mm256_storeu_ps(ym + q0, mv);
-      if (kArg) _mm256_storeu_ps(reinterpret_cast<float*>(ya + q0), av);
-    }
+      for (int64_t k = 0; k < n; ++k)
+        for (int v = 0; v < V; ++v)
+          take_if_greater8<kArg>(_mm256_load_ps(rm[k] + q0 + 8 * v),
+                                 kArg ? _mm256_load_ps(reinterpret_cast<const float*>(ra[k] + q0 + 8 * v)) : mv[v],
+                                 &mv[v], &av[v]);
+      for (int v = 0; v < V; ++v) {
+        _mm256_storeu_ps(ym + q0 + 8 * v, mv[v]);
+        if (kArg) _mm256_storeu_ps(reinterpret_cast<float*>(ya + q0 + 8 * v), av[v]);
+      }
+    };
+    int64_t q0 = 0;
+    for (; q0 + 32 <= Qr; q0 += 32) vectors(q0, std::integral_constant<int, 4>{});
+    for (; q0 < Qr; q0 += 8) vectors(q0, std::integral_constant<int, 1>{});
 #else
     for (int64_t q = 0; q < Qr; ++q) {
       ym[q] = -FLT_MAX;
@@ -480,7 +515,7 @@ inline void max_backward(const Plane& g, const float* x, const float* dy, float*
     for (int64_t r = g.R - 1; r >= 0; --r) {
       const int64_t p = h + g.pad_h - r;
       if (p < 0 || p >= g.P) continue;
-      const int64_t slot = p % g.R;
+      const int64_t slot = int64_t(uint32_t(p) % uint32_t(g.R));
       if (tag[slot] != p) {
         int32_t* ar = arg_ring[slot] + off;
         rows.output_row(g, x, p, ym, ar);
@@ -531,7 +566,7 @@ inline void max_backward(const Plane& g, const float* x, const float* dy, float*
     }
 #elif defined(__AVX2__)
     // Lanes that are not the argument add -0, which leaves every value as it is (-0 included):
-    // each lane's additions stay a chain in tap order. Two blocks of lanes at a time, as above.
+    // each lane's additions stay a chain in tap order. Two blocks of lanes at a time.
     const __m256 minus_zero = _mm256_set1_ps(-0.f), zero = _mm256_setzero_ps();
     auto tap_add = [&](__m256 v, int64_t t, int64_t w, __m256i me) {
       const __m256i mine = _mm256_cmpeq_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(tap_arg[t] + w)), me);
@@ -543,18 +578,22 @@ inline void max_backward(const Plane& g, const float* x, const float* dy, float*
       else
         _mm256_maskstore_ps(dxh + w, lanes_inside8(w, g.W), v);
     };
-    int64_t w0 = 0;
-    for (; w0 + 16 <= Wr; w0 += 16) {
-      __m256 v0 = load_inside8(dxh + w0, w0, g.W, zero), v1 = load_inside8(dxh + w0 + 8, w0 + 8, g.W, zero);
-      const __m256i me0 = _mm256_add_epi32(_mm256_set1_epi32(row0 + int32_t(w0)), lane_iota8());
-      const __m256i me1 = _mm256_add_epi32(me0, _mm256_set1_epi32(8));
-      for (int64_t t = 0; t < taps; ++t) {
-        v0 = tap_add(v0, t, w0, me0);
-        v1 = tap_add(v1, t, w0 + 8, me1);
+    auto columns = [&](int64_t w0, auto vectors_side_by_side) {  // V chains side by side
+      constexpr int V = decltype(vectors_side_by_side)::value;
+      __m256 v[V];
+      __m256i me[V];
+      for (int k = 0; k < V; ++k) {
+        v[k] = load_inside8(dxh + w0 + 8 * k, w0 + 8 * k, g.W, zero);
+        me[k] = _mm256_add_epi32(_mm256_set1_epi32(row0 + int32_t(w0 + 8 * k)), lane_iota8());
       }
-      if (w0 < g.W) store_inside(w0, v0);
-      if (w0 + 8 < g.W) store_inside(w0 + 8, v1);
-    }
+      for (int64_t t = 0; t < taps; ++t)
+        for (int k = 0; k < V; ++k) v[k] = tap_add(v[k], t, w0 + 8 * k, me[k]);
+      for (int k = 0; k < V; ++k)
+        if (w0 + 8 * k < g.W) store_inside(w0 + 8 * k, v[k]);
+    };
+    int64_t w0 = 0;
+    for (; w0 + 16 <= Wr; w0 += 16) columns(w0, std::integral_constant<int, 2>{});
+    for (; w0 < Wr; w0 += 8) columns(w0, std::integral_constant<int, 1>{});
 #else
     alignas(64) float acc[kRingCols];
     for (int64_t w = 0; w < Wr; ++w) acc[w] = w < g.W ? dxh[w] : 0.f;  // lanes past the row are discarded
