@@ -61,6 +61,25 @@ void forward_block(const FusedStack& s, size_t stages, int64_t L, const float* x
     }
     k = e;
   } else
+#elif defined(ET_LANES16)
+  // The same on AVX2 / NEON (lanes16.h): relu16 is relu_forward's rule too.
+  size_t e = 1;
+  while (e < stages && (s.stages[e].kind == FusedKind::Relu || s.stages[e].kind == FusedKind::Add)) ++e;
+  if (e > 1) {
+    using namespace lanes16;
+    auto vector = [&](int64_t i, const auto& m) {
+      Lanes16 v = fmadd16(load16(m, x + i), load16(m, scale + i), load16(m, shift + i));
+      for (size_t j = 0;; ++j) {
+        if (j + 1 == e || out[j] != out[e - 1]) store16(m, out[j] + i, v);
+        if (j + 1 == e) break;
+        v = s.stages[j + 1].kind == FusedKind::Relu ? relu16(v) : add16(v, load16(m, side + i));
+      }
+    };
+    int64_t i = 0;
+    for (; i + 16 <= len; i += 16) vector(i, Full{});
+    if (i < len) vector(i, lanes_first(len - i));
+    k = e;
+  } else
 #endif
   {
     bn_rows::block_apply(x, scale, shift, len, out[0]);
@@ -107,7 +126,7 @@ void fill_channel(float* expanded, int64_t c, int64_t HW, float v) {
   std::fill(expanded + c * HW, expanded + (c + 1) * HW, v);
 }
 
-#if defined(__AVX512F__)
+#if defined(__AVX512F__) || defined(ET_LANES16)
 // Blocks of stacks whose stages after the BN are element-wise: BN + ReLU (its mask recomputed from
 // x), BN + add + ReLU (y's saved mask), BN + add. dz = dy where the mask passes, else +0
 // (relu_backward's rule), built 16 elements at a time into `dz` in one pass, with the side
@@ -127,6 +146,7 @@ bool block_dz_registers(const FusedStack& s, const FusedTensors& t, FusedGrads& 
   const float* ym = (add_relu || (relu && !recompute)) && !bits ? g.y_mask.dense.f32() + o : nullptr;
   const float* dy = g.dy.f32() + o;
   float* dside = g.dside.defined() ? g.dside.f32() + o : nullptr;
+#if defined(__AVX512F__)
   const __m512 zero = _mm512_setzero_ps();
   for (int64_t i = 0; i < len; i += 16) {
     const __mmask16 m = len - i >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << (len - i)) - 1);
@@ -147,6 +167,25 @@ bool block_dz_registers(const FusedStack& s, const FusedTensors& t, FusedGrads& 
     }
     _mm512_mask_storeu_ps(dz + i, m, d);
   }
+#else  // ET_LANES16: the same selections as bit masks of lanes (lanes16.h)
+  using namespace lanes16;
+  auto vector = [&](int64_t i, const auto& m) {
+    Lanes16 on = on16(m);
+    if (relu && recompute) {  // the forward's own arithmetic (forward_block): one FMA, then > 0
+      on = and16(on, gt_zero16(fmadd16(load16(m, x + i), load16(m, scale + i), load16(m, shift + i))));
+    } else if (bits) {
+      on = and16(on, lanes_of_bits(uint32_t(bits[(o + i) >> 6] >> ((o + i) & 63))));
+    } else if (ym) {
+      on = and16(on, gt_zero16(load16(m, ym + i)));
+    }
+    const Lanes16 d = and16(load16(m, dy + i), on);  // dy where on, else +0
+    if (dside) store16(m, dside + i, g.dside_accumulate ? add16(load16(m, dside + i), d) : d);
+    store16(m, dz + i, d);
+  };
+  int64_t i = 0;
+  for (; i + 16 <= len; i += 16) vector(i, Full{});
+  if (i < len) vector(i, lanes_first(len - i));
+#endif
   return true;
 }
 #endif
@@ -306,7 +345,7 @@ void CpuBackend::fused_blocks_backward(const FusedStack& s, const FusedTensors& 
         continue;
       }
 #endif
-#if defined(__AVX512F__)
+#if defined(__AVX512F__) || defined(ET_LANES16)
       if (block_dz_registers(s, t, g, recompute, b0, L * HW, x, scale + c0 * HW, shift + c0 * HW, fast)) {
         bn_rows::block_grad_sums(fast, x, mu + c0 * HW, L, HW, tab.sum1 + b0, tab.sum2 + b0);
         continue;
