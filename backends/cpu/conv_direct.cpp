@@ -26,9 +26,11 @@ namespace {
 bool g_force_scalar = false;
 bool g_rows = true;
 // Forward / data gradient register block: MR output channels x kNV vectors of 16 positions (24 zmm
-// accumulators; narrow vectors: 4 VNative, 8 ymm, bench_conv on 2 Zen 3 cores: resnet20's 16 -> 16
-// forward 55 -> 85 GFLOP/s; 6 x 1 measured even but wastes 2 of 18 rows at 16 channels, 2 x 2 72).
-constexpr int MR = kNarrowVectors ? 4 : 8, kNV = kNarrowVectors ? 1 : 3;
+// accumulators; narrow vectors: 6 VNative, 12 ymm, 2 more for x and 1 for the broadcast. bench_conv
+// on 2 Zen 3 cores, 3 interleaved runs: resnet20's 16 -> 16 and 32 -> 32 forward and data gradient
+// 12-15 % faster than 4 x 1 (8 ymm: too few FMAs in flight to cover their latency), though 16
+// channels fill 18 rows; the stems' data gradients (3 rows of 6) lose 0-25 %; 2 x 2 was slower).
+constexpr int MR = kNarrowVectors ? 6 : 8, kNV = kNarrowVectors ? 1 : 3;
 
 float* align64(float* p) { return reinterpret_cast<float*>((reinterpret_cast<uintptr_t>(p) + 63) & ~uintptr_t(63)); }
 int64_t round_up(int64_t v, int64_t m) { return (v + m - 1) / m * m; }
