@@ -315,7 +315,8 @@ inline Lanes16 lanes_apart(const Lanes16& r, int64_t d) {  // lane l's partner d
 inline uint32_t positive_equal_bits(const Lanes16& r, const Lanes16& m) {
   const __m256 zero = _mm256_setzero_ps();
   auto half = [&](__m256 a, __m256 b) {
-    return uint32_t(_mm256_movemask_ps(_mm256_and_ps(_mm256_cmp_ps(a, zero, _CMP_GT_OQ), _mm256_cmp_ps(a, b, _CMP_EQ_OQ))));
+    const __m256 on = _mm256_and_ps(_mm256_cmp_ps(a, zero, _CMP_GT_OQ), _mm256_cmp_ps(a, b, _CMP_EQ_OQ));
+    return uint32_t(_mm256_movemask_ps(on));
   };
   return half(r.lo, m.lo) | half(r.hi, m.hi) << 8;
 }
@@ -378,7 +379,8 @@ inline uint8x16x4_t bytes_of(const Lanes16& v) {
 }
 inline Lanes16 window_lanes(const Layout& L, const Lanes16 m[4]) {
   Lanes16 y;
-  for (int k = 0; k < 4; ++k) y.q[k] = vreinterpretq_f32_u8(vqtbl4q_u8(bytes_of(m[L.compact_src[k]]), L.compact_idx[k]));
+  for (int k = 0; k < 4; ++k)
+    y.q[k] = vreinterpretq_f32_u8(vqtbl4q_u8(bytes_of(m[L.compact_src[k]]), L.compact_idx[k]));
   return y;
 }
 inline Lanes16 expand(const Layout& L, const Lanes16& g, int j) {
@@ -396,7 +398,8 @@ inline Lanes16 expand(const Layout& L, const Lanes16& g, int j) {
 // whatever the order of comparison, as on AVX-512).
 inline void lane_maxima(const Layout& L, const Lanes16 r[4], Lanes16 m[4]) {
   for (int j = 0; j < 4; ++j) {
-    const Lanes16 other_row = L.Q == 16 ? r[j ^ 2] : L.Q == 8 ? r[j ^ 1] : lanes_apart(r[j], L.Q == 4 ? 8 : L.Q == 2 ? 4 : 2);
+    const Lanes16 other_row =
+        L.Q == 16 ? r[j ^ 2] : L.Q == 8 ? r[j ^ 1] : lanes_apart(r[j], L.Q == 4 ? 8 : L.Q == 2 ? 4 : 2);
     m[j] = lane_max(r[j], other_row);
     m[j] = lane_max(m[j], other_column(m[j]));
   }

@@ -1,11 +1,12 @@
-// Max pooling with 2x2 windows at stride 2 and no padding (every VGG pool), AVX-512. The row-first
-// loops of pool_planes.h read such rows through a padded copy and scatter the backward one output
-// at a time, and the gathers read 16 scattered taps per vector: both well under the memory's
-// speed (VGG-16-BN's 32x32 pool backward moved 16 GB/s). Here a vector of 16 outputs loads the 32
-// floats of its top input row and the 32 of its bottom row, and two permutes split each into the
-// even and odd columns: the four taps of 16 windows in four registers, compared in the reference's
-// (r, s) order with its compare, so values and arguments equal the reference's. The backward
-// splits dx the same way, adds dy to the tap that won, and interleaves it back.
+// Max pooling with 2x2 windows at stride 2 and no padding (every VGG pool), AVX-512 (AVX2: the
+// section at the end). The row-first loops of pool_planes.h read such rows through a padded copy
+// and scatter the backward one output at a time, and the gathers read 16 scattered taps per
+// vector: both well under the memory's speed (VGG-16-BN's 32x32 pool backward moved 16 GB/s).
+// Here a vector of 16 outputs loads the 32 floats of its top input row and the 32 of its bottom
+// row, and two permutes split each into the even and odd columns: the four taps of 16 windows in
+// four registers, compared in the reference's (r, s) order with its compare, so values and
+// arguments equal the reference's. The backward splits dx the same way, adds dy to the tap that
+// won, and interleaves it back.
 //
 // (The shifts are maskz forms: the plain ones make GCC 12 warn of an uninitialised operand.)
 // A vector covers part of one output row (Q >= 16, the last one masked), or 16 / Q whole output
@@ -248,7 +249,8 @@ inline void store_taps(float* x, int64_t W, int64_t Q, int64_t j0, const __m256 
     __m256 a, b, c, d;
     interleave8(t[0], t[1], &a, &b);
     interleave8(t[2], t[3], &c, &d);
-    _mm256_storeu_ps(top, a), _mm256_storeu_ps(top + 8, b), _mm256_storeu_ps(top + W, c), _mm256_storeu_ps(top + W + 8, d);
+    _mm256_storeu_ps(top, a), _mm256_storeu_ps(top + 8, b);
+    _mm256_storeu_ps(top + W, c), _mm256_storeu_ps(top + W + 8, d);
     return;
   }
   float* p = x + 4 * j0;

@@ -283,7 +283,8 @@ struct MaxRows {
     for (int64_t r = 0; r < g.R; ++r) {
       const int64_t h = p * g.stride_h - g.pad_h + r;
       if (h < 0 || h >= g.H) continue;
-      const int64_t slot = int64_t(uint32_t(h) % uint32_t(g.R));  // the R rows of a window fall in distinct slots (32-bit: cheaper)
+      // The R rows of a window fall in distinct slots (a 32-bit modulo: a 64-bit division is slow).
+      const int64_t slot = int64_t(uint32_t(h) % uint32_t(g.R));
       if (tag[slot] != h) {
         row_max<kArg>(g, x, h, m[slot], kArg ? a[slot] : nullptr);
         tag[slot] = h;
