@@ -126,7 +126,7 @@ TEST_CASE("fusion: BN statistics from x's producer (a conv's epilogue, the stack
     int64_t batch, h, w, channels;
   };
   // 32x32: the direct conv takes the sums in its epilogue; 9x7 and 5x4 (odd, and 20 elements, just
-  // above the small planes): other conv paths, by plane_sums after the kernel.
+  // above the small planes): other conv paths, by plane_sums after the kernel. (Winograd: below.)
   for (const Case c : {Case{2, 32, 32, 16}, Case{3, 9, 7, 5}, Case{1, 5, 4, 6}}) {
     DYNAMIC_SECTION("batch " << c.batch << " " << c.h << "x" << c.w << " channels " << c.channels) {
       for (int64_t tile : {0, 2}) {
@@ -205,6 +205,31 @@ void relu_chain(Graph& g, int64_t batch, int64_t h, int64_t w, int64_t channels)
   close_net(g, net, y);
 }
 }  // namespace
+
+TEST_CASE("fusion: BN statistics from a Winograd conv (per chunk of images)", "[fusion]") {
+  // 64 -> 64 channels on 8x8 maps: conv2d's forward goes by Winograd F(2x2, 3x3) on every
+  // instruction set (backends/cpu/conv.cpp, prefer_winograd), which takes the planes' sums after each
+  // chunk of images. The stacks after c1 and c2 take them; fused and unfused train alike.
+  for (const int64_t batch : {1, 5}) {
+    DYNAMIC_SECTION("batch " << batch) {
+      Graph plain, fused;
+      relu_chain(plain, batch, 8, 8, 64);
+      relu_chain(fused, batch, 8, 8, 64);
+      FusionSpec spec;
+      spec.enabled = true;
+      const fusion::Plan p = fusion::plan(fused, spec);
+      REQUIRE(p.stacks.size() == 3);
+      for (const fusion::StackPlan& sp : p.stacks) CHECK(sp.sums_from_producer);
+      fusion::apply(fused, p);
+      for (const StashOptions& o : {stash(StashFormat::DenseF32), stash(StashFormat::Auto)}) {
+        INFO("stash format " << int(o.format));
+        const auto a = train(plain, batch, o), b = train(fused, batch, o);
+        REQUIRE(std::isfinite(a[0][0]));
+        CHECK(differing(a, b) == 0);
+      }
+    }
+  }
+}
 
 TEST_CASE("fusion: a stack packs the stash's values in its pass, the stash's own bytes", "[fusion]") {
   struct Case {

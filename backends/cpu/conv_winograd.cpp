@@ -21,6 +21,7 @@
 #include <algorithm>
 #include <cstring>
 
+#include "backends/cpu/batchnorm_rows.h"
 #include "backends/cpu/conv_direct.h"
 #include "backends/cpu/conv_implicit.h"
 #include "backends/cpu/conv_simd.h"
@@ -229,7 +230,7 @@ size_t workspace(const Wino& w, int threads) {
 // in: the input images (the forward's ConvInput: each computed into the thread's img buffer before
 // its channels-last copy where x is a fused stack's output).
 void run(const Wino& w, const ConvInput& in, const float* wt, bool flip, const float* bias, float* out,
-         bool accumulate, void* ws) {
+         bool accumulate, void* ws, float* sum1 = nullptr, float* sum2 = nullptr) {
   const GemmTile tile = sgemm_tile();
   const int MR = tile.mr, NR = tile.nr;
   const int threads = omp_get_max_threads();
@@ -265,6 +266,9 @@ void run(const Wino& w, const ConvInput& in, const float* wt, bool flip, const f
           sgemm_packed(tiles, std::min(ncb, w.Co - j0), w.Ci, vp + xi * vpanel, MR * w.Ci, up + xi * w.Ci * CoR + j0 * w.Ci,
                        false, mb + xi * tiles * w.Co + j0, w.Co);
       transform_outputs(w, mb, tiles, n0, bias, accumulate, out);
+      if (sum1)  // the chunk's planes, still in this core's cache
+        for (int64_t pl = n0 * w.Co; pl < (n0 + nb) * w.Co; ++pl)
+          bn_rows::plane_sums(out + pl * w.Ho * w.Wo, w.Ho * w.Wo, sum1 + pl, sum2 + pl);
     }
   }
 }
@@ -448,8 +452,9 @@ size_t winograd_workspace(const Conv2dGeom& g, ConvPass pass, int threads) {
   return workspace(pass == ConvPass::Forward ? fwd_wino(g) : data_wino(g), threads);
 }
 
-void winograd_forward(const Conv2dGeom& g, const Tensor& x, const float* w, const float* b, float* y, void* ws) {
-  run(fwd_wino(g), ConvInput(x), w, false, b, y, false, ws);
+void winograd_forward(const Conv2dGeom& g, const Tensor& x, const float* w, const float* b, float* y, void* ws,
+                      float* sum1, float* sum2) {
+  run(fwd_wino(g), ConvInput(x), w, false, b, y, false, ws, sum1, sum2);
 }
 
 void winograd_backward_data(const Conv2dGeom& g, const float* dy, const float* w, float* dx, bool accumulate,

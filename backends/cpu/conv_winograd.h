@@ -11,8 +11,11 @@ namespace et::cpu {
 bool winograd_applies(const Conv2dGeom& g, ConvPass pass);
 size_t winograd_workspace(const Conv2dGeom& g, ConvPass pass, int threads);
 // x: f32, or DType::AffineRelu (a fused stack's output, computed image by image from the stack's
-// f32 input before the channels-last copy).
-void winograd_forward(const Conv2dGeom& g, const Tensor& x, const float* w, const float* b, float* y, void* ws);
+// f32 input before the channels-last copy). sum1 / sum2 (optional, [N][K] from plane n * K + k):
+// each output plane's sum and sum of squares (bn_rows::plane_sums, the BN statistics a fused stack
+// reading y takes from its producer), taken per chunk of images while y is in this core's cache.
+void winograd_forward(const Conv2dGeom& g, const Tensor& x, const float* w, const float* b, float* y, void* ws,
+                      float* sum1 = nullptr, float* sum2 = nullptr);
 void winograd_backward_data(const Conv2dGeom& g, const float* dy, const float* w, float* dx, bool accumulate,
                             void* ws);
 // x: f32 or any stash encoding (memory/stored_reader.h), decoded an image at a time.
