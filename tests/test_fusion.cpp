@@ -206,29 +206,46 @@ void relu_chain(Graph& g, int64_t batch, int64_t h, int64_t w, int64_t channels)
 }
 }  // namespace
 
-TEST_CASE("fusion: BN statistics from a Winograd conv (per chunk of images)", "[fusion]") {
+// image -> conv (3 -> 16) -> <BN, ReLU> -> conv 3x3 stride 2 (16 -> 32) -> <BN, ReLU> -> linear
+void strided_chain(Graph& g, int64_t batch, int64_t side) {
+  const TestNet net = open_net(g, batch, side, side);
+  int y = relu(g, batchnorm2d(g, conv2d(g, net.x, "c0", conv3x3(16)), "b0.bn"), "b0.relu");
+  Conv2dOptions o = conv3x3(32);
+  o.stride = 2;
+  y = relu(g, batchnorm2d(g, conv2d(g, y, "c1", o), "b1.bn"), "b1.relu");
+  close_net(g, net, y);
+}
+
+TEST_CASE("fusion: BN statistics from a Winograd or implicit-GEMM conv (per chunk of images)", "[fusion]") {
   // 64 -> 64 channels on 8x8 maps: conv2d's forward goes by Winograd F(2x2, 3x3) on every
-  // instruction set (backends/cpu/conv.cpp, prefer_winograd), which takes the planes' sums after each
-  // chunk of images. The stacks after c1 and c2 take them; fused and unfused train alike.
-  for (const int64_t batch : {1, 5}) {
-    DYNAMIC_SECTION("batch " << batch) {
-      Graph plain, fused;
-      relu_chain(plain, batch, 8, 8, 64);
-      relu_chain(fused, batch, 8, 8, 64);
-      FusionSpec spec;
-      spec.enabled = true;
-      const fusion::Plan p = fusion::plan(fused, spec);
-      REQUIRE(p.stacks.size() == 3);
-      for (const fusion::StackPlan& sp : p.stacks) CHECK(sp.sums_from_producer);
-      fusion::apply(fused, p);
-      for (const StashOptions& o : {stash(StashFormat::DenseF32), stash(StashFormat::Auto)}) {
-        INFO("stash format " << int(o.format));
-        const auto a = train(plain, batch, o), b = train(fused, batch, o);
-        REQUIRE(std::isfinite(a[0][0]));
-        CHECK(differing(a, b) == 0);
+  // instruction set; a 3x3 stride-2 conv with 16 -> 32 channels by the implicit GEMM
+  // (backends/cpu/conv.cpp, choose()). Both take the planes' sums after each chunk of images, and
+  // the stacks reading them take them; fused and unfused train alike.
+  for (const bool winograd : {true, false})
+    for (const int64_t batch : {1, 5}) {
+      DYNAMIC_SECTION((winograd ? "winograd" : "implicit GEMM") << ", batch " << batch) {
+        Graph plain, fused;
+        if (winograd) {
+          relu_chain(plain, batch, 8, 8, 64);
+          relu_chain(fused, batch, 8, 8, 64);
+        } else {
+          strided_chain(plain, batch, 18);
+          strided_chain(fused, batch, 18);
+        }
+        FusionSpec spec;
+        spec.enabled = true;
+        const fusion::Plan p = fusion::plan(fused, spec);
+        REQUIRE(p.stacks.size() == (winograd ? 3u : 2u));
+        for (const fusion::StackPlan& sp : p.stacks) CHECK(sp.sums_from_producer);
+        fusion::apply(fused, p);
+        for (const StashOptions& o : {stash(StashFormat::DenseF32), stash(StashFormat::Auto)}) {
+          INFO("stash format " << int(o.format));
+          const auto a = train(plain, batch, o), b = train(fused, batch, o);
+          REQUIRE(std::isfinite(a[0][0]));
+          CHECK(differing(a, b) == 0);
+        }
       }
     }
-  }
 }
 
 TEST_CASE("fusion: a stack packs the stash's values in its pass, the stash's own bytes", "[fusion]") {

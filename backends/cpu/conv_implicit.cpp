@@ -19,6 +19,7 @@
 #include <immintrin.h>
 #endif
 
+#include "backends/cpu/batchnorm_rows.h"
 #include "backends/cpu/conv_direct.h"
 #include "backends/cpu/conv_simd.h"
 #include "backends/cpu/gemm.h"
@@ -321,7 +322,7 @@ void scatter_phase(const Corr& k, const Phase& f, const float* ob, int64_t cols,
 
 // out [N][Co][Ho][Wo] (+)= correlation of in [N][Ci][Hi][Wi] (+ bias), phase by phase.
 void run_corr(const Corr& k, const float* in, const float* w, const float* bias, float* out, bool accumulate,
-              void* ws) {
+              void* ws, float* sum1 = nullptr, float* sum2 = nullptr) {
   const GemmTile tile = sgemm_tile();
   const int MR = tile.mr;
   const int threads = omp_get_max_threads();
@@ -369,6 +370,10 @@ void run_corr(const Corr& k, const float* in, const float* w, const float* bias,
         }
         scatter_phase(k, f, ob, cols, n0, nb, o0, o1, bias, accumulate, out);
       }
+      if (sum1)  // the forward's one phase has written the task's planes: their sums, in cache
+        for (int64_t n = n0; n < n0 + nb; ++n)
+          for (int64_t o = o0; o < o1; ++o)
+            bn_rows::plane_sums(out + (n * k.Co + o) * k.PQ(), k.PQ(), sum1 + n * k.Co + o, sum2 + n * k.Co + o);
     }
   }
 }
@@ -455,8 +460,9 @@ size_t implicit_workspace(const Conv2dGeom& g, ConvPass pass, int threads) {
   return size_t(l.dwt_n + 16 + threads * l.per_thread) * sizeof(float);
 }
 
-void implicit_forward(const Conv2dGeom& g, const float* x, const float* w, const float* b, float* y, void* ws) {
-  run_corr(fwd_corr(g), x, w, b, y, false, ws);
+void implicit_forward(const Conv2dGeom& g, const float* x, const float* w, const float* b, float* y, void* ws,
+                      float* sum1, float* sum2) {
+  run_corr(fwd_corr(g), x, w, b, y, false, ws, sum1, sum2);
 }
 
 void implicit_backward_data(const Conv2dGeom& g, const float* dy, const float* w, float* dx, bool accumulate,

@@ -23,7 +23,10 @@ namespace et::cpu {
 
 bool implicit_applies(const Conv2dGeom& g, ConvPass pass);
 size_t implicit_workspace(const Conv2dGeom& g, ConvPass pass, int threads);
-void implicit_forward(const Conv2dGeom& g, const float* x, const float* w, const float* b, float* y, void* ws);
+// sum1 / sum2 (optional, [N][K] from plane n * K + k): each output plane's sum and sum of squares
+// (bn_rows::plane_sums), taken after each task's planes are written, while they are in cache.
+void implicit_forward(const Conv2dGeom& g, const float* x, const float* w, const float* b, float* y, void* ws,
+                      float* sum1 = nullptr, float* sum2 = nullptr);
 void implicit_backward_data(const Conv2dGeom& g, const float* dy, const float* w, float* dx, bool accumulate,
                             void* ws);
 void implicit_backward_weight(const Conv2dGeom& g, const Tensor& x, const float* dy, float* dw, float* db,
