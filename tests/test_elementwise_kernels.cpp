@@ -250,9 +250,11 @@ TEST_CASE("pooling planes: the vectorised loops equal the reference loops bit fo
                          // vectors of rows, Q of 16, 20 (a last vector cut short), 40, odd H and W
                          Geom{10, 8, 2, 2, 2, 2, 0, 0}, Geom{6, 9, 2, 2, 2, 2, 0, 0}, Geom{14, 17, 2, 2, 2, 2, 0, 0},
                          Geom{7, 32, 2, 2, 2, 2, 0, 0}, Geom{5, 41, 2, 2, 2, 2, 0, 0}, Geom{64, 80, 2, 2, 2, 2, 0, 0},
-                         // AVX2's pairs: W = 2Q with Q of 1, 2 (tall planes whose last outputs are
-                         // not a whole vector of 8) and 24 (a multiple of 8, not a power of 2)
-                         Geom{22, 2, 2, 2, 2, 2, 0, 0}, Geom{14, 4, 2, 2, 2, 2, 0, 0}, Geom{6, 48, 2, 2, 2, 2, 0, 0}}) {
+                         // AVX2's and NEON's pairs: W = 2Q with Q of 1, 2 (tall planes whose last
+                         // outputs are not a whole vector of 8 or 4), 24 (a multiple of 8, not a
+                         // power of 2) and 12 (a multiple of 4, not of 8)
+                         Geom{22, 2, 2, 2, 2, 2, 0, 0}, Geom{14, 4, 2, 2, 2, 2, 0, 0}, Geom{6, 48, 2, 2, 2, 2, 0, 0},
+                         Geom{6, 24, 2, 2, 2, 2, 0, 0}}) {
     pool_planes::Plane g;
     g.H = gm.H; g.W = gm.W; g.R = gm.R; g.S = gm.S;
     g.stride_h = gm.sh; g.stride_w = gm.sw; g.pad_h = gm.ph; g.pad_w = gm.pw;

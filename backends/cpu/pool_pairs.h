@@ -1,5 +1,5 @@
-// Max pooling with 2x2 windows at stride 2 and no padding (every VGG pool), AVX-512 (AVX2: the
-// section at the end). The row-first loops of pool_planes.h read such rows through a padded copy
+// Max pooling with 2x2 windows at stride 2 and no padding (every VGG pool), AVX-512 (AVX2 and NEON:
+// the sections at the end). The row-first loops of pool_planes.h read such rows through a padded copy
 // and scatter the backward one output at a time, and the gathers read 16 scattered taps per
 // vector: both well under the memory's speed (VGG-16-BN's 32x32 pool backward moved 16 GB/s).
 // Here a vector of 16 outputs loads the 32 floats of its top input row and the 32 of its bottom
@@ -348,6 +348,134 @@ inline void max_backward(int64_t W, int64_t P, int64_t Q, const float* x, const 
       const __m256 won = _mm256_castsi256_ps(_mm256_cmpeq_epi32(which, _mm256_set1_epi32(k)));
       d[k] = _mm256_blendv_ps(d[k], _mm256_add_ps(d[k], g), won);
     }
+    store_taps(dx, W, Q, j0, d);
+  }
+  for (int64_t j = end; j < P * Q; ++j) {
+    int32_t a;
+    max_at(x, W, Q, j, &a);
+    if (a >= 0) dx[a] += dy[j];
+  }
+}
+
+}  // namespace pool_pairs
+}  // namespace et
+
+#elif defined(__ARM_NEON) && defined(__aarch64__)
+// NEON (4 floats a register): the same, 4 outputs a vector, where vld2q / vld4q split the columns
+// as they load. Each output row is whole vectors (Q a multiple of 4), or the plane is rows of W = 2Q
+// with Q of 2 or 1 (4x4 and 2x2 planes stacked as one tall plane): a vector's 4 windows are then 16
+// consecutive floats. Outputs past the last whole vector take the reference's loop.
+#include <arm_neon.h>
+
+namespace et {
+namespace pool_pairs {
+
+inline bool applies(int64_t R, int64_t S, int64_t stride_h, int64_t stride_w, int64_t pad_h, int64_t pad_w, int64_t Q,
+                    int64_t H, int64_t W) {
+  return R == 2 && S == 2 && stride_h == 2 && stride_w == 2 && pad_h == 0 && pad_w == 0 && W == 2 * Q &&
+         (Q % 4 == 0 || Q == 2 || Q == 1) && H * W <= INT32_MAX;
+}
+
+// The four taps, (r, s) = (0,0), (0,1), (1,0), (1,1), of outputs j0 .. j0 + 3 (j0 a multiple of 4).
+inline void load_taps(const float* x, int64_t W, int64_t Q, int64_t j0, float32x4_t t[4]) {
+  if (Q >= 4) {  // one output row: its top input row's 8 floats, then the bottom row's
+    const float* top = x + 2 * (j0 / Q) * W + 2 * (j0 % Q);
+    const float32x4x2_t a = vld2q_f32(top), b = vld2q_f32(top + W);
+    t[0] = a.val[0], t[1] = a.val[1], t[2] = b.val[0], t[3] = b.val[1];
+  } else if (Q == 2) {  // two output rows, each a top row of 4 floats, then its bottom row
+    const float* p = x + 4 * j0;
+    const float32x4_t x0 = vld1q_f32(p), x1 = vld1q_f32(p + 4), x2 = vld1q_f32(p + 8), x3 = vld1q_f32(p + 12);
+    t[0] = vuzp1q_f32(x0, x2), t[1] = vuzp2q_f32(x0, x2), t[2] = vuzp1q_f32(x1, x3), t[3] = vuzp2q_f32(x1, x3);
+  } else {  // Q = 1: each window's 4 floats in a row, tap order
+    const float32x4x4_t v = vld4q_f32(x + 4 * j0);
+    for (int k = 0; k < 4; ++k) t[k] = v.val[k];
+  }
+}
+// The inverse of load_taps: the taps back to their places.
+inline void store_taps(float* x, int64_t W, int64_t Q, int64_t j0, const float32x4_t t[4]) {
+  if (Q >= 4) {
+    float* top = x + 2 * (j0 / Q) * W + 2 * (j0 % Q);
+    vst2q_f32(top, (float32x4x2_t{{t[0], t[1]}}));
+    vst2q_f32(top + W, (float32x4x2_t{{t[2], t[3]}}));
+  } else if (Q == 2) {
+    float* p = x + 4 * j0;
+    vst1q_f32(p, vzip1q_f32(t[0], t[1]));
+    vst1q_f32(p + 4, vzip1q_f32(t[2], t[3]));
+    vst1q_f32(p + 8, vzip2q_f32(t[0], t[1]));
+    vst1q_f32(p + 12, vzip2q_f32(t[2], t[3]));
+  } else {
+    vst4q_f32(x + 4 * j0, (float32x4x4_t{{t[0], t[1], t[2], t[3]}}));
+  }
+}
+
+// The running first maximum over the taps in order from -FLT_MAX (NaN never wins: v > m is false);
+// which: the winning tap's number, -1 (all ones) where none won.
+inline float32x4_t window_max(const float32x4_t t[4], uint32x4_t* which) {
+  float32x4_t m = vdupq_n_f32(-FLT_MAX);
+  uint32x4_t w = vdupq_n_u32(0xFFFFFFFFu);
+  for (uint32_t k = 0; k < 4; ++k) {
+    const uint32x4_t gt = vcgtq_f32(t[k], m);
+    m = vbslq_f32(gt, t[k], m);
+    w = vbslq_u32(gt, vdupq_n_u32(k), w);
+  }
+  *which = w;
+  return m;
+}
+
+// One output the reference's way (the outputs past the last whole vector).
+inline float max_at(const float* x, int64_t W, int64_t Q, int64_t j, int32_t* arg) {
+  const int64_t top = 2 * (j / Q) * W + 2 * (j % Q), at[4] = {top, top + 1, top + W, top + W + 1};
+  float m = -FLT_MAX;
+  *arg = -1;
+  for (int64_t k = 0; k < 4; ++k)
+    if (x[at[k]] > m) m = x[at[k]], *arg = int32_t(at[k]);
+  return m;
+}
+inline int64_t whole_vectors_end(int64_t P, int64_t Q) { return P * Q / 4 * 4; }
+
+inline void max_forward(int64_t W, int64_t P, int64_t Q, const float* x, float* y) {
+  const int64_t end = whole_vectors_end(P, Q);
+  for (int64_t j0 = 0; j0 < end; j0 += 4) {
+    float32x4_t t[4];
+    uint32x4_t which;
+    load_taps(x, W, Q, j0, t);
+    vst1q_f32(y + j0, window_max(t, &which));
+  }
+  int32_t a;
+  for (int64_t j = end; j < P * Q; ++j) y[j] = max_at(x, W, Q, j, &a);
+}
+
+// max_forward, and arg = the flat index of each window's first maximum (-1: none).
+inline void max_forward_args(int64_t W, int64_t P, int64_t Q, const float* x, float* y, int32_t* arg) {
+  const int64_t end = whole_vectors_end(P, Q);
+  int32_t lane_top_left[4];  // lane l's top-left tap from the vector's first output's
+  for (int l = 0; l < 4; ++l) lane_top_left[l] = int32_t(Q >= 4 ? 2 * l : 2 * (l / Q) * W + 2 * (l % Q));
+  const int32x4_t offsets = vld1q_s32(lane_top_left), W1 = vdupq_n_s32(int32_t(W)), one = vdupq_n_s32(1);
+  for (int64_t j0 = 0; j0 < end; j0 += 4) {
+    float32x4_t t[4];
+    uint32x4_t which;
+    load_taps(x, W, Q, j0, t);
+    vst1q_f32(y + j0, window_max(t, &which));
+    const int32x4_t w = vreinterpretq_s32_u32(which);
+    const int32x4_t top_left = vaddq_s32(vdupq_n_s32(int32_t(2 * (j0 / Q) * W + 2 * (j0 % Q))), offsets);
+    // tap k lies k / 2 rows and k % 2 columns from the top-left one
+    const int32x4_t at = vaddq_s32(top_left, vaddq_s32(vmulq_s32(vshrq_n_s32(w, 1), W1), vandq_s32(w, one)));
+    vst1q_s32(arg + j0, vbslq_s32(vcgeq_s32(w, vdupq_n_s32(0)), at, vdupq_n_s32(-1)));
+  }
+  for (int64_t j = end; j < P * Q; ++j) y[j] = max_at(x, W, Q, j, arg + j);
+}
+
+// dx += dy at each window's first maximum of x (windows do not overlap: one add per element at most).
+inline void max_backward(int64_t W, int64_t P, int64_t Q, const float* x, const float* dy, float* dx) {
+  const int64_t end = whole_vectors_end(P, Q);
+  for (int64_t j0 = 0; j0 < end; j0 += 4) {
+    float32x4_t t[4], d[4];
+    uint32x4_t which;
+    load_taps(x, W, Q, j0, t);
+    window_max(t, &which);
+    load_taps(dx, W, Q, j0, d);
+    const float32x4_t g = vld1q_f32(dy + j0);
+    for (uint32_t k = 0; k < 4; ++k) d[k] = vbslq_f32(vceqq_u32(which, vdupq_n_u32(k)), vaddq_f32(d[k], g), d[k]);
     store_taps(dx, W, Q, j0, d);
   }
   for (int64_t j = end; j < P * Q; ++j) {

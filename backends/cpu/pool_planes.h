@@ -36,9 +36,12 @@ inline Plane of(const FusedStage& s) {
 // planes pool as one plane of G * H rows, since no window crosses two planes. The pooling layers
 // and the fused small-plane blocks call the plane functions on such stacks of planes: on late
 // stages' small planes a call per plane costs more than its work.
-// 2x2 windows at stride 2 without padding: pool_pairs.h (AVX-512, AVX2).
+// 2x2 windows at stride 2 without padding: pool_pairs.h (AVX-512, AVX2, NEON).
+#if defined(__AVX512F__) || defined(__AVX2__) || (defined(__ARM_NEON) && defined(__aarch64__))
+#define ET_POOL_PAIRS 1
+#endif
 inline bool pairs_apply(const Plane& g) {
-#if defined(__AVX512F__) || defined(__AVX2__)
+#if defined(ET_POOL_PAIRS)
   return pool_pairs::applies(g.R, g.S, g.stride_h, g.stride_w, g.pad_h, g.pad_w, g.Q, g.H, g.W);
 #else
   (void)g;
@@ -390,7 +393,7 @@ inline void tiled_max_vector(const Plane& g, const float* x, int64_t j0, __mmask
 #endif
 
 inline void max_forward(const Plane& g, const float* x, float* y) {
-#if defined(__AVX512F__) || defined(__AVX2__)
+#if defined(ET_POOL_PAIRS)
   if (pairs_apply(g)) return pool_pairs::max_forward(g.W, g.P, g.Q, x, y);
 #endif
 #if defined(__AVX512F__)
@@ -417,7 +420,7 @@ inline void max_forward(const Plane& g, const float* x, float* y) {
 // max_forward, and arg [P,Q] = the flat index of each window's first maximum (-1: none), as
 // max_backward routes dy (a fused stack without a BN keeps only where they fall).
 inline void max_forward_args(const Plane& g, const float* x, float* y, int32_t* arg) {
-#if defined(__AVX512F__) || defined(__AVX2__)
+#if defined(ET_POOL_PAIRS)
   if (pairs_apply(g)) return pool_pairs::max_forward_args(g.W, g.P, g.Q, x, y, arg);
 #endif
   if (!fast_max_applies(g)) {
@@ -465,7 +468,7 @@ inline void gather_tap(const int32_t* __restrict arg, const float* __restrict dy
 // in the same order. The argument and dy rows are kept padded with -1 / 0 in a ring of R output
 // rows. Other strides scatter in the reference's order from the fast arguments.
 inline void max_backward(const Plane& g, const float* x, const float* dy, float* dx) {
-#if defined(__AVX512F__) || defined(__AVX2__)
+#if defined(ET_POOL_PAIRS)
   if (pairs_apply(g)) return pool_pairs::max_backward(g.W, g.P, g.Q, x, dy, dx);
 #endif
 #if defined(__AVX512F__)
