@@ -206,31 +206,36 @@ void relu_chain(Graph& g, int64_t batch, int64_t h, int64_t w, int64_t channels)
 }
 }  // namespace
 
-// image -> conv (3 -> 16) -> <BN, ReLU> -> conv 3x3 stride 2 (16 -> 32) -> <BN, ReLU> -> linear
-void strided_chain(Graph& g, int64_t batch, int64_t side) {
+// image -> conv (3 -> 16) -> <BN, ReLU> -> conv (16 -> 32: 3x3 stride 2, or 1x1) -> <BN, ReLU> -> linear
+void second_conv_chain(Graph& g, int64_t batch, int64_t side, bool pointwise) {
   const TestNet net = open_net(g, batch, side, side);
   int y = relu(g, batchnorm2d(g, conv2d(g, net.x, "c0", conv3x3(16)), "b0.bn"), "b0.relu");
   Conv2dOptions o = conv3x3(32);
-  o.stride = 2;
+  if (pointwise)
+    o.kernel = 1, o.padding = 0;
+  else
+    o.stride = 2;
   y = relu(g, batchnorm2d(g, conv2d(g, y, "c1", o), "b1.bn"), "b1.relu");
   close_net(g, net, y);
 }
 
-TEST_CASE("fusion: BN statistics from a Winograd or implicit-GEMM conv (per chunk of images)", "[fusion]") {
-  // 64 -> 64 channels on 8x8 maps: conv2d's forward goes by Winograd F(2x2, 3x3) on every
-  // instruction set; a 3x3 stride-2 conv with 16 -> 32 channels by the implicit GEMM
-  // (backends/cpu/conv.cpp, choose()). Both take the planes' sums after each chunk of images, and
-  // the stacks reading them take them; fused and unfused train alike.
-  for (const bool winograd : {true, false})
+TEST_CASE("fusion: BN statistics from Winograd / implicit-GEMM / GEMM convs, per chunk of images", "[fusion]") {
+  // conv2d's forward path (backends/cpu/conv.cpp, choose()), on every instruction set: 64 -> 64
+  // channels on 8x8 maps by Winograd F(2x2, 3x3); a 3x3 stride-2 conv with 16 -> 32 channels by the
+  // implicit GEMM; a 1x1 conv by the GEMM path. Each takes the planes' sums after each chunk of
+  // images, and the stacks reading them take them; fused and unfused train alike.
+  for (const char* path : {"winograd", "implicit GEMM", "GEMM"})
     for (const int64_t batch : {1, 5}) {
-      DYNAMIC_SECTION((winograd ? "winograd" : "implicit GEMM") << ", batch " << batch) {
+      DYNAMIC_SECTION(path << ", batch " << batch) {
+        const bool winograd = std::strcmp(path, "winograd") == 0;
         Graph plain, fused;
         if (winograd) {
           relu_chain(plain, batch, 8, 8, 64);
           relu_chain(fused, batch, 8, 8, 64);
         } else {
-          strided_chain(plain, batch, 18);
-          strided_chain(fused, batch, 18);
+          const bool pointwise = std::strcmp(path, "GEMM") == 0;
+          second_conv_chain(plain, batch, pointwise ? 10 : 18, pointwise);
+          second_conv_chain(fused, batch, pointwise ? 10 : 18, pointwise);
         }
         FusionSpec spec;
         spec.enabled = true;

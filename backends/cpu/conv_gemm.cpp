@@ -13,6 +13,7 @@
 #include <algorithm>
 #include <cstring>
 
+#include "backends/cpu/batchnorm_rows.h"
 #include "backends/cpu/conv_direct.h"
 #include "backends/cpu/conv_gemm.h"
 #include "backends/cpu/gemm.h"
@@ -216,7 +217,8 @@ size_t gemm_conv_workspace(const Conv2dGeom& g, ConvPass pass, int threads) {
   return size_t(l.shared + threads * l.per_thread) * sizeof(float);
 }
 
-void gemm_conv_forward(const Conv2dGeom& g, const Tensor& xt, const float* w, const float* b, float* y, void* ws) {
+void gemm_conv_forward(const Conv2dGeom& g, const Tensor& xt, const float* w, const float* b, float* y, void* ws,
+                       float* sum1, float* sum2) {
   const ConvInput x(xt);
   const int threads = omp_get_max_threads();
   const Layout l = fwd_layout(g, threads);
@@ -254,6 +256,9 @@ void gemm_conv_forward(const Conv2dGeom& g, const Tensor& xt, const float* w, co
             for (int64_t j = 0; j < PQ; ++j) yr[j] += bk;
           }
         }
+      if (sum1)  // the chunk's planes, still in this core's cache
+        for (int64_t pl = n0 * g.K; pl < (n0 + nb) * g.K; ++pl)
+          bn_rows::plane_sums(y + pl * PQ, PQ, sum1 + pl, sum2 + pl);
     }
   }
 }

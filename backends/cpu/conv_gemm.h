@@ -19,7 +19,10 @@ namespace et::cpu {
 
 size_t gemm_conv_workspace(const Conv2dGeom& g, ConvPass pass, int threads);
 // x: f32, or DType::AffineRelu (conv_direct.h, ConvInput: computed an image at a time).
-void gemm_conv_forward(const Conv2dGeom& g, const Tensor& x, const float* w, const float* b, float* y, void* ws);
+// sum1 / sum2 (optional, [N][K] from plane n * K + k): each output plane's sum and sum of squares
+// (bn_rows::plane_sums), taken after each chunk of images is written, while it is in cache.
+void gemm_conv_forward(const Conv2dGeom& g, const Tensor& x, const float* w, const float* b, float* y, void* ws,
+                       float* sum1 = nullptr, float* sum2 = nullptr);
 void gemm_conv_backward_data(const Conv2dGeom& g, const float* dy, const float* w, float* dx, bool accumulate,
                              void* ws);
 void gemm_conv_backward_weight(const Conv2dGeom& g, const Tensor& x, const float* dy, float* dw, float* db,
