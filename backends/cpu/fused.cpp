@@ -205,27 +205,22 @@ int64_t elementwise_forward_plane(ElementwiseOnly e, const float* x, const float
 inline auto elementwise_dz(ElementwiseOnly e, FusedGrads& g, const FusedTensors& t, int64_t c, int64_t o,
                            const float* x, bool recompute, bool first_sweep, bool park_dz) {
   const DzSources src = dz_sources(g, t, c, o, first_sweep, park_dz);
-  const float *dy = src.dy, *ym = src.ym;
-  float *dside = src.dside, *park = src.park;
-  const uint64_t* bits = src.bits;
-  const bool side_acc = src.side_acc;
-  const float scale = src.scale, shift = src.shift;
-  const __m512 vscale = _mm512_set1_ps(scale), vshift = _mm512_set1_ps(shift), zero = _mm512_setzero_ps();
+  const __m512 vscale = _mm512_set1_ps(src.scale), vshift = _mm512_set1_ps(src.shift), zero = _mm512_setzero_ps();
   return [=](int64_t i, __mmask16 m) {
     __mmask16 on = m;
     if (e == ElementwiseOnly::Relu && recompute) {  // relu(bn(x)) > 0, the forward's own arithmetic
       const __m512 z = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, x + i), vscale, vshift);
       on = _mm512_mask_cmp_ps_mask(m, z, zero, _CMP_GT_OQ);
     } else if (e != ElementwiseOnly::Add) {  // y's saved mask
-      on = bits ? __mmask16(m & (bits[(o + i) >> 6] >> ((o + i) & 63)))
-                : _mm512_mask_cmp_ps_mask(m, _mm512_maskz_loadu_ps(m, ym + i), zero, _CMP_GT_OQ);
+      on = src.bits ? __mmask16(m & (src.bits[(o + i) >> 6] >> ((o + i) & 63)))
+                    : _mm512_mask_cmp_ps_mask(m, _mm512_maskz_loadu_ps(m, src.ym + i), zero, _CMP_GT_OQ);
     }
-    const __m512 d = _mm512_maskz_loadu_ps(on, dy + i);
-    if (dside) {
-      const __m512 v = side_acc ? _mm512_add_ps(_mm512_maskz_loadu_ps(m, dside + i), d) : d;
-      _mm512_mask_storeu_ps(dside + i, m, v);
+    const __m512 d = _mm512_maskz_loadu_ps(on, src.dy + i);
+    if (src.dside) {
+      const __m512 v = src.side_acc ? _mm512_add_ps(_mm512_maskz_loadu_ps(m, src.dside + i), d) : d;
+      _mm512_mask_storeu_ps(src.dside + i, m, v);
     }
-    if (park) _mm512_mask_storeu_ps(park + i, m, d);
+    if (src.park) _mm512_mask_storeu_ps(src.park + i, m, d);
     return d;
   };
 }
@@ -270,23 +265,18 @@ inline auto elementwise_dz(ElementwiseOnly e, FusedGrads& g, const FusedTensors&
                            const float* x, bool recompute, bool first_sweep, bool park_dz) {
   using namespace lanes16;
   const DzSources src = dz_sources(g, t, c, o, first_sweep, park_dz);
-  const float *dy = src.dy, *ym = src.ym;
-  float *dside = src.dside, *park = src.park;
-  const uint64_t* bits = src.bits;
-  const bool side_acc = src.side_acc;
-  const float scale = src.scale, shift = src.shift;
-  const Lanes16 vscale = splat16(scale), vshift = splat16(shift);
+  const Lanes16 vscale = splat16(src.scale), vshift = splat16(src.shift);
   return [=](int64_t i, auto m) {
     Lanes16 on = on16(m);
     if (e == ElementwiseOnly::Relu && recompute) {  // relu(bn(x)) > 0, the forward's own arithmetic
       on = and16(on, gt_zero16(fmadd16(load16(m, x + i), vscale, vshift)));
     } else if (e != ElementwiseOnly::Add) {  // y's saved mask
-      on = and16(on, bits ? lanes_of_bits(uint32_t(bits[(o + i) >> 6] >> ((o + i) & 63)))
-                          : gt_zero16(load16(m, ym + i)));
+      on = and16(on, src.bits ? lanes_of_bits(uint32_t(src.bits[(o + i) >> 6] >> ((o + i) & 63)))
+                              : gt_zero16(load16(m, src.ym + i)));
     }
-    const Lanes16 d = and16(load16(m, dy + i), on);  // +0 in the lanes off
-    if (dside) store16(m, dside + i, side_acc ? add16(load16(m, dside + i), d) : d);
-    if (park) store16(m, park + i, d);
+    const Lanes16 d = and16(load16(m, src.dy + i), on);  // +0 in the lanes off
+    if (src.dside) store16(m, src.dside + i, src.side_acc ? add16(load16(m, src.dside + i), d) : d);
+    if (src.park) store16(m, src.park + i, d);
     return d;
   };
 }

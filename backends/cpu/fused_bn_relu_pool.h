@@ -22,6 +22,7 @@
 #include <cstdint>
 
 #include "backends/cpu/lanes16.h"
+#include "backends/cpu/pool_pairs.h"
 #include "engine/fused_stack.h"
 
 #if defined(__AVX512F__)
@@ -320,9 +321,7 @@ inline uint32_t positive_equal_bits(const Lanes16& r, const Lanes16& m) {
   };
   return half(r.lo, m.lo) | half(r.hi, m.hi) << 8;
 }
-inline __m256 evens8(__m256 a, __m256 b) {  // a's lanes 0, 2, 4, 6, then b's
-  return _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(_mm256_shuffle_ps(a, b, 0x88)), 0xD8));
-}
+using pool_pairs::evens8;  // a's lanes 0, 2, 4, 6, then b's (pool_pairs.h)
 inline __m256 pairs8(__m256 a, __m256 b) {  // a's lanes 0, 1, 4, 5, then b's
   return _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(_mm256_shuffle_ps(a, b, 0x44)), 0xD8));
 }

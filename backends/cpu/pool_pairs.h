@@ -17,6 +17,37 @@
 #include <climits>
 #include <cstdint>
 
+namespace et {
+namespace pool_pairs {
+
+// The AVX2 and NEON sections' outputs [j0, j1) past their last whole vector, the reference's way
+// (planes of W = 2Q): y, and arg (if given) the flat index of each first maximum, -1 where none
+// beat -FLT_MAX; backward, dx += dy there.
+inline int32_t first_max_at(const float* x, int64_t W, int64_t Q, int64_t j, float* m) {
+  const int64_t top = 2 * (j / Q) * W + 2 * (j % Q), at[4] = {top, top + 1, top + W, top + W + 1};
+  int32_t arg = -1;
+  *m = -FLT_MAX;
+  for (int64_t k = 0; k < 4; ++k)
+    if (x[at[k]] > *m) *m = x[at[k]], arg = int32_t(at[k]);
+  return arg;
+}
+inline void forward_tail(int64_t W, int64_t Q, const float* x, int64_t j0, int64_t j1, float* y, int32_t* arg) {
+  for (int64_t j = j0; j < j1; ++j) {
+    const int32_t a = first_max_at(x, W, Q, j, y + j);
+    if (arg) arg[j] = a;
+  }
+}
+inline void backward_tail(int64_t W, int64_t Q, const float* x, const float* dy, int64_t j0, int64_t j1, float* dx) {
+  for (int64_t j = j0; j < j1; ++j) {
+    float m;
+    const int32_t a = first_max_at(x, W, Q, j, &m);
+    if (a >= 0) dx[a] += dy[j];
+  }
+}
+
+}  // namespace pool_pairs
+}  // namespace et
+
 #if defined(__AVX512F__)
 #include <immintrin.h>
 
@@ -287,16 +318,6 @@ inline __m256 window_max(const __m256 t[4], __m256i* which) {
   return m;
 }
 
-// One output the reference's way (the outputs past the last whole vector): its maximum and the
-// flat index of its first maximum, -1 if none beat -FLT_MAX.
-inline float max_at(const float* x, int64_t W, int64_t Q, int64_t j, int32_t* arg) {
-  const int64_t top = 2 * (j / Q) * W + 2 * (j % Q), at[4] = {top, top + 1, top + W, top + W + 1};
-  float m = -FLT_MAX;
-  *arg = -1;
-  for (int64_t k = 0; k < 4; ++k)
-    if (x[at[k]] > m) m = x[at[k]], *arg = int32_t(at[k]);
-  return m;
-}
 inline int64_t whole_vectors_end(int64_t P, int64_t Q) { return P * Q / 8 * 8; }
 
 inline void max_forward(int64_t W, int64_t P, int64_t Q, const float* x, float* y) {
@@ -307,8 +328,7 @@ inline void max_forward(int64_t W, int64_t P, int64_t Q, const float* x, float* 
     load_taps(x, W, Q, j0, t);
     _mm256_storeu_ps(y + j0, window_max(t, &which));
   }
-  int32_t a;
-  for (int64_t j = end; j < P * Q; ++j) y[j] = max_at(x, W, Q, j, &a);
+  forward_tail(W, Q, x, end, P * Q, y, nullptr);
 }
 
 // max_forward, and arg = the flat index of each window's first maximum (-1: none).
@@ -331,7 +351,7 @@ inline void max_forward_args(int64_t W, int64_t P, int64_t Q, const float* x, fl
     const __m256i some = _mm256_cmpgt_epi32(which, none);
     _mm256_storeu_si256(reinterpret_cast<__m256i*>(arg + j0), _mm256_blendv_epi8(none, at, some));
   }
-  for (int64_t j = end; j < P * Q; ++j) y[j] = max_at(x, W, Q, j, arg + j);
+  forward_tail(W, Q, x, end, P * Q, y, arg);
 }
 
 // dx += dy at each window's first maximum of x (windows do not overlap: one add per element at most).
@@ -350,11 +370,7 @@ inline void max_backward(int64_t W, int64_t P, int64_t Q, const float* x, const 
     }
     store_taps(dx, W, Q, j0, d);
   }
-  for (int64_t j = end; j < P * Q; ++j) {
-    int32_t a;
-    max_at(x, W, Q, j, &a);
-    if (a >= 0) dx[a] += dy[j];
-  }
+  backward_tail(W, Q, x, dy, end, P * Q, dx);
 }
 
 }  // namespace pool_pairs
@@ -422,15 +438,6 @@ inline float32x4_t window_max(const float32x4_t t[4], uint32x4_t* which) {
   return m;
 }
 
-// One output the reference's way (the outputs past the last whole vector).
-inline float max_at(const float* x, int64_t W, int64_t Q, int64_t j, int32_t* arg) {
-  const int64_t top = 2 * (j / Q) * W + 2 * (j % Q), at[4] = {top, top + 1, top + W, top + W + 1};
-  float m = -FLT_MAX;
-  *arg = -1;
-  for (int64_t k = 0; k < 4; ++k)
-    if (x[at[k]] > m) m = x[at[k]], *arg = int32_t(at[k]);
-  return m;
-}
 inline int64_t whole_vectors_end(int64_t P, int64_t Q) { return P * Q / 4 * 4; }
 
 inline void max_forward(int64_t W, int64_t P, int64_t Q, const float* x, float* y) {
@@ -441,8 +448,7 @@ inline void max_forward(int64_t W, int64_t P, int64_t Q, const float* x, float* 
     load_taps(x, W, Q, j0, t);
     vst1q_f32(y + j0, window_max(t, &which));
   }
-  int32_t a;
-  for (int64_t j = end; j < P * Q; ++j) y[j] = max_at(x, W, Q, j, &a);
+  forward_tail(W, Q, x, end, P * Q, y, nullptr);
 }
 
 // max_forward, and arg = the flat index of each window's first maximum (-1: none).
@@ -462,7 +468,7 @@ inline void max_forward_args(int64_t W, int64_t P, int64_t Q, const float* x, fl
     const int32x4_t at = vaddq_s32(top_left, vaddq_s32(vmulq_s32(vshrq_n_s32(w, 1), W1), vandq_s32(w, one)));
     vst1q_s32(arg + j0, vbslq_s32(vcgeq_s32(w, vdupq_n_s32(0)), at, vdupq_n_s32(-1)));
   }
-  for (int64_t j = end; j < P * Q; ++j) y[j] = max_at(x, W, Q, j, arg + j);
+  forward_tail(W, Q, x, end, P * Q, y, arg);
 }
 
 // dx += dy at each window's first maximum of x (windows do not overlap: one add per element at most).
@@ -478,11 +484,7 @@ inline void max_backward(int64_t W, int64_t P, int64_t Q, const float* x, const 
     for (uint32_t k = 0; k < 4; ++k) d[k] = vbslq_f32(vceqq_u32(which, vdupq_n_u32(k)), vaddq_f32(d[k], g), d[k]);
     store_taps(dx, W, Q, j0, d);
   }
-  for (int64_t j = end; j < P * Q; ++j) {
-    int32_t a;
-    max_at(x, W, Q, j, &a);
-    if (a >= 0) dx[a] += dy[j];
-  }
+  backward_tail(W, Q, x, dy, end, P * Q, dx);
 }
 
 }  // namespace pool_pairs
