@@ -254,7 +254,12 @@ TEST_CASE("pooling planes: the vectorised loops equal the reference loops bit fo
                          // outputs are not a whole vector of 8 or 4), 24 (a multiple of 8, not a
                          // power of 2) and 12 (a multiple of 4, not of 8)
                          Geom{22, 2, 2, 2, 2, 2, 0, 0}, Geom{14, 4, 2, 2, 2, 2, 0, 0}, Geom{6, 48, 2, 2, 2, 2, 0, 0},
-                         Geom{6, 24, 2, 2, 2, 2, 0, 0}}) {
+                         Geom{6, 24, 2, 2, 2, 2, 0, 0},
+                         // stride 1 (AVX2: pool_stride1.h): rows of 1 to 3 vectors of 8 and a cut one,
+                         // 3x3 unrolled and other windows, rows narrower than the window's padding
+                         Geom{9, 8, 3, 3, 1, 1, 1, 1}, Geom{11, 23, 3, 3, 1, 1, 1, 1}, Geom{3, 47, 3, 3, 1, 1, 0, 0},
+                         Geom{40, 2, 3, 3, 1, 1, 1, 1}, Geom{17, 70, 3, 3, 1, 1, 1, 1}, Geom{12, 9, 7, 2, 1, 1, 3, 1},
+                         Geom{20, 13, 8, 8, 1, 1, 0, 7}}) {
     pool_planes::Plane g;
     g.H = gm.H; g.W = gm.W; g.R = gm.R; g.S = gm.S;
     g.stride_h = gm.sh; g.stride_w = gm.sw; g.pad_h = gm.ph; g.pad_w = gm.pw;
@@ -307,6 +312,12 @@ TEST_CASE("pooling planes: the vectorised loops equal the reference loops bit fo
         std::vector<float> d1(x.size(), start), d2(x.size(), start);
         pool_planes::max_backward_reference(g, x.data(), dy.data(), d1.data());
         pool_planes::max_backward(g, x.data(), dy.data(), d2.data());
+        CHECK(std::memcmp(d1.data(), d2.data(), d1.size() * 4) == 0);
+      }
+      {  // or writes dx whole, as onto +0 (what was there is never read)
+        std::vector<float> d1(x.size(), 0.f), d2(x.size(), NAN);
+        pool_planes::max_backward_reference(g, x.data(), dy.data(), d1.data());
+        pool_planes::max_backward(g, x.data(), dy.data(), d2.data(), false);
         CHECK(std::memcmp(d1.data(), d2.data(), d1.size() * 4) == 0);
       }
     }

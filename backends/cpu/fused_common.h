@@ -153,17 +153,19 @@ inline void pool_forward(const FusedStage& st, int64_t L, const float* in, float
   }
 }
 
-// dx (zeroed by the caller) += the pool's gradient of dy over L planes; in is the pool's input.
-inline void pool_backward(const FusedStage& st, int64_t L, const float* in, const float* dy, float* dx) {
+// dx [L planes] = the pool's gradient of dy (accumulate: dx += it); in is the pool's input.
+inline void pool_backward(const FusedStage& st, int64_t L, const float* in, const float* dy, float* dx,
+                          bool accumulate) {
   const bool max = st.kind == FusedKind::MaxPool;
   const pool_planes::Plane g = pool_planes::of(st);
+  if (!max && !accumulate) std::memset(dx, 0, sizeof(float) * size_t(L * g.H * g.W));
   if (pool_planes::pools_as_one_plane(g)) {
     const pool_planes::Plane t = pool_planes::stacked(g, L);
-    return max ? pool_planes::max_backward(t, in, dy, dx) : pool_planes::avg_backward(t, dy, dx);
+    return max ? pool_planes::max_backward(t, in, dy, dx, accumulate) : pool_planes::avg_backward(t, dy, dx);
   }
   for (int64_t l = 0; l < L; ++l) {
     if (max)
-      pool_planes::max_backward(g, in + l * g.H * g.W, dy + l * g.P * g.Q, dx + l * g.H * g.W);
+      pool_planes::max_backward(g, in + l * g.H * g.W, dy + l * g.P * g.Q, dx + l * g.H * g.W, accumulate);
     else
       pool_planes::avg_backward(g, dy + l * g.P * g.Q, dx + l * g.H * g.W);
   }
@@ -304,8 +306,12 @@ inline float* stages_backward(const FusedStack& s, const StageRows& r, FusedGrad
         break;
       case FusedKind::MaxPool:
       case FusedKind::AvgPool:
-        std::memset(gb, 0, sizeof(float) * size_t(r.pool_span));
-        if (st.P > 0) pool_backward(st, L, out[k - 1] + r.pool_off, ga, gb + r.pool_off);
+        if (r.pool_off == 0 && r.pool_span == L * st.H * st.W && st.P > 0) {  // the pool writes all of gb
+          pool_backward(st, L, out[k - 1], ga, gb, false);
+        } else {  // a band: its rows past the pool's windows take no gradient
+          std::memset(gb, 0, sizeof(float) * size_t(r.pool_span));
+          if (st.P > 0) pool_backward(st, L, out[k - 1] + r.pool_off, ga, gb + r.pool_off, true);
+        }
         std::swap(ga, gb);
         break;
       default: ET_CHECK(false, "fused stage kind ", int(st.kind));

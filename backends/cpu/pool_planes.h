@@ -138,6 +138,7 @@ inline void avg_backward(const Plane& g, const float* dy, float* dx) {
 // read it. Rows are rounded up to whole vectors (kLanes) in the ring, so no loop has a scalar tail.
 constexpr int64_t kLanes = 16;
 constexpr int64_t kRingRows = 8;    // windows up to this height and width take the fast loops
+static_assert((kRingRows & (kRingRows - 1)) == 0, "ring slots are rows modulo a power of 2");
 constexpr int64_t kRingCols = 256;  // padded row widths up to this take the fast loops
 inline int64_t round_lanes(int64_t n) { return (n + kLanes - 1) / kLanes * kLanes; }
 
@@ -286,8 +287,9 @@ struct MaxRows {
     for (int64_t r = 0; r < g.R; ++r) {
       const int64_t h = p * g.stride_h - g.pad_h + r;
       if (h < 0 || h >= g.H) continue;
-      // The R rows of a window fall in distinct slots (a 32-bit modulo: a 64-bit division is slow).
-      const int64_t slot = int64_t(uint32_t(h) % uint32_t(g.R));
+      // Any R <= kRingRows consecutive rows fall in distinct slots (no division: it costs more than
+      // a short row's work).
+      const int64_t slot = h & (kRingRows - 1);
       if (tag[slot] != h) {
         row_max<kArg>(g, x, h, m[slot], kArg ? a[slot] : nullptr);
         tag[slot] = h;
@@ -442,8 +444,9 @@ inline void max_forward_args(const Plane& g, const float* x, float* y, int32_t* 
   }
 }
 
-#if !defined(__AVX512F__) && !defined(__AVX2__)
-// One tap of the gather: acc[w] += dy of the output whose argument is input row0 + w.
+#if !defined(__AVX512F__)
+// One tap of the gather: acc[w] += dy of the output whose argument is input row0 + w. (AVX2 takes
+// pool_stride1.h but for pad_h >= R.)
 inline void gather_tap(const int32_t* __restrict arg, const float* __restrict dy, int32_t row0, int32_t lanes,
                        float* __restrict acc) {
   // Adding -0 leaves every value as it is (-0 included), so the lanes that are not the argument
@@ -461,13 +464,24 @@ inline void gather_tap(const int32_t* __restrict arg, const float* __restrict dy
 }
 #endif
 
+}  // namespace pool_planes
+}  // namespace et
+#include "backends/cpu/pool_stride1.h"  // NOLINT(build/include_order): uses the helpers above
+namespace et {
+namespace pool_planes {
+
 // dx [H,W] += dy routed to the first maximum of each window of x, in the reference's order.
 // Stride 1 gathers: input (h, w) lies in the windows of outputs (h + ph - r, w + pw - s), which
 // come in the reference's raster order for r, then s, descending; each lane (input column) adds
 // the dy of those whose argument it is, in that order, so every dx element sees the same additions
 // in the same order. The argument and dy rows are kept padded with -1 / 0 in a ring of R output
 // rows. Other strides scatter in the reference's order from the fast arguments.
-inline void max_backward(const Plane& g, const float* x, const float* dy, float* dx) {
+// accumulate = false: dx is written whole, as if zeroed first (the same bits).
+inline void max_backward(const Plane& g, const float* x, const float* dy, float* dx, bool accumulate = true) {
+#if defined(__AVX2__) && !defined(__AVX512F__)
+  if (stride1_applies(g)) return max_backward_stride1(g, x, dy, dx, accumulate);
+#endif
+  if (!accumulate) std::memset(dx, 0, sizeof(float) * size_t(g.H * g.W));
 #if defined(ET_POOL_PAIRS)
   if (pairs_apply(g)) return pool_pairs::max_backward(g.W, g.P, g.Q, x, dy, dx);
 #endif
@@ -505,7 +519,7 @@ inline void max_backward(const Plane& g, const float* x, const float* dy, float*
   alignas(64) float dy_ring[kRingRows][kRingCols];
   int64_t tag[kRingRows];
   const int64_t B = gather_row_ints(g), Wr = round_lanes(g.W), Qr = round_lanes(g.Q), off = g.S - 1;
-  for (int64_t k = 0; k < g.R; ++k) {
+  for (int64_t k = 0; k < std::min(g.P, kRingRows); ++k) {  // the slots rows p & (kRingRows - 1) use
     tag[k] = -1;
     for (int64_t j = 0; j < B; ++j) {
       arg_ring[k][j] = -1;
@@ -519,7 +533,7 @@ inline void max_backward(const Plane& g, const float* x, const float* dy, float*
     for (int64_t r = g.R - 1; r >= 0; --r) {
       const int64_t p = h + g.pad_h - r;
       if (p < 0 || p >= g.P) continue;
-      const int64_t slot = int64_t(uint32_t(p) % uint32_t(g.R));
+      const int64_t slot = p & (kRingRows - 1);
       if (tag[slot] != p) {
         int32_t* ar = arg_ring[slot] + off;
         rows.output_row(g, x, p, ym, ar);
@@ -568,36 +582,6 @@ inline void max_backward(const Plane& g, const float* x, const float* dy, float*
       }
       _mm512_mask_storeu_ps(dxh + w0, live, v);
     }
-#elif defined(__AVX2__)
-    // Lanes that are not the argument add -0, which leaves every value as it is (-0 included):
-    // each lane's additions stay a chain in tap order. Two blocks of lanes at a time.
-    const __m256 minus_zero = _mm256_set1_ps(-0.f), zero = _mm256_setzero_ps();
-    auto tap_add = [&](__m256 v, int64_t t, int64_t w, __m256i me) {
-      const __m256i mine = _mm256_cmpeq_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(tap_arg[t] + w)), me);
-      return _mm256_add_ps(v, _mm256_blendv_ps(minus_zero, _mm256_loadu_ps(tap_dy[t] + w), _mm256_castsi256_ps(mine)));
-    };
-    auto store_inside = [&](int64_t w, __m256 v) {
-      if (w + 8 <= g.W)
-        _mm256_storeu_ps(dxh + w, v);
-      else
-        _mm256_maskstore_ps(dxh + w, lanes_inside8(w, g.W), v);
-    };
-    auto columns = [&](int64_t w0, auto vectors_side_by_side) {  // V chains side by side
-      constexpr int V = decltype(vectors_side_by_side)::value;
-      __m256 v[V];
-      __m256i me[V];
-      for (int k = 0; k < V; ++k) {
-        v[k] = load_inside8(dxh + w0 + 8 * k, w0 + 8 * k, g.W, zero);
-        me[k] = _mm256_add_epi32(_mm256_set1_epi32(row0 + int32_t(w0 + 8 * k)), lane_iota8());
-      }
-      for (int64_t t = 0; t < taps; ++t)
-        for (int k = 0; k < V; ++k) v[k] = tap_add(v[k], t, w0 + 8 * k, me[k]);
-      for (int k = 0; k < V; ++k)
-        if (w0 + 8 * k < g.W) store_inside(w0 + 8 * k, v[k]);
-    };
-    int64_t w0 = 0;
-    for (; w0 + 16 <= Wr; w0 += 16) columns(w0, std::integral_constant<int, 2>{});
-    for (; w0 < Wr; w0 += 8) columns(w0, std::integral_constant<int, 1>{});
 #else
     alignas(64) float acc[kRingCols];
     for (int64_t w = 0; w < Wr; ++w) acc[w] = w < g.W ? dxh[w] : 0.f;  // lanes past the row are discarded

@@ -58,8 +58,7 @@ void CpuBackend::maxpool2d_backward(const Conv2dGeom& g, const Tensor& dy, const
     for_each_run(g, [&](int64_t p0, int64_t k, const pool_planes::Plane& pg) {
       const float* xp = xr.read(p0 * HW, k * HW);
       float* dxp = dx.f32() + p0 * HW;
-      if (!accumulate) std::memset(dxp, 0, sizeof(float) * size_t(k * HW));
-      pool_planes::max_backward(pg, xp, dy.f32() + p0 * PQ, dxp);
+      pool_planes::max_backward(pg, xp, dy.f32() + p0 * PQ, dxp, accumulate);
     });
   }
 }

@@ -1,0 +1,163 @@
+// The stride-1 max-pool backward on AVX2 (BrainSlug's <MaxPool 3x3 s1 p1, BN, ReLU> block, the
+// unfused layer and the fused stack alike), included by pool_planes.h. Same definition as
+// max_backward_reference, same bits: each window's first maximum found again (row first, then
+// across rows), then each input gathers the dy of the windows it won, in the reference's order.
+//
+// pool_planes.h's general loops do the same per input row through tables of tap pointers, ring
+// tags, masked loads at both ends of every row and a division per row; on 32x32 planes that was
+// five times the instructions of the arithmetic. Here rows stream in order (each input row's
+// maxima once, each output row's arguments once, both in rings of kRingRows) and the output rows
+// are stored padded with arguments of -1, so every tap of the gather is one compare, one blend and
+// one add per 8 lanes, the taps unrolled for 3x3 windows.
+#pragma once
+
+#if defined(__AVX2__) && !defined(__AVX512F__)
+namespace et {
+namespace pool_planes {
+
+inline bool stride1_applies(const Plane& g) {
+  return g.stride_h == 1 && g.stride_w == 1 && fast_max_applies(g) && g.pad_h < g.R;
+}
+
+// dx [H,W] (+)= dy routed to each window's first maximum (accumulate: onto dx; else dx is written
+// whole, as if zeroed first). Input (h, w) lies in the windows of outputs (h + ph - r, w + pw - s),
+// which come in the reference's raster order for r, then s, descending.
+// kR, kS: the window as constants (the taps unrolled), or 0: g's, at run time.
+template <int kR, int kS>
+inline void max_backward_stride1_window(const Plane& g, const float* x, const float* dy, float* dx, bool accumulate) {
+  const int64_t R = kR > 0 ? kR : g.R, S = kS > 0 ? kS : g.S;
+  const int64_t Qr = round_lanes(g.Q), Wr = round_lanes(g.W), B = gather_row_ints(g), off = S - 1;
+  const int64_t pw = g.pad_w, ph = g.pad_h;
+  alignas(64) float row_m[kRingRows][kRingCols];            // per input row: the running maxima over s ...
+  alignas(64) int32_t row_a[kRingRows][kRingCols];          // ... and their flat indices
+  alignas(64) int32_t out_a[kRingRows + 1][kRingCols];      // per output row q at off + q: its argument;
+  alignas(64) float out_dy[kRingRows + 1][kRingCols];       // dy alike; the last row: outside the plane
+  auto clear_output_row = [&](int64_t slot) {
+    for (int64_t j = 0; j < B; ++j) {
+      out_a[slot][j] = -1;
+      out_dy[slot][j] = 0.f;
+    }
+  };
+  for (int64_t k = 0; k < std::min(g.P, kRingRows); ++k) clear_output_row(k);  // the slots p & 7 takes
+  clear_output_row(kRingRows);
+  const __m256i iota = lane_iota8();
+
+  // The running first maximum over taps: v > m takes v and its argument. max_ps(v, m) is exactly
+  // that value (m where v is NaN or equal); the compare picks the argument.
+  auto take = [](__m256 v, __m256 arg, __m256* m, __m256* a) {
+    *a = _mm256_blendv_ps(*a, arg, _mm256_cmp_ps(v, *m, _CMP_GT_OQ));  // false on NaN
+    *m = _mm256_max_ps(v, *m);
+  };
+  // Both stages take V vectors of output columns side by side: V independent chains of compares.
+  auto for_blocks = [&](auto stage) {
+    int64_t q0 = 0;
+    for (; q0 + 32 <= Qr; q0 += 32) stage(q0, std::integral_constant<int, 4>{});
+    for (; q0 < Qr; q0 += 16) stage(q0, std::integral_constant<int, 2>{});  // Qr: a multiple of 16
+  };
+
+  // Input row h's maxima over the S taps of each output column, in the reference's s order; taps
+  // outside the row read -inf, which never wins.
+  const __m256 minus_inf = _mm256_set1_ps(-INFINITY);
+  auto row_stage = [&](int64_t h) {
+    const float* xh = x + h * g.W;
+    float* m = row_m[h & (kRingRows - 1)];
+    int32_t* a = row_a[h & (kRingRows - 1)];
+    const __m256i base = _mm256_add_epi32(_mm256_set1_epi32(int32_t(h * g.W - pw)), iota);
+    for_blocks([&](int64_t q0, auto blocks) {
+      constexpr int V = decltype(blocks)::value;
+      __m256 mv[V], av[V];
+      for (int k = 0; k < V; ++k) mv[k] = _mm256_set1_ps(-FLT_MAX), av[k] = _mm256_castsi256_ps(_mm256_set1_epi32(-1));
+      for (int64_t s = 0; s < S; ++s)
+        for (int k = 0; k < V; ++k) {
+          const int64_t col = q0 + 8 * k + s - pw;  // of lane 0
+          const __m256i arg = _mm256_add_epi32(base, _mm256_set1_epi32(int32_t(q0 + 8 * k + s)));
+          take(load_inside8(xh + col, col, g.W, minus_inf), _mm256_castsi256_ps(arg), &mv[k], &av[k]);
+        }
+      for (int k = 0; k < V; ++k) {
+        _mm256_store_ps(m + q0 + 8 * k, mv[k]);
+        _mm256_store_ps(reinterpret_cast<float*>(a + q0 + 8 * k), av[k]);
+      }
+    });
+  };
+  int64_t next_h = 0;  // input rows [0, next_h) have their row maxima
+  // Output row p's arguments (the first row holding the window's maximum, in r order) and dy.
+  auto output_row = [&](int64_t p) {
+    const int64_t h0 = std::max<int64_t>(0, p - ph), h1 = std::min(g.H, p - ph + R);
+    while (next_h < h1) row_stage(next_h++);
+    int32_t* a = out_a[p & (kRingRows - 1)] + off;
+    for_blocks([&](int64_t q0, auto blocks) {
+      constexpr int V = decltype(blocks)::value;
+      __m256 mv[V], av[V];
+      for (int k = 0; k < V; ++k) mv[k] = _mm256_set1_ps(-FLT_MAX), av[k] = _mm256_castsi256_ps(_mm256_set1_epi32(-1));
+      for (int64_t h = h0; h < h1; ++h)
+        for (int k = 0; k < V; ++k) {
+          const int64_t j = q0 + 8 * k;
+          const __m256 arg = _mm256_load_ps(reinterpret_cast<const float*>(row_a[h & (kRingRows - 1)] + j));
+          take(_mm256_load_ps(row_m[h & (kRingRows - 1)] + j), arg, &mv[k], &av[k]);
+        }
+      for (int k = 0; k < V; ++k) _mm256_storeu_ps(reinterpret_cast<float*>(a + q0 + 8 * k), av[k]);
+    });
+    for (int64_t q = g.Q; q < Qr; ++q) a[q] = -1;  // lanes past the row
+    std::memcpy(out_dy[p & (kRingRows - 1)] + off, dy + p * g.Q, sizeof(float) * size_t(g.Q));
+  };
+  int64_t next_p = 0;  // output rows [0, next_p) have their arguments
+  const int64_t ahead = R < kRingRows ? 1 : 0;
+
+  const __m256 minus_zero = _mm256_set1_ps(-0.f);
+  for (int64_t h = 0; h < g.H; ++h) {
+    // One output row ahead where the ring has room: a row's stores have reached the cache
+    // before the gather reads them at other offsets (a load that straddles stores still in
+    // flight waits for them).
+    while (next_p < std::min(g.P, h + ph + 1 + ahead)) output_row(next_p++);
+    const int32_t* ta[kRingRows];  // output row h + ph - r of tap row r, from r = R - 1 down, at lane 0, s = 0
+    const float* td[kRingRows];
+    for (int64_t r = R - 1, t = 0; r >= 0; --r, ++t) {
+      const int64_t p = h + ph - r;
+      const int64_t slot = p >= 0 && p < g.P ? (p & (kRingRows - 1)) : kRingRows;
+      ta[t] = out_a[slot] + off + pw;
+      td[t] = out_dy[slot] + off + pw;
+    }
+    float* dxh = dx + h * g.W;
+    const int32_t row0 = int32_t(h * g.W);
+    // V blocks of 8 lanes side by side: each lane's additions are a chain in tap order (lanes that
+    // are not the argument add -0, which leaves every value as it is), so the adds' latency, not
+    // their number, bounds one block.
+    auto columns = [&](int64_t w0, auto blocks) {
+      constexpr int V = decltype(blocks)::value;
+      __m256 acc[V];
+      __m256i me[V];
+      for (int k = 0; k < V; ++k) {
+        const int64_t w = w0 + 8 * k;
+        acc[k] = !accumulate ? _mm256_setzero_ps() : load_inside8(dxh + w, w, g.W, _mm256_setzero_ps());
+        me[k] = _mm256_add_epi32(_mm256_set1_epi32(row0 + int32_t(w)), iota);
+      }
+      for (int64_t t = 0; t < R; ++t)
+        for (int64_t s = S - 1; s >= 0; --s)
+          for (int k = 0; k < V; ++k) {
+            const int64_t j = w0 + 8 * k - s;
+            const __m256i arg = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(ta[t] + j));
+            const __m256 mine = _mm256_castsi256_ps(_mm256_cmpeq_epi32(arg, me[k]));
+            acc[k] = _mm256_add_ps(acc[k], _mm256_blendv_ps(minus_zero, _mm256_loadu_ps(td[t] + j), mine));
+          }
+      for (int k = 0; k < V; ++k) {
+        const int64_t w = w0 + 8 * k;
+        if (w + 8 <= g.W)
+          _mm256_storeu_ps(dxh + w, acc[k]);
+        else if (w < g.W)
+          _mm256_maskstore_ps(dxh + w, lanes_inside8(w, g.W), acc[k]);
+      }
+    };
+    int64_t w0 = 0;
+    for (; w0 + 32 <= Wr; w0 += 32) columns(w0, std::integral_constant<int, 4>{});
+    for (; w0 < Wr; w0 += 16) columns(w0, std::integral_constant<int, 2>{});  // Wr: a multiple of 16
+  }
+}
+
+inline void max_backward_stride1(const Plane& g, const float* x, const float* dy, float* dx, bool accumulate) {
+  if (g.R == 3 && g.S == 3) return max_backward_stride1_window<3, 3>(g, x, dy, dx, accumulate);
+  max_backward_stride1_window<0, 0>(g, x, dy, dx, accumulate);
+}
+
+}  // namespace pool_planes
+}  // namespace et
+#endif
