@@ -616,15 +616,17 @@ void CpuBackend::fused_backward(const FusedStack& s, const FusedTensors& t, Fuse
   auto x_rows = [&](float* scratch, int64_t pl, int64_t r0, int64_t r1) {
     return bn_rows::x_f32(t.x, pl * HW + r0 * bn.W, (r1 - r0) * bn.W, scratch + (S + 2) * plane);
   };
-  // dz (the gradient of the BN output) in the thread's scratch. The first sweep also writes the side
-  // input's gradient, which the Add stage hands on unchanged. A last pool's output is not needed,
-  // only its input.
-  auto band_dz = [&](float* scratch, int64_t pl, const BandRows& b, const float* x, bool first_sweep) -> const float* {
+  // dz (the gradient of the BN output) in the thread's scratch, or where the pool's gradient goes:
+  // pool_into (a plane of dx, where sweep 1 parks dz: the pool writes it there and the stages before
+  // it work in place, no copy). The first sweep also writes the side input's gradient, which the
+  // Add stage hands on unchanged. A last pool's output is not needed, only its input.
+  auto band_dz = [&](float* scratch, int64_t pl, const BandRows& b, const float* x, bool first_sweep,
+                     float* pool_into = nullptr) -> const float* {
     const StageRows rows = one_band(s, b, pl, t.seed);
     float* out[kMaxStages];
     for (int64_t k = 0; k < S; ++k) out[k] = scratch + k * plane;
     float* ga = scratch + S * plane;
-    float* gb = ga + plane;
+    float* gb = pool_into ? pool_into : ga + plane;
     if (recompute) {
       float scale, shift;
       const int64_t c = pl % C;
@@ -633,12 +635,11 @@ void CpuBackend::fused_backward(const FusedStack& s, const FusedTensors& t, Fuse
       forward_rows(s, rows, s.stages.size() - (last_pool ? 1 : 0), x, add >= 0 ? t.side.f32() + rows.side_off : nullptr,
                    scale, shift, out, true);
     }
-    std::memcpy(ga, g.dy.f32() + rows.y_off, sizeof(float) * size_t((b.o1 - b.o0) * last.Q));
-    return stages_backward(s, rows, g, out, ga, gb, first_sweep, read_y_mask);
+    return stages_backward(s, rows, g, out, g.dy.f32() + rows.y_off, ga, gb, first_sweep, read_y_mask);
   };
   // ... of a whole plane: one band of all its rows.
-  auto plane_dz = [&](float* scratch, int64_t pl, const float* x, bool first_sweep) {
-    return band_dz(scratch, pl, forward_band(s, 0, last.P), x, first_sweep);
+  auto plane_dz = [&](float* scratch, int64_t pl, const float* x, bool first_sweep, float* pool_into = nullptr) {
+    return band_dz(scratch, pl, forward_band(s, 0, last.P), x, first_sweep, pool_into);
   };
   // Sweep 1 on plane (n, c): dz, the side gradient, dz parked, the plane's two sums in float.
   auto sweep1 = [&](float* scratch, int64_t pl, float* a, float* b) {
@@ -664,9 +665,10 @@ void CpuBackend::fused_backward(const FusedStack& s, const FusedTensors& t, Fuse
 #if defined(ET_POOL_IN_REGISTERS)
     if (pool_in_registers) return bn_rows::grad_sums(pool_dz(pl, x), x, t.mean.f32()[c], HW, a, b);
 #endif
-    const float* dz = plane_dz(scratch, pl, x, true);
+    float* parked = park ? g.dx.f32() + o : nullptr;
+    const float* dz = plane_dz(scratch, pl, x, true, parked);
     bn_rows::grad_sums(bn_rows::row_of(dz), x, t.mean.f32()[c], HW, a, b);
-    if (park) std::memcpy(g.dx.f32() + o, dz, sizeof(float) * size_t(HW));
+    if (park && dz != parked) std::memcpy(parked, dz, sizeof(float) * size_t(HW));
   };
   auto finish_channel = [&](int64_t c, double sdy, double sdyx) {
     return bn_rows::channel_gradients(sdy, sdyx, t.gamma, t.mean, t.invstd, c, N * HW, g.dgamma, g.dbeta,

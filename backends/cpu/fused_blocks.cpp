@@ -312,8 +312,8 @@ void CpuBackend::fused_blocks_backward(const FusedStack& s, const FusedTensors& 
     if (recompute)
       forward_block(s, size_t(S) - (last_pool ? 1 : 0), L, x, add >= 0 ? t.side.f32() + b0 * side_plane : nullptr,
                     scale + c0 * HW, shift + c0 * HW, sc.out, b0, t.seed, true);
-    std::memcpy(sc.ga, g.dy.f32() + b0 * PQ, sizeof(float) * size_t(L * PQ));
-    return stages_backward(s, whole_planes(s, b0, L, t.seed), g, sc.out, sc.ga, sc.gb, first_sweep, read_y_mask);
+    return stages_backward(s, whole_planes(s, b0, L, t.seed), g, sc.out, g.dy.f32() + b0 * PQ, sc.ga, sc.gb,
+                           first_sweep, read_y_mask);
   };
 
 #pragma omp parallel

@@ -262,13 +262,17 @@ inline StageRows one_band(const FusedStack& s, const BandRows& b, int64_t pl, ui
   return r;
 }
 
-// The stages' backward, last to first, over the rows r describes: ga holds dy of the stack's output
-// on entry; returns the buffer (ga or gb) that holds dz, the gradient of the BN output. out[k]:
-// stage k's recomputed output where a stage needs it. The first sweep also writes the side input's
-// gradient, which the Add stage hands on unchanged.
-inline float* stages_backward(const FusedStack& s, const StageRows& r, FusedGrads& g, float* const* out, float* ga,
-                              float* gb, bool first_sweep, bool read_y_mask) {
+// The stages' backward, last to first, over the rows r describes, from dy (the stack's output
+// gradient at these rows); returns the buffer (ga or gb) that holds dz, the gradient of the BN
+// output. A last pool reads dy where it is and writes gb; else dy is copied into ga, which the
+// stages after the pool change in place. out[k]: stage k's recomputed output where a stage needs
+// it. The first sweep also writes the side input's gradient, which the Add stage hands on unchanged.
+inline float* stages_backward(const FusedStack& s, const StageRows& r, FusedGrads& g, float* const* out,
+                              const float* dy, float* ga, float* gb, bool first_sweep, bool read_y_mask) {
   const int64_t S = int64_t(s.stages.size()), L = r.L;
+  const FusedKind last = s.stages.back().kind;
+  const bool pool_reads_dy = last == FusedKind::MaxPool || last == FusedKind::AvgPool;
+  if (!pool_reads_dy) std::memcpy(ga, dy, sizeof(float) * size_t(L * r.geo[S - 1].P * r.geo[S - 1].Q));
   for (int64_t k = S - 1; k >= 1; --k) {
     const FusedStage& st = r.geo[k];
     const int64_t n_in = L * st.H * st.W;
@@ -306,11 +310,14 @@ inline float* stages_backward(const FusedStack& s, const StageRows& r, FusedGrad
         break;
       case FusedKind::MaxPool:
       case FusedKind::AvgPool:
-        if (r.pool_off == 0 && r.pool_span == L * st.H * st.W && st.P > 0) {  // the pool writes all of gb
-          pool_backward(st, L, out[k - 1], ga, gb, false);
-        } else {  // a band: its rows past the pool's windows take no gradient
-          std::memset(gb, 0, sizeof(float) * size_t(r.pool_span));
-          if (st.P > 0) pool_backward(st, L, out[k - 1] + r.pool_off, ga, gb + r.pool_off, true);
+        {
+          const float* d = k == S - 1 ? dy : ga;
+          if (r.pool_off == 0 && r.pool_span == L * st.H * st.W && st.P > 0) {  // the pool writes all of gb
+            pool_backward(st, L, out[k - 1], d, gb, false);
+          } else {  // a band: its rows past the pool's windows take no gradient
+            std::memset(gb, 0, sizeof(float) * size_t(r.pool_span));
+            if (st.P > 0) pool_backward(st, L, out[k - 1] + r.pool_off, d, gb + r.pool_off, true);
+          }
         }
         std::swap(ga, gb);
         break;
