@@ -34,6 +34,10 @@
 #define ET_ELEMENTWISE_IN_REGISTERS 1  // elementwise_forward_plane / elementwise_dz below
 #endif
 
+#if defined(__AVX2__) && !defined(__AVX512F__)
+#define ET_BN_RELU_POOL_STRIDE1 1  // pool_stride1.h's BnReluInput
+#endif
+
 namespace et {
 
 namespace fused_planes {
@@ -118,6 +122,19 @@ void forward_rows(const FusedStack& s, const StageRows& r, size_t stages, const 
     if (pool && st.P == 0) continue;  // a backward band in no window: nothing to pool
     stage_forward(st, r.L, out[k - 1] + (pool ? r.pool_off : 0), side, out[k], r.draw(int64_t(k), training));
   }
+}
+
+// BN -> ReLU -> stride-1 max-pool on whole planes (BrainSlug's block): the pool reads x through the
+// BN and the ReLU, and its backward applies the ReLU's mask as it writes dz (pool_stride1.h), so
+// neither the forward nor the backward writes the BN's or the ReLU's output to scratch.
+[[maybe_unused]] bool bn_relu_pool_stride1(const FusedStack& s) {
+#if defined(ET_BN_RELU_POOL_STRIDE1)
+  return s.stages.size() == 3 && s.stages[1].kind == FusedKind::Relu && s.stages[2].kind == FusedKind::MaxPool &&
+         s.band_rows == 0 && pool_planes::stride1_applies(pool_planes::of(s.stages[2]));
+#else
+  (void)s;
+  return false;
+#endif
 }
 
 // Stacks whose stages after the BN are element-wise (ResNet's two kinds, MobileNetV2's): the first
@@ -388,6 +405,7 @@ void CpuBackend::fused_forward(const FusedStack& s, FusedTensors& t, bool traini
                       reinterpret_cast<uintptr_t>(yp) % 64 == 0 &&
                       (ew != ElementwiseOnly::No || (pool_in_registers && !words));
 #endif
+  [[maybe_unused]] const bool pool_stride1 = bn_relu_pool_stride1(s);
   // Plane (n, c) through every stage into y, with its bitmap words (and its sums, in L1).
   auto forward_one = [&](float* const* scratch_out, int64_t pl, float sc, float sh) -> int64_t {
     int64_t kept_in_registers = -1;  // the element-wise planes count their bitmap words' bits themselves
@@ -402,6 +420,12 @@ void CpuBackend::fused_forward(const FusedStack& s, FusedTensors& t, bool traini
     if (pool_in_registers) {
       fused_bn_relu_pool::forward(pool_layout, xp + pl * HW, fused_bn_relu_pool::ChannelBn(sc, sh), HW, yp + pl * PQ,
                                   stream);
+    } else
+#endif
+#if defined(ET_BN_RELU_POOL_STRIDE1)
+    if (pool_stride1) {
+      pool_planes::max_forward_stride1(pool_planes::of(last), xp + pl * HW, pool_planes::BnReluInput(sc, sh),
+                                       yp + pl * PQ);
     } else
 #endif
     {  // the whole plane, or bands of rows (planes larger than the cache), their halos recomputed
@@ -607,6 +631,20 @@ void CpuBackend::fused_backward(const FusedStack& s, const FusedTensors& t, Fuse
 #endif
 
   const bool last_pool = s.last().kind == FusedKind::MaxPool || s.last().kind == FusedKind::AvgPool;
+  // BN -> ReLU -> stride-1 max-pool: dz of plane pl from x and dy into `into` (pool_stride1.h).
+  const bool pool_stride1 = bn_relu_pool_stride1(s);
+  auto pool_stride1_dz = [&](int64_t pl, const float* x, float* into) -> const float* {
+#if defined(ET_BN_RELU_POOL_STRIDE1)
+    float scale, shift;
+    const int64_t c = pl % C;
+    bn_rows::train_coefficients(t.gamma.f32()[c], t.beta.f32()[c], t.mean.f32()[c], t.invstd.f32()[c], &scale, &shift);
+    pool_planes::max_backward_stride1(pool_planes::of(last), x, pool_planes::BnReluInput(scale, shift),
+                                      g.dy.f32() + pl * PQ, into, false);
+#else
+    (void)pl, (void)x;
+#endif
+    return into;
+  };
   // x's plane (n, c) as f32: in place, or widened into the scratch's last plane.
   auto x_plane = [&](float* scratch, int64_t pl) {
     return bn_rows::x_f32(t.x, pl * HW, HW, scratch + (S + 2) * plane);
@@ -666,7 +704,8 @@ void CpuBackend::fused_backward(const FusedStack& s, const FusedTensors& t, Fuse
     if (pool_in_registers) return bn_rows::grad_sums(pool_dz(pl, x), x, t.mean.f32()[c], HW, a, b);
 #endif
     float* parked = park ? g.dx.f32() + o : nullptr;
-    const float* dz = plane_dz(scratch, pl, x, true, parked);
+    const float* dz = pool_stride1 ? pool_stride1_dz(pl, x, park ? parked : scratch + S * plane)
+                                   : plane_dz(scratch, pl, x, true, parked);
     bn_rows::grad_sums(bn_rows::row_of(dz), x, t.mean.f32()[c], HW, a, b);
     if (park && dz != parked) std::memcpy(parked, dz, sizeof(float) * size_t(HW));
   };
@@ -702,7 +741,10 @@ void CpuBackend::fused_backward(const FusedStack& s, const FusedTensors& t, Fuse
     if (pool_in_registers)
       return bn_rows::grad_apply_d(pool_dz(pl, x), x, k.a, k.b, k.c0, HW, dx, g.dx_accumulate, stream_dx);
 #endif
-    bn_rows::grad_apply(park ? dx : plane_dz(scratch, pl, x, false), x, k, HW, dx, g.dx_accumulate);
+    const float* dz = park           ? dx
+                      : pool_stride1 ? pool_stride1_dz(pl, x, scratch + S * plane)
+                                     : plane_dz(scratch, pl, x, false);
+    bn_rows::grad_apply(dz, x, k, HW, dx, g.dx_accumulate);
   };
 
 #pragma omp parallel

@@ -394,7 +394,16 @@ inline void tiled_max_vector(const Plane& g, const float* x, int64_t j0, __mmask
 }
 #endif
 
+}  // namespace pool_planes
+}  // namespace et
+#include "backends/cpu/pool_stride1.h"  // NOLINT(build/include_order): uses the helpers above
+namespace et {
+namespace pool_planes {
+
 inline void max_forward(const Plane& g, const float* x, float* y) {
+#if defined(__AVX2__) && !defined(__AVX512F__)
+  if (stride1_applies(g)) return max_forward_stride1(g, x, PlaneInput{}, y);
+#endif
 #if defined(ET_POOL_PAIRS)
   if (pairs_apply(g)) return pool_pairs::max_forward(g.W, g.P, g.Q, x, y);
 #endif
@@ -464,12 +473,6 @@ inline void gather_tap(const int32_t* __restrict arg, const float* __restrict dy
 }
 #endif
 
-}  // namespace pool_planes
-}  // namespace et
-#include "backends/cpu/pool_stride1.h"  // NOLINT(build/include_order): uses the helpers above
-namespace et {
-namespace pool_planes {
-
 // dx [H,W] += dy routed to the first maximum of each window of x, in the reference's order.
 // Stride 1 gathers: input (h, w) lies in the windows of outputs (h + ph - r, w + pw - s), which
 // come in the reference's raster order for r, then s, descending; each lane (input column) adds
@@ -479,7 +482,7 @@ namespace pool_planes {
 // accumulate = false: dx is written whole, as if zeroed first (the same bits).
 inline void max_backward(const Plane& g, const float* x, const float* dy, float* dx, bool accumulate = true) {
 #if defined(__AVX2__) && !defined(__AVX512F__)
-  if (stride1_applies(g)) return max_backward_stride1(g, x, dy, dx, accumulate);
+  if (stride1_applies(g)) return max_backward_stride1(g, x, PlaneInput{}, dy, dx, accumulate);
 #endif
   if (!accumulate) std::memset(dx, 0, sizeof(float) * size_t(g.H * g.W));
 #if defined(ET_POOL_PAIRS)

@@ -1,7 +1,9 @@
-// The stride-1 max-pool backward on AVX2 (BrainSlug's <MaxPool 3x3 s1 p1, BN, ReLU> block, the
-// unfused layer and the fused stack alike), included by pool_planes.h. Same definition as
-// max_backward_reference, same bits: each window's first maximum found again (row first, then
-// across rows), then each input gathers the dy of the windows it won, in the reference's order.
+// Stride-1 max pooling on AVX2 (BrainSlug's <MaxPool 3x3 s1 p1, BN, ReLU> block), included by
+// pool_planes.h: the backward of the layer, and forward and backward of a fused BN -> ReLU ->
+// max-pool stack straight from the BN's input (fused.cpp). Same definitions as the reference loops
+// (max_forward_reference, max_backward_reference, then relu_backward's rule), same bits: each
+// window's first maximum found row first, then across rows; each input gathers the dy of the
+// windows it won, in the reference's order.
 //
 // pool_planes.h's general loops do the same per input row through tables of tap pointers, ring
 // tags, masked loads at both ends of every row and a division per row; on 32x32 planes that was
@@ -9,6 +11,11 @@
 // maxima once, each output row's arguments once, both in rings of kRingRows) and the output rows
 // are stored padded with arguments of -1, so every tap of the gather is one compare, one blend and
 // one add per 8 lanes, the taps unrolled for 3x3 windows.
+//
+// The pool's input comes through a policy: PlaneInput reads the plane; BnReluInput reads the BN's
+// input x and applies the BN and the ReLU on the way (bn_rows::apply's FMA, relu_forward's rule),
+// so a fused stack needs no scratch plane for them, and the backward applies the ReLU's mask to dz
+// as it stores it.
 #pragma once
 
 #if defined(__AVX2__) && !defined(__AVX512F__)
@@ -19,12 +26,78 @@ inline bool stride1_applies(const Plane& g) {
   return g.stride_h == 1 && g.stride_w == 1 && fast_max_applies(g) && g.pad_h < g.R;
 }
 
+// The pool's input row h as vectors of 8 from column col (lane 0), -inf outside the row, which
+// never wins (as padding never does in the reference).
+struct PlaneInput {
+  static constexpr bool kReluMask = false;
+  __m256 row(const float* xh, int64_t col, int64_t W) const {
+    return load_inside8(xh + col, col, W, _mm256_set1_ps(-INFINITY));
+  }
+};
+// relu(x * scale + shift) of the BN's input x (one rounding; NaN and -0 give +0), and the ReLU's
+// mask: lanes where that is > 0.
+struct BnReluInput {
+  static constexpr bool kReluMask = true;
+  __m256 scale, shift;
+  BnReluInput(float sc, float sh) : scale(_mm256_set1_ps(sc)), shift(_mm256_set1_ps(sh)) {}
+  __m256 value(__m256 x) const { return _mm256_max_ps(_mm256_fmadd_ps(x, scale, shift), _mm256_setzero_ps()); }
+  __m256 row(const float* xh, int64_t col, int64_t W) const {
+    if (col >= 0 && col + 8 <= W) return value(_mm256_loadu_ps(xh + col));
+    const __m256i in = lanes_inside8(col, W);
+    return _mm256_blendv_ps(_mm256_set1_ps(-INFINITY), value(_mm256_maskload_ps(xh + col, in)), _mm256_castsi256_ps(in));
+  }
+  __m256 passes(const float* xh, int64_t col, int64_t W) const {  // the lanes inside the row
+    const __m256 x = load_inside8(xh + col, col, W, _mm256_setzero_ps());
+    return _mm256_cmp_ps(_mm256_fmadd_ps(x, scale, shift), _mm256_setzero_ps(), _CMP_GT_OQ);
+  }
+};
+
+// y [P,Q] = the max over each window of the input in's rows of x (values only: max_ps(v, m) is the
+// running first maximum's value, m where v is NaN or equal). Each input row's maxima once, in a
+// ring; 4 vectors of output columns side by side.
+template <int kR, int kS, class In>
+inline void max_forward_stride1_window(const Plane& g, const float* x, const In& in, float* y) {
+  const int64_t R = kR > 0 ? kR : g.R, S = kS > 0 ? kS : g.S;
+  const int64_t Qr = round_lanes(g.Q), pw = g.pad_w, ph = g.pad_h;
+  alignas(64) float row_m[kRingRows][kRingCols];
+  int64_t next_h = 0;
+  for (int64_t p = 0; p < g.P; ++p) {
+    const int64_t h0 = std::max<int64_t>(0, p - ph), h1 = std::min(g.H, p - ph + R);
+    for (; next_h < h1; ++next_h) {
+      const float* xh = x + next_h * g.W;
+      float* m = row_m[next_h & (kRingRows - 1)];
+      for (int64_t q0 = 0; q0 < Qr; q0 += 8) {
+        __m256 mv = _mm256_set1_ps(-FLT_MAX);
+        for (int64_t s = 0; s < S; ++s) mv = _mm256_max_ps(in.row(xh, q0 + s - pw, g.W), mv);
+        _mm256_store_ps(m + q0, mv);
+      }
+    }
+    float* yp = y + p * g.Q;
+    for (int64_t q0 = 0; q0 < Qr; q0 += 8) {
+      __m256 mv = _mm256_set1_ps(-FLT_MAX);
+      for (int64_t h = h0; h < h1; ++h) mv = _mm256_max_ps(_mm256_load_ps(row_m[h & (kRingRows - 1)] + q0), mv);
+      if (q0 + 8 <= g.Q)
+        _mm256_storeu_ps(yp + q0, mv);
+      else if (q0 < g.Q)
+        _mm256_maskstore_ps(yp + q0, lanes_inside8(q0, g.Q), mv);
+    }
+  }
+}
+template <class In>
+inline void max_forward_stride1(const Plane& g, const float* x, const In& in, float* y) {
+  if (g.R == 3 && g.S == 3) return max_forward_stride1_window<3, 3>(g, x, in, y);
+  max_forward_stride1_window<0, 0>(g, x, in, y);
+}
+
 // dx [H,W] (+)= dy routed to each window's first maximum (accumulate: onto dx; else dx is written
-// whole, as if zeroed first). Input (h, w) lies in the windows of outputs (h + ph - r, w + pw - s),
-// which come in the reference's raster order for r, then s, descending.
+// whole, as if zeroed first), then with BnReluInput the ReLU's mask (+0 where it stops; dx is then
+// always written whole: the mask applies to the pool's gradient alone). Input
+// (h, w) lies in the windows of outputs (h + ph - r, w + pw - s), which come in the reference's
+// raster order for r, then s, descending.
 // kR, kS: the window as constants (the taps unrolled), or 0: g's, at run time.
-template <int kR, int kS>
-inline void max_backward_stride1_window(const Plane& g, const float* x, const float* dy, float* dx, bool accumulate) {
+template <int kR, int kS, class In>
+inline void max_backward_stride1_window(const Plane& g, const float* x, const In& in, const float* dy, float* dx,
+                                        bool accumulate) {
   const int64_t R = kR > 0 ? kR : g.R, S = kS > 0 ? kS : g.S;
   const int64_t Qr = round_lanes(g.Q), Wr = round_lanes(g.W), B = gather_row_ints(g), off = S - 1;
   const int64_t pw = g.pad_w, ph = g.pad_h;
@@ -55,9 +128,7 @@ inline void max_backward_stride1_window(const Plane& g, const float* x, const fl
     for (; q0 < Qr; q0 += 16) stage(q0, std::integral_constant<int, 2>{});  // Qr: a multiple of 16
   };
 
-  // Input row h's maxima over the S taps of each output column, in the reference's s order; taps
-  // outside the row read -inf, which never wins.
-  const __m256 minus_inf = _mm256_set1_ps(-INFINITY);
+  // Input row h's maxima over the S taps of each output column, in the reference's s order.
   auto row_stage = [&](int64_t h) {
     const float* xh = x + h * g.W;
     float* m = row_m[h & (kRingRows - 1)];
@@ -71,7 +142,7 @@ inline void max_backward_stride1_window(const Plane& g, const float* x, const fl
         for (int k = 0; k < V; ++k) {
           const int64_t col = q0 + 8 * k + s - pw;  // of lane 0
           const __m256i arg = _mm256_add_epi32(base, _mm256_set1_epi32(int32_t(q0 + 8 * k + s)));
-          take(load_inside8(xh + col, col, g.W, minus_inf), _mm256_castsi256_ps(arg), &mv[k], &av[k]);
+          take(in.row(xh, col, g.W), _mm256_castsi256_ps(arg), &mv[k], &av[k]);
         }
       for (int k = 0; k < V; ++k) {
         _mm256_store_ps(m + q0 + 8 * k, mv[k]);
@@ -128,7 +199,7 @@ inline void max_backward_stride1_window(const Plane& g, const float* x, const fl
       __m256i me[V];
       for (int k = 0; k < V; ++k) {
         const int64_t w = w0 + 8 * k;
-        acc[k] = !accumulate ? _mm256_setzero_ps() : load_inside8(dxh + w, w, g.W, _mm256_setzero_ps());
+        acc[k] = !accumulate || In::kReluMask ? _mm256_setzero_ps() : load_inside8(dxh + w, w, g.W, _mm256_setzero_ps());
         me[k] = _mm256_add_epi32(_mm256_set1_epi32(row0 + int32_t(w)), iota);
       }
       for (int64_t t = 0; t < R; ++t)
@@ -141,6 +212,7 @@ inline void max_backward_stride1_window(const Plane& g, const float* x, const fl
           }
       for (int k = 0; k < V; ++k) {
         const int64_t w = w0 + 8 * k;
+        if constexpr (In::kReluMask) acc[k] = _mm256_and_ps(acc[k], in.passes(x + h * g.W, w, g.W));  // else +0
         if (w + 8 <= g.W)
           _mm256_storeu_ps(dxh + w, acc[k]);
         else if (w < g.W)
@@ -153,9 +225,11 @@ inline void max_backward_stride1_window(const Plane& g, const float* x, const fl
   }
 }
 
-inline void max_backward_stride1(const Plane& g, const float* x, const float* dy, float* dx, bool accumulate) {
-  if (g.R == 3 && g.S == 3) return max_backward_stride1_window<3, 3>(g, x, dy, dx, accumulate);
-  max_backward_stride1_window<0, 0>(g, x, dy, dx, accumulate);
+template <class In>
+inline void max_backward_stride1(const Plane& g, const float* x, const In& in, const float* dy, float* dx,
+                                 bool accumulate) {
+  if (g.R == 3 && g.S == 3) return max_backward_stride1_window<3, 3>(g, x, in, dy, dx, accumulate);
+  max_backward_stride1_window<0, 0>(g, x, in, dy, dx, accumulate);
 }
 
 }  // namespace pool_planes
