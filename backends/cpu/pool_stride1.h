@@ -26,13 +26,11 @@ inline bool stride1_applies(const Plane& g) {
   return g.stride_h == 1 && g.stride_w == 1 && fast_max_applies(g) && g.pad_h < g.R;
 }
 
-// The pool's input row h as vectors of 8 from column col (lane 0), -inf outside the row, which
-// never wins (as padding never does in the reference).
+// The pool's input, one row at a time: copy(xh, W, dst) writes dst[0, W) from row xh, read in
+// place (the tail masked: nothing past the row is read).
 struct PlaneInput {
   static constexpr bool kReluMask = false;
-  __m256 row(const float* xh, int64_t col, int64_t W) const {
-    return load_inside8(xh + col, col, W, _mm256_set1_ps(-INFINITY));
-  }
+  __m256 value(__m256 x) const { return x; }
 };
 // relu(x * scale + shift) of the BN's input x (one rounding; NaN and -0 give +0), and the ReLU's
 // mask: lanes where that is > 0.
@@ -41,46 +39,96 @@ struct BnReluInput {
   __m256 scale, shift;
   BnReluInput(float sc, float sh) : scale(_mm256_set1_ps(sc)), shift(_mm256_set1_ps(sh)) {}
   __m256 value(__m256 x) const { return _mm256_max_ps(_mm256_fmadd_ps(x, scale, shift), _mm256_setzero_ps()); }
-  __m256 row(const float* xh, int64_t col, int64_t W) const {
-    if (col >= 0 && col + 8 <= W) return value(_mm256_loadu_ps(xh + col));
-    const __m256i in = lanes_inside8(col, W);
-    return _mm256_blendv_ps(_mm256_set1_ps(-INFINITY), value(_mm256_maskload_ps(xh + col, in)), _mm256_castsi256_ps(in));
-  }
   __m256 passes(const float* xh, int64_t col, int64_t W) const {  // the lanes inside the row
     const __m256 x = load_inside8(xh + col, col, W, _mm256_setzero_ps());
     return _mm256_cmp_ps(_mm256_fmadd_ps(x, scale, shift), _mm256_setzero_ps(), _CMP_GT_OQ);
   }
 };
 
+// The input rows as the taps read them: in.value of row h at [pw, pw + W) of a buffer of -inf
+// (which never wins, as padding never does in the reference), so every tap is a plain load. Two
+// buffers, row h + 1 written while row h is read: a load that straddles stores still in flight
+// would wait for them.
+template <class In>
+class PaddedRows {
+ public:
+  PaddedRows(const Plane& g, const float* x, const In& in) : g_(g), x_(x), in_(in) {
+    const int64_t L = padded_row_floats(g);
+    for (auto& b : buf_)
+      for (int64_t j = 0; j < L; ++j) b[j] = -INFINITY;
+  }
+  // Row h (rows are asked for in order from 0), column col of its padded form at [0, 8).
+  const float* row(int64_t h) {
+    if (h == 0) fill(0);
+    if (h + 1 < g_.H) fill(h + 1);
+    return buf_[h & 1];
+  }
+
+ private:
+  void fill(int64_t h) {
+    const float* xh = x_ + h * g_.W;
+    float* d = buf_[h & 1] + g_.pad_w;
+    int64_t w = 0;
+    for (; w + 8 <= g_.W; w += 8) _mm256_storeu_ps(d + w, in_.value(_mm256_loadu_ps(xh + w)));
+    if (w < g_.W) {
+      const __m256i inside = lanes_inside8(w, g_.W);
+      _mm256_maskstore_ps(d + w, inside, in_.value(_mm256_maskload_ps(xh + w, inside)));
+    }
+  }
+  const Plane& g_;
+  const float* x_;
+  const In& in_;
+  alignas(64) float buf_[2][kRingCols];
+};
+
+// Vectors of output columns [0, Qr) in blocks of V side by side (V independent chains): 4, then 2
+// (Qr is a multiple of 16).
+template <class Block>
+inline void for_column_blocks(int64_t Qr, Block block) {
+  int64_t q0 = 0;
+  for (; q0 + 32 <= Qr; q0 += 32) block(q0, std::integral_constant<int, 4>{});
+  for (; q0 < Qr; q0 += 16) block(q0, std::integral_constant<int, 2>{});
+}
+
 // y [P,Q] = the max over each window of the input in's rows of x (values only: max_ps(v, m) is the
 // running first maximum's value, m where v is NaN or equal). Each input row's maxima once, in a
-// ring; 4 vectors of output columns side by side.
+// ring.
 template <int kR, int kS, class In>
 inline void max_forward_stride1_window(const Plane& g, const float* x, const In& in, float* y) {
   const int64_t R = kR > 0 ? kR : g.R, S = kS > 0 ? kS : g.S;
-  const int64_t Qr = round_lanes(g.Q), pw = g.pad_w, ph = g.pad_h;
+  const int64_t Qr = round_lanes(g.Q), ph = g.pad_h;
   alignas(64) float row_m[kRingRows][kRingCols];
+  PaddedRows<In> rows(g, x, in);
   int64_t next_h = 0;
   for (int64_t p = 0; p < g.P; ++p) {
     const int64_t h0 = std::max<int64_t>(0, p - ph), h1 = std::min(g.H, p - ph + R);
     for (; next_h < h1; ++next_h) {
-      const float* xh = x + next_h * g.W;
+      const float* xr = rows.row(next_h);  // column q0 + s - pw at xr + q0 + s
       float* m = row_m[next_h & (kRingRows - 1)];
-      for (int64_t q0 = 0; q0 < Qr; q0 += 8) {
-        __m256 mv = _mm256_set1_ps(-FLT_MAX);
-        for (int64_t s = 0; s < S; ++s) mv = _mm256_max_ps(in.row(xh, q0 + s - pw, g.W), mv);
-        _mm256_store_ps(m + q0, mv);
-      }
+      for_column_blocks(Qr, [&](int64_t q0, auto blocks) {
+        constexpr int V = decltype(blocks)::value;
+        __m256 mv[V];
+        for (int k = 0; k < V; ++k) mv[k] = _mm256_set1_ps(-FLT_MAX);
+        for (int64_t s = 0; s < S; ++s)
+          for (int k = 0; k < V; ++k) mv[k] = _mm256_max_ps(_mm256_loadu_ps(xr + q0 + 8 * k + s), mv[k]);
+        for (int k = 0; k < V; ++k) _mm256_store_ps(m + q0 + 8 * k, mv[k]);
+      });
     }
     float* yp = y + p * g.Q;
-    for (int64_t q0 = 0; q0 < Qr; q0 += 8) {
-      __m256 mv = _mm256_set1_ps(-FLT_MAX);
-      for (int64_t h = h0; h < h1; ++h) mv = _mm256_max_ps(_mm256_load_ps(row_m[h & (kRingRows - 1)] + q0), mv);
-      if (q0 + 8 <= g.Q)
-        _mm256_storeu_ps(yp + q0, mv);
-      else if (q0 < g.Q)
-        _mm256_maskstore_ps(yp + q0, lanes_inside8(q0, g.Q), mv);
-    }
+    for_column_blocks(Qr, [&](int64_t q0, auto blocks) {
+      constexpr int V = decltype(blocks)::value;
+      __m256 mv[V];
+      for (int k = 0; k < V; ++k) mv[k] = _mm256_set1_ps(-FLT_MAX);
+      for (int64_t h = h0; h < h1; ++h)
+        for (int k = 0; k < V; ++k) mv[k] = _mm256_max_ps(_mm256_load_ps(row_m[h & (kRingRows - 1)] + q0 + 8 * k), mv[k]);
+      for (int k = 0; k < V; ++k) {
+        const int64_t q = q0 + 8 * k;
+        if (q + 8 <= g.Q)
+          _mm256_storeu_ps(yp + q, mv[k]);
+        else if (q < g.Q)
+          _mm256_maskstore_ps(yp + q, lanes_inside8(q, g.Q), mv[k]);
+      }
+    });
   }
 }
 template <class In>
@@ -121,28 +169,22 @@ inline void max_backward_stride1_window(const Plane& g, const float* x, const In
     *a = _mm256_blendv_ps(*a, arg, _mm256_cmp_ps(v, *m, _CMP_GT_OQ));  // false on NaN
     *m = _mm256_max_ps(v, *m);
   };
-  // Both stages take V vectors of output columns side by side: V independent chains of compares.
-  auto for_blocks = [&](auto stage) {
-    int64_t q0 = 0;
-    for (; q0 + 32 <= Qr; q0 += 32) stage(q0, std::integral_constant<int, 4>{});
-    for (; q0 < Qr; q0 += 16) stage(q0, std::integral_constant<int, 2>{});  // Qr: a multiple of 16
-  };
 
   // Input row h's maxima over the S taps of each output column, in the reference's s order.
+  PaddedRows<In> rows(g, x, in);
   auto row_stage = [&](int64_t h) {
-    const float* xh = x + h * g.W;
+    const float* xr = rows.row(h);  // column q0 + s - pw at xr + q0 + s
     float* m = row_m[h & (kRingRows - 1)];
     int32_t* a = row_a[h & (kRingRows - 1)];
     const __m256i base = _mm256_add_epi32(_mm256_set1_epi32(int32_t(h * g.W - pw)), iota);
-    for_blocks([&](int64_t q0, auto blocks) {
+    for_column_blocks(Qr, [&](int64_t q0, auto blocks) {
       constexpr int V = decltype(blocks)::value;
       __m256 mv[V], av[V];
       for (int k = 0; k < V; ++k) mv[k] = _mm256_set1_ps(-FLT_MAX), av[k] = _mm256_castsi256_ps(_mm256_set1_epi32(-1));
       for (int64_t s = 0; s < S; ++s)
         for (int k = 0; k < V; ++k) {
-          const int64_t col = q0 + 8 * k + s - pw;  // of lane 0
           const __m256i arg = _mm256_add_epi32(base, _mm256_set1_epi32(int32_t(q0 + 8 * k + s)));
-          take(in.row(xh, col, g.W), _mm256_castsi256_ps(arg), &mv[k], &av[k]);
+          take(_mm256_loadu_ps(xr + q0 + 8 * k + s), _mm256_castsi256_ps(arg), &mv[k], &av[k]);
         }
       for (int k = 0; k < V; ++k) {
         _mm256_store_ps(m + q0 + 8 * k, mv[k]);
@@ -156,7 +198,7 @@ inline void max_backward_stride1_window(const Plane& g, const float* x, const In
     const int64_t h0 = std::max<int64_t>(0, p - ph), h1 = std::min(g.H, p - ph + R);
     while (next_h < h1) row_stage(next_h++);
     int32_t* a = out_a[p & (kRingRows - 1)] + off;
-    for_blocks([&](int64_t q0, auto blocks) {
+    for_column_blocks(Qr, [&](int64_t q0, auto blocks) {
       constexpr int V = decltype(blocks)::value;
       __m256 mv[V], av[V];
       for (int k = 0; k < V; ++k) mv[k] = _mm256_set1_ps(-FLT_MAX), av[k] = _mm256_castsi256_ps(_mm256_set1_epi32(-1));
