@@ -401,7 +401,7 @@ namespace et {
 namespace pool_planes {
 
 inline void max_forward(const Plane& g, const float* x, float* y) {
-#if defined(__AVX2__) && !defined(__AVX512F__)
+#if defined(ET_POOL_STRIDE1)
   if (stride1_applies(g)) return max_forward_stride1(g, x, PlaneInput{}, y);
 #endif
 #if defined(ET_POOL_PAIRS)
@@ -454,8 +454,8 @@ inline void max_forward_args(const Plane& g, const float* x, float* y, int32_t* 
 }
 
 #if !defined(__AVX512F__)
-// One tap of the gather: acc[w] += dy of the output whose argument is input row0 + w. (AVX2 takes
-// pool_stride1.h but for pad_h >= R.)
+// One tap of the gather: acc[w] += dy of the output whose argument is input row0 + w. (AVX2 and
+// NEON take pool_stride1.h but for pad_h >= R.)
 inline void gather_tap(const int32_t* __restrict arg, const float* __restrict dy, int32_t row0, int32_t lanes,
                        float* __restrict acc) {
   // Adding -0 leaves every value as it is (-0 included), so the lanes that are not the argument
@@ -481,7 +481,7 @@ inline void gather_tap(const int32_t* __restrict arg, const float* __restrict dy
 // rows. Other strides scatter in the reference's order from the fast arguments.
 // accumulate = false: dx is written whole, as if zeroed first (the same bits).
 inline void max_backward(const Plane& g, const float* x, const float* dy, float* dx, bool accumulate = true) {
-#if defined(__AVX2__) && !defined(__AVX512F__)
+#if defined(ET_POOL_STRIDE1)
   if (stride1_applies(g)) return max_backward_stride1(g, x, PlaneInput{}, dy, dx, accumulate);
 #endif
   if (!accumulate) std::memset(dx, 0, sizeof(float) * size_t(g.H * g.W));

@@ -1,5 +1,5 @@
-// Stride-1 max pooling on AVX2 (BrainSlug's <MaxPool 3x3 s1 p1, BN, ReLU> block), included by
-// pool_planes.h: the backward of the layer, and forward and backward of a fused BN -> ReLU ->
+// Stride-1 max pooling on AVX2 and NEON (lanes8.h), BrainSlug's <MaxPool 3x3 s1 p1, BN, ReLU>
+// block's pool, included by pool_planes.h: the backward of the layer, and forward and backward of a fused BN -> ReLU ->
 // max-pool stack straight from the BN's input (fused.cpp). Same definitions as the reference loops
 // (max_forward_reference, max_backward_reference, then relu_backward's rule), same bits: each
 // window's first maximum found row first, then across rows; each input gathers the dy of the
@@ -18,7 +18,11 @@
 // as it stores it.
 #pragma once
 
-#if defined(__AVX2__) && !defined(__AVX512F__)
+#include "backends/cpu/lanes8.h"
+
+// AVX-512 keeps pool_planes.h's loops (its 16-lane masked loads take the row ends in place).
+#if defined(ET_LANES8) && !defined(__AVX512F__)
+#define ET_POOL_STRIDE1 1
 namespace et {
 namespace pool_planes {
 
@@ -26,22 +30,21 @@ inline bool stride1_applies(const Plane& g) {
   return g.stride_h == 1 && g.stride_w == 1 && fast_max_applies(g) && g.pad_h < g.R;
 }
 
-// The pool's input, one row at a time: copy(xh, W, dst) writes dst[0, W) from row xh, read in
-// place (the tail masked: nothing past the row is read).
+// The pool's input as the rows of x give it: value(x vector).
 struct PlaneInput {
   static constexpr bool kReluMask = false;
-  __m256 value(__m256 x) const { return x; }
+  lanes8::F8 value(lanes8::F8 x) const { return x; }
 };
 // relu(x * scale + shift) of the BN's input x (one rounding; NaN and -0 give +0), and the ReLU's
 // mask: lanes where that is > 0.
 struct BnReluInput {
   static constexpr bool kReluMask = true;
-  __m256 scale, shift;
-  BnReluInput(float sc, float sh) : scale(_mm256_set1_ps(sc)), shift(_mm256_set1_ps(sh)) {}
-  __m256 value(__m256 x) const { return _mm256_max_ps(_mm256_fmadd_ps(x, scale, shift), _mm256_setzero_ps()); }
-  __m256 passes(const float* xh, int64_t col, int64_t W) const {  // the lanes inside the row
-    const __m256 x = load_inside8(xh + col, col, W, _mm256_setzero_ps());
-    return _mm256_cmp_ps(_mm256_fmadd_ps(x, scale, shift), _mm256_setzero_ps(), _CMP_GT_OQ);
+  lanes8::F8 scale, shift;
+  BnReluInput(float sc, float sh) : scale(lanes8::splat(sc)), shift(lanes8::splat(sh)) {}
+  lanes8::F8 value(lanes8::F8 x) const { return lanes8::relu(lanes8::fmadd(x, scale, shift)); }
+  lanes8::F8 passes(const float* xh, int64_t col, int64_t W) const {  // the lanes inside the row
+    const lanes8::F8 x = lanes8::load_inside(xh + col, col, W, lanes8::splat(0.f));
+    return lanes8::greater(lanes8::fmadd(x, scale, shift), lanes8::splat(0.f));
   }
 };
 
@@ -69,11 +72,9 @@ class PaddedRows {
     const float* xh = x_ + h * g_.W;
     float* d = buf_[h & 1] + g_.pad_w;
     int64_t w = 0;
-    for (; w + 8 <= g_.W; w += 8) _mm256_storeu_ps(d + w, in_.value(_mm256_loadu_ps(xh + w)));
-    if (w < g_.W) {
-      const __m256i inside = lanes_inside8(w, g_.W);
-      _mm256_maskstore_ps(d + w, inside, in_.value(_mm256_maskload_ps(xh + w, inside)));
-    }
+    for (; w + 8 <= g_.W; w += 8) lanes8::store(d + w, in_.value(lanes8::load(xh + w)));
+    if (w < g_.W)  // the tail: nothing past the row is read or written
+      lanes8::store_inside(d + w, w, g_.W, in_.value(lanes8::load_inside(xh + w, w, g_.W, lanes8::splat(0.f))));
   }
   const Plane& g_;
   const float* x_;
@@ -107,27 +108,23 @@ inline void max_forward_stride1_window(const Plane& g, const float* x, const In&
       float* m = row_m[next_h & (kRingRows - 1)];
       for_column_blocks(Qr, [&](int64_t q0, auto blocks) {
         constexpr int V = decltype(blocks)::value;
-        __m256 mv[V];
-        for (int k = 0; k < V; ++k) mv[k] = _mm256_set1_ps(-FLT_MAX);
+        lanes8::F8 mv[V];
+        for (int k = 0; k < V; ++k) mv[k] = lanes8::splat(-FLT_MAX);
         for (int64_t s = 0; s < S; ++s)
-          for (int k = 0; k < V; ++k) mv[k] = _mm256_max_ps(_mm256_loadu_ps(xr + q0 + 8 * k + s), mv[k]);
-        for (int k = 0; k < V; ++k) _mm256_store_ps(m + q0 + 8 * k, mv[k]);
+          for (int k = 0; k < V; ++k) mv[k] = lanes8::keep_greater(lanes8::load(xr + q0 + 8 * k + s), mv[k]);
+        for (int k = 0; k < V; ++k) lanes8::store(m + q0 + 8 * k, mv[k]);
       });
     }
     float* yp = y + p * g.Q;
     for_column_blocks(Qr, [&](int64_t q0, auto blocks) {
       constexpr int V = decltype(blocks)::value;
-      __m256 mv[V];
-      for (int k = 0; k < V; ++k) mv[k] = _mm256_set1_ps(-FLT_MAX);
+      lanes8::F8 mv[V];
+      for (int k = 0; k < V; ++k) mv[k] = lanes8::splat(-FLT_MAX);
       for (int64_t h = h0; h < h1; ++h)
-        for (int k = 0; k < V; ++k) mv[k] = _mm256_max_ps(_mm256_load_ps(row_m[h & (kRingRows - 1)] + q0 + 8 * k), mv[k]);
-      for (int k = 0; k < V; ++k) {
-        const int64_t q = q0 + 8 * k;
-        if (q + 8 <= g.Q)
-          _mm256_storeu_ps(yp + q, mv[k]);
-        else if (q < g.Q)
-          _mm256_maskstore_ps(yp + q, lanes_inside8(q, g.Q), mv[k]);
-      }
+        for (int k = 0; k < V; ++k)
+          mv[k] = lanes8::keep_greater(lanes8::load(row_m[h & (kRingRows - 1)] + q0 + 8 * k), mv[k]);
+      for (int k = 0; k < V; ++k)
+        if (q0 + 8 * k < g.Q) lanes8::store_inside(yp + q0 + 8 * k, q0 + 8 * k, g.Q, mv[k]);
     });
   }
 }
@@ -161,13 +158,11 @@ inline void max_backward_stride1_window(const Plane& g, const float* x, const In
   };
   for (int64_t k = 0; k < std::min(g.P, kRingRows); ++k) clear_output_row(k);  // the slots p & 7 takes
   clear_output_row(kRingRows);
-  const __m256i iota = lane_iota8();
-
-  // The running first maximum over taps: v > m takes v and its argument. max_ps(v, m) is exactly
-  // that value (m where v is NaN or equal); the compare picks the argument.
-  auto take = [](__m256 v, __m256 arg, __m256* m, __m256* a) {
-    *a = _mm256_blendv_ps(*a, arg, _mm256_cmp_ps(v, *m, _CMP_GT_OQ));  // false on NaN
-    *m = _mm256_max_ps(v, *m);
+  using lanes8::F8;
+  // The running first maximum over taps: v > m takes v and its argument (false on NaN).
+  auto take = [](F8 v, F8 arg, F8* m, F8* a) {
+    *a = lanes8::select(lanes8::greater(v, *m), *a, arg);
+    *m = lanes8::keep_greater(v, *m);
   };
 
   // Input row h's maxima over the S taps of each output column, in the reference's s order.
@@ -176,19 +171,19 @@ inline void max_backward_stride1_window(const Plane& g, const float* x, const In
     const float* xr = rows.row(h);  // column q0 + s - pw at xr + q0 + s
     float* m = row_m[h & (kRingRows - 1)];
     int32_t* a = row_a[h & (kRingRows - 1)];
-    const __m256i base = _mm256_add_epi32(_mm256_set1_epi32(int32_t(h * g.W - pw)), iota);
+    const int32_t base = int32_t(h * g.W - pw);  // the flat index of padded column 0
     for_column_blocks(Qr, [&](int64_t q0, auto blocks) {
       constexpr int V = decltype(blocks)::value;
-      __m256 mv[V], av[V];
-      for (int k = 0; k < V; ++k) mv[k] = _mm256_set1_ps(-FLT_MAX), av[k] = _mm256_castsi256_ps(_mm256_set1_epi32(-1));
+      F8 mv[V], av[V];
+      for (int k = 0; k < V; ++k) mv[k] = lanes8::splat(-FLT_MAX), av[k] = lanes8::int_splat(-1);
       for (int64_t s = 0; s < S; ++s)
         for (int k = 0; k < V; ++k) {
-          const __m256i arg = _mm256_add_epi32(base, _mm256_set1_epi32(int32_t(q0 + 8 * k + s)));
-          take(_mm256_loadu_ps(xr + q0 + 8 * k + s), _mm256_castsi256_ps(arg), &mv[k], &av[k]);
+          const int64_t j = q0 + 8 * k + s;
+          take(lanes8::load(xr + j), lanes8::int_iota(base + int32_t(j)), &mv[k], &av[k]);
         }
       for (int k = 0; k < V; ++k) {
-        _mm256_store_ps(m + q0 + 8 * k, mv[k]);
-        _mm256_store_ps(reinterpret_cast<float*>(a + q0 + 8 * k), av[k]);
+        lanes8::store(m + q0 + 8 * k, mv[k]);
+        lanes8::store_int(a + q0 + 8 * k, av[k]);
       }
     });
   };
@@ -200,15 +195,14 @@ inline void max_backward_stride1_window(const Plane& g, const float* x, const In
     int32_t* a = out_a[p & (kRingRows - 1)] + off;
     for_column_blocks(Qr, [&](int64_t q0, auto blocks) {
       constexpr int V = decltype(blocks)::value;
-      __m256 mv[V], av[V];
-      for (int k = 0; k < V; ++k) mv[k] = _mm256_set1_ps(-FLT_MAX), av[k] = _mm256_castsi256_ps(_mm256_set1_epi32(-1));
+      F8 mv[V], av[V];
+      for (int k = 0; k < V; ++k) mv[k] = lanes8::splat(-FLT_MAX), av[k] = lanes8::int_splat(-1);
       for (int64_t h = h0; h < h1; ++h)
         for (int k = 0; k < V; ++k) {
-          const int64_t j = q0 + 8 * k;
-          const __m256 arg = _mm256_load_ps(reinterpret_cast<const float*>(row_a[h & (kRingRows - 1)] + j));
-          take(_mm256_load_ps(row_m[h & (kRingRows - 1)] + j), arg, &mv[k], &av[k]);
+          const int64_t j = q0 + 8 * k, slot = h & (kRingRows - 1);
+          take(lanes8::load(row_m[slot] + j), lanes8::load_int(row_a[slot] + j), &mv[k], &av[k]);
         }
-      for (int k = 0; k < V; ++k) _mm256_storeu_ps(reinterpret_cast<float*>(a + q0 + 8 * k), av[k]);
+      for (int k = 0; k < V; ++k) lanes8::store_int(a + q0 + 8 * k, av[k]);
     });
     for (int64_t q = g.Q; q < Qr; ++q) a[q] = -1;  // lanes past the row
     std::memcpy(out_dy[p & (kRingRows - 1)] + off, dy + p * g.Q, sizeof(float) * size_t(g.Q));
@@ -216,7 +210,7 @@ inline void max_backward_stride1_window(const Plane& g, const float* x, const In
   int64_t next_p = 0;  // output rows [0, next_p) have their arguments
   const int64_t ahead = R < kRingRows ? 1 : 0;
 
-  const __m256 minus_zero = _mm256_set1_ps(-0.f);
+  const F8 minus_zero = lanes8::splat(-0.f);
   for (int64_t h = 0; h < g.H; ++h) {
     // One output row ahead where the ring has room: a row's stores have reached the cache
     // before the gather reads them at other offsets (a load that straddles stores still in
@@ -237,28 +231,23 @@ inline void max_backward_stride1_window(const Plane& g, const float* x, const In
     // their number, bounds one block.
     auto columns = [&](int64_t w0, auto blocks) {
       constexpr int V = decltype(blocks)::value;
-      __m256 acc[V];
-      __m256i me[V];
+      F8 acc[V], me[V];
       for (int k = 0; k < V; ++k) {
         const int64_t w = w0 + 8 * k;
-        acc[k] = !accumulate || In::kReluMask ? _mm256_setzero_ps() : load_inside8(dxh + w, w, g.W, _mm256_setzero_ps());
-        me[k] = _mm256_add_epi32(_mm256_set1_epi32(row0 + int32_t(w)), iota);
+        acc[k] = !accumulate || In::kReluMask ? lanes8::splat(0.f) : lanes8::load_inside(dxh + w, w, g.W, lanes8::splat(0.f));
+        me[k] = lanes8::int_iota(row0 + int32_t(w));
       }
       for (int64_t t = 0; t < R; ++t)
         for (int64_t s = S - 1; s >= 0; --s)
           for (int k = 0; k < V; ++k) {
             const int64_t j = w0 + 8 * k - s;
-            const __m256i arg = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(ta[t] + j));
-            const __m256 mine = _mm256_castsi256_ps(_mm256_cmpeq_epi32(arg, me[k]));
-            acc[k] = _mm256_add_ps(acc[k], _mm256_blendv_ps(minus_zero, _mm256_loadu_ps(td[t] + j), mine));
+            const F8 mine = lanes8::int_equal(lanes8::load_int(ta[t] + j), me[k]);
+            acc[k] = lanes8::add(acc[k], lanes8::select(mine, minus_zero, lanes8::load(td[t] + j)));
           }
       for (int k = 0; k < V; ++k) {
         const int64_t w = w0 + 8 * k;
-        if constexpr (In::kReluMask) acc[k] = _mm256_and_ps(acc[k], in.passes(x + h * g.W, w, g.W));  // else +0
-        if (w + 8 <= g.W)
-          _mm256_storeu_ps(dxh + w, acc[k]);
-        else if (w < g.W)
-          _mm256_maskstore_ps(dxh + w, lanes_inside8(w, g.W), acc[k]);
+        if constexpr (In::kReluMask) acc[k] = lanes8::bit_and(acc[k], in.passes(x + h * g.W, w, g.W));  // else +0
+        if (w < g.W) lanes8::store_inside(dxh + w, w, g.W, acc[k]);
       }
     };
     int64_t w0 = 0;
