@@ -224,6 +224,43 @@ TEST_CASE("max-pool backward reads stash encodings exactly like the f32 decode",
   }
 }
 
+// Stride-1 windows (pool_stride1.h on AVX2 and NEON) over random shapes: plane sizes against the
+// 8-lane vectors and the rings (a row shorter than the window's padding, rows cut mid-vector),
+// windows of 1 to 5 rows and columns with every padding below them, the unrolled 3x3 included.
+TEST_CASE("pooling planes: stride-1 windows of random shapes equal the reference loops", "[kernels]") {
+  std::mt19937 rng(11);
+  std::uniform_int_distribution<int> level(-3, 3), side(1, 40), window(1, 5);
+  int shapes = 0;
+  while (shapes < 300) {
+    pool_planes::Plane g;
+    g.H = side(rng), g.W = side(rng), g.R = window(rng), g.S = window(rng);
+    if (shapes % 3 == 0) g.R = g.S = 3;
+    g.pad_h = int64_t(rng() % uint32_t(g.R)), g.pad_w = int64_t(rng() % uint32_t(g.S));
+    g.P = g.H + 2 * g.pad_h - g.R + 1, g.Q = g.W + 2 * g.pad_w - g.S + 1;
+    if (g.P <= 0 || g.Q <= 0) continue;
+    ++shapes;
+    INFO(g.H << "x" << g.W << " window " << g.R << "x" << g.S << " pad " << g.pad_h << "," << g.pad_w);
+    std::vector<float> x(size_t(g.H * g.W)), dy(size_t(g.P * g.Q));
+    for (float& v : x) {  // ties inside windows, both zeros, a few NaN and -inf
+      const int l = level(rng);
+      v = l == 0 ? (rng() % 2 ? -0.f : 0.f) : 0.5f * float(l);
+      if (rng() % 40 == 0) v = rng() % 2 ? NAN : -INFINITY;
+    }
+    for (float& v : dy) v = (rng() % 2 ? -1.f : 1.f) * std::ldexp(1.f + float(rng() % 1024) / 1024.f, int(rng() % 25) - 12);
+    std::vector<float> y1(dy.size()), y2(dy.size());
+    pool_planes::max_forward_reference(g, x.data(), y1.data());
+    pool_planes::max_forward(g, x.data(), y2.data());
+    CHECK(std::memcmp(y1.data(), y2.data(), y1.size() * 4) == 0);
+    std::vector<float> d1(x.size(), 0.25f), d2(x.size(), 0.25f), d3(x.size(), NAN), d4(x.size(), 0.f);
+    pool_planes::max_backward_reference(g, x.data(), dy.data(), d1.data());
+    pool_planes::max_backward(g, x.data(), dy.data(), d2.data());
+    CHECK(std::memcmp(d1.data(), d2.data(), d1.size() * 4) == 0);
+    pool_planes::max_backward_reference(g, x.data(), dy.data(), d4.data());
+    pool_planes::max_backward(g, x.data(), dy.data(), d3.data(), false);
+    CHECK(std::memcmp(d3.data(), d4.data(), d3.size() * 4) == 0);
+  }
+}
+
 TEST_CASE("pooling planes: the vectorised loops equal the reference loops bit for bit", "[kernels]") {
   struct Geom {
     int64_t H, W, R, S, sh, sw, ph, pw;
