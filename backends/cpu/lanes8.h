@@ -37,8 +37,10 @@ inline F8 load_inside(const float* p, int64_t first, int64_t n, F8 outside) {
   const F8 in = inside(first, n);
   return _mm256_blendv_ps(outside, _mm256_maskload_ps(p, _mm256_castps_si256(in)), in);
 }
-inline void store_inside(float* p, int64_t first, int64_t n, F8 v) {  // writes nothing outside
-  if (first >= 0 && first + 8 <= n) return _mm256_storeu_ps(p, v);
+// p[0, 8) = v where first + l < n (first >= 0: row ends only); writes nothing past n. The masked
+// store only at the end (on Zen it is many times a plain store's cost).
+inline void store_inside(float* p, int64_t first, int64_t n, F8 v) {
+  if (__builtin_expect(first + 8 <= n, 1)) return _mm256_storeu_ps(p, v);
   _mm256_maskstore_ps(p, _mm256_castps_si256(inside(first, n)), v);
 }
 inline F8 greater(F8 a, F8 b) { return _mm256_cmp_ps(a, b, _CMP_GT_OQ); }  // false on NaN
@@ -75,12 +77,11 @@ inline F8 load_inside(const float* p, int64_t first, int64_t n, F8 outside) {  /
     if (first + l >= 0 && first + l < n) t[l] = p[l];
   return load(t);
 }
-inline void store_inside(float* p, int64_t first, int64_t n, F8 v) {
-  if (first >= 0 && first + 8 <= n) return store(p, v);
+inline void store_inside(float* p, int64_t first, int64_t n, F8 v) {  // first >= 0
+  if (first + 8 <= n) return store(p, v);
   alignas(16) float t[8];
   store(t, v);
-  for (int64_t l = 0; l < 8; ++l)
-    if (first + l >= 0 && first + l < n) p[l] = t[l];
+  for (int64_t l = 0; first + l < n; ++l) p[l] = t[l];
 }
 inline F8 greater(F8 a, F8 b) { return {f32(vcgtq_f32(a.lo, b.lo)), f32(vcgtq_f32(a.hi, b.hi))}; }
 inline F8 select(F8 m, F8 a, F8 b) { return {vbslq_f32(u32(m.lo), b.lo, a.lo), vbslq_f32(u32(m.hi), b.hi, a.hi)}; }

@@ -138,7 +138,6 @@ inline void avg_backward(const Plane& g, const float* dy, float* dx) {
 // read it. Rows are rounded up to whole vectors (kLanes) in the ring, so no loop has a scalar tail.
 constexpr int64_t kLanes = 16;
 constexpr int64_t kRingRows = 8;    // windows up to this height and width take the fast loops
-static_assert((kRingRows & (kRingRows - 1)) == 0, "ring slots are rows modulo a power of 2");
 constexpr int64_t kRingCols = 256;  // padded row widths up to this take the fast loops
 inline int64_t round_lanes(int64_t n) { return (n + kLanes - 1) / kLanes * kLanes; }
 
@@ -287,9 +286,8 @@ struct MaxRows {
     for (int64_t r = 0; r < g.R; ++r) {
       const int64_t h = p * g.stride_h - g.pad_h + r;
       if (h < 0 || h >= g.H) continue;
-      // Any R <= kRingRows consecutive rows fall in distinct slots (no division: it costs more than
-      // a short row's work).
-      const int64_t slot = h & (kRingRows - 1);
+      // The R rows of a window fall in distinct slots (a 32-bit modulo: a 64-bit division is slow).
+      const int64_t slot = int64_t(uint32_t(h) % uint32_t(g.R));
       if (tag[slot] != h) {
         row_max<kArg>(g, x, h, m[slot], kArg ? a[slot] : nullptr);
         tag[slot] = h;
@@ -401,9 +399,6 @@ namespace et {
 namespace pool_planes {
 
 inline void max_forward(const Plane& g, const float* x, float* y) {
-#if defined(ET_POOL_STRIDE1)
-  if (stride1_applies(g)) return max_forward_stride1(g, x, PlaneInput{}, y);
-#endif
 #if defined(ET_POOL_PAIRS)
   if (pairs_apply(g)) return pool_pairs::max_forward(g.W, g.P, g.Q, x, y);
 #endif
@@ -522,7 +517,7 @@ inline void max_backward(const Plane& g, const float* x, const float* dy, float*
   alignas(64) float dy_ring[kRingRows][kRingCols];
   int64_t tag[kRingRows];
   const int64_t B = gather_row_ints(g), Wr = round_lanes(g.W), Qr = round_lanes(g.Q), off = g.S - 1;
-  for (int64_t k = 0; k < std::min(g.P, kRingRows); ++k) {  // the slots rows p & (kRingRows - 1) use
+  for (int64_t k = 0; k < g.R; ++k) {
     tag[k] = -1;
     for (int64_t j = 0; j < B; ++j) {
       arg_ring[k][j] = -1;
@@ -536,7 +531,7 @@ inline void max_backward(const Plane& g, const float* x, const float* dy, float*
     for (int64_t r = g.R - 1; r >= 0; --r) {
       const int64_t p = h + g.pad_h - r;
       if (p < 0 || p >= g.P) continue;
-      const int64_t slot = p & (kRingRows - 1);
+      const int64_t slot = int64_t(uint32_t(p) % uint32_t(g.R));
       if (tag[slot] != p) {
         int32_t* ar = arg_ring[slot] + off;
         rows.output_row(g, x, p, ym, ar);

@@ -123,8 +123,13 @@ inline void max_forward_stride1_window(const Plane& g, const float* x, const In&
       for (int64_t h = h0; h < h1; ++h)
         for (int k = 0; k < V; ++k)
           mv[k] = lanes8::keep_greater(lanes8::load(row_m[h & (kRingRows - 1)] + q0 + 8 * k), mv[k]);
-      for (int k = 0; k < V; ++k)
-        if (q0 + 8 * k < g.Q) lanes8::store_inside(yp + q0 + 8 * k, q0 + 8 * k, g.Q, mv[k]);
+      for (int k = 0; k < V; ++k) {
+        const int64_t q = q0 + 8 * k;
+        if (q + 8 <= g.Q)
+          lanes8::store(yp + q, mv[k]);
+        else if (q < g.Q)
+          lanes8::store_inside(yp + q, q, g.Q, mv[k]);
+      }
     });
   }
 }
@@ -247,7 +252,10 @@ inline void max_backward_stride1_window(const Plane& g, const float* x, const In
       for (int k = 0; k < V; ++k) {
         const int64_t w = w0 + 8 * k;
         if constexpr (In::kReluMask) acc[k] = lanes8::bit_and(acc[k], in.passes(x + h * g.W, w, g.W));  // else +0
-        if (w < g.W) lanes8::store_inside(dxh + w, w, g.W, acc[k]);
+        if (w + 8 <= g.W)
+          lanes8::store(dxh + w, acc[k]);
+        else if (w < g.W)
+          lanes8::store_inside(dxh + w, w, g.W, acc[k]);
       }
     };
     int64_t w0 = 0;
