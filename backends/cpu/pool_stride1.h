@@ -1,16 +1,17 @@
-// Stride-1 max pooling on AVX2 and NEON (lanes8.h), BrainSlug's <MaxPool 3x3 s1 p1, BN, ReLU>
-// block's pool, included by pool_planes.h: the backward of the layer, and forward and backward of a fused BN -> ReLU ->
-// max-pool stack straight from the BN's input (fused.cpp). Same definitions as the reference loops
-// (max_forward_reference, max_backward_reference, then relu_backward's rule), same bits: each
-// window's first maximum found row first, then across rows; each input gathers the dy of the
-// windows it won, in the reference's order.
+// Stride-1 max pooling on AVX2 and NEON (lanes8.h), the pool of BrainSlug's <MaxPool 3x3 s1 p1,
+// BN, ReLU> block, included by pool_planes.h: the backward of the layer, and forward and backward
+// of a fused BN -> ReLU -> max-pool stack straight from the BN's input (fused.cpp). Same
+// definitions as the reference loops (max_forward_reference, max_backward_reference, then
+// relu_backward's rule), same bits: each window's first maximum found row first, then across
+// rows; each input gathers the dy of the windows it won, in the reference's order.
 //
 // pool_planes.h's general loops do the same per input row through tables of tap pointers, ring
 // tags, masked loads at both ends of every row and a division per row; on 32x32 planes that was
-// five times the instructions of the arithmetic. Here rows stream in order (each input row's
-// maxima once, each output row's arguments once, both in rings of kRingRows) and the output rows
-// are stored padded with arguments of -1, so every tap of the gather is one compare, one blend and
-// one add per 8 lanes, the taps unrolled for 3x3 windows.
+// five times the instructions of the arithmetic. Here rows stream in order: each input row is
+// copied once into a buffer padded with -inf, its maxima taken once and each output row's
+// arguments once (both in rings of kRingRows), and the output rows are stored padded with
+// arguments of -1, so every tap is a plain load and every tap of the gather one compare, one blend
+// and one add per 8 lanes, unrolled for 3x3 windows.
 //
 // The pool's input comes through a policy: PlaneInput reads the plane; BnReluInput reads the BN's
 // input x and applies the BN and the ReLU on the way (bn_rows::apply's FMA, relu_forward's rule),
@@ -239,7 +240,8 @@ inline void max_backward_stride1_window(const Plane& g, const float* x, const In
       F8 acc[V], me[V];
       for (int k = 0; k < V; ++k) {
         const int64_t w = w0 + 8 * k;
-        acc[k] = !accumulate || In::kReluMask ? lanes8::splat(0.f) : lanes8::load_inside(dxh + w, w, g.W, lanes8::splat(0.f));
+        const F8 zero = lanes8::splat(0.f);
+        acc[k] = !accumulate || In::kReluMask ? zero : lanes8::load_inside(dxh + w, w, g.W, zero);
         me[k] = lanes8::int_iota(row0 + int32_t(w));
       }
       for (int64_t t = 0; t < R; ++t)
