@@ -607,14 +607,18 @@ void CpuBackend::fused_backward(const FusedStack& s, const FusedTensors& t, Fuse
 #else
   [[maybe_unused]] const bool in_registers = false;
 #endif
+  // The forward's BN as y = x * scale + shift, for plane pl's channel (the recomputes below).
+  [[maybe_unused]] auto coefficients = [&](int64_t pl, float* scale, float* shift) {
+    const int64_t c = pl % C;
+    bn_rows::train_coefficients(t.gamma.f32()[c], t.beta.f32()[c], t.mean.f32()[c], t.invstd.f32()[c], scale, shift);
+  };
 #if defined(ET_POOL_IN_REGISTERS)
   // BN -> ReLU -> 2x2 max-pool: dz in registers from x and dy in both sweeps (fused_bn_relu_pool.h).
   const bool pool_in_registers = fused_bn_relu_pool::applies(s) && whole_x;
   const fused_bn_relu_pool::Layout pool_layout(pool_in_registers ? last.Q : 4);
   auto pool_dz = [&](int64_t pl, const float* x) {
     float scale, shift;
-    const int64_t c = pl % C;
-    bn_rows::train_coefficients(t.gamma.f32()[c], t.beta.f32()[c], t.mean.f32()[c], t.invstd.f32()[c], &scale, &shift);
+    coefficients(pl, &scale, &shift);
     return fused_bn_relu_pool::PlaneDz(pool_layout, x, g.dy.f32() + pl * PQ, scale, shift);
   };
 #else
@@ -636,8 +640,7 @@ void CpuBackend::fused_backward(const FusedStack& s, const FusedTensors& t, Fuse
   auto pool_stride1_dz = [&](int64_t pl, const float* x, float* into) -> const float* {
 #if defined(ET_BN_RELU_POOL_STRIDE1)
     float scale, shift;
-    const int64_t c = pl % C;
-    bn_rows::train_coefficients(t.gamma.f32()[c], t.beta.f32()[c], t.mean.f32()[c], t.invstd.f32()[c], &scale, &shift);
+    coefficients(pl, &scale, &shift);
     pool_planes::max_backward_stride1(pool_planes::of(last), x, pool_planes::BnReluInput(scale, shift),
                                       g.dy.f32() + pl * PQ, into, false);
 #else
@@ -667,9 +670,7 @@ void CpuBackend::fused_backward(const FusedStack& s, const FusedTensors& t, Fuse
     float* gb = pool_into ? pool_into : ga + plane;
     if (recompute) {
       float scale, shift;
-      const int64_t c = pl % C;
-      bn_rows::train_coefficients(t.gamma.f32()[c], t.beta.f32()[c], t.mean.f32()[c], t.invstd.f32()[c], &scale,
-                                  &shift);
+      coefficients(pl, &scale, &shift);
       forward_rows(s, rows, s.stages.size() - (last_pool ? 1 : 0), x, add >= 0 ? t.side.f32() + rows.side_off : nullptr,
                    scale, shift, out, true);
     }

@@ -309,18 +309,17 @@ inline float* stages_backward(const FusedStack& s, const StageRows& r, FusedGrad
         if (st.p > 0.f) dropout_mask::backward(st.p, r.seed, r.first[k], ga, n_in);
         break;
       case FusedKind::MaxPool:
-      case FusedKind::AvgPool:
-        {
-          const float* d = k == S - 1 ? dy : ga;
-          if (r.pool_off == 0 && r.pool_span == L * st.H * st.W && st.P > 0) {  // the pool writes all of gb
-            pool_backward(st, L, out[k - 1], d, gb, false);
-          } else {  // a band: its rows past the pool's windows take no gradient
-            std::memset(gb, 0, sizeof(float) * size_t(r.pool_span));
-            if (st.P > 0) pool_backward(st, L, out[k - 1] + r.pool_off, d, gb + r.pool_off, true);
-          }
+      case FusedKind::AvgPool: {
+        const float* d = k == S - 1 ? dy : ga;
+        if (r.pool_off == 0 && r.pool_span == L * st.H * st.W && st.P > 0) {  // the pool writes all of gb
+          pool_backward(st, L, out[k - 1], d, gb, false);
+        } else {  // a band: its rows past the pool's windows take no gradient
+          std::memset(gb, 0, sizeof(float) * size_t(r.pool_span));
+          if (st.P > 0) pool_backward(st, L, out[k - 1] + r.pool_off, d, gb + r.pool_off, true);
         }
         std::swap(ga, gb);
         break;
+      }
       default: ET_CHECK(false, "fused stage kind ", int(st.kind));
     }
   }

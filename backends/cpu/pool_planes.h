@@ -14,6 +14,7 @@
 #include <type_traits>
 
 #include "backends/backend.h"
+#include "backends/cpu/lanes8.h"
 #include "backends/cpu/pool_pairs.h"
 
 #if defined(__AVX512F__) || defined(__AVX2__)
@@ -158,19 +159,7 @@ inline bool fast_max_applies(const Plane& g) {
 #if defined(__AVX512F__)
 inline __m512i lane_iota() { return _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15); }
 #elif defined(__AVX2__)
-inline __m256i lane_iota8() { return _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7); }
-// Lanes l of 8 with first + l in [0, n): all ones, else zero.
-inline __m256i lanes_inside8(int64_t first, int64_t n) {
-  const __m256i l = lane_iota8();
-  return _mm256_and_si256(_mm256_cmpgt_epi32(l, _mm256_set1_epi32(int32_t(-first - 1))),
-                          _mm256_cmpgt_epi32(_mm256_set1_epi32(int32_t(n - first)), l));
-}
-// p[0..8) where lanes_inside8(first, n) (p = row + first), `outside` elsewhere; reads nothing outside.
-inline __m256 load_inside8(const float* p, int64_t first, int64_t n, __m256 outside) {
-  if (first >= 0 && first + 8 <= n) return _mm256_loadu_ps(p);
-  const __m256i in = lanes_inside8(first, n);
-  return _mm256_blendv_ps(outside, _mm256_maskload_ps(p, in), _mm256_castsi256_ps(in));
-}
+
 // The running first maximum: v > m takes v (and its argument). Without arguments one max does it:
 // max_ps returns its second operand where v is NaN or equal to m, where v > m is false.
 template <bool kArg>
@@ -182,9 +171,6 @@ inline void take_if_greater8(__m256 v, __m256 arg, __m256* m, __m256* a) {
   const __m256 gt = _mm256_cmp_ps(v, *m, _CMP_GT_OQ);  // false on NaN
   *m = _mm256_blendv_ps(*m, v, gt);
   *a = _mm256_blendv_ps(*a, arg, gt);
-}
-inline __m256 int_bits8(int32_t first) {  // first, first + 1, ..., first + 7 as float bits
-  return _mm256_castsi256_ps(_mm256_add_epi32(_mm256_set1_epi32(first), lane_iota8()));
 }
 #endif
 
@@ -202,8 +188,8 @@ inline void row_max_vectors8(const Plane& g, const float* xh, int32_t base, int6
   for (int64_t s = 0; s < g.S; ++s)
     for (int v = 0; v < V; ++v) {
       const int64_t col = q0 + 8 * v + s - g.pad_w;  // column of lane 0
-      const __m256 x = load_inside8(xh + col, col, g.W, minus_inf);
-      take_if_greater8<kArg>(x, kArg ? int_bits8(base + int32_t(q0 + 8 * v + s)) : x, &mv[v], &av[v]);
+      const __m256 x = lanes8::load_inside(xh + col, col, g.W, minus_inf);  // row ends masked
+      take_if_greater8<kArg>(x, kArg ? lanes8::int_iota(base + int32_t(q0 + 8 * v + s)) : x, &mv[v], &av[v]);
     }
   for (int v = 0; v < V; ++v) {
     _mm256_store_ps(m + q0 + 8 * v, mv[v]);
