@@ -152,6 +152,9 @@ class Backend {
   // the stash's copy in any dtype fused_backward_reads() lists, read without a decode pass.
   virtual DTypeSet fused_backward_reads() const { return dtype_bit(DType::F32); }
   virtual void fused_backward(const FusedStack& s, const FusedTensors& t, FusedGrads& g, Workspace ws) = 0;
+  // Whether fused_backward of s reads its dy as the BN after it leaves it (FusedGrads::dy_coef), the
+  // pool's output found again as it goes.
+  virtual bool fused_reads_dy_affine(const FusedStack& s) const { return false; }
   // y again from x (t.x: f32 or a dtype fused_backward_reads() lists) with the batch statistics of
   // the training forward (t.mean, t.invstd), bit for bit its y where x is exact, for stacks where
   // fused_recomputes(s) (memory.recompute_stack_outputs). No workspace: it runs inside another

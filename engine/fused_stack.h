@@ -193,13 +193,28 @@ struct FusedTensors {
   uint64_t seed = 0;
 };
 
+// A BN-headed stack whose x is the output of the fused stack before it (x's only reader) may hand
+// its second backward sweep on to that stack (docs/fusion.md, "The second sweep handed on"): it
+// leaves dz parked in dx and writes its coefficients here instead of dx = (a * dz + b * x) + c0,
+// and the stack before builds its dy from dz and its own y as it reads it, which saves writing dx
+// and reading it back. [1 + 3 C] floats: [0] = 1 where the reader handed the sweep on (0: dx holds
+// the gradient), then a, b and c0 per channel.
+inline int64_t dy_coef_floats(int64_t C) { return 1 + 3 * C; }
+
 struct FusedGrads {
-  Tensor dy;          // gradient of y
+  Tensor dy;          // gradient of y (or see dy_coef)
+  // Undefined, or the reader's coefficients (dy_coef_floats): where [0] = 1, the gradient of y is
+  // (a[c] * dy + b[c] * y) + c0[c] (Backend::fused_reads_dy_affine says which stacks can).
+  Tensor dy_coef;
+  // Undefined, or where this stack may hand its second sweep on (dy_coef of the stack before).
+  Tensor dx_coef;
   MaskView y_mask;    // FusedStack::saves_output_mask: y's saved mask
   // x is the forward's x bit for bit (not a rounded stash copy), or y was not kept and its readers
   // computed it from this x (DType::AffineRelu): a last ReLU without an Add before it recomputes
   // its mask from x, which the backward reads anyway, instead of reading y_mask.
   bool x_exact = false;
+  // x holds the forward's values: x_exact, or a bitmap stash of f32 values (-0 read back as +0).
+  bool x_lossless = false;
   Tensor dx;          // undefined: not wanted
   bool dx_accumulate = false;
   Tensor dside;       // undefined: not wanted

@@ -5,6 +5,7 @@
 // a pool whose windows do not overlap) saves nothing: its aux value, one bit per element of x,
 // says where dx takes a gradient.
 #include <memory>
+#include <string>
 
 #include "engine/executor.h"
 #include "fusion/fusion.h"
@@ -47,6 +48,13 @@ class FusedStackOp final : public Op {
     ET_CHECK(can_write_plane_sums(), "fused stack: plane sums asked for twice, or of small planes");
     y_sums_aux_ = aux_index;
   }
+  // The second backward sweep handed on (FusedGrads::dx_coef): this stack, x's only reader, writes
+  // the coefficients to input `coef_input`, which the stack before (`producer`) keeps as an aux.
+  void hand_sweep_to(const FusedStack& producer, int coef_input) {
+    producer_ = producer;
+    dx_coef_input_ = coef_input;
+  }
+  void take_sweep_from(int coef_aux) { dy_coef_aux_ = coef_aux; }
 
   // memory.recompute_stack_outputs: y from the x this stack keeps for its own backward and the
   // batch statistics in its aux values (a BN -> ReLU stack; the backend says which it recomputes).
@@ -104,10 +112,15 @@ class FusedStackOp final : public Op {
       ctx.backend().fused_backward(stack_, t, g, ctx.workspace());
       return;
     }
+    // Both ends ask the backend the same question, so either both use the coefficients or neither.
+    if (dy_coef_aux_ >= 0 && ctx.backend().fused_reads_dy_affine(stack_)) g.dy_coef = ctx.aux(dy_coef_aux_);
+    if (dx_coef_input_ >= 0 && ctx.backend().fused_reads_dy_affine(producer_)) g.dx_coef = ctx.input(dx_coef_input_);
     t.x = ctx.saved(0, reads_stored(0, ctx.backend(), ctx.batch()));
     // y computed by its readers from x (nothing kept): the last ReLU's mask is rebuilt from x as y was.
     const bool y_from_x = stack_.saves_output_mask && ctx.saved_computed_by_readers(1);
-    g.x_exact = y_from_x || ctx.saved(0, kStashDTypes).dtype == DType::F32;  // not an fp16 / bf16 copy
+    const DType stored = ctx.saved(0, kStashDTypes).dtype;
+    g.x_exact = y_from_x || stored == DType::F32;  // not an fp16 / bf16 copy
+    g.x_lossless = g.x_exact || stored == DType::BitmapF32;
     t.side = Tensor{};  // a stack with an Add ends at it or at the ReLU after it: never recomputed
     if (stack_.saves_output_mask && !y_from_x) g.y_mask = ctx.saved_mask(1);
     const GradOut dx = ctx.grad_input(0), dgamma = ctx.grad_input(1), dbeta = ctx.grad_input(2);
@@ -155,9 +168,19 @@ class FusedStackOp final : public Op {
   bool has_pool_ = false;
   int sums_input_ = -1;  // the input holding x's plane sums, written by x's producer
   int y_sums_aux_ = -1;  // the aux value to write y's plane sums to
+  FusedStack producer_;     // hand_sweep_to
+  int dx_coef_input_ = -1;  // the input to write the handed-on sweep's coefficients to
+  int dy_coef_aux_ = -1;    // the aux value they come in
 };
 
 }  // namespace
+
+void hand_sweep_on(Op& producer, Op& reader, const FusedStack& producer_stack, int coef_aux, int coef_input) {
+  ET_CHECK(std::string(producer.type()) == "fused_stack" && std::string(reader.type()) == "fused_stack",
+           "fusion: a sweep handed on between ", producer.type(), " and ", reader.type());
+  static_cast<FusedStackOp&>(producer).take_sweep_from(coef_aux);
+  static_cast<FusedStackOp&>(reader).hand_sweep_to(producer_stack, coef_input);
+}
 
 bool takes_plane_sums(const FusedStack& s) { return s.headed_by_bn() && !s.small_planes() && !s.channel_slabs; }
 

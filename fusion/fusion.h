@@ -29,6 +29,11 @@ struct StackPlan {
   // BN's per-plane sums come from x's producer (a conv's epilogue, or the fused stack before it,
   // fusion::takes_plane_sums), so the forward reads x once instead of twice.
   bool sums_from_producer = false;
+  // BN's second backward sweep goes to the fused stack before it, which produced x for this stack
+  // alone and reads its dy through the coefficients (FusedGrads::dx_coef), where the backend can
+  // (Backend::fused_reads_dy_affine: BN -> ReLU -> stride-1 max-pool on AVX2 and NEON).
+  bool sweep_to_producer = false;
+  int producer_stack = -1;  // the index of the fused stack that produced x, if any
 };
 
 struct Plan {
@@ -56,6 +61,9 @@ std::string describe(const Graph& g, const Plan& p);
 // The op a fused stack becomes (fused_op.cpp). Inputs: x, gamma, beta, running_mean, running_var
 // [, side] [, x's plane sums at input `sums_input`]; aux: batch mean, invstd [, y's plane sums].
 std::unique_ptr<Op> make_fused_op(const FusedStack& s, std::vector<std::string> members, int sums_input = -1);
+// Links the fused stack `reader` to the one before it, `producer` (StackPlan::sweep_to_producer):
+// the reader writes its coefficients to its input `coef_input`, the producer's aux `coef_aux`.
+void hand_sweep_on(Op& producer, Op& reader, const FusedStack& producer_stack, int coef_aux, int coef_input);
 // Whether a stack walks its planes one by one in memory order (large planes, no channel slabs), so
 // that per-plane sums fit its forward: it takes x's from x's producer (docs/fusion.md,
 // "Statistics in the producer") and can write y's for the stack after it.

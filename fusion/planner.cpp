@@ -80,6 +80,21 @@ size_t unfused_bytes(const FusedStack& s, int64_t N) {
   return b;
 }
 
+// One backward sweep of a BN-headed stack: x and dy (and y's mask).
+size_t sweep_bytes(const FusedStack& s, int64_t N) {
+  const int64_t in = N * s.C * s.stages[0].H * s.stages[0].W, out = N * s.C * s.last().P * s.last().Q;
+  return f32(in + out) + (s.saves_output_mask ? bits(out) : 0);
+}
+
+// A stack that can take the second backward sweep of the stack after it (StackPlan::
+// sweep_to_producer): BN -> ReLU -> max-pool of stride 1 on whole planes (the backends that can:
+// Backend::fused_reads_dy_affine).
+bool takes_dy_affine(const FusedStack& s) {
+  return s.headed_by_bn() && !s.small_planes() && s.band_rows == 0 && s.stages.size() == 3 &&
+         s.stages[1].kind == FusedKind::Relu && s.stages[2].kind == FusedKind::MaxPool &&
+         s.stages[2].pool.stride_h == 1 && s.stages[2].pool.stride_w == 1;
+}
+
 // The fused kernels: statistics and one tiled pass forward; two tiled sweeps backward. Without a
 // BN: one pass each way, x -> y and the pass bits, then dy and the bits -> dx.
 size_t fused_bytes(const FusedStack& s, int64_t N) {
@@ -90,7 +105,7 @@ size_t fused_bytes(const FusedStack& s, int64_t N) {
   const int64_t side = add >= 0 ? N * s.C * s.stages[size_t(add)].H * s.stages[size_t(add)].W : 0;
   const size_t mask = s.saves_output_mask ? bits(out) : 0;
   const size_t fwd = f32(in) + f32(in + side + out) + mask;
-  const size_t sweep = f32(in + out) + mask;  // x and dy (and y's mask) per sweep
+  const size_t sweep = sweep_bytes(s, N);
   return fwd + 2 * sweep + f32(side) + f32(in);  // + side gradient, dx
 }
 
@@ -294,8 +309,14 @@ Plan plan(const Graph& g, const FusionSpec& spec) {
         sp.sums_from_producer = before >= 0 ? takes_plane_sums(p.stacks[size_t(before)].stack)
                                             : g.node(x.producer).op->can_write_plane_sums();
       }
+      if (x.producer >= 0 && x.consumers.size() == 1) sp.producer_stack = fused_stack_ending_at[size_t(x.producer)];
+      sp.sweep_to_producer = s.headed_by_bn() && !s.small_planes() && sp.producer_stack >= 0 &&
+                             takes_dy_affine(p.stacks[size_t(sp.producer_stack)].stack);
       const size_t x_bytes = f32(N * s.C * s.stages[0].H * s.stages[0].W), y_bytes = f32(N * s.C * s.last().P * s.last().Q);
       if (sp.sums_from_producer) sp.bytes_fused -= x_bytes;  // one read of x
+      // The second sweep handed on: it reads x and dy (the stack before reads dz instead of dy)
+      // and writes dx no more.
+      if (sp.sweep_to_producer) sp.bytes_fused -= sweep_bytes(s, N) + x_bytes;
       s.stream_y = p.llc_bytes > 0 && x_bytes + y_bytes >= p.llc_bytes;
       // dx: only after a pool (element-wise stacks write dx in dy's place, whose lines are cached).
       s.stream_dx = p.llc_bytes > 0 && y_bytes < x_bytes && 2 * x_bytes >= p.llc_bytes;

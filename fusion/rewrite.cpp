@@ -91,8 +91,23 @@ void apply(Graph& g, const Plan& p) {
       sums_input = int(new_inputs.size());
       new_inputs.push_back(ng.add_aux(producer, std::move(sums)));
     }
-    const int out = ng.add_node(sp.name, make_fused_op(sp.stack, members, sums_input), std::move(new_inputs),
-                                fresh(g.value(sp.output)), std::move(aux));
+    // BN's second backward sweep handed on to the stack before (StackPlan::sweep_to_producer): its
+    // coefficients in an aux value of that stack, which lives until its backward.
+    int coef_producer = -1, coef_aux = -1, coef_input = -1;
+    if (sp.sweep_to_producer) {
+      coef_producer = ng.value(new_inputs[0]).producer;
+      ET_CHECK(coef_producer >= 0 && sp.producer_stack >= 0, "fusion rewrite: no stack before ", sp.name);
+      Value coef;
+      coef.name = sp.name + ".dy_coef";
+      coef.shape = Shape{dy_coef_floats(sp.stack.C)};
+      coef_aux = int(ng.node(coef_producer).aux.size());
+      coef_input = int(new_inputs.size());
+      new_inputs.push_back(ng.add_aux(coef_producer, std::move(coef)));
+    }
+    std::unique_ptr<Op> op = make_fused_op(sp.stack, members, sums_input);
+    if (coef_input >= 0)
+      hand_sweep_on(*ng.node(coef_producer).op, *op, p.stacks[size_t(sp.producer_stack)].stack, coef_aux, coef_input);
+    const int out = ng.add_node(sp.name, std::move(op), std::move(new_inputs), fresh(g.value(sp.output)), std::move(aux));
     Node& added = ng.node(ng.num_nodes() - 1);
     // A dropout member draws its mask from its own seed (OpContext::seed): the fused node takes it.
     added.seed_index = head.seed_index;

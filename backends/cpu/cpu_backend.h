@@ -99,6 +99,7 @@ class CpuBackend : public Backend {
   void fused_forward(const FusedStack& s, FusedTensors& t, bool training, MaskOut* mask, Workspace ws) override;
   DTypeSet fused_backward_reads() const override { return batchnorm_backward_reads(); }
   void fused_backward(const FusedStack& s, const FusedTensors& t, FusedGrads& g, Workspace ws) override;
+  bool fused_reads_dy_affine(const FusedStack& s) const override;
   bool fused_recomputes(const FusedStack& s) const override;
   void fused_recompute_output(const FusedStack& s, const FusedTensors& t, Tensor& y) override;
   AffineReluRun fused_affine_relu(const FusedStack& s) const override;

@@ -584,7 +584,13 @@ void CpuBackend::fused_forward_statistics(const FusedStack& s, FusedTensors& t, 
   statistics_in_region(s, t, training, tab, scale, shift);
 }
 
+bool CpuBackend::fused_reads_dy_affine(const FusedStack& s) const {
+  return bn_relu_pool_stride1(s) && !s.small_planes();
+}
+
 void CpuBackend::fused_backward(const FusedStack& s, const FusedTensors& t, FusedGrads& g, Workspace ws) {
+  // The second sweep handed on to the stack before (FusedGrads::dx_coef): not unless taken below.
+  if (g.dx_coef.defined()) g.dx_coef.f32()[0] = 0.f;
   if (!s.headed_by_bn()) return relu_pool_backward(s, t, g, ws);
   if (s.small_planes()) return fused_blocks_backward(s, t, g, ws);
   const FusedStage &bn = s.stages[0], &last = s.last();
@@ -627,6 +633,18 @@ void CpuBackend::fused_backward(const FusedStack& s, const FusedTensors& t, Fuse
   // dz parks in dx between the sweeps (in dy's place, as the planner shares them, it costs no
   // bytes), unless dx accumulates or the pool's dz is rebuilt: then sweep 2 builds it again.
   const bool park = g.dx.defined() && !g.dx_accumulate && !pool_in_registers;
+  // The second sweep handed on (FusedGrads::dx_coef): dz stays parked in dx, and the stack before
+  // builds dx from it with y, its own output, which is this x where x keeps the forward's values.
+  float* const hand_on = g.dx_coef.defined() && park && g.x_lossless ? g.dx_coef.f32() : nullptr;
+  if (hand_on) hand_on[0] = 1.f;
+  auto hand_on_channel = [&](int64_t c, const bn_rows::GradCoefficients& k) {
+    hand_on[1 + c] = k.a;
+    hand_on[1 + C + c] = k.b;
+    hand_on[1 + 2 * C + c] = k.c0;
+  };
+  // dy handed on by the stack after this one (FusedGrads::dy_coef); the flag is spent on reading.
+  const float* dy_coef = g.dy_coef.defined() && g.dy_coef.f32()[0] == 1.f ? g.dy_coef.f32() : nullptr;
+  if (g.dy_coef.defined()) g.dy_coef.f32()[0] = 0.f;
 #if defined(ET_POOL_IN_REGISTERS)
   // dx, a tensor of its own here (dy is a quarter of it), by streaming stores where the planner
   // asks for them (FusedStack::stream_dx).
@@ -637,12 +655,16 @@ void CpuBackend::fused_backward(const FusedStack& s, const FusedTensors& t, Fuse
   const bool last_pool = s.last().kind == FusedKind::MaxPool || s.last().kind == FusedKind::AvgPool;
   // BN -> ReLU -> stride-1 max-pool: dz of plane pl from x and dy into `into` (pool_stride1.h).
   const bool pool_stride1 = bn_relu_pool_stride1(s);
+  ET_CHECK(!dy_coef || (pool_stride1 && !s.small_planes()), "fused stack: dy handed on to a stack that cannot read it");
   auto pool_stride1_dz = [&](int64_t pl, const float* x, float* into) -> const float* {
 #if defined(ET_BN_RELU_POOL_STRIDE1)
     float scale, shift;
     coefficients(pl, &scale, &shift);
+    const int64_t c = pl % C;
+    const pool_planes::DyAffine affine(dy_coef ? dy_coef[1 + c] : 0.f, dy_coef ? dy_coef[1 + C + c] : 0.f,
+                                       dy_coef ? dy_coef[1 + 2 * C + c] : 0.f);
     pool_planes::max_backward_stride1(pool_planes::of(last), x, pool_planes::BnReluInput(scale, shift),
-                                      g.dy.f32() + pl * PQ, into, false);
+                                      g.dy.f32() + pl * PQ, into, false, dy_coef ? &affine : nullptr);
 #else
     (void)pl, (void)x;
 #endif
@@ -757,9 +779,12 @@ void CpuBackend::fused_backward(const FusedStack& s, const FusedTensors& t, Fuse
       int64_t ca, cb;
       thread_channels(C, &ca, &cb);
       sum_over_batch(tab.sum1, tab.sum2, N, C, ca, cb, tab.d1, tab.d2);
-      for (int64_t c = ca; c < cb; ++c) coef[c] = finish_channel(c, tab.d1[c], tab.d2[c]);
+      for (int64_t c = ca; c < cb; ++c) {
+        coef[c] = finish_channel(c, tab.d1[c], tab.d2[c]);
+        if (hand_on) hand_on_channel(c, coef[c]);
+      }
 #pragma omp barrier
-      if (g.dx.defined()) {
+      if (g.dx.defined() && !hand_on) {
 #pragma omp for schedule(static)
         for (int64_t pl = 0; pl < N * C; ++pl) sweep2(scratch, pl, coef[pl % C]);
       }
@@ -781,7 +806,8 @@ void CpuBackend::fused_backward(const FusedStack& s, const FusedTensors& t, Fuse
           sdyx += b;
         }
         const bn_rows::GradCoefficients k = finish_channel(c, sdy, sdyx);
-        if (!g.dx.defined()) continue;
+        if (hand_on) hand_on_channel(c, k);
+        if (!g.dx.defined() || hand_on) continue;
         for (int64_t n = 0; n < N; ++n) sweep2(scratch, n * C + c, k);  // the slab still in this core's L2
       }
     }

@@ -48,6 +48,7 @@ inline F8 select(F8 m, F8 a, F8 b) { return _mm256_blendv_ps(a, b, m); }    // m
 inline F8 keep_greater(F8 v, F8 m) { return _mm256_max_ps(v, m); }         // v > m ? v : m
 inline F8 bit_and(F8 a, F8 b) { return _mm256_and_ps(a, b); }
 inline F8 add(F8 a, F8 b) { return _mm256_add_ps(a, b); }
+inline F8 mul(F8 a, F8 b) { return _mm256_mul_ps(a, b); }
 inline F8 fmadd(F8 a, F8 b, F8 c) { return _mm256_fmadd_ps(a, b, c); }  // a * b + c, one rounding
 inline F8 relu(F8 v) { return _mm256_max_ps(v, _mm256_setzero_ps()); }  // v > 0 ? v : +0
 inline F8 int_splat(int32_t v) { return _mm256_castsi256_ps(_mm256_set1_epi32(v)); }
@@ -88,6 +89,7 @@ inline F8 select(F8 m, F8 a, F8 b) { return {vbslq_f32(u32(m.lo), b.lo, a.lo), v
 inline F8 keep_greater(F8 v, F8 m) { return select(greater(v, m), m, v); }
 inline F8 bit_and(F8 a, F8 b) { return {f32(vandq_u32(u32(a.lo), u32(b.lo))), f32(vandq_u32(u32(a.hi), u32(b.hi)))}; }
 inline F8 add(F8 a, F8 b) { return {vaddq_f32(a.lo, b.lo), vaddq_f32(a.hi, b.hi)}; }
+inline F8 mul(F8 a, F8 b) { return {vmulq_f32(a.lo, b.lo), vmulq_f32(a.hi, b.hi)}; }
 inline F8 fmadd(F8 a, F8 b, F8 c) { return {vfmaq_f32(c.lo, a.lo, b.lo), vfmaq_f32(c.hi, a.hi, b.hi)}; }
 inline F8 relu(F8 v) {
   const F8 zero = splat(0.f);

@@ -83,6 +83,17 @@ class PaddedRows {
   alignas(64) float buf_[2][kRingCols];
 };
 
+// dy as the BN after the pool leaves it when it hands its second backward sweep on to this pool
+// (FusedGrads::dy_coef): dy = (a * d + b * y) + c0, d the buffer dy points at and y the pool's output,
+// whose values the backward finds again as its windows' maxima; bn_rows::grad_apply's arithmetic.
+struct DyAffine {
+  lanes8::F8 a, b, c0;
+  DyAffine(float va, float vb, float vc0) : a(lanes8::splat(va)), b(lanes8::splat(vb)), c0(lanes8::splat(vc0)) {}
+  lanes8::F8 value(lanes8::F8 d, lanes8::F8 y) const {
+    return lanes8::add(lanes8::fmadd(a, d, lanes8::mul(b, y)), c0);
+  }
+};
+
 // Vectors of output columns [0, Qr) in blocks of V side by side (V independent chains): 4, then 2
 // (Qr is a multiple of 16).
 template <class Block>
@@ -145,10 +156,11 @@ inline void max_forward_stride1(const Plane& g, const float* x, const In& in, fl
 // always written whole: the mask applies to the pool's gradient alone). Input
 // (h, w) lies in the windows of outputs (h + ph - r, w + pw - s), which come in the reference's
 // raster order for r, then s, descending.
+// affine: dy is that of a BN after the pool (DyAffine), or nullptr: dy as it is.
 // kR, kS: the window as constants (the taps unrolled), or 0: g's, at run time.
 template <int kR, int kS, class In>
 inline void max_backward_stride1_window(const Plane& g, const float* x, const In& in, const float* dy, float* dx,
-                                        bool accumulate) {
+                                        bool accumulate, const DyAffine* affine) {
   const int64_t R = kR > 0 ? kR : g.R, S = kS > 0 ? kS : g.S;
   const int64_t Qr = round_lanes(g.Q), Wr = round_lanes(g.W), B = gather_row_ints(g), off = S - 1;
   const int64_t pw = g.pad_w, ph = g.pad_h;
@@ -199,6 +211,8 @@ inline void max_backward_stride1_window(const Plane& g, const float* x, const In
     const int64_t h0 = std::max<int64_t>(0, p - ph), h1 = std::min(g.H, p - ph + R);
     while (next_h < h1) row_stage(next_h++);
     int32_t* a = out_a[p & (kRingRows - 1)] + off;
+    float* dyr = out_dy[p & (kRingRows - 1)] + off;
+    const float* dyp = dy + p * g.Q;
     for_column_blocks(Qr, [&](int64_t q0, auto blocks) {
       constexpr int V = decltype(blocks)::value;
       F8 mv[V], av[V];
@@ -209,9 +223,17 @@ inline void max_backward_stride1_window(const Plane& g, const float* x, const In
           take(lanes8::load(row_m[slot] + j), lanes8::load_int(row_a[slot] + j), &mv[k], &av[k]);
         }
       for (int k = 0; k < V; ++k) lanes8::store_int(a + q0 + 8 * k, av[k]);
+      if (!affine) return;
+      for (int k = 0; k < V; ++k) {  // mv: the pool's output, y (lanes past the row: never read)
+        const int64_t q = q0 + 8 * k;
+        if (q + 8 <= g.Q)
+          lanes8::store(dyr + q, affine->value(lanes8::load(dyp + q), mv[k]));
+        else if (q < g.Q)
+          lanes8::store(dyr + q, affine->value(lanes8::load_inside(dyp + q, q, g.Q, lanes8::splat(0.f)), mv[k]));
+      }
     });
     for (int64_t q = g.Q; q < Qr; ++q) a[q] = -1;  // lanes past the row
-    std::memcpy(out_dy[p & (kRingRows - 1)] + off, dy + p * g.Q, sizeof(float) * size_t(g.Q));
+    if (!affine) std::memcpy(dyr, dyp, sizeof(float) * size_t(g.Q));
   };
   int64_t next_p = 0;  // output rows [0, next_p) have their arguments
   const int64_t ahead = R < kRingRows ? 1 : 0;
@@ -268,9 +290,9 @@ inline void max_backward_stride1_window(const Plane& g, const float* x, const In
 
 template <class In>
 inline void max_backward_stride1(const Plane& g, const float* x, const In& in, const float* dy, float* dx,
-                                 bool accumulate) {
-  if (g.R == 3 && g.S == 3) return max_backward_stride1_window<3, 3>(g, x, in, dy, dx, accumulate);
-  max_backward_stride1_window<0, 0>(g, x, in, dy, dx, accumulate);
+                                 bool accumulate, const DyAffine* affine = nullptr) {
+  if (g.R == 3 && g.S == 3) return max_backward_stride1_window<3, 3>(g, x, in, dy, dx, accumulate, affine);
+  max_backward_stride1_window<0, 0>(g, x, in, dy, dx, accumulate, affine);
 }
 
 }  // namespace pool_planes
