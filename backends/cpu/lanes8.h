@@ -58,6 +58,9 @@ inline F8 int_iota(int32_t first) {  // first, first + 1, ..., first + 7
 inline F8 int_equal(F8 a, F8 b) {
   return _mm256_castsi256_ps(_mm256_cmpeq_epi32(_mm256_castps_si256(a), _mm256_castps_si256(b)));
 }
+inline F8 int_add(F8 a, F8 b) {
+  return _mm256_castsi256_ps(_mm256_add_epi32(_mm256_castps_si256(a), _mm256_castps_si256(b)));
+}
 
 #else  // aarch64 NEON: lo holds lanes 0-3, hi lanes 4-7
 struct F8 {
@@ -102,6 +105,7 @@ inline F8 int_iota(int32_t first) {
   return {vreinterpretq_f32_s32(lo), vreinterpretq_f32_s32(vaddq_s32(lo, vdupq_n_s32(4)))};
 }
 inline F8 int_equal(F8 a, F8 b) { return {f32(vceqq_u32(u32(a.lo), u32(b.lo))), f32(vceqq_u32(u32(a.hi), u32(b.hi)))}; }
+inline F8 int_add(F8 a, F8 b) { return {f32(vaddq_u32(u32(a.lo), u32(b.lo))), f32(vaddq_u32(u32(a.hi), u32(b.hi)))}; }
 #endif
 
 }  // namespace lanes8

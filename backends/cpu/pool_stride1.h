@@ -194,10 +194,11 @@ inline void max_backward_stride1_window(const Plane& g, const float* x, const In
       constexpr int V = decltype(blocks)::value;
       F8 mv[V], av[V];
       for (int k = 0; k < V; ++k) mv[k] = lanes8::splat(-FLT_MAX), av[k] = lanes8::int_splat(-1);
+      const F8 first = lanes8::int_iota(base + int32_t(q0));  // the indices of the block's first vector
       for (int64_t s = 0; s < S; ++s)
         for (int k = 0; k < V; ++k) {
-          const int64_t j = q0 + 8 * k + s;
-          take(lanes8::load(xr + j), lanes8::int_iota(base + int32_t(j)), &mv[k], &av[k]);
+          const int64_t j = q0 + 8 * k + s;  // + 8 k + s: a constant where the loops unroll
+          take(lanes8::load(xr + j), lanes8::int_add(first, lanes8::int_splat(int32_t(8 * k + s))), &mv[k], &av[k]);
         }
       for (int k = 0; k < V; ++k) {
         lanes8::store(m + q0 + 8 * k, mv[k]);
