@@ -364,7 +364,7 @@ std::string describe(const Graph& g, const Plan& p) {
   o << "cache: " << p.cache_bytes / 1024 << " KiB (" << p.cache_source << "), last level " << p.llc_bytes / 1024
     << " KiB (" << p.llc_source << "), batch " << g.batch_size() << "\n";
   o << "stack                 stages                  planes         tile  KiB/tile  MB unfused  MB fused  vanish  "
-       "statistics streamed\n";
+       "statistics sweep 2    streamed\n";
   for (const StackPlan& sp : p.stacks) {
     std::string stages;
     for (const FusedStage& st : sp.stack.stages) stages += std::string(stages.empty() ? "" : ",") + kind_name(st.kind);
@@ -383,10 +383,11 @@ std::string describe(const Graph& g, const Plan& p) {
         std::snprintf(tile, sizeof tile, "%lld rows", (long long)s.band_rows);
       else
         std::snprintf(tile, sizeof tile, "plane");
-      std::snprintf(line, sizeof line, "%10s %8zu%s %10s %9s %6zu  %-10s %s\n", tile, sp.tile_bytes / 1024,
+      std::snprintf(line, sizeof line, "%10s %8zu%s %10s %9s %6zu  %-10s %-9s %s\n", tile, sp.tile_bytes / 1024,
                     sp.tile_bytes <= p.cache_bytes ? " " : "*", mb(sp.bytes_unfused).c_str(),
                     mb(sp.bytes_fused).c_str(), sp.vanished.size(),
                     !s.headed_by_bn() ? "-" : sp.sums_from_producer ? "producer" : "own sweep",
+                    !s.headed_by_bn() ? "-" : sp.sweep_to_producer ? "handed on" : "own",
                     s.stream_y ? (s.stream_dx ? "y, dx" : "y") : s.stream_dx ? "dx" : "-");
       o << line;
     } else {
@@ -399,7 +400,8 @@ std::string describe(const Graph& g, const Plan& p) {
        "its pool's halo recomputed; Nch = a block of N channels of one image; Nch slab = N "
        "channels over the whole batch (fusion.tile), * = larger than the cache: the second backward sweep "
        "re-reads x from memory; statistics: producer = BN's per-plane sums written by x's producer, "
-       "own sweep = the stack reads x for them; streamed: y where x and y fill the last-level cache, dx where "
+       "own sweep = the stack reads x for them; sweep 2: handed on = BN's dx is built by the stack before, "
+       "as it reads its dy (AVX2 and NEON builds); streamed: y where x and y fill the last-level cache, dx where "
        "x and dx do (written around the cache; dx only where it is a tensor of its own, after a pool))\n";
   o << "fused stacks: " << fused << " of " << p.stacks.size() << " (one sequence each); bytes moved per step: "
     << mb(p.bytes_unfused) << " MB unfused, " << mb(p.bytes_fused) << " MB fused ("
