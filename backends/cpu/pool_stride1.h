@@ -156,9 +156,10 @@ inline void max_forward_stride1(const Plane& g, const float* x, const In& in, fl
 // always written whole: the mask applies to the pool's gradient alone). Input
 // (h, w) lies in the windows of outputs (h + ph - r, w + pw - s), which come in the reference's
 // raster order for r, then s, descending.
-// affine: dy is that of a BN after the pool (DyAffine), or nullptr: dy as it is.
+// kAffine: dy is that of a BN after the pool (*affine, DyAffine), else dy as it is (a separate
+// instance: the plain one as tight as before).
 // kR, kS: the window as constants (the taps unrolled), or 0: g's, at run time.
-template <int kR, int kS, class In>
+template <int kR, int kS, class In, bool kAffine>
 inline void max_backward_stride1_window(const Plane& g, const float* x, const In& in, const float* dy, float* dx,
                                         bool accumulate, const DyAffine* affine) {
   const int64_t R = kR > 0 ? kR : g.R, S = kS > 0 ? kS : g.S;
@@ -168,6 +169,7 @@ inline void max_backward_stride1_window(const Plane& g, const float* x, const In
   alignas(64) int32_t row_a[kRingRows][kRingCols];          // ... and their flat indices
   alignas(64) int32_t out_a[kRingRows + 1][kRingCols];      // per output row q at off + q: its argument;
   alignas(64) float out_dy[kRingRows + 1][kRingCols];       // dy alike; the last row: outside the plane
+  alignas(64) float yrow[kRingCols];                        // kAffine: the output row's maxima, y
   auto clear_output_row = [&](int64_t slot) {
     for (int64_t j = 0; j < B; ++j) {
       out_a[slot][j] = -1;
@@ -224,17 +226,19 @@ inline void max_backward_stride1_window(const Plane& g, const float* x, const In
           take(lanes8::load(row_m[slot] + j), lanes8::load_int(row_a[slot] + j), &mv[k], &av[k]);
         }
       for (int k = 0; k < V; ++k) lanes8::store_int(a + q0 + 8 * k, av[k]);
-      if (!affine) return;
-      for (int k = 0; k < V; ++k) {  // mv: the pool's output, y (lanes past the row: never read)
-        const int64_t q = q0 + 8 * k;
-        if (q + 8 <= g.Q)
-          lanes8::store(dyr + q, affine->value(lanes8::load(dyp + q), mv[k]));
-        else if (q < g.Q)
-          lanes8::store(dyr + q, affine->value(lanes8::load_inside(dyp + q, q, g.Q, lanes8::splat(0.f)), mv[k]));
-      }
+      if constexpr (kAffine)
+        for (int k = 0; k < V; ++k) lanes8::store(yrow + q0 + 8 * k, mv[k]);
     });
+    if constexpr (kAffine) {
+      const F8 va = affine->a, vb = affine->b, vc = affine->c0;
+      int64_t q = 0;
+      for (; q + 8 <= g.Q; q += 8)
+        lanes8::store(dyr + q, lanes8::add(lanes8::fmadd(va, lanes8::load(dyp + q), lanes8::mul(vb, lanes8::load(yrow + q))), vc));
+      if (q < g.Q)
+        lanes8::store(dyr + q, affine->value(lanes8::load_inside(dyp + q, q, g.Q, lanes8::splat(0.f)), lanes8::load(yrow + q)));
+    }
     for (int64_t q = g.Q; q < Qr; ++q) a[q] = -1;  // lanes past the row
-    if (!affine) std::memcpy(dyr, dyp, sizeof(float) * size_t(g.Q));
+    if constexpr (!kAffine) std::memcpy(dyr, dyp, sizeof(float) * size_t(g.Q));
   };
   int64_t next_p = 0;  // output rows [0, next_p) have their arguments
   const int64_t ahead = R < kRingRows ? 1 : 0;
@@ -292,8 +296,13 @@ inline void max_backward_stride1_window(const Plane& g, const float* x, const In
 template <class In>
 inline void max_backward_stride1(const Plane& g, const float* x, const In& in, const float* dy, float* dx,
                                  bool accumulate, const DyAffine* affine = nullptr) {
-  if (g.R == 3 && g.S == 3) return max_backward_stride1_window<3, 3>(g, x, in, dy, dx, accumulate, affine);
-  max_backward_stride1_window<0, 0>(g, x, in, dy, dx, accumulate, affine);
+  const bool k3 = g.R == 3 && g.S == 3;
+  if (affine) {
+    if (k3) return max_backward_stride1_window<3, 3, In, true>(g, x, in, dy, dx, accumulate, affine);
+    return max_backward_stride1_window<0, 0, In, true>(g, x, in, dy, dx, accumulate, affine);
+  }
+  if (k3) return max_backward_stride1_window<3, 3, In, false>(g, x, in, dy, dx, accumulate, nullptr);
+  max_backward_stride1_window<0, 0, In, false>(g, x, in, dy, dx, accumulate, nullptr);
 }
 
 }  // namespace pool_planes
