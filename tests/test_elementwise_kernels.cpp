@@ -263,11 +263,10 @@ TEST_CASE("pooling planes: stride-1 windows of random shapes equal the reference
 }
 
 // The fused stacks' use of the stride-1 backward (backends/cpu/fused.cpp): the pool's input through
-// BN and ReLU (BnReluInput), dy handed on by the BN after the pool (DyAffine: dy = (a d + b y) + c0
-// with y the pool's output) and BN's sums taken as dz is stored (DzSums), against the reference
-// loops composed: relu(fma(x, scale, shift)), max_forward_reference, the affine dy,
-// max_backward_reference, the ReLU's mask, bn_rows::grad_sums.
-TEST_CASE("pooling planes: the stride-1 backward with BN's dy handed on and its sums equals the references",
+// BN and ReLU (BnReluInput) and dy handed on by the BN after the pool (DyAffine: dy = (a d + b y) +
+// c0 with y the pool's output), against the reference loops composed: relu(fma(x, scale, shift)),
+// max_forward_reference, the affine dy, max_backward_reference, the ReLU's mask.
+TEST_CASE("pooling planes: the stride-1 backward with BN's dy handed on equals the references",
           "[kernels]") {
 #if defined(ET_POOL_STRIDE1)
   std::mt19937 rng(5);
@@ -277,7 +276,7 @@ TEST_CASE("pooling planes: the stride-1 backward with BN's dy handed on and its 
     pool_planes::Plane g;
     g.H = side(rng), g.W = side(rng), g.R = window(rng), g.S = window(rng);
     if (shapes % 2 == 0) g.R = g.S = 3;
-    if (shapes % 3 != 2) g.W = (g.W + 7) / 8 * 8;  // whole vectors: the kernel takes the sums
+    if (shapes % 3 != 2) g.W = (g.W + 7) / 8 * 8;  // rows of whole vectors; every third cut inside one
     g.pad_h = int64_t(rng() % uint32_t(g.R)), g.pad_w = int64_t(rng() % uint32_t(g.S));
     g.P = g.H + 2 * g.pad_h - g.R + 1, g.Q = g.W + 2 * g.pad_w - g.S + 1;
     if (g.P != g.H || g.Q != g.W) continue;  // the BN after the pool: y and x of one size
@@ -288,7 +287,7 @@ TEST_CASE("pooling planes: the stride-1 backward with BN's dy handed on and its 
     std::vector<float> x(n), d(n);
     for (float& v : x) v = 0.5f * float(level(rng));  // ties after BN and ReLU, exact zeros
     for (float& v : d) v = (rng() % 2 ? -1.f : 1.f) * std::ldexp(1.f + float(rng() % 1024) / 1024.f, int(rng() % 25) - 12);
-    const float scale = 0.75f, shift = 0.125f, a = 1.5f, b = -0.3125f, c0 = 0.0625f, mu = 0.1f;
+    const float scale = 0.75f, shift = 0.125f, a = 1.5f, b = -0.3125f, c0 = 0.0625f;
     // The references.
     std::vector<float> r(n), y(n), dy(n), dr(n, 0.f), want(n);
     for (int64_t i = 0; i < HW; ++i) {
@@ -299,39 +298,12 @@ TEST_CASE("pooling planes: the stride-1 backward with BN's dy handed on and its 
     for (int64_t i = 0; i < HW; ++i) dy[size_t(i)] = std::fma(a, d[size_t(i)], b * y[size_t(i)]) + c0;
     pool_planes::max_backward_reference(g, r.data(), dy.data(), dr.data());
     for (int64_t i = 0; i < HW; ++i) want[size_t(i)] = std::fma(x[size_t(i)], scale, shift) > 0.f ? dr[size_t(i)] : 0.f;
-    float want_sum = 0, want_sumx = 0;
-    bn_rows::grad_sums(bn_rows::row_of(want.data()), x.data(), mu, HW, &want_sum, &want_sumx);
-    // The kernel: dy handed on, then also the sums (whole vectors only), plain and streaming stores.
+    // The kernel.
     const pool_planes::BnReluInput in(scale, shift);
     const pool_planes::DyAffine affine(a, b, c0);
     std::vector<float> got(n, NAN);
     pool_planes::max_backward_stride1(g, x.data(), in, d.data(), got.data(), false, &affine);
     CHECK(std::memcmp(got.data(), want.data(), size_t(HW) * 4) == 0);
-    if (!pool_planes::dz_sums_apply(g)) continue;
-    alignas(64) static float out[40 * 40];  // 32-byte aligned rows: W is a multiple of 8
-    for (const bool stream : {false, true}) {
-      INFO("streaming stores " << stream);
-      std::fill(out, out + HW, NAN);
-      pool_planes::DzSums sums;
-      sums.mu = mu;
-      sums.stream = stream;
-      pool_planes::max_backward_stride1(g, x.data(), in, d.data(), out, false, &affine, &sums);
-      lanes8::stream_fence();
-      CHECK(std::memcmp(out, want.data(), size_t(HW) * 4) == 0);
-      CHECK(std::memcmp(&sums.sum_dz, &want_sum, 4) == 0);
-      CHECK(std::memcmp(&sums.sum_dzx, &want_sumx, 4) == 0);
-    }
-    // The sums without a handed-on dy (dy as it is).
-    std::fill(dr.begin(), dr.end(), 0.f);
-    pool_planes::max_backward_reference(g, r.data(), d.data(), dr.data());
-    for (int64_t i = 0; i < HW; ++i) want[size_t(i)] = std::fma(x[size_t(i)], scale, shift) > 0.f ? dr[size_t(i)] : 0.f;
-    bn_rows::grad_sums(bn_rows::row_of(want.data()), x.data(), mu, HW, &want_sum, &want_sumx);
-    pool_planes::DzSums plain;
-    plain.mu = mu;
-    pool_planes::max_backward_stride1(g, x.data(), in, d.data(), out, false, nullptr, &plain);
-    CHECK(std::memcmp(out, want.data(), size_t(HW) * 4) == 0);
-    CHECK(std::memcmp(&plain.sum_dz, &want_sum, 4) == 0);
-    CHECK(std::memcmp(&plain.sum_dzx, &want_sumx, 4) == 0);
   }
 #else
   SUCCEED("no stride-1 kernels on this target (AVX-512 keeps pool_planes.h's loops)");

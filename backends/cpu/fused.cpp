@@ -656,37 +656,20 @@ void CpuBackend::fused_backward(const FusedStack& s, const FusedTensors& t, Fuse
   // BN -> ReLU -> stride-1 max-pool: dz of plane pl from x and dy into `into` (pool_stride1.h).
   const bool pool_stride1 = bn_relu_pool_stride1(s);
   ET_CHECK(!dy_coef || (pool_stride1 && !s.small_planes()), "fused stack: dy handed on to a stack that cannot read it");
-  // With `sums`: BN's backward sums of the plane taken as dz is stored (pool_planes::DzSums).
-  auto pool_stride1_dz = [&](int64_t pl, const float* x, float* into, float* sum_dz = nullptr,
-                             float* sum_dzx = nullptr, bool stream = false) -> const float* {
+  auto pool_stride1_dz = [&](int64_t pl, const float* x, float* into) -> const float* {
 #if defined(ET_BN_RELU_POOL_STRIDE1)
     float scale, shift;
     coefficients(pl, &scale, &shift);
     const int64_t c = pl % C;
     const pool_planes::DyAffine affine(dy_coef ? dy_coef[1 + c] : 0.f, dy_coef ? dy_coef[1 + C + c] : 0.f,
                                        dy_coef ? dy_coef[1 + 2 * C + c] : 0.f);
-    pool_planes::DzSums sums;
-    sums.mu = t.mean.f32()[c];
-    sums.stream = stream;
     pool_planes::max_backward_stride1(pool_planes::of(last), x, pool_planes::BnReluInput(scale, shift),
-                                      g.dy.f32() + pl * PQ, into, false, dy_coef ? &affine : nullptr,
-                                      sum_dz ? &sums : nullptr);
-    if (sum_dz) *sum_dz = sums.sum_dz, *sum_dzx = sums.sum_dzx;
+                                      g.dy.f32() + pl * PQ, into, false, dy_coef ? &affine : nullptr);
 #else
-    (void)pl, (void)x, (void)sum_dz, (void)sum_dzx, (void)stream;
+    (void)pl, (void)x;
 #endif
     return into;
   };
-#if defined(ET_BN_RELU_POOL_STRIDE1)
-  // The kernel takes sweep 1's sums itself (pool_planes::DzSums) where x's rows are whole vectors;
-  // then dz parked in dx goes by streaming stores in memory order (read next by sweep 2 or by the
-  // stack before, after the whole pass: past the cache by then).
-  const bool kernel_sums = pool_stride1 && pool_planes::dz_sums_apply(pool_planes::of(last));
-  const bool stream_dz = kernel_sums && park && memory_order && reinterpret_cast<uintptr_t>(g.dx.f32()) % 32 == 0 &&
-                         (HW * sizeof(float)) % 32 == 0;
-#else
-  [[maybe_unused]] const bool kernel_sums = false, stream_dz = false;
-#endif
   // x's plane (n, c) as f32: in place, or widened into the scratch's last plane.
   auto x_plane = [&](float* scratch, int64_t pl) {
     return bn_rows::x_f32(t.x, pl * HW, HW, scratch + (S + 2) * plane);
@@ -744,10 +727,6 @@ void CpuBackend::fused_backward(const FusedStack& s, const FusedTensors& t, Fuse
     if (pool_in_registers) return bn_rows::grad_sums(pool_dz(pl, x), x, t.mean.f32()[c], HW, a, b);
 #endif
     float* parked = park ? g.dx.f32() + o : nullptr;
-    if (kernel_sums) {
-      pool_stride1_dz(pl, x, park ? parked : scratch + S * plane, a, b, stream_dz);
-      return;
-    }
     const float* dz = pool_stride1 ? pool_stride1_dz(pl, x, park ? parked : scratch + S * plane)
                                    : plane_dz(scratch, pl, x, true, parked);
     bn_rows::grad_sums(bn_rows::row_of(dz), x, t.mean.f32()[c], HW, a, b);
@@ -795,12 +774,8 @@ void CpuBackend::fused_backward(const FusedStack& s, const FusedTensors& t, Fuse
   {
     float* scratch = static_cast<float*>(ws.data) + omp_get_thread_num() * per_thread;
     if (memory_order) {
-#pragma omp for schedule(static) nowait
+#pragma omp for schedule(static)
       for (int64_t pl = 0; pl < N * C; ++pl) sweep1(scratch, pl, &tab.sum1[pl], &tab.sum2[pl]);
-#if defined(ET_BN_RELU_POOL_STRIDE1)
-      if (stream_dz) lanes8::stream_fence();  // this thread's dz, before its readers
-#endif
-#pragma omp barrier
       int64_t ca, cb;
       thread_channels(C, &ca, &cb);
       sum_over_batch(tab.sum1, tab.sum2, N, C, ca, cb, tab.d1, tab.d2);

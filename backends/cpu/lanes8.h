@@ -23,8 +23,6 @@ using F8 = __m256;
 inline F8 splat(float v) { return _mm256_set1_ps(v); }
 inline F8 load(const float* p) { return _mm256_loadu_ps(p); }
 inline void store(float* p, F8 v) { _mm256_storeu_ps(p, v); }
-inline void stream(float* p, F8 v) { _mm256_stream_ps(p, v); }  // p: 32-byte aligned; then stream_fence
-inline void stream_fence() { _mm_sfence(); }
 inline F8 load_int(const int32_t* p) { return _mm256_loadu_ps(reinterpret_cast<const float*>(p)); }
 inline void store_int(int32_t* p, F8 v) { _mm256_storeu_ps(reinterpret_cast<float*>(p), v); }
 // Lanes l with first + l in [0, n): on.
@@ -51,7 +49,6 @@ inline F8 keep_greater(F8 v, F8 m) { return _mm256_max_ps(v, m); }         // v 
 inline F8 bit_and(F8 a, F8 b) { return _mm256_and_ps(a, b); }
 inline F8 add(F8 a, F8 b) { return _mm256_add_ps(a, b); }
 inline F8 mul(F8 a, F8 b) { return _mm256_mul_ps(a, b); }
-inline F8 sub(F8 a, F8 b) { return _mm256_sub_ps(a, b); }
 inline F8 fmadd(F8 a, F8 b, F8 c) { return _mm256_fmadd_ps(a, b, c); }  // a * b + c, one rounding
 inline F8 relu(F8 v) { return _mm256_max_ps(v, _mm256_setzero_ps()); }  // v > 0 ? v : +0
 inline F8 int_splat(int32_t v) { return _mm256_castsi256_ps(_mm256_set1_epi32(v)); }
@@ -74,8 +71,6 @@ inline float32x4_t f32(uint32x4_t v) { return vreinterpretq_f32_u32(v); }
 inline F8 splat(float v) { return {vdupq_n_f32(v), vdupq_n_f32(v)}; }
 inline F8 load(const float* p) { return {vld1q_f32(p), vld1q_f32(p + 4)}; }
 inline void store(float* p, F8 v) { vst1q_f32(p, v.lo), vst1q_f32(p + 4, v.hi); }
-inline void stream(float* p, F8 v) { store(p, v); }
-inline void stream_fence() {}
 inline F8 load_int(const int32_t* p) { return load(reinterpret_cast<const float*>(p)); }
 inline void store_int(int32_t* p, F8 v) { store(reinterpret_cast<float*>(p), v); }
 inline F8 load_inside(const float* p, int64_t first, int64_t n, F8 outside) {  // lane by lane at the ends
@@ -98,7 +93,6 @@ inline F8 keep_greater(F8 v, F8 m) { return select(greater(v, m), m, v); }
 inline F8 bit_and(F8 a, F8 b) { return {f32(vandq_u32(u32(a.lo), u32(b.lo))), f32(vandq_u32(u32(a.hi), u32(b.hi)))}; }
 inline F8 add(F8 a, F8 b) { return {vaddq_f32(a.lo, b.lo), vaddq_f32(a.hi, b.hi)}; }
 inline F8 mul(F8 a, F8 b) { return {vmulq_f32(a.lo, b.lo), vmulq_f32(a.hi, b.hi)}; }
-inline F8 sub(F8 a, F8 b) { return {vsubq_f32(a.lo, b.lo), vsubq_f32(a.hi, b.hi)}; }
 inline F8 fmadd(F8 a, F8 b, F8 c) { return {vfmaq_f32(c.lo, a.lo, b.lo), vfmaq_f32(c.hi, a.hi, b.hi)}; }
 inline F8 relu(F8 v) {
   const F8 zero = splat(0.f);

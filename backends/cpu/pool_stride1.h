@@ -94,26 +94,6 @@ struct DyAffine {
   }
 };
 
-// BN's backward sums of the plane (BnReluInput, dx written whole, W a multiple of 8), taken as the
-// kernel stores dz, in bn_rows::grad_sums' lanes and order: lane i % 16 of sum_dz adds dz[i], of
-// sum_dzx fmadd(dz[i], x[i] - mu, .), over i in order, then the same halving tree, so the same
-// bits. Lanes past the row add +0, which leaves sums started at +0 as they are. `stream`: dz by
-// streaming stores (dx 32-byte aligned; the caller fences, lanes8::stream_fence).
-struct DzSums {
-  float mu = 0.f;
-  bool stream = false;
-  float sum_dz = 0.f, sum_dzx = 0.f;  // out
-};
-inline bool dz_sums_apply(const Plane& g) { return g.W % 8 == 0; }
-// bn_rows' halving tree over 16 lanes: j + 8 into j, then + 4, + 2, + 1.
-inline float halving_sum16(const float* l) {
-  float s8[8], s4[4];
-  for (int j = 0; j < 8; ++j) s8[j] = l[j] + l[j + 8];
-  for (int j = 0; j < 4; ++j) s4[j] = s8[j] + s8[j + 4];
-  const float s2a = s4[0] + s4[2], s2b = s4[1] + s4[3];
-  return s2a + s2b;
-}
-
 // Vectors of output columns [0, Qr) in blocks of V side by side (V independent chains): 4, then 2
 // (Qr is a multiple of 16).
 template <class Block>
@@ -179,10 +159,9 @@ inline void max_forward_stride1(const Plane& g, const float* x, const In& in, fl
 // kAffine: dy is that of a BN after the pool (*affine, DyAffine), else dy as it is (a separate
 // instance: the plain one as tight as before).
 // kR, kS: the window as constants (the taps unrolled), or 0: g's, at run time.
-// kSums: *sums (DzSums) taken on the way.
-template <int kR, int kS, class In, bool kAffine, bool kSums>
+template <int kR, int kS, class In, bool kAffine>
 inline void max_backward_stride1_window(const Plane& g, const float* x, const In& in, const float* dy, float* dx,
-                                        bool accumulate, const DyAffine* affine, DzSums* sums) {
+                                        bool accumulate, const DyAffine* affine) {
   const int64_t R = kR > 0 ? kR : g.R, S = kS > 0 ? kS : g.S;
   const int64_t Qr = round_lanes(g.Q), Wr = round_lanes(g.W), B = gather_row_ints(g), off = S - 1;
   const int64_t pw = g.pad_w, ph = g.pad_h;
@@ -265,9 +244,6 @@ inline void max_backward_stride1_window(const Plane& g, const float* x, const In
   const int64_t ahead = R < kRingRows ? 1 : 0;
 
   const F8 minus_zero = lanes8::splat(-0.f);
-  F8 sum_dz[2] = {lanes8::splat(0.f), lanes8::splat(0.f)}, sum_dzx[2] = {sum_dz[0], sum_dz[0]};  // lanes 0-7, 8-15
-  const F8 mu = lanes8::splat(kSums ? sums->mu : 0.f);
-  const bool stream = kSums && sums->stream;
   for (int64_t h = 0; h < g.H; ++h) {
     // One output row ahead where the ring has room: a row's stores have reached the cache
     // before the gather reads them at other offsets (a load that straddles stores still in
@@ -305,18 +281,6 @@ inline void max_backward_stride1_window(const Plane& g, const float* x, const In
       for (int k = 0; k < V; ++k) {
         const int64_t w = w0 + 8 * k;
         if constexpr (In::kReluMask) acc[k] = lanes8::bit_and(acc[k], in.passes(x + h * g.W, w, g.W));  // else +0
-        if constexpr (kSums) {  // W % 8 == 0: whole vectors, each in one half of the 16 lanes
-          if (w >= g.W) continue;
-          const int half = int(((row0 + w) >> 3) & 1);
-          const F8 xm = lanes8::sub(lanes8::load(x + h * g.W + w), mu);
-          sum_dz[half] = lanes8::add(sum_dz[half], acc[k]);
-          sum_dzx[half] = lanes8::fmadd(acc[k], xm, sum_dzx[half]);
-          if (stream)
-            lanes8::stream(dxh + w, acc[k]);
-          else
-            lanes8::store(dxh + w, acc[k]);
-          continue;
-        }
         if (w + 8 <= g.W)
           lanes8::store(dxh + w, acc[k]);
         else if (w < g.W)
@@ -327,36 +291,18 @@ inline void max_backward_stride1_window(const Plane& g, const float* x, const In
     for (; w0 + 32 <= Wr; w0 += 32) columns(w0, std::integral_constant<int, 4>{});
     for (; w0 < Wr; w0 += 16) columns(w0, std::integral_constant<int, 2>{});  // Wr: a multiple of 16
   }
-  if constexpr (kSums) {
-    alignas(32) float l[16];
-    lanes8::store(l, sum_dz[0]), lanes8::store(l + 8, sum_dz[1]);
-    sums->sum_dz = halving_sum16(l);
-    lanes8::store(l, sum_dzx[0]), lanes8::store(l + 8, sum_dzx[1]);
-    sums->sum_dzx = halving_sum16(l);
-  }
 }
 
-// sums: with BnReluInput, !accumulate and dz_sums_apply(g) only.
 template <class In>
 inline void max_backward_stride1(const Plane& g, const float* x, const In& in, const float* dy, float* dx,
-                                 bool accumulate, const DyAffine* affine = nullptr, DzSums* sums = nullptr) {
+                                 bool accumulate, const DyAffine* affine = nullptr) {
   const bool k3 = g.R == 3 && g.S == 3;
-  if constexpr (In::kReluMask) {
-    if (sums) {
-      if (affine) {
-        if (k3) return max_backward_stride1_window<3, 3, In, true, true>(g, x, in, dy, dx, false, affine, sums);
-        return max_backward_stride1_window<0, 0, In, true, true>(g, x, in, dy, dx, false, affine, sums);
-      }
-      if (k3) return max_backward_stride1_window<3, 3, In, false, true>(g, x, in, dy, dx, false, nullptr, sums);
-      return max_backward_stride1_window<0, 0, In, false, true>(g, x, in, dy, dx, false, nullptr, sums);
-    }
-  }
   if (affine) {
-    if (k3) return max_backward_stride1_window<3, 3, In, true, false>(g, x, in, dy, dx, accumulate, affine, nullptr);
-    return max_backward_stride1_window<0, 0, In, true, false>(g, x, in, dy, dx, accumulate, affine, nullptr);
+    if (k3) return max_backward_stride1_window<3, 3, In, true>(g, x, in, dy, dx, accumulate, affine);
+    return max_backward_stride1_window<0, 0, In, true>(g, x, in, dy, dx, accumulate, affine);
   }
-  if (k3) return max_backward_stride1_window<3, 3, In, false, false>(g, x, in, dy, dx, accumulate, nullptr, nullptr);
-  max_backward_stride1_window<0, 0, In, false, false>(g, x, in, dy, dx, accumulate, nullptr, nullptr);
+  if (k3) return max_backward_stride1_window<3, 3, In, false>(g, x, in, dy, dx, accumulate, nullptr);
+  max_backward_stride1_window<0, 0, In, false>(g, x, in, dy, dx, accumulate, nullptr);
 }
 
 }  // namespace pool_planes
