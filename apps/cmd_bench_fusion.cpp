@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <cstring>
 #include <random>
 
 #include <nlohmann/json.hpp>
@@ -90,7 +91,15 @@ int cmd_bench_fusion(const BenchFusionArgs& a) {
     run(ex_plain, &tp);
     run(ex_fused, &tf);
   }
-  const bool identical = ex_plain.loss() == ex_fused.loss();
+  // The last step's loss and every parameter's gradient, bit for bit (fusion::apply keeps the
+  // parameters' order): the forward and the backward both checked.
+  bool identical = ex_plain.loss() == ex_fused.loss();
+  const std::vector<int> pp = plain.params(), fp_ids = fused.params();
+  identical = identical && pp.size() == fp_ids.size();
+  for (size_t i = 0; identical && i < pp.size(); ++i) {
+    const Tensor a = ex_plain.grad(pp[i]), b = ex_fused.grad(fp_ids[i]);
+    identical = a.numel() == b.numel() && std::memcmp(a.f32(), b.f32(), size_t(a.numel()) * sizeof(float)) == 0;
+  }
   const double up = median(tp.step), uf = median(tf.step), fp = median(tp.fwd), ff = median(tf.fwd);
   std::printf("<%sBN, ReLU> x %d on [%lld, %lld, %lld, %lld], %d threads, median of %d\n",
               a.no_pool ? "" : "MaxPool 3x3 s1 p1, ", a.depth,
@@ -99,7 +108,7 @@ int cmd_bench_fusion(const BenchFusionArgs& a) {
   std::printf("%-8s %12s %12s %14s\n", "", "forward ms", "step ms", "activations MB");
   std::printf("%-8s %12.2f %12.2f %14.1f\n", "unfused", fp, up, ex_plain.memory().activations_planned / 1048576.0);
   std::printf("%-8s %12.2f %12.2f %14.1f\n", "fused", ff, uf, ex_fused.memory().activations_planned / 1048576.0);
-  std::printf("speedup: forward %.2fx, training step %.2fx; loss identical: %s\n", fp / ff, up / uf,
+  std::printf("speedup: forward %.2fx, training step %.2fx; loss and gradients identical: %s\n", fp / ff, up / uf,
               identical ? "yes" : "NO");
   std::printf("bytes moved per step by the %zu stacks (planner's count): %.1f MB unfused, %.1f MB fused\n",
               p.stacks.size(), p.bytes_unfused / 1e6, p.bytes_fused / 1e6);
