@@ -107,7 +107,8 @@ void apply(Graph& g, const Plan& p) {
     std::unique_ptr<Op> op = make_fused_op(sp.stack, members, sums_input);
     if (coef_input >= 0)
       hand_sweep_on(*ng.node(coef_producer).op, *op, p.stacks[size_t(sp.producer_stack)].stack, coef_aux, coef_input);
-    const int out = ng.add_node(sp.name, std::move(op), std::move(new_inputs), fresh(g.value(sp.output)), std::move(aux));
+    const int out =
+        ng.add_node(sp.name, std::move(op), std::move(new_inputs), fresh(g.value(sp.output)), std::move(aux));
     Node& added = ng.node(ng.num_nodes() - 1);
     // A dropout member draws its mask from its own seed (OpContext::seed): the fused node takes it.
     added.seed_index = head.seed_index;

@@ -286,7 +286,8 @@ TEST_CASE("pooling planes: the stride-1 backward with BN's dy handed on equals t
     const size_t n = static_cast<size_t>(HW);
     std::vector<float> x(n), d(n);
     for (float& v : x) v = 0.5f * float(level(rng));  // ties after BN and ReLU, exact zeros
-    for (float& v : d) v = (rng() % 2 ? -1.f : 1.f) * std::ldexp(1.f + float(rng() % 1024) / 1024.f, int(rng() % 25) - 12);
+    for (float& v : d)  // magnitudes far apart: a changed order of additions changes the bits
+      v = (rng() % 2 ? -1.f : 1.f) * std::ldexp(1.f + float(rng() % 1024) / 1024.f, int(rng() % 25) - 12);
     const float scale = 0.75f, shift = 0.125f, a = 1.5f, b = -0.3125f, c0 = 0.0625f;
     // The references.
     std::vector<float> r(n), y(n), dy(n), dr(n, 0.f), want(n);
