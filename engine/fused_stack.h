@@ -198,13 +198,14 @@ struct FusedTensors {
 // leaves dz parked in dx and writes its coefficients here instead of dx = (a * dz + b * x) + c0,
 // and the stack before builds its dy from dz and its own y as it reads it, which saves writing dx
 // and reading it back. [1 + 3 C] floats: [0] = 1 where the reader handed the sweep on (0: dx holds
-// the gradient), then a, b and c0 per channel.
+// the gradient), then channel c's a, b and c0 at dy_coef_of(c).
 inline int64_t dy_coef_floats(int64_t C) { return 1 + 3 * C; }
+inline int64_t dy_coef_of(int64_t c) { return 1 + 3 * c; }
 
 struct FusedGrads {
   Tensor dy;          // gradient of y (or see dy_coef)
   // Undefined, or the reader's coefficients (dy_coef_floats): where [0] = 1, the gradient of y is
-  // (a[c] * dy + b[c] * y) + c0[c] (Backend::fused_reads_dy_affine says which stacks can).
+  // (a * dy + b * y) + c0 with channel c's a, b, c0 (Backend::fused_reads_dy_affine: which stacks can).
   Tensor dy_coef;
   // Undefined, or where this stack may hand its second sweep on (dy_coef of the stack before).
   Tensor dx_coef;

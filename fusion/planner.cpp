@@ -303,15 +303,15 @@ Plan plan(const Graph& g, const FusionSpec& spec) {
       }
       // BN's per-plane sums from x's producer: a conv (in its epilogue) or a stack walking its
       // planes in memory order, when this stack is x's only reader.
+      // And BN's second backward sweep handed on to the stack before, where that stack can take it.
       const Value& x = g.value(sp.input);
-      if (takes_plane_sums(s) && x.producer >= 0 && x.consumers.size() == 1) {
-        const int before = fused_stack_ending_at[size_t(x.producer)];
-        sp.sums_from_producer = before >= 0 ? takes_plane_sums(p.stacks[size_t(before)].stack)
-                                            : g.node(x.producer).op->can_write_plane_sums();
-      }
-      if (x.producer >= 0 && x.consumers.size() == 1) sp.producer_stack = fused_stack_ending_at[size_t(x.producer)];
-      sp.sweep_to_producer = s.headed_by_bn() && !s.small_planes() && sp.producer_stack >= 0 &&
-                             takes_dy_affine(p.stacks[size_t(sp.producer_stack)].stack);
+      const bool only_reader = x.producer >= 0 && x.consumers.size() == 1;
+      if (only_reader) sp.producer_stack = fused_stack_ending_at[size_t(x.producer)];
+      const StackPlan* before = sp.producer_stack >= 0 ? &p.stacks[size_t(sp.producer_stack)] : nullptr;
+      if (takes_plane_sums(s) && only_reader)
+        sp.sums_from_producer =
+            before ? takes_plane_sums(before->stack) : g.node(x.producer).op->can_write_plane_sums();
+      sp.sweep_to_producer = s.headed_by_bn() && !s.small_planes() && before && takes_dy_affine(before->stack);
       const size_t x_bytes = f32(N * s.C * s.stages[0].H * s.stages[0].W), y_bytes = f32(N * s.C * s.last().P * s.last().Q);
       if (sp.sums_from_producer) sp.bytes_fused -= x_bytes;  // one read of x
       // The second sweep handed on: it reads x and dy (the stack before reads dz instead of dy)

@@ -224,6 +224,20 @@ TEST_CASE("max-pool backward reads stash encodings exactly like the f32 decode",
   }
 }
 
+namespace {
+// A stride-1 window over a random plane: sides and window sizes drawn from `side` and `window`
+// (3x3 where `three`), each padding below the window's.
+pool_planes::Plane random_stride1(std::mt19937& rng, std::uniform_int_distribution<int>& side,
+                                  std::uniform_int_distribution<int>& window, bool three) {
+  pool_planes::Plane g;
+  g.H = side(rng), g.W = side(rng), g.R = window(rng), g.S = window(rng);
+  if (three) g.R = g.S = 3;
+  g.pad_h = int64_t(rng() % uint32_t(g.R)), g.pad_w = int64_t(rng() % uint32_t(g.S));
+  g.P = g.H + 2 * g.pad_h - g.R + 1, g.Q = g.W + 2 * g.pad_w - g.S + 1;
+  return g;
+}
+}  // namespace
+
 // Stride-1 windows (pool_stride1.h on AVX2 and NEON) over random shapes: plane sizes against the
 // 8-lane vectors and the rings (a row shorter than the window's padding, rows cut mid-vector),
 // windows of 1 to 5 rows and columns with every padding below them, the unrolled 3x3 included.
@@ -232,11 +246,7 @@ TEST_CASE("pooling planes: stride-1 windows of random shapes equal the reference
   std::uniform_int_distribution<int> level(-3, 3), side(1, 40), window(1, 5);
   int shapes = 0;
   while (shapes < 300) {
-    pool_planes::Plane g;
-    g.H = side(rng), g.W = side(rng), g.R = window(rng), g.S = window(rng);
-    if (shapes % 3 == 0) g.R = g.S = 3;
-    g.pad_h = int64_t(rng() % uint32_t(g.R)), g.pad_w = int64_t(rng() % uint32_t(g.S));
-    g.P = g.H + 2 * g.pad_h - g.R + 1, g.Q = g.W + 2 * g.pad_w - g.S + 1;
+    const pool_planes::Plane g = random_stride1(rng, side, window, shapes % 3 == 0);
     if (g.P <= 0 || g.Q <= 0) continue;
     ++shapes;
     INFO(g.H << "x" << g.W << " window " << g.R << "x" << g.S << " pad " << g.pad_h << "," << g.pad_w);
@@ -273,12 +283,7 @@ TEST_CASE("pooling planes: the stride-1 backward with BN's dy handed on equals t
   std::uniform_int_distribution<int> level(-3, 3), side(1, 40), window(1, 4);
   int shapes = 0;
   while (shapes < 200) {
-    pool_planes::Plane g;
-    g.H = side(rng), g.W = side(rng), g.R = window(rng), g.S = window(rng);
-    if (shapes % 2 == 0) g.R = g.S = 3;
-    if (shapes % 3 != 2) g.W = (g.W + 7) / 8 * 8;  // rows of whole vectors; every third cut inside one
-    g.pad_h = int64_t(rng() % uint32_t(g.R)), g.pad_w = int64_t(rng() % uint32_t(g.S));
-    g.P = g.H + 2 * g.pad_h - g.R + 1, g.Q = g.W + 2 * g.pad_w - g.S + 1;
+    const pool_planes::Plane g = random_stride1(rng, side, window, shapes % 2 == 0);
     if (g.P != g.H || g.Q != g.W) continue;  // the BN after the pool: y and x of one size
     ++shapes;
     INFO(g.H << "x" << g.W << " window " << g.R << "x" << g.S << " pad " << g.pad_h << "," << g.pad_w);

@@ -89,6 +89,7 @@ class PaddedRows {
 struct DyAffine {
   lanes8::F8 a, b, c0;
   DyAffine(float va, float vb, float vc0) : a(lanes8::splat(va)), b(lanes8::splat(vb)), c0(lanes8::splat(vc0)) {}
+  explicit DyAffine(const float* k) : DyAffine(k ? k[0] : 0.f, k ? k[1] : 0.f, k ? k[2] : 0.f) {}  // a, b, c0
   lanes8::F8 value(lanes8::F8 d, lanes8::F8 y) const {
     return lanes8::add(lanes8::fmadd(a, d, lanes8::mul(b, y)), c0);
   }
