@@ -159,11 +159,25 @@ TEST_CASE("fusion: BN -> ReLU -> 2x2 max-pool in registers equals the layers on 
 }
 #endif
 
+namespace {
+// The forward's BN arithmetic (bn_rows::apply): one FMA where its kernels have vectors (AVX-512,
+// AVX2, NEON), else the scalar loop's product and sum rounded apart (an x86-64 build without
+// -march, EDGETRAIN_PORTABLE, has no FMA instruction to contract them into).
+float forward_affine(float x, float scale, float shift) {
+#if defined(__AVX512F__) || defined(__AVX2__) || (defined(__ARM_NEON) && defined(__aarch64__))
+  return std::fma(x, scale, shift);
+#else
+  const float product = x * scale;
+  return product + shift;
+#endif
+}
+}  // namespace
+
 TEST_CASE("fusion: the relu(affine) run a reader computes a stack output with is the forward's arithmetic",
           "[fusion][kernels]") {
   // Backend::fused_affine_relu: what the conv weight gradients apply to x as they read a stack
-  // output nobody kept (memory.recompute_stack_outputs). Its bits must be the forward's: one FMA,
-  // then relu_forward's rule (NaN and -0 give +0). Runs of every length up to 40 (masked tails) on
+  // output nobody kept (memory.recompute_stack_outputs). Its bits must be the forward's: one FMA
+  // (forward_affine), then relu_forward's rule (NaN and -0 give +0). Runs of every length up to 40 (masked tails) on
   // special values, and on a product whose separate rounding differs from the FMA's; then pieces
   // over planes of 1 to 20 elements of 3 channels, from any start.
   FusedStack s;
@@ -184,7 +198,7 @@ TEST_CASE("fusion: the relu(affine) run a reader computes a stack output with is
     for (auto [scale, shift] : std::vector<std::pair<float, float>>{{1.f, 0.f}, {-1.f, 0.f}, {fma_x, -1.f}, {0.5f, -0.f}}) {
       std::vector<float> y(static_cast<size_t>(len) + 1, 7.f), ref(static_cast<size_t>(len));
       for (int64_t i = 0; i < len; ++i) {
-        const float v = std::fma(x[size_t(i)], scale, shift);
+        const float v = forward_affine(x[size_t(i)], scale, shift);
         ref[size_t(i)] = v > 0.f ? v : 0.f;
       }
       run(x.data(), &scale, &shift, 1, len, 0, len, y.data());
@@ -203,7 +217,7 @@ TEST_CASE("fusion: the relu(affine) run a reader computes a stack output with is
       std::vector<float> y(static_cast<size_t>(count) + 1, 7.f), ref(static_cast<size_t>(count));
       for (int64_t i = 0; i < count; ++i) {
         const int64_t c = (begin + i) / plane % 3;
-        const float v = std::fma(x[size_t(i)], scales[c], shifts[c]);
+        const float v = forward_affine(x[size_t(i)], scales[c], shifts[c]);
         ref[size_t(i)] = v > 0.f ? v : 0.f;
       }
       run(x.data(), scales, shifts, 3, plane, begin, count, y.data());

@@ -158,9 +158,10 @@ void pack_b_panel(const IgemmB& b, int64_t j0, int64_t nr, int8_t* out, int32_t*
     return;
   }
   // Row-major: interleave four rows byte by byte. Whole 16-column runs inside one column group
-  // use SSE2 unpacks; the rest goes element by element.
+  // use SSE2 unpacks (SSSE3 for the column sums: not in a portable x86-64 build, which goes element
+  // by element); the rest goes element by element.
   int64_t j = 0;
-#if ET_IGEMM_X86
+#if ET_IGEMM_X86 && defined(__SSSE3__)
   for (; j + 16 <= nr && (j0 + j) / b.jg == (j0 + j + 15) / b.jg; j += 16) {
     const int64_t jj = j0 + j;
     const int8_t* base = b.b + (jj / b.jg) * b.gs + jj % b.jg;

@@ -1,6 +1,7 @@
 // Convolution and linear layers on CUDA. groups == 1: im2col of a chunk of images into the
 // workspace, then cuBLAS SGEMMs (strided-batched over the chunk's images); the data gradient
-// gathers the columns back (col2im, no atomics). groups > 1 (depthwise): direct kernels. Linear
+// gathers the columns back (col2im, no atomics); the weight gradient is one SGEMM per chunk over
+// its images' columns side by side (a per-image SGEMM was most of a ResNet-20 step on an H200). groups > 1 (depthwise): direct kernels. Linear
 // layers: one SGEMM each way. cuBLAS runs in its default FP32 math (no TF32).
 //
 // Row-major [a, b] matrices are column-major [b, a] ones to cuBLAS, so each product below is
@@ -16,9 +17,12 @@ using cuda::kThreads;
 
 constexpr size_t kColumnBytes = size_t(64) << 20;  // the im2col workspace's cap (a chunk of images)
 
-int64_t column_floats(const Conv2dGeom& g) { return g.C * g.R * g.S * g.P * g.Q; }  // one image's
-int64_t chunk_images(const Conv2dGeom& g) {
-  const int64_t per = column_floats(g) * 4, fit = int64_t(kColumnBytes) / (per > 0 ? per : 1);
+// One image's workspace floats: its columns, and for the weight gradient its dy rearranged too.
+int64_t image_floats(const Conv2dGeom& g, ConvPass pass) {
+  return (g.C * g.R * g.S + (pass == ConvPass::BackwardWeight ? g.K : 0)) * g.P * g.Q;
+}
+int64_t chunk_images(const Conv2dGeom& g, ConvPass pass) {
+  const int64_t per = image_floats(g, pass) * 4, fit = int64_t(kColumnBytes) / (per > 0 ? per : 1);
   return fit < 1 ? 1 : fit < g.N ? fit : g.N;
 }
 
@@ -37,6 +41,25 @@ __global__ void im2col_kernel(Geom g, const float* x, int64_t images, float* col
     const int64_t c = row / (g.R * g.S), r = row / g.S % g.R, s = row % g.S, p = pq / g.Q, q = pq % g.Q;
     const int64_t h = p * g.sh - g.ph + r, w = q * g.sw - g.pw + s;
     col[i] = h >= 0 && h < g.H && w >= 0 && w < g.W ? x[((b * g.C + c) * g.H + h) * g.W + w] : 0.f;
+  }
+}
+
+// The weight gradient's operands, each image's positions side by side (L = images * PQ):
+// col [C*R*S][L] of x's images [n0, n0 + images), and dyt [K][L] of dy's.
+__global__ void im2col_rows_kernel(Geom g, const float* x, int64_t images, float* col) {
+  const int64_t rows = g.C * g.R * g.S, PQ = g.P * g.Q, L = images * PQ, total = rows * L;
+  ET_GRID_STRIDE(i, total) {
+    const int64_t row = i / L, b = i % L / PQ, pq = i % PQ;
+    const int64_t c = row / (g.R * g.S), r = row / g.S % g.R, s = row % g.S, p = pq / g.Q, q = pq % g.Q;
+    const int64_t h = p * g.sh - g.ph + r, w = q * g.sw - g.pw + s;
+    col[i] = h >= 0 && h < g.H && w >= 0 && w < g.W ? x[((b * g.C + c) * g.H + h) * g.W + w] : 0.f;
+  }
+}
+__global__ void dy_rows_kernel(const float* dy, int64_t images, int64_t K, int64_t PQ, float* dyt) {
+  const int64_t L = images * PQ, total = K * L;
+  ET_GRID_STRIDE(i, total) {
+    const int64_t k = i / L, b = i % L / PQ, pq = i % PQ;
+    dyt[i] = dy[(b * K + k) * PQ + pq];
   }
 }
 
@@ -155,8 +178,8 @@ __global__ void linear_bias_grad_kernel(const float* dy, int64_t N, int64_t O, f
 
 }  // namespace
 
-size_t CudaBackend::conv2d_workspace_bytes(const Conv2dGeom& g, ConvPass) const {
-  return g.groups == 1 ? size_t(chunk_images(g) * column_floats(g)) * 4 : 0;
+size_t CudaBackend::conv2d_workspace_bytes(const Conv2dGeom& g, ConvPass pass) const {
+  return g.groups == 1 ? size_t(chunk_images(g, pass) * image_floats(g, pass)) * 4 : 0;
 }
 
 void CudaBackend::conv2d_forward(const Conv2dGeom& g, const Tensor& x, const Tensor& w, const Tensor& b, Tensor& y,
@@ -169,7 +192,7 @@ void CudaBackend::conv2d_forward(const Conv2dGeom& g, const Tensor& x, const Ten
     return;
   }
   ET_CHECK(ws.bytes >= conv2d_workspace_bytes(g, ConvPass::Forward), "conv2d_forward: workspace");
-  const int64_t PQ = g.P * g.Q, CRS = g.C * g.R * g.S, chunk = chunk_images(g);
+  const int64_t PQ = g.P * g.Q, CRS = g.C * g.R * g.S, chunk = chunk_images(g, ConvPass::Forward);
   float* col = static_cast<float*>(ws.data);
   const float one = 1.f, zero = 0.f;
   for (int64_t n0 = 0; n0 < g.N; n0 += chunk) {
@@ -197,7 +220,7 @@ void CudaBackend::conv2d_backward_data(const Conv2dGeom& g, const Tensor& dy, co
     return;
   }
   ET_CHECK(ws.bytes >= conv2d_workspace_bytes(g, ConvPass::BackwardData), "conv2d_backward_data: workspace");
-  const int64_t PQ = g.P * g.Q, CRS = g.C * g.R * g.S, chunk = chunk_images(g);
+  const int64_t PQ = g.P * g.Q, CRS = g.C * g.R * g.S, chunk = chunk_images(g, ConvPass::BackwardData);
   float* col = static_cast<float*>(ws.data);
   const float one = 1.f, zero = 0.f;
   for (int64_t n0 = 0; n0 < g.N; n0 += chunk) {
@@ -227,21 +250,21 @@ void CudaBackend::conv2d_backward_weight(const Conv2dGeom& g, const Tensor& x, c
     return;
   }
   ET_CHECK(ws.bytes >= conv2d_workspace_bytes(g, ConvPass::BackwardWeight), "conv2d_backward_weight: workspace");
-  const int64_t CRS = g.C * g.R * g.S, chunk = chunk_images(g);
+  const int64_t CRS = g.C * g.R * g.S, chunk = chunk_images(g, ConvPass::BackwardWeight);
   float* col = static_cast<float*>(ws.data);
+  float* dyt = col + chunk * CRS * PQ;
   const float one = 1.f, zero = 0.f;
   for (int64_t n0 = 0; n0 < g.N; n0 += chunk) {
-    const int64_t nb = g.N - n0 < chunk ? g.N - n0 : chunk;
-    im2col_kernel<<<blocks_for(nb * CRS * PQ), kThreads>>>(gg, x.f32() + n0 * g.C * g.H * g.W, nb, col);
-    cuda::launched("im2col");
-    for (int64_t b = 0; b < nb; ++b) {
-      // dW^T (CRS x K) (+)= col_b (CRS x PQ) dY_b^T (PQ x K)
-      const bool overwrite = !accumulate && n0 == 0 && b == 0;
-      cuda::check(cublasSgemm(blas_, CUBLAS_OP_T, CUBLAS_OP_N, int(CRS), int(g.K), int(PQ), &one, col + b * CRS * PQ,
-                              int(PQ), dy.f32() + (n0 + b) * g.K * PQ, int(PQ), overwrite ? &zero : &one, dw.f32(),
-                              int(CRS)),
-                  "conv2d_backward_weight sgemm");
-    }
+    const int64_t nb = g.N - n0 < chunk ? g.N - n0 : chunk, L = nb * PQ;
+    im2col_rows_kernel<<<blocks_for(CRS * L), kThreads>>>(gg, x.f32() + n0 * g.C * g.H * g.W, nb, col);
+    cuda::launched("im2col (rows)");
+    dy_rows_kernel<<<blocks_for(g.K * L), kThreads>>>(dy.f32() + n0 * g.K * PQ, nb, g.K, PQ, dyt);
+    cuda::launched("dy rows");
+    // dW^T (CRS x K) (+)= col (CRS x L) dyt^T (L x K)
+    const bool overwrite = !accumulate && n0 == 0;
+    cuda::check(cublasSgemm(blas_, CUBLAS_OP_T, CUBLAS_OP_N, int(CRS), int(g.K), int(L), &one, col, int(L), dyt,
+                            int(L), overwrite ? &zero : &one, dw.f32(), int(CRS)),
+                "conv2d_backward_weight sgemm");
   }
 }
 

@@ -71,6 +71,10 @@ int64_t count_correct(Backend& backend, const Tensor& logits, const Tensor& labe
 
 namespace {
 
+// An input at the graph's whole batch, whatever the last forward's batch was: the loader writes up to
+// that many images, and a host copy of value() after a short evaluation batch would be too small.
+Tensor whole_batch(const Executor& ex, int id) { return ex.value(id).with_batch(ex.graph().value(id).shape.d[0]); }
+
 // The loader's next batch into the executor's input tensors: in place on the CPU; a backend whose
 // memory the host cannot address gets it copied when the views go.
 int64_t next_batch(Backend& backend, BatchLoader& loader, const Tensor& images, const Tensor& labels) {
@@ -262,7 +266,7 @@ EpochResult Trainer::train_epoch(int epoch, Progress& progress) {
   BatchLoader loader(*train_, loader_options(cfg_, true));
   loader.start_epoch(epoch);
   const int64_t steps = loader.batches_per_epoch();
-  Tensor images = ex.value(graph_.image_input), labels = ex.value(graph_.label_input);
+  const Tensor images = whole_batch(ex, graph_.image_input), labels = whole_batch(ex, graph_.label_input);
   EpochResult r;
   r.epoch = epoch + 1;
   r.fnt = fnt_;
@@ -315,7 +319,7 @@ EvalResult Trainer::evaluate(bool keep_logits) {
   Executor& ex = *executor_;
   BatchLoader loader(*test_, loader_options(cfg_, false));
   loader.start_epoch(0);
-  Tensor images = ex.value(graph_.image_input), labels = ex.value(graph_.label_input);
+  const Tensor images = whole_batch(ex, graph_.image_input), labels = whole_batch(ex, graph_.label_input);
   EvalResult r;
   double loss_sum = 0;
   int64_t correct = 0;

@@ -1,0 +1,84 @@
+#!/usr/bin/env bash
+# Issue 13's checks on a GPU machine, as one prepared run (the `device` tool lends one for minutes,
+# so nothing is built there). Prepare here:
+#   cmake -S . -B build-cuda -G Ninja -DCMAKE_BUILD_TYPE=Release -DEDGETRAIN_CUDA=ON \
+#     -DEDGETRAIN_ONNX=OFF -DEDGETRAIN_PORTABLE=ON -DCMAKE_CUDA_ARCHITECTURES=90 && ninja -C build-cuda
+#   mkdir -p gpu && cp build-cuda/edgetrain build-cuda/tests/edgetrain_tests \
+#     build-cuda/tests/edgetrain_cuda_tests gpu/ && (cd ../shared/data/cifar10 && tar czf - train test) > gpu/cifar.tgz
+# (gpu/ is in .git/info/exclude; the JPEG copy is 20 MB as a .tgz), then run there, carrying gpu/:
+#   STEPS="tests bench train suite" bash scripts/gpu_check.sh gpu
+# Each step has its own time limit and writes its log to $OUT; a step that fails does not stop the
+# next. The CPU suite runs there sharded by test case (the machine has 16 cores).
+set -u
+B="$(cd "${1:-gpu}" && pwd)"
+OUT="${OUT:-/tmp/gpu_out}"
+STEPS="${STEPS:-tests bench train suite}"
+EPOCHS="${EPOCHS:-5}"
+mkdir -p "$OUT"
+has() { [[ " $STEPS " == *" $1 "* ]]; }
+t0=$(date +%s)
+stamp() { echo "== [$(( $(date +%s) - t0 )) s] $*"; }
+
+stamp "machine"
+nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv
+nproc
+# The CUDA libraries the binaries link (cuBLAS, the runtime): the toolkit's, else PyTorch's wheels.
+libdirs=$(find /usr/local/cuda* /usr/lib /opt -name 'libcublas.so.*' -o -name 'libcudart.so.*' 2>/dev/null |
+          xargs -r -n1 dirname | sort -u | tr '\n' ':')
+export LD_LIBRARY_PATH="${libdirs}${LD_LIBRARY_PATH:-}"
+ldd "$B/edgetrain_cuda_tests" | grep -E 'cublas|cudart|gomp|not found'
+
+# The binaries name the data as <source dir>/../shared/data/cifar10 (tests) and the source dir's
+# test files by absolute path: make both exist here (SRC: the checkout the binaries were built in).
+src="${SRC:-/work/main}"
+if [ ! -e "$src" ]; then mkdir -p "$(dirname "$src")" && ln -s "$PWD" "$src"; fi
+data="$src/../shared/data/cifar10"
+if [ -f "$B/cifar.tgz" ] && [ ! -d "$data/train" ]; then mkdir -p "$data" && tar xzf "$B/cifar.tgz" -C "$data"; fi
+stamp "data at $data: $(find "$data" -name '*.jpg' 2>/dev/null | wc -l) images"
+
+if has tests; then
+  stamp "CUDA tests (EDGETRAIN_REQUIRE_GPU=1)"
+  EDGETRAIN_REQUIRE_GPU=1 timeout "${TESTS_S:-240}" "$B/edgetrain_cuda_tests" -d yes >"$OUT/cuda_tests.log" 2>&1
+  echo "exit $?" >>"$OUT/cuda_tests.log"
+  grep -E '^(test cases|All tests|exit)|FAILED|failed' "$OUT/cuda_tests.log" | head -40
+fi
+
+if has bench; then
+  stamp "bench step on CUDA (batch 128)"
+  for model in resnet20 resnet18 vgg16_bn; do
+    for stash in dense_fp32 bitmap_fp32 bitmap_fp16 dense_bf16; do
+      timeout 90 "$B/edgetrain" bench step --config "configs/${model}_cifar10.json" --steps "${BENCH_STEPS:-20}" \
+        --warmup 3 --set train.device=cuda --set fusion.enabled=false --set memory.stash=$stash 2>&1 |
+        grep -E 'median step|arena|error|Error' | sed "s/^/$model $stash: /"
+    done
+  done 2>&1 | tee "$OUT/bench.log"
+  timeout 60 "$B/edgetrain" bench step --config configs/resnet20_cifar10.json --steps 20 --warmup 3 --profile \
+    --set train.device=cuda --set fusion.enabled=false >"$OUT/bench_profile.log" 2>&1
+  timeout 60 "$B/edgetrain" memprofile --config configs/resnet20_cifar10.json --synthetic --out /tmp/mp \
+    --set train.device=cuda --set fusion.enabled=false --set memory.stash=bitmap_fp32 >"$OUT/memprofile.log" 2>&1
+fi
+
+if has train; then
+  stamp "train resnet20 (short recipe, $EPOCHS epochs) on CUDA"
+  rm -rf /tmp/run_cuda
+  timeout "${TRAIN_S:-300}" "$B/edgetrain" train --config configs/resnet20_cifar10_short.json --out /tmp/run_cuda \
+    --set train.epochs="$EPOCHS" --set train.device=cuda --set data.root="$data" >"$OUT/train.log" 2>&1
+  echo "exit $?" >>"$OUT/train.log"
+  tail -n 12 "$OUT/train.log"
+  cp /tmp/run_cuda/metrics.jsonl "$OUT/train_metrics.jsonl" 2>/dev/null
+fi
+
+if has suite; then
+  stamp "the CPU suite, one process per test case (EDGETRAIN_REQUIRE_GPU=1)"
+  # Catch2 reads ',' '[' ']' in a name as syntax: escape them.
+  "$B/edgetrain_tests" --list-test-names-only | grep -v '^$' | sed 's/[],[]/\\&/g' >/tmp/cases.txt
+  export EDGETRAIN_REQUIRE_GPU=1 OMP_NUM_THREADS=2
+  # shellcheck disable=SC2016
+  timeout "${SUITE_S:-240}" xargs -d '\n' -P "$(( $(nproc) / 2 ))" -I{} sh -c \
+    '"$0" "$1" >/tmp/case.$$.log 2>&1 && echo "passed: $1" || { echo "FAILED: $1"; cat /tmp/case.$$.log; }' \
+    "$B/edgetrain_tests" {} </tmp/cases.txt >"$OUT/suite.log" 2>&1
+  echo "$(grep -c '^passed' "$OUT/suite.log") passed, $(grep -c '^FAILED' "$OUT/suite.log") failed of $(wc -l </tmp/cases.txt)" |
+    tee -a "$OUT/suite.log"
+  grep '^FAILED' "$OUT/suite.log" | head
+fi
+stamp "done"
