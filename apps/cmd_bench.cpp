@@ -111,6 +111,7 @@ int cmd_bench_step(const BenchStepArgs& a) {
     diverged |= check_loss(ex.loss(), cfg.train.divergence_loss) != DivergenceCause::None;
     ex.backward();
     uss.phase();
+    if (a.profile) backend->synchronize();  // the backward's queued work is not the guard's
     const auto t0 = a.profile ? Clock::now() : Clock::time_point{};
     diverged |= !gradients_finite(ex);
     if (a.profile) guard_s += std::chrono::duration<double>(Clock::now() - t0).count();

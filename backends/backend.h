@@ -50,6 +50,9 @@ class Backend {
   virtual bool host_addressable() const = 0;
   virtual void copy_to_host(const Tensor& src, void* dst) = 0;
   virtual void copy_from_host(const void* src, Tensor& dst) = 0;
+  // Waits until the work issued so far has run (a GPU's kernels run after their calls return): a
+  // timed profile (Executor::set_timing) calls it around each op, so each op's time is its own.
+  virtual void synchronize() {}
 
   // ---- memory helpers
   virtual void fill(Tensor& t, float value) = 0;

@@ -12,6 +12,15 @@ namespace et {
 using Clock = std::chrono::steady_clock;
 
 namespace {
+// A timed profile's clock: after the backend's queued work, so an op's time is its own on a GPU.
+Clock::time_point tick(bool timing, et::Backend& backend) {
+  if (!timing) return {};
+  backend.synchronize();
+  return Clock::now();
+}
+}  // namespace
+
+namespace {
 uint64_t mix64(uint64_t x) {  // splitmix64 finaliser
   x += 0x9E3779B97F4A7C15ull;
   x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
@@ -98,9 +107,9 @@ void Executor::forward_nodes(bool training) {
     // The output goes to the stash first: an op may write its bitmap there as it computes it.
     const bool own_first = training && !pushes.empty() && pushes.front() == graph_.node(n).output;
     if (own_first) ctx.mask_ = stash_.mask_target(pushes.front(), value(pushes.front()).numel());
-    const auto t0 = timing_ ? Clock::now() : Clock::time_point{};
+    const auto t0 = tick(timing_, backend_);
     graph_.node(n).op->forward(ctx);
-    if (timing_) fwd_s_[size_t(n)] += std::chrono::duration<double>(Clock::now() - t0).count();
+    if (timing_) fwd_s_[size_t(n)] += std::chrono::duration<double>(tick(timing_, backend_) - t0).count();
     if (training)
       for (int id : pushes)  // bitmap_int4 pushes the codes this node computed from its input
         stash_.push(id, value(id), own_first && id == pushes.front() ? ctx.mask_ : MaskOut{},
@@ -129,7 +138,7 @@ void Executor::restore_views() {
 // buffers, what they read from earlier segments comes from the stash, and what the segment's ops
 // save is pushed now instead of in forward.
 void Executor::recompute(const Segment& s) {
-  const auto t0 = timing_ ? Clock::now() : Clock::time_point{};
+  const auto t0 = tick(timing_, backend_);
   for (int id : s.outputs) {
     data_[size_t(id)] = recompute_data_[size_t(id)];
     swapped_.push_back(id);  // capacity: every value at most once per backward
@@ -146,7 +155,7 @@ void Executor::recompute(const Segment& s) {
   }
   recomputing_ = false;
   for (int id : s.external) data_[size_t(id)] = forward_data_[size_t(id)];
-  if (timing_) rec_s_ += std::chrono::duration<double>(Clock::now() - t0).count();
+  if (timing_) rec_s_ += std::chrono::duration<double>(tick(timing_, backend_) - t0).count();
 }
 
 void Executor::backward() {
@@ -167,9 +176,9 @@ void Executor::backward_nodes() {
     if (observer_) observer_->before_backward(n);
     if (needs_backward_[size_t(n)]) {
       OpContext ctx(*this, n);
-      const auto t0 = timing_ ? Clock::now() : Clock::time_point{};
+      const auto t0 = tick(timing_, backend_);
       node.op->backward(ctx);
-      if (timing_) bwd_s_[size_t(n)] += std::chrono::duration<double>(Clock::now() - t0).count();
+      if (timing_) bwd_s_[size_t(n)] += std::chrono::duration<double>(tick(timing_, backend_) - t0).count();
     }
     for (int id : pop_after_[size_t(n)]) stash_.pop(id);
     release(dies_after_backward_[size_t(n)]);

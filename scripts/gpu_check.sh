@@ -6,7 +6,7 @@
 #   mkdir -p gpu && cp build-cuda/edgetrain build-cuda/tests/edgetrain_tests \
 #     build-cuda/tests/edgetrain_cuda_tests gpu/ && (cd ../shared/data/cifar10 && tar czf - train test) > gpu/cifar.tgz
 # (gpu/ is in .git/info/exclude; the JPEG copy is 20 MB as a .tgz), then run there, carrying gpu/:
-#   STEPS="tests bench train suite" bash scripts/gpu_check.sh gpu
+#   STEPS="tests bench train suite" bash scripts/gpu_check.sh gpu   (also: profile, badinput)
 # Each step has its own time limit and writes its log to $OUT; a step that fails does not stop the
 # next. The CPU suite runs there sharded by test case (the machine has 16 cores).
 set -u
@@ -56,6 +56,26 @@ if has bench; then
     --set train.device=cuda --set fusion.enabled=false >"$OUT/bench_profile.log" 2>&1
   timeout 60 "$B/edgetrain" memprofile --config configs/resnet20_cifar10.json --synthetic --out /tmp/mp \
     --set train.device=cuda --set fusion.enabled=false --set memory.stash=bitmap_fp32 >"$OUT/memprofile.log" 2>&1
+fi
+
+if has profile; then
+  stamp "per-op profile on CUDA (each op timed after a device synchronise)"
+  for model in resnet20 vgg16_bn; do
+    timeout 90 "$B/edgetrain" bench step --config "configs/${model}_cifar10.json" --steps 10 --warmup 3 --profile \
+      --set train.device=cuda --set fusion.enabled=false 2>&1 | grep -vE '^[a-z0-9_.]+ +(fp32|bits|bitmap|-)' | head -24
+  done 2>&1 | tee "$OUT/profile.log"
+fi
+
+if has badinput; then
+  stamp "bad input on CUDA: a device that does not exist, a batch that does not fit"
+  {
+    rm -rf /tmp/bad7 /tmp/badoom
+    "$B/edgetrain" train --config configs/resnet20_cifar10_short.json --set train.device=cuda:7 --out /tmp/bad7
+    echo "exit $?; run folder left: $(ls -A /tmp/bad7 2>/dev/null | tr '\n' ' ')"
+    timeout 120 "$B/edgetrain" train --config configs/resnet18_cifar10.json --set train.device=cuda \
+      --set data.root="$data" --set train.batch_size=50000 --out /tmp/badoom 2>&1 | tail -3
+    echo "exit ${PIPESTATUS[0]}; run folder left: $(ls -A /tmp/badoom 2>/dev/null | tr '\n' ' ')"
+  } 2>&1 | tee "$OUT/badinput.log"
 fi
 
 if has train; then

@@ -161,6 +161,7 @@ CudaBackend::CudaBackend(int device) : device_(device) {
 
 CudaBackend::~CudaBackend() {
   cudaFree(xent_rows_);
+  cudaFree(bn_scratch_);
   cudaFree(scratch_);
   if (blas_) cublasDestroy(blas_);
 }
@@ -188,6 +189,8 @@ void CudaBackend::copy_from_host(const void* src, Tensor& dst) {
   ET_CHECK(dst.is_contiguous());
   cuda::check(cudaMemcpy(dst.data, src, dst.nbytes(), cudaMemcpyHostToDevice), "cudaMemcpy from the host");
 }
+
+void CudaBackend::synchronize() { cuda::check(cudaDeviceSynchronize(), "cudaDeviceSynchronize"); }
 
 void CudaBackend::fill(Tensor& t, float value) {
   ET_CHECK(t.is_contiguous());

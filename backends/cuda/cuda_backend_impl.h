@@ -43,6 +43,7 @@ class CudaBackend final : public Backend {
   bool host_addressable() const override { return false; }
   void copy_to_host(const Tensor& src, void* dst) override;
   void copy_from_host(const void* src, Tensor& dst) override;
+  void synchronize() override;
 
   void fill(Tensor& t, float value) override;
   void copy(const Tensor& src, Tensor& dst) override;
@@ -130,6 +131,11 @@ class CudaBackend final : public Backend {
   void* scratch_ = nullptr;  // 64 bytes: the counter and a few reduction results
   double* xent_rows_ = nullptr;
   int64_t xent_rows_capacity_ = 0;
+  // Batch norm's per-block partial sums and per-channel coefficients (cuda_batchnorm.cu); grows in
+  // the first step only.
+  double* bn_scratch(int64_t doubles);
+  double* bn_scratch_ = nullptr;
+  int64_t bn_scratch_capacity_ = 0;
 };
 
 }  // namespace et
