@@ -227,6 +227,21 @@ class Backend {
   // (the trainer's divergence guard).
   virtual bool sgd_step(Tensor& param, const Tensor& grad, Tensor& momentum_buf, float lr, float momentum,
                         float weight_decay, bool nesterov, bool first_step) = 0;
+  // The same step with its answer deferred: sgd_finite() says whether every parameter such steps
+  // updated since its last call is finite. sgd_update uses these, so a GPU backend reads one flag
+  // back per update, not one per parameter (a wait for the device each).
+  virtual void sgd_step_deferred(Tensor& param, const Tensor& grad, Tensor& momentum_buf, float lr, float momentum,
+                                 float weight_decay, bool nesterov, bool first_step) {
+    deferred_finite_ &= sgd_step(param, grad, momentum_buf, lr, momentum, weight_decay, nesterov, first_step);
+  }
+  virtual bool sgd_finite() {
+    const bool finite = deferred_finite_;
+    deferred_finite_ = true;
+    return finite;
+  }
+
+ private:
+  bool deferred_finite_ = true;
 };
 
 std::unique_ptr<Backend> make_cpu_backend();

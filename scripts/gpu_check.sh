@@ -3,10 +3,10 @@
 # so nothing is built there). Prepare here:
 #   cmake -S . -B build-cuda -G Ninja -DCMAKE_BUILD_TYPE=Release -DEDGETRAIN_CUDA=ON \
 #     -DEDGETRAIN_ONNX=OFF -DEDGETRAIN_PORTABLE=ON -DCMAKE_CUDA_ARCHITECTURES=90 && ninja -C build-cuda
-#   mkdir -p gpu && cp build-cuda/edgetrain build-cuda/tests/edgetrain_tests \
-#     build-cuda/tests/edgetrain_cuda_tests gpu/ && (cd ../shared/data/cifar10 && tar czf - train test) > gpu/cifar.tgz
+#   mkdir -p gpu && cp build-cuda/edgetrain build-cuda/tests/edgetrain_tests build-cuda/tests/edgetrain_cuda_tests \
+#     build-cuda/bench_cuda_conv gpu/ && (cd ../shared/data/cifar10 && tar czf - train test) > gpu/cifar.tgz
 # (gpu/ is in .git/info/exclude; the JPEG copy is 20 MB as a .tgz), then run there, carrying gpu/:
-#   STEPS="tests bench train suite" bash scripts/gpu_check.sh gpu   (also: profile, badinput)
+#   STEPS="tests bench train suite" bash scripts/gpu_check.sh gpu   (also: profile, badinput, conv)
 # Each step has its own time limit and writes its log to $OUT; a step that fails does not stop the
 # next. The CPU suite runs there sharded by test case (the machine has 16 cores).
 set -u
@@ -23,10 +23,10 @@ stamp "machine"
 nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv
 nproc
 # The CUDA libraries the binaries link (cuBLAS, the runtime): the toolkit's, else PyTorch's wheels.
-libdirs=$(find /usr/local/cuda* /usr/lib /opt -name 'libcublas.so.*' -o -name 'libcudart.so.*' 2>/dev/null |
+libdirs=$(find /usr/local/cuda* /usr/lib /opt -name 'libcublas.so.*' -o -name 'libcudart.so.*' -o -name 'libcudnn.so.*' 2>/dev/null |
           xargs -r -n1 dirname | sort -u | tr '\n' ':')
 export LD_LIBRARY_PATH="${libdirs}${LD_LIBRARY_PATH:-}"
-ldd "$B/edgetrain_cuda_tests" | grep -E 'cublas|cudart|gomp|not found'
+ldd "$B/edgetrain_cuda_tests" | grep -E 'cublas|cudart|cudnn|gomp|not found'
 
 # The binaries name the data as <source dir>/../shared/data/cifar10 (tests) and the source dir's
 # test files by absolute path: make both exist here (SRC: the checkout the binaries were built in).
@@ -76,6 +76,14 @@ if has badinput; then
       --set data.root="$data" --set train.batch_size=50000 --out /tmp/badoom 2>&1 | tail -3
     echo "exit ${PIPESTATUS[0]}; run folder left: $(ls -A /tmp/badoom 2>/dev/null | tr '\n' ' ')"
   } 2>&1 | tee "$OUT/badinput.log"
+fi
+
+if has conv; then
+  stamp "conv passes against cuBLAS SGEMM on the same GEMMs (bench_cuda_conv), each path"
+  for mode in auto im2col; do
+    echo "EDGETRAIN_CUDA_CONV=$mode"
+    EDGETRAIN_CUDA_CONV=$mode timeout 120 "$B/bench_cuda_conv" --reps 10 --filter "${CONV_FILTER:-}"
+  done 2>&1 | tee "$OUT/conv.log" | grep -E '^(EDGETRAIN|total)'
 fi
 
 if has train; then

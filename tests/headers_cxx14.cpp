@@ -8,6 +8,7 @@
 #include "memory/device_memory.h"
 #include "memory/stash_codec.h"
 #include "backends/cuda/cuda_device.h"
+#include "backends/cuda/cuda_conv_cudnn.h"
 #include "backends/cuda/cuda_stash_codec.h"
 #include "quant/codes.h"
 #include "quant/scales.h"

@@ -157,6 +157,8 @@ CudaBackend::CudaBackend(int device) : device_(device) {
   // The CPU's FP32 arithmetic: no TF32 tensor-core rounding in the GEMMs.
   cuda::check(cublasSetMathMode(blas_, CUBLAS_DEFAULT_MATH), "cublasSetMathMode");
   cuda::check(cudaMalloc(&scratch_, 64), "cudaMalloc");
+  cuda::check(cudaMemset(scratch_, 0, 64), "cudaMemset");  // the deferred SGD count starts at 0
+  cudnn_ = cuda::make_cudnn_convs();
 }
 
 CudaBackend::~CudaBackend() {
@@ -275,6 +277,23 @@ bool CudaBackend::sgd_step(Tensor& param, const Tensor& grad, Tensor& momentum_b
                                                       momentum, weight_decay, nesterov, first_step, bad);
   cuda::launched("sgd_step");
   return read_counter() == 0;
+}
+
+// scratch_ [32, 40): the non-finite count of the deferred steps since the last sgd_finite().
+void CudaBackend::sgd_step_deferred(Tensor& param, const Tensor& grad, Tensor& momentum_buf, float lr, float momentum,
+                                    float weight_decay, bool nesterov, bool first_step) {
+  auto* bad = reinterpret_cast<unsigned long long*>(static_cast<char*>(scratch_) + 32);
+  sgd_kernel<<<blocks_for(param.numel()), kThreads>>>(param.f32(), grad.f32(), momentum_buf.f32(), param.numel(), lr,
+                                                      momentum, weight_decay, nesterov, first_step, bad);
+  cuda::launched("sgd_step");
+}
+
+bool CudaBackend::sgd_finite() {
+  char* bad = static_cast<char*>(scratch_) + 32;
+  unsigned long long v = 0;
+  cuda::check(cudaMemcpy(&v, bad, sizeof(v), cudaMemcpyDeviceToHost), "cudaMemcpy");
+  cuda::check(cudaMemsetAsync(bad, 0, sizeof(v)), "cudaMemsetAsync");
+  return v == 0;
 }
 
 // ---- not on CUDA yet: check_device_support (engine/config_sections.cpp) refuses the configs

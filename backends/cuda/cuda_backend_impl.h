@@ -10,6 +10,7 @@
 #include <string>
 
 #include "backends/backend.h"
+#include "backends/cuda/cuda_conv_cudnn.h"
 #include "engine/check.h"
 
 namespace et {
@@ -118,6 +119,9 @@ class CudaBackend final : public Backend {
   bool all_finite(const std::vector<Tensor>& tensors) override;
   bool sgd_step(Tensor& param, const Tensor& grad, Tensor& momentum_buf, float lr, float momentum, float weight_decay,
                 bool nesterov, bool first_step) override;
+  void sgd_step_deferred(Tensor& param, const Tensor& grad, Tensor& momentum_buf, float lr, float momentum,
+                         float weight_decay, bool nesterov, bool first_step) override;
+  bool sgd_finite() override;
 
  private:
   // A device counter for reductions that come back to the host (zeroed before each use).
@@ -128,7 +132,8 @@ class CudaBackend final : public Backend {
   std::unique_ptr<DeviceMemory> memory_;
   std::unique_ptr<StashCodec> codec_;
   cublasHandle_t blas_ = nullptr;
-  void* scratch_ = nullptr;  // 64 bytes: the counter and a few reduction results
+  std::unique_ptr<cuda::CudnnConvs> cudnn_;  // null: im2col only (cuda_conv_cudnn.h)
+  void* scratch_ = nullptr;  // 64 bytes: the counter, a few reduction results, the deferred SGD count
   double* xent_rows_ = nullptr;
   int64_t xent_rows_capacity_ = 0;
   // Batch norm's per-block partial sums and per-channel coefficients (cuda_batchnorm.cu); grows in

@@ -1,5 +1,6 @@
-// Convolution and linear layers on CUDA. groups == 1: im2col of a chunk of images into the
-// workspace, then cuBLAS SGEMMs (strided-batched over the chunk's images); the data gradient
+// Convolution and linear layers on CUDA. groups == 1: cuDNN where it measured faster for the
+// geometry and pass (cuda_conv_cudnn.h), else im2col of a chunk of images into the workspace, then
+// cuBLAS SGEMMs (strided-batched over the chunk's images); the data gradient
 // gathers the columns back (col2im, no atomics); the weight gradient is one SGEMM per chunk over
 // its images' columns side by side (a per-image SGEMM was most of a ResNet-20 step on an H200). groups > 1 (depthwise): direct kernels. Linear
 // layers: one SGEMM each way. cuBLAS runs in its default FP32 math (no TF32).
@@ -7,6 +8,7 @@
 // Row-major [a, b] matrices are column-major [b, a] ones to cuBLAS, so each product below is
 // written for the transposes: Y = W X becomes Y^T = X^T W^T.
 #include "backends/cuda/cuda_backend_impl.h"
+#include "backends/cuda/cuda_conv_cudnn.h"
 
 namespace et {
 
@@ -176,6 +178,95 @@ __global__ void linear_bias_grad_kernel(const float* dy, int64_t N, int64_t O, f
   }
 }
 
+// ---- the im2col + SGEMM passes (groups == 1); `ws` holds conv2d_workspace_bytes of the pass.
+void im2col_forward(cublasHandle_t blas, const Conv2dGeom& g, const float* x, const float* w, float* y, Workspace ws) {
+  const Geom gg = geom_of(g);
+  const int64_t PQ = g.P * g.Q, CRS = g.C * g.R * g.S, chunk = chunk_images(g, ConvPass::Forward);
+  float* col = static_cast<float*>(ws.data);
+  const float one = 1.f, zero = 0.f;
+  for (int64_t n0 = 0; n0 < g.N; n0 += chunk) {
+    const int64_t nb = g.N - n0 < chunk ? g.N - n0 : chunk;
+    im2col_kernel<<<blocks_for(nb * CRS * PQ), kThreads>>>(gg, x + n0 * g.C * g.H * g.W, nb, col);
+    cuda::launched("im2col");
+    // Y_b^T (PQ x K) = col_b^T (PQ x CRS) W^T (CRS x K)
+    cuda::check(cublasSgemmStridedBatched(blas, CUBLAS_OP_N, CUBLAS_OP_N, int(PQ), int(g.K), int(CRS), &one, col,
+                                          int(PQ), CRS * PQ, w, int(CRS), 0, &zero, y + n0 * g.K * PQ, int(PQ),
+                                          g.K * PQ, int(nb)),
+                "conv2d_forward sgemm");
+  }
+}
+
+void im2col_backward_data(cublasHandle_t blas, const Conv2dGeom& g, const float* dy, const float* w, float* dx,
+                          bool accumulate, Workspace ws) {
+  const Geom gg = geom_of(g);
+  const int64_t PQ = g.P * g.Q, CRS = g.C * g.R * g.S, chunk = chunk_images(g, ConvPass::BackwardData);
+  float* col = static_cast<float*>(ws.data);
+  const float one = 1.f, zero = 0.f;
+  for (int64_t n0 = 0; n0 < g.N; n0 += chunk) {
+    const int64_t nb = g.N - n0 < chunk ? g.N - n0 : chunk;
+    // col_b^T (PQ x CRS) = dY_b^T (PQ x K) W (K x CRS)
+    cuda::check(cublasSgemmStridedBatched(blas, CUBLAS_OP_N, CUBLAS_OP_T, int(PQ), int(CRS), int(g.K), &one,
+                                          dy + n0 * g.K * PQ, int(PQ), g.K * PQ, w, int(CRS), 0, &zero, col, int(PQ),
+                                          CRS * PQ, int(nb)),
+                "conv2d_backward_data sgemm");
+    col2im_kernel<<<blocks_for(nb * g.C * g.H * g.W), kThreads>>>(gg, col, nb, dx + n0 * g.C * g.H * g.W, accumulate);
+    cuda::launched("col2im");
+  }
+}
+
+void im2col_backward_weight(cublasHandle_t blas, const Conv2dGeom& g, const float* x, const float* dy, float* dw,
+                            bool accumulate, Workspace ws) {
+  const Geom gg = geom_of(g);
+  const int64_t PQ = g.P * g.Q, CRS = g.C * g.R * g.S, chunk = chunk_images(g, ConvPass::BackwardWeight);
+  float* col = static_cast<float*>(ws.data);
+  float* dyt = col + chunk * CRS * PQ;
+  const float one = 1.f, zero = 0.f;
+  for (int64_t n0 = 0; n0 < g.N; n0 += chunk) {
+    const int64_t nb = g.N - n0 < chunk ? g.N - n0 : chunk, L = nb * PQ;
+    im2col_rows_kernel<<<blocks_for(CRS * L), kThreads>>>(gg, x + n0 * g.C * g.H * g.W, nb, col);
+    cuda::launched("im2col (rows)");
+    dy_rows_kernel<<<blocks_for(g.K * L), kThreads>>>(dy + n0 * g.K * PQ, nb, g.K, PQ, dyt);
+    cuda::launched("dy rows");
+    // dW^T (CRS x K) (+)= col (CRS x L) dyt^T (L x K)
+    const bool overwrite = !accumulate && n0 == 0;
+    cuda::check(cublasSgemm(blas, CUBLAS_OP_T, CUBLAS_OP_N, int(CRS), int(g.K), int(L), &one, col, int(L), dyt, int(L),
+                            overwrite ? &zero : &one, dw, int(CRS)),
+                "conv2d_backward_weight sgemm");
+  }
+}
+
+// The pass's path (cuda_conv_cudnn.h): a cuDNN algorithm (>= 0) or im2col (< 0), measured at the
+// geometry and pass's first use. The measurement writes a scratch output (allocated for it, in the
+// first step only), so an accumulating pass's real output is untouched. `im2col` runs the im2col
+// pass into a given output, without accumulating.
+template <class Im2col>
+int conv_path(cuda::CudnnConvs* dnn, const Conv2dGeom& g, ConvPass pass, const float* a, const float* b,
+              int64_t out_floats, Workspace ws, Im2col&& im2col) {
+  if (!dnn || g.groups != 1) return cuda::CudnnConvs::kIm2col;
+  const int known = dnn->choice(g, pass);
+  if (known != cuda::CudnnConvs::kUnmeasured) return known;
+  float* scratch = nullptr;
+  cuda::check(cudaMalloc(&scratch, size_t(out_floats) * 4), "cudaMalloc (conv measurement)");
+  cudaEvent_t t0, t1;
+  cuda::check(cudaEventCreate(&t0), "cudaEventCreate");
+  cuda::check(cudaEventCreate(&t1), "cudaEventCreate");
+  float best = 1e30f;
+  for (int rep = 0; rep < 3; ++rep) {
+    cuda::check(cudaEventRecord(t0), "cudaEventRecord");
+    im2col(scratch);
+    cuda::check(cudaEventRecord(t1), "cudaEventRecord");
+    cuda::check(cudaEventSynchronize(t1), "cudaEventSynchronize");
+    float ms = 0.f;
+    cuda::check(cudaEventElapsedTime(&ms, t0, t1), "cudaEventElapsedTime");
+    best = ms < best ? ms : best;
+  }
+  cudaEventDestroy(t0);
+  cudaEventDestroy(t1);
+  const int chosen = dnn->measure(g, pass, a, b, scratch, ws, best);
+  cuda::check(cudaFree(scratch), "cudaFree");
+  return chosen;
+}
+
 }  // namespace
 
 size_t CudaBackend::conv2d_workspace_bytes(const Conv2dGeom& g, ConvPass pass) const {
@@ -184,88 +275,55 @@ size_t CudaBackend::conv2d_workspace_bytes(const Conv2dGeom& g, ConvPass pass) c
 
 void CudaBackend::conv2d_forward(const Conv2dGeom& g, const Tensor& x, const Tensor& w, const Tensor& b, Tensor& y,
                                  Workspace ws) {
-  const Geom gg = geom_of(g);
   if (g.groups != 1) {
-    grouped_forward_kernel<<<blocks_for(y.numel()), kThreads>>>(gg, x.f32(), w.f32(), b.defined() ? b.f32() : nullptr,
-                                                                g.N, y.f32());
+    grouped_forward_kernel<<<blocks_for(y.numel()), kThreads>>>(geom_of(g), x.f32(), w.f32(),
+                                                                b.defined() ? b.f32() : nullptr, g.N, y.f32());
     cuda::launched("conv2d_forward (grouped)");
     return;
   }
   ET_CHECK(ws.bytes >= conv2d_workspace_bytes(g, ConvPass::Forward), "conv2d_forward: workspace");
-  const int64_t PQ = g.P * g.Q, CRS = g.C * g.R * g.S, chunk = chunk_images(g, ConvPass::Forward);
-  float* col = static_cast<float*>(ws.data);
-  const float one = 1.f, zero = 0.f;
-  for (int64_t n0 = 0; n0 < g.N; n0 += chunk) {
-    const int64_t nb = g.N - n0 < chunk ? g.N - n0 : chunk;
-    im2col_kernel<<<blocks_for(nb * CRS * PQ), kThreads>>>(gg, x.f32() + n0 * g.C * g.H * g.W, nb, col);
-    cuda::launched("im2col");
-    // Y_b^T (PQ x K) = col_b^T (PQ x CRS) W^T (CRS x K)
-    cuda::check(cublasSgemmStridedBatched(blas_, CUBLAS_OP_N, CUBLAS_OP_N, int(PQ), int(g.K), int(CRS), &one, col,
-                                          int(PQ), CRS * PQ, w.f32(), int(CRS), 0, &zero, y.f32() + n0 * g.K * PQ,
-                                          int(PQ), g.K * PQ, int(nb)),
-                "conv2d_forward sgemm");
-  }
+  const int path = conv_path(cudnn_.get(), g, ConvPass::Forward, x.f32(), w.f32(), y.numel(), ws,
+                             [&](float* out) { im2col_forward(blas_, g, x.f32(), w.f32(), out, ws); });
+  if (path >= 0) cudnn_->run(g, ConvPass::Forward, path, x.f32(), w.f32(), y.f32(), false, ws);
+  else im2col_forward(blas_, g, x.f32(), w.f32(), y.f32(), ws);
   if (b.defined()) {
-    add_bias_kernel<<<blocks_for(y.numel()), kThreads>>>(y.f32(), b.f32(), y.numel(), g.K, PQ);
+    add_bias_kernel<<<blocks_for(y.numel()), kThreads>>>(y.f32(), b.f32(), y.numel(), g.K, g.P * g.Q);
     cuda::launched("conv bias");
   }
 }
 
 void CudaBackend::conv2d_backward_data(const Conv2dGeom& g, const Tensor& dy, const Tensor& w, Tensor& dx,
                                        bool accumulate, Workspace ws) {
-  const Geom gg = geom_of(g);
   if (g.groups != 1) {
-    grouped_backward_data_kernel<<<blocks_for(dx.numel()), kThreads>>>(gg, dy.f32(), w.f32(), g.N, dx.f32(), accumulate);
+    grouped_backward_data_kernel<<<blocks_for(dx.numel()), kThreads>>>(geom_of(g), dy.f32(), w.f32(), g.N, dx.f32(),
+                                                                        accumulate);
     cuda::launched("conv2d_backward_data (grouped)");
     return;
   }
   ET_CHECK(ws.bytes >= conv2d_workspace_bytes(g, ConvPass::BackwardData), "conv2d_backward_data: workspace");
-  const int64_t PQ = g.P * g.Q, CRS = g.C * g.R * g.S, chunk = chunk_images(g, ConvPass::BackwardData);
-  float* col = static_cast<float*>(ws.data);
-  const float one = 1.f, zero = 0.f;
-  for (int64_t n0 = 0; n0 < g.N; n0 += chunk) {
-    const int64_t nb = g.N - n0 < chunk ? g.N - n0 : chunk;
-    // col_b^T (PQ x CRS) = dY_b^T (PQ x K) W (K x CRS)
-    cuda::check(cublasSgemmStridedBatched(blas_, CUBLAS_OP_N, CUBLAS_OP_T, int(PQ), int(CRS), int(g.K), &one,
-                                          dy.f32() + n0 * g.K * PQ, int(PQ), g.K * PQ, w.f32(), int(CRS), 0, &zero, col,
-                                          int(PQ), CRS * PQ, int(nb)),
-                "conv2d_backward_data sgemm");
-    col2im_kernel<<<blocks_for(nb * g.C * g.H * g.W), kThreads>>>(gg, col, nb, dx.f32() + n0 * g.C * g.H * g.W,
-                                                                   accumulate);
-    cuda::launched("col2im");
-  }
+  const int path = conv_path(cudnn_.get(), g, ConvPass::BackwardData, dy.f32(), w.f32(), dx.numel(), ws,
+                             [&](float* out) { im2col_backward_data(blas_, g, dy.f32(), w.f32(), out, false, ws); });
+  if (path >= 0) cudnn_->run(g, ConvPass::BackwardData, path, dy.f32(), w.f32(), dx.f32(), accumulate, ws);
+  else im2col_backward_data(blas_, g, dy.f32(), w.f32(), dx.f32(), accumulate, ws);
 }
 
 void CudaBackend::conv2d_backward_weight(const Conv2dGeom& g, const Tensor& x, const Tensor& dy, Tensor& dw,
                                          Tensor& db, bool accumulate, Workspace ws) {
-  const Geom gg = geom_of(g);
-  const int64_t PQ = g.P * g.Q;
   if (db.defined()) {
-    bias_grad_kernel<<<unsigned(g.K), kThreads>>>(dy.f32(), g.N, g.K, PQ, db.f32(), accumulate);
+    bias_grad_kernel<<<unsigned(g.K), kThreads>>>(dy.f32(), g.N, g.K, g.P * g.Q, db.f32(), accumulate);
     cuda::launched("conv bias gradient");
   }
   if (g.groups != 1) {
-    grouped_backward_weight_kernel<<<unsigned(dw.numel()), kThreads>>>(gg, x.f32(), dy.f32(), g.N, dw.f32(), accumulate);
+    grouped_backward_weight_kernel<<<unsigned(dw.numel()), kThreads>>>(geom_of(g), x.f32(), dy.f32(), g.N, dw.f32(),
+                                                                        accumulate);
     cuda::launched("conv2d_backward_weight (grouped)");
     return;
   }
   ET_CHECK(ws.bytes >= conv2d_workspace_bytes(g, ConvPass::BackwardWeight), "conv2d_backward_weight: workspace");
-  const int64_t CRS = g.C * g.R * g.S, chunk = chunk_images(g, ConvPass::BackwardWeight);
-  float* col = static_cast<float*>(ws.data);
-  float* dyt = col + chunk * CRS * PQ;
-  const float one = 1.f, zero = 0.f;
-  for (int64_t n0 = 0; n0 < g.N; n0 += chunk) {
-    const int64_t nb = g.N - n0 < chunk ? g.N - n0 : chunk, L = nb * PQ;
-    im2col_rows_kernel<<<blocks_for(CRS * L), kThreads>>>(gg, x.f32() + n0 * g.C * g.H * g.W, nb, col);
-    cuda::launched("im2col (rows)");
-    dy_rows_kernel<<<blocks_for(g.K * L), kThreads>>>(dy.f32() + n0 * g.K * PQ, nb, g.K, PQ, dyt);
-    cuda::launched("dy rows");
-    // dW^T (CRS x K) (+)= col (CRS x L) dyt^T (L x K)
-    const bool overwrite = !accumulate && n0 == 0;
-    cuda::check(cublasSgemm(blas_, CUBLAS_OP_T, CUBLAS_OP_N, int(CRS), int(g.K), int(L), &one, col, int(L), dyt,
-                            int(L), overwrite ? &zero : &one, dw.f32(), int(CRS)),
-                "conv2d_backward_weight sgemm");
-  }
+  const int path = conv_path(cudnn_.get(), g, ConvPass::BackwardWeight, x.f32(), dy.f32(), dw.numel(), ws,
+                             [&](float* out) { im2col_backward_weight(blas_, g, x.f32(), dy.f32(), out, false, ws); });
+  if (path >= 0) cudnn_->run(g, ConvPass::BackwardWeight, path, x.f32(), dy.f32(), dw.f32(), accumulate, ws);
+  else im2col_backward_weight(blas_, g, x.f32(), dy.f32(), dw.f32(), accumulate, ws);
 }
 
 // x [N, I], w [O, I], y [N, O]: Y^T (O x N) = W (O x I) X^T (I x N)

@@ -13,13 +13,12 @@ SgdOptions sgd_options(const TrainConfig& train) {
 }
 
 bool sgd_update(Executor& ex, const SgdOptions& options, float lr, bool first_step) {
-  bool finite = true;
   for (int p : ex.params()) {
     Tensor w = ex.value(p), momentum = ex.opt_slot(p, 0);
-    finite &= ex.backend().sgd_step(w, ex.grad(p), momentum, lr, options.momentum, options.weight_decay,
-                                    options.nesterov, first_step);
+    ex.backend().sgd_step_deferred(w, ex.grad(p), momentum, lr, options.momentum, options.weight_decay,
+                                   options.nesterov, first_step);
   }
-  return finite;
+  return ex.backend().sgd_finite();  // one answer for the whole update
 }
 
 }  // namespace et

@@ -9,6 +9,7 @@
 
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <random>
@@ -223,38 +224,46 @@ TEST_CASE("cuda: pooling and option-A shortcuts equal the CPU's", "[cuda]") {
 
 TEST_CASE("cuda: convolution and linear layers equal the CPU's within 1e-4", "[cuda]") {
   Backends b;
-  struct Case {
-    int64_t N, C, H, W, K, R, stride, pad, groups;
-  };
-  for (const Case& k : {Case{4, 3, 32, 32, 16, 3, 1, 1, 1}, Case{3, 16, 16, 16, 32, 3, 2, 1, 1}, Case{5, 32, 8, 8, 64, 1, 1, 0, 1},
-                        Case{2, 8, 7, 9, 8, 3, 1, 1, 8}, Case{2, 8, 10, 10, 16, 3, 2, 1, 4}, Case{1, 5, 6, 6, 7, 5, 1, 2, 1}}) {
-    Conv2dGeom g;
-    g.N = k.N, g.C = k.C, g.H = k.H, g.W = k.W, g.K = k.K, g.R = g.S = k.R, g.stride_h = g.stride_w = k.stride;
-    g.pad_h = g.pad_w = k.pad, g.groups = k.groups;
-    g.infer_output();
-    INFO("conv " << g.N << "x" << g.C << "x" << g.H << "x" << g.W << " -> " << g.K << ", " << g.R << "x" << g.S
-                 << " stride " << k.stride << " groups " << g.groups);
-    Both x({g.N, g.C, g.H, g.W}, 51), w({g.K, g.C / g.groups, g.R, g.S}, 52), bias({g.K}, 53), y({g.N, g.K, g.P, g.Q}, 54),
-        dy({g.N, g.K, g.P, g.Q}, 55), dx({g.N, g.C, g.H, g.W}, 56), dw({g.K, g.C / g.groups, g.R, g.S}, 57), db({g.K}, 58);
-    size_t hb = 0, db_bytes = 0;
-    for (ConvPass p : {ConvPass::Forward, ConvPass::BackwardData, ConvPass::BackwardWeight}) {
-      hb = std::max(hb, b.cpu->conv2d_workspace_bytes(g, p));
-      db_bytes = std::max(db_bytes, b.dev->conv2d_workspace_bytes(g, p));
-    }
-    Scratch ws(hb, db_bytes);
-    b.cpu->conv2d_forward(g, x.cpu, w.cpu, bias.cpu, y.cpu, ws.cpu);
-    b.dev->conv2d_forward(g, x.dev, w.dev, bias.dev, y.dev, ws.dev);
-    CHECK(max_rel(y.device_values(), y.host) < 1e-4);
-    for (bool acc : {false, true}) {
-      b.cpu->conv2d_backward_data(g, dy.cpu, w.cpu, dx.cpu, acc, ws.cpu);
-      b.dev->conv2d_backward_data(g, dy.dev, w.dev, dx.dev, acc, ws.dev);
-      CHECK(max_rel(dx.device_values(), dx.host) < 1e-4);
-      b.cpu->conv2d_backward_weight(g, x.cpu, dy.cpu, dw.cpu, db.cpu, acc, ws.cpu);
-      b.dev->conv2d_backward_weight(g, x.dev, dy.dev, dw.dev, db.dev, acc, ws.dev);
-      CHECK(max_rel(dw.device_values(), dw.host) < 1e-4);
-      CHECK(max_rel(db.device_values(), db.host) < 1e-4);
+  // Each conv path: im2col + SGEMM alone, cuDNN's fastest candidate, and the measured choice
+  // (cuda_conv_cudnn.h; without cuDNN in the build all three are im2col).
+  for (const char* mode : {"im2col", "cudnn", "auto"}) {
+    INFO("EDGETRAIN_CUDA_CONV=" << mode);
+    REQUIRE(setenv("EDGETRAIN_CUDA_CONV", mode, 1) == 0);
+    const std::unique_ptr<Backend> dev = make_cuda_backend(0);
+    struct Case {
+      int64_t N, C, H, W, K, R, stride, pad, groups;
+    };
+    for (const Case& k : {Case{4, 3, 32, 32, 16, 3, 1, 1, 1}, Case{3, 16, 16, 16, 32, 3, 2, 1, 1}, Case{5, 32, 8, 8, 64, 1, 1, 0, 1},
+                          Case{2, 8, 7, 9, 8, 3, 1, 1, 8}, Case{2, 8, 10, 10, 16, 3, 2, 1, 4}, Case{1, 5, 6, 6, 7, 5, 1, 2, 1}}) {
+      Conv2dGeom g;
+      g.N = k.N, g.C = k.C, g.H = k.H, g.W = k.W, g.K = k.K, g.R = g.S = k.R, g.stride_h = g.stride_w = k.stride;
+      g.pad_h = g.pad_w = k.pad, g.groups = k.groups;
+      g.infer_output();
+      INFO("conv " << g.N << "x" << g.C << "x" << g.H << "x" << g.W << " -> " << g.K << ", " << g.R << "x" << g.S
+                   << " stride " << k.stride << " groups " << g.groups);
+      Both x({g.N, g.C, g.H, g.W}, 51), w({g.K, g.C / g.groups, g.R, g.S}, 52), bias({g.K}, 53), y({g.N, g.K, g.P, g.Q}, 54),
+          dy({g.N, g.K, g.P, g.Q}, 55), dx({g.N, g.C, g.H, g.W}, 56), dw({g.K, g.C / g.groups, g.R, g.S}, 57), db({g.K}, 58);
+      size_t hb = 0, db_bytes = 0;
+      for (ConvPass p : {ConvPass::Forward, ConvPass::BackwardData, ConvPass::BackwardWeight}) {
+        hb = std::max(hb, b.cpu->conv2d_workspace_bytes(g, p));
+        db_bytes = std::max(db_bytes, dev->conv2d_workspace_bytes(g, p));
+      }
+      Scratch ws(hb, db_bytes);
+      b.cpu->conv2d_forward(g, x.cpu, w.cpu, bias.cpu, y.cpu, ws.cpu);
+      dev->conv2d_forward(g, x.dev, w.dev, bias.dev, y.dev, ws.dev);
+      CHECK(max_rel(y.device_values(), y.host) < 1e-4);
+      for (bool acc : {false, true}) {
+        b.cpu->conv2d_backward_data(g, dy.cpu, w.cpu, dx.cpu, acc, ws.cpu);
+        dev->conv2d_backward_data(g, dy.dev, w.dev, dx.dev, acc, ws.dev);
+        CHECK(max_rel(dx.device_values(), dx.host) < 1e-4);
+        b.cpu->conv2d_backward_weight(g, x.cpu, dy.cpu, dw.cpu, db.cpu, acc, ws.cpu);
+        dev->conv2d_backward_weight(g, x.dev, dy.dev, dw.dev, db.dev, acc, ws.dev);
+        CHECK(max_rel(dw.device_values(), dw.host) < 1e-4);
+        CHECK(max_rel(db.device_values(), db.host) < 1e-4);
+      }
     }
   }
+  unsetenv("EDGETRAIN_CUDA_CONV");
   Both x({9, 70}, 61), w({10, 70}, 62), bias({10}, 63), y({9, 10}, 64), dy({9, 10}, 65), dx({9, 70}, 66), dw({10, 70}, 67),
       db({10}, 68);
   b.cpu->linear_forward(x.cpu, w.cpu, bias.cpu, y.cpu);
@@ -292,6 +301,27 @@ TEST_CASE("cuda: softmax cross-entropy and SGD equal the CPU's", "[cuda]") {
       CHECK(max_rel(p.device_values(), p.host) < 1e-6);
       CHECK(max_rel(m.device_values(), m.host) < 1e-6);
     }
+  // Deferred steps (sgd_update's): the same values, and one answer for all of them since the last.
+  Both q({300}, 84), h({300}, 85), n({300}, 86);
+  for (Backend* be : {b.cpu.get(), b.dev.get()}) {
+    const bool dev = be == b.dev.get();
+    be->sgd_step_deferred(dev ? p.dev : p.cpu, dev ? g.dev : g.cpu, dev ? m.dev : m.cpu, 0.1f, 0.9f, 5e-4f, true, false);
+    be->sgd_step_deferred(dev ? q.dev : q.cpu, dev ? h.dev : h.cpu, dev ? n.dev : n.cpu, 0.1f, 0.9f, 5e-4f, true, true);
+    CHECK(be->sgd_finite());
+  }
+  CHECK(max_rel(p.device_values(), p.host) < 1e-6);
+  CHECK(max_rel(q.device_values(), q.host) < 1e-6);
+  const float nan = std::nanf("");
+  h.host[7] = nan;
+  REQUIRE(cudaMemcpy(h.dptr, h.host.data(), h.host.size() * 4, cudaMemcpyHostToDevice) == cudaSuccess);
+  for (Backend* be : {b.cpu.get(), b.dev.get()}) {
+    const bool dev = be == b.dev.get();
+    be->sgd_step_deferred(dev ? q.dev : q.cpu, dev ? h.dev : h.cpu, dev ? n.dev : n.cpu, 0.1f, 0.9f, 5e-4f, false, false);
+    be->sgd_step_deferred(dev ? p.dev : p.cpu, dev ? g.dev : g.cpu, dev ? m.dev : m.cpu, 0.1f, 0.9f, 5e-4f, false, false);
+    CHECK_FALSE(be->sgd_finite());  // the NaN gradient of the first of the two
+    be->sgd_step_deferred(dev ? p.dev : p.cpu, dev ? g.dev : g.cpu, dev ? m.dev : m.cpu, 0.1f, 0.9f, 5e-4f, false, false);
+    CHECK(be->sgd_finite());  // a fresh answer: the count started over
+  }
 }
 
 namespace {
