@@ -7,6 +7,7 @@
 #pragma once
 #include <cstddef>
 #include <cstdint>
+#include <cstdlib>
 #include <memory>
 #include <string>
 #include <vector>
@@ -50,6 +51,14 @@ class Backend {
   virtual bool host_addressable() const = 0;
   virtual void copy_to_host(const Tensor& src, void* dst) = 0;
   virtual void copy_from_host(const void* src, Tensor& dst) = 0;
+  // Host memory that the backend's copies read fastest (a GPU's page-locked memory), for a buffer
+  // the host fills every step (the trainer's input batch, engine/host_view.h's HostStaging).
+  virtual void* allocate_staging(size_t bytes) { return std::malloc(bytes); }
+  virtual void free_staging(void* p) { std::free(p); }
+  // copy_from_host that may return before the copy is done (a GPU queues it behind the work issued
+  // so far): `src`, from allocate_staging, must stay unchanged until the next call that waits for
+  // the device (a host readback such as the loss, or synchronize). The default copies at once.
+  virtual void copy_from_host_async(const void* src, Tensor& dst) { copy_from_host(src, dst); }
   // Waits until the work issued so far has run (a GPU's kernels run after their calls return): a
   // timed profile (Executor::set_timing) calls it around each op, so each op's time is its own.
   virtual void synchronize() {}

@@ -3,6 +3,7 @@
 // checkpoints go through the backend's copies, and training computes the same bits as on the CPU.
 #include <catch2/catch.hpp>
 
+#include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -14,6 +15,7 @@
 #include "engine/train/checkpoint.h"
 #include "engine/train/optimizer.h"
 #include "engine/train/trainer.h"
+#include "tests/synthetic_data.h"
 
 using namespace et;
 namespace fs = std::filesystem;
@@ -193,4 +195,49 @@ TEST_CASE("the stash encodes and decodes through its backend's codec", "[host][s
   for (int s = 0; s < 2; ++s) CHECK(cpu.step(s == 0) == own.step(s == 0));
   CHECK(cpu.state() == own.state());
   CHECK(static_cast<CodecCpu&>(*own.be).codec.encodes > 0);
+}
+
+namespace {
+
+// Each epoch's train loss, test loss and accuracy, as metrics.jsonl writes them; `copies`: the
+// backend's copies from the host, where it is a StagedCpu.
+std::vector<std::string> fit_lines(std::unique_ptr<Backend> backend, const std::string& tag, int* copies = nullptr) {
+  const Config c = parse_config({{"model", {{"name", "resnet8"}}},
+                                 {"data", {{"format", "cifar10_binary"}, {"root", "x"}}},
+                                 {"train", {{"epochs", 3}, {"batch_size", 8}, {"lr", 0.05}, {"threads", 2}}},
+                                 {"fusion", {{"enabled", false}}}},
+                                "<test>");
+  // 24 training images (3 steps an epoch), 10 test images: evaluation batches of 8 and 2, so each
+  // epoch after the first starts after a forward of 2 images.
+  Trainer t(c, test::synthetic_dataset(24, 1), test::synthetic_dataset(10, 2), std::move(backend));
+  const fs::path dir = fs::temp_directory_path() / ("edgetrain_staged_fit_" + tag + "_" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  std::FILE* null = std::fopen("/dev/null", "w");
+  Progress quiet(null);
+  t.fit(dir.string(), false, quiet);
+  std::fclose(null);
+  if (copies) *copies = dynamic_cast<StagedCpu&>(t.executor().backend()).from_host;
+  std::vector<std::string> lines;
+  std::ifstream in(dir / "metrics.jsonl");
+  for (std::string line; std::getline(in, line);) {
+    nlohmann::json j = nlohmann::json::parse(line);
+    lines.push_back(j["train_loss"].dump() + " " + j["test_loss"].dump() + " " + j["test_acc"].dump());
+  }
+  fs::remove_all(dir);
+  return lines;
+}
+
+}  // namespace
+
+TEST_CASE("fit through a backend's copies: staged input batches, the CPU's numbers bit for bit", "[host][training]") {
+  // The trainer's input batch goes through HostStaging and copy_from_host_async where the host
+  // cannot address the backend's memory, at the whole batch whatever the last forward's was (a
+  // view sized by the last evaluation batch overflowed on the first GPU run).
+  int copies = 0;
+  const std::vector<std::string> copied = fit_lines(std::make_unique<StagedCpu>(), "staged", &copies);
+  const std::vector<std::string> direct = fit_lines(make_cpu_backend(), "direct");
+  REQUIRE(direct.size() == 3);
+  CHECK(copied == direct);
+  CHECK(copies >= 2 * 3 * (3 + 2));  // images and labels of every training and evaluation batch
 }

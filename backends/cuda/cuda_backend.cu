@@ -192,6 +192,19 @@ void CudaBackend::copy_from_host(const void* src, Tensor& dst) {
   cuda::check(cudaMemcpy(dst.data, src, dst.nbytes(), cudaMemcpyHostToDevice), "cudaMemcpy from the host");
 }
 
+void* CudaBackend::allocate_staging(size_t bytes) {
+  void* p = nullptr;
+  cuda::check(cudaHostAlloc(&p, bytes > 0 ? bytes : 1, cudaHostAllocDefault), "cudaHostAlloc (page-locked staging)");
+  return p;
+}
+
+void CudaBackend::free_staging(void* p) { cudaFreeHost(p); }
+
+void CudaBackend::copy_from_host_async(const void* src, Tensor& dst) {
+  ET_CHECK(dst.is_contiguous());
+  cuda::check(cudaMemcpyAsync(dst.data, src, dst.nbytes(), cudaMemcpyHostToDevice), "cudaMemcpyAsync from the host");
+}
+
 void CudaBackend::synchronize() { cuda::check(cudaDeviceSynchronize(), "cudaDeviceSynchronize"); }
 
 void CudaBackend::fill(Tensor& t, float value) {

@@ -45,6 +45,9 @@ class CudaBackend final : public Backend {
   void copy_to_host(const Tensor& src, void* dst) override;
   void copy_from_host(const void* src, Tensor& dst) override;
   void synchronize() override;
+  void* allocate_staging(size_t bytes) override;
+  void free_staging(void* p) override;
+  void copy_from_host_async(const void* src, Tensor& dst) override;
 
   void fill(Tensor& t, float value) override;
   void copy(const Tensor& src, Tensor& dst) override;

@@ -76,10 +76,16 @@ namespace {
 Tensor whole_batch(const Executor& ex, int id) { return ex.value(id).with_batch(ex.graph().value(id).shape.d[0]); }
 
 // The loader's next batch into the executor's input tensors: in place on the CPU; a backend whose
-// memory the host cannot address gets it copied when the views go.
-int64_t next_batch(Backend& backend, BatchLoader& loader, const Tensor& images, const Tensor& labels) {
-  const HostView iv(backend, images, HostView::Write), lv(backend, labels, HostView::Write);
-  return loader.next(iv.f32(), lv.i32());
+// memory the host cannot address gets it from the staging buffers, copied behind the work already
+// issued (the previous step's readbacks waited for the previous copy, so the buffers are free).
+int64_t next_batch(Backend& backend, BatchLoader& loader, const Tensor& images, const Tensor& labels,
+                   const HostStaging* image_staging, const HostStaging* label_staging) {
+  if (backend.host_addressable()) return loader.next(images.f32(), labels.i32());
+  const int64_t n = loader.next(static_cast<float*>(image_staging->data()), static_cast<int32_t*>(label_staging->data()));
+  Tensor i = images, l = labels;
+  backend.copy_from_host_async(image_staging->data(), i);
+  backend.copy_from_host_async(label_staging->data(), l);
+  return n;
 }
 
 }  // namespace
@@ -99,8 +105,9 @@ Trainer::Trainer(const Config& cfg, bool need_train_split) : cfg_(cfg) {
   build(need_train_split);
 }
 
-Trainer::Trainer(const Config& cfg, std::shared_ptr<const Dataset> train, std::shared_ptr<const Dataset> test)
-    : cfg_(cfg), train_(std::move(train)), test_(std::move(test)) {
+Trainer::Trainer(const Config& cfg, std::shared_ptr<const Dataset> train, std::shared_ptr<const Dataset> test,
+                 std::unique_ptr<Backend> backend)
+    : cfg_(cfg), train_(std::move(train)), test_(std::move(test)), backend_(std::move(backend)) {
   if (cfg_.train.threads > 0) omp_set_num_threads(cfg_.train.threads);
   if (cfg_.shape_auto()) {  // the shape of the data sets given
     const Dataset& d = train_ ? *train_ : *test_;
@@ -134,7 +141,7 @@ void Trainer::build(bool keep_train) {
   check_dataset(*test_, cfg_);
 
   build_model(graph_, cfg_.model);
-  backend_ = make_backend(cfg_.train.device);
+  if (!backend_) backend_ = make_backend(cfg_.train.device);
   // A budget is planned for training; evaluation keeps the configured plan.
   const StashOptions stash = train_ ? plan_stash_options(cfg_, graph_, *backend_, &budget_) : cfg_.stash_options();
   if (train_ && cfg_.quant.fnt_epochs > 0 && budget_.budget_mb > 0) {
@@ -152,6 +159,10 @@ void Trainer::build(bool keep_train) {
   }
   executor_ = std::make_unique<Executor>(graph_, *backend_, stash, cfg_.quant_options());
   init_parameters(*executor_, cfg_.train.seed);
+  if (!backend_->host_addressable()) {
+    image_staging_ = std::make_unique<HostStaging>(*backend_, whole_batch(*executor_, graph_.image_input).nbytes());
+    label_staging_ = std::make_unique<HostStaging>(*backend_, whole_batch(*executor_, graph_.label_input).nbytes());
+  }
   state_.model = cfg_.model.name;
   state_.seed = cfg_.train.seed;
 }
@@ -276,7 +287,7 @@ EpochResult Trainer::train_epoch(int epoch, Progress& progress) {
   ex.stash().reset_peak();
   const auto t0 = Clock::now();
   for (int64_t i = 0; i < steps; ++i) {
-    const int64_t n = next_batch(*backend_, loader, images, labels);
+    const int64_t n = next_batch(*backend_, loader, images, labels, image_staging_.get(), label_staging_.get());
     ET_CHECK(n == cfg_.train.batch_size, "train loader returned ", n);
     // lr_factor is 1 unless the guard rolled back (exact: float(double(x) * 1) == x).
     const float lr = float(double(learning_rate(cfg_.train, cfg_.quant, epoch + double(i) / double(steps))) *
@@ -324,7 +335,7 @@ EvalResult Trainer::evaluate(bool keep_logits) {
   double loss_sum = 0;
   int64_t correct = 0;
   for (;;) {
-    const int64_t n = next_batch(*backend_, loader, images, labels);
+    const int64_t n = next_batch(*backend_, loader, images, labels, image_staging_.get(), label_staging_.get());
     if (n == 0) break;
     uss_.begin_step();
     ex.forward(n, false);

@@ -19,6 +19,8 @@
 
 namespace et {
 
+class HostStaging;  // engine/host_view.h
+
 struct EpochResult {
   int epoch = 0;  // 1-based
   double train_loss = 0, train_acc = 0, test_loss = 0, test_acc = 0;
@@ -45,7 +47,9 @@ class Trainer {
   Trainer(const Config& cfg, bool need_train_split);
   // With data sets already in memory (tests, benchmarks); data.train_subset / test_subset apply.
   // An auto shape is that of `train` (else `test`); auto mean / std need `train`.
-  Trainer(const Config& cfg, std::shared_ptr<const Dataset> train, std::shared_ptr<const Dataset> test);
+  // `backend`: instead of the config's train.device (tests: a CPU backend the host must copy to).
+  Trainer(const Config& cfg, std::shared_ptr<const Dataset> train, std::shared_ptr<const Dataset> test,
+          std::unique_ptr<Backend> backend = nullptr);
   ~Trainer();
 
   // Trains into `out_dir` (which the caller has created). With `resume`, continues from
@@ -105,6 +109,8 @@ class Trainer {
   std::shared_ptr<const Dataset> train_, test_;
   Graph graph_;
   std::unique_ptr<Backend> backend_;
+  // The input batch's host buffers where the host cannot address the backend's memory (next_batch).
+  std::unique_ptr<HostStaging> image_staging_, label_staging_;
   std::unique_ptr<Executor> executor_;
   bool fnt_ = false;  // executor_ plans the FNT modes
   std::vector<std::string> planned_fp32_;  // ... and these layers raised to FP32
