@@ -6,7 +6,7 @@
 #   mkdir -p gpu && cp build-cuda/edgetrain build-cuda/tests/edgetrain_tests build-cuda/tests/edgetrain_cuda_tests \
 #     build-cuda/bench_cuda_conv gpu/ && (cd ../shared/data/cifar10 && tar czf - train test) > gpu/cifar.tgz
 # (gpu/ is in .git/info/exclude; the JPEG copy is 20 MB as a .tgz), then run there, carrying gpu/:
-#   STEPS="tests bench train suite" bash scripts/gpu_check.sh gpu   (also: profile, badinput, conv)
+#   STEPS="tests bench train suite" bash scripts/gpu_check.sh gpu   (also: profile, badinput, conv, torch)
 # Each step has its own time limit and writes its log to $OUT; a step that fails does not stop the
 # next. The CPU suite runs there sharded by test case (the machine has 16 cores).
 set -u
@@ -84,6 +84,12 @@ if has conv; then
     echo "EDGETRAIN_CUDA_CONV=$mode"
     EDGETRAIN_CUDA_CONV=$mode timeout 120 "$B/bench_cuda_conv" --reps 10 --filter "${CONV_FILTER:-}"
   done 2>&1 | tee "$OUT/conv.log" | grep -E '^(EDGETRAIN|total)'
+fi
+
+if has torch; then
+  stamp "PyTorch's training step on the same GPU (bench/torch_step_cuda.py: FP32, TF32 off)"
+  timeout 180 python3 bench/torch_step_cuda.py --models resnet20,resnet18,vgg16_bn >"$OUT/torch.log" 2>&1
+  grep -v '^{' "$OUT/torch.log"
 fi
 
 if has train; then
