@@ -1,8 +1,8 @@
 // The CUDA backend (issue 13): the Backend kernel table on one GPU. FP32 training: convolution
 // (im2col + cuBLAS SGEMM or cuDNN, measured per shape; grouped and depthwise by direct kernels),
-// linear (cuBLAS), batch norm, ReLU
-// writing its bitmap, add, dropout (the CPU's counter-based mask), pooling, option-A shortcuts,
-// softmax cross-entropy, SGD and the divergence checks; the stash through the CUDA codec.
+// linear (cuBLAS), batch norm, ReLU writing its bitmap, add, dropout (the CPU's counter-based
+// mask), pooling, option-A shortcuts, softmax cross-entropy, SGD and the divergence checks; the
+// stash through the CUDA codec.
 // Not yet: fused stacks and 4-bit training (the config refuses them on CUDA). C++14.
 #pragma once
 #include <memory>
