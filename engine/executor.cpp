@@ -13,14 +13,12 @@ using Clock = std::chrono::steady_clock;
 
 namespace {
 // A timed profile's clock: after the backend's queued work, so an op's time is its own on a GPU.
-Clock::time_point tick(bool timing, et::Backend& backend) {
+Clock::time_point tick(bool timing, Backend& backend) {
   if (!timing) return {};
   backend.synchronize();
   return Clock::now();
 }
-}  // namespace
 
-namespace {
 uint64_t mix64(uint64_t x) {  // splitmix64 finaliser
   x += 0x9E3779B97F4A7C15ull;
   x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;

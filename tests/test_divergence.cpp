@@ -13,6 +13,7 @@
 #include <limits>
 
 #include "engine/train/optimizer.h"
+#include "tests/fit_helper.h"
 #include "tests/synthetic_data.h"
 #include "engine/train/trainer.h"
 
@@ -243,17 +244,8 @@ TEST_CASE("fit with rollback: a quantized layer that diverges is raised to FP32,
     ++injected;
     ex.value(ex.graph().find_value("layer1.0.conv2.weight")).f32()[5] = std::numeric_limits<float>::quiet_NaN();
   });
-  const std::filesystem::path dir =
-      std::filesystem::temp_directory_path() / ("edgetrain_raise_" + std::to_string(::getpid()));
-  std::filesystem::remove_all(dir);
-  std::filesystem::create_directories(dir);
-  std::FILE* null = std::fopen("/dev/null", "w");
-  Progress quiet(null);
-  t.fit(dir.string(), false, quiet);
-  std::fclose(null);
-  std::vector<json> m;
-  std::ifstream in(dir / "metrics.jsonl");
-  for (std::string line; std::getline(in, line);) m.push_back(json::parse(line));
+  std::filesystem::path dir;  // kept: its checkpoint is read below
+  const std::vector<json> m = test::fit_quietly(t, "raise", &dir);
   CHECK(injected == 1);
   CHECK(reached == 2);
   // epoch 1, the rollback, epoch 2 again

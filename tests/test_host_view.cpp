@@ -15,6 +15,7 @@
 #include "engine/train/checkpoint.h"
 #include "engine/train/optimizer.h"
 #include "engine/train/trainer.h"
+#include "tests/fit_helper.h"
 #include "tests/synthetic_data.h"
 
 using namespace et;
@@ -199,32 +200,16 @@ TEST_CASE("the stash encodes and decodes through its backend's codec", "[host][s
 
 namespace {
 
-// Each epoch's train loss, test loss and accuracy, as metrics.jsonl writes them; `copies`: the
-// backend's copies from the host, where it is a StagedCpu.
+// Each epoch's train loss, test loss and accuracy; `copies`: the backend's copies from the host,
+// where it is a StagedCpu. 24 training images (3 steps an epoch), 10 test images: evaluation
+// batches of 8 and 2, so each epoch after the first starts after a forward of 2 images.
 std::vector<std::string> fit_lines(std::unique_ptr<Backend> backend, const std::string& tag, int* copies = nullptr) {
-  const Config c = parse_config({{"model", {{"name", "resnet8"}}},
-                                 {"data", {{"format", "cifar10_binary"}, {"root", "x"}}},
-                                 {"train", {{"epochs", 3}, {"batch_size", 8}, {"lr", 0.05}, {"threads", 2}}},
-                                 {"fusion", {{"enabled", false}}}},
-                                "<test>");
-  // 24 training images (3 steps an epoch), 10 test images: evaluation batches of 8 and 2, so each
-  // epoch after the first starts after a forward of 2 images.
-  Trainer t(c, test::synthetic_dataset(24, 1), test::synthetic_dataset(10, 2), std::move(backend));
-  const fs::path dir = fs::temp_directory_path() / ("edgetrain_staged_fit_" + tag + "_" + std::to_string(::getpid()));
-  fs::remove_all(dir);
-  fs::create_directories(dir);
-  std::FILE* null = std::fopen("/dev/null", "w");
-  Progress quiet(null);
-  t.fit(dir.string(), false, quiet);
-  std::fclose(null);
-  if (copies) *copies = dynamic_cast<StagedCpu&>(t.executor().backend()).from_host;
+  Trainer t(test::small_fit_config(3), test::synthetic_dataset(24, 1), test::synthetic_dataset(10, 2),
+            std::move(backend));
   std::vector<std::string> lines;
-  std::ifstream in(dir / "metrics.jsonl");
-  for (std::string line; std::getline(in, line);) {
-    nlohmann::json j = nlohmann::json::parse(line);
+  for (const nlohmann::json& j : test::fit_quietly(t, "staged_" + tag))
     lines.push_back(j["train_loss"].dump() + " " + j["test_loss"].dump() + " " + j["test_acc"].dump());
-  }
-  fs::remove_all(dir);
+  if (copies) *copies = dynamic_cast<StagedCpu&>(t.executor().backend()).from_host;
   return lines;
 }
 

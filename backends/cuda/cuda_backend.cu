@@ -283,29 +283,36 @@ void CudaBackend::softmax_xent_backward(const Tensor& logits, const Tensor& labe
   cuda::launched("softmax_xent_backward");
 }
 
-bool CudaBackend::sgd_step(Tensor& param, const Tensor& grad, Tensor& momentum_buf, float lr, float momentum,
-                           float weight_decay, bool nesterov, bool first_step) {
-  unsigned long long* bad = counter();
+namespace {
+// One SGD kernel over a parameter, counting its non-finite results into `bad`.
+void launch_sgd(Tensor& param, const Tensor& grad, Tensor& momentum_buf, float lr, float momentum, float weight_decay,
+                bool nesterov, bool first_step, unsigned long long* bad) {
   sgd_kernel<<<blocks_for(param.numel()), kThreads>>>(param.f32(), grad.f32(), momentum_buf.f32(), param.numel(), lr,
                                                       momentum, weight_decay, nesterov, first_step, bad);
   cuda::launched("sgd_step");
+}
+}  // namespace
+
+bool CudaBackend::sgd_step(Tensor& param, const Tensor& grad, Tensor& momentum_buf, float lr, float momentum,
+                           float weight_decay, bool nesterov, bool first_step) {
+  launch_sgd(param, grad, momentum_buf, lr, momentum, weight_decay, nesterov, first_step, counter());
   return read_counter() == 0;
 }
 
 // scratch_ [32, 40): the non-finite count of the deferred steps since the last sgd_finite().
+unsigned long long* CudaBackend::deferred_sgd_count() {
+  return reinterpret_cast<unsigned long long*>(static_cast<char*>(scratch_) + 32);
+}
+
 void CudaBackend::sgd_step_deferred(Tensor& param, const Tensor& grad, Tensor& momentum_buf, float lr, float momentum,
                                     float weight_decay, bool nesterov, bool first_step) {
-  auto* bad = reinterpret_cast<unsigned long long*>(static_cast<char*>(scratch_) + 32);
-  sgd_kernel<<<blocks_for(param.numel()), kThreads>>>(param.f32(), grad.f32(), momentum_buf.f32(), param.numel(), lr,
-                                                      momentum, weight_decay, nesterov, first_step, bad);
-  cuda::launched("sgd_step");
+  launch_sgd(param, grad, momentum_buf, lr, momentum, weight_decay, nesterov, first_step, deferred_sgd_count());
 }
 
 bool CudaBackend::sgd_finite() {
-  char* bad = static_cast<char*>(scratch_) + 32;
   unsigned long long v = 0;
-  cuda::check(cudaMemcpy(&v, bad, sizeof(v), cudaMemcpyDeviceToHost), "cudaMemcpy");
-  cuda::check(cudaMemsetAsync(bad, 0, sizeof(v)), "cudaMemsetAsync");
+  cuda::check(cudaMemcpy(&v, deferred_sgd_count(), sizeof(v), cudaMemcpyDeviceToHost), "cudaMemcpy");
+  cuda::check(cudaMemsetAsync(deferred_sgd_count(), 0, sizeof(v)), "cudaMemsetAsync");
   return v == 0;
 }
 

@@ -130,6 +130,7 @@ class CudaBackend final : public Backend {
   // A device counter for reductions that come back to the host (zeroed before each use).
   unsigned long long* counter();
   int64_t read_counter();
+  unsigned long long* deferred_sgd_count();  // sgd_step_deferred's, read and zeroed by sgd_finite
 
   int device_;
   std::unique_ptr<DeviceMemory> memory_;

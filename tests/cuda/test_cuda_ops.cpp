@@ -47,6 +47,7 @@ struct Both {
     dev = Tensor::contiguous(dptr, s, dtype, Device::CUDA);
   }
   ~Both() { cudaFree(dptr); }
+  Tensor& on(bool device) { return device ? dev : cpu; }
   Both(const Both&) = delete;
   std::vector<float> device_values() const {
     std::vector<float> out(host.size());
@@ -306,8 +307,8 @@ TEST_CASE("cuda: softmax cross-entropy and SGD equal the CPU's", "[cuda]") {
   Both q({300}, 84), h({300}, 85), n({300}, 86);
   for (Backend* be : {b.cpu.get(), b.dev.get()}) {
     const bool dev = be == b.dev.get();
-    be->sgd_step_deferred(dev ? p.dev : p.cpu, dev ? g.dev : g.cpu, dev ? m.dev : m.cpu, 0.1f, 0.9f, 5e-4f, true, false);
-    be->sgd_step_deferred(dev ? q.dev : q.cpu, dev ? h.dev : h.cpu, dev ? n.dev : n.cpu, 0.1f, 0.9f, 5e-4f, true, true);
+    be->sgd_step_deferred(p.on(dev), g.on(dev), m.on(dev), 0.1f, 0.9f, 5e-4f, true, false);
+    be->sgd_step_deferred(q.on(dev), h.on(dev), n.on(dev), 0.1f, 0.9f, 5e-4f, true, true);
     CHECK(be->sgd_finite());
   }
   CHECK(max_rel(p.device_values(), p.host) < 1e-6);
@@ -317,10 +318,10 @@ TEST_CASE("cuda: softmax cross-entropy and SGD equal the CPU's", "[cuda]") {
   REQUIRE(cudaMemcpy(h.dptr, h.host.data(), h.host.size() * 4, cudaMemcpyHostToDevice) == cudaSuccess);
   for (Backend* be : {b.cpu.get(), b.dev.get()}) {
     const bool dev = be == b.dev.get();
-    be->sgd_step_deferred(dev ? q.dev : q.cpu, dev ? h.dev : h.cpu, dev ? n.dev : n.cpu, 0.1f, 0.9f, 5e-4f, false, false);
-    be->sgd_step_deferred(dev ? p.dev : p.cpu, dev ? g.dev : g.cpu, dev ? m.dev : m.cpu, 0.1f, 0.9f, 5e-4f, false, false);
+    be->sgd_step_deferred(q.on(dev), h.on(dev), n.on(dev), 0.1f, 0.9f, 5e-4f, false, false);
+    be->sgd_step_deferred(p.on(dev), g.on(dev), m.on(dev), 0.1f, 0.9f, 5e-4f, false, false);
     CHECK_FALSE(be->sgd_finite());  // the NaN gradient of the first of the two
-    be->sgd_step_deferred(dev ? p.dev : p.cpu, dev ? g.dev : g.cpu, dev ? m.dev : m.cpu, 0.1f, 0.9f, 5e-4f, false, false);
+    be->sgd_step_deferred(p.on(dev), g.on(dev), m.on(dev), 0.1f, 0.9f, 5e-4f, false, false);
     CHECK(be->sgd_finite());  // a fresh answer: the count started over
   }
 }

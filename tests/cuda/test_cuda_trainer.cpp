@@ -4,16 +4,12 @@
 // host view sized for the short one, and crashed in epoch 2).
 #include <catch2/catch.hpp>
 
-#include <unistd.h>
-
 #include <cmath>
-#include <cstdio>
-#include <filesystem>
-#include <fstream>
 #include <string>
 #include <vector>
 
 #include "engine/train/trainer.h"
+#include "tests/fit_helper.h"
 #include "tests/synthetic_data.h"
 
 using namespace et;
@@ -21,28 +17,10 @@ using nlohmann::json;
 
 namespace {
 
+// 24 training images (3 steps an epoch), 10 test images: batches of 8 and 2.
 std::vector<json> fit_metrics(const std::string& device) {
-  const Config c = parse_config({{"model", {{"name", "resnet8"}}},
-                                 {"data", {{"format", "cifar10_binary"}, {"root", "x"}}},
-                                 {"train", {{"epochs", 3}, {"batch_size", 8}, {"lr", 0.05}, {"threads", 2},
-                                            {"device", device}}},
-                                 {"fusion", {{"enabled", false}}}},
-                                "<test>");
-  // 24 training images (3 steps an epoch), 10 test images: batches of 8 and 2.
-  Trainer t(c, test::synthetic_dataset(24, 1), test::synthetic_dataset(10, 2));
-  const std::filesystem::path dir =
-      std::filesystem::temp_directory_path() / ("edgetrain_cuda_fit_" + device + "_" + std::to_string(::getpid()));
-  std::filesystem::remove_all(dir);
-  std::filesystem::create_directories(dir);
-  std::FILE* null = std::fopen("/dev/null", "w");
-  Progress quiet(null);
-  t.fit(dir.string(), false, quiet);
-  std::fclose(null);
-  std::vector<json> m;
-  std::ifstream in(dir / "metrics.jsonl");
-  for (std::string line; std::getline(in, line);) m.push_back(json::parse(line));
-  std::filesystem::remove_all(dir);
-  return m;
+  Trainer t(test::small_fit_config(3, device), test::synthetic_dataset(24, 1), test::synthetic_dataset(10, 2));
+  return test::fit_quietly(t, "cuda_" + device);
 }
 
 }  // namespace
