@@ -1,11 +1,8 @@
 #!/usr/bin/env bash
 # Issue 13's checks on a GPU machine, as one prepared run (the `device` tool lends one for minutes,
-# so nothing is built there). Prepare here:
-#   cmake -S . -B build-cuda -G Ninja -DCMAKE_BUILD_TYPE=Release -DEDGETRAIN_CUDA=ON \
-#     -DEDGETRAIN_ONNX=OFF -DEDGETRAIN_PORTABLE=ON -DCMAKE_CUDA_ARCHITECTURES=90 && ninja -C build-cuda
-#   mkdir -p gpu && cp build-cuda/edgetrain build-cuda/tests/edgetrain_tests build-cuda/tests/edgetrain_cuda_tests \
-#     build-cuda/bench_cuda_conv gpu/ && (cd ../shared/data/cifar10 && tar czf - train test) > gpu/cifar.tgz
-# (gpu/ is in .git/info/exclude; the JPEG copy is 20 MB as a .tgz), then run there, carrying gpu/:
+# so nothing is built there). Prepare here with scripts/gpu_prepare.sh (builds build-cuda: portable
+# x86, sm_90; copies the binaries and a 20 MB .tgz of the JPEG CIFAR-10 into gpu/, which
+# .git/info/exclude ignores), then run there, carrying gpu/:
 #   STEPS="tests bench train suite" bash scripts/gpu_check.sh gpu   (also: profile, badinput, conv, torch)
 # Each step has its own time limit and writes its log to $OUT; a step that fails does not stop the
 # next. The CPU suite runs there sharded by test case (the machine has 16 cores).
@@ -20,6 +17,7 @@ t0=$(date +%s)
 stamp() { echo "== [$(( $(date +%s) - t0 )) s] $*"; }
 
 stamp "machine"
+cat "$B/BUILD_INFO" 2>/dev/null
 nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv
 nproc
 # The CUDA libraries the binaries link (cuBLAS, the runtime): the toolkit's, else PyTorch's wheels.
@@ -93,13 +91,17 @@ if has torch; then
 fi
 
 if has train; then
-  stamp "train resnet20 (short recipe, $EPOCHS epochs) on CUDA"
-  rm -rf /tmp/run_cuda
-  timeout "${TRAIN_S:-300}" "$B/edgetrain" train --config configs/resnet20_cifar10_short.json --out /tmp/run_cuda \
-    --set train.epochs="$EPOCHS" --set train.device=cuda --set data.root="$data" >"$OUT/train.log" 2>&1
-  echo "exit $?" >>"$OUT/train.log"
-  tail -n 12 "$OUT/train.log"
-  cp /tmp/run_cuda/metrics.jsonl "$OUT/train_metrics.jsonl" 2>/dev/null
+  # SEEDS: one run per train.seed (several, to tell a real accuracy gap from the spread of seeds).
+  for seed in ${SEEDS:-1}; do
+    stamp "train resnet20 (short recipe, $EPOCHS epochs, seed $seed) on CUDA"
+    rm -rf /tmp/run_cuda
+    timeout "${TRAIN_S:-300}" "$B/edgetrain" train --config configs/resnet20_cifar10_short.json --out /tmp/run_cuda \
+      --set train.epochs="$EPOCHS" --set train.seed="$seed" --set train.device=cuda --set data.root="$data" \
+      >"$OUT/train_seed$seed.log" 2>&1
+    echo "exit $?" >>"$OUT/train_seed$seed.log"
+    grep -E '^epoch [0-9]+/[0-9]+:|^exit|rror' "$OUT/train_seed$seed.log"
+    cp /tmp/run_cuda/metrics.jsonl "$OUT/train_seed${seed}_metrics.jsonl" 2>/dev/null
+  done
 fi
 
 if has suite; then
