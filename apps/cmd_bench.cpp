@@ -14,6 +14,7 @@
 #include "engine/executor.h"
 #include "engine/host_view.h"
 #include "engine/init.h"
+#include "engine/step_replay.h"
 #include "engine/train/divergence.h"
 #include "engine/train/optimizer.h"
 #include "engine/train/trainer.h"
@@ -103,13 +104,20 @@ int cmd_bench_step(const BenchStepArgs& a) {
   // a training step's time; with --profile the gradient check is timed on its own (guard_ms).
   bool diverged = false;
   double guard_s = 0;
+  // train.cuda_graph: the trainer's recorded step (a profile times each op, so it runs op by op).
+  StepReplay replay(ex, cfg.train.cuda_graph && !a.profile);
   auto step = [&](int64_t s) {
     ex.set_step_seed(uint64_t(s));
     uss.begin_step();  // the peak over the whole step (memory/uss.h)
-    ex.forward(n, true);
-    uss.phase();
-    diverged |= check_loss(ex.loss(), cfg.train.divergence_loss) != DivergenceCause::None;
-    ex.backward();
+    if (replay.try_step(n)) {
+      uss.phase();
+      diverged |= check_loss(ex.loss(), cfg.train.divergence_loss) != DivergenceCause::None;
+    } else {
+      ex.forward(n, true);
+      uss.phase();
+      diverged |= check_loss(ex.loss(), cfg.train.divergence_loss) != DivergenceCause::None;
+      ex.backward();
+    }
     uss.phase();
     if (a.profile) backend->synchronize();  // the backward's queued work is not the guard's
     const auto t0 = a.profile ? Clock::now() : Clock::time_point{};
@@ -146,6 +154,9 @@ int cmd_bench_step(const BenchStepArgs& a) {
                   cfg.quant.forward.c_str(), cfg.quant.backward.c_str(), q, 100.0 * q / median);
     }
   }
+  if (cfg.train.cuda_graph)
+    std::printf("train.cuda_graph: %s\n", replay.replaying() ? "the timed steps replayed a recorded CUDA graph"
+                                                              : ("op by op: " + replay.why_not()).c_str());
   if (diverged) std::printf("note: the synthetic steps diverged (the divergence guard would have stopped training)\n");
   const MemoryReport& m = ex.memory();
   std::printf("%s batch %lld, %d threads: median step %.2f ms (min %.2f, max %.2f) over %d steps, loss %.4f\n",
@@ -173,6 +184,7 @@ int cmd_bench_step(const BenchStepArgs& a) {
             {"uss_method", uss_method_name(uss.method())},
             {"arena_mb", m.total / 1048576.0},
             {"stash", cfg.memory.stash},
+            {"cuda_graph", replay.replaying()},
             {"stash_peak_mb", double(ex.stash().peak_bytes()) / 1048576.0},
             {"stash_region_peak_mb", double(ex.stash().region_peak_bytes()) / 1048576.0},
             {"stash_dense_mb", double(m.stash_dense_bytes) / 1048576.0},

@@ -27,8 +27,8 @@ namespace {
 
 // Keys a resumed run may change: the number of epochs (extend a run), the thread count (bit-exact
 // reproduction needs the same count, the training itself is the same), the device (a checkpoint
-// holds host values: a run moves between devices), the data root (the run
-// moved to another machine), the fusion section (fused and unfused training are bit-identical)
+// holds host values: a run moves between devices) and the CUDA graph (the same numbers), the data
+// root (the run moved to another machine), the fusion section (fused and unfused training are bit-identical)
 // and the divergence guard's (they decide only what happens once a step has diverged: a run
 // stopped by the guard continues with on_divergence = rollback; a rollback's lower learning rate
 // is in the checkpoint, not in these keys). Older runs' config.json lack the guard's and the
@@ -37,6 +37,7 @@ bool resumable_key(const std::string& key) {
   static const char* const keys[] = {"train.epochs",
                                      "train.threads",
                                      "train.device",
+                                     "train.cuda_graph",
                                      "data.root",
                                      "fusion",
                                      "train.on_divergence",

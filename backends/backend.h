@@ -62,6 +62,17 @@ class Backend {
   // Waits until the work issued so far has run (a GPU's kernels run after their calls return): a
   // timed profile (Executor::set_timing) calls it around each op, so each op's time is its own.
   virtual void synchronize() {}
+  // A training step recorded once and replayed (engine/step_replay.h; CUDA graphs: one launch for
+  // the hundreds of a step). Between begin_capture() and end_capture() the work issued is recorded,
+  // not run; end_capture() returns "" or why the record failed (the work then did not run either).
+  // replay() runs the record with its addresses and arguments; a host check the recorded work
+  // deferred (CUDA: the loss's label check) fails there. A backend that cannot record says so in
+  // capture_unsupported() (the CPU: nothing to save, its ops run as they are called).
+  virtual std::string capture_unsupported() const { return "the " + name() + " backend records no steps"; }
+  virtual void begin_capture() { ET_CHECK(false, "begin_capture: ", capture_unsupported()); }
+  virtual std::string end_capture() { return capture_unsupported(); }
+  virtual void replay() { ET_CHECK(false, "replay: ", capture_unsupported()); }
+  virtual void drop_capture() {}
 
   // ---- memory helpers
   virtual void fill(Tensor& t, float value) = 0;

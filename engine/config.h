@@ -51,6 +51,9 @@ struct TrainConfig {
   int threads = 0;  // 0 = all cores
   // Where the step runs: "cpu", "cuda" (device 0) or "cuda:N" (backends/backend.h make_backend).
   std::string device = "cpu";
+  // CUDA: record the step's forward and backward once and replay them (engine/step_replay.h),
+  // where the model and stash allow; the run says when they do not.
+  bool cuda_graph = false;
   ScheduleConfig schedule;
   // Divergence guard (engine/train/divergence.h). A step diverged when its loss is non-finite or
   // above divergence_loss (default 100 x the loss of a uniform prediction, 100 ln(num_classes);

@@ -113,6 +113,7 @@ void parse_train(ObjectReader& top, Config& c) {
   t.get("seed", tr.seed);
   t.get("threads", tr.threads);
   t.get("device", tr.device);
+  t.get("cuda_graph", tr.cuda_graph);
   tr.divergence_loss = float(100.0 * std::log(double(c.model.num_classes)));  // see TrainConfig
   t.get("divergence_loss", tr.divergence_loss);
   t.get("on_divergence", tr.on_divergence);
@@ -144,6 +145,8 @@ void parse_train(ObjectReader& top, Config& c) {
                           tr.device.find_first_not_of("0123456789", 5) == std::string::npos;
   require(tr.device == "cpu" || tr.device == "cuda" || cuda_index, t, "device", tr.device,
           "must be \"cpu\", \"cuda\" or \"cuda:N\" (N: the device index)");
+  require(!tr.cuda_graph || tr.device != "cpu", t, "cuda_graph", tr.cuda_graph,
+          "records the step as a CUDA graph: it needs train.device = \"cuda\"");
   require(std::isfinite(tr.divergence_loss) && tr.divergence_loss > 0.f, t, "divergence_loss", tr.divergence_loss,
           "must be finite and > 0 (the loss above which a step counts as diverged)");
   require(tr.on_divergence == "stop" || tr.on_divergence == "rollback", t, "on_divergence", tr.on_divergence,

@@ -88,6 +88,13 @@ void Executor::forward(int64_t batch, bool training) {
   }
 }
 
+void Executor::replayed(int64_t batch) {
+  ET_CHECK(batch > 0 && batch <= graph_.batch_size(), "batch ", batch, " outside 1..", graph_.batch_size());
+  batch_ = batch;
+  training_ = true;
+  restore_views();
+}
+
 // An op threw mid-step (a quantizer's NonFiniteError): views may still point at recompute buffers
 // or into the stash. Puts every view back as planned, so the next step (a divergence guard's
 // re-run, a rollback) starts clean. Never on the normal path.

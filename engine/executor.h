@@ -84,6 +84,9 @@ class Executor {
   // Runs the forward pass for the first `batch` samples of the inputs (batch <= graph batch size).
   void forward(int64_t batch, bool training);
   void backward();
+  // After the backend replayed a recorded training step of `batch` (engine/step_replay.h): the
+  // views take that batch again, as after forward(batch, true) and backward().
+  void replayed(int64_t batch);
 
   Tensor value(int id) const;  // current view (batch applied)
   Tensor grad(int id) const;

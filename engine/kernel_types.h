@@ -32,6 +32,9 @@ struct MaskOut {
   uint64_t* bits = nullptr;
   float prune_threshold = 0.f;
   int64_t kept = -1;
+  // The producer wrote the bitmap but not its count (a recorded step cannot read one back,
+  // engine/step_replay.h): only for a mask stored alone, whose size does not depend on it.
+  bool uncounted = false;
   void* values = nullptr;
   bool values_f16 = false;
   bool values_written = false;

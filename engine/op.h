@@ -55,6 +55,9 @@ class Op {
   virtual ~Op() = default;
   virtual const char* type() const = 0;
   virtual OpClass op_class() const = 0;
+  // Its kernels take the step's seed (OpContext::seed), so a replayed step (engine/step_replay.h)
+  // would draw the recorded step's numbers again.
+  virtual bool draws_random() const { return false; }
   // Activations this op reads again in backward (params and aux values are always available).
   virtual std::vector<SaveSpec> saves() const { return {}; }
   // Whether save `s` is read by the gradients wanted (input_wants_grad[i] for node input i): a conv

@@ -34,6 +34,7 @@ class DropoutOp final : public Op {
   explicit DropoutOp(float p) : p_(p) {}
   const char* type() const override { return "dropout"; }
   OpClass op_class() const override { return OpClass::Elementwise; }
+  bool draws_random() const override { return p_ > 0.f; }
   OutputZeros output_zeros() const override { return p_ > 0.f ? OutputZeros::Many : OutputZeros::AsInput0; }
   bool output_nonnegative(bool in) const override { return in; }
   OpAttributes attributes() const override {

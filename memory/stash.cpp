@@ -74,6 +74,7 @@ MaskOut Stash::mask_target(int value_id, int64_t numel) const {
 
 void Stash::push(int value_id, const Tensor& t, const MaskOut& written, const Tensor& codes) {
   int64_t bits_kept = written.kept;
+  ET_CHECK(!written.uncounted || !info(value_id)->full, "value ", value_id, ": only a mask may come uncounted");
   const SavedValue& s = *info(value_id);
   const StashFormatInfo& format = stash_format_info(s.format);
   Entry& e = entries_[size_t(value_id)];
@@ -109,7 +110,9 @@ void Stash::push(int value_id, const Tensor& t, const MaskOut& written, const Te
     }
     void* dst = at(e.encoding_offset);
     if (enc == StashEncoding::Mask) {  // exact: pruning concerns stored values, a mask has none
-      e.nonzero = bits_kept >= 0 ? bits_kept : codec_->make_bits(x, n, 0.f, static_cast<uint64_t*>(dst));
+      e.nonzero = bits_kept >= 0     ? bits_kept
+                  : written.uncounted ? -1  // written, not counted: a recorded step
+                                      : codec_->make_bits(x, n, 0.f, static_cast<uint64_t*>(dst));
     } else if (stash_encoding_info(enc).codes) {
       ET_CHECK(codes.numel() == n && (codes.dtype == DType::I4 || codes.dtype == DType::U4) && bits_kept < 0,
                "value ", value_id, " (bitmap_int4) pushed without its codes");

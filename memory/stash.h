@@ -8,7 +8,7 @@
 // store: memory/stash_format.h. The executor applies a global bitmap format / auto only to values with zeros by construction
 // (ReLU outputs...); others keep the dense format of the same precision (executor_plan.cpp).
 // A value only ever read as a mask (a ReLU output nobody else saves) is stored as its bitmap
-// alone in every format but dense_fp32; the ReLU backward reads that bitmap as its mask.
+// alone in every format; the ReLU backward reads that bitmap as its mask.
 // bitmap_int4 stores the INT4 codes a quantized layer computed from the value (pushed with them)
 // behind the value's bitmap, which a mask reads too; those codes are only read as stored.
 // Activation pruning (prune_threshold > 0) is a property of the stored values only: a mask is

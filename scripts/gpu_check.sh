@@ -42,16 +42,16 @@ if has tests; then
 fi
 
 if has bench; then
-  stamp "bench step on CUDA (batch 128)"
-  for model in resnet20 resnet18 vgg16_bn; do
-    for stash in dense_fp32 bitmap_fp32 bitmap_fp16 dense_bf16; do
+  stamp "bench step on CUDA (batch 128); dense formats also with train.cuda_graph"
+  for model in ${BENCH_MODELS:-resnet20 resnet18 vgg16_bn mobilenetv2}; do
+    for run in dense_fp32 dense_fp32+graph bitmap_fp32 bitmap_fp16 dense_bf16 dense_bf16+graph; do
+      stash=${run%+graph}
+      graph=false; [ "$run" != "$stash" ] && graph=true
       timeout 90 "$B/edgetrain" bench step --config "configs/${model}_cifar10.json" --steps "${BENCH_STEPS:-20}" \
-        --warmup 3 --set train.device=cuda --set fusion.enabled=false --set memory.stash=$stash 2>&1 |
-        grep -E 'median step|arena|error|Error' | sed "s/^/$model $stash: /"
+        --warmup 3 --set train.device=cuda --set fusion.enabled=false --set memory.stash=$stash \
+        --set train.cuda_graph=$graph 2>&1 | grep -E 'median step|cuda_graph:|error|Error' | sed "s/^/$model $run: /"
     done
   done 2>&1 | tee "$OUT/bench.log"
-  timeout 60 "$B/edgetrain" bench step --config configs/resnet20_cifar10.json --steps 20 --warmup 3 --profile \
-    --set train.device=cuda --set fusion.enabled=false >"$OUT/bench_profile.log" 2>&1
   timeout 60 "$B/edgetrain" memprofile --config configs/resnet20_cifar10.json --synthetic --out /tmp/mp \
     --set train.device=cuda --set fusion.enabled=false --set memory.stash=bitmap_fp32 >"$OUT/memprofile.log" 2>&1
 fi
@@ -97,9 +97,9 @@ if has train; then
     rm -rf /tmp/run_cuda
     timeout "${TRAIN_S:-300}" "$B/edgetrain" train --config configs/resnet20_cifar10_short.json --out /tmp/run_cuda \
       --set train.epochs="$EPOCHS" --set train.seed="$seed" --set train.device=cuda --set data.root="$data" \
-      >"$OUT/train_seed$seed.log" 2>&1
+      ${TRAIN_SETS:-} >"$OUT/train_seed$seed.log" 2>&1
     echo "exit $?" >>"$OUT/train_seed$seed.log"
-    grep -E '^epoch [0-9]+/[0-9]+:|^exit|rror' "$OUT/train_seed$seed.log"
+    grep -E '^epoch [0-9]+/[0-9]+:|^exit|rror|cuda_graph' "$OUT/train_seed$seed.log"
     cp /tmp/run_cuda/metrics.jsonl "$OUT/train_seed${seed}_metrics.jsonl" 2>/dev/null
   done
 fi

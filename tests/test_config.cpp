@@ -128,6 +128,13 @@ TEST_CASE("train.device selects the backend, and one this build lacks is an erro
       CHECK(make_backend(c.train.device)->device() == Device::CUDA);
 #endif
   }
+  // train.cuda_graph records a CUDA graph: on the CPU it is an error naming the key.
+  j["train"]["device"] = "cpu";
+  j["train"]["cuda_graph"] = true;
+  CHECK_THROWS_WITH(parse_config(j, "t.json"), Catch::Contains("train.cuda_graph") && Catch::Contains("cuda"));
+  j["train"]["device"] = "cuda";
+  CHECK(parse_config(j, "t.json").train.cuda_graph);
+  j["train"].erase("cuda_graph");
   // What the CUDA backend does not run yet names its key.
   j["train"]["device"] = "cuda";
   j["fusion"] = {{"enabled", true}};

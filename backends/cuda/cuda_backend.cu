@@ -152,27 +152,43 @@ __global__ void sgd_kernel(float* p, const float* gr, float* b, int64_t n, float
 
 CudaBackend::CudaBackend(int device) : device_(device) {
   memory_ = make_cuda_memory(device);  // validates the index
-  codec_ = make_cuda_stash_codec(device);
+  cuda::check(cudaStreamCreate(&stream_), "cudaStreamCreate");
+  codec_ = make_cuda_stash_codec(device, stream_);
   cuda::check(cublasCreate(&blas_), "cublasCreate");
+  cuda::check(cublasSetStream(blas_, stream_), "cublasSetStream");
+#if CUDART_VERSION >= 11000
+  // cuBLAS's workspace, owned here: a recorded step cannot allocate one (4 MiB, 32 on Hopper and
+  // later, as NVIDIA recommends).
+  int major = 0;
+  cuda::check(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device), "cudaDeviceGetAttribute");
+  blas_workspace_bytes_ = size_t(major >= 9 ? 32 : 4) << 20;
+  cuda::check(cudaMalloc(&blas_workspace_, blas_workspace_bytes_), "cudaMalloc (cuBLAS workspace)");
+  cuda::check(cublasSetWorkspace(blas_, blas_workspace_, blas_workspace_bytes_), "cublasSetWorkspace");
+#endif
   // The CPU's FP32 arithmetic: no TF32 tensor-core rounding in the GEMMs.
   cuda::check(cublasSetMathMode(blas_, CUBLAS_DEFAULT_MATH), "cublasSetMathMode");
   cuda::check(cudaMalloc(&scratch_, 64), "cudaMalloc");
   cuda::check(cudaMemset(scratch_, 0, 64), "cudaMemset");  // the deferred SGD count starts at 0
-  cudnn_ = cuda::make_cudnn_convs();
+  cudnn_ = cuda::make_cudnn_convs(stream_);
 }
 
 CudaBackend::~CudaBackend() {
+  drop_capture();
+  cudnn_.reset();  // before the stream they use
+  codec_.reset();
+  if (blas_) cublasDestroy(blas_);
+  cudaFree(blas_workspace_);
   cudaFree(xent_rows_);
   cudaFree(bn_scratch_);
   cudaFree(scratch_);
-  if (blas_) cublasDestroy(blas_);
+  if (stream_) cudaStreamDestroy(stream_);
 }
 
 std::string CudaBackend::name() const { return "cuda:" + std::to_string(device_) + " (" + cuda_device_description(device_) + ")"; }
 
 unsigned long long* CudaBackend::counter() {
   auto* c = static_cast<unsigned long long*>(scratch_);
-  cuda::check(cudaMemsetAsync(c, 0, sizeof(*c)), "cudaMemsetAsync");
+  cuda::check(cudaMemsetAsync(c, 0, sizeof(*c), stream_), "cudaMemsetAsync");
   return c;
 }
 
@@ -202,26 +218,26 @@ void CudaBackend::free_staging(void* p) { cudaFreeHost(p); }
 
 void CudaBackend::copy_from_host_async(const void* src, Tensor& dst) {
   ET_CHECK(dst.is_contiguous());
-  cuda::check(cudaMemcpyAsync(dst.data, src, dst.nbytes(), cudaMemcpyHostToDevice), "cudaMemcpyAsync from the host");
+  cuda::check(cudaMemcpyAsync(dst.data, src, dst.nbytes(), cudaMemcpyHostToDevice, stream_), "cudaMemcpyAsync from the host");
 }
 
 void CudaBackend::synchronize() { cuda::check(cudaDeviceSynchronize(), "cudaDeviceSynchronize"); }
 
 void CudaBackend::fill(Tensor& t, float value) {
   ET_CHECK(t.is_contiguous());
-  fill_kernel<<<blocks_for(t.numel()), kThreads>>>(t.f32(), t.numel(), value);
+  fill_kernel<<<blocks_for(t.numel()), kThreads, 0, stream_>>>(t.f32(), t.numel(), value);
   cuda::launched("fill");
 }
 
 void CudaBackend::copy(const Tensor& src, Tensor& dst) {
   ET_CHECK(src.nbytes() == dst.nbytes() && src.is_contiguous() && dst.is_contiguous());
-  cuda::check(cudaMemcpyAsync(dst.data, src.data, src.nbytes(), cudaMemcpyDeviceToDevice), "cudaMemcpyAsync");
+  cuda::check(cudaMemcpyAsync(dst.data, src.data, src.nbytes(), cudaMemcpyDeviceToDevice, stream_), "cudaMemcpyAsync");
 }
 
 bool CudaBackend::all_finite(const std::vector<Tensor>& tensors) {
   unsigned long long* bad = counter();
   for (const Tensor& t : tensors)
-    if (t.numel() > 0) count_nonfinite_kernel<<<blocks_for(t.numel()), kThreads>>>(t.f32(), t.numel(), bad);
+    if (t.numel() > 0) count_nonfinite_kernel<<<blocks_for(t.numel()), kThreads, 0, stream_>>>(t.f32(), t.numel(), bad);
   cuda::launched("all_finite");
   return read_counter() == 0;
 }
@@ -232,8 +248,8 @@ TensorStats CudaBackend::tensor_stats(const Tensor& x) {
   if (x.numel() == 0) return out;
   // scratch_: [0, 8) the non-finite count, [8, 24) the two sums, [24, 28) the max's bits
   char* s = static_cast<char*>(scratch_);
-  cuda::check(cudaMemsetAsync(s, 0, 32), "cudaMemsetAsync");
-  stats_kernel<<<blocks_for(x.numel()), kThreads>>>(x.f32(), x.numel(), true, reinterpret_cast<double*>(s + 8),
+  cuda::check(cudaMemsetAsync(s, 0, 32, stream_), "cudaMemsetAsync");
+  stats_kernel<<<blocks_for(x.numel()), kThreads, 0, stream_>>>(x.f32(), x.numel(), true, reinterpret_cast<double*>(s + 8),
                                                     reinterpret_cast<unsigned int*>(s + 24),
                                                     reinterpret_cast<unsigned long long*>(s));
   cuda::launched("tensor_stats");
@@ -260,34 +276,36 @@ TensorStats CudaBackend::tensor_max_abs(const Tensor& x) {
 
 void CudaBackend::softmax_xent_forward(const Tensor& logits, const Tensor& labels, float smoothing, Tensor& loss) {
   const int64_t N = logits.dim(0), K = logits.dim(1);
-  unsigned long long* bad = counter();
-  label_check_kernel<<<unsigned((N + kThreads - 1) / kThreads), kThreads>>>(labels.i32(), N, K, bad);
+  // A recorded step cannot read back: its count waits for replay().
+  unsigned long long* bad = capturing_ ? label_errors() : counter();
+  if (capturing_) cuda::check(cudaMemsetAsync(bad, 0, sizeof(*bad), stream_), "cudaMemsetAsync");
+  label_check_kernel<<<unsigned((N + kThreads - 1) / kThreads), kThreads, 0, stream_>>>(labels.i32(), N, K, bad);
   cuda::launched("label check");
-  ET_CHECK(read_counter() == 0, "a label outside 0..", K - 1);
+  if (!capturing_) ET_CHECK(read_counter() == 0, "a label outside 0..", K - 1);
   if (N > xent_rows_capacity_) {  // per-sample losses, summed in the CPU's order; grows in the first step only
     cudaFree(xent_rows_);
     xent_rows_ = nullptr;
     cuda::check(cudaMalloc(reinterpret_cast<void**>(&xent_rows_), size_t(N) * 8), "cudaMalloc");
     xent_rows_capacity_ = N;
   }
-  xent_forward_kernel<<<unsigned(N), 32>>>(logits.f32(), labels.i32(), K, smoothing, xent_rows_);
-  xent_mean_kernel<<<1, 32>>>(xent_rows_, N, loss.f32());
+  xent_forward_kernel<<<unsigned(N), 32, 0, stream_>>>(logits.f32(), labels.i32(), K, smoothing, xent_rows_);
+  xent_mean_kernel<<<1, 32, 0, stream_>>>(xent_rows_, N, loss.f32());
   cuda::launched("softmax_xent_forward");
 }
 
 void CudaBackend::softmax_xent_backward(const Tensor& logits, const Tensor& labels, float smoothing, float dloss,
                                         Tensor& dlogits, bool accumulate) {
   const int64_t N = logits.dim(0), K = logits.dim(1);
-  xent_backward_kernel<<<unsigned((N + 127) / 128), 128>>>(logits.f32(), labels.i32(), N, K, smoothing,
+  xent_backward_kernel<<<unsigned((N + 127) / 128), 128, 0, stream_>>>(logits.f32(), labels.i32(), N, K, smoothing,
                                                            dloss / float(N), dlogits.f32(), accumulate);
   cuda::launched("softmax_xent_backward");
 }
 
 namespace {
 // One SGD kernel over a parameter, counting its non-finite results into `bad`.
-void launch_sgd(Tensor& param, const Tensor& grad, Tensor& momentum_buf, float lr, float momentum, float weight_decay,
-                bool nesterov, bool first_step, unsigned long long* bad) {
-  sgd_kernel<<<blocks_for(param.numel()), kThreads>>>(param.f32(), grad.f32(), momentum_buf.f32(), param.numel(), lr,
+void launch_sgd(cudaStream_t stream, Tensor& param, const Tensor& grad, Tensor& momentum_buf, float lr, float momentum,
+                float weight_decay, bool nesterov, bool first_step, unsigned long long* bad) {
+  sgd_kernel<<<blocks_for(param.numel()), kThreads, 0, stream>>>(param.f32(), grad.f32(), momentum_buf.f32(), param.numel(), lr,
                                                       momentum, weight_decay, nesterov, first_step, bad);
   cuda::launched("sgd_step");
 }
@@ -295,7 +313,7 @@ void launch_sgd(Tensor& param, const Tensor& grad, Tensor& momentum_buf, float l
 
 bool CudaBackend::sgd_step(Tensor& param, const Tensor& grad, Tensor& momentum_buf, float lr, float momentum,
                            float weight_decay, bool nesterov, bool first_step) {
-  launch_sgd(param, grad, momentum_buf, lr, momentum, weight_decay, nesterov, first_step, counter());
+  launch_sgd(stream_, param, grad, momentum_buf, lr, momentum, weight_decay, nesterov, first_step, counter());
   return read_counter() == 0;
 }
 
@@ -306,14 +324,69 @@ unsigned long long* CudaBackend::deferred_sgd_count() {
 
 void CudaBackend::sgd_step_deferred(Tensor& param, const Tensor& grad, Tensor& momentum_buf, float lr, float momentum,
                                     float weight_decay, bool nesterov, bool first_step) {
-  launch_sgd(param, grad, momentum_buf, lr, momentum, weight_decay, nesterov, first_step, deferred_sgd_count());
+  launch_sgd(stream_, param, grad, momentum_buf, lr, momentum, weight_decay, nesterov, first_step, deferred_sgd_count());
 }
 
 bool CudaBackend::sgd_finite() {
   unsigned long long v = 0;
   cuda::check(cudaMemcpy(&v, deferred_sgd_count(), sizeof(v), cudaMemcpyDeviceToHost), "cudaMemcpy");
-  cuda::check(cudaMemsetAsync(deferred_sgd_count(), 0, sizeof(v)), "cudaMemsetAsync");
+  cuda::check(cudaMemsetAsync(deferred_sgd_count(), 0, sizeof(v), stream_), "cudaMemsetAsync");
   return v == 0;
+}
+
+// scratch_ [40, 48): the label check's count in a recorded step.
+unsigned long long* CudaBackend::label_errors() {
+  return reinterpret_cast<unsigned long long*>(static_cast<char*>(scratch_) + 40);
+}
+
+void CudaBackend::begin_capture() {
+  ET_CHECK(!capturing_, "begin_capture: already recording");
+  drop_capture();
+  // Thread-local: a synchronising call of this thread during the record fails it (end_capture
+  // says which), instead of running out of order.
+  cuda::check(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal), "cudaStreamBeginCapture");
+  capturing_ = true;
+}
+
+std::string CudaBackend::end_capture() {
+  ET_CHECK(capturing_, "end_capture without begin_capture");
+  capturing_ = false;
+  cudaGraph_t g = nullptr;
+  const cudaError_t e = cudaStreamEndCapture(stream_, &g);
+  if (e != cudaSuccess || g == nullptr) {
+    (void)cudaGetLastError();  // not sticky: the stream and context go on
+    if (g) cudaGraphDestroy(g);
+    return std::string("recording the step failed: ") + cudaGetErrorString(e);
+  }
+  cudaGraphExec_t x = nullptr;
+#if CUDART_VERSION >= 12000
+  const cudaError_t ie = cudaGraphInstantiate(&x, g, 0);
+#else
+  const cudaError_t ie = cudaGraphInstantiate(&x, g, nullptr, nullptr, 0);
+#endif
+  if (ie != cudaSuccess) {
+    (void)cudaGetLastError();
+    cudaGraphDestroy(g);
+    return std::string("instantiating the recorded step failed: ") + cudaGetErrorString(ie);
+  }
+  graph_ = g;
+  graph_exec_ = x;
+  return "";
+}
+
+void CudaBackend::replay() {
+  ET_CHECK(graph_exec_ != nullptr, "replay: no step recorded");
+  cuda::check(cudaGraphLaunch(graph_exec_, stream_), "cudaGraphLaunch");
+  unsigned long long bad = 0;
+  cuda::check(cudaMemcpy(&bad, label_errors(), sizeof(bad), cudaMemcpyDeviceToHost), "cudaMemcpy");
+  ET_CHECK(bad == 0, "a label outside the model's classes");
+}
+
+void CudaBackend::drop_capture() {
+  if (graph_exec_) cudaGraphExecDestroy(graph_exec_);
+  if (graph_) cudaGraphDestroy(graph_);
+  graph_exec_ = nullptr;
+  graph_ = nullptr;
 }
 
 // ---- not on CUDA yet: check_device_support (engine/config_sections.cpp) refuses the configs

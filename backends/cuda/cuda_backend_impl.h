@@ -1,6 +1,8 @@
 // CudaBackend's declaration and the helpers its kernel files share (backends/cuda/*.cu).
-// Kernels run on the default stream in issue order; a call that returns a host value (a count,
-// a finiteness flag) synchronises. C++14.
+// Kernels, cuBLAS, cuDNN and the stash codec run in issue order on the backend's stream (stream_),
+// which a training step can be recorded on (CUDA graphs: begin_capture / replay). It is a blocking
+// stream, so the synchronous copies of a call that returns a host value (a count, a finiteness
+// flag) wait for its work. C++14.
 #pragma once
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
@@ -126,18 +128,32 @@ class CudaBackend final : public Backend {
                          float weight_decay, bool nesterov, bool first_step) override;
   bool sgd_finite() override;
 
+  std::string capture_unsupported() const override { return ""; }
+  void begin_capture() override;
+  std::string end_capture() override;
+  void replay() override;
+  void drop_capture() override;
+
  private:
   // A device counter for reductions that come back to the host (zeroed before each use).
   unsigned long long* counter();
   int64_t read_counter();
   unsigned long long* deferred_sgd_count();  // sgd_step_deferred's, read and zeroed by sgd_finite
+  unsigned long long* label_errors();        // a recorded step's label check, read by replay()
 
   int device_;
+  cudaStream_t stream_ = nullptr;
+  bool capturing_ = false;                 // between begin_capture and end_capture
+  cudaGraph_t graph_ = nullptr;            // the recorded step
+  cudaGraphExec_t graph_exec_ = nullptr;   // ... instantiated
   std::unique_ptr<DeviceMemory> memory_;
   std::unique_ptr<StashCodec> codec_;
   cublasHandle_t blas_ = nullptr;
+  void* blas_workspace_ = nullptr;
+  size_t blas_workspace_bytes_ = 0;
   std::unique_ptr<cuda::CudnnConvs> cudnn_;  // null: im2col only (cuda_conv_cudnn.h)
-  void* scratch_ = nullptr;  // 64 bytes: the counter, a few reduction results, the deferred SGD count
+  // 64 bytes: the counter, a few reduction results, the deferred SGD count, the recorded label check
+  void* scratch_ = nullptr;
   double* xent_rows_ = nullptr;
   int64_t xent_rows_capacity_ = 0;
   // Batch norm's per-block partial sums and per-channel coefficients (cuda_batchnorm.cu); grows in

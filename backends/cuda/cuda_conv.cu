@@ -179,14 +179,22 @@ __global__ void linear_bias_grad_kernel(const float* dy, int64_t N, int64_t O, f
 }
 
 // ---- the im2col + SGEMM passes (groups == 1); `ws` holds conv2d_workspace_bytes of the pass.
+// Their kernels go on the cuBLAS handle's stream (the backend's).
+cudaStream_t stream_of(cublasHandle_t blas) {
+  cudaStream_t s = nullptr;
+  cuda::check(cublasGetStream(blas, &s), "cublasGetStream");
+  return s;
+}
+
 void im2col_forward(cublasHandle_t blas, const Conv2dGeom& g, const float* x, const float* w, float* y, Workspace ws) {
+  const cudaStream_t stream = stream_of(blas);
   const Geom gg = geom_of(g);
   const int64_t PQ = g.P * g.Q, CRS = g.C * g.R * g.S, chunk = chunk_images(g, ConvPass::Forward);
   float* col = static_cast<float*>(ws.data);
   const float one = 1.f, zero = 0.f;
   for (int64_t n0 = 0; n0 < g.N; n0 += chunk) {
     const int64_t nb = g.N - n0 < chunk ? g.N - n0 : chunk;
-    im2col_kernel<<<blocks_for(nb * CRS * PQ), kThreads>>>(gg, x + n0 * g.C * g.H * g.W, nb, col);
+    im2col_kernel<<<blocks_for(nb * CRS * PQ), kThreads, 0, stream>>>(gg, x + n0 * g.C * g.H * g.W, nb, col);
     cuda::launched("im2col");
     // Y_b^T (PQ x K) = col_b^T (PQ x CRS) W^T (CRS x K)
     cuda::check(cublasSgemmStridedBatched(blas, CUBLAS_OP_N, CUBLAS_OP_N, int(PQ), int(g.K), int(CRS), &one, col,
@@ -198,6 +206,7 @@ void im2col_forward(cublasHandle_t blas, const Conv2dGeom& g, const float* x, co
 
 void im2col_backward_data(cublasHandle_t blas, const Conv2dGeom& g, const float* dy, const float* w, float* dx,
                           bool accumulate, Workspace ws) {
+  const cudaStream_t stream = stream_of(blas);
   const Geom gg = geom_of(g);
   const int64_t PQ = g.P * g.Q, CRS = g.C * g.R * g.S, chunk = chunk_images(g, ConvPass::BackwardData);
   float* col = static_cast<float*>(ws.data);
@@ -209,13 +218,14 @@ void im2col_backward_data(cublasHandle_t blas, const Conv2dGeom& g, const float*
                                           dy + n0 * g.K * PQ, int(PQ), g.K * PQ, w, int(CRS), 0, &zero, col, int(PQ),
                                           CRS * PQ, int(nb)),
                 "conv2d_backward_data sgemm");
-    col2im_kernel<<<blocks_for(nb * g.C * g.H * g.W), kThreads>>>(gg, col, nb, dx + n0 * g.C * g.H * g.W, accumulate);
+    col2im_kernel<<<blocks_for(nb * g.C * g.H * g.W), kThreads, 0, stream>>>(gg, col, nb, dx + n0 * g.C * g.H * g.W, accumulate);
     cuda::launched("col2im");
   }
 }
 
 void im2col_backward_weight(cublasHandle_t blas, const Conv2dGeom& g, const float* x, const float* dy, float* dw,
                             bool accumulate, Workspace ws) {
+  const cudaStream_t stream = stream_of(blas);
   const Geom gg = geom_of(g);
   const int64_t PQ = g.P * g.Q, CRS = g.C * g.R * g.S, chunk = chunk_images(g, ConvPass::BackwardWeight);
   float* col = static_cast<float*>(ws.data);
@@ -223,9 +233,9 @@ void im2col_backward_weight(cublasHandle_t blas, const Conv2dGeom& g, const floa
   const float one = 1.f, zero = 0.f;
   for (int64_t n0 = 0; n0 < g.N; n0 += chunk) {
     const int64_t nb = g.N - n0 < chunk ? g.N - n0 : chunk, L = nb * PQ;
-    im2col_rows_kernel<<<blocks_for(CRS * L), kThreads>>>(gg, x + n0 * g.C * g.H * g.W, nb, col);
+    im2col_rows_kernel<<<blocks_for(CRS * L), kThreads, 0, stream>>>(gg, x + n0 * g.C * g.H * g.W, nb, col);
     cuda::launched("im2col (rows)");
-    dy_rows_kernel<<<blocks_for(g.K * L), kThreads>>>(dy + n0 * g.K * PQ, nb, g.K, PQ, dyt);
+    dy_rows_kernel<<<blocks_for(g.K * L), kThreads, 0, stream>>>(dy + n0 * g.K * PQ, nb, g.K, PQ, dyt);
     cuda::launched("dy rows");
     // dW^T (CRS x K) (+)= col (CRS x L) dyt^T (L x K)
     const bool overwrite = !accumulate && n0 == 0;
@@ -240,8 +250,8 @@ void im2col_backward_weight(cublasHandle_t blas, const Conv2dGeom& g, const floa
 // first step only), so an accumulating pass's real output is untouched. `im2col` runs the im2col
 // pass into a given output, without accumulating.
 template <class Im2col>
-int conv_path(cuda::CudnnConvs* dnn, const Conv2dGeom& g, ConvPass pass, const float* a, const float* b,
-              int64_t out_floats, Workspace ws, Im2col&& im2col) {
+int conv_path(cuda::CudnnConvs* dnn, cudaStream_t stream, const Conv2dGeom& g, ConvPass pass, const float* a,
+              const float* b, int64_t out_floats, Workspace ws, Im2col&& im2col) {
   if (!dnn || g.groups != 1) return cuda::CudnnConvs::kIm2col;
   const int known = dnn->choice(g, pass);
   if (known != cuda::CudnnConvs::kUnmeasured) return known;
@@ -252,9 +262,9 @@ int conv_path(cuda::CudnnConvs* dnn, const Conv2dGeom& g, ConvPass pass, const f
   cuda::check(cudaEventCreate(&t1), "cudaEventCreate");
   float best = 1e30f;
   for (int rep = 0; rep < 3; ++rep) {
-    cuda::check(cudaEventRecord(t0), "cudaEventRecord");
+    cuda::check(cudaEventRecord(t0, stream), "cudaEventRecord");
     im2col(scratch);
-    cuda::check(cudaEventRecord(t1), "cudaEventRecord");
+    cuda::check(cudaEventRecord(t1, stream), "cudaEventRecord");
     cuda::check(cudaEventSynchronize(t1), "cudaEventSynchronize");
     float ms = 0.f;
     cuda::check(cudaEventElapsedTime(&ms, t0, t1), "cudaEventElapsedTime");
@@ -276,18 +286,18 @@ size_t CudaBackend::conv2d_workspace_bytes(const Conv2dGeom& g, ConvPass pass) c
 void CudaBackend::conv2d_forward(const Conv2dGeom& g, const Tensor& x, const Tensor& w, const Tensor& b, Tensor& y,
                                  Workspace ws) {
   if (g.groups != 1) {
-    grouped_forward_kernel<<<blocks_for(y.numel()), kThreads>>>(geom_of(g), x.f32(), w.f32(),
+    grouped_forward_kernel<<<blocks_for(y.numel()), kThreads, 0, stream_>>>(geom_of(g), x.f32(), w.f32(),
                                                                 b.defined() ? b.f32() : nullptr, g.N, y.f32());
     cuda::launched("conv2d_forward (grouped)");
     return;
   }
   ET_CHECK(ws.bytes >= conv2d_workspace_bytes(g, ConvPass::Forward), "conv2d_forward: workspace");
-  const int path = conv_path(cudnn_.get(), g, ConvPass::Forward, x.f32(), w.f32(), y.numel(), ws,
+  const int path = conv_path(cudnn_.get(), stream_, g, ConvPass::Forward, x.f32(), w.f32(), y.numel(), ws,
                              [&](float* out) { im2col_forward(blas_, g, x.f32(), w.f32(), out, ws); });
   if (path >= 0) cudnn_->run(g, ConvPass::Forward, path, x.f32(), w.f32(), y.f32(), false, ws);
   else im2col_forward(blas_, g, x.f32(), w.f32(), y.f32(), ws);
   if (b.defined()) {
-    add_bias_kernel<<<blocks_for(y.numel()), kThreads>>>(y.f32(), b.f32(), y.numel(), g.K, g.P * g.Q);
+    add_bias_kernel<<<blocks_for(y.numel()), kThreads, 0, stream_>>>(y.f32(), b.f32(), y.numel(), g.K, g.P * g.Q);
     cuda::launched("conv bias");
   }
 }
@@ -295,13 +305,13 @@ void CudaBackend::conv2d_forward(const Conv2dGeom& g, const Tensor& x, const Ten
 void CudaBackend::conv2d_backward_data(const Conv2dGeom& g, const Tensor& dy, const Tensor& w, Tensor& dx,
                                        bool accumulate, Workspace ws) {
   if (g.groups != 1) {
-    grouped_backward_data_kernel<<<blocks_for(dx.numel()), kThreads>>>(geom_of(g), dy.f32(), w.f32(), g.N, dx.f32(),
+    grouped_backward_data_kernel<<<blocks_for(dx.numel()), kThreads, 0, stream_>>>(geom_of(g), dy.f32(), w.f32(), g.N, dx.f32(),
                                                                         accumulate);
     cuda::launched("conv2d_backward_data (grouped)");
     return;
   }
   ET_CHECK(ws.bytes >= conv2d_workspace_bytes(g, ConvPass::BackwardData), "conv2d_backward_data: workspace");
-  const int path = conv_path(cudnn_.get(), g, ConvPass::BackwardData, dy.f32(), w.f32(), dx.numel(), ws,
+  const int path = conv_path(cudnn_.get(), stream_, g, ConvPass::BackwardData, dy.f32(), w.f32(), dx.numel(), ws,
                              [&](float* out) { im2col_backward_data(blas_, g, dy.f32(), w.f32(), out, false, ws); });
   if (path >= 0) cudnn_->run(g, ConvPass::BackwardData, path, dy.f32(), w.f32(), dx.f32(), accumulate, ws);
   else im2col_backward_data(blas_, g, dy.f32(), w.f32(), dx.f32(), accumulate, ws);
@@ -310,17 +320,17 @@ void CudaBackend::conv2d_backward_data(const Conv2dGeom& g, const Tensor& dy, co
 void CudaBackend::conv2d_backward_weight(const Conv2dGeom& g, const Tensor& x, const Tensor& dy, Tensor& dw,
                                          Tensor& db, bool accumulate, Workspace ws) {
   if (db.defined()) {
-    bias_grad_kernel<<<unsigned(g.K), kThreads>>>(dy.f32(), g.N, g.K, g.P * g.Q, db.f32(), accumulate);
+    bias_grad_kernel<<<unsigned(g.K), kThreads, 0, stream_>>>(dy.f32(), g.N, g.K, g.P * g.Q, db.f32(), accumulate);
     cuda::launched("conv bias gradient");
   }
   if (g.groups != 1) {
-    grouped_backward_weight_kernel<<<unsigned(dw.numel()), kThreads>>>(geom_of(g), x.f32(), dy.f32(), g.N, dw.f32(),
+    grouped_backward_weight_kernel<<<unsigned(dw.numel()), kThreads, 0, stream_>>>(geom_of(g), x.f32(), dy.f32(), g.N, dw.f32(),
                                                                         accumulate);
     cuda::launched("conv2d_backward_weight (grouped)");
     return;
   }
   ET_CHECK(ws.bytes >= conv2d_workspace_bytes(g, ConvPass::BackwardWeight), "conv2d_backward_weight: workspace");
-  const int path = conv_path(cudnn_.get(), g, ConvPass::BackwardWeight, x.f32(), dy.f32(), dw.numel(), ws,
+  const int path = conv_path(cudnn_.get(), stream_, g, ConvPass::BackwardWeight, x.f32(), dy.f32(), dw.numel(), ws,
                              [&](float* out) { im2col_backward_weight(blas_, g, x.f32(), dy.f32(), out, false, ws); });
   if (path >= 0) cudnn_->run(g, ConvPass::BackwardWeight, path, x.f32(), dy.f32(), dw.f32(), accumulate, ws);
   else im2col_backward_weight(blas_, g, x.f32(), dy.f32(), dw.f32(), accumulate, ws);
@@ -334,7 +344,7 @@ void CudaBackend::linear_forward(const Tensor& x, const Tensor& w, const Tensor&
                           int(I), &zero, y.f32(), int(O)),
               "linear_forward sgemm");
   if (b.defined()) {
-    linear_bias_kernel<<<blocks_for(N * O), kThreads>>>(y.f32(), b.f32(), N * O, O);
+    linear_bias_kernel<<<blocks_for(N * O), kThreads, 0, stream_>>>(y.f32(), b.f32(), N * O, O);
     cuda::launched("linear bias");
   }
 }
@@ -356,7 +366,7 @@ void CudaBackend::linear_backward_weight(const Tensor& x, const Tensor& dy, Tens
                           int(O), accumulate ? &one : &zero, dw.f32(), int(I)),
               "linear_backward_weight sgemm");
   if (db.defined()) {
-    linear_bias_grad_kernel<<<blocks_for(O), kThreads>>>(dy.f32(), N, O, db.f32(), accumulate);
+    linear_bias_grad_kernel<<<blocks_for(O), kThreads, 0, stream_>>>(dy.f32(), N, O, db.f32(), accumulate);
     cuda::launched("linear bias gradient");
   }
 }

@@ -22,7 +22,7 @@ namespace cuda {
 
 #if !defined(EDGETRAIN_WITH_CUDNN)
 
-std::unique_ptr<CudnnConvs> make_cudnn_convs() { return nullptr; }
+std::unique_ptr<CudnnConvs> make_cudnn_convs(CUstream_st*) { return nullptr; }
 
 #else
 
@@ -63,7 +63,7 @@ int candidates(const Perf* perf, int returned, size_t ws_bytes, int* out, int ma
 
 class CudnnConvsImpl final : public CudnnConvs {
  public:
-  CudnnConvsImpl(cudnnHandle_t h, bool always) : h_(h), always_(always) {}
+  CudnnConvsImpl(cudnnHandle_t h, cudaStream_t stream, bool always) : h_(h), stream_(stream), always_(always) {}
   ~CudnnConvsImpl() override {
     for (auto& kv : entries_) {
       cudnnDestroyTensorDescriptor(kv.second.x);
@@ -92,9 +92,9 @@ class CudnnConvsImpl final : public CudnnConvs {
     for (int i = 0; i < n; ++i) {
       float ms = 1e30f;
       for (int rep = 0; rep < 3; ++rep) {  // the first includes cuDNN's own first-call set-up
-        cuda::check(cudaEventRecord(t0), "cudaEventRecord");
+        cuda::check(cudaEventRecord(t0, stream_), "cudaEventRecord");
         launch(e, pass, algos[i], a, b, out, false, ws);
-        cuda::check(cudaEventRecord(t1), "cudaEventRecord");
+        cuda::check(cudaEventRecord(t1, stream_), "cudaEventRecord");
         cuda::check(cudaEventSynchronize(t1), "cudaEventSynchronize");
         float t = 0.f;
         cuda::check(cudaEventElapsedTime(&t, t0, t1), "cudaEventElapsedTime");
@@ -182,13 +182,14 @@ class CudnnConvsImpl final : public CudnnConvs {
   }
 
   cudnnHandle_t h_ = nullptr;
+  cudaStream_t stream_;  // the backend's: cuDNN's work and the measurement's events
   bool always_;
   std::map<Key, Entry> entries_;
 };
 
 }  // namespace
 
-std::unique_ptr<CudnnConvs> make_cudnn_convs() {
+std::unique_ptr<CudnnConvs> make_cudnn_convs(CUstream_st* stream) {
   const char* env = std::getenv("EDGETRAIN_CUDA_CONV");
   const std::string mode = env ? env : "auto";
   if (mode != "auto" && mode != "im2col" && mode != "cudnn")
@@ -201,7 +202,8 @@ std::unique_ptr<CudnnConvs> make_cudnn_convs() {
                  cudnnGetErrorString(st));
     return nullptr;
   }
-  return std::unique_ptr<CudnnConvs>(new CudnnConvsImpl(h, mode == "cudnn"));
+  check_dnn(cudnnSetStream(h, stream), "cudnnSetStream");
+  return std::unique_ptr<CudnnConvs>(new CudnnConvsImpl(h, stream, mode == "cudnn"));
 }
 
 #endif

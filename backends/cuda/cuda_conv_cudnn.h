@@ -8,6 +8,8 @@
 
 #include "backends/backend.h"
 
+struct CUstream_st;  // cudaStream_t without the runtime header
+
 namespace et {
 namespace cuda {
 
@@ -31,7 +33,8 @@ class CudnnConvs {
 // nullptr where the build has no cuDNN (EDGETRAIN_WITH_CUDNN) or EDGETRAIN_CUDA_CONV=im2col asks
 // for the im2col path alone (EDGETRAIN_CUDA_CONV=cudnn: the fastest cuDNN candidate wherever one
 // fits, whatever im2col's time; for tests and A/B runs).
-std::unique_ptr<CudnnConvs> make_cudnn_convs();
+// Its work goes on `stream` (a cudaStream_t; nullptr: the legacy default stream).
+std::unique_ptr<CudnnConvs> make_cudnn_convs(CUstream_st* stream = nullptr);
 
 }  // namespace cuda
 }  // namespace et

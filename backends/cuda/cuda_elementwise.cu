@@ -79,7 +79,7 @@ __global__ void dropout_kernel(const float* x, float p, float scale, uint64_t se
 void CudaBackend::relu_forward(const Tensor& x, Tensor& y, MaskOut* mask) {
   const int64_t n = x.numel();
   if (!mask) {
-    relu_kernel<<<blocks_for(n), kThreads>>>(x.f32(), y.f32(), n);
+    relu_kernel<<<blocks_for(n), kThreads, 0, stream_>>>(x.f32(), y.f32(), n);
     cuda::launched("relu_forward");
     return;
   }
@@ -87,51 +87,56 @@ void CudaBackend::relu_forward(const Tensor& x, Tensor& y, MaskOut* mask) {
   const uint32_t threshold = bitmap::keep_threshold_bits(mask->prune_threshold);
   const int64_t words32 = (n + 63) / 64 * 2;
   unsigned long long* kept = counter();
-  relu_mask_kernel<<<blocks_for(words32 * 32), 256>>>(x.f32(), y.f32(), n, threshold,
+  relu_mask_kernel<<<blocks_for(words32 * 32), 256, 0, stream_>>>(x.f32(), y.f32(), n, threshold,
                                                       reinterpret_cast<uint32_t*>(mask->bits), words32, kept);
   cuda::launched("relu_forward (mask)");
-  mask->kept = read_counter();
+  if (!capturing_) {
+    mask->kept = read_counter();
+  } else {  // a recorded step cannot read back: a mask stored alone needs no count
+    if (mask->values) user_error("relu_forward: a bitmap with values needs its count, which a recorded step cannot read");
+    mask->uncounted = true;
+  }
 }
 
 void CudaBackend::relu_backward(const Tensor& dy, const MaskView& mask, Tensor& dx, bool accumulate) {
   const int64_t n = dy.numel();
   if (mask.bits)
-    relu_backward_bits_kernel<<<blocks_for(n), kThreads>>>(dy.f32(), reinterpret_cast<const uint32_t*>(mask.bits),
+    relu_backward_bits_kernel<<<blocks_for(n), kThreads, 0, stream_>>>(dy.f32(), reinterpret_cast<const uint32_t*>(mask.bits),
                                                            dx.f32(), n, accumulate);
   else
-    relu_backward_dense_kernel<<<blocks_for(n), kThreads>>>(dy.f32(), mask.dense.f32(), dx.f32(), n, accumulate);
+    relu_backward_dense_kernel<<<blocks_for(n), kThreads, 0, stream_>>>(dy.f32(), mask.dense.f32(), dx.f32(), n, accumulate);
   cuda::launched("relu_backward");
 }
 
 void CudaBackend::zero_where_zero(const Tensor& ref, Tensor& y) {
   ET_CHECK(ref.numel() == y.numel() && ref.is_contiguous() && y.is_contiguous());
-  zero_where_zero_kernel<<<blocks_for(y.numel()), kThreads>>>(ref.f32(), y.f32(), y.numel());
+  zero_where_zero_kernel<<<blocks_for(y.numel()), kThreads, 0, stream_>>>(ref.f32(), y.f32(), y.numel());
   cuda::launched("zero_where_zero");
 }
 
 void CudaBackend::add_forward(const Tensor& a, const Tensor& b, Tensor& y) {
-  add_kernel<<<blocks_for(a.numel()), kThreads>>>(a.f32(), b.f32(), y.f32(), a.numel());
+  add_kernel<<<blocks_for(a.numel()), kThreads, 0, stream_>>>(a.f32(), b.f32(), y.f32(), a.numel());
   cuda::launched("add_forward");
 }
 
 void CudaBackend::accumulate_grad(const Tensor& src, Tensor& dst, bool accumulate) {
   if (!accumulate) {
     if (src.data != dst.data)
-      cuda::check(cudaMemcpyAsync(dst.data, src.data, size_t(src.numel()) * 4, cudaMemcpyDeviceToDevice),
+      cuda::check(cudaMemcpyAsync(dst.data, src.data, size_t(src.numel()) * 4, cudaMemcpyDeviceToDevice, stream_),
                   "cudaMemcpyAsync");
     return;
   }
-  accumulate_kernel<<<blocks_for(src.numel()), kThreads>>>(src.f32(), dst.f32(), src.numel());
+  accumulate_kernel<<<blocks_for(src.numel()), kThreads, 0, stream_>>>(src.f32(), dst.f32(), src.numel());
   cuda::launched("accumulate_grad");
 }
 
 void CudaBackend::dropout_forward(const Tensor& x, float p, uint64_t seed, Tensor& y) {
-  dropout_kernel<<<blocks_for(x.numel()), kThreads>>>(x.f32(), p, 1.f / (1.f - p), seed, y.f32(), x.numel(), false);
+  dropout_kernel<<<blocks_for(x.numel()), kThreads, 0, stream_>>>(x.f32(), p, 1.f / (1.f - p), seed, y.f32(), x.numel(), false);
   cuda::launched("dropout_forward");
 }
 
 void CudaBackend::dropout_backward(const Tensor& dy, float p, uint64_t seed, Tensor& dx, bool accumulate) {
-  dropout_kernel<<<blocks_for(dy.numel()), kThreads>>>(dy.f32(), p, 1.f / (1.f - p), seed, dx.f32(), dy.numel(),
+  dropout_kernel<<<blocks_for(dy.numel()), kThreads, 0, stream_>>>(dy.f32(), p, 1.f / (1.f - p), seed, dx.f32(), dy.numel(),
                                                        accumulate);
   cuda::launched("dropout_backward");
 }

@@ -202,7 +202,7 @@ __global__ void from_half_kernel(const uint16_t* x, int64_t n, bool bf16, float*
 
 class CudaStashCodec final : public StashCodec {
  public:
-  explicit CudaStashCodec(int device) : device_(device) {
+  CudaStashCodec(int device, cudaStream_t stream) : device_(device), stream_(stream) {
     check(cudaSetDevice(device_), "cudaSetDevice");
     check(cudaMalloc(reinterpret_cast<void**>(&total_), sizeof(unsigned long long)), "cudaMalloc");
   }
@@ -222,7 +222,7 @@ class CudaStashCodec final : public StashCodec {
     if (n <= 0) return;
     offsets_from_bits(bits, n);
     const int64_t chunks = num_chunks(n);
-    pack_values_kernel<<<grid_for(chunks), kChunk>>>(x, reinterpret_cast<const uint32_t*>(bits), num_words(n) * 2, n,
+    pack_values_kernel<<<grid_for(chunks), kChunk, 0, stream_>>>(x, reinterpret_cast<const uint32_t*>(bits), num_words(n) * 2, n,
                                                      offsets_, chunks, values, f16);
     check(cudaGetLastError(), "pack_values");
   }
@@ -230,8 +230,8 @@ class CudaStashCodec final : public StashCodec {
     if (n <= 0) return 0;
     const int64_t kept = bits_and_counts(x, n, prune_threshold, bits, true);
     const int64_t chunks = num_chunks(n);
-    exclusive_scan_kernel<<<1, kScanThreads>>>(counts_, chunks, offsets_);
-    pack_values_kernel<<<grid_for(chunks), kChunk>>>(x, reinterpret_cast<const uint32_t*>(bits), num_words(n) * 2, n,
+    exclusive_scan_kernel<<<1, kScanThreads, 0, stream_>>>(counts_, chunks, offsets_);
+    pack_values_kernel<<<grid_for(chunks), kChunk, 0, stream_>>>(x, reinterpret_cast<const uint32_t*>(bits), num_words(n) * 2, n,
                                                      offsets_, chunks, values, f16);
     check(cudaGetLastError(), "pack");
     return kept;
@@ -240,7 +240,7 @@ class CudaStashCodec final : public StashCodec {
     if (n <= 0) return;
     offsets_from_bits(bits, n);
     const int64_t chunks = num_chunks(n);
-    unpack_kernel<<<grid_for(chunks), kChunk>>>(reinterpret_cast<const uint32_t*>(bits), num_words(n) * 2, values, n,
+    unpack_kernel<<<grid_for(chunks), kChunk, 0, stream_>>>(reinterpret_cast<const uint32_t*>(bits), num_words(n) * 2, values, n,
                                                 offsets_, chunks, f16, y);
     check(cudaGetLastError(), "unpack");
   }
@@ -250,16 +250,16 @@ class CudaStashCodec final : public StashCodec {
   }
   void to_half(const float* x, int64_t n, bool bf16, uint16_t* out) override {
     if (n <= 0) return;
-    to_half_kernel<<<grid_for((n + kChunk - 1) / kChunk), kChunk>>>(x, n, bf16, out);
+    to_half_kernel<<<grid_for((n + kChunk - 1) / kChunk), kChunk, 0, stream_>>>(x, n, bf16, out);
     check(cudaGetLastError(), "to_half");
   }
   void from_half(const uint16_t* x, int64_t n, bool bf16, float* out) override {
     if (n <= 0) return;
-    from_half_kernel<<<grid_for((n + kChunk - 1) / kChunk), kChunk>>>(x, n, bf16, out);
+    from_half_kernel<<<grid_for((n + kChunk - 1) / kChunk), kChunk, 0, stream_>>>(x, n, bf16, out);
     check(cudaGetLastError(), "from_half");
   }
   void copy(void* dst, const void* src, size_t bytes) override {
-    check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice), "cudaMemcpyAsync");
+    check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, stream_), "cudaMemcpyAsync");
   }
 
  private:
@@ -270,8 +270,8 @@ class CudaStashCodec final : public StashCodec {
     const int64_t chunks = num_chunks(n);
     if (chunk_counts) reserve(chunks);
     const uint32_t threshold = bitmap::keep_threshold_bits(prune_threshold);
-    check(cudaMemsetAsync(total_, 0, sizeof(unsigned long long)), "cudaMemsetAsync");
-    make_bits_kernel<<<grid_for(chunks), kChunk>>>(x, n, threshold, reinterpret_cast<uint32_t*>(bits),
+    check(cudaMemsetAsync(total_, 0, sizeof(unsigned long long), stream_), "cudaMemsetAsync");
+    make_bits_kernel<<<grid_for(chunks), kChunk, 0, stream_>>>(x, n, threshold, reinterpret_cast<uint32_t*>(bits),
                                                    bits ? num_words(n) * 2 : 0, chunk_counts ? counts_ : nullptr,
                                                    chunks, total_);
     check(cudaGetLastError(), "make_bits");
@@ -282,9 +282,9 @@ class CudaStashCodec final : public StashCodec {
   void offsets_from_bits(const uint64_t* bits, int64_t n) {
     const int64_t chunks = num_chunks(n);
     reserve(chunks);
-    chunk_counts_kernel<<<unsigned((chunks + 255) / 256), 256>>>(reinterpret_cast<const uint32_t*>(bits),
+    chunk_counts_kernel<<<unsigned((chunks + 255) / 256), 256, 0, stream_>>>(reinterpret_cast<const uint32_t*>(bits),
                                                                  num_words(n) * 2, counts_, chunks);
-    exclusive_scan_kernel<<<1, kScanThreads>>>(counts_, chunks, offsets_);
+    exclusive_scan_kernel<<<1, kScanThreads, 0, stream_>>>(counts_, chunks, offsets_);
     check(cudaGetLastError(), "chunk offsets");
   }
   void reserve(int64_t chunks) {
@@ -298,6 +298,7 @@ class CudaStashCodec final : public StashCodec {
   }
 
   int device_;
+  cudaStream_t stream_;  // the backend's (nullptr: the legacy default stream)
   unsigned long long* total_ = nullptr;
   unsigned long long *counts_ = nullptr, *offsets_ = nullptr;
   int64_t capacity_ = 0;
@@ -305,9 +306,9 @@ class CudaStashCodec final : public StashCodec {
 
 }  // namespace
 
-std::unique_ptr<StashCodec> make_cuda_stash_codec(int device) {
+std::unique_ptr<StashCodec> make_cuda_stash_codec(int device, CUstream_st* stream) {
   make_cuda_memory(device);  // validates the index (UserError naming it)
-  return std::unique_ptr<StashCodec>(new CudaStashCodec(device));
+  return std::unique_ptr<StashCodec>(new CudaStashCodec(device, stream));
 }
 
 }  // namespace et

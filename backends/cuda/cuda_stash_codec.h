@@ -8,10 +8,13 @@
 
 #include "memory/stash_codec.h"
 
+struct CUstream_st;  // cudaStream_t without the runtime header
+
 namespace et {
 
-// For GPU `device`; its scratch (chunk counts and offsets) grows on first use and is then reused.
-// UserError naming the device if it does not exist.
-std::unique_ptr<StashCodec> make_cuda_stash_codec(int device);
+// For GPU `device`, its kernels on `stream` (a cudaStream_t; nullptr: the legacy default stream);
+// its scratch (chunk counts and offsets) grows on first use and is then reused. UserError naming
+// the device if it does not exist.
+std::unique_ptr<StashCodec> make_cuda_stash_codec(int device, CUstream_st* stream = nullptr);
 
 }  // namespace et

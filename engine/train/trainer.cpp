@@ -13,6 +13,7 @@
 #include "engine/data/loader.h"
 #include "engine/host_view.h"
 #include "engine/init.h"
+#include "engine/step_replay.h"
 #include "engine/train/curves.h"
 #include "engine/train/optimizer.h"
 #include "engine/train/schedule.h"
@@ -158,6 +159,7 @@ void Trainer::build(bool keep_train) {
     }
   }
   executor_ = std::make_unique<Executor>(graph_, *backend_, stash, cfg_.quant_options());
+  replay_ = std::make_unique<StepReplay>(*executor_, cfg_.train.cuda_graph);
   init_parameters(*executor_, cfg_.train.seed);
   if (!backend_->host_addressable()) {
     image_staging_ = std::make_unique<HostStaging>(*backend_, whole_batch(*executor_, graph_.image_input).nbytes());
@@ -199,14 +201,21 @@ bool Trainer::train_step(int64_t batch, float lr) {
   // end of the update, or, where it cannot be reset, samples after each phase.
   uss_.begin_step();
   try {
-    ex.forward(batch, true);
-    uss_.phase();
-    have_loss = true;
-    // Checked before the backward, so the parameters are still the step's and the guard can run
-    // it again to find where the first non-finite value appeared.
-    if (const DivergenceCause c = check_loss(ex.loss(), cfg_.train.divergence_loss); c != DivergenceCause::None)
-      return diverged(c, batch, nullptr, true, lr);
-    ex.backward();
+    if (replay_->try_step(batch)) {  // forward and backward replayed together (train.cuda_graph)
+      uss_.phase();
+      have_loss = true;
+      if (const DivergenceCause c = check_loss(ex.loss(), cfg_.train.divergence_loss); c != DivergenceCause::None)
+        return diverged(c, batch, nullptr, true, lr);
+    } else {
+      ex.forward(batch, true);
+      uss_.phase();
+      have_loss = true;
+      // Checked before the backward, so the parameters are still the step's and the guard can run
+      // it again to find where the first non-finite value appeared.
+      if (const DivergenceCause c = check_loss(ex.loss(), cfg_.train.divergence_loss); c != DivergenceCause::None)
+        return diverged(c, batch, nullptr, true, lr);
+      ex.backward();
+    }
     uss_.phase();
   } catch (const NonFiniteError& e) {  // a quantizer's input, weight or output gradient
     return diverged(DivergenceCause::NonFiniteValue, batch, &e, have_loss, lr);
@@ -256,8 +265,10 @@ bool Trainer::enter_phase(int epoch) {
     const HostView v(*backend_, t, HostView::Read);
     kept.insert(kept.end(), static_cast<const char*>(v.data()), static_cast<const char*>(v.data()) + t.nbytes());
   }
+  replay_.reset();
   executor_.reset();
   executor_ = std::make_unique<Executor>(graph_, *backend_, stash_options(fnt), quant_options(fnt));
+  replay_ = std::make_unique<StepReplay>(*executor_, cfg_.train.cuda_graph);
   const std::vector<Tensor> to = executor_->state_tensors();
   ET_CHECK(to.size() == sizes.size(), "state tensors ", to.size(), " vs ", sizes.size());
   size_t at = 0;
@@ -441,6 +452,9 @@ void Trainer::fit(const std::string& out_dir, bool resume, Progress& progress, i
                         executor_->memory().total / 1048576, " MB"));
     }
     EpochResult r = train_epoch(epoch, progress);
+    if (cfg_.train.cuda_graph && epoch == first)
+      progress.line(replay_->replaying() ? std::string("train.cuda_graph: the steps replay a recorded CUDA graph")
+                                         : "train.cuda_graph: the steps run op by op: " + replay_->why_not());
     if (r.diverged) {
       epoch = handle_divergence(epoch, out_dir, progress);  // throws, or rolls back
       continue;

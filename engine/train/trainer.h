@@ -20,6 +20,7 @@
 namespace et {
 
 class HostStaging;  // engine/host_view.h
+class StepReplay;   // engine/step_replay.h
 
 struct EpochResult {
   int epoch = 0;  // 1-based
@@ -112,6 +113,7 @@ class Trainer {
   // The input batch's host buffers where the host cannot address the backend's memory (next_batch).
   std::unique_ptr<HostStaging> image_staging_, label_staging_;
   std::unique_ptr<Executor> executor_;
+  std::unique_ptr<StepReplay> replay_;  // executor_'s steps recorded and replayed (train.cuda_graph)
   bool fnt_ = false;  // executor_ plans the FNT modes
   std::vector<std::string> planned_fp32_;  // ... and these layers raised to FP32
   // The executor's options for a phase: the config's (or the budget's plan), with the layers a

@@ -21,6 +21,7 @@
 #include "engine/executor.h"
 #include "engine/host_view.h"
 #include "engine/init.h"
+#include "engine/step_replay.h"
 #include "engine/train/checkpoint.h"
 #include "engine/train/optimizer.h"
 #include "models/models.h"
@@ -343,12 +344,15 @@ struct Run {
     ex = std::make_unique<Executor>(g, *be, so);
     init_parameters(*ex, 5);
   }
+  // The batch (pattern `k`: each step of a test may take its own) into the inputs.
+  void fill(int k = 0) {
+    const HostView x(*be, ex->value(g.image_input).with_batch(batch), HostView::Write),
+        y(*be, ex->value(g.label_input).with_batch(batch), HostView::Write);
+    for (int64_t i = 0; i < batch * 3 * 32 * 32; ++i) x.f32()[i] = float((i + k) * 7 % 23) / 11.f - 1.f;
+    for (int64_t i = 0; i < batch; ++i) y.i32()[i] = int32_t((i + k) * 3 % 10);
+  }
   void forward_backward() {
-    {
-      const HostView x(*be, ex->value(g.image_input), HostView::Write), y(*be, ex->value(g.label_input), HostView::Write);
-      for (int64_t i = 0; i < ex->value(g.image_input).numel(); ++i) x.f32()[i] = float(i * 7 % 23) / 11.f - 1.f;
-      for (int64_t i = 0; i < batch; ++i) y.i32()[i] = int32_t(i * 3 % 10);
-    }
+    fill();
     ex->forward(batch, true);
     ex->backward();
   }
@@ -429,6 +433,45 @@ TEST_CASE("cuda: resnet20, vgg16_bn and mobilenetv2 train as on the CPU for a fe
   CHECK(norm2 > 0);
   CHECK(std::sqrt(diff2) <= 0.05 * std::sqrt(norm2));
   for (int s = 0; s < 2; ++s) CHECK(std::isfinite(dev.step(s == 0)));
+}
+
+TEST_CASE("cuda: a replayed step (a CUDA graph) equals the step run op by op, bit for bit", "[cuda][replay]") {
+  // The same kernels with the same arguments on the same addresses: every loss and every byte of
+  // the state must match. Each step has its own batch and learning rate, which a replay must take
+  // (the inputs are copied in before it, the optimizer step runs after it); an evaluation batch
+  // between steps must not disturb it.
+  for (StashFormat f : {StashFormat::DenseF32, StashFormat::DenseBF16}) {
+    for (const char* model : {"resnet8", "mobilenetv2"}) {
+      INFO(stash_format_name(f) << " " << model);
+      StashOptions so;
+      so.format = f;
+      Run direct(make_cuda_backend(0), so, model, 16), rec(make_cuda_backend(0), so, model, 16);
+      REQUIRE(StepReplay::unsupported(*rec.ex) == "");
+      StepReplay replay(*rec.ex, true, 1);
+      for (int s = 0; s < 6; ++s) {
+        direct.fill(s);
+        rec.fill(s);
+        direct.ex->forward(16, true);
+        direct.ex->backward();
+        if (!replay.try_step(16)) {
+          rec.ex->forward(16, true);
+          rec.ex->backward();
+        }
+        CHECK(replay.why_not() == "");
+        CHECK(rec.ex->loss() == direct.ex->loss());
+        const float lr = 0.02f * float(s + 1);
+        REQUIRE(sgd_update(*direct.ex, SgdOptions{0.9f, 5e-4f, false}, lr, s == 0));
+        REQUIRE(sgd_update(*rec.ex, SgdOptions{0.9f, 5e-4f, false}, lr, s == 0));
+        if (s == 3) {  // an evaluation forward of 5 images on both
+          direct.ex->forward(5, false);
+          rec.ex->forward(5, false);
+          CHECK(rec.ex->loss() == direct.ex->loss());
+        }
+      }
+      CHECK(replay.replaying());
+      CHECK((state_bytes(rec) == state_bytes(direct)));  // (( )): no byte-by-byte expansion on failure
+    }
+  }
 }
 
 TEST_CASE("cuda: a checkpoint written on CUDA resumes on the CPU and back, bit for bit", "[cuda][training]") {

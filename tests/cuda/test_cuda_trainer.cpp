@@ -18,9 +18,11 @@ using nlohmann::json;
 namespace {
 
 // 24 training images (3 steps an epoch), 10 test images: batches of 8 and 2.
-std::vector<json> fit_metrics(const std::string& device) {
-  Trainer t(test::small_fit_config(3, device), test::synthetic_dataset(24, 1), test::synthetic_dataset(10, 2));
-  return test::fit_quietly(t, "cuda_" + device);
+std::vector<json> fit_metrics(const std::string& device, bool cuda_graph = false) {
+  Config cfg = test::small_fit_config(3, device);
+  cfg.train.cuda_graph = cuda_graph;
+  Trainer t(cfg, test::synthetic_dataset(24, 1), test::synthetic_dataset(10, 2));
+  return test::fit_quietly(t, "cuda_" + device + (cuda_graph ? "_graph" : ""));
 }
 
 }  // namespace
@@ -37,5 +39,19 @@ TEST_CASE("cuda: fit trains and evaluates epochs as on the CPU, after short eval
     CHECK(std::fabs(a - d) <= 1e-3 * std::fabs(a));
     const double ta = cpu[e]["test_loss"], td = dev[e]["test_loss"];
     CHECK(std::fabs(ta - td) <= 1e-3 * std::fabs(ta));
+  }
+}
+
+TEST_CASE("cuda: fit with train.cuda_graph gives the numbers of fit without it", "[cuda][training][replay]") {
+  // Steps 3 to 9 replay the recorded step (2 warm-up steps, then the record), with an evaluation of
+  // 8 + 2 images after each epoch: the same kernels on the same addresses, so the same numbers.
+  const std::vector<json> plain = fit_metrics("cuda"), graph = fit_metrics("cuda", true);
+  REQUIRE(plain.size() == 3);
+  REQUIRE(graph.size() == 3);
+  for (size_t e = 0; e < 3; ++e) {
+    INFO("epoch " << e + 1);
+    CHECK(graph[e]["train_loss"] == plain[e]["train_loss"]);
+    CHECK(graph[e]["test_loss"] == plain[e]["test_loss"]);
+    CHECK(graph[e]["test_acc"] == plain[e]["test_acc"]);
   }
 }

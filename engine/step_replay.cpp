@@ -1,0 +1,61 @@
+#include "engine/step_replay.h"
+
+#include <exception>
+
+namespace et {
+
+StepReplay::StepReplay(Executor& ex, bool enabled, int warmup) : ex_(ex), warmup_(warmup) {
+  why_not_ = enabled ? unsupported(ex) : "train.cuda_graph is off";
+}
+
+std::string StepReplay::unsupported(const Executor& ex) {
+  if (std::string why = ex.backend().capture_unsupported(); !why.empty()) return why;
+  const Graph& g = ex.graph();
+  for (int n = 0; n < g.num_nodes(); ++n) {
+    const Op& op = *g.node(n).op;
+    if (op.draws_random()) return "layer '" + g.node(n).name + "' (" + op.type() + ") draws new numbers every step";
+    if (ex.layer_quant(n).on()) return "layer '" + g.node(n).name + "' is 4-bit (its scales change every step)";
+  }
+  if (ex.memory().recompute_segments > 0) return "recomputation segments are not recorded yet";
+  for (const SavedValue& s : ex.stash().saved()) {
+    if (s.recomputed) return "value '" + g.value(s.value).name + "' is recomputed in the backward";
+    const StashFormatInfo& f = stash_format_info(s.format);
+    const StashEncoding enc = s.full ? f.full : f.mask;
+    // Fixed sizes: a mask alone is n bits (its producer leaves the count out while recording).
+    const bool fixed = enc == StashEncoding::ZeroCopy || enc == StashEncoding::F16 || enc == StashEncoding::BF16 ||
+                       enc == StashEncoding::Mask;
+    if (!fixed || (s.full && f.full_alt != f.full))
+      return std::string("value '") + g.value(s.value).name + "' is stored as " + stash_format_name(s.format) +
+             (s.full ? "" : " (a mask)") + ", whose size the step reads back";
+  }
+  return "";
+}
+
+bool StepReplay::try_step(int64_t batch) {
+  if (!why_not_.empty() || batch != ex_.graph().batch_size() || steps_++ < warmup_) return false;
+  Backend& be = ex_.backend();
+  if (!recorded_) {
+    be.begin_capture();
+    std::string failed;
+    try {
+      ex_.forward(batch, true);
+      ex_.backward();
+    } catch (const std::exception& e) {  // a call that cannot be recorded (a read back)
+      failed = e.what();
+    }
+    const std::string ended = be.end_capture();
+    if (!failed.empty() || !ended.empty()) {
+      why_not_ = "recording the step failed: " + (failed.empty() ? ended : failed);
+      be.drop_capture();
+      ex_.forward(batch, true);  // the recorded work did not run: run it now
+      ex_.backward();
+      return true;
+    }
+    recorded_ = true;
+  }
+  be.replay();
+  ex_.replayed(batch);
+  return true;
+}
+
+}  // namespace et

@@ -1,0 +1,47 @@
+// A training step's forward and backward recorded once and replayed (train.cuda_graph; the CUDA
+// backend records a CUDA graph): one launch instead of the step's hundreds, whose host-side cost
+// otherwise dominates a small model's step on a GPU.
+//
+// A replay repeats the recorded work with its addresses and arguments, so it is valid while they
+// stay as recorded: the same executor (a re-plan makes a new one, and a new StepReplay), the whole
+// batch, a training step, and nothing per step in a kernel's arguments or in the layout:
+//   - no op that draws random numbers (dropout's seed changes every step);
+//   - every saved value stored at a fixed size (dense_fp32 / fp16 / bf16, and masks stored alone);
+//     bitmap formats place each entry by the previous one's count of kept values, read back;
+//   - no 4-bit layers (per-step scales) and no recomputation segments (not recorded yet).
+// The learning rate is not in the record: the optimizer step runs after the replay, so the
+// divergence guard checks the loss and gradients before any parameter changes, as without it.
+#pragma once
+#include <cstdint>
+#include <string>
+
+#include "engine/executor.h"
+
+namespace et {
+
+class StepReplay {
+ public:
+  // `enabled`: train.cuda_graph. The first `warmup` steps run directly (the backend sizes its
+  // scratch and measures its conv paths there), the next is recorded and run, the rest replayed.
+  StepReplay(Executor& ex, bool enabled, int warmup = 2);
+  // Why this executor's training step cannot be replayed, "" if it can.
+  static std::string unsupported(const Executor& ex);
+
+  // This step's ex.forward(batch, true) and ex.backward(), recorded and run or replayed; false (and
+  // nothing done) for a step the caller runs itself: a warm-up step, a batch other than the whole
+  // one, or any step where replay is off or unsupported. If recording fails, the step runs
+  // directly here (true) and why_not() says why later ones will not be replayed.
+  bool try_step(int64_t batch);
+  bool replaying() const { return recorded_; }
+  // Why steps are not replayed ("" while they are, or will be after the warm-up).
+  const std::string& why_not() const { return why_not_; }
+
+ private:
+  Executor& ex_;
+  int warmup_;
+  int64_t steps_ = 0;
+  bool recorded_ = false;
+  std::string why_not_;
+};
+
+}  // namespace et

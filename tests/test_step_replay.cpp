@@ -1,0 +1,115 @@
+// engine/step_replay.h on the host: which steps are recorded, replayed or run op by op, and which
+// executors cannot be replayed (the replay itself, a CUDA graph, is tested in tests/cuda).
+#include <catch2/catch.hpp>
+
+#include <cmath>
+#include <memory>
+#include <string>
+
+#include "backends/cpu/cpu_backend.h"
+#include "engine/executor.h"
+#include "engine/init.h"
+#include "engine/step_replay.h"
+#include "models/models.h"
+
+using namespace et;
+
+namespace {
+
+// The CPU backend claiming to record steps: its ops still run when called (so a "recorded" step
+// runs once), and a replay only counts. `fail` makes the record fail as a GPU's would.
+class RecordingCpu final : public CpuBackend {
+ public:
+  int begun = 0, replays = 0;
+  std::string fail;
+  std::string capture_unsupported() const override { return ""; }
+  void begin_capture() override { ++begun; }
+  std::string end_capture() override { return fail; }
+  void replay() override { ++replays; }
+};
+
+struct Model {
+  Graph g;
+  std::unique_ptr<Backend> be;
+  std::unique_ptr<Executor> ex;
+  Model(std::unique_ptr<Backend> backend, const std::string& name, const StashOptions& so = {}, float dropout = 0.f)
+      : be(std::move(backend)) {
+    ModelSpec spec;
+    spec.name = name;
+    spec.batch = 8;
+    spec.dropout = dropout;
+    build_model(g, spec);
+    ex = std::make_unique<Executor>(g, *be, so);
+    init_parameters(*ex, 1);
+  }
+};
+
+}  // namespace
+
+TEST_CASE("step replay: which executors can be replayed, and why not", "[replay]") {
+  // The CPU backend records nothing (its ops run as they are called).
+  Model cpu(make_cpu_backend(), "resnet8");
+  CHECK_THAT(StepReplay::unsupported(*cpu.ex), Catch::Contains("records no steps"));
+  // On a backend that records: dense_fp32 saves the forward buffers themselves (fixed addresses).
+  CHECK(StepReplay::unsupported(*Model(std::make_unique<RecordingCpu>(), "resnet8").ex) == "");
+  CHECK(StepReplay::unsupported(*Model(std::make_unique<RecordingCpu>(), "mobilenetv2").ex) == "");
+  // A bitmap stash places each entry by a count the step reads back.
+  StashOptions bitmap;
+  bitmap.format = StashFormat::BitmapF32;
+  CHECK_THAT(StepReplay::unsupported(*Model(std::make_unique<RecordingCpu>(), "resnet8", bitmap).ex),
+             Catch::Contains("bitmap_fp32"));
+  // dense_bf16: fixed-size halves, and masks stored alone (n bits, counted only for statistics).
+  StashOptions bf16;
+  bf16.format = StashFormat::DenseBF16;
+  CHECK(StepReplay::unsupported(*Model(std::make_unique<RecordingCpu>(), "resnet8", bf16).ex) == "");
+  // Dropout draws new numbers every step; recomputation segments are not recorded yet.
+  CHECK_THAT(StepReplay::unsupported(*Model(std::make_unique<RecordingCpu>(), "vgg11_bn", {}, 0.5f).ex),
+             Catch::Contains("dropout") && Catch::Contains("draws new numbers"));
+  StashOptions segments;
+  segments.checkpoint_every = 2;
+  CHECK_THAT(StepReplay::unsupported(*Model(std::make_unique<RecordingCpu>(), "resnet8", segments).ex),
+             Catch::Contains("recomputation"));
+}
+
+TEST_CASE("step replay: warm-up steps run op by op, then one is recorded and the rest replayed", "[replay]") {
+  Model m(std::make_unique<RecordingCpu>(), "resnet8");
+  auto& be = static_cast<RecordingCpu&>(*m.be);
+  SECTION("off, or on a backend that records nothing: every step is the caller's") {
+    StepReplay off(*m.ex, false);
+    for (int s = 0; s < 4; ++s) CHECK_FALSE(off.try_step(8));
+    CHECK_THAT(off.why_not(), Catch::Contains("train.cuda_graph"));
+    Model cpu(make_cpu_backend(), "resnet8");
+    StepReplay none(*cpu.ex, true);
+    CHECK_FALSE(none.try_step(8));
+    CHECK_THAT(none.why_not(), Catch::Contains("records no steps"));
+  }
+  SECTION("on") {
+    StepReplay r(*m.ex, true, 2);
+    CHECK_FALSE(r.try_step(8));  // warm-up: the caller runs these
+    CHECK_FALSE(r.try_step(8));
+    CHECK_FALSE(r.try_step(4));  // not the whole batch: never recorded
+    CHECK(be.begun == 0);
+    CHECK(r.try_step(8));  // recorded (its ops ran on this CPU) and replayed once
+    CHECK(be.begun == 1);
+    CHECK(be.replays == 1);
+    CHECK(r.replaying());
+    // An evaluation batch in between leaves the views at its batch; a replay puts them back.
+    m.ex->forward(3, false);
+    CHECK(m.ex->value(m.g.logits).dim(0) == 3);
+    CHECK(r.try_step(8));
+    CHECK(be.begun == 1);  // recorded once
+    CHECK(be.replays == 2);
+    CHECK(m.ex->value(m.g.logits).dim(0) == 8);
+    CHECK(r.why_not().empty());
+  }
+  SECTION("a record that fails: that step runs op by op, and the later ones too") {
+    be.fail = "operation not permitted when stream is capturing";
+    StepReplay r(*m.ex, true, 0);
+    CHECK(r.try_step(8));  // handled: the record failed, so it ran the step itself
+    CHECK(be.replays == 0);
+    CHECK_FALSE(r.replaying());
+    CHECK_THAT(r.why_not(), Catch::Contains("recording the step failed") && Catch::Contains("capturing"));
+    CHECK(std::isfinite(m.ex->loss()));
+    CHECK_FALSE(r.try_step(8));
+  }
+}
