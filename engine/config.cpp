@@ -126,7 +126,7 @@ json Config::resolved() const {
                 {"seed", train.seed},
                 {"threads", train.threads},
                 {"device", train.device},
-                {"cuda_graph", train.cuda_graph},
+                {"cuda_graph", train.cuda_graph_auto ? json("auto") : json(train.cuda_graph)},
                 {"divergence_loss", train.divergence_loss},
                 {"on_divergence", train.on_divergence},
                 {"divergence_lr_factor", train.divergence_lr_factor},

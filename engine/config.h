@@ -52,8 +52,10 @@ struct TrainConfig {
   // Where the step runs: "cpu", "cuda" (device 0) or "cuda:N" (backends/backend.h make_backend).
   std::string device = "cpu";
   // CUDA: record the step's forward and backward once and replay them (engine/step_replay.h),
-  // where the model and stash allow; the run says when they do not.
+  // where the model and stash allow; the run says when they do not. "auto" (cuda_graph_auto, the
+  // default): on for CUDA, off on the CPU.
   bool cuda_graph = false;
+  bool cuda_graph_auto = true;
   ScheduleConfig schedule;
   // Divergence guard (engine/train/divergence.h). A step diverged when its loss is non-finite or
   // above divergence_loss (default 100 x the loss of a uniform prediction, 100 ln(num_classes);

@@ -113,7 +113,8 @@ void parse_train(ObjectReader& top, Config& c) {
   t.get("seed", tr.seed);
   t.get("threads", tr.threads);
   t.get("device", tr.device);
-  t.get("cuda_graph", tr.cuda_graph);
+  tr.cuda_graph_auto = t.get_or_auto("cuda_graph", tr.cuda_graph, "true or false");
+  if (tr.cuda_graph_auto) tr.cuda_graph = tr.device != "cpu";
   tr.divergence_loss = float(100.0 * std::log(double(c.model.num_classes)));  // see TrainConfig
   t.get("divergence_loss", tr.divergence_loss);
   t.get("on_divergence", tr.on_divergence);

@@ -128,12 +128,19 @@ TEST_CASE("train.device selects the backend, and one this build lacks is an erro
       CHECK(make_backend(c.train.device)->device() == Device::CUDA);
 #endif
   }
-  // train.cuda_graph records a CUDA graph: on the CPU it is an error naming the key.
+  // train.cuda_graph = "auto" (the default): on for CUDA, off on the CPU, written back as "auto";
+  // true on the CPU is an error naming the key.
+  CHECK(parse_config(j, "t.json").train.cuda_graph);
+  CHECK(parse_config(j, "t.json").resolved()["train"]["cuda_graph"] == "auto");
   j["train"]["device"] = "cpu";
+  CHECK_FALSE(parse_config(j, "t.json").train.cuda_graph);
   j["train"]["cuda_graph"] = true;
   CHECK_THROWS_WITH(parse_config(j, "t.json"), Catch::Contains("train.cuda_graph") && Catch::Contains("cuda"));
+  j["train"]["cuda_graph"] = "yes";
+  CHECK_THROWS_WITH(parse_config(j, "t.json"), Catch::Contains("train.cuda_graph"));
   j["train"]["device"] = "cuda";
-  CHECK(parse_config(j, "t.json").train.cuda_graph);
+  j["train"]["cuda_graph"] = false;
+  CHECK_FALSE(parse_config(j, "t.json").train.cuda_graph);
   j["train"].erase("cuda_graph");
   // What the CUDA backend does not run yet names its key.
   j["train"]["device"] = "cuda";

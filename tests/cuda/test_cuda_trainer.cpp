@@ -17,12 +17,13 @@ using nlohmann::json;
 
 namespace {
 
-// 24 training images (3 steps an epoch), 10 test images: batches of 8 and 2.
-std::vector<json> fit_metrics(const std::string& device, bool cuda_graph = false) {
+// 24 training images (3 steps an epoch), 10 test images: batches of 8 and 2. `graph`: set
+// train.cuda_graph (else "auto": on for CUDA).
+std::vector<json> fit_metrics(const std::string& device, int graph = -1) {
   Config cfg = test::small_fit_config(3, device);
-  cfg.train.cuda_graph = cuda_graph;
+  if (graph >= 0) cfg.train.cuda_graph = graph == 1, cfg.train.cuda_graph_auto = false;
   Trainer t(cfg, test::synthetic_dataset(24, 1), test::synthetic_dataset(10, 2));
-  return test::fit_quietly(t, "cuda_" + device + (cuda_graph ? "_graph" : ""));
+  return test::fit_quietly(t, "cuda_" + device + std::to_string(graph));
 }
 
 }  // namespace
@@ -45,7 +46,7 @@ TEST_CASE("cuda: fit trains and evaluates epochs as on the CPU, after short eval
 TEST_CASE("cuda: fit with train.cuda_graph gives the numbers of fit without it", "[cuda][training][replay]") {
   // Steps 3 to 9 replay the recorded step (2 warm-up steps, then the record), with an evaluation of
   // 8 + 2 images after each epoch: the same kernels on the same addresses, so the same numbers.
-  const std::vector<json> plain = fit_metrics("cuda"), graph = fit_metrics("cuda", true);
+  const std::vector<json> plain = fit_metrics("cuda", 0), graph = fit_metrics("cuda", 1);
   REQUIRE(plain.size() == 3);
   REQUIRE(graph.size() == 3);
   for (size_t e = 0; e < 3; ++e) {
