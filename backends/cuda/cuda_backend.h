@@ -1,5 +1,5 @@
 // The CUDA backend (issue 13): the Backend kernel table on one GPU. FP32 training: convolution
-// (im2col + cuBLAS SGEMM or cuDNN, measured per shape; grouped and depthwise by direct kernels),
+// (cuDNN, or im2col + cuBLAS SGEMM and direct kernels for grouped ones, measured per shape),
 // linear (cuBLAS), batch norm, ReLU writing its bitmap, add, dropout (the CPU's counter-based
 // mask), pooling, option-A shortcuts, softmax cross-entropy, SGD and the divergence checks; the
 // stash through the CUDA codec.

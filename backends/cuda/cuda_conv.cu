@@ -1,9 +1,11 @@
-// Convolution and linear layers on CUDA. groups == 1: cuDNN where it measured faster for the
-// geometry and pass (cuda_conv_cudnn.h), else im2col of a chunk of images into the workspace, then
-// cuBLAS SGEMMs (strided-batched over the chunk's images); the data gradient
-// gathers the columns back (col2im, no atomics); the weight gradient is one SGEMM per chunk over
-// its images' columns side by side (a per-image SGEMM was most of a ResNet-20 step on an H200). groups > 1 (depthwise): direct kernels. Linear
-// layers: one SGEMM each way. cuBLAS runs in its default FP32 math (no TF32).
+// Convolution and linear layers on CUDA. Each pass takes cuDNN where it measured faster for the
+// geometry and pass (cuda_conv_cudnn.h), else the backend's own kernels:
+//   - groups == 1: im2col of a chunk of images into the workspace, then cuBLAS SGEMMs
+//     (strided-batched over the chunk's images); the data gradient gathers the columns back
+//     (col2im, no atomics); the weight gradient is one SGEMM per chunk over its images' columns
+//     side by side (a per-image SGEMM was most of a ResNet-20 step on an H200);
+//   - groups > 1 (depthwise): direct kernels, without workspace (cuDNN's candidates too).
+// Linear layers: one SGEMM each way. cuBLAS runs in its default FP32 math (no TF32).
 //
 // Row-major [a, b] matrices are column-major [b, a] ones to cuBLAS, so each product below is
 // written for the transposes: Y = W X becomes Y^T = X^T W^T.
@@ -245,14 +247,15 @@ void im2col_backward_weight(cublasHandle_t blas, const Conv2dGeom& g, const floa
   }
 }
 
-// The pass's path (cuda_conv_cudnn.h): a cuDNN algorithm (>= 0) or im2col (< 0), measured at the
-// geometry and pass's first use. The measurement writes a scratch output (allocated for it, in the
-// first step only), so an accumulating pass's real output is untouched. `im2col` runs the im2col
+// The pass's path (cuda_conv_cudnn.h): a cuDNN algorithm (>= 0) or the backend's own kernels (< 0:
+// im2col + SGEMM for dense convs, the direct kernels for grouped ones), measured at the geometry
+// and pass's first use. The measurement writes a scratch output (allocated for it, in the first
+// step only), so an accumulating pass's real output is untouched. `ours` runs the backend's own
 // pass into a given output, without accumulating.
-template <class Im2col>
+template <class Ours>
 int conv_path(cuda::CudnnConvs* dnn, cudaStream_t stream, const Conv2dGeom& g, ConvPass pass, const float* a,
-              const float* b, int64_t out_floats, Workspace ws, Im2col&& im2col) {
-  if (!dnn || g.groups != 1) return cuda::CudnnConvs::kIm2col;
+              const float* b, int64_t out_floats, Workspace ws, Ours&& ours) {
+  if (!dnn) return cuda::CudnnConvs::kOwn;
   const int known = dnn->choice(g, pass);
   if (known != cuda::CudnnConvs::kUnmeasured) return known;
   float* scratch = nullptr;
@@ -263,7 +266,7 @@ int conv_path(cuda::CudnnConvs* dnn, cudaStream_t stream, const Conv2dGeom& g, C
   float best = 1e30f;
   for (int rep = 0; rep < 3; ++rep) {
     cuda::check(cudaEventRecord(t0, stream), "cudaEventRecord");
-    im2col(scratch);
+    ours(scratch);
     cuda::check(cudaEventRecord(t1, stream), "cudaEventRecord");
     cuda::check(cudaEventSynchronize(t1), "cudaEventSynchronize");
     float ms = 0.f;
@@ -285,17 +288,25 @@ size_t CudaBackend::conv2d_workspace_bytes(const Conv2dGeom& g, ConvPass pass) c
 
 void CudaBackend::conv2d_forward(const Conv2dGeom& g, const Tensor& x, const Tensor& w, const Tensor& b, Tensor& y,
                                  Workspace ws) {
-  if (g.groups != 1) {
-    grouped_forward_kernel<<<blocks_for(y.numel()), kThreads, 0, stream_>>>(geom_of(g), x.f32(), w.f32(),
-                                                                b.defined() ? b.f32() : nullptr, g.N, y.f32());
-    cuda::launched("conv2d_forward (grouped)");
-    return;
-  }
   ET_CHECK(ws.bytes >= conv2d_workspace_bytes(g, ConvPass::Forward), "conv2d_forward: workspace");
-  const int path = conv_path(cudnn_.get(), stream_, g, ConvPass::Forward, x.f32(), w.f32(), y.numel(), ws,
-                             [&](float* out) { im2col_forward(blas_, g, x.f32(), w.f32(), out, ws); });
-  if (path >= 0) cudnn_->run(g, ConvPass::Forward, path, x.f32(), w.f32(), y.f32(), false, ws);
-  else im2col_forward(blas_, g, x.f32(), w.f32(), y.f32(), ws);
+  // Grouped (depthwise): the direct kernel, whose output has the bias in it.
+  auto grouped = [&](float* out, const float* bias) {
+    grouped_forward_kernel<<<blocks_for(y.numel()), kThreads, 0, stream_>>>(geom_of(g), x.f32(), w.f32(), bias, g.N,
+                                                                            out);
+    cuda::launched("conv2d_forward (grouped)");
+  };
+  const int path = conv_path(cudnn_.get(), stream_, g, ConvPass::Forward, x.f32(), w.f32(), y.numel(), ws, [&](float* out) {
+    if (g.groups != 1) grouped(out, nullptr);
+    else im2col_forward(blas_, g, x.f32(), w.f32(), out, ws);
+  });
+  if (path >= 0) {
+    cudnn_->run(g, ConvPass::Forward, path, x.f32(), w.f32(), y.f32(), false, ws);
+  } else if (g.groups != 1) {
+    grouped(y.f32(), b.defined() ? b.f32() : nullptr);
+    return;
+  } else {
+    im2col_forward(blas_, g, x.f32(), w.f32(), y.f32(), ws);
+  }
   if (b.defined()) {
     add_bias_kernel<<<blocks_for(y.numel()), kThreads, 0, stream_>>>(y.f32(), b.f32(), y.numel(), g.K, g.P * g.Q);
     cuda::launched("conv bias");
@@ -304,17 +315,17 @@ void CudaBackend::conv2d_forward(const Conv2dGeom& g, const Tensor& x, const Ten
 
 void CudaBackend::conv2d_backward_data(const Conv2dGeom& g, const Tensor& dy, const Tensor& w, Tensor& dx,
                                        bool accumulate, Workspace ws) {
-  if (g.groups != 1) {
-    grouped_backward_data_kernel<<<blocks_for(dx.numel()), kThreads, 0, stream_>>>(geom_of(g), dy.f32(), w.f32(), g.N, dx.f32(),
-                                                                        accumulate);
-    cuda::launched("conv2d_backward_data (grouped)");
-    return;
-  }
   ET_CHECK(ws.bytes >= conv2d_workspace_bytes(g, ConvPass::BackwardData), "conv2d_backward_data: workspace");
+  auto ours = [&](float* out, bool acc) {
+    if (g.groups == 1) return im2col_backward_data(blas_, g, dy.f32(), w.f32(), out, acc, ws);
+    grouped_backward_data_kernel<<<blocks_for(dx.numel()), kThreads, 0, stream_>>>(geom_of(g), dy.f32(), w.f32(), g.N,
+                                                                                  out, acc);
+    cuda::launched("conv2d_backward_data (grouped)");
+  };
   const int path = conv_path(cudnn_.get(), stream_, g, ConvPass::BackwardData, dy.f32(), w.f32(), dx.numel(), ws,
-                             [&](float* out) { im2col_backward_data(blas_, g, dy.f32(), w.f32(), out, false, ws); });
+                             [&](float* out) { ours(out, false); });
   if (path >= 0) cudnn_->run(g, ConvPass::BackwardData, path, dy.f32(), w.f32(), dx.f32(), accumulate, ws);
-  else im2col_backward_data(blas_, g, dy.f32(), w.f32(), dx.f32(), accumulate, ws);
+  else ours(dx.f32(), accumulate);
 }
 
 void CudaBackend::conv2d_backward_weight(const Conv2dGeom& g, const Tensor& x, const Tensor& dy, Tensor& dw,
@@ -323,17 +334,17 @@ void CudaBackend::conv2d_backward_weight(const Conv2dGeom& g, const Tensor& x, c
     bias_grad_kernel<<<unsigned(g.K), kThreads, 0, stream_>>>(dy.f32(), g.N, g.K, g.P * g.Q, db.f32(), accumulate);
     cuda::launched("conv bias gradient");
   }
-  if (g.groups != 1) {
-    grouped_backward_weight_kernel<<<unsigned(dw.numel()), kThreads, 0, stream_>>>(geom_of(g), x.f32(), dy.f32(), g.N, dw.f32(),
-                                                                        accumulate);
-    cuda::launched("conv2d_backward_weight (grouped)");
-    return;
-  }
   ET_CHECK(ws.bytes >= conv2d_workspace_bytes(g, ConvPass::BackwardWeight), "conv2d_backward_weight: workspace");
+  auto ours = [&](float* out, bool acc) {
+    if (g.groups == 1) return im2col_backward_weight(blas_, g, x.f32(), dy.f32(), out, acc, ws);
+    grouped_backward_weight_kernel<<<unsigned(dw.numel()), kThreads, 0, stream_>>>(geom_of(g), x.f32(), dy.f32(), g.N,
+                                                                                   out, acc);
+    cuda::launched("conv2d_backward_weight (grouped)");
+  };
   const int path = conv_path(cudnn_.get(), stream_, g, ConvPass::BackwardWeight, x.f32(), dy.f32(), dw.numel(), ws,
-                             [&](float* out) { im2col_backward_weight(blas_, g, x.f32(), dy.f32(), out, false, ws); });
+                             [&](float* out) { ours(out, false); });
   if (path >= 0) cudnn_->run(g, ConvPass::BackwardWeight, path, x.f32(), dy.f32(), dw.f32(), accumulate, ws);
-  else im2col_backward_weight(blas_, g, x.f32(), dy.f32(), dw.f32(), accumulate, ws);
+  else ours(dw.f32(), accumulate);
 }
 
 // x [N, I], w [O, I], y [N, O]: Y^T (O x N) = W (O x I) X^T (I x N)

@@ -80,12 +80,12 @@ class CudnnConvsImpl final : public CudnnConvs {
   }
 
   int measure(const Conv2dGeom& g, ConvPass pass, const float* a, const float* b, float* out, Workspace ws,
-              float im2col_ms) override {
+              float own_ms) override {
     Entry& e = entry(g);
     int algos[4];
     const int n = candidate_algos(e, pass, ws.bytes, algos, 4);
-    int best = kIm2col;
-    float best_ms = always_ ? 1e30f : im2col_ms;
+    int best = kOwn;
+    float best_ms = always_ ? 1e30f : own_ms;
     cudaEvent_t t0, t1;
     cuda::check(cudaEventCreate(&t0), "cudaEventCreate");
     cuda::check(cudaEventCreate(&t1), "cudaEventCreate");
@@ -198,7 +198,7 @@ std::unique_ptr<CudnnConvs> make_cudnn_convs(CUstream_st* stream) {
   cudnnHandle_t h = nullptr;
   const cudnnStatus_t st = cudnnCreate(&h);
   if (st != CUDNN_STATUS_SUCCESS) {  // a library that loads but cannot start: im2col, and say so
-    std::fprintf(stderr, "note: cuDNN did not start (%s); CUDA convolutions use im2col + SGEMM\n",
+    std::fprintf(stderr, "note: cuDNN did not start (%s); CUDA convolutions use their own kernels\n",
                  cudnnGetErrorString(st));
     return nullptr;
   }

@@ -1,8 +1,9 @@
-// cuDNN's convolutions beside the im2col + SGEMM ones of cuda_conv.cu (dense convs, groups == 1).
-// Which of the two runs a pass is measured per geometry and pass at its first use, as the CPU
-// backend measures its conv kernels: the im2col path against cuDNN's candidates that are
-// deterministic, FP32 without TF32 (the CPU's arithmetic, within the tests' tolerance), and need
-// no more workspace than the im2col path already plans. The planned workspace is unchanged. C++14.
+// cuDNN's convolutions beside cuda_conv.cu's own (im2col + SGEMM for dense convs, direct kernels
+// for grouped ones). Which of the two runs a pass is measured per geometry and pass at its first
+// use, as the CPU backend measures its conv kernels: the backend's path against cuDNN's candidates
+// that are deterministic, FP32 without TF32 (the CPU's arithmetic, within the tests' tolerance),
+// and need no more workspace than the backend's path already plans (none for grouped convs). The
+// planned workspace is unchanged. C++14.
 #pragma once
 #include <memory>
 
@@ -15,15 +16,17 @@ namespace cuda {
 
 class CudnnConvs {
  public:
-  static constexpr int kUnmeasured = -2, kIm2col = -1;
+  static constexpr int kUnmeasured = -2, kOwn = -1;
   virtual ~CudnnConvs() = default;
-  // This geometry and pass's choice so far: kUnmeasured, kIm2col or a cuDNN algorithm.
+  // This geometry and pass's choice so far: kUnmeasured, kOwn (the backend's own kernels) or a cuDNN
+  // algorithm.
   virtual int choice(const Conv2dGeom& g, ConvPass pass) const = 0;
   // Times the cuDNN candidates on these operands into `out` (a scratch of the output's size, never
-  // the real output), keeps the fastest, or im2col where `im2col_ms` is less, and returns the choice.
+  // the real output), keeps the fastest, or kOwn where `own_ms` (the backend's kernels) is less, and
+  // returns the choice.
   // Operands: forward (x, w) -> y; backward data (dy, w) -> dx; backward weight (x, dy) -> dw.
   virtual int measure(const Conv2dGeom& g, ConvPass pass, const float* a, const float* b, float* out, Workspace ws,
-                      float im2col_ms) = 0;
+                      float own_ms) = 0;
   // Runs the pass with cuDNN algorithm `algo` (a choice >= 0); the gradients accumulate into `out`
   // where asked.
   virtual void run(const Conv2dGeom& g, ConvPass pass, int algo, const float* a, const float* b, float* out,
@@ -31,8 +34,9 @@ class CudnnConvs {
 };
 
 // nullptr where the build has no cuDNN (EDGETRAIN_WITH_CUDNN) or EDGETRAIN_CUDA_CONV=im2col asks
-// for the im2col path alone (EDGETRAIN_CUDA_CONV=cudnn: the fastest cuDNN candidate wherever one
-// fits, whatever im2col's time; for tests and A/B runs).
+// for the backend's own kernels alone (im2col + SGEMM, direct grouped kernels);
+// EDGETRAIN_CUDA_CONV=cudnn: the fastest cuDNN candidate wherever one fits, whatever the own
+// kernels' time (tests and A/B runs).
 // Its work goes on `stream` (a cudaStream_t; nullptr: the legacy default stream).
 std::unique_ptr<CudnnConvs> make_cudnn_convs(CUstream_st* stream = nullptr);
 
