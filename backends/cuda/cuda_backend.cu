@@ -218,7 +218,8 @@ void CudaBackend::free_staging(void* p) { cudaFreeHost(p); }
 
 void CudaBackend::copy_from_host_async(const void* src, Tensor& dst) {
   ET_CHECK(dst.is_contiguous());
-  cuda::check(cudaMemcpyAsync(dst.data, src, dst.nbytes(), cudaMemcpyHostToDevice, stream_), "cudaMemcpyAsync from the host");
+  cuda::check(cudaMemcpyAsync(dst.data, src, dst.nbytes(), cudaMemcpyHostToDevice, stream_),
+              "cudaMemcpyAsync from the host");
 }
 
 void CudaBackend::synchronize() { cuda::check(cudaDeviceSynchronize(), "cudaDeviceSynchronize"); }
@@ -249,9 +250,9 @@ TensorStats CudaBackend::tensor_stats(const Tensor& x) {
   // scratch_: [0, 8) the non-finite count, [8, 24) the two sums, [24, 28) the max's bits
   char* s = static_cast<char*>(scratch_);
   cuda::check(cudaMemsetAsync(s, 0, 32, stream_), "cudaMemsetAsync");
-  stats_kernel<<<blocks_for(x.numel()), kThreads, 0, stream_>>>(x.f32(), x.numel(), true, reinterpret_cast<double*>(s + 8),
-                                                    reinterpret_cast<unsigned int*>(s + 24),
-                                                    reinterpret_cast<unsigned long long*>(s));
+  stats_kernel<<<blocks_for(x.numel()), kThreads, 0, stream_>>>(
+      x.f32(), x.numel(), true, reinterpret_cast<double*>(s + 8), reinterpret_cast<unsigned int*>(s + 24),
+      reinterpret_cast<unsigned long long*>(s));
   cuda::launched("tensor_stats");
   unsigned char host[32];
   cuda::check(cudaMemcpy(host, s, 32, cudaMemcpyDeviceToHost), "cudaMemcpy");
@@ -297,7 +298,7 @@ void CudaBackend::softmax_xent_backward(const Tensor& logits, const Tensor& labe
                                         Tensor& dlogits, bool accumulate) {
   const int64_t N = logits.dim(0), K = logits.dim(1);
   xent_backward_kernel<<<unsigned((N + 127) / 128), 128, 0, stream_>>>(logits.f32(), labels.i32(), N, K, smoothing,
-                                                           dloss / float(N), dlogits.f32(), accumulate);
+                                                                       dloss / float(N), dlogits.f32(), accumulate);
   cuda::launched("softmax_xent_backward");
 }
 
@@ -305,8 +306,9 @@ namespace {
 // One SGD kernel over a parameter, counting its non-finite results into `bad`.
 void launch_sgd(cudaStream_t stream, Tensor& param, const Tensor& grad, Tensor& momentum_buf, float lr, float momentum,
                 float weight_decay, bool nesterov, bool first_step, unsigned long long* bad) {
-  sgd_kernel<<<blocks_for(param.numel()), kThreads, 0, stream>>>(param.f32(), grad.f32(), momentum_buf.f32(), param.numel(), lr,
-                                                      momentum, weight_decay, nesterov, first_step, bad);
+  sgd_kernel<<<blocks_for(param.numel()), kThreads, 0, stream>>>(param.f32(), grad.f32(), momentum_buf.f32(),
+                                                                 param.numel(), lr, momentum, weight_decay, nesterov,
+                                                                 first_step, bad);
   cuda::launched("sgd_step");
 }
 }  // namespace
@@ -324,7 +326,8 @@ unsigned long long* CudaBackend::deferred_sgd_count() {
 
 void CudaBackend::sgd_step_deferred(Tensor& param, const Tensor& grad, Tensor& momentum_buf, float lr, float momentum,
                                     float weight_decay, bool nesterov, bool first_step) {
-  launch_sgd(stream_, param, grad, momentum_buf, lr, momentum, weight_decay, nesterov, first_step, deferred_sgd_count());
+  launch_sgd(stream_, param, grad, momentum_buf, lr, momentum, weight_decay, nesterov, first_step,
+             deferred_sgd_count());
 }
 
 bool CudaBackend::sgd_finite() {

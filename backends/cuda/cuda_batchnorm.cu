@@ -161,21 +161,23 @@ void CudaBackend::batchnorm_forward_train(const Tensor& x, const Tensor& gamma, 
   const int64_t N = x.dim(0), C = x.dim(1), HW = x.dim(2) * x.dim(3), P = parts_for(N, C);
   double* partials = bn_scratch(C * P * 2 + 2 * C);  // then the coefficients, 2C floats in C doubles' room
   float* coef = reinterpret_cast<float*>(partials + C * P * 2);
-  bn_partials_kernel<<<dim3(unsigned(C), unsigned(P)), kBnThreads, 0, stream_>>>(x.f32(), nullptr, nullptr, N, C, HW, P, partials);
+  bn_partials_kernel<<<dim3(unsigned(C), unsigned(P)), kBnThreads, 0, stream_>>>(x.f32(), nullptr, nullptr, N, C, HW, P,
+                                                                                 partials);
   cuda::launched("batchnorm_forward_train (sums)");
   bn_train_coefficients_kernel<<<cuda::blocks_for(C), cuda::kThreads, 0, stream_>>>(
       partials, P, C, N * HW, gamma.f32(), beta.f32(), opt(running_mean), opt(running_var), momentum, eps, mean.f32(),
       invstd.f32(), coef);
   cuda::launched("batchnorm_forward_train (coefficients)");
-  bn_apply_kernel<<<cuda::blocks_for(x.numel()), cuda::kThreads, 0, stream_>>>(x.f32(), x.numel(), C, HW, coef, y.f32());
+  bn_apply_kernel<<<cuda::blocks_for(x.numel()), cuda::kThreads, 0, stream_>>>(x.f32(), x.numel(), C, HW, coef,
+                                                                               y.f32());
   cuda::launched("batchnorm_forward_train (apply)");
 }
 
 void CudaBackend::batchnorm_forward_eval(const Tensor& x, const Tensor& gamma, const Tensor& beta,
                                          const Tensor& running_mean, const Tensor& running_var, float eps, Tensor& y) {
   const int64_t C = x.dim(1), HW = x.dim(2) * x.dim(3);
-  bn_eval_kernel<<<cuda::blocks_for(x.numel()), cuda::kThreads, 0, stream_>>>(x.f32(), x.numel(), C, HW, gamma.f32(), beta.f32(),
-                                                                  running_mean.f32(), running_var.f32(), eps, y.f32());
+  bn_eval_kernel<<<cuda::blocks_for(x.numel()), cuda::kThreads, 0, stream_>>>(
+      x.f32(), x.numel(), C, HW, gamma.f32(), beta.f32(), running_mean.f32(), running_var.f32(), eps, y.f32());
   cuda::launched("batchnorm_forward_eval");
 }
 
@@ -185,15 +187,15 @@ void CudaBackend::batchnorm_backward(const Tensor& dy, const Tensor& x, const Te
   const int64_t N = x.dim(0), C = x.dim(1), HW = x.dim(2) * x.dim(3), P = parts_for(N, C);
   double* partials = bn_scratch(C * P * 2 + 2 * C);  // then the coefficients, 3C floats in 2C doubles' room
   float* coef = reinterpret_cast<float*>(partials + C * P * 2);
-  bn_partials_kernel<<<dim3(unsigned(C), unsigned(P)), kBnThreads, 0, stream_>>>(x.f32(), dy.f32(), mean.f32(), N, C, HW, P,
-                                                                     partials);
+  bn_partials_kernel<<<dim3(unsigned(C), unsigned(P)), kBnThreads, 0, stream_>>>(x.f32(), dy.f32(), mean.f32(), N, C,
+                                                                                 HW, P, partials);
   cuda::launched("batchnorm_backward (sums)");
   bn_backward_coefficients_kernel<<<cuda::blocks_for(C), cuda::kThreads, 0, stream_>>>(
       partials, P, C, N * HW, gamma.f32(), mean.f32(), invstd.f32(), opt(dgamma), opt(dbeta), accumulate_params, coef);
   cuda::launched("batchnorm_backward (coefficients)");
   if (!dx.defined()) return;
-  bn_backward_apply_kernel<<<cuda::blocks_for(x.numel()), cuda::kThreads, 0, stream_>>>(dy.f32(), x.f32(), x.numel(), C, HW, coef,
-                                                                            dx.f32(), accumulate_dx);
+  bn_backward_apply_kernel<<<cuda::blocks_for(x.numel()), cuda::kThreads, 0, stream_>>>(
+      dy.f32(), x.f32(), x.numel(), C, HW, coef, dx.f32(), accumulate_dx);
   cuda::launched("batchnorm_backward (apply)");
 }
 

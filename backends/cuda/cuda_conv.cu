@@ -220,7 +220,8 @@ void im2col_backward_data(cublasHandle_t blas, const Conv2dGeom& g, const float*
                                           dy + n0 * g.K * PQ, int(PQ), g.K * PQ, w, int(CRS), 0, &zero, col, int(PQ),
                                           CRS * PQ, int(nb)),
                 "conv2d_backward_data sgemm");
-    col2im_kernel<<<blocks_for(nb * g.C * g.H * g.W), kThreads, 0, stream>>>(gg, col, nb, dx + n0 * g.C * g.H * g.W, accumulate);
+    col2im_kernel<<<blocks_for(nb * g.C * g.H * g.W), kThreads, 0, stream>>>(gg, col, nb, dx + n0 * g.C * g.H * g.W,
+                                                                             accumulate);
     cuda::launched("col2im");
   }
 }
@@ -295,10 +296,13 @@ void CudaBackend::conv2d_forward(const Conv2dGeom& g, const Tensor& x, const Ten
                                                                             out);
     cuda::launched("conv2d_forward (grouped)");
   };
-  const int path = conv_path(cudnn_.get(), stream_, g, ConvPass::Forward, x.f32(), w.f32(), y.numel(), ws, [&](float* out) {
-    if (g.groups != 1) grouped(out, nullptr);
-    else im2col_forward(blas_, g, x.f32(), w.f32(), out, ws);
-  });
+  const int path =
+      conv_path(cudnn_.get(), stream_, g, ConvPass::Forward, x.f32(), w.f32(), y.numel(), ws, [&](float* out) {
+        if (g.groups != 1)
+          grouped(out, nullptr);
+        else
+          im2col_forward(blas_, g, x.f32(), w.f32(), out, ws);
+      });
   if (path >= 0) {
     cudnn_->run(g, ConvPass::Forward, path, x.f32(), w.f32(), y.f32(), false, ws);
   } else if (g.groups != 1) {
@@ -319,13 +323,14 @@ void CudaBackend::conv2d_backward_data(const Conv2dGeom& g, const Tensor& dy, co
   auto ours = [&](float* out, bool acc) {
     if (g.groups == 1) return im2col_backward_data(blas_, g, dy.f32(), w.f32(), out, acc, ws);
     grouped_backward_data_kernel<<<blocks_for(dx.numel()), kThreads, 0, stream_>>>(geom_of(g), dy.f32(), w.f32(), g.N,
-                                                                                  out, acc);
+                                                                                   out, acc);
     cuda::launched("conv2d_backward_data (grouped)");
   };
   const int path = conv_path(cudnn_.get(), stream_, g, ConvPass::BackwardData, dy.f32(), w.f32(), dx.numel(), ws,
                              [&](float* out) { ours(out, false); });
   if (path >= 0) cudnn_->run(g, ConvPass::BackwardData, path, dy.f32(), w.f32(), dx.f32(), accumulate, ws);
-  else ours(dx.f32(), accumulate);
+  else
+    ours(dx.f32(), accumulate);
 }
 
 void CudaBackend::conv2d_backward_weight(const Conv2dGeom& g, const Tensor& x, const Tensor& dy, Tensor& dw,
@@ -344,7 +349,8 @@ void CudaBackend::conv2d_backward_weight(const Conv2dGeom& g, const Tensor& x, c
   const int path = conv_path(cudnn_.get(), stream_, g, ConvPass::BackwardWeight, x.f32(), dy.f32(), dw.numel(), ws,
                              [&](float* out) { ours(out, false); });
   if (path >= 0) cudnn_->run(g, ConvPass::BackwardWeight, path, x.f32(), dy.f32(), dw.f32(), accumulate, ws);
-  else ours(dw.f32(), accumulate);
+  else
+    ours(dw.f32(), accumulate);
 }
 
 // x [N, I], w [O, I], y [N, O]: Y^T (O x N) = W (O x I) X^T (I x N)

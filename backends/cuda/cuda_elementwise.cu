@@ -87,13 +87,14 @@ void CudaBackend::relu_forward(const Tensor& x, Tensor& y, MaskOut* mask) {
   const uint32_t threshold = bitmap::keep_threshold_bits(mask->prune_threshold);
   const int64_t words32 = (n + 63) / 64 * 2;
   unsigned long long* kept = counter();
-  relu_mask_kernel<<<blocks_for(words32 * 32), 256, 0, stream_>>>(x.f32(), y.f32(), n, threshold,
-                                                      reinterpret_cast<uint32_t*>(mask->bits), words32, kept);
+  relu_mask_kernel<<<blocks_for(words32 * 32), 256, 0, stream_>>>(
+      x.f32(), y.f32(), n, threshold, reinterpret_cast<uint32_t*>(mask->bits), words32, kept);
   cuda::launched("relu_forward (mask)");
   if (!capturing_) {
     mask->kept = read_counter();
   } else {  // a recorded step cannot read back: a mask stored alone needs no count
-    if (mask->values) user_error("relu_forward: a bitmap with values needs its count, which a recorded step cannot read");
+    if (mask->values)
+      user_error("relu_forward: a bitmap with values needs its count, which a recorded step cannot read");
     mask->uncounted = true;
   }
 }
@@ -101,10 +102,11 @@ void CudaBackend::relu_forward(const Tensor& x, Tensor& y, MaskOut* mask) {
 void CudaBackend::relu_backward(const Tensor& dy, const MaskView& mask, Tensor& dx, bool accumulate) {
   const int64_t n = dy.numel();
   if (mask.bits)
-    relu_backward_bits_kernel<<<blocks_for(n), kThreads, 0, stream_>>>(dy.f32(), reinterpret_cast<const uint32_t*>(mask.bits),
-                                                           dx.f32(), n, accumulate);
+    relu_backward_bits_kernel<<<blocks_for(n), kThreads, 0, stream_>>>(
+        dy.f32(), reinterpret_cast<const uint32_t*>(mask.bits), dx.f32(), n, accumulate);
   else
-    relu_backward_dense_kernel<<<blocks_for(n), kThreads, 0, stream_>>>(dy.f32(), mask.dense.f32(), dx.f32(), n, accumulate);
+    relu_backward_dense_kernel<<<blocks_for(n), kThreads, 0, stream_>>>(dy.f32(), mask.dense.f32(), dx.f32(), n,
+                                                                        accumulate);
   cuda::launched("relu_backward");
 }
 
@@ -131,13 +133,14 @@ void CudaBackend::accumulate_grad(const Tensor& src, Tensor& dst, bool accumulat
 }
 
 void CudaBackend::dropout_forward(const Tensor& x, float p, uint64_t seed, Tensor& y) {
-  dropout_kernel<<<blocks_for(x.numel()), kThreads, 0, stream_>>>(x.f32(), p, 1.f / (1.f - p), seed, y.f32(), x.numel(), false);
+  dropout_kernel<<<blocks_for(x.numel()), kThreads, 0, stream_>>>(x.f32(), p, 1.f / (1.f - p), seed, y.f32(), x.numel(),
+                                                                  false);
   cuda::launched("dropout_forward");
 }
 
 void CudaBackend::dropout_backward(const Tensor& dy, float p, uint64_t seed, Tensor& dx, bool accumulate) {
-  dropout_kernel<<<blocks_for(dy.numel()), kThreads, 0, stream_>>>(dy.f32(), p, 1.f / (1.f - p), seed, dx.f32(), dy.numel(),
-                                                       accumulate);
+  dropout_kernel<<<blocks_for(dy.numel()), kThreads, 0, stream_>>>(dy.f32(), p, 1.f / (1.f - p), seed, dx.f32(),
+                                                                   dy.numel(), accumulate);
   cuda::launched("dropout_backward");
 }
 

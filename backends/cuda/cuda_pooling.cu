@@ -152,7 +152,8 @@ void CudaBackend::maxpool2d_forward(const Conv2dGeom& g, const Tensor& x, Tensor
 void CudaBackend::maxpool2d_backward(const Conv2dGeom& g, const Tensor& dy, const Tensor& x, Tensor& dx,
                                      bool accumulate, Workspace) {
   const int64_t total = g.N * g.C * g.H * g.W;
-  maxpool_backward_kernel<<<blocks_for(total), kThreads, 0, stream_>>>(geom_of(g), total, x.f32(), dy.f32(), dx.f32(), accumulate);
+  maxpool_backward_kernel<<<blocks_for(total), kThreads, 0, stream_>>>(geom_of(g), total, x.f32(), dy.f32(), dx.f32(),
+                                                                       accumulate);
   cuda::launched("maxpool2d_backward");
 }
 
@@ -164,32 +165,35 @@ void CudaBackend::avgpool2d_forward(const Conv2dGeom& g, const Tensor& x, Tensor
 
 void CudaBackend::avgpool2d_backward(const Conv2dGeom& g, const Tensor& dy, Tensor& dx, bool accumulate) {
   const int64_t total = g.N * g.C * g.H * g.W;
-  avgpool_backward_kernel<<<blocks_for(total), kThreads, 0, stream_>>>(geom_of(g), total, dy.f32(), dx.f32(), accumulate);
+  avgpool_backward_kernel<<<blocks_for(total), kThreads, 0, stream_>>>(geom_of(g), total, dy.f32(), dx.f32(),
+                                                                       accumulate);
   cuda::launched("avgpool2d_backward");
 }
 
 void CudaBackend::global_avgpool_forward(const Tensor& x, Tensor& y) {
   const int64_t planes = x.dim(0) * x.dim(1), HW = x.dim(2) * x.dim(3);
-  global_avg_forward_kernel<<<unsigned((planes * 32 + kThreads - 1) / kThreads), kThreads, 0, stream_>>>(x.f32(), planes, HW, y.f32());
+  global_avg_forward_kernel<<<unsigned((planes * 32 + kThreads - 1) / kThreads), kThreads, 0, stream_>>>(
+      x.f32(), planes, HW, y.f32());
   cuda::launched("global_avgpool_forward");
 }
 
 void CudaBackend::global_avgpool_backward(const Tensor& dy, Tensor& dx, bool accumulate) {
   const int64_t HW = dx.dim(2) * dx.dim(3);
-  global_avg_backward_kernel<<<blocks_for(dx.numel()), kThreads, 0, stream_>>>(dy.f32(), dx.numel(), HW, dx.f32(), accumulate);
+  global_avg_backward_kernel<<<blocks_for(dx.numel()), kThreads, 0, stream_>>>(dy.f32(), dx.numel(), HW, dx.f32(),
+                                                                               accumulate);
   cuda::launched("global_avgpool_backward");
 }
 
 void CudaBackend::subsample_pad_forward(const Tensor& x, int64_t stride, int64_t pad, Tensor& y) {
-  subsample_pad_forward_kernel<<<blocks_for(y.numel()), kThreads, 0, stream_>>>(x.f32(), x.dim(0), x.dim(1), x.dim(2), x.dim(3),
-                                                                    y.dim(1), y.dim(2), y.dim(3), stride, pad, y.f32());
+  subsample_pad_forward_kernel<<<blocks_for(y.numel()), kThreads, 0, stream_>>>(
+      x.f32(), x.dim(0), x.dim(1), x.dim(2), x.dim(3), y.dim(1), y.dim(2), y.dim(3), stride, pad, y.f32());
   cuda::launched("subsample_pad_forward");
 }
 
 void CudaBackend::subsample_pad_backward(const Tensor& dy, int64_t stride, int64_t pad, Tensor& dx, bool accumulate) {
-  subsample_pad_backward_kernel<<<blocks_for(dx.numel()), kThreads, 0, stream_>>>(dy.f32(), dx.dim(0), dx.dim(1), dx.dim(2),
-                                                                      dx.dim(3), dy.dim(1), dy.dim(2), dy.dim(3), stride,
-                                                                      pad, dx.f32(), accumulate);
+  subsample_pad_backward_kernel<<<blocks_for(dx.numel()), kThreads, 0, stream_>>>(
+      dy.f32(), dx.dim(0), dx.dim(1), dx.dim(2), dx.dim(3), dy.dim(1), dy.dim(2), dy.dim(3), stride, pad, dx.f32(),
+      accumulate);
   cuda::launched("subsample_pad_backward");
 }
 

@@ -222,8 +222,8 @@ class CudaStashCodec final : public StashCodec {
     if (n <= 0) return;
     offsets_from_bits(bits, n);
     const int64_t chunks = num_chunks(n);
-    pack_values_kernel<<<grid_for(chunks), kChunk, 0, stream_>>>(x, reinterpret_cast<const uint32_t*>(bits), num_words(n) * 2, n,
-                                                     offsets_, chunks, values, f16);
+    pack_values_kernel<<<grid_for(chunks), kChunk, 0, stream_>>>(x, reinterpret_cast<const uint32_t*>(bits),
+                                                                 num_words(n) * 2, n, offsets_, chunks, values, f16);
     check(cudaGetLastError(), "pack_values");
   }
   int64_t pack(const float* x, int64_t n, float prune_threshold, uint64_t* bits, void* values, bool f16) override {
@@ -231,8 +231,8 @@ class CudaStashCodec final : public StashCodec {
     const int64_t kept = bits_and_counts(x, n, prune_threshold, bits, true);
     const int64_t chunks = num_chunks(n);
     exclusive_scan_kernel<<<1, kScanThreads, 0, stream_>>>(counts_, chunks, offsets_);
-    pack_values_kernel<<<grid_for(chunks), kChunk, 0, stream_>>>(x, reinterpret_cast<const uint32_t*>(bits), num_words(n) * 2, n,
-                                                     offsets_, chunks, values, f16);
+    pack_values_kernel<<<grid_for(chunks), kChunk, 0, stream_>>>(x, reinterpret_cast<const uint32_t*>(bits),
+                                                                 num_words(n) * 2, n, offsets_, chunks, values, f16);
     check(cudaGetLastError(), "pack");
     return kept;
   }
@@ -240,8 +240,8 @@ class CudaStashCodec final : public StashCodec {
     if (n <= 0) return;
     offsets_from_bits(bits, n);
     const int64_t chunks = num_chunks(n);
-    unpack_kernel<<<grid_for(chunks), kChunk, 0, stream_>>>(reinterpret_cast<const uint32_t*>(bits), num_words(n) * 2, values, n,
-                                                offsets_, chunks, f16, y);
+    unpack_kernel<<<grid_for(chunks), kChunk, 0, stream_>>>(reinterpret_cast<const uint32_t*>(bits), num_words(n) * 2,
+                                                            values, n, offsets_, chunks, f16, y);
     check(cudaGetLastError(), "unpack");
   }
   int64_t encode_codes(const float*, const int8_t*, int64_t, float, void*) override {
@@ -272,8 +272,8 @@ class CudaStashCodec final : public StashCodec {
     const uint32_t threshold = bitmap::keep_threshold_bits(prune_threshold);
     check(cudaMemsetAsync(total_, 0, sizeof(unsigned long long), stream_), "cudaMemsetAsync");
     make_bits_kernel<<<grid_for(chunks), kChunk, 0, stream_>>>(x, n, threshold, reinterpret_cast<uint32_t*>(bits),
-                                                   bits ? num_words(n) * 2 : 0, chunk_counts ? counts_ : nullptr,
-                                                   chunks, total_);
+                                                               bits ? num_words(n) * 2 : 0,
+                                                               chunk_counts ? counts_ : nullptr, chunks, total_);
     check(cudaGetLastError(), "make_bits");
     unsigned long long total = 0;
     check(cudaMemcpy(&total, total_, sizeof(total), cudaMemcpyDeviceToHost), "cudaMemcpy");
@@ -283,7 +283,7 @@ class CudaStashCodec final : public StashCodec {
     const int64_t chunks = num_chunks(n);
     reserve(chunks);
     chunk_counts_kernel<<<unsigned((chunks + 255) / 256), 256, 0, stream_>>>(reinterpret_cast<const uint32_t*>(bits),
-                                                                 num_words(n) * 2, counts_, chunks);
+                                                                             num_words(n) * 2, counts_, chunks);
     exclusive_scan_kernel<<<1, kScanThreads, 0, stream_>>>(counts_, chunks, offsets_);
     check(cudaGetLastError(), "chunk offsets");
   }

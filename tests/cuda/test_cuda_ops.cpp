@@ -3,10 +3,9 @@
 // Exact where both compute the same operations in the same order (ReLU and its bitmap, add,
 // dropout's mask, max pooling and its gradient, option-A shortcuts); elsewhere a relative
 // tolerance, stated per check: the GEMMs and reductions sum in other orders.
-#include <catch2/catch.hpp>
-
 #include <cuda_runtime.h>
 
+#include <catch2/catch.hpp>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -417,7 +416,8 @@ TEST_CASE("cuda: resnet20, vgg16_bn and mobilenetv2 train as on the CPU for a fe
   // its third-step loss by up to 5 %, so a loss trajectory cannot be compared at 5e-3. Compared
   // instead: the forward's loss, and the first backward's gradients as one vector within 5 %
   // (a wrong index in a kernel is off by far more).
-  Run cpu(make_cpu_backend(), StashOptions{}, "mobilenetv2", 8), dev(make_cuda_backend(0), StashOptions{}, "mobilenetv2", 8);
+  Run cpu(make_cpu_backend(), StashOptions{}, "mobilenetv2", 8),
+      dev(make_cuda_backend(0), StashOptions{}, "mobilenetv2", 8);
   cpu.forward_backward();
   dev.forward_backward();
   CHECK(std::fabs(cpu.ex->loss() - dev.ex->loss()) <= 1e-5f * std::fabs(cpu.ex->loss()));
