@@ -435,6 +435,31 @@ TEST_CASE("cuda: resnet20, vgg16_bn and mobilenetv2 train as on the CPU for a fe
   for (int s = 0; s < 2; ++s) CHECK(std::isfinite(dev.step(s == 0)));
 }
 
+TEST_CASE("cuda: a record runs nothing until replayed; a failed record leaves the backend working", "[cuda][replay]") {
+  const std::unique_ptr<Backend> be = make_cuda_backend(0);
+  Both x({1000}, 91);
+  const std::vector<float> before = x.device_values();
+  REQUIRE(be->capture_unsupported() == "");
+  be->begin_capture();
+  be->fill(x.dev, 3.f);  // recorded, not run
+  REQUIRE(be->end_capture() == "");
+  CHECK(x.device_values() == before);
+  be->replay();
+  CHECK(x.device_values() == std::vector<float>(1000, 3.f));
+  be->fill(x.dev, 0.f);
+  be->replay();  // again, from the same record
+  CHECK(x.device_values() == std::vector<float>(1000, 3.f));
+  // A call that reads back (here the finiteness check) cannot be recorded: it throws, the record
+  // fails with a reason, and the backend goes on as before.
+  be->begin_capture();
+  CHECK_THROWS(be->all_finite({x.dev}));
+  CHECK(be->end_capture() != "");
+  be->drop_capture();
+  be->fill(x.dev, 5.f);
+  CHECK(x.device_values() == std::vector<float>(1000, 5.f));
+  CHECK(be->all_finite({x.dev}));
+}
+
 TEST_CASE("cuda: a replayed step (a CUDA graph) equals the step run op by op, bit for bit", "[cuda][replay]") {
   // The same kernels with the same arguments on the same addresses: every loss and every byte of
   // the state must match. Each step has its own batch and learning rate, which a replay must take
