@@ -109,15 +109,11 @@ int cmd_bench_step(const BenchStepArgs& a) {
   auto step = [&](int64_t s) {
     ex.set_step_seed(uint64_t(s));
     uss.begin_step();  // the peak over the whole step (memory/uss.h)
-    if (replay.try_step(n)) {
-      uss.phase();
-      diverged |= check_loss(ex.loss(), cfg.train.divergence_loss) != DivergenceCause::None;
-    } else {
-      ex.forward(n, true);
-      uss.phase();
-      diverged |= check_loss(ex.loss(), cfg.train.divergence_loss) != DivergenceCause::None;
-      ex.backward();
-    }
+    const bool replayed = replay.try_step(n);  // forward and backward together
+    if (!replayed) ex.forward(n, true);
+    uss.phase();
+    diverged |= check_loss(ex.loss(), cfg.train.divergence_loss) != DivergenceCause::None;
+    if (!replayed) ex.backward();
     uss.phase();
     if (a.profile) backend->synchronize();  // the backward's queued work is not the guard's
     const auto t0 = a.profile ? Clock::now() : Clock::time_point{};

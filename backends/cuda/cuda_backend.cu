@@ -367,12 +367,11 @@ std::string CudaBackend::end_capture() {
 #else
   const cudaError_t ie = cudaGraphInstantiate(&x, g, nullptr, nullptr, 0);
 #endif
+  cudaGraphDestroy(g);  // the instantiated graph stands alone
   if (ie != cudaSuccess) {
     (void)cudaGetLastError();
-    cudaGraphDestroy(g);
     return std::string("instantiating the recorded step failed: ") + cudaGetErrorString(ie);
   }
-  graph_ = g;
   graph_exec_ = x;
   return "";
 }
@@ -387,9 +386,7 @@ void CudaBackend::replay() {
 
 void CudaBackend::drop_capture() {
   if (graph_exec_) cudaGraphExecDestroy(graph_exec_);
-  if (graph_) cudaGraphDestroy(graph_);
   graph_exec_ = nullptr;
-  graph_ = nullptr;
 }
 
 // ---- not on CUDA yet: check_device_support (engine/config_sections.cpp) refuses the configs

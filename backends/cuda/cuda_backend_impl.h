@@ -144,8 +144,7 @@ class CudaBackend final : public Backend {
   int device_;
   cudaStream_t stream_ = nullptr;
   bool capturing_ = false;                // between begin_capture and end_capture
-  cudaGraph_t graph_ = nullptr;           // the recorded step
-  cudaGraphExec_t graph_exec_ = nullptr;  // ... instantiated
+  cudaGraphExec_t graph_exec_ = nullptr;  // the recorded step, instantiated
   std::unique_ptr<DeviceMemory> memory_;
   std::unique_ptr<StashCodec> codec_;
   cublasHandle_t blas_ = nullptr;

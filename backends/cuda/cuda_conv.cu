@@ -107,12 +107,12 @@ __global__ void bias_grad_kernel(const float* dy, int64_t N, int64_t K, int64_t 
 }
 
 // ---- groups > 1: direct kernels. w [K, C/groups, R, S].
-__global__ void grouped_forward_kernel(Geom g, const float* x, const float* w, const float* b, int64_t N, float* y) {
+__global__ void grouped_forward_kernel(Geom g, const float* x, const float* w, int64_t N, float* y) {
   const int64_t Cg = g.C / g.groups, Kg = g.K / g.groups, total = N * g.K * g.P * g.Q;
   ET_GRID_STRIDE(i, total) {
     const int64_t n = i / (g.K * g.P * g.Q), k = i / (g.P * g.Q) % g.K, p = i / g.Q % g.P, q = i % g.Q;
     const int64_t c0 = k / Kg * Cg;
-    float acc = b ? b[k] : 0.f;
+    float acc = 0.f;  // the bias is added after (add_bias_kernel), as on every path
     for (int64_t c = 0; c < Cg; ++c)
       for (int64_t r = 0; r < g.R; ++r) {
         const int64_t h = p * g.sh - g.ph + r;
@@ -251,8 +251,8 @@ void im2col_backward_weight(cublasHandle_t blas, const Conv2dGeom& g, const floa
 // The pass's path (cuda_conv_cudnn.h): a cuDNN algorithm (>= 0) or the backend's own kernels (< 0:
 // im2col + SGEMM for dense convs, the direct kernels for grouped ones), measured at the geometry
 // and pass's first use. The measurement writes a scratch output (allocated for it, in the first
-// step only), so an accumulating pass's real output is untouched. `ours` runs the backend's own
-// pass into a given output, without accumulating.
+// step only), so an accumulating pass's real output is untouched. `ours(out, accumulate)` runs the
+// backend's own pass.
 template <class Ours>
 int conv_path(cuda::CudnnConvs* dnn, cudaStream_t stream, const Conv2dGeom& g, ConvPass pass, const float* a,
               const float* b, int64_t out_floats, Workspace ws, Ours&& ours) {
@@ -267,7 +267,7 @@ int conv_path(cuda::CudnnConvs* dnn, cudaStream_t stream, const Conv2dGeom& g, C
   float best = 1e30f;
   for (int rep = 0; rep < 3; ++rep) {
     cuda::check(cudaEventRecord(t0, stream), "cudaEventRecord");
-    ours(scratch);
+    ours(scratch, false);
     cuda::check(cudaEventRecord(t1, stream), "cudaEventRecord");
     cuda::check(cudaEventSynchronize(t1), "cudaEventSynchronize");
     float ms = 0.f;
@@ -281,6 +281,15 @@ int conv_path(cuda::CudnnConvs* dnn, cudaStream_t stream, const Conv2dGeom& g, C
   return chosen;
 }
 
+// The pass into `out` (accumulating where asked) on its path.
+template <class Ours>
+void run_pass(cuda::CudnnConvs* dnn, cudaStream_t stream, const Conv2dGeom& g, ConvPass pass, const float* a,
+              const float* b, float* out, int64_t out_floats, bool accumulate, Workspace ws, Ours&& ours) {
+  const int path = conv_path(dnn, stream, g, pass, a, b, out_floats, ws, ours);
+  if (path >= 0) dnn->run(g, pass, path, a, b, out, accumulate, ws);
+  else ours(out, accumulate);
+}
+
 }  // namespace
 
 size_t CudaBackend::conv2d_workspace_bytes(const Conv2dGeom& g, ConvPass pass) const {
@@ -290,27 +299,13 @@ size_t CudaBackend::conv2d_workspace_bytes(const Conv2dGeom& g, ConvPass pass) c
 void CudaBackend::conv2d_forward(const Conv2dGeom& g, const Tensor& x, const Tensor& w, const Tensor& b, Tensor& y,
                                  Workspace ws) {
   ET_CHECK(ws.bytes >= conv2d_workspace_bytes(g, ConvPass::Forward), "conv2d_forward: workspace");
-  // Grouped (depthwise): the direct kernel, whose output has the bias in it.
-  auto grouped = [&](float* out, const float* bias) {
-    grouped_forward_kernel<<<blocks_for(y.numel()), kThreads, 0, stream_>>>(geom_of(g), x.f32(), w.f32(), bias, g.N,
-                                                                            out);
-    cuda::launched("conv2d_forward (grouped)");
-  };
-  const int path =
-      conv_path(cudnn_.get(), stream_, g, ConvPass::Forward, x.f32(), w.f32(), y.numel(), ws, [&](float* out) {
-        if (g.groups != 1)
-          grouped(out, nullptr);
-        else
-          im2col_forward(blas_, g, x.f32(), w.f32(), out, ws);
-      });
-  if (path >= 0) {
-    cudnn_->run(g, ConvPass::Forward, path, x.f32(), w.f32(), y.f32(), false, ws);
-  } else if (g.groups != 1) {
-    grouped(y.f32(), b.defined() ? b.f32() : nullptr);
-    return;
-  } else {
-    im2col_forward(blas_, g, x.f32(), w.f32(), y.f32(), ws);
-  }
+  run_pass(cudnn_.get(), stream_, g, ConvPass::Forward, x.f32(), w.f32(), y.f32(), y.numel(), false, ws,
+           [&](float* out, bool) {
+             if (g.groups == 1) return im2col_forward(blas_, g, x.f32(), w.f32(), out, ws);
+             grouped_forward_kernel<<<blocks_for(y.numel()), kThreads, 0, stream_>>>(geom_of(g), x.f32(), w.f32(), g.N,
+                                                                                     out);
+             cuda::launched("conv2d_forward (grouped)");
+           });
   if (b.defined()) {
     add_bias_kernel<<<blocks_for(y.numel()), kThreads, 0, stream_>>>(y.f32(), b.f32(), y.numel(), g.K, g.P * g.Q);
     cuda::launched("conv bias");
@@ -320,17 +315,13 @@ void CudaBackend::conv2d_forward(const Conv2dGeom& g, const Tensor& x, const Ten
 void CudaBackend::conv2d_backward_data(const Conv2dGeom& g, const Tensor& dy, const Tensor& w, Tensor& dx,
                                        bool accumulate, Workspace ws) {
   ET_CHECK(ws.bytes >= conv2d_workspace_bytes(g, ConvPass::BackwardData), "conv2d_backward_data: workspace");
-  auto ours = [&](float* out, bool acc) {
-    if (g.groups == 1) return im2col_backward_data(blas_, g, dy.f32(), w.f32(), out, acc, ws);
-    grouped_backward_data_kernel<<<blocks_for(dx.numel()), kThreads, 0, stream_>>>(geom_of(g), dy.f32(), w.f32(), g.N,
-                                                                                   out, acc);
-    cuda::launched("conv2d_backward_data (grouped)");
-  };
-  const int path = conv_path(cudnn_.get(), stream_, g, ConvPass::BackwardData, dy.f32(), w.f32(), dx.numel(), ws,
-                             [&](float* out) { ours(out, false); });
-  if (path >= 0) cudnn_->run(g, ConvPass::BackwardData, path, dy.f32(), w.f32(), dx.f32(), accumulate, ws);
-  else
-    ours(dx.f32(), accumulate);
+  run_pass(cudnn_.get(), stream_, g, ConvPass::BackwardData, dy.f32(), w.f32(), dx.f32(), dx.numel(), accumulate, ws,
+           [&](float* out, bool acc) {
+             if (g.groups == 1) return im2col_backward_data(blas_, g, dy.f32(), w.f32(), out, acc, ws);
+             grouped_backward_data_kernel<<<blocks_for(dx.numel()), kThreads, 0, stream_>>>(geom_of(g), dy.f32(),
+                                                                                            w.f32(), g.N, out, acc);
+             cuda::launched("conv2d_backward_data (grouped)");
+           });
 }
 
 void CudaBackend::conv2d_backward_weight(const Conv2dGeom& g, const Tensor& x, const Tensor& dy, Tensor& dw,
@@ -340,17 +331,13 @@ void CudaBackend::conv2d_backward_weight(const Conv2dGeom& g, const Tensor& x, c
     cuda::launched("conv bias gradient");
   }
   ET_CHECK(ws.bytes >= conv2d_workspace_bytes(g, ConvPass::BackwardWeight), "conv2d_backward_weight: workspace");
-  auto ours = [&](float* out, bool acc) {
-    if (g.groups == 1) return im2col_backward_weight(blas_, g, x.f32(), dy.f32(), out, acc, ws);
-    grouped_backward_weight_kernel<<<unsigned(dw.numel()), kThreads, 0, stream_>>>(geom_of(g), x.f32(), dy.f32(), g.N,
-                                                                                   out, acc);
-    cuda::launched("conv2d_backward_weight (grouped)");
-  };
-  const int path = conv_path(cudnn_.get(), stream_, g, ConvPass::BackwardWeight, x.f32(), dy.f32(), dw.numel(), ws,
-                             [&](float* out) { ours(out, false); });
-  if (path >= 0) cudnn_->run(g, ConvPass::BackwardWeight, path, x.f32(), dy.f32(), dw.f32(), accumulate, ws);
-  else
-    ours(dw.f32(), accumulate);
+  run_pass(cudnn_.get(), stream_, g, ConvPass::BackwardWeight, x.f32(), dy.f32(), dw.f32(), dw.numel(), accumulate, ws,
+           [&](float* out, bool acc) {
+             if (g.groups == 1) return im2col_backward_weight(blas_, g, x.f32(), dy.f32(), out, acc, ws);
+             grouped_backward_weight_kernel<<<unsigned(dw.numel()), kThreads, 0, stream_>>>(geom_of(g), x.f32(),
+                                                                                            dy.f32(), g.N, out, acc);
+             cuda::launched("conv2d_backward_weight (grouped)");
+           });
 }
 
 // x [N, I], w [O, I], y [N, O]: Y^T (O x N) = W (O x I) X^T (I x N)

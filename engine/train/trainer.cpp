@@ -201,21 +201,16 @@ bool Trainer::train_step(int64_t batch, float lr) {
   // end of the update, or, where it cannot be reset, samples after each phase.
   uss_.begin_step();
   try {
-    if (replay_->try_step(batch)) {  // forward and backward replayed together (train.cuda_graph)
-      uss_.phase();
-      have_loss = true;
-      if (const DivergenceCause c = check_loss(ex.loss(), cfg_.train.divergence_loss); c != DivergenceCause::None)
-        return diverged(c, batch, nullptr, true, lr);
-    } else {
-      ex.forward(batch, true);
-      uss_.phase();
-      have_loss = true;
-      // Checked before the backward, so the parameters are still the step's and the guard can run
-      // it again to find where the first non-finite value appeared.
-      if (const DivergenceCause c = check_loss(ex.loss(), cfg_.train.divergence_loss); c != DivergenceCause::None)
-        return diverged(c, batch, nullptr, true, lr);
-      ex.backward();
-    }
+    // train.cuda_graph: forward and backward replayed together, so the loss is checked after both.
+    const bool replayed = replay_->try_step(batch);
+    if (!replayed) ex.forward(batch, true);
+    uss_.phase();
+    have_loss = true;
+    // Checked before the backward, so the parameters are still the step's and the guard can run
+    // it again to find where the first non-finite value appeared.
+    if (const DivergenceCause c = check_loss(ex.loss(), cfg_.train.divergence_loss); c != DivergenceCause::None)
+      return diverged(c, batch, nullptr, true, lr);
+    if (!replayed) ex.backward();
     uss_.phase();
   } catch (const NonFiniteError& e) {  // a quantizer's input, weight or output gradient
     return diverged(DivergenceCause::NonFiniteValue, batch, &e, have_loss, lr);
