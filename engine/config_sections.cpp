@@ -329,15 +329,14 @@ void parse_quant(ObjectReader& top, Config& c) {
 namespace et {
 namespace config_detail {
 
-// What the CUDA backend runs so far (issue 13): FP32 training with every f32 stash format and
-// recomputation. Fused stacks, 4-bit training and a USS budget (host memory) name their key.
+// What the CUDA backend runs so far (issue 13): FP32 and 4-bit training with every stash format
+// but bitmap_int4 (the CUDA stash codec names that one), and recomputation. Fused stacks and a
+// USS budget (host memory) name their key.
 void check_device_support(const Config& c) {
   if (c.train.device.compare(0, 4, "cuda") != 0) return;
   const std::string dev = "config key 'train.device' = \"" + c.train.device + "\": ";
   if (c.model.fusion.enabled)
     user_error(dev, "the CUDA backend has no fused stacks yet; set fusion.enabled = false");
-  if (c.quant_options().any() || c.quant_options(true).any())
-    user_error(dev, "the CUDA backend has no 4-bit kernels yet; leave quant.forward / quant.backward at fp32");
   if (c.memory.budget_mb > 0)
     user_error(dev, "memory.budget_mb plans host USS; on CUDA leave it at 0");
 }

@@ -36,8 +36,16 @@ void Executor::plan_code_saves(PlanState& st) {
       eligible[size_t(x)] = 1;
   }
   const StashFormat global = stash_options_.format;
+  // A backend whose codec has no code bitmap (CUDA so far) keeps the codes in X, as dense_fp32 does.
+  const bool encodes = backend_.stash_codec().encodes_codes();
+  auto no_code_bitmap = [&](const std::string& key) {
+    user_error("config key '", key, "' = \"bitmap_int4\": the ", backend_.name(),
+               " backend has no INT4 code bitmap yet; choose another stash format");
+  };
+  if (global == StashFormat::BitmapI4 && !encodes) no_code_bitmap("memory.stash");
   // auto takes the codes unless checkpoint_every recomputes segments its own way.
-  const bool all = global == StashFormat::BitmapI4 || (global == StashFormat::Auto && stash_options_.checkpoint_every == 0);
+  const bool all = global == StashFormat::BitmapI4 ||
+                   (global == StashFormat::Auto && stash_options_.checkpoint_every == 0 && encodes);
   for (int id = 0; id < st.nv; ++id) st.codes[size_t(id)] = all && eligible[size_t(id)];
   if (global == StashFormat::BitmapI4 && std::count(st.codes.begin(), st.codes.end(), 1) == 0)
     user_error("config key 'memory.stash' = \"bitmap_int4\": it keeps the INT4 input codes of layers with an INT4 "
@@ -47,6 +55,7 @@ void Executor::plan_code_saves(PlanState& st) {
   for (const auto& [layer, f] : stash_options_.layers) {
     const int id = graph_.find_value(layer);
     if (id < 0) continue;  // stash_formats names it
+    if (f == StashFormat::BitmapI4 && !encodes) no_code_bitmap("memory.layers." + layer);
     if (f == StashFormat::BitmapI4 && !eligible[size_t(id)])
       user_error("config key 'memory.layers.", layer, "' = \"bitmap_int4\": the output of this layer is not the input "
                  "of a layer with an INT4 forward and a 4-bit backward (quant.forward = int4, quant.backward = "

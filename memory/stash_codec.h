@@ -25,6 +25,9 @@ class StashCodec {
                        bool f16) = 0;
   // y[n] = the dense tensor `bits` / `values` encode, zeros elsewhere (bitmap::unpack).
   virtual void unpack(const uint64_t* bits, const void* values, int64_t n, bool f16, float* y) = 0;
+  // Whether encode_codes runs on this backend (memory.stash = bitmap_int4; auto then keeps a
+  // quantized layer's input codes); the planner asks before choosing it.
+  virtual bool encodes_codes() const { return true; }
   // The bitmap_int4 encoding of x's codes (code_bitmap::encode); returns the kept count.
   virtual int64_t encode_codes(const float* x, const int8_t* codes, int64_t n, float prune_threshold,
                                void* out) = 0;

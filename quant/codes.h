@@ -12,6 +12,14 @@
 // two's-complement nibbles, unsigned as is, FP4 as sign << 3 | f.
 #pragma once
 #include <cstdint>
+#include <cstring>
+
+// Functions both the CPU quantizers and the CUDA kernels call (the same bits on both backends).
+#if defined(__CUDACC__)
+#define ET_HOST_DEVICE __host__ __device__
+#else
+#define ET_HOST_DEVICE
+#endif
 
 namespace et {
 namespace quant {
@@ -21,7 +29,7 @@ constexpr int kInt4UnsignedMax = 15;  // 0..15
 constexpr int kFp4MaxLevels = 7;      // magnitudes 2^0 .. 2^6 (times alpha)
 
 // FP4 field <-> kernel byte (+-2^(f-1), 0 for f = 0).
-inline int8_t fp4_value(int sign, int field) {
+ET_HOST_DEVICE inline int8_t fp4_value(int sign, int field) {
   return field == 0 ? int8_t(0) : int8_t(sign ? -(1 << (field - 1)) : (1 << (field - 1)));
 }
 inline uint8_t fp4_nibble(int8_t value) {
@@ -47,7 +55,7 @@ inline uint64_t mix64(uint64_t x) {  // splitmix64 finaliser
   x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
   return x ^ (x >> 31);
 }
-inline uint32_t fmix32(uint32_t h) {  // murmur3 finaliser: a bijection with full avalanche
+ET_HOST_DEVICE inline uint32_t fmix32(uint32_t h) {  // murmur3 finaliser: a bijection with full avalanche
   h ^= h >> 16;
   h *= 0x85EBCA6Bu;
   h ^= h >> 13;
@@ -63,7 +71,40 @@ inline RngKey rng_key(uint64_t layer_seed, int sample) {
   return RngKey{uint32_t(k), uint32_t(k >> 32)};
 }
 // Two rounds over the index: distinct indices give distinct, well mixed words within one key.
-inline uint32_t rng_bits(RngKey key, uint32_t index) { return fmix32(fmix32(index ^ key.k0) + key.k1); }
+ET_HOST_DEVICE inline uint32_t rng_bits(RngKey key, uint32_t index) { return fmix32(fmix32(index ^ key.k0) + key.k1); }
+
+ET_HOST_DEVICE inline uint32_t float_bits(float f) {
+#if defined(__CUDA_ARCH__)
+  return __float_as_uint(f);
+#else
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  return u;
+#endif
+}
+
+// FP4 rounding of neural gradients: LUQ's unbiased stochastic one, or round to nearest (the
+// paper's diverging ablation).
+enum class Fp4Rounding : uint8_t { Stochastic, Nearest };
+
+// The FP4 field (0: zero, f = 1..levels: magnitude 2^(f-1)) of a = |g| / alpha, with the 32 random
+// bits rnd of the element (stochastic rounding). Between powers of two 2^e <= a < 2^(e+1) it rounds
+// up with probability (a - 2^e) / 2^e, so E[value] = a; below 1 (alpha) to 1 with probability a
+// (LUQ's unbiased underflow); at or above 2^(levels-1) it is the top level (alpha = max|g| / 2^(levels-1),
+// so only max|g| itself gets there). The mantissa against 23 of the random bits: exact.
+ET_HOST_DEVICE inline int fp4_field(float a, int levels, Fp4Rounding mode, uint32_t rnd) {
+  if (a >= 1.f) {
+    const uint32_t b = float_bits(a);
+    const int e = int(b >> 23) - 127;
+    if (e >= levels - 1) return levels;
+    const uint32_t mant = b & 0x7FFFFFu;  // (a - 2^e) / 2^e in units of 2^-23
+    const bool up = mode == Fp4Rounding::Stochastic ? (rnd >> 9) < mant : mant >= 0x400000u;
+    return e + 1 + int(up);
+  }
+  // float(rnd >> 8) * 2^-24: a uniform in [0, 1) on 24 bits, exact
+  const bool up = mode == Fp4Rounding::Stochastic ? float(rnd >> 8) * (1.f / 16777216.f) < a : a >= 0.5f;
+  return int(up);
+}
 
 }  // namespace quant
 }  // namespace et

@@ -19,9 +19,7 @@ struct TensorStats {
   bool finite = true;              // no inf / NaN anywhere
 };
 
-// FP4 rounding of neural gradients: LUQ's unbiased stochastic one, or round to nearest (the
-// paper's diverging ablation).
-enum class Fp4Rounding : uint8_t { Stochastic, Nearest };
+using quant::Fp4Rounding;  // quant/codes.h
 
 namespace quant {
 

@@ -3,7 +3,7 @@
 # so nothing is built there). Prepare here with scripts/gpu_prepare.sh (builds build-cuda: portable
 # x86, sm_90; copies the binaries and a 20 MB .tgz of the JPEG CIFAR-10 into gpu/, which
 # .git/info/exclude ignores), then run there, carrying gpu/:
-#   STEPS="tests bench train suite" bash scripts/gpu_check.sh gpu   (also: profile, badinput, conv, torch)
+#   STEPS="tests bench train suite" bash scripts/gpu_check.sh gpu   (also: luq, profile, badinput, conv, torch)
 # Each step has its own time limit and writes its log to $OUT; a step that fails does not stop the
 # next. The CPU suite runs there sharded by test case (the machine has 16 cores).
 set -u
@@ -54,6 +54,18 @@ if has bench; then
   done 2>&1 | tee "$OUT/bench.log"
   timeout 60 "$B/edgetrain" memprofile --config configs/resnet20_cifar10.json --synthetic --out /tmp/mp \
     --set train.device=cuda --set fusion.enabled=false --set memory.stash=bitmap_fp32 >"$OUT/memprofile.log" 2>&1
+fi
+
+if has luq; then
+  stamp "4-bit training (LUQ: INT4 forward, FP4 backward) on CUDA beside FP32, op by op (batch 128)"
+  for model in ${LUQ_MODELS:-resnet20 resnet18 vgg16_bn}; do
+    for run in fp32 luq; do
+      q=(); [ "$run" = luq ] && q=(--set quant.forward=int4 --set quant.backward=luq_fp4)
+      timeout 120 "$B/edgetrain" bench step --config "configs/${model}_cifar10.json" --steps "${BENCH_STEPS:-20}" \
+        --warmup 3 --set train.device=cuda --set fusion.enabled=false --set memory.stash=dense_fp32 \
+        --set train.cuda_graph=false "${q[@]}" 2>&1 | grep -E 'median step|quantiz|error|Error' | sed "s/^/$model $run: /"
+    done
+  done 2>&1 | tee "$OUT/luq.log"
 fi
 
 if has profile; then

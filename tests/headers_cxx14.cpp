@@ -10,6 +10,7 @@
 #include "backends/cuda/cuda_device.h"
 #include "backends/cuda/cuda_conv_cudnn.h"
 #include "backends/cuda/cuda_stash_codec.h"
+#include "backends/cuda/int_gemm_operands.h"
 #include "quant/codes.h"
 #include "quant/scales.h"
 

@@ -117,7 +117,9 @@ namespace {
 // The host's codec, counting what the stash asks of it.
 class CountingCodec final : public StashCodec {
  public:
-  int encodes = 0, decodes = 0;
+  int encodes = 0, decodes = 0, code_encodes = 0;
+  bool code_bitmap = true;  // false: as the CUDA codec, no bitmap_int4
+  bool encodes_codes() const override { return code_bitmap; }
   int64_t count_nonzero(const float* x, int64_t n, float t) override { return host().count_nonzero(x, n, t); }
   int64_t make_bits(const float* x, int64_t n, float t, uint64_t* bits) override {
     ++encodes;
@@ -136,7 +138,7 @@ class CountingCodec final : public StashCodec {
     host().unpack(bits, v, n, f16, y);
   }
   int64_t encode_codes(const float* x, const int8_t* c, int64_t n, float t, void* out) override {
-    ++encodes;
+    ++encodes, ++code_encodes;
     return host().encode_codes(x, c, n, t, out);
   }
   void to_half(const float* x, int64_t n, bool bf16, uint16_t* out) override {
@@ -195,7 +197,36 @@ TEST_CASE("the stash encodes and decodes through its backend's codec", "[host][s
   init_parameters(*own.ex, 3);
   for (int s = 0; s < 2; ++s) CHECK(cpu.step(s == 0) == own.step(s == 0));
   CHECK(cpu.state() == own.state());
-  CHECK(static_cast<CodecCpu&>(*own.be).codec.encodes > 0);
+  CHECK(static_cast<CodecCpu&>(*own.be).codec.code_encodes > 0);
+}
+
+TEST_CASE("a codec without the INT4 code bitmap: bitmap_int4 names its key, auto keeps the codes in X",
+          "[host][stash][quant]") {
+  QuantOptions q;
+  q.forward = ForwardQuant::Int4;
+  q.backward = BackwardQuant::LuqFp4;
+  StashOptions so;
+  so.format = StashFormat::BitmapI4;
+  {
+    Run own(std::make_unique<CodecCpu>());
+    static_cast<CodecCpu&>(*own.be).codec.code_bitmap = false;
+    CHECK_THROWS_WITH(Executor(own.g, *own.be, so, q),
+                      Catch::Contains("memory.stash") && Catch::Contains("bitmap_int4") && Catch::Contains("cpu"));
+    StashOptions per_layer;
+    per_layer.layers.push_back({own.g.value(own.g.node(1).output).name, StashFormat::BitmapI4});
+    CHECK_THROWS_WITH(Executor(own.g, *own.be, per_layer, q), Catch::Contains("memory.layers."));
+  }
+  // auto: the codes stay in the layers' X buffers; the same bits as the CPU's auto, which stashes them.
+  so.format = StashFormat::Auto;
+  Run cpu(make_cpu_backend()), own(std::make_unique<CodecCpu>());
+  static_cast<CodecCpu&>(*own.be).codec.code_bitmap = false;
+  cpu.ex = std::make_unique<Executor>(cpu.g, *cpu.be, so, q);
+  own.ex = std::make_unique<Executor>(own.g, *own.be, so, q);
+  init_parameters(*cpu.ex, 3);
+  init_parameters(*own.ex, 3);
+  for (int s = 0; s < 2; ++s) CHECK(cpu.step(s == 0) == own.step(s == 0));
+  CHECK(cpu.state() == own.state());
+  CHECK(static_cast<CodecCpu&>(*own.be).codec.code_encodes == 0);
 }
 
 namespace {

@@ -20,12 +20,6 @@ bool g_force_scalar = false;
 constexpr int kParts = 8;  // fixed split of the statistics (thread-count independent)
 constexpr int kLanes = 16;
 
-uint32_t float_bits(float f) {
-  uint32_t u;
-  std::memcpy(&u, &f, 4);
-  return u;
-}
-
 struct PartStats {
   double sq[kLanes] = {}, ab[kLanes] = {};
   float max_abs = 0;
@@ -127,25 +121,11 @@ int8_t int4_scalar(float v, float inv, float lo, float hi) {
   return int8_t(int(r));
 }
 
-// FP4 field (0 = zero, f = 1..levels: magnitude 2^(f-1)) of a = |g| / alpha.
-int fp4_field(float a, int levels, Fp4Rounding mode, uint32_t rnd) {
-  if (a >= 1.f) {
-    const uint32_t b = float_bits(a);
-    const int e = int(b >> 23) - 127;
-    if (e >= levels - 1) return levels;
-    const uint32_t mant = b & 0x7FFFFFu;  // (a - 2^e) / 2^e in units of 2^-23
-    const bool up = mode == Fp4Rounding::Stochastic ? (rnd >> 9) < mant : mant >= 0x400000u;
-    return e + 1 + int(up);
-  }
-  const bool up = mode == Fp4Rounding::Stochastic ? float(rnd >> 8) * 0x1p-24f < a : a >= 0.5f;
-  return int(up);
-}
-
 void fp4_scalar(const float* g, int64_t begin, int64_t end, float inv_alpha, int levels, Fp4Rounding mode,
                 quant::RngKey key, int8_t* q) {
   for (int64_t i = begin; i < end; ++i) {
     const float a = std::fabs(g[i]) * inv_alpha;
-    const int f = fp4_field(a, levels, mode, quant::rng_bits(key, uint32_t(i)));
+    const int f = quant::fp4_field(a, levels, mode, quant::rng_bits(key, uint32_t(i)));
     q[i] = quant::fp4_value(std::signbit(g[i]) ? 1 : 0, f);
   }
 }

@@ -1,6 +1,6 @@
 // CudaBackend: device, memory, copies, reductions for the host (finiteness, tensor statistics),
 // softmax cross-entropy and the SGD step; what it does not run yet. The other kernels:
-// cuda_elementwise.cu, cuda_batchnorm.cu, cuda_pooling.cu, cuda_conv.cu.
+// cuda_elementwise.cu, cuda_batchnorm.cu, cuda_pooling.cu, cuda_conv.cu, cuda_quant.cu (4-bit).
 #include <cfloat>
 #include <cstdio>
 #include <cstring>
@@ -398,28 +398,6 @@ void CudaBackend::fused_forward(const FusedStack&, FusedTensors&, bool, MaskOut*
 void CudaBackend::fused_backward(const FusedStack&, const FusedTensors&, FusedGrads&, Workspace) {
   ET_CHECK(false, "fused stacks on CUDA (the config should have refused fusion.enabled)");
 }
-#define ET_NO_QUANT ET_CHECK(false, "4-bit kernels on CUDA (the config should have refused quant.*)")
-void CudaBackend::quantize_int4(const Tensor&, Tensor&) { ET_NO_QUANT; }
-void CudaBackend::quantize_fp4(const Tensor&, int, Fp4Rounding, quant::RngKey, Tensor&) { ET_NO_QUANT; }
-void CudaBackend::dequantize(const Tensor&, Tensor&) { ET_NO_QUANT; }
-size_t CudaBackend::conv2d_q_workspace_bytes(const Conv2dGeom&, ConvPass) const { return 0; }
-void CudaBackend::conv2d_forward_q(const Conv2dGeom&, const Tensor&, const Tensor&, const Tensor&, Tensor&, Workspace) {
-  ET_NO_QUANT;
-}
-void CudaBackend::conv2d_backward_data_q(const Conv2dGeom&, const Tensor&, const Tensor&, Tensor&, bool, Workspace) {
-  ET_NO_QUANT;
-}
-void CudaBackend::conv2d_backward_weight_q(const Conv2dGeom&, const Tensor&, const Tensor&, Tensor&, Tensor&, bool,
-                                           Workspace) {
-  ET_NO_QUANT;
-}
-size_t CudaBackend::linear_q_workspace_bytes(int64_t, int64_t, int64_t) const { return 0; }
-void CudaBackend::linear_forward_q(const Tensor&, const Tensor&, const Tensor&, Tensor&, Workspace) { ET_NO_QUANT; }
-void CudaBackend::linear_backward_data_q(const Tensor&, const Tensor&, Tensor&, bool, Workspace) { ET_NO_QUANT; }
-void CudaBackend::linear_backward_weight_q(const Tensor&, const Tensor&, Tensor&, Tensor&, bool, Workspace) {
-  ET_NO_QUANT;
-}
-#undef ET_NO_QUANT
 
 std::unique_ptr<Backend> make_cuda_backend(int device) { return std::unique_ptr<Backend>(new CudaBackend(device)); }
 

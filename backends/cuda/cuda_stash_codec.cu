@@ -244,9 +244,10 @@ class CudaStashCodec final : public StashCodec {
                                                             values, n, offsets_, chunks, f16, y);
     check(cudaGetLastError(), "unpack");
   }
+  bool encodes_codes() const override { return false; }
   int64_t encode_codes(const float*, const int8_t*, int64_t, float, void*) override {
-    // Reached only by 4-bit training, which the CUDA backend refuses before planning.
-    user_error("memory.stash = bitmap_int4: the CUDA backend has no INT4 code bitmap yet (issue 13)");
+    ET_CHECK(false, "bitmap_int4 on CUDA (the planner asks encodes_codes() first)");
+    return 0;
   }
   void to_half(const float* x, int64_t n, bool bf16, uint16_t* out) override {
     if (n <= 0) return;
