@@ -9,6 +9,9 @@
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512DQ__)
 #include <immintrin.h>
 #define ET_QUANT_AVX512 1
+#elif defined(__AVX2__) && defined(__FMA__)
+#include <immintrin.h>
+#define ET_QUANT_AVX2 1
 #endif
 
 #include "backends/cpu/cpu_backend.h"
@@ -107,10 +110,53 @@ void stats_avx512(const float* x, int64_t n, PartStats* s) {
 }
 #endif
 
+#if ET_QUANT_AVX2
+// 16 elements a step in four vectors of 4 doubles: lane j of the scalar reference (i mod 16) is
+// lane j mod 4 of vector j / 4. A tail of fewer than 16 takes the scalar loop, whose lanes are the
+// same (the part starts on a multiple of 16).
+template <bool Moments>
+void stats_avx2(const float* x, int64_t n, PartStats* s) {
+  __m256d sq[4], ab[4];
+  for (int k = 0; k < 4; ++k) sq[k] = _mm256_setzero_pd(), ab[k] = _mm256_setzero_pd();
+  __m256 mx = _mm256_setzero_ps();
+  const __m256 inf = _mm256_set1_ps(INFINITY), sign = _mm256_set1_ps(-0.f);
+  const __m256d dsign = _mm256_set1_pd(-0.0);
+  int bad = 0;
+  int64_t i = 0;
+  for (; i + kLanes <= n; i += kLanes)
+    for (int h = 0; h < 2; ++h) {
+      __m256 v = _mm256_loadu_ps(x + i + 8 * h);
+      const __m256 a = _mm256_andnot_ps(sign, v);
+      const __m256 fin = _mm256_cmp_ps(a, inf, _CMP_LT_OQ);  // false for inf and NaN
+      bad |= _mm256_movemask_ps(fin) ^ 0xFF;
+      mx = _mm256_max_ps(mx, _mm256_and_ps(fin, a));
+      if (!Moments) continue;
+      v = _mm256_and_ps(fin, v);
+      const __m256d lo = _mm256_cvtps_pd(_mm256_castps256_ps128(v)), hi = _mm256_cvtps_pd(_mm256_extractf128_ps(v, 1));
+      sq[2 * h] = _mm256_fmadd_pd(lo, lo, sq[2 * h]);
+      sq[2 * h + 1] = _mm256_fmadd_pd(hi, hi, sq[2 * h + 1]);
+      ab[2 * h] = _mm256_add_pd(ab[2 * h], _mm256_andnot_pd(dsign, lo));
+      ab[2 * h + 1] = _mm256_add_pd(ab[2 * h + 1], _mm256_andnot_pd(dsign, hi));
+    }
+  double t[kLanes];
+  for (int k = 0; k < 4; ++k) _mm256_storeu_pd(t + 4 * k, sq[k]);
+  for (int j = 0; j < kLanes; ++j) s->sq[j] += t[j];
+  for (int k = 0; k < 4; ++k) _mm256_storeu_pd(t + 4 * k, ab[k]);
+  for (int j = 0; j < kLanes; ++j) s->ab[j] += t[j];
+  alignas(32) float m[8];
+  _mm256_store_ps(m, mx);
+  for (float v : m) s->max_abs = std::fmax(s->max_abs, v);
+  s->finite = s->finite && bad == 0;
+  stats_scalar<Moments>(x + i, n - i, s);  // i is a multiple of 16: the tail's lanes line up
+}
+#endif
+
 template <bool Moments>
 void stats_part(const float* x, int64_t n, PartStats* s) {
 #if ET_QUANT_AVX512
   if (!g_force_scalar) return stats_avx512<Moments>(x, n, s);
+#elif ET_QUANT_AVX2
+  if (!g_force_scalar) return stats_avx2<Moments>(x, n, s);
 #endif
   stats_scalar<Moments>(x, n, s);
 }
@@ -181,6 +227,62 @@ void fp4_avx512(const float* g, int64_t begin, int64_t end, float inv_alpha, int
 }
 #endif
 
+#if ET_QUANT_AVX2
+// 8 int32 lanes (each within int8) to 8 bytes at q.
+void store_bytes8(int8_t* q, __m256i v) {
+  const __m128i w = _mm_packs_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));  // 8 x int16
+  _mm_storel_epi64(reinterpret_cast<__m128i*>(q), _mm_packs_epi16(w, w));
+}
+
+__m256i fmix32_v8(__m256i h) {
+  h = _mm256_xor_si256(h, _mm256_srli_epi32(h, 16));
+  h = _mm256_mullo_epi32(h, _mm256_set1_epi32(int(0x85EBCA6Bu)));
+  h = _mm256_xor_si256(h, _mm256_srli_epi32(h, 13));
+  h = _mm256_mullo_epi32(h, _mm256_set1_epi32(int(0xC2B2AE35u)));
+  return _mm256_xor_si256(h, _mm256_srli_epi32(h, 16));
+}
+
+// quant::fp4_field on 8 lanes (the AVX-512 path's steps; the unsigned compares are signed ones
+// here, every operand being below 2^24).
+void fp4_avx2(const float* g, int64_t begin, int64_t end, float inv_alpha, int levels, Fp4Rounding mode,
+              quant::RngKey key, int8_t* q) {
+  const __m256 inv = _mm256_set1_ps(inv_alpha), one = _mm256_set1_ps(1.f), half = _mm256_set1_ps(0.5f);
+  const __m256 sign = _mm256_set1_ps(-0.f), unit = _mm256_set1_ps(1.f / 16777216.f);
+  const __m256i k0 = _mm256_set1_epi32(int(key.k0)), k1 = _mm256_set1_epi32(int(key.k1));
+  const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7), ones = _mm256_set1_epi32(1);
+  const __m256i mant_mask = _mm256_set1_epi32(0x7FFFFF), below_half = _mm256_set1_epi32(0x3FFFFF);
+  const __m256i top_less1 = _mm256_set1_epi32(levels - 2), top = _mm256_set1_epi32(levels);
+  const bool stochastic = mode == Fp4Rounding::Stochastic;
+  int64_t i = begin;
+  for (; i + 8 <= end; i += 8) {
+    const __m256 v = _mm256_loadu_ps(g + i);
+    const __m256 a = _mm256_mul_ps(_mm256_andnot_ps(sign, v), inv);
+    const __m256i idx = _mm256_add_epi32(_mm256_set1_epi32(int(uint32_t(i))), lane);
+    const __m256i rnd = fmix32_v8(_mm256_add_epi32(fmix32_v8(_mm256_xor_si256(idx, k0)), k1));
+    const __m256i bits = _mm256_castps_si256(a);
+    const __m256i e = _mm256_sub_epi32(_mm256_srli_epi32(bits, 23), _mm256_set1_epi32(127));
+    const __m256i mant = _mm256_and_si256(bits, mant_mask);
+    // Between powers of two (a >= 1): e + 1, + 1 rounding up; the top level from e >= levels - 1.
+    const __m256i up_n = stochastic ? _mm256_cmpgt_epi32(mant, _mm256_srli_epi32(rnd, 9))
+                                    : _mm256_cmpgt_epi32(mant, below_half);
+    __m256i f = _mm256_sub_epi32(_mm256_add_epi32(e, ones), up_n);  // up_n is -1 where true
+    f = _mm256_blendv_epi8(f, top, _mm256_cmpgt_epi32(e, top_less1));
+    // Below alpha (a < 1): 0 or 1.
+    const __m256 under = _mm256_cmp_ps(a, one, _CMP_LT_OQ);
+    const __m256 up_u = stochastic ? _mm256_cmp_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_srli_epi32(rnd, 8)), unit), a,
+                                                   _CMP_LT_OQ)
+                                   : _mm256_cmp_ps(a, half, _CMP_GE_OQ);
+    f = _mm256_blendv_epi8(f, _mm256_and_si256(_mm256_castps_si256(up_u), ones), _mm256_castps_si256(under));
+    // Value +-2^(f-1), 0 for f = 0 (a shift by 2^32 - 1 gives 0).
+    __m256i mag = _mm256_sllv_epi32(ones, _mm256_sub_epi32(f, ones));
+    const __m256i neg = _mm256_srai_epi32(_mm256_castps_si256(v), 31);  // the sign bit, as all ones
+    mag = _mm256_sub_epi32(_mm256_xor_si256(mag, neg), neg);               // -mag where negative
+    store_bytes8(q + i, mag);
+  }
+  fp4_scalar(g, i, end, inv_alpha, levels, mode, key, q);
+}
+#endif
+
 }  // namespace
 
 void quant_force_scalar(bool on) { g_force_scalar = on; }
@@ -220,6 +322,20 @@ void quantize_int4(const float* x, int64_t n, float inv_scale, int lo, int hi, i
     return;
   }
 #endif
+#if ET_QUANT_AVX2
+  if (!g_force_scalar) {
+    const __m256 inv = _mm256_set1_ps(inv_scale), vlo = _mm256_set1_ps(flo), vhi = _mm256_set1_ps(fhi);
+#pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < n / 8; ++i) {
+      __m256 r = _mm256_round_ps(_mm256_mul_ps(_mm256_loadu_ps(x + i * 8), inv),
+                                 _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+      r = _mm256_min_ps(_mm256_max_ps(r, vlo), vhi);
+      store_bytes8(q + i * 8, _mm256_cvtps_epi32(r));
+    }
+    for (int64_t i = n / 8 * 8; i < n; ++i) q[i] = int4_scalar(x[i], inv_scale, flo, fhi);
+    return;
+  }
+#endif
 #pragma omp parallel for schedule(static)
   for (int64_t i = 0; i < n; ++i) q[i] = int4_scalar(x[i], inv_scale, flo, fhi);
 }
@@ -235,6 +351,11 @@ void quantize_fp4(const float* g, int64_t n, float inv_alpha, int levels, Fp4Rou
 #if ET_QUANT_AVX512
     if (!g_force_scalar) {
       fp4_avx512(g, b, e, inv_alpha, levels, mode, key, q);
+      continue;
+    }
+#elif ET_QUANT_AVX2
+    if (!g_force_scalar) {
+      fp4_avx2(g, b, e, inv_alpha, levels, mode, key, q);
       continue;
     }
 #endif
