@@ -12,6 +12,9 @@
 #elif defined(__AVX2__) && defined(__FMA__)
 #include <immintrin.h>
 #define ET_QUANT_AVX2 1
+#elif defined(__aarch64__) && defined(__ARM_NEON)
+#include <arm_neon.h>
+#define ET_QUANT_NEON 1
 #endif
 
 #include "backends/cpu/cpu_backend.h"
@@ -151,12 +154,51 @@ void stats_avx2(const float* x, int64_t n, PartStats* s) {
 }
 #endif
 
+#if ET_QUANT_NEON
+// 16 elements a step in eight vectors of 2 doubles: lane j of the scalar reference (i mod 16) is
+// lane j mod 2 of vector j / 2; the tail takes the scalar loop, as on AVX2.
+template <bool Moments>
+void stats_neon(const float* x, int64_t n, PartStats* s) {
+  float64x2_t sq[8], ab[8];
+  for (int k = 0; k < 8; ++k) sq[k] = vdupq_n_f64(0.0), ab[k] = vdupq_n_f64(0.0);
+  float32x4_t mx = vdupq_n_f32(0.f);
+  const float32x4_t inf = vdupq_n_f32(INFINITY);
+  uint32x4_t all_finite = vdupq_n_u32(~0u);
+  int64_t i = 0;
+  for (; i + kLanes <= n; i += kLanes)
+    for (int h = 0; h < 4; ++h) {
+      float32x4_t v = vld1q_f32(x + i + 4 * h);
+      const float32x4_t a = vabsq_f32(v);
+      const uint32x4_t fin = vcltq_f32(a, inf);  // false for inf and NaN
+      all_finite = vandq_u32(all_finite, fin);
+      mx = vmaxq_f32(mx, vreinterpretq_f32_u32(vandq_u32(fin, vreinterpretq_u32_f32(a))));
+      if (!Moments) continue;
+      v = vreinterpretq_f32_u32(vandq_u32(fin, vreinterpretq_u32_f32(v)));
+      const float64x2_t lo = vcvt_f64_f32(vget_low_f32(v)), hi = vcvt_high_f64_f32(v);
+      sq[2 * h] = vfmaq_f64(sq[2 * h], lo, lo);
+      sq[2 * h + 1] = vfmaq_f64(sq[2 * h + 1], hi, hi);
+      ab[2 * h] = vaddq_f64(ab[2 * h], vabsq_f64(lo));
+      ab[2 * h + 1] = vaddq_f64(ab[2 * h + 1], vabsq_f64(hi));
+    }
+  double t[kLanes];
+  for (int k = 0; k < 8; ++k) vst1q_f64(t + 2 * k, sq[k]);
+  for (int j = 0; j < kLanes; ++j) s->sq[j] += t[j];
+  for (int k = 0; k < 8; ++k) vst1q_f64(t + 2 * k, ab[k]);
+  for (int j = 0; j < kLanes; ++j) s->ab[j] += t[j];
+  s->max_abs = std::fmax(s->max_abs, vmaxvq_f32(mx));
+  s->finite = s->finite && vminvq_u32(all_finite) != 0;
+  stats_scalar<Moments>(x + i, n - i, s);  // i is a multiple of 16: the tail's lanes line up
+}
+#endif
+
 template <bool Moments>
 void stats_part(const float* x, int64_t n, PartStats* s) {
 #if ET_QUANT_AVX512
   if (!g_force_scalar) return stats_avx512<Moments>(x, n, s);
 #elif ET_QUANT_AVX2
   if (!g_force_scalar) return stats_avx2<Moments>(x, n, s);
+#elif ET_QUANT_NEON
+  if (!g_force_scalar) return stats_neon<Moments>(x, n, s);
 #endif
   stats_scalar<Moments>(x, n, s);
 }
@@ -283,6 +325,60 @@ void fp4_avx2(const float* g, int64_t begin, int64_t end, float inv_alpha, int l
 }
 #endif
 
+#if ET_QUANT_NEON
+// 4 int32 lanes (each within int8) to 4 bytes at q.
+void store_bytes4(int8_t* q, int32x4_t v) {
+  const int16x4_t h = vmovn_s32(v);
+  const int8x8_t b = vmovn_s16(vcombine_s16(h, h));
+  vst1_lane_s32(reinterpret_cast<int32_t*>(q), vreinterpret_s32_s8(b), 0);
+}
+
+uint32x4_t fmix32_v4(uint32x4_t h) {
+  h = veorq_u32(h, vshrq_n_u32(h, 16));
+  h = vmulq_u32(h, vdupq_n_u32(0x85EBCA6Bu));
+  h = veorq_u32(h, vshrq_n_u32(h, 13));
+  h = vmulq_u32(h, vdupq_n_u32(0xC2B2AE35u));
+  return veorq_u32(h, vshrq_n_u32(h, 16));
+}
+
+// quant::fp4_field on 4 lanes (the AVX-512 path's steps).
+void fp4_neon(const float* g, int64_t begin, int64_t end, float inv_alpha, int levels, Fp4Rounding mode,
+              quant::RngKey key, int8_t* q) {
+  const float32x4_t inv = vdupq_n_f32(inv_alpha), one = vdupq_n_f32(1.f), half = vdupq_n_f32(0.5f);
+  const float32x4_t unit = vdupq_n_f32(1.f / 16777216.f);
+  const uint32x4_t k0 = vdupq_n_u32(key.k0), k1 = vdupq_n_u32(key.k1), ones = vdupq_n_u32(1);
+  const uint32_t lanes[4] = {0, 1, 2, 3};
+  const uint32x4_t lane = vld1q_u32(lanes);
+  const int32x4_t top = vdupq_n_s32(levels);
+  const bool stochastic = mode == Fp4Rounding::Stochastic;
+  int64_t i = begin;
+  for (; i + 4 <= end; i += 4) {
+    const float32x4_t v = vld1q_f32(g + i);
+    const float32x4_t a = vmulq_f32(vabsq_f32(v), inv);
+    const uint32x4_t idx = vaddq_u32(vdupq_n_u32(uint32_t(i)), lane);
+    const uint32x4_t rnd = fmix32_v4(vaddq_u32(fmix32_v4(veorq_u32(idx, k0)), k1));
+    const uint32x4_t bits = vreinterpretq_u32_f32(a);
+    const int32x4_t e = vsubq_s32(vreinterpretq_s32_u32(vshrq_n_u32(bits, 23)), vdupq_n_s32(127));
+    const uint32x4_t mant = vandq_u32(bits, vdupq_n_u32(0x7FFFFF));
+    // Between powers of two (a >= 1): e + 1, + 1 rounding up; the top level from e >= levels - 1.
+    const uint32x4_t up_n = stochastic ? vcltq_u32(vshrq_n_u32(rnd, 9), mant) : vcgeq_u32(mant, vdupq_n_u32(0x400000));
+    int32x4_t f = vaddq_s32(vaddq_s32(e, vdupq_n_s32(1)), vreinterpretq_s32_u32(vandq_u32(up_n, ones)));
+    f = vbslq_s32(vcgeq_s32(e, vdupq_n_s32(levels - 1)), top, f);
+    // Below alpha (a < 1): 0 or 1.
+    const uint32x4_t under = vcltq_f32(a, one);
+    const uint32x4_t up_u =
+        stochastic ? vcltq_f32(vmulq_f32(vcvtq_f32_u32(vshrq_n_u32(rnd, 8)), unit), a) : vcgeq_f32(a, half);
+    f = vbslq_s32(under, vreinterpretq_s32_u32(vandq_u32(up_u, ones)), f);
+    // Value +-2^(f-1), 0 for f = 0 (a shift by -1 is a right shift of 1).
+    int32x4_t mag = vreinterpretq_s32_u32(vshlq_u32(ones, vsubq_s32(f, vdupq_n_s32(1))));
+    const uint32x4_t neg = vcltq_s32(vreinterpretq_s32_f32(v), vdupq_n_s32(0));  // the sign bit
+    mag = vbslq_s32(neg, vnegq_s32(mag), mag);
+    store_bytes4(q + i, mag);
+  }
+  fp4_scalar(g, i, end, inv_alpha, levels, mode, key, q);
+}
+#endif
+
 }  // namespace
 
 void quant_force_scalar(bool on) { g_force_scalar = on; }
@@ -335,6 +431,18 @@ void quantize_int4(const float* x, int64_t n, float inv_scale, int lo, int hi, i
     for (int64_t i = n / 8 * 8; i < n; ++i) q[i] = int4_scalar(x[i], inv_scale, flo, fhi);
     return;
   }
+#elif ET_QUANT_NEON
+  if (!g_force_scalar) {
+    const float32x4_t inv = vdupq_n_f32(inv_scale), vlo = vdupq_n_f32(flo), vhi = vdupq_n_f32(fhi);
+#pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < n / 4; ++i) {
+      float32x4_t r = vrndnq_f32(vmulq_f32(vld1q_f32(x + i * 4), inv));  // nearest, ties to even
+      r = vminq_f32(vmaxq_f32(r, vlo), vhi);
+      store_bytes4(q + i * 4, vcvtq_s32_f32(r));
+    }
+    for (int64_t i = n / 4 * 4; i < n; ++i) q[i] = int4_scalar(x[i], inv_scale, flo, fhi);
+    return;
+  }
 #endif
 #pragma omp parallel for schedule(static)
   for (int64_t i = 0; i < n; ++i) q[i] = int4_scalar(x[i], inv_scale, flo, fhi);
@@ -356,6 +464,11 @@ void quantize_fp4(const float* g, int64_t n, float inv_alpha, int levels, Fp4Rou
 #elif ET_QUANT_AVX2
     if (!g_force_scalar) {
       fp4_avx2(g, b, e, inv_alpha, levels, mode, key, q);
+      continue;
+    }
+#elif ET_QUANT_NEON
+    if (!g_force_scalar) {
+      fp4_neon(g, b, e, inv_alpha, levels, mode, key, q);
       continue;
     }
 #endif

@@ -1,8 +1,8 @@
 // CPU quantizers of 4-bit training (docs/quant.md): tensor statistics for the SAWB scale and the
 // FP4 alpha, INT4 round-to-nearest, FP4 LUQ (stochastic underflow + logarithmic stochastic
-// rounding) and its round-to-nearest ablation, dequantisation. Each has an AVX-512 path, an AVX2
-// one (session 35: without it a LUQ step on an AVX2 host spent half its time quantizing) and a
-// scalar one that the tests force (quant_force_scalar) and compare bit for bit.
+// rounding) and its round-to-nearest ablation, dequantisation. Each has an AVX-512 path, AVX2 and
+// NEON ones (session 35: without them a LUQ step on an AVX2 host spent half its time quantizing)
+// and a scalar one that the tests force (quant_force_scalar) and compare bit for bit.
 #pragma once
 #include <cstdint>
 
