@@ -11,6 +11,12 @@
 #if defined(__AVX512BW__) && defined(__AVX512VL__) && defined(__AVX512VBMI__) && defined(__AVX512VBMI2__)
 #define ET_CODES_AVX512 1
 #include <immintrin.h>
+#elif defined(__AVX2__)
+#define ET_CODES_AVX2 1
+#include <immintrin.h>
+#elif defined(__aarch64__) && defined(__ARM_NEON)
+#define ET_CODES_NEON 1
+#include <arm_neon.h>
 #endif
 
 namespace et::code_bitmap {
@@ -104,6 +110,167 @@ void a512_unpack(const uint64_t* bits, int64_t first, const uint8_t* nibbles, in
 }
 #endif
 
+#if defined(ET_CODES_AVX2) || defined(ET_CODES_NEON)
+// Byte shuffles by an 8-bit mask m: compress (the bytes whose bit is set, in order, to the low
+// bytes) and expand (the low bytes, in order, to the set bits' places; 0x80 gives 0 elsewhere).
+struct ByteShuffles {
+  alignas(16) uint8_t compress[256][8], expand[256][8];
+  ByteShuffles() {
+    for (int m = 0; m < 256; ++m) {
+      int r = 0;
+      for (int j = 0; j < 8; ++j) {
+        compress[m][j] = 0x80;
+        expand[m][j] = 0x80;
+      }
+      for (int j = 0; j < 8; ++j)
+        if ((m >> j) & 1) {
+          compress[m][r] = uint8_t(j);
+          expand[m][j] = uint8_t(r++);
+        }
+    }
+  }
+};
+const ByteShuffles kByteShuffles;
+
+// 8 bits of the bitmap from element e on (they may span two words).
+inline unsigned bits8(const uint64_t* bits, int64_t e) {
+  const int64_t s = e & 63;
+  uint64_t w = bits[e >> 6] >> s;
+  if (s > 56) w |= bits[(e >> 6) + 1] << (64 - s);
+  return unsigned(w & 0xFF);
+}
+#endif
+
+#if defined(ET_CODES_AVX2)
+// 8 elements at a time: the kept codes compressed by a byte shuffle and appended to a staging
+// buffer as bytes; then 32 staged codes at a time paired into 16 bytes of nibbles. Exactly
+// (kept + 1) / 2 bytes are written, as the reference writes.
+void avx2_pack(const uint64_t* bits, const int8_t* codes, int64_t count, uint8_t* out) {
+  alignas(32) uint8_t staged[kBlock + 48];
+  int64_t k = 0, i = 0;
+  for (; i + 8 <= count; i += 8) {
+    const unsigned m = bits8(bits, i);
+    if (!m) continue;
+    const __m128i v = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(codes + i));
+    const __m128i sel = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(kByteShuffles.compress[m]));
+    _mm_storel_epi64(reinterpret_cast<__m128i*>(staged + k), _mm_shuffle_epi8(v, sel));
+    k += __builtin_popcount(m);
+  }
+  for (; i < count; ++i)
+    if (bit(bits, i)) staged[k++] = uint8_t(codes[i]);
+  staged[k] = 0;  // an odd count's last byte: a zero high nibble, as the reference leaves it
+  const int64_t nbytes = (k + 1) / 2;
+  const __m256i lo4 = _mm256_set1_epi16(0x000F), hi4 = _mm256_set1_epi16(0x00F0);
+  int64_t j = 0;
+  for (; j + 16 <= nbytes; j += 16) {
+    const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(staged + 2 * j));
+    // u16 lane (a | b << 8) -> (a & 15) | (b & 15) << 4, then the low bytes of the 16 lanes in order
+    const __m256i t = _mm256_or_si256(_mm256_and_si256(v, lo4), _mm256_and_si256(_mm256_srli_epi16(v, 4), hi4));
+    const __m256i packed = _mm256_permute4x64_epi64(_mm256_packus_epi16(t, t), 0xD8);
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(out + j), _mm256_castsi256_si128(packed));
+  }
+  for (; j < nbytes; ++j) out[j] = uint8_t((staged[2 * j] & 0x0F) | ((staged[2 * j + 1] & 0x0F) << 4));
+}
+
+// The kept codes of the range widened to a byte each (16 nibble bytes at a time where they lie
+// inside the range's bytes), sign-extended, then 8 elements at a time expanded to the set bits'
+// places by a byte shuffle.
+void avx2_unpack(const uint64_t* bits, int64_t first, const uint8_t* nibbles, int64_t p, int64_t count, bool is_signed,
+                 int8_t* out) {
+  const int64_t k = bitmap::popcount_range(bits, first, count);
+  alignas(32) int8_t wide[kBlock + 48];  // nibble p & ~1 at wide[0]
+  const uint8_t* src = nibbles + (p >> 1);
+  const int64_t nbytes = ((p & 1) + k + 1) / 2;  // the bytes holding nibbles [p & ~1, p + k)
+  const __m128i lo4 = _mm_set1_epi8(0x0F), eight = _mm_set1_epi8(8);
+  int64_t b = 0;
+  for (; b + 16 <= nbytes; b += 16) {
+    const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + b));
+    __m128i lo = _mm_and_si128(v, lo4), hi = _mm_and_si128(_mm_srli_epi16(v, 4), lo4);
+    if (is_signed) {  // two's complement nibbles
+      lo = _mm_sub_epi8(_mm_xor_si128(lo, eight), eight);
+      hi = _mm_sub_epi8(_mm_xor_si128(hi, eight), eight);
+    }
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(wide + 2 * b), _mm_unpacklo_epi8(lo, hi));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(wide + 2 * b + 16), _mm_unpackhi_epi8(lo, hi));
+  }
+  for (; b < nbytes; ++b) {
+    wide[2 * b] = quant::int4_from_nibble(src[b] & 0x0F, is_signed);
+    wide[2 * b + 1] = quant::int4_from_nibble(src[b] >> 4, is_signed);
+  }
+  const int8_t* codes = wide + (p & 1);
+  for (int j = 0; j < 8; ++j) wide[2 * nbytes + j] = 0;  // what the last shuffle may read past the codes
+  int64_t r = 0, i = 0;
+  for (; i + 8 <= count; i += 8) {
+    const unsigned m = bits8(bits, first + i);
+    const __m128i v = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(codes + r));
+    const __m128i sel = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(kByteShuffles.expand[m]));
+    _mm_storel_epi64(reinterpret_cast<__m128i*>(out + i), _mm_shuffle_epi8(v, sel));
+    r += __builtin_popcount(m);
+  }
+  for (; i < count; ++i) out[i] = bit(bits, first + i) ? codes[r++] : int8_t(0);
+}
+#endif
+
+#if defined(ET_CODES_NEON)
+// The AVX2 kernels' steps with NEON's table lookups (vtbl1: an index of 8 or more gives 0) and its
+// de-interleaving loads / interleaving stores for the nibble pairs.
+void neon_pack(const uint64_t* bits, const int8_t* codes, int64_t count, uint8_t* out) {
+  alignas(16) uint8_t staged[kBlock + 48];
+  int64_t k = 0, i = 0;
+  for (; i + 8 <= count; i += 8) {
+    const unsigned m = bits8(bits, i);
+    if (!m) continue;
+    const uint8x8_t v = vld1_u8(reinterpret_cast<const uint8_t*>(codes + i));
+    vst1_u8(staged + k, vtbl1_u8(v, vld1_u8(kByteShuffles.compress[m])));
+    k += __builtin_popcount(m);
+  }
+  for (; i < count; ++i)
+    if (bit(bits, i)) staged[k++] = uint8_t(codes[i]);
+  staged[k] = 0;  // an odd count's last byte: a zero high nibble, as the reference leaves it
+  const int64_t nbytes = (k + 1) / 2;
+  const uint8x16_t lo4 = vdupq_n_u8(0x0F);
+  int64_t j = 0;
+  for (; j + 16 <= nbytes; j += 16) {
+    const uint8x16x2_t v = vld2q_u8(staged + 2 * j);  // even codes, odd codes
+    vst1q_u8(out + j, vorrq_u8(vandq_u8(v.val[0], lo4), vshlq_n_u8(v.val[1], 4)));
+  }
+  for (; j < nbytes; ++j) out[j] = uint8_t((staged[2 * j] & 0x0F) | ((staged[2 * j + 1] & 0x0F) << 4));
+}
+
+void neon_unpack(const uint64_t* bits, int64_t first, const uint8_t* nibbles, int64_t p, int64_t count, bool is_signed,
+                 int8_t* out) {
+  const int64_t k = bitmap::popcount_range(bits, first, count);
+  alignas(16) int8_t wide[kBlock + 48];  // nibble p & ~1 at wide[0]
+  const uint8_t* src = nibbles + (p >> 1);
+  const int64_t nbytes = ((p & 1) + k + 1) / 2;  // the bytes holding nibbles [p & ~1, p + k)
+  const uint8x16_t lo4 = vdupq_n_u8(0x0F), eight = vdupq_n_u8(8);
+  int64_t b = 0;
+  for (; b + 16 <= nbytes; b += 16) {
+    const uint8x16_t v = vld1q_u8(src + b);
+    uint8x16x2_t w;
+    w.val[0] = vandq_u8(v, lo4);
+    w.val[1] = vshrq_n_u8(v, 4);
+    if (is_signed)  // two's complement nibbles
+      for (int h = 0; h < 2; ++h) w.val[h] = vsubq_u8(veorq_u8(w.val[h], eight), eight);
+    vst2q_u8(reinterpret_cast<uint8_t*>(wide + 2 * b), w);
+  }
+  for (; b < nbytes; ++b) {
+    wide[2 * b] = quant::int4_from_nibble(src[b] & 0x0F, is_signed);
+    wide[2 * b + 1] = quant::int4_from_nibble(src[b] >> 4, is_signed);
+  }
+  const int8_t* codes = wide + (p & 1);
+  for (int j = 0; j < 8; ++j) wide[2 * nbytes + j] = 0;  // what the last lookup may read past the codes
+  int64_t r = 0, i = 0;
+  for (; i + 8 <= count; i += 8) {
+    const unsigned m = bits8(bits, first + i);
+    const uint8x8_t v = vld1_u8(reinterpret_cast<const uint8_t*>(codes + r));
+    vst1_u8(reinterpret_cast<uint8_t*>(out + i), vtbl1_u8(v, vld1_u8(kByteShuffles.expand[m])));
+    r += __builtin_popcount(m);
+  }
+  for (; i < count; ++i) out[i] = bit(bits, first + i) ? codes[r++] : int8_t(0);
+}
+#endif
+
 const Impl& best() { return fast_impl().available ? fast_impl() : reference_impl(); }
 
 struct Layout {
@@ -127,6 +294,10 @@ const Impl& reference_impl() {
 const Impl& fast_impl() {
 #if defined(ET_CODES_AVX512)
   static const Impl impl{"avx512", true, a512_pack, a512_unpack};
+#elif defined(ET_CODES_AVX2)
+  static const Impl impl{"avx2", true, avx2_pack, avx2_unpack};
+#elif defined(ET_CODES_NEON)
+  static const Impl impl{"neon", true, neon_pack, neon_unpack};
 #else
   static const Impl impl{"none", false, nullptr, nullptr};
 #endif

@@ -35,8 +35,9 @@ int64_t encode(const float* x, const int8_t* codes, int64_t n, float prune_thres
 void decode(const void* data, int64_t n, bool is_signed, int64_t begin, int64_t count, int8_t* out);
 
 // Kernels on one block, for tests and benchmarks: the plain reference (one element at a time)
-// and the fast path of this build (AVX-512 VBMI2 byte compress / expand; `available` false where
-// the build has none, and the dispatch then runs the reference).
+// and the fast path of this build (AVX-512 VBMI2 byte compress / expand; AVX2 and NEON byte
+// shuffles from 256-entry tables; `available` false where the build has none, and the dispatch
+// then runs the reference).
 struct Impl {
   const char* name;
   bool available;
