@@ -1,5 +1,5 @@
-// Array conversions f32 <-> fp16 / bf16 for the stash: streaming passes, AVX-512 or F16C where the
-// target has them, the bit-exact scalar conversion otherwise; large arrays split over the bitmap
+// Array conversions f32 <-> fp16 / bf16 for the stash: streaming passes, AVX-512, F16C or NEON where
+// the target has them, the bit-exact scalar conversion otherwise; large arrays split over the bitmap
 // module's OpenMP threads (these run once per saved tensor per step, like pack / unpack).
 #include "memory/half.h"
 
@@ -10,6 +10,9 @@
 
 #if defined(__F16C__) || defined(__AVX512F__)
 #include <immintrin.h>
+#elif defined(__aarch64__) && defined(__ARM_NEON)
+#include <arm_neon.h>
+#define ET_HALF_NEON 1  // AArch64's conversions: round to nearest even (FPCR's default), NaN quieted as F16C does
 #endif
 
 #include "memory/bitmap.h"
@@ -46,6 +49,11 @@ void to_f16(const float* x, int64_t i, int64_t end, uint16_t* out) {
 #elif defined(__F16C__)
   for (; i + 8 <= end; i += 8)
     _mm_storeu_si128(reinterpret_cast<__m128i*>(out + i), _mm256_cvtps_ph(_mm256_loadu_ps(x + i), kRound));
+#elif defined(ET_HALF_NEON)
+  for (; i + 8 <= end; i += 8) {
+    const float16x8_t h = vcvt_high_f16_f32(vcvt_f16_f32(vld1q_f32(x + i)), vld1q_f32(x + i + 4));
+    vst1q_u16(out + i, vreinterpretq_u16_f16(h));
+  }
 #endif
   for (; i < end; ++i) out[i] = bitmap::f32_to_f16(x[i]);
 }
@@ -57,6 +65,12 @@ void from_f16(const uint16_t* x, int64_t i, int64_t end, float* out) {
 #elif defined(__F16C__)
   for (; i + 8 <= end; i += 8)
     _mm256_storeu_ps(out + i, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(x + i))));
+#elif defined(ET_HALF_NEON)
+  for (; i + 8 <= end; i += 8) {
+    const float16x8_t h = vreinterpretq_f16_u16(vld1q_u16(x + i));
+    vst1q_f32(out + i, vcvt_f32_f16(vget_low_f16(h)));
+    vst1q_f32(out + i + 4, vcvt_high_f32_f16(h));
+  }
 #endif
   for (; i < end; ++i) out[i] = bitmap::f16_to_f32(x[i]);
 }
