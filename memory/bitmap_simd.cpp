@@ -347,7 +347,9 @@ inline void ne_store_values(void* values, int64_t p, const float* src, int k, Va
     std::memcpy(static_cast<float*>(values) + p, src, size_t(k) * 4);
   } else {
     uint16_t* h = static_cast<uint16_t*>(values) + p;
-    for (int i = 0; i < k; ++i) h[i] = f32_to_f16(src[i]);
+    int i = 0;
+    for (; i + 4 <= k; i += 4) vst1_u16(h + i, vreinterpret_u16_f16(vcvt_f16_f32(vld1q_f32(src + i))));  // as F16C
+    for (; i < k; ++i) h[i] = f32_to_f16(src[i]);
   }
 }
 
@@ -406,7 +408,9 @@ void ne_unpack(const uint64_t* bits, const void* values, int64_t n, ValueType t,
       std::memcpy(buf, static_cast<const float*>(values) + p, size_t(k) * 4);
     } else {
       const uint16_t* h = static_cast<const uint16_t*>(values) + p;
-      for (int i = 0; i < k; ++i) buf[i] = f16_to_f32(h[i]);
+      int i = 0;
+      for (; i + 4 <= k; i += 4) vst1q_f32(buf + i, vcvt_f32_f16(vreinterpret_f16_u16(vld1_u16(h + i))));
+      for (; i < k; ++i) buf[i] = f16_to_f32(h[i]);
     }
     int r = 0;
     float* ow = out + w * 64;
