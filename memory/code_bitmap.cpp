@@ -139,60 +139,42 @@ inline unsigned bits8(const uint64_t* bits, int64_t e) {
   if (s > 56) w |= bits[(e >> 6) + 1] << (64 - s);
   return unsigned(w & 0xFF);
 }
-#endif
 
-#if defined(ET_CODES_AVX2)
-// 8 elements at a time: the kept codes compressed by a byte shuffle and appended to a staging
-// buffer as bytes; then 32 staged codes at a time paired into 16 bytes of nibbles. Exactly
-// (kept + 1) / 2 bytes are written, as the reference writes.
-void avx2_pack(const uint64_t* bits, const int8_t* codes, int64_t count, uint8_t* out) {
+// The AVX2 and NEON kernels: one driver each way, the byte work per ISA (Shuffles below).
+// pack: 8 elements at a time, the kept codes compressed by a byte shuffle and appended to a
+// staging buffer as bytes; then 32 staged codes at a time paired into 16 bytes of nibbles.
+// Exactly (kept + 1) / 2 bytes are written, as the reference writes.
+template <class Isa>
+void shuffle_pack(const uint64_t* bits, const int8_t* codes, int64_t count, uint8_t* out) {
   alignas(32) uint8_t staged[kBlock + 48];
   int64_t k = 0, i = 0;
   for (; i + 8 <= count; i += 8) {
     const unsigned m = bits8(bits, i);
     if (!m) continue;
-    const __m128i v = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(codes + i));
-    const __m128i sel = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(kByteShuffles.compress[m]));
-    _mm_storel_epi64(reinterpret_cast<__m128i*>(staged + k), _mm_shuffle_epi8(v, sel));
+    Isa::compress8(codes + i, kByteShuffles.compress[m], staged + k);
     k += __builtin_popcount(m);
   }
   for (; i < count; ++i)
     if (bit(bits, i)) staged[k++] = uint8_t(codes[i]);
   staged[k] = 0;  // an odd count's last byte: a zero high nibble, as the reference leaves it
   const int64_t nbytes = (k + 1) / 2;
-  const __m256i lo4 = _mm256_set1_epi16(0x000F), hi4 = _mm256_set1_epi16(0x00F0);
   int64_t j = 0;
-  for (; j + 16 <= nbytes; j += 16) {
-    const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(staged + 2 * j));
-    // u16 lane (a | b << 8) -> (a & 15) | (b & 15) << 4, then the low bytes of the 16 lanes in order
-    const __m256i t = _mm256_or_si256(_mm256_and_si256(v, lo4), _mm256_and_si256(_mm256_srli_epi16(v, 4), hi4));
-    const __m256i packed = _mm256_permute4x64_epi64(_mm256_packus_epi16(t, t), 0xD8);
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(out + j), _mm256_castsi256_si128(packed));
-  }
+  for (; j + 16 <= nbytes; j += 16) Isa::pair16(staged + 2 * j, out + j);
   for (; j < nbytes; ++j) out[j] = uint8_t((staged[2 * j] & 0x0F) | ((staged[2 * j + 1] & 0x0F) << 4));
 }
 
-// The kept codes of the range widened to a byte each (16 nibble bytes at a time where they lie
-// inside the range's bytes), sign-extended, then 8 elements at a time expanded to the set bits'
-// places by a byte shuffle.
-void avx2_unpack(const uint64_t* bits, int64_t first, const uint8_t* nibbles, int64_t p, int64_t count, bool is_signed,
-                 int8_t* out) {
+// unpack: the kept codes of the range widened to a byte each (16 nibble bytes at a time where they
+// lie inside the range's bytes), sign-extended, then 8 elements at a time expanded to the set
+// bits' places by a byte shuffle.
+template <class Isa>
+void shuffle_unpack(const uint64_t* bits, int64_t first, const uint8_t* nibbles, int64_t p, int64_t count,
+                    bool is_signed, int8_t* out) {
   const int64_t k = bitmap::popcount_range(bits, first, count);
   alignas(32) int8_t wide[kBlock + 48];  // nibble p & ~1 at wide[0]
   const uint8_t* src = nibbles + (p >> 1);
   const int64_t nbytes = ((p & 1) + k + 1) / 2;  // the bytes holding nibbles [p & ~1, p + k)
-  const __m128i lo4 = _mm_set1_epi8(0x0F), eight = _mm_set1_epi8(8);
   int64_t b = 0;
-  for (; b + 16 <= nbytes; b += 16) {
-    const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + b));
-    __m128i lo = _mm_and_si128(v, lo4), hi = _mm_and_si128(_mm_srli_epi16(v, 4), lo4);
-    if (is_signed) {  // two's complement nibbles
-      lo = _mm_sub_epi8(_mm_xor_si128(lo, eight), eight);
-      hi = _mm_sub_epi8(_mm_xor_si128(hi, eight), eight);
-    }
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(wide + 2 * b), _mm_unpacklo_epi8(lo, hi));
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(wide + 2 * b + 16), _mm_unpackhi_epi8(lo, hi));
-  }
+  for (; b + 16 <= nbytes; b += 16) Isa::widen16(src + b, is_signed, wide + 2 * b);
   for (; b < nbytes; ++b) {
     wide[2 * b] = quant::int4_from_nibble(src[b] & 0x0F, is_signed);
     wide[2 * b + 1] = quant::int4_from_nibble(src[b] >> 4, is_signed);
@@ -202,73 +184,68 @@ void avx2_unpack(const uint64_t* bits, int64_t first, const uint8_t* nibbles, in
   int64_t r = 0, i = 0;
   for (; i + 8 <= count; i += 8) {
     const unsigned m = bits8(bits, first + i);
-    const __m128i v = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(codes + r));
-    const __m128i sel = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(kByteShuffles.expand[m]));
-    _mm_storel_epi64(reinterpret_cast<__m128i*>(out + i), _mm_shuffle_epi8(v, sel));
+    Isa::expand8(codes + r, kByteShuffles.expand[m], out + i);
     r += __builtin_popcount(m);
   }
   for (; i < count; ++i) out[i] = bit(bits, first + i) ? codes[r++] : int8_t(0);
 }
 #endif
 
-#if defined(ET_CODES_NEON)
-// The AVX2 kernels' steps with NEON's table lookups (vtbl1: an index of 8 or more gives 0) and its
-// de-interleaving loads / interleaving stores for the nibble pairs.
-void neon_pack(const uint64_t* bits, const int8_t* codes, int64_t count, uint8_t* out) {
-  alignas(16) uint8_t staged[kBlock + 48];
-  int64_t k = 0, i = 0;
-  for (; i + 8 <= count; i += 8) {
-    const unsigned m = bits8(bits, i);
-    if (!m) continue;
-    const uint8x8_t v = vld1_u8(reinterpret_cast<const uint8_t*>(codes + i));
-    vst1_u8(staged + k, vtbl1_u8(v, vld1_u8(kByteShuffles.compress[m])));
-    k += __builtin_popcount(m);
+#if defined(ET_CODES_AVX2)
+struct Avx2Shuffles {
+  static void compress8(const int8_t* codes, const uint8_t* sel, uint8_t* out) {
+    const __m128i v = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(codes));
+    const __m128i s = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(sel));
+    _mm_storel_epi64(reinterpret_cast<__m128i*>(out), _mm_shuffle_epi8(v, s));
   }
-  for (; i < count; ++i)
-    if (bit(bits, i)) staged[k++] = uint8_t(codes[i]);
-  staged[k] = 0;  // an odd count's last byte: a zero high nibble, as the reference leaves it
-  const int64_t nbytes = (k + 1) / 2;
-  const uint8x16_t lo4 = vdupq_n_u8(0x0F);
-  int64_t j = 0;
-  for (; j + 16 <= nbytes; j += 16) {
-    const uint8x16x2_t v = vld2q_u8(staged + 2 * j);  // even codes, odd codes
-    vst1q_u8(out + j, vorrq_u8(vandq_u8(v.val[0], lo4), vshlq_n_u8(v.val[1], 4)));
+  static void expand8(const int8_t* codes, const uint8_t* sel, int8_t* out) {
+    compress8(codes, sel, reinterpret_cast<uint8_t*>(out));  // the same shuffle, the other table
   }
-  for (; j < nbytes; ++j) out[j] = uint8_t((staged[2 * j] & 0x0F) | ((staged[2 * j + 1] & 0x0F) << 4));
-}
+  // u16 lane (a | b << 8) -> (a & 15) | (b & 15) << 4, then the low bytes of the 16 lanes in order.
+  static void pair16(const uint8_t* staged, uint8_t* out) {
+    const __m256i lo4 = _mm256_set1_epi16(0x000F), hi4 = _mm256_set1_epi16(0x00F0);
+    const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(staged));
+    const __m256i t = _mm256_or_si256(_mm256_and_si256(v, lo4), _mm256_and_si256(_mm256_srli_epi16(v, 4), hi4));
+    const __m256i packed = _mm256_permute4x64_epi64(_mm256_packus_epi16(t, t), 0xD8);
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(out), _mm256_castsi256_si128(packed));
+  }
+  static void widen16(const uint8_t* src, bool is_signed, int8_t* wide) {
+    const __m128i lo4 = _mm_set1_epi8(0x0F), eight = _mm_set1_epi8(8);
+    const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src));
+    __m128i lo = _mm_and_si128(v, lo4), hi = _mm_and_si128(_mm_srli_epi16(v, 4), lo4);
+    if (is_signed) {  // two's complement nibbles
+      lo = _mm_sub_epi8(_mm_xor_si128(lo, eight), eight);
+      hi = _mm_sub_epi8(_mm_xor_si128(hi, eight), eight);
+    }
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(wide), _mm_unpacklo_epi8(lo, hi));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(wide + 16), _mm_unpackhi_epi8(lo, hi));
+  }
+};
+#endif
 
-void neon_unpack(const uint64_t* bits, int64_t first, const uint8_t* nibbles, int64_t p, int64_t count, bool is_signed,
-                 int8_t* out) {
-  const int64_t k = bitmap::popcount_range(bits, first, count);
-  alignas(16) int8_t wide[kBlock + 48];  // nibble p & ~1 at wide[0]
-  const uint8_t* src = nibbles + (p >> 1);
-  const int64_t nbytes = ((p & 1) + k + 1) / 2;  // the bytes holding nibbles [p & ~1, p + k)
-  const uint8x16_t lo4 = vdupq_n_u8(0x0F), eight = vdupq_n_u8(8);
-  int64_t b = 0;
-  for (; b + 16 <= nbytes; b += 16) {
-    const uint8x16_t v = vld1q_u8(src + b);
+#if defined(ET_CODES_NEON)
+// vtbl1: an index of 8 or more gives 0; de-interleaving loads / interleaving stores for the pairs.
+struct NeonShuffles {
+  static void compress8(const int8_t* codes, const uint8_t* sel, uint8_t* out) {
+    vst1_u8(out, vtbl1_u8(vld1_u8(reinterpret_cast<const uint8_t*>(codes)), vld1_u8(sel)));
+  }
+  static void expand8(const int8_t* codes, const uint8_t* sel, int8_t* out) {
+    compress8(codes, sel, reinterpret_cast<uint8_t*>(out));
+  }
+  static void pair16(const uint8_t* staged, uint8_t* out) {
+    const uint8x16x2_t v = vld2q_u8(staged);  // even codes, odd codes
+    vst1q_u8(out, vorrq_u8(vandq_u8(v.val[0], vdupq_n_u8(0x0F)), vshlq_n_u8(v.val[1], 4)));
+  }
+  static void widen16(const uint8_t* src, bool is_signed, int8_t* wide) {
+    const uint8x16_t v = vld1q_u8(src), eight = vdupq_n_u8(8);
     uint8x16x2_t w;
-    w.val[0] = vandq_u8(v, lo4);
+    w.val[0] = vandq_u8(v, vdupq_n_u8(0x0F));
     w.val[1] = vshrq_n_u8(v, 4);
     if (is_signed)  // two's complement nibbles
       for (int h = 0; h < 2; ++h) w.val[h] = vsubq_u8(veorq_u8(w.val[h], eight), eight);
-    vst2q_u8(reinterpret_cast<uint8_t*>(wide + 2 * b), w);
+    vst2q_u8(reinterpret_cast<uint8_t*>(wide), w);
   }
-  for (; b < nbytes; ++b) {
-    wide[2 * b] = quant::int4_from_nibble(src[b] & 0x0F, is_signed);
-    wide[2 * b + 1] = quant::int4_from_nibble(src[b] >> 4, is_signed);
-  }
-  const int8_t* codes = wide + (p & 1);
-  for (int j = 0; j < 8; ++j) wide[2 * nbytes + j] = 0;  // what the last lookup may read past the codes
-  int64_t r = 0, i = 0;
-  for (; i + 8 <= count; i += 8) {
-    const unsigned m = bits8(bits, first + i);
-    const uint8x8_t v = vld1_u8(reinterpret_cast<const uint8_t*>(codes + r));
-    vst1_u8(reinterpret_cast<uint8_t*>(out + i), vtbl1_u8(v, vld1_u8(kByteShuffles.expand[m])));
-    r += __builtin_popcount(m);
-  }
-  for (; i < count; ++i) out[i] = bit(bits, first + i) ? codes[r++] : int8_t(0);
-}
+};
 #endif
 
 const Impl& best() { return fast_impl().available ? fast_impl() : reference_impl(); }
@@ -295,9 +272,9 @@ const Impl& fast_impl() {
 #if defined(ET_CODES_AVX512)
   static const Impl impl{"avx512", true, a512_pack, a512_unpack};
 #elif defined(ET_CODES_AVX2)
-  static const Impl impl{"avx2", true, avx2_pack, avx2_unpack};
+  static const Impl impl{"avx2", true, shuffle_pack<Avx2Shuffles>, shuffle_unpack<Avx2Shuffles>};
 #elif defined(ET_CODES_NEON)
-  static const Impl impl{"neon", true, neon_pack, neon_unpack};
+  static const Impl impl{"neon", true, shuffle_pack<NeonShuffles>, shuffle_unpack<NeonShuffles>};
 #else
   static const Impl impl{"none", false, nullptr, nullptr};
 #endif
