@@ -17,6 +17,7 @@
 #include "engine/train/trainer.h"
 #include "tests/fit_helper.h"
 #include "tests/synthetic_data.h"
+#include "tests/tiny_training.h"
 
 using namespace et;
 namespace fs = std::filesystem;
@@ -161,6 +162,16 @@ class CodecCpu final : public CpuBackend {
   StashCodec& stash_codec() override { return codec; }
 };
 
+// Two steps of the same model on both backends with these options: the same losses and state.
+void train_alongside(Run& cpu, Run& own, const StashOptions& so, const QuantOptions& q) {
+  cpu.ex = std::make_unique<Executor>(cpu.g, *cpu.be, so, q);
+  own.ex = std::make_unique<Executor>(own.g, *own.be, so, q);
+  init_parameters(*cpu.ex, 3);
+  init_parameters(*own.ex, 3);
+  for (int s = 0; s < 2; ++s) CHECK(cpu.step(s == 0) == own.step(s == 0));
+  CHECK(cpu.state() == own.state());
+}
+
 }  // namespace
 
 TEST_CASE("the stash encodes and decodes through its backend's codec", "[host][stash]") {
@@ -171,13 +182,8 @@ TEST_CASE("the stash encodes and decodes through its backend's codec", "[host][s
     StashOptions so;
     so.format = f;
     Run cpu(make_cpu_backend()), own(std::make_unique<CodecCpu>());
-    cpu.ex = std::make_unique<Executor>(cpu.g, *cpu.be, so);
-    own.ex = std::make_unique<Executor>(own.g, *own.be, so);
-    init_parameters(*cpu.ex, 3);
-    init_parameters(*own.ex, 3);
     INFO("format " << stash_format_name(f));
-    for (int s = 0; s < 2; ++s) CHECK(cpu.step(s == 0) == own.step(s == 0));
-    CHECK(cpu.state() == own.state());
+    train_alongside(cpu, own, so, QuantOptions{});
     const CountingCodec& c = static_cast<CodecCpu&>(*own.be).codec;
     CHECK(c.encodes > 0);
     // fp32 bitmaps are read as stored by every reader here (conv weight gradients, masks); the
@@ -187,24 +193,14 @@ TEST_CASE("the stash encodes and decodes through its backend's codec", "[host][s
   // bitmap_int4 under LUQ: the codes' encoding too.
   StashOptions so;
   so.format = StashFormat::BitmapI4;
-  QuantOptions q;
-  q.forward = ForwardQuant::Int4;
-  q.backward = BackwardQuant::LuqFp4;
   Run cpu(make_cpu_backend()), own(std::make_unique<CodecCpu>());
-  cpu.ex = std::make_unique<Executor>(cpu.g, *cpu.be, so, q);
-  own.ex = std::make_unique<Executor>(own.g, *own.be, so, q);
-  init_parameters(*cpu.ex, 3);
-  init_parameters(*own.ex, 3);
-  for (int s = 0; s < 2; ++s) CHECK(cpu.step(s == 0) == own.step(s == 0));
-  CHECK(cpu.state() == own.state());
+  train_alongside(cpu, own, so, test::luq());
   CHECK(static_cast<CodecCpu&>(*own.be).codec.code_encodes > 0);
 }
 
 TEST_CASE("a codec without the INT4 code bitmap: bitmap_int4 names its key, auto keeps the codes in X",
           "[host][stash][quant]") {
-  QuantOptions q;
-  q.forward = ForwardQuant::Int4;
-  q.backward = BackwardQuant::LuqFp4;
+  const QuantOptions q = test::luq();
   StashOptions so;
   so.format = StashFormat::BitmapI4;
   {
@@ -220,12 +216,7 @@ TEST_CASE("a codec without the INT4 code bitmap: bitmap_int4 names its key, auto
   so.format = StashFormat::Auto;
   Run cpu(make_cpu_backend()), own(std::make_unique<CodecCpu>());
   static_cast<CodecCpu&>(*own.be).codec.code_bitmap = false;
-  cpu.ex = std::make_unique<Executor>(cpu.g, *cpu.be, so, q);
-  own.ex = std::make_unique<Executor>(own.g, *own.be, so, q);
-  init_parameters(*cpu.ex, 3);
-  init_parameters(*own.ex, 3);
-  for (int s = 0; s < 2; ++s) CHECK(cpu.step(s == 0) == own.step(s == 0));
-  CHECK(cpu.state() == own.state());
+  train_alongside(cpu, own, so, q);
   CHECK(static_cast<CodecCpu&>(*own.be).codec.code_encodes == 0);
 }
 

@@ -9,26 +9,16 @@
 #include <vector>
 
 #include "backends/cpu/cpu_backend.h"
+#include "tests/code_samples.h"
 #include "backends/cuda/int_gemm_operands.h"
 
 using namespace et;
 
 namespace {
 
-uint32_t lcg(uint32_t& s) { return s = s * 1664525u + 1013904223u; }
-std::vector<int8_t> codes(size_t n, int lo, int hi, uint32_t seed) {
-  std::vector<int8_t> v(n);
-  for (auto& c : v) c = int8_t(lo + int((lcg(seed) >> 8) % uint32_t(hi - lo + 1)));
-  return v;
-}
-std::vector<int8_t> fp4_codes(size_t n, uint32_t seed) {
-  std::vector<int8_t> v(n);
-  for (auto& c : v) {
-    const uint32_t r = lcg(seed) >> 8;
-    c = quant::fp4_value(int(r & 1), int((r >> 1) % 8));
-  }
-  return v;
-}
+using test::codes;
+using test::fp4_codes;
+using test::lcg;
 
 // C[m][n] = sum_k A(m, k) B(k, n) in int64, handed to out(m, n, value).
 template <class A, class B, class Out>
@@ -39,11 +29,6 @@ void naive_gemm(int64_t M, int64_t N, int64_t K, const A& a, const B& b, Out out
       for (int64_t k = 0; k < K; ++k) s += int64_t(a.at(m, k)) * b.at(k, n);
       out(m, n, s);
     }
-}
-
-int_gemm::ConvShape shape_of(const Conv2dGeom& g) {
-  return int_gemm::ConvShape{int(g.C),      int(g.H),        int(g.W),        int(g.K),     int(g.R),     int(g.S),
-                             int(g.P),      int(g.Q),        int(g.stride_h), int(g.stride_w), int(g.pad_h), int(g.pad_w)};
 }
 
 }  // namespace
@@ -81,7 +66,7 @@ TEST_CASE("CUDA integer-product operands: every conv pass maps as the CPU's inte
     be->conv2d_backward_data_q(g, gq, wq, dxt, false, ws);
     be->conv2d_backward_weight_q(g, xq, gq, dwt, dbt, false, ws);
 
-    const int_gemm::ConvShape s = shape_of(g);
+    const int_gemm::ConvShape s = int_gemm::conv_shape_of(g);
     std::vector<float> got(static_cast<size_t>(ny), -1.f);
     const int_gemm::PlanesOut y_at{g.K, PQ};
     naive_gemm(g.K, g.N * PQ, g.C * RS, int_gemm::Dense{wc.data(), g.C * RS, 1}, int_gemm::ConvInputByTaps{xc.data(), s},

@@ -12,6 +12,7 @@
 
 #include "backends/cpu/conv_direct.h"
 #include "backends/cpu/cpu_backend.h"
+#include "tests/code_samples.h"
 #include "backends/cpu/igemm.h"
 #include "backends/cpu/quantize.h"
 #include "quant/scales.h"
@@ -20,21 +21,9 @@ using namespace et;
 
 namespace {
 
-uint32_t lcg(uint32_t& s) { return s = s * 1664525u + 1013904223u; }
-
-std::vector<int8_t> codes(size_t n, int lo, int hi, uint32_t seed) {
-  std::vector<int8_t> v(n);
-  for (auto& c : v) c = int8_t(lo + int((lcg(seed) >> 8) % uint32_t(hi - lo + 1)));
-  return v;
-}
-std::vector<int8_t> fp4_codes(size_t n, uint32_t seed) {  // signed powers of two and zeros
-  std::vector<int8_t> v(n);
-  for (auto& c : v) {
-    const uint32_t r = lcg(seed) >> 8;
-    c = quant::fp4_value(int(r & 1), int((r >> 1) % 8));
-  }
-  return v;
-}
+using test::codes;
+using test::fp4_codes;
+using test::lcg;
 std::vector<float> gauss(size_t n, uint32_t seed, float sd) {
   std::vector<float> v(n);
   for (size_t i = 0; i < n; i += 2) {

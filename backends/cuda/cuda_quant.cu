@@ -187,8 +187,7 @@ int64_t weight_splits(int64_t M, int64_t N, int64_t K) {
 
 ConvShape conv_shape(const Conv2dGeom& g) {
   ET_CHECK(g.C * g.H * g.W < (int64_t(1) << 31) && g.K * g.P * g.Q < (int64_t(1) << 31), "conv too large");
-  return ConvShape{int(g.C),      int(g.H),        int(g.W),        int(g.K),     int(g.R),     int(g.S),
-                   int(g.P),      int(g.Q),        int(g.stride_h), int(g.stride_w), int(g.pad_h), int(g.pad_w)};
+  return int_gemm::conv_shape_of(g);
 }
 
 // The input codes a kernel reads in place: dense INT4 (bitmap_int4's stored codes are refused by

@@ -24,6 +24,12 @@ struct ConvShape {
   int C, H, W, K, R, S, P, Q, stride_h, stride_w, pad_h, pad_w;
   ET_HOST_DEVICE int taps() const { return R * S; }
 };
+// From a Conv2dGeom (a template: this header does not include the backend's).
+template <class Geom>
+ConvShape conv_shape_of(const Geom& g) {
+  return ConvShape{int(g.C), int(g.H), int(g.W), int(g.K), int(g.R), int(g.S),
+                   int(g.P), int(g.Q), int(g.stride_h), int(g.stride_w), int(g.pad_h), int(g.pad_w)};
+}
 
 // A row-major view: at(r, c) = p[r * ld_r + c * ld_c].
 struct Dense {
