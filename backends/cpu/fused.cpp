@@ -32,7 +32,7 @@
 #include "memory/bitmap.h"
 
 #if defined(ET_POOL_STRIDE1)
-#define ET_BN_RELU_POOL_STRIDE1 1  // pool_stride1.h's BnReluInput (AVX2, NEON)
+#define ET_BN_RELU_POOL_STRIDE1 1  // pool_stride1.h's BnReluInput (AVX2 and AVX-512 hosts, NEON)
 #endif
 
 namespace et {
@@ -124,7 +124,7 @@ void forward_rows(const FusedStack& s, const StageRows& r, size_t stages, const 
 
 // BN -> ReLU -> stride-1 max-pool on whole planes (BrainSlug's block): the pool reads x through the
 // BN and the ReLU, and its backward applies the ReLU's mask as it writes dz (pool_stride1.h), so
-// neither the forward nor the backward writes the BN's or the ReLU's output to scratch (AVX2, NEON).
+// neither the forward nor the backward writes the BN's or the ReLU's output to scratch (lanes8.h).
 [[maybe_unused]] bool bn_relu_pool_stride1(const FusedStack& s) {
 #if defined(ET_BN_RELU_POOL_STRIDE1)
   return s.stages.size() == 3 && s.stages[1].kind == FusedKind::Relu && s.stages[2].kind == FusedKind::MaxPool &&
