@@ -230,7 +230,7 @@ class PlaneDz {
   PlaneDz(const Layout& layout, const float* x, const float* dy, float scale, float shift)
       : L_(&layout), x_(x), dy_(dy), bn_(scale, shift) {}
 
-  __m512 operator()(int64_t i, __mmask16) {
+  __attribute__((always_inline)) __m512 operator()(int64_t i, __mmask16) {
     const int64_t j = (i >> 4) & 3;
     if (j == 0) {
       __m512 r[4];
@@ -469,7 +469,7 @@ class PlaneDz {
       : L_(&layout), x_(x), dy_(dy), bn_(scale, shift) {}
 
   template <class Mask>
-  Lanes16 operator()(int64_t i, const Mask&) {
+  __attribute__((always_inline)) Lanes16 operator()(int64_t i, const Mask&) {
     const int64_t j = (i >> 4) & 3;
     if (j == 0) {
       Lanes16 r[4];
