@@ -31,7 +31,7 @@ struct StackPlan {
   bool sums_from_producer = false;
   // BN's second backward sweep goes to the fused stack before it, which produced x for this stack
   // alone and reads its dy through the coefficients (FusedGrads::dx_coef), where the backend can
-  // (Backend::fused_reads_dy_affine: BN -> ReLU -> stride-1 max-pool on AVX2 and NEON).
+  // (Backend::fused_reads_dy_affine: BN -> ReLU -> stride-1 max-pool where lanes8.h builds: AVX2, AVX-512, NEON).
   bool sweep_to_producer = false;
   int producer_stack = -1;  // the index of the fused stack that produced x, if any
 };

@@ -401,7 +401,7 @@ std::string describe(const Graph& g, const Plan& p) {
        "channels over the whole batch (fusion.tile), * = larger than the cache: the second backward sweep "
        "re-reads x from memory; statistics: producer = BN's per-plane sums written by x's producer, "
        "own sweep = the stack reads x for them; sweep 2: handed on = BN's dx is built by the stack before, "
-       "as it reads its dy (AVX2 and NEON builds); streamed: y where x and y fill the last-level cache, dx where "
+       "as it reads its dy (AVX2, AVX-512 and NEON builds); streamed: y where x and y fill the last-level cache, dx where "
        "x and dx do (written around the cache; dx only where it is a tensor of its own, after a pool))\n";
   o << "fused stacks: " << fused << " of " << p.stacks.size() << " (one sequence each); bytes moved per step: "
     << mb(p.bytes_unfused) << " MB unfused, " << mb(p.bytes_fused) << " MB fused ("
