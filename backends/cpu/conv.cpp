@@ -164,18 +164,17 @@ void CpuBackend::conv2d_forward(const Conv2dGeom& g, const Tensor& x, const Tens
   cpu::gemm_conv_forward(g, x, w.f32(), b.defined() ? b.f32() : nullptr, y.f32(), ws.data);
 }
 
-// The direct kernels take the sums in their epilogue, the other paths per chunk of images while y
-// is in cache (the depthwise kernels leave y to plane_sums, a sweep of its own). The same
-// plane_sums every time: the same bits.
+// The direct and depthwise kernels take the sums in their epilogue, the other paths per chunk of
+// images while y is in cache. The same plane_sums every time: the same bits.
 void CpuBackend::conv2d_forward_sums(const Conv2dGeom& g, const Tensor& x, const Tensor& w, const Tensor& b,
                                      Tensor& y, Tensor& sums, Workspace ws) {
   ET_CHECK(dtype_in(x.dtype, conv2d_forward_reads(g)), "conv2d forward: x dtype ", dtype_name(x.dtype));
   const Path path = choose(g, ConvPass::Forward);
-  if (path == Path::Depthwise) return Backend::conv2d_forward_sums(g, x, w, b, y, sums, ws);
   ET_CHECK(sums.dim(0) == 2 && sums.dim(1) >= g.N && sums.dim(2) == g.K, "conv plane sums into ", sums.shape.str());
   float* s1 = sums.f32();
   float* s2 = s1 + sums.dim(1) * g.K;
   const float* bias = b.defined() ? b.f32() : nullptr;
+  if (path == Path::Depthwise) return cpu::depthwise_forward(g, x, w.f32(), bias, y.f32(), ws.data, s1, s2);
   if (path == Path::Winograd) return cpu::winograd_forward(g, x, w.f32(), bias, y.f32(), ws.data, s1, s2);
   if (path == Path::Implicit) return cpu::implicit_forward(g, x.f32(), w.f32(), bias, y.f32(), ws.data, s1, s2);
   if (path == Path::Gemm) return cpu::gemm_conv_forward(g, x, w.f32(), bias, y.f32(), ws.data, s1, s2);

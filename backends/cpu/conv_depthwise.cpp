@@ -12,6 +12,7 @@
 #include <algorithm>
 #include <cstring>
 
+#include "backends/cpu/batchnorm_rows.h"
 #include "backends/cpu/conv_direct.h"
 #include "backends/cpu/conv_simd.h"
 #include "memory/stored_reader.h"
@@ -83,7 +84,8 @@ void dw_wgrad(const float* dyu, const float* xp, const Plane& p, V* acc) {
 }
 
 template <class V>
-void forward_impl(const Conv2dGeom& g, const ConvInput& x, const float* w, const float* b, float* y, float* ws) {
+void forward_impl(const Conv2dGeom& g, const ConvInput& x, const float* w, const float* b, float* y, float* ws,
+                  float* sum1, float* sum2) {
   const Plane p = fwd_plane(g);
   const int64_t per_thread = p.L + p.Jr + 32;
 #pragma omp parallel
@@ -103,6 +105,9 @@ void forward_impl(const Conv2dGeom& g, const ConvInput& x, const float* w, const
           const float bias = b ? b[c] : 0.f;
           for (int64_t q = 0; q < g.Q; ++q) d[q] = t[q * g.stride_w] + bias;
         }
+        // The plane's BN sums while it is in L1 (the sweep Backend::plane_sums makes, the same bits).
+        const int64_t pl = n * g.C + c;
+        if (sum1) bn_rows::plane_sums(y + pl * g.P * g.Q, g.P * g.Q, sum1 + pl, sum2 + pl);
       }
   }
 }
@@ -198,10 +203,11 @@ size_t depthwise_workspace(const Conv2dGeom& g, ConvPass pass, int threads) {
   return size_t(threads) * size_t(per_thread) * sizeof(float);
 }
 
-void depthwise_forward(const Conv2dGeom& g, const Tensor& xt, const float* w, const float* b, float* y, void* ws) {
+void depthwise_forward(const Conv2dGeom& g, const Tensor& xt, const float* w, const float* b, float* y, void* ws,
+                       float* sum1, float* sum2) {
   const ConvInput x(xt);
-  if (scalar_forced()) forward_impl<VScalar>(g, x, w, b, y, static_cast<float*>(ws));
-  else forward_impl<VNative>(g, x, w, b, y, static_cast<float*>(ws));
+  if (scalar_forced()) forward_impl<VScalar>(g, x, w, b, y, static_cast<float*>(ws), sum1, sum2);
+  else forward_impl<VNative>(g, x, w, b, y, static_cast<float*>(ws), sum1, sum2);
 }
 
 void depthwise_backward_data(const Conv2dGeom& g, const float* dy, const float* w, float* dx, bool accumulate,

@@ -59,8 +59,10 @@ void dgrad_cl(const Conv2dGeom& g, const float* dy, const float* w, float* dx, b
 // Depthwise kernels (groups == C == K), any stride.
 bool depthwise_applies(const Conv2dGeom& g, ConvPass pass);
 size_t depthwise_workspace(const Conv2dGeom& g, ConvPass pass, int threads);
-// x: f32, or DType::AffineRelu (ConvInput).
-void depthwise_forward(const Conv2dGeom& g, const Tensor& x, const float* w, const float* b, float* y, void* ws);
+// x: f32, or DType::AffineRelu (ConvInput). sum1 / sum2 [N * C] (both or neither): each output
+// plane's sum and sum of squares for the BN after it (bn_rows::plane_sums), taken as it is written.
+void depthwise_forward(const Conv2dGeom& g, const Tensor& x, const float* w, const float* b, float* y, void* ws,
+                       float* sum1 = nullptr, float* sum2 = nullptr);
 void depthwise_backward_data(const Conv2dGeom& g, const float* dy, const float* w, float* dx, bool accumulate,
                              void* ws);
 // x: f32 or any stash encoding (memory/stored_reader.h), decoded a plane at a time.
