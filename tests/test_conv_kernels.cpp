@@ -207,8 +207,9 @@ void run_geometry(Conv2dGeom g, bool bias, bool accumulate, int64_t planned_batc
     if (!scalar) check_stored_inputs(g, x, dy, bias, accumulate, ws);
 
     // The forward with BN's per-plane sums (a fused stack's statistics, docs/fusion.md): the same y,
-    // and the sums plane_sums takes of it, bit for bit (the direct kernels take them in their
-    // epilogue, the other paths by plane_sums). The table is sized for the planned batch.
+    // and the sums plane_sums takes of it, bit for bit (the direct and depthwise kernels take them
+    // as they write each plane, the other paths per chunk of images). The table is sized for the
+    // planned batch.
     std::vector<float> y3(yn, 7.f), sums(size_t(2 * planned.N * g.K), 7.f), ref(sums.size(), 7.f);
     Tensor y3t = view(y3, {g.N, g.K, g.P, g.Q}), sums_t = view(sums, {2, planned.N, g.K});
     Tensor ref_t = view(ref, {2, planned.N, g.K});
