@@ -9,6 +9,7 @@
 #include <immintrin.h>
 #endif
 
+#include "backends/cpu/always_inline.h"
 #include "backends/cpu/lanes16.h"
 #include "engine/fused_stack.h"
 #include "engine/check.h"
@@ -111,7 +112,7 @@ template <class D>
 inline void grad_apply_d(D d, const float* x, float a, float b, float c0, int64_t len, float* out, bool accumulate,
                          bool stream = false) {
   const __m512 va = _mm512_set1_ps(a), vb = _mm512_set1_ps(b), vc = _mm512_set1_ps(c0);
-  auto value = [&](int64_t i, __mmask16 m, __m512 xv) __attribute__((always_inline)) {
+  auto value = [&](int64_t i, __mmask16 m, __m512 xv) ET_ALWAYS_INLINE {
     return _mm512_add_ps(_mm512_fmadd_ps(va, d(i, m), _mm512_mul_ps(vb, xv)), vc);
   };
   int64_t i = 0;
@@ -169,7 +170,7 @@ template <class D>
 inline void grad_apply_d(D d, const float* x, float a, float b, float c0, int64_t len, float* out, bool accumulate,
                          bool stream = false) {
   const Lanes16 va = splat16(a), vb = splat16(b), vc = splat16(c0);
-  auto value = [&](int64_t i, auto m, const Lanes16& xv) __attribute__((always_inline)) { return add16(fmadd16(va, d(i, m), mul16(vb, xv)), vc); };
+  auto value = [&](int64_t i, auto m, const Lanes16& xv) ET_ALWAYS_INLINE { return add16(fmadd16(va, d(i, m), mul16(vb, xv)), vc); };
   int64_t i = 0;
   if (accumulate) {
     for (; i + 16 <= len; i += 16)

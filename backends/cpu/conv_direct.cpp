@@ -16,6 +16,7 @@
 #include <algorithm>
 #include <cstring>
 
+#include "backends/cpu/always_inline.h"
 #include "backends/cpu/batchnorm_rows.h"
 #include "backends/cpu/conv_simd.h"
 #include "memory/stored_reader.h"
@@ -105,7 +106,7 @@ namespace {
 // wpk [Cin][RS][MR]: the MR weights of one tap are adjacent (broadcast one after the other).
 // Always inlined: called out of line, its accumulators lived in memory (2.5x slower).
 template <class V, int NV>
-__attribute__((always_inline)) inline void corr_accumulate(const float* xp, int64_t L, const int64_t* off, int RS,
+ET_ALWAYS_INLINE inline void corr_accumulate(const float* xp, int64_t L, const int64_t* off, int RS,
                                                            int64_t Cin, const float* wpk, const int64_t* at,
                                                            V (&acc)[MR][NV]) {
   for (int i = 0; i < MR; ++i)

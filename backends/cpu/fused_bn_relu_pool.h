@@ -21,6 +21,7 @@
 #pragma once
 #include <cstdint>
 
+#include "backends/cpu/always_inline.h"
 #include "backends/cpu/lanes16.h"
 #include "backends/cpu/pool_pairs.h"
 #include "engine/fused_stack.h"
@@ -230,7 +231,7 @@ class PlaneDz {
   PlaneDz(const Layout& layout, const float* x, const float* dy, float scale, float shift)
       : L_(&layout), x_(x), dy_(dy), bn_(scale, shift) {}
 
-  __attribute__((always_inline)) __m512 operator()(int64_t i, __mmask16) {
+  ET_ALWAYS_INLINE __m512 operator()(int64_t i, __mmask16) {
     const int64_t j = (i >> 4) & 3;
     if (j == 0) {
       __m512 r[4];
@@ -469,7 +470,7 @@ class PlaneDz {
       : L_(&layout), x_(x), dy_(dy), bn_(scale, shift) {}
 
   template <class Mask>
-  __attribute__((always_inline)) Lanes16 operator()(int64_t i, const Mask&) {
+  ET_ALWAYS_INLINE Lanes16 operator()(int64_t i, const Mask&) {
     const int64_t j = (i >> 4) & 3;
     if (j == 0) {
       Lanes16 r[4];

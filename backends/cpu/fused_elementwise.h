@@ -5,6 +5,7 @@
 #pragma once
 #include <cstdint>
 
+#include "backends/cpu/always_inline.h"
 #include "backends/cpu/batchnorm_rows.h"
 #include "backends/cpu/fused_common.h"
 #include "engine/fused_stack.h"
@@ -103,7 +104,7 @@ inline auto elementwise_dz(ElementwiseOnly e, FusedGrads& g, const FusedTensors&
                            const float* x, bool recompute, bool first_sweep, bool park_dz) {
   const DzSources src = dz_sources(g, t, c, o, first_sweep, park_dz);
   const __m512 vscale = _mm512_set1_ps(src.scale), vshift = _mm512_set1_ps(src.shift), zero = _mm512_setzero_ps();
-  return [=](int64_t i, __mmask16 m) __attribute__((always_inline)) {
+  return [=](int64_t i, __mmask16 m) ET_ALWAYS_INLINE {
     __mmask16 on = m;
     if (e == ElementwiseOnly::Relu && recompute) {  // relu(bn(x)) > 0, the forward's own arithmetic
       const __m512 z = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, x + i), vscale, vshift);
@@ -127,7 +128,7 @@ inline int64_t elementwise_forward_plane(ElementwiseOnly e, const float* x, cons
                                   int64_t HW, float* y, bool stream, uint32_t tb, uint64_t* words) {
   using namespace lanes16;
   const Lanes16 vs = splat16(scale), vt = splat16(shift);
-  auto value = [&](int64_t i, auto m) __attribute__((always_inline)) {
+  auto value = [&](int64_t i, auto m) ET_ALWAYS_INLINE {
     Lanes16 v = fmadd16(load16(m, x + i), vs, vt);
     if (e != ElementwiseOnly::Relu) v = add16(v, load16(m, side + i));
     if (e != ElementwiseOnly::Add) v = relu16(v);
@@ -163,7 +164,7 @@ inline auto elementwise_dz(ElementwiseOnly e, FusedGrads& g, const FusedTensors&
   using namespace lanes16;
   const DzSources src = dz_sources(g, t, c, o, first_sweep, park_dz);
   const Lanes16 vscale = splat16(src.scale), vshift = splat16(src.shift);
-  return [=](int64_t i, auto m) __attribute__((always_inline)) {
+  return [=](int64_t i, auto m) ET_ALWAYS_INLINE {
     Lanes16 on = on16(m);
     if (e == ElementwiseOnly::Relu && recompute) {  // relu(bn(x)) > 0, the forward's own arithmetic
       on = and16(on, gt_zero16(fmadd16(load16(m, x + i), vscale, vshift)));

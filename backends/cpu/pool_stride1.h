@@ -19,6 +19,7 @@
 // as it stores it.
 #pragma once
 
+#include "backends/cpu/always_inline.h"
 #include "backends/cpu/lanes8.h"
 
 // AVX-512 hosts take these 8-lane kernels too: on a Zen 4 host (bench fusion --depth 8, batch 128,
@@ -190,7 +191,7 @@ inline void max_backward_stride1_window(const Plane& g, const float* x, const In
 
   // Input row h's maxima over the S taps of each output column, in the reference's s order.
   PaddedRows<In> rows(g, x, in);
-  auto row_stage = [&](int64_t h) __attribute__((always_inline)) {
+  auto row_stage = [&](int64_t h) ET_ALWAYS_INLINE {
     const float* xr = rows.row(h);  // column q0 + s - pw at xr + q0 + s
     float* m = row_m[h & (kRingRows - 1)];
     int32_t* a = row_a[h & (kRingRows - 1)];
@@ -213,7 +214,7 @@ inline void max_backward_stride1_window(const Plane& g, const float* x, const In
   };
   int64_t next_h = 0;  // input rows [0, next_h) have their row maxima
   // Output row p's arguments (the first row holding the window's maximum, in r order) and dy.
-  auto output_row = [&](int64_t p) __attribute__((always_inline)) {
+  auto output_row = [&](int64_t p) ET_ALWAYS_INLINE {
     const int64_t h0 = std::max<int64_t>(0, p - ph), h1 = std::min(g.H, p - ph + R);
     while (next_h < h1) row_stage(next_h++);
     int32_t* a = out_a[p & (kRingRows - 1)] + off;
