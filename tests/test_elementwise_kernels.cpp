@@ -238,7 +238,7 @@ pool_planes::Plane random_stride1(std::mt19937& rng, std::uniform_int_distributi
 }
 }  // namespace
 
-// Stride-1 windows (pool_stride1.h on AVX2 and NEON) over random shapes: plane sizes against the
+// Stride-1 windows (pool_stride1.h on AVX2, AVX-512 and NEON) over random shapes: plane sizes against the
 // 8-lane vectors and the rings (a row shorter than the window's padding, rows cut mid-vector),
 // windows of 1 to 5 rows and columns with every padding below them, the unrolled 3x3 included.
 TEST_CASE("pooling planes: stride-1 windows of random shapes equal the reference loops", "[kernels]") {
@@ -312,7 +312,7 @@ TEST_CASE("pooling planes: the stride-1 backward with BN's dy handed on equals t
     CHECK(std::memcmp(got.data(), want.data(), size_t(HW) * 4) == 0);
   }
 #else
-  SUCCEED("no stride-1 kernels on this target (AVX-512 keeps pool_planes.h's loops)");
+  SUCCEED("no stride-1 kernels on this target (they need AVX2 or NEON)");
 #endif
 }
 
@@ -347,7 +347,7 @@ TEST_CASE("pooling planes: the vectorised loops equal the reference loops bit fo
                          // power of 2) and 12 (a multiple of 4, not of 8)
                          Geom{22, 2, 2, 2, 2, 2, 0, 0}, Geom{14, 4, 2, 2, 2, 2, 0, 0}, Geom{6, 48, 2, 2, 2, 2, 0, 0},
                          Geom{6, 24, 2, 2, 2, 2, 0, 0},
-                         // stride 1 (AVX2: pool_stride1.h): rows of 1 to 3 vectors of 8 and a cut one,
+                         // stride 1 (AVX2, AVX-512, NEON: pool_stride1.h): rows of 1 to 3 vectors of 8 and a cut one,
                          // 3x3 unrolled and other windows, rows narrower than the window's padding
                          Geom{9, 8, 3, 3, 1, 1, 1, 1}, Geom{11, 23, 3, 3, 1, 1, 1, 1}, Geom{3, 47, 3, 3, 1, 1, 0, 0},
                          Geom{40, 2, 3, 3, 1, 1, 1, 1}, Geom{17, 70, 3, 3, 1, 1, 1, 1}, Geom{12, 9, 7, 2, 1, 1, 3, 1},

@@ -435,8 +435,8 @@ inline void max_forward_args(const Plane& g, const float* x, float* y, int32_t* 
 }
 
 #if !defined(__AVX512F__)
-// One tap of the gather: acc[w] += dy of the output whose argument is input row0 + w. (AVX2 and
-// NEON take pool_stride1.h but for pad_h >= R; AVX-512 takes it too, and its own gathers there.)
+// One tap of the gather: acc[w] += dy of the output whose argument is input row0 + w. (Every
+// AVX2 / NEON host takes pool_stride1.h but where pad_h >= R; there AVX-512 has its own gathers.)
 inline void gather_tap(const int32_t* __restrict arg, const float* __restrict dy, int32_t row0, int32_t lanes,
                        float* __restrict acc) {
   // Adding -0 leaves every value as it is (-0 included), so the lanes that are not the argument
