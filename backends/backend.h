@@ -94,6 +94,13 @@ class Backend {
   }
   virtual void conv2d_backward_data(const Conv2dGeom& g, const Tensor& dy, const Tensor& w, Tensor& dx,
                                     bool accumulate, Workspace ws) = 0;
+  // conv2d_backward_data into dx (overwritten) with the first backward sweep of the BN -> ReLU stack
+  // whose output is x, image by image while dx is in cache (DzSumsEpilogue, FusedGrads::dz_sums),
+  // where the kernel chosen for g can; false (and nothing done) where it cannot.
+  virtual bool conv2d_backward_data_dz_sums(const Conv2dGeom& g, const Tensor& dy, const Tensor& w, Tensor& dx,
+                                            const DzSumsEpilogue& e, Workspace ws) {
+    return false;
+  }
   // dw (and db if defined) are overwritten or accumulated per `accumulate`. x is f32, or a saved
   // tensor as the stash keeps it in any dtype conv2d_weight_reads(g) lists (decoded as it is read).
   virtual DTypeSet conv2d_weight_reads(const Conv2dGeom& g) const { return dtype_bit(DType::F32); }
@@ -178,6 +185,9 @@ class Backend {
   // Whether fused_backward of s reads its dy as the BN after it leaves it (FusedGrads::dy_coef), the
   // pool's output found again as it goes.
   virtual bool fused_reads_dy_affine(const FusedStack& s) const { return false; }
+  // Whether fused_backward of s takes its first sweep from its reader's data gradient
+  // (FusedGrads::dz_sums, conv2d_backward_data_dz_sums).
+  virtual bool fused_takes_dz_sums(const FusedStack& s) const { return false; }
   // y again from x (t.x: f32 or a dtype fused_backward_reads() lists) with the batch statistics of
   // the training forward (t.mean, t.invstd), bit for bit its y where x is exact, for stacks where
   // fused_recomputes(s) (memory.recompute_stack_outputs). No workspace: it runs inside another

@@ -202,8 +202,28 @@ struct FusedTensors {
 inline int64_t dy_coef_floats(int64_t C) { return 1 + 3 * C; }
 inline int64_t dy_coef_of(int64_t c) { return 1 + 3 * c; }
 
+// A BN -> ReLU stack whose y has one reader, a conv, may have its first backward sweep done in that
+// conv's data gradient (docs/fusion.md, "Sweep 1 in the data gradient"): as each image's planes of
+// the conv's dx (this stack's dy) are written, still in cache, the conv rebuilds the ReLU's mask
+// from x, writes dz in dy's place and takes each plane's two sums, and the stack runs sweep 2
+// alone. [1 + 2 N C] floats for a batch of up to N: [0] = 1 where the conv did (0: dy holds the
+// gradient of y), then sum dz per plane [N, C], then sum dz * (x - mean) per plane [N, C].
+inline int64_t dz_sums_floats(int64_t N, int64_t C) { return 1 + 2 * N * C; }
+
+// What that data gradient needs of the stack (Backend::conv2d_backward_data_dz_sums). The conv's
+// input is y = relu(x * scale + shift) (DType::AffineRelu, x f32 in place); dz = dy where
+// x * scale + shift > 0, else +0, as the stack's own sweep 1 builds it.
+struct DzSumsEpilogue {
+  const float* x = nullptr;  // [N, C, H, W]
+  const float *scale = nullptr, *shift = nullptr, *mean = nullptr;  // [C]
+  float *sum1 = nullptr, *sum2 = nullptr;  // [N, C] each: sum dz, sum dz * (x - mean) per plane
+};
+
 struct FusedGrads {
-  Tensor dy;          // gradient of y (or see dy_coef)
+  Tensor dy;          // gradient of y (or see dy_coef, dz_sums)
+  // Undefined, or (dz_sums_floats) where [0] = 1: the reader's data gradient did the first sweep,
+  // dy holds dz and this the planes' sums (Backend::fused_takes_dz_sums: which stacks can).
+  Tensor dz_sums;
   // Undefined, or the reader's coefficients (dy_coef_floats): where [0] = 1, the gradient of y is
   // (a * dy + b * y) + c0 with channel c's a, b, c0 (Backend::fused_reads_dy_affine: which stacks can).
   Tensor dy_coef;

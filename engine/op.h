@@ -93,6 +93,11 @@ class Op {
   // Backend::plane_sums), on every first (not recomputing) training forward.
   virtual bool can_write_plane_sums() const { return false; }
   virtual void write_plane_sums(int aux_index) { ET_CHECK(false, type(), " writes no plane sums"); }
+  // Whether this op's data gradient can do the first backward sweep of the BN -> ReLU fused stack
+  // whose output is its input 0 (FusedGrads::dz_sums). take_dz_sums gives it the stack's mean
+  // (input `mean_input`) and where to write (input `sums_input`, an aux value of the stack).
+  virtual bool can_take_dz_sums() const { return false; }
+  virtual void take_dz_sums(int mean_input, int sums_input) { ET_CHECK(false, type(), " takes no first sweep"); }
   // Whether the backward of a later reader may get this op's output from recompute_output()
   // instead of the stash keeping it (memory.recompute_stack_outputs): only from what this op saves
   // for its own backward (which outlives every later reader's) and its parameters and aux values,

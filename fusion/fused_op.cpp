@@ -18,8 +18,8 @@ constexpr int kSideInput = 5;  // after x, gamma, beta, running_mean, running_va
 
 class FusedStackOp final : public Op {
  public:
-  FusedStackOp(const FusedStack& s, std::vector<std::string> members, int sums_input)
-      : stack_(s), members_(std::move(members)), sums_input_(sums_input) {
+  FusedStackOp(const FusedStack& s, std::vector<std::string> members, int sums_input, int dz_sums_aux)
+      : stack_(s), members_(std::move(members)), sums_input_(sums_input), dz_sums_aux_(dz_sums_aux) {
     for (const FusedStage& st : s.stages) has_pool_ |= st.kind == FusedKind::MaxPool || st.kind == FusedKind::AvgPool;
   }
   const char* type() const override { return "fused_stack"; }
@@ -85,6 +85,7 @@ class FusedStackOp final : public Op {
     if (ctx.training() && ctx.recomputing()) t.running_mean = t.running_var = Tensor{};  // updated once
     // The sums pass from producer to reader in the first training forward only (Value::forward_only).
     if (ctx.training() && !ctx.recomputing()) {
+      if (dz_sums_aux_ >= 0) ctx.aux(dz_sums_aux_).f32()[0] = 0.f;  // until the reader's backward sets it
       if (sums_input_ >= 0) t.x_sums = ctx.input(sums_input_);
       if (y_sums_aux_ >= 0) t.y_sums = ctx.aux(y_sums_aux_);
     }
@@ -115,6 +116,15 @@ class FusedStackOp final : public Op {
     // Both ends ask the backend the same question, so either both use the coefficients or neither.
     if (dy_coef_aux_ >= 0 && ctx.backend().fused_reads_dy_affine(stack_)) g.dy_coef = ctx.aux(dy_coef_aux_);
     if (dx_coef_input_ >= 0 && ctx.backend().fused_reads_dy_affine(producer_)) g.dx_coef = ctx.input(dx_coef_input_);
+    // The first sweep done by the reader's data gradient (FusedGrads::dz_sums); the flag is spent here.
+    if (dz_sums_aux_ >= 0) {
+      Tensor sums = ctx.aux(dz_sums_aux_);
+      if (sums.f32()[0] == 1.f) {
+        ET_CHECK(ctx.backend().fused_takes_dz_sums(stack_), "fused stack: a first sweep it cannot take");
+        g.dz_sums = sums;
+      }
+      sums.f32()[0] = 0.f;
+    }
     t.x = ctx.saved(0, reads_stored(0, ctx.backend(), ctx.batch()));
     // y computed by its readers from x (nothing kept): the last ReLU's mask is rebuilt from x as y was.
     const bool y_from_x = stack_.saves_output_mask && ctx.saved_computed_by_readers(1);
@@ -167,6 +177,7 @@ class FusedStackOp final : public Op {
   std::vector<std::string> members_;
   bool has_pool_ = false;
   int sums_input_ = -1;  // the input holding x's plane sums, written by x's producer
+  int dz_sums_aux_ = -1;  // the aux value y's reader writes dz's plane sums to (FusedGrads::dz_sums)
   int y_sums_aux_ = -1;  // the aux value to write y's plane sums to
   FusedStack producer_;     // hand_sweep_to
   int dx_coef_input_ = -1;  // the input to write the handed-on sweep's coefficients to
@@ -184,8 +195,9 @@ void hand_sweep_on(Op& producer, Op& reader, const FusedStack& producer_stack, i
 
 bool takes_plane_sums(const FusedStack& s) { return s.headed_by_bn() && !s.small_planes() && !s.channel_slabs; }
 
-std::unique_ptr<Op> make_fused_op(const FusedStack& s, std::vector<std::string> members, int sums_input) {
-  return std::make_unique<FusedStackOp>(s, std::move(members), sums_input);
+std::unique_ptr<Op> make_fused_op(const FusedStack& s, std::vector<std::string> members, int sums_input,
+                                  int dz_sums_aux) {
+  return std::make_unique<FusedStackOp>(s, std::move(members), sums_input, dz_sums_aux);
 }
 
 }  // namespace fusion

@@ -34,6 +34,12 @@ struct StackPlan {
   // (Backend::fused_reads_dy_affine: BN -> ReLU -> stride-1 max-pool where lanes8.h builds: AVX2, AVX-512, NEON).
   bool sweep_to_producer = false;
   int producer_stack = -1;  // the index of the fused stack that produced x, if any
+  // BN's first backward sweep done by the data gradient of y's only reader, a conv
+  // (FusedGrads::dz_sums; Op::can_take_dz_sums, Backend::fused_takes_dz_sums): BN -> ReLU on whole
+  // planes. The conv does it where its input is computed by its readers from x (f32, in place) and
+  // its data-gradient kernel can; otherwise the stack sweeps itself.
+  bool sweep1_to_reader = false;
+  int reader_node = -1;  // y's reader (a node of the graph planned), where sweep1_to_reader
 };
 
 struct Plan {
@@ -59,8 +65,10 @@ void apply(Graph& g, const Plan& p);
 std::string describe(const Graph& g, const Plan& p);
 
 // The op a fused stack becomes (fused_op.cpp). Inputs: x, gamma, beta, running_mean, running_var
-// [, side] [, x's plane sums at input `sums_input`]; aux: batch mean, invstd [, y's plane sums].
-std::unique_ptr<Op> make_fused_op(const FusedStack& s, std::vector<std::string> members, int sums_input = -1);
+// [, side] [, x's plane sums at input `sums_input`]; aux: batch mean, invstd [, dz's plane sums
+// from y's reader at aux `dz_sums_aux`] [, y's plane sums].
+std::unique_ptr<Op> make_fused_op(const FusedStack& s, std::vector<std::string> members, int sums_input = -1,
+                                  int dz_sums_aux = -1);
 // Links the fused stack `reader` to the one before it, `producer` (StackPlan::sweep_to_producer):
 // the reader writes its coefficients to its input `coef_input`, the producer's aux `coef_aux`.
 void hand_sweep_on(Op& producer, Op& reader, const FusedStack& producer_stack, int coef_aux, int coef_input);

@@ -89,6 +89,13 @@ size_t sweep_bytes(const FusedStack& s, int64_t N) {
 // A stack that can take the second backward sweep of the stack after it (StackPlan::
 // sweep_to_producer): BN -> ReLU -> max-pool of stride 1 on whole planes (the backends that can:
 // Backend::fused_reads_dy_affine).
+// A stack whose first backward sweep its reader's data gradient can do (StackPlan::sweep1_to_reader):
+// BN -> ReLU on whole planes in memory order (the backends that can: Backend::fused_takes_dz_sums).
+bool takes_dz_sums(const FusedStack& s) {
+  return s.headed_by_bn() && !s.small_planes() && !s.channel_slabs && s.band_rows == 0 && s.stages.size() == 2 &&
+         s.stages[1].kind == FusedKind::Relu;
+}
+
 bool takes_dy_affine(const FusedStack& s) {
   return s.headed_by_bn() && !s.small_planes() && s.band_rows == 0 && s.stages.size() == 3 &&
          s.stages[1].kind == FusedKind::Relu && s.stages[2].kind == FusedKind::MaxPool &&
@@ -312,11 +319,21 @@ Plan plan(const Graph& g, const FusionSpec& spec) {
         sp.sums_from_producer =
             before ? takes_plane_sums(before->stack) : g.node(x.producer).op->can_write_plane_sums();
       sp.sweep_to_producer = s.headed_by_bn() && !s.small_planes() && before && takes_dy_affine(before->stack);
+      // BN's first backward sweep in the data gradient of y's reader (not with the second handed on:
+      // that one wants dz parked in dx, the reader leaves it in dy).
+      const Value& y = g.value(sp.output);
+      if (takes_dz_sums(s) && !sp.sweep_to_producer && y.consumers.size() == 1 &&
+          g.node(y.consumers[0]).op->can_take_dz_sums()) {
+        sp.sweep1_to_reader = true;
+        sp.reader_node = y.consumers[0];
+      }
       const size_t x_bytes = f32(N * s.C * s.stages[0].H * s.stages[0].W), y_bytes = f32(N * s.C * s.last().P * s.last().Q);
       if (sp.sums_from_producer) sp.bytes_fused -= x_bytes;  // one read of x
       // The second sweep handed on: it reads x and dy (the stack before reads dz instead of dy)
       // and writes dx no more.
       if (sp.sweep_to_producer) sp.bytes_fused -= sweep_bytes(s, N) + x_bytes;
+      // The first sweep in the reader's data gradient: dy is in cache there (x is still read).
+      if (sp.sweep1_to_reader) sp.bytes_fused -= y_bytes;
       s.stream_y = p.llc_bytes > 0 && x_bytes + y_bytes >= p.llc_bytes;
       // dx: only after a pool (element-wise stacks write dx in dy's place, whose lines are cached).
       s.stream_dx = p.llc_bytes > 0 && y_bytes < x_bytes && 2 * x_bytes >= p.llc_bytes;
@@ -364,7 +381,7 @@ std::string describe(const Graph& g, const Plan& p) {
   o << "cache: " << p.cache_bytes / 1024 << " KiB (" << p.cache_source << "), last level " << p.llc_bytes / 1024
     << " KiB (" << p.llc_source << "), batch " << g.batch_size() << "\n";
   o << "stack                 stages                  planes         tile  KiB/tile  MB unfused  MB fused  vanish  "
-       "statistics sweep 2    streamed\n";
+       "statistics sweep 1  sweep 2    streamed\n";
   for (const StackPlan& sp : p.stacks) {
     std::string stages;
     for (const FusedStage& st : sp.stack.stages) stages += std::string(stages.empty() ? "" : ",") + kind_name(st.kind);
@@ -383,10 +400,11 @@ std::string describe(const Graph& g, const Plan& p) {
         std::snprintf(tile, sizeof tile, "%lld rows", (long long)s.band_rows);
       else
         std::snprintf(tile, sizeof tile, "plane");
-      std::snprintf(line, sizeof line, "%10s %8zu%s %10s %9s %6zu  %-10s %-9s %s\n", tile, sp.tile_bytes / 1024,
+      std::snprintf(line, sizeof line, "%10s %8zu%s %10s %9s %6zu  %-10s %-7s %-9s %s\n", tile, sp.tile_bytes / 1024,
                     sp.tile_bytes <= p.cache_bytes ? " " : "*", mb(sp.bytes_unfused).c_str(),
                     mb(sp.bytes_fused).c_str(), sp.vanished.size(),
                     !s.headed_by_bn() ? "-" : sp.sums_from_producer ? "producer" : "own sweep",
+                    !s.headed_by_bn() ? "-" : sp.sweep1_to_reader ? "reader" : "own",
                     !s.headed_by_bn() ? "-" : sp.sweep_to_producer ? "handed on" : "own",
                     s.stream_y ? (s.stream_dx ? "y, dx" : "y") : s.stream_dx ? "dx" : "-");
       o << line;
@@ -400,7 +418,9 @@ std::string describe(const Graph& g, const Plan& p) {
        "its pool's halo recomputed; Nch = a block of N channels of one image; Nch slab = N "
        "channels over the whole batch (fusion.tile), * = larger than the cache: the second backward sweep "
        "re-reads x from memory; statistics: producer = BN's per-plane sums written by x's producer, "
-       "own sweep = the stack reads x for them; sweep 2: handed on = BN's dx is built by the stack before, "
+       "own sweep = the stack reads x for them; sweep 1: reader = BN's dz and its sums are taken by the data "
+       "gradient of the conv reading y, where that conv computes y from x as it reads it and its kernel can "
+       "(else the stack's own); sweep 2: handed on = BN's dx is built by the stack before, "
        "as it reads its dy (AVX2, AVX-512 and NEON builds); streamed: y where x and y fill the last-level cache, dx where "
        "x and dx do (written around the cache; dx only where it is a tensor of its own, after a pool))\n";
   o << "fused stacks: " << fused << " of " << p.stacks.size() << " (one sequence each); bytes moved per step: "

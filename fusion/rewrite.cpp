@@ -30,6 +30,12 @@ void apply(Graph& g, const Plan& p) {
   ng.build = g.build;
   ng.set_batch_size(g.batch_size());
   std::vector<int> vmap(size_t(nv), -1);
+  // Readers taking a stack's first backward sweep (StackPlan::sweep1_to_reader): for the reader's
+  // old node id, the stack's mean and the aux value the reader writes the sums to (new value ids).
+  struct Sweep1Inputs {
+    int mean = -1, sums = -1;
+  };
+  std::vector<Sweep1Inputs> sweep1_of(static_cast<size_t>(nn));
   int next_free = 0;
   // Inputs, parameters and buffers created before value `upto`, in their old order.
   auto add_free_values = [&](int upto) {
@@ -52,7 +58,14 @@ void apply(Graph& g, const Plan& p) {
     if (s < 0) {
       std::vector<Value> aux;
       for (int a : node.aux) aux.push_back(fresh(g.value(a)));
-      const int out = ng.add_node(node.name, std::move(node.op), mapped(node.inputs), fresh(g.value(node.output)),
+      std::vector<int> inputs = mapped(node.inputs);
+      const Sweep1Inputs& sw = sweep1_of[size_t(n)];
+      if (sw.sums >= 0) {
+        node.op->take_dz_sums(int(inputs.size()), int(inputs.size()) + 1);
+        inputs.push_back(sw.mean);
+        inputs.push_back(sw.sums);
+      }
+      const int out = ng.add_node(node.name, std::move(node.op), std::move(inputs), fresh(g.value(node.output)),
                                   std::move(aux));
       Node& added = ng.node(ng.num_nodes() - 1);
       added.seed_index = node.seed_index;
@@ -104,7 +117,17 @@ void apply(Graph& g, const Plan& p) {
       coef_input = int(new_inputs.size());
       new_inputs.push_back(ng.add_aux(coef_producer, std::move(coef)));
     }
-    std::unique_ptr<Op> op = make_fused_op(sp.stack, members, sums_input);
+    // BN's first backward sweep done by y's reader (StackPlan::sweep1_to_reader): the sums and the
+    // flag in an aux value of this stack, which the reader writes in its backward.
+    int dz_sums_aux = -1;
+    if (sp.sweep1_to_reader) {
+      Value sums;
+      sums.name = sp.name + ".dz_sums";
+      sums.shape = Shape{dz_sums_floats(g.batch_size(), sp.stack.C)};
+      dz_sums_aux = int(aux.size());
+      aux.push_back(std::move(sums));
+    }
+    std::unique_ptr<Op> op = make_fused_op(sp.stack, members, sums_input, dz_sums_aux);
     if (coef_input >= 0)
       hand_sweep_on(*ng.node(coef_producer).op, *op, p.stacks[size_t(sp.producer_stack)].stack, coef_aux, coef_input);
     const int out =
@@ -116,6 +139,10 @@ void apply(Graph& g, const Plan& p) {
       if (g.node(m).op->fusion_stage().kind == FusedKind::Dropout) added.seed_index = g.node(m).seed_index;
     vmap[size_t(sp.output)] = out;
     for (size_t i = 0; i < head.aux.size(); ++i) vmap[size_t(head.aux[i])] = added.aux[i];
+    if (dz_sums_aux >= 0) {
+      ET_CHECK(sp.reader_node > n, "fusion rewrite: the reader of ", sp.name, " comes before it");
+      sweep1_of[size_t(sp.reader_node)] = {added.aux[0], added.aux[size_t(dz_sums_aux)]};
+    }
   }
   add_free_values(nv);
   auto remap = [&](int id) { return id < 0 ? id : vmap[size_t(id)]; };

@@ -6,6 +6,7 @@
 // FNT: only the weights as INT4, dequantised for the float kernels.
 #include <memory>
 
+#include "engine/affine_relu.h"
 #include "layers/layers.h"
 #include "layers/quantized.h"
 
@@ -49,10 +50,18 @@ class Conv2dOp final : public Op {
     sums_aux_ = aux_index;
   }
 
+  // The first backward sweep of the BN -> ReLU stack before it, in the data gradient (op.h).
+  bool can_take_dz_sums() const override { return geom_.groups == 1 && dz_mean_input_ < 0; }
+  void take_dz_sums(int mean_input, int sums_input) override {
+    ET_CHECK(can_take_dz_sums() && mean_input >= 2, "conv2d: a first sweep it cannot take");
+    dz_mean_input_ = mean_input;
+    dz_sums_input_ = sums_input;
+  }
+
   // y [N,K,P,Q] = conv(x [N,C,H,W], w [K,C/g,R,S]) + b [K]
   void forward(OpContext& ctx) override {
     const Conv2dGeom g = geom_.with_batch(ctx.batch());
-    const Tensor b = ctx.has_input(2) ? ctx.input(2) : Tensor{};
+    const Tensor b = has_bias(ctx) ? ctx.input(2) : Tensor{};
     Tensor y = ctx.output();
     const LayerQuant* q = ctx.quant();
     // Only the first training forward: a recompute comes after the stack's forward has read them.
@@ -70,7 +79,7 @@ class Conv2dOp final : public Op {
   void backward(OpContext& ctx) override {
     const Conv2dGeom g = geom_.with_batch(ctx.batch());
     GradOut dw = ctx.grad_input(1);
-    GradOut db = ctx.has_input(2) ? ctx.grad_input(2) : GradOut{};
+    GradOut db = has_bias(ctx) ? ctx.grad_input(2) : GradOut{};
     GradOut dx = ctx.grad_input(0);
     Backend& be = ctx.backend();
     const Workspace ws = ctx.workspace();
@@ -79,7 +88,8 @@ class Conv2dOp final : public Op {
       const Tensor dy = ctx.grad_output();
       if (dw.wanted) be.conv2d_backward_weight(g, ctx.saved(0, be.conv2d_weight_reads(g)), dy, dw.t, db.t, dw.accumulate, ws);
       const Tensor w = q ? ctx.quant_operand(QuantSlot::WF) : ctx.input(1);
-      if (dx.wanted) be.conv2d_backward_data(g, dy, w, dx.t, dx.accumulate, ws);
+      if (dx.wanted && !(!q && dw.wanted && !dx.accumulate && data_gradient_with_dz_sums(ctx, g, dy, w, dx.t)))
+        be.conv2d_backward_data(g, dy, w, dx.t, dx.accumulate, ws);
       return;
     }
     // The forward operands as the float kernels read them: f32 (FP32 forward) or dequantised codes.
@@ -128,6 +138,33 @@ class Conv2dOp final : public Op {
   }
 
  private:
+  // The bias is input 2 unless that is the first of take_dz_sums's inputs.
+  bool has_bias(const OpContext& ctx) const { return ctx.has_input(2) && dz_mean_input_ != 2; }
+
+  // The data gradient with the first backward sweep of the stack before (take_dz_sums), where x is
+  // kept (dw wanted) as the stack's x (f32, in place) that readers compute x from, and the backend's kernel can; sets
+  // the flag the stack reads. False: nothing done.
+  bool data_gradient_with_dz_sums(OpContext& ctx, const Conv2dGeom& g, const Tensor& dy, const Tensor& w, Tensor& dx) {
+    if (dz_sums_input_ < 0 || !ctx.saved_computed_by_readers(0)) return false;
+    const Tensor x = ctx.saved(0, dtype_bit(DType::AffineRelu));
+    ET_CHECK(x.dtype == DType::AffineRelu, "conv2d: input computed by its readers, not offered");
+    const auto* src = static_cast<const AffineReluSource*>(x.data);
+    if (src->x.dtype != DType::F32) return false;
+    Tensor sums = ctx.input(dz_sums_input_);
+    const int64_t max_n = (sums.numel() - 1) / (2 * g.C);
+    ET_CHECK(sums.numel() == dz_sums_floats(max_n, g.C) && max_n >= g.N, "conv2d: dz sums of ", sums.shape.str());
+    DzSumsEpilogue e;
+    e.x = src->x.f32();
+    e.scale = src->scale;
+    e.shift = src->shift;
+    e.mean = ctx.input(dz_mean_input_).f32();
+    e.sum1 = sums.f32() + 1;
+    e.sum2 = e.sum1 + max_n * g.C;
+    if (!ctx.backend().conv2d_backward_data_dz_sums(g, dy, w, dx, e, ctx.workspace())) return false;
+    sums.f32()[0] = 1.f;
+    return true;
+  }
+
   // FNT (INT4 weights only) or INT4 forward.
   void forward_quantized(OpContext& ctx, const Conv2dGeom& g, const Tensor& b, Tensor& y, const LayerQuant& q) {
     if (q.int4_weights_only)  // FNT: f32 input, dequantised INT4 weights
@@ -155,6 +192,7 @@ class Conv2dOp final : public Op {
   }
   Conv2dGeom geom_;
   int sums_aux_ = -1;  // write_plane_sums
+  int dz_mean_input_ = -1, dz_sums_input_ = -1;  // take_dz_sums
 };
 
 }  // namespace

@@ -12,7 +12,9 @@
 #include <vector>
 
 #include "backends/backend.h"
+#include "backends/cpu/batchnorm_rows.h"
 #include "backends/cpu/conv_direct.h"
+#include "backends/cpu/fused_elementwise.h"
 #include "backends/cpu/conv_winograd.h"
 #include "engine/affine_relu.h"
 #include "backends/cpu/cpu_backend.h"
@@ -390,6 +392,71 @@ TEST_CASE("a conv forward computes a fused stack's output as it stages x (DType:
   CHECK(ran[1] == 24);
   CHECK(ran[2] == 8);
   CHECK(ran[3] == 24);
+}
+
+TEST_CASE("a conv data gradient takes the first backward sweep of the BN -> ReLU stack before it", "[conv][fusion]") {
+  // dx as conv2d_backward_data writes it, then dz = dx where x * scale + shift > 0 (else +0) in its
+  // place and each plane's sums as the stack's own sweep takes them (bn_rows::grad_sums), at the
+  // sums' batch stride. The direct kernel's row form (16 and 32 columns) and flat form (odd maps);
+  // other kernels (groups, strided, 1x1, small maps) decline and leave dx alone.
+  struct Case { int64_t N, C, H, W, K, R, stride, pad, groups; bool takes; };
+  const Case cases[] = {{3, 16, 16, 16, 16, 3, 1, 1, 1, true}, {2, 16, 32, 32, 8, 3, 1, 1, 1, true},
+                        {3, 12, 9, 11, 20, 3, 1, 1, 1, true},  {1, 9, 13, 13, 7, 5, 1, 2, 1, true},
+                        {2, 8, 16, 16, 8, 3, 1, 1, 2, false},  {2, 16, 9, 9, 32, 3, 2, 1, 1, false},
+                        {3, 12, 16, 16, 20, 1, 1, 0, 1, false}, {2, 16, 4, 4, 16, 3, 1, 1, 1, false}};
+  auto be = make_cpu_backend();
+  for (const Case& c : cases) {
+    Conv2dGeom g = geom(c.N, c.C, c.H, c.W, c.K, c.R, c.stride, c.pad, c.groups);
+    g.infer_output();
+    INFO("N " << c.N << " C " << c.C << " H " << c.H << " W " << c.W << " K " << c.K << " R " << c.R << " stride "
+              << c.stride << " groups " << c.groups);
+    const int64_t HW = g.H * g.W, xn = g.N * g.C * HW, max_n = g.N + 2;
+    std::vector<float> x = rnd(size_t(xn), 21), dy = rnd(size_t(g.N * g.K * g.P * g.Q), 22),
+                       w = rnd(size_t(g.K * (g.C / g.groups) * g.R * g.S), 23), k = rnd(size_t(3 * g.C), 24);
+    for (size_t i = 0; i < x.size(); i += 7) x[i] = 0.f;  // x * scale + shift == shift: a tie where shift is 0
+    k[size_t(g.C)] = 0.f;
+    const float* scale = k.data();
+    const float* shift = k.data() + g.C;
+    const float* mean = k.data() + 2 * g.C;
+    std::vector<float> ws(be->conv2d_workspace_bytes(g, ConvPass::BackwardData) / sizeof(float) + 16);
+    const Workspace wsp{ws.data(), ws.size() * sizeof(float)};
+    const Tensor dyt = view(dy, {g.N, g.K, g.P, g.Q}), wt = view(w, {g.K, g.C / g.groups, g.R, g.S});
+    std::vector<float> want(static_cast<size_t>(xn)), got(static_cast<size_t>(xn), 7.f),
+        sums(static_cast<size_t>(2 * max_n * g.C), 5.f);
+    Tensor tw = view(want, {g.N, g.C, g.H, g.W}), tg = view(got, {g.N, g.C, g.H, g.W});
+    be->conv2d_backward_data(g, dyt, wt, tw, false, wsp);
+    DzSumsEpilogue e;
+    e.x = x.data();
+    e.scale = scale;
+    e.shift = shift;
+    e.mean = mean;
+    e.sum1 = sums.data();
+    e.sum2 = sums.data() + max_n * g.C;
+    const bool took = be->conv2d_backward_data_dz_sums(g, dyt, wt, tg, e, wsp);
+#if defined(ET_ELEMENTWISE_IN_REGISTERS)
+    CHECK(took == c.takes);
+#else
+    CHECK(!took);  // portable builds: the stack sweeps itself
+#endif
+    if (!took) {
+      CHECK(got == std::vector<float>(size_t(xn), 7.f));
+      CHECK(sums == std::vector<float>(size_t(2 * max_n * g.C), 5.f));
+      continue;
+    }
+    for (int64_t n = 0; n < g.N; ++n)
+      for (int64_t ch = 0; ch < g.C; ++ch) {
+        const int64_t pl = n * g.C + ch, o = pl * HW;
+        std::vector<float> dz(static_cast<size_t>(HW));
+        for (int64_t i = 0; i < HW; ++i)
+          dz[size_t(i)] = std::fma(x[size_t(o + i)], scale[ch], shift[ch]) > 0.f ? want[size_t(o + i)] : 0.f;
+        CHECK(std::memcmp(dz.data(), got.data() + o, sizeof(float) * size_t(HW)) == 0);
+        float a = 0.f, b = 0.f;
+        bn_rows::grad_sums(bn_rows::row_of(dz.data()), x.data() + o, mean[ch], HW, &a, &b);
+        CHECK(std::memcmp(&a, &sums[size_t(pl)], sizeof a) == 0);
+        CHECK(std::memcmp(&b, &sums[size_t(max_n * g.C + pl)], sizeof b) == 0);
+      }
+    CHECK(sums[size_t(g.N * g.C)] == 5.f);  // the sums of images past the batch untouched
+  }
 }
 
 TEST_CASE("linear kernels match the naive reference", "[conv][linear]") {

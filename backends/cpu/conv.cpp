@@ -181,6 +181,15 @@ void CpuBackend::conv2d_forward_sums(const Conv2dGeom& g, const Tensor& x, const
   cpu::direct_dense_forward(g, x, w.f32(), bias, y.f32(), ws.data, s1, s2);
 }
 
+// The first sweep of the stack before in the epilogue: the direct kernel only (the others would
+// need a sweep after the kernel, which is what the stack does anyway).
+bool CpuBackend::conv2d_backward_data_dz_sums(const Conv2dGeom& g, const Tensor& dy, const Tensor& w, Tensor& dx,
+                                              const DzSumsEpilogue& e, Workspace ws) {
+  if (choose(g, ConvPass::BackwardData) != Path::Direct || !cpu::direct_dense_dz_sums_applies(g)) return false;
+  cpu::direct_dense_backward_data(g, dy.f32(), w.f32(), dx.f32(), false, ws.data, &e);
+  return true;
+}
+
 void CpuBackend::conv2d_backward_data(const Conv2dGeom& g, const Tensor& dy, const Tensor& w, Tensor& dx,
                                       bool accumulate, Workspace ws) {
   switch (choose(g, ConvPass::BackwardData)) {

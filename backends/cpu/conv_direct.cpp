@@ -19,6 +19,7 @@
 #include "backends/cpu/always_inline.h"
 #include "backends/cpu/batchnorm_rows.h"
 #include "backends/cpu/conv_simd.h"
+#include "backends/cpu/fused_elementwise.h"
 #include "memory/stored_reader.h"
 
 namespace et::cpu {
@@ -518,8 +519,18 @@ void direct_dense_forward(const Conv2dGeom& g, const Tensor& xt, const float* w,
   }
 }
 
+bool direct_dense_dz_sums_applies(const Conv2dGeom& g) {
+#if defined(ET_ELEMENTWISE_IN_REGISTERS)
+  return g.groups == 1 && !dgrad_cl_chosen(g);
+#else
+  (void)g;
+  return false;
+#endif
+}
+
 void direct_dense_backward_data(const Conv2dGeom& g, const float* dy, const float* w, float* dx, bool accumulate,
-                                void* ws) {
+                                void* ws, const DzSumsEpilogue* dz_sums) {
+  ET_CHECK(!dz_sums || (direct_dense_dz_sums_applies(g) && !accumulate), "direct data gradient: dz sums here");
   if (dgrad_cl_chosen(g)) return dgrad_cl(g, dy, w, dx, accumulate, ws);
   const int64_t Cg = g.C / g.groups, Kg = g.K / g.groups, RS = g.R * g.S, Cr = round_up(Cg, MR);
   const Flat f = bwd_data_flat(g);  // f.rows == H
@@ -550,6 +561,15 @@ void direct_dense_backward_data(const Conv2dGeom& g, const float* dy, const floa
         for (int64_t c = 0; c < Cg; ++c)
           extract_plane(tile + c * f.Jr, f.Wp, g.H, g.W, 1, 0.f, accumulate, dxg + c * g.H * g.W);
       }
+#if defined(ET_ELEMENTWISE_IN_REGISTERS)
+      if (dz_sums)  // image n's planes of dx, still in this core's cache
+        for (int64_t c = 0, HW = g.H * g.W; c < g.C; ++c) {
+          const int64_t pl = n * g.C + c;
+          fused_elementwise::relu_dz_sums_plane(dz_sums->x + pl * HW, dz_sums->scale[c], dz_sums->shift[c],
+                                                dz_sums->mean[c], dx + pl * HW, HW, dz_sums->sum1 + pl,
+                                                dz_sums->sum2 + pl);
+        }
+#endif
     }
   }
 }

@@ -29,6 +29,8 @@ class CpuBackend : public Backend {
                            Tensor& sums, Workspace ws) override;
   void conv2d_backward_data(const Conv2dGeom& g, const Tensor& dy, const Tensor& w, Tensor& dx, bool accumulate,
                             Workspace ws) override;
+  bool conv2d_backward_data_dz_sums(const Conv2dGeom& g, const Tensor& dy, const Tensor& w, Tensor& dx,
+                                    const DzSumsEpilogue& e, Workspace ws) override;
   DTypeSet conv2d_weight_reads(const Conv2dGeom& g) const override;
   DTypeSet conv2d_forward_reads(const Conv2dGeom& g) const override;
   void conv2d_backward_weight(const Conv2dGeom& g, const Tensor& x, const Tensor& dy, Tensor& dw, Tensor& db,
@@ -100,6 +102,7 @@ class CpuBackend : public Backend {
   DTypeSet fused_backward_reads() const override { return batchnorm_backward_reads(); }
   void fused_backward(const FusedStack& s, const FusedTensors& t, FusedGrads& g, Workspace ws) override;
   bool fused_reads_dy_affine(const FusedStack& s) const override;
+  bool fused_takes_dz_sums(const FusedStack& s) const override;
   bool fused_recomputes(const FusedStack& s) const override;
   void fused_recompute_output(const FusedStack& s, const FusedTensors& t, Tensor& y) override;
   AffineReluRun fused_affine_relu(const FusedStack& s) const override;

@@ -425,6 +425,18 @@ bool CpuBackend::fused_reads_dy_affine(const FusedStack& s) const {
   return bn_relu_pool_stride1(s) && !s.small_planes();
 }
 
+// Sweep 1 in the reader's data gradient (conv_direct.cpp, relu_dz_sums_plane): stacks whose own
+// sweep 1 is elementwise_dz's in memory order, so the sums are those bits.
+bool CpuBackend::fused_takes_dz_sums(const FusedStack& s) const {
+#if defined(ET_ELEMENTWISE_IN_REGISTERS)
+  return s.headed_by_bn() && elementwise_kind(s) == ElementwiseOnly::Relu && !s.small_planes() &&
+         !s.channel_slabs && s.band_rows == 0;
+#else
+  (void)s;
+  return false;
+#endif
+}
+
 void CpuBackend::fused_backward(const FusedStack& s, const FusedTensors& t, FusedGrads& g, Workspace ws) {
   // The second sweep handed on to the stack before (FusedGrads::dx_coef): not unless taken below.
   if (g.dx_coef.defined()) g.dx_coef.f32()[0] = 0.f;
@@ -491,6 +503,12 @@ void CpuBackend::fused_backward(const FusedStack& s, const FusedTensors& t, Fuse
   const bool last_pool = s.last().kind == FusedKind::MaxPool || s.last().kind == FusedKind::AvgPool;
   // BN -> ReLU -> stride-1 max-pool: dz of plane pl from x and dy into `into` (pool_stride1.h).
   const bool pool_stride1 = bn_relu_pool_stride1(s);
+  // Sweep 1 done by the reader's data gradient (FusedGrads::dz_sums): dz in dy, the planes' sums
+  // in g.dz_sums; sweep 2 alone is left.
+  const bool dz_in_dy = g.dz_sums.defined();
+  ET_CHECK(!dz_in_dy || (fused_takes_dz_sums(s) && memory_order && in_registers && recompute && !hand_on &&
+                         g.dz_sums.numel() >= dz_sums_floats(N, C)),
+           "fused stack: a first sweep taken from its reader it cannot use");
   ET_CHECK(!dy_coef || fused_reads_dy_affine(s), "fused stack: dy handed on to a stack that cannot read it");
   auto pool_stride1_dz = [&](int64_t pl, const float* x, float* into) -> const float* {
 #if defined(ET_BN_RELU_POOL_STRIDE1)
@@ -590,7 +608,7 @@ void CpuBackend::fused_backward(const FusedStack& s, const FusedTensors& t, Fuse
     }
     const float* x = x_plane(scratch, pl);
 #if defined(ET_ELEMENTWISE_IN_REGISTERS)
-    if (in_registers && !park)
+    if (in_registers && !park && !dz_in_dy)
       return bn_rows::grad_apply_d(elementwise_dz(ew, g, t, pl % C, pl * HW, x, recompute, false, false), x, k.a, k.b,
                                    k.c0, HW, dx, g.dx_accumulate);
 #endif
@@ -598,7 +616,8 @@ void CpuBackend::fused_backward(const FusedStack& s, const FusedTensors& t, Fuse
     if (pool_in_registers)
       return bn_rows::grad_apply_d(pool_dz(pl, x), x, k.a, k.b, k.c0, HW, dx, g.dx_accumulate, stream_dx);
 #endif
-    const float* dz = park           ? dx
+    const float* dz = dz_in_dy       ? g.dy.f32() + pl * HW
+                      : park         ? dx
                       : pool_stride1 ? pool_stride1_dz(pl, x, scratch + S * plane)
                                      : plane_dz(scratch, pl, x, false);
     bn_rows::grad_apply(dz, x, k, HW, dx, g.dx_accumulate);
@@ -608,8 +627,15 @@ void CpuBackend::fused_backward(const FusedStack& s, const FusedTensors& t, Fuse
   {
     float* scratch = static_cast<float*>(ws.data) + omp_get_thread_num() * per_thread;
     if (memory_order) {
+      if (dz_in_dy) {  // the reader's sums, at its batch stride
+        const float* sums = g.dz_sums.f32() + 1;
+        const int64_t max_n = (g.dz_sums.numel() - 1) / (2 * C);
 #pragma omp for schedule(static)
-      for (int64_t pl = 0; pl < N * C; ++pl) sweep1(scratch, pl, &tab.sum1[pl], &tab.sum2[pl]);
+        for (int64_t pl = 0; pl < N * C; ++pl) tab.sum1[pl] = sums[pl], tab.sum2[pl] = sums[max_n * C + pl];
+      } else {
+#pragma omp for schedule(static)
+        for (int64_t pl = 0; pl < N * C; ++pl) sweep1(scratch, pl, &tab.sum1[pl], &tab.sum2[pl]);
+      }
       int64_t ca, cb;
       thread_channels(C, &ca, &cb);
       sum_over_batch(tab.sum1, tab.sum2, N, C, ca, cb, tab.d1, tab.d2);

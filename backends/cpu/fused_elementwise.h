@@ -122,6 +122,21 @@ inline auto elementwise_dz(ElementwiseOnly e, FusedGrads& g, const FusedTensors&
     return d;
   };
 }
+
+// The first backward sweep of a BN -> ReLU stack over plane (n, c) done by its reader's data
+// gradient (FusedGrads::dz_sums): d holds the plane's dy and gets dz, with the arithmetic of
+// elementwise_dz (ReLU, mask recomputed from x) and the sums of the stack's sweep 1.
+inline void relu_dz_sums_plane(const float* x, float scale, float shift, float mean, float* d, int64_t HW, float* s1,
+                               float* s2) {
+  const __m512 vscale = _mm512_set1_ps(scale), vshift = _mm512_set1_ps(shift), zero = _mm512_setzero_ps();
+  auto dz = [=](int64_t i, __mmask16 m) ET_ALWAYS_INLINE {
+    const __m512 z = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, x + i), vscale, vshift);
+    const __m512 v = _mm512_maskz_loadu_ps(_mm512_mask_cmp_ps_mask(m, z, zero, _CMP_GT_OQ), d + i);
+    _mm512_mask_storeu_ps(d + i, m, v);
+    return v;
+  };
+  bn_rows::grad_sums(dz, x, mean, HW, s1, s2);
+}
 #elif defined(ET_LANES16)
 // The AVX-512 functions above on AVX2's or NEON's registers (lanes16.h), with the same arithmetic.
 inline int64_t elementwise_forward_plane(ElementwiseOnly e, const float* x, const float* side, float scale, float shift,
@@ -177,6 +192,19 @@ inline auto elementwise_dz(ElementwiseOnly e, FusedGrads& g, const FusedTensors&
     if (src.park) store16(m, src.park + i, d);
     return d;
   };
+}
+
+inline void relu_dz_sums_plane(const float* x, float scale, float shift, float mean, float* d, int64_t HW, float* s1,
+                               float* s2) {
+  using namespace lanes16;
+  const Lanes16 vscale = splat16(scale), vshift = splat16(shift);
+  auto dz = [=](int64_t i, auto m) ET_ALWAYS_INLINE {
+    const Lanes16 on = and16(on16(m), gt_zero16(fmadd16(load16(m, x + i), vscale, vshift)));
+    const Lanes16 v = and16(load16(m, d + i), on);  // +0 in the lanes off
+    store16(m, d + i, v);
+    return v;
+  };
+  bn_rows::grad_sums(dz, x, mean, HW, s1, s2);
 }
 #endif
 
