@@ -397,19 +397,31 @@ TEST_CASE("a conv forward computes a fused stack's output as it stages x (DType:
 TEST_CASE("a conv data gradient takes the first backward sweep of the BN -> ReLU stack before it", "[conv][fusion]") {
   // dx as conv2d_backward_data writes it, then dz = dx where x * scale + shift > 0 (else +0) in its
   // place and each plane's sums as the stack's own sweep takes them (bn_rows::grad_sums), at the
-  // sums' batch stride. The direct kernel's row form (16 and 32 columns) and flat form (odd maps);
-  // other kernels (groups, strided, 1x1, small maps) decline and leave dx alone.
+  // sums' batch stride. The direct kernel's row form (16 and 32 columns) and flat form (odd maps),
+  // Winograd (partial tiles, several chunks) and the GEMM's (1x1, small maps, few channels, and
+  // every case forced); groups, the strided channels-last form and the implicit GEMM (small maps
+  // of 16+ channels) decline and leave dx alone.
   struct Case { int64_t N, C, H, W, K, R, stride, pad, groups; bool takes; };
   const Case cases[] = {{3, 16, 16, 16, 16, 3, 1, 1, 1, true}, {2, 16, 32, 32, 8, 3, 1, 1, 1, true},
                         {3, 12, 9, 11, 20, 3, 1, 1, 1, true},  {1, 9, 13, 13, 7, 5, 1, 2, 1, true},
                         {2, 8, 16, 16, 8, 3, 1, 1, 2, false},  {2, 16, 9, 9, 32, 3, 2, 1, 1, false},
-                        {3, 12, 16, 16, 20, 1, 1, 0, 1, false}, {2, 16, 4, 4, 16, 3, 1, 1, 1, false}};
+                        {3, 12, 16, 16, 20, 1, 1, 0, 1, true}, {2, 8, 4, 4, 8, 3, 1, 1, 1, true},
+                        {2, 16, 8, 8, 16, 3, 1, 1, 1, false},  {2, 4, 16, 16, 8, 3, 1, 1, 1, true},
+                        {5, 72, 7, 9, 70, 3, 1, 1, 1, true}};
   auto be = make_cpu_backend();
+  const cpu::ConvPathOverride paths[] = {cpu::ConvPathOverride::Auto, cpu::ConvPathOverride::Winograd,
+                                         cpu::ConvPathOverride::Gemm};
+  int took_on[3] = {0, 0, 0};
+  for (int pi = 0; pi < 3; ++pi)
   for (const Case& c : cases) {
     Conv2dGeom g = geom(c.N, c.C, c.H, c.W, c.K, c.R, c.stride, c.pad, c.groups);
     g.infer_output();
-    INFO("N " << c.N << " C " << c.C << " H " << c.H << " W " << c.W << " K " << c.K << " R " << c.R << " stride "
-              << c.stride << " groups " << c.groups);
+    cpu::conv_set_path_override(paths[pi]);
+    // Forced: Winograd where it applies, the GEMM everywhere; the automatic choice elsewhere.
+    const bool forced = (pi == 1 && cpu::winograd_applies(g, ConvPass::BackwardData)) || pi == 2;
+    const bool takes = forced ? c.groups == 1 : c.takes;
+    INFO("path " << pi << " N " << c.N << " C " << c.C << " H " << c.H << " W " << c.W << " K " << c.K << " R "
+                 << c.R << " stride " << c.stride << " groups " << c.groups);
     const int64_t HW = g.H * g.W, xn = g.N * g.C * HW, max_n = g.N + 2;
     std::vector<float> x = rnd(size_t(xn), 21), dy = rnd(size_t(g.N * g.K * g.P * g.Q), 22),
                        w = rnd(size_t(g.K * (g.C / g.groups) * g.R * g.S), 23), k = rnd(size_t(3 * g.C), 24);
@@ -433,11 +445,14 @@ TEST_CASE("a conv data gradient takes the first backward sweep of the BN -> ReLU
     e.sum1 = sums.data();
     e.sum2 = sums.data() + max_n * g.C;
     const bool took = be->conv2d_backward_data_dz_sums(g, dyt, wt, tg, e, wsp);
+    cpu::conv_set_path_override(cpu::ConvPathOverride::Auto);
 #if defined(ET_ELEMENTWISE_IN_REGISTERS)
-    CHECK(took == c.takes);
+    CHECK(took == takes);
 #else
     CHECK(!took);  // portable builds: the stack sweeps itself
+    (void)takes;
 #endif
+    took_on[pi] += took;
     if (!took) {
       CHECK(got == std::vector<float>(size_t(xn), 7.f));
       CHECK(sums == std::vector<float>(size_t(2 * max_n * g.C), 5.f));
@@ -457,6 +472,10 @@ TEST_CASE("a conv data gradient takes the first backward sweep of the BN -> ReLU
       }
     CHECK(sums[size_t(g.N * g.C)] == 5.f);  // the sums of images past the batch untouched
   }
+#if defined(ET_ELEMENTWISE_IN_REGISTERS)
+  CHECK(took_on[1] >= 6);  // Winograd forced: its 3x3 stride-1 cases
+  CHECK(took_on[2] == 10);
+#endif
 }
 
 TEST_CASE("linear kernels match the naive reference", "[conv][linear]") {

@@ -220,14 +220,15 @@ void conv_stacks(Graph& g, int64_t batch, int64_t h, int64_t w, int64_t channels
 TEST_CASE("fusion: a conv's data gradient takes the first backward sweep of the stack before it, bit-identically",
           "[fusion]") {
   // The direct data gradient's row form (16x16) and flat form (odd 9x11, 8x8), batch 1-3; with 4
-  // channels the data gradient goes to the GEMM, which leaves the sweep to the stack. Only where the conv computes its input from
+  // channels the GEMM's; 8x8 maps of 16 channels go to the implicit GEMM, which leaves the sweep to
+  // the stack. Only where the conv computes its input from
   // the stack's x as kept in f32 (not from a bf16 copy, not with recomputation).
   struct Case {
     int64_t batch, h, w, channels;
     bool direct;
   };
   for (const Case c : {Case{2, 16, 16, 8, true}, Case{3, 9, 11, 12, true}, Case{1, 16, 16, 16, true},
-                       Case{2, 8, 8, 8, true}, Case{2, 16, 16, 4, false}}) {
+                       Case{2, 8, 8, 8, true}, Case{2, 16, 16, 4, true}, Case{2, 8, 8, 16, false}}) {
     DYNAMIC_SECTION("batch " << c.batch << " " << c.h << "x" << c.w << " channels " << c.channels) {
       Graph plain, fused;
       conv_stacks(plain, c.batch, c.h, c.w, c.channels);

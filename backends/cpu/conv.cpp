@@ -24,6 +24,7 @@
 #include "backends/cpu/conv_simd.h"
 #include "backends/cpu/conv_implicit.h"
 #include "backends/cpu/conv_winograd.h"
+#include "backends/cpu/fused_elementwise.h"
 
 namespace et {
 
@@ -181,13 +182,31 @@ void CpuBackend::conv2d_forward_sums(const Conv2dGeom& g, const Tensor& x, const
   cpu::direct_dense_forward(g, x, w.f32(), bias, y.f32(), ws.data, s1, s2);
 }
 
-// The first sweep of the stack before in the epilogue: the direct kernel only (the others would
-// need a sweep after the kernel, which is what the stack does anyway).
+// The first sweep of the stack before in the epilogue of the direct (but its channels-last form),
+// Winograd and GEMM data gradients, on the images each has just written; not the implicit GEMM's
+// (the stack sweeps itself there).
 bool CpuBackend::conv2d_backward_data_dz_sums(const Conv2dGeom& g, const Tensor& dy, const Tensor& w, Tensor& dx,
                                               const DzSumsEpilogue& e, Workspace ws) {
-  if (choose(g, ConvPass::BackwardData) != Path::Direct || !cpu::direct_dense_dz_sums_applies(g)) return false;
-  cpu::direct_dense_backward_data(g, dy.f32(), w.f32(), dx.f32(), false, ws.data, &e);
-  return true;
+#if defined(ET_ELEMENTWISE_IN_REGISTERS)
+  if (g.groups != 1) return false;
+  switch (choose(g, ConvPass::BackwardData)) {
+    case Path::Direct:
+      if (!cpu::direct_dense_dz_sums_applies(g)) return false;
+      cpu::direct_dense_backward_data(g, dy.f32(), w.f32(), dx.f32(), false, ws.data, &e);
+      return true;
+    case Path::Winograd:
+      cpu::winograd_backward_data(g, dy.f32(), w.f32(), dx.f32(), false, ws.data, &e);
+      return true;
+    case Path::Gemm:
+      cpu::gemm_conv_backward_data(g, dy.f32(), w.f32(), dx.f32(), false, ws.data, &e);
+      return true;
+    default:
+      return false;
+  }
+#else
+  (void)g, (void)dy, (void)w, (void)dx, (void)e, (void)ws;
+  return false;
+#endif
 }
 
 void CpuBackend::conv2d_backward_data(const Conv2dGeom& g, const Tensor& dy, const Tensor& w, Tensor& dx,

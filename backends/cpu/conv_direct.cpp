@@ -563,12 +563,7 @@ void direct_dense_backward_data(const Conv2dGeom& g, const float* dy, const floa
       }
 #if defined(ET_ELEMENTWISE_IN_REGISTERS)
       if (dz_sums)  // image n's planes of dx, still in this core's cache
-        for (int64_t c = 0, HW = g.H * g.W; c < g.C; ++c) {
-          const int64_t pl = n * g.C + c;
-          fused_elementwise::relu_dz_sums_plane(dz_sums->x + pl * HW, dz_sums->scale[c], dz_sums->shift[c],
-                                                dz_sums->mean[c], dx + pl * HW, HW, dz_sums->sum1 + pl,
-                                                dz_sums->sum2 + pl);
-        }
+        fused_elementwise::relu_dz_sums_images(*dz_sums, n, n + 1, g.C, g.H * g.W, dx);
 #endif
     }
   }

@@ -15,6 +15,7 @@
 // independent (one thread each; a tile's result does not depend on its chunk), so any schedule
 // gives the same bits. Transforms use only 0, +-1, +-1/2: F(2x2, 3x3) keeps float32 accuracy.
 #include "backends/cpu/conv_winograd.h"
+#include "backends/cpu/fused_elementwise.h"
 
 #include <omp.h>
 
@@ -230,7 +231,8 @@ size_t workspace(const Wino& w, int threads) {
 // in: the input images (the forward's ConvInput: each computed into the thread's img buffer before
 // its channels-last copy where x is a fused stack's output).
 void run(const Wino& w, const ConvInput& in, const float* wt, bool flip, const float* bias, float* out,
-         bool accumulate, void* ws, float* sum1 = nullptr, float* sum2 = nullptr) {
+         bool accumulate, void* ws, float* sum1 = nullptr, float* sum2 = nullptr,
+         const DzSumsEpilogue* dz_sums = nullptr) {
   const GemmTile tile = sgemm_tile();
   const int MR = tile.mr, NR = tile.nr;
   const int threads = omp_get_max_threads();
@@ -269,6 +271,9 @@ void run(const Wino& w, const ConvInput& in, const float* wt, bool flip, const f
       if (sum1)  // the chunk's planes, still in this core's cache
         for (int64_t pl = n0 * w.Co; pl < (n0 + nb) * w.Co; ++pl)
           bn_rows::plane_sums(out + pl * w.Ho * w.Wo, w.Ho * w.Wo, sum1 + pl, sum2 + pl);
+#if defined(ET_ELEMENTWISE_IN_REGISTERS)
+      if (dz_sums) fused_elementwise::relu_dz_sums_images(*dz_sums, n0, n0 + nb, w.Co, w.Ho * w.Wo, out);
+#endif
     }
   }
 }
@@ -458,8 +463,9 @@ void winograd_forward(const Conv2dGeom& g, const Tensor& x, const float* w, cons
 }
 
 void winograd_backward_data(const Conv2dGeom& g, const float* dy, const float* w, float* dx, bool accumulate,
-                            void* ws) {
-  run(data_wino(g), ConvInput(dy), w, true, nullptr, dx, accumulate, ws);
+                            void* ws, const DzSumsEpilogue* dz_sums) {
+  ET_CHECK(!dz_sums || !accumulate, "winograd data gradient: dz sums of an accumulated dx");
+  run(data_wino(g), ConvInput(dy), w, true, nullptr, dx, accumulate, ws, nullptr, nullptr, dz_sums);
 }
 
 void winograd_backward_weight(const Conv2dGeom& g, const Tensor& x, const float* dy, float* dw, float* db,

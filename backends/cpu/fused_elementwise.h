@@ -208,5 +208,16 @@ inline void relu_dz_sums_plane(const float* x, float scale, float shift, float m
 }
 #endif
 
+#if defined(ET_ELEMENTWISE_IN_REGISTERS)
+// relu_dz_sums_plane over images [n0, n1) of a data gradient dx [N, C, HW] (each conv kernel calls
+// it on the images it has just written, while they are in its core's cache).
+inline void relu_dz_sums_images(const DzSumsEpilogue& e, int64_t n0, int64_t n1, int64_t C, int64_t HW, float* dx) {
+  for (int64_t pl = n0 * C; pl < n1 * C; ++pl) {
+    const int64_t c = pl % C;
+    relu_dz_sums_plane(e.x + pl * HW, e.scale[c], e.shift[c], e.mean[c], dx + pl * HW, HW, e.sum1 + pl, e.sum2 + pl);
+  }
+}
+#endif
+
 }  // namespace fused_elementwise
 }  // namespace et
