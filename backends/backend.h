@@ -235,6 +235,12 @@ class Backend {
   virtual size_t conv2d_q_workspace_bytes(const Conv2dGeom& g, ConvPass pass) const = 0;
   virtual void conv2d_forward_q(const Conv2dGeom& g, const Tensor& xq, const Tensor& wq, const Tensor& b, Tensor& y,
                                 Workspace ws) = 0;
+  // conv2d_forward_q, and y's per-plane sums for the fused BN stack reading y (conv2d_forward_sums's).
+  virtual void conv2d_forward_q_sums(const Conv2dGeom& g, const Tensor& xq, const Tensor& wq, const Tensor& b,
+                                     Tensor& y, Tensor& sums, Workspace ws) {
+    conv2d_forward_q(g, xq, wq, b, y, ws);
+    plane_sums(y, sums);
+  }
   virtual void conv2d_backward_data_q(const Conv2dGeom& g, const Tensor& gq, const Tensor& wq, Tensor& dx,
                                       bool accumulate, Workspace ws) = 0;
   // dw (+)= corr(xq, gq), db (+)= sum(gq) (db undefined: none)

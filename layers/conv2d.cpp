@@ -71,8 +71,7 @@ class Conv2dOp final : public Op {
         return ctx.backend().conv2d_forward_sums(g, ctx.input(0), ctx.input(1), b, y, sums, ctx.workspace());
       return ctx.backend().conv2d_forward(g, ctx.input(0), ctx.input(1), b, y, ctx.workspace());
     }
-    forward_quantized(ctx, g, b, y, *q);
-    if (sums.defined()) ctx.backend().plane_sums(y, sums);
+    forward_quantized(ctx, g, b, y, *q, sums);
   }
 
   // dx = conv_transpose(dy, w); dw = corr(x, dy); db = sum(dy)
@@ -165,21 +164,30 @@ class Conv2dOp final : public Op {
     return true;
   }
 
-  // FNT (INT4 weights only) or INT4 forward.
-  void forward_quantized(OpContext& ctx, const Conv2dGeom& g, const Tensor& b, Tensor& y, const LayerQuant& q) {
+  // FNT (INT4 weights only) or INT4 forward; y's plane sums too where `sums` is defined, taken by
+  // the kernel while y is in cache.
+  void forward_quantized(OpContext& ctx, const Conv2dGeom& g, const Tensor& b, Tensor& y, const LayerQuant& q,
+                         Tensor& sums) {
+    Backend& be = ctx.backend();
+    auto float_forward = [&](const Tensor& x, const Tensor& w) {
+      if (sums.defined()) return be.conv2d_forward_sums(g, x, w, b, y, sums, ctx.workspace());
+      be.conv2d_forward(g, x, w, b, y, ctx.workspace());
+    };
     if (q.int4_weights_only)  // FNT: f32 input, dequantised INT4 weights
-      return ctx.backend().conv2d_forward(g, ctx.input(0), qops::dequantized_weight(ctx, ctx.input(1)), b, y,
-                                          ctx.workspace());
-    // A recompute: the first forward's codes and scales, so the integer product is the same.
+      return float_forward(ctx.input(0), qops::dequantized_weight(ctx, ctx.input(1)));
+    // A recompute (no sums: the stack's forward has read them): the first forward's codes and
+    // scales, so the integer product is the same.
     if (ctx.recomputing() && int_kernels())
-      return ctx.backend().conv2d_forward_q(g, ctx.input_codes(), ctx.quant_operand(QuantSlot::W), b, y, ctx.workspace());
+      return be.conv2d_forward_q(g, ctx.input_codes(), ctx.quant_operand(QuantSlot::W), b, y, ctx.workspace());
     // INT4: codes with SAWB scales, an integer product; depthwise multiplies the dequantised codes.
     const Tensor xq = qops::quantize_input(ctx, ctx.input(0));
     const Tensor wq = qops::quantize_weight(ctx, ctx.input(1));
-    if (int_kernels()) return ctx.backend().conv2d_forward_q(g, xq, wq, b, y, ctx.workspace());
-    const Tensor xf = qops::dequantized(ctx, QuantSlot::X, QuantSlot::XF, xq.scale);
-    const Tensor wf = qops::dequantized(ctx, QuantSlot::W, QuantSlot::WF, wq.scale);
-    ctx.backend().conv2d_forward(g, xf, wf, b, y, ctx.workspace());
+    if (int_kernels()) {
+      if (sums.defined()) return be.conv2d_forward_q_sums(g, xq, wq, b, y, sums, ctx.workspace());
+      return be.conv2d_forward_q(g, xq, wq, b, y, ctx.workspace());
+    }
+    float_forward(qops::dequantized(ctx, QuantSlot::X, QuantSlot::XF, xq.scale),
+                  qops::dequantized(ctx, QuantSlot::W, QuantSlot::WF, wq.scale));
   }
 
   // The largest of bytes(g, pass) over forward, data gradient and weight gradient.

@@ -379,6 +379,17 @@ TEST_CASE("integer conv equals the exact product of the codes and the FP32 conv 
         be->dequantize(wq, wft);
         be->conv2d_forward(g, xft, wft, bt, yft, ws);
         CHECK(yf == y);
+
+        // With y's plane sums for a fused BN stack (taken per chunk of images in cache): the same y,
+        // and the sums plane_sums takes over it, at the sums' batch stride (N + 1).
+        std::vector<float> y2(static_cast<size_t>(ny), 3.f), sums(static_cast<size_t>(2 * (g.N + 1) * g.K), 5.f),
+            want(sums.size(), 5.f);
+        Tensor y2t = Tensor::contiguous(y2.data(), yt.shape);
+        Tensor st = Tensor::contiguous(sums.data(), Shape{2, g.N + 1, g.K}), wt = Tensor::contiguous(want.data(), st.shape);
+        be->conv2d_forward_q_sums(g, xq, wq, bt, y2t, st, ws);
+        be->plane_sums(yt, wt);
+        CHECK(y2 == y);
+        CHECK(std::memcmp(sums.data(), want.data(), sums.size() * sizeof(float)) == 0);
       }
   cpu::conv_set_path_override(cpu::ConvPathOverride::Auto);
 }

@@ -29,6 +29,7 @@
 #include <emmintrin.h>
 #endif
 
+#include "backends/cpu/batchnorm_rows.h"
 #include "backends/cpu/carve.h"
 #include "backends/cpu/conv_int_tiles.h"
 #include "backends/cpu/cpu_backend.h"
@@ -439,8 +440,11 @@ size_t CpuBackend::conv2d_q_workspace_bytes(const Conv2dGeom& g, ConvPass pass) 
   return tile_pass_shared(p).bytes + tile_pass_thread(p).bytes * size_t(cpu_threads());
 }
 
-void CpuBackend::conv2d_forward_q(const Conv2dGeom& g, const Tensor& xq, const Tensor& wq, const Tensor& b, Tensor& y,
-                                  Workspace ws) {
+namespace {
+// The forward on codes; sum1 / sum2 [N, K] (or null): each output plane's sums as BN takes them
+// (bn_rows::plane_sums), for each chunk of images right after it is written, while it is in cache.
+void forward_q(const Conv2dGeom& g, const Tensor& xq, const Tensor& wq, const Tensor& b, Tensor& y, Workspace ws,
+               float* sum1, float* sum2) {
   ET_CHECK(g.groups == 1 && wq.dtype == DType::I4 && is_input_codes(xq.dtype));
   const TilePass p = forward_pass(g);
   const size_t shared = tile_pass_shared(p).bytes, per_thread = tile_pass_thread(p).bytes;
@@ -468,7 +472,22 @@ void CpuBackend::conv2d_forward_q(const Conv2dGeom& g, const Tensor& xq, const T
           const float bk = bias ? bias[k] : 0.f;
           for (int64_t q = 0; q < g.Q; ++q) dst[q] = float(src[q] - corr) * scale + bk;
         });
+        if (sum1)
+          for (int64_t pl = n0 * g.K; pl < (n0 + nb) * g.K; ++pl)
+            bn_rows::plane_sums(yd + pl * PQ, PQ, sum1 + pl, sum2 + pl);
       });
+}
+}  // namespace
+
+void CpuBackend::conv2d_forward_q(const Conv2dGeom& g, const Tensor& xq, const Tensor& wq, const Tensor& b, Tensor& y,
+                                  Workspace ws) {
+  forward_q(g, xq, wq, b, y, ws, nullptr, nullptr);
+}
+
+void CpuBackend::conv2d_forward_q_sums(const Conv2dGeom& g, const Tensor& xq, const Tensor& wq, const Tensor& b,
+                                       Tensor& y, Tensor& sums, Workspace ws) {
+  ET_CHECK(sums.dim(0) == 2 && sums.dim(1) >= g.N && sums.dim(2) == g.K, "conv plane sums into ", sums.shape.str());
+  forward_q(g, xq, wq, b, y, ws, sums.f32(), sums.f32() + sums.dim(1) * g.K);
 }
 
 void CpuBackend::conv2d_backward_data_q(const Conv2dGeom& g, const Tensor& gq, const Tensor& wq, Tensor& dx,

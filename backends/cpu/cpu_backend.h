@@ -86,6 +86,8 @@ class CpuBackend : public Backend {
   size_t conv2d_q_workspace_bytes(const Conv2dGeom& g, ConvPass pass) const override;
   void conv2d_forward_q(const Conv2dGeom& g, const Tensor& xq, const Tensor& wq, const Tensor& b, Tensor& y,
                         Workspace ws) override;
+  void conv2d_forward_q_sums(const Conv2dGeom& g, const Tensor& xq, const Tensor& wq, const Tensor& b, Tensor& y,
+                             Tensor& sums, Workspace ws) override;
   void conv2d_backward_data_q(const Conv2dGeom& g, const Tensor& gq, const Tensor& wq, Tensor& dx, bool accumulate,
                               Workspace ws) override;
   void conv2d_backward_weight_q(const Conv2dGeom& g, const Tensor& xq, const Tensor& gq, Tensor& dw, Tensor& db,
