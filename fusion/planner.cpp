@@ -8,6 +8,8 @@
 // a pool whose windows do not overlap is a stack of its own (VGG without BN).
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
+#include <cstring>
 #include <fstream>
 #include <sstream>
 #include <utility>
@@ -320,9 +322,12 @@ Plan plan(const Graph& g, const FusionSpec& spec) {
             before ? takes_plane_sums(before->stack) : g.node(x.producer).op->can_write_plane_sums();
       sp.sweep_to_producer = s.headed_by_bn() && !s.small_planes() && before && takes_dy_affine(before->stack);
       // BN's first backward sweep in the data gradient of y's reader (not with the second handed on:
-      // that one wants dz parked in dx, the reader leaves it in dy).
+      // that one wants dz parked in dx, the reader leaves it in dy). ET_SWEEP1_IN_READER=0 turns it
+      // off (A/B measurements).
       const Value& y = g.value(sp.output);
-      if (takes_dz_sums(s) && !sp.sweep_to_producer && y.consumers.size() == 1 &&
+      const char* sweep1_env = std::getenv("ET_SWEEP1_IN_READER");
+      const bool sweep1_off = sweep1_env && !std::strcmp(sweep1_env, "0");
+      if (!sweep1_off && takes_dz_sums(s) && !sp.sweep_to_producer && y.consumers.size() == 1 &&
           g.node(y.consumers[0]).op->can_take_dz_sums()) {
         sp.sweep1_to_reader = true;
         sp.reader_node = y.consumers[0];
