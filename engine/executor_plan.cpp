@@ -591,6 +591,11 @@ void Executor::plan_page_release(const PlanState& st) {
 // Segments of checkpoint_every = m compute ops: each starts at a compute op (conv / linear) and runs
 // until the next segment; the loss and what follows stay outside. A segment is kept only if it
 // recomputes something the stash would otherwise hold.
+// A segment starts at every m-th compute op. Where that op follows another compute op, the
+// segment starts at the one before instead (or, if that one starts a segment, runs on): a segment
+// ending in a compute op keeps its output, read in the next segment, and recomputes nothing there
+// (a fused stack after a shortcut conv: conv2, the shortcut's conv and BN, then the stack reading
+// both; unfused, BN sits between conv2 and the shortcut).
 std::vector<std::pair<int, int>> Executor::candidate_segments(const Graph& g, int m) {
   std::vector<std::pair<int, int>> all;
   if (m <= 0) return all;
@@ -598,7 +603,15 @@ std::vector<std::pair<int, int>> Executor::candidate_segments(const Graph& g, in
   for (int n = 0; n < g.num_nodes(); ++n) {
     const OpClass c = g.node(n).op->op_class();
     if (c == OpClass::Loss) break;
-    if (c == OpClass::Compute && computes++ % m == 0) all.emplace_back(n, n);
+    if (c == OpClass::Compute && computes++ % m == 0) {
+      const bool after_compute = n > 0 && g.node(n - 1).op->op_class() == OpClass::Compute;
+      if (all.empty() || !after_compute) {
+        all.emplace_back(n, n);
+      } else if (all.back().first < n - 1) {
+        all.back().second = n - 2;
+        all.emplace_back(n - 1, n);
+      }
+    }
     if (!all.empty()) all.back().second = n;
   }
   return all;
