@@ -412,65 +412,66 @@ TEST_CASE("a conv data gradient takes the first backward sweep of the BN -> ReLU
   const cpu::ConvPathOverride paths[] = {cpu::ConvPathOverride::Auto, cpu::ConvPathOverride::Winograd,
                                          cpu::ConvPathOverride::Gemm};
   int took_on[3] = {0, 0, 0};
-  for (int pi = 0; pi < 3; ++pi)
-  for (const Case& c : cases) {
-    Conv2dGeom g = geom(c.N, c.C, c.H, c.W, c.K, c.R, c.stride, c.pad, c.groups);
-    g.infer_output();
-    cpu::conv_set_path_override(paths[pi]);
-    // Forced: Winograd where it applies, the GEMM everywhere; the automatic choice elsewhere.
-    const bool forced = (pi == 1 && cpu::winograd_applies(g, ConvPass::BackwardData)) || pi == 2;
-    const bool takes = forced ? c.groups == 1 : c.takes;
-    INFO("path " << pi << " N " << c.N << " C " << c.C << " H " << c.H << " W " << c.W << " K " << c.K << " R "
-                 << c.R << " stride " << c.stride << " groups " << c.groups);
-    const int64_t HW = g.H * g.W, xn = g.N * g.C * HW, max_n = g.N + 2;
-    std::vector<float> x = rnd(size_t(xn), 21), dy = rnd(size_t(g.N * g.K * g.P * g.Q), 22),
-                       w = rnd(size_t(g.K * (g.C / g.groups) * g.R * g.S), 23), k = rnd(size_t(3 * g.C), 24);
-    for (size_t i = 0; i < x.size(); i += 7) x[i] = 0.f;  // x * scale + shift == shift: a tie where shift is 0
-    k[size_t(g.C)] = 0.f;
-    const float* scale = k.data();
-    const float* shift = k.data() + g.C;
-    const float* mean = k.data() + 2 * g.C;
-    std::vector<float> ws(be->conv2d_workspace_bytes(g, ConvPass::BackwardData) / sizeof(float) + 16);
-    const Workspace wsp{ws.data(), ws.size() * sizeof(float)};
-    const Tensor dyt = view(dy, {g.N, g.K, g.P, g.Q}), wt = view(w, {g.K, g.C / g.groups, g.R, g.S});
-    std::vector<float> want(static_cast<size_t>(xn)), got(static_cast<size_t>(xn), 7.f),
-        sums(static_cast<size_t>(2 * max_n * g.C), 5.f);
-    Tensor tw = view(want, {g.N, g.C, g.H, g.W}), tg = view(got, {g.N, g.C, g.H, g.W});
-    be->conv2d_backward_data(g, dyt, wt, tw, false, wsp);
-    DzSumsEpilogue e;
-    e.x = x.data();
-    e.scale = scale;
-    e.shift = shift;
-    e.mean = mean;
-    e.sum1 = sums.data();
-    e.sum2 = sums.data() + max_n * g.C;
-    const bool took = be->conv2d_backward_data_dz_sums(g, dyt, wt, tg, e, wsp);
-    cpu::conv_set_path_override(cpu::ConvPathOverride::Auto);
-#if defined(ET_ELEMENTWISE_IN_REGISTERS)
-    CHECK(took == takes);
-#else
-    CHECK(!took);  // portable builds: the stack sweeps itself
-    (void)takes;
-#endif
-    took_on[pi] += took;
-    if (!took) {
-      CHECK(got == std::vector<float>(size_t(xn), 7.f));
-      CHECK(sums == std::vector<float>(size_t(2 * max_n * g.C), 5.f));
-      continue;
-    }
-    for (int64_t n = 0; n < g.N; ++n)
-      for (int64_t ch = 0; ch < g.C; ++ch) {
-        const int64_t pl = n * g.C + ch, o = pl * HW;
-        std::vector<float> dz(static_cast<size_t>(HW));
-        for (int64_t i = 0; i < HW; ++i)
-          dz[size_t(i)] = std::fma(x[size_t(o + i)], scale[ch], shift[ch]) > 0.f ? want[size_t(o + i)] : 0.f;
-        CHECK(std::memcmp(dz.data(), got.data() + o, sizeof(float) * size_t(HW)) == 0);
-        float a = 0.f, b = 0.f;
-        bn_rows::grad_sums(bn_rows::row_of(dz.data()), x.data() + o, mean[ch], HW, &a, &b);
-        CHECK(std::memcmp(&a, &sums[size_t(pl)], sizeof a) == 0);
-        CHECK(std::memcmp(&b, &sums[size_t(max_n * g.C + pl)], sizeof b) == 0);
+  for (int pi = 0; pi < 3; ++pi) {
+    for (const Case& c : cases) {
+      Conv2dGeom g = geom(c.N, c.C, c.H, c.W, c.K, c.R, c.stride, c.pad, c.groups);
+      g.infer_output();
+      cpu::conv_set_path_override(paths[pi]);
+      // Forced: Winograd where it applies, the GEMM everywhere; the automatic choice elsewhere.
+      const bool forced = (pi == 1 && cpu::winograd_applies(g, ConvPass::BackwardData)) || pi == 2;
+      const bool takes = forced ? c.groups == 1 : c.takes;
+      INFO("path " << pi << " N " << c.N << " C " << c.C << " H " << c.H << " W " << c.W << " K " << c.K << " R "
+                   << c.R << " stride " << c.stride << " groups " << c.groups);
+      const int64_t HW = g.H * g.W, xn = g.N * g.C * HW, max_n = g.N + 2;
+      std::vector<float> x = rnd(size_t(xn), 21), dy = rnd(size_t(g.N * g.K * g.P * g.Q), 22),
+                         w = rnd(size_t(g.K * (g.C / g.groups) * g.R * g.S), 23), k = rnd(size_t(3 * g.C), 24);
+      for (size_t i = 0; i < x.size(); i += 7) x[i] = 0.f;  // x * scale + shift == shift: a tie where shift is 0
+      k[size_t(g.C)] = 0.f;
+      const float* scale = k.data();
+      const float* shift = k.data() + g.C;
+      const float* mean = k.data() + 2 * g.C;
+      std::vector<float> ws(be->conv2d_workspace_bytes(g, ConvPass::BackwardData) / sizeof(float) + 16);
+      const Workspace wsp{ws.data(), ws.size() * sizeof(float)};
+      const Tensor dyt = view(dy, {g.N, g.K, g.P, g.Q}), wt = view(w, {g.K, g.C / g.groups, g.R, g.S});
+      std::vector<float> want(static_cast<size_t>(xn)), got(static_cast<size_t>(xn), 7.f),
+          sums(static_cast<size_t>(2 * max_n * g.C), 5.f);
+      Tensor tw = view(want, {g.N, g.C, g.H, g.W}), tg = view(got, {g.N, g.C, g.H, g.W});
+      be->conv2d_backward_data(g, dyt, wt, tw, false, wsp);
+      DzSumsEpilogue e;
+      e.x = x.data();
+      e.scale = scale;
+      e.shift = shift;
+      e.mean = mean;
+      e.sum1 = sums.data();
+      e.sum2 = sums.data() + max_n * g.C;
+      const bool took = be->conv2d_backward_data_dz_sums(g, dyt, wt, tg, e, wsp);
+      cpu::conv_set_path_override(cpu::ConvPathOverride::Auto);
+  #if defined(ET_ELEMENTWISE_IN_REGISTERS)
+      CHECK(took == takes);
+  #else
+      CHECK(!took);  // portable builds: the stack sweeps itself
+      (void)takes;
+  #endif
+      took_on[pi] += took;
+      if (!took) {
+        CHECK(got == std::vector<float>(size_t(xn), 7.f));
+        CHECK(sums == std::vector<float>(size_t(2 * max_n * g.C), 5.f));
+        continue;
       }
-    CHECK(sums[size_t(g.N * g.C)] == 5.f);  // the sums of images past the batch untouched
+      for (int64_t n = 0; n < g.N; ++n)
+        for (int64_t ch = 0; ch < g.C; ++ch) {
+          const int64_t pl = n * g.C + ch, o = pl * HW;
+          std::vector<float> dz(static_cast<size_t>(HW));
+          for (int64_t i = 0; i < HW; ++i)
+            dz[size_t(i)] = std::fma(x[size_t(o + i)], scale[ch], shift[ch]) > 0.f ? want[size_t(o + i)] : 0.f;
+          CHECK(std::memcmp(dz.data(), got.data() + o, sizeof(float) * size_t(HW)) == 0);
+          float a = 0.f, b = 0.f;
+          bn_rows::grad_sums(bn_rows::row_of(dz.data()), x.data() + o, mean[ch], HW, &a, &b);
+          CHECK(std::memcmp(&a, &sums[size_t(pl)], sizeof a) == 0);
+          CHECK(std::memcmp(&b, &sums[size_t(max_n * g.C + pl)], sizeof b) == 0);
+        }
+      CHECK(sums[size_t(g.N * g.C)] == 5.f);  // the sums of images past the batch untouched
+    }
   }
 #if defined(ET_ELEMENTWISE_IN_REGISTERS)
   CHECK(took_on[1] >= 6);  // Winograd forced: its 3x3 stride-1 cases
