@@ -88,10 +88,15 @@ void Executor::plan_code_segments(PlanState& st) {
         st.first_saver[size_t(v)] <= c)  // not saved (or saved by the conv itself)
       continue;
     // From the input codes kept for the backward (OpContext::input_codes) and W, or an FP32 forward
-    // on the graph input; weights and bias are parameters.
+    // on the graph input; weights and bias are parameters, and aux values of an earlier node (a
+    // fused stack's mean and sums, which the conv's backward takes: Op::take_dz_sums) outlive the
+    // recompute.
     const bool int4 = quant_[size_t(c)].int4_forward;
     bool recomputable = int4 ? node.op->int_kernels() : graph_.value(node.inputs[0]).kind == ValueKind::Input;
-    for (size_t i = 1; i < node.inputs.size(); ++i) recomputable &= graph_.value(node.inputs[i]).kind == ValueKind::Param;
+    for (size_t i = 1; i < node.inputs.size(); ++i) {
+      const ValueKind k = graph_.value(node.inputs[i]).kind;
+      recomputable &= k == ValueKind::Param || k == ValueKind::Aux;
+    }
     // Only values BN saves (its input, read by its backward).
     for (int k : graph_.value(v).consumers)
       for (const SaveSpec& sp : save_specs_[size_t(k)])

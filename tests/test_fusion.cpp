@@ -288,6 +288,25 @@ TEST_CASE("fusion: a conv's data gradient takes the first backward sweep of the 
   }
 }
 
+TEST_CASE("fusion: under bitmap_int4 a conv taking a stack's first sweep still recomputes its output", "[fusion]") {
+  // The conv's extra inputs (the stack's mean and sums, aux values) do not stop bitmap_int4 from
+  // recomputing the stack's x from the conv's codes (Executor::plan_code_segments).
+  Graph fused;
+  build_model(fused, spec_of("resnet8", 4, 16, true));
+  auto be = make_cpu_backend();
+  Executor ex(fused, *be, stash(StashFormat::BitmapI4), test::luq());
+  int takers = 0, rerun = 0;
+  for (int n = 0; n < fused.num_nodes(); ++n) {
+    const std::vector<int>& in = fused.node(n).inputs;
+    const std::string& last = fused.value(in.back()).name;
+    if (last.size() < 8 || last.compare(last.size() - 8, 8, ".dz_sums") != 0) continue;
+    ++takers;
+    rerun += ex.reruns(n);
+  }
+  CHECK(takers > 0);
+  CHECK(rerun == takers);
+}
+
 TEST_CASE("fusion: a stack after a stack hands its second backward sweep on, bit-identically", "[fusion]") {
   // chain(): conv -> <BN, ReLU, max-pool 3x3 s1> x 2 -> <BN, ReLU>: the second and third stacks read
   // x from the stack before alone. 32x32 and 9x7 planes (odd, rows cut inside a vector), batch 1-3.
