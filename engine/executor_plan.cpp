@@ -588,14 +588,13 @@ void Executor::plan_page_release(const PlanState& st) {
       at_time[size_t(b.request.last)].first->push_back(Range{b.offset, b.request.bytes});
 }
 
-// Segments of checkpoint_every = m compute ops: each starts at a compute op (conv / linear) and runs
-// until the next segment; the loss and what follows stay outside. A segment is kept only if it
-// recomputes something the stash would otherwise hold.
-// A segment starts at every m-th compute op. Where that op follows another compute op, the
-// segment starts at the one before instead (or, if that one starts a segment, runs on): a segment
-// ending in a compute op keeps its output, read in the next segment, and recomputes nothing there
-// (a fused stack after a shortcut conv: conv2, the shortcut's conv and BN, then the stack reading
-// both; unfused, BN sits between conv2 and the shortcut).
+// Segments of checkpoint_every = m compute ops: each starts at every m-th compute op (conv /
+// linear) and runs until the next segment; the loss and what follows stay outside. A segment is
+// kept only if it recomputes something the stash would otherwise hold. Where the m-th op follows
+// another compute op, the segment starts at that one instead (or, if it starts a segment, runs
+// on): a segment ending in a compute op keeps that op's output, read in the next segment (a fused
+// stack after a shortcut conv: conv2, the shortcut's conv and BN, then the stack reading both;
+// unfused, BN sits between conv2 and the shortcut).
 std::vector<std::pair<int, int>> Executor::candidate_segments(const Graph& g, int m) {
   std::vector<std::pair<int, int>> all;
   if (m <= 0) return all;

@@ -168,38 +168,26 @@ TEST_CASE("fusion: BN statistics from x's producer (a conv's epilogue, the stack
 }
 
 namespace {
-// After each fused stack's backward: whether it handed its second sweep on to the stack before
-// (FusedGrads::dx_coef, the flag its coefficients start with).
-struct HandedOn : NodeObserver {
-  Executor& ex;
-  int linked = 0, handed = 0;
-  explicit HandedOn(Executor& e) : ex(e) {}
-  void after_forward(int) override {}
-  void after_backward(int node) override {
-    for (int id : ex.graph().node(node).inputs) {
-      const std::string& name = ex.graph().value(id).name;
-      if (name.size() < 8 || name.compare(name.size() - 8, 8, ".dy_coef") != 0) continue;
-      ++linked;
-      handed += ex.value(id).f32()[0] == 1.f;
-    }
-  }
-};
-}  // namespace
+bool ends_with(const std::string& s, const char* suffix) {
+  const size_t n = std::strlen(suffix);
+  return s.size() >= n && s.compare(s.size() - n, n, suffix) == 0;
+}
 
-namespace {
-// After each conv's backward: whether its data gradient took the first backward sweep of the
-// stack before it (FusedGrads::dz_sums, the flag the sums start with; the stack spends it later).
-struct SweepTaken : NodeObserver {
+// After each node's backward: how many of its inputs are named `suffix` and how many of those
+// start with the flag 1.f. ".dy_coef": the stack handed its second sweep on to the stack before
+// (FusedGrads::dx_coef). ".dz_sums": the conv's data gradient took the first sweep of the stack
+// before it (FusedGrads::dz_sums; the stack spends the flag later).
+struct FlagAfterBackward : NodeObserver {
   Executor& ex;
-  int linked = 0, taken = 0;
-  explicit SweepTaken(Executor& e) : ex(e) {}
+  const char* suffix;
+  int linked = 0, set = 0;
+  FlagAfterBackward(Executor& e, const char* sfx) : ex(e), suffix(sfx) {}
   void after_forward(int) override {}
   void after_backward(int node) override {
     for (int id : ex.graph().node(node).inputs) {
-      const std::string& name = ex.graph().value(id).name;
-      if (name.size() < 8 || name.compare(name.size() - 8, 8, ".dz_sums") != 0) continue;
+      if (!ends_with(ex.graph().value(id).name, suffix)) continue;
       ++linked;
-      taken += ex.value(id).f32()[0] == 1.f;
+      set += ex.value(id).f32()[0] == 1.f;
     }
   }
 };
@@ -253,7 +241,7 @@ TEST_CASE("fusion: a conv's data gradient takes the first backward sweep of the 
             Executor ex(fused, *be, o);
             init_parameters(ex, 7);
             fill(ex, c.batch);
-            SweepTaken check(ex);
+            FlagAfterBackward check(ex, ".dz_sums");
             ex.set_observer(&check);
             for (int step = 0; step < 2; ++step) {
               ex.forward(c.batch, true);
@@ -263,7 +251,7 @@ TEST_CASE("fusion: a conv's data gradient takes the first backward sweep of the 
             CHECK(check.linked == 4);
             // BN's input x stays f32 under bitmap_fp32 (it compresses the ReLU outputs); a bf16 copy
             // is not the forward's x, and recomputation does not compute y in its readers.
-            CHECK(check.taken == (can && f != StashFormat::DenseBF16 && every == 0 ? 4 : 0));
+            CHECK(check.set == (can && f != StashFormat::DenseBF16 && every == 0 ? 4 : 0));
           }
           if (f == StashFormat::DenseBF16) continue;  // lossy: "lossy stash formats stay close" above
           const auto a = train(plain, c.batch, o), b = train(fused, c.batch, o);
@@ -297,9 +285,7 @@ TEST_CASE("fusion: under bitmap_int4 a conv taking a stack's first sweep still r
   Executor ex(fused, *be, stash(StashFormat::BitmapI4), test::luq());
   int takers = 0, rerun = 0;
   for (int n = 0; n < fused.num_nodes(); ++n) {
-    const std::vector<int>& in = fused.node(n).inputs;
-    const std::string& last = fused.value(in.back()).name;
-    if (last.size() < 8 || last.compare(last.size() - 8, 8, ".dz_sums") != 0) continue;
+    if (!ends_with(fused.value(fused.node(n).inputs.back()).name, ".dz_sums")) continue;
     ++takers;
     rerun += ex.reruns(n);
   }
@@ -338,7 +324,7 @@ TEST_CASE("fusion: a stack after a stack hands its second backward sweep on, bit
           Executor ex(fused, *be, stash(f));
           init_parameters(ex, 7);
           fill(ex, c.batch);
-          HandedOn check(ex);
+          FlagAfterBackward check(ex, ".dy_coef");
           ex.set_observer(&check);
           for (int step = 0; step < 2; ++step) {
             ex.forward(c.batch, true);
@@ -347,7 +333,7 @@ TEST_CASE("fusion: a stack after a stack hands its second backward sweep on, bit
           ex.set_observer(nullptr);
           CHECK(check.linked == 4);
           // Only where the reader's x is kept exactly (a 16-bit copy keeps its own sweep).
-          CHECK(check.handed == (can && f != StashFormat::DenseBF16 ? 4 : 0));
+          CHECK(check.set == (can && f != StashFormat::DenseBF16 ? 4 : 0));
         }
         if (f == StashFormat::DenseBF16) continue;  // lossy: "lossy stash formats stay close" above
         for (int every : {0, 1}) {

@@ -97,6 +97,13 @@ inline int64_t elementwise_forward_plane(ElementwiseOnly e, const float* x, cons
   return kept;
 }
 
+// The lanes of m where relu(x * scale + shift) > 0, with the forward's own arithmetic (one FMA):
+// a last ReLU's mask recomputed from x.
+inline __mmask16 relu_on(__mmask16 m, const float* x, __m512 scale, __m512 shift) {
+  const __m512 z = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, x), scale, shift);
+  return _mm512_mask_cmp_ps_mask(m, z, _mm512_setzero_ps(), _CMP_GT_OQ);
+}
+
 // d(i, m) for grad_sums and grad_apply_d: plane (n, c)'s dz, 16 elements at a time (relu_backward's
 // rule: masked-out lanes are +0). The first sweep writes the side gradient on the way, and dz
 // parked in dx where `park`.
@@ -106,9 +113,8 @@ inline auto elementwise_dz(ElementwiseOnly e, FusedGrads& g, const FusedTensors&
   const __m512 vscale = _mm512_set1_ps(src.scale), vshift = _mm512_set1_ps(src.shift), zero = _mm512_setzero_ps();
   return [=](int64_t i, __mmask16 m) ET_ALWAYS_INLINE {
     __mmask16 on = m;
-    if (e == ElementwiseOnly::Relu && recompute) {  // relu(bn(x)) > 0, the forward's own arithmetic
-      const __m512 z = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, x + i), vscale, vshift);
-      on = _mm512_mask_cmp_ps_mask(m, z, zero, _CMP_GT_OQ);
+    if (e == ElementwiseOnly::Relu && recompute) {
+      on = relu_on(m, x + i, vscale, vshift);
     } else if (e != ElementwiseOnly::Add) {  // y's saved mask
       on = src.bits ? __mmask16(m & (src.bits[(o + i) >> 6] >> ((o + i) & 63)))
                     : _mm512_mask_cmp_ps_mask(m, _mm512_maskz_loadu_ps(m, src.ym + i), zero, _CMP_GT_OQ);
@@ -128,10 +134,9 @@ inline auto elementwise_dz(ElementwiseOnly e, FusedGrads& g, const FusedTensors&
 // elementwise_dz (ReLU, mask recomputed from x) and the sums of the stack's sweep 1.
 inline void relu_dz_sums_plane(const float* x, float scale, float shift, float mean, float* d, int64_t HW, float* s1,
                                float* s2) {
-  const __m512 vscale = _mm512_set1_ps(scale), vshift = _mm512_set1_ps(shift), zero = _mm512_setzero_ps();
+  const __m512 vscale = _mm512_set1_ps(scale), vshift = _mm512_set1_ps(shift);
   auto dz = [=](int64_t i, __mmask16 m) ET_ALWAYS_INLINE {
-    const __m512 z = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, x + i), vscale, vshift);
-    const __m512 v = _mm512_maskz_loadu_ps(_mm512_mask_cmp_ps_mask(m, z, zero, _CMP_GT_OQ), d + i);
+    const __m512 v = _mm512_maskz_loadu_ps(relu_on(m, x + i, vscale, vshift), d + i);
     _mm512_mask_storeu_ps(d + i, m, v);
     return v;
   };
@@ -174,6 +179,14 @@ inline int64_t elementwise_forward_plane(ElementwiseOnly e, const float* x, cons
   return kept;
 }
 
+// As the AVX-512 relu_on: the lanes of m where relu(x * scale + shift) > 0.
+template <class M>
+inline lanes16::Lanes16 relu_on(const M& m, const float* x, const lanes16::Lanes16& scale,
+                                const lanes16::Lanes16& shift) {
+  using namespace lanes16;
+  return and16(on16(m), gt_zero16(fmadd16(load16(m, x), scale, shift)));
+}
+
 inline auto elementwise_dz(ElementwiseOnly e, FusedGrads& g, const FusedTensors& t, int64_t c, int64_t o,
                            const float* x, bool recompute, bool first_sweep, bool park_dz) {
   using namespace lanes16;
@@ -181,8 +194,8 @@ inline auto elementwise_dz(ElementwiseOnly e, FusedGrads& g, const FusedTensors&
   const Lanes16 vscale = splat16(src.scale), vshift = splat16(src.shift);
   return [=](int64_t i, auto m) ET_ALWAYS_INLINE {
     Lanes16 on = on16(m);
-    if (e == ElementwiseOnly::Relu && recompute) {  // relu(bn(x)) > 0, the forward's own arithmetic
-      on = and16(on, gt_zero16(fmadd16(load16(m, x + i), vscale, vshift)));
+    if (e == ElementwiseOnly::Relu && recompute) {
+      on = relu_on(m, x + i, vscale, vshift);
     } else if (e != ElementwiseOnly::Add) {  // y's saved mask
       on = and16(on, src.bits ? lanes_of_bits(uint32_t(src.bits[(o + i) >> 6] >> ((o + i) & 63)))
                               : gt_zero16(load16(m, src.ym + i)));
@@ -199,8 +212,7 @@ inline void relu_dz_sums_plane(const float* x, float scale, float shift, float m
   using namespace lanes16;
   const Lanes16 vscale = splat16(scale), vshift = splat16(shift);
   auto dz = [=](int64_t i, auto m) ET_ALWAYS_INLINE {
-    const Lanes16 on = and16(on16(m), gt_zero16(fmadd16(load16(m, x + i), vscale, vshift)));
-    const Lanes16 v = and16(load16(m, d + i), on);  // +0 in the lanes off
+    const Lanes16 v = and16(load16(m, d + i), relu_on(m, x + i, vscale, vshift));  // +0 in the lanes off
     store16(m, d + i, v);
     return v;
   };
