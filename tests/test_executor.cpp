@@ -103,6 +103,18 @@ TEST_CASE("planner: reuse where lifetimes are disjoint, none where all overlap",
   CHECK(plan_memory({}).total_bytes == 0);
 }
 
+// Ten equal buffers where at most three are ever alive at once; placed largest (or largest area)
+// first, they fragment into four slots. Taken from LUQ ResNet-20's plan with the bitmap_int4 stash
+// (32 MB planned where 24 of these 8 MB buffers' bytes were alive at once).
+TEST_CASE("planner: a plan reaches the bytes alive at once where greedy by size fragments", "[executor][planner]") {
+  const size_t s = 1 << 20;
+  const std::vector<BufferRequest> req = {{s, 0, 4},   {s, 1, 2},   {s, 99, 101}, {s, 2, 3},  {s, 3, 4},
+                                          {s, 95, 97}, {s, 4, 8},   {s, 97, 106}, {s, 98, 102}, {s, 89, 98}};
+  const MemoryPlan p = plan_memory(req);
+  check_plan(req, p);
+  CHECK(p.total_bytes == 3 * s);
+}
+
 namespace {
 
 // The executor's real layout: from the graph and the ops' declared saves, the interval over which each
