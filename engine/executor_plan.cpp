@@ -591,13 +591,26 @@ void Executor::plan_page_release(const PlanState& st) {
 // Segments of checkpoint_every = m compute ops: each starts at every m-th compute op (conv /
 // linear) and runs until the next segment; the loss and what follows stay outside. A segment is
 // kept only if it recomputes something the stash would otherwise hold. Where the m-th op follows
-// another compute op, the segment starts at that one instead (or, if it starts a segment, runs
-// on): a segment ending in a compute op keeps that op's output, read in the next segment (a fused
-// stack after a shortcut conv: conv2, the shortcut's conv and BN, then the stack reading both;
-// unfused, BN sits between conv2 and the shortcut).
+// another compute op, a segment starting there would keep that op's output from the forward (a
+// fused stack after a shortcut conv: conv2, the shortcut's conv and BN, then the stack reading
+// both; unfused, BN sits between conv2 and the shortcut), so the segment starts at whichever of
+// the two keeps fewer bytes, the earlier one on a tie; where the earlier op starts a segment
+// itself, that segment runs on. (ResNet: conv2's output or the stack's before it, the same size;
+// MobileNet-V2: the narrow projection conv's output rather than the expanded input it reads.)
 std::vector<std::pair<int, int>> Executor::candidate_segments(const Graph& g, int m) {
   std::vector<std::pair<int, int>> all;
   if (m <= 0) return all;
+  // Bytes of the activations produced before node b and read at or after it.
+  auto kept_by_start_at = [&](int b) {
+    size_t bytes = 0;
+    for (int id = 0; id < g.num_values(); ++id) {
+      const Value& v = g.value(id);
+      if (v.kind != ValueKind::Activation || v.producer < 0 || v.producer >= b) continue;
+      if (std::any_of(v.consumers.begin(), v.consumers.end(), [&](int c) { return c >= b; }))
+        bytes += size_t(v.shape.numel()) * dtype_size(v.dtype);
+    }
+    return bytes;
+  };
   int computes = 0;
   for (int n = 0; n < g.num_nodes(); ++n) {
     const OpClass c = g.node(n).op->op_class();
@@ -607,8 +620,12 @@ std::vector<std::pair<int, int>> Executor::candidate_segments(const Graph& g, in
       if (all.empty() || !after_compute) {
         all.emplace_back(n, n);
       } else if (all.back().first < n - 1) {
-        all.back().second = n - 2;
-        all.emplace_back(n - 1, n);
+        if (kept_by_start_at(n - 1) <= kept_by_start_at(n)) {
+          all.back().second = n - 2;
+          all.emplace_back(n - 1, n);
+        } else {
+          all.emplace_back(n, n);
+        }
       }
     }
     if (!all.empty()) all.back().second = n;
