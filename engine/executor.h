@@ -6,6 +6,7 @@
 // running each recompute segment's forward again (checkpoint_every).
 #pragma once
 #include <array>
+#include <string>
 #include <memory>
 #include <vector>
 
@@ -69,6 +70,19 @@ struct MemoryReport {
   size_t total = 0;
 };
 
+// The time step of the activation plan with the most bytes alive at once, and what is alive there:
+// a plan larger than alive_bytes is what the packing loses (`edgetrain plan` prints both).
+struct ActivationPeak {
+  struct Buffer {
+    std::string value;  // the value's name
+    const char* role;   // output, gradient, decoded, recomputed, operand
+    size_t bytes;
+  };
+  size_t alive_bytes = 0;
+  std::string when;             // "forward of conv1", "backward of ...", "recompute of ..."
+  std::vector<Buffer> buffers;  // alive then, largest first
+};
+
 class Executor {
  public:
   // Persistent per-parameter buffers of the optimizer: SGD's momentum (engine/train/optimizer.h).
@@ -114,6 +128,7 @@ class Executor {
   // Per node: what it does in 4 bits (docs/quant.md); all off without a quant config.
   const LayerQuant& layer_quant(int node) const { return quant_[size_t(node)]; }
   const MemoryReport& memory() const { return report_; }
+  const ActivationPeak& activation_peak() const { return peak_; }
   size_t arena_resident_bytes() const { return arena_.resident_bytes(); }  // of memory().total
   Stash& stash() { return stash_; }
   const Stash& stash() const { return stash_; }
@@ -165,6 +180,7 @@ class Executor {
   void share_gradients_in_place(PlanState& st);
   std::vector<PlannedBuffer> activation_buffers(PlanState& st);
   void place_buffers(PlanState& st);
+  void find_activation_peak(const PlanState& st);
   void bind_views(PlanState& st);
   void plan_page_release(const PlanState& st);
   void recompute(const Segment& s);
@@ -220,6 +236,7 @@ class Executor {
   std::vector<uint8_t> grad_written_;          // per value, reset each backward
   Workspace workspace_;
   MemoryReport report_;
+  ActivationPeak peak_;
   int64_t batch_ = 0;
   bool training_ = false;
   uint64_t step_seed_ = 0;

@@ -509,6 +509,7 @@ void Executor::place_buffers(PlanState& st) {
   for (size_t r = 0; r < st.buffers.size(); ++r) st.buffers[r].offset = act_base + mp.offsets[r];
   st.workspace_offset = act_base + mp.total_bytes;
   report_.total = st.workspace_offset + report_.workspace;
+  find_activation_peak(st);
 
   // Named in the out-of-memory message: the layer with the largest planned buffer.
   size_t largest = 0;
@@ -521,6 +522,35 @@ void Executor::place_buffers(PlanState& st) {
     what += "; its largest buffer is layer '" + graph_.value(largest_id).name + "' output, " +
             std::to_string(largest) + " bytes";
   arena_.reserve(report_.total, what, backend_.memory());
+}
+
+void Executor::find_activation_peak(const PlanState& st) {
+  using Role = PlannedBuffer::Role;
+  std::vector<size_t> alive(size_t(st.t_end) + 1, 0);
+  for (const PlannedBuffer& b : st.buffers)
+    for (int t = std::max(b.request.first, 0); t <= std::min(b.request.last, st.t_end); ++t)
+      alive[size_t(t)] += Arena::align_up(b.request.bytes);
+  const int t = int(std::max_element(alive.begin(), alive.end()) - alive.begin());
+  peak_ = ActivationPeak{};
+  peak_.alive_bytes = alive[size_t(t)];
+  for (int n = 0; n < st.nn; ++n) {
+    const std::string& name = graph_.node(n).name;
+    if (n == t) peak_.when = "forward of " + name;
+    if (st.rec_t[size_t(n)] == t) peak_.when = "recompute of " + name;
+    if (st.bwd_t[size_t(n)] == t) peak_.when = "backward of " + name;
+  }
+  if (peak_.when.empty()) peak_.when = "after the step";  // the trainer's reads of the loss and logits
+  for (const PlannedBuffer& b : st.buffers) {
+    if (b.request.first > t || t > b.request.last || b.request.bytes == 0) continue;
+    const char* role = b.role == Role::Data        ? "output"
+                       : b.role == Role::Grad      ? "gradient"
+                       : b.role == Role::Unpack    ? "decoded"
+                       : b.role == Role::Recompute ? "recomputed"
+                                                   : "operand";
+    peak_.buffers.push_back({b.value >= 0 ? graph_.value(b.value).name : std::string("?"), role, b.request.bytes});
+  }
+  std::stable_sort(peak_.buffers.begin(), peak_.buffers.end(),
+                   [](const ActivationPeak::Buffer& a, const ActivationPeak::Buffer& b) { return a.bytes > b.bytes; });
 }
 
 // Views into the arena: values, gradients, optimizer slots, recompute and decode buffers, workspace.

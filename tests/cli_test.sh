@@ -50,7 +50,7 @@ mkdir -p "$T/tmponly" && echo '{"model": {' >"$T/tmponly/config.json.tmp"
 expect_error "fusion: unknown stack" "fusion.disable" "$BIN" train --config "$T/cfg.json" --set fusion.enabled=true \
   --set 'fusion.disable=["nope"]' --out "$T/fusion_bad"
 expect_error "fusion: bad tile" "fusion.tile" "$BIN" train --config "$T/cfg.json" --set fusion.tile=0 --out "$T/fusion_bad2"
-"$BIN" plan --config "$T/cfg.json" | grep -q "fused stacks: 7 of 7" && pass "plan" || fail "plan: $("$BIN" plan --config "$T/cfg.json" | tail -3)"
+"$BIN" plan --config "$T/cfg.json" | grep -q "fused stacks: 7 of 7" && "$BIN" plan --config "$T/cfg.json" | grep -q "^fused    activations alive at once: at most" && pass "plan" || fail "plan: $("$BIN" plan --config "$T/cfg.json" | tail -3)"
 
 # --- 4-bit training (LUQ, SMP 2): trains, and a resumed run reproduces the uninterrupted one bit for bit
 Q=(--set quant.forward=int4 --set quant.backward=luq_fp4 --set quant.smp_samples=2)

@@ -304,6 +304,33 @@ TEST_CASE("executor: buffers alive at the same time never share arena memory", "
   }
 }
 
+// The plan's peak as `edgetrain plan` reports it: the buffers listed are the ones alive at that
+// step, their sum is the peak, and no plan can be smaller.
+TEST_CASE("executor: the activation peak lists what is alive at the plan's busiest step", "[executor]") {
+  for (const char* model : {"resnet8", "vgg11_bn"}) {
+    for (int every : {0, 1}) {
+      DYNAMIC_SECTION(model << " checkpoint_every " << every) {
+        Graph g;
+        build_model(g, small_spec(model, 4, 32));
+        auto be = make_cpu_backend();
+        StashOptions o;
+        o.checkpoint_every = every;
+        Executor ex(g, *be, o);
+        const ActivationPeak& p = ex.activation_peak();
+        REQUIRE(!p.buffers.empty());
+        size_t sum = 0;
+        for (const ActivationPeak::Buffer& b : p.buffers) sum += Arena::align_up(b.bytes);
+        CHECK(sum == p.alive_bytes);
+        CHECK(p.alive_bytes <= ex.memory().activations_planned);
+        CHECK(p.alive_bytes >= p.buffers[0].bytes);
+        for (size_t i = 1; i < p.buffers.size(); ++i) CHECK(p.buffers[i - 1].bytes >= p.buffers[i].bytes);
+        CHECK((p.when.rfind("forward of ", 0) == 0 || p.when.rfind("backward of ", 0) == 0 ||
+               p.when.rfind("recompute of ", 0) == 0));
+      }
+    }
+  }
+}
+
 TEST_CASE("executor: forward + backward twice gives identical loss and gradients", "[executor]") {
   for (const char* model : {"resnet8", "mobilenetv2"}) {
     DYNAMIC_SECTION(model) {
