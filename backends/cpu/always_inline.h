@@ -5,3 +5,8 @@
 #pragma once
 
 #define ET_ALWAYS_INLINE __attribute__((always_inline))
+
+// ET_NOINLINE: a register-blocked accumulation loop kept out of line where vectors are narrow
+// (conv_simd.h, kNarrowVectors): inlined beside its epilogue's branches, GCC 12 for aarch64 kept the
+// accumulators in memory too and stored all of them on every step of the loop.
+#define ET_NOINLINE __attribute__((noinline))

@@ -15,6 +15,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <type_traits>
 
 #include "backends/cpu/always_inline.h"
 #include "backends/cpu/batchnorm_rows.h"
@@ -118,11 +119,49 @@ ET_ALWAYS_INLINE inline void corr_accumulate(const float* xp, int64_t L, const i
       const float* xs = xc + off[t];
       V xv[NV];
       for (int v = 0; v < NV; ++v) xv[v] = V::load(xs + at[v]);
-      for (int i = 0; i < MR; ++i) {
-        const V wb = V::set1(wpk[i]);
-        for (int v = 0; v < NV; ++v) acc[i][v].fma(wb, xv[v]);
-      }
+      fma_broadcast_rows<MR>(wpk, xv, acc);
     }
+  }
+}
+
+// The same sums where vectors are narrow (NEON, AVX2), out of line, with loops that run at least
+// once (Cin, RS >= 1), the block written to tile [MR][16 NV] at the end: inlined into its callers,
+// GCC 12 for aarch64 kept the accumulators in memory as well and stored them on every tap (8 stp
+// per 16 fmla; always_inline.h, ET_NOINLINE).
+template <class V, int NV>
+ET_NOINLINE void corr_accumulate_to_tile(const float* xp, int64_t L, const int64_t* off, int RS, int64_t Cin,
+                                         const float* wpk, const int64_t* at, float* tile) {
+  V acc[MR][NV];
+  for (int i = 0; i < MR; ++i)
+    for (int v = 0; v < NV; ++v) acc[i][v] = V::zero();
+  int64_t c = 0;
+  do {
+    const float* xc = xp + c * L;
+    int t = 0;
+    do {
+      const float* xs = xc + off[t];
+      V xv[NV];
+      for (int v = 0; v < NV; ++v) xv[v] = V::load(xs + at[v]);
+      fma_broadcast_rows<MR>(wpk, xv, acc);
+      wpk += MR;
+    } while (++t < RS);
+  } while (++c < Cin);
+  for (int i = 0; i < MR; ++i)
+    for (int v = 0; v < NV; ++v) acc[i][v].store(tile + (i * NV + v) * 16);
+}
+
+// corr_accumulate, through corr_accumulate_to_tile where vectors are narrow.
+template <class V, int NV>
+ET_ALWAYS_INLINE inline void corr_block(const float* xp, int64_t L, const int64_t* off, int RS, int64_t Cin,
+                                        const float* wpk, const int64_t* at, V (&acc)[MR][NV]) {
+  if constexpr (kNarrowVectors && !std::is_same_v<V, VScalar>) {
+    ET_CHECK(Cin >= 1 && RS >= 1, "direct conv: an empty correlation");
+    alignas(64) float tile[MR * NV * 16];
+    corr_accumulate_to_tile<V, NV>(xp, L, off, RS, Cin, wpk, at, tile);
+    for (int i = 0; i < MR; ++i)
+      for (int v = 0; v < NV; ++v) acc[i][v] = V::load(tile + (i * NV + v) * 16);
+  } else {
+    corr_accumulate<V, NV>(xp, L, off, RS, Cin, wpk, at, acc);
   }
 }
 
@@ -133,7 +172,7 @@ void corr_tile(const float* xp, int64_t L, const int64_t* off, int RS, int64_t C
   int64_t at[NV];
   for (int v = 0; v < NV; ++v) at[v] = 16 * v;
   V acc[MR][NV];
-  corr_accumulate<V, NV>(xp, L, off, RS, Cin, wpk, at, acc);
+  corr_block<V, NV>(xp, L, off, RS, Cin, wpk, at, acc);
   for (int i = 0; i < MR; ++i)
     for (int v = 0; v < NV; ++v) acc[i][v].store(out + i * Jr + 16 * v);
 }
@@ -171,7 +210,7 @@ template <class V, int NV>
 void corr_tile_rows(const float* xp, int64_t L, const int64_t* off, int RS, int64_t Cin, const float* wpk,
                     const int64_t* at, float* out, int64_t ldo, int nk, const float* bias, bool accumulate) {
   V acc[MR][NV];
-  corr_accumulate<V, NV>(xp, L, off, RS, Cin, wpk, at, acc);
+  corr_block<V, NV>(xp, L, off, RS, Cin, wpk, at, acc);
   for (int i = 0; i < nk; ++i)
     for (int v = 0; v < NV; ++v) acc[i][v].store_plus(out + i * ldo + 16 * v, bias ? bias[i] : 0.f, accumulate);
 }

@@ -4,6 +4,8 @@
 #pragma once
 #include <cstdint>
 
+#include "backends/cpu/always_inline.h"
+
 #if defined(__AVX512F__) || defined(__AVX2__) || defined(__AVX__)
 #include <immintrin.h>
 #elif defined(__ARM_NEON)
@@ -69,24 +71,78 @@ struct VNative {
   }
 };
 #elif defined(__ARM_NEON)
+// Four named registers, not an array: GCC 12 kept an array member of the accumulator blocks in
+// memory, storing it on every step of the kernels' loops.
 struct VNative {
-  float32x4_t q[4];
-  static VNative zero() { VNative r; for (auto& x : r.q) x = vdupq_n_f32(0.f); return r; }
-  static VNative set1(float a) { VNative r; for (auto& x : r.q) x = vdupq_n_f32(a); return r; }
-  static VNative load(const float* p) { VNative r; for (int i = 0; i < 4; ++i) r.q[i] = vld1q_f32(p + 4 * i); return r; }
-  void store(float* p) const { for (int i = 0; i < 4; ++i) vst1q_f32(p + 4 * i, q[i]); }
+  float32x4_t q0, q1, q2, q3;
+  template <class F>
+  static VNative map(F f) { return {f(0), f(1), f(2), f(3)}; }
+  static VNative zero() { const float32x4_t z = vdupq_n_f32(0.f); return {z, z, z, z}; }
+  static VNative set1(float a) { const float32x4_t x = vdupq_n_f32(a); return {x, x, x, x}; }
+  static VNative load(const float* p) { return {vld1q_f32(p), vld1q_f32(p + 4), vld1q_f32(p + 8), vld1q_f32(p + 12)}; }
+  void store(float* p) const { vst1q_f32(p, q0); vst1q_f32(p + 4, q1); vst1q_f32(p + 8, q2); vst1q_f32(p + 12, q3); }
   void store_plus(float* p, float b, bool accumulate) const {
     const float32x4_t vb = vdupq_n_f32(b);
-    for (int i = 0; i < 4; ++i) {
-      const float32x4_t r = vaddq_f32(q[i], vb);
-      vst1q_f32(p + 4 * i, accumulate ? vaddq_f32(vld1q_f32(p + 4 * i), r) : r);
-    }
+    const float32x4_t r[4] = {vaddq_f32(q0, vb), vaddq_f32(q1, vb), vaddq_f32(q2, vb), vaddq_f32(q3, vb)};
+    for (int i = 0; i < 4; ++i) vst1q_f32(p + 4 * i, accumulate ? vaddq_f32(vld1q_f32(p + 4 * i), r[i]) : r[i]);
   }
-  void fma(const VNative& a, const VNative& b) { for (int i = 0; i < 4; ++i) q[i] = vfmaq_f32(q[i], a.q[i], b.q[i]); }
-  float hsum() const { return vaddvq_f32(vaddq_f32(vaddq_f32(q[0], q[1]), vaddq_f32(q[2], q[3]))); }
+  void fma(const VNative& a, const VNative& b) {
+    q0 = vfmaq_f32(q0, a.q0, b.q0);
+    q1 = vfmaq_f32(q1, a.q1, b.q1);
+    q2 = vfmaq_f32(q2, a.q2, b.q2);
+    q3 = vfmaq_f32(q3, a.q3, b.q3);
+  }
+  float hsum() const { return vaddvq_f32(vaddq_f32(vaddq_f32(q0, q1), vaddq_f32(q2, q3))); }
 };
 #else
 using VNative = VScalar;
+#endif
+
+// acc[i][v] += a[i] * x[v] for i < M, v < NV: the register block of the GEMM micro-kernel and the
+// direct convs, a[] the M values of one step of a packed panel whose rows are MR floats apart.
+template <int MR, class V, int M, int NV>
+ET_ALWAYS_INLINE inline void fma_broadcast_rows(const float* a, const V (&x)[NV], V (&acc)[M][NV]) {
+  for (int i = 0; i < M; ++i) {
+    const V ai = V::set1(a[i]);
+    for (int v = 0; v < NV; ++v) acc[i][v].fma(ai, x[v]);
+  }
+}
+
+#if defined(__ARM_NEON) && !defined(__AVX512F__) && !defined(__AVX2__) && !defined(__AVX__)
+// NEON: a[] in two registers and each multiply-add by lane (the same fmla, one rounding, so the
+// same bits). With one broadcast register per a[i], 6 rows x 4 q accumulators + 4 q of x + 6
+// broadcasts need 34 of the 32 q registers: GCC 12 stored every accumulator to the stack on every
+// step of k (16 stores per 24 fmla in the GEMM's 6 x 16 block); this way they fit in 30.
+template <int I, int M, int NV>
+ET_ALWAYS_INLINE inline void fma_lane_rows(float32x4_t lo, float32x2_t hi, const VNative (&x)[NV],
+                                           VNative (&acc)[M][NV]) {
+  if constexpr (I < M) {
+    for (int v = 0; v < NV; ++v) {
+      VNative& c = acc[I][v];
+      const VNative& b = x[v];
+      if constexpr (I < 4) {
+        c.q0 = vfmaq_laneq_f32(c.q0, b.q0, lo, I);
+        c.q1 = vfmaq_laneq_f32(c.q1, b.q1, lo, I);
+        c.q2 = vfmaq_laneq_f32(c.q2, b.q2, lo, I);
+        c.q3 = vfmaq_laneq_f32(c.q3, b.q3, lo, I);
+      } else {
+        c.q0 = vfmaq_lane_f32(c.q0, b.q0, hi, I - 4);
+        c.q1 = vfmaq_lane_f32(c.q1, b.q1, hi, I - 4);
+        c.q2 = vfmaq_lane_f32(c.q2, b.q2, hi, I - 4);
+        c.q3 = vfmaq_lane_f32(c.q3, b.q3, hi, I - 4);
+      }
+    }
+    fma_lane_rows<I + 1, M, NV>(lo, hi, x, acc);
+  }
+}
+template <int MR, int M, int NV>
+ET_ALWAYS_INLINE inline void fma_broadcast_rows(const float* a, const VNative (&x)[NV], VNative (&acc)[M][NV]) {
+  // Loads a[0, 4) and a[4, 6): within the panel's step of MR floats.
+  static_assert(M <= 6 && MR >= 6, "NEON rows: a step of at least 6 floats, at most 6 rows");
+  const float32x4_t lo = vld1q_f32(a);
+  const float32x2_t hi = M > 4 ? vld1_f32(a + 4) : vdup_n_f32(0.f);
+  fma_lane_rows<0, M, NV>(lo, hi, x, acc);
+}
 #endif
 
 // Where a VNative spans several registers (AVX2: 2 of 16 ymm; NEON: 4 of 32 q; the portable

@@ -23,7 +23,9 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <type_traits>
 
+#include "backends/cpu/always_inline.h"
 #include "backends/cpu/conv_direct.h"
 #include "backends/cpu/conv_simd.h"
 
@@ -79,19 +81,46 @@ inline void store_row(const V* acc, float* c, int64_t ldc, int64_t ncols, float 
   }
 }
 
+// tile [M_][16 NV_] = A sliver [kc][MR] x B sliver [kc][NR] for M_ rows and NV_ vectors, kc >= 1.
+// Where vectors are narrow (NEON, AVX2) the block leaves the loop through memory, out of line:
+// inside the micro-kernel, beside a path around the loop (kc = 0) and store_row's branches, GCC 12
+// for aarch64 kept it in memory as well as in registers and stored all 24 accumulators on every
+// step of k (12 stp per 24 fmla).
+template <class V, int MR, int NR, int M_, int NV_>
+ET_NOINLINE void accumulate_block(int64_t kc, const float* a, const float* b, float* tile) {
+  V acc[M_][NV_];
+  for (int i = 0; i < M_; ++i)
+    for (int v = 0; v < NV_; ++v) acc[i][v] = V::zero();
+  int64_t k = 0;
+  do {
+    V bv[NV_];
+    for (int v = 0; v < NV_; ++v) bv[v] = V::load(b + 16 * v);
+    fma_broadcast_rows<MR>(a, bv, acc);
+    a += MR;
+    b += NR;
+  } while (++k < kc);
+  for (int i = 0; i < M_; ++i)
+    for (int v = 0; v < NV_; ++v) acc[i][v].store(tile + (i * NV_ + v) * 16);
+}
+
 // C[M_ rows, ncols] (+)= A sliver [kc][MR] x B sliver [kc][NR], using M_ <= MR rows and NV_ vectors.
 template <class V, int MR, int NR, int M_, int NV_, bool CT>
 void micro_kernel(int64_t kc, const float* a, const float* b, float* c, int64_t ldc, int64_t ncols, float alpha,
                   float beta) {
   V acc[M_][NV_];
-  for (int i = 0; i < M_; ++i)
-    for (int v = 0; v < NV_; ++v) acc[i][v] = V::zero();
-  for (int64_t k = 0; k < kc; ++k, a += MR, b += NR) {
-    V bv[NV_];
-    for (int v = 0; v < NV_; ++v) bv[v] = V::load(b + 16 * v);
-    for (int i = 0; i < M_; ++i) {
-      const V ai = V::set1(a[i]);
-      for (int v = 0; v < NV_; ++v) acc[i][v].fma(ai, bv[v]);
+  if constexpr (kNarrowVectors && !std::is_same_v<V, VScalar>) {
+    alignas(64) float tile[M_ * NV_ * 16];
+    if (kc > 0) accumulate_block<V, MR, NR, M_, NV_>(kc, a, b, tile);
+    else std::fill(tile, tile + M_ * NV_ * 16, 0.f);
+    for (int i = 0; i < M_; ++i)
+      for (int v = 0; v < NV_; ++v) acc[i][v] = V::load(tile + (i * NV_ + v) * 16);
+  } else {
+    for (int i = 0; i < M_; ++i)
+      for (int v = 0; v < NV_; ++v) acc[i][v] = V::zero();
+    for (int64_t k = 0; k < kc; ++k, a += MR, b += NR) {
+      V bv[NV_];
+      for (int v = 0; v < NV_; ++v) bv[v] = V::load(b + 16 * v);
+      fma_broadcast_rows<MR>(a, bv, acc);
     }
   }
   for (int i = 0; i < M_; ++i) store_row<V, NV_, CT>(acc[i], c + (CT ? i : i * ldc), ldc, ncols, alpha, beta);
