@@ -1,23 +1,20 @@
 // `edgetrain bench step`: times full training steps (forward, backward, SGD) on synthetic data
-// after a warm-up. The last line of output is one JSON object.
+// after a warm-up; with --against, interleaved with the steps of the same config under other
+// settings. The last line of output is one JSON object.
 #include <omp.h>
 
 #include <algorithm>
-#include <map>
 #include <chrono>
-#include <random>
+#include <map>
+#include <optional>
 
+#include "apps/bench_model.h"
 #include "apps/commands.h"
-#include "backends/backend.h"
+#include "engine/check.h"
 #include "engine/config.h"
 #include "engine/data/auto.h"
 #include "engine/executor.h"
-#include "engine/host_view.h"
-#include "engine/init.h"
 #include "engine/step_replay.h"
-#include "engine/train/divergence.h"
-#include "engine/train/optimizer.h"
-#include "engine/train/trainer.h"
 #include "memory/uss.h"
 
 namespace et::app {
@@ -69,6 +66,69 @@ void print_stash(const Executor& ex) {
 // USS in MB, or null where it could not be read (never 0).
 json mb_or_null(std::optional<size_t> b) { return b ? json(double(*b) / 1048576.0) : json(); }
 
+double median_of(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+// --against: the config with these overrides as a second model, its steps interleaved with the
+// first's (A B, then B A, ...) in this one process, so that a drift of the host's speed (sittings
+// differ by up to a quarter on the shared hosts, docs/fusion.md) falls on both alike. Reports each
+// median and the median of the per-pair ratios.
+Config against_config(const BenchStepArgs& a) {
+  if (a.profile) user_error("bench step: --profile times one model; leave it out with --against");
+  std::vector<std::string> sets = a.sets;
+  sets.insert(sets.end(), a.against.begin(), a.against.end());
+  Config cfg = load_config(a.config, sets);
+  resolve_data_shape(cfg, true);
+  return cfg;
+}
+
+int bench_against(const BenchStepArgs& a, BenchModel& first, const Config& against) {
+  BenchModel second(against, false);
+  BenchModel* m[2] = {&first, &second};
+  for (int s = 0; s < a.warmup; ++s)
+    for (BenchModel* x : m) x->step(s);
+  std::vector<double> ms[2], ratio;
+  for (int s = 0; s < a.steps; ++s) {
+    double t[2];
+    for (int k = 0; k < 2; ++k) {
+      const int which = s % 2 == 0 ? k : 1 - k;
+      const auto t0 = Clock::now();
+      m[which]->step(a.warmup + s);
+      t[which] = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
+    }
+    ms[0].push_back(t[0]);
+    ms[1].push_back(t[1]);
+    ratio.push_back(t[1] / t[0]);
+  }
+  const double med0 = median_of(ms[0]), med1 = median_of(ms[1]), r = median_of(ratio);
+  std::string overrides;
+  for (const std::string& o : a.against) overrides += (overrides.empty() ? "" : " ") + o;
+  std::printf("%s batch %lld, %d threads, %d interleaved pairs of steps:\n", first.cfg.model.name.c_str(),
+              (long long)first.n, omp_get_max_threads(), a.steps);
+  std::printf("  as configured:  median step %.2f ms (min %.2f, max %.2f)\n", med0,
+              *std::min_element(ms[0].begin(), ms[0].end()), *std::max_element(ms[0].begin(), ms[0].end()));
+  std::printf("  with %s:  median step %.2f ms (min %.2f, max %.2f)\n", overrides.c_str(), med1,
+              *std::min_element(ms[1].begin(), ms[1].end()), *std::max_element(ms[1].begin(), ms[1].end()));
+  std::printf("  the configured step is %.3fx as fast (median of the pairs' ratios; %.3fx from the medians)\n", r,
+              med1 / med0);
+  std::printf("peak USS not measured: both models are resident (run each alone for it)\n");
+  if (first.diverged || second.diverged)
+    std::printf("note: the synthetic steps diverged (the divergence guard would have stopped training)\n");
+  const json j = {{"model", first.cfg.model.name},
+                  {"batch", first.n},
+                  {"threads", omp_get_max_threads()},
+                  {"steps", a.steps},
+                  {"step_ms_median", med0},
+                  {"against", a.against},
+                  {"against_step_ms_median", med1},
+                  {"speedup_median", r},
+                  {"speedup_of_medians", med1 / med0}};
+  std::printf("%s\n", j.dump().c_str());
+  return 0;
+}
+
 }  // namespace
 
 int cmd_bench_step(const BenchStepArgs& a) {
@@ -76,60 +136,26 @@ int cmd_bench_step(const BenchStepArgs& a) {
   // Synthetic inputs: only the shape matters ("auto": from the data, 3x32x32 where there is none).
   if (const std::string line = resolve_data_shape(cfg, true); !line.empty()) std::fprintf(stderr, "%s\n", line.c_str());
   if (cfg.train.threads > 0) omp_set_num_threads(cfg.train.threads);
+  const std::optional<Config> against = a.against.empty() ? std::nullopt : std::optional<Config>(against_config(a));
   const std::optional<size_t> uss_before = read_uss_bytes();
-  Graph g;
-  build_model(g, cfg.model);
-  auto backend = make_backend(cfg.train.device);
-  BudgetPlan budget;  // memory.budget_mb: planned (calibration steps) before the executor is made
-  const StashOptions stash = plan_stash_options(cfg, g, *backend, &budget);
-  for (const std::string& line : budget.budget_mb > 0 ? budget.summary() : std::vector<std::string>{})
+  BenchModel bm(cfg, a.profile);
+  for (const std::string& line : bm.budget.budget_mb > 0 ? bm.budget.summary() : std::vector<std::string>{})
     std::printf("%s\n", line.c_str());
-  Executor ex(g, *backend, stash, cfg.quant_options());
-  init_parameters(ex, cfg.train.seed);
-  const int64_t n = cfg.train.batch_size;
-
-  // Synthetic batch: N(0,1) images, uniform labels (the cost of a step does not depend on values).
-  std::mt19937_64 rng(cfg.train.seed);
-  std::normal_distribution<float> normal(0.f, 1.f);
-  {  // written through the backend's copies where the host cannot address its memory
-    const HostView x(*backend, ex.value(g.image_input), HostView::Write);
-    const HostView y(*backend, ex.value(g.label_input), HostView::Write);
-    for (int64_t i = 0; i < ex.value(g.image_input).numel(); ++i) x.f32()[i] = normal(rng);
-    for (int64_t i = 0; i < n; ++i) y.i32()[i] = int32_t(rng() % uint64_t(cfg.model.num_classes));
-  }
-
-  const SgdOptions sgd = sgd_options(cfg.train);
-  UssPeak uss;
-  // The trainer's divergence guard runs the same checks (engine/train/divergence.h), so this is
-  // a training step's time; with --profile the gradient check is timed on its own (guard_ms).
-  bool diverged = false;
-  double guard_s = 0;
-  // train.cuda_graph: the trainer's recorded step (a profile times each op, so it runs op by op).
-  StepReplay replay(ex, cfg.train.cuda_graph && !a.profile);
-  auto step = [&](int64_t s) {
-    ex.set_step_seed(uint64_t(s));
-    uss.begin_step();  // the peak over the whole step (memory/uss.h)
-    const bool replayed = replay.try_step(n);  // forward and backward together
-    if (!replayed) ex.forward(n, true);
-    uss.phase();
-    diverged |= check_loss(ex.loss(), cfg.train.divergence_loss) != DivergenceCause::None;
-    if (!replayed) ex.backward();
-    uss.phase();
-    if (a.profile) backend->synchronize();  // the backward's queued work is not the guard's
-    const auto t0 = a.profile ? Clock::now() : Clock::time_point{};
-    diverged |= !gradients_finite(ex);
-    if (a.profile) guard_s += std::chrono::duration<double>(Clock::now() - t0).count();
-    diverged |= !sgd_update(ex, sgd, 0.01f, s == 0);
-    uss.end_step();
-  };
-  for (int s = 0; s < a.warmup; ++s) step(s);
-  guard_s = 0;
+  if (against) return bench_against(a, bm, *against);
+  Executor& ex = *bm.ex;
+  const Graph& g = bm.g;
+  const int64_t n = bm.n;
+  const BudgetPlan& budget = bm.budget;
+  const StepReplay& replay = *bm.replay;
+  UssPeak& uss = bm.uss;
+  for (int s = 0; s < a.warmup; ++s) bm.step(s);
+  bm.guard_s = 0;
   if (a.profile) ex.set_timing(true);
   ex.stash().reset_peak();
   std::vector<double> ms;
   for (int s = 0; s < a.steps; ++s) {
     const auto t0 = Clock::now();
-    step(a.warmup + s);
+    bm.step(a.warmup + s);
     ms.push_back(std::chrono::duration<double, std::milli>(Clock::now() - t0).count());
   }
   std::vector<double> sorted = ms;
@@ -142,8 +168,8 @@ int cmd_bench_step(const BenchStepArgs& a) {
     const double rec = ex.recompute_seconds() * 1e3 / a.steps;
     std::printf("stash %s: pack %.2f ms, unpack %.2f ms per step (%.1f%% of the median step); recompute %.2f ms (%.1f%%)\n",
                 cfg.memory.stash.c_str(), pack, unpack, 100.0 * (pack + unpack) / median, rec, 100.0 * rec / median);
-    std::printf("divergence guard: gradient check %.3f ms per step (%.2f%%)\n", guard_s * 1e3 / a.steps,
-                100.0 * guard_s * 1e3 / a.steps / median);
+    std::printf("divergence guard: gradient check %.3f ms per step (%.2f%%)\n", bm.guard_s * 1e3 / a.steps,
+                100.0 * bm.guard_s * 1e3 / a.steps / median);
     if (cfg.quant.forward != "fp32" || cfg.quant.backward != "fp32") {
       const double q = ex.quantize_seconds() * 1e3 / a.steps;
       std::printf("quantizing (statistics, codes, dequantised copies; forward %s, backward %s): %.2f ms per step (%.1f%%)\n",
@@ -153,7 +179,7 @@ int cmd_bench_step(const BenchStepArgs& a) {
   if (cfg.train.cuda_graph)
     std::printf("train.cuda_graph: %s\n", replay.replaying() ? "the timed steps replayed a recorded CUDA graph"
                                                               : ("op by op: " + replay.why_not()).c_str());
-  if (diverged) std::printf("note: the synthetic steps diverged (the divergence guard would have stopped training)\n");
+  if (bm.diverged) std::printf("note: the synthetic steps diverged (the divergence guard would have stopped training)\n");
   const MemoryReport& m = ex.memory();
   std::printf("%s batch %lld, %d threads: median step %.2f ms (min %.2f, max %.2f) over %d steps, loss %.4f\n",
               cfg.model.name.c_str(), (long long)n, omp_get_max_threads(), median, sorted.front(), sorted.back(),
@@ -200,7 +226,7 @@ int cmd_bench_step(const BenchStepArgs& a) {
     j["stash_unpack_ms"] = ex.stash().unpack_seconds() * 1e3 / a.steps;
     j["recompute_ms"] = ex.recompute_seconds() * 1e3 / a.steps;
     j["quantize_ms"] = ex.quantize_seconds() * 1e3 / a.steps;
-    j["guard_ms"] = guard_s * 1e3 / a.steps;
+    j["guard_ms"] = bm.guard_s * 1e3 / a.steps;
     json ops = json::object();  // forward + backward ms per step, by op type
     for (int k = 0; k < g.num_nodes(); ++k) {
       const std::string type = g.node(k).op->type();

@@ -47,6 +47,7 @@ struct BenchStepArgs {
   int steps = 20, warmup = 3;
   bool profile = false;
   bool profile_nodes = false;  // --profile-nodes: also one row per node
+  std::vector<std::string> against;  // --against: dotted.key=value overrides of a second model, interleaved
 };
 int cmd_bench_step(const BenchStepArgs& a);
 

@@ -67,6 +67,9 @@ int main(int argc, char** argv) {
   bs->add_option("--warmup", step.warmup, "untimed steps first")->check(CLI::Range(0, 1000));
   bs->add_flag("--profile", step.profile, "print time per op type (forward / backward)");
   bs->add_flag("--profile-nodes", step.profile_nodes, "with --profile: also the time of every node, in graph order");
+  bs->add_option("--against", step.against,
+                 "time a second model, the config with this override too (dotted.key=value, repeatable), its "
+                 "steps interleaved with the first's; reports both and their ratio");
   BenchBitmapArgs bitmap;
   auto* bb = b->add_subcommand("bitmap", "BitTrain Table 1: bitmap vs dense memory (theory and USS), pack/unpack speed");
   bb->add_option("--reps", bitmap.reps, "timed repetitions per row (median)")->check(CLI::Range(1, 10000));

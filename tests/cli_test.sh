@@ -221,6 +221,13 @@ expect_error "checkpoint of another model" "resnet8" "$BIN" eval --config "$T/cf
 head -c 5000 "$T/full/checkpoint_last.ckpt" >"$T/trunc.ckpt"
 expect_error "truncated checkpoint" "$T/trunc.ckpt" "$BIN" eval --config "$T/cfg.json" --checkpoint "$T/trunc.ckpt"
 expect_error "bench without config" "--config" "$BIN" bench step
+# --against: a second model, its steps interleaved with the first's, and their ratio
+"$BIN" bench step --config "$T/cfg.json" --steps 2 --warmup 1 --against fusion.enabled=false >"$T/ab.log" 2>&1 \
+  && tail -1 "$T/ab.log" | grep -q '"against":\["fusion.enabled=false"\].*"speedup_median"' \
+  && pass "bench step --against" || fail "bench step --against: $(tail -3 "$T/ab.log")"
+expect_error "bench step --against with --profile" "--against" "$BIN" bench step --config "$T/cfg.json" --profile \
+  --against fusion.enabled=false
+expect_error "bench step --against: a bad key" "nope" "$BIN" bench step --config "$T/cfg.json" --against nope=1
 # (not under AddressSanitizer: its shadow memory alone needs terabytes of address space)
 if [ "$asan" = 1 ]; then echo "skip arena larger than the address space (AddressSanitizer build)"
 else expect_error "arena larger than the address space" "largest buffer is layer 'conv1'" \
