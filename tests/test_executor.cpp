@@ -7,8 +7,10 @@
 #include <cmath>
 #include <cstring>
 #include <random>
+#include <string>
 #include <vector>
 
+#include "engine/config.h"
 #include "engine/executor.h"
 #include "engine/init.h"
 #include "layers/layers.h"
@@ -329,6 +331,19 @@ TEST_CASE("executor: the activation peak lists what is alive at the plan's busie
       }
     }
   }
+}
+
+// A real plan the six greedy placements leave 2 MB above the bytes alive at once (LUQ ResNet-20, the
+// bitmap_int4 stash, recomputation every conv, unfused): the perturbed largest-first rounds reach it.
+TEST_CASE("planner: LUQ ResNet-20's recompute plan packs into the bytes alive at once", "[executor][planner]") {
+  Config cfg = load_config(std::string(EDGETRAIN_SOURCE_DIR) + "/configs/resnet20_cifar10_luq.json",
+                           {"memory.stash=auto", "memory.checkpoint_every=1", "fusion.enabled=false",
+                            "data.channels=3", "data.height=32", "data.width=32"});
+  Graph g;
+  build_model(g, cfg.model);
+  auto be = make_cpu_backend();
+  Executor ex(g, *be, cfg.stash_options(), cfg.quant_options());
+  CHECK(ex.memory().activations_planned == ex.activation_peak().alive_bytes);
 }
 
 TEST_CASE("executor: forward + backward twice gives identical loss and gradients", "[executor]") {
