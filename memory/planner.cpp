@@ -54,14 +54,20 @@ MemoryPlan place(const std::vector<BufferRequest>& requests, const std::vector<s
   return plan;
 }
 
-// Greedy by breadth: the time steps with the most bytes alive first, and at each the buffers alive
-// there not yet ordered, largest first. The busiest step is packed before anything can fragment it.
-std::vector<size_t> breadth_order(const std::vector<BufferRequest>& requests) {
+// Bytes alive at each time step.
+std::vector<size_t> live_bytes(const std::vector<BufferRequest>& requests) {
   int horizon = 0;
   for (const BufferRequest& r : requests) horizon = std::max(horizon, r.last + 1);
-  std::vector<size_t> live(size_t(horizon), 0);
+  std::vector<size_t> live(static_cast<size_t>(horizon), 0);
   for (const BufferRequest& r : requests)
     for (int t = std::max(r.first, 0); t <= r.last; ++t) live[size_t(t)] += Arena::align_up(r.bytes);
+  return live;
+}
+
+// Greedy by breadth: the time steps with the most bytes alive first, and at each the buffers alive
+// there not yet ordered, largest first. The busiest step is packed before anything can fragment it.
+std::vector<size_t> breadth_order(const std::vector<BufferRequest>& requests, const std::vector<size_t>& live) {
+  const int horizon = int(live.size());
   std::vector<int> steps(static_cast<size_t>(horizon));
   std::iota(steps.begin(), steps.end(), 0);
   std::stable_sort(steps.begin(), steps.end(), [&](int a, int b) { return live[size_t(a)] > live[size_t(b)]; });
@@ -78,16 +84,6 @@ std::vector<size_t> breadth_order(const std::vector<BufferRequest>& requests) {
   for (size_t i = 0; i < requests.size(); ++i)
     if (!taken[i]) order.push_back(i);  // empty lifetimes
   return order;
-}
-
-// The most bytes alive at one time step: no plan is smaller.
-size_t alive_bound(const std::vector<BufferRequest>& requests) {
-  int horizon = 0;
-  for (const BufferRequest& r : requests) horizon = std::max(horizon, r.last + 1);
-  std::vector<size_t> live(size_t(horizon) + 1, 0);
-  for (const BufferRequest& r : requests)
-    for (int t = std::max(r.first, 0); t <= r.last; ++t) live[size_t(t)] += Arena::align_up(r.bytes);
-  return live.empty() ? 0 : *std::max_element(live.begin(), live.end());
 }
 
 constexpr int kPerturbedRounds = 16;
@@ -112,7 +108,8 @@ MemoryPlan plan_memory(const std::vector<BufferRequest>& requests) {
   });
   auto area = [&](size_t i) { return double(requests[i].bytes) * double(span(i) + 1); };
   std::stable_sort(by_area.begin(), by_area.end(), [&](size_t a, size_t b) { return area(a) > area(b); });
-  std::vector<size_t> by_breadth = breadth_order(requests);
+  const std::vector<size_t> live = live_bytes(requests);
+  std::vector<size_t> by_breadth = breadth_order(requests, live);
   MemoryPlan best;
   bool have = false;
   auto keep_smaller = [&](const std::vector<size_t>& order) {
@@ -124,7 +121,7 @@ MemoryPlan plan_memory(const std::vector<BufferRequest>& requests) {
   for (const std::vector<size_t>* order : {&by_size, &by_area, &by_breadth}) keep_smaller(*order);
   // Above the bytes alive at once, the largest-first order with each size scaled by up to 30 %
   // (a fixed sequence: the same plan on every run and machine), a few times.
-  const size_t bound = alive_bound(requests);
+  const size_t bound = live.empty() ? 0 : *std::max_element(live.begin(), live.end());  // no plan is smaller
   std::mt19937 rng(12345);
   std::vector<uint64_t> key(requests.size());
   for (int round = 0; round < kPerturbedRounds && best.total_bytes > bound; ++round) {
