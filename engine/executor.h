@@ -6,8 +6,8 @@
 // running each recompute segment's forward again (checkpoint_every).
 #pragma once
 #include <array>
-#include <string>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "backends/backend.h"
@@ -180,7 +180,7 @@ class Executor {
   void share_gradients_in_place(PlanState& st);
   std::vector<PlannedBuffer> activation_buffers(PlanState& st);
   void place_buffers(PlanState& st);
-  void find_activation_peak(const PlanState& st);
+  void find_activation_peak(const PlanState& st, const std::vector<size_t>& alive);
   void bind_views(PlanState& st);
   void plan_page_release(const PlanState& st);
   void recompute(const Segment& s);

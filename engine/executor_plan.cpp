@@ -509,7 +509,7 @@ void Executor::place_buffers(PlanState& st) {
   for (size_t r = 0; r < st.buffers.size(); ++r) st.buffers[r].offset = act_base + mp.offsets[r];
   st.workspace_offset = act_base + mp.total_bytes;
   report_.total = st.workspace_offset + report_.workspace;
-  find_activation_peak(st);
+  find_activation_peak(st, live_bytes(requests));
 
   // Named in the out-of-memory message: the layer with the largest planned buffer.
   size_t largest = 0;
@@ -524,14 +524,12 @@ void Executor::place_buffers(PlanState& st) {
   arena_.reserve(report_.total, what, backend_.memory());
 }
 
-void Executor::find_activation_peak(const PlanState& st) {
+// alive: the planned buffers' bytes alive at each time step (memory/planner.h, live_bytes).
+void Executor::find_activation_peak(const PlanState& st, const std::vector<size_t>& alive) {
   using Role = PlannedBuffer::Role;
-  std::vector<size_t> alive(size_t(st.t_end) + 1, 0);
-  for (const PlannedBuffer& b : st.buffers)
-    for (int t = std::max(b.request.first, 0); t <= std::min(b.request.last, st.t_end); ++t)
-      alive[size_t(t)] += Arena::align_up(b.request.bytes);
-  const int t = int(std::max_element(alive.begin(), alive.end()) - alive.begin());
   peak_ = ActivationPeak{};
+  if (alive.empty()) return;
+  const int t = int(std::max_element(alive.begin(), alive.end()) - alive.begin());
   peak_.alive_bytes = alive[size_t(t)];
   for (int n = 0; n < st.nn; ++n) {
     const std::string& name = graph_.node(n).name;

@@ -54,16 +54,6 @@ MemoryPlan place(const std::vector<BufferRequest>& requests, const std::vector<s
   return plan;
 }
 
-// Bytes alive at each time step.
-std::vector<size_t> live_bytes(const std::vector<BufferRequest>& requests) {
-  int horizon = 0;
-  for (const BufferRequest& r : requests) horizon = std::max(horizon, r.last + 1);
-  std::vector<size_t> live(static_cast<size_t>(horizon), 0);
-  for (const BufferRequest& r : requests)
-    for (int t = std::max(r.first, 0); t <= r.last; ++t) live[size_t(t)] += Arena::align_up(r.bytes);
-  return live;
-}
-
 // Greedy by breadth: the time steps with the most bytes alive first, and at each the buffers alive
 // there not yet ordered, largest first. The busiest step is packed before anything can fragment it.
 std::vector<size_t> breadth_order(const std::vector<BufferRequest>& requests, const std::vector<size_t>& live) {
@@ -89,6 +79,15 @@ std::vector<size_t> breadth_order(const std::vector<BufferRequest>& requests, co
 constexpr int kPerturbedRounds = 16;
 
 }  // namespace
+
+std::vector<size_t> live_bytes(const std::vector<BufferRequest>& requests) {
+  int horizon = 0;
+  for (const BufferRequest& r : requests) horizon = std::max(horizon, r.last + 1);
+  std::vector<size_t> live(static_cast<size_t>(horizon), 0);
+  for (const BufferRequest& r : requests)
+    for (int t = std::max(r.first, 0); t <= r.last; ++t) live[size_t(t)] += Arena::align_up(r.bytes);
+  return live;
+}
 
 // Offset assignment is NP-hard and no one greedy order wins on every time line, so several are
 // tried and the smallest plan kept: the largest first (the longest-lived first among equals), the

@@ -21,4 +21,7 @@ struct MemoryPlan {
 
 MemoryPlan plan_memory(const std::vector<BufferRequest>& requests);
 
+// Bytes alive at each time step (aligned as the plan places them); no plan is smaller than the most.
+std::vector<size_t> live_bytes(const std::vector<BufferRequest>& requests);
+
 }  // namespace et

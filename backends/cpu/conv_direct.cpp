@@ -103,6 +103,14 @@ namespace {
 
 // ---------------------------------------------------------------- forward-style correlation
 
+// acc += one tap: the MR weights at wpk times the NV input vectors at xs + at[v].
+template <class V, int NV>
+ET_ALWAYS_INLINE inline void corr_tap(const float* xs, const int64_t* at, const float* wpk, V (&acc)[MR][NV]) {
+  V xv[NV];
+  for (int v = 0; v < NV; ++v) xv[v] = V::load(xs + at[v]);
+  fma_broadcast_rows<MR>(wpk, xv, acc);
+}
+
 // acc[i][v] = sum over c, t of wpk's weight i of (c, t) times the 16 inputs at xp + c * L + off[t]
 // + at[v], c outer, t inner: every caller's FMAs per element in this one order.
 // wpk [Cin][RS][MR]: the MR weights of one tap are adjacent (broadcast one after the other).
@@ -115,12 +123,7 @@ ET_ALWAYS_INLINE inline void corr_accumulate(const float* xp, int64_t L, const i
     for (int v = 0; v < NV; ++v) acc[i][v] = V::zero();
   for (int64_t c = 0; c < Cin; ++c) {
     const float* xc = xp + c * L;
-    for (int t = 0; t < RS; ++t, wpk += MR) {
-      const float* xs = xc + off[t];
-      V xv[NV];
-      for (int v = 0; v < NV; ++v) xv[v] = V::load(xs + at[v]);
-      fma_broadcast_rows<MR>(wpk, xv, acc);
-    }
+    for (int t = 0; t < RS; ++t, wpk += MR) corr_tap(xc + off[t], at, wpk, acc);
   }
 }
 
@@ -139,10 +142,7 @@ ET_NOINLINE void corr_accumulate_to_tile(const float* xp, int64_t L, const int64
     const float* xc = xp + c * L;
     int t = 0;
     do {
-      const float* xs = xc + off[t];
-      V xv[NV];
-      for (int v = 0; v < NV; ++v) xv[v] = V::load(xs + at[v]);
-      fma_broadcast_rows<MR>(wpk, xv, acc);
+      corr_tap(xc + off[t], at, wpk, acc);
       wpk += MR;
     } while (++t < RS);
   } while (++c < Cin);

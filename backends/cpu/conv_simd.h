@@ -75,8 +75,6 @@ struct VNative {
 // memory, storing it on every step of the kernels' loops.
 struct VNative {
   float32x4_t q0, q1, q2, q3;
-  template <class F>
-  static VNative map(F f) { return {f(0), f(1), f(2), f(3)}; }
   static VNative zero() { const float32x4_t z = vdupq_n_f32(0.f); return {z, z, z, z}; }
   static VNative set1(float a) { const float32x4_t x = vdupq_n_f32(a); return {x, x, x, x}; }
   static VNative load(const float* p) { return {vld1q_f32(p), vld1q_f32(p + 4), vld1q_f32(p + 8), vld1q_f32(p + 12)}; }

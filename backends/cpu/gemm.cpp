@@ -81,6 +81,16 @@ inline void store_row(const V* acc, float* c, int64_t ldc, int64_t ncols, float 
   }
 }
 
+// acc += one step of k: the A sliver's M_ values times the B sliver's NV_ vectors; a and b move on.
+template <class V, int MR, int NR, int M_, int NV_>
+ET_ALWAYS_INLINE inline void accumulate_step(const float*& a, const float*& b, V (&acc)[M_][NV_]) {
+  V bv[NV_];
+  for (int v = 0; v < NV_; ++v) bv[v] = V::load(b + 16 * v);
+  fma_broadcast_rows<MR>(a, bv, acc);
+  a += MR;
+  b += NR;
+}
+
 // tile [M_][16 NV_] = A sliver [kc][MR] x B sliver [kc][NR] for M_ rows and NV_ vectors, kc >= 1.
 // Where vectors are narrow (NEON, AVX2) the block leaves the loop through memory, out of line:
 // inside the micro-kernel, beside a path around the loop (kc = 0) and store_row's branches, GCC 12
@@ -92,13 +102,8 @@ ET_NOINLINE void accumulate_block(int64_t kc, const float* a, const float* b, fl
   for (int i = 0; i < M_; ++i)
     for (int v = 0; v < NV_; ++v) acc[i][v] = V::zero();
   int64_t k = 0;
-  do {
-    V bv[NV_];
-    for (int v = 0; v < NV_; ++v) bv[v] = V::load(b + 16 * v);
-    fma_broadcast_rows<MR>(a, bv, acc);
-    a += MR;
-    b += NR;
-  } while (++k < kc);
+  do accumulate_step<V, MR, NR>(a, b, acc);
+  while (++k < kc);
   for (int i = 0; i < M_; ++i)
     for (int v = 0; v < NV_; ++v) acc[i][v].store(tile + (i * NV_ + v) * 16);
 }
@@ -117,11 +122,7 @@ void micro_kernel(int64_t kc, const float* a, const float* b, float* c, int64_t 
   } else {
     for (int i = 0; i < M_; ++i)
       for (int v = 0; v < NV_; ++v) acc[i][v] = V::zero();
-    for (int64_t k = 0; k < kc; ++k, a += MR, b += NR) {
-      V bv[NV_];
-      for (int v = 0; v < NV_; ++v) bv[v] = V::load(b + 16 * v);
-      fma_broadcast_rows<MR>(a, bv, acc);
-    }
+    for (int64_t k = 0; k < kc; ++k) accumulate_step<V, MR, NR>(a, b, acc);
   }
   for (int i = 0; i < M_; ++i) store_row<V, NV_, CT>(acc[i], c + (CT ? i : i * ldc), ldc, ncols, alpha, beta);
 }
