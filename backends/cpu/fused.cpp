@@ -623,6 +623,13 @@ void CpuBackend::fused_backward(const FusedStack& s, const FusedTensors& t, Fuse
     bn_rows::grad_apply(dz, x, k, HW, dx, g.dx_accumulate);
   };
 
+  // The first lines of plane pl's streams (see prefetch_plane): a plane of 32x32 floats is one page.
+  auto prefetch_streams = [&](int64_t pl) {
+    if (t.x.dtype == DType::F32) prefetch_plane(t.x.f32() + pl * HW, HW);
+    prefetch_plane(g.dy.f32() + pl * PQ, PQ);
+    if (read_y_mask && !g.y_mask.bits) prefetch_plane(g.y_mask.dense.f32() + pl * PQ, PQ);
+    if (park) prefetch_plane_for_write(g.dx.f32() + pl * HW, HW);
+  };
 #pragma omp parallel
   {
     float* scratch = static_cast<float*>(ws.data) + omp_get_thread_num() * per_thread;
@@ -634,7 +641,10 @@ void CpuBackend::fused_backward(const FusedStack& s, const FusedTensors& t, Fuse
         for (int64_t pl = 0; pl < N * C; ++pl) tab.sum1[pl] = sums[pl], tab.sum2[pl] = sums[max_n * C + pl];
       } else {
 #pragma omp for schedule(static)
-        for (int64_t pl = 0; pl < N * C; ++pl) sweep1(scratch, pl, &tab.sum1[pl], &tab.sum2[pl]);
+        for (int64_t pl = 0; pl < N * C; ++pl) {
+          if (pl + 1 < N * C) prefetch_streams(pl + 1);
+          sweep1(scratch, pl, &tab.sum1[pl], &tab.sum2[pl]);
+        }
       }
       int64_t ca, cb;
       thread_channels(C, &ca, &cb);
@@ -654,12 +664,7 @@ void CpuBackend::fused_backward(const FusedStack& s, const FusedTensors& t, Fuse
         double sdy = 0, sdyx = 0;
         for (int64_t n = 0; n < N; ++n) {
           const int64_t o = (n * C + c) * HW;
-          if (n + 1 < N) {  // the next plane's pages (see prefetch_plane)
-            if (t.x.dtype == DType::F32) prefetch_plane(t.x.f32() + o + C * HW, HW);
-            prefetch_plane(g.dy.f32() + ((n + 1) * C + c) * PQ, PQ);
-            if (read_y_mask && !g.y_mask.bits) prefetch_plane(g.y_mask.dense.f32() + ((n + 1) * C + c) * PQ, PQ);
-            if (park) prefetch_plane_for_write(g.dx.f32() + o + C * HW, HW);
-          }
+          if (n + 1 < N) prefetch_streams(o / HW + C);
           float a, b;
           sweep1(scratch, n * C + c, &a, &b);
           sdy += a;
