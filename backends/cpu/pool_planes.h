@@ -385,6 +385,9 @@ namespace et {
 namespace pool_planes {
 
 inline void max_forward(const Plane& g, const float* x, float* y) {
+#if defined(ET_POOL_STRIDE1)
+  if (stride1_applies(g)) return max_forward_stride1(g, x, PlaneInput{}, y);
+#endif
 #if defined(ET_POOL_PAIRS)
   if (pairs_apply(g)) return pool_pairs::max_forward(g.W, g.P, g.Q, x, y);
 #endif

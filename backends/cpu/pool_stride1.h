@@ -56,6 +56,10 @@ struct BnReluInput {
 // (which never wins, as padding never does in the reference), so every tap is a plain load. Two
 // buffers, row h + 1 written while row h is read: a load that straddles stores still in flight
 // would wait for them.
+// Rows ahead that the kernels touch in x and dy: a plane of CIFAR's size is one 4 KiB page, where
+// the hardware prefetcher stops; the next plane follows in memory.
+constexpr int64_t kPrefetchRows = 4;
+
 template <class In>
 class PaddedRows {
  public:
@@ -74,6 +78,7 @@ class PaddedRows {
  private:
   void fill(int64_t h) {
     const float* xh = x_ + h * g_.W;
+    for (int64_t w = 0; w < g_.W; w += 16) __builtin_prefetch(xh + kPrefetchRows * g_.W + w);
     float* d = buf_[h & 1] + g_.pad_w;
     int64_t w = 0;
     for (; w + 8 <= g_.W; w += 8) lanes8::store(d + w, in_.value(lanes8::load(xh + w)));
@@ -220,6 +225,7 @@ inline void max_backward_stride1_window(const Plane& g, const float* x, const In
     int32_t* a = out_a[p & (kRingRows - 1)] + off;
     float* dyr = out_dy[p & (kRingRows - 1)] + off;
     const float* dyp = dy + p * g.Q;
+    for (int64_t q = 0; q < g.Q; q += 16) __builtin_prefetch(dyp + kPrefetchRows * g.Q + q);
     for_column_blocks(Qr, [&](int64_t q0, auto blocks) {
       constexpr int V = decltype(blocks)::value;
       F8 mv[V], av[V];
