@@ -252,7 +252,6 @@ inline void max_backward_stride1_window(const Plane& g, const float* x, const In
   int64_t next_p = 0;  // output rows [0, next_p) have their arguments
   const int64_t ahead = R < kRingRows ? 1 : 0;
 
-  const F8 minus_zero = lanes8::splat(-0.f);
   for (int64_t h = 0; h < g.H; ++h) {
     // One output row ahead where the ring has room: a row's stores have reached the cache
     // before the gather reads them at other offsets (a load that straddles stores still in
@@ -284,8 +283,7 @@ inline void max_backward_stride1_window(const Plane& g, const float* x, const In
         for (int64_t s = S - 1; s >= 0; --s)
           for (int k = 0; k < V; ++k) {
             const int64_t j = w0 + 8 * k - s;
-            const F8 mine = lanes8::int_equal(lanes8::load_int(ta[t] + j), me[k]);
-            acc[k] = lanes8::add(acc[k], lanes8::select(mine, minus_zero, lanes8::load(td[t] + j)));
+            acc[k] = lanes8::add_where_equal(acc[k], lanes8::load_int(ta[t] + j), me[k], lanes8::load(td[t] + j));
           }
       for (int k = 0; k < V; ++k) {
         const int64_t w = w0 + 8 * k;
