@@ -177,7 +177,10 @@ void Executor::backward_nodes() {
   std::fill(grad_written_.begin(), grad_written_.end(), 0);
   for (int n = graph_.num_nodes() - 1; n >= 0; --n) {
     const Node& node = graph_.node(n);
-    if (const int s = segment_ending_at_[size_t(n)]; s >= 0) recompute(segments_[size_t(s)]);
+    if (const int s = segment_ending_at_[size_t(n)]; s >= 0) {
+      recompute(segments_[size_t(s)]);
+      for (int id : end_decode_after_recompute_[size_t(n)]) stash_.end_decode(id);
+    }
     if (observer_) observer_->before_backward(n);
     if (needs_backward_[size_t(n)]) {
       OpContext ctx(*this, n);
@@ -185,6 +188,7 @@ void Executor::backward_nodes() {
       node.op->backward(ctx);
       if (timing_) bwd_s_[size_t(n)] += std::chrono::duration<double>(tick(timing_, backend_) - t0).count();
     }
+    for (int id : end_decode_after_[size_t(n)]) stash_.end_decode(id);
     for (int id : pop_after_[size_t(n)]) stash_.pop(id);
     release(dies_after_backward_[size_t(n)]);
     if (observer_) observer_->after_backward(n);

@@ -195,6 +195,9 @@ class Executor {
   StashOptions stash_options_;
   std::vector<std::vector<int>> push_after_, pop_after_;  // per node: values the stash takes / drops
   std::vector<std::vector<int>> push_after_recompute_;    // per node: pushed when recomputed
+  // Per node: decoded copies whose buffers end after its backward, or after the rerun of the
+  // segment ending at it (Stash::end_decode).
+  std::vector<std::vector<int>> end_decode_after_, end_decode_after_recompute_;
   std::vector<Segment> segments_;
   std::vector<int> segment_ending_at_;                    // per node: segment index or -1
   std::vector<uint8_t> reruns_;                           // per node: its forward runs in a recompute

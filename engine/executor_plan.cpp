@@ -278,6 +278,8 @@ void Executor::plan_decode_buffers(PlanState& st) {
   std::vector<uint8_t> needs_decode(size_t(st.nv), 0);
   const DTypeSet mask_reads = stash_mask_dtypes();
   std::vector<DTypeSet> stored(size_t(st.nv), 0);
+  st.decode_from.assign(size_t(st.nv), -1);
+  st.decode_until.assign(size_t(st.nv), -1);
   for (const SavedValue& sv : st.saved)
     stored[size_t(sv.value)] = sv.affine_relu ? dtype_bit(DType::AffineRelu)
                                : sv.recomputed ? dtype_bit(DType::F32)
@@ -293,9 +295,15 @@ void Executor::plan_decode_buffers(PlanState& st) {
       // A mask reads the bitmap, or the f32 values (a dense 16-bit copy decodes for it).
       const DTypeSet reads = specs[i].kind == SaveKind::Mask ? mask_reads
                                                              : node.op->reads_stored(int(i), backend_, st.max_batch);
-      if ((stored[size_t(id)] & ~reads) != 0) needs_decode[size_t(id)] = 1;
+      if ((stored[size_t(id)] & ~reads) != 0) {
+        needs_decode[size_t(id)] = 1;
+        int &from = st.decode_from[size_t(id)], &until = st.decode_until[size_t(id)];
+        from = std::max(from, n);
+        until = until < 0 ? n : std::min(until, n);
+      }
     }
   }
+  // A segment decodes its external inputs when it reruns (activation_buffers adds that time).
   for (const Segment& s : segments_)
     for (int id : s.external) needs_decode[size_t(id)] = 1;
 
@@ -305,6 +313,7 @@ void Executor::plan_decode_buffers(PlanState& st) {
     const ValueKind kind = graph_.value(sv.value).kind;
     if (sv.recomputed) {  // written there by its producer for the first reader, unless all compute it
       st.needs_unpack[size_t(sv.value)] = !sv.affine_relu || needs_decode[size_t(sv.value)];
+      st.decode_from[size_t(sv.value)] = st.decode_until[size_t(sv.value)] = -1;  // every reader gets it
       continue;
     }
     if (!sv.full || sv.format == StashFormat::DenseF32 || (kind != ValueKind::Activation && kind != ValueKind::Aux))
@@ -438,6 +447,8 @@ std::vector<Executor::PlannedBuffer> Executor::activation_buffers(PlanState& st)
   struct GradSpan { int first = INT32_MAX, last = -1; size_t bytes = 0; };
   std::vector<GradSpan> grad_span(static_cast<size_t>(st.nv));
   std::vector<PlannedBuffer> out;
+  end_decode_after_.assign(size_t(st.nn), {});
+  end_decode_after_recompute_.assign(size_t(st.nn), {});
   auto add = [&](size_t bytes, int first, int last, int id, Role role) {
     out.push_back(PlannedBuffer{BufferRequest{bytes, first, last}, id, role, 0});
   };
@@ -451,6 +462,13 @@ std::vector<Executor::PlannedBuffer> Executor::activation_buffers(PlanState& st)
     const bool zero_copy = sv && sv->stored_in_place();
     // Aux values (BN batch statistics) keep one buffer; a recompute rewrites the same values.
     // Forward-only ones (plane sums for a fused stack) die after their last reader.
+    if (v.backward_only) {  // from its first reader's backward (they come before p's) to p's
+      ET_CHECK(v.kind == ValueKind::Aux && !rec && !sv && !v.forward_only, "value ", v.name, ": backward only, but kept");
+      int first = bwd_t[size_t(p)];
+      for (int c : v.consumers) first = std::min(first, bwd_t[size_t(c)]);
+      add(bytes, first, bwd_t[size_t(p)], id, Role::Data);
+      continue;
+    }
     int last = v.kind == ValueKind::Aux && !v.forward_only ? bwd_t[size_t(p)] : p;
     for (int c : v.consumers) last = std::max(last, c);
     last = std::max(last, st.read_through[size_t(id)]);
@@ -475,13 +493,26 @@ std::vector<Executor::PlannedBuffer> Executor::activation_buffers(PlanState& st)
       g.bytes = bytes;
     }
     if (st.needs_unpack[size_t(id)]) {
-      // Decoded by the first reader: the last saver's backward, or a recomputed segment.
-      int first = bwd_t[size_t(st.last_saver[size_t(id)])];
-      // (recompute() decodes a segment's external inputs before its first node runs)
+      // Decoded by its first reader that reads f32: the latest such saver's backward, or a
+      // recomputed segment (recompute() decodes a segment's external inputs before its first node
+      // runs). It ends with the last such read, a saver's backward or a segment's rerun, where
+      // the stash stops it (end_decode_after_); recomputed values keep the savers' whole span.
+      const int from = st.decode_from[size_t(id)], until = st.decode_until[size_t(id)];
+      int first = bwd_t[size_t(from >= 0 ? from : st.last_saver[size_t(id)])];
+      int last = until >= 0 ? bwd_t[size_t(until)] : -1, end_segment = -1;
       for (int c : v.consumers)
-        if (const int sc = st.seg_of[size_t(c)]; sc >= 0 && sc != st.seg_of[size_t(p)] && reruns_[size_t(c)])
+        if (const int sc = st.seg_of[size_t(c)]; sc >= 0 && sc != st.seg_of[size_t(p)] && reruns_[size_t(c)]) {
           first = std::min(first, rec_t[size_t(segments_[size_t(sc)].begin)]);
-      add(bytes, first, bwd_t[size_t(st.first_saver[size_t(id)])], id, Role::Unpack);
+          if (rec_t[size_t(c)] > last) last = rec_t[size_t(c)], end_segment = sc;
+        }
+      if (last < 0) {
+        last = bwd_t[size_t(st.first_saver[size_t(id)])];
+      } else if (end_segment >= 0) {
+        end_decode_after_recompute_[size_t(segments_[size_t(end_segment)].end)].push_back(id);
+      } else if (until != st.first_saver[size_t(id)]) {
+        end_decode_after_[size_t(until)].push_back(id);
+      }
+      add(bytes, first, last, id, Role::Unpack);
       report_.unpack += bytes;
     }
   }

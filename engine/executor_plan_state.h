@@ -48,8 +48,12 @@ struct Executor::PlanState {
   // readers compute from it (a stack's input x, read by the convs after the stack), or -1.
   std::vector<int> read_through;
 
-  // plan_decode_buffers: saved values some reader needs decoded to f32 (an unpack buffer).
+  // plan_decode_buffers: saved values some reader needs decoded to f32 (an unpack buffer), and
+  // the latest and earliest savers in forward order that read the decoded f32 (-1: none): the
+  // buffer lives from the first's backward to the second's. Savers that read the stored form (a
+  // fused stack's mask from the bitmap) do not extend it.
   std::vector<uint8_t> needs_unpack;
+  std::vector<int> decode_from, decode_until;
 
   // plan_time_line: backward and recompute times of each node (forward of node n is at n).
   std::vector<int> bwd_t, rec_t;  // rec_t -1: not rerun

@@ -38,6 +38,11 @@ struct Value {
   // per-plane sums for the fused BN stack after it): it dies after its last reader. Not written or
   // read by a recompute, which comes after that.
   bool forward_only = false;
+  // An Aux value its readers write in their backward for its producer's backward (the sums of the
+  // first backward sweep that a conv's data gradient takes for the fused stack before it:
+  // FusedGrads::dz_sums): it lives from its first reader's backward to its producer's, not in the
+  // forward, whose buffers may share its bytes.
+  bool backward_only = false;
 };
 
 struct Node {

@@ -85,7 +85,6 @@ class FusedStackOp final : public Op {
     if (ctx.training() && ctx.recomputing()) t.running_mean = t.running_var = Tensor{};  // updated once
     // The sums pass from producer to reader in the first training forward only (Value::forward_only).
     if (ctx.training() && !ctx.recomputing()) {
-      if (dz_sums_aux_ >= 0) ctx.aux(dz_sums_aux_).f32()[0] = 0.f;  // until the reader's backward sets it
       if (sums_input_ >= 0) t.x_sums = ctx.input(sums_input_);
       if (y_sums_aux_ >= 0) t.y_sums = ctx.aux(y_sums_aux_);
     }

@@ -124,6 +124,7 @@ void apply(Graph& g, const Plan& p) {
       Value sums;
       sums.name = sp.name + ".dz_sums";
       sums.shape = Shape{dz_sums_floats(g.batch_size(), sp.stack.C)};
+      sums.backward_only = true;  // written by the reader's backward, its flag too (Conv2d::backward)
       dz_sums_aux = int(aux.size());
       aux.push_back(std::move(sums));
     }

@@ -77,6 +77,9 @@ class Conv2dOp final : public Op {
   // dx = conv_transpose(dy, w); dw = corr(x, dy); db = sum(dy)
   void backward(OpContext& ctx) override {
     const Conv2dGeom g = geom_.with_batch(ctx.batch());
+    // The first sweep's flag (take_dz_sums): its buffer lives in the backward only, so it is
+    // written here on every path, 1 where data_gradient_with_dz_sums takes the sweep.
+    if (dz_sums_input_ >= 0) ctx.input(dz_sums_input_).f32()[0] = 0.f;
     GradOut dw = ctx.grad_input(1);
     GradOut db = has_bias(ctx) ? ctx.grad_input(2) : GradOut{};
     GradOut dx = ctx.grad_input(0);

@@ -179,6 +179,7 @@ Tensor Stash::get(int value_id) {
   const SavedValue& s = *info(value_id);
   const int64_t n = e.view.numel();
   ET_CHECK(s.unpack.defined(), "value ", value_id, " has no decode buffer: planned for reads as stored only");
+  ET_CHECK(!e.decode_ended, "value ", value_id, " decoded after its decode buffer's planned end");
   Tensor out = s.unpack;
   out.shape = e.view.shape;  // the current batch
   if (!e.decoded) {
@@ -239,6 +240,12 @@ MaskView Stash::get_mask(int value_id) {
   else
     m.dense = get(value_id);
   return m;
+}
+
+void Stash::end_decode(int value_id) {
+  Entry& e = entries_[size_t(value_id)];
+  e.decoded = false;
+  e.decode_ended = true;
 }
 
 void Stash::pop(int value_id) {

@@ -90,6 +90,9 @@ class Stash {
   Tensor get_stored(int value_id) const;
   MaskView get_mask(int value_id);
   void pop(int value_id);
+  // The decode buffer's planned lifetime ends (its earliest decoding reader is done) before the
+  // value's pop; a later get() is a planning error and aborts.
+  void end_decode(int value_id);
   // For SavedValue::recomputed values: writes value_id (every element, the current batch) into
   // `out`. Set once by the executor, outside the step.
   using Recomputer = std::function<void(int value_id, Tensor& out)>;
@@ -128,6 +131,7 @@ class Stash {
     float scale = 1.f;     // codes: their scale
     Tensor view;           // zero copy: the forward buffer; else shape/dtype of the original
     bool decoded = false;  // unpack buffer holds this step's values
+    bool decode_ended = false;  // end_decode: the unpack buffer's planned lifetime is over
   };
   const SavedValue* info(int value_id) const;
   // Whether a full save keeps its exact mask apart: pruned values in a bitmap, read as a mask too.
