@@ -248,6 +248,11 @@ void CpuBackend::fused_forward(const FusedStack& s, FusedTensors& t, bool traini
     int64_t kept_in_registers = -1;  // the element-wise planes count their bitmap words' bits themselves
 #if defined(ET_ELEMENTWISE_IN_REGISTERS)
     if (ew != ElementwiseOnly::No) {
+      if (memory_order && pl + 1 < N * C) {  // the next plane's first lines (see prefetch_plane)
+        prefetch_plane(xp + (pl + 1) * HW, HW);
+        if (add >= 0) prefetch_plane(t.side.f32() + (pl + 1) * side_plane, side_plane);
+        if (!stream) prefetch_plane_for_write(yp + (pl + 1) * PQ, PQ);
+      }
       kept_in_registers =
           elementwise_forward_plane(ew, xp + pl * HW, add >= 0 ? t.side.f32() + pl * side_plane : nullptr, sc, sh, HW,
                                     yp + pl * PQ, stream, tb, words ? words + pl * PQ / 64 : nullptr);
@@ -629,6 +634,10 @@ void CpuBackend::fused_backward(const FusedStack& s, const FusedTensors& t, Fuse
     prefetch_plane(g.dy.f32() + pl * PQ, PQ);
     if (read_y_mask && !g.y_mask.bits) prefetch_plane(g.y_mask.dense.f32() + pl * PQ, PQ);
     if (park) prefetch_plane_for_write(g.dx.f32() + pl * HW, HW);
+    if (g.dside.defined() && add >= 0) {
+      const int64_t side_plane = s.stages[size_t(add)].H * s.stages[size_t(add)].W;
+      prefetch_plane_for_write(g.dside.f32() + pl * side_plane, side_plane);
+    }
   };
 #pragma omp parallel
   {
@@ -656,7 +665,13 @@ void CpuBackend::fused_backward(const FusedStack& s, const FusedTensors& t, Fuse
 #pragma omp barrier
       if (g.dx.defined() && !hand_on) {
 #pragma omp for schedule(static)
-        for (int64_t pl = 0; pl < N * C; ++pl) sweep2(scratch, pl, coef[pl % C]);
+        for (int64_t pl = 0; pl < N * C; ++pl) {
+          if (pl + 1 < N * C) {  // the next plane's x and dz (parked in dx) or dx
+            if (t.x.dtype == DType::F32) prefetch_plane(t.x.f32() + (pl + 1) * HW, HW);
+            prefetch_plane_for_write(g.dx.f32() + (pl + 1) * HW, HW);
+          }
+          sweep2(scratch, pl, coef[pl % C]);
+        }
       }
     } else {
 #pragma omp for schedule(static, s.tile_channels)
