@@ -50,26 +50,27 @@ Plane data_plane(const Conv2dGeom& g) {
   return make_plane(Hp, Wp, g.R, g.S);
 }
 
-// tile[j] = sum_t w[t] * xp[j + off[t]], 4 vectors at a time for independent FMA chains.
+// tile[j] = sum_t w[t] * xp[j + off[t]], 4 vectors at a time for independent FMA chains. The
+// weights stay scalars (fma_scalar): on NEON a splat of each of 9 taps took 36 of the 32 q
+// registers, the loop reloaded them and spilled loads to the stack on every tap.
 template <class V>
 void dw_corr(const float* xp, const Plane& p, const float* w, float* tile) {
-  V wv[kMaxTaps];
-  for (int t = 0; t < p.RS; ++t) wv[t] = V::set1(w[t]);
   int64_t j = 0;
   for (; j + 64 <= p.Jr; j += 64) {
     V a0 = V::zero(), a1 = V::zero(), a2 = V::zero(), a3 = V::zero();
     for (int t = 0; t < p.RS; ++t) {
       const float* s = xp + j + p.off[t];
-      a0.fma(wv[t], V::load(s));
-      a1.fma(wv[t], V::load(s + 16));
-      a2.fma(wv[t], V::load(s + 32));
-      a3.fma(wv[t], V::load(s + 48));
+      const float wt = w[t];
+      a0.fma_scalar(wt, V::load(s));
+      a1.fma_scalar(wt, V::load(s + 16));
+      a2.fma_scalar(wt, V::load(s + 32));
+      a3.fma_scalar(wt, V::load(s + 48));
     }
     a0.store(tile + j); a1.store(tile + j + 16); a2.store(tile + j + 32); a3.store(tile + j + 48);
   }
   for (; j < p.Jr; j += 16) {
     V a = V::zero();
-    for (int t = 0; t < p.RS; ++t) a.fma(wv[t], V::load(xp + j + p.off[t]));
+    for (int t = 0; t < p.RS; ++t) a.fma_scalar(w[t], V::load(xp + j + p.off[t]));
     a.store(tile + j);
   }
 }

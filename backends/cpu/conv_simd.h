@@ -26,6 +26,8 @@ struct VScalar {
   }
   // this += a * b
   void fma(const VScalar& a, const VScalar& b) { for (int i = 0; i < 16; ++i) v[i] += a.v[i] * b.v[i]; }
+  // this += w * b: fma(set1(w), b), the same bits (NEON: one multiply-add by element, no splat)
+  void fma_scalar(float w, const VScalar& b) { for (int i = 0; i < 16; ++i) v[i] += w * b.v[i]; }
   float hsum() const { float s = 0.f; for (int i = 0; i < 16; ++i) s += v[i]; return s; }
 };
 
@@ -41,6 +43,7 @@ struct VNative {
     _mm512_storeu_ps(p, accumulate ? _mm512_add_ps(_mm512_loadu_ps(p), r) : r);
   }
   void fma(const VNative& a, const VNative& b) { v = _mm512_fmadd_ps(a.v, b.v, v); }
+  void fma_scalar(float w, const VNative& b) { v = _mm512_fmadd_ps(_mm512_set1_ps(w), b.v, v); }
   // Through memory, in a fixed tree order (the intrinsic reductions trip GCC 12's
   // -Wmaybe-uninitialized through their _mm256_undefined_* operands).
   float hsum() const {
@@ -64,6 +67,11 @@ struct VNative {
     _mm256_storeu_ps(p + 8, accumulate ? _mm256_add_ps(_mm256_loadu_ps(p + 8), rb) : rb);
   }
   void fma(const VNative& x, const VNative& y) { a = _mm256_fmadd_ps(x.a, y.a, a); b = _mm256_fmadd_ps(x.b, y.b, b); }
+  void fma_scalar(float w, const VNative& y) {
+    const __m256 x = _mm256_set1_ps(w);
+    a = _mm256_fmadd_ps(x, y.a, a);
+    b = _mm256_fmadd_ps(x, y.b, b);
+  }
   float hsum() const {
     alignas(32) float t[8];
     _mm256_store_ps(t, _mm256_add_ps(a, b));
@@ -89,6 +97,12 @@ struct VNative {
     q1 = vfmaq_f32(q1, a.q1, b.q1);
     q2 = vfmaq_f32(q2, a.q2, b.q2);
     q3 = vfmaq_f32(q3, a.q3, b.q3);
+  }
+  void fma_scalar(float w, const VNative& b) {
+    q0 = vfmaq_n_f32(q0, b.q0, w);
+    q1 = vfmaq_n_f32(q1, b.q1, w);
+    q2 = vfmaq_n_f32(q2, b.q2, w);
+    q3 = vfmaq_n_f32(q3, b.q3, w);
   }
   float hsum() const { return vaddvq_f32(vaddq_f32(vaddq_f32(q0, q1), vaddq_f32(q2, q3))); }
 };
