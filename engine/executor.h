@@ -1,6 +1,6 @@
 // Executor: runs a Graph on a Backend. On construction it plans every buffer of a training step
 // (params, gradients, optimizer slots, activations, activation gradients, decode and recompute
-// buffers, workspace) into one arena (executor_plan.cpp), so a step allocates nothing. Forward
+// buffers, workspace) into one arena (executor_plan.cpp, executor_layout.cpp), so a step allocates nothing. Forward
 // runs nodes in order and pushes what each op saves into the stash (memory/stash.h) in its
 // planned format; backward runs them in reverse with dL/dloss = 1, reading the stash, after
 // running each recompute segment's forward again (checkpoint_every).
@@ -161,7 +161,7 @@ class Executor {
     std::vector<int> inside;       // the outputs only used inside: not kept from the first forward
     std::vector<int> external;     // activations from before the segment it reads: from the stash
   };
-  // Planning passes (executor_plan.cpp), run in order by plan() over one PlanState.
+  // Planning passes (executor_plan.cpp; the layout: executor_layout.cpp), run in order by plan() over one PlanState.
   struct PlanState;
   struct PlannedBuffer;
   void plan();

@@ -1,4 +1,4 @@
-// The planning state Executor::plan()'s passes share (executor_plan.cpp, executor_quant.cpp).
+// The planning state Executor::plan()'s passes share (executor_plan.cpp, executor_layout.cpp, executor_quant.cpp).
 #pragma once
 #include <algorithm>
 #include <cstdint>
