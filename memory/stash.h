@@ -90,8 +90,8 @@ class Stash {
   Tensor get_stored(int value_id) const;
   MaskView get_mask(int value_id);
   void pop(int value_id);
-  // The decode buffer's planned lifetime ends (its earliest decoding reader is done) before the
-  // value's pop; a later get() is a planning error and aborts.
+  // The decode buffer's planned lifetime ends (its last f32 read is done) before the value's pop;
+  // a later get() is a planning error and aborts.
   void end_decode(int value_id);
   // For SavedValue::recomputed values: writes value_id (every element, the current batch) into
   // `out`. Set once by the executor, outside the step.

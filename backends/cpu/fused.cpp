@@ -629,16 +629,6 @@ void CpuBackend::fused_backward(const FusedStack& s, const FusedTensors& t, Fuse
     bn_rows::grad_apply(dz, x, k, HW, dx, g.dx_accumulate);
   };
 
-  // The first lines of plane pl's streams (see prefetch_plane), in channel order. (In memory order
-  // the sweeps measured no faster with it on ResNet-20's stacks and slower on VGG-16-BN's, where
-  // the element-wise forward gains a third; BrainSlug's pool kernel touches rows ahead itself:
-  // pool_stride1.h.)
-  auto prefetch_streams = [&](int64_t pl) {
-    if (t.x.dtype == DType::F32) prefetch_plane(t.x.f32() + pl * HW, HW);
-    prefetch_plane(g.dy.f32() + pl * PQ, PQ);
-    if (read_y_mask && !g.y_mask.bits) prefetch_plane(g.y_mask.dense.f32() + pl * PQ, PQ);
-    if (park) prefetch_plane_for_write(g.dx.f32() + pl * HW, HW);
-  };
 #pragma omp parallel
   {
     float* scratch = static_cast<float*>(ws.data) + omp_get_thread_num() * per_thread;
@@ -670,7 +660,12 @@ void CpuBackend::fused_backward(const FusedStack& s, const FusedTensors& t, Fuse
         double sdy = 0, sdyx = 0;
         for (int64_t n = 0; n < N; ++n) {
           const int64_t o = (n * C + c) * HW;
-          if (n + 1 < N) prefetch_streams(o / HW + C);
+          if (n + 1 < N) {  // the next plane's pages (see prefetch_plane)
+            if (t.x.dtype == DType::F32) prefetch_plane(t.x.f32() + o + C * HW, HW);
+            prefetch_plane(g.dy.f32() + ((n + 1) * C + c) * PQ, PQ);
+            if (read_y_mask && !g.y_mask.bits) prefetch_plane(g.y_mask.dense.f32() + ((n + 1) * C + c) * PQ, PQ);
+            if (park) prefetch_plane_for_write(g.dx.f32() + o + C * HW, HW);
+          }
           float a, b;
           sweep1(scratch, n * C + c, &a, &b);
           sdy += a;

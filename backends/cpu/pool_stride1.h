@@ -52,14 +52,14 @@ struct BnReluInput {
   }
 };
 
-// The input rows as the taps read them: in.value of row h at [pw, pw + W) of a buffer of -inf
-// (which never wins, as padding never does in the reference), so every tap is a plain load. Two
-// buffers, row h + 1 written while row h is read: a load that straddles stores still in flight
-// would wait for them.
 // Rows ahead that the kernels touch in x and dy: a plane of CIFAR's size is one 4 KiB page, where
 // the hardware prefetcher stops; the next plane follows in memory.
 constexpr int64_t kPrefetchRows = 4;
 
+// The input rows as the taps read them: in.value of row h at [pw, pw + W) of a buffer of -inf
+// (which never wins, as padding never does in the reference), so every tap is a plain load. Two
+// buffers, row h + 1 written while row h is read: a load that straddles stores still in flight
+// would wait for them.
 template <class In>
 class PaddedRows {
  public:
