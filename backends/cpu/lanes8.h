@@ -18,8 +18,11 @@
 namespace et {
 namespace lanes8 {
 
+constexpr int kWidth = 8;
 #if defined(__AVX2__)
 using F8 = __m256;
+using F = F8;
+using M = F8;  // a mask: lanes of all ones (on) and zeros (off)
 inline F8 splat(float v) { return _mm256_set1_ps(v); }
 inline F8 load(const float* p) { return _mm256_loadu_ps(p); }
 inline void store(float* p, F8 v) { _mm256_storeu_ps(p, v); }
@@ -47,6 +50,7 @@ inline F8 greater(F8 a, F8 b) { return _mm256_cmp_ps(a, b, _CMP_GT_OQ); }  // fa
 inline F8 select(F8 m, F8 a, F8 b) { return _mm256_blendv_ps(a, b, m); }    // m ? b : a
 inline F8 keep_greater(F8 v, F8 m) { return _mm256_max_ps(v, m); }         // v > m ? v : m
 inline F8 bit_and(F8 a, F8 b) { return _mm256_and_ps(a, b); }
+inline F8 keep_where(F8 v, M m) { return _mm256_and_ps(v, m); }  // m ? v : +0
 inline F8 add(F8 a, F8 b) { return _mm256_add_ps(a, b); }
 inline F8 mul(F8 a, F8 b) { return _mm256_mul_ps(a, b); }
 inline F8 fmadd(F8 a, F8 b, F8 c) { return _mm256_fmadd_ps(a, b, c); }  // a * b + c, one rounding
@@ -76,6 +80,8 @@ inline F8 add_where_equal(F8 acc, F8 a, F8 b, F8 v) {
 struct F8 {
   float32x4_t lo, hi;
 };
+using F = F8;
+using M = F8;  // a mask: lanes of all ones (on) and zeros (off)
 inline uint32x4_t u32(float32x4_t v) { return vreinterpretq_u32_f32(v); }
 inline float32x4_t f32(uint32x4_t v) { return vreinterpretq_f32_u32(v); }
 inline F8 splat(float v) { return {vdupq_n_f32(v), vdupq_n_f32(v)}; }
@@ -101,6 +107,7 @@ inline F8 greater(F8 a, F8 b) { return {f32(vcgtq_f32(a.lo, b.lo)), f32(vcgtq_f3
 inline F8 select(F8 m, F8 a, F8 b) { return {vbslq_f32(u32(m.lo), b.lo, a.lo), vbslq_f32(u32(m.hi), b.hi, a.hi)}; }
 inline F8 keep_greater(F8 v, F8 m) { return select(greater(v, m), m, v); }
 inline F8 bit_and(F8 a, F8 b) { return {f32(vandq_u32(u32(a.lo), u32(b.lo))), f32(vandq_u32(u32(a.hi), u32(b.hi)))}; }
+inline F8 keep_where(F8 v, M m) { return bit_and(v, m); }  // m ? v : +0
 inline F8 add(F8 a, F8 b) { return {vaddq_f32(a.lo, b.lo), vaddq_f32(a.hi, b.hi)}; }
 inline F8 mul(F8 a, F8 b) { return {vmulq_f32(a.lo, b.lo), vmulq_f32(a.hi, b.hi)}; }
 inline F8 fmadd(F8 a, F8 b, F8 c) { return {vfmaq_f32(c.lo, a.lo, b.lo), vfmaq_f32(c.hi, a.hi, b.hi)}; }
@@ -118,6 +125,16 @@ inline F8 int_equal(F8 a, F8 b) { return {f32(vceqq_u32(u32(a.lo), u32(b.lo))), 
 inline F8 int_add(F8 a, F8 b) { return {f32(vaddq_u32(u32(a.lo), u32(b.lo))), f32(vaddq_u32(u32(a.hi), u32(b.hi)))}; }
 inline F8 add_where_equal(F8 acc, F8 a, F8 b, F8 v) { return add(acc, select(int_equal(a, b), splat(-0.f), v)); }
 #endif
+
+// base[kOff, kOff + 8): lanes512.h's aligned form is for its 16 lanes; here a plain load.
+template <int kOff>
+inline F8 load_at(const float* base) {
+  return load(base + kOff);
+}
+template <int kOff>
+inline F8 load_int_at(const int32_t* base) {
+  return load_int(base + kOff);
+}
 
 }  // namespace lanes8
 }  // namespace et

@@ -1,5 +1,5 @@
-// Stride-1 max pooling on AVX2 (AVX-512 hosts too) and NEON (lanes8.h), the pool of BrainSlug's <MaxPool 3x3 s1 p1,
-// BN, ReLU> block, included by pool_planes.h: the backward of the layer, and forward and backward
+// Stride-1 max pooling on AVX-512 (lanes512.h), AVX2 and NEON (lanes8.h), the pool of BrainSlug's
+// <MaxPool 3x3 s1 p1, BN, ReLU> block, included by pool_planes.h: the backward of the layer, and forward and backward
 // of a fused BN -> ReLU -> max-pool stack straight from the BN's input (fused.cpp). Same
 // definitions as the reference loops (max_forward_reference, max_backward_reference, then
 // relu_backward's rule), same bits: each window's first maximum found row first, then across
@@ -10,8 +10,8 @@
 // five times the instructions of the arithmetic. Here rows stream in order: each input row is
 // copied once into a buffer padded with -inf, its maxima taken once and each output row's
 // arguments once (both in rings of kRingRows), and the output rows are stored padded with
-// arguments of -1, so every tap is a plain load and every tap of the gather one compare, one blend
-// and one add per 8 lanes, unrolled for 3x3 windows.
+// arguments of -1, so every tap is a plain load and every tap of the gather one compare and one
+// (masked) add a vector, unrolled for 3x3 windows.
 //
 // The pool's input comes through a policy: PlaneInput reads the plane; BnReluInput reads the BN's
 // input x and applies the BN and the ReLU on the way (bn_rows::apply's FMA, relu_forward's rule),
@@ -20,15 +20,29 @@
 #pragma once
 
 #include "backends/cpu/always_inline.h"
+#include "backends/cpu/lanes512.h"
 #include "backends/cpu/lanes8.h"
 
-// AVX-512 hosts take these 8-lane kernels too: on a Zen 4 host (bench fusion --depth 8, batch 128,
-// three interleaved pairs) the fused step went 120-128 -> 85-96 ms against pool_planes.h's 16-lane
-// loops and the stage-by-stage fused path, the unfused step 179-183 -> 163-178 ms.
+// The kernels are written once over a lane type lv (lanes8.h's names): 16 lanes on AVX-512
+// (lanes512.h), 8 on AVX2 and NEON. ET_POOL_STRIDE1_LANES8 keeps AVX-512 hosts on the 8-lane form
+// (to measure one against the other). Every lane takes the same elements in the same order either
+// way, so both give the same bits.
+// History: on a Zen 4 host (bench fusion --depth 8, batch 128, three interleaved pairs) the 8-lane
+// form took the fused step 120-128 -> 85-96 ms against pool_planes.h's 16-lane loops and the
+// stage-by-stage fused path, the unfused step 179-183 -> 163-178 ms (session 36); the 16-lane form
+// of these kernels followed on a Zen 5 host (session 40, docs/fusion.md).
 #if defined(ET_LANES8)
 #define ET_POOL_STRIDE1 1
 namespace et {
 namespace pool_planes {
+
+#if defined(ET_LANES512) && !defined(ET_POOL_STRIDE1_LANES8)
+namespace lv = lanes512;
+#else
+namespace lv = lanes8;
+#endif
+constexpr int kW = lv::kWidth;  // lanes a vector
+static_assert(kLanes % kW == 0 && 32 % kW == 0, "rows are whole vectors, blocks of 32 and 16 columns");
 
 inline bool stride1_applies(const Plane& g) {
   return g.stride_h == 1 && g.stride_w == 1 && fast_max_applies(g) && g.pad_h < g.R;
@@ -37,18 +51,18 @@ inline bool stride1_applies(const Plane& g) {
 // The pool's input as the rows of x give it: value(x vector).
 struct PlaneInput {
   static constexpr bool kReluMask = false;
-  lanes8::F8 value(lanes8::F8 x) const { return x; }
+  lv::F value(lv::F x) const { return x; }
 };
 // relu(x * scale + shift) of the BN's input x (one rounding; NaN and -0 give +0), and the ReLU's
 // mask: lanes where that is > 0.
 struct BnReluInput {
   static constexpr bool kReluMask = true;
-  lanes8::F8 scale, shift;
-  BnReluInput(float sc, float sh) : scale(lanes8::splat(sc)), shift(lanes8::splat(sh)) {}
-  lanes8::F8 value(lanes8::F8 x) const { return lanes8::relu(lanes8::fmadd(x, scale, shift)); }
-  lanes8::F8 passes(const float* xh, int64_t col, int64_t W) const {  // the lanes inside the row
-    const lanes8::F8 x = lanes8::load_inside(xh + col, col, W, lanes8::splat(0.f));
-    return lanes8::greater(lanes8::fmadd(x, scale, shift), lanes8::splat(0.f));
+  lv::F scale, shift;
+  BnReluInput(float sc, float sh) : scale(lv::splat(sc)), shift(lv::splat(sh)) {}
+  lv::F value(lv::F x) const { return lv::relu(lv::fmadd(x, scale, shift)); }
+  lv::M passes(const float* xh, int64_t col, int64_t W) const {  // the lanes inside the row
+    const lv::F x = lv::load_inside(xh + col, col, W, lv::splat(0.f));
+    return lv::greater(lv::fmadd(x, scale, shift), lv::splat(0.f));
   }
 };
 
@@ -64,12 +78,15 @@ template <class In>
 class PaddedRows {
  public:
   PaddedRows(const Plane& g, const float* x, const In& in) : g_(g), x_(x), in_(in) {
-    const int64_t L = padded_row_floats(g);
+    const int64_t L = kLeft - g.pad_w + padded_row_floats(g) + 16;  // + 16: load_at's reach
     for (auto& b : buf_)
       for (int64_t j = 0; j < L; ++j) b[j] = -INFINITY;
   }
+  static constexpr int64_t kLeft = 16;  // x's column 0 at a 64-byte boundary
   // Row h (rows are asked for in order from 0), column col of its padded form at [0, 8).
-  const float* row(int64_t h) {
+  const float* row(int64_t h) { return aligned_row(h) + kLeft - g_.pad_w; }
+  // The same row's buffer, 64-byte aligned: x's column c at kLeft + c.
+  const float* aligned_row(int64_t h) {
     if (h == 0) fill(0);
     if (h + 1 < g_.H) fill(h + 1);
     return buf_[h & 1];
@@ -79,44 +96,57 @@ class PaddedRows {
   void fill(int64_t h) {
     const float* xh = x_ + h * g_.W;
     for (int64_t w = 0; w < g_.W; w += 16) __builtin_prefetch(xh + kPrefetchRows * g_.W + w);
-    float* d = buf_[h & 1] + g_.pad_w;
+    float* d = buf_[h & 1] + kLeft;  // aligned: a store split across two lines would be slow
     int64_t w = 0;
-    for (; w + 8 <= g_.W; w += 8) lanes8::store(d + w, in_.value(lanes8::load(xh + w)));
+    for (; w + kW <= g_.W; w += kW) lv::store(d + w, in_.value(lv::load(xh + w)));
     if (w < g_.W)  // the tail: nothing past the row is read or written
-      lanes8::store_inside(d + w, w, g_.W, in_.value(lanes8::load_inside(xh + w, w, g_.W, lanes8::splat(0.f))));
+      lv::store_inside(d + w, w, g_.W, in_.value(lv::load_inside(xh + w, w, g_.W, lv::splat(0.f))));
   }
   const Plane& g_;
   const float* x_;
   const In& in_;
-  alignas(64) float buf_[2][kRingCols];
+  alignas(64) float buf_[2][kLeft + kRingCols + 16];
 };
 
 // dy as the BN after the pool leaves it when it hands its second backward sweep on to this pool
 // (FusedGrads::dy_coef): dy = (a * d + b * y) + c0, d the buffer dy points at and y the pool's output,
 // whose values the backward finds again as its windows' maxima; bn_rows::grad_apply's arithmetic.
 struct DyAffine {
-  lanes8::F8 a, b, c0;
-  DyAffine(float va, float vb, float vc0) : a(lanes8::splat(va)), b(lanes8::splat(vb)), c0(lanes8::splat(vc0)) {}
+  lv::F a, b, c0;
+  DyAffine(float va, float vb, float vc0) : a(lv::splat(va)), b(lv::splat(vb)), c0(lv::splat(vc0)) {}
   explicit DyAffine(const float* k) : DyAffine(k ? k[0] : 0.f, k ? k[1] : 0.f, k ? k[2] : 0.f) {}  // a, b, c0
-  lanes8::F8 value(lanes8::F8 d, lanes8::F8 y) const {
-    return lanes8::add(lanes8::fmadd(a, d, lanes8::mul(b, y)), c0);
+  lv::F value(lv::F d, lv::F y) const {
+    return lv::add(lv::fmadd(a, d, lv::mul(b, y)), c0);
   }
 };
 
-// Vectors of output columns [0, Qr) in blocks of V side by side (V independent chains): 4, then 2
-// (Qr is a multiple of 16).
+// Vectors of columns [0, Qr) in blocks of V side by side (V independent chains): 32 columns, then
+// 16 (Qr is a multiple of 16).
 template <class Block>
 inline void for_column_blocks(int64_t Qr, Block block) {
   int64_t q0 = 0;
-  for (; q0 + 32 <= Qr; q0 += 32) block(q0, std::integral_constant<int, 4>{});
-  for (; q0 < Qr; q0 += 16) block(q0, std::integral_constant<int, 2>{});
+  for (; q0 + 32 <= Qr; q0 += 32) block(q0, std::integral_constant<int, 32 / kW>{});
+  for (; q0 < Qr; q0 += 16) block(q0, std::integral_constant<int, 16 / kW>{});
+}
+
+// f(0), f(1), ..., f(N - 1), each index a constant (std::integral_constant), for taps whose
+// offsets are template arguments (load_at).
+template <class Fn, int... I>
+ET_ALWAYS_INLINE inline void unroll_each(Fn& f, std::integer_sequence<int, I...>) {
+  (f(std::integral_constant<int, I>{}), ...);
+}
+template <int N, class Fn>
+ET_ALWAYS_INLINE inline void unroll(Fn f) {
+  unroll_each(f, std::make_integer_sequence<int, N>{});
 }
 
 // y [P,Q] = the max over each window of the input in's rows of x (values only: max_ps(v, m) is the
 // running first maximum's value, m where v is NaN or equal). Each input row's maxima once, in a
-// ring.
-template <int kR, int kS, class In>
+// ring. kPw >= 0: the padding's width as a constant (with kS), so the taps are aligned loads and
+// shifts (load_at), else g's.
+template <int kR, int kS, int kPw, class In>
 inline void max_forward_stride1_window(const Plane& g, const float* x, const In& in, float* y) {
+  static_assert(kPw < 0 || kS > 0, "a constant padding with a constant window");
   const int64_t R = kR > 0 ? kR : g.R, S = kS > 0 ? kS : g.S;
   const int64_t Qr = round_lanes(g.Q), ph = g.pad_h;
   alignas(64) float row_m[kRingRows][kRingCols];
@@ -125,39 +155,50 @@ inline void max_forward_stride1_window(const Plane& g, const float* x, const In&
   for (int64_t p = 0; p < g.P; ++p) {
     const int64_t h0 = std::max<int64_t>(0, p - ph), h1 = std::min(g.H, p - ph + R);
     for (; next_h < h1; ++next_h) {
-      const float* xr = rows.row(next_h);  // column q0 + s - pw at xr + q0 + s
+      const float* xa = rows.aligned_row(next_h);  // column q0 + s - pw at xa + kLeft - pw + q0 + s
+      const float* xr = xa + PaddedRows<In>::kLeft - g.pad_w;
       float* m = row_m[next_h & (kRingRows - 1)];
       for_column_blocks(Qr, [&](int64_t q0, auto blocks) {
         constexpr int V = decltype(blocks)::value;
-        lanes8::F8 mv[V];
-        for (int k = 0; k < V; ++k) mv[k] = lanes8::splat(-FLT_MAX);
-        for (int64_t s = 0; s < S; ++s)
-          for (int k = 0; k < V; ++k) mv[k] = lanes8::keep_greater(lanes8::load(xr + q0 + 8 * k + s), mv[k]);
-        for (int k = 0; k < V; ++k) lanes8::store(m + q0 + 8 * k, mv[k]);
+        lv::F mv[V];
+        for (int k = 0; k < V; ++k) mv[k] = lv::splat(-FLT_MAX);
+        if constexpr (kPw >= 0) {
+          unroll<kS>([&](auto s) {
+            unroll<V>([&](auto k) {
+              constexpr int o = int(PaddedRows<In>::kLeft) - kPw + kW * k + s;
+              mv[k] = lv::keep_greater(lv::load_at<o>(xa + q0), mv[k]);
+            });
+          });
+        } else {
+          for (int64_t s = 0; s < S; ++s)
+            for (int k = 0; k < V; ++k) mv[k] = lv::keep_greater(lv::load(xr + q0 + kW * k + s), mv[k]);
+        }
+        for (int k = 0; k < V; ++k) lv::store(m + q0 + kW * k, mv[k]);
       });
     }
     float* yp = y + p * g.Q;
     for_column_blocks(Qr, [&](int64_t q0, auto blocks) {
       constexpr int V = decltype(blocks)::value;
-      lanes8::F8 mv[V];
-      for (int k = 0; k < V; ++k) mv[k] = lanes8::splat(-FLT_MAX);
+      lv::F mv[V];
+      for (int k = 0; k < V; ++k) mv[k] = lv::splat(-FLT_MAX);
       for (int64_t h = h0; h < h1; ++h)
         for (int k = 0; k < V; ++k)
-          mv[k] = lanes8::keep_greater(lanes8::load(row_m[h & (kRingRows - 1)] + q0 + 8 * k), mv[k]);
+          mv[k] = lv::keep_greater(lv::load(row_m[h & (kRingRows - 1)] + q0 + kW * k), mv[k]);
       for (int k = 0; k < V; ++k) {
-        const int64_t q = q0 + 8 * k;
-        if (q + 8 <= g.Q)
-          lanes8::store(yp + q, mv[k]);
+        const int64_t q = q0 + kW * k;
+        if (q + kW <= g.Q)
+          lv::store(yp + q, mv[k]);
         else if (q < g.Q)
-          lanes8::store_inside(yp + q, q, g.Q, mv[k]);
+          lv::store_inside(yp + q, q, g.Q, mv[k]);
       }
     });
   }
 }
 template <class In>
 inline void max_forward_stride1(const Plane& g, const float* x, const In& in, float* y) {
-  if (g.R == 3 && g.S == 3) return max_forward_stride1_window<3, 3>(g, x, in, y);
-  max_forward_stride1_window<0, 0>(g, x, in, y);
+  if (g.R == 3 && g.S == 3 && g.pad_w == 1) return max_forward_stride1_window<3, 3, 1>(g, x, in, y);
+  if (g.R == 3 && g.S == 3) return max_forward_stride1_window<3, 3, -1>(g, x, in, y);
+  max_forward_stride1_window<0, 0, -1>(g, x, in, y);
 }
 
 // dx [H,W] (+)= dy routed to each window's first maximum (accumulate: onto dx; else dx is written
@@ -168,16 +209,21 @@ inline void max_forward_stride1(const Plane& g, const float* x, const In& in, fl
 // kAffine: dy is that of a BN after the pool (*affine, DyAffine), else dy as it is (a separate
 // instance: the plain one as tight as before).
 // kR, kS: the window as constants (the taps unrolled), or 0: g's, at run time.
-template <int kR, int kS, class In, bool kAffine>
+template <int kR, int kS, int kPw, class In, bool kAffine>
 inline void max_backward_stride1_window(const Plane& g, const float* x, const In& in, const float* dy, float* dx,
                                         bool accumulate, const DyAffine* affine) {
+  static_assert(kPw < 0 || (kR > 0 && kS > 0), "a constant padding with a constant window");
   const int64_t R = kR > 0 ? kR : g.R, S = kS > 0 ? kS : g.S;
-  const int64_t Qr = round_lanes(g.Q), Wr = round_lanes(g.W), B = gather_row_ints(g), off = S - 1;
+  // Output column q at off + q of its row: off >= S - 1 leaves room for the taps left of column 0,
+  // and 16 keeps the row's stores aligned (a store split across two lines is slow, and a load
+  // waiting on it slower).
+  constexpr int64_t off = 16;
+  const int64_t Qr = round_lanes(g.Q), Wr = round_lanes(g.W), B = off + gather_row_ints(g);
   const int64_t pw = g.pad_w, ph = g.pad_h;
   alignas(64) float row_m[kRingRows][kRingCols];            // per input row: the running maxima over s ...
   alignas(64) int32_t row_a[kRingRows][kRingCols];          // ... and their flat indices
-  alignas(64) int32_t out_a[kRingRows + 1][kRingCols];      // per output row q at off + q: its argument;
-  alignas(64) float out_dy[kRingRows + 1][kRingCols];       // dy alike; the last row: outside the plane
+  alignas(64) int32_t out_a[kRingRows + 1][off + kRingCols];  // per output row q at off + q: its argument;
+  alignas(64) float out_dy[kRingRows + 1][off + kRingCols];   // dy alike; the last row: outside the plane
   alignas(64) float yrow[kRingCols];                        // kAffine: the output row's maxima, y
   auto clear_output_row = [&](int64_t slot) {
     for (int64_t j = 0; j < B; ++j) {
@@ -187,33 +233,43 @@ inline void max_backward_stride1_window(const Plane& g, const float* x, const In
   };
   for (int64_t k = 0; k < std::min(g.P, kRingRows); ++k) clear_output_row(k);  // the slots p & 7 takes
   clear_output_row(kRingRows);
-  using lanes8::F8;
+  using lv::F;
   // The running first maximum over taps: v > m takes v and its argument (false on NaN).
-  auto take = [](F8 v, F8 arg, F8* m, F8* a) {
-    *a = lanes8::select(lanes8::greater(v, *m), *a, arg);
-    *m = lanes8::keep_greater(v, *m);
+  auto take = [](F v, F arg, F* m, F* a) {
+    *a = lv::select(lv::greater(v, *m), *a, arg);
+    *m = lv::keep_greater(v, *m);
   };
 
   // Input row h's maxima over the S taps of each output column, in the reference's s order.
   PaddedRows<In> rows(g, x, in);
   auto row_stage = [&](int64_t h) ET_ALWAYS_INLINE {
-    const float* xr = rows.row(h);  // column q0 + s - pw at xr + q0 + s
+    const float* xa = rows.aligned_row(h);  // column q0 + s - pw at xa + kLeft - pw + q0 + s
+    const float* xr = xa + PaddedRows<In>::kLeft - pw;
     float* m = row_m[h & (kRingRows - 1)];
     int32_t* a = row_a[h & (kRingRows - 1)];
     const int32_t base = int32_t(h * g.W - pw);  // the flat index of padded column 0
     for_column_blocks(Qr, [&](int64_t q0, auto blocks) {
       constexpr int V = decltype(blocks)::value;
-      F8 mv[V], av[V];
-      for (int k = 0; k < V; ++k) mv[k] = lanes8::splat(-FLT_MAX), av[k] = lanes8::int_splat(-1);
-      const F8 first = lanes8::int_iota(base + int32_t(q0));  // the indices of the block's first vector
-      for (int64_t s = 0; s < S; ++s)
-        for (int k = 0; k < V; ++k) {
-          const int64_t j = q0 + 8 * k + s;  // + 8 k + s: a constant where the loops unroll
-          take(lanes8::load(xr + j), lanes8::int_add(first, lanes8::int_splat(int32_t(8 * k + s))), &mv[k], &av[k]);
-        }
+      F mv[V], av[V];
+      for (int k = 0; k < V; ++k) mv[k] = lv::splat(-FLT_MAX), av[k] = lv::int_splat(-1);
+      const F first = lv::int_iota(base + int32_t(q0));  // the indices of the block's first vector
+      if constexpr (kPw >= 0) {
+        unroll<kS>([&](auto s) {
+          unroll<V>([&](auto k) {
+            constexpr int o = int(PaddedRows<In>::kLeft) - kPw + kW * k + s;
+            take(lv::load_at<o>(xa + q0), lv::int_add(first, lv::int_splat(int32_t(kW * k + s))), &mv[k], &av[k]);
+          });
+        });
+      } else {
+        for (int64_t s = 0; s < S; ++s)
+          for (int k = 0; k < V; ++k) {
+            const int64_t j = q0 + kW * k + s;  // + kW k + s: a constant where the loops unroll
+            take(lv::load(xr + j), lv::int_add(first, lv::int_splat(int32_t(kW * k + s))), &mv[k], &av[k]);
+          }
+      }
       for (int k = 0; k < V; ++k) {
-        lanes8::store(m + q0 + 8 * k, mv[k]);
-        lanes8::store_int(a + q0 + 8 * k, av[k]);
+        lv::store(m + q0 + kW * k, mv[k]);
+        lv::store_int(a + q0 + kW * k, av[k]);
       }
     });
   };
@@ -228,23 +284,23 @@ inline void max_backward_stride1_window(const Plane& g, const float* x, const In
     for (int64_t q = 0; q < g.Q; q += 16) __builtin_prefetch(dyp + kPrefetchRows * g.Q + q);
     for_column_blocks(Qr, [&](int64_t q0, auto blocks) {
       constexpr int V = decltype(blocks)::value;
-      F8 mv[V], av[V];
-      for (int k = 0; k < V; ++k) mv[k] = lanes8::splat(-FLT_MAX), av[k] = lanes8::int_splat(-1);
+      F mv[V], av[V];
+      for (int k = 0; k < V; ++k) mv[k] = lv::splat(-FLT_MAX), av[k] = lv::int_splat(-1);
       for (int64_t h = h0; h < h1; ++h)
         for (int k = 0; k < V; ++k) {
-          const int64_t j = q0 + 8 * k, slot = h & (kRingRows - 1);
-          take(lanes8::load(row_m[slot] + j), lanes8::load_int(row_a[slot] + j), &mv[k], &av[k]);
+          const int64_t j = q0 + kW * k, slot = h & (kRingRows - 1);
+          take(lv::load(row_m[slot] + j), lv::load_int(row_a[slot] + j), &mv[k], &av[k]);
         }
-      for (int k = 0; k < V; ++k) lanes8::store_int(a + q0 + 8 * k, av[k]);
+      for (int k = 0; k < V; ++k) lv::store_int(a + q0 + kW * k, av[k]);
       if constexpr (kAffine)
-        for (int k = 0; k < V; ++k) lanes8::store(yrow + q0 + 8 * k, mv[k]);
+        for (int k = 0; k < V; ++k) lv::store(yrow + q0 + kW * k, mv[k]);
     });
     if constexpr (kAffine) {  // in a loop of its own: beside the maxima above it cost 3x as much
       const DyAffine k = *affine;
       int64_t q = 0;
-      for (; q + 8 <= g.Q; q += 8) lanes8::store(dyr + q, k.value(lanes8::load(dyp + q), lanes8::load(yrow + q)));
+      for (; q + kW <= g.Q; q += kW) lv::store(dyr + q, k.value(lv::load(dyp + q), lv::load(yrow + q)));
       if (q < g.Q)
-        lanes8::store(dyr + q, k.value(lanes8::load_inside(dyp + q, q, g.Q, lanes8::splat(0.f)), lanes8::load(yrow + q)));
+        lv::store(dyr + q, k.value(lv::load_inside(dyp + q, q, g.Q, lv::splat(0.f)), lv::load(yrow + q)));
     }
     for (int64_t q = g.Q; q < Qr; ++q) a[q] = -1;  // lanes past the row
     if constexpr (!kAffine) std::memcpy(dyr, dyp, sizeof(float) * size_t(g.Q));
@@ -267,49 +323,50 @@ inline void max_backward_stride1_window(const Plane& g, const float* x, const In
     }
     float* dxh = dx + h * g.W;
     const int32_t row0 = int32_t(h * g.W);
-    // V blocks of 8 lanes side by side: each lane's additions are a chain in tap order (lanes that
-    // are not the argument add -0, which leaves every value as it is), so the adds' latency, not
-    // their number, bounds one block.
+    // V vectors side by side: each lane's additions are a chain in tap order (lanes that are not
+    // the argument add nothing). The taps' loads, not the chains, bound it: two rows at a time
+    // (2V chains, and the loads of the output rows they share) were no faster (session 40), and
+    // neither were aligned loads shifted into place (valignd, as the row maxima take them).
     auto columns = [&](int64_t w0, auto blocks) {
       constexpr int V = decltype(blocks)::value;
-      F8 acc[V], me[V];
+      F acc[V], me[V];
       for (int k = 0; k < V; ++k) {
-        const int64_t w = w0 + 8 * k;
-        const F8 zero = lanes8::splat(0.f);
-        acc[k] = !accumulate || In::kReluMask ? zero : lanes8::load_inside(dxh + w, w, g.W, zero);
-        me[k] = lanes8::int_iota(row0 + int32_t(w));
+        const int64_t w = w0 + kW * k;
+        const F zero = lv::splat(0.f);
+        acc[k] = !accumulate || In::kReluMask ? zero : lv::load_inside(dxh + w, w, g.W, zero);
+        me[k] = lv::int_iota(row0 + int32_t(w));
       }
       for (int64_t t = 0; t < R; ++t)
         for (int64_t s = S - 1; s >= 0; --s)
           for (int k = 0; k < V; ++k) {
-            const int64_t j = w0 + 8 * k - s;
-            acc[k] = lanes8::add_where_equal(acc[k], lanes8::load_int(ta[t] + j), me[k], lanes8::load(td[t] + j));
+            const int64_t j = w0 + kW * k - s;
+            acc[k] = lv::add_where_equal(acc[k], lv::load_int(ta[t] + j), me[k], lv::load(td[t] + j));
           }
       for (int k = 0; k < V; ++k) {
-        const int64_t w = w0 + 8 * k;
-        if constexpr (In::kReluMask) acc[k] = lanes8::bit_and(acc[k], in.passes(x + h * g.W, w, g.W));  // else +0
-        if (w + 8 <= g.W)
-          lanes8::store(dxh + w, acc[k]);
+        const int64_t w = w0 + kW * k;
+        if constexpr (In::kReluMask) acc[k] = lv::keep_where(acc[k], in.passes(x + h * g.W, w, g.W));  // else +0
+        if (w + kW <= g.W)
+          lv::store(dxh + w, acc[k]);
         else if (w < g.W)
-          lanes8::store_inside(dxh + w, w, g.W, acc[k]);
+          lv::store_inside(dxh + w, w, g.W, acc[k]);
       }
     };
-    int64_t w0 = 0;
-    for (; w0 + 32 <= Wr; w0 += 32) columns(w0, std::integral_constant<int, 4>{});
-    for (; w0 < Wr; w0 += 16) columns(w0, std::integral_constant<int, 2>{});  // Wr: a multiple of 16
+    for_column_blocks(Wr, columns);  // Wr: a multiple of 16
   }
 }
 
 template <class In>
 inline void max_backward_stride1(const Plane& g, const float* x, const In& in, const float* dy, float* dx,
                                  bool accumulate, const DyAffine* affine = nullptr) {
-  const bool k3 = g.R == 3 && g.S == 3;
+  const bool k3 = g.R == 3 && g.S == 3, p1 = k3 && g.pad_w == 1;  // BrainSlug's 3x3 pad 1: aligned taps
   if (affine) {
-    if (k3) return max_backward_stride1_window<3, 3, In, true>(g, x, in, dy, dx, accumulate, affine);
-    return max_backward_stride1_window<0, 0, In, true>(g, x, in, dy, dx, accumulate, affine);
+    if (p1) return max_backward_stride1_window<3, 3, 1, In, true>(g, x, in, dy, dx, accumulate, affine);
+    if (k3) return max_backward_stride1_window<3, 3, -1, In, true>(g, x, in, dy, dx, accumulate, affine);
+    return max_backward_stride1_window<0, 0, -1, In, true>(g, x, in, dy, dx, accumulate, affine);
   }
-  if (k3) return max_backward_stride1_window<3, 3, In, false>(g, x, in, dy, dx, accumulate, nullptr);
-  max_backward_stride1_window<0, 0, In, false>(g, x, in, dy, dx, accumulate, nullptr);
+  if (p1) return max_backward_stride1_window<3, 3, 1, In, false>(g, x, in, dy, dx, accumulate, nullptr);
+  if (k3) return max_backward_stride1_window<3, 3, -1, In, false>(g, x, in, dy, dx, accumulate, nullptr);
+  max_backward_stride1_window<0, 0, -1, In, false>(g, x, in, dy, dx, accumulate, nullptr);
 }
 
 }  // namespace pool_planes
