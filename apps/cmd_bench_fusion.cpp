@@ -54,6 +54,7 @@ int cmd_bench_fusion(const BenchFusionArgs& a) {
   FusionSpec spec;
   spec.enabled = true;
   spec.cache_kb = a.cache_kb;
+  spec.llc_kb = a.llc_kb;
   const fusion::Plan p = fusion::plan(fused, spec);
   fusion::apply(fused, p);
   auto backend = make_cpu_backend();
@@ -140,6 +141,7 @@ int cmd_bench_fusion(const BenchFusionArgs& a) {
                       {"activations_mb_fused", ex_fused.memory().activations_planned / 1048576.0},
                       {"activations_mb_unfused", ex_plain.memory().activations_planned / 1048576.0},
                       {"cache_kb", p.cache_bytes / 1024},
+                      {"llc_kb", p.llc_bytes / 1024},
                       {"stacks_fused", fused_stacks},
                       {"tile", tile},
                       {"identical", identical}};

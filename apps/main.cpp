@@ -88,6 +88,10 @@ int main(int argc, char** argv) {
   bfu->add_flag("--no-pool", bf.no_pool, "<BN, ReLU> blocks (no max-pool): the element-wise part alone");
   bfu->add_option("--cache-kb", bf.cache_kb, "the cache the tiles fit, KiB (fusion.cache_kb; 0: this core's L2)")
       ->check(CLI::Range(int64_t(0), int64_t(1) << 30));
+  bfu->add_option("--llc-kb", bf.llc_kb,
+                  "the last-level cache, KiB (fusion.llc_kb; 0: from sysfs): tensors beyond it are written by "
+                  "streaming stores")
+      ->check(CLI::Range(int64_t(0), int64_t(1) << 30));
 
   CLI11_PARSE(app, argc, argv);
   // A write past the file-size limit (ulimit -f) would otherwise kill the process with SIGXFSZ

@@ -85,11 +85,13 @@ TEST_CASE("fusion: synthetic stacks with odd sizes, overlapping pools and batch 
   // channels than one block, and blocks that end early. 2x2 pools of 8x8, 16x16 and 32x32 planes
   // build the BN -> ReLU -> pool stack's dz in registers (fused_bn_relu_pool.h); 16x12 does not (Q = 6).
   // A last-level cache of 1 KiB makes every stack stream y (and dx after a pool) past the cache where
-  // its planes are whole vectors; the sysfs one (MiBs) streams none of these small tensors.
+  // its planes are whole vectors; the sysfs one (MiBs) streams none of these small tensors. 16x16
+  // and 32x32 with 3x3 stride-1 pools: rows of whole vectors, so on AVX-512 the pool sums y for the
+  // next BN as it writes it (SummedY, fused.cpp), and streams it with the small cache.
   for (const Case c : {Case{1, 7, 5, 3, 1, 1, 5}, Case{3, 9, 11, 3, 2, 1, 5}, Case{2, 8, 8, 2, 2, 0, 5},
                        Case{1, 13, 6, 3, 1, 0, 5}, Case{2, 4, 4, 2, 2, 0, 20}, Case{3, 3, 5, 3, 1, 1, 7},
                        Case{1, 2, 2, 2, 2, 0, 40}, Case{1, 32, 32, 2, 2, 0, 3}, Case{2, 16, 16, 2, 2, 0, 3},
-                       Case{2, 16, 12, 2, 2, 0, 3}}) {
+                       Case{2, 16, 12, 2, 2, 0, 3}, Case{2, 16, 16, 3, 1, 1, 3}, Case{1, 32, 32, 3, 1, 1, 2}}) {
     DYNAMIC_SECTION("batch " << c.batch << " " << c.h << "x" << c.w << " pool " << c.k << "/" << c.s << "/" << c.p
                              << " channels " << c.channels) {
       for (int64_t tile : {0, 1, 3})

@@ -41,23 +41,19 @@ void channel_statistics(const float* xp, int64_t N, int64_t C, int64_t HW, int64
 // where one chain made them latency-bound. Portable builds: the compiler's vector order.
 ET_ROW_FUNCTION void plane_sums(const float* x, int64_t HW, float* s1_out, float* s2_out) {
 #if defined(__AVX512F__)
-  __m512 a[4], b[4];
-  for (int k = 0; k < 4; ++k) a[k] = b[k] = _mm512_setzero_ps();
+  PlaneSumLanes lanes;  // vector j into set j % 4 (PlaneSumLanes), four at a time in registers
   int64_t i = 0, j = 0;
   for (; i + 64 <= HW; i += 64, j += 4)
     for (int k = 0; k < 4; ++k) {
       const __m512 v = _mm512_loadu_ps(x + i + 16 * k);
-      a[k] = _mm512_add_ps(a[k], v);
-      b[k] = _mm512_fmadd_ps(v, v, b[k]);
+      lanes.a[k] = _mm512_add_ps(lanes.a[k], v);
+      lanes.b[k] = _mm512_fmadd_ps(v, v, lanes.b[k]);
     }
   for (; i < HW; i += 16, ++j) {
     const __mmask16 m = HW - i >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << (HW - i)) - 1);
-    const __m512 v = _mm512_maskz_loadu_ps(m, x + i);
-    a[j % 4] = _mm512_add_ps(a[j % 4], v);
-    b[j % 4] = _mm512_fmadd_ps(v, v, b[j % 4]);
+    lanes.add(j, _mm512_maskz_loadu_ps(m, x + i));
   }
-  *s1_out = halving_sum(_mm512_add_ps(_mm512_add_ps(a[0], a[1]), _mm512_add_ps(a[2], a[3])));
-  *s2_out = halving_sum(_mm512_add_ps(_mm512_add_ps(b[0], b[1]), _mm512_add_ps(b[2], b[3])));
+  lanes.finish(s1_out, s2_out);
 #else
   float s1 = 0.f, s2 = 0.f;
 #pragma omp simd reduction(+ : s1, s2)

@@ -70,6 +70,23 @@ inline float halving_sum(__m512 v) {
   return _mm512_cvtss_f32(v);
 }
 
+// plane_sums's running lanes, for a producer that sums its plane as it writes it (the stride-1
+// pool's forward, fused.cpp): vector j of the plane (elements [16 j, 16 j + 16), zeros past the
+// end) adds into set j % 4, j in increasing order; finish adds the sets as plane_sums does. The
+// same bits as plane_sums over the plane.
+struct PlaneSumLanes {
+  __m512 a[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
+  __m512 b[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
+  ET_ALWAYS_INLINE void add(int64_t j, __m512 v) {
+    a[j & 3] = _mm512_add_ps(a[j & 3], v);
+    b[j & 3] = _mm512_fmadd_ps(v, v, b[j & 3]);
+  }
+  void finish(float* s1, float* s2) const {
+    *s1 = halving_sum(_mm512_add_ps(_mm512_add_ps(a[0], a[1]), _mm512_add_ps(a[2], a[3])));
+    *s2 = halving_sum(_mm512_add_ps(_mm512_add_ps(b[0], b[1]), _mm512_add_ps(b[2], b[3])));
+  }
+};
+
 // The running lanes of grad_sums. A plane may be summed in pieces (the fused stacks' row bands,
 // fused.cpp) with one GradLanes carried across them: every piece but the last must be a multiple of
 // 16 elements long, so each element meets the lane and the position in its lane's chain it would

@@ -33,6 +33,9 @@
 
 #if defined(ET_POOL_STRIDE1)
 #define ET_BN_RELU_POOL_STRIDE1 1  // pool_stride1.h's BnReluInput (AVX2 and AVX-512 hosts, NEON)
+#if defined(ET_LANES512) && !defined(ET_POOL_STRIDE1_LANES8)
+#define ET_POOL_STRIDE1_SUMS 1  // its 16-lane forward sums y as it writes it (SummedY)
+#endif
 #endif
 
 namespace et {
@@ -125,6 +128,27 @@ void forward_rows(const FusedStack& s, const StageRows& r, size_t stages, const 
 // BN -> ReLU -> stride-1 max-pool on whole planes (BrainSlug's block): the pool reads x through the
 // BN and the ReLU, and its backward applies the ReLU's mask as it writes dz (pool_stride1.h), so
 // neither the forward nor the backward writes the BN's or the ReLU's output to scratch (lanes8.h).
+#if defined(ET_POOL_STRIDE1_SUMS)
+// The stride-1 pool's output plane, rows of whole vectors (Q % 16 == 0): each vector stored, or
+// streamed (y 64-byte aligned; the caller fences), and summed for the next BN as it is written, in
+// plane_sums's order (bn_rows::PlaneSumLanes), so y is not read back for its sums and can bypass
+// the cache.
+struct SummedY {
+  float* y;
+  int64_t Q;
+  bool stream;
+  bn_rows::PlaneSumLanes lanes;
+  ET_ALWAYS_INLINE void put(int64_t p, int64_t q, __m512 v) {
+    const int64_t i = p * Q + q;
+    if (stream)
+      _mm512_stream_ps(y + i, v);
+    else
+      _mm512_storeu_ps(y + i, v);
+    lanes.add(i / 16, v);
+  }
+};
+#endif
+
 [[maybe_unused]] bool bn_relu_pool_stride1(const FusedStack& s) {
 #if defined(ET_BN_RELU_POOL_STRIDE1)
   return s.stages.size() == 3 && s.stages[1].kind == FusedKind::Relu && s.stages[2].kind == FusedKind::MaxPool &&
@@ -243,9 +267,18 @@ void CpuBackend::fused_forward(const FusedStack& s, FusedTensors& t, bool traini
                       (ew != ElementwiseOnly::No || (pool_in_registers && !words));
 #endif
   [[maybe_unused]] const bool pool_stride1 = bn_relu_pool_stride1(s);
+#if defined(ET_POOL_STRIDE1_SUMS)
+  // The stride-1 pool writes y through SummedY where its rows are whole vectors: y's sums for the
+  // next BN in the pass, and streaming stores where the planner asks for them and nothing else
+  // reads y back (the bitmap words, the packed values).
+  const bool pool_summed = pool_stride1 && last.Q % 16 == 0;
+  const bool pool_stream = pool_summed && s.stream_y && !words && !pack_values &&
+                           reinterpret_cast<uintptr_t>(yp) % 64 == 0;
+#endif
   // Plane (n, c) through every stage into y, with its bitmap words (and its sums, in L1).
   auto forward_one = [&](float* const* scratch_out, int64_t pl, float sc, float sh) -> int64_t {
     int64_t kept_in_registers = -1;  // the element-wise planes count their bitmap words' bits themselves
+    bool summed = false;             // y's sums taken as y was written
 #if defined(ET_ELEMENTWISE_IN_REGISTERS)
     if (ew != ElementwiseOnly::No) {
       // The next plane's first lines (see prefetch_plane): ResNet-20's stacks' forward 4.7 -> 3.4 ms.
@@ -263,6 +296,14 @@ void CpuBackend::fused_forward(const FusedStack& s, FusedTensors& t, bool traini
     if (pool_in_registers) {
       fused_bn_relu_pool::forward(pool_layout, xp + pl * HW, fused_bn_relu_pool::ChannelBn(sc, sh), HW, yp + pl * PQ,
                                   stream);
+    } else
+#endif
+#if defined(ET_POOL_STRIDE1_SUMS)
+    if (pool_summed) {
+      SummedY out{yp + pl * PQ, last.Q, pool_stream, {}};
+      pool_planes::max_forward_stride1_to(pool_planes::of(last), xp + pl * HW, pool_planes::BnReluInput(sc, sh), out);
+      if (y_sum1) out.lanes.finish(y_sum1 + pl, y_sum2 + pl);
+      summed = true;
     } else
 #endif
 #if defined(ET_BN_RELU_POOL_STRIDE1)
@@ -283,7 +324,7 @@ void CpuBackend::fused_forward(const FusedStack& s, FusedTensors& t, bool traini
                      add >= 0 ? t.side.f32() + rows.side_off : nullptr, sc, sh, out, training);
       }
     }
-    if (y_sum1) bn_rows::plane_sums(yp + pl * PQ, PQ, y_sum1 + pl, y_sum2 + pl);
+    if (y_sum1 && !summed) bn_rows::plane_sums(yp + pl * PQ, PQ, y_sum1 + pl, y_sum2 + pl);
     if (kept_in_registers >= 0) return kept_in_registers;
     return words ? mask_words(yp, pl * PQ / 64, (pl + 1) * PQ / 64, tb, words) : int64_t(0);
   };
@@ -325,6 +366,9 @@ void CpuBackend::fused_forward(const FusedStack& s, FusedTensors& t, bool traini
         }
       }
     }
+#if defined(ET_POOL_STRIDE1_SUMS)
+    if (pool_stream) _mm_sfence();  // as below
+#endif
 #if defined(__AVX512F__)
     if (stream) _mm_sfence();  // this thread's streaming stores, before y's readers
 #elif defined(ET_LANES16)

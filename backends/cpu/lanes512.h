@@ -22,6 +22,7 @@ using M = __mmask16;
 inline F splat(float v) { return _mm512_set1_ps(v); }
 inline F load(const float* p) { return _mm512_loadu_ps(p); }
 inline void store(float* p, F v) { _mm512_storeu_ps(p, v); }
+inline void stream(float* p, F v) { _mm512_stream_ps(p, v); }  // p 64-byte aligned; the caller fences
 inline F load_int(const int32_t* p) { return _mm512_loadu_ps(reinterpret_cast<const float*>(p)); }
 inline void store_int(int32_t* p, F v) { _mm512_storeu_ps(reinterpret_cast<float*>(p), v); }
 // Lanes l with first + l in [0, n): on.

@@ -140,12 +140,27 @@ ET_ALWAYS_INLINE inline void unroll(Fn f) {
   unroll_each(f, std::make_integer_sequence<int, N>{});
 }
 
+// Where the forward's output vectors go: put(p, q, v) for output row p, columns [q, q + kW) (q
+// past Q: lanes of the rounded row only). YRows stores them into y [P,Q], masked at the row's end;
+// a fused stack's sink also sums them for the next BN and may stream them (fused.cpp).
+struct YRows {
+  float* y;
+  int64_t Q;
+  ET_ALWAYS_INLINE void put(int64_t p, int64_t q, lv::F v) const {
+    float* yp = y + p * Q;
+    if (q + kW <= Q)
+      lv::store(yp + q, v);
+    else if (q < Q)
+      lv::store_inside(yp + q, q, Q, v);
+  }
+};
+
 // y [P,Q] = the max over each window of the input in's rows of x (values only: max_ps(v, m) is the
-// running first maximum's value, m where v is NaN or equal). Each input row's maxima once, in a
-// ring. kPw >= 0: the padding's width as a constant (with kS), so the taps are aligned loads and
-// shifts (load_at), else g's.
-template <int kR, int kS, int kPw, class In>
-inline void max_forward_stride1_window(const Plane& g, const float* x, const In& in, float* y) {
+// running first maximum's value, m where v is NaN or equal), into out (YRows: y). Each input row's
+// maxima once, in a ring. kPw >= 0: the padding's width as a constant (with kS), so the taps are
+// aligned loads and shifts (load_at), else g's.
+template <int kR, int kS, int kPw, class In, class Out>
+inline void max_forward_stride1_window(const Plane& g, const float* x, const In& in, Out& out) {
   static_assert(kPw < 0 || kS > 0, "a constant padding with a constant window");
   const int64_t R = kR > 0 ? kR : g.R, S = kS > 0 ? kS : g.S;
   const int64_t Qr = round_lanes(g.Q), ph = g.pad_h;
@@ -176,7 +191,6 @@ inline void max_forward_stride1_window(const Plane& g, const float* x, const In&
         for (int k = 0; k < V; ++k) lv::store(m + q0 + kW * k, mv[k]);
       });
     }
-    float* yp = y + p * g.Q;
     for_column_blocks(Qr, [&](int64_t q0, auto blocks) {
       constexpr int V = decltype(blocks)::value;
       lv::F mv[V];
@@ -184,21 +198,20 @@ inline void max_forward_stride1_window(const Plane& g, const float* x, const In&
       for (int64_t h = h0; h < h1; ++h)
         for (int k = 0; k < V; ++k)
           mv[k] = lv::keep_greater(lv::load(row_m[h & (kRingRows - 1)] + q0 + kW * k), mv[k]);
-      for (int k = 0; k < V; ++k) {
-        const int64_t q = q0 + kW * k;
-        if (q + kW <= g.Q)
-          lv::store(yp + q, mv[k]);
-        else if (q < g.Q)
-          lv::store_inside(yp + q, q, g.Q, mv[k]);
-      }
+      for (int k = 0; k < V; ++k) out.put(p, q0 + kW * k, mv[k]);
     });
   }
 }
+template <class In, class Out>
+inline void max_forward_stride1_to(const Plane& g, const float* x, const In& in, Out& out) {
+  if (g.R == 3 && g.S == 3 && g.pad_w == 1) return max_forward_stride1_window<3, 3, 1>(g, x, in, out);
+  if (g.R == 3 && g.S == 3) return max_forward_stride1_window<3, 3, -1>(g, x, in, out);
+  max_forward_stride1_window<0, 0, -1>(g, x, in, out);
+}
 template <class In>
 inline void max_forward_stride1(const Plane& g, const float* x, const In& in, float* y) {
-  if (g.R == 3 && g.S == 3 && g.pad_w == 1) return max_forward_stride1_window<3, 3, 1>(g, x, in, y);
-  if (g.R == 3 && g.S == 3) return max_forward_stride1_window<3, 3, -1>(g, x, in, y);
-  max_forward_stride1_window<0, 0, -1>(g, x, in, y);
+  YRows out{y, g.Q};
+  max_forward_stride1_to(g, x, in, out);
 }
 
 // dx [H,W] (+)= dy routed to each window's first maximum (accumulate: onto dx; else dx is written
