@@ -9,7 +9,7 @@
 #pragma once
 #include <cstdint>
 
-#if defined(__AVX512F__)
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__)
 #include <immintrin.h>
 #define ET_LANES512 1
 
@@ -80,9 +80,16 @@ template <int kOff>
 inline F load_int_at(const int32_t* base) {
   return load_at<kOff>(reinterpret_cast<const float*>(base));
 }
-// acc + v where a == b as integers, acc as it is elsewhere (lanes8.h's add of -0, in one masked add).
-inline F add_where_equal(F acc, F a, F b, F v) {
-  return _mm512_mask_add_ps(acc, _mm512_cmpeq_epi32_mask(_mm512_castps_si512(a), _mm512_castps_si512(b)), acc, v);
+// acc + v where m, acc as it is elsewhere (lanes8.h's add of -0, in one masked add).
+inline F add_where(F acc, M m, F v) { return _mm512_mask_add_ps(acc, m, acc, v); }
+// Small integer codes (a pool window's tap, -1 for none) stored a byte a lane: a row of 16 codes
+// is one 16-byte load where 32-bit lanes took a 64-byte one (the gather's loads bound it).
+using Code = int8_t;
+inline void store_codes(Code* p, F codes) {  // codes: 32-bit integers in [-128, 127]
+  _mm512_mask_cvtepi32_storeu_epi8(p, 0xFFFF, _mm512_castps_si512(codes));  // vpmovdb to memory
+}
+inline M codes_equal(const Code* p, int32_t c) {
+  return _mm_cmpeq_epi8_mask(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)), _mm_set1_epi8(char(c)));
 }
 
 }  // namespace lanes512

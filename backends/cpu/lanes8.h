@@ -65,16 +65,8 @@ inline F8 int_equal(F8 a, F8 b) {
 inline F8 int_add(F8 a, F8 b) {
   return _mm256_castsi256_ps(_mm256_add_epi32(_mm256_castps_si256(a), _mm256_castps_si256(b)));
 }
-// acc + (a == b as integers ? v : -0): acc as it is in the other lanes (x + -0 is x, bit for bit).
-// AVX-512 hosts: one compare into a mask register and one masked add, against a compare, a blend
-// and an add.
-inline F8 add_where_equal(F8 acc, F8 a, F8 b, F8 v) {
-#if defined(__AVX512VL__)
-  return _mm256_mask_add_ps(acc, _mm256_cmpeq_epi32_mask(_mm256_castps_si256(a), _mm256_castps_si256(b)), acc, v);
-#else
-  return _mm256_add_ps(acc, _mm256_blendv_ps(_mm256_set1_ps(-0.f), v, int_equal(a, b)));
-#endif
-}
+// acc + (m ? v : -0): acc as it is in the other lanes (x + -0 is x, bit for bit).
+inline F8 add_where(F8 acc, M m, F8 v) { return _mm256_add_ps(acc, _mm256_blendv_ps(_mm256_set1_ps(-0.f), v, m)); }
 
 #else  // aarch64 NEON: lo holds lanes 0-3, hi lanes 4-7
 struct F8 {
@@ -123,8 +115,13 @@ inline F8 int_iota(int32_t first) {
 }
 inline F8 int_equal(F8 a, F8 b) { return {f32(vceqq_u32(u32(a.lo), u32(b.lo))), f32(vceqq_u32(u32(a.hi), u32(b.hi)))}; }
 inline F8 int_add(F8 a, F8 b) { return {f32(vaddq_u32(u32(a.lo), u32(b.lo))), f32(vaddq_u32(u32(a.hi), u32(b.hi)))}; }
-inline F8 add_where_equal(F8 acc, F8 a, F8 b, F8 v) { return add(acc, select(int_equal(a, b), splat(-0.f), v)); }
+inline F8 add_where(F8 acc, M m, F8 v) { return add(acc, select(m, splat(-0.f), v)); }
 #endif
+
+// Small integer codes (a pool window's tap, -1 for none), a 32-bit lane each (lanes512.h: a byte).
+using Code = int32_t;
+inline void store_codes(Code* p, F8 codes) { store_int(p, codes); }
+inline M codes_equal(const Code* p, int32_t c) { return int_equal(load_int(p), int_splat(c)); }
 
 // base[kOff, kOff + 8): lanes512.h's aligned form is for its 16 lanes; here a plain load.
 template <int kOff>

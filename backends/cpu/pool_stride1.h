@@ -233,10 +233,12 @@ inline void max_backward_stride1_window(const Plane& g, const float* x, const In
   constexpr int64_t off = 16;
   const int64_t Qr = round_lanes(g.Q), Wr = round_lanes(g.W), B = off + gather_row_ints(g);
   const int64_t pw = g.pad_w, ph = g.pad_h;
+  // A window's argument as its tap, r * S + s (-1: none), so the gather compares with a constant
+  // per tap, and on AVX-512 a byte a lane (lanes512.h, Code).
   alignas(64) float row_m[kRingRows][kRingCols];            // per input row: the running maxima over s ...
-  alignas(64) int32_t row_a[kRingRows][kRingCols];          // ... and their flat indices
-  alignas(64) int32_t out_a[kRingRows + 1][off + kRingCols];  // per output row q at off + q: its argument;
-  alignas(64) float out_dy[kRingRows + 1][off + kRingCols];   // dy alike; the last row: outside the plane
+  alignas(64) int32_t row_a[kRingRows][kRingCols];          // ... and their s
+  alignas(64) lv::Code out_a[kRingRows + 1][off + kRingCols];  // per output row q at off + q: its tap;
+  alignas(64) float out_dy[kRingRows + 1][off + kRingCols];    // dy alike; the last row: outside the plane
   alignas(64) float yrow[kRingCols];                        // kAffine: the output row's maxima, y
   auto clear_output_row = [&](int64_t slot) {
     for (int64_t j = 0; j < B; ++j) {
@@ -260,25 +262,22 @@ inline void max_backward_stride1_window(const Plane& g, const float* x, const In
     const float* xr = xa + PaddedRows<In>::kLeft - pw;
     float* m = row_m[h & (kRingRows - 1)];
     int32_t* a = row_a[h & (kRingRows - 1)];
-    const int32_t base = int32_t(h * g.W - pw);  // the flat index of padded column 0
     for_column_blocks(Qr, [&](int64_t q0, auto blocks) {
       constexpr int V = decltype(blocks)::value;
       F mv[V], av[V];
       for (int k = 0; k < V; ++k) mv[k] = lv::splat(-FLT_MAX), av[k] = lv::int_splat(-1);
-      const F first = lv::int_iota(base + int32_t(q0));  // the indices of the block's first vector
       if constexpr (kPw >= 0) {
         unroll<kS>([&](auto s) {
           unroll<V>([&](auto k) {
             constexpr int o = int(PaddedRows<In>::kLeft) - kPw + kW * k + s;
-            take(lv::load_at<o>(xa + q0), lv::int_add(first, lv::int_splat(int32_t(kW * k + s))), &mv[k], &av[k]);
+            take(lv::load_at<o>(xa + q0), lv::int_splat(s), &mv[k], &av[k]);
           });
         });
       } else {
-        for (int64_t s = 0; s < S; ++s)
-          for (int k = 0; k < V; ++k) {
-            const int64_t j = q0 + kW * k + s;  // + kW k + s: a constant where the loops unroll
-            take(lv::load(xr + j), lv::int_add(first, lv::int_splat(int32_t(kW * k + s))), &mv[k], &av[k]);
-          }
+        for (int64_t s = 0; s < S; ++s) {
+          const F tap = lv::int_splat(int32_t(s));
+          for (int k = 0; k < V; ++k) take(lv::load(xr + q0 + kW * k + s), tap, &mv[k], &av[k]);
+        }
       }
       for (int k = 0; k < V; ++k) {
         lv::store(m + q0 + kW * k, mv[k]);
@@ -291,7 +290,7 @@ inline void max_backward_stride1_window(const Plane& g, const float* x, const In
   auto output_row = [&](int64_t p) ET_ALWAYS_INLINE {
     const int64_t h0 = std::max<int64_t>(0, p - ph), h1 = std::min(g.H, p - ph + R);
     while (next_h < h1) row_stage(next_h++);
-    int32_t* a = out_a[p & (kRingRows - 1)] + off;
+    lv::Code* a = out_a[p & (kRingRows - 1)] + off;
     float* dyr = out_dy[p & (kRingRows - 1)] + off;
     const float* dyp = dy + p * g.Q;
     for (int64_t q = 0; q < g.Q; q += 16) __builtin_prefetch(dyp + kPrefetchRows * g.Q + q);
@@ -299,12 +298,14 @@ inline void max_backward_stride1_window(const Plane& g, const float* x, const In
       constexpr int V = decltype(blocks)::value;
       F mv[V], av[V];
       for (int k = 0; k < V; ++k) mv[k] = lv::splat(-FLT_MAX), av[k] = lv::int_splat(-1);
-      for (int64_t h = h0; h < h1; ++h)
+      for (int64_t h = h0; h < h1; ++h) {
+        const F row_tap = lv::int_splat(int32_t((h - (p - ph)) * S));  // r * S: row h is the window's row r
         for (int k = 0; k < V; ++k) {
           const int64_t j = q0 + kW * k, slot = h & (kRingRows - 1);
-          take(lv::load(row_m[slot] + j), lv::load_int(row_a[slot] + j), &mv[k], &av[k]);
+          take(lv::load(row_m[slot] + j), lv::int_add(row_tap, lv::load_int(row_a[slot] + j)), &mv[k], &av[k]);
         }
-      for (int k = 0; k < V; ++k) lv::store_int(a + q0 + kW * k, av[k]);
+      }
+      for (int k = 0; k < V; ++k) lv::store_codes(a + q0 + kW * k, av[k]);
       if constexpr (kAffine)
         for (int k = 0; k < V; ++k) lv::store(yrow + q0 + kW * k, mv[k]);
     });
@@ -326,7 +327,7 @@ inline void max_backward_stride1_window(const Plane& g, const float* x, const In
     // before the gather reads them at other offsets (a load that straddles stores still in
     // flight waits for them).
     while (next_p < std::min(g.P, h + ph + 1 + ahead)) output_row(next_p++);
-    const int32_t* ta[kRingRows];  // output row h + ph - r of tap row r, from r = R - 1 down, at lane 0, s = 0
+    const lv::Code* ta[kRingRows];  // output row h + ph - r of tap row r, from r = R - 1 down, at lane 0, s = 0
     const float* td[kRingRows];
     for (int64_t r = R - 1, t = 0; r >= 0; --r, ++t) {
       const int64_t p = h + ph - r;
@@ -335,26 +336,26 @@ inline void max_backward_stride1_window(const Plane& g, const float* x, const In
       td[t] = out_dy[slot] + off + pw;
     }
     float* dxh = dx + h * g.W;
-    const int32_t row0 = int32_t(h * g.W);
     // V vectors side by side: each lane's additions are a chain in tap order (lanes that are not
     // the argument add nothing). The taps' loads, not the chains, bound it: two rows at a time
     // (2V chains, and the loads of the output rows they share) were no faster (session 40), and
     // neither were aligned loads shifted into place (valignd, as the row maxima take them).
     auto columns = [&](int64_t w0, auto blocks) {
       constexpr int V = decltype(blocks)::value;
-      F acc[V], me[V];
+      F acc[V];
       for (int k = 0; k < V; ++k) {
         const int64_t w = w0 + kW * k;
         const F zero = lv::splat(0.f);
         acc[k] = !accumulate || In::kReluMask ? zero : lv::load_inside(dxh + w, w, g.W, zero);
-        me[k] = lv::int_iota(row0 + int32_t(w));
       }
       for (int64_t t = 0; t < R; ++t)
-        for (int64_t s = S - 1; s >= 0; --s)
+        for (int64_t s = S - 1; s >= 0; --s) {
+          const int32_t tap = int32_t((R - 1 - t) * S + s);  // this input, seen from output (h + ph - r, w + pw - s)
           for (int k = 0; k < V; ++k) {
             const int64_t j = w0 + kW * k - s;
-            acc[k] = lv::add_where_equal(acc[k], lv::load_int(ta[t] + j), me[k], lv::load(td[t] + j));
+            acc[k] = lv::add_where(acc[k], lv::codes_equal(ta[t] + j, tap), lv::load(td[t] + j));
           }
+        }
       for (int k = 0; k < V; ++k) {
         const int64_t w = w0 + kW * k;
         if constexpr (In::kReluMask) acc[k] = lv::keep_where(acc[k], in.passes(x + h * g.W, w, g.W));  // else +0
