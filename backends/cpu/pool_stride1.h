@@ -71,10 +71,11 @@ struct BnReluInput {
 constexpr int64_t kPrefetchRows = 4;
 
 // The input rows as the taps read them: in.value of row h at [pw, pw + W) of a buffer of -inf
-// (which never wins, as padding never does in the reference), so every tap is a plain load. Two
-// buffers, row h + 1 written while row h is read: a load that straddles stores still in flight
-// would wait for them.
-template <class In>
+// (which never wins, as padding never does in the reference), so every tap is a plain load. A ring
+// of kRows buffers: row h + 1 is written while row h is read (a load that straddles stores still in
+// flight would wait for them), and the backward's gather finds row h's values again for the ReLU's
+// mask while it lies at most kRows - 1 rows behind the last one filled.
+template <class In, int64_t kRows = 2>
 class PaddedRows {
  public:
   PaddedRows(const Plane& g, const float* x, const In& in) : g_(g), x_(x), in_(in) {
@@ -83,20 +84,27 @@ class PaddedRows {
       for (int64_t j = 0; j < L; ++j) b[j] = -INFINITY;
   }
   static constexpr int64_t kLeft = 16;  // x's column 0 at a 64-byte boundary
+  static_assert(kRows >= 2 && (kRows & (kRows - 1)) == 0, "a ring of a power of two");
+  // Lanes [w, w + kW) of row h's values > 0 (row h filled, at most kRows - 1 rows behind the last;
+  // lanes past the row: off). For BnReluInput: the lanes the ReLU passes, as BnReluInput::passes,
+  // from the values here instead of x again (15 % of the backward kernel, session 40).
+  lv::M positive(int64_t h, int64_t w) const {
+    return lv::greater(lv::load(buf_[h & (kRows - 1)] + kLeft + w), lv::splat(0.f));
+  }
   // Row h (rows are asked for in order from 0), column col of its padded form at [0, 8).
   const float* row(int64_t h) { return aligned_row(h) + kLeft - g_.pad_w; }
   // The same row's buffer, 64-byte aligned: x's column c at kLeft + c.
   const float* aligned_row(int64_t h) {
     if (h == 0) fill(0);
     if (h + 1 < g_.H) fill(h + 1);
-    return buf_[h & 1];
+    return buf_[h & (kRows - 1)];
   }
 
  private:
   void fill(int64_t h) {
     const float* xh = x_ + h * g_.W;
     for (int64_t w = 0; w < g_.W; w += 16) __builtin_prefetch(xh + kPrefetchRows * g_.W + w);
-    float* d = buf_[h & 1] + kLeft;  // aligned: a store split across two lines would be slow
+    float* d = buf_[h & (kRows - 1)] + kLeft;  // aligned: a store split across two lines would be slow
     int64_t w = 0;
     for (; w + kW <= g_.W; w += kW) lv::store(d + w, in_.value(lv::load(xh + w)));
     if (w < g_.W)  // the tail: nothing past the row is read or written
@@ -105,7 +113,7 @@ class PaddedRows {
   const Plane& g_;
   const float* x_;
   const In& in_;
-  alignas(64) float buf_[2][kLeft + kRingCols + 16];
+  alignas(64) float buf_[kRows][kLeft + kRingCols + 16];
 };
 
 // dy as the BN after the pool leaves it when it hands its second backward sweep on to this pool
@@ -255,11 +263,15 @@ inline void max_backward_stride1_window(const Plane& g, const float* x, const In
     *m = lv::keep_greater(v, *m);
   };
 
-  // Input row h's maxima over the S taps of each output column, in the reference's s order.
-  PaddedRows<In> rows(g, x, in);
+  // Input row h's maxima over the S taps of each output column, in the reference's s order. With
+  // the ReLU's mask, a ring deep enough to find row h's values again in its gather: rows up to
+  // h + ahead + R (ahead = 1) have been filled by then.
+  constexpr bool kMaskFromRows = In::kReluMask && kR > 0 && kR + 2 <= kRingRows;
+  using Rows = PaddedRows<In, kMaskFromRows ? kRingRows : 2>;
+  Rows rows(g, x, in);
   auto row_stage = [&](int64_t h) ET_ALWAYS_INLINE {
     const float* xa = rows.aligned_row(h);  // column q0 + s - pw at xa + kLeft - pw + q0 + s
-    const float* xr = xa + PaddedRows<In>::kLeft - pw;
+    const float* xr = xa + Rows::kLeft - pw;
     float* m = row_m[h & (kRingRows - 1)];
     int32_t* a = row_a[h & (kRingRows - 1)];
     for_column_blocks(Qr, [&](int64_t q0, auto blocks) {
@@ -269,7 +281,7 @@ inline void max_backward_stride1_window(const Plane& g, const float* x, const In
       if constexpr (kPw >= 0) {
         unroll<kS>([&](auto s) {
           unroll<V>([&](auto k) {
-            constexpr int o = int(PaddedRows<In>::kLeft) - kPw + kW * k + s;
+            constexpr int o = int(Rows::kLeft) - kPw + kW * k + s;
             take(lv::load_at<o>(xa + q0), lv::int_splat(s), &mv[k], &av[k]);
           });
         });
@@ -358,7 +370,12 @@ inline void max_backward_stride1_window(const Plane& g, const float* x, const In
         }
       for (int k = 0; k < V; ++k) {
         const int64_t w = w0 + kW * k;
-        if constexpr (In::kReluMask) acc[k] = lv::keep_where(acc[k], in.passes(x + h * g.W, w, g.W));  // else +0
+        if constexpr (In::kReluMask) {  // +0 where the ReLU stopped x
+          if constexpr (kMaskFromRows)
+            acc[k] = lv::keep_where(acc[k], rows.positive(h, w));
+          else
+            acc[k] = lv::keep_where(acc[k], in.passes(x + h * g.W, w, g.W));
+        }
         if (w + kW <= g.W)
           lv::store(dxh + w, acc[k]);
         else if (w < g.W)
