@@ -127,7 +127,7 @@ void forward_rows(const FusedStack& s, const StageRows& r, size_t stages, const 
 
 // BN -> ReLU -> stride-1 max-pool on whole planes (BrainSlug's block): the pool reads x through the
 // BN and the ReLU, and its backward applies the ReLU's mask as it writes dz (pool_stride1.h), so
-// neither the forward nor the backward writes the BN's or the ReLU's output to scratch (lanes8.h).
+// neither the forward nor the backward writes the BN's or the ReLU's output to scratch (lanes512.h, lanes8.h).
 #if defined(ET_POOL_STRIDE1_SUMS)
 // The stride-1 pool's output plane, rows of whole vectors (Q % 16 == 0): each vector stored, or
 // streamed (y 64-byte aligned; the caller fences), and summed for the next BN as it is written, in

@@ -11,7 +11,10 @@
 // copied once into a buffer padded with -inf, its maxima taken once and each output row's
 // arguments once (both in rings of kRingRows), and the output rows are stored padded with
 // arguments of -1, so every tap is a plain load and every tap of the gather one compare and one
-// (masked) add a vector, unrolled for 3x3 windows.
+// (masked) add a vector, unrolled for 3x3 windows. An argument is the window's tap r * S + s
+// (a byte a lane on AVX-512), so the gather compares with a constant per tap. Rows start at
+// 64-byte boundaries: at 16 lanes a store split across two lines, and the loads after it, were
+// slower than the 8-lane kernel (session 40).
 //
 // The pool's input comes through a policy: PlaneInput reads the plane; BnReluInput reads the BN's
 // input x and applies the BN and the ReLU on the way (bn_rows::apply's FMA, relu_forward's rule),
