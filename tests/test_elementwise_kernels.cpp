@@ -272,7 +272,7 @@ TEST_CASE("pooling planes: stride-1 windows of random shapes equal the reference
   }
 }
 
-// The fused stacks' use of the stride-1 backward (backends/cpu/fused.cpp): the pool's input through
+// The fused stacks' use of the stride-1 backward (backends/cpu/fused_backward.cpp): the pool's input through
 // BN and ReLU (BnReluInput) and dy handed on by the BN after the pool (DyAffine: dy = (a d + b y) +
 // c0 with y the pool's output), against the reference loops composed: relu(fma(x, scale, shift)),
 // max_forward_reference, the affine dy, max_backward_reference, the ReLU's mask.

@@ -1,4 +1,4 @@
-// What the fused-stack kernels share (fused.cpp: stacks headed by a BN; fused_relu_pool.cpp:
+// What the fused-stack kernels share (fused.cpp and fused_backward.cpp: stacks headed by a BN; fused_relu_pool.cpp:
 // a ReLU and a pool): the per-thread plane scratch, prefetching of the next plane, and y's bitmap
 // words written in the stash's own layout.
 #pragma once
@@ -11,10 +11,18 @@
 #include <immintrin.h>
 #endif
 
+#include "backends/cpu/batchnorm_rows.h"
 #include "backends/cpu/dropout_mask.h"
 #include "backends/cpu/pool_planes.h"
 #include "engine/check.h"
 #include "engine/fused_stack.h"
+
+#if defined(ET_POOL_STRIDE1)
+#define ET_BN_RELU_POOL_STRIDE1 1  // pool_stride1.h's BnReluInput (AVX2 and AVX-512 hosts, NEON)
+#if defined(ET_LANES512) && !defined(ET_POOL_STRIDE1_LANES8)
+#define ET_POOL_STRIDE1_SUMS 1  // its 16-lane forward sums y as it writes it (SummedY)
+#endif
+#endif
 
 namespace et {
 namespace fused_planes {
@@ -357,6 +365,33 @@ inline int64_t mask_words(const float* y, int64_t w0, int64_t w1, uint32_t tb, u
 // thread packs it. Tests set it smaller, for many rounds and uneven ones.
 size_t pack_round_bytes();
 void set_pack_round_bytes(size_t bytes);  // 0: the default
+
+// The rows r describes (whole planes, or a band: FusedStack::band_rows) through the first `stages`
+// stages: out[k] receives stage k's output (out[last] may be y). x and side start at the first
+// input-side row; the pool reads its windows' rows from r.pool_off on.
+inline void forward_rows(const FusedStack& s, const StageRows& r, size_t stages, const float* x, const float* side,
+                         float scale, float shift, float* const* out, bool training) {
+  bn_rows::apply(x, scale, shift, r.L * r.geo[0].H * r.geo[0].W, out[0]);
+  for (size_t k = 1; k < stages; ++k) {
+    const FusedStage& st = r.geo[k];
+    const bool pool = st.kind == FusedKind::MaxPool || st.kind == FusedKind::AvgPool;
+    if (pool && st.P == 0) continue;  // a backward band in no window: nothing to pool
+    stage_forward(st, r.L, out[k - 1] + (pool ? r.pool_off : 0), side, out[k], r.draw(int64_t(k), training));
+  }
+}
+
+// BN -> ReLU -> stride-1 max-pool on whole planes (BrainSlug's block): the pool reads x through the
+// BN and the ReLU, and its backward applies the ReLU's mask as it writes dz (pool_stride1.h), so
+// neither the forward nor the backward writes the BN's or the ReLU's output to scratch (lanes512.h, lanes8.h).
+inline bool bn_relu_pool_stride1(const FusedStack& s) {
+#if defined(ET_BN_RELU_POOL_STRIDE1)
+  return s.stages.size() == 3 && s.stages[1].kind == FusedKind::Relu && s.stages[2].kind == FusedKind::MaxPool &&
+         s.band_rows == 0 && pool_planes::stride1_applies(pool_planes::of(s.stages[2]));
+#else
+  (void)s;
+  return false;
+#endif
+}
 
 }  // namespace fused_planes
 }  // namespace et

@@ -1,7 +1,7 @@
 // The fused stacks whose stages after the BN are element-wise (ResNet's BN -> ReLU and BN -> add
 // -> ReLU, MobileNetV2's BN and BN -> add), in registers (backends/cpu/fused.cpp): the forward from
 // x to y and the backward's dz element by element, on AVX-512's 16 lanes or lanes16.h's (AVX2,
-// NEON), with the layers' own arithmetic. Included by fused.cpp alone.
+// NEON), with the layers' own arithmetic. Included by fused.cpp and fused_backward.cpp.
 #pragma once
 #include <cstdint>
 

@@ -1,6 +1,6 @@
 // Stride-1 max pooling on AVX-512 (lanes512.h), AVX2 and NEON (lanes8.h), the pool of BrainSlug's
 // <MaxPool 3x3 s1 p1, BN, ReLU> block, included by pool_planes.h: the backward of the layer, and forward and backward
-// of a fused BN -> ReLU -> max-pool stack straight from the BN's input (fused.cpp). Same
+// of a fused BN -> ReLU -> max-pool stack straight from the BN's input (fused.cpp, fused_backward.cpp). Same
 // definitions as the reference loops (max_forward_reference, max_backward_reference, then
 // relu_backward's rule), same bits: each window's first maximum found row first, then across
 // rows; each input gathers the dy of the windows it won, in the reference's order.
