@@ -24,7 +24,11 @@ int main(int argc, char** argv) {
 #if defined(ET_POOL_STRIDE1)
   using namespace et::pool_planes;
   int64_t size = 32, planes = 1, reps = 7;
-  for (int i = 1; i + 1 < argc; i += 2) {
+  for (int i = 1; i < argc; i += 2) {
+    if (i + 1 >= argc) {
+      std::fprintf(stderr, "bench_pool: %s needs a value\n", argv[i]);
+      return 2;
+    }
     const int64_t v = std::atoll(argv[i + 1]);
     if (std::strcmp(argv[i], "--size") == 0) size = v;
     else if (std::strcmp(argv[i], "--planes") == 0) planes = v;
