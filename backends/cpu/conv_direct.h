@@ -44,9 +44,11 @@ void direct_dense_backward_data(const Conv2dGeom& g, const float* dy, const floa
                                 void* ws, const DzSumsEpilogue* dz_sums = nullptr);
 // Whether direct_dense_backward_data does the epilogue above for g (its own path, not dgrad_cl's).
 bool direct_dense_dz_sums_applies(const Conv2dGeom& g);
-// x: f32 or any stash encoding (memory/stored_reader.h), decoded a plane at a time.
+// x: f32 or any stash encoding (memory/stored_reader.h), decoded a plane at a time
+// (conv_direct_wgrad.cpp).
 void direct_dense_backward_weight(const Conv2dGeom& g, const Tensor& x, const float* dy, float* dw, float* db,
                                   bool accumulate, void* ws);
+size_t direct_dense_wgrad_workspace(const Conv2dGeom& g, int threads);  // its own forms' (not wgrad_cl's)
 
 // The 3x3 weight and data gradients (stride 1 or 2) with vectors along 16 input channels
 // (conv_channels_last.cpp), which direct_dense_backward_weight / _data hand over to where
