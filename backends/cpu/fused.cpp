@@ -28,7 +28,6 @@
 #include "backends/cpu/pool_planes.h"
 #include "memory/bitmap.h"
 
-
 namespace et {
 using namespace fused_elementwise;
 
@@ -112,12 +111,12 @@ struct SummedY {
   int64_t Q;
   bool stream;
   bn_rows::PlaneSumLanes lanes;
-  ET_ALWAYS_INLINE void put(int64_t p, int64_t q, __m512 v) {
+  ET_ALWAYS_INLINE void put(int64_t p, int64_t q, lanes512::F v) {
     const int64_t i = p * Q + q;
     if (stream)
-      _mm512_stream_ps(y + i, v);
+      lanes512::stream(y + i, v);
     else
-      _mm512_storeu_ps(y + i, v);
+      lanes512::store(y + i, v);
     lanes.add(i / 16, v);
   }
 };

@@ -53,10 +53,6 @@ inline F mul(F a, F b) { return _mm512_mul_ps(a, b); }
 inline F fmadd(F a, F b, F c) { return _mm512_fmadd_ps(a, b, c); }  // a * b + c, one rounding
 inline F relu(F v) { return _mm512_maskz_max_ps(0xFFFF, v, _mm512_setzero_ps()); }  // v > 0 ? v : +0
 inline F int_splat(int32_t v) { return _mm512_castsi512_ps(_mm512_set1_epi32(v)); }
-inline F int_iota(int32_t first) {  // first, first + 1, ..., first + 15
-  return _mm512_castsi512_ps(_mm512_add_epi32(
-      _mm512_set1_epi32(first), _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15)));
-}
 inline F int_add(F a, F b) {
   return _mm512_castsi512_ps(_mm512_add_epi32(_mm512_castps_si512(a), _mm512_castps_si512(b)));
 }
@@ -75,10 +71,6 @@ inline F load_at(const float* base) {
     const __m512i b = _mm512_castps_si512(_mm512_loadu_ps(base + lo + 16));
     return _mm512_castsi512_ps(_mm512_maskz_alignr_epi32(0xFFFF, b, a, shift));  // maskz: as keep_greater
   }
-}
-template <int kOff>
-inline F load_int_at(const int32_t* base) {
-  return load_at<kOff>(reinterpret_cast<const float*>(base));
 }
 // acc + v where m, acc as it is elsewhere (lanes8.h's add of -0, in one masked add).
 inline F add_where(F acc, M m, F v) { return _mm512_mask_add_ps(acc, m, acc, v); }

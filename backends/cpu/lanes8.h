@@ -50,7 +50,7 @@ inline F8 greater(F8 a, F8 b) { return _mm256_cmp_ps(a, b, _CMP_GT_OQ); }  // fa
 inline F8 select(F8 m, F8 a, F8 b) { return _mm256_blendv_ps(a, b, m); }    // m ? b : a
 inline F8 keep_greater(F8 v, F8 m) { return _mm256_max_ps(v, m); }         // v > m ? v : m
 inline F8 bit_and(F8 a, F8 b) { return _mm256_and_ps(a, b); }
-inline F8 keep_where(F8 v, M m) { return _mm256_and_ps(v, m); }  // m ? v : +0
+inline F8 keep_where(F8 v, M m) { return bit_and(v, m); }  // m ? v : +0
 inline F8 add(F8 a, F8 b) { return _mm256_add_ps(a, b); }
 inline F8 mul(F8 a, F8 b) { return _mm256_mul_ps(a, b); }
 inline F8 fmadd(F8 a, F8 b, F8 c) { return _mm256_fmadd_ps(a, b, c); }  // a * b + c, one rounding
@@ -108,11 +108,6 @@ inline F8 relu(F8 v) {
   return select(greater(v, zero), zero, v);
 }
 inline F8 int_splat(int32_t v) { return {f32(vdupq_n_u32(uint32_t(v))), f32(vdupq_n_u32(uint32_t(v)))}; }
-inline F8 int_iota(int32_t first) {
-  const int32_t base[4] = {0, 1, 2, 3};
-  const int32x4_t lo = vaddq_s32(vdupq_n_s32(first), vld1q_s32(base));
-  return {vreinterpretq_f32_s32(lo), vreinterpretq_f32_s32(vaddq_s32(lo, vdupq_n_s32(4)))};
-}
 inline F8 int_equal(F8 a, F8 b) { return {f32(vceqq_u32(u32(a.lo), u32(b.lo))), f32(vceqq_u32(u32(a.hi), u32(b.hi)))}; }
 inline F8 int_add(F8 a, F8 b) { return {f32(vaddq_u32(u32(a.lo), u32(b.lo))), f32(vaddq_u32(u32(a.hi), u32(b.hi)))}; }
 inline F8 add_where(F8 acc, M m, F8 v) { return add(acc, select(m, splat(-0.f), v)); }
@@ -128,11 +123,6 @@ template <int kOff>
 inline F8 load_at(const float* base) {
   return load(base + kOff);
 }
-template <int kOff>
-inline F8 load_int_at(const int32_t* base) {
-  return load_int(base + kOff);
-}
-
 }  // namespace lanes8
 }  // namespace et
 #endif

@@ -94,7 +94,7 @@ class PaddedRows {
   lv::M positive(int64_t h, int64_t w) const {
     return lv::greater(lv::load(buf_[h & (kRows - 1)] + kLeft + w), lv::splat(0.f));
   }
-  // Row h (rows are asked for in order from 0), column col of its padded form at [0, 8).
+  // Row h (rows are asked for in order from 0), column col of its padded form at col.
   const float* row(int64_t h) { return aligned_row(h) + kLeft - g_.pad_w; }
   // The same row's buffer, 64-byte aligned: x's column c at kLeft + c.
   const float* aligned_row(int64_t h) {
