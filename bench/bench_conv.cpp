@@ -6,6 +6,10 @@
 //   bench_conv [--filter SUBSTR] [--reps N] [--batch N] [--csv] [--cpu] [--int4] [--flat]
 //   --flat: the direct kernels' flat form everywhere (cpu::conv_direct_rows(false)), to A/B the row form
 //   --int4: also the integer passes on 4-bit codes (4-bit training), and their speed-up over FP32
+//   --fused: each pass beside the form it takes after or before a fused BN -> ReLU stack (forward:
+//     x computed from the stack's input as staged (DType::AffineRelu) and y's plane sums; data
+//     gradient: the stack's first sweep in its epilogue; weight gradient: x as AffineRelu), the two
+//     alternating repetition by repetition, and the ratio of their medians
 //   bench_conv --reps N --gemm     (single-threaded SGEMM vs Eigen on conv-like shapes)
 // Compare with PyTorch: python3 bench/conv_pytorch.py --ours <csv from --csv>
 #include <omp.h>
@@ -38,6 +42,8 @@
 #include "backends/cpu/cpu_backend.h"
 #include "backends/cpu/gemm.h"
 #include "bench/conv_shapes.h"
+#include "engine/affine_relu.h"
+#include "engine/fused_stack.h"
 
 using namespace et;
 using et::bench::Shape2;
@@ -81,6 +87,38 @@ double time_ms(int reps, F&& f) {
     t.push_back(now_ms() - a);
   }
   return median(t);
+}
+
+// Medians of a and b over reps, the two alternating (a first, then b, each repetition), after a
+// warm-up of each: a drifting machine slows both alike.
+template <class A, class B>
+std::pair<double, double> time_pair_ms(int reps, A&& a, B&& b) {
+  a();
+  b();
+  std::vector<double> ta, tb;
+  for (int i = 0; i < reps; ++i) {
+    if (g_cold) evict_caches();
+    double t0 = now_ms();
+    a();
+    ta.push_back(now_ms() - t0);
+    if (g_cold) evict_caches();
+    t0 = now_ms();
+    b();
+    tb.push_back(now_ms() - t0);
+  }
+  return {median(ta), median(tb)};
+}
+
+// The stack's y = relu(x * scale + shift), channel by channel (AffineReluRun; the bench's own,
+// vectorised by the compiler: the engine's is fused.cpp's).
+void bench_relu_run(const float* x, const float* scale, const float* shift, int64_t channels, int64_t plane,
+                    int64_t begin, int64_t count, float* y) {
+  for (int64_t i = 0; i < count;) {
+    const int64_t e = begin + i, c = e / plane % channels, len = std::min(count - i, plane - e % plane);
+    const float sc = scale[c], sh = shift[c];
+    for (int64_t j = 0; j < len; ++j) y[i + j] = std::max(x[i + j] * sc + sh, 0.f);
+    i += len;
+  }
 }
 
 struct Buf {
@@ -134,7 +172,7 @@ int main(int argc, char** argv) {
   std::string filter;
   int reps = 5;
   int64_t batch = 128;
-  bool csv = false, int4 = false;
+  bool csv = false, int4 = false, fused = false;
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--filter") && i + 1 < argc) filter = argv[++i];
     else if (!std::strcmp(argv[i], "--reps") && i + 1 < argc) reps = std::atoi(argv[++i]);
@@ -142,6 +180,7 @@ int main(int argc, char** argv) {
     else if (!std::strcmp(argv[i], "--csv")) csv = true;
     else if (!std::strcmp(argv[i], "--cpu")) g_cpu_time = true;
     else if (!std::strcmp(argv[i], "--int4")) int4 = true;
+    else if (!std::strcmp(argv[i], "--fused")) fused = true;
     else if (!std::strcmp(argv[i], "--flat")) cpu::conv_direct_rows(false);
     else if (!std::strcmp(argv[i], "--cold")) g_cold = true;
     else if (!std::strcmp(argv[i], "--gemm")) {
@@ -149,7 +188,7 @@ int main(int argc, char** argv) {
       return 0;
     }
     else {
-      std::fprintf(stderr, "usage: %s [--filter SUBSTR] [--reps N] [--batch N] [--csv] [--cpu] [--int4] [--flat] [--cold] | [--reps N] --gemm\n",
+      std::fprintf(stderr, "usage: %s [--filter SUBSTR] [--reps N] [--batch N] [--csv] [--cpu] [--int4] [--fused] [--flat] [--cold] | [--reps N] --gemm\n",
                    argv[0]);
       return 2;
     }
@@ -178,6 +217,36 @@ int main(int argc, char** argv) {
     std::vector<float> wsv(wsb / sizeof(float) + 16);
     Workspace ws{wsv.data(), wsb};
     Tensor none;
+    if (fused) {
+      if (g.groups != 1) continue;
+      // The stack before the conv: x = relu(xs * scale + shift); the stack after it: BN over y.
+      std::vector<float> scale(size_t(g.C), 0.9f), shift(size_t(g.C), 0.05f), mean(size_t(g.C), 0.01f);
+      AffineReluSource src{x.t, scale.data(), shift.data(), bench_relu_run};
+      const Tensor xa = affine_relu_tensor(src);
+      std::vector<float> sums(size_t(2 * g.N * g.K)), dzs(size_t(2 * g.N * g.C));
+      Tensor st = Tensor::contiguous(sums.data(), {2, g.N, g.K});
+      DzSumsEpilogue e;
+      e.x = x.v.data();
+      e.scale = scale.data(), e.shift = shift.data(), e.mean = mean.data();
+      e.sum1 = dzs.data(), e.sum2 = dzs.data() + g.N * g.C;
+      const bool aff = dtype_in(DType::AffineRelu, be->conv2d_forward_reads(g));
+      const auto f = time_pair_ms(reps, [&] { be->conv2d_forward(g, x.t, w.t, none, y.t, ws); },
+                                  [&] { be->conv2d_forward_sums(g, aff ? xa : x.t, w.t, none, y.t, st, ws); });
+      bool epi = true;
+      const auto d = time_pair_ms(reps, [&] { be->conv2d_backward_data(g, dy.t, w.t, dx.t, false, ws); },
+                                  [&] { epi = be->conv2d_backward_data_dz_sums(g, dy.t, w.t, dx.t, e, ws); });
+      const bool waff = dtype_in(DType::AffineRelu, be->conv2d_weight_reads(g));
+      const auto wg = time_pair_ms(reps, [&] { be->conv2d_backward_weight(g, x.t, dy.t, dw.t, none, false, ws); },
+                                   [&] { be->conv2d_backward_weight(g, waff ? xa : x.t, dy.t, dw.t, none, false, ws); });
+      std::printf("%-12s %-26s %3ld | fwd %7.3f %7.3f %5.3fx%s | bwd_d %7.3f %7.3f %5.3fx%s | bwd_w %7.3f %7.3f %5.3fx%s\n",
+                  s.net.c_str(), s.name.c_str(), long(s.count), f.first, f.second, f.second / f.first,
+                  aff ? "" : "*", d.first, d.second, d.second / d.first, epi ? "" : "-", wg.first, wg.second,
+                  wg.second / wg.first, waff ? "" : "*");
+      totals[s.net] += double(s.count) * (f.first + d.first + wg.first);
+      totals[s.net + " fused forms"] += double(s.count) * (f.second + d.second + wg.second);
+      std::fflush(stdout);
+      continue;
+    }
     const double tf = time_ms(reps, [&] { be->conv2d_forward(g, x.t, w.t, none, y.t, ws); });
     const double td = time_ms(reps, [&] { be->conv2d_backward_data(g, dy.t, w.t, dx.t, false, ws); });
     const double tw = time_ms(reps, [&] { be->conv2d_backward_weight(g, x.t, dy.t, dw.t, none, false, ws); });
