@@ -71,7 +71,7 @@ struct BenchFusionArgs {
   int64_t batch = 128, channels = 64, size = 32;
   bool no_pool = false;  // <BN, ReLU> blocks: the element-wise part alone
   int64_t cache_kb = 0;  // fusion.cache_kb: 0 = this core's L2 (planes beyond it go by bands of rows)
-  int64_t llc_kb = 0;    // fusion.llc_kb: 0 = the last-level cache from sysfs (unknown: nothing streams)
+  int64_t llc_kb = 0;    // fusion.llc_kb: 0 = the last-level cache from sysfs or CPUID (unknown: nothing streams)
 };
 int cmd_bench_fusion(const BenchFusionArgs& a);
 

@@ -89,7 +89,7 @@ int main(int argc, char** argv) {
   bfu->add_option("--cache-kb", bf.cache_kb, "the cache the tiles fit, KiB (fusion.cache_kb; 0: this core's L2)")
       ->check(CLI::Range(int64_t(0), int64_t(1) << 30));
   bfu->add_option("--llc-kb", bf.llc_kb,
-                  "the last-level cache, KiB (fusion.llc_kb; 0: from sysfs): tensors beyond it are written by "
+                  "the last-level cache, KiB (fusion.llc_kb; 0: this machine's, from sysfs or CPUID): tensors beyond it are written by "
                   "streaming stores")
       ->check(CLI::Range(int64_t(0), int64_t(1) << 30));
 

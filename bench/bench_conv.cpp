@@ -196,6 +196,10 @@ int main(int argc, char** argv) {
   auto be = make_cpu_backend();
   std::map<std::string, double> totals;
   if (csv) std::printf("net,shape,count,fwd_ms,bwd_data_ms,bwd_weight_ms\n");
+  else if (fused)
+    std::printf("threads %d, batch %ld, median of %d, alternating; each pass: plain ms, fused form ms, ratio "
+                "(*: x not computed from the stack on this path; -: no epilogue on this path)\n",
+                omp_get_max_threads(), long(batch), reps);
   else
     std::printf("threads %d, batch %ld, median of %d\n%-12s %-26s %3s | %8s %8s %8s | %7s %7s %7s  (ms | GFLOP/s)\n",
                 omp_get_max_threads(), long(batch), reps, "net", "shape", "n", "fwd", "bwd_d", "bwd_w", "fwd", "bwd_d",

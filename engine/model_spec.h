@@ -18,8 +18,8 @@ struct FusionSpec {
   bool automatic = false;
   int64_t tile = 0;                  // channels of one image per tile; 0 = auto (from the cache)
   std::vector<std::string> disable;  // stacks left unfused, by name (their head BN layer)
-  int64_t cache_kb = 0;              // cache a tile must fit in; 0 = this core's L2 (sysfs)
-  int64_t llc_kb = 0;                // last-level cache, for streaming stores; 0 = from sysfs
+  int64_t cache_kb = 0;              // cache a tile must fit in; 0 = this core's L2 (sysfs, else CPUID)
+  int64_t llc_kb = 0;                // last-level cache, for streaming stores; 0 = sysfs, else CPUID
 };
 
 // Which parameters train (config section `finetune`, docs/finetune.md; models/freeze.cpp).

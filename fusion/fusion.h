@@ -4,6 +4,7 @@
 // (a FusedStackOp, fused_op.cpp) whose intermediate values are gone from the memory plan.
 #pragma once
 #include <cstddef>
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -51,10 +52,27 @@ struct Plan {
   size_t bytes_unfused = 0, bytes_fused = 0;  // over the fused stacks
 };
 
-// This core's L2 size from sysfs (0 if unreadable).
-size_t l2_cache_bytes();
-// The last-level cache: cpu0's largest data or unified cache from sysfs (0 if unreadable).
-size_t llc_cache_bytes();
+// Cache sizes (cache_sizes.cpp): from sysfs, else the CPU's own report (x86 CPUID), else 0.
+struct CacheSize {
+  size_t bytes = 0;
+  const char* source = "unknown";  // "sysfs", "CPUID" or "unknown"
+};
+CacheSize l2_cache();          // this core's L2 (cpu0's)
+CacheSize last_level_cache();  // cpu0's highest-level data or unified cache
+// Tests: where sysfs_caches looks (default /sys/devices/system/cpu/cpu0/cache).
+void set_sysfs_cache_dir(const std::string& dir);
+// One sub-leaf of CPUID leaf 4 (Intel) or 0x8000001D (AMD): type 0 none, 1 data, 2 instruction,
+// 3 unified; bytes = ways * partitions * line * sets.
+struct CpuidCache {
+  int type = 0, level = 0;
+  size_t bytes = 0;
+};
+CpuidCache decode_cpuid_cache(uint32_t eax, uint32_t ebx, uint32_t ecx);
+// AMD's CPUID 0x80000006: L2 (ECX) and L3 (EDX) sizes.
+struct AmdCacheSizes {
+  size_t l2 = 0, l3 = 0;
+};
+AmdCacheSizes decode_amd_l2_l3(uint32_t ecx, uint32_t edx);
 // Finds and sizes the stacks of `g` (batch = its batch size). Throws UserError for bad settings
 // (an explicit tile that does not fit, an unknown name in fusion.disable, a zero cache).
 Plan plan(const Graph& g, const FusionSpec& spec);

@@ -10,7 +10,6 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <fstream>
 #include <sstream>
 #include <utility>
 
@@ -19,43 +18,6 @@
 
 namespace et {
 namespace fusion {
-
-namespace {
-// cpu0's data or unified caches from sysfs: (level, bytes) of each.
-std::vector<std::pair<int, size_t>> sysfs_caches() {
-  std::vector<std::pair<int, size_t>> caches;
-  for (int i = 0; i < 8; ++i) {
-    const std::string dir = "/sys/devices/system/cpu/cpu0/cache/index" + std::to_string(i) + "/";
-    std::ifstream level(dir + "level"), type(dir + "type"), size(dir + "size");
-    int lv = 0;
-    std::string ty, sz;
-    if (!(level >> lv) || !(type >> ty) || !(size >> sz)) continue;
-    if (ty == "Instruction" || sz.empty()) continue;
-    size_t mult = 1;
-    if (sz.back() == 'K') mult = 1024;
-    if (sz.back() == 'M') mult = 1024 * 1024;
-    try {
-      caches.emplace_back(lv, size_t(std::stoull(sz)) * mult);
-    } catch (...) {
-    }
-  }
-  return caches;
-}
-}  // namespace
-
-size_t l2_cache_bytes() {
-  for (const auto& [level, bytes] : sysfs_caches())
-    if (level == 2) return bytes;
-  return 0;
-}
-
-size_t llc_cache_bytes() {
-  int top = 0;
-  size_t bytes = 0;
-  for (const auto& [level, b] : sysfs_caches())
-    if (level > top) top = level, bytes = b;
-  return bytes;
-}
 
 namespace {
 
@@ -240,22 +202,29 @@ StackPlan find_relu_stack(const Graph& g, int head, const std::vector<uint8_t>& 
 
 Plan plan(const Graph& g, const FusionSpec& spec) {
   Plan p;
-  if (spec.cache_kb < 0) user_error("config key 'fusion.cache_kb' = ", spec.cache_kb, ": must be > 0 (or 0 = from sysfs)");
+  if (spec.cache_kb < 0) user_error("config key 'fusion.cache_kb' = ", spec.cache_kb, ": must be > 0 (or 0 = this core's L2)");
   if (spec.tile < 0) user_error("config key 'fusion.tile' = ", spec.tile, ": must be a channel count >= 1 (or auto)");
   if (spec.cache_kb > 0) {
     p.cache_bytes = size_t(spec.cache_kb) * 1024;
     p.cache_source = "fusion.cache_kb";
   } else {
-    p.cache_bytes = l2_cache_bytes();
-    p.cache_source = "sysfs L2 of cpu0";
+    const CacheSize l2 = l2_cache();
+    p.cache_bytes = l2.bytes;
+    p.cache_source = std::string(l2.source) + " L2 of cpu0";
     if (p.cache_bytes == 0) {
       p.cache_bytes = 1 << 20;
-      p.cache_source = "default (sysfs unreadable)";
+      p.cache_source = "default (neither sysfs nor the CPU gives the L2)";
     }
   }
-  if (spec.llc_kb < 0) user_error("config key 'fusion.llc_kb' = ", spec.llc_kb, ": must be > 0 (or 0 = from sysfs)");
-  p.llc_bytes = spec.llc_kb > 0 ? size_t(spec.llc_kb) * 1024 : llc_cache_bytes();
-  p.llc_source = spec.llc_kb > 0 ? "fusion.llc_kb" : p.llc_bytes ? "sysfs, cpu0's last level" : "sysfs unreadable";
+  if (spec.llc_kb < 0) user_error("config key 'fusion.llc_kb' = ", spec.llc_kb, ": must be > 0 (or 0 = this machine's last level)");
+  if (spec.llc_kb > 0) {
+    p.llc_bytes = size_t(spec.llc_kb) * 1024;
+    p.llc_source = "fusion.llc_kb";
+  } else {
+    const CacheSize llc = last_level_cache();
+    p.llc_bytes = llc.bytes;
+    p.llc_source = llc.bytes ? std::string(llc.source) + ", cpu0's last level" : "unknown (neither sysfs nor the CPU gives it)";
+  }
   const int64_t N = g.batch_size();
   std::vector<uint8_t> claimed(size_t(g.num_nodes()), 0);
   std::vector<int> fused_stack_ending_at(size_t(g.num_nodes()), -1);  // index into p.stacks

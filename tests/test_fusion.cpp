@@ -5,8 +5,11 @@
 #include <catch2/catch.hpp>
 
 #include <cstring>
+#include <filesystem>
+#include <fstream>
 #include <limits>
 #include <random>
+#include <tuple>
 
 #include "backends/cpu/fused_bn_relu_pool.h"
 #include "backends/cpu/fused_common.h"
@@ -16,6 +19,7 @@
 #include "memory/bitmap.h"
 #include "layers/layers.h"
 #include "tests/fusion_harness.h"
+#include "tests/test_util.h"
 #include "tests/tiny_training.h"
 
 using namespace et;
@@ -606,6 +610,51 @@ TEST_CASE("fusion: the planner's stacks, cache limit and bad settings", "[fusion
     }
     spec.llc_kb = -1;
     CHECK_THROWS_WITH(fusion::plan(g, spec), Catch::Contains("fusion.llc_kb"));
+  }
+  SECTION("the cache sizes: sysfs, else the CPU's own report, else a default that says so") {
+    // CPUID leaf 4 as a Sapphire Rapids core reports its L2: unified, level 2, 16 ways, 1
+    // partition, 64-byte lines, 2048 sets.
+    const fusion::CpuidCache l2 = fusion::decode_cpuid_cache(0x3 | (2u << 5) | 0x100, (15u << 22) | 63u, 2047u);
+    CHECK(l2.type == 3);
+    CHECK(l2.level == 2);
+    CHECK(l2.bytes == size_t(2) << 20);
+    CHECK(fusion::decode_cpuid_cache(0, 0, 0).type == 0);  // the end of the sub-leaves
+    // AMD's 0x80000006: a 1 MiB L2 (ECX[31:16] in KiB) and a 32 MiB L3 (EDX[31:18] in 512 KiB).
+    const fusion::AmdCacheSizes amd = fusion::decode_amd_l2_l3(1024u << 16, 64u << 18);
+    CHECK(amd.l2 == size_t(1) << 20);
+    CHECK(amd.l3 == size_t(32) << 20);
+    // A fake sysfs: what it says wins.
+    const test::TempDir tmp;
+    const std::string dir = tmp.file("sysfs_cache");
+    for (auto [i, level, type, size] : {std::tuple<int, int, const char*, const char*>{0, 1, "Data", "48K"},
+                                        {1, 1, "Instruction", "32K"}, {2, 2, "Unified", "1280K"}, {3, 3, "Unified", "30M"}}) {
+      const std::string d = dir + "/index" + std::to_string(i);
+      std::filesystem::create_directories(d);
+      std::ofstream(d + "/level") << level << "\n";
+      std::ofstream(d + "/type") << type << "\n";
+      std::ofstream(d + "/size") << size << "\n";
+    }
+    fusion::set_sysfs_cache_dir(dir);
+    CHECK(fusion::l2_cache().bytes == size_t(1280) << 10);
+    CHECK(std::string(fusion::l2_cache().source) == "sysfs");
+    CHECK(fusion::last_level_cache().bytes == size_t(30) << 20);
+    const fusion::Plan fake = fusion::plan(g, spec);
+    CHECK(fake.cache_bytes == size_t(1280) << 10);
+    CHECK(fake.cache_source == "sysfs L2 of cpu0");
+    // No cache directories (some VMs): the CPU's report on x86, else the default, named as such.
+    fusion::set_sysfs_cache_dir(dir + "/none");
+    const fusion::Plan bare = fusion::plan(g, spec);
+    fusion::set_sysfs_cache_dir("/sys/devices/system/cpu/cpu0/cache");
+#if defined(__x86_64__) || defined(__i386__)
+    CHECK(bare.cache_source == "CPUID L2 of cpu0");
+    CHECK(bare.cache_bytes >= size_t(64) << 10);
+    CHECK(bare.llc_bytes >= bare.cache_bytes);
+    CHECK(bare.llc_source == "CPUID, cpu0's last level");
+#else
+    CHECK(bare.cache_bytes == size_t(1) << 20);
+    CHECK(bare.cache_source.find("default") != std::string::npos);
+    CHECK(bare.llc_bytes == 0);
+#endif
   }
   SECTION("fusion.disable names stacks; an unknown one is an error") {
     spec.disable = {"layer1.0.bn2"};
