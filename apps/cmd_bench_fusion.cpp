@@ -102,6 +102,15 @@ int cmd_bench_fusion(const BenchFusionArgs& a) {
     identical = a.numel() == b.numel() && std::memcmp(a.f32(), b.f32(), size_t(a.numel()) * sizeof(float)) == 0;
   }
   const double up = median(tp.step), uf = median(tf.step), fp = median(tp.fwd), ff = median(tf.fwd);
+  // Each repetition's pair (unfused, then fused, back to back) as a ratio, and their median: on a
+  // host whose speed drifts from one second to the next (a shared cloud core) the pairs see the
+  // same state, where the medians of the two series may not.
+  std::vector<double> step_pairs, fwd_pairs;
+  for (size_t i = 0; i < tp.step.size(); ++i) {
+    step_pairs.push_back(tp.step[i] / tf.step[i]);
+    fwd_pairs.push_back(tp.fwd[i] / tf.fwd[i]);
+  }
+  const double step_pair_ratio = median(step_pairs), fwd_pair_ratio = median(fwd_pairs);
   std::printf("<%sBN, ReLU> x %d on [%lld, %lld, %lld, %lld], %d threads, median of %d\n",
               a.no_pool ? "" : "MaxPool 3x3 s1 p1, ", a.depth,
               (long long)a.batch, (long long)a.channels, (long long)a.size, (long long)a.size, omp_get_max_threads(),
@@ -109,8 +118,9 @@ int cmd_bench_fusion(const BenchFusionArgs& a) {
   std::printf("%-8s %12s %12s %14s\n", "", "forward ms", "step ms", "activations MB");
   std::printf("%-8s %12.2f %12.2f %14.1f\n", "unfused", fp, up, ex_plain.memory().activations_planned / 1048576.0);
   std::printf("%-8s %12.2f %12.2f %14.1f\n", "fused", ff, uf, ex_fused.memory().activations_planned / 1048576.0);
-  std::printf("speedup: forward %.2fx, training step %.2fx; loss and gradients identical: %s\n", fp / ff, up / uf,
-              identical ? "yes" : "NO");
+  std::printf("speedup: forward %.2fx, training step %.2fx (medians of the pairs' ratios: %.2fx, %.2fx); loss and "
+              "gradients identical: %s\n",
+              fp / ff, up / uf, fwd_pair_ratio, step_pair_ratio, identical ? "yes" : "NO");
   std::printf("bytes moved per step by the %zu stacks (planner's count): %.1f MB unfused, %.1f MB fused\n",
               p.stacks.size(), p.bytes_unfused / 1e6, p.bytes_fused / 1e6);
   // The tiles: whole planes, or bands of rows where a plane's scratch exceeds the cache.
@@ -133,6 +143,8 @@ int cmd_bench_fusion(const BenchFusionArgs& a) {
                       {"fused_ms", uf},
                       {"unfused_ms", up},
                       {"speedup", up / uf},
+                      {"speedup_pairs", step_pair_ratio},
+                      {"forward_speedup_pairs", fwd_pair_ratio},
                       {"fused_forward_ms", ff},
                       {"unfused_forward_ms", fp},
                       {"forward_speedup", fp / ff},
