@@ -23,6 +23,25 @@ using Clock = std::chrono::steady_clock;
 
 namespace {
 
+// Milliseconds per step by op type: forward, backward.
+std::map<std::string, std::pair<double, double>> ms_by_type(const Executor& ex, int steps) {
+  std::map<std::string, std::pair<double, double>> by_type;
+  const Graph& g = ex.graph();
+  for (int n = 0; n < g.num_nodes(); ++n) {
+    auto& e = by_type[g.node(n).op->type()];
+    e.first += ex.forward_seconds()[size_t(n)] * 1e3 / steps;
+    e.second += ex.backward_seconds()[size_t(n)] * 1e3 / steps;
+  }
+  return by_type;
+}
+
+// The op types a fused stack takes the place of (fusion/planner.cpp), and the stacks themselves:
+// the layers whose time fusion is meant to cut (docs/fusion.md, "Measurements").
+bool fusion_layer(const std::string& type) {
+  return type == "batchnorm2d" || type == "relu" || type == "add" || type == "maxpool2d" || type == "avgpool2d" ||
+         type == "dropout" || type == "fused_stack";
+}
+
 // Milliseconds per step by op type, forward and backward, largest first; with `nodes`, per node.
 void print_profile(const Executor& ex, int steps, bool nodes) {
   std::map<std::string, std::pair<double, double>> by_type;
@@ -75,8 +94,10 @@ double median_of(std::vector<double> v) {
 // first's (A B, then B A, ...) in this one process, so that a drift of the host's speed (sittings
 // differ by up to a quarter on the shared hosts, docs/fusion.md) falls on both alike. Reports each
 // median and the median of the per-pair ratios.
+// With --profile, both models' ops are timed, and their times per op type are printed side by side
+// (the steps still in pairs), with the layers fusion replaces (fusion_layer) summed in each.
 Config against_config(const BenchStepArgs& a) {
-  if (a.profile) user_error("bench step: --profile times one model; leave it out with --against");
+  if (a.profile_nodes) user_error("bench step: --profile-nodes lists one model's nodes; leave it out with --against");
   std::vector<std::string> sets = a.sets;
   sets.insert(sets.end(), a.against.begin(), a.against.end());
   Config cfg = load_config(a.config, sets);
@@ -85,10 +106,12 @@ Config against_config(const BenchStepArgs& a) {
 }
 
 int bench_against(const BenchStepArgs& a, BenchModel& first, const Config& against) {
-  BenchModel second(against, false);
+  BenchModel second(against, a.profile);
   BenchModel* m[2] = {&first, &second};
   for (int s = 0; s < a.warmup; ++s)
     for (BenchModel* x : m) x->step(s);
+  if (a.profile)
+    for (BenchModel* x : m) x->ex->set_timing(true);
   std::vector<double> ms[2], ratio;
   for (int s = 0; s < a.steps; ++s) {
     double t[2];
@@ -113,10 +136,32 @@ int bench_against(const BenchStepArgs& a, BenchModel& first, const Config& again
               *std::min_element(ms[1].begin(), ms[1].end()), *std::max_element(ms[1].begin(), ms[1].end()));
   std::printf("  the configured step is %.3fx as fast (median of the pairs' ratios; %.3fx from the medians)\n", r,
               med1 / med0);
+  json op_ms[2] = {json::object(), json::object()};
+  if (a.profile) {
+    const auto t0 = ms_by_type(*first.ex, a.steps), t1 = ms_by_type(*second.ex, a.steps);
+    std::map<std::string, double> total;  // both models' fwd + bwd, for the order of the rows
+    for (const auto* t : {&t0, &t1})
+      for (const auto& [type, v] : *t) total[type] += v.first + v.second;
+    std::vector<std::string> types;
+    for (const auto& [type, v] : total) types.push_back(type);
+    std::sort(types.begin(), types.end(), [&](const std::string& x, const std::string& y) { return total[x] > total[y]; });
+    std::printf("%-24s %21s   %21s  (ms per step, fwd / bwd)\n", "op", "as configured", ("with " + overrides).c_str());
+    double layers[2] = {0, 0};
+    for (const std::string& type : types) {
+      const auto f0 = t0.count(type) ? t0.at(type) : std::pair<double, double>{0, 0};
+      const auto f1 = t1.count(type) ? t1.at(type) : std::pair<double, double>{0, 0};
+      std::printf("%-24s %10.2f %10.2f   %10.2f %10.2f\n", type.c_str(), f0.first, f0.second, f1.first, f1.second);
+      op_ms[0][type] = f0.first + f0.second;
+      op_ms[1][type] = f1.first + f1.second;
+      if (fusion_layer(type)) layers[0] += f0.first + f0.second, layers[1] += f1.first + f1.second;
+    }
+    std::printf("BN / ReLU / add / pool / dropout and fused stacks: %.2f ms as configured, %.2f ms with %s (%+.1f %%)\n",
+                layers[0], layers[1], overrides.c_str(), layers[1] > 0 ? 100.0 * (layers[0] / layers[1] - 1) : 0.0);
+  }
   std::printf("peak USS not measured: both models are resident (run each alone for it)\n");
   if (first.diverged || second.diverged)
     std::printf("note: the synthetic steps diverged (the divergence guard would have stopped training)\n");
-  const json j = {{"model", first.cfg.model.name},
+  json j = {{"model", first.cfg.model.name},
                   {"batch", first.n},
                   {"threads", omp_get_max_threads()},
                   {"steps", a.steps},
@@ -125,6 +170,10 @@ int bench_against(const BenchStepArgs& a, BenchModel& first, const Config& again
                   {"against_step_ms_median", med1},
                   {"speedup_median", r},
                   {"speedup_of_medians", med1 / med0}};
+  if (a.profile) {
+    j["op_ms"] = op_ms[0];
+    j["against_op_ms"] = op_ms[1];
+  }
   std::printf("%s\n", j.dump().c_str());
   return 0;
 }

@@ -225,8 +225,14 @@ expect_error "bench without config" "--config" "$BIN" bench step
 "$BIN" bench step --config "$T/cfg.json" --steps 2 --warmup 1 --against fusion.enabled=false >"$T/ab.log" 2>&1 \
   && tail -1 "$T/ab.log" | grep -q '"against":\["fusion.enabled=false"\].*"speedup_median"' \
   && pass "bench step --against" || fail "bench step --against: $(tail -3 "$T/ab.log")"
-expect_error "bench step --against with --profile" "--against" "$BIN" bench step --config "$T/cfg.json" --profile \
-  --against fusion.enabled=false
+# --against with --profile: both models' op types side by side, and the fused layers' totals
+"$BIN" bench step --config "$T/cfg.json" --steps 2 --warmup 1 --profile --against fusion.enabled=false >"$T/abp.log" 2>&1 \
+  && grep -q "^fused_stack " "$T/abp.log" && grep -q "^batchnorm2d " "$T/abp.log" \
+  && grep -q "fused stacks: .* ms as configured, .* ms with fusion.enabled=false" "$T/abp.log" \
+  && tail -1 "$T/abp.log" | grep -q '"against_op_ms":{.*"relu"' \
+  && pass "bench step --against --profile" || fail "bench step --against --profile: $(tail -3 "$T/abp.log")"
+expect_error "bench step --against with --profile-nodes" "--against" "$BIN" bench step --config "$T/cfg.json" --profile \
+  --profile-nodes --against fusion.enabled=false
 expect_error "bench step --against: a bad key" "nope" "$BIN" bench step --config "$T/cfg.json" --against nope=1
 # (not under AddressSanitizer: its shadow memory alone needs terabytes of address space)
 if [ "$asan" = 1 ]; then echo "skip arena larger than the address space (AddressSanitizer build)"
