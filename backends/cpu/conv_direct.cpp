@@ -415,20 +415,31 @@ void direct_dense_backward_data(const Conv2dGeom& g, const float* dy, const floa
       for (int64_t k = 0; k < g.K; ++k)
         place_plane(dy + (n * g.K + k) * g.P * g.Q, g.P, g.Q, 1, ph, pw, f.Wp, dyp + k * f.L);
       for (int64_t gi = 0; gi < g.groups; ++gi) {
-        float* dxg = dx + (n * g.C + gi * Cg) * g.H * g.W;
-        if (rows_apply(g.W)) {  // straight into dx
-          corr_planes_rows_any(dyp + gi * Kg * f.L, Kg, f.L, f.Wp, f.off, f.RS, wpk + gi * Cr * Kg * RS, Cr, Cg, g.H,
-                               g.W, dxg, g.H * g.W, nullptr, accumulate);
-          continue;
-        }
-        corr_planes_any(dyp + gi * Kg * f.L, Kg, f.L, f.off, f.RS, wpk + gi * Cr * Kg * RS, Cr, tile, f.Jr);
-        for (int64_t c = 0; c < Cg; ++c)
-          extract_plane(tile + c * f.Jr, f.Wp, g.H, g.W, 1, 0.f, accumulate, dxg + c * g.H * g.W);
-      }
+        const int64_t HW = g.H * g.W, pl0 = n * g.C + gi * Cg;
+        float* dxg = dx + pl0 * HW;
+        // The first sweep of the stack before on planes [pl0 + c0, pl0 + c1) of dx (dz_sums: groups 1),
+        // while they are in this core's cache.
+        auto sweep1 = [&](int64_t c0, int64_t c1) {
 #if defined(ET_ELEMENTWISE_IN_REGISTERS)
-      if (dz_sums)  // image n's planes of dx, still in this core's cache
-        fused_elementwise::relu_dz_sums_images(*dz_sums, n, n + 1, g.C, g.H * g.W, dx);
+          if (dz_sums) fused_elementwise::relu_dz_sums_planes(*dz_sums, pl0 + c0, pl0 + c1, g.C, HW, dx);
+#else
+          (void)c0, (void)c1;
 #endif
+        };
+        if (rows_apply(g.W)) {  // straight into dx, MR planes at a time, each block's sweep while in L1
+          for (int64_t c0 = 0; c0 < Cg; c0 += MR) {
+            const int64_t nc = std::min<int64_t>(MR, Cg - c0);
+            corr_planes_rows_any(dyp + gi * Kg * f.L, Kg, f.L, f.Wp, f.off, f.RS, wpk + (gi * Cr + c0) * Kg * RS, MR,
+                                 nc, g.H, g.W, dxg + c0 * HW, HW, nullptr, accumulate);
+            sweep1(c0, c0 + nc);
+          }
+        } else {
+          corr_planes_any(dyp + gi * Kg * f.L, Kg, f.L, f.off, f.RS, wpk + gi * Cr * Kg * RS, Cr, tile, f.Jr);
+          for (int64_t c = 0; c < Cg; ++c)
+            extract_plane(tile + c * f.Jr, f.Wp, g.H, g.W, 1, 0.f, accumulate, dxg + c * HW);
+          sweep1(0, Cg);
+        }
+      }
     }
   }
 }

@@ -221,13 +221,17 @@ inline void relu_dz_sums_plane(const float* x, float scale, float shift, float m
 #endif
 
 #if defined(ET_ELEMENTWISE_IN_REGISTERS)
-// relu_dz_sums_plane over images [n0, n1) of a data gradient dx [N, C, HW] (each conv kernel calls
-// it on the images it has just written, while they are in its core's cache).
-inline void relu_dz_sums_images(const DzSumsEpilogue& e, int64_t n0, int64_t n1, int64_t C, int64_t HW, float* dx) {
-  for (int64_t pl = n0 * C; pl < n1 * C; ++pl) {
+// relu_dz_sums_plane over planes [pl0, pl1) (plane n * C + c) of a data gradient dx [N, C, HW]
+// (each conv kernel calls it on the planes it has just written, while they are in its core's cache).
+inline void relu_dz_sums_planes(const DzSumsEpilogue& e, int64_t pl0, int64_t pl1, int64_t C, int64_t HW, float* dx) {
+  for (int64_t pl = pl0; pl < pl1; ++pl) {
     const int64_t c = pl % C;
     relu_dz_sums_plane(e.x + pl * HW, e.scale[c], e.shift[c], e.mean[c], dx + pl * HW, HW, e.sum1 + pl, e.sum2 + pl);
   }
+}
+// ... over images [n0, n1).
+inline void relu_dz_sums_images(const DzSumsEpilogue& e, int64_t n0, int64_t n1, int64_t C, int64_t HW, float* dx) {
+  relu_dz_sums_planes(e, n0 * C, n1 * C, C, HW, dx);
 }
 #endif
 
