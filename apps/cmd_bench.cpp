@@ -95,9 +95,10 @@ double median_of(std::vector<double> v) {
 // differ by up to a quarter on the shared hosts, docs/fusion.md) falls on both alike. Reports each
 // median and the median of the per-pair ratios.
 // With --profile, both models' ops are timed, and their times per op type are printed side by side
-// (the steps still in pairs), with the layers fusion replaces (fusion_layer) summed in each.
+// (the steps still in pairs), with the layers fusion replaces (fusion_layer) summed in each; with
+// --profile-nodes also every node of the first model beside the node of that name in the second
+// (fusion renames nothing it keeps: the convs pair up).
 Config against_config(const BenchStepArgs& a) {
-  if (a.profile_nodes) user_error("bench step: --profile-nodes lists one model's nodes; leave it out with --against");
   std::vector<std::string> sets = a.sets;
   sets.insert(sets.end(), a.against.begin(), a.against.end());
   Config cfg = load_config(a.config, sets);
@@ -157,6 +158,22 @@ int bench_against(const BenchStepArgs& a, BenchModel& first, const Config& again
     }
     std::printf("BN / ReLU / add / pool / dropout and fused stacks: %.2f ms as configured, %.2f ms with %s (%+.1f %%)\n",
                 layers[0], layers[1], overrides.c_str(), layers[1] > 0 ? 100.0 * (layers[0] / layers[1] - 1) : 0.0);
+    if (a.profile_nodes) {
+      const Graph &g0 = first.ex->graph(), &g1 = second.ex->graph();
+      std::map<std::string, int> in_second;
+      for (int n = 0; n < g1.num_nodes(); ++n) in_second[g1.node(n).name] = n;
+      std::printf("%-28s %-14s %21s   %21s\n", "node", "op", "as configured", "with the overrides");
+      for (int n = 0; n < g0.num_nodes(); ++n) {
+        const double f0 = first.ex->forward_seconds()[size_t(n)] * 1e3 / a.steps;
+        const double b0 = first.ex->backward_seconds()[size_t(n)] * 1e3 / a.steps;
+        std::printf("%-28.28s %-14.14s %10.3f %10.3f", g0.node(n).name.c_str(), g0.node(n).op->type(), f0, b0);
+        const auto it = in_second.find(g0.node(n).name);
+        if (it != in_second.end())
+          std::printf("   %10.3f %10.3f", second.ex->forward_seconds()[size_t(it->second)] * 1e3 / a.steps,
+                      second.ex->backward_seconds()[size_t(it->second)] * 1e3 / a.steps);
+        std::printf("\n");
+      }
+    }
   }
   std::printf("peak USS not measured: both models are resident (run each alone for it)\n");
   if (first.diverged || second.diverged)

@@ -66,7 +66,7 @@ int main(int argc, char** argv) {
   bs->add_option("--steps", step.steps, "timed steps")->check(CLI::Range(1, 100000));
   bs->add_option("--warmup", step.warmup, "untimed steps first")->check(CLI::Range(0, 1000));
   bs->add_flag("--profile", step.profile, "print time per op type (forward / backward); with --against, both models side by side");
-  bs->add_flag("--profile-nodes", step.profile_nodes, "with --profile: also the time of every node, in graph order");
+  bs->add_flag("--profile-nodes", step.profile_nodes, "with --profile: also the time of every node, in graph order (with --against: beside the node of that name in the second model)");
   bs->add_option("--against", step.against,
                  "time a second model, the config with this override too (dotted.key=value, repeatable), its "
                  "steps interleaved with the first's; reports both and their ratio");

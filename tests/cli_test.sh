@@ -231,8 +231,9 @@ expect_error "bench without config" "--config" "$BIN" bench step
   && grep -q "fused stacks: .* ms as configured, .* ms with fusion.enabled=false" "$T/abp.log" \
   && tail -1 "$T/abp.log" | grep -q '"against_op_ms":{.*"relu"' \
   && pass "bench step --against --profile" || fail "bench step --against --profile: $(tail -3 "$T/abp.log")"
-expect_error "bench step --against with --profile-nodes" "--against" "$BIN" bench step --config "$T/cfg.json" --profile \
-  --profile-nodes --against fusion.enabled=false
+"$BIN" bench step --config "$T/cfg.json" --steps 2 --warmup 1 --profile --profile-nodes --against fusion.enabled=false \
+  >"$T/abn.log" 2>&1 && grep -qE "^layer1.0.conv1 +conv2d( +[0-9.]+){4}$" "$T/abn.log" \
+  && pass "bench step --against --profile-nodes" || fail "bench step --against --profile-nodes: $(tail -3 "$T/abn.log")"
 expect_error "bench step --against: a bad key" "nope" "$BIN" bench step --config "$T/cfg.json" --against nope=1
 # (not under AddressSanitizer: its shadow memory alone needs terabytes of address space)
 if [ "$asan" = 1 ]; then echo "skip arena larger than the address space (AddressSanitizer build)"
