@@ -22,6 +22,29 @@
 namespace et::cpu {
 
 namespace {
+// d[0, n) = s[0, n): whole vectors, then the rest. The rows of CIFAR's planes are 2 to 32 floats,
+// where a call of memcpy per row costs more than the copy: ResNet-20's 16 -> 16 forward and data
+// gradient at 32x32 2-3 % faster (one thread, CPU time, six alternating runs; session 41).
+// in_register: else GCC turns the loop back into a call of memcpy where it inlines it.
+inline void copy_row(const float* s, int64_t n, float* d) {
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    VNative v = VNative::load(s + i);
+    in_register(v);
+    v.store(d + i);
+  }
+#if defined(__AVX512F__)
+  if (i < n) {
+    const __mmask16 m = __mmask16((1u << (n - i)) - 1);
+    _mm512_mask_storeu_ps(d + i, m, _mm512_maskz_loadu_ps(m, s + i));
+  }
+#else
+  for (; i < n; ++i) d[i] = s[i];
+#endif
+}
+}  // namespace
+
+namespace {
 bool g_force_scalar = false;
 bool g_rows = true;
 // Forward / data gradient register block: MR output channels x kNV vectors of 16 positions (24 zmm
@@ -42,7 +65,7 @@ void place_plane(const float* src, int64_t H, int64_t W, int64_t dil, int64_t to
   for (int64_t h = 0; h < H; ++h) {
     float* d = dst + (top + h * dil) * Wp + left;
     const float* s = src + h * W;
-    if (dil == 1) std::memcpy(d, s, sizeof(float) * size_t(W));
+    if (dil == 1) copy_row(s, W, d);
     else
       for (int64_t w = 0; w < W; ++w) d[w * dil] = s[w];
   }
@@ -76,7 +99,7 @@ void ConvInput::place(int64_t C, int64_t pl, int64_t H, int64_t W, int64_t top, 
       continue;
     }
     stack->run(x + h * W, stack->scale, stack->shift, C, H * W, at, k * W, buf);
-    for (int64_t i = 0; i < k; ++i) std::memcpy(dst + (top + h + i) * Wp + left, buf + i * W, sizeof(float) * size_t(W));
+    for (int64_t i = 0; i < k; ++i) copy_row(buf + i * W, W, dst + (top + h + i) * Wp + left);
   }
 }
 
