@@ -204,27 +204,27 @@ Plan plan(const Graph& g, const FusionSpec& spec) {
   Plan p;
   if (spec.cache_kb < 0) user_error("config key 'fusion.cache_kb' = ", spec.cache_kb, ": must be > 0 (or 0 = this core's L2)");
   if (spec.tile < 0) user_error("config key 'fusion.tile' = ", spec.tile, ": must be a channel count >= 1 (or auto)");
-  if (spec.cache_kb > 0) {
-    p.cache_bytes = size_t(spec.cache_kb) * 1024;
-    p.cache_source = "fusion.cache_kb";
-  } else {
-    const CacheSize l2 = l2_cache();
-    p.cache_bytes = l2.bytes;
-    p.cache_source = std::string(l2.source) + " L2 of cpu0";
-    if (p.cache_bytes == 0) {
-      p.cache_bytes = 1 << 20;
-      p.cache_source = "default (neither sysfs nor the CPU gives the L2)";
-    }
-  }
   if (spec.llc_kb < 0) user_error("config key 'fusion.llc_kb' = ", spec.llc_kb, ": must be > 0 (or 0 = this machine's last level)");
-  if (spec.llc_kb > 0) {
-    p.llc_bytes = size_t(spec.llc_kb) * 1024;
-    p.llc_source = "fusion.llc_kb";
-  } else {
-    const CacheSize llc = last_level_cache();
-    p.llc_bytes = llc.bytes;
-    p.llc_source = llc.bytes ? std::string(llc.source) + ", cpu0's last level" : "unknown (neither sysfs nor the CPU gives it)";
+  // Each cache: the config's size, else the machine's (sysfs or CPUID, asked only then), else a
+  // default for the L2 (tiles need a size) and unknown for the last level (then nothing streams).
+  auto resolve = [](int64_t kb, const char* key, CacheSize (*machine)(), const char* what, size_t* bytes,
+                    std::string* source) {
+    if (kb > 0) {
+      *bytes = size_t(kb) * 1024;
+      *source = key;
+      return;
+    }
+    const CacheSize m = machine();
+    *bytes = m.bytes;
+    *source = std::string(m.source) + what;
+  };
+  resolve(spec.cache_kb, "fusion.cache_kb", l2_cache, " L2 of cpu0", &p.cache_bytes, &p.cache_source);
+  if (p.cache_bytes == 0) {
+    p.cache_bytes = 1 << 20;
+    p.cache_source = "default (neither sysfs nor the CPU gives the L2)";
   }
+  resolve(spec.llc_kb, "fusion.llc_kb", last_level_cache, ", cpu0's last level", &p.llc_bytes, &p.llc_source);
+  if (p.llc_bytes == 0) p.llc_source = "unknown (neither sysfs nor the CPU gives it)";
   const int64_t N = g.batch_size();
   std::vector<uint8_t> claimed(size_t(g.num_nodes()), 0);
   std::vector<int> fused_stack_ending_at(size_t(g.num_nodes()), -1);  // index into p.stacks

@@ -42,9 +42,7 @@ inline void copy_row(const float* s, int64_t n, float* d) {
   for (; i < n; ++i) d[i] = s[i];
 #endif
 }
-}  // namespace
 
-namespace {
 bool g_force_scalar = false;
 bool g_rows = true;
 // Forward / data gradient register block: MR output channels x kNV vectors of 16 positions (24 zmm
@@ -245,33 +243,28 @@ void corr_tile_rows(const float* xp, int64_t L, const int64_t* off, int RS, int6
     for (int v = 0; v < NV; ++v) acc[i][v].store_plus(out + i * ldo + 16 * v, bias ? bias[i] : 0.f, accumulate);
 }
 
-// out [Kvalid][P*Q] (plane stride ldo) = the correlation of Cin padded planes xp [Cin][L] (row width
-// Wp) with packed weights wpk [Kr/MR][Cin][RS][MR] (+ bias[k]; accumulated into out where asked).
+// out [nk][P*Q] (plane stride ldo) = the correlation of Cin padded planes xp [Cin][L] (row width
+// Wp) with one block of packed weights wpk [Cin][RS][MR], its first nk <= MR rows (+ bias[k];
+// accumulated into out where asked). The callers go block by block, each block's epilogue (plane
+// sums, the stack's first sweep) while its planes are in L1.
 template <class V>
 void corr_planes_rows(const float* xp, int64_t Cin, int64_t L, int64_t Wp, const int64_t* off, int RS,
-                      const float* wpk, int64_t Kr, int64_t Kvalid, int64_t P, int64_t Q, float* out, int64_t ldo,
-                      const float* bias, bool accumulate) {
+                      const float* wpk, int nk, int64_t P, int64_t Q, float* out, int64_t ldo, const float* bias,
+                      bool accumulate) {
   const int64_t per_row = Q / 16, nvec = P * per_row;
   auto place = [&](int64_t v) { return (v / per_row) * Wp + (v % per_row) * 16; };
-  for (int64_t kb = 0; kb < Kr / MR; ++kb) {
-    const float* wb = wpk + kb * Cin * RS * MR;
-    const int nk = int(std::min<int64_t>(MR, Kvalid - kb * MR));
-    if (nk <= 0) break;
-    float* ob = out + kb * MR * ldo;
-    const float* bb = bias ? bias + kb * MR : nullptr;
-    int64_t v = 0;
-    for (; v + kNV <= nvec; v += kNV) {
-      int64_t at[kNV];
-      for (int i = 0; i < kNV; ++i) at[i] = place(v + i) - place(v);
-      corr_tile_rows<V, kNV>(xp + place(v), L, off, RS, Cin, wb, at, ob + 16 * v, ldo, nk, bb, accumulate);
-    }
-    if (nvec - v == 2) {
-      const int64_t at[2] = {0, place(v + 1) - place(v)};
-      corr_tile_rows<V, 2>(xp + place(v), L, off, RS, Cin, wb, at, ob + 16 * v, ldo, nk, bb, accumulate);
-    } else if (nvec - v == 1) {
-      const int64_t at[1] = {0};
-      corr_tile_rows<V, 1>(xp + place(v), L, off, RS, Cin, wb, at, ob + 16 * v, ldo, nk, bb, accumulate);
-    }
+  int64_t v = 0;
+  for (; v + kNV <= nvec; v += kNV) {
+    int64_t at[kNV];
+    for (int i = 0; i < kNV; ++i) at[i] = place(v + i) - place(v);
+    corr_tile_rows<V, kNV>(xp + place(v), L, off, RS, Cin, wpk, at, out + 16 * v, ldo, nk, bias, accumulate);
+  }
+  if (nvec - v == 2) {
+    const int64_t at[2] = {0, place(v + 1) - place(v)};
+    corr_tile_rows<V, 2>(xp + place(v), L, off, RS, Cin, wpk, at, out + 16 * v, ldo, nk, bias, accumulate);
+  } else if (nvec - v == 1) {
+    const int64_t at[1] = {0};
+    corr_tile_rows<V, 1>(xp + place(v), L, off, RS, Cin, wpk, at, out + 16 * v, ldo, nk, bias, accumulate);
   }
 }
 
@@ -279,12 +272,12 @@ void corr_planes_rows(const float* xp, int64_t Cin, int64_t L, int64_t Wp, const
 bool rows_apply(int64_t Q) { return g_rows && Q % 16 == 0; }
 
 void corr_planes_rows_any(const float* xp, int64_t Cin, int64_t L, int64_t Wp, const int64_t* off, int RS,
-                          const float* wpk, int64_t Kr, int64_t Kvalid, int64_t P, int64_t Q, float* out, int64_t ldo,
-                          const float* bias, bool accumulate) {
+                          const float* wpk, int nk, int64_t P, int64_t Q, float* out, int64_t ldo, const float* bias,
+                          bool accumulate) {
   if (g_force_scalar)
-    corr_planes_rows<VScalar>(xp, Cin, L, Wp, off, RS, wpk, Kr, Kvalid, P, Q, out, ldo, bias, accumulate);
+    corr_planes_rows<VScalar>(xp, Cin, L, Wp, off, RS, wpk, nk, P, Q, out, ldo, bias, accumulate);
   else
-    corr_planes_rows<VNative>(xp, Cin, L, Wp, off, RS, wpk, Kr, Kvalid, P, Q, out, ldo, bias, accumulate);
+    corr_planes_rows<VNative>(xp, Cin, L, Wp, off, RS, wpk, nk, P, Q, out, ldo, bias, accumulate);
 }
 
 // Packs one group's weights for corr_planes. w [Kg][Cg][RS]. Forward: out = Kg, in = Cg.
@@ -391,8 +384,8 @@ void direct_dense_forward(const Conv2dGeom& g, const Tensor& xt, const float* w,
           // had left it, session 41).
           for (int64_t k0 = 0; k0 < Kg; k0 += MR) {
             const int64_t nk = std::min<int64_t>(MR, Kg - k0);
-            corr_planes_rows_any(xp + gi * Cg * f.L, Cg, f.L, f.Wp, f.off, f.RS, wpk + (gi * Kr + k0) * Cg * RS, MR,
-                                 nk, g.P, g.Q, y + (pl0 + k0) * PQ, PQ, b ? b + gi * Kg + k0 : nullptr, false);
+            corr_planes_rows_any(xp + gi * Cg * f.L, Cg, f.L, f.Wp, f.off, f.RS, wpk + (gi * Kr + k0) * Cg * RS,
+                                 int(nk), g.P, g.Q, y + (pl0 + k0) * PQ, PQ, b ? b + gi * Kg + k0 : nullptr, false);
             sums(k0, k0 + nk);
           }
         } else {
@@ -452,8 +445,8 @@ void direct_dense_backward_data(const Conv2dGeom& g, const float* dy, const floa
         if (rows_apply(g.W)) {  // straight into dx, MR planes at a time, each block's sweep while in L1
           for (int64_t c0 = 0; c0 < Cg; c0 += MR) {
             const int64_t nc = std::min<int64_t>(MR, Cg - c0);
-            corr_planes_rows_any(dyp + gi * Kg * f.L, Kg, f.L, f.Wp, f.off, f.RS, wpk + (gi * Cr + c0) * Kg * RS, MR,
-                                 nc, g.H, g.W, dxg + c0 * HW, HW, nullptr, accumulate);
+            corr_planes_rows_any(dyp + gi * Kg * f.L, Kg, f.L, f.Wp, f.off, f.RS, wpk + (gi * Cr + c0) * Kg * RS,
+                                 int(nc), g.H, g.W, dxg + c0 * HW, HW, nullptr, accumulate);
             sweep1(c0, c0 + nc);
           }
         } else {
