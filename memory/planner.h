@@ -1,6 +1,8 @@
 // Lifetime-based memory planner: buffers with [first, last] use times are placed at offsets so that
-// buffers alive at the same time never overlap. Greedy first fit (lowest free offset), in two orders
-// (largest first, largest bytes x lifetime first), the smaller plan kept.
+// buffers alive at the same time never overlap. Greedy placement (first fit and best fit) in several
+// orders (largest first, largest bytes x lifetime first, busiest time step first, then perturbed
+// largest-first orders while the plan is above the bytes alive at once), the smallest plan kept.
+// Deterministic: the same requests give the same offsets on every run and machine.
 #pragma once
 #include <cstddef>
 #include <vector>
