@@ -7,8 +7,9 @@
 //   --flat: the direct kernels' flat form everywhere (cpu::conv_direct_rows(false)), to A/B the row form
 //   --int4: also the integer passes on 4-bit codes (4-bit training), and their speed-up over FP32
 //   --fused: each pass beside the form it takes after or before a fused BN -> ReLU stack (forward:
-//     x computed from the stack's input as staged (DType::AffineRelu) and y's plane sums; data
-//     gradient: the stack's first sweep in its epilogue; weight gradient: x as AffineRelu), the two
+//     x computed from the stack's input as staged (DType::AffineRelu, the engine's own stack run) and
+//     y's plane sums; data gradient: the stack's first sweep in its epilogue where the stack hands it
+//     on; weight gradient: x as AffineRelu), the two
 //     alternating repetition by repetition, and the ratio of their medians
 //   bench_conv --reps N --gemm     (single-threaded SGEMM vs Eigen on conv-like shapes)
 // Compare with PyTorch: python3 bench/conv_pytorch.py --ours <csv from --csv>
@@ -109,16 +110,21 @@ std::pair<double, double> time_pair_ms(int reps, A&& a, B&& b) {
   return {median(ta), median(tb)};
 }
 
-// The stack's y = relu(x * scale + shift), channel by channel (AffineReluRun; the bench's own,
-// vectorised by the compiler: the engine's is fused.cpp's).
-void bench_relu_run(const float* x, const float* scale, const float* shift, int64_t channels, int64_t plane,
-                    int64_t begin, int64_t count, float* y) {
-  for (int64_t i = 0; i < count;) {
-    const int64_t e = begin + i, c = e / plane % channels, len = std::min(count - i, plane - e % plane);
-    const float sc = scale[c], sh = shift[c];
-    for (int64_t j = 0; j < len; ++j) y[i + j] = std::max(x[i + j] * sc + sh, 0.f);
-    i += len;
+// The BN -> ReLU stack before a conv, over C channels of H x W planes: its output y = relu(x * scale
+// + shift) is computed by the engine's own run (Backend::fused_affine_relu: fused.cpp's
+// bn_relu_run), so the fused forms time what a training step runs (session 42; a loop of the
+// bench's own before), and the conv's data gradient takes its first sweep only where the stack
+// hands it on (Backend::fused_takes_dz_sums: not on the small planes of VGG's last layers).
+FusedStack stack_before(int64_t C, int64_t H, int64_t W) {
+  FusedStack s;
+  s.C = C;
+  for (FusedKind k : {FusedKind::BatchNorm, FusedKind::Relu}) {
+    FusedStage st = fused_stage(k);
+    st.H = st.P = H;
+    st.W = st.Q = W;
+    s.stages.push_back(st);
   }
+  return s;
 }
 
 struct Buf {
@@ -198,7 +204,7 @@ int main(int argc, char** argv) {
   if (csv) std::printf("net,shape,count,fwd_ms,bwd_data_ms,bwd_weight_ms\n");
   else if (fused)
     std::printf("threads %d, batch %ld, median of %d, alternating; each pass: plain ms, fused form ms, ratio "
-                "(*: x not computed from the stack on this path; -: no epilogue on this path)\n",
+                "(*: x not computed from the stack on this path; -: no epilogue on this path, or the stack keeps its first sweep)\n",
                 omp_get_max_threads(), long(batch), reps);
   else
     std::printf("threads %d, batch %ld, median of %d\n%-12s %-26s %3s | %8s %8s %8s | %7s %7s %7s  (ms | GFLOP/s)\n",
@@ -225,7 +231,10 @@ int main(int argc, char** argv) {
       if (g.groups != 1) continue;
       // The stack before the conv: x = relu(xs * scale + shift); the stack after it: BN over y.
       std::vector<float> scale(size_t(g.C), 0.9f), shift(size_t(g.C), 0.05f), mean(size_t(g.C), 0.01f);
-      AffineReluSource src{x.t, scale.data(), shift.data(), bench_relu_run};
+      const FusedStack before = stack_before(g.C, g.H, g.W);
+      const AffineReluRun run = be->fused_affine_relu(before);
+      ET_CHECK(run, "bench_conv: the backend computes no BN -> ReLU stack output");
+      AffineReluSource src{x.t, scale.data(), shift.data(), run};
       const Tensor xa = affine_relu_tensor(src);
       std::vector<float> sums(size_t(2 * g.N * g.K)), dzs(size_t(2 * g.N * g.C));
       Tensor st = Tensor::contiguous(sums.data(), {2, g.N, g.K});
@@ -236,9 +245,11 @@ int main(int argc, char** argv) {
       const bool aff = dtype_in(DType::AffineRelu, be->conv2d_forward_reads(g));
       const auto f = time_pair_ms(reps, [&] { be->conv2d_forward(g, x.t, w.t, none, y.t, ws); },
                                   [&] { be->conv2d_forward_sums(g, aff ? xa : x.t, w.t, none, y.t, st, ws); });
-      bool epi = true;
-      const auto d = time_pair_ms(reps, [&] { be->conv2d_backward_data(g, dy.t, w.t, dx.t, false, ws); },
-                                  [&] { epi = be->conv2d_backward_data_dz_sums(g, dy.t, w.t, dx.t, e, ws); });
+      bool epi = be->fused_takes_dz_sums(before);
+      const auto d = time_pair_ms(reps, [&] { be->conv2d_backward_data(g, dy.t, w.t, dx.t, false, ws); }, [&] {
+        if (!epi || !(epi = be->conv2d_backward_data_dz_sums(g, dy.t, w.t, dx.t, e, ws)))
+          be->conv2d_backward_data(g, dy.t, w.t, dx.t, false, ws);
+      });
       const bool waff = dtype_in(DType::AffineRelu, be->conv2d_weight_reads(g));
       const auto wg = time_pair_ms(reps, [&] { be->conv2d_backward_weight(g, x.t, dy.t, dw.t, none, false, ws); },
                                    [&] { be->conv2d_backward_weight(g, waff ? xa : x.t, dy.t, dw.t, none, false, ws); });
