@@ -94,11 +94,12 @@ class Backend {
   }
   virtual void conv2d_backward_data(const Conv2dGeom& g, const Tensor& dy, const Tensor& w, Tensor& dx,
                                     bool accumulate, Workspace ws) = 0;
-  // conv2d_backward_data into dx (overwritten) with the first backward sweep of the BN -> ReLU stack
-  // whose output is x, image by image while dx is in cache (DzSumsEpilogue, FusedGrads::dz_sums),
-  // where the kernel chosen for g can; false (and nothing done) where it cannot.
+  // conv2d_backward_data into dx (+= where accumulate) with the first backward sweep of the fused
+  // stack whose output is x on dx's final values, image by image while dx is in cache
+  // (DzSumsEpilogue, FusedGrads::dz_sums), where the kernel chosen for g can; false (and nothing
+  // done) where it cannot.
   virtual bool conv2d_backward_data_dz_sums(const Conv2dGeom& g, const Tensor& dy, const Tensor& w, Tensor& dx,
-                                            const DzSumsEpilogue& e, Workspace ws) {
+                                            bool accumulate, const DzSumsEpilogue& e, Workspace ws) {
     return false;
   }
   // dw (and db if defined) are overwritten or accumulated per `accumulate`. x is f32, or a saved

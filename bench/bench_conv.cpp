@@ -247,7 +247,7 @@ int main(int argc, char** argv) {
                                   [&] { be->conv2d_forward_sums(g, aff ? xa : x.t, w.t, none, y.t, st, ws); });
       bool epi = be->fused_takes_dz_sums(before);
       const auto d = time_pair_ms(reps, [&] { be->conv2d_backward_data(g, dy.t, w.t, dx.t, false, ws); }, [&] {
-        if (!epi || !(epi = be->conv2d_backward_data_dz_sums(g, dy.t, w.t, dx.t, e, ws)))
+        if (!epi || !(epi = be->conv2d_backward_data_dz_sums(g, dy.t, w.t, dx.t, false, e, ws)))
           be->conv2d_backward_data(g, dy.t, w.t, dx.t, false, ws);
       });
       const bool waff = dtype_in(DType::AffineRelu, be->conv2d_weight_reads(g));

@@ -228,6 +228,8 @@ bool OpContext::saved_computed_by_readers(int i) const {
   return ex_.stash_.recomputed(id) && ex_.stash_.affine_relu(id);
 }
 
+Tensor OpContext::held_in_place(int value_id) const { return ex_.stash_.held_in_place(value_id); }
+
 GradOut OpContext::grad_input(int i) const {
   const int id = node_.inputs[size_t(i)];
   GradOut g;

@@ -292,6 +292,12 @@ class OpContext {
   MaskView saved_mask(int i) const;
   // Save i is not kept: its readers compute it from this op's saved input (DType::AffineRelu).
   bool saved_computed_by_readers(int i) const;
+  // Another node's saved value `value_id` as the forward wrote it, where the stash holds it in
+  // place in f32 at this moment (zero copy: between its push and pop, the arena keeps its buffer),
+  // else undefined. For a reader taking a fused stack's first backward sweep (TakenSweep1::stack_x):
+  // its backward runs before the stack's, so the stack's x is still held unless recomputed later or
+  // kept in another encoding, and the reader leaves the sweep to the stack then.
+  Tensor held_in_place(int value_id) const;
 
   // Where the op may write its output's bitmap during forward (Backend MaskOut), or nullptr: set
   // when the stash stores this output as a bitmap right after this forward.

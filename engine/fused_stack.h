@@ -202,20 +202,29 @@ struct FusedTensors {
 inline int64_t dy_coef_floats(int64_t C) { return 1 + 3 * C; }
 inline int64_t dy_coef_of(int64_t c) { return 1 + 3 * c; }
 
-// A BN -> ReLU stack whose y has one reader, a conv, may have its first backward sweep done in that
-// conv's data gradient (docs/fusion.md, "Sweep 1 in the data gradient"): as each image's planes of
-// the conv's dx (this stack's dy) are written, still in cache, the conv rebuilds the ReLU's mask
-// from x, writes dz in dy's place and takes each plane's two sums, and the stack runs sweep 2
-// alone. [1 + 2 N C] floats for a batch of up to N: [0] = 1 where the conv did (0: dy holds the
-// gradient of y), then sum dz per plane [N, C], then sum dz * (x - mean) per plane [N, C].
+// A BN-headed stack whose later stages are element-wise (BN -> ReLU, BN -> add -> ReLU, BN -> add)
+// may have its first backward sweep done in the data gradient of a conv reading y (docs/fusion.md,
+// "Sweep 1 in the data gradient"), the reader whose backward comes last, so that its dx completes
+// this stack's dy: as each image's planes of that dx are written, still in cache, the conv builds
+// dz from them with the stack's mask, writes it in dy's place and takes each plane's two sums, and
+// the stack runs sweep 2 alone (writing the side gradient there). [1 + 2 N C] floats for a batch of
+// up to N: [0] = 1 where the conv did (0: dy holds the gradient of y), then sum dz per plane
+// [N, C], then sum dz * (x - mean) per plane [N, C].
 inline int64_t dz_sums_floats(int64_t N, int64_t C) { return 1 + 2 * N * C; }
 
-// What that data gradient needs of the stack (Backend::conv2d_backward_data_dz_sums). The conv's
-// input is y = relu(x * scale + shift) (DType::AffineRelu, x f32 in place); dz = dy where
-// x * scale + shift > 0, else +0, as the stack's own sweep 1 builds it.
+// Where the epilogue's ReLU mask comes from: relu(x * scale + shift) > 0 recomputed (the conv's
+// input is y computed by its readers, DType::AffineRelu), y > 0 read from y itself (the conv's
+// input in f32), or none (a stack ending in the add: dz = dy).
+enum class DzMask : uint8_t { FromX, FromY, None };
+
+// What that data gradient needs of the stack (Backend::conv2d_backward_data_dz_sums): x, the BN's
+// input, f32 as the forward wrote it; dz = dy where the mask is on, else +0, as the stack's own
+// sweep 1 builds it.
 struct DzSumsEpilogue {
   const float* x = nullptr;  // [N, C, H, W]
-  const float *scale = nullptr, *shift = nullptr, *mean = nullptr;  // [C]
+  const float *scale = nullptr, *shift = nullptr, *mean = nullptr;  // [C]; scale, shift: FromX
+  DzMask mask = DzMask::FromX;
+  const float* y = nullptr;                // [N, C, H, W]: FromY
   float *sum1 = nullptr, *sum2 = nullptr;  // [N, C] each: sum dz, sum dz * (x - mean) per plane
 };
 

@@ -50,6 +50,19 @@ struct OpAttributes {
   int64_t pad_channels = 0;     // subsample_pad: zero channels before x's
 };
 
+// What a reader that takes a fused stack's first backward sweep is given (Op::take_dz_sums): the
+// stack's mean (its input `mean_input`) and where to write the sums (input `sums_input`, an aux
+// value of the stack). Where the reader's input is the stack's output in f32 (a stack ending in an
+// add, whose y the next block reads, or a y with several readers) rather than computed from x as
+// read (DType::AffineRelu), also the value id of the stack's input x, which the reader's backward
+// reads while the stash holds it in place (OpContext::held_in_place), and whether the stack ends in
+// a ReLU (the mask is then y > 0; else dz = dy).
+struct TakenSweep1 {
+  int mean_input = -1, sums_input = -1;
+  int stack_x = -1;
+  bool relu = true;
+};
+
 class Op {
  public:
   virtual ~Op() = default;
@@ -93,11 +106,10 @@ class Op {
   // Backend::plane_sums), on every first (not recomputing) training forward.
   virtual bool can_write_plane_sums() const { return false; }
   virtual void write_plane_sums(int aux_index) { ET_CHECK(false, type(), " writes no plane sums"); }
-  // Whether this op's data gradient can do the first backward sweep of the BN -> ReLU fused stack
-  // whose output is its input 0 (FusedGrads::dz_sums). take_dz_sums gives it the stack's mean
-  // (input `mean_input`) and where to write (input `sums_input`, an aux value of the stack).
+  // Whether this op's data gradient can do the first backward sweep of the fused stack whose output
+  // is its input 0 (FusedGrads::dz_sums, TakenSweep1 below).
   virtual bool can_take_dz_sums() const { return false; }
-  virtual void take_dz_sums(int mean_input, int sums_input) { ET_CHECK(false, type(), " takes no first sweep"); }
+  virtual void take_dz_sums(const TakenSweep1& sweep) { ET_CHECK(false, type(), " takes no first sweep"); }
   // Whether the backward of a later reader may get this op's output from recompute_output()
   // instead of the stash keeping it (memory.recompute_stack_outputs): only from what this op saves
   // for its own backward (which outlives every later reader's) and its parameters and aux values,

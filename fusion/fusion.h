@@ -35,10 +35,12 @@ struct StackPlan {
   // (Backend::fused_reads_dy_affine: BN -> ReLU -> stride-1 max-pool where lanes8.h builds: AVX2, AVX-512, NEON).
   bool sweep_to_producer = false;
   int producer_stack = -1;  // the index of the fused stack that produced x, if any
-  // BN's first backward sweep done by the data gradient of y's only reader, a conv
-  // (FusedGrads::dz_sums; Op::can_take_dz_sums, Backend::fused_takes_dz_sums): BN -> ReLU on whole
-  // planes. The conv does it where its input is computed by its readers from x (f32, in place) and
-  // its data-gradient kernel can; otherwise the stack sweeps itself.
+  // BN's first backward sweep done by the data gradient of y's first reader, a conv whose backward
+  // comes after every other reader's (FusedGrads::dz_sums; Op::can_take_dz_sums,
+  // Backend::fused_takes_dz_sums): BN -> ReLU, BN -> add -> ReLU, BN -> add on whole planes. The
+  // conv does it where its input is computed by its readers from x (f32, in place), or is y in f32
+  // with x held in place (OpContext::held_in_place), and its data-gradient kernel can; otherwise
+  // the stack sweeps itself.
   bool sweep1_to_reader = false;
   int reader_node = -1;  // y's reader (a node of the graph planned), where sweep1_to_reader
 };

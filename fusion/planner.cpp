@@ -54,10 +54,14 @@ size_t sweep_bytes(const FusedStack& s, int64_t N) {
 // sweep_to_producer): BN -> ReLU -> max-pool of stride 1 on whole planes (the backends that can:
 // Backend::fused_reads_dy_affine).
 // A stack whose first backward sweep its reader's data gradient can do (StackPlan::sweep1_to_reader):
-// BN -> ReLU on whole planes in memory order (the backends that can: Backend::fused_takes_dz_sums).
+// BN -> ReLU, BN -> add -> ReLU or BN -> add on whole planes in memory order (the backends that
+// can: Backend::fused_takes_dz_sums).
 bool takes_dz_sums(const FusedStack& s) {
-  return s.headed_by_bn() && !s.small_planes() && !s.channel_slabs && s.band_rows == 0 && s.stages.size() == 2 &&
-         s.stages[1].kind == FusedKind::Relu;
+  if (!s.headed_by_bn() || s.small_planes() || s.channel_slabs || s.band_rows != 0) return false;
+  std::vector<FusedKind> kinds;
+  for (size_t i = 1; i < s.stages.size(); ++i) kinds.push_back(s.stages[i].kind);
+  using K = FusedKind;
+  return kinds == std::vector<K>{K::Relu} || kinds == std::vector<K>{K::Add, K::Relu} || kinds == std::vector<K>{K::Add};
 }
 
 bool takes_dy_affine(const FusedStack& s) {
@@ -291,15 +295,18 @@ Plan plan(const Graph& g, const FusionSpec& spec) {
             before ? takes_plane_sums(before->stack) : g.node(x.producer).op->can_write_plane_sums();
       sp.sweep_to_producer = s.headed_by_bn() && !s.small_planes() && before && takes_dy_affine(before->stack);
       // BN's first backward sweep in the data gradient of y's reader (not with the second handed on:
-      // that one wants dz parked in dx, the reader leaves it in dy). ET_SWEEP1_IN_READER=0 turns it
-      // off (A/B measurements).
+      // that one wants dz parked in dx, the reader leaves it in dy): y's first reader, whose backward
+      // comes after the others' (a residual block's output: the next block's first conv, after the
+      // next add's side gradient), so its dx completes dy. ET_SWEEP1_IN_READER=0 turns it off (A/B
+      // measurements).
       const Value& y = g.value(sp.output);
       const char* sweep1_env = std::getenv("ET_SWEEP1_IN_READER");
       const bool sweep1_off = sweep1_env && !std::strcmp(sweep1_env, "0");
-      if (!sweep1_off && takes_dz_sums(s) && !sp.sweep_to_producer && y.consumers.size() == 1 &&
-          g.node(y.consumers[0]).op->can_take_dz_sums()) {
+      const int first_reader = y.consumers.empty() ? -1 : *std::min_element(y.consumers.begin(), y.consumers.end());
+      if (!sweep1_off && takes_dz_sums(s) && !sp.sweep_to_producer && first_reader >= 0 &&
+          g.node(first_reader).op->can_take_dz_sums()) {
         sp.sweep1_to_reader = true;
-        sp.reader_node = y.consumers[0];
+        sp.reader_node = first_reader;
       }
       const size_t x_bytes = f32(N * s.C * s.stages[0].H * s.stages[0].W), y_bytes = f32(N * s.C * s.last().P * s.last().Q);
       if (sp.sums_from_producer) sp.bytes_fused -= x_bytes;  // one read of x

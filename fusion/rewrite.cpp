@@ -33,7 +33,8 @@ void apply(Graph& g, const Plan& p) {
   // Readers taking a stack's first backward sweep (StackPlan::sweep1_to_reader): for the reader's
   // old node id, the stack's mean and the aux value the reader writes the sums to (new value ids).
   struct Sweep1Inputs {
-    int mean = -1, sums = -1;
+    int mean = -1, sums = -1, x = -1;
+    bool relu = true;
   };
   std::vector<Sweep1Inputs> sweep1_of(static_cast<size_t>(nn));
   int next_free = 0;
@@ -61,7 +62,12 @@ void apply(Graph& g, const Plan& p) {
       std::vector<int> inputs = mapped(node.inputs);
       const Sweep1Inputs& sw = sweep1_of[size_t(n)];
       if (sw.sums >= 0) {
-        node.op->take_dz_sums(int(inputs.size()), int(inputs.size()) + 1);
+        TakenSweep1 t;
+        t.mean_input = int(inputs.size());
+        t.sums_input = t.mean_input + 1;
+        t.stack_x = sw.x;
+        t.relu = sw.relu;
+        node.op->take_dz_sums(t);
         inputs.push_back(sw.mean);
         inputs.push_back(sw.sums);
       }
@@ -142,7 +148,8 @@ void apply(Graph& g, const Plan& p) {
     for (size_t i = 0; i < head.aux.size(); ++i) vmap[size_t(head.aux[i])] = added.aux[i];
     if (dz_sums_aux >= 0) {
       ET_CHECK(sp.reader_node > n, "fusion rewrite: the reader of ", sp.name, " comes before it");
-      sweep1_of[size_t(sp.reader_node)] = {added.aux[0], added.aux[size_t(dz_sums_aux)]};
+      sweep1_of[size_t(sp.reader_node)] = {added.aux[0], added.aux[size_t(dz_sums_aux)], added.inputs[0],
+                                           sp.stack.last().kind == FusedKind::Relu};
     }
   }
   add_free_values(nv);

@@ -50,12 +50,16 @@ class Conv2dOp final : public Op {
     sums_aux_ = aux_index;
   }
 
-  // The first backward sweep of the BN -> ReLU stack before it, in the data gradient (op.h).
-  bool can_take_dz_sums() const override { return geom_.groups == 1 && dz_mean_input_ < 0; }
-  void take_dz_sums(int mean_input, int sums_input) override {
-    ET_CHECK(can_take_dz_sums() && mean_input >= 2, "conv2d: a first sweep it cannot take");
-    dz_mean_input_ = mean_input;
-    dz_sums_input_ = sums_input;
+  // The first backward sweep of the fused stack before it, in the data gradient (op.h). Not strided:
+  // no backend's strided data gradient writes dx image by image in order (the CPU's go by phases
+  // or channels last), so the plan does not count on it there.
+  bool can_take_dz_sums() const override {
+    return geom_.groups == 1 && geom_.stride_h == 1 && geom_.stride_w == 1 && sweep1_.mean_input < 0;
+  }
+  void take_dz_sums(const TakenSweep1& sweep) override {
+    ET_CHECK(can_take_dz_sums() && sweep.mean_input >= 2 && sweep.sums_input > sweep.mean_input,
+             "conv2d: a first sweep it cannot take");
+    sweep1_ = sweep;
   }
 
   // y [N,K,P,Q] = conv(x [N,C,H,W], w [K,C/g,R,S]) + b [K]
@@ -79,7 +83,7 @@ class Conv2dOp final : public Op {
     const Conv2dGeom g = geom_.with_batch(ctx.batch());
     // The first sweep's flag (take_dz_sums): its buffer lives in the backward only, so it is
     // written here on every path, 1 where data_gradient_with_dz_sums takes the sweep.
-    if (dz_sums_input_ >= 0) ctx.input(dz_sums_input_).f32()[0] = 0.f;
+    if (sweep1_.sums_input >= 0) ctx.input(sweep1_.sums_input).f32()[0] = 0.f;
     GradOut dw = ctx.grad_input(1);
     GradOut db = has_bias(ctx) ? ctx.grad_input(2) : GradOut{};
     GradOut dx = ctx.grad_input(0);
@@ -90,7 +94,7 @@ class Conv2dOp final : public Op {
       const Tensor dy = ctx.grad_output();
       if (dw.wanted) be.conv2d_backward_weight(g, ctx.saved(0, be.conv2d_weight_reads(g)), dy, dw.t, db.t, dw.accumulate, ws);
       const Tensor w = q ? ctx.quant_operand(QuantSlot::WF) : ctx.input(1);
-      if (dx.wanted && !(!q && dw.wanted && !dx.accumulate && data_gradient_with_dz_sums(ctx, g, dy, w, dx.t)))
+      if (dx.wanted && !(!q && dw.wanted && data_gradient_with_dz_sums(ctx, g, dy, w, dx)))
         be.conv2d_backward_data(g, dy, w, dx.t, dx.accumulate, ws);
       return;
     }
@@ -141,28 +145,43 @@ class Conv2dOp final : public Op {
 
  private:
   // The bias is input 2 unless that is the first of take_dz_sums's inputs.
-  bool has_bias(const OpContext& ctx) const { return ctx.has_input(2) && dz_mean_input_ != 2; }
+  bool has_bias(const OpContext& ctx) const { return ctx.has_input(2) && sweep1_.mean_input != 2; }
 
-  // The data gradient with the first backward sweep of the stack before (take_dz_sums), where x is
-  // kept (dw wanted) as the stack's x (f32, in place) that readers compute x from, and the backend's kernel can; sets
-  // the flag the stack reads. False: nothing done.
-  bool data_gradient_with_dz_sums(OpContext& ctx, const Conv2dGeom& g, const Tensor& dy, const Tensor& w, Tensor& dx) {
-    if (dz_sums_input_ < 0 || !ctx.saved_computed_by_readers(0)) return false;
-    const Tensor x = ctx.saved(0, dtype_bit(DType::AffineRelu));
-    ET_CHECK(x.dtype == DType::AffineRelu, "conv2d: input computed by its readers, not offered");
-    const auto* src = static_cast<const AffineReluSource*>(x.data);
-    if (src->x.dtype != DType::F32) return false;
-    Tensor sums = ctx.input(dz_sums_input_);
+  // The data gradient with the first backward sweep of the stack before (take_dz_sums), onto dx
+  // where it accumulates (this conv's backward comes after the other readers of its input's): where
+  // x is kept (dw wanted), either as the stack's x (f32, in place) that readers compute x from
+  // (the mask recomputed from it), or in f32 itself (the mask y > 0, the stack's x read where the
+  // stash holds it in place), and the backend's kernel can; sets the flag the stack reads. False:
+  // nothing done.
+  bool data_gradient_with_dz_sums(OpContext& ctx, const Conv2dGeom& g, const Tensor& dy, const Tensor& w,
+                                  GradOut& dx) {
+    if (sweep1_.sums_input < 0) return false;
+    DzSumsEpilogue e;
+    if (ctx.saved_computed_by_readers(0)) {
+      const Tensor x = ctx.saved(0, dtype_bit(DType::AffineRelu));
+      ET_CHECK(x.dtype == DType::AffineRelu, "conv2d: input computed by its readers, not offered");
+      const auto* src = static_cast<const AffineReluSource*>(x.data);
+      if (src->x.dtype != DType::F32) return false;
+      e.x = src->x.f32();
+      e.scale = src->scale;
+      e.shift = src->shift;
+      e.mask = DzMask::FromX;
+    } else {
+      if (sweep1_.stack_x < 0) return false;
+      const Tensor y = ctx.saved(0, ctx.backend().conv2d_weight_reads(g));  // as the weight gradient read it
+      const Tensor x = ctx.held_in_place(sweep1_.stack_x);
+      if (y.dtype != DType::F32 || !x.defined() || x.numel() != y.numel()) return false;
+      e.x = x.f32();
+      e.y = y.f32();
+      e.mask = sweep1_.relu ? DzMask::FromY : DzMask::None;
+    }
+    Tensor sums = ctx.input(sweep1_.sums_input);
     const int64_t max_n = (sums.numel() - 1) / (2 * g.C);
     ET_CHECK(sums.numel() == dz_sums_floats(max_n, g.C) && max_n >= g.N, "conv2d: dz sums of ", sums.shape.str());
-    DzSumsEpilogue e;
-    e.x = src->x.f32();
-    e.scale = src->scale;
-    e.shift = src->shift;
-    e.mean = ctx.input(dz_mean_input_).f32();
+    e.mean = ctx.input(sweep1_.mean_input).f32();
     e.sum1 = sums.f32() + 1;
     e.sum2 = e.sum1 + max_n * g.C;
-    if (!ctx.backend().conv2d_backward_data_dz_sums(g, dy, w, dx, e, ctx.workspace())) return false;
+    if (!ctx.backend().conv2d_backward_data_dz_sums(g, dy, w, dx.t, dx.accumulate, e, ctx.workspace())) return false;
     sums.f32()[0] = 1.f;
     return true;
   }
@@ -203,7 +222,7 @@ class Conv2dOp final : public Op {
   }
   Conv2dGeom geom_;
   int sums_aux_ = -1;  // write_plane_sums
-  int dz_mean_input_ = -1, dz_sums_input_ = -1;  // take_dz_sums
+  TakenSweep1 sweep1_;  // take_dz_sums
 };
 
 }  // namespace

@@ -223,6 +223,12 @@ Tensor Stash::get_stored(int value_id) const {
   return t;
 }
 
+Tensor Stash::held_in_place(int value_id) const {
+  if (value_id < 0 || size_t(value_id) >= entries_.size()) return Tensor{};
+  const Entry& e = entries_[size_t(value_id)];
+  return e.stored == StashEncoding::ZeroCopy && e.view.dtype == DType::F32 ? e.view : Tensor{};
+}
+
 MaskView Stash::get_mask(int value_id) {
   Entry& e = entries_[size_t(value_id)];
   MaskView m;

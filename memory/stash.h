@@ -88,6 +88,9 @@ class Stash {
   // the codes BitmapI4 / BitmapU4 with their scale (engine/tensor.h), a view into the stash for
   // kernels that decode as they read. Not for values stored as a mask only.
   Tensor get_stored(int value_id) const;
+  // The forward's own f32 buffer where the value is held now, zero copy; else undefined (not
+  // pushed, popped, recomputed, or kept in another encoding).
+  Tensor held_in_place(int value_id) const;
   MaskView get_mask(int value_id);
   void pop(int value_id);
   // The decode buffer's planned lifetime ends (its last f32 read is done) before the value's pop;

@@ -444,7 +444,7 @@ TEST_CASE("a conv data gradient takes the first backward sweep of the BN -> ReLU
       e.mean = mean;
       e.sum1 = sums.data();
       e.sum2 = sums.data() + max_n * g.C;
-      const bool took = be->conv2d_backward_data_dz_sums(g, dyt, wt, tg, e, wsp);
+      const bool took = be->conv2d_backward_data_dz_sums(g, dyt, wt, tg, false, e, wsp);
       cpu::conv_set_path_override(cpu::ConvPathOverride::Auto);
   #if defined(ET_ELEMENTWISE_IN_REGISTERS)
       CHECK(took == takes);

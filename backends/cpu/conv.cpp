@@ -183,28 +183,28 @@ void CpuBackend::conv2d_forward_sums(const Conv2dGeom& g, const Tensor& x, const
 }
 
 // The first sweep of the stack before in the epilogue of the direct (but its channels-last form),
-// Winograd and GEMM data gradients, on the images each has just written; not the implicit GEMM's
-// (the stack sweeps itself there).
+// Winograd and GEMM data gradients, on the images each has just written (added onto dx where
+// accumulate); not the implicit GEMM's (the stack sweeps itself there).
 bool CpuBackend::conv2d_backward_data_dz_sums(const Conv2dGeom& g, const Tensor& dy, const Tensor& w, Tensor& dx,
-                                              const DzSumsEpilogue& e, Workspace ws) {
+                                              bool accumulate, const DzSumsEpilogue& e, Workspace ws) {
 #if defined(ET_ELEMENTWISE_IN_REGISTERS)
   if (g.groups != 1) return false;
   switch (choose(g, ConvPass::BackwardData)) {
     case Path::Direct:
       if (!cpu::direct_dense_dz_sums_applies(g)) return false;
-      cpu::direct_dense_backward_data(g, dy.f32(), w.f32(), dx.f32(), false, ws.data, &e);
+      cpu::direct_dense_backward_data(g, dy.f32(), w.f32(), dx.f32(), accumulate, ws.data, &e);
       return true;
     case Path::Winograd:
-      cpu::winograd_backward_data(g, dy.f32(), w.f32(), dx.f32(), false, ws.data, &e);
+      cpu::winograd_backward_data(g, dy.f32(), w.f32(), dx.f32(), accumulate, ws.data, &e);
       return true;
     case Path::Gemm:
-      cpu::gemm_conv_backward_data(g, dy.f32(), w.f32(), dx.f32(), false, ws.data, &e);
+      cpu::gemm_conv_backward_data(g, dy.f32(), w.f32(), dx.f32(), accumulate, ws.data, &e);
       return true;
     default:
       return false;
   }
 #else
-  (void)g, (void)dy, (void)w, (void)dx, (void)e, (void)ws;
+  (void)g, (void)dy, (void)w, (void)dx, (void)accumulate, (void)e, (void)ws;
   return false;
 #endif
 }

@@ -410,7 +410,7 @@ bool direct_dense_dz_sums_applies(const Conv2dGeom& g) {
 
 void direct_dense_backward_data(const Conv2dGeom& g, const float* dy, const float* w, float* dx, bool accumulate,
                                 void* ws, const DzSumsEpilogue* dz_sums) {
-  ET_CHECK(!dz_sums || (direct_dense_dz_sums_applies(g) && !accumulate), "direct data gradient: dz sums here");
+  ET_CHECK(!dz_sums || direct_dense_dz_sums_applies(g), "direct data gradient: dz sums here");
   if (dgrad_cl_chosen(g)) return dgrad_cl(g, dy, w, dx, accumulate, ws);
   const int64_t Cg = g.C / g.groups, Kg = g.K / g.groups, RS = g.R * g.S, Cr = round_up(Cg, MR);
   const Flat f = bwd_data_flat(g);  // f.rows == H
@@ -437,7 +437,7 @@ void direct_dense_backward_data(const Conv2dGeom& g, const float* dy, const floa
         // while they are in this core's cache.
         auto sweep1 = [&](int64_t c0, int64_t c1) {
 #if defined(ET_ELEMENTWISE_IN_REGISTERS)
-          if (dz_sums) fused_elementwise::relu_dz_sums_planes(*dz_sums, pl0 + c0, pl0 + c1, g.C, HW, dx);
+          if (dz_sums) fused_elementwise::dz_sums_planes(*dz_sums, pl0 + c0, pl0 + c1, g.C, HW, dx);
 #else
           (void)c0, (void)c1;
 #endif

@@ -266,7 +266,7 @@ void gemm_conv_forward(const Conv2dGeom& g, const Tensor& xt, const float* w, co
 
 void gemm_conv_backward_data(const Conv2dGeom& g, const float* dy, const float* w, float* dx, bool accumulate,
                              void* ws, const DzSumsEpilogue* dz_sums) {
-  ET_CHECK(!dz_sums || (!accumulate && g.groups == 1), "gemm data gradient: dz sums here");
+  ET_CHECK(!dz_sums || g.groups == 1, "gemm data gradient: dz sums here");
   const int threads = omp_get_max_threads();
   const Layout l = bwd_data_layout(g, threads);
   const int64_t RS = g.R * g.S, Cg = g.C / g.groups, Kg = g.K / g.groups, CRS = Cg * RS, PQ = g.P * g.Q,
@@ -314,7 +314,7 @@ void gemm_conv_backward_data(const Conv2dGeom& g, const float* dy, const float* 
         }
       }
 #if defined(ET_ELEMENTWISE_IN_REGISTERS)
-      if (dz_sums) fused_elementwise::relu_dz_sums_images(*dz_sums, n0, n0 + nb, g.C, HW, dx);  // in cache
+      if (dz_sums) fused_elementwise::dz_sums_images(*dz_sums, n0, n0 + nb, g.C, HW, dx);  // in cache
 #endif
     }
   }

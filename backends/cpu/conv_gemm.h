@@ -23,7 +23,7 @@ size_t gemm_conv_workspace(const Conv2dGeom& g, ConvPass pass, int threads);
 // (bn_rows::plane_sums), taken after each chunk of images is written, while it is in cache.
 void gemm_conv_forward(const Conv2dGeom& g, const Tensor& x, const float* w, const float* b, float* y, void* ws,
                        float* sum1 = nullptr, float* sum2 = nullptr);
-// dz_sums (groups 1, not accumulating; or null): conv_direct.h's epilogue, on each thread's chunk
+// dz_sums (groups 1; or null): conv_direct.h's epilogue, on each thread's chunk
 // of images as written.
 void gemm_conv_backward_data(const Conv2dGeom& g, const float* dy, const float* w, float* dx, bool accumulate,
                              void* ws, const DzSumsEpilogue* dz_sums = nullptr);

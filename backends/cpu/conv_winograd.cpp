@@ -272,7 +272,7 @@ void run(const Wino& w, const ConvInput& in, const float* wt, bool flip, const f
         for (int64_t pl = n0 * w.Co; pl < (n0 + nb) * w.Co; ++pl)
           bn_rows::plane_sums(out + pl * w.Ho * w.Wo, w.Ho * w.Wo, sum1 + pl, sum2 + pl);
 #if defined(ET_ELEMENTWISE_IN_REGISTERS)
-      if (dz_sums) fused_elementwise::relu_dz_sums_images(*dz_sums, n0, n0 + nb, w.Co, w.Ho * w.Wo, out);
+      if (dz_sums) fused_elementwise::dz_sums_images(*dz_sums, n0, n0 + nb, w.Co, w.Ho * w.Wo, out);
 #endif
     }
   }
@@ -464,7 +464,6 @@ void winograd_forward(const Conv2dGeom& g, const Tensor& x, const float* w, cons
 
 void winograd_backward_data(const Conv2dGeom& g, const float* dy, const float* w, float* dx, bool accumulate,
                             void* ws, const DzSumsEpilogue* dz_sums) {
-  ET_CHECK(!dz_sums || !accumulate, "winograd data gradient: dz sums of an accumulated dx");
   run(data_wino(g), ConvInput(dy), w, true, nullptr, dx, accumulate, ws, nullptr, nullptr, dz_sums);
 }
 

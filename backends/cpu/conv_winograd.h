@@ -16,7 +16,7 @@ size_t winograd_workspace(const Conv2dGeom& g, ConvPass pass, int threads);
 // reading y takes from its producer), taken per chunk of images while y is in this core's cache.
 void winograd_forward(const Conv2dGeom& g, const Tensor& x, const float* w, const float* b, float* y, void* ws,
                       float* sum1 = nullptr, float* sum2 = nullptr);
-// dz_sums (not accumulating; or null): conv_direct.h's epilogue, on each chunk of images as written.
+// dz_sums (or null): conv_direct.h's epilogue, on each chunk of images as written.
 void winograd_backward_data(const Conv2dGeom& g, const float* dy, const float* w, float* dx, bool accumulate,
                             void* ws, const DzSumsEpilogue* dz_sums = nullptr);
 // x: f32 or any stash encoding (memory/stored_reader.h), decoded an image at a time.

@@ -30,7 +30,7 @@ class CpuBackend : public Backend {
   void conv2d_backward_data(const Conv2dGeom& g, const Tensor& dy, const Tensor& w, Tensor& dx, bool accumulate,
                             Workspace ws) override;
   bool conv2d_backward_data_dz_sums(const Conv2dGeom& g, const Tensor& dy, const Tensor& w, Tensor& dx,
-                                    const DzSumsEpilogue& e, Workspace ws) override;
+                                    bool accumulate, const DzSumsEpilogue& e, Workspace ws) override;
   DTypeSet conv2d_weight_reads(const Conv2dGeom& g) const override;
   DTypeSet conv2d_forward_reads(const Conv2dGeom& g) const override;
   void conv2d_backward_weight(const Conv2dGeom& g, const Tensor& x, const Tensor& dy, Tensor& dw, Tensor& db,

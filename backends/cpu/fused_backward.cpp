@@ -31,11 +31,12 @@ bool CpuBackend::fused_reads_dy_affine(const FusedStack& s) const {
   return bn_relu_pool_stride1(s) && !s.small_planes();
 }
 
-// Sweep 1 in the reader's data gradient (conv_direct.cpp, relu_dz_sums_plane): stacks whose own
-// sweep 1 is elementwise_dz's in memory order, so the sums are those bits.
+// Sweep 1 in the reader's data gradient (fused_elementwise::dz_sums_plane): stacks whose own
+// sweep 1 is elementwise_dz's in memory order (BN -> ReLU, BN -> add -> ReLU, BN -> add), so the
+// sums are those bits; sweep 2 then writes the side gradient from the parked dz.
 bool CpuBackend::fused_takes_dz_sums(const FusedStack& s) const {
 #if defined(ET_ELEMENTWISE_IN_REGISTERS)
-  return s.headed_by_bn() && elementwise_kind(s) == ElementwiseOnly::Relu && !s.small_planes() &&
+  return s.headed_by_bn() && elementwise_kind(s) != ElementwiseOnly::No && !s.small_planes() &&
          !s.channel_slabs && s.band_rows == 0;
 #else
   (void)s;
@@ -112,7 +113,7 @@ void CpuBackend::fused_backward(const FusedStack& s, const FusedTensors& t, Fuse
   // Sweep 1 done by the reader's data gradient (FusedGrads::dz_sums): dz in dy, the planes' sums
   // in g.dz_sums; sweep 2 alone is left.
   const bool dz_in_dy = g.dz_sums.defined();
-  ET_CHECK(!dz_in_dy || (fused_takes_dz_sums(s) && memory_order && in_registers && recompute && !hand_on &&
+  ET_CHECK(!dz_in_dy || (fused_takes_dz_sums(s) && memory_order && in_registers && !hand_on &&
                          g.dz_sums.numel() >= dz_sums_floats(N, C)),
            "fused stack: a first sweep taken from its reader it cannot use");
   ET_CHECK(!dy_coef || fused_reads_dy_affine(s), "fused stack: dy handed on to a stack that cannot read it");
@@ -194,6 +195,17 @@ void CpuBackend::fused_backward(const FusedStack& s, const FusedTensors& t, Fuse
     return bn_rows::channel_gradients(sdy, sdyx, t.gamma, t.mean, t.invstd, c, N * HW, g.dgamma, g.dbeta,
                                       g.params_accumulate);
   };
+  // Sweep 1 taken by the reader: the side gradient from the dz it parked in dy, before dx takes its
+  // place, as sweep 1 writes it (elementwise_dz: dz, or the side gradient + dz).
+  auto side_from_parked_dz = [&](int64_t pl) {
+    if (!g.dside.defined()) return;
+    const float* dz = g.dy.f32() + pl * HW;
+    float* ds = g.dside.f32() + pl * HW;
+    if (g.dside_accumulate)
+      for (int64_t i = 0; i < HW; ++i) ds[i] += dz[i];
+    else
+      std::memcpy(ds, dz, sizeof(float) * size_t(HW));
+  };
   // Sweep 2 on plane (n, c): dx = a * dz + b * x + c0.
   auto sweep2 = [&](float* scratch, int64_t pl, const bn_rows::GradCoefficients& k) {
     float* dx = g.dx.f32() + pl * HW;
@@ -226,6 +238,7 @@ void CpuBackend::fused_backward(const FusedStack& s, const FusedTensors& t, Fuse
                       : park         ? dx
                       : pool_stride1 ? pool_stride1_dz(pl, x, scratch + S * plane)
                                      : plane_dz(scratch, pl, x, false);
+    if (dz_in_dy) side_from_parked_dz(pl);
     bn_rows::grad_apply(dz, x, k, HW, dx, g.dx_accumulate);
   };
 
@@ -253,6 +266,9 @@ void CpuBackend::fused_backward(const FusedStack& s, const FusedTensors& t, Fuse
       if (g.dx.defined() && !hand_on) {
 #pragma omp for schedule(static)
         for (int64_t pl = 0; pl < N * C; ++pl) sweep2(scratch, pl, coef[pl % C]);
+      } else if (dz_in_dy && g.dside.defined()) {
+#pragma omp for schedule(static)
+        for (int64_t pl = 0; pl < N * C; ++pl) side_from_parked_dz(pl);
       }
     } else {
 #pragma omp for schedule(static, s.tile_channels)

@@ -129,18 +129,32 @@ inline auto elementwise_dz(ElementwiseOnly e, FusedGrads& g, const FusedTensors&
   };
 }
 
-// The first backward sweep of a BN -> ReLU stack over plane (n, c) done by its reader's data
-// gradient (FusedGrads::dz_sums): d holds the plane's dy and gets dz, with the arithmetic of
-// elementwise_dz (ReLU, mask recomputed from x) and the sums of the stack's sweep 1.
-inline void relu_dz_sums_plane(const float* x, float scale, float shift, float mean, float* d, int64_t HW, float* s1,
-                               float* s2) {
-  const __m512 vscale = _mm512_set1_ps(scale), vshift = _mm512_set1_ps(shift);
+// The first backward sweep of a stack over plane (n, c) done by its reader's data gradient
+// (FusedGrads::dz_sums): d holds the plane's dy and gets dz, with the arithmetic of elementwise_dz
+// (the ReLU's mask recomputed from x, or read from y, or none after an add) and the sums of the
+// stack's sweep 1. x, y: the plane's.
+inline void dz_sums_plane(const DzSumsEpilogue& e, int64_t c, const float* x, const float* y, float* d, int64_t HW,
+                          float* s1, float* s2) {
+  if (e.mask == DzMask::None) {  // dz = dy, in place already
+    auto dz = [=](int64_t i, __mmask16 m) ET_ALWAYS_INLINE { return _mm512_maskz_loadu_ps(m, d + i); };
+    return bn_rows::grad_sums(dz, x, e.mean[c], HW, s1, s2);
+  }
+  if (e.mask == DzMask::FromY) {  // y > 0, as elementwise_dz reads a dense saved y
+    auto dz = [=](int64_t i, __mmask16 m) ET_ALWAYS_INLINE {
+      const __mmask16 on = _mm512_mask_cmp_ps_mask(m, _mm512_maskz_loadu_ps(m, y + i), _mm512_setzero_ps(), _CMP_GT_OQ);
+      const __m512 v = _mm512_maskz_loadu_ps(on, d + i);
+      _mm512_mask_storeu_ps(d + i, m, v);
+      return v;
+    };
+    return bn_rows::grad_sums(dz, x, e.mean[c], HW, s1, s2);
+  }
+  const __m512 vscale = _mm512_set1_ps(e.scale[c]), vshift = _mm512_set1_ps(e.shift[c]);
   auto dz = [=](int64_t i, __mmask16 m) ET_ALWAYS_INLINE {
     const __m512 v = _mm512_maskz_loadu_ps(relu_on(m, x + i, vscale, vshift), d + i);
     _mm512_mask_storeu_ps(d + i, m, v);
     return v;
   };
-  bn_rows::grad_sums(dz, x, mean, HW, s1, s2);
+  bn_rows::grad_sums(dz, x, e.mean[c], HW, s1, s2);
 }
 #elif defined(ET_LANES16)
 // The AVX-512 functions above on AVX2's or NEON's registers (lanes16.h), with the same arithmetic.
@@ -207,31 +221,42 @@ inline auto elementwise_dz(ElementwiseOnly e, FusedGrads& g, const FusedTensors&
   };
 }
 
-inline void relu_dz_sums_plane(const float* x, float scale, float shift, float mean, float* d, int64_t HW, float* s1,
-                               float* s2) {
+inline void dz_sums_plane(const DzSumsEpilogue& e, int64_t c, const float* x, const float* y, float* d, int64_t HW,
+                          float* s1, float* s2) {
   using namespace lanes16;
-  const Lanes16 vscale = splat16(scale), vshift = splat16(shift);
+  if (e.mask == DzMask::None) {  // dz = dy, in place already
+    auto dz = [=](int64_t i, auto m) ET_ALWAYS_INLINE { return and16(load16(m, d + i), on16(m)); };
+    return bn_rows::grad_sums(dz, x, e.mean[c], HW, s1, s2);
+  }
+  if (e.mask == DzMask::FromY) {  // y > 0, as elementwise_dz reads a dense saved y
+    auto dz = [=](int64_t i, auto m) ET_ALWAYS_INLINE {
+      const Lanes16 v = and16(load16(m, d + i), and16(on16(m), gt_zero16(load16(m, y + i))));  // +0 in the lanes off
+      store16(m, d + i, v);
+      return v;
+    };
+    return bn_rows::grad_sums(dz, x, e.mean[c], HW, s1, s2);
+  }
+  const Lanes16 vscale = splat16(e.scale[c]), vshift = splat16(e.shift[c]);
   auto dz = [=](int64_t i, auto m) ET_ALWAYS_INLINE {
     const Lanes16 v = and16(load16(m, d + i), relu_on(m, x + i, vscale, vshift));  // +0 in the lanes off
     store16(m, d + i, v);
     return v;
   };
-  bn_rows::grad_sums(dz, x, mean, HW, s1, s2);
+  bn_rows::grad_sums(dz, x, e.mean[c], HW, s1, s2);
 }
 #endif
 
 #if defined(ET_ELEMENTWISE_IN_REGISTERS)
-// relu_dz_sums_plane over planes [pl0, pl1) (plane n * C + c) of a data gradient dx [N, C, HW]
-// (each conv kernel calls it on the planes it has just written, while they are in its core's cache).
-inline void relu_dz_sums_planes(const DzSumsEpilogue& e, int64_t pl0, int64_t pl1, int64_t C, int64_t HW, float* dx) {
-  for (int64_t pl = pl0; pl < pl1; ++pl) {
-    const int64_t c = pl % C;
-    relu_dz_sums_plane(e.x + pl * HW, e.scale[c], e.shift[c], e.mean[c], dx + pl * HW, HW, e.sum1 + pl, e.sum2 + pl);
-  }
+// dz_sums_plane over planes [pl0, pl1) (plane n * C + c) of a data gradient dx [N, C, HW], its
+// final values (each conv kernel calls it on the planes it has just written, while they are in its
+// core's cache).
+inline void dz_sums_planes(const DzSumsEpilogue& e, int64_t pl0, int64_t pl1, int64_t C, int64_t HW, float* dx) {
+  for (int64_t pl = pl0; pl < pl1; ++pl)
+    dz_sums_plane(e, pl % C, e.x + pl * HW, e.y ? e.y + pl * HW : nullptr, dx + pl * HW, HW, e.sum1 + pl, e.sum2 + pl);
 }
 // ... over images [n0, n1).
-inline void relu_dz_sums_images(const DzSumsEpilogue& e, int64_t n0, int64_t n1, int64_t C, int64_t HW, float* dx) {
-  relu_dz_sums_planes(e, n0 * C, n1 * C, C, HW, dx);
+inline void dz_sums_images(const DzSumsEpilogue& e, int64_t n0, int64_t n1, int64_t C, int64_t HW, float* dx) {
+  dz_sums_planes(e, n0 * C, n1 * C, C, HW, dx);
 }
 #endif
 
