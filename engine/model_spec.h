@@ -20,6 +20,9 @@ struct FusionSpec {
   std::vector<std::string> disable;  // stacks left unfused, by name (their head BN layer)
   int64_t cache_kb = 0;              // cache a tile must fit in; 0 = this core's L2 (sysfs, else CPUID)
   int64_t llc_kb = 0;                // last-level cache, for streaming stores; 0 = sysfs, else CPUID
+  // BN's first backward sweep in the data gradient of the conv reading the stack's output, where
+  // it can (fusion::StackPlan::sweep1_to_reader); false: every stack sweeps itself (A/B runs).
+  bool sweep1_in_reader = true;
 };
 
 // Which parameters train (config section `finetune`, docs/finetune.md; models/freeze.cpp).

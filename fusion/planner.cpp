@@ -297,13 +297,11 @@ Plan plan(const Graph& g, const FusionSpec& spec) {
       // BN's first backward sweep in the data gradient of y's reader (not with the second handed on:
       // that one wants dz parked in dx, the reader leaves it in dy): y's first reader, whose backward
       // comes after the others' (a residual block's output: the next block's first conv, after the
-      // next add's side gradient), so its dx completes dy. ET_SWEEP1_IN_READER=0 turns it off (A/B
-      // measurements).
+      // next add's side gradient), so its dx completes dy. fusion.sweep1_in_reader = false turns it
+      // off (A/B measurements: bench step --against fusion.sweep1_in_reader=false).
       const Value& y = g.value(sp.output);
-      const char* sweep1_env = std::getenv("ET_SWEEP1_IN_READER");
-      const bool sweep1_off = sweep1_env && !std::strcmp(sweep1_env, "0");
       const int first_reader = y.consumers.empty() ? -1 : *std::min_element(y.consumers.begin(), y.consumers.end());
-      if (!sweep1_off && takes_dz_sums(s) && !sp.sweep_to_producer && first_reader >= 0 &&
+      if (spec.sweep1_in_reader && takes_dz_sums(s) && !sp.sweep_to_producer && first_reader >= 0 &&
           g.node(first_reader).op->can_take_dz_sums()) {
         sp.sweep1_to_reader = true;
         sp.reader_node = first_reader;

@@ -166,6 +166,15 @@ TEST_CASE("train.device selects the backend, and one this build lacks is an erro
   CHECK_FALSE(parse_config(j, "t.json").model.fusion.enabled);
   j["fusion"] = {{"enabled", "yes"}};
   CHECK_THROWS_WITH(parse_config(j, "t.json"), Catch::Contains("fusion.enabled") && Catch::Contains("\"yes\""));
+  // fusion.sweep1_in_reader: on by default, written back, a boolean
+  j["fusion"] = json::object();
+  CHECK(parse_config(j, "t.json").model.fusion.sweep1_in_reader);
+  j["fusion"] = {{"sweep1_in_reader", false}};
+  const Config no_sweep = parse_config(j, "t.json");
+  CHECK_FALSE(no_sweep.model.fusion.sweep1_in_reader);
+  CHECK_FALSE(parse_config(no_sweep.resolved(), "r.json").model.fusion.sweep1_in_reader);
+  j["fusion"] = {{"sweep1_in_reader", 1}};
+  CHECK_THROWS_WITH(parse_config(j, "t.json"), Catch::Contains("fusion.sweep1_in_reader"));
   j["train"]["device"] = "cuda";
   j.erase("fusion");
   j["quant"] = {{"forward", "int4"}, {"backward", "luq_fp4"}};  // 4-bit training runs on CUDA
