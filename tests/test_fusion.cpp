@@ -239,6 +239,22 @@ TEST_CASE("fusion: a conv's data gradient takes the first backward sweep of the 
           INFO("stash format " << stash_format_name(f) << ", checkpoint_every " << every);
           StashOptions o = stash(f, every);
           o.recompute_stack_outputs = true;  // the readers compute y (the configs' default where it combines)
+          if (f == StashFormat::DenseF32 && every == 0) {
+            // y kept instead: the conv reads the mask from y and the stack's x where the stash holds it
+            // in place (OpContext::held_in_place), the same bits.
+            StashOptions kept = o;
+            kept.recompute_stack_outputs = false;
+            Executor ex(fused, *be, kept);
+            init_parameters(ex, 7);
+            fill(ex, c.batch);
+            FlagAfterBackward check(ex, ".dz_sums");
+            ex.set_observer(&check);
+            ex.forward(c.batch, true);
+            ex.backward();
+            ex.set_observer(nullptr);
+            CHECK(check.set == (can ? check.linked : 0));
+            CHECK(differing(train(plain, c.batch, kept), train(fused, c.batch, kept)) == 0);
+          }
           {
             Executor ex(fused, *be, o);
             init_parameters(ex, 7);
