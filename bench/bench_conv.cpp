@@ -45,6 +45,7 @@
 #include "bench/conv_shapes.h"
 #include "engine/affine_relu.h"
 #include "engine/fused_stack.h"
+#include "fusion/fusion.h"
 
 using namespace et;
 using et::bench::Shape2;
@@ -204,7 +205,7 @@ int main(int argc, char** argv) {
   if (csv) std::printf("net,shape,count,fwd_ms,bwd_data_ms,bwd_weight_ms\n");
   else if (fused)
     std::printf("threads %d, batch %ld, median of %d, alternating; each pass: plain ms, fused form ms, ratio "
-                "(*: x not computed from the stack on this path; -: no epilogue on this path, or the stack keeps its first sweep)\n",
+                "(*: x not computed from the stack here; -: no epilogue on this path, or the stack keeps its first sweep; forward: y's plane sums where the stack after takes them)\n",
                 omp_get_max_threads(), long(batch), reps);
   else
     std::printf("threads %d, batch %ld, median of %d\n%-12s %-26s %3s | %8s %8s %8s | %7s %7s %7s  (ms | GFLOP/s)\n",
@@ -242,15 +243,21 @@ int main(int argc, char** argv) {
       e.x = x.v.data();
       e.scale = scale.data(), e.shift = shift.data(), e.mean = mean.data();
       e.sum1 = dzs.data(), e.sum2 = dzs.data() + g.N * g.C;
-      const bool aff = dtype_in(DType::AffineRelu, be->conv2d_forward_reads(g));
-      const auto f = time_pair_ms(reps, [&] { be->conv2d_forward(g, x.t, w.t, none, y.t, ws); },
-                                  [&] { be->conv2d_forward_sums(g, aff ? xa : x.t, w.t, none, y.t, st, ws); });
+      // As in a training step: x computed from the stack where its readers compute it in forward, y's
+      // plane sums where the stack after takes them (neither on planes of 16 or fewer elements).
+      const FusedStack after = stack_before(g.K, g.P, g.Q);
+      const bool aff = be->fused_forward_by_readers(before) && dtype_in(DType::AffineRelu, be->conv2d_forward_reads(g));
+      const bool take_sums = fusion::takes_plane_sums(after);
+      const auto f = time_pair_ms(reps, [&] { be->conv2d_forward(g, x.t, w.t, none, y.t, ws); }, [&] {
+        if (take_sums) return be->conv2d_forward_sums(g, aff ? xa : x.t, w.t, none, y.t, st, ws);
+        be->conv2d_forward(g, aff ? xa : x.t, w.t, none, y.t, ws);
+      });
       bool epi = be->fused_takes_dz_sums(before);
       const auto d = time_pair_ms(reps, [&] { be->conv2d_backward_data(g, dy.t, w.t, dx.t, false, ws); }, [&] {
         if (!epi || !(epi = be->conv2d_backward_data_dz_sums(g, dy.t, w.t, dx.t, false, e, ws)))
           be->conv2d_backward_data(g, dy.t, w.t, dx.t, false, ws);
       });
-      const bool waff = dtype_in(DType::AffineRelu, be->conv2d_weight_reads(g));
+      const bool waff = be->fused_recomputes(before) && dtype_in(DType::AffineRelu, be->conv2d_weight_reads(g));
       const auto wg = time_pair_ms(reps, [&] { be->conv2d_backward_weight(g, x.t, dy.t, dw.t, none, false, ws); },
                                    [&] { be->conv2d_backward_weight(g, waff ? xa : x.t, dy.t, dw.t, none, false, ws); });
       std::printf("%-12s %-26s %3ld | fwd %7.3f %7.3f %5.3fx%s | bwd_d %7.3f %7.3f %5.3fx%s | bwd_w %7.3f %7.3f %5.3fx%s\n",

@@ -225,4 +225,28 @@ TEST_CASE("fusion: the relu(affine) run a reader computes a stack output with is
       CHECK(std::memcmp(y.data(), ref.data(), size_t(count) * 4) == 0);
       CHECK(y[size_t(count)] == 7.f);
     }
+  // Planes of 1, 2, 4 and 8 elements over 8 and 32 channels, several vectors long, which AVX-512
+  // takes 16 / plane planes a vector (each lane its channel's coefficients, wrapping after the last
+  // channel), from a start on a vector's first channel, on another channel, or inside a plane.
+  std::vector<float> xs, sc(32), sh(32);
+  for (int k = 0; k < 12; ++k) xs.insert(xs.end(), x.begin(), x.end());  // 576 values
+  for (int64_t c = 0; c < 32; ++c) {
+    sc[size_t(c)] = c % 3 == 0 ? fma_x : float(c - 12) / 8.f;
+    sh[size_t(c)] = c % 4 == 0 ? -1.f : float(7 - c) / 16.f;
+  }
+  for (int64_t channels : {8, 32})
+    for (int64_t plane : {1, 2, 4, 8})
+      for (int64_t begin : {int64_t(0), plane, int64_t(16), 3 * plane, int64_t(1), 40 * plane}) {
+        const int64_t count = std::min<int64_t>(int64_t(xs.size()), 9 * 16 + 5);
+        std::vector<float> y(static_cast<size_t>(count) + 1, 7.f), ref(static_cast<size_t>(count));
+        for (int64_t i = 0; i < count; ++i) {
+          const int64_t c = (begin + i) / plane % channels;
+          const float v = forward_affine(xs[size_t(i)], sc[size_t(c)], sh[size_t(c)]);
+          ref[size_t(i)] = v > 0.f ? v : 0.f;
+        }
+        run(xs.data(), sc.data(), sh.data(), channels, plane, begin, count, y.data());
+        INFO("channels " << channels << " plane " << plane << " begin " << begin);
+        CHECK(std::memcmp(y.data(), ref.data(), size_t(count) * 4) == 0);
+        CHECK(y[size_t(count)] == 7.f);
+      }
 }
