@@ -111,12 +111,12 @@ std::pair<double, double> time_pair_ms(int reps, A&& a, B&& b) {
   return {median(ta), median(tb)};
 }
 
-// The BN -> ReLU stack before a conv, over C channels of H x W planes: its output y = relu(x * scale
-// + shift) is computed by the engine's own run (Backend::fused_affine_relu: fused.cpp's
-// bn_relu_run), so the fused forms time what a training step runs (session 42; a loop of the
-// bench's own before), and the conv's data gradient takes its first sweep only where the stack
-// hands it on (Backend::fused_takes_dz_sums: not on the small planes of VGG's last layers).
-FusedStack stack_before(int64_t C, int64_t H, int64_t W) {
+// A BN -> ReLU stack over C channels of H x W planes, the one before a conv or after it. The one
+// before computes x by the engine's own run (Backend::fused_affine_relu: fused.cpp's bn_relu_run),
+// so the fused forms time what a training step runs (session 42; a loop of the bench's own
+// before), and the conv's data gradient takes its first sweep only where that stack hands it on
+// (Backend::fused_takes_dz_sums: not on the small planes of VGG's last layers).
+FusedStack bn_relu_stack(int64_t C, int64_t H, int64_t W) {
   FusedStack s;
   s.C = C;
   for (FusedKind k : {FusedKind::BatchNorm, FusedKind::Relu}) {
@@ -232,7 +232,7 @@ int main(int argc, char** argv) {
       if (g.groups != 1) continue;
       // The stack before the conv: x = relu(xs * scale + shift); the stack after it: BN over y.
       std::vector<float> scale(size_t(g.C), 0.9f), shift(size_t(g.C), 0.05f), mean(size_t(g.C), 0.01f);
-      const FusedStack before = stack_before(g.C, g.H, g.W);
+      const FusedStack before = bn_relu_stack(g.C, g.H, g.W);
       const AffineReluRun run = be->fused_affine_relu(before);
       ET_CHECK(run, "bench_conv: the backend computes no BN -> ReLU stack output");
       AffineReluSource src{x.t, scale.data(), shift.data(), run};
@@ -245,7 +245,7 @@ int main(int argc, char** argv) {
       e.sum1 = dzs.data(), e.sum2 = dzs.data() + g.N * g.C;
       // As in a training step: x computed from the stack where its readers compute it in forward, y's
       // plane sums where the stack after takes them (neither on planes of 16 or fewer elements).
-      const FusedStack after = stack_before(g.K, g.P, g.Q);
+      const FusedStack after = bn_relu_stack(g.K, g.P, g.Q);
       const bool aff = be->fused_forward_by_readers(before) && dtype_in(DType::AffineRelu, be->conv2d_forward_reads(g));
       const bool take_sums = fusion::takes_plane_sums(after);
       const auto f = time_pair_ms(reps, [&] { be->conv2d_forward(g, x.t, w.t, none, y.t, ws); }, [&] {

@@ -8,8 +8,6 @@
 // a pool whose windows do not overlap is a stack of its own (VGG without BN).
 #include <algorithm>
 #include <cstdio>
-#include <cstdlib>
-#include <cstring>
 #include <sstream>
 #include <utility>
 
@@ -58,10 +56,10 @@ size_t sweep_bytes(const FusedStack& s, int64_t N) {
 // can: Backend::fused_takes_dz_sums).
 bool takes_dz_sums(const FusedStack& s) {
   if (!s.headed_by_bn() || s.small_planes() || s.channel_slabs || s.band_rows != 0) return false;
-  std::vector<FusedKind> kinds;
-  for (size_t i = 1; i < s.stages.size(); ++i) kinds.push_back(s.stages[i].kind);
-  using K = FusedKind;
-  return kinds == std::vector<K>{K::Relu} || kinds == std::vector<K>{K::Add, K::Relu} || kinds == std::vector<K>{K::Add};
+  const size_t n = s.stages.size();
+  const FusedKind second = n > 1 ? s.stages[1].kind : FusedKind::None;
+  if (n == 2) return second == FusedKind::Relu || second == FusedKind::Add;
+  return n == 3 && second == FusedKind::Add && s.stages[2].kind == FusedKind::Relu;
 }
 
 bool takes_dy_affine(const FusedStack& s) {

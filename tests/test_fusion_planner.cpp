@@ -197,23 +197,18 @@ TEST_CASE("fusion: fused stacks plan no more activation memory, less where saves
   // Every second conv, MobileNet-V2: where the m-th conv (a shortcut) follows the projection conv,
   // the segment starts at the shortcut and keeps the projection's narrow output, not the 6x
   // expanded stack output the projection reads (12 % more activations planned at batch 128).
-  SECTION("mobilenetv2 checkpoint_every 2") {
-    Graph plain, fused;
-    build_model(plain, spec_of("mobilenetv2", 16, 32, false));
-    build_model(fused, spec_of("mobilenetv2", 16, 32, true));
-    auto be = make_cpu_backend();
-    Executor a(plain, *be, stash(StashFormat::DenseF32, 2)), b(fused, *be, stash(StashFormat::DenseF32, 2));
-    CHECK(double(b.memory().activations_planned) <= 1.02 * double(a.memory().activations_planned));
-  }
-  // The same at batch 128, as configs/mobilenetv2_cifar10.json trains: the one shipped plan whose
-  // packing left the fused arena above the unfused one (481.07 against 480.57 MB, with fewer bytes
-  // alive at once) until the planner tried up to 1024 perturbed orders (memory/planner.cpp).
-  SECTION("mobilenetv2 checkpoint_every 2 at batch 128: not above, exactly") {
-    Graph plain, fused;
-    build_model(plain, spec_of("mobilenetv2", 128, 32, false));
-    build_model(fused, spec_of("mobilenetv2", 128, 32, true));
-    auto be = make_cpu_backend();
-    Executor a(plain, *be, stash(StashFormat::DenseF32, 2)), b(fused, *be, stash(StashFormat::DenseF32, 2));
-    CHECK(b.memory().activations_planned <= a.memory().activations_planned);
+  // At batch 128, as configs/mobilenetv2_cifar10.json trains, not above at all: the one shipped
+  // plan whose packing left the fused arena above the unfused one (481.07 against 480.57 MB, with
+  // fewer bytes alive at once) until the planner tried up to 1024 perturbed orders (memory/planner.cpp).
+  for (int64_t batch : {16, 128}) {
+    DYNAMIC_SECTION("mobilenetv2 checkpoint_every 2, batch " << batch) {
+      Graph plain, fused;
+      build_model(plain, spec_of("mobilenetv2", batch, 32, false));
+      build_model(fused, spec_of("mobilenetv2", batch, 32, true));
+      auto be = make_cpu_backend();
+      Executor a(plain, *be, stash(StashFormat::DenseF32, 2)), b(fused, *be, stash(StashFormat::DenseF32, 2));
+      const double slack = batch == 128 ? 1.0 : 1.02;
+      CHECK(double(b.memory().activations_planned) <= slack * double(a.memory().activations_planned));
+    }
   }
 }
