@@ -30,6 +30,9 @@ class StoredReader {
   const float* read_at(int64_t begin, int64_t count, int64_t* cursor);
   int64_t cursor_at(int64_t begin) const;
   bool is_bitmap() const { return bits_ != nullptr; }  // of the source, for AffineRelu
+  // x is a fused stack's output over an f32 input (DType::AffineRelu): the source, for kernels that
+  // compute the output as they stage it (cpu::to_channels_last); else null.
+  const AffineReluSource* affine_over_f32() const { return affine_ && x_.dtype == DType::F32 ? affine_ : nullptr; }
   // Kept values among elements [begin, begin + count) (bitmaps; count for dense encodings); for
   // AffineRelu, the source's (cursors count the source's stored values).
   int64_t kept(int64_t begin, int64_t count) const;

@@ -18,11 +18,11 @@
 #include <omp.h>
 
 #include <algorithm>
-#include <cmath>
 #include <cstring>
 
 #include "backends/cpu/carve.h"
 #include "backends/cpu/conv_direct.h"
+#include "backends/cpu/conv_implicit.h"
 #include "backends/cpu/conv_simd.h"
 #include "memory/stored_reader.h"
 
@@ -131,56 +131,6 @@ void cl_chunk(const float* dy, int64_t K, int64_t P, int64_t Q, const float* xcl
     }
 }
 
-// x [C][H][W] -> xcl[((h + pad_h)*Wp + w + pad_w)*C + c]; the padding positions are left alone.
-void stage_channels_last(const float* x, const Conv2dGeom& g, int64_t Wp, float* xcl) {
-  const int64_t HW = g.H * g.W, C = g.C, w8 = g.W / 8 * 8;
-  for (int64_t h = 0; h < g.H; ++h) {
-    float* row = xcl + ((h + g.pad_h) * Wp + g.pad_w) * C;
-    for (int64_t c = 0; c + 8 <= C; c += 8)
-      for (int64_t w = 0; w < w8; w += 8) transpose8x8(x + c * HW + h * g.W + w, HW, row + w * C + c, C);
-    for (int64_t w = w8; w < g.W; ++w)
-      for (int64_t c = 0; c < C; ++c) row[w * C + c] = x[c * HW + h * g.W + w];
-  }
-}
-
-// relu(v * scale + shift): one rounding, then relu_forward's rule (NaN and -0 give +0), the
-// arithmetic of the fused stacks' run (fused.cpp, bn_relu_channel), so the same bits.
-inline float affine_relu_value(float v, float scale, float shift) {
-  const float a = std::fma(v, scale, shift);
-  return a > 0.f ? a : 0.f;
-}
-
-// The same staging of a fused stack's output y = relu(x * scale[c] + shift[c]) computed from its
-// f32 input x as it is staged (DType::AffineRelu): the stack's run into a scratch image and the copy
-// from there cost a pass over the image in L2 (VGG's 64 -> 64 weight gradient at 32x32: 5 % of it,
-// bench_conv --fused).
-void stage_channels_last_affine_relu(const float* x, const float* scale, const float* shift, const Conv2dGeom& g,
-                                     int64_t Wp, float* xcl) {
-  const int64_t HW = g.H * g.W, C = g.C, w8 = g.W / 8 * 8;
-  for (int64_t h = 0; h < g.H; ++h) {
-    float* row = xcl + ((h + g.pad_h) * Wp + g.pad_w) * C;
-    for (int64_t c = 0; c + 8 <= C; c += 8) {
-#if defined(__AVX__) && defined(__FMA__)
-      __m256 sc[8], sh[8];
-      for (int i = 0; i < 8; ++i) sc[i] = _mm256_set1_ps(scale[c + i]), sh[i] = _mm256_set1_ps(shift[c + i]);
-      const __m256 zero = _mm256_setzero_ps();
-      for (int64_t w = 0; w < w8; w += 8) {
-        __m256 r[8];
-        for (int i = 0; i < 8; ++i)  // max with +0 second: NaN and -0 give +0
-          r[i] = _mm256_max_ps(_mm256_fmadd_ps(_mm256_loadu_ps(x + (c + i) * HW + h * g.W + w), sc[i], sh[i]), zero);
-        transpose8_rows(r, row + w * C + c, C);
-      }
-#else
-      for (int64_t w = 0; w < w8; ++w)
-        for (int64_t i = 0; i < 8; ++i)
-          row[w * C + c + i] = affine_relu_value(x[(c + i) * HW + h * g.W + w], scale[c + i], shift[c + i]);
-#endif
-    }
-    for (int64_t w = w8; w < g.W; ++w)
-      for (int64_t c = 0; c < C; ++c) row[w * C + c] = affine_relu_value(x[c * HW + h * g.W + w], scale[c], shift[c]);
-  }
-}
-
 }  // namespace
 
 // Every read lies inside the padded plane: the last window starts at st*(P-1) <= Hp - 3.
@@ -220,10 +170,6 @@ void wgrad_cl(const Conv2dGeom& g, const Tensor& x, const float* dy, float* dw, 
     float* plane = carve.take<float>(l.plane_n);
     float* part = carve.take<float>(l.part_n);
     StoredReader xr(x, plane, C * l.HW);
-    // A fused stack's output over an f32 x: computed as it is staged, not through the reader.
-    const AffineReluSource* stack =
-        x.dtype == DType::AffineRelu ? static_cast<const AffineReluSource*>(x.data) : nullptr;
-    if (stack && stack->x.dtype != DType::F32) stack = nullptr;
     std::memset(xcl, 0, sizeof(float) * size_t(l.xcl_n));  // the padding positions stay zero
     std::memset(part, 0, sizeof(float) * size_t(l.part_n));
     const int64_t n0 = g.N * t / nt, n1 = g.N * (t + 1) / nt;
@@ -231,11 +177,8 @@ void wgrad_cl(const Conv2dGeom& g, const Tensor& x, const float* dy, float* dw, 
       const int64_t nb = std::min(l.NB, n1 - nc);
       for (int64_t b = 0; b < nb; ++b) {
         const int64_t n = nc + b;
-        if (stack)
-          stage_channels_last_affine_relu(stack->x.f32() + n * C * l.HW, stack->scale, stack->shift, g, l.Wp,
-                                          xcl + b * x_img);
-        else
-          stage_channels_last(xr.read(n * C * l.HW, C * l.HW), g, l.Wp, xcl + b * x_img);
+        // xcl[((h + pad_h) * Wp + w + pad_w) * C + c]; the padding positions stay zero
+        image_to_channels_last(xr, n, C, g.H, g.W, g.pad_h, g.pad_w, g.H + 2 * g.pad_h, l.Wp, xcl + b * x_img);
         const float* dyn = dy + n * K * PQ;
         if (db)
           for (int64_t k = 0; k < K; ++k) {

@@ -13,6 +13,7 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 
 #if defined(__AVX__)
@@ -432,18 +433,56 @@ void pack_dy(const float* dyn, int64_t Co, int64_t ic, int64_t mc, int64_t pc, i
 
 }  // namespace
 
+namespace {
+// relu(v * scale + shift): one rounding, then relu_forward's rule (NaN and -0 give +0), as the
+// fused stacks' run computes it (fused.cpp, bn_relu_channel).
+inline float affine_relu_value(float v, float scale, float shift) {
+  const float a = std::fma(v, scale, shift);
+  return a > 0.f ? a : 0.f;
+}
+}  // namespace
+
 void to_channels_last(const float* src, int64_t Ci, int64_t Hi, int64_t Wi, int64_t ph, int64_t pw, int64_t Hp,
-                      int64_t Wp, float* dst) {
+                      int64_t Wp, float* dst, const AffineReluSource* stack) {
   const int64_t h1 = std::min(Hi, Hp - ph), w1 = std::min(Wi, Wp - pw), HW = Hi * Wi;
   const int64_t c8 = Ci / 8 * 8, w8 = w1 / 8 * 8;  // [0, c8) x [0, w8) of each row in 8x8 blocks
+  const float *scale = stack ? stack->scale : nullptr, *shift = stack ? stack->shift : nullptr;
   for (int64_t h = 0; h < h1; ++h) {
     float* drow = dst + ((h + ph) * Wp + pw) * Ci;
     const float* srow = src + h * Wi;
-    for (int64_t c = 0; c < c8; c += 8)
-      for (int64_t w = 0; w < w8; w += 8) transpose8x8(srow + c * HW + w, HW, drow + w * Ci + c, Ci);
+    for (int64_t c = 0; c < c8; c += 8) {
+      if (!stack) {
+        for (int64_t w = 0; w < w8; w += 8) transpose8x8(srow + c * HW + w, HW, drow + w * Ci + c, Ci);
+        continue;
+      }
+#if defined(__AVX__) && defined(__FMA__)
+      __m256 sc[8], sh[8];
+      for (int i = 0; i < 8; ++i) sc[i] = _mm256_set1_ps(scale[c + i]), sh[i] = _mm256_set1_ps(shift[c + i]);
+      const __m256 zero = _mm256_setzero_ps();
+      for (int64_t w = 0; w < w8; w += 8) {
+        __m256 r[8];
+        for (int i = 0; i < 8; ++i)  // a max with +0 second: NaN and -0 give +0
+          r[i] = _mm256_max_ps(_mm256_fmadd_ps(_mm256_loadu_ps(srow + (c + i) * HW + w), sc[i], sh[i]), zero);
+        transpose8_rows(r, drow + w * Ci + c, Ci);
+      }
+#else
+      for (int64_t w = 0; w < w8; ++w)
+        for (int64_t i = 0; i < 8; ++i)
+          drow[w * Ci + c + i] = affine_relu_value(srow[(c + i) * HW + w], scale[c + i], shift[c + i]);
+#endif
+    }
     for (int64_t w = 0; w < w1; ++w)
-      for (int64_t c = w < w8 ? c8 : 0; c < Ci; ++c) drow[w * Ci + c] = srow[c * HW + w];
+      for (int64_t c = w < w8 ? c8 : 0; c < Ci; ++c)
+        drow[w * Ci + c] = stack ? affine_relu_value(srow[c * HW + w], scale[c], shift[c]) : srow[c * HW + w];
   }
+}
+
+void image_to_channels_last(StoredReader& xr, int64_t n, int64_t Ci, int64_t Hi, int64_t Wi, int64_t ph, int64_t pw,
+                            int64_t Hp, int64_t Wp, float* dst) {
+  const int64_t len = Ci * Hi * Wi;
+  if (const AffineReluSource* stack = xr.affine_over_f32())
+    return to_channels_last(stack->x.f32() + n * len, Ci, Hi, Wi, ph, pw, Hp, Wp, dst, stack);
+  to_channels_last(xr.read(n * len, len), Ci, Hi, Wi, ph, pw, Hp, Wp, dst);
 }
 
 bool implicit_applies(const Conv2dGeom& g, ConvPass pass) {
@@ -497,7 +536,7 @@ void implicit_backward_weight(const Conv2dGeom& g, const Tensor& x, const float*
     for (int64_t n0 = 0; n0 < k.N && c1 > c0; n0 += l.nb) {
       const int64_t nb = std::min(l.nb, k.N - n0), pos = nb * PQ;
       for (int64_t b = 0; b < nb; ++b) {
-        to_channels_last(k, xr.read((n0 + b) * l.x_n, l.x_n), xn + b * k.img());
+        image_to_channels_last(xr, n0 + b, k.Ci, k.Hi, k.Wi, k.ph, k.pw, k.Hp, k.Wp, xn + b * k.img());
         const float* src = dy + (n0 + b) * K * PQ;
         float* d = dyn + b * PQ * K;
         const int64_t o8 = K / 8 * 8, j8 = PQ / 8 * 8;

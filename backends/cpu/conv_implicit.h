@@ -19,6 +19,10 @@
 
 #include "backends/backend.h"
 
+namespace et {
+class StoredReader;  // memory/stored_reader.h
+}
+
 namespace et::cpu {
 
 bool implicit_applies(const Conv2dGeom& g, ConvPass pass);
@@ -33,8 +37,15 @@ void implicit_backward_weight(const Conv2dGeom& g, const Tensor& x, const float*
                               bool accumulate, void* ws);
 
 // One image [Ci][Hi][Wi] -> the interior of dst [Hp][Wp][Ci] at (ph, pw); rows / columns past
-// Hp / Wp are dropped, the border is left untouched (the callers zero it once).
+// Hp / Wp are dropped, the border is left untouched (the callers zero it once). With `stack`, src is
+// a fused stack's f32 input and the image staged is its output relu(src * scale[c] + shift[c])
+// (DType::AffineRelu), computed as it is staged with the arithmetic of the stack's run (one
+// rounding, then relu_forward's rule): the same bits, and no pass of its own through a scratch image.
 void to_channels_last(const float* src, int64_t Ci, int64_t Hi, int64_t Wi, int64_t ph, int64_t pw, int64_t Hp,
-                      int64_t Wp, float* dst);
+                      int64_t Wp, float* dst, const AffineReluSource* stack = nullptr);
+// Image n of a weight gradient's x [N, Ci, Hi, Wi] staged as above: read through the reader (any
+// stash encoding), or, where x is a fused stack's output over an f32 input, computed from that input.
+void image_to_channels_last(StoredReader& xr, int64_t n, int64_t Ci, int64_t Hi, int64_t Wi, int64_t ph, int64_t pw,
+                            int64_t Hp, int64_t Wp, float* dst);
 
 }  // namespace et::cpu

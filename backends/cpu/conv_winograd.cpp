@@ -61,7 +61,7 @@ Wino fwd_wino(const Conv2dGeom& g) { return make_wino(g.N, g.C, g.H, g.W, g.pad_
 Wino data_wino(const Conv2dGeom& g) { return make_wino(g.N, g.K, g.P, g.Q, 2 - g.pad_h, 2 - g.pad_w, g.C, g.H, g.W); }
 
 struct Layout {
-  int64_t nb, tiles, u_n, xn_n, v_n, m_n, img_n, per_thread;
+  int64_t nb, tiles, u_n, xn_n, v_n, m_n, per_thread;
 };
 
 Layout layout(const Wino& w, int threads) {
@@ -73,8 +73,7 @@ Layout layout(const Wino& w, int threads) {
   l.xn_n = l.nb * w.img();
   l.v_n = 16 * (l.tiles + kMaxMR) * w.Ci;
   l.m_n = 16 * l.tiles * w.Co;
-  l.img_n = w.Ci * w.Hi * w.Wi;  // one input image, where x is a fused stack's output (ConvInput)
-  l.per_thread = l.xn_n + l.v_n + l.m_n + (16 * 64 + 128) + l.img_n + 5 * 16;  // + scratch + alignment of 5 pieces
+  l.per_thread = l.xn_n + l.v_n + l.m_n + (16 * 64 + 128) + 4 * 16;  // + scratch + alignment of 4 pieces
   return l;
 }
 
@@ -228,8 +227,8 @@ size_t workspace(const Wino& w, int threads) {
   return size_t(l.u_n + 16 + threads * l.per_thread) * sizeof(float);
 }
 
-// in: the input images (the forward's ConvInput: each computed into the thread's img buffer before
-// its channels-last copy where x is a fused stack's output).
+// in: the input images (the forward's ConvInput: where x is a fused stack's output, computed from
+// the stack's input as each image is copied channels-last).
 void run(const Wino& w, const ConvInput& in, const float* wt, bool flip, const float* bias, float* out,
          bool accumulate, void* ws, float* sum1 = nullptr, float* sum2 = nullptr,
          const DzSumsEpilogue* dz_sums = nullptr) {
@@ -248,7 +247,6 @@ void run(const Wino& w, const ConvInput& in, const float* wt, bool flip, const f
     float* vp = cv.take(l.v_n);
     float* mb = cv.take(l.m_n);
     float* scratch = cv.take(16 * 64 + 128);
-    float* img = cv.take(l.img_n);
     std::memset(xn, 0, sizeof(float) * size_t(l.xn_n));  // padding stays zero; interiors are overwritten
 #pragma omp for schedule(static)
     for (int64_t o = 0; o < CoR; o += 16) pack_kernels(w, wt, flip, NR, o, up);
@@ -256,8 +254,8 @@ void run(const Wino& w, const ConvInput& in, const float* wt, bool flip, const f
     for (int64_t ch = 0; ch < chunks; ++ch) {
       const int64_t n0 = ch * l.nb, nb = std::min(l.nb, w.N - n0), tiles = nb * w.TI();
       for (int64_t b = 0; b < nb; ++b)
-        to_channels_last(in.image(w.Ci, w.Hi * w.Wi, n0 + b, img), w.Ci, w.Hi, w.Wi, w.ph, w.pw, w.Hp, w.Wp,
-                         xn + b * w.img());
+        to_channels_last(in.planes + (n0 + b) * w.Ci * w.Hi * w.Wi, w.Ci, w.Hi, w.Wi, w.ph, w.pw, w.Hp, w.Wp,
+                         xn + b * w.img(), in.stack);
       transform_inputs(w, xn, tiles, MR, vp, scratch);
       // Output channels in blocks whose U slivers stay in L2 while every tile sliver passes over
       // them (a whole U_xi is 1 MiB at 512 channels: streaming it from L3 per 8 tiles halved the
@@ -420,8 +418,7 @@ void run_wgrad(const Wino& w, const Tensor& x, const float* dy, float* dw, float
     for (int64_t n0 = 0; n0 < w.N && c1 > c0; n0 += l.nb) {
       const int64_t nb = std::min(l.nb, w.N - n0), tiles = nb * w.TI();
       for (int64_t b = 0; b < nb; ++b) {
-        to_channels_last(xr.read((n0 + b) * l.x_n, l.x_n), w.Ci, w.Hi, w.Wi, w.ph, w.pw, w.Hp, w.Wp,
-                         xn + b * w.img());
+        image_to_channels_last(xr, n0 + b, w.Ci, w.Hi, w.Wi, w.ph, w.pw, w.Hp, w.Wp, xn + b * w.img());
         to_channels_last(dy + (n0 + b) * w.Co * PQ, w.Co, w.Ho, w.Wo, 0, 0, 2 * w.th, 2 * w.tw,
                          dyn + b * 4 * w.TI() * w.Co);
       }
