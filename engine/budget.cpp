@@ -97,7 +97,7 @@ struct Candidate {
   std::vector<uint8_t> segments;
   // memory.recompute_stack_outputs: fused BN -> ReLU stack outputs computed by their readers (not
   // with segments, which choose what is kept themselves). Predicted free: the readers apply BN and
-  // ReLU to x as they stage it (docs/fusion.md measures even steps).
+  // ReLU to x as they stage it (docs/fusion-log.md measures even steps).
   bool stack_outputs = false;
 };
 

@@ -5,7 +5,7 @@
 //
 // Why a 16-lane form beside the 8-lane one: on a host with full-width 512-bit units (Zen 5) it
 // issues half the instructions for the same arithmetic; on Zen 4, which splits each 512-bit
-// operation in two, the instruction count still halves (docs/fusion.md, session 40).
+// operation in two, the instruction count still halves (docs/fusion-log.md, session 40).
 #pragma once
 #include <cstdint>
 

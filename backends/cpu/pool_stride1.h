@@ -33,7 +33,7 @@
 // History: on a Zen 4 host (bench fusion --depth 8, batch 128, three interleaved pairs) the 8-lane
 // form took the fused step 120-128 -> 85-96 ms against pool_planes.h's 16-lane loops and the
 // stage-by-stage fused path, the unfused step 179-183 -> 163-178 ms (session 36); the 16-lane form
-// of these kernels followed on a Zen 5 host (session 40, docs/fusion.md).
+// of these kernels followed on a Zen 5 host (session 40, docs/fusion-log.md).
 #if defined(ET_LANES8)
 #define ET_POOL_STRIDE1 1
 namespace et {
