@@ -41,6 +41,22 @@ inline const float* x_f32(const Tensor& x, int64_t o, int64_t n, float* buf) {
 // One plane's sums in float (the order channel_statistics uses): *s1 = sum x, *s2 = sum x^2.
 void plane_sums(const float* x, int64_t HW, float* s1, float* s2);
 
+// One element of a fused stack's output relu(v * scale + shift) as this build's stack run computes
+// it (fused.cpp, bn_relu_channel: apply, then relu_run): one rounding where the vector forms use a
+// fused multiply-add (ET_AFFINE_FMA), else apply's portable expression; then relu_forward's rule
+// (NaN and -0 give +0). For the kernels that compute the output where they stage their input.
+#if defined(__AVX512F__) || defined(ET_LANES16)
+#define ET_AFFINE_FMA 1
+#endif
+inline float affine_relu_one(float v, float scale, float shift) {
+#if defined(ET_AFFINE_FMA)
+  const float a = std::fma(v, scale, shift);
+#else
+  const float a = v * scale + shift;
+#endif
+  return a > 0.f ? a : 0.f;
+}
+
 // From a channel's sums over the batch (in double): mean[c], invstd[c], the running statistics.
 void finish_statistics(double s, double ss, int64_t M, int64_t c, float momentum, float eps, Tensor& running_mean,
                        Tensor& running_var, Tensor& mean, Tensor& invstd);

@@ -13,7 +13,6 @@
 #include <omp.h>
 
 #include <algorithm>
-#include <cmath>
 #include <cstring>
 
 #if defined(__AVX__)
@@ -433,15 +432,6 @@ void pack_dy(const float* dyn, int64_t Co, int64_t ic, int64_t mc, int64_t pc, i
 
 }  // namespace
 
-namespace {
-// relu(v * scale + shift): one rounding, then relu_forward's rule (NaN and -0 give +0), as the
-// fused stacks' run computes it (fused.cpp, bn_relu_channel).
-inline float affine_relu_value(float v, float scale, float shift) {
-  const float a = std::fma(v, scale, shift);
-  return a > 0.f ? a : 0.f;
-}
-}  // namespace
-
 void to_channels_last(const float* src, int64_t Ci, int64_t Hi, int64_t Wi, int64_t ph, int64_t pw, int64_t Hp,
                       int64_t Wp, float* dst, const AffineReluSource* stack) {
   const int64_t h1 = std::min(Hi, Hp - ph), w1 = std::min(Wi, Wp - pw), HW = Hi * Wi;
@@ -455,7 +445,7 @@ void to_channels_last(const float* src, int64_t Ci, int64_t Hi, int64_t Wi, int6
         for (int64_t w = 0; w < w8; w += 8) transpose8x8(srow + c * HW + w, HW, drow + w * Ci + c, Ci);
         continue;
       }
-#if defined(__AVX__) && defined(__FMA__)
+#if defined(ET_AFFINE_FMA) && defined(__AVX__) && defined(__FMA__)
       __m256 sc[8], sh[8];
       for (int i = 0; i < 8; ++i) sc[i] = _mm256_set1_ps(scale[c + i]), sh[i] = _mm256_set1_ps(shift[c + i]);
       const __m256 zero = _mm256_setzero_ps();
@@ -468,12 +458,12 @@ void to_channels_last(const float* src, int64_t Ci, int64_t Hi, int64_t Wi, int6
 #else
       for (int64_t w = 0; w < w8; ++w)
         for (int64_t i = 0; i < 8; ++i)
-          drow[w * Ci + c + i] = affine_relu_value(srow[(c + i) * HW + w], scale[c + i], shift[c + i]);
+          drow[w * Ci + c + i] = bn_rows::affine_relu_one(srow[(c + i) * HW + w], scale[c + i], shift[c + i]);
 #endif
     }
     for (int64_t w = 0; w < w1; ++w)
       for (int64_t c = w < w8 ? c8 : 0; c < Ci; ++c)
-        drow[w * Ci + c] = stack ? affine_relu_value(srow[c * HW + w], scale[c], shift[c]) : srow[c * HW + w];
+        drow[w * Ci + c] = stack ? bn_rows::affine_relu_one(srow[c * HW + w], scale[c], shift[c]) : srow[c * HW + w];
   }
 }
 
