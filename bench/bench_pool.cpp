@@ -1,7 +1,8 @@
 // bench_pool: the stride-1 max-pool kernels of BrainSlug's block (backends/cpu/pool_stride1.h) on one
 // thread, in nanoseconds an element: forward and backward, each with the plane as it is (the
 // unfused layer) and through BN and ReLU from x (the fused stack), the backward also with the dy a
-// BN after the pool hands on (DyAffine).
+// BN after the pool hands on (DyAffine). Where the row-register form (pool_3x3_rows.h: planes 16 or
+// 32 wide on AVX-512) takes the planes, the general kernels are timed beside it.
 //
 //   bench_pool [--size N] [--planes P] [--reps R]
 //     N x N planes, 3x3 windows, pad 1 (default 32); P planes cycled through (default 1: the data
@@ -76,6 +77,36 @@ int main(int argc, char** argv) {
               static_cast<long long>(size), static_cast<long long>(size), static_cast<long long>(planes), kW);
   std::printf("forward  plane %.3f  BN+ReLU from x %.3f\n", fwd_plane, fwd_bn);
   std::printf("backward plane %.3f  BN+ReLU from x %.3f  with the handed-on dy %.3f\n", bwd_plane, bwd_bn, bwd_affine);
+#if defined(ET_POOL_3X3_ROWS)
+  if (rows3x3::applies(g)) {  // the general kernels beside them, in the same run
+    YRows rows{nullptr, g.Q};
+    const double gf_plane = time([&](int64_t p) {
+      rows.y = &y[p * n];
+      max_forward_stride1_window<3, 3, 1>(g, &x[p * n], PlaneInput{}, rows);
+    });
+    const double gf_bn = time([&](int64_t p) {
+      rows.y = &y[p * n];
+      max_forward_stride1_window<3, 3, 1>(g, &x[p * n], bn_relu, rows);
+    });
+    const double gb_plane = time([&](int64_t p) {
+      max_backward_stride1_window<3, 3, 1, PlaneInput, false>(g, &x[p * n], PlaneInput{}, &dy[p * n], &dx[p * n],
+                                                              false, nullptr);
+    });
+    const double gb_bn = time([&](int64_t p) {
+      max_backward_stride1_window<3, 3, 1, BnReluInput, false>(g, &x[p * n], bn_relu, &dy[p * n], &dx[p * n], false,
+                                                               nullptr);
+    });
+    const double gb_affine = time([&](int64_t p) {
+      max_backward_stride1_window<3, 3, 1, BnReluInput, true>(g, &x[p * n], bn_relu, &dy[p * n], &dx[p * n], false,
+                                                              &affine);
+    });
+    std::printf("the general kernels (pool_stride1.h), which the planes above take without pool_3x3_rows.h:\n");
+    std::printf("forward  plane %.3f  BN+ReLU from x %.3f\n", gf_plane, gf_bn);
+    std::printf("backward plane %.3f  BN+ReLU from x %.3f  with the handed-on dy %.3f\n", gb_plane, gb_bn, gb_affine);
+    std::printf("row-register form's speed-up: forward %.2fx %.2fx, backward %.2fx %.2fx %.2fx\n", gf_plane / fwd_plane,
+                gf_bn / fwd_bn, gb_plane / bwd_plane, gb_bn / bwd_bn, gb_affine / bwd_affine);
+  }
+#endif
   return 0;
 #else
   (void)argc, (void)argv;

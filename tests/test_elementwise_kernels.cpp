@@ -316,6 +316,72 @@ TEST_CASE("pooling planes: the stride-1 backward with BN's dy handed on equals t
 #endif
 }
 
+// BrainSlug's window (3x3, stride 1, pad 1) on planes 16 and 32 wide (pool_3x3_rows.h on AVX-512,
+// pool_stride1.h's general kernels elsewhere), of 1 to 64 rows and one row past the buffers, the
+// plane as it is (ties, both zeros, NaN and -inf) and through BN and ReLU with and without the dy a
+// BN after the pool hands on, against the reference loops.
+TEST_CASE("pooling planes: 3x3 stride-1 windows on 16- and 32-wide planes equal the references", "[kernels]") {
+  std::mt19937 rng(23);
+  std::uniform_int_distribution<int> level(-3, 3);
+  for (int special : {40, 2})  // one value in `special` NaN or -inf: at 2, windows nobody wins
+  for (int64_t W : {16, 32})
+    for (int64_t H : {1, 2, 3, 5, 16, 31, 32, 33, 64, 65}) {
+      pool_planes::Plane g;
+      g.H = g.P = H, g.W = g.Q = W, g.R = g.S = 3, g.pad_h = g.pad_w = 1;
+      INFO(H << "x" << W << ", one value in " << special << " NaN or -inf");
+#if defined(ET_POOL_3X3_ROWS)
+      CHECK(pool_planes::rows3x3::applies(g) == (H <= pool_planes::rows3x3::kMaxRows));
+#endif
+      const size_t n = size_t(H * W);
+      std::vector<float> x(n), dy(n);
+      for (float& v : x) {
+        const int l = level(rng);
+        v = l == 0 ? (rng() % 2 ? -0.f : 0.f) : 0.5f * float(l);
+        if (rng() % unsigned(special) == 0) v = rng() % 2 ? NAN : -INFINITY;
+      }
+      for (float& v : dy)  // magnitudes far apart: a changed order of additions changes the bits
+        v = (rng() % 2 ? -1.f : 1.f) * std::ldexp(1.f + float(rng() % 1024) / 1024.f, int(rng() % 25) - 12);
+      std::vector<float> y1(n), y2(n);
+      pool_planes::max_forward_reference(g, x.data(), y1.data());
+      pool_planes::max_forward(g, x.data(), y2.data());
+      CHECK(std::memcmp(y1.data(), y2.data(), n * 4) == 0);
+      std::vector<float> d1(n, 0.25f), d2(n, 0.25f), d3(n, NAN), d4(n, 0.f);
+      pool_planes::max_backward_reference(g, x.data(), dy.data(), d1.data());
+      pool_planes::max_backward(g, x.data(), dy.data(), d2.data());  // accumulates onto dx
+      CHECK(std::memcmp(d1.data(), d2.data(), n * 4) == 0);
+      pool_planes::max_backward_reference(g, x.data(), dy.data(), d4.data());
+      pool_planes::max_backward(g, x.data(), dy.data(), d3.data(), false);
+      CHECK(std::memcmp(d3.data(), d4.data(), n * 4) == 0);
+#if defined(ET_POOL_STRIDE1)
+      // Through BN and ReLU (ties and exact zeros after them), dy as it is and as a BN hands it on.
+      for (float& v : x) v = 0.5f * float(level(rng));
+      const float scale = 0.75f, shift = 0.125f, a = 1.5f, b = -0.3125f, c0 = 0.0625f;
+      std::vector<float> r(n), y(n), dya(n), want(n), want_a(n), dr(n, 0.f), dra(n, 0.f);
+      for (size_t i = 0; i < n; ++i) {
+        const float t = std::fma(x[i], scale, shift);
+        r[i] = t > 0.f ? t : 0.f;
+      }
+      pool_planes::max_forward_reference(g, r.data(), y.data());
+      for (size_t i = 0; i < n; ++i) dya[i] = std::fma(a, dy[i], b * y[i]) + c0;
+      pool_planes::max_backward_reference(g, r.data(), dy.data(), dr.data());
+      pool_planes::max_backward_reference(g, r.data(), dya.data(), dra.data());
+      for (size_t i = 0; i < n; ++i) {
+        want[i] = r[i] > 0.f ? dr[i] : 0.f;
+        want_a[i] = r[i] > 0.f ? dra[i] : 0.f;
+      }
+      const pool_planes::BnReluInput in(scale, shift);
+      const pool_planes::DyAffine affine(a, b, c0);
+      std::vector<float> yk(n), got(n, NAN), got_a(n, NAN);
+      pool_planes::max_forward_stride1(g, x.data(), in, yk.data());
+      CHECK(std::memcmp(yk.data(), y.data(), n * 4) == 0);
+      pool_planes::max_backward_stride1(g, x.data(), in, dy.data(), got.data(), true);  // the mask: written whole
+      CHECK(std::memcmp(got.data(), want.data(), n * 4) == 0);
+      pool_planes::max_backward_stride1(g, x.data(), in, dy.data(), got_a.data(), false, &affine);
+      CHECK(std::memcmp(got_a.data(), want_a.data(), n * 4) == 0);
+#endif
+    }
+}
+
 TEST_CASE("pooling planes: the vectorised loops equal the reference loops bit for bit", "[kernels]") {
   struct Geom {
     int64_t H, W, R, S, sh, sw, ph, pw;
