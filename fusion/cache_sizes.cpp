@@ -24,7 +24,30 @@ std::string g_sysfs_dir = "/sys/devices/system/cpu/cpu0/cache";
 struct Cache {
   int level = 0;
   size_t bytes = 0;
+  int sharing = 0;  // the CPUs that share it (0: not said)
 };
+
+// The CPUs a sysfs shared_cpu_list names ("0-1", "0,2,4-7"); 0 if it cannot be read.
+int count_cpu_list(const std::string& list) {
+  int n = 0;
+  size_t i = 0;
+  while (i < list.size()) {
+    size_t end = list.find(',', i);
+    if (end == std::string::npos) end = list.size();
+    const std::string part = list.substr(i, end - i);
+    try {
+      const size_t dash = part.find('-');
+      const int lo = std::stoi(part.substr(0, dash));
+      const int hi = dash == std::string::npos ? lo : std::stoi(part.substr(dash + 1));
+      if (hi < lo) return 0;
+      n += hi - lo + 1;
+    } catch (...) {
+      return 0;
+    }
+    i = end + 1;
+  }
+  return n;
+}
 
 // cpu0's data or unified caches from sysfs.
 std::vector<Cache> sysfs_caches() {
@@ -39,8 +62,11 @@ std::vector<Cache> sysfs_caches() {
     size_t mult = 1;
     if (sz.back() == 'K') mult = 1024;
     if (sz.back() == 'M') mult = 1024 * 1024;
+    std::ifstream shared(dir + "shared_cpu_list");
+    std::string list;
+    const int sharing = shared >> list ? count_cpu_list(list) : 0;
     try {
-      caches.push_back({lv, size_t(std::stoull(sz)) * mult});
+      caches.push_back({lv, size_t(std::stoull(sz)) * mult, sharing});
     } catch (...) {
     }
   }
@@ -60,7 +86,7 @@ std::vector<Cache> cpuid_caches() {
       __cpuid_count(leaf, i, a, b, c, d);
       const CpuidCache k = decode_cpuid_cache(a, b, c);
       if (k.type == 0) break;
-      if (k.type == 1 || k.type == 3) caches.push_back({k.level, k.bytes});
+      if (k.type == 1 || k.type == 3) caches.push_back({k.level, k.bytes, k.sharing});
     }
   };
   if (max_basic >= 4) walk(4);
@@ -84,12 +110,27 @@ size_t level_bytes(const std::vector<Cache>& caches, int level) {
   return 0;
 }
 
-size_t top_level_bytes(const std::vector<Cache>& caches) {
-  int top = 0;
-  size_t bytes = 0;
+const Cache* top_level(const std::vector<Cache>& caches) {
+  const Cache* top = nullptr;
   for (const Cache& k : caches)
-    if (k.level > top) top = k.level, bytes = k.bytes;
-  return bytes;
+    if (!top || k.level > top->level) top = &k;
+  return top && top->bytes ? top : nullptr;
+}
+
+// The last level as this process can count on it: no CPU made has more than kMaxLlcPerCpu of it
+// to each core that shares it (AMD's stacked-cache parts: 96 MiB over 8 cores), so a larger share
+// is a virtual machine's view of a socket it shares with CPUs it is not shown (a 2-vCPU Xeon
+// slice told of the socket's 260 MiB, session 44), and each CPU shown counts for kMaxLlcPerCpu.
+CacheSize last_level_share(const Cache& k, const char* where) {
+  CacheSize c;
+  c.bytes = k.bytes;
+  c.source = where;
+  if (k.sharing > 0 && k.bytes > size_t(k.sharing) * kMaxLlcPerCpu) {
+    c.bytes = size_t(k.sharing) * kMaxLlcPerCpu;
+    c.note = std::to_string(k.bytes >> 20) + " MiB shared by the " + std::to_string(k.sharing) +
+             " CPUs shown, counted as " + std::to_string(kMaxLlcPerCpu >> 20) + " MiB a CPU";
+  }
+  return c;
 }
 
 }  // namespace
@@ -100,6 +141,7 @@ CpuidCache decode_cpuid_cache(uint32_t eax, uint32_t ebx, uint32_t ecx) {
   k.level = int((eax >> 5) & 0x7);
   const size_t ways = ((ebx >> 22) & 0x3FF) + 1, partitions = ((ebx >> 12) & 0x3FF) + 1, line = (ebx & 0xFFF) + 1;
   k.bytes = k.type == 0 ? 0 : ways * partitions * line * (size_t(ecx) + 1);
+  k.sharing = k.type == 0 ? 0 : int((eax >> 14) & 0xFFF) + 1;  // logical CPUs that share it, at most
   return k;
 }
 
@@ -111,15 +153,17 @@ AmdCacheSizes decode_amd_l2_l3(uint32_t ecx, uint32_t edx) {
 }
 
 CacheSize l2_cache() {
-  if (const size_t b = level_bytes(sysfs_caches(), 2)) return {b, "sysfs"};
-  if (const size_t b = level_bytes(cpuid_caches(), 2)) return {b, "CPUID"};
-  return {0, "unknown"};
+  if (const size_t b = level_bytes(sysfs_caches(), 2)) return {b, "sysfs", {}};
+  if (const size_t b = level_bytes(cpuid_caches(), 2)) return {b, "CPUID", {}};
+  return {0, "unknown", {}};
 }
 
 CacheSize last_level_cache() {
-  if (const size_t b = top_level_bytes(sysfs_caches())) return {b, "sysfs"};
-  if (const size_t b = top_level_bytes(cpuid_caches())) return {b, "CPUID"};
-  return {0, "unknown"};
+  const std::vector<Cache> sys = sysfs_caches();
+  if (const Cache* k = top_level(sys)) return last_level_share(*k, "sysfs");
+  const std::vector<Cache> cpu = cpuid_caches();
+  if (const Cache* k = top_level(cpu)) return last_level_share(*k, "CPUID");
+  return {0, "unknown", {}};
 }
 
 void set_sysfs_cache_dir(const std::string& dir) { g_sysfs_dir = dir; }

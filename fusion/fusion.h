@@ -58,9 +58,12 @@ struct Plan {
 struct CacheSize {
   size_t bytes = 0;
   const char* source = "unknown";  // "sysfs", "CPUID" or "unknown"
+  std::string note;                // why bytes is less than the report, if it is
 };
 CacheSize l2_cache();          // this core's L2 (cpu0's)
-CacheSize last_level_cache();  // cpu0's highest-level data or unified cache
+// cpu0's highest-level data or unified cache, at most kMaxLlcPerCpu for each CPU sharing it.
+CacheSize last_level_cache();
+constexpr size_t kMaxLlcPerCpu = size_t(16) << 20;
 // Tests: where sysfs_caches looks (default /sys/devices/system/cpu/cpu0/cache).
 void set_sysfs_cache_dir(const std::string& dir);
 // One sub-leaf of CPUID leaf 4 (Intel) or 0x8000001D (AMD): type 0 none, 1 data, 2 instruction,
@@ -68,6 +71,7 @@ void set_sysfs_cache_dir(const std::string& dir);
 struct CpuidCache {
   int type = 0, level = 0;
   size_t bytes = 0;
+  int sharing = 0;  // EAX[25:14] + 1: the logical CPUs that share it, at most
 };
 CpuidCache decode_cpuid_cache(uint32_t eax, uint32_t ebx, uint32_t ecx);
 // AMD's CPUID 0x80000006: L2 (ECX) and L3 (EDX) sizes.

@@ -218,7 +218,7 @@ Plan plan(const Graph& g, const FusionSpec& spec) {
     }
     const CacheSize m = machine();
     *bytes = m.bytes;
-    *source = std::string(m.source) + what;
+    *source = std::string(m.source) + what + (m.note.empty() ? "" : ": " + m.note);
   };
   resolve(spec.cache_kb, "fusion.cache_kb", l2_cache, " L2 of cpu0", &p.cache_bytes, &p.cache_source);
   if (p.cache_bytes == 0) {
