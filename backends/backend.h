@@ -186,6 +186,11 @@ class Backend {
   // Whether fused_backward of s reads its dy as the BN after it leaves it (FusedGrads::dy_coef), the
   // pool's output found again as it goes.
   virtual bool fused_reads_dy_affine(const FusedStack& s) const { return false; }
+  // Whether fused_backward of s, a stack ending in a pool whose dx and dy have one size (stride 1,
+  // "same" padding), reads each plane's dy before it writes that plane's dx, so the executor may
+  // give dx the buffer of dy (Op::grad_in_place): dz is then written over the dy just read, whose
+  // lines are in cache, instead of into lines read from memory first.
+  virtual bool fused_pool_grad_in_place(const FusedStack& s) const { return false; }
   // Whether fused_backward of s takes its first sweep from its reader's data gradient
   // (FusedGrads::dz_sums, conv2d_backward_data_dz_sums).
   virtual bool fused_takes_dz_sums(const FusedStack& s) const { return false; }

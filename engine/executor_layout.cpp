@@ -73,7 +73,7 @@ void Executor::share_gradients_in_place(PlanState& st) {
   auto shareable = [&](const Node& node, size_t i) {
     const Value& v = graph_.value(node.inputs[i]);
     return v.kind == ValueKind::Activation && v.needs_grad &&
-           v.shape.numel() == graph_.value(node.output).shape.numel() && node.op->grad_in_place(int(i));
+           v.shape.numel() == graph_.value(node.output).shape.numel() && node.op->grad_in_place(int(i), backend_);
   };
   auto backward_node = [&](int n) {
     return needs_backward_[size_t(n)] && graph_.value(graph_.node(n).output).kind == ValueKind::Activation;

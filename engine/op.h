@@ -96,7 +96,7 @@ class Op {
   // True if backward may write input i's gradient over the output gradient it reads (element-wise
   // backward that reads dy[j] before writing dx[j]): the executor then gives both one buffer when
   // this op is the input's only consumer. The op still sees two tensors (maybe one memory).
-  virtual bool grad_in_place(int input) const { return false; }
+  virtual bool grad_in_place(int input, const Backend& backend) const { return false; }
   // What this layer is to the fusion planner (engine/fused_stack.h, fusion/): kind None ends a stack.
   // The planner fills in the planes from the graph's shapes.
   virtual FusedStage fusion_stage() const { return {}; }

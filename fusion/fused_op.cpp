@@ -40,8 +40,12 @@ class FusedStackOp final : public Op {
   DTypeSet reads_stored(int save_index, const Backend& b, int64_t) const override {
     return save_index == 0 && stack_.headed_by_bn() ? b.fused_backward_reads() : dtype_bit(DType::F32);
   }
-  // Each tile reads its dy planes into scratch before it writes the same planes of dx.
-  bool grad_in_place(int input) const override { return input == 0 && !has_pool_; }
+  // Each tile reads its dy planes into scratch before it writes the same planes of dx; with a pool,
+  // where the backend's backward reads each plane's dy before writing its dx (and the executor
+  // shares only where dx and dy have one size).
+  bool grad_in_place(int input, const Backend& b) const override {
+    return input == 0 && (!has_pool_ || b.fused_pool_grad_in_place(stack_));
+  }
   // The planes of y for the stack after this one, while each is in cache (where planes go one by one).
   bool can_write_plane_sums() const override { return takes_plane_sums(stack_) && y_sums_aux_ < 0; }
   void write_plane_sums(int aux_index) override {

@@ -12,7 +12,7 @@ class ReluOp final : public Op {
   const char* type() const override { return "relu"; }
   OpClass op_class() const override { return OpClass::Elementwise; }
   std::vector<SaveSpec> saves() const override { return {{-1, SaveKind::Mask}}; }
-  bool grad_in_place(int) const override { return true; }
+  bool grad_in_place(int, const Backend&) const override { return true; }
   OutputZeros output_zeros() const override { return OutputZeros::Many; }
   bool output_nonnegative(bool) const override { return true; }
   FusedStage fusion_stage() const override { return fused_stage(FusedKind::Relu); }

@@ -24,7 +24,7 @@ class BatchNormOp final : public Op {
     return {{0, SaveKind::Full}};
   }
   // The kernel reduces dy per channel first, then writes dx element by element.
-  bool grad_in_place(int input) const override { return input == 0; }
+  bool grad_in_place(int input, const Backend&) const override { return input == 0; }
   // Double-mask BN compares x with zero element-wise: it reads the decoded f32 values.
   DTypeSet reads_stored(int, const Backend& b, int64_t) const override {
     return double_mask_ ? dtype_bit(DType::F32) : b.batchnorm_backward_reads();

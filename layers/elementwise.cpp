@@ -10,7 +10,7 @@ class AddOp final : public Op {
  public:
   const char* type() const override { return "add"; }
   OpClass op_class() const override { return OpClass::Elementwise; }
-  bool grad_in_place(int) const override { return true; }  // dx = dy: sharing makes the copy free
+  bool grad_in_place(int, const Backend&) const override { return true; }  // dx = dy: sharing makes the copy free
   FusedStage fusion_stage() const override { return fused_stage(FusedKind::Add); }
   void forward(OpContext& ctx) override {
     Tensor y = ctx.output();

@@ -137,14 +137,14 @@ struct Region {
 // buffer only if its backward comes after every other member's producer and consumers. Then, as
 // before, an input whose only consumer declares grad_in_place shares its output's gradient (one
 // input per node). Follow the links to the root.
-int grad_group(const Graph& g, int id) {
+int grad_group(const Graph& g, const Backend& backend, int id) {
   const int nv = g.num_values();
   std::vector<int> parent(size_t(nv), -1);
   std::vector<bool> no_chain(size_t(nv), false);
   auto shareable = [&](const Node& c, size_t i) {
     const Value& in = g.value(c.inputs[i]);
     return in.kind == ValueKind::Activation && in.needs_grad &&
-           in.shape.numel() == g.value(c.output).shape.numel() && c.op->grad_in_place(int(i));
+           in.shape.numel() == g.value(c.output).shape.numel() && c.op->grad_in_place(int(i), backend);
   };
   for (int n = 0; n < g.num_nodes(); ++n) {
     const Node& c = g.node(n);
@@ -225,7 +225,7 @@ std::vector<Region> live_regions(Executor& ex) {
           int first = bwd(v.producer);
           for (int c : v.consumers) first = std::min(first, bwd(c));
           add("grad " + v.name, ex.grad(id), v, first, bwd(v.producer));
-          out.back().grad_group = grad_group(g, id);
+          out.back().grad_group = grad_group(g, ex.backend(), id);
         }
         break;
       }

@@ -416,6 +416,19 @@ TEST_CASE("fusion: a stack after a stack hands its second backward sweep on, bit
           CHECK(check.linked == 4);
           // Only where the reader's x is kept exactly (a 16-bit copy keeps its own sweep).
           CHECK(check.set == (can && f != StashFormat::DenseBF16 ? 4 : 0));
+          // dx in dy's buffer: the element-wise stack always, the pool stacks where the backend's
+          // backward reads each plane's dy before it writes its dx (the results above are the
+          // layers' bits either way).
+          int shared = 0, want = 0;
+          for (int n = 0, k = 0; n < fused.num_nodes(); ++n) {
+            const Node& node = fused.node(n);
+            if (std::strcmp(node.op->type(), "fused_stack") != 0) continue;
+            shared += ex.grad(node.inputs[0]).data == ex.grad(node.output).data;
+            want += k == 2 || be->fused_pool_grad_in_place(p.stacks[size_t(k)].stack);
+            ++k;
+          }
+          CHECK(shared == want);
+          if (can && c.h == 32) CHECK(want == 3);
         }
         if (f == StashFormat::DenseBF16) continue;  // lossy: "lossy stash formats stay close" above
         for (int every : {0, 1}) {

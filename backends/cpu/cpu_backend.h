@@ -104,6 +104,7 @@ class CpuBackend : public Backend {
   DTypeSet fused_backward_reads() const override { return batchnorm_backward_reads(); }
   void fused_backward(const FusedStack& s, const FusedTensors& t, FusedGrads& g, Workspace ws) override;
   bool fused_reads_dy_affine(const FusedStack& s) const override;
+  bool fused_pool_grad_in_place(const FusedStack& s) const override;
   bool fused_takes_dz_sums(const FusedStack& s) const override;
   bool fused_recomputes(const FusedStack& s) const override;
   void fused_recompute_output(const FusedStack& s, const FusedTensors& t, Tensor& y) override;
