@@ -2,7 +2,7 @@
 // thread, in nanoseconds an element: forward and backward, each with the plane as it is (the
 // unfused layer) and through BN and ReLU from x (the fused stack), the backward also with the dy a
 // BN after the pool hands on (DyAffine). Where the row-register form (pool_3x3_rows.h: planes 16 or
-// 32 wide on AVX-512) takes the planes, the general kernels are timed beside it.
+// 32 wide) takes the planes, the general kernels are timed beside it.
 //
 //   bench_pool [--size N] [--planes P] [--reps R]
 //     N x N planes, 3x3 windows, pad 1 (default 32); P planes cycled through (default 1: the data

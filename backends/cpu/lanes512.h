@@ -72,6 +72,14 @@ inline F load_at(const float* base) {
     return _mm512_castsi512_ps(_mm512_maskz_alignr_epi32(0xFFFF, b, a, shift));  // maskz: as keep_greater
   }
 }
+// The lanes one place on, the lane that enters from the neighbouring vector: {prev[15], cur[0, 15)}
+// and {cur[1, 16), next[0]} (valignd; maskz: as keep_greater).
+inline F shift_in_left(F prev, F cur) {
+  return _mm512_castsi512_ps(_mm512_maskz_alignr_epi32(0xFFFF, _mm512_castps_si512(cur), _mm512_castps_si512(prev), 15));
+}
+inline F shift_in_right(F cur, F next) {
+  return _mm512_castsi512_ps(_mm512_maskz_alignr_epi32(0xFFFF, _mm512_castps_si512(next), _mm512_castps_si512(cur), 1));
+}
 // acc + v where m, acc as it is elsewhere (lanes8.h's add of -0, in one masked add).
 inline F add_where(F acc, M m, F v) { return _mm512_mask_add_ps(acc, m, acc, v); }
 // Small integer codes (a pool window's tap, -1 for none) stored a byte a lane: a row of 16 codes

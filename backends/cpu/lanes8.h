@@ -67,6 +67,16 @@ inline F8 int_add(F8 a, F8 b) {
 }
 // acc + (m ? v : -0): acc as it is in the other lanes (x + -0 is x, bit for bit).
 inline F8 add_where(F8 acc, M m, F8 v) { return _mm256_add_ps(acc, _mm256_blendv_ps(_mm256_set1_ps(-0.f), v, m)); }
+// The lanes one place on, the lane that enters from the neighbouring vector: {prev[7], cur[0, 7)}
+// and {cur[1, 8), next[0]} (the halves that meet, then a byte shift within each 128-bit half).
+inline F8 shift_in_left(F8 prev, F8 cur) {
+  const __m256 t = _mm256_permute2f128_ps(prev, cur, 0x21);  // prev's high half, cur's low half
+  return _mm256_castsi256_ps(_mm256_alignr_epi8(_mm256_castps_si256(cur), _mm256_castps_si256(t), 12));
+}
+inline F8 shift_in_right(F8 cur, F8 next) {
+  const __m256 t = _mm256_permute2f128_ps(cur, next, 0x21);  // cur's high half, next's low half
+  return _mm256_castsi256_ps(_mm256_alignr_epi8(_mm256_castps_si256(t), _mm256_castps_si256(cur), 4));
+}
 
 #else  // aarch64 NEON: lo holds lanes 0-3, hi lanes 4-7
 struct F8 {
@@ -111,6 +121,9 @@ inline F8 int_splat(int32_t v) { return {f32(vdupq_n_u32(uint32_t(v))), f32(vdup
 inline F8 int_equal(F8 a, F8 b) { return {f32(vceqq_u32(u32(a.lo), u32(b.lo))), f32(vceqq_u32(u32(a.hi), u32(b.hi)))}; }
 inline F8 int_add(F8 a, F8 b) { return {f32(vaddq_u32(u32(a.lo), u32(b.lo))), f32(vaddq_u32(u32(a.hi), u32(b.hi)))}; }
 inline F8 add_where(F8 acc, M m, F8 v) { return add(acc, select(m, splat(-0.f), v)); }
+// As the AVX2 forms: {prev[7], cur[0, 7)} and {cur[1, 8), next[0]}.
+inline F8 shift_in_left(F8 prev, F8 cur) { return {vextq_f32(prev.hi, cur.lo, 3), vextq_f32(cur.lo, cur.hi, 3)}; }
+inline F8 shift_in_right(F8 cur, F8 next) { return {vextq_f32(cur.lo, cur.hi, 1), vextq_f32(cur.hi, next.lo, 1)}; }
 #endif
 
 // Small integer codes (a pool window's tap, -1 for none), a 32-bit lane each (lanes512.h: a byte).

@@ -223,7 +223,7 @@ template <class In, class Out>
 inline void max_forward_stride1_to(const Plane& g, const float* x, const In& in, Out& out) {
 #if defined(ET_POOL_3X3_ROWS)
   if (rows3x3::applies(g))
-    return g.W == 16 ? rows3x3::max_forward<1>(g, x, in, out) : rows3x3::max_forward<2>(g, x, in, out);
+    return g.W == 16 ? rows3x3::max_forward<16>(g, x, in, out) : rows3x3::max_forward<32>(g, x, in, out);
 #endif
   if (g.R == 3 && g.S == 3 && g.pad_w == 1) return max_forward_stride1_window<3, 3, 1>(g, x, in, out);
   if (g.R == 3 && g.S == 3) return max_forward_stride1_window<3, 3, -1>(g, x, in, out);
@@ -405,10 +405,10 @@ inline void max_backward_stride1(const Plane& g, const float* x, const In& in, c
 #if defined(ET_POOL_3X3_ROWS)
   if (rows3x3::applies(g)) {
     if (affine)
-      return g.W == 16 ? rows3x3::max_backward<1, In, true>(g, x, in, dy, dx, accumulate, affine)
-                       : rows3x3::max_backward<2, In, true>(g, x, in, dy, dx, accumulate, affine);
-    return g.W == 16 ? rows3x3::max_backward<1, In, false>(g, x, in, dy, dx, accumulate, nullptr)
-                     : rows3x3::max_backward<2, In, false>(g, x, in, dy, dx, accumulate, nullptr);
+      return g.W == 16 ? rows3x3::max_backward<16, In, true>(g, x, in, dy, dx, accumulate, affine)
+                       : rows3x3::max_backward<32, In, true>(g, x, in, dy, dx, accumulate, affine);
+    return g.W == 16 ? rows3x3::max_backward<16, In, false>(g, x, in, dy, dx, accumulate, nullptr)
+                     : rows3x3::max_backward<32, In, false>(g, x, in, dy, dx, accumulate, nullptr);
   }
 #endif
   const bool k3 = g.R == 3 && g.S == 3, p1 = k3 && g.pad_w == 1;  // BrainSlug's 3x3 pad 1: aligned taps
