@@ -16,6 +16,9 @@
 // 64-byte boundaries: at 16 lanes a store split across two lines, and the loads after it, were
 // slower than the 8-lane kernel (session 40).
 //
+// BrainSlug's own window (3x3, pad 1) on planes 16 or 32 wide goes to pool_3x3_rows.h instead:
+// rows in registers and a backward in two phases over the plane (2-4.5x these kernels on 32x32).
+//
 // The pool's input comes through a policy: PlaneInput reads the plane; BnReluInput reads the BN's
 // input x and applies the BN and the ReLU on the way (bn_rows::apply's FMA, relu_forward's rule),
 // so a fused stack needs no scratch plane for them, and the backward applies the ReLU's mask to dz
