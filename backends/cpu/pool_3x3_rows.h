@@ -54,15 +54,15 @@ ET_ALWAYS_INLINE inline void take(F v, F arg, F* m, F* a) {
 }
 
 // An input row's running first maximum over the taps s = 0, 1, 2 of each output column, and its s
-// (-1: no tap won, as max_at's -FLT_MAX start). kFinite: In's values are never NaN nor below
-// -FLT_MAX (BN + ReLU gives >= +0), so the first tap wins wherever it is inside the row, and where
-// it is not (column 0's -inf) the second does: the start costs nothing.
-template <int NV, bool kFinite>
+// (-1: no tap won, as max_at's -FLT_MAX start). kNonNegative: In's values are >= +0 (BN + ReLU),
+// so the first tap wins wherever it is inside the row, and where it is not (column 0's -inf) the
+// second does: the start costs nothing.
+template <int NV, bool kNonNegative>
 ET_ALWAYS_INLINE inline void row_args(const F (&v)[NV], F (&m)[NV], F (&a)[NV]) {
   const F lowest = lv::splat(-FLT_MAX);
   for (int k = 0; k < NV; ++k) {
     const F l = left_taps(v, k);
-    if constexpr (kFinite) {
+    if constexpr (kNonNegative) {
       m[k] = l;
       a[k] = lv::int_splat(0);
     } else {
@@ -119,7 +119,6 @@ inline void max_backward(const Plane& g, const float* x, const In& in, const flo
                          const DyAffine* affine) {
   constexpr int NV = W / kW;
   constexpr int64_t RS = W + 16;  // a buffer row: 16 lanes of padding, then the output row
-  constexpr bool kFinite = In::kReluMask;
   const int64_t H = g.H;
   // Output (p, q) at (p + 1) * RS + 16 + q for p in [-1, H]: rows -1 and H and each row's padding
   // (which is also the previous row's column W) say "no argument" (-1) with dy 0.
@@ -143,7 +142,7 @@ inline void max_backward(const Plane& g, const float* x, const In& in, const flo
   input_row<NV>(x, in, v);
   if constexpr (In::kReluMask)
     for (int k = 0; k < NV; ++k) passes[0][k] = lv::greater(v[k], zero);
-  row_args<NV, kFinite>(v, m_mid, a_mid);
+  row_args<NV, In::kNonNegative>(v, m_mid, a_mid);
   const F three = lv::int_splat(3), six = lv::int_splat(6);
   const DyAffine dy_affine = kAffine ? *affine : DyAffine(0.f, 0.f, 0.f);
   for (int64_t p = 0; p < H; ++p) {
@@ -153,7 +152,7 @@ inline void max_backward(const Plane& g, const float* x, const In& in, const flo
       input_row<NV>(xn, in, v);
       if constexpr (In::kReluMask)
         for (int k = 0; k < NV; ++k) passes[p + 1][k] = lv::greater(v[k], zero);
-      row_args<NV, kFinite>(v, m_bot, a_bot);
+      row_args<NV, In::kNonNegative>(v, m_bot, a_bot);
     } else {
       for (int k = 0; k < NV; ++k) m_bot[k] = lv::splat(-FLT_MAX), a_bot[k] = none;
     }

@@ -57,12 +57,14 @@ inline bool stride1_applies(const Plane& g) {
 // The pool's input as the rows of x give it: value(x vector).
 struct PlaneInput {
   static constexpr bool kReluMask = false;
+  static constexpr bool kNonNegative = false;  // any value: NaN, -inf, -0 included
   lv::F value(lv::F x) const { return x; }
 };
 // relu(x * scale + shift) of the BN's input x (one rounding; NaN and -0 give +0), and the ReLU's
 // mask: lanes where that is > 0.
 struct BnReluInput {
   static constexpr bool kReluMask = true;
+  static constexpr bool kNonNegative = true;  // value() is >= +0: never NaN, never -0
   lv::F scale, shift;
   BnReluInput(float sc, float sh) : scale(lv::splat(sc)), shift(lv::splat(sh)) {}
   lv::F value(lv::F x) const { return lv::relu(lv::fmadd(x, scale, shift)); }
