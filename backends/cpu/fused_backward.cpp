@@ -27,18 +27,18 @@ namespace et {
 using namespace fused_elementwise;
 using namespace fused_planes;
 
-bool CpuBackend::fused_reads_dy_affine(const FusedStack& s) const {
-  return bn_relu_pool_stride1(s) && !s.small_planes();
-}
+namespace {
+// BN -> ReLU -> stride-1 max-pool on whole planes: each plane's dz from pool_stride1.h's backward.
+bool stride1_pool_planes(const FusedStack& s) { return bn_relu_pool_stride1(s) && !s.small_planes(); }
+}  // namespace
 
-// BN -> ReLU -> stride-1 max-pool on whole planes: each plane's dz comes from pool_stride1.h's
-// backward, which reads a plane's dy rows before it writes the dx rows over them (pool_3x3_rows.h
-// reads the whole plane first; the general kernel reads output rows ahead of the input row it
-// writes), and sweep 2 is element-wise on the plane. bench fusion at depth 8: the backward
-// 48-54 -> 39-41 ms (docs/fusion-log.md, session 44).
-bool CpuBackend::fused_pool_grad_in_place(const FusedStack& s) const {
-  return bn_relu_pool_stride1(s) && !s.small_planes();
-}
+bool CpuBackend::fused_reads_dy_affine(const FusedStack& s) const { return stride1_pool_planes(s); }
+
+// pool_stride1.h's backward reads a plane's dy rows before it writes the dx rows over them
+// (pool_3x3_rows.h reads the whole plane first; the general kernel reads output rows ahead of the
+// input row it writes), and sweep 2 is element-wise on the plane. bench fusion at depth 8: the
+// backward 48-54 -> 39-41 ms (docs/fusion-log.md, session 44).
+bool CpuBackend::fused_pool_grad_in_place(const FusedStack& s) const { return stride1_pool_planes(s); }
 
 // Sweep 1 in the reader's data gradient (fused_elementwise::dz_sums_plane): stacks whose own
 // sweep 1 is elementwise_dz's in memory order (BN -> ReLU, BN -> add -> ReLU, BN -> add), so the
