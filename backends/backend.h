@@ -148,6 +148,17 @@ class Backend {
 
   // ---- pooling (Conv2dGeom with K = C, groups ignored)
   virtual void maxpool2d_forward(const Conv2dGeom& g, const Tensor& x, Tensor& y) = 0;
+  // maxpool2d_forward / avgpool2d_forward, and y's per-plane sums for the fused BN stack reading y
+  // (plane_sums below), as conv2d_forward_sums: taken while each plane is in cache where the
+  // backend can, else by plane_sums.
+  virtual void maxpool2d_forward_sums(const Conv2dGeom& g, const Tensor& x, Tensor& y, Tensor& sums) {
+    maxpool2d_forward(g, x, y);
+    plane_sums(y, sums);
+  }
+  virtual void avgpool2d_forward_sums(const Conv2dGeom& g, const Tensor& x, Tensor& y, Tensor& sums) {
+    avgpool2d_forward(g, x, y);
+    plane_sums(y, sums);
+  }
   // Gradient goes to the first maximum of each window (PyTorch's rule), found again from x.
   // x: f32 or the stash's copy in any dtype maxpool2d_backward_reads() lists (decoded a plane at a
   // time in the workspace, maxpool2d_workspace_bytes()).

@@ -36,9 +36,18 @@ class MaxPoolOp final : public Op {
   }
   FusedStage fusion_stage() const override { return pool_stage(FusedKind::MaxPool, geom_); }
   OpAttributes attributes() const override { return window_attributes(geom_); }
+  bool can_write_plane_sums() const override { return sums_aux_ < 0; }  // for one reader
+  void write_plane_sums(int aux_index) override {
+    ET_CHECK(sums_aux_ < 0, "maxpool2d: plane sums asked for twice");
+    sums_aux_ = aux_index;
+  }
   void forward(OpContext& ctx) override {
     Tensor y = ctx.output();
-    ctx.backend().maxpool2d_forward(geom_.with_batch(ctx.batch()), ctx.input(0), y);
+    const Conv2dGeom g = geom_.with_batch(ctx.batch());
+    // Only the first training forward: a recompute comes after the stack's forward has read them.
+    Tensor sums = sums_aux_ >= 0 && ctx.training() && !ctx.recomputing() ? ctx.aux(sums_aux_) : Tensor{};
+    if (sums.defined()) return ctx.backend().maxpool2d_forward_sums(g, ctx.input(0), y, sums);
+    ctx.backend().maxpool2d_forward(g, ctx.input(0), y);
   }
   void backward(OpContext& ctx) override {
     GradOut dx = ctx.grad_input(0);
@@ -50,6 +59,7 @@ class MaxPoolOp final : public Op {
 
  private:
   Conv2dGeom geom_;
+  int sums_aux_ = -1;  // write_plane_sums
 };
 
 class AvgPoolOp final : public Op {
@@ -60,9 +70,17 @@ class AvgPoolOp final : public Op {
   bool output_nonnegative(bool in) const override { return in; }
   FusedStage fusion_stage() const override { return pool_stage(FusedKind::AvgPool, geom_); }
   OpAttributes attributes() const override { return window_attributes(geom_); }
+  bool can_write_plane_sums() const override { return sums_aux_ < 0; }  // for one reader
+  void write_plane_sums(int aux_index) override {
+    ET_CHECK(sums_aux_ < 0, "avgpool2d: plane sums asked for twice");
+    sums_aux_ = aux_index;
+  }
   void forward(OpContext& ctx) override {
     Tensor y = ctx.output();
-    ctx.backend().avgpool2d_forward(geom_.with_batch(ctx.batch()), ctx.input(0), y);
+    const Conv2dGeom g = geom_.with_batch(ctx.batch());
+    Tensor sums = sums_aux_ >= 0 && ctx.training() && !ctx.recomputing() ? ctx.aux(sums_aux_) : Tensor{};
+    if (sums.defined()) return ctx.backend().avgpool2d_forward_sums(g, ctx.input(0), y, sums);
+    ctx.backend().avgpool2d_forward(g, ctx.input(0), y);
   }
   void backward(OpContext& ctx) override {
     GradOut dx = ctx.grad_input(0);
@@ -72,6 +90,7 @@ class AvgPoolOp final : public Op {
 
  private:
   Conv2dGeom geom_;
+  int sums_aux_ = -1;  // write_plane_sums
 };
 
 class GlobalAvgPoolOp final : public Op {

@@ -169,6 +169,53 @@ TEST_CASE("fusion: BN statistics from x's producer (a conv's epilogue, the stack
   }
 }
 
+TEST_CASE("fusion: BN statistics from a pooling layer before the stack", "[fusion]") {
+  // image -> conv -> max-pool or average pool -> <BN, ReLU> -> conv: the pool writes the plane sums
+  // of its output as it pools (BrainSlug's block after an unfused first pool), the stack reads x
+  // once. Odd planes, batch 1 and 3; 2x2 stride-2 windows pool runs of planes as one tall plane.
+  struct Case {
+    int64_t batch, h, w, channels, k, stride, pad;
+    bool max;
+  };
+  for (const Case c : {Case{3, 32, 32, 4, 3, 1, 1, true}, Case{1, 11, 9, 5, 3, 2, 1, true},
+                       Case{3, 13, 10, 3, 3, 2, 1, false}, Case{2, 12, 12, 6, 2, 2, 0, true},
+                       Case{2, 12, 8, 5, 2, 2, 0, false}}) {
+    DYNAMIC_SECTION((c.max ? "max" : "avg") << " pool " << c.k << "/" << c.stride << " on " << c.h << "x" << c.w
+                                            << ", batch " << c.batch) {
+      Graph plain, fused;
+      for (Graph* g : {&plain, &fused}) {
+        const TestNet net = open_net(*g, c.batch + 1, c.h, c.w);
+        int y = conv2d(*g, net.x, "c0", conv3x3(c.channels));
+        y = c.max ? maxpool2d(*g, y, "pool", c.k, c.stride, c.pad) : avgpool2d(*g, y, "pool", c.k, c.stride, c.pad);
+        y = relu(*g, batchnorm2d(*g, y, "b0.bn"), "b0.relu");
+        close_net(*g, net, conv2d(*g, y, "c1", conv3x3(c.channels)));
+      }
+      FusionSpec spec;
+      spec.enabled = true;
+      const fusion::Plan p = fusion::plan(fused, spec);
+      REQUIRE(p.stacks.size() == 1);
+      CHECK(p.stacks[0].sums_from_producer);
+      fusion::apply(fused, p);
+      int sums = 0;
+      for (int id = 0; id < fused.num_values(); ++id) {
+        const Value& v = fused.value(id);
+        if (!v.forward_only) continue;
+        ++sums;
+        REQUIRE(v.producer >= 0);
+        CHECK(std::string(fused.node(v.producer).op->type()) == (c.max ? "maxpool2d" : "avgpool2d"));
+      }
+      CHECK(sums == 1);
+      for (const StashOptions& o :
+           {stash(StashFormat::DenseF32), stash(StashFormat::Auto), stash(StashFormat::Auto, 1)}) {
+        INFO("stash format " << int(o.format) << ", checkpoint_every " << o.checkpoint_every);
+        const auto a = train(plain, c.batch, o), b = train(fused, c.batch, o);
+        REQUIRE(std::isfinite(a[0][0]));
+        CHECK(differing(a, b) == 0);
+      }
+    }
+  }
+}
+
 namespace {
 bool ends_with(const std::string& s, const char* suffix) {
   const size_t n = std::strlen(suffix);

@@ -63,6 +63,8 @@ class CpuBackend : public Backend {
   void dropout_backward(const Tensor& dy, float p, uint64_t seed, Tensor& dx, bool accumulate) override;
 
   void maxpool2d_forward(const Conv2dGeom& g, const Tensor& x, Tensor& y) override;
+  void maxpool2d_forward_sums(const Conv2dGeom& g, const Tensor& x, Tensor& y, Tensor& sums) override;
+  void avgpool2d_forward_sums(const Conv2dGeom& g, const Tensor& x, Tensor& y, Tensor& sums) override;
   DTypeSet maxpool2d_backward_reads() const override { return kStashDTypes; }
   size_t maxpool2d_workspace_bytes(const Conv2dGeom& g) const override;
   void maxpool2d_backward(const Conv2dGeom& g, const Tensor& dy, const Tensor& x, Tensor& dx, bool accumulate,

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cstring>
 
+#include "backends/cpu/batchnorm_rows.h"
 #include "backends/cpu/cpu_backend.h"
 #include "backends/cpu/pool_planes.h"
 #include "memory/stored_reader.h"
@@ -42,6 +43,31 @@ void CpuBackend::maxpool2d_forward(const Conv2dGeom& g, const Tensor& x, Tensor&
   });
 }
 
+namespace {
+// pool(g, x, y) over every run, then the run's output planes' sums for the BN reading y
+// (bn_rows::plane_sums, which Backend::plane_sums calls: the same bits), while they are in cache:
+// the fused stack reading y takes its statistics from them instead of reading y once more.
+template <class Pool>
+void pool_forward_sums(const Conv2dGeom& g, const Tensor& x, Tensor& y, Tensor& sums, Pool pool) {
+  const int64_t HW = g.H * g.W, PQ = g.P * g.Q, C = g.C;
+  ET_CHECK(sums.dim(0) == 2 && sums.dim(1) >= g.N && sums.dim(2) == C, "pooling: plane sums of ", y.shape.str(),
+           " into ", sums.shape.str());
+  float *s1 = sums.f32(), *s2 = s1 + sums.dim(1) * C;
+#pragma omp parallel
+  for_each_run(g, [&](int64_t p0, int64_t k, const pool_planes::Plane& pg) {
+    float* yp = y.f32() + p0 * PQ;
+    pool(pg, x.f32() + p0 * HW, yp);
+    for (int64_t i = 0; i < k; ++i) bn_rows::plane_sums(yp + i * PQ, PQ, s1 + p0 + i, s2 + p0 + i);
+  });
+}
+}  // namespace
+
+void CpuBackend::maxpool2d_forward_sums(const Conv2dGeom& g, const Tensor& x, Tensor& y, Tensor& sums) {
+  pool_forward_sums(g, x, y, sums, [](const pool_planes::Plane& pg, const float* xp, float* yp) {
+    pool_planes::max_forward(pg, xp, yp);
+  });
+}
+
 size_t CpuBackend::maxpool2d_workspace_bytes(const Conv2dGeom& g) const {
   return size_t(cpu_threads()) * size_t(run_floats(g)) * sizeof(float);
 }
@@ -68,6 +94,12 @@ void CpuBackend::avgpool2d_forward(const Conv2dGeom& g, const Tensor& x, Tensor&
 #pragma omp parallel
   for_each_run(g, [&](int64_t p0, int64_t, const pool_planes::Plane& pg) {
     pool_planes::avg_forward(pg, x.f32() + p0 * HW, y.f32() + p0 * PQ);
+  });
+}
+
+void CpuBackend::avgpool2d_forward_sums(const Conv2dGeom& g, const Tensor& x, Tensor& y, Tensor& sums) {
+  pool_forward_sums(g, x, y, sums, [](const pool_planes::Plane& pg, const float* xp, float* yp) {
+    pool_planes::avg_forward(pg, xp, yp);
   });
 }
 
