@@ -14,7 +14,8 @@ namespace et {
 
 // What a layer is to the fusion planner (Op::fusion_stage): its kind and the parameters a fused
 // kernel needs. Layers that are none of these end a stack.
-enum class FusedKind : uint8_t { None, BatchNorm, Relu, Add, MaxPool, AvgPool, Dropout };
+// GlobalAvgPool: the mean of each plane ([N, C, H, W] -> [N, C]); it ends the stack it is in.
+enum class FusedKind : uint8_t { None, BatchNorm, Relu, Add, MaxPool, AvgPool, Dropout, GlobalAvgPool };
 
 // A pooling window over one plane (the Conv2dGeom fields a plane kernel reads).
 struct PoolWindow {
@@ -40,6 +41,9 @@ inline FusedStage fused_stage(FusedKind kind) {
 // so a BN can only head a stack); the rest follow in graph order: at most one Add (its other
 // operand is the stack's `side` input) and at most one pool, never a pool after the Add; at most
 // one Dropout (inverted, its counter-based mask drawn again in the backward), not after the Add.
+// A global average pool may end a stack without a pool or an Add, on whole planes (y is [N, C]:
+// a plane's mean; P = Q = 1): neither the plane before it nor the gradient of that plane, dy / HW
+// in every element, travels to memory.
 // A stack without a BN (VGG without BN: conv, ReLU, pool) is exactly {Relu, pool} with windows
 // that do not overlap: its backward needs one bit per element of x (`FusedTensors::pass`), set
 // where dx takes a gradient, instead of the ReLU output the unfused layers keep.
@@ -73,6 +77,7 @@ struct FusedStack {
     return -1;
   }
   const FusedStage& last() const { return stages.back(); }
+  bool ends_in_global_pool() const { return stages.back().kind == FusedKind::GlobalAvgPool; }
   bool headed_by_bn() const { return stages[0].kind == FusedKind::BatchNorm; }
   bool small_planes() const;
 };

@@ -1,4 +1,4 @@
-// FusedStackOp: one node running a whole stack (BN, then ReLU / add / pooling) through the
+// FusedStackOp: one node running a whole stack (BN, then ReLU / add / pooling / a last global pool) through the
 // backend's fused kernels. It saves what the stack's layers saved minus what it can recompute
 // from x in the backward: BN's input x and, when the stack ends in a ReLU, y's mask. Pool inputs
 // and ReLU outputs inside the stack are neither saved nor kept. A stack without a BN (ReLU, then
@@ -20,7 +20,8 @@ class FusedStackOp final : public Op {
  public:
   FusedStackOp(const FusedStack& s, std::vector<std::string> members, int sums_input, int dz_sums_aux)
       : stack_(s), members_(std::move(members)), sums_input_(sums_input), dz_sums_aux_(dz_sums_aux) {
-    for (const FusedStage& st : s.stages) has_pool_ |= st.kind == FusedKind::MaxPool || st.kind == FusedKind::AvgPool;
+    for (const FusedStage& st : s.stages)
+      has_pool_ |= st.kind == FusedKind::MaxPool || st.kind == FusedKind::AvgPool || st.kind == FusedKind::GlobalAvgPool;
   }
   const char* type() const override { return "fused_stack"; }
   // Headed by a BN: bitmap_int4 recomputes its input from the conv's codes as it does for a BN.
@@ -171,8 +172,9 @@ class FusedStackOp final : public Op {
   bool nonnegative() const {
     bool nonneg = false;
     for (const FusedStage& st : stack_.stages)
-      nonneg = st.kind == FusedKind::Relu || (nonneg && (st.kind == FusedKind::MaxPool ||
-                                                          st.kind == FusedKind::AvgPool || st.kind == FusedKind::Dropout));
+      nonneg = st.kind == FusedKind::Relu ||
+               (nonneg && (st.kind == FusedKind::MaxPool || st.kind == FusedKind::AvgPool ||
+                           st.kind == FusedKind::Dropout || st.kind == FusedKind::GlobalAvgPool));
     return nonneg;
   }
 

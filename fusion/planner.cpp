@@ -2,7 +2,8 @@
 //
 // A stack starts at a training-mode BN (its statistics need all of its input, so a BN can only
 // head one) and takes the layers after it while each value has a single consumer: ReLU, one Add,
-// one max / average pool, one dropout (not after the Add). Rules: nothing after an Add but the ReLU that ends the stack (that
+// one max / average pool, one dropout (not after the Add), and a global average pool at the end of
+// a stack without a pool or an Add (on whole planes in memory order only). Rules: nothing after an Add but the ReLU that ends the stack (that
 // ReLU's mask is saved, since the Add's other operand is not kept for a recompute), and no pool
 // after an Add. A stack of a BN alone is left as it is. Where no BN heads it, a ReLU followed by
 // a pool whose windows do not overlap is a stack of its own (VGG without BN).
@@ -35,6 +36,7 @@ size_t unfused_bytes(const FusedStack& s, int64_t N) {
       case FusedKind::Add: b += f32(3 * in) + f32(2 * in); break;         // a, b, y | dy, side grad
       case FusedKind::MaxPool: b += f32(in + out) + f32(3 * in + out); break;  // | zero, x, dy, dx
       case FusedKind::AvgPool: b += f32(in + out) + f32(2 * in + out); break;
+      case FusedKind::GlobalAvgPool: b += f32(in + out) + f32(in + out); break;  // x, y | dy, dx
       case FusedKind::Dropout: b += f32(2 * in) + f32(2 * in); break;  // x, y | dy, dx
       default: break;
     }
@@ -115,6 +117,18 @@ int64_t halo_rows(const FusedStack& s) {
 
 bool is_pool(FusedKind k) { return k == FusedKind::MaxPool || k == FusedKind::AvgPool; }
 
+// A stack's last global pool goes back to being a layer where the stack does not run on whole
+// planes in memory order (small planes, bands, an explicit fusion.tile): those kernels have no
+// such stage.
+void drop_global_pool(StackPlan& sp) {
+  if (!sp.stack.ends_in_global_pool()) return;
+  sp.stack.stages.pop_back();
+  sp.nodes.pop_back();
+  sp.output = sp.vanished.back();
+  sp.vanished.pop_back();
+  sp.stack.saves_output_mask = sp.stack.last().kind == FusedKind::Relu;
+}
+
 // The stack headed by node `head` (a BN), or an empty one; nodes already in a stack end it.
 StackPlan find_stack(const Graph& g, int head, const std::vector<uint8_t>& claimed) {
   StackPlan sp;
@@ -139,6 +153,17 @@ StackPlan find_stack(const Graph& g, int head, const std::vector<uint8_t>& claim
     const Node& node = g.node(k);
     FusedStage st = node.op->fusion_stage();
     const Shape& out = g.value(node.output).shape;
+    if (st.kind == FusedKind::GlobalAvgPool) {  // ends the stack: its output is [N, C]
+      if (has_pool || has_add || v.shape.ndim != 4) break;
+      st.H = v.shape[2];
+      st.W = v.shape[3];
+      st.P = st.Q = 1;
+      sp.stack.stages.push_back(st);
+      sp.nodes.push_back(k);
+      sp.vanished.push_back(cur);
+      cur = node.output;
+      break;
+    }
     if (out.ndim != 4) break;
     if (st.kind == FusedKind::Add) {
       if (has_add || has_pool || node.inputs.size() != 2 || node.inputs[0] == node.inputs[1]) break;
@@ -235,8 +260,15 @@ Plan plan(const Graph& g, const FusionSpec& spec) {
     StackPlan sp = find_stack(g, n, claimed);
     if (sp.nodes.size() < 2) sp = find_relu_stack(g, n, claimed);
     if (sp.nodes.size() < 2) continue;
-    for (int m : sp.nodes) claimed[size_t(m)] = 1;
     FusedStack& s = sp.stack;
+    if (s.ends_in_global_pool() && (s.small_planes() || spec.tile > 0)) drop_global_pool(sp);
+    if (s.ends_in_global_pool()) {  // nor where the plane's scratch needs bands
+      int64_t plane = 0;
+      for (const FusedStage& st : s.stages) plane = std::max({plane, st.H * st.W, st.P * st.Q});
+      if (f32(plane) * (s.stages.size() + 3) > p.cache_bytes) drop_global_pool(sp);
+    }
+    if (sp.nodes.size() < 2) continue;
+    for (int m : sp.nodes) claimed[size_t(m)] = 1;
     // A tile is one plane in memory order (auto), or `tile_channels` channels of the whole batch
     // (an explicit fusion.tile: BN reduces per channel over the batch, so the backward's second
     // sweep finds the slab of x and the parked dz in the cache if the tile fits), or on small
@@ -341,6 +373,7 @@ const char* kind_name(FusedKind k) {
     case FusedKind::MaxPool: return "maxpool";
     case FusedKind::AvgPool: return "avgpool";
     case FusedKind::Dropout: return "dropout";
+    case FusedKind::GlobalAvgPool: return "gap";
     default: return "?";
   }
 }

@@ -98,6 +98,7 @@ class GlobalAvgPoolOp final : public Op {
   const char* type() const override { return "global_avgpool"; }
   OpClass op_class() const override { return OpClass::Pool; }
   bool output_nonnegative(bool in) const override { return in; }
+  FusedStage fusion_stage() const override { return fused_stage(FusedKind::GlobalAvgPool); }
   void forward(OpContext& ctx) override {
     Tensor y = ctx.output();
     ctx.backend().global_avgpool_forward(ctx.input(0), y);

@@ -222,7 +222,8 @@ void CpuBackend::fused_forward(const FusedStack& s, FusedTensors& t, bool traini
 #else
   const bool pool_in_registers = false;
 #endif
-  const ElementwiseOnly ew = elementwise_kind(s);
+  // A last global average pool: the stages before it (elementwise_kind_before_global_pool).
+  const ElementwiseOnly ew = elementwise_kind_before_global_pool(s);
   // Streaming stores where the planner asks for them (FusedStack::stream_y) and nothing reads
   // y back in the pass: not the rounds that pack y's values, not y's sums; with the pool, not the
   // bitmap words either (the element-wise planes take theirs in registers).
@@ -231,6 +232,9 @@ void CpuBackend::fused_forward(const FusedStack& s, FusedTensors& t, bool traini
                       (ew != ElementwiseOnly::No || (pool_in_registers && !words));
 #endif
   [[maybe_unused]] const bool pool_stride1 = bn_relu_pool_stride1(s);
+  // y [N, C]: each plane's mean (FusedStack::ends_in_global_pool; whole planes, memory order or slabs).
+  const bool global_pool = s.ends_in_global_pool();
+  ET_CHECK(!global_pool || s.band_rows == 0, "fused stack: a global pool over bands");
 #if defined(ET_POOL_STRIDE1_SUMS)
   // The stride-1 pool writes y through SummedY where its rows are whole vectors: y's sums for the
   // next BN in the pass, and streaming stores where the planner asks for them and nothing else
@@ -244,7 +248,12 @@ void CpuBackend::fused_forward(const FusedStack& s, FusedTensors& t, bool traini
     int64_t kept_in_registers = -1;  // the element-wise planes count their bitmap words' bits themselves
     bool summed = false;             // y's sums taken as y was written
 #if defined(ET_ELEMENTWISE_IN_REGISTERS)
-    if (ew != ElementwiseOnly::No) {
+    if (ew != ElementwiseOnly::No && global_pool) {  // the element-wise stages into scratch, its mean into y
+      if (memory_order && pl + 1 < N * C) prefetch_plane(xp + (pl + 1) * HW, HW);
+      elementwise_forward_plane(ew, xp + pl * HW, add >= 0 ? t.side.f32() + pl * side_plane : nullptr, sc, sh, HW,
+                                scratch_out[0], false, 0, nullptr);
+      yp[pl] = pool_planes::plane_mean(scratch_out[0], HW);
+    } else if (ew != ElementwiseOnly::No) {
       // The next plane's first lines (see prefetch_plane): ResNet-20's stacks' forward 4.7 -> 3.4 ms.
       if (memory_order && pl + 1 < N * C) {
         prefetch_plane(xp + (pl + 1) * HW, HW);
@@ -276,7 +285,13 @@ void CpuBackend::fused_forward(const FusedStack& s, FusedTensors& t, bool traini
                                        yp + pl * PQ);
     } else
 #endif
-    {  // the whole plane, or bands of rows (planes larger than the cache), their halos recomputed
+    if (global_pool) {  // the plane through the stages in scratch, its mean into y
+      float* out[kMaxStages];
+      for (int64_t k = 0; k < S; ++k) out[k] = scratch_out[k];
+      out[S - 1] = yp + pl;
+      forward_rows(s, whole_planes(s, pl, 1, t.seed), s.stages.size(), xp + pl * HW,
+                   add >= 0 ? t.side.f32() + pl * HW : nullptr, sc, sh, out, training);
+    } else {  // the whole plane, or bands of rows (planes larger than the cache), their halos recomputed
       float* out[kMaxStages];
       for (int64_t k = 0; k < S; ++k) out[k] = scratch_out[k];
       const int64_t step = s.band_rows > 0 ? forward_band_out_rows(s) : last.P;

@@ -116,7 +116,16 @@ void CpuBackend::fused_backward(const FusedStack& s, const FusedTensors& t, Fuse
                          reinterpret_cast<uintptr_t>(g.dx.f32()) % 64 == 0;
 #endif
 
-  const bool last_pool = s.last().kind == FusedKind::MaxPool || s.last().kind == FusedKind::AvgPool;
+  const bool global_pool = s.ends_in_global_pool();  // whole planes: dy is one value a plane
+  ET_CHECK(!global_pool || !banded, "fused stack: a global pool over bands");
+  const bool last_pool = s.last().kind == FusedKind::MaxPool || s.last().kind == FusedKind::AvgPool || global_pool;
+  // A last global pool's gradient of plane pl, dy / HW in every element, into the scratch's first
+  // plane (the paths in registers read it as their dy plane; the layer's arithmetic).
+  [[maybe_unused]] auto global_pool_dy = [&](float* scratch, int64_t pl) -> const float* {
+    if (!global_pool) return nullptr;
+    pool_planes::plane_mean_backward(g.dy.f32()[pl], HW, scratch, false);
+    return scratch;
+  };
   // BN -> ReLU -> stride-1 max-pool: dz of plane pl from x and dy into `into` (pool_stride1.h).
   const bool pool_stride1 = bn_relu_pool_stride1(s);
   // Sweep 1 done by the reader's data gradient (FusedGrads::dz_sums): dz in dy, the planes' sums
@@ -153,7 +162,7 @@ void CpuBackend::fused_backward(const FusedStack& s, const FusedTensors& t, Fuse
   // Add stage hands on unchanged. A last pool's output is not needed, only its input.
   auto band_dz = [&](float* scratch, int64_t pl, const BandRows& b, const float* x, bool first_sweep,
                      float* pool_into = nullptr) -> const float* {
-    const StageRows rows = one_band(s, b, pl, t.seed);
+    const StageRows rows = global_pool ? whole_planes(s, pl, 1, t.seed) : one_band(s, b, pl, t.seed);
     float* out[kMaxStages];
     for (int64_t k = 0; k < S; ++k) out[k] = scratch + k * plane;
     float* ga = scratch + S * plane;
@@ -189,7 +198,8 @@ void CpuBackend::fused_backward(const FusedStack& s, const FusedTensors& t, Fuse
     const float* x = x_plane(scratch, pl);
 #if defined(ET_ELEMENTWISE_IN_REGISTERS)
     if (in_registers)  // dz from dy and the mask (recomputed from x or read)
-      return bn_rows::grad_sums(elementwise_dz(ew, g, t, c, o, x, recompute, true, park), x, t.mean.f32()[c], HW, a, b);
+      return bn_rows::grad_sums(elementwise_dz(ew, g, t, c, o, x, recompute, true, park, global_pool_dy(scratch, pl)), x,
+                                t.mean.f32()[c], HW, a, b);
 #endif
 #if defined(ET_POOL_IN_REGISTERS)
     if (pool_in_registers) return bn_rows::grad_sums(pool_dz(pl, x), x, t.mean.f32()[c], HW, a, b);
@@ -236,8 +246,9 @@ void CpuBackend::fused_backward(const FusedStack& s, const FusedTensors& t, Fuse
     const float* x = x_plane(scratch, pl);
 #if defined(ET_ELEMENTWISE_IN_REGISTERS)
     if (in_registers && !park && !dz_in_dy)
-      return bn_rows::grad_apply_d(elementwise_dz(ew, g, t, pl % C, pl * HW, x, recompute, false, false), x, k.a, k.b,
-                                   k.c0, HW, dx, g.dx_accumulate);
+      return bn_rows::grad_apply_d(
+          elementwise_dz(ew, g, t, pl % C, pl * HW, x, recompute, false, false, global_pool_dy(scratch, pl)), x, k.a,
+          k.b, k.c0, HW, dx, g.dx_accumulate);
 #endif
 #if defined(ET_POOL_IN_REGISTERS)
     if (pool_in_registers)

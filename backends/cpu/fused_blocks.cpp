@@ -198,6 +198,7 @@ bool block_dz_registers(const FusedStack& s, const FusedTensors& t, FusedGrads& 
 void CpuBackend::fused_blocks_forward(const FusedStack& s, FusedTensors& t, bool training, MaskOut* mask,
                                       Workspace ws) {
   const FusedStage &bn = s.stages[0], &last = s.last();
+  ET_CHECK(!s.ends_in_global_pool(), "fused stack: a global pool on small-plane blocks");
   const int64_t N = t.x.dim(0), C = s.C, HW = bn.H * bn.W, PQ = last.P * last.Q, S = int64_t(s.stages.size());
   const int64_t T = s.tile_channels, blocks = (C + T - 1) / T;
   ET_CHECK(ws.bytes >= fused_workspace_bytes(s, N), "fused stack: workspace");
@@ -276,6 +277,7 @@ void CpuBackend::fused_blocks_forward(const FusedStack& s, FusedTensors& t, bool
 
 void CpuBackend::fused_blocks_backward(const FusedStack& s, const FusedTensors& t, FusedGrads& g, Workspace ws) {
   const FusedStage &bn = s.stages[0], &last = s.last();
+  ET_CHECK(!s.ends_in_global_pool(), "fused stack: a global pool on small-plane blocks");
   const int64_t N = t.x.dim(0), C = s.C, HW = bn.H * bn.W, PQ = last.P * last.Q, S = int64_t(s.stages.size());
   const int64_t T = s.tile_channels, blocks = (C + T - 1) / T;
   ET_CHECK(ws.bytes >= fused_workspace_bytes(s, N), "fused stack: workspace");

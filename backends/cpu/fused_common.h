@@ -125,7 +125,8 @@ inline bool output_nonnegative(const FusedStack& s) {
   for (size_t k = 1; k < s.stages.size(); ++k) {
     const FusedKind kind = s.stages[k].kind;
     nonneg = kind == FusedKind::Relu ||
-             (nonneg && (kind == FusedKind::MaxPool || kind == FusedKind::AvgPool || kind == FusedKind::Dropout));
+             (nonneg && (kind == FusedKind::MaxPool || kind == FusedKind::AvgPool || kind == FusedKind::Dropout ||
+                         kind == FusedKind::GlobalAvgPool));
   }
   return nonneg;
 }
@@ -211,6 +212,9 @@ inline void stage_forward(const FusedStage& st, int64_t L, const float* in, cons
       break;
     case FusedKind::MaxPool:
     case FusedKind::AvgPool: pool_forward(st, L, in, o); break;
+    case FusedKind::GlobalAvgPool:
+      for (int64_t l = 0; l < L; ++l) o[l] = pool_planes::plane_mean(in + l * st.H * st.W, st.H * st.W);
+      break;
     default: ET_CHECK(false, "fused stage kind ", int(st.kind));
   }
 }
@@ -279,7 +283,7 @@ inline float* stages_backward(const FusedStack& s, const StageRows& r, FusedGrad
                               const float* dy, float* ga, float* gb, bool first_sweep, bool read_y_mask) {
   const int64_t S = int64_t(s.stages.size()), L = r.L;
   const FusedKind last = s.stages.back().kind;
-  const bool pool_reads_dy = last == FusedKind::MaxPool || last == FusedKind::AvgPool;
+  const bool pool_reads_dy = last == FusedKind::MaxPool || last == FusedKind::AvgPool || last == FusedKind::GlobalAvgPool;
   if (!pool_reads_dy) std::memcpy(ga, dy, sizeof(float) * size_t(L * r.geo[S - 1].P * r.geo[S - 1].Q));
   for (int64_t k = S - 1; k >= 1; --k) {
     const FusedStage& st = r.geo[k];
@@ -315,6 +319,10 @@ inline float* stages_backward(const FusedStack& s, const StageRows& r, FusedGrad
         break;
       case FusedKind::Dropout:
         if (st.p > 0.f) dropout_mask::backward(st.p, r.seed, r.first[k], ga, n_in);
+        break;
+      case FusedKind::GlobalAvgPool:  // the last stage, on whole planes: dy is one value a plane
+        for (int64_t l = 0; l < L; ++l) pool_planes::plane_mean_backward(dy[l], st.H * st.W, gb + l * st.H * st.W, false);
+        std::swap(ga, gb);
         break;
       case FusedKind::MaxPool:
       case FusedKind::AvgPool: {

@@ -22,18 +22,27 @@ namespace fused_elementwise {
 // backward sweep builds dz element by element in registers instead of plane by plane in scratch.
 enum class ElementwiseOnly { No, Relu, AddRelu, Add };
 
-inline ElementwiseOnly elementwise_kind(const FusedStack& s) {
-  if (s.stages.size() == 2 && s.stages[1].kind == FusedKind::Relu) return ElementwiseOnly::Relu;
-  if (s.stages.size() == 2 && s.stages[1].kind == FusedKind::Add) return ElementwiseOnly::Add;
-  if (s.stages.size() == 3 && s.stages[1].kind == FusedKind::Add && s.stages[2].kind == FusedKind::Relu)
+// The kind of the first n stages of s.
+inline ElementwiseOnly elementwise_kind(const FusedStack& s, size_t n) {
+  if (n == 2 && s.stages[1].kind == FusedKind::Relu) return ElementwiseOnly::Relu;
+  if (n == 2 && s.stages[1].kind == FusedKind::Add) return ElementwiseOnly::Add;
+  if (n == 3 && s.stages[1].kind == FusedKind::Add && s.stages[2].kind == FusedKind::Relu)
     return ElementwiseOnly::AddRelu;
   return ElementwiseOnly::No;
+}
+inline ElementwiseOnly elementwise_kind(const FusedStack& s) { return elementwise_kind(s, s.stages.size()); }
+
+// A stack ending in a global average pool: the kind of the stages before it, which the forward and
+// the backward run in registers into and from a plane of scratch (the plane before the pool, its
+// gradient dy / HW); other stacks: elementwise_kind.
+inline ElementwiseOnly elementwise_kind_before_global_pool(const FusedStack& s) {
+  return elementwise_kind(s, s.stages.size() - (s.ends_in_global_pool() ? 1 : 0));
 }
 
 // The same for the backward, where it can go in registers.
 inline ElementwiseOnly elementwise_only(const FusedStack& s, const FusedGrads& g, bool recompute) {
   const int64_t PQ = s.last().P * s.last().Q;
-  const ElementwiseOnly e = elementwise_kind(s);
+  const ElementwiseOnly e = elementwise_kind_before_global_pool(s);
   // A mask read as bits goes 16 bits at a time: planes must start on 16-element boundaries.
   const bool reads_mask = e == ElementwiseOnly::AddRelu || (e == ElementwiseOnly::Relu && !recompute);
   if (reads_mask && g.y_mask.bits && PQ % 16 != 0) return ElementwiseOnly::No;
@@ -51,10 +60,11 @@ struct DzSources {
   bool side_acc;
   float scale, shift;
 };
+// dy_plane: where the plane's dy is, if not in g.dy at o (a last global pool's dy / HW, in scratch).
 inline DzSources dz_sources(FusedGrads& g, const FusedTensors& t, int64_t c, int64_t o,
-                                             bool first_sweep, bool park_dz) {
+                                             bool first_sweep, bool park_dz, const float* dy_plane) {
   DzSources r;
-  r.dy = g.dy.f32() + o;
+  r.dy = dy_plane ? dy_plane : g.dy.f32() + o;
   r.dside = first_sweep && g.dside.defined() ? g.dside.f32() + o : nullptr;
   r.park = first_sweep && park_dz ? g.dx.f32() + o : nullptr;
   r.ym = g.y_mask.bits ? nullptr : (g.y_mask.dense.defined() ? g.y_mask.dense.f32() + o : nullptr);
@@ -108,8 +118,9 @@ inline __mmask16 relu_on(__mmask16 m, const float* x, __m512 scale, __m512 shift
 // rule: masked-out lanes are +0). The first sweep writes the side gradient on the way, and dz
 // parked in dx where `park`.
 inline auto elementwise_dz(ElementwiseOnly e, FusedGrads& g, const FusedTensors& t, int64_t c, int64_t o,
-                           const float* x, bool recompute, bool first_sweep, bool park_dz) {
-  const DzSources src = dz_sources(g, t, c, o, first_sweep, park_dz);
+                           const float* x, bool recompute, bool first_sweep, bool park_dz,
+                           const float* dy_plane = nullptr) {
+  const DzSources src = dz_sources(g, t, c, o, first_sweep, park_dz, dy_plane);
   const __m512 vscale = _mm512_set1_ps(src.scale), vshift = _mm512_set1_ps(src.shift), zero = _mm512_setzero_ps();
   return [=](int64_t i, __mmask16 m) ET_ALWAYS_INLINE {
     __mmask16 on = m;
@@ -202,9 +213,10 @@ inline lanes16::Lanes16 relu_on(const M& m, const float* x, const lanes16::Lanes
 }
 
 inline auto elementwise_dz(ElementwiseOnly e, FusedGrads& g, const FusedTensors& t, int64_t c, int64_t o,
-                           const float* x, bool recompute, bool first_sweep, bool park_dz) {
+                           const float* x, bool recompute, bool first_sweep, bool park_dz,
+                           const float* dy_plane = nullptr) {
   using namespace lanes16;
-  const DzSources src = dz_sources(g, t, c, o, first_sweep, park_dz);
+  const DzSources src = dz_sources(g, t, c, o, first_sweep, park_dz, dy_plane);
   const Lanes16 vscale = splat16(src.scale), vshift = splat16(src.shift);
   return [=](int64_t i, auto m) ET_ALWAYS_INLINE {
     Lanes16 on = on16(m);

@@ -114,6 +114,12 @@ inline void avg_forward_reference(const Plane& g, const float* x, float* y) {
     for (int64_t q = 0; q < g.Q; ++q) y[p * g.Q + q] = avg_at(g, x, p, q);
 }
 
+// Global average pooling: the mean of a plane of n floats, and the gradient of a plane (dy / n in
+// every element, dx += that where accumulate). The layer and the fused stacks that end in one call
+// these out-of-line functions (pooling.cpp), so their sums are the same bits.
+float plane_mean(const float* x, int64_t n);
+void plane_mean_backward(float dy, int64_t n, float* dx, bool accumulate);
+
 inline void avg_backward(const Plane& g, const float* dy, float* dx) {
   const float inv = 1.f / float(g.R * g.S);
   for (int64_t p = 0; p < g.P; ++p)

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cstring>
 
+#include "backends/cpu/always_inline.h"
 #include "backends/cpu/batchnorm_rows.h"
 #include "backends/cpu/cpu_backend.h"
 #include "backends/cpu/pool_planes.h"
@@ -113,27 +114,38 @@ void CpuBackend::avgpool2d_backward(const Conv2dGeom& g, const Tensor& dy, Tenso
   });
 }
 
+namespace pool_planes {
+ET_NOINLINE float plane_mean(const float* x, int64_t n) {
+  float s = 0.f;
+#pragma omp simd reduction(+ : s)
+  for (int64_t i = 0; i < n; ++i) s += x[i];
+  return s / float(n);
+}
+
+ET_NOINLINE void plane_mean_backward(float dy, int64_t n, float* dx, bool accumulate) {
+  const float v = dy / float(n);
+  if (accumulate) {
+#pragma omp simd
+    for (int64_t i = 0; i < n; ++i) dx[i] += v;
+  } else {
+#pragma omp simd
+    for (int64_t i = 0; i < n; ++i) dx[i] = v;
+  }
+}
+}  // namespace pool_planes
+
 // y [N,C] = mean over H,W of x [N,C,H,W]
 void CpuBackend::global_avgpool_forward(const Tensor& x, Tensor& y) {
   const int64_t planes = x.dim(0) * x.dim(1), HW = x.dim(2) * x.dim(3);
 #pragma omp parallel for schedule(static)
-  for (int64_t pl = 0; pl < planes; ++pl) {
-    const float* xp = x.f32() + pl * HW;
-    float s = 0.f;
-#pragma omp simd reduction(+ : s)
-    for (int64_t i = 0; i < HW; ++i) s += xp[i];
-    y.f32()[pl] = s / float(HW);
-  }
+  for (int64_t pl = 0; pl < planes; ++pl) y.f32()[pl] = pool_planes::plane_mean(x.f32() + pl * HW, HW);
 }
 
 void CpuBackend::global_avgpool_backward(const Tensor& dy, Tensor& dx, bool accumulate) {
   const int64_t planes = dx.dim(0) * dx.dim(1), HW = dx.dim(2) * dx.dim(3);
 #pragma omp parallel for schedule(static)
-  for (int64_t pl = 0; pl < planes; ++pl) {
-    const float v = dy.f32()[pl] / float(HW);
-    float* o = dx.f32() + pl * HW;
-    for (int64_t i = 0; i < HW; ++i) o[i] = accumulate ? o[i] + v : v;
-  }
+  for (int64_t pl = 0; pl < planes; ++pl)
+    pool_planes::plane_mean_backward(dy.f32()[pl], HW, dx.f32() + pl * HW, accumulate);
 }
 
 // Option-A shortcut: plane (n, k) of y is zero or the strided subsample of plane (n, k - pad) of x.
