@@ -39,11 +39,12 @@ void gap_net(Graph& g, int64_t batch, int64_t h, int64_t w, int64_t channels, He
   g.label_input = net.labels;
 }
 
-fusion::Plan plan_with(Graph& g, int64_t cache_kb, int64_t tile) {
+fusion::Plan plan_with(Graph& g, int64_t cache_kb, int64_t tile, int64_t llc_kb = 0) {
   FusionSpec spec;
   spec.enabled = true;
   spec.cache_kb = cache_kb;
   spec.tile = tile;
+  spec.llc_kb = llc_kb;
   return fusion::plan(g, spec);
 }
 
@@ -60,14 +61,17 @@ TEST_CASE("fusion: a global average pool ends a stack, bit-identically", "[fusio
   struct Case {
     int64_t batch, h, w, channels;
   };
-  // 7x5: planes that are no whole vectors; 32x32: CIFAR's, as in `bench fusion`; batch 1.
+  // 7x5: planes that are no whole vectors; 32x32: CIFAR's, as in `bench fusion`; batch 1. A last-
+  // level cache of 1 KiB: dz parked in dx by streaming stores (FusedStack::stream_dx).
   for (const Case c : {Case{3, 7, 5, 4}, Case{1, 8, 8, 3}, Case{2, 32, 32, 5}}) {
-    for (Head head : {Head::Bn, Head::BnRelu, Head::BnDropoutRelu, Head::AfterPoolStack}) {
-      DYNAMIC_SECTION(head_name(head) << " on " << c.h << "x" << c.w << ", batch " << c.batch) {
+    for (Head head : {Head::Bn, Head::BnRelu, Head::BnDropoutRelu, Head::AfterPoolStack})
+    for (int64_t llc_kb : {0, 1}) {
+      DYNAMIC_SECTION(head_name(head) << " on " << c.h << "x" << c.w << ", batch " << c.batch << ", llc " << llc_kb) {
         Graph plain, fused;
         gap_net(plain, c.batch, c.h, c.w, c.channels, head);
         gap_net(fused, c.batch, c.h, c.w, c.channels, head);
-        const fusion::Plan p = plan_with(fused, 0, 0);
+        const fusion::Plan p = plan_with(fused, 0, 0, llc_kb);
+        if (llc_kb > 0) CHECK(stack_named(p, "b1.bn").stack.stream_dx);
         const fusion::StackPlan& last = stack_named(p, "b1.bn");
         REQUIRE(last.fused);
         CHECK(last.stack.ends_in_global_pool());

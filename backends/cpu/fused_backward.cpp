@@ -118,6 +118,11 @@ void CpuBackend::fused_backward(const FusedStack& s, const FusedTensors& t, Fuse
 
   const bool global_pool = s.ends_in_global_pool();  // whole planes: dy is one value a plane
   ET_CHECK(!global_pool || !banded, "fused stack: a global pool over bands");
+  // After a global pool dx is a tensor of its own (no dy of its size to share): dz parks there by
+  // streaming stores where the planner asks for them (FusedStack::stream_dx), as the pooled stacks
+  // write dx, sparing the read of each line before it is written.
+  [[maybe_unused]] const bool stream_park = global_pool && in_registers && park && s.stream_dx && HW % 16 == 0 &&
+                           reinterpret_cast<uintptr_t>(g.dx.f32()) % 64 == 0;
   const bool last_pool = s.last().kind == FusedKind::MaxPool || s.last().kind == FusedKind::AvgPool || global_pool;
   // A last global pool's gradient of plane pl, dy / HW in every element, into the scratch's first
   // plane (the paths in registers read it as their dy plane; the layer's arithmetic).
@@ -198,8 +203,9 @@ void CpuBackend::fused_backward(const FusedStack& s, const FusedTensors& t, Fuse
     const float* x = x_plane(scratch, pl);
 #if defined(ET_ELEMENTWISE_IN_REGISTERS)
     if (in_registers)  // dz from dy and the mask (recomputed from x or read)
-      return bn_rows::grad_sums(elementwise_dz(ew, g, t, c, o, x, recompute, true, park, global_pool_dy(scratch, pl)), x,
-                                t.mean.f32()[c], HW, a, b);
+      return bn_rows::grad_sums(
+          elementwise_dz(ew, g, t, c, o, x, recompute, true, park, global_pool_dy(scratch, pl), stream_park), x,
+          t.mean.f32()[c], HW, a, b);
 #endif
 #if defined(ET_POOL_IN_REGISTERS)
     if (pool_in_registers) return bn_rows::grad_sums(pool_dz(pl, x), x, t.mean.f32()[c], HW, a, b);
@@ -314,9 +320,9 @@ void CpuBackend::fused_backward(const FusedStack& s, const FusedTensors& t, Fuse
       }
     }
 #if defined(__AVX512F__)
-    if (stream_dx) _mm_sfence();  // this thread's streaming stores, before dx's readers
-#elif defined(ET_POOL_IN_REGISTERS)
-    if (stream_dx) lanes16::stream_fence();
+    if (stream_dx || stream_park) _mm_sfence();  // this thread's streaming stores, before dx's readers
+#elif defined(ET_LANES16)
+    if (stream_dx || stream_park) lanes16::stream_fence();
 #endif
   }
 }

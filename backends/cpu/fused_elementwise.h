@@ -58,12 +58,15 @@ struct DzSources {
   const float* ym;
   const uint64_t* bits;
   bool side_acc;
+  bool stream_park;  // dz parked by streaming stores (whole aligned vectors)
   float scale, shift;
 };
 // dy_plane: where the plane's dy is, if not in g.dy at o (a last global pool's dy / HW, in scratch).
 inline DzSources dz_sources(FusedGrads& g, const FusedTensors& t, int64_t c, int64_t o,
-                                             bool first_sweep, bool park_dz, const float* dy_plane) {
+                                             bool first_sweep, bool park_dz, const float* dy_plane,
+                                             bool stream_park) {
   DzSources r;
+  r.stream_park = stream_park;
   r.dy = dy_plane ? dy_plane : g.dy.f32() + o;
   r.dside = first_sweep && g.dside.defined() ? g.dside.f32() + o : nullptr;
   r.park = first_sweep && park_dz ? g.dx.f32() + o : nullptr;
@@ -119,8 +122,8 @@ inline __mmask16 relu_on(__mmask16 m, const float* x, __m512 scale, __m512 shift
 // parked in dx where `park`.
 inline auto elementwise_dz(ElementwiseOnly e, FusedGrads& g, const FusedTensors& t, int64_t c, int64_t o,
                            const float* x, bool recompute, bool first_sweep, bool park_dz,
-                           const float* dy_plane = nullptr) {
-  const DzSources src = dz_sources(g, t, c, o, first_sweep, park_dz, dy_plane);
+                           const float* dy_plane = nullptr, bool stream_park = false) {
+  const DzSources src = dz_sources(g, t, c, o, first_sweep, park_dz, dy_plane, stream_park);
   const __m512 vscale = _mm512_set1_ps(src.scale), vshift = _mm512_set1_ps(src.shift), zero = _mm512_setzero_ps();
   return [=](int64_t i, __mmask16 m) ET_ALWAYS_INLINE {
     __mmask16 on = m;
@@ -135,7 +138,12 @@ inline auto elementwise_dz(ElementwiseOnly e, FusedGrads& g, const FusedTensors&
       const __m512 v = src.side_acc ? _mm512_add_ps(_mm512_maskz_loadu_ps(m, src.dside + i), d) : d;
       _mm512_mask_storeu_ps(src.dside + i, m, v);
     }
-    if (src.park) _mm512_mask_storeu_ps(src.park + i, m, d);
+    if (src.park) {
+      if (src.stream_park)
+        _mm512_stream_ps(src.park + i, d);
+      else
+        _mm512_mask_storeu_ps(src.park + i, m, d);
+    }
     return d;
   };
 }
@@ -214,9 +222,9 @@ inline lanes16::Lanes16 relu_on(const M& m, const float* x, const lanes16::Lanes
 
 inline auto elementwise_dz(ElementwiseOnly e, FusedGrads& g, const FusedTensors& t, int64_t c, int64_t o,
                            const float* x, bool recompute, bool first_sweep, bool park_dz,
-                           const float* dy_plane = nullptr) {
+                           const float* dy_plane = nullptr, bool stream_park = false) {
   using namespace lanes16;
-  const DzSources src = dz_sources(g, t, c, o, first_sweep, park_dz, dy_plane);
+  const DzSources src = dz_sources(g, t, c, o, first_sweep, park_dz, dy_plane, stream_park);
   const Lanes16 vscale = splat16(src.scale), vshift = splat16(src.shift);
   return [=](int64_t i, auto m) ET_ALWAYS_INLINE {
     Lanes16 on = on16(m);
@@ -228,7 +236,12 @@ inline auto elementwise_dz(ElementwiseOnly e, FusedGrads& g, const FusedTensors&
     }
     const Lanes16 d = and16(load16(m, src.dy + i), on);  // +0 in the lanes off
     if (src.dside) store16(m, src.dside + i, src.side_acc ? add16(load16(m, src.dside + i), d) : d);
-    if (src.park) store16(m, src.park + i, d);
+    if (src.park) {
+      if (src.stream_park)
+        stream16(src.park + i, d);  // whole vectors only (the caller's condition)
+      else
+        store16(m, src.park + i, d);
+    }
     return d;
   };
 }
