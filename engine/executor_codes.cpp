@@ -87,6 +87,9 @@ void Executor::plan_code_segments(PlanState& st) {
     if (node.op->op_class() != OpClass::Compute || c <= taken_to || graph_.value(v).kind != ValueKind::Activation ||
         st.first_saver[size_t(v)] <= c)  // not saved (or saved by the conv itself)
       continue;
+    // Kept as a quantized reader's input codes (plan_code_saves): the stash holds those, pushed by
+    // that reader's forward; a conv straight after a conv (no BN between) is no BN input to rebuild.
+    if (st.codes[size_t(v)]) continue;
     // From the input codes kept for the backward (OpContext::input_codes) and W, or an FP32 forward
     // on the graph input; weights and bias are parameters, and aux values of an earlier node (a
     // fused stack's mean and sums, which the conv's backward takes: Op::take_dz_sums) outlive the

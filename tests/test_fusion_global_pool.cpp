@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "tests/fusion_harness.h"
+#include "tests/tiny_training.h"
 
 using namespace et;
 using namespace et::fusion_test;
@@ -23,12 +24,13 @@ const char* head_name(Head h) {
   }
 }
 
-// image -> conv -> (BN -> ReLU -> 3x3 stride-1 max-pool) -> BN -> (dropout) -> (ReLU) -> global
-// average pool -> linear -> loss. After BrainSlug's block the last stack hands its second backward
-// sweep on to the block (StackPlan::sweep_to_producer), as in `bench fusion`.
+// image -> conv -> conv -> (BN -> ReLU -> 3x3 stride-1 max-pool) -> BN -> (dropout) -> (ReLU) ->
+// global average pool -> linear -> loss. After BrainSlug's block the last stack hands its second
+// backward sweep on to the block (StackPlan::sweep_to_producer), as in `bench fusion`. The second
+// conv is a middle layer, which 4-bit training quantizes.
 void gap_net(Graph& g, int64_t batch, int64_t h, int64_t w, int64_t channels, Head head) {
   const TestNet net = open_net(g, batch, h, w);
-  int y = conv2d(g, net.x, "c0", conv3x3(channels));
+  int y = conv2d(g, conv2d(g, net.x, "c0", conv3x3(channels)), "c1", conv3x3(channels));
   if (head == Head::AfterPoolStack) y = maxpool2d(g, relu(g, batchnorm2d(g, y, "b0.bn"), "b0.relu"), "b0.pool", 3, 1, 1);
   y = batchnorm2d(g, y, "b1.bn");
   if (head == Head::BnDropoutRelu) y = dropout(g, y, "b1.drop", 0.25f);
@@ -83,6 +85,14 @@ TEST_CASE("fusion: a global average pool ends a stack, bit-identically", "[fusio
                                       stash(StashFormat::BitmapF32), stash(StashFormat::Auto, 1)}) {
           INFO("stash " << stash_format_name(o.format) << ", checkpoint_every " << o.checkpoint_every);
           const auto a = train(plain, c.batch, o), b = train(fused, c.batch, o);
+          REQUIRE(std::isfinite(a[0][0]));
+          CHECK(differing(a, b) == 0);
+        }
+        // LUQ 4-bit training (the classifier's input is the stack's y, non-negative after a ReLU:
+        // unsigned codes), with the dense stash and with bitmap_int4 (x recomputed from the codes).
+        for (const StashOptions& o : {stash(StashFormat::DenseF32), stash(StashFormat::BitmapI4)}) {
+          INFO("LUQ, stash " << stash_format_name(o.format));
+          const auto a = train(plain, c.batch, o, test::luq(2)), b = train(fused, c.batch, o, test::luq(2));
           REQUIRE(std::isfinite(a[0][0]));
           CHECK(differing(a, b) == 0);
         }

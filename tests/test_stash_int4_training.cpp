@@ -6,6 +6,7 @@
 #include <cstring>
 #include <map>
 
+#include "tests/fusion_harness.h"
 #include "tests/tiny_training.h"
 
 using namespace et;
@@ -161,4 +162,27 @@ TEST_CASE("bitmap_int4 without an INT4 forward and a 4-bit backward is an error 
   CHECK_THROWS_WITH(train("resnet8", o, luq(), 1), Catch::Contains("memory.checkpoint_every"));
   // auto without an INT4 forward stays the exact bitmap / dense choice.
   CHECK_NOTHROW(train("resnet8", with(StashFormat::Auto), QuantOptions{}, 1));
+}
+
+TEST_CASE("bitmap_int4: a quantized conv straight after a conv keeps its input as codes", "[stash][int4][training]") {
+  // image -> conv (FP32: the stem) -> conv (INT4) -> BN -> ReLU -> flatten -> linear. The stem's
+  // output is the quantized conv's input, kept as its codes; it was also taken for a BN input to
+  // recompute (a segment from the stem), and its push after that recompute had no codes (session
+  // 45: an abort). Fused and unfused alike.
+  for (bool fused : {false, true}) {
+    INFO((fused ? "fused" : "unfused"));
+    Graph g;
+    const fusion_test::TestNet net = fusion_test::open_net(g, 3, 8, 8);
+    int y = conv2d(g, conv2d(g, net.x, "c0", fusion_test::conv3x3(4)), "c1", fusion_test::conv3x3(4));
+    fusion_test::close_net(g, net, relu(g, batchnorm2d(g, y, "b1"), "r1"));
+    if (fused) {
+      FusionSpec spec;
+      spec.enabled = true;
+      fusion::apply(g, fusion::plan(g, spec));
+    }
+    const auto dense = fusion_test::train(g, 3, with(StashFormat::DenseF32), luq(2));
+    const auto int4 = fusion_test::train(g, 3, with(StashFormat::BitmapI4), luq(2));
+    REQUIRE(std::isfinite(dense[0][0]));
+    CHECK(fusion_test::differing(dense, int4) == 0);
+  }
 }
