@@ -50,12 +50,11 @@ class Conv2dOp final : public Op {
     sums_aux_ = aux_index;
   }
 
-  // The first backward sweep of the fused stack before it, in the data gradient (op.h). Not strided:
-  // no backend's strided data gradient writes dx image by image in order (the CPU's go by phases
-  // or channels last), so the plan does not count on it there.
-  bool can_take_dz_sums() const override {
-    return geom_.groups == 1 && geom_.stride_h == 1 && geom_.stride_w == 1 && sweep1_.mean_input < 0;
-  }
+  // The first backward sweep of the fused stack before it, in the data gradient (op.h), where the
+  // backend's kernel for it has the epilogue (Backend::conv2d_backward_data_dz_sums; on the CPU the
+  // stride-1 direct kernels, the channels-last strided one, Winograd and the GEMM path, not the
+  // implicit GEMM's phases); elsewhere the stack sweeps itself.
+  bool can_take_dz_sums() const override { return geom_.groups == 1 && sweep1_.mean_input < 0; }
   void take_dz_sums(const TakenSweep1& sweep) override {
     ET_CHECK(can_take_dz_sums() && sweep.mean_input >= 2 && sweep.sums_input > sweep.mean_input,
              "conv2d: a first sweep it cannot take");

@@ -399,8 +399,9 @@ TEST_CASE("a conv data gradient takes the first backward sweep of the BN -> ReLU
   // place and each plane's sums as the stack's own sweep takes them (bn_rows::grad_sums), at the
   // sums' batch stride. The direct kernel's row form (16 and 32 columns) and flat form (odd maps),
   // Winograd (partial tiles, several chunks) and the GEMM's (1x1, small maps, few channels, and
-  // every case forced); groups, the strided channels-last form and the implicit GEMM (small maps
-  // of 16+ channels) decline and leave dx alone.
+  // every case forced), the strided channels-last form (AVX-512: dgrad_cl_chosen; image by image);
+  // groups and the implicit GEMM (small maps of 16+ channels, strided ones elsewhere) decline and
+  // leave dx alone.
   struct Case { int64_t N, C, H, W, K, R, stride, pad, groups; bool takes; };
   const Case cases[] = {{3, 16, 16, 16, 16, 3, 1, 1, 1, true}, {2, 16, 32, 32, 8, 3, 1, 1, 1, true},
                         {3, 12, 9, 11, 20, 3, 1, 1, 1, true},  {1, 9, 13, 13, 7, 5, 1, 2, 1, true},
@@ -419,7 +420,8 @@ TEST_CASE("a conv data gradient takes the first backward sweep of the BN -> ReLU
       cpu::conv_set_path_override(paths[pi]);
       // Forced: Winograd where it applies, the GEMM everywhere; the automatic choice elsewhere.
       const bool forced = (pi == 1 && cpu::winograd_applies(g, ConvPass::BackwardData)) || pi == 2;
-      const bool takes = forced ? c.groups == 1 : c.takes;
+      const bool cl = pi == 0 && c.stride > 1 && c.groups == 1 && cpu::dgrad_cl_chosen(g);
+      const bool takes = forced ? c.groups == 1 : c.takes || cl;
       INFO("path " << pi << " N " << c.N << " C " << c.C << " H " << c.H << " W " << c.W << " K " << c.K << " R "
                    << c.R << " stride " << c.stride << " groups " << c.groups);
       const int64_t HW = g.H * g.W, xn = g.N * g.C * HW, max_n = g.N + 2;

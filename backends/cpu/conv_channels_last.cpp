@@ -24,6 +24,7 @@
 #include "backends/cpu/conv_direct.h"
 #include "backends/cpu/conv_implicit.h"
 #include "backends/cpu/conv_simd.h"
+#include "backends/cpu/fused_elementwise.h"
 #include "memory/stored_reader.h"
 
 namespace et::cpu {
@@ -319,7 +320,9 @@ size_t dgrad_cl_workspace(const Conv2dGeom& g, int threads) {
   return l.shared_bytes + size_t(threads) * l.thread_bytes;
 }
 
-void dgrad_cl(const Conv2dGeom& g, const float* dy, const float* w, float* dx, bool accumulate, void* ws) {
+void dgrad_cl(const Conv2dGeom& g, const float* dy, const float* w, float* dx, bool accumulate, void* ws,
+              const DzSumsEpilogue* dz_sums) {
+  ET_CHECK(!dz_sums || g.groups == 1, "channels-last data gradient: dz sums here");
   const DgradLayout l = dgrad_layout(g);
   const int64_t C = g.C, K = g.K, PQ = g.P * g.Q;
   const int64_t* off = l.off;
@@ -339,6 +342,10 @@ void dgrad_cl(const Conv2dGeom& g, const float* dy, const float* w, float* dx, b
       if (scalar_forced()) cl_dgrad_image<VScalar>(dy + n * K * PQ, g, wt, l.Wp, off, dxcl);
       else cl_dgrad_image<VNative>(dy + n * K * PQ, g, wt, l.Wp, off, dxcl);
       unstage_channels_last(dxcl, g, l.Wp, accumulate, rows, dx + n * C * l.HW);
+#if defined(ET_ELEMENTWISE_IN_REGISTERS)
+      // The first sweep of the stack before on this image of dx, its final values, in this core's L2.
+      if (dz_sums) fused_elementwise::dz_sums_images(*dz_sums, n, n + 1, C, l.HW, dx);
+#endif
     }
   }
 }

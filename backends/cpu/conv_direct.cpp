@@ -401,7 +401,7 @@ void direct_dense_forward(const Conv2dGeom& g, const Tensor& xt, const float* w,
 
 bool direct_dense_dz_sums_applies(const Conv2dGeom& g) {
 #if defined(ET_ELEMENTWISE_IN_REGISTERS)
-  return g.groups == 1 && !dgrad_cl_chosen(g);
+  return g.groups == 1;  // the stride-1 kernels per block of planes, dgrad_cl (strided) per image
 #else
   (void)g;
   return false;
@@ -411,7 +411,7 @@ bool direct_dense_dz_sums_applies(const Conv2dGeom& g) {
 void direct_dense_backward_data(const Conv2dGeom& g, const float* dy, const float* w, float* dx, bool accumulate,
                                 void* ws, const DzSumsEpilogue* dz_sums) {
   ET_CHECK(!dz_sums || direct_dense_dz_sums_applies(g), "direct data gradient: dz sums here");
-  if (dgrad_cl_chosen(g)) return dgrad_cl(g, dy, w, dx, accumulate, ws);
+  if (dgrad_cl_chosen(g)) return dgrad_cl(g, dy, w, dx, accumulate, ws, dz_sums);
   const int64_t Cg = g.C / g.groups, Kg = g.K / g.groups, RS = g.R * g.S, Cr = round_up(Cg, MR);
   const Flat f = bwd_data_flat(g);  // f.rows == H
   Carve cv(static_cast<float*>(ws));

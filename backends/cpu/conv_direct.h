@@ -42,7 +42,7 @@ void direct_dense_forward(const Conv2dGeom& g, const Tensor& x, const float* w, 
 // this core's cache (fused_elementwise::dz_sums_plane; AVX-512, AVX2 and NEON builds).
 void direct_dense_backward_data(const Conv2dGeom& g, const float* dy, const float* w, float* dx, bool accumulate,
                                 void* ws, const DzSumsEpilogue* dz_sums = nullptr);
-// Whether direct_dense_backward_data does the epilogue above for g (its own path, not dgrad_cl's).
+// Whether direct_dense_backward_data does the epilogue above for g (its own path, or dgrad_cl's).
 bool direct_dense_dz_sums_applies(const Conv2dGeom& g);
 // x: f32 or any stash encoding (memory/stored_reader.h), decoded a plane at a time
 // (conv_direct_wgrad.cpp).
@@ -61,7 +61,9 @@ void wgrad_cl(const Conv2dGeom& g, const Tensor& x, const float* dy, float* dw, 
               void* ws);
 bool dgrad_cl_chosen(const Conv2dGeom& g);
 size_t dgrad_cl_workspace(const Conv2dGeom& g, int threads);
-void dgrad_cl(const Conv2dGeom& g, const float* dy, const float* w, float* dx, bool accumulate, void* ws);
+// dz_sums: direct_dense_backward_data's epilogue, on each image right after it is unstaged.
+void dgrad_cl(const Conv2dGeom& g, const float* dy, const float* w, float* dx, bool accumulate, void* ws,
+              const DzSumsEpilogue* dz_sums = nullptr);
 
 // Depthwise kernels (groups == C == K), any stride.
 bool depthwise_applies(const Conv2dGeom& g, ConvPass pass);
