@@ -11,7 +11,7 @@
 // stash keeps y as bitmap + values, the packed values (PackRounds); element-wise stacks and BN ->
 // ReLU -> 2x2 max-pool go from x to y in registers, BN -> ReLU -> stride-1 max-pool through
 // pool_stride1.h (its y summed as written, SummedY), and y bypasses the cache where the planner
-// says so (FusedStack::stream_y).
+// says so (FusedStack::stream_y). A last global average pool takes each plane's mean from scratch.
 #include <omp.h>
 
 #include <algorithm>
@@ -232,7 +232,7 @@ void CpuBackend::fused_forward(const FusedStack& s, FusedTensors& t, bool traini
                       (ew != ElementwiseOnly::No || (pool_in_registers && !words));
 #endif
   [[maybe_unused]] const bool pool_stride1 = bn_relu_pool_stride1(s);
-  // y [N, C]: each plane's mean (FusedStack::ends_in_global_pool; whole planes, memory order or slabs).
+  // y [N, C]: each plane's mean (FusedStack::ends_in_global_pool; whole planes only).
   const bool global_pool = s.ends_in_global_pool();
   ET_CHECK(!global_pool || s.band_rows == 0, "fused stack: a global pool over bands");
 #if defined(ET_POOL_STRIDE1_SUMS)
