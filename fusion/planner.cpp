@@ -115,6 +115,14 @@ int64_t halo_rows(const FusedStack& s) {
   return std::max<int64_t>(0, forward - H) + std::max<int64_t>(0, backward - H);
 }
 
+// A thread's scratch for whole planes: one plane per stage, two gradient planes and x's widened
+// from a 16-bit stash (backends/cpu/fused_common.h, thread_floats).
+size_t plane_scratch_bytes(const FusedStack& s) {
+  int64_t plane = 0;
+  for (const FusedStage& st : s.stages) plane = std::max({plane, st.H * st.W, st.P * st.Q});
+  return f32(plane) * (s.stages.size() + 3);
+}
+
 bool is_pool(FusedKind k) { return k == FusedKind::MaxPool || k == FusedKind::AvgPool; }
 
 // A stack's last global pool goes back to being a layer where the stack does not run on whole
@@ -261,12 +269,9 @@ Plan plan(const Graph& g, const FusionSpec& spec) {
     if (sp.nodes.size() < 2) sp = find_relu_stack(g, n, claimed);
     if (sp.nodes.size() < 2) continue;
     FusedStack& s = sp.stack;
-    if (s.ends_in_global_pool() && (s.small_planes() || spec.tile > 0)) drop_global_pool(sp);
-    if (s.ends_in_global_pool()) {  // nor where the plane's scratch needs bands
-      int64_t plane = 0;
-      for (const FusedStage& st : s.stages) plane = std::max({plane, st.H * st.W, st.P * st.Q});
-      if (f32(plane) * (s.stages.size() + 3) > p.cache_bytes) drop_global_pool(sp);
-    }
+    // A last global pool needs whole planes in memory order: not small-plane blocks, slabs or bands.
+    if (s.ends_in_global_pool() && (s.small_planes() || spec.tile > 0 || plane_scratch_bytes(s) > p.cache_bytes))
+      drop_global_pool(sp);
     if (sp.nodes.size() < 2) continue;
     for (int m : sp.nodes) claimed[size_t(m)] = 1;
     // A tile is one plane in memory order (auto), or `tile_channels` channels of the whole batch
@@ -274,10 +279,7 @@ Plan plan(const Graph& g, const FusionSpec& spec) {
     // sweep finds the slab of x and the parked dz in the cache if the tile fits), or on small
     // planes a block of channels of one image. Each plane runs through the stages in the thread's
     // scratch (fused.cpp).
-    int64_t plane = 0;
-    for (const FusedStage& st : s.stages) plane = std::max({plane, st.H * st.W, st.P * st.Q});
-    // one plane per stage, two gradient planes and x's widened from a 16-bit stash (thread_floats)
-    const size_t scratch = f32(plane) * (s.stages.size() + 3);
+    const size_t scratch = plane_scratch_bytes(s);
     // Without a BN nothing reduces over the batch: a tile is one plane, its scratch.
     const size_t slab = s.headed_by_bn() ? f32(N * s.stages[0].H * s.stages[0].W) * 2 : 0;  // x and dz of one channel
     sp.bytes_unfused = unfused_bytes(s, N);

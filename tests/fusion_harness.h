@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <initializer_list>
 #include <string>
 #include <vector>
 
@@ -102,12 +103,15 @@ inline StashOptions stash(StashFormat f, int checkpoint_every = 0) {
   return o;
 }
 
-// The same training, bit for bit, of an unfused graph and its fused rewrite under the dense and
-// the automatic stash.
-inline void check_trains_alike(Graph& plain, Graph& fused, int64_t batch) {
-  for (StashFormat f : {StashFormat::DenseF32, StashFormat::Auto}) {
-    INFO(stash_format_name(f));
-    const auto a = train(plain, batch, stash(f)), b = train(fused, batch, stash(f));
+// The same training, bit for bit, of an unfused graph and its fused rewrite under each of the
+// stash options (default: the dense and the automatic stash).
+inline void check_trains_alike(Graph& plain, Graph& fused, int64_t batch,
+                               std::initializer_list<StashOptions> options = {stash(StashFormat::DenseF32),
+                                                                              stash(StashFormat::Auto)},
+                               const QuantOptions& quant = {}) {
+  for (const StashOptions& o : options) {
+    INFO("stash " << stash_format_name(o.format) << ", checkpoint_every " << o.checkpoint_every);
+    const auto a = train(plain, batch, o, quant), b = train(fused, batch, o, quant);
     REQUIRE(std::isfinite(a[0][0]));
     CHECK(differing(a, b) == 0);
   }

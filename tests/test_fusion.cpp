@@ -157,13 +157,8 @@ TEST_CASE("fusion: BN statistics from x's producer (a conv's epilogue, the stack
           CHECK(std::strcmp(fused.node(v.consumers[0]).op->type(), "fused_stack") == 0);
         }
         CHECK(sums == (tile == 0 ? 3 : 0));
-        for (const StashOptions& o :
-             {stash(StashFormat::DenseF32), stash(StashFormat::Auto), stash(StashFormat::Auto, 1)}) {
-          INFO("stash format " << int(o.format) << ", checkpoint_every " << o.checkpoint_every);
-          const auto a = train(plain, c.batch, o), b = train(fused, c.batch, o);
-          REQUIRE(std::isfinite(a[0][0]));
-          CHECK(differing(a, b) == 0);
-        }
+        check_trains_alike(plain, fused, c.batch,
+                           {stash(StashFormat::DenseF32), stash(StashFormat::Auto), stash(StashFormat::Auto, 1)});
       }
     }
   }
@@ -205,13 +200,8 @@ TEST_CASE("fusion: BN statistics from a pooling layer before the stack", "[fusio
         CHECK(std::string(fused.node(v.producer).op->type()) == (c.max ? "maxpool2d" : "avgpool2d"));
       }
       CHECK(sums == 1);
-      for (const StashOptions& o :
-           {stash(StashFormat::DenseF32), stash(StashFormat::Auto), stash(StashFormat::Auto, 1)}) {
-        INFO("stash format " << int(o.format) << ", checkpoint_every " << o.checkpoint_every);
-        const auto a = train(plain, c.batch, o), b = train(fused, c.batch, o);
-        REQUIRE(std::isfinite(a[0][0]));
-        CHECK(differing(a, b) == 0);
-      }
+      check_trains_alike(plain, fused, c.batch,
+                         {stash(StashFormat::DenseF32), stash(StashFormat::Auto), stash(StashFormat::Auto, 1)});
     }
   }
 }
