@@ -21,32 +21,48 @@ OpAttributes window_attributes(const Conv2dGeom& g) {
   return a;
 }
 
-class MaxPoolOp final : public Op {
+// A windowed pool, which may also write the per-plane sums of its output for the fused BN stack
+// reading it (Op::write_plane_sums), so that stack reads its x once.
+class WindowPoolOp : public Op {
  public:
-  explicit MaxPoolOp(const Conv2dGeom& g) : geom_(g) {}
-  const char* type() const override { return "maxpool2d"; }
+  explicit WindowPoolOp(const Conv2dGeom& g) : geom_(g) {}
   OpClass op_class() const override { return OpClass::Pool; }
+  bool output_nonnegative(bool in) const override { return in; }
+  OpAttributes attributes() const override { return window_attributes(geom_); }
+  bool can_write_plane_sums() const override { return sums_aux_ < 0; }  // for one reader
+  void write_plane_sums(int aux_index) override {
+    ET_CHECK(sums_aux_ < 0, type(), ": plane sums asked for twice");
+    sums_aux_ = aux_index;
+  }
+
+ protected:
+  // The sums to write, or undefined: only the first training forward (a recompute comes after the
+  // stack's forward has read them).
+  Tensor sums(OpContext& ctx) const {
+    return sums_aux_ >= 0 && ctx.training() && !ctx.recomputing() ? ctx.aux(sums_aux_) : Tensor{};
+  }
+  Conv2dGeom geom_;
+
+ private:
+  int sums_aux_ = -1;
+};
+
+class MaxPoolOp final : public WindowPoolOp {
+ public:
+  using WindowPoolOp::WindowPoolOp;
+  const char* type() const override { return "maxpool2d"; }
   std::vector<SaveSpec> saves() const override { return {{0, SaveKind::Full}}; }
   OutputZeros output_zeros() const override { return OutputZeros::AsInput0; }
-  bool output_nonnegative(bool in) const override { return in; }
   // The backward finds each window's maximum again in x, decoding it from the stash plane by plane.
   DTypeSet reads_stored(int, const Backend& b, int64_t) const override { return b.maxpool2d_backward_reads(); }
   size_t workspace_bytes(const Backend& b, int64_t batch) const override {
     return b.maxpool2d_workspace_bytes(geom_.with_batch(batch));
   }
   FusedStage fusion_stage() const override { return pool_stage(FusedKind::MaxPool, geom_); }
-  OpAttributes attributes() const override { return window_attributes(geom_); }
-  bool can_write_plane_sums() const override { return sums_aux_ < 0; }  // for one reader
-  void write_plane_sums(int aux_index) override {
-    ET_CHECK(sums_aux_ < 0, "maxpool2d: plane sums asked for twice");
-    sums_aux_ = aux_index;
-  }
   void forward(OpContext& ctx) override {
-    Tensor y = ctx.output();
+    Tensor y = ctx.output(), s = sums(ctx);
     const Conv2dGeom g = geom_.with_batch(ctx.batch());
-    // Only the first training forward: a recompute comes after the stack's forward has read them.
-    Tensor sums = sums_aux_ >= 0 && ctx.training() && !ctx.recomputing() ? ctx.aux(sums_aux_) : Tensor{};
-    if (sums.defined()) return ctx.backend().maxpool2d_forward_sums(g, ctx.input(0), y, sums);
+    if (s.defined()) return ctx.backend().maxpool2d_forward_sums(g, ctx.input(0), y, s);
     ctx.backend().maxpool2d_forward(g, ctx.input(0), y);
   }
   void backward(OpContext& ctx) override {
@@ -56,30 +72,17 @@ class MaxPoolOp final : public Op {
                                        ctx.saved(0, ctx.backend().maxpool2d_backward_reads()), dx.t, dx.accumulate,
                                        ctx.workspace());
   }
-
- private:
-  Conv2dGeom geom_;
-  int sums_aux_ = -1;  // write_plane_sums
 };
 
-class AvgPoolOp final : public Op {
+class AvgPoolOp final : public WindowPoolOp {
  public:
-  explicit AvgPoolOp(const Conv2dGeom& g) : geom_(g) {}
+  using WindowPoolOp::WindowPoolOp;
   const char* type() const override { return "avgpool2d"; }
-  OpClass op_class() const override { return OpClass::Pool; }
-  bool output_nonnegative(bool in) const override { return in; }
   FusedStage fusion_stage() const override { return pool_stage(FusedKind::AvgPool, geom_); }
-  OpAttributes attributes() const override { return window_attributes(geom_); }
-  bool can_write_plane_sums() const override { return sums_aux_ < 0; }  // for one reader
-  void write_plane_sums(int aux_index) override {
-    ET_CHECK(sums_aux_ < 0, "avgpool2d: plane sums asked for twice");
-    sums_aux_ = aux_index;
-  }
   void forward(OpContext& ctx) override {
-    Tensor y = ctx.output();
+    Tensor y = ctx.output(), s = sums(ctx);
     const Conv2dGeom g = geom_.with_batch(ctx.batch());
-    Tensor sums = sums_aux_ >= 0 && ctx.training() && !ctx.recomputing() ? ctx.aux(sums_aux_) : Tensor{};
-    if (sums.defined()) return ctx.backend().avgpool2d_forward_sums(g, ctx.input(0), y, sums);
+    if (s.defined()) return ctx.backend().avgpool2d_forward_sums(g, ctx.input(0), y, s);
     ctx.backend().avgpool2d_forward(g, ctx.input(0), y);
   }
   void backward(OpContext& ctx) override {
@@ -87,10 +90,6 @@ class AvgPoolOp final : public Op {
     if (dx.wanted)
       ctx.backend().avgpool2d_backward(geom_.with_batch(ctx.batch()), ctx.grad_output(), dx.t, dx.accumulate);
   }
-
- private:
-  Conv2dGeom geom_;
-  int sums_aux_ = -1;  // write_plane_sums
 };
 
 class GlobalAvgPoolOp final : public Op {
