@@ -285,9 +285,14 @@ TEST_CASE("conv kernels match the naive reference", "[conv]") {
       // and a map with one row of vectors.
       {2, 16, 16, 16, 16, 3, 1, 1, 1}, {3, 12, 16, 32, 20, 3, 1, 1, 1}, {2, 9, 8, 16, 7, 5, 1, 2, 1},
       {2, 8, 16, 16, 8, 3, 1, 1, 2},   {2, 4, 1, 48, 6, 3, 1, 1, 1},
+      // Winograd by rows of tiles (32x32 planes): ResNet's first stage and stem, output channels
+      // in blocks of 16 + 16 + 2 + 1, input channels off any block, more threads than images.
+      {3, 16, 32, 32, 16, 3, 1, 1, 1}, {2, 3, 32, 32, 16, 3, 1, 1, 1}, {2, 21, 32, 32, 35, 3, 1, 1, 1},
+      {1, 16, 32, 32, 12, 3, 1, 1, 1},
   };
   for (auto path : {cpu::ConvPathOverride::Auto, cpu::ConvPathOverride::Gemm, cpu::ConvPathOverride::Direct,
-                    cpu::ConvPathOverride::Implicit, cpu::ConvPathOverride::Winograd})
+                    cpu::ConvPathOverride::Implicit, cpu::ConvPathOverride::Winograd,
+                    cpu::ConvPathOverride::WinogradRows})
   for (const Case& c : cases)
     for (bool bias : {false, true})
       for (bool acc : {false, true}) {
@@ -337,12 +342,14 @@ TEST_CASE("a conv forward computes a fused stack's output as it stages x (DType:
   const Case cases[] = {{2, 16, 16, 16, 16, 3, 1, 1, 1}, {3, 12, 5, 7, 20, 3, 1, 1, 1}, {2, 8, 16, 16, 8, 3, 1, 1, 2},
                         {1, 5, 11, 13, 7, 5, 1, 2, 1},    {2, 67, 5, 5, 70, 3, 1, 1, 1},  {3, 9, 7, 6, 11, 3, 1, 2, 1},
                         {3, 12, 16, 16, 20, 1, 1, 0, 1},  {5, 24, 4, 4, 8, 1, 1, 0, 1},   {2, 16, 8, 8, 32, 1, 2, 0, 1},
-                        {2, 8, 9, 9, 8, 3, 1, 1, 8},      {2, 6, 9, 7, 6, 3, 2, 1, 6},    {2, 16, 9, 9, 32, 3, 2, 1, 1}};
+                        {2, 8, 9, 9, 8, 3, 1, 1, 8},      {2, 6, 9, 7, 6, 3, 2, 1, 6},    {2, 16, 9, 9, 32, 3, 2, 1, 1},
+                        {2, 16, 32, 32, 16, 3, 1, 1, 1},  {1, 20, 32, 32, 18, 3, 1, 1, 1}};
   auto be = make_cpu_backend();
   const cpu::ConvPathOverride paths[] = {cpu::ConvPathOverride::Auto, cpu::ConvPathOverride::Direct,
-                                         cpu::ConvPathOverride::Winograd, cpu::ConvPathOverride::Gemm};
-  int ran[4] = {0, 0, 0, 0};
-  for (int pi = 0; pi < 4; ++pi)
+                                         cpu::ConvPathOverride::Winograd, cpu::ConvPathOverride::Gemm,
+                                         cpu::ConvPathOverride::WinogradRows};
+  int ran[5] = {0, 0, 0, 0, 0};
+  for (int pi = 0; pi < 5; ++pi)
     for (const Case& c : cases)
       for (bool sums : {false, true}) {
         cpu::conv_set_path_override(paths[pi]);
@@ -353,6 +360,8 @@ TEST_CASE("a conv forward computes a fused stack's output as it stages x (DType:
         }();
         if (!dtype_in(DType::AffineRelu, be->conv2d_forward_reads(g))) continue;
         if (paths[pi] == cpu::ConvPathOverride::Winograd && !cpu::winograd_applies(g, ConvPass::Forward)) continue;
+        if (paths[pi] == cpu::ConvPathOverride::WinogradRows && !cpu::winograd_rows_applies(g, ConvPass::Forward))
+          continue;
         INFO("path " << pi << " N " << c.N << " C " << c.C << " H " << c.H << " W " << c.W << " K " << c.K << " R "
                      << c.R << " stride " << c.stride << " groups " << c.groups << " sums " << sums);
         ++ran[pi];
@@ -388,10 +397,16 @@ TEST_CASE("a conv forward computes a fused stack's output as it stages x (DType:
   cpu::conv_set_path_override(cpu::ConvPathOverride::Auto);
   // Every case but the strided 3x3 one (the implicit GEMM takes x as f32 only) under Auto; forced
   // paths fall back where they do not apply (depthwise first, then the GEMM).
-  CHECK(ran[0] == 22);
-  CHECK(ran[1] == 24);
-  CHECK(ran[2] == 8);
-  CHECK(ran[3] == 24);
+  // Winograd by rows: the two 32x32 cases (AVX-512 builds), Auto's choice there too.
+  CHECK(ran[0] == 26);
+  CHECK(ran[1] == 28);
+  CHECK(ran[2] == 12);
+  CHECK(ran[3] == 28);
+#if defined(__AVX512F__)
+  CHECK(ran[4] == 4);
+#else
+  CHECK(ran[4] == 0);
+#endif
 }
 
 TEST_CASE("a conv data gradient takes the first backward sweep of the BN -> ReLU stack before it", "[conv][fusion]") {
@@ -408,19 +423,21 @@ TEST_CASE("a conv data gradient takes the first backward sweep of the BN -> ReLU
                         {2, 8, 16, 16, 8, 3, 1, 1, 2, false},  {2, 16, 9, 9, 32, 3, 2, 1, 1, false},
                         {3, 12, 16, 16, 20, 1, 1, 0, 1, true}, {2, 8, 4, 4, 8, 3, 1, 1, 1, true},
                         {2, 16, 8, 8, 16, 3, 1, 1, 1, false},  {2, 4, 16, 16, 8, 3, 1, 1, 1, true},
-                        {5, 72, 7, 9, 70, 3, 1, 1, 1, true}};
+                        {5, 72, 7, 9, 70, 3, 1, 1, 1, true},   {3, 16, 32, 32, 16, 3, 1, 1, 1, true}};
   auto be = make_cpu_backend();
   const cpu::ConvPathOverride paths[] = {cpu::ConvPathOverride::Auto, cpu::ConvPathOverride::Winograd,
-                                         cpu::ConvPathOverride::Gemm};
-  int took_on[3] = {0, 0, 0};
-  for (int pi = 0; pi < 3; ++pi) {
+                                         cpu::ConvPathOverride::Gemm, cpu::ConvPathOverride::WinogradRows};
+  int took_on[4] = {0, 0, 0, 0};
+  for (int pi = 0; pi < 4; ++pi) {
     for (const Case& c : cases) {
       Conv2dGeom g = geom(c.N, c.C, c.H, c.W, c.K, c.R, c.stride, c.pad, c.groups);
       g.infer_output();
       cpu::conv_set_path_override(paths[pi]);
       // Forced: Winograd where it applies, the GEMM everywhere; the automatic choice elsewhere.
-      const bool forced = (pi == 1 && cpu::winograd_applies(g, ConvPass::BackwardData)) || pi == 2;
-      const bool cl = pi == 0 && c.stride > 1 && c.groups == 1 && cpu::dgrad_cl_chosen(g);
+      const bool forced = (pi == 1 && cpu::winograd_applies(g, ConvPass::BackwardData)) || pi == 2 ||
+                          (pi == 3 && cpu::winograd_rows_applies(g, ConvPass::BackwardData));
+      const bool automatic = pi == 0 || (pi == 3 && !cpu::winograd_rows_applies(g, ConvPass::BackwardData));
+      const bool cl = automatic && c.stride > 1 && c.groups == 1 && cpu::dgrad_cl_chosen(g);
       const bool takes = forced ? c.groups == 1 : c.takes || cl;
       INFO("path " << pi << " N " << c.N << " C " << c.C << " H " << c.H << " W " << c.W << " K " << c.K << " R "
                    << c.R << " stride " << c.stride << " groups " << c.groups);
@@ -477,7 +494,10 @@ TEST_CASE("a conv data gradient takes the first backward sweep of the BN -> ReLU
   }
 #if defined(ET_ELEMENTWISE_IN_REGISTERS)
   CHECK(took_on[1] >= 6);  // Winograd forced: its 3x3 stride-1 cases
-  CHECK(took_on[2] == 10);
+  CHECK(took_on[2] == 11);
+#if defined(__AVX512F__)
+  CHECK(took_on[3] == took_on[0]);  // Winograd by rows forced: the 32x32 case (Auto's choice too), Auto elsewhere
+#endif
 #endif
 }
 

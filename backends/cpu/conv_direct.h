@@ -25,7 +25,7 @@ void conv_direct_rows(bool on);
 // Tests / A-B measurements: where both the GEMM and the direct kernels apply, force one
 // (conv.cpp; the environment variable ET_CONV_PATH=gemm|direct|implicit|winograd sets the initial
 // value; implicit / winograd fall back to the automatic choice where they do not apply).
-enum class ConvPathOverride { Auto, Gemm, Direct, Implicit, Winograd };
+enum class ConvPathOverride { Auto, Gemm, Direct, Implicit, Winograd, WinogradRows };
 void conv_set_path_override(ConvPathOverride p);
 
 // Dense (groups >= 1, not depthwise) stride-1 kernels.

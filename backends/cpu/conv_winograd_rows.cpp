@@ -1,0 +1,311 @@
+// Winograd F(2x2, 3x3) by rows of tiles: the forward and data gradient of 3x3 stride-1 pad-1
+// convs on 32x32 planes (CIFAR ResNets' first stage, 16 channels), AVX-512.
+//
+// conv_winograd.cpp's form packs the transforms into SGEMM slivers with the channels along the
+// vectors; with 16 channels its transforms and packing cost more than the multiply-adds it saves
+// (resnet20 16 -> 16 at 32x32: 90 GFLOP/s against the direct kernels' 270). Here the vector runs
+// along a row of 16 tiles instead (a 32-wide plane is 16 tiles of 2 columns), so nothing is
+// transposed or packed:
+//   - each input row is placed once, split into its even and odd columns (E, O: 17 floats each,
+//     the pad column included), so tile q's four columns 2q .. 2q+3 are E[q], O[q], E[q+1], O[q+1]:
+//     four loads, no shuffles;
+//   - per row of tiles tr (output rows 2tr, 2tr+1) and input channel c, V = B^T d B is 16 vectors
+//     (one per point xi of the 4x4 domain, lane q = tile q), in L1;
+//   - M[xi][k] = sum_c U[xi][c][k] * V[xi][c]: 16 accumulators per block of 16 output channels, U
+//     broadcast from memory (the weights transformed once per call, G g G^T in double, rounded);
+//   - Y = A^T M A gives each output row's even and odd columns, interleaved by two permutes.
+// Per row of tiles and 16 x 16 channels: 4096 multiply-adds against the direct kernels' 9216, and
+// about 1800 other instructions for the transforms.
+//
+// Arithmetic: tile results are sums over c in order 0..C-1 per domain point, then the fixed
+// output transform: deterministic, independent of the thread count, but not the direct kernels'
+// bits (the same rounding as conv_winograd.cpp's F(2x2, 3x3): transforms with 0, +-1, +-1/2).
+#include <omp.h>
+
+#include <algorithm>
+#include <cstring>
+
+#include "backends/cpu/always_inline.h"
+#include "backends/cpu/batchnorm_rows.h"
+#include "backends/cpu/carve.h"
+#include "backends/cpu/conv_direct.h"
+#include "backends/cpu/conv_winograd.h"
+#include "backends/cpu/fused_elementwise.h"
+
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#endif
+
+namespace et::cpu {
+
+namespace {
+
+constexpr int64_t kSide = 32;          // plane height and width
+constexpr int64_t kRows = kSide + 2;   // padded rows
+constexpr int64_t kTileRows = kSide / 2;
+constexpr int64_t kRowFloats = 64;     // one padded row: E, O, E1, O1 (place_columns)
+
+// The per-call geometry in the kernel's own terms: Ci input planes in, Co output planes out.
+struct RowsGeom {
+  int64_t N, Ci, Co;
+};
+
+struct RowsLayout {
+  int64_t u_n, eo_n, v_n, m_n, plane_n;
+  size_t shared_bytes, thread_bytes;
+};
+
+RowsLayout rows_layout(const RowsGeom& g) {
+  RowsLayout l;
+  l.u_n = 16 * g.Ci * g.Co;
+  l.eo_n = g.Ci * kRows * kRowFloats;
+  l.v_n = 16 * g.Ci * 32;  // [xi][c][2 rows of tiles][16 tiles]
+  l.m_n = 16 * g.Co * 32;
+  l.plane_n = kSide * kSide;
+  l.shared_bytes = CarveSize().add<float>(l.u_n).bytes;
+  l.thread_bytes = CarveSize().add<float>(l.eo_n).add<float>(l.v_n).add<float>(l.m_n).add<float>(l.plane_n).bytes;
+  return l;
+}
+
+RowsGeom rows_geom(const Conv2dGeom& g, ConvPass pass) {
+  return pass == ConvPass::Forward ? RowsGeom{g.N, g.C, g.K} : RowsGeom{g.N, g.K, g.C};
+}
+
+#if defined(__AVX512F__)
+// U[xi][c][o] = (G g G^T)[a][b], xi = 4a + b, with g the 3x3 kernel from input plane c to output
+// plane o: w[o][c] forward, w[c][o] flipped for the data gradient (o: an input channel of the
+// conv, c: one of its output channels).
+void transform_weights(const float* w, int64_t K, int64_t C, bool data_gradient, float* U) {
+  const int64_t Ci = data_gradient ? K : C, Co = data_gradient ? C : K;
+  for (int64_t c = 0; c < Ci; ++c)
+    for (int64_t o = 0; o < Co; ++o) {
+      double g[3][3];
+      for (int r = 0; r < 3; ++r)
+        for (int s = 0; s < 3; ++s)
+          g[r][s] = data_gradient ? w[((c * C + o) * 3 + (2 - r)) * 3 + (2 - s)] : w[((o * C + c) * 3 + r) * 3 + s];
+      double t[4][3];  // G g
+      for (int s = 0; s < 3; ++s) {
+        t[0][s] = g[0][s];
+        t[1][s] = 0.5 * (g[0][s] + g[1][s] + g[2][s]);
+        t[2][s] = 0.5 * (g[0][s] - g[1][s] + g[2][s]);
+        t[3][s] = g[2][s];
+      }
+      for (int a = 0; a < 4; ++a) {
+        const double u[4] = {t[a][0], 0.5 * (t[a][0] + t[a][1] + t[a][2]), 0.5 * (t[a][0] - t[a][1] + t[a][2]),
+                             t[a][2]};
+        for (int b = 0; b < 4; ++b) U[((4 * a + b) * Ci + c) * Co + o] = float(u[b]);
+      }
+    }
+}
+
+// One input plane [32, 32] into its padded rows (rows 0 and 33 stay zero). Tile q of a row of
+// tiles reads columns 2q .. 2q+3 of the padded row (column j is x's column j - 1, zero at j = 0
+// and 33), placed as four aligned vectors, so the transform loads nothing unaligned:
+//   E[q] = col 2q, O[q] = col 2q + 1, E1[q] = col 2q + 2, O1[q] = col 2q + 3.
+void place_columns(const float* x, float* rows) {
+  const __m512i e = _mm512_set_epi32(29, 27, 25, 23, 21, 19, 17, 15, 13, 11, 9, 7, 5, 3, 1, 0);  // lane 0 masked
+  const __m512i o = _mm512_set_epi32(30, 28, 26, 24, 22, 20, 18, 16, 14, 12, 10, 8, 6, 4, 2, 0);
+  const __m512i e1 = _mm512_set_epi32(31, 29, 27, 25, 23, 21, 19, 17, 15, 13, 11, 9, 7, 5, 3, 1);
+  const __m512i o1 = _mm512_set_epi32(0, 30, 28, 26, 24, 22, 20, 18, 16, 14, 12, 10, 8, 6, 4, 2);  // lane 15 masked
+  for (int64_t h = 0; h < kSide; ++h) {
+    const __m512 a = _mm512_loadu_ps(x + h * kSide), b = _mm512_loadu_ps(x + h * kSide + 16);
+    float* row = rows + (h + 1) * kRowFloats;
+    _mm512_store_ps(row, _mm512_maskz_permutex2var_ps(0xFFFE, a, e, b));
+    _mm512_store_ps(row + 16, _mm512_permutex2var_ps(a, o, b));
+    _mm512_store_ps(row + 32, _mm512_permutex2var_ps(a, e1, b));
+    _mm512_store_ps(row + 48, _mm512_maskz_permutex2var_ps(0x7FFF, a, o1, b));
+  }
+}
+
+// V = B^T d B of tile rows tr and tr + 1 from one channel's padded rows 2tr .. 2tr+5:
+// v[(xi * Ci + c) * 32 + r * 16 + q] for row of tiles tr + r (v points at channel c; stride: Ci * 32).
+// Rows 2tr+2 and 2tr+3 belong to both rows of tiles: each padded row's B^T d is taken once.
+ET_ALWAYS_INLINE inline void input_transform_pair(const float* rows_c, int64_t tr, float* v, int64_t stride) {
+  __m512 t[6][4];
+#pragma GCC unroll 6
+  for (int i = 0; i < 6; ++i) {
+    const float* row = rows_c + (2 * tr + i) * kRowFloats;
+    const __m512 d0 = _mm512_load_ps(row), d1 = _mm512_load_ps(row + 16);
+    const __m512 d2 = _mm512_load_ps(row + 32), d3 = _mm512_load_ps(row + 48);
+    t[i][0] = _mm512_sub_ps(d0, d2);
+    t[i][1] = _mm512_add_ps(d1, d2);
+    t[i][2] = _mm512_sub_ps(d2, d1);
+    t[i][3] = _mm512_sub_ps(d1, d3);
+  }
+#pragma GCC unroll 2
+  for (int r = 0; r < 2; ++r) {
+    const int i = 2 * r;
+    float* vr = v + r * 16;
+#pragma GCC unroll 4
+    for (int j = 0; j < 4; ++j) {
+      _mm512_store_ps(vr + (0 * 4 + j) * stride, _mm512_sub_ps(t[i][j], t[i + 2][j]));
+      _mm512_store_ps(vr + (1 * 4 + j) * stride, _mm512_add_ps(t[i + 1][j], t[i + 2][j]));
+      _mm512_store_ps(vr + (2 * 4 + j) * stride, _mm512_sub_ps(t[i + 2][j], t[i + 1][j]));
+      _mm512_store_ps(vr + (3 * 4 + j) * stride, _mm512_sub_ps(t[i + 1][j], t[i + 3][j]));
+    }
+  }
+}
+
+// Two rows of tiles at once (V and M hold a pair of vectors per channel: [c][2]), so each
+// broadcast of U feeds two multiply-adds: per input channel 2 loads of V and KB broadcasts for
+// 2 KB multiply-adds (KB = 8: 16 accumulators in registers).
+// m[o][r] = sum_c u[c * Co + o] * v[c][r] for KB output channels o, both rows r.
+template <int KB>
+ET_ALWAYS_INLINE inline void domain_point_block(const float* v, const float* u, int64_t Ci, int64_t Co, float* m) {
+  __m512 a0[KB], a1[KB];
+#pragma GCC unroll 16
+  for (int k = 0; k < KB; ++k) a0[k] = a1[k] = _mm512_setzero_ps();
+  for (int64_t c = 0; c < Ci; ++c) {
+    const __m512 x0 = _mm512_load_ps(v + c * 32), x1 = _mm512_load_ps(v + c * 32 + 16);
+    const float* uc = u + c * Co;
+#pragma GCC unroll 16
+    for (int k = 0; k < KB; ++k) {
+      const __m512 b = _mm512_set1_ps(uc[k]);
+      a0[k] = _mm512_fmadd_ps(b, x0, a0[k]);
+      a1[k] = _mm512_fmadd_ps(b, x1, a1[k]);
+    }
+  }
+#pragma GCC unroll 16
+  for (int k = 0; k < KB; ++k) {
+    _mm512_store_ps(m + k * 32, a0[k]);
+    _mm512_store_ps(m + k * 32 + 16, a1[k]);
+  }
+}
+
+// M[xi][o][2] for all o of one domain point: blocks of 8 output channels, then 4, 2, 1.
+inline void domain_point(const float* v, const float* u, int64_t Ci, int64_t Co, float* m) {
+  int64_t o = 0;
+  for (; o + 8 <= Co; o += 8) domain_point_block<8>(v, u + o, Ci, Co, m + o * 32);
+  if (o + 4 <= Co) domain_point_block<4>(v, u + o, Ci, Co, m + o * 32), o += 4;
+  if (o + 2 <= Co) domain_point_block<2>(v, u + o, Ci, Co, m + o * 32), o += 2;
+  if (o < Co) domain_point_block<1>(v, u + o, Ci, Co, m + o * 32);
+}
+
+// Output rows 2tr, 2tr+1 of plane o from M[xi][o] (stride Co vectors): Y = A^T M A (+ bias),
+// even and odd columns interleaved; written, or added onto y.
+ET_ALWAYS_INLINE inline void output_transform(const float* m, int64_t stride, float bias, bool accumulate, float* y0) {
+  __m512 s[4][2];
+  for (int a = 0; a < 4; ++a) {
+    const __m512 m0 = _mm512_load_ps(m + (4 * a + 0) * stride), m1 = _mm512_load_ps(m + (4 * a + 1) * stride);
+    const __m512 m2 = _mm512_load_ps(m + (4 * a + 2) * stride), m3 = _mm512_load_ps(m + (4 * a + 3) * stride);
+    s[a][0] = _mm512_add_ps(_mm512_add_ps(m0, m1), m2);
+    s[a][1] = _mm512_sub_ps(_mm512_sub_ps(m1, m2), m3);
+  }
+  const __m512i lo = _mm512_set_epi32(23, 7, 22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
+  const __m512i hi = _mm512_set_epi32(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8);
+  const __m512 vb = _mm512_set1_ps(bias);
+  for (int p = 0; p < 2; ++p) {
+    __m512 even, odd;
+    if (p == 0) {
+      even = _mm512_add_ps(_mm512_add_ps(s[0][0], s[1][0]), s[2][0]);
+      odd = _mm512_add_ps(_mm512_add_ps(s[0][1], s[1][1]), s[2][1]);
+    } else {
+      even = _mm512_sub_ps(_mm512_sub_ps(s[1][0], s[2][0]), s[3][0]);
+      odd = _mm512_sub_ps(_mm512_sub_ps(s[1][1], s[2][1]), s[3][1]);
+    }
+    __m512 a = _mm512_add_ps(_mm512_permutex2var_ps(even, lo, odd), vb);
+    __m512 b = _mm512_add_ps(_mm512_permutex2var_ps(even, hi, odd), vb);
+    float* y = y0 + p * kSide;
+    if (accumulate) {
+      a = _mm512_add_ps(_mm512_loadu_ps(y), a);
+      b = _mm512_add_ps(_mm512_loadu_ps(y + 16), b);
+    }
+    _mm512_storeu_ps(y, a);
+    _mm512_storeu_ps(y + 16, b);
+  }
+}
+
+// One image: Ci input planes (x: its own planes, or computed by the fused stack) -> Co output
+// planes of out.
+void rows_image(const RowsGeom& g, const ConvInput& x, int64_t n, const float* U, const float* bias, bool accumulate,
+                float* eo, float* v, float* m, float* plane, float* out) {
+  const int64_t HW = kSide * kSide;
+  for (int64_t c = 0; c < g.Ci; ++c) {
+    const float* src = x.planes + (n * g.Ci + c) * HW;
+    if (x.stack) {
+      x.place(g.Ci, n * g.Ci + c, kSide, kSide, 0, 0, kSide, plane);
+      src = plane;
+    }
+    place_columns(src, eo + c * kRows * kRowFloats);
+  }
+  for (int64_t tr = 0; tr < kTileRows; tr += 2) {
+    for (int64_t c = 0; c < g.Ci; ++c) input_transform_pair(eo + c * kRows * kRowFloats, tr, v + c * 32, g.Ci * 32);
+    for (int xi = 0; xi < 16; ++xi)
+      domain_point(v + xi * g.Ci * 32, U + xi * g.Ci * g.Co, g.Ci, g.Co, m + xi * g.Co * 32);
+    for (int64_t o = 0; o < g.Co; ++o)
+      for (int r = 0; r < 2; ++r)
+        output_transform(m + o * 32 + r * 16, g.Co * 32, bias ? bias[o] : 0.f, accumulate,
+                         out + (n * g.Co + o) * HW + 2 * (tr + r) * kSide);
+  }
+}
+
+// Both passes: per thread a slice of the images; sums / dz_sums on each image as written.
+void rows_run(const RowsGeom& g, const ConvInput& x, const float* w, int64_t K, int64_t C, bool data_gradient,
+              const float* bias, bool accumulate, float* out, void* ws, float* sum1, float* sum2,
+              const DzSumsEpilogue* dz_sums) {
+  const RowsLayout l = rows_layout(g);
+  Carve shared(static_cast<uint8_t*>(ws));
+  float* U = shared.take<float>(l.u_n);
+  transform_weights(w, K, C, data_gradient, U);
+  uint8_t* thread_base = static_cast<uint8_t*>(ws) + l.shared_bytes;
+  const int64_t HW = kSide * kSide;
+#pragma omp parallel
+  {
+    Carve tc(thread_base + size_t(omp_get_thread_num()) * l.thread_bytes);
+    float* eo = tc.take<float>(l.eo_n);
+    float* v = tc.take<float>(l.v_n);
+    float* m = tc.take<float>(l.m_n);
+    float* plane = tc.take<float>(l.plane_n);
+    std::memset(eo, 0, sizeof(float) * size_t(l.eo_n));  // the padding stays zero
+#pragma omp for schedule(static)
+    for (int64_t n = 0; n < g.N; ++n) {
+      rows_image(g, x, n, U, bias, accumulate, eo, v, m, plane, out);
+      if (sum1)
+        for (int64_t o = 0; o < g.Co; ++o)
+          bn_rows::plane_sums(out + (n * g.Co + o) * HW, HW, sum1 + n * g.Co + o, sum2 + n * g.Co + o);
+      if (dz_sums) fused_elementwise::dz_sums_images(*dz_sums, n, n + 1, g.Co, HW, out);
+    }
+  }
+}
+#endif
+
+}  // namespace
+
+bool winograd_rows_applies(const Conv2dGeom& g, ConvPass pass) {
+#if defined(__AVX512F__)
+  return pass != ConvPass::BackwardWeight && g.groups == 1 && g.R == 3 && g.S == 3 && g.stride_h == 1 &&
+         g.stride_w == 1 && g.pad_h == 1 && g.pad_w == 1 && g.H == kSide && g.W == kSide && g.P == kSide &&
+         g.Q == kSide && g.C > 0 && g.K > 0;
+#else
+  (void)g, (void)pass;
+  return false;
+#endif
+}
+
+size_t winograd_rows_workspace(const Conv2dGeom& g, ConvPass pass, int threads) {
+  const RowsLayout l = rows_layout(rows_geom(g, pass));
+  return l.shared_bytes + size_t(threads) * l.thread_bytes;
+}
+
+void winograd_rows_forward(const Conv2dGeom& g, const Tensor& x, const float* w, const float* b, float* y, void* ws,
+                           float* sum1, float* sum2) {
+  ET_CHECK(winograd_rows_applies(g, ConvPass::Forward), "winograd rows: forward of this geometry");
+#if defined(__AVX512F__)
+  rows_run(rows_geom(g, ConvPass::Forward), ConvInput(x), w, g.K, g.C, false, b, false, y, ws, sum1, sum2, nullptr);
+#else
+  (void)x, (void)w, (void)b, (void)y, (void)ws, (void)sum1, (void)sum2;
+#endif
+}
+
+void winograd_rows_backward_data(const Conv2dGeom& g, const float* dy, const float* w, float* dx, bool accumulate,
+                                 void* ws, const DzSumsEpilogue* dz_sums) {
+  ET_CHECK(winograd_rows_applies(g, ConvPass::BackwardData), "winograd rows: data gradient of this geometry");
+#if defined(__AVX512F__)
+  rows_run(rows_geom(g, ConvPass::BackwardData), ConvInput(dy), w, g.K, g.C, true, nullptr, accumulate, dx, ws,
+           nullptr, nullptr, dz_sums);
+#else
+  (void)dy, (void)w, (void)dx, (void)accumulate, (void)ws, (void)dz_sums;
+#endif
+}
+
+}  // namespace et::cpu
