@@ -289,6 +289,8 @@ TEST_CASE("conv kernels match the naive reference", "[conv]") {
       // in blocks of 16 + 16 + 2 + 1, input channels off any block, more threads than images.
       {3, 16, 32, 32, 16, 3, 1, 1, 1}, {2, 3, 32, 32, 16, 3, 1, 1, 1}, {2, 21, 32, 32, 35, 3, 1, 1, 1},
       {1, 16, 32, 32, 12, 3, 1, 1, 1},
+      // ... on 16x16 planes (two rows of 8 tiles per vector): ResNet's second stage, tails.
+      {3, 32, 16, 16, 32, 3, 1, 1, 1}, {2, 33, 16, 16, 19, 3, 1, 1, 1},
   };
   for (auto path : {cpu::ConvPathOverride::Auto, cpu::ConvPathOverride::Gemm, cpu::ConvPathOverride::Direct,
                     cpu::ConvPathOverride::Implicit, cpu::ConvPathOverride::Winograd,
@@ -397,13 +399,14 @@ TEST_CASE("a conv forward computes a fused stack's output as it stages x (DType:
   cpu::conv_set_path_override(cpu::ConvPathOverride::Auto);
   // Every case but the strided 3x3 one (the implicit GEMM takes x as f32 only) under Auto; forced
   // paths fall back where they do not apply (depthwise first, then the GEMM).
-  // Winograd by rows: the two 32x32 cases (AVX-512 builds), Auto's choice there too.
+  // Winograd by rows: the two 32x32 cases (AVX-512 builds; Auto's choice there too) and the
+  // 16 -> 16 one on 16x16 (not Auto's).
   CHECK(ran[0] == 26);
   CHECK(ran[1] == 28);
   CHECK(ran[2] == 12);
   CHECK(ran[3] == 28);
 #if defined(__AVX512F__)
-  CHECK(ran[4] == 4);
+  CHECK(ran[4] == 6);
 #else
   CHECK(ran[4] == 0);
 #endif

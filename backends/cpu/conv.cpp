@@ -11,9 +11,10 @@
 //                                   or 2), strided data gradients with few output channels
 //   winograd  (conv_winograd.cpp)   F(2x2, 3x3) (weight gradient: F(3x3, 2x2)) for 3x3 stride-1
 //                                   layers with 64+ channels on 16x16..2x2 maps
-//   winograd rows (conv_winograd_rows.cpp) F(2x2, 3x3) with a row of 16 tiles per vector: forward
-//                                   and data gradient of 3x3 stride-1 pad-1 layers on 32x32 maps
-//                                   with 16+ channels (AVX-512)
+//   winograd rows (conv_winograd_rows.cpp) F(2x2, 3x3) with 16 tiles of one or two rows per
+//                                   vector: forward and data gradient of 3x3 stride-1 pad-1 layers
+//                                   on 32x32 maps with 16+ channels, 16x16 maps with 32 to 128
+//                                   (AVX-512)
 // Every family is deterministic for a given thread count and allocates nothing.
 #include <omp.h>
 
@@ -83,14 +84,18 @@ bool prefer_winograd(const Conv2dGeom& g, ConvPass pass) {
          PQ >= 4 && PQ <= max_pq;
 }
 
-// Winograd by rows of tiles (conv_winograd_rows.cpp) on 32x32 planes with 16+ channels in and
-// out, against the direct kernels it replaces there (batch 128, 2 threads, the two alternating
-// call by call, medians; session 46, Intel Xeon): 16 -> 16 (ResNet-20's first stage) 1.05-1.10x
-// forward and data gradient, 32 -> 32 1.14-1.22x, 64 -> 64 (VGG-16's and ResNet-18's first stage)
-// 1.36-1.62x. A 3-channel input (the stems' forward) loses: 0.62x.
+// Winograd by rows of tiles (conv_winograd_rows.cpp), against the kernels it replaces (batch 128,
+// 2 threads, the two alternating call by call, medians; session 46, Intel Xeon), forward / data
+// gradient. 32x32 maps, against the direct kernels: 16 -> 16 (ResNet-20's first stage) 1.02-1.29x,
+// 32 -> 32 1.14-1.22x, 64 -> 64 (VGG-16's and ResNet-18's first stage) 1.36-1.62x; a 3-channel
+// input (the stems' forward) loses, 0.62x. 16x16 maps: 32 -> 32 (ResNet-20's second stage)
+// 1.00-1.20x the direct kernels, 64 -> 64 1.40-1.52x and 64 -> 128 1.12-1.42x Winograd's GEMM
+// form, 128 -> 128 even with it (0.92-1.09x); 16 -> 16 0.81-1.09x the direct kernels.
 bool prefer_winograd_rows(const Conv2dGeom& g, ConvPass pass) {
   const int64_t in = pass == ConvPass::Forward ? g.C : g.K, out = pass == ConvPass::Forward ? g.K : g.C;
-  return cpu::winograd_rows_applies(g, pass) && in >= 16 && out >= 16;
+  if (!cpu::winograd_rows_applies(g, pass)) return false;
+  if (g.W == 32) return in >= 16 && out >= 16;
+  return in >= 32 && out >= 32 && in * out < 128 * 128;
 }
 
 // Strided data gradients run by phases (conv_implicit.h), no multiply-add spent on the zeros of an

@@ -1,21 +1,20 @@
 // Winograd F(2x2, 3x3) by rows of tiles: the forward and data gradient of 3x3 stride-1 pad-1
-// convs on 32x32 planes (CIFAR ResNets' first stage, 16 channels), AVX-512.
+// convs on 32x32 and 16x16 planes (CIFAR ResNets' first two stages, VGG's first two), AVX-512.
 //
 // conv_winograd.cpp's form packs the transforms into SGEMM slivers with the channels along the
-// vectors; with 16 channels its transforms and packing cost more than the multiply-adds it saves
-// (resnet20 16 -> 16 at 32x32: 90 GFLOP/s against the direct kernels' 270). Here the vector runs
-// along a row of 16 tiles instead (a 32-wide plane is 16 tiles of 2 columns), so nothing is
-// transposed or packed:
-//   - each input row is placed once, split into its even and odd columns (E, O: 17 floats each,
-//     the pad column included), so tile q's four columns 2q .. 2q+3 are E[q], O[q], E[q+1], O[q+1]:
-//     four loads, no shuffles;
-//   - per row of tiles tr (output rows 2tr, 2tr+1) and input channel c, V = B^T d B is 16 vectors
-//     (one per point xi of the 4x4 domain, lane q = tile q), in L1;
-//   - M[xi][k] = sum_c U[xi][c][k] * V[xi][c]: 16 accumulators per block of 16 output channels, U
-//     broadcast from memory (the weights transformed once per call, G g G^T in double, rounded);
-//   - Y = A^T M A gives each output row's even and odd columns, interleaved by two permutes.
-// Per row of tiles and 16 x 16 channels: 4096 multiply-adds against the direct kernels' 9216, and
-// about 1800 other instructions for the transforms.
+// vectors; with 16 channels its transforms and packing cost more than the multiply-adds they save
+// (resnet20 16 -> 16 at 32x32: 90 GFLOP/s against the direct kernels' 270). Here a vector holds
+// 16 tiles of one plane instead, so nothing is transposed or packed:
+//   - 32x32: a row of 16 tiles of 2 columns; 16x16: two rows of 8 tiles (lanes 0-7, 8-15);
+//   - each input row is placed once as its four column phases, so tile q's four columns
+//     2q .. 2q+3 are four aligned loads (place_columns, place_columns16), no shuffles after;
+//   - per vector of tiles and input channel, V = B^T d B is 16 vectors (one per point xi of the
+//     4x4 domain), plain adds; on 32x32 two rows of tiles share the two padded rows between them;
+//   - M[xi][o] = sum_c U[xi][c][o] * V[xi][c]: U broadcast against two vectors of tiles, 8 output
+//     channels x 2 = 16 accumulators (10 loads for 16 multiply-adds); the weights transformed
+//     once per call, G g G^T in double, rounded;
+//   - Y = A^T M A gives the output rows' even and odd columns, interleaved by two permutes.
+// Per 16 tiles and 16 x 16 channels: 4096 multiply-adds against the direct kernels' 9216.
 //
 // Arithmetic: tile results are sums over c in order 0..C-1 per domain point, then the fixed
 // output transform: deterministic, independent of the thread count, but not the direct kernels'
@@ -40,14 +39,17 @@ namespace et::cpu {
 
 namespace {
 
-constexpr int64_t kSide = 32;          // plane height and width
-constexpr int64_t kRows = kSide + 2;   // padded rows
-constexpr int64_t kTileRows = kSide / 2;
-constexpr int64_t kRowFloats = 64;     // one padded row: E, O, E1, O1 (place_columns)
+constexpr int64_t kRowFloats = 64;  // one placed row: E, O, E1, O1 (place_columns*)
 
-// The per-call geometry in the kernel's own terms: Ci input planes in, Co output planes out.
+// The per-call geometry in the kernel's own terms: Ci input planes in, Co output planes out, of
+// side x side (32 or 16).
 struct RowsGeom {
-  int64_t N, Ci, Co;
+  int64_t N, Ci, Co, side;
+  // Vectors of tiles per plane: 16 rows of 16 tiles (side 32), or 4 pairs of rows of 8 tiles.
+  int64_t vectors() const { return side == 32 ? 16 : 4; }
+  // Placed rows per input plane: the 34 padded rows (side 32); 4 rows for each of the 4 vectors,
+  // both halves (side 16).
+  int64_t placed_rows() const { return side == 32 ? side + 2 : 16; }
 };
 
 struct RowsLayout {
@@ -58,17 +60,17 @@ struct RowsLayout {
 RowsLayout rows_layout(const RowsGeom& g) {
   RowsLayout l;
   l.u_n = 16 * g.Ci * g.Co;
-  l.eo_n = g.Ci * kRows * kRowFloats;
+  l.eo_n = g.Ci * g.placed_rows() * kRowFloats;
   l.v_n = 16 * g.Ci * 32;  // [xi][c][2 rows of tiles][16 tiles]
   l.m_n = 16 * g.Co * 32;
-  l.plane_n = kSide * kSide;
+  l.plane_n = g.side * g.side;
   l.shared_bytes = CarveSize().add<float>(l.u_n).bytes;
   l.thread_bytes = CarveSize().add<float>(l.eo_n).add<float>(l.v_n).add<float>(l.m_n).add<float>(l.plane_n).bytes;
   return l;
 }
 
 RowsGeom rows_geom(const Conv2dGeom& g, ConvPass pass) {
-  return pass == ConvPass::Forward ? RowsGeom{g.N, g.C, g.K} : RowsGeom{g.N, g.K, g.C};
+  return pass == ConvPass::Forward ? RowsGeom{g.N, g.C, g.K, g.W} : RowsGeom{g.N, g.K, g.C, g.W};
 }
 
 #if defined(__AVX512F__)
@@ -107,13 +109,61 @@ void place_columns(const float* x, float* rows) {
   const __m512i o = _mm512_set_epi32(30, 28, 26, 24, 22, 20, 18, 16, 14, 12, 10, 8, 6, 4, 2, 0);
   const __m512i e1 = _mm512_set_epi32(31, 29, 27, 25, 23, 21, 19, 17, 15, 13, 11, 9, 7, 5, 3, 1);
   const __m512i o1 = _mm512_set_epi32(0, 30, 28, 26, 24, 22, 20, 18, 16, 14, 12, 10, 8, 6, 4, 2);  // lane 15 masked
-  for (int64_t h = 0; h < kSide; ++h) {
-    const __m512 a = _mm512_loadu_ps(x + h * kSide), b = _mm512_loadu_ps(x + h * kSide + 16);
+  for (int64_t h = 0; h < 32; ++h) {
+    const __m512 a = _mm512_loadu_ps(x + h * 32), b = _mm512_loadu_ps(x + h * 32 + 16);
     float* row = rows + (h + 1) * kRowFloats;
     _mm512_store_ps(row, _mm512_maskz_permutex2var_ps(0xFFFE, a, e, b));
     _mm512_store_ps(row + 16, _mm512_permutex2var_ps(a, o, b));
     _mm512_store_ps(row + 32, _mm512_permutex2var_ps(a, e1, b));
     _mm512_store_ps(row + 48, _mm512_maskz_permutex2var_ps(0x7FFF, a, o1, b));
+  }
+}
+
+// The same for a [16, 16] plane, 8 tiles a row: vector p holds tile rows 2p (lanes 0-7) and
+// 2p + 1 (lanes 8-15), which read padded rows 4p .. 4p+3 and 4p+2 .. 4p+5; so padded row r goes
+// to placed row i = r % 4 of vector r / 4 (lower half) and of vector (r - 2) / 4 (upper half).
+// Rows 0 and 17 are never written (zero).
+// d[0..7] = lanes 0-7 (lower) or lanes 8-15 (upper) of v.
+inline void store_lower8(float* d, __m512 v) { _mm512_mask_storeu_ps(d, 0x00FF, v); }
+inline void store_upper8(float* d, __m512 v) { _mm512_mask_storeu_ps(d - 8, 0xFF00, v); }
+void place_columns16(const float* x, float* rows) {
+  const __m512i eo = _mm512_set_epi32(14, 12, 10, 8, 6, 4, 2, 0, 13, 11, 9, 7, 5, 3, 1, 0);  // E (lane 0 masked), O
+  const __m512i eo1 = _mm512_set_epi32(0, 14, 12, 10, 8, 6, 4, 2, 15, 13, 11, 9, 7, 5, 3, 1);  // E1, O1 (lane 15 masked)
+  for (int64_t h = 0; h < 16; ++h) {
+    const __m512 xv = _mm512_loadu_ps(x + h * 16);
+    const __m512 a = _mm512_maskz_permutexvar_ps(0xFFFE, eo, xv), b = _mm512_maskz_permutexvar_ps(0x7FFF, eo1, xv);
+    const int64_t r = h + 1;
+    auto put = [&](float* d) {
+      store_lower8(d, a);
+      store_upper8(d + 16, a);
+      store_lower8(d + 32, b);
+      store_upper8(d + 48, b);
+    };
+    if (r < 16) put(rows + r * kRowFloats);                  // vector r / 4, row r % 4, lanes 0-7
+    if (r >= 2) put(rows + (r - 2) * kRowFloats + 8);        // vector (r - 2) / 4, row (r - 2) % 4, lanes 8-15
+  }
+}
+
+// V = B^T d B of one vector of tiles from its 4 placed rows (rows: the first):
+// v[xi * stride + q] (stride: Ci * 32).
+ET_ALWAYS_INLINE inline void input_transform_one(const float* rows, float* v, int64_t stride) {
+  __m512 t[4][4];
+#pragma GCC unroll 4
+  for (int i = 0; i < 4; ++i) {
+    const float* row = rows + i * kRowFloats;
+    const __m512 d0 = _mm512_load_ps(row), d1 = _mm512_load_ps(row + 16);
+    const __m512 d2 = _mm512_load_ps(row + 32), d3 = _mm512_load_ps(row + 48);
+    t[i][0] = _mm512_sub_ps(d0, d2);
+    t[i][1] = _mm512_add_ps(d1, d2);
+    t[i][2] = _mm512_sub_ps(d2, d1);
+    t[i][3] = _mm512_sub_ps(d1, d3);
+  }
+#pragma GCC unroll 4
+  for (int j = 0; j < 4; ++j) {
+    _mm512_store_ps(v + (0 * 4 + j) * stride, _mm512_sub_ps(t[0][j], t[2][j]));
+    _mm512_store_ps(v + (1 * 4 + j) * stride, _mm512_add_ps(t[1][j], t[2][j]));
+    _mm512_store_ps(v + (2 * 4 + j) * stride, _mm512_sub_ps(t[2][j], t[1][j]));
+    _mm512_store_ps(v + (3 * 4 + j) * stride, _mm512_sub_ps(t[1][j], t[3][j]));
   }
 }
 
@@ -181,9 +231,12 @@ inline void domain_point(const float* v, const float* u, int64_t Ci, int64_t Co,
   if (o < Co) domain_point_block<1>(v, u + o, Ci, Co, m + o * 32);
 }
 
-// Output rows 2tr, 2tr+1 of plane o from M[xi][o] (stride Co vectors): Y = A^T M A (+ bias),
-// even and odd columns interleaved; written, or added onto y.
-ET_ALWAYS_INLINE inline void output_transform(const float* m, int64_t stride, float bias, bool accumulate, float* y0) {
+// One vector of tiles' outputs of plane o from M[xi][o] (stride Co vectors): Y = A^T M A (+ bias),
+// even and odd columns interleaved; written, or added onto y. The tiles' output row p (0, 1) is
+// 32 floats from lanes 0-15, which go to a0 + p * step (lanes 0-7's 16 columns) and b0 + p * step
+// (lanes 8-15's): one 32-wide row (b0 = a0 + 16), or rows of two tile rows of a 16-wide plane.
+ET_ALWAYS_INLINE inline void output_transform(const float* m, int64_t stride, float bias, bool accumulate, float* a0,
+                                              float* b0, int64_t step) {
   __m512 s[4][2];
   for (int a = 0; a < 4; ++a) {
     const __m512 m0 = _mm512_load_ps(m + (4 * a + 0) * stride), m1 = _mm512_load_ps(m + (4 * a + 1) * stride);
@@ -205,13 +258,14 @@ ET_ALWAYS_INLINE inline void output_transform(const float* m, int64_t stride, fl
     }
     __m512 a = _mm512_add_ps(_mm512_permutex2var_ps(even, lo, odd), vb);
     __m512 b = _mm512_add_ps(_mm512_permutex2var_ps(even, hi, odd), vb);
-    float* y = y0 + p * kSide;
+    float* ya = a0 + p * step;
+    float* yb = b0 + p * step;
     if (accumulate) {
-      a = _mm512_add_ps(_mm512_loadu_ps(y), a);
-      b = _mm512_add_ps(_mm512_loadu_ps(y + 16), b);
+      a = _mm512_add_ps(_mm512_loadu_ps(ya), a);
+      b = _mm512_add_ps(_mm512_loadu_ps(yb), b);
     }
-    _mm512_storeu_ps(y, a);
-    _mm512_storeu_ps(y + 16, b);
+    _mm512_storeu_ps(ya, a);
+    _mm512_storeu_ps(yb, b);
   }
 }
 
@@ -219,23 +273,37 @@ ET_ALWAYS_INLINE inline void output_transform(const float* m, int64_t stride, fl
 // planes of out.
 void rows_image(const RowsGeom& g, const ConvInput& x, int64_t n, const float* U, const float* bias, bool accumulate,
                 float* eo, float* v, float* m, float* plane, float* out) {
-  const int64_t HW = kSide * kSide;
+  const int64_t side = g.side, HW = side * side, placed = g.placed_rows() * kRowFloats;
   for (int64_t c = 0; c < g.Ci; ++c) {
     const float* src = x.planes + (n * g.Ci + c) * HW;
     if (x.stack) {
-      x.place(g.Ci, n * g.Ci + c, kSide, kSide, 0, 0, kSide, plane);
+      x.place(g.Ci, n * g.Ci + c, side, side, 0, 0, side, plane);
       src = plane;
     }
-    place_columns(src, eo + c * kRows * kRowFloats);
+    if (side == 32) place_columns(src, eo + c * placed);
+    else place_columns16(src, eo + c * placed);
   }
-  for (int64_t tr = 0; tr < kTileRows; tr += 2) {
-    for (int64_t c = 0; c < g.Ci; ++c) input_transform_pair(eo + c * kRows * kRowFloats, tr, v + c * 32, g.Ci * 32);
+  for (int64_t j = 0; j < g.vectors(); j += 2) {  // vectors j and j + 1 of tiles
+    for (int64_t c = 0; c < g.Ci; ++c) {
+      if (side == 32) {
+        input_transform_pair(eo + c * placed, j, v + c * 32, g.Ci * 32);
+      } else {
+        input_transform_one(eo + c * placed + 4 * j * kRowFloats, v + c * 32, g.Ci * 32);
+        input_transform_one(eo + c * placed + 4 * (j + 1) * kRowFloats, v + c * 32 + 16, g.Ci * 32);
+      }
+    }
     for (int xi = 0; xi < 16; ++xi)
       domain_point(v + xi * g.Ci * 32, U + xi * g.Ci * g.Co, g.Ci, g.Co, m + xi * g.Co * 32);
-    for (int64_t o = 0; o < g.Co; ++o)
-      for (int r = 0; r < 2; ++r)
-        output_transform(m + o * 32 + r * 16, g.Co * 32, bias ? bias[o] : 0.f, accumulate,
-                         out + (n * g.Co + o) * HW + 2 * (tr + r) * kSide);
+    for (int64_t o = 0; o < g.Co; ++o) {
+      float* y = out + (n * g.Co + o) * HW;
+      const float b = bias ? bias[o] : 0.f;
+      for (int64_t r = 0; r < 2; ++r) {
+        const int64_t q = j + r;  // side 32: tile row q (output rows 2q, 2q+1); 16: tile rows 2q, 2q+1
+        float* a0 = side == 32 ? y + 2 * q * 32 : y + 4 * q * 16;
+        float* b0 = side == 32 ? a0 + 16 : y + (4 * q + 2) * 16;
+        output_transform(m + o * 32 + r * 16, g.Co * 32, b, accumulate, a0, b0, side);
+      }
+    }
   }
 }
 
@@ -248,7 +316,7 @@ void rows_run(const RowsGeom& g, const ConvInput& x, const float* w, int64_t K, 
   float* U = shared.take<float>(l.u_n);
   transform_weights(w, K, C, data_gradient, U);
   uint8_t* thread_base = static_cast<uint8_t*>(ws) + l.shared_bytes;
-  const int64_t HW = kSide * kSide;
+  const int64_t HW = g.side * g.side;
 #pragma omp parallel
   {
     Carve tc(thread_base + size_t(omp_get_thread_num()) * l.thread_bytes);
@@ -274,8 +342,8 @@ void rows_run(const RowsGeom& g, const ConvInput& x, const float* w, int64_t K, 
 bool winograd_rows_applies(const Conv2dGeom& g, ConvPass pass) {
 #if defined(__AVX512F__)
   return pass != ConvPass::BackwardWeight && g.groups == 1 && g.R == 3 && g.S == 3 && g.stride_h == 1 &&
-         g.stride_w == 1 && g.pad_h == 1 && g.pad_w == 1 && g.H == kSide && g.W == kSide && g.P == kSide &&
-         g.Q == kSide && g.C > 0 && g.K > 0;
+         g.stride_w == 1 && g.pad_h == 1 && g.pad_w == 1 && (g.W == 32 || g.W == 16) && g.H == g.W && g.P == g.W &&
+         g.Q == g.W && g.C > 0 && g.K > 0;
 #else
   (void)g, (void)pass;
   return false;
