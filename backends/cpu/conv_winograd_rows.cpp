@@ -271,13 +271,21 @@ ET_ALWAYS_INLINE inline void output_transform(const float* m, int64_t stride, fl
 
 // One image: Ci input planes (x: its own planes, or computed by the fused stack) -> Co output
 // planes of out.
+// After plane o's last rows: its BN sums (sum1 / sum2) or the first sweep of the stack before
+// (dz_sums), while the plane is in this core's cache.
+struct RowsEpilogue {
+  float *sum1 = nullptr, *sum2 = nullptr;
+  const DzSumsEpilogue* dz_sums = nullptr;
+};
+
 void rows_image(const RowsGeom& g, const ConvInput& x, int64_t n, const float* U, const float* bias, bool accumulate,
-                float* eo, float* v, float* m, float* plane, float* out) {
+                const RowsEpilogue& epi, float* eo, float* v, float* m, float* plane, float* out) {
   const int64_t side = g.side, HW = side * side, placed = g.placed_rows() * kRowFloats;
   for (int64_t c = 0; c < g.Ci; ++c) {
     const float* src = x.planes + (n * g.Ci + c) * HW;
-    if (x.stack) {
-      x.place(g.Ci, n * g.Ci + c, side, side, 0, 0, side, plane);
+    if (x.stack) {  // the fused stack's output plane, computed straight into the buffer
+      const int64_t pl = n * g.Ci + c;
+      x.stack->run(src, x.stack->scale, x.stack->shift, g.Ci, HW, pl * HW, HW, plane);
       src = plane;
     }
     if (side == 32) place_columns(src, eo + c * placed);
@@ -303,11 +311,15 @@ void rows_image(const RowsGeom& g, const ConvInput& x, int64_t n, const float* U
         float* b0 = side == 32 ? a0 + 16 : y + (4 * q + 2) * 16;
         output_transform(m + o * 32 + r * 16, g.Co * 32, b, accumulate, a0, b0, side);
       }
+      if (j + 2 < g.vectors()) continue;
+      const int64_t pl = n * g.Co + o;
+      if (epi.sum1) bn_rows::plane_sums(y, HW, epi.sum1 + pl, epi.sum2 + pl);
+      if (epi.dz_sums) fused_elementwise::dz_sums_planes(*epi.dz_sums, pl, pl + 1, g.Co, HW, out);
     }
   }
 }
 
-// Both passes: per thread a slice of the images; sums / dz_sums on each image as written.
+// Both passes: per thread a slice of the images; sums / dz_sums on each plane as written.
 void rows_run(const RowsGeom& g, const ConvInput& x, const float* w, int64_t K, int64_t C, bool data_gradient,
               const float* bias, bool accumulate, float* out, void* ws, float* sum1, float* sum2,
               const DzSumsEpilogue* dz_sums) {
@@ -316,7 +328,10 @@ void rows_run(const RowsGeom& g, const ConvInput& x, const float* w, int64_t K, 
   float* U = shared.take<float>(l.u_n);
   transform_weights(w, K, C, data_gradient, U);
   uint8_t* thread_base = static_cast<uint8_t*>(ws) + l.shared_bytes;
-  const int64_t HW = g.side * g.side;
+  RowsEpilogue epi;
+  epi.sum1 = sum1;
+  epi.sum2 = sum2;
+  epi.dz_sums = dz_sums;
 #pragma omp parallel
   {
     Carve tc(thread_base + size_t(omp_get_thread_num()) * l.thread_bytes);
@@ -326,13 +341,7 @@ void rows_run(const RowsGeom& g, const ConvInput& x, const float* w, int64_t K, 
     float* plane = tc.take<float>(l.plane_n);
     std::memset(eo, 0, sizeof(float) * size_t(l.eo_n));  // the padding stays zero
 #pragma omp for schedule(static)
-    for (int64_t n = 0; n < g.N; ++n) {
-      rows_image(g, x, n, U, bias, accumulate, eo, v, m, plane, out);
-      if (sum1)
-        for (int64_t o = 0; o < g.Co; ++o)
-          bn_rows::plane_sums(out + (n * g.Co + o) * HW, HW, sum1 + n * g.Co + o, sum2 + n * g.Co + o);
-      if (dz_sums) fused_elementwise::dz_sums_images(*dz_sums, n, n + 1, g.Co, HW, out);
-    }
+    for (int64_t n = 0; n < g.N; ++n) rows_image(g, x, n, U, bias, accumulate, epi, eo, v, m, plane, out);
   }
 }
 #endif
