@@ -53,19 +53,19 @@ struct RowsGeom {
 };
 
 struct RowsLayout {
-  int64_t u_n, eo_n, v_n, m_n, plane_n;
+  int64_t u_n, placed_n, v_n, m_n, plane_n;
   size_t shared_bytes, thread_bytes;
 };
 
 RowsLayout rows_layout(const RowsGeom& g) {
   RowsLayout l;
   l.u_n = 16 * g.Ci * g.Co;
-  l.eo_n = g.Ci * g.placed_rows() * kRowFloats;
+  l.placed_n = g.Ci * g.placed_rows() * kRowFloats;
   l.v_n = 16 * g.Ci * 32;  // [xi][c][2 rows of tiles][16 tiles]
   l.m_n = 16 * g.Co * 32;
   l.plane_n = g.side * g.side;
   l.shared_bytes = CarveSize().add<float>(l.u_n).bytes;
-  l.thread_bytes = CarveSize().add<float>(l.eo_n).add<float>(l.v_n).add<float>(l.m_n).add<float>(l.plane_n).bytes;
+  l.thread_bytes = CarveSize().add<float>(l.placed_n).add<float>(l.v_n).add<float>(l.m_n).add<float>(l.plane_n).bytes;
   return l;
 }
 
@@ -77,9 +77,10 @@ RowsGeom rows_geom(const Conv2dGeom& g, ConvPass pass) {
 // U[xi][c][o] = (G g G^T)[a][b], xi = 4a + b, with g the 3x3 kernel from input plane c to output
 // plane o: w[o][c] forward, w[c][o] flipped for the data gradient (o: an input channel of the
 // conv, c: one of its output channels).
-void transform_weights(const float* w, int64_t K, int64_t C, bool data_gradient, float* U) {
+// Input channels [c0, c1) (the threads split them: 64 x 128 channels are 8192 kernels).
+void transform_weights(const float* w, int64_t K, int64_t C, bool data_gradient, int64_t c0, int64_t c1, float* U) {
   const int64_t Ci = data_gradient ? K : C, Co = data_gradient ? C : K;
-  for (int64_t c = 0; c < Ci; ++c)
+  for (int64_t c = c0; c < c1; ++c)
     for (int64_t o = 0; o < Co; ++o) {
       double g[3][3];
       for (int r = 0; r < 3; ++r)
@@ -279,8 +280,8 @@ struct RowsEpilogue {
 };
 
 void rows_image(const RowsGeom& g, const ConvInput& x, int64_t n, const float* U, const float* bias, bool accumulate,
-                const RowsEpilogue& epi, float* eo, float* v, float* m, float* plane, float* out) {
-  const int64_t side = g.side, HW = side * side, placed = g.placed_rows() * kRowFloats;
+                const RowsEpilogue& epi, float* placed, float* v, float* m, float* plane, float* out) {
+  const int64_t side = g.side, HW = side * side, per_plane = g.placed_rows() * kRowFloats;
   for (int64_t c = 0; c < g.Ci; ++c) {
     const float* src = x.planes + (n * g.Ci + c) * HW;
     if (x.stack) {  // the fused stack's output plane, computed straight into the buffer
@@ -288,16 +289,16 @@ void rows_image(const RowsGeom& g, const ConvInput& x, int64_t n, const float* U
       x.stack->run(src, x.stack->scale, x.stack->shift, g.Ci, HW, pl * HW, HW, plane);
       src = plane;
     }
-    if (side == 32) place_columns(src, eo + c * placed);
-    else place_columns16(src, eo + c * placed);
+    if (side == 32) place_columns(src, placed + c * per_plane);
+    else place_columns16(src, placed + c * per_plane);
   }
   for (int64_t j = 0; j < g.vectors(); j += 2) {  // vectors j and j + 1 of tiles
     for (int64_t c = 0; c < g.Ci; ++c) {
       if (side == 32) {
-        input_transform_pair(eo + c * placed, j, v + c * 32, g.Ci * 32);
+        input_transform_pair(placed + c * per_plane, j, v + c * 32, g.Ci * 32);
       } else {
-        input_transform_one(eo + c * placed + 4 * j * kRowFloats, v + c * 32, g.Ci * 32);
-        input_transform_one(eo + c * placed + 4 * (j + 1) * kRowFloats, v + c * 32 + 16, g.Ci * 32);
+        input_transform_one(placed + c * per_plane + 4 * j * kRowFloats, v + c * 32, g.Ci * 32);
+        input_transform_one(placed + c * per_plane + 4 * (j + 1) * kRowFloats, v + c * 32 + 16, g.Ci * 32);
       }
     }
     for (int xi = 0; xi < 16; ++xi)
@@ -326,7 +327,6 @@ void rows_run(const RowsGeom& g, const ConvInput& x, const float* w, int64_t K, 
   const RowsLayout l = rows_layout(g);
   Carve shared(static_cast<uint8_t*>(ws));
   float* U = shared.take<float>(l.u_n);
-  transform_weights(w, K, C, data_gradient, U);
   uint8_t* thread_base = static_cast<uint8_t*>(ws) + l.shared_bytes;
   RowsEpilogue epi;
   epi.sum1 = sum1;
@@ -334,14 +334,17 @@ void rows_run(const RowsGeom& g, const ConvInput& x, const float* w, int64_t K, 
   epi.dz_sums = dz_sums;
 #pragma omp parallel
   {
-    Carve tc(thread_base + size_t(omp_get_thread_num()) * l.thread_bytes);
-    float* eo = tc.take<float>(l.eo_n);
+    const int t = omp_get_thread_num(), nt = omp_get_num_threads();
+    transform_weights(w, K, C, data_gradient, g.Ci * t / nt, g.Ci * (t + 1) / nt, U);
+    Carve tc(thread_base + size_t(t) * l.thread_bytes);
+    float* placed = tc.take<float>(l.placed_n);
     float* v = tc.take<float>(l.v_n);
     float* m = tc.take<float>(l.m_n);
     float* plane = tc.take<float>(l.plane_n);
-    std::memset(eo, 0, sizeof(float) * size_t(l.eo_n));  // the padding stays zero
+    std::memset(placed, 0, sizeof(float) * size_t(l.placed_n));  // the padding stays zero
+#pragma omp barrier
 #pragma omp for schedule(static)
-    for (int64_t n = 0; n < g.N; ++n) rows_image(g, x, n, U, bias, accumulate, epi, eo, v, m, plane, out);
+    for (int64_t n = 0; n < g.N; ++n) rows_image(g, x, n, U, bias, accumulate, epi, placed, v, m, plane, out);
   }
 }
 #endif
