@@ -23,8 +23,9 @@ void conv_force_scalar(bool on);
 // columns, results straight to the output; default on) or the flat form everywhere: the same bits.
 void conv_direct_rows(bool on);
 // Tests / A-B measurements: where both the GEMM and the direct kernels apply, force one
-// (conv.cpp; the environment variable ET_CONV_PATH=gemm|direct|implicit|winograd sets the initial
-// value; implicit / winograd fall back to the automatic choice where they do not apply).
+// (conv.cpp; the environment variable ET_CONV_PATH=gemm|direct|implicit|winograd|winograd_rows sets
+// the initial value; implicit / winograd / winograd_rows fall back to the automatic choice where
+// they do not apply).
 enum class ConvPathOverride { Auto, Gemm, Direct, Implicit, Winograd, WinogradRows };
 void conv_set_path_override(ConvPathOverride p);
 
