@@ -11,6 +11,9 @@
 //     y's plane sums; data gradient: the stack's first sweep in its epilogue where the stack hands it
 //     on; weight gradient: x as AffineRelu), the two
 //     alternating repetition by repetition, and the ratio of their medians
+//   --against PATH (gemm|direct|implicit|winograd|winograd_rows): each pass under the automatic
+//     choice beside the same pass forced onto PATH (where PATH does not apply, conv.cpp's fallback),
+//     alternating repetition by repetition, and how many times faster the automatic choice is
 //   bench_conv --reps N --gemm     (single-threaded SGEMM vs Eigen on conv-like shapes)
 // Compare with PyTorch: python3 bench/conv_pytorch.py --ours <csv from --csv>
 #include <omp.h>
@@ -180,6 +183,8 @@ int main(int argc, char** argv) {
   int reps = 5;
   int64_t batch = 128;
   bool csv = false, int4 = false, fused = false;
+  const char* against = nullptr;
+  cpu::ConvPathOverride against_path = cpu::ConvPathOverride::Auto;
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--filter") && i + 1 < argc) filter = argv[++i];
     else if (!std::strcmp(argv[i], "--reps") && i + 1 < argc) reps = std::atoi(argv[++i]);
@@ -190,12 +195,26 @@ int main(int argc, char** argv) {
     else if (!std::strcmp(argv[i], "--fused")) fused = true;
     else if (!std::strcmp(argv[i], "--flat")) cpu::conv_direct_rows(false);
     else if (!std::strcmp(argv[i], "--cold")) g_cold = true;
+    else if (!std::strcmp(argv[i], "--against") && i + 1 < argc) {
+      against = argv[++i];
+      const std::pair<const char*, cpu::ConvPathOverride> names[] = {
+          {"gemm", cpu::ConvPathOverride::Gemm},         {"direct", cpu::ConvPathOverride::Direct},
+          {"implicit", cpu::ConvPathOverride::Implicit}, {"winograd", cpu::ConvPathOverride::Winograd},
+          {"winograd_rows", cpu::ConvPathOverride::WinogradRows}};
+      for (const auto& [name, path] : names)
+        if (!std::strcmp(against, name)) against_path = path;
+      if (against_path == cpu::ConvPathOverride::Auto) {
+        std::fprintf(stderr, "bench_conv: --against %s: not a conv path (gemm, direct, implicit, winograd, winograd_rows)\n",
+                     against);
+        return 2;
+      }
+    }
     else if (!std::strcmp(argv[i], "--gemm")) {
       bench_gemm(reps);
       return 0;
     }
     else {
-      std::fprintf(stderr, "usage: %s [--filter SUBSTR] [--reps N] [--batch N] [--csv] [--cpu] [--int4] [--fused] [--flat] [--cold] | [--reps N] --gemm\n",
+      std::fprintf(stderr, "usage: %s [--filter SUBSTR] [--reps N] [--batch N] [--csv] [--cpu] [--int4] [--fused] [--against PATH] [--flat] [--cold] | [--reps N] --gemm\n",
                    argv[0]);
       return 2;
     }
@@ -203,6 +222,10 @@ int main(int argc, char** argv) {
   auto be = make_cpu_backend();
   std::map<std::string, double> totals;
   if (csv) std::printf("net,shape,count,fwd_ms,bwd_data_ms,bwd_weight_ms\n");
+  else if (against)
+    std::printf("threads %d, batch %ld, median of %d, alternating; each pass: automatic choice ms, forced onto %s "
+                "ms, how many times faster the automatic choice is\n",
+                omp_get_max_threads(), long(batch), reps, against);
   else if (fused)
     std::printf("threads %d, batch %ld, median of %d, alternating; each pass: plain ms, fused form ms, ratio "
                 "(*: x not computed from the stack here; -: no epilogue on this path, or the stack keeps its first sweep; forward: y's plane sums where the stack after takes them)\n",
@@ -223,8 +246,12 @@ int main(int argc, char** argv) {
     Buf x({g.N, g.C, g.H, g.W}, 1.f, 1), w({g.K, g.C / g.groups, g.R, g.S}, 0.1f, 2), y({g.N, g.K, g.P, g.Q}, 0.f, 3);
     Buf dy({g.N, g.K, g.P, g.Q}, 1.f, 4), dx({g.N, g.C, g.H, g.W}, 0.f, 5), dw({g.K, g.C / g.groups, g.R, g.S}, 0.f, 6);
     size_t wsb = 0;
-    for (ConvPass p : {ConvPass::Forward, ConvPass::BackwardData, ConvPass::BackwardWeight})
-      wsb = std::max(wsb, be->conv2d_workspace_bytes(g, p));
+    for (cpu::ConvPathOverride path : {cpu::ConvPathOverride::Auto, against_path}) {
+      cpu::conv_set_path_override(path);
+      for (ConvPass p : {ConvPass::Forward, ConvPass::BackwardData, ConvPass::BackwardWeight})
+        wsb = std::max(wsb, be->conv2d_workspace_bytes(g, p));
+    }
+    cpu::conv_set_path_override(cpu::ConvPathOverride::Auto);
     std::vector<float> wsv(wsb / sizeof(float) + 16);
     Workspace ws{wsv.data(), wsb};
     Tensor none;
@@ -266,6 +293,29 @@ int main(int argc, char** argv) {
                   wg.second / wg.first, waff ? "" : "*");
       totals[s.net] += double(s.count) * (f.first + d.first + wg.first);
       totals[s.net + " fused forms"] += double(s.count) * (f.second + d.second + wg.second);
+      std::fflush(stdout);
+      continue;
+    }
+    if (against) {
+      // Each timed call under its own path; the override is a process-wide setting of conv.cpp.
+      auto under = [&](cpu::ConvPathOverride path, auto&& call) {
+        return [&, path] {
+          cpu::conv_set_path_override(path);
+          call();
+          cpu::conv_set_path_override(cpu::ConvPathOverride::Auto);
+        };
+      };
+      auto pair = [&](auto&& call) {
+        return time_pair_ms(reps, under(cpu::ConvPathOverride::Auto, call), under(against_path, call));
+      };
+      const auto f = pair([&] { be->conv2d_forward(g, x.t, w.t, none, y.t, ws); });
+      const auto d = pair([&] { be->conv2d_backward_data(g, dy.t, w.t, dx.t, false, ws); });
+      const auto wg = pair([&] { be->conv2d_backward_weight(g, x.t, dy.t, dw.t, none, false, ws); });
+      std::printf("%-12s %-26s %3ld | fwd %7.3f %7.3f %5.3fx | bwd_d %7.3f %7.3f %5.3fx | bwd_w %7.3f %7.3f %5.3fx\n",
+                  s.net.c_str(), s.name.c_str(), long(s.count), f.first, f.second, f.second / f.first, d.first,
+                  d.second, d.second / d.first, wg.first, wg.second, wg.second / wg.first);
+      totals[s.net] += double(s.count) * (f.first + d.first + wg.first);
+      totals[s.net + " forced onto " + against] += double(s.count) * (f.second + d.second + wg.second);
       std::fflush(stdout);
       continue;
     }
