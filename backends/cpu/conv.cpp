@@ -85,8 +85,8 @@ bool prefer_winograd(const Conv2dGeom& g, ConvPass pass) {
 }
 
 // Winograd by rows of tiles (conv_winograd_rows.cpp), against the kernels it replaces (batch 128,
-// 2 threads, the two alternating call by call, medians; session 46, Intel Xeon), forward / data
-// gradient. 32x32 maps, against the direct kernels: 16 -> 16 (ResNet-20's first stage) 1.02-1.29x,
+// 2 threads, the two alternating call by call, medians: bench_conv --against direct|winograd;
+// session 46, Intel Xeon), forward / data gradient. 32x32 maps, against the direct kernels: 16 -> 16 (ResNet-20's first stage) 1.02-1.29x,
 // 32 -> 32 1.14-1.22x, 64 -> 64 (VGG-16's and ResNet-18's first stage) 1.36-1.62x; a 3-channel
 // input (the stems' forward) loses, 0.62x. 16x16 maps: 32 -> 32 (ResNet-20's second stage)
 // 1.00-1.20x the direct kernels, 64 -> 64 1.40-1.52x and 64 -> 128 1.12-1.42x Winograd's GEMM
