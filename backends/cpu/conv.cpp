@@ -11,10 +11,10 @@
 //                                   or 2), strided data gradients with few output channels
 //   winograd  (conv_winograd.cpp)   F(2x2, 3x3) (weight gradient: F(3x3, 2x2)) for 3x3 stride-1
 //                                   layers with 64+ channels on 16x16..2x2 maps
-//   winograd rows (conv_winograd_rows.cpp) F(2x2, 3x3) with 16 tiles of one or two rows per
-//                                   vector: forward and data gradient of 3x3 stride-1 pad-1 layers
-//                                   on 32x32 maps with 16+ channels, 16x16 maps with 32 to 128
-//                                   (AVX-512)
+//   winograd rows (conv_winograd_rows.cpp) F(2x2, 3x3) with 16 tiles of one plane per vector:
+//                                   forward and data gradient of 3x3 stride-1 pad-1 layers on
+//                                   32x32 maps with 16+ channels, 16x16 maps with 32 to 128, 8x8
+//                                   maps with 16 to 128 (AVX-512)
 // Every family is deterministic for a given thread count and allocates nothing.
 #include <omp.h>
 
@@ -90,12 +90,16 @@ bool prefer_winograd(const Conv2dGeom& g, ConvPass pass) {
 // 32 -> 32 1.14-1.22x, 64 -> 64 (VGG-16's and ResNet-18's first stage) 1.36-1.62x; a 3-channel
 // input (the stems' forward) loses, 0.62x. 16x16 maps: 32 -> 32 (ResNet-20's second stage)
 // 1.00-1.20x the direct kernels, 64 -> 64 1.40-1.52x and 64 -> 128 1.12-1.42x Winograd's GEMM
-// form, 128 -> 128 even with it (0.92-1.09x); 16 -> 16 0.81-1.09x the direct kernels.
+// form, 128 -> 128 even with it (0.92-1.09x); 16 -> 16 0.81-1.09x the direct kernels. 8x8 maps
+// (one vector per plane): 64 -> 64 (ResNet-20's third stage) 1.41-1.65x Winograd's GEMM form,
+// 64 -> 128 1.36x, 128 -> 128 1.14x, 128 -> 256 0.89x (U, 4 MiB there, leaves L2); 16 -> 16 and
+// 32 -> 32 2.9x and 2.2x the implicit GEMM.
 bool prefer_winograd_rows(const Conv2dGeom& g, ConvPass pass) {
   const int64_t in = pass == ConvPass::Forward ? g.C : g.K, out = pass == ConvPass::Forward ? g.K : g.C;
   if (!cpu::winograd_rows_applies(g, pass)) return false;
   if (g.W == 32) return in >= 16 && out >= 16;
-  return in >= 32 && out >= 32 && in * out < 128 * 128;
+  if (g.W == 16) return in >= 32 && out >= 32 && in * out < 128 * 128;
+  return in >= 16 && out >= 16 && in * out <= 128 * 128;
 }
 
 // Strided data gradients run by phases (conv_implicit.h), no multiply-add spent on the zeros of an

@@ -1,11 +1,13 @@
 // Winograd F(2x2, 3x3) by rows of tiles: the forward and data gradient of 3x3 stride-1 pad-1
-// convs on 32x32 and 16x16 planes (CIFAR ResNets' first two stages, VGG's first two), AVX-512.
+// convs on 32x32, 16x16 and 8x8 planes (CIFAR ResNets' three stages, VGG's first two), AVX-512.
 //
 // conv_winograd.cpp's form packs the transforms into SGEMM slivers with the channels along the
 // vectors; with 16 channels its transforms and packing cost more than the multiply-adds they save
 // (resnet20 16 -> 16 at 32x32: 90 GFLOP/s against the direct kernels' 270). Here a vector holds
 // 16 tiles of one plane instead, so nothing is transposed or packed:
-//   - 32x32: a row of 16 tiles of 2 columns; 16x16: two rows of 8 tiles (lanes 0-7, 8-15);
+//   - 32x32: a row of 16 tiles of 2 columns; 16x16: two rows of 8 tiles (lanes 0-7, 8-15); 8x8:
+//     the whole plane's 4 x 4 tiles (rows_image8: each point of the input window gathered from
+//     the plane's four vectors by permutes, one vector of tiles per product);
 //   - each input row is placed once as its four column phases, so tile q's four columns
 //     2q .. 2q+3 are four aligned loads (place_columns, place_columns16), no shuffles after;
 //   - per vector of tiles and input channel, V = B^T d B is 16 vectors (one per point xi of the
@@ -46,10 +48,10 @@ constexpr int64_t kRowFloats = 64;  // one placed row: E, O, E1, O1 (place_colum
 struct RowsGeom {
   int64_t N, Ci, Co, side;
   // Vectors of tiles per plane: 16 rows of 16 tiles (side 32), or 4 pairs of rows of 8 tiles.
-  int64_t vectors() const { return side == 32 ? 16 : 4; }
+  int64_t vectors() const { return side == 32 ? 16 : side == 16 ? 4 : 1; }
   // Placed rows per input plane: the 34 padded rows (side 32); 4 rows for each of the 4 vectors,
   // both halves (side 16).
-  int64_t placed_rows() const { return side == 32 ? side + 2 : 16; }
+  int64_t placed_rows() const { return side == 32 ? side + 2 : side == 16 ? 16 : 0; }  // 8: none (rows_image8)
 };
 
 struct RowsLayout {
@@ -320,6 +322,126 @@ void rows_image(const RowsGeom& g, const ConvInput& x, int64_t n, const float* U
   }
 }
 
+// 8x8 planes: one vector holds the plane's 16 tiles (lane 4 tr + q), built from the plane's four
+// vectors by two permutes and a blend per point (i, j) of the 4x4 input window (zero where the
+// window reaches the padding); the products use one vector, U broadcast against it, 16 output
+// channels of accumulators; the outputs go back into the plane's four vectors the same way.
+struct Gather8 {
+  alignas(64) int32_t in_idx[16][16];   // point (i, j) = 4 i + j: lane L's element of rows 0-3 / 4-7
+  __mmask16 in_lo[16], in_hi[16];       // lanes read from rows 0-3 / 4-7 (neither: padding, zero)
+  alignas(64) int32_t out_idx[4][16];   // output vector k (rows 2k, 2k+1): element e's lane of y_p0 / y_p1
+};
+
+Gather8 gather8() {
+  Gather8 t{};
+  for (int i = 0; i < 4; ++i)
+    for (int j = 0; j < 4; ++j)
+      for (int L = 0; L < 16; ++L) {
+        const int r = 2 * (L / 4) + i - 1, c = 2 * (L % 4) + j - 1, f = r * 8 + c;
+        t.in_idx[4 * i + j][L] = f & 31;
+        if (r < 0 || r > 7 || c < 0 || c > 7) continue;
+        (f < 32 ? t.in_lo : t.in_hi)[4 * i + j] |= __mmask16(1u << L);
+      }
+  for (int k = 0; k < 4; ++k)
+    for (int e = 0; e < 16; ++e) {
+      const int col = e % 8;
+      t.out_idx[k][e] = (col % 2) * 16 + 4 * k + col / 2;
+    }
+  return t;
+}
+
+// m[o] = sum_c u[c * Co + o] * v[c] for KB output channels, one vector of tiles.
+template <int KB>
+ET_ALWAYS_INLINE inline void domain_point_block1(const float* v, const float* u, int64_t Ci, int64_t Co, float* m) {
+  __m512 a[KB];
+#pragma GCC unroll 16
+  for (int k = 0; k < KB; ++k) a[k] = _mm512_setzero_ps();
+  for (int64_t c = 0; c < Ci; ++c) {
+    const __m512 x = _mm512_load_ps(v + c * 16);
+    const float* uc = u + c * Co;
+#pragma GCC unroll 16
+    for (int k = 0; k < KB; ++k) a[k] = _mm512_fmadd_ps(_mm512_set1_ps(uc[k]), x, a[k]);
+  }
+#pragma GCC unroll 16
+  for (int k = 0; k < KB; ++k) _mm512_store_ps(m + k * 16, a[k]);
+}
+
+inline void domain_point1(const float* v, const float* u, int64_t Ci, int64_t Co, float* m) {
+  int64_t o = 0;
+  for (; o + 16 <= Co; o += 16) domain_point_block1<16>(v, u + o, Ci, Co, m + o * 16);
+  if (o + 8 <= Co) domain_point_block1<8>(v, u + o, Ci, Co, m + o * 16), o += 8;
+  if (o + 4 <= Co) domain_point_block1<4>(v, u + o, Ci, Co, m + o * 16), o += 4;
+  if (o + 2 <= Co) domain_point_block1<2>(v, u + o, Ci, Co, m + o * 16), o += 2;
+  if (o < Co) domain_point_block1<1>(v, u + o, Ci, Co, m + o * 16);
+}
+
+void rows_image8(const RowsGeom& g, const Gather8& t, const ConvInput& x, int64_t n, const float* U,
+                 const float* bias, bool accumulate, const RowsEpilogue& epi, float* v, float* m, float* plane,
+                 float* out) {
+  constexpr int64_t HW = 64;
+  for (int64_t c = 0; c < g.Ci; ++c) {
+    const float* src = x.planes + (n * g.Ci + c) * HW;
+    if (x.stack) {
+      const int64_t pl = n * g.Ci + c;
+      x.stack->run(src, x.stack->scale, x.stack->shift, g.Ci, HW, pl * HW, HW, plane);
+      src = plane;
+    }
+    const __m512 r0 = _mm512_loadu_ps(src), r1 = _mm512_loadu_ps(src + 16), r2 = _mm512_loadu_ps(src + 32),
+                 r3 = _mm512_loadu_ps(src + 48);
+    __m512 d[4][4];
+    for (int p = 0; p < 16; ++p) {
+      const __m512i idx = _mm512_load_si512(t.in_idx[p]);
+      d[p / 4][p % 4] = _mm512_mask_mov_ps(_mm512_maskz_permutex2var_ps(t.in_lo[p], r0, idx, r1), t.in_hi[p],
+                                           _mm512_permutex2var_ps(r2, idx, r3));
+    }
+    __m512 tt[4][4];
+    for (int i = 0; i < 4; ++i) {
+      tt[i][0] = _mm512_sub_ps(d[i][0], d[i][2]);
+      tt[i][1] = _mm512_add_ps(d[i][1], d[i][2]);
+      tt[i][2] = _mm512_sub_ps(d[i][2], d[i][1]);
+      tt[i][3] = _mm512_sub_ps(d[i][1], d[i][3]);
+    }
+    const int64_t stride = g.Ci * 16;
+    float* vc = v + c * 16;
+    for (int j = 0; j < 4; ++j) {
+      _mm512_store_ps(vc + (0 * 4 + j) * stride, _mm512_sub_ps(tt[0][j], tt[2][j]));
+      _mm512_store_ps(vc + (1 * 4 + j) * stride, _mm512_add_ps(tt[1][j], tt[2][j]));
+      _mm512_store_ps(vc + (2 * 4 + j) * stride, _mm512_sub_ps(tt[2][j], tt[1][j]));
+      _mm512_store_ps(vc + (3 * 4 + j) * stride, _mm512_sub_ps(tt[1][j], tt[3][j]));
+    }
+  }
+  for (int xi = 0; xi < 16; ++xi)
+    domain_point1(v + xi * g.Ci * 16, U + xi * g.Ci * g.Co, g.Ci, g.Co, m + xi * g.Co * 16);
+  for (int64_t o = 0; o < g.Co; ++o) {
+    const float* mo = m + o * 16;
+    const int64_t stride = g.Co * 16;
+    __m512 sa[4][2];
+    for (int a = 0; a < 4; ++a) {
+      const __m512 m0 = _mm512_load_ps(mo + (4 * a + 0) * stride), m1 = _mm512_load_ps(mo + (4 * a + 1) * stride);
+      const __m512 m2 = _mm512_load_ps(mo + (4 * a + 2) * stride), m3 = _mm512_load_ps(mo + (4 * a + 3) * stride);
+      sa[a][0] = _mm512_add_ps(_mm512_add_ps(m0, m1), m2);
+      sa[a][1] = _mm512_sub_ps(_mm512_sub_ps(m1, m2), m3);
+    }
+    const __m512 y00 = _mm512_add_ps(_mm512_add_ps(sa[0][0], sa[1][0]), sa[2][0]);
+    const __m512 y01 = _mm512_add_ps(_mm512_add_ps(sa[0][1], sa[1][1]), sa[2][1]);
+    const __m512 y10 = _mm512_sub_ps(_mm512_sub_ps(sa[1][0], sa[2][0]), sa[3][0]);
+    const __m512 y11 = _mm512_sub_ps(_mm512_sub_ps(sa[1][1], sa[2][1]), sa[3][1]);
+    const __m512 vb = _mm512_set1_ps(bias ? bias[o] : 0.f);
+    const int64_t pl = n * g.Co + o;
+    float* y = out + pl * HW;
+    for (int k = 0; k < 4; ++k) {
+      const __m512i idx = _mm512_load_si512(t.out_idx[k]);
+      __m512 r = _mm512_mask_mov_ps(_mm512_permutex2var_ps(y00, idx, y01), __mmask16(0xFF00),
+                                    _mm512_permutex2var_ps(y10, idx, y11));
+      r = _mm512_add_ps(r, vb);
+      if (accumulate) r = _mm512_add_ps(_mm512_loadu_ps(y + 16 * k), r);
+      _mm512_storeu_ps(y + 16 * k, r);
+    }
+    if (epi.sum1) bn_rows::plane_sums(y, HW, epi.sum1 + pl, epi.sum2 + pl);
+    if (epi.dz_sums) fused_elementwise::dz_sums_planes(*epi.dz_sums, pl, pl + 1, g.Co, HW, out);
+  }
+}
+
 // Both passes: per thread a slice of the images; sums / dz_sums on each plane as written.
 void rows_run(const RowsGeom& g, const ConvInput& x, const float* w, int64_t K, int64_t C, bool data_gradient,
               const float* bias, bool accumulate, float* out, void* ws, float* sum1, float* sum2,
@@ -328,6 +450,7 @@ void rows_run(const RowsGeom& g, const ConvInput& x, const float* w, int64_t K, 
   Carve shared(static_cast<uint8_t*>(ws));
   float* U = shared.take<float>(l.u_n);
   uint8_t* thread_base = static_cast<uint8_t*>(ws) + l.shared_bytes;
+  const Gather8 t8 = g.side == 8 ? gather8() : Gather8{};
   RowsEpilogue epi;
   epi.sum1 = sum1;
   epi.sum2 = sum2;
@@ -344,7 +467,10 @@ void rows_run(const RowsGeom& g, const ConvInput& x, const float* w, int64_t K, 
     std::memset(placed, 0, sizeof(float) * size_t(l.placed_n));  // the padding stays zero
 #pragma omp barrier
 #pragma omp for schedule(static)
-    for (int64_t n = 0; n < g.N; ++n) rows_image(g, x, n, U, bias, accumulate, epi, placed, v, m, plane, out);
+    for (int64_t n = 0; n < g.N; ++n) {
+      if (g.side == 8) rows_image8(g, t8, x, n, U, bias, accumulate, epi, v, m, plane, out);
+      else rows_image(g, x, n, U, bias, accumulate, epi, placed, v, m, plane, out);
+    }
   }
 }
 #endif
@@ -354,7 +480,7 @@ void rows_run(const RowsGeom& g, const ConvInput& x, const float* w, int64_t K, 
 bool winograd_rows_applies(const Conv2dGeom& g, ConvPass pass) {
 #if defined(__AVX512F__)
   return pass != ConvPass::BackwardWeight && g.groups == 1 && g.R == 3 && g.S == 3 && g.stride_h == 1 &&
-         g.stride_w == 1 && g.pad_h == 1 && g.pad_w == 1 && (g.W == 32 || g.W == 16) && g.H == g.W && g.P == g.W &&
+         g.stride_w == 1 && g.pad_h == 1 && g.pad_w == 1 && (g.W == 32 || g.W == 16 || g.W == 8) && g.H == g.W && g.P == g.W &&
          g.Q == g.W && g.C > 0 && g.K > 0;
 #else
   (void)g, (void)pass;
