@@ -147,91 +147,100 @@ void place_columns16(const float* x, float* rows) {
   }
 }
 
-// V = B^T d B of one vector of tiles from its 4 placed rows (rows: the first):
-// v[xi * stride + q] (stride: Ci * 32).
-ET_ALWAYS_INLINE inline void input_transform_one(const float* rows, float* v, int64_t stride) {
-  __m512 t[4][4];
-#pragma GCC unroll 4
-  for (int i = 0; i < 4; ++i) {
-    const float* row = rows + i * kRowFloats;
-    const __m512 d0 = _mm512_load_ps(row), d1 = _mm512_load_ps(row + 16);
-    const __m512 d2 = _mm512_load_ps(row + 32), d3 = _mm512_load_ps(row + 48);
-    t[i][0] = _mm512_sub_ps(d0, d2);
-    t[i][1] = _mm512_add_ps(d1, d2);
-    t[i][2] = _mm512_sub_ps(d2, d1);
-    t[i][3] = _mm512_sub_ps(d1, d3);
-  }
+// B^T d B in two steps: along a row of the window (d0..d3: its four columns' vectors), then down
+// the columns of four such rows (ti: row i's), each of the 16 results V[xi] stored at v + xi * stride.
+ET_ALWAYS_INLINE inline void bt_row(__m512 d0, __m512 d1, __m512 d2, __m512 d3, __m512* t) {
+  t[0] = _mm512_sub_ps(d0, d2);
+  t[1] = _mm512_add_ps(d1, d2);
+  t[2] = _mm512_sub_ps(d2, d1);
+  t[3] = _mm512_sub_ps(d1, d3);
+}
+ET_ALWAYS_INLINE inline void bt_placed_row(const float* row, __m512* t) {  // a placed row: E, O, E1, O1
+  bt_row(_mm512_load_ps(row), _mm512_load_ps(row + 16), _mm512_load_ps(row + 32), _mm512_load_ps(row + 48), t);
+}
+ET_ALWAYS_INLINE inline void bt_columns(const __m512* t0, const __m512* t1, const __m512* t2, const __m512* t3,
+                                        float* v, int64_t stride) {
 #pragma GCC unroll 4
   for (int j = 0; j < 4; ++j) {
-    _mm512_store_ps(v + (0 * 4 + j) * stride, _mm512_sub_ps(t[0][j], t[2][j]));
-    _mm512_store_ps(v + (1 * 4 + j) * stride, _mm512_add_ps(t[1][j], t[2][j]));
-    _mm512_store_ps(v + (2 * 4 + j) * stride, _mm512_sub_ps(t[2][j], t[1][j]));
-    _mm512_store_ps(v + (3 * 4 + j) * stride, _mm512_sub_ps(t[1][j], t[3][j]));
+    _mm512_store_ps(v + (0 * 4 + j) * stride, _mm512_sub_ps(t0[j], t2[j]));
+    _mm512_store_ps(v + (1 * 4 + j) * stride, _mm512_add_ps(t1[j], t2[j]));
+    _mm512_store_ps(v + (2 * 4 + j) * stride, _mm512_sub_ps(t2[j], t1[j]));
+    _mm512_store_ps(v + (3 * 4 + j) * stride, _mm512_sub_ps(t1[j], t3[j]));
   }
 }
 
-// V = B^T d B of tile rows tr and tr + 1 from one channel's padded rows 2tr .. 2tr+5:
+// V of one vector of tiles from its 4 placed rows (rows: the first); stride: Ci * 32.
+ET_ALWAYS_INLINE inline void input_transform_one(const float* rows, float* v, int64_t stride) {
+  __m512 t[4][4];
+#pragma GCC unroll 4
+  for (int i = 0; i < 4; ++i) bt_placed_row(rows + i * kRowFloats, t[i]);
+  bt_columns(t[0], t[1], t[2], t[3], v, stride);
+}
+
+// V of tile rows tr and tr + 1 from one channel's padded rows 2tr .. 2tr+5:
 // v[(xi * Ci + c) * 32 + r * 16 + q] for row of tiles tr + r (v points at channel c; stride: Ci * 32).
 // Rows 2tr+2 and 2tr+3 belong to both rows of tiles: each padded row's B^T d is taken once.
 ET_ALWAYS_INLINE inline void input_transform_pair(const float* rows_c, int64_t tr, float* v, int64_t stride) {
   __m512 t[6][4];
 #pragma GCC unroll 6
-  for (int i = 0; i < 6; ++i) {
-    const float* row = rows_c + (2 * tr + i) * kRowFloats;
-    const __m512 d0 = _mm512_load_ps(row), d1 = _mm512_load_ps(row + 16);
-    const __m512 d2 = _mm512_load_ps(row + 32), d3 = _mm512_load_ps(row + 48);
-    t[i][0] = _mm512_sub_ps(d0, d2);
-    t[i][1] = _mm512_add_ps(d1, d2);
-    t[i][2] = _mm512_sub_ps(d2, d1);
-    t[i][3] = _mm512_sub_ps(d1, d3);
-  }
-#pragma GCC unroll 2
-  for (int r = 0; r < 2; ++r) {
-    const int i = 2 * r;
-    float* vr = v + r * 16;
-#pragma GCC unroll 4
-    for (int j = 0; j < 4; ++j) {
-      _mm512_store_ps(vr + (0 * 4 + j) * stride, _mm512_sub_ps(t[i][j], t[i + 2][j]));
-      _mm512_store_ps(vr + (1 * 4 + j) * stride, _mm512_add_ps(t[i + 1][j], t[i + 2][j]));
-      _mm512_store_ps(vr + (2 * 4 + j) * stride, _mm512_sub_ps(t[i + 2][j], t[i + 1][j]));
-      _mm512_store_ps(vr + (3 * 4 + j) * stride, _mm512_sub_ps(t[i + 1][j], t[i + 3][j]));
-    }
-  }
+  for (int i = 0; i < 6; ++i) bt_placed_row(rows_c + (2 * tr + i) * kRowFloats, t[i]);
+  bt_columns(t[0], t[1], t[2], t[3], v, stride);
+  bt_columns(t[2], t[3], t[4], t[5], v + 16, stride);
 }
 
-// Two rows of tiles at once (V and M hold a pair of vectors per channel: [c][2]), so each
-// broadcast of U feeds two multiply-adds: per input channel 2 loads of V and KB broadcasts for
-// 2 KB multiply-adds (KB = 8: 16 accumulators in registers).
-// m[o][r] = sum_c u[c * Co + o] * v[c][r] for KB output channels o, both rows r.
-template <int KB>
+// M[xi] = sum_c U[xi][c] * V[xi][c] for one domain point, over NV vectors of tiles (V and M hold
+// NV vectors per channel: [c][NV]). Each broadcast of U feeds NV multiply-adds: NV = 2 (two rows of
+// tiles) takes 2 loads of V and KB broadcasts for 2 KB multiply-adds, KB = 8: 16 accumulators;
+// NV = 1 (8x8 planes, a vector per image) blocks of 16 output channels.
+// m[o][r] = sum_c u[c * Co + o] * v[c][r] for KB output channels o, each vector r.
+template <int NV, int KB>
 ET_ALWAYS_INLINE inline void domain_point_block(const float* v, const float* u, int64_t Ci, int64_t Co, float* m) {
-  __m512 a0[KB], a1[KB];
+  __m512 acc[KB][NV];
 #pragma GCC unroll 16
-  for (int k = 0; k < KB; ++k) a0[k] = a1[k] = _mm512_setzero_ps();
+  for (int k = 0; k < KB; ++k)
+    for (int r = 0; r < NV; ++r) acc[k][r] = _mm512_setzero_ps();
   for (int64_t c = 0; c < Ci; ++c) {
-    const __m512 x0 = _mm512_load_ps(v + c * 32), x1 = _mm512_load_ps(v + c * 32 + 16);
+    __m512 x[NV];
+    for (int r = 0; r < NV; ++r) x[r] = _mm512_load_ps(v + (c * NV + r) * 16);
     const float* uc = u + c * Co;
 #pragma GCC unroll 16
     for (int k = 0; k < KB; ++k) {
       const __m512 b = _mm512_set1_ps(uc[k]);
-      a0[k] = _mm512_fmadd_ps(b, x0, a0[k]);
-      a1[k] = _mm512_fmadd_ps(b, x1, a1[k]);
+      for (int r = 0; r < NV; ++r) acc[k][r] = _mm512_fmadd_ps(b, x[r], acc[k][r]);
     }
   }
 #pragma GCC unroll 16
-  for (int k = 0; k < KB; ++k) {
-    _mm512_store_ps(m + k * 32, a0[k]);
-    _mm512_store_ps(m + k * 32 + 16, a1[k]);
-  }
+  for (int k = 0; k < KB; ++k)
+    for (int r = 0; r < NV; ++r) _mm512_store_ps(m + (k * NV + r) * 16, acc[k][r]);
 }
 
-// M[xi][o][2] for all o of one domain point: blocks of 8 output channels, then 4, 2, 1.
+// All output channels of one domain point: blocks of 16 / NV, then 8, 4, 2, 1 (down to NV's).
+template <int NV>
 inline void domain_point(const float* v, const float* u, int64_t Ci, int64_t Co, float* m) {
+  constexpr int64_t kWide = 16 / NV;
   int64_t o = 0;
-  for (; o + 8 <= Co; o += 8) domain_point_block<8>(v, u + o, Ci, Co, m + o * 32);
-  if (o + 4 <= Co) domain_point_block<4>(v, u + o, Ci, Co, m + o * 32), o += 4;
-  if (o + 2 <= Co) domain_point_block<2>(v, u + o, Ci, Co, m + o * 32), o += 2;
-  if (o < Co) domain_point_block<1>(v, u + o, Ci, Co, m + o * 32);
+  for (; o + kWide <= Co; o += kWide) domain_point_block<NV, kWide>(v, u + o, Ci, Co, m + o * NV * 16);
+  if (NV == 1 && o + 8 <= Co) domain_point_block<NV, 8>(v, u + o, Ci, Co, m + o * NV * 16), o += 8;
+  if (o + 4 <= Co) domain_point_block<NV, 4>(v, u + o, Ci, Co, m + o * NV * 16), o += 4;
+  if (o + 2 <= Co) domain_point_block<NV, 2>(v, u + o, Ci, Co, m + o * NV * 16), o += 2;
+  if (o < Co) domain_point_block<NV, 1>(v, u + o, Ci, Co, m + o * NV * 16);
+}
+
+
+// Y = A^T M A of one vector of tiles from M[xi] (at m + xi * stride): y[p][s] holds each tile's
+// output (p, s), row p and column s of its 2 x 2.
+ET_ALWAYS_INLINE inline void at_m_a(const float* m, int64_t stride, __m512 y[2][2]) {
+  __m512 s[4][2];
+  for (int a = 0; a < 4; ++a) {
+    const __m512 m0 = _mm512_load_ps(m + (4 * a + 0) * stride), m1 = _mm512_load_ps(m + (4 * a + 1) * stride);
+    const __m512 m2 = _mm512_load_ps(m + (4 * a + 2) * stride), m3 = _mm512_load_ps(m + (4 * a + 3) * stride);
+    s[a][0] = _mm512_add_ps(_mm512_add_ps(m0, m1), m2);
+    s[a][1] = _mm512_sub_ps(_mm512_sub_ps(m1, m2), m3);
+  }
+  for (int c = 0; c < 2; ++c) {
+    y[0][c] = _mm512_add_ps(_mm512_add_ps(s[0][c], s[1][c]), s[2][c]);
+    y[1][c] = _mm512_sub_ps(_mm512_sub_ps(s[1][c], s[2][c]), s[3][c]);
+  }
 }
 
 // One vector of tiles' outputs of plane o from M[xi][o] (stride Co vectors): Y = A^T M A (+ bias),
@@ -240,27 +249,14 @@ inline void domain_point(const float* v, const float* u, int64_t Ci, int64_t Co,
 // (lanes 8-15's): one 32-wide row (b0 = a0 + 16), or rows of two tile rows of a 16-wide plane.
 ET_ALWAYS_INLINE inline void output_transform(const float* m, int64_t stride, float bias, bool accumulate, float* a0,
                                               float* b0, int64_t step) {
-  __m512 s[4][2];
-  for (int a = 0; a < 4; ++a) {
-    const __m512 m0 = _mm512_load_ps(m + (4 * a + 0) * stride), m1 = _mm512_load_ps(m + (4 * a + 1) * stride);
-    const __m512 m2 = _mm512_load_ps(m + (4 * a + 2) * stride), m3 = _mm512_load_ps(m + (4 * a + 3) * stride);
-    s[a][0] = _mm512_add_ps(_mm512_add_ps(m0, m1), m2);
-    s[a][1] = _mm512_sub_ps(_mm512_sub_ps(m1, m2), m3);
-  }
+  __m512 y[2][2];
+  at_m_a(m, stride, y);
   const __m512i lo = _mm512_set_epi32(23, 7, 22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
   const __m512i hi = _mm512_set_epi32(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8);
   const __m512 vb = _mm512_set1_ps(bias);
   for (int p = 0; p < 2; ++p) {
-    __m512 even, odd;
-    if (p == 0) {
-      even = _mm512_add_ps(_mm512_add_ps(s[0][0], s[1][0]), s[2][0]);
-      odd = _mm512_add_ps(_mm512_add_ps(s[0][1], s[1][1]), s[2][1]);
-    } else {
-      even = _mm512_sub_ps(_mm512_sub_ps(s[1][0], s[2][0]), s[3][0]);
-      odd = _mm512_sub_ps(_mm512_sub_ps(s[1][1], s[2][1]), s[3][1]);
-    }
-    __m512 a = _mm512_add_ps(_mm512_permutex2var_ps(even, lo, odd), vb);
-    __m512 b = _mm512_add_ps(_mm512_permutex2var_ps(even, hi, odd), vb);
+    __m512 a = _mm512_add_ps(_mm512_permutex2var_ps(y[p][0], lo, y[p][1]), vb);
+    __m512 b = _mm512_add_ps(_mm512_permutex2var_ps(y[p][0], hi, y[p][1]), vb);
     float* ya = a0 + p * step;
     float* yb = b0 + p * step;
     if (accumulate) {
@@ -304,7 +300,7 @@ void rows_image(const RowsGeom& g, const ConvInput& x, int64_t n, const float* U
       }
     }
     for (int xi = 0; xi < 16; ++xi)
-      domain_point(v + xi * g.Ci * 32, U + xi * g.Ci * g.Co, g.Ci, g.Co, m + xi * g.Co * 32);
+      domain_point<2>(v + xi * g.Ci * 32, U + xi * g.Ci * g.Co, g.Ci, g.Co, m + xi * g.Co * 32);
     for (int64_t o = 0; o < g.Co; ++o) {
       float* y = out + (n * g.Co + o) * HW;
       const float b = bias ? bias[o] : 0.f;
@@ -350,31 +346,6 @@ Gather8 gather8() {
   return t;
 }
 
-// m[o] = sum_c u[c * Co + o] * v[c] for KB output channels, one vector of tiles.
-template <int KB>
-ET_ALWAYS_INLINE inline void domain_point_block1(const float* v, const float* u, int64_t Ci, int64_t Co, float* m) {
-  __m512 a[KB];
-#pragma GCC unroll 16
-  for (int k = 0; k < KB; ++k) a[k] = _mm512_setzero_ps();
-  for (int64_t c = 0; c < Ci; ++c) {
-    const __m512 x = _mm512_load_ps(v + c * 16);
-    const float* uc = u + c * Co;
-#pragma GCC unroll 16
-    for (int k = 0; k < KB; ++k) a[k] = _mm512_fmadd_ps(_mm512_set1_ps(uc[k]), x, a[k]);
-  }
-#pragma GCC unroll 16
-  for (int k = 0; k < KB; ++k) _mm512_store_ps(m + k * 16, a[k]);
-}
-
-inline void domain_point1(const float* v, const float* u, int64_t Ci, int64_t Co, float* m) {
-  int64_t o = 0;
-  for (; o + 16 <= Co; o += 16) domain_point_block1<16>(v, u + o, Ci, Co, m + o * 16);
-  if (o + 8 <= Co) domain_point_block1<8>(v, u + o, Ci, Co, m + o * 16), o += 8;
-  if (o + 4 <= Co) domain_point_block1<4>(v, u + o, Ci, Co, m + o * 16), o += 4;
-  if (o + 2 <= Co) domain_point_block1<2>(v, u + o, Ci, Co, m + o * 16), o += 2;
-  if (o < Co) domain_point_block1<1>(v, u + o, Ci, Co, m + o * 16);
-}
-
 void rows_image8(const RowsGeom& g, const Gather8& t, const ConvInput& x, int64_t n, const float* U,
                  const float* bias, bool accumulate, const RowsEpilogue& epi, float* v, float* m, float* plane,
                  float* out) {
@@ -395,44 +366,21 @@ void rows_image8(const RowsGeom& g, const Gather8& t, const ConvInput& x, int64_
                                            _mm512_permutex2var_ps(r2, idx, r3));
     }
     __m512 tt[4][4];
-    for (int i = 0; i < 4; ++i) {
-      tt[i][0] = _mm512_sub_ps(d[i][0], d[i][2]);
-      tt[i][1] = _mm512_add_ps(d[i][1], d[i][2]);
-      tt[i][2] = _mm512_sub_ps(d[i][2], d[i][1]);
-      tt[i][3] = _mm512_sub_ps(d[i][1], d[i][3]);
-    }
-    const int64_t stride = g.Ci * 16;
-    float* vc = v + c * 16;
-    for (int j = 0; j < 4; ++j) {
-      _mm512_store_ps(vc + (0 * 4 + j) * stride, _mm512_sub_ps(tt[0][j], tt[2][j]));
-      _mm512_store_ps(vc + (1 * 4 + j) * stride, _mm512_add_ps(tt[1][j], tt[2][j]));
-      _mm512_store_ps(vc + (2 * 4 + j) * stride, _mm512_sub_ps(tt[2][j], tt[1][j]));
-      _mm512_store_ps(vc + (3 * 4 + j) * stride, _mm512_sub_ps(tt[1][j], tt[3][j]));
-    }
+    for (int i = 0; i < 4; ++i) bt_row(d[i][0], d[i][1], d[i][2], d[i][3], tt[i]);
+    bt_columns(tt[0], tt[1], tt[2], tt[3], v + c * 16, g.Ci * 16);
   }
   for (int xi = 0; xi < 16; ++xi)
-    domain_point1(v + xi * g.Ci * 16, U + xi * g.Ci * g.Co, g.Ci, g.Co, m + xi * g.Co * 16);
+    domain_point<1>(v + xi * g.Ci * 16, U + xi * g.Ci * g.Co, g.Ci, g.Co, m + xi * g.Co * 16);
   for (int64_t o = 0; o < g.Co; ++o) {
-    const float* mo = m + o * 16;
-    const int64_t stride = g.Co * 16;
-    __m512 sa[4][2];
-    for (int a = 0; a < 4; ++a) {
-      const __m512 m0 = _mm512_load_ps(mo + (4 * a + 0) * stride), m1 = _mm512_load_ps(mo + (4 * a + 1) * stride);
-      const __m512 m2 = _mm512_load_ps(mo + (4 * a + 2) * stride), m3 = _mm512_load_ps(mo + (4 * a + 3) * stride);
-      sa[a][0] = _mm512_add_ps(_mm512_add_ps(m0, m1), m2);
-      sa[a][1] = _mm512_sub_ps(_mm512_sub_ps(m1, m2), m3);
-    }
-    const __m512 y00 = _mm512_add_ps(_mm512_add_ps(sa[0][0], sa[1][0]), sa[2][0]);
-    const __m512 y01 = _mm512_add_ps(_mm512_add_ps(sa[0][1], sa[1][1]), sa[2][1]);
-    const __m512 y10 = _mm512_sub_ps(_mm512_sub_ps(sa[1][0], sa[2][0]), sa[3][0]);
-    const __m512 y11 = _mm512_sub_ps(_mm512_sub_ps(sa[1][1], sa[2][1]), sa[3][1]);
+    __m512 yt[2][2];
+    at_m_a(m + o * 16, g.Co * 16, yt);
     const __m512 vb = _mm512_set1_ps(bias ? bias[o] : 0.f);
     const int64_t pl = n * g.Co + o;
     float* y = out + pl * HW;
     for (int k = 0; k < 4; ++k) {
       const __m512i idx = _mm512_load_si512(t.out_idx[k]);
-      __m512 r = _mm512_mask_mov_ps(_mm512_permutex2var_ps(y00, idx, y01), __mmask16(0xFF00),
-                                    _mm512_permutex2var_ps(y10, idx, y11));
+      __m512 r = _mm512_mask_mov_ps(_mm512_permutex2var_ps(yt[0][0], idx, yt[0][1]), __mmask16(0xFF00),
+                                    _mm512_permutex2var_ps(yt[1][0], idx, yt[1][1]));
       r = _mm512_add_ps(r, vb);
       if (accumulate) r = _mm512_add_ps(_mm512_loadu_ps(y + 16 * k), r);
       _mm512_storeu_ps(y + 16 * k, r);
