@@ -86,9 +86,9 @@ bool prefer_winograd(const Conv2dGeom& g, ConvPass pass) {
 
 // Winograd by rows of tiles (conv_winograd_rows.cpp), against the kernels it replaces (batch 128,
 // 2 threads, the two alternating call by call, medians: bench_conv --against direct|winograd;
-// session 46, Intel Xeon), forward / data gradient. 32x32 maps, against the direct kernels: 16 -> 16 (ResNet-20's first stage) 1.02-1.29x,
-// 32 -> 32 1.14-1.22x, 64 -> 64 (VGG-16's and ResNet-18's first stage) 1.36-1.62x; a 3-channel
-// input (the stems' forward) loses, 0.62x. 16x16 maps: 32 -> 32 (ResNet-20's second stage)
+// session 46, Intel Xeon), forward / data gradient. 32x32 maps, against the direct kernels:
+// 16 -> 16 (ResNet-20's first stage) 1.02-1.29x, 32 -> 32 1.14-1.22x, 64 -> 64 (VGG-16's and
+// ResNet-18's first stage) 1.36-1.62x; a 3-channel input (the stems' forward) loses, 0.62x. 16x16 maps: 32 -> 32 (ResNet-20's second stage)
 // 1.00-1.20x the direct kernels, 64 -> 64 1.40-1.52x and 64 -> 128 1.12-1.42x Winograd's GEMM
 // form, 128 -> 128 even with it (0.92-1.09x); 16 -> 16 0.81-1.09x the direct kernels. 8x8 maps
 // (one vector per plane): 64 -> 64 (ResNet-20's third stage) 1.41-1.65x Winograd's GEMM form,
@@ -122,8 +122,7 @@ Path choose(const Conv2dGeom& g, ConvPass pass) {
   if (ov == cpu::ConvPathOverride::Gemm) return Path::Gemm;
   if (ov == cpu::ConvPathOverride::Direct) return direct ? Path::Direct : Path::Gemm;
   if (ov == cpu::ConvPathOverride::Winograd && cpu::winograd_applies(g, pass)) return Path::Winograd;
-  if (ov == cpu::ConvPathOverride::WinogradRows && cpu::winograd_rows_applies(g, pass))
-    return Path::WinogradRows;
+  if (ov == cpu::ConvPathOverride::WinogradRows) return Path::WinogradRows;
   if (ov == cpu::ConvPathOverride::Auto && prefer_winograd_rows(g, pass)) return Path::WinogradRows;
   if (ov == cpu::ConvPathOverride::Auto && prefer_winograd(g, pass)) return Path::Winograd;
   // 3x3 weight gradients with 16k input channels and up to 128 x 128 channels, strided or not: the
