@@ -61,7 +61,7 @@ if has luq; then
   for model in ${LUQ_MODELS:-resnet20 resnet18 vgg16_bn}; do
     for run in fp32 luq; do
       q=(); [ "$run" = luq ] && q=(--set quant.forward=int4 --set quant.backward=luq_fp4)
-      timeout 120 "$B/edgetrain" bench step --config "configs/${model}_cifar10.json" --steps "${BENCH_STEPS:-20}" \
+      timeout "${LUQ_S:-120}" "$B/edgetrain" bench step --config "configs/${model}_cifar10.json" --steps "${BENCH_STEPS:-20}" \
         --warmup 3 --set train.device=cuda --set fusion.enabled=false --set memory.stash=dense_fp32 \
         --set train.cuda_graph=false "${q[@]}" 2>&1 | grep -E 'median step|quantiz|error|Error' | sed "s/^/$model $run: /"
     done
