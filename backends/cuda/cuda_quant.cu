@@ -7,13 +7,12 @@
 //
 // Integer products: one implicit-GEMM kernel, C[M][N] = sum_k A(m, k) B(k, n) over int8 codes with
 // int32 sums, its operands gathered in place by the views of int_gemm_operands.h (no im2col
-// buffer) into shared-memory tiles of 64 x 32 codes, four codes a word, multiplied by dp4a (4
-// products and their sum in one instruction; sm_61 and later, a byte loop before). The sums are
-// exact (|sum| < 2^31 is checked as on the CPU), so any tiling gives the CPU's integers; each
-// output is then scaled once with the CPU's float operations in the CPU's order. The weight
-// gradients sum over every position of the batch: the kernel splits that sum over blocks
-// (split-K) and adds the parts with integer atomics into a workspace (exact in any order), which a
-// second kernel scales.
+// buffer) into shared-memory tiles, multiplied by int8 tensor cores (mma.m16n8k32; sm_80 and
+// later, which includes Jetson Orin) or dp4a before. The sums are exact (|sum| < 2^31 is checked
+// as on the CPU), so any tiling gives the CPU's integers; each output is then scaled once with the
+// CPU's float operations in the CPU's order. The weight gradients sum over every position of the
+// batch: the kernel splits that sum over blocks (split-K) and adds the parts with integer atomics
+// into a workspace (exact in any order), which a second kernel scales.
 #include <algorithm>
 #include <cstdint>
 
@@ -53,8 +52,15 @@ __global__ void dequantize_kernel(const int8_t* q, int64_t n, float scale, float
 
 // ---- the integer product
 
-constexpr int kTileM = 64, kTileN = 64, kTileK = 32;  // codes; kTileK / 4 words per row of a tile
-constexpr int kGemmThreads = 256;                     // 16 x 16 threads, 4 x 4 outputs each
+// A block computes BM x 128 outputs (BM = 16, 32, 64 or 128: the rows a layer has, up to 128) with
+// 8 warps, over k in steps of 32 codes. A step's codes go to shared memory as words of 4 codes of
+// consecutive k (code k0 + 4 kw + j in byte j), the unit of mma.m16n8k32's fragments:
+//   A fragment (16 x 32): a0 = A[g][4t..], a1 = A[g + 8][4t..], a2 = A[g][16 + 4t..], a3 = A[g + 8][16 + 4t..]
+//   B fragment (32 x 8):  b0 = B[4t..][g], b1 = B[16 + 4t..][g]
+//   C (16 x 8, int32):    c0, c1 = C[g][2t, 2t + 1], c2, c3 = C[g + 8][2t, 2t + 1]
+// (lane = 4 g + t). Rows of words are padded by 8 words, so a fragment load hits 32 banks.
+// Tensor cores (sm_80 and later) multiply; before sm_80 each lane sums its C fragment with dp4a.
+constexpr int kTileK = 32, kTileN = 128, kGemmThreads = 256;
 
 __device__ __forceinline__ int dot4(int a, int b, int c) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 610
@@ -65,48 +71,87 @@ __device__ __forceinline__ int dot4(int a, int b, int c) {
 #endif
 }
 
-// Block (x, y, z): outputs [n0, n0 + 64) x [m0, m0 + 64), the sum over k in [z * k_chunk, + k_chunk).
-template <class A, class B, class Out>
+// c += A (16 x 32 codes at rows r.., words as[kw * lda]) x B (32 x 8 at columns n.., bs[kw * ldb]).
+__device__ __forceinline__ void mma_16x8x32(int (&c)[4], const int* as, int lda, int r, const int* bs, int ldb, int n,
+                                            int lane) {
+  const int g = lane / 4, t = lane % 4;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  const int a0 = as[t * lda + r + g], a1 = as[t * lda + r + g + 8], a2 = as[(t + 4) * lda + r + g],
+            a3 = as[(t + 4) * lda + r + g + 8];
+  const int b0 = bs[t * ldb + n + g], b1 = bs[(t + 4) * ldb + n + g];
+  asm volatile("mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+               : "+r"(c[0]), "+r"(c[1]), "+r"(c[2]), "+r"(c[3])
+               : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+#else
+  for (int kw = 0; kw < kTileK / 4; ++kw) {
+    const int a0 = as[kw * lda + r + g], a1 = as[kw * lda + r + g + 8];
+    const int b0 = bs[kw * ldb + n + 2 * t], b1 = bs[kw * ldb + n + 2 * t + 1];
+    c[0] = dot4(a0, b0, c[0]);
+    c[1] = dot4(a0, b1, c[1]);
+    c[2] = dot4(a1, b0, c[2]);
+    c[3] = dot4(a1, b1, c[3]);
+  }
+#endif
+}
+
+// Block (x, y, z): outputs [n0, n0 + 128) x [m0, m0 + BM), the sum over k in [z * k_chunk, + k_chunk).
+// Each thread gathers one row of A and one column of B, whose index it decomposes once (row(),
+// col()); the 32 k of a step are decomposed once for the block into a table.
+template <int BM, int WARPS_M, class A, class B, class Out>
 __global__ void __launch_bounds__(kGemmThreads)
     int_gemm_kernel(int64_t M, int64_t N, int64_t K, int64_t k_chunk, A a, B b, Out out) {
-  __shared__ __align__(16) int as[kTileK / 4][kTileM];  // word kw of row m: codes k0 + 4 kw .. + 3
-  __shared__ __align__(16) int bs[kTileK / 4][kTileN];
-  const int tid = threadIdx.x, tx = tid % 16, ty = tid / 16;
-  const int64_t m0 = int64_t(blockIdx.y) * kTileM, n0 = int64_t(blockIdx.x) * kTileN;
+  constexpr int kWarpsN = 8 / WARPS_M, kWM = BM / WARPS_M, kWN = kTileN / kWarpsN, kTM = kWM / 16, kTN = kWN / 8;
+  constexpr int kLda = BM + 8, kLdb = kTileN + 8;
+  static_assert(kGemmThreads % BM == 0 && kWM % 16 == 0 && kWN % 8 == 0, "tile shape");
+  __shared__ int as[kTileK / 4 * kLda];
+  __shared__ int bs[kTileK / 4 * kLdb];
+  __shared__ int_gemm::Pos a_k[kTileK], b_k[kTileK];  // A's col(k), B's row(k) for this step's k
+  const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
+  const int wm = warp % WARPS_M * kWM, wn = warp / WARPS_M * kWN;
+  const int64_t m0 = int64_t(blockIdx.y) * BM, n0 = int64_t(blockIdx.x) * kTileN;
   const int64_t k_begin = int64_t(blockIdx.z) * k_chunk, k_end = K < k_begin + k_chunk ? K : k_begin + k_chunk;
-  int acc[4][4] = {};
+  const int ar = tid % BM, bc = tid % kTileN;
+  const bool a_in = m0 + ar < M, b_in = n0 + bc < N;
+  const int_gemm::Pos a_row = a.row(a_in ? m0 + ar : 0), b_col = b.col(b_in ? n0 + bc : 0);
+  int acc[kTM][kTN][4] = {};
   for (int64_t k0 = k_begin; k0 < k_end; k0 += kTileK) {
-    // 512 words of each operand, 2 per thread; consecutive threads take consecutive rows / columns.
-    for (int i = 0; i < 2; ++i) {
-      const int w = tid + kGemmThreads * i, kw = w / kTileM, r = w % kTileM;
-      unsigned pa = 0, pb = 0;  // byte j: code k0 + 4 kw + j (0 past the end)
-      for (int j = 0; j < 4; ++j) {
-        const int64_t k = k0 + 4 * kw + j;
-        if (k >= k_end) break;
-        if (m0 + r < M) pa |= (unsigned(a.at(m0 + r, k)) & 0xFFu) << (8 * j);
-        if (n0 + r < N) pb |= (unsigned(b.at(k, n0 + r)) & 0xFFu) << (8 * j);
-      }
-      as[kw][r] = int(pa);
-      bs[kw][r] = int(pb);
+    const int kn = k_end - k0 < kTileK ? int(k_end - k0) : kTileK;  // the step's k that exist
+    if (tid < kTileK)
+      a_k[tid] = a.col(k0 + (tid < kn ? tid : 0));
+    else if (tid < 2 * kTileK)
+      b_k[tid - kTileK] = b.row(k0 + (tid - kTileK < kn ? tid - kTileK : 0));
+    __syncthreads();
+    for (int w = tid; w < BM * (kTileK / 4); w += kGemmThreads) {  // row ar, word w / BM
+      const int kw = w / BM;
+      unsigned v = 0;
+      if (a_in)
+        for (int j = 0; j < 4 && 4 * kw + j < kn; ++j) v |= (unsigned(a.get(a_row, a_k[4 * kw + j])) & 0xFFu) << (8 * j);
+      as[kw * kLda + ar] = int(v);
+    }
+    for (int w = tid; w < kTileN * (kTileK / 4); w += kGemmThreads) {  // column bc, word w / 128
+      const int kw = w / kTileN;
+      unsigned v = 0;
+      if (b_in)
+        for (int j = 0; j < 4 && 4 * kw + j < kn; ++j) v |= (unsigned(b.get(b_k[4 * kw + j], b_col)) & 0xFFu) << (8 * j);
+      bs[kw * kLdb + bc] = int(v);
     }
     __syncthreads();
 #pragma unroll
-    for (int kw = 0; kw < kTileK / 4; ++kw) {
-      const int4 av = *reinterpret_cast<const int4*>(&as[kw][ty * 4]);
-      const int4 bv = *reinterpret_cast<const int4*>(&bs[kw][tx * 4]);
-      const int ar[4] = {av.x, av.y, av.z, av.w}, br[4] = {bv.x, bv.y, bv.z, bv.w};
+    for (int i = 0; i < kTM; ++i)
 #pragma unroll
-      for (int i = 0; i < 4; ++i)
-#pragma unroll
-        for (int j = 0; j < 4; ++j) acc[i][j] = dot4(ar[i], br[j], acc[i][j]);
-    }
+      for (int j = 0; j < kTN; ++j) mma_16x8x32(acc[i][j], as, kLda, wm + 16 * i, bs, kLdb, wn + 8 * j, lane);
     __syncthreads();
   }
-  for (int i = 0; i < 4; ++i)
-    for (int j = 0; j < 4; ++j) {
-      const int64_t m = m0 + ty * 4 + i, n = n0 + tx * 4 + j;
-      if (m < M && n < N) out(m, n, acc[i][j]);
-    }
+  const int g = lane / 4, t = lane % 4;
+#pragma unroll
+  for (int i = 0; i < kTM; ++i)
+#pragma unroll
+    for (int j = 0; j < kTN; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int64_t m = m0 + wm + 16 * i + g + (e >= 2 ? 8 : 0), n = n0 + wn + 8 * j + 2 * t + (e & 1);
+        if (m < M && n < N) out(m, n, acc[i][j][e]);
+      }
 }
 
 // Outputs: the CPU's float operations on the exact sum, each rounded as the CPU rounds it.
@@ -166,23 +211,35 @@ __global__ void code_sums_kernel(const int8_t* g, int64_t rows, int64_t channels
 
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
-// C = A x B into out on the stream; the k range split over `splits` blocks (out must add then).
-template <class A, class B, class Out>
-void run_int_gemm(cudaStream_t stream, int64_t M, int64_t N, int64_t K, const A& a, const B& b, const Out& out,
-              int64_t splits = 1) {
-  if (M == 0 || N == 0) return;
-  const int64_t k_chunk = ceil_div(ceil_div(std::max<int64_t>(K, 1), splits), kTileK) * kTileK;
-  splits = ceil_div(std::max<int64_t>(K, 1), k_chunk);
-  ET_CHECK(ceil_div(M, kTileM) <= 65535 && splits <= 65535, "integer product: ", M, " rows, ", splits, " splits");
-  const dim3 grid(unsigned(ceil_div(N, kTileN)), unsigned(ceil_div(M, kTileM)), unsigned(splits));
-  int_gemm_kernel<<<grid, kGemmThreads, 0, stream>>>(M, N, K, k_chunk, a, b, out);
-  cuda::launched("int_gemm");
-}
+// The rows a block takes: the fewest of 16, 32, 64, 128 that cover M, else 128.
+int block_rows(int64_t M) { return M <= 16 ? 16 : M <= 32 ? 32 : M <= 64 ? 64 : 128; }
 
 // Splits of a weight gradient's long sum: about 512 blocks in all, at least 1024 codes of k each.
 int64_t weight_splits(int64_t M, int64_t N, int64_t K) {
-  const int64_t tiles = ceil_div(M, kTileM) * ceil_div(N, kTileN);
+  const int64_t tiles = ceil_div(M, block_rows(M)) * ceil_div(N, kTileN);
   return std::max<int64_t>(1, std::min(ceil_div(512, tiles), K / 1024));
+}
+
+// C = A x B into out on the stream; the k range split over `splits` blocks (out must add then).
+template <class A, class B, class Out>
+void run_int_gemm(cudaStream_t stream, int64_t M, int64_t N, int64_t K, const A& a, const B& b, const Out& out,
+                  int64_t splits = 1) {
+  if (M == 0 || N == 0) return;
+  const int bm = block_rows(M);
+  const int64_t k_chunk = ceil_div(ceil_div(std::max<int64_t>(K, 1), splits), kTileK) * kTileK;
+  splits = ceil_div(std::max<int64_t>(K, 1), k_chunk);
+  ET_CHECK(ceil_div(M, bm) <= 65535 && splits <= 65535 && ceil_div(N, kTileN) < (int64_t(1) << 31),
+           "integer product: ", M, " x ", N, ", ", splits, " splits");
+  const dim3 grid(unsigned(ceil_div(N, kTileN)), unsigned(ceil_div(M, bm)), unsigned(splits));
+  if (bm == 16)
+    int_gemm_kernel<16, 1><<<grid, kGemmThreads, 0, stream>>>(M, N, K, k_chunk, a, b, out);
+  else if (bm == 32)
+    int_gemm_kernel<32, 2><<<grid, kGemmThreads, 0, stream>>>(M, N, K, k_chunk, a, b, out);
+  else if (bm == 64)
+    int_gemm_kernel<64, 2><<<grid, kGemmThreads, 0, stream>>>(M, N, K, k_chunk, a, b, out);
+  else
+    int_gemm_kernel<128, 2><<<grid, kGemmThreads, 0, stream>>>(M, N, K, k_chunk, a, b, out);
+  cuda::launched("int_gemm");
 }
 
 ConvShape conv_shape(const Conv2dGeom& g) {

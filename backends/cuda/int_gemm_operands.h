@@ -31,76 +31,114 @@ ConvShape conv_shape_of(const Geom& g) {
                    int(g.P), int(g.Q), int(g.stride_h), int(g.stride_w), int(g.pad_h), int(g.pad_w)};
 }
 
+// Each view splits an element's index into what its row gives and what its column gives (row(),
+// col(): a Pos each), so that a kernel decomposes the index it keeps fixed (a tile's row of A or
+// column of B) once, and the running k index once per tile for all its threads; get() then costs
+// an add, the bounds and one load. at(r, c) = get(row(r), col(c)) is the plain form.
+// Pos: an offset into the tensor and a position (h, w) the bounds apply to (views without bounds
+// leave them 0).
+struct Pos {
+  int64_t off;
+  int h, w;
+};
+
 // A row-major view: at(r, c) = p[r * ld_r + c * ld_c].
 struct Dense {
   const int8_t* p;
   int64_t ld_r, ld_c;
-  ET_HOST_DEVICE int at(int64_t r, int64_t c) const { return p[r * ld_r + c * ld_c]; }
+  ET_HOST_DEVICE Pos row(int64_t r) const { return Pos{r * ld_r, 0, 0}; }
+  ET_HOST_DEVICE Pos col(int64_t c) const { return Pos{c * ld_c, 0, 0}; }
+  ET_HOST_DEVICE int get(const Pos& r, const Pos& c) const { return p[r.off + c.off]; }
+  ET_HOST_DEVICE int at(int64_t r, int64_t c) const { return get(row(r), col(c)); }
 };
 
-// x[n][c][h][w] at input position (h, w), 0 outside the plane (the padding).
-ET_HOST_DEVICE inline int input_at(const int8_t* x, const ConvShape& s, int64_t n, int c, int h, int w) {
-  if (h < 0 || h >= s.H || w < 0 || w >= s.W) return 0;
-  return x[((n * s.C + c) * s.H + h) * int64_t(s.W) + w];
-}
-
-// Forward B: row (c, r, s), column (n, p, q) -> x at (p * stride - pad + r, q * stride - pad + s).
+// Forward B: row (c, r, s), column (n, p, q) -> x[n][c][h][w] at (h, w) = (p * stride - pad + r,
+// q * stride - pad + s), 0 outside the plane (the padding). The column's offset points at (h, w)
+// of its window's corner, which may lie outside the plane; the sum is inside when (h, w) is.
 struct ConvInputByTaps {
   const int8_t* x;
   ConvShape s;
-  ET_HOST_DEVICE int at(int64_t row, int64_t col) const {
-    const int RS = s.taps(), PQ = s.P * s.Q;
-    const int c = int(row / RS), t = int(row % RS);
-    const int64_t n = col / PQ;
-    const int pq = int(col % PQ), p = pq / s.Q, q = pq % s.Q;
-    return input_at(x, s, n, c, p * s.stride_h - s.pad_h + t / s.S, q * s.stride_w - s.pad_w + t % s.S);
+  ET_HOST_DEVICE Pos row(int64_t i) const {
+    const int RS = s.taps(), c = int(i / RS), t = int(i % RS), r = t / s.S, u = t % s.S;
+    return Pos{(int64_t(c) * s.H + r) * s.W + u, r, u};
   }
+  ET_HOST_DEVICE Pos col(int64_t j) const {
+    const int PQ = s.P * s.Q;
+    const int64_t n = j / PQ;
+    const int pq = int(j % PQ), h = pq / s.Q * s.stride_h - s.pad_h, w = pq % s.Q * s.stride_w - s.pad_w;
+    return Pos{n * s.C * s.H * s.W + int64_t(h) * s.W + w, h, w};
+  }
+  ET_HOST_DEVICE int get(const Pos& r, const Pos& c) const {
+    const int h = r.h + c.h, w = r.w + c.w;
+    if (h < 0 || h >= s.H || w < 0 || w >= s.W) return 0;
+    return x[r.off + c.off];
+  }
+  ET_HOST_DEVICE int at(int64_t r, int64_t c) const { return get(row(r), col(c)); }
 };
 
 // Weight-gradient B: row (n, p, q), column (c, r, s) -> the same x element as above.
 struct ConvInputByPositions {
   ConvInputByTaps x;
-  ET_HOST_DEVICE int at(int64_t row, int64_t col) const { return x.at(col, row); }
+  ET_HOST_DEVICE Pos row(int64_t r) const { return x.col(r); }
+  ET_HOST_DEVICE Pos col(int64_t c) const { return x.row(c); }
+  ET_HOST_DEVICE int get(const Pos& r, const Pos& c) const { return x.get(c, r); }
+  ET_HOST_DEVICE int at(int64_t r, int64_t c) const { return get(row(r), col(c)); }
 };
 
 // Data-gradient A: row c, column (k, r, s) -> w[k][c][r][s].
 struct WeightsByInputChannel {
   const int8_t* w;
   ConvShape s;
-  ET_HOST_DEVICE int at(int64_t c, int64_t col) const {
+  ET_HOST_DEVICE Pos row(int64_t c) const { return Pos{c * s.taps(), 0, 0}; }
+  ET_HOST_DEVICE Pos col(int64_t j) const {
     const int RS = s.taps();
-    const int64_t k = col / RS, t = col % RS;
-    return w[(k * s.C + c) * RS + t];
+    return Pos{j / RS * s.C * RS + j % RS, 0, 0};
   }
+  ET_HOST_DEVICE int get(const Pos& r, const Pos& c) const { return w[r.off + c.off]; }
+  ET_HOST_DEVICE int at(int64_t r, int64_t c) const { return get(row(r), col(c)); }
 };
 
 // Data-gradient B: row (k, r, s), column (n, h, w) -> g[n][k][p][q] for the output (p, q) whose
 // window puts tap (r, s) on (h, w): p * stride = h + pad - r; 0 where no output does.
+// The row holds (r, s), the column (h + pad, w + pad).
 struct GradByTaps {
   const int8_t* g;
   ConvShape s;
-  ET_HOST_DEVICE int at(int64_t row, int64_t col) const {
-    const int RS = s.taps(), HW = s.H * s.W;
-    const int k = int(row / RS), t = int(row % RS);
-    const int64_t n = col / HW;
-    const int hw = int(col % HW), h = hw / s.W, w = hw % s.W;
-    const int ph = h + s.pad_h - t / s.S, pw = w + s.pad_w - t % s.S;
-    if (ph < 0 || pw < 0 || ph % s.stride_h != 0 || pw % s.stride_w != 0) return 0;
-    const int p = ph / s.stride_h, q = pw / s.stride_w;
-    if (p >= s.P || q >= s.Q) return 0;
-    return g[((n * s.K + k) * s.P + p) * int64_t(s.Q) + q];
+  ET_HOST_DEVICE Pos row(int64_t i) const {
+    const int RS = s.taps(), k = int(i / RS), t = int(i % RS);
+    return Pos{int64_t(k) * s.P * s.Q, t / s.S, t % s.S};
   }
+  ET_HOST_DEVICE Pos col(int64_t j) const {
+    const int HW = s.H * s.W;
+    const int64_t n = j / HW;
+    const int hw = int(j % HW);
+    return Pos{n * s.K * s.P * s.Q, hw / s.W + s.pad_h, hw % s.W + s.pad_w};
+  }
+  ET_HOST_DEVICE int get(const Pos& r, const Pos& c) const {
+    int ph = c.h - r.h, pw = c.w - r.w;
+    if (ph < 0 || pw < 0) return 0;
+    if (s.stride_h != 1 || s.stride_w != 1) {
+      if (ph % s.stride_h != 0 || pw % s.stride_w != 0) return 0;
+      ph /= s.stride_h;
+      pw /= s.stride_w;
+    }
+    if (ph >= s.P || pw >= s.Q) return 0;
+    return g[r.off + c.off + int64_t(ph) * s.Q + pw];
+  }
+  ET_HOST_DEVICE int at(int64_t r, int64_t c) const { return get(row(r), col(c)); }
 };
 
 // Weight-gradient A: row k, column (n, p, q) -> g[n][k][p][q].
 struct GradByPositions {
   const int8_t* g;
   ConvShape s;
-  ET_HOST_DEVICE int at(int64_t k, int64_t col) const {
+  ET_HOST_DEVICE Pos row(int64_t k) const { return Pos{k * s.P * s.Q, 0, 0}; }
+  ET_HOST_DEVICE Pos col(int64_t j) const {
     const int PQ = s.P * s.Q;
-    const int64_t n = col / PQ;
-    return g[(n * s.K + k) * PQ + col % PQ];
+    return Pos{j / PQ * s.K * PQ + j % PQ, 0, 0};
   }
+  ET_HOST_DEVICE int get(const Pos& r, const Pos& c) const { return g[r.off + c.off]; }
+  ET_HOST_DEVICE int at(int64_t r, int64_t c) const { return get(row(r), col(c)); }
 };
 
 // Where C[m][n] goes in the output tensor.
