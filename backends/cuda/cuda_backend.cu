@@ -153,6 +153,7 @@ __global__ void sgd_kernel(float* p, const float* gr, float* b, int64_t n, float
 CudaBackend::CudaBackend(int device) : device_(device) {
   memory_ = make_cuda_memory(device);  // validates the index
   cuda::check(cudaStreamCreate(&stream_), "cudaStreamCreate");
+  cuda::check(cudaDeviceGetAttribute(&sm_count_, cudaDevAttrMultiProcessorCount, device), "cudaDeviceGetAttribute");
   codec_ = make_cuda_stash_codec(device, stream_);
   cuda::check(cublasCreate(&blas_), "cublasCreate");
   cuda::check(cublasSetStream(blas_, stream_), "cublasSetStream");

@@ -143,6 +143,7 @@ class CudaBackend final : public Backend {
 
   int device_;
   cudaStream_t stream_ = nullptr;
+  int sm_count_ = 1;  // the device's multiprocessors (how many blocks fill it)
   bool capturing_ = false;                // between begin_capture and end_capture
   cudaGraphExec_t graph_exec_ = nullptr;  // the recorded step, instantiated
   std::unique_ptr<DeviceMemory> memory_;

@@ -62,6 +62,7 @@ __global__ void dequantize_kernel(const int8_t* q, int64_t n, float scale, float
 // Tensor cores (sm_80 and later) multiply; before sm_80 each lane sums its C fragment with dp4a.
 constexpr int kTileK = 32, kTileN = 128, kGemmThreads = 256;
 
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ < 800  // the products without tensor cores
 __device__ __forceinline__ int dot4(int a, int b, int c) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 610
   return __dp4a(a, b, c);
@@ -70,6 +71,7 @@ __device__ __forceinline__ int dot4(int a, int b, int c) {
   return c;
 #endif
 }
+#endif
 
 // c += A (16 x 32 codes at rows r.., words as[kw * lda]) x B (32 x 8 at columns n.., bs[kw * ldb]).
 __device__ __forceinline__ void mma_16x8x32(int (&c)[4], const int* as, int lda, int r, const int* bs, int ldb, int n,
@@ -94,52 +96,97 @@ __device__ __forceinline__ void mma_16x8x32(int (&c)[4], const int* as, int lda,
 #endif
 }
 
+// The codes a thread gathers for one k step, held in registers while the tensor cores multiply the
+// step before: A's row `row` at the words kw = first + i * stride, B's column likewise.
+template <int kWords>
+struct Gathered {
+  int code[kWords][4];
+};
+
 // Block (x, y, z): outputs [n0, n0 + 128) x [m0, m0 + BM), the sum over k in [z * k_chunk, + k_chunk).
 // Each thread gathers one row of A and one column of B, whose index it decomposes once (row(),
-// col()); the 32 k of a step are decomposed once for the block into a table.
+// col()); the 32 k of a step are decomposed once for the block into a table. The loop is
+// pipelined: the next step's codes are loaded into registers while this step's are multiplied, so
+// the loads' latency hides behind the products even with one block on an SM.
 template <int BM, int WARPS_M, class A, class B, class Out>
 __global__ void __launch_bounds__(kGemmThreads)
     int_gemm_kernel(int64_t M, int64_t N, int64_t K, int64_t k_chunk, A a, B b, Out out) {
   constexpr int kWarpsN = 8 / WARPS_M, kWM = BM / WARPS_M, kWN = kTileN / kWarpsN, kTM = kWM / 16, kTN = kWN / 8;
-  constexpr int kLda = BM + 8, kLdb = kTileN + 8;
+  constexpr int kLda = BM + 8, kLdb = kTileN + 8, kWordRows = kTileK / 4;
+  // Words a thread gathers a step: A's BM x 8 and B's 128 x 8 over 256 threads (BM = 16: half the
+  // threads take one word of A, the others none).
+  constexpr int kAWords = BM * kWordRows >= kGemmThreads ? BM * kWordRows / kGemmThreads : 1;
+  constexpr int kBWords = kTileN * kWordRows / kGemmThreads;
   static_assert(kGemmThreads % BM == 0 && kWM % 16 == 0 && kWN % 8 == 0, "tile shape");
-  __shared__ int as[kTileK / 4 * kLda];
-  __shared__ int bs[kTileK / 4 * kLdb];
-  __shared__ int_gemm::Pos a_k[kTileK], b_k[kTileK];  // A's col(k), B's row(k) for this step's k
+  __shared__ int as[kWordRows * kLda];
+  __shared__ int bs[kWordRows * kLdb];
+  __shared__ int_gemm::Pos a_k[2][kTileK], b_k[2][kTileK];  // A's col(k), B's row(k) of a step, two steps
   const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
   const int wm = warp % WARPS_M * kWM, wn = warp / WARPS_M * kWN;
   const int64_t m0 = int64_t(blockIdx.y) * BM, n0 = int64_t(blockIdx.x) * kTileN;
   const int64_t k_begin = int64_t(blockIdx.z) * k_chunk, k_end = K < k_begin + k_chunk ? K : k_begin + k_chunk;
-  const int ar = tid % BM, bc = tid % kTileN;
-  const bool a_in = m0 + ar < M, b_in = n0 + bc < N;
-  const int_gemm::Pos a_row = a.row(a_in ? m0 + ar : 0), b_col = b.col(b_in ? n0 + bc : 0);
-  int acc[kTM][kTN][4] = {};
-  for (int64_t k0 = k_begin; k0 < k_end; k0 += kTileK) {
-    const int kn = k_end - k0 < kTileK ? int(k_end - k0) : kTileK;  // the step's k that exist
+  const int ar = tid % BM, bc = tid % kTileN, akw = tid / BM, bkw = tid / kTileN;
+  const bool a_in = m0 + ar < M && akw < kWordRows, b_in = n0 + bc < N;
+  const int_gemm::Pos a_row = a.row(m0 + ar < M ? m0 + ar : 0), b_col = b.col(b_in ? n0 + bc : 0);
+
+  auto tables = [&](int64_t k0, int buf) {  // threads 0-63: the step at k0 (< k_end)
+    const int kn = k_end - k0 < kTileK ? int(k_end - k0) : kTileK, i = tid % kTileK;
     if (tid < kTileK)
-      a_k[tid] = a.col(k0 + (tid < kn ? tid : 0));
+      a_k[buf][i] = a.col(k0 + (i < kn ? i : 0));
     else if (tid < 2 * kTileK)
-      b_k[tid - kTileK] = b.row(k0 + (tid - kTileK < kn ? tid - kTileK : 0));
+      b_k[buf][i] = b.row(k0 + (i < kn ? i : 0));
+  };
+  auto gather = [&](int64_t k0, int buf, Gathered<kAWords>& ga, Gathered<kBWords>& gb) {
+    const int kn = k_end - k0 < kTileK ? int(k_end - k0) : kTileK;
+#pragma unroll
+    for (int i = 0; i < kAWords; ++i)
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const int kk = 4 * (akw + i * (kGemmThreads / BM)) + j;
+        ga.code[i][j] = a_in && kk < kn ? a.get(a_row, a_k[buf][kk]) : 0;
+      }
+#pragma unroll
+    for (int i = 0; i < kBWords; ++i)
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const int kk = 4 * (bkw + i * (kGemmThreads / kTileN)) + j;
+        gb.code[i][j] = b_in && kk < kn ? b.get(b_k[buf][kk], b_col) : 0;
+      }
+  };
+  auto pack = [](const int (&c)[4]) {
+    return int((unsigned(c[0]) & 0xFFu) | (unsigned(c[1]) & 0xFFu) << 8 | (unsigned(c[2]) & 0xFFu) << 16 |
+               unsigned(c[3]) << 24);
+  };
+  auto store = [&](const Gathered<kAWords>& ga, const Gathered<kBWords>& gb) {
+#pragma unroll
+    for (int i = 0; i < kAWords; ++i)
+      if (akw < kWordRows) as[(akw + i * (kGemmThreads / BM)) * kLda + ar] = pack(ga.code[i]);
+#pragma unroll
+    for (int i = 0; i < kBWords; ++i) bs[(bkw + i * (kGemmThreads / kTileN)) * kLdb + bc] = pack(gb.code[i]);
+  };
+
+  int acc[kTM][kTN][4] = {};
+  Gathered<kAWords> ga;
+  Gathered<kBWords> gb;
+  if (k_begin < k_end) {
+    tables(k_begin, 0);
     __syncthreads();
-    for (int w = tid; w < BM * (kTileK / 4); w += kGemmThreads) {  // row ar, word w / BM
-      const int kw = w / BM;
-      unsigned v = 0;
-      if (a_in)
-        for (int j = 0; j < 4 && 4 * kw + j < kn; ++j) v |= (unsigned(a.get(a_row, a_k[4 * kw + j])) & 0xFFu) << (8 * j);
-      as[kw * kLda + ar] = int(v);
-    }
-    for (int w = tid; w < kTileN * (kTileK / 4); w += kGemmThreads) {  // column bc, word w / 128
-      const int kw = w / kTileN;
-      unsigned v = 0;
-      if (b_in)
-        for (int j = 0; j < 4 && 4 * kw + j < kn; ++j) v |= (unsigned(b.get(b_k[4 * kw + j], b_col)) & 0xFFu) << (8 * j);
-      bs[kw * kLdb + bc] = int(v);
-    }
+    gather(k_begin, 0, ga, gb);
+    store(ga, gb);
+    if (k_begin + kTileK < k_end) tables(k_begin + kTileK, 1);
     __syncthreads();
+  }
+  int buf = 0;
+  for (int64_t k0 = k_begin; k0 < k_end; k0 += kTileK, buf ^= 1) {
+    const bool next = k0 + kTileK < k_end;
+    if (next) gather(k0 + kTileK, buf ^ 1, ga, gb);  // in flight during the products
 #pragma unroll
     for (int i = 0; i < kTM; ++i)
 #pragma unroll
       for (int j = 0; j < kTN; ++j) mma_16x8x32(acc[i][j], as, kLda, wm + 16 * i, bs, kLdb, wn + 8 * j, lane);
+    __syncthreads();  // the step's tiles and its k table are read
+    if (next) store(ga, gb);
+    if (k0 + 2 * kTileK < k_end) tables(k0 + 2 * kTileK, buf);
     __syncthreads();
   }
   const int g = lane / 4, t = lane % 4;
@@ -188,10 +235,6 @@ struct AtomicOut {
   __device__ void operator()(int64_t m, int64_t n, int v) const { atomicAdd(acc + m * ld + n, v); }
 };
 
-__global__ void scale_sums_kernel(const int* acc, int64_t n, float scale, bool accumulate, float* d) {
-  ET_GRID_STRIDE(i, n) d[i] = __fadd_rn(__fmul_rn(float(acc[i]), scale), accumulate ? d[i] : 0.f);
-}
-
 // The bias gradient: db[k] = float(sum of g's codes of channel k) * scale (+ db). g is
 // [rows][channels][run] (conv: run = P * Q; linear: run = 1). One block per channel.
 __global__ void code_sums_kernel(const int8_t* g, int64_t rows, int64_t channels, int64_t run, float scale,
@@ -214,10 +257,16 @@ int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 // The rows a block takes: the fewest of 16, 32, 64, 128 that cover M, else 128.
 int block_rows(int64_t M) { return M <= 16 ? 16 : M <= 32 ? 32 : M <= 64 ? 64 : 128; }
 
-// Splits of a weight gradient's long sum: about 512 blocks in all, at least 1024 codes of k each.
-int64_t weight_splits(int64_t M, int64_t N, int64_t K) {
+// How many blocks share a product's k range: where its tiles are fewer than 4 blocks per
+// multiprocessor, enough to make up that number, each with at least 512 codes of k.
+int64_t k_splits(int64_t M, int64_t N, int64_t K, int sms) {
   const int64_t tiles = ceil_div(M, block_rows(M)) * ceil_div(N, kTileN);
-  return std::max<int64_t>(1, std::min(ceil_div(512, tiles), K / 1024));
+  return std::max<int64_t>(1, std::min(ceil_div(4 * int64_t(sms), tiles), K / 512));
+}
+
+// The split sums' workspace: one int32 per output where the product splits, else none.
+size_t split_bytes(int64_t M, int64_t N, int64_t K, int sms) {
+  return k_splits(M, N, K, sms) > 1 ? size_t(M * N) * 4 : 0;
 }
 
 // C = A x B into out on the stream; the k range split over `splits` blocks (out must add then).
@@ -240,6 +289,26 @@ void run_int_gemm(cudaStream_t stream, int64_t M, int64_t N, int64_t K, const A&
   else
     int_gemm_kernel<128, 2><<<grid, kGemmThreads, 0, stream>>>(M, N, K, k_chunk, a, b, out);
   cuda::launched("int_gemm");
+}
+
+// out(m, n, sum) for the split sums.
+template <class Out>
+__global__ void apply_sums_kernel(const int* acc, int64_t M, int64_t N, Out out) {
+  ET_GRID_STRIDE(i, M * N) out(i / N, i % N, acc[i]);
+}
+
+// C = A x B into out: split over k (k_splits) where the workspace holds the sums, added with
+// integer atomics (exact in any order) and then handed to out; in one pass otherwise.
+template <class A, class B, class Out>
+void run_split_int_gemm(cudaStream_t stream, int sms, int64_t M, int64_t N, int64_t K, const A& a, const B& b,
+                        const Out& out, Workspace ws) {
+  const int64_t splits = k_splits(M, N, K, sms);
+  if (splits == 1 || ws.bytes < size_t(M * N) * 4) return run_int_gemm(stream, M, N, K, a, b, out);
+  int* acc = static_cast<int*>(ws.data);
+  cuda::check(cudaMemsetAsync(acc, 0, size_t(M * N) * 4, stream), "cudaMemsetAsync");
+  run_int_gemm(stream, M, N, K, a, b, AtomicOut{acc, N}, splits);
+  apply_sums_kernel<<<cuda::blocks_for(M * N), kThreads, 0, stream>>>(acc, M, N, out);
+  cuda::launched("apply_sums");
 }
 
 ConvShape conv_shape(const Conv2dGeom& g) {
@@ -284,32 +353,36 @@ void CudaBackend::dequantize(const Tensor& q, Tensor& y) {
   cuda::launched("dequantize");
 }
 
+// The products as GEMMs: forward K x (N P Q) over C R S; data gradient C x (N H W) over K R S;
+// weight gradient K x (C R S) over N P Q.
 size_t CudaBackend::conv2d_q_workspace_bytes(const Conv2dGeom& g, ConvPass pass) const {
-  // The weight gradient's split sums, one int32 per weight.
-  return pass == ConvPass::BackwardWeight ? size_t(g.K * g.C * g.R * g.S) * 4 : 0;
+  const int64_t CRS = g.C * g.R * g.S;
+  if (pass == ConvPass::Forward) return split_bytes(g.K, g.N * g.P * g.Q, CRS, sm_count_);
+  if (pass == ConvPass::BackwardData) return split_bytes(g.C, g.N * g.H * g.W, g.K * g.R * g.S, sm_count_);
+  return split_bytes(g.K, CRS, g.N * g.P * g.Q, sm_count_);
 }
 
 void CudaBackend::conv2d_forward_q(const Conv2dGeom& g, const Tensor& xq, const Tensor& wq, const Tensor& b, Tensor& y,
-                                   Workspace) {
+                                   Workspace ws) {
   ET_CHECK(g.groups == 1 && wq.dtype == DType::I4);
   check_input_codes(xq);
   const ConvShape s = conv_shape(g);
   const int64_t CRS = g.C * g.R * g.S, PQ = g.P * g.Q;
   const BiasedOut<int_gemm::PlanesOut> out{y.f32(), int_gemm::PlanesOut{g.K, PQ}, xq.scale * wq.scale,
                                            b.defined() ? b.f32() : nullptr, true};
-  run_int_gemm(stream_, g.K, g.N * PQ, CRS, int_gemm::Dense{wq.codes(), CRS, 1}, int_gemm::ConvInputByTaps{xq.codes(), s},
-           out);
+  run_split_int_gemm(stream_, sm_count_, g.K, g.N * PQ, CRS, int_gemm::Dense{wq.codes(), CRS, 1},
+                     int_gemm::ConvInputByTaps{xq.codes(), s}, out, ws);
 }
 
 void CudaBackend::conv2d_backward_data_q(const Conv2dGeom& g, const Tensor& gq, const Tensor& wq, Tensor& dx,
-                                         bool accumulate, Workspace) {
+                                         bool accumulate, Workspace ws) {
   ET_CHECK(g.groups == 1 && wq.dtype == DType::I4 && gq.dtype == DType::F4);
   const ConvShape s = conv_shape(g);
   const int64_t HW = g.H * g.W;
   const ScaledOut<int_gemm::PlanesOut> out{dx.f32(), int_gemm::PlanesOut{g.C, HW}, gq.scale * wq.scale, accumulate,
                                            false};
-  run_int_gemm(stream_, g.C, g.N * HW, g.K * g.R * g.S, int_gemm::WeightsByInputChannel{wq.codes(), s},
-           int_gemm::GradByTaps{gq.codes(), s}, out);
+  run_split_int_gemm(stream_, sm_count_, g.C, g.N * HW, g.K * g.R * g.S, int_gemm::WeightsByInputChannel{wq.codes(), s},
+                     int_gemm::GradByTaps{gq.codes(), s}, out, ws);
 }
 
 void CudaBackend::conv2d_backward_weight_q(const Conv2dGeom& g, const Tensor& xq, const Tensor& gq, Tensor& dw,
@@ -319,15 +392,11 @@ void CudaBackend::conv2d_backward_weight_q(const Conv2dGeom& g, const Tensor& xq
   // |sum| <= N * PQ * 15 * 64 must fit the int32 sums (the CPU's check).
   ET_CHECK(double(g.N) * double(g.P * g.Q) * 64.0 * 15.0 < 2147483647.0, "int32 weight-gradient sums could overflow");
   const ConvShape s = conv_shape(g);
-  const int64_t CRS = g.C * g.R * g.S, PQ = g.P * g.Q, NPQ = g.N * PQ;
-  ET_CHECK(ws.bytes >= conv2d_q_workspace_bytes(g, ConvPass::BackwardWeight), "conv int workspace");
-  int* acc = static_cast<int*>(ws.data);
-  cuda::check(cudaMemsetAsync(acc, 0, size_t(g.K * CRS) * 4, stream_), "cudaMemsetAsync");
-  run_int_gemm(stream_, g.K, CRS, NPQ, int_gemm::GradByPositions{gq.codes(), s},
-           int_gemm::ConvInputByPositions{int_gemm::ConvInputByTaps{xq.codes(), s}}, AtomicOut{acc, CRS},
-           weight_splits(g.K, CRS, NPQ));
-  scale_sums_kernel<<<blocks_for(g.K * CRS), kThreads, 0, stream_>>>(acc, g.K * CRS, xq.scale * gq.scale, accumulate,
-                                                                      dw.f32());
+  const int64_t CRS = g.C * g.R * g.S, PQ = g.P * g.Q;
+  // dw = float(sum) * scale, + dw where it accumulates, else + 0 (the CPU's form).
+  const ScaledOut<int_gemm::RowsOut> out{dw.f32(), int_gemm::RowsOut{CRS}, xq.scale * gq.scale, accumulate, true};
+  run_split_int_gemm(stream_, sm_count_, g.K, CRS, g.N * PQ, int_gemm::GradByPositions{gq.codes(), s},
+                     int_gemm::ConvInputByPositions{int_gemm::ConvInputByTaps{xq.codes(), s}}, out, ws);
   if (db.defined())
     code_sums_kernel<<<unsigned(g.K), kThreads, 0, stream_>>>(gq.codes(), g.N, g.K, PQ, gq.scale, accumulate, db.f32());
   cuda::launched("conv2d_backward_weight_q");

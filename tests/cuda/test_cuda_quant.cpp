@@ -141,11 +141,13 @@ TEST_CASE("cuda: the integer conv passes equal the CPU's bit for bit", "[cuda][q
   struct Case {
     int64_t N, C, H, W, K, R, stride, pad;
   };
-  // Strides, 1x1 and 5x5 windows, odd sizes, batch 1, channels off the tile sizes, and a weight
-  // gradient long enough to be split over blocks (8 x 32 x 32 positions).
+  // Strides, 1x1 and 5x5 windows, odd sizes, batch 1, channels off the tile sizes, a weight
+  // gradient long enough to be split over blocks (8 x 32 x 32 positions), and deep layers on small
+  // maps, whose few output tiles make the forward and data gradient split their sums too.
   for (const Case& c : {Case{2, 16, 8, 8, 16, 3, 1, 1}, Case{3, 5, 7, 9, 6, 3, 2, 1}, Case{1, 8, 6, 6, 12, 1, 1, 0},
                         Case{4, 12, 5, 5, 8, 1, 2, 0}, Case{1, 3, 11, 11, 5, 5, 1, 2}, Case{5, 9, 4, 4, 70, 3, 1, 1},
-                        Case{8, 16, 32, 32, 16, 3, 1, 1}, Case{2, 64, 16, 16, 128, 3, 2, 1}}) {
+                        Case{8, 16, 32, 32, 16, 3, 1, 1}, Case{2, 64, 16, 16, 128, 3, 2, 1},
+                        Case{2, 256, 4, 4, 256, 3, 1, 1}, Case{2, 128, 8, 8, 256, 3, 2, 1}}) {
     Conv2dGeom g;
     g.N = c.N, g.C = c.C, g.H = c.H, g.W = c.W, g.K = c.K, g.R = g.S = c.R;
     g.stride_h = g.stride_w = c.stride, g.pad_h = g.pad_w = c.pad;
@@ -163,6 +165,10 @@ TEST_CASE("cuda: the integer conv passes equal the CPU's bit for bit", "[cuda][q
       for (ConvPass p : {ConvPass::Forward, ConvPass::BackwardData, ConvPass::BackwardWeight}) {
         hb = std::max(hb, b.cpu->conv2d_q_workspace_bytes(g, p));
         db_bytes = std::max(db_bytes, b.dev->conv2d_q_workspace_bytes(g, p));
+      }
+      if (g.C >= 128) {  // the deep cases: split sums in every pass
+        CHECK(b.dev->conv2d_q_workspace_bytes(g, ConvPass::Forward) > 0);
+        CHECK(b.dev->conv2d_q_workspace_bytes(g, ConvPass::BackwardData) > 0);
       }
       Mirror wsc(hb), wsd(db_bytes);
       const Workspace wc{wsc.host.data(), hb}, wd{wsd.dptr, db_bytes};
