@@ -41,12 +41,19 @@ __global__ void count_nonfinite_kernel(const float* x, int64_t n, unsigned long 
   if (local) atomicAdd(bad, local);
 }
 
-// sum of squares and of |x|, max |x| over the finite values, and the non-finite count, in doubles
-// accumulated per block (stats[0], stats[1]: sums; stats[2] max bits; counter: non-finite).
-__global__ void stats_kernel(const float* x, int64_t n, bool sums, double* stats, unsigned int* max_bits,
-                             unsigned long long* bad) {
+// Sum of squares and of |x| (doubles), max |x| over the finite values, and the non-finite count:
+// each block's part into part[blockIdx.x], which stats_finish_kernel adds in a fixed order, so the
+// sums (and the SAWB scales made from them) are the same in every run.
+struct StatsPart {
+  double sq, ab;
+  unsigned long long bad;
+  unsigned int max_bits;
+};
+
+__global__ void stats_kernel(const float* x, int64_t n, StatsPart* part) {
   __shared__ double s_sq[kThreads], s_abs[kThreads];
   __shared__ unsigned int s_max[kThreads];
+  __shared__ unsigned long long s_bad[kThreads];
   double sq = 0, ab = 0;
   unsigned int mx = 0;
   unsigned long long nonfinite = 0;
@@ -56,32 +63,52 @@ __global__ void stats_kernel(const float* x, int64_t n, bool sums, double* stats
       ++nonfinite;
       continue;
     }
-    if (sums) {
-      sq += double(a) * double(a);
-      ab += double(a);
-    }
+    sq += double(a) * double(a);
+    ab += double(a);
     mx = max(mx, __float_as_uint(a));  // non-negative floats order like their bits
   }
   s_sq[threadIdx.x] = sq;
   s_abs[threadIdx.x] = ab;
   s_max[threadIdx.x] = mx;
+  s_bad[threadIdx.x] = nonfinite;
   __syncthreads();
   for (int s = kThreads / 2; s > 0; s /= 2) {
     if (threadIdx.x < s) {
       s_sq[threadIdx.x] += s_sq[threadIdx.x + s];
       s_abs[threadIdx.x] += s_abs[threadIdx.x + s];
       s_max[threadIdx.x] = max(s_max[threadIdx.x], s_max[threadIdx.x + s]);
+      s_bad[threadIdx.x] += s_bad[threadIdx.x + s];
     }
     __syncthreads();
   }
-  if (threadIdx.x == 0) {
-    if (sums) {
-      atomicAdd(&stats[0], s_sq[0]);
-      atomicAdd(&stats[1], s_abs[0]);
-    }
-    atomicMax(max_bits, s_max[0]);
+  if (threadIdx.x == 0) part[blockIdx.x] = StatsPart{s_sq[0], s_abs[0], s_bad[0], s_max[0]};
+}
+
+// One block: part[0] = the sum of part[0..blocks).
+__global__ void stats_finish_kernel(StatsPart* part, int blocks) {
+  __shared__ StatsPart s[kThreads];
+  StatsPart a{0, 0, 0, 0};
+  for (int b = threadIdx.x; b < blocks; b += kThreads) {
+    const StatsPart p = part[b];
+    a.sq += p.sq;
+    a.ab += p.ab;
+    a.bad += p.bad;
+    a.max_bits = max(a.max_bits, p.max_bits);
   }
-  if (nonfinite) atomicAdd(bad, nonfinite);
+  s[threadIdx.x] = a;
+  __syncthreads();
+  for (int h = kThreads / 2; h > 0; h /= 2) {
+    if (threadIdx.x < h) {
+      StatsPart& d = s[threadIdx.x];
+      const StatsPart& o = s[threadIdx.x + h];
+      d.sq += o.sq;
+      d.ab += o.ab;
+      d.bad += o.bad;
+      d.max_bits = max(d.max_bits, o.max_bits);
+    }
+    __syncthreads();
+  }
+  if (threadIdx.x == 0) part[0] = s[0];
 }
 
 // One row (sample) per block: log-sum-exp in double as the CPU does, the row's loss into `rows`.
@@ -169,6 +196,7 @@ CudaBackend::CudaBackend(int device) : device_(device) {
   // The CPU's FP32 arithmetic: no TF32 tensor-core rounding in the GEMMs.
   cuda::check(cublasSetMathMode(blas_, CUBLAS_DEFAULT_MATH), "cublasSetMathMode");
   cuda::check(cudaMalloc(&scratch_, 64), "cudaMalloc");
+  cuda::check(cudaMalloc(&stats_parts_, sizeof(StatsPart) * kStatsBlocks), "cudaMalloc");
   cuda::check(cudaMemset(scratch_, 0, 64), "cudaMemset");  // the deferred SGD count starts at 0
   cudnn_ = cuda::make_cudnn_convs(stream_);
 }
@@ -182,6 +210,7 @@ CudaBackend::~CudaBackend() {
   cudaFree(xent_rows_);
   cudaFree(bn_scratch_);
   cudaFree(scratch_);
+  cudaFree(stats_parts_);
   if (stream_) cudaStreamDestroy(stream_);
 }
 
@@ -248,23 +277,19 @@ TensorStats CudaBackend::tensor_stats(const Tensor& x) {
   ET_CHECK(x.is_contiguous());
   TensorStats out;
   if (x.numel() == 0) return out;
-  // scratch_: [0, 8) the non-finite count, [8, 24) the two sums, [24, 28) the max's bits
-  char* s = static_cast<char*>(scratch_);
-  cuda::check(cudaMemsetAsync(s, 0, 32, stream_), "cudaMemsetAsync");
-  stats_kernel<<<blocks_for(x.numel()), kThreads, 0, stream_>>>(
-      x.f32(), x.numel(), true, reinterpret_cast<double*>(s + 8), reinterpret_cast<unsigned int*>(s + 24),
-      reinterpret_cast<unsigned long long*>(s));
+  // At most kStatsBlocks parts (8 blocks an SM: the reads fill the device, and the parts stay few).
+  const int64_t most = std::min<int64_t>(int64_t(sm_count_) * 8, kStatsBlocks);
+  const int blocks = int(std::min<int64_t>(blocks_for(x.numel()), most));
+  auto* part = static_cast<StatsPart*>(stats_parts_);
+  stats_kernel<<<unsigned(blocks), kThreads, 0, stream_>>>(x.f32(), x.numel(), part);
+  stats_finish_kernel<<<1, kThreads, 0, stream_>>>(part, blocks);
   cuda::launched("tensor_stats");
-  unsigned char host[32];
-  cuda::check(cudaMemcpy(host, s, 32, cudaMemcpyDeviceToHost), "cudaMemcpy");
-  unsigned long long bad;
-  unsigned int max_bits;
-  std::memcpy(&bad, host, 8);
-  std::memcpy(&out.sum_sq, host + 8, 8);
-  std::memcpy(&out.sum_abs, host + 16, 8);
-  std::memcpy(&max_bits, host + 24, 4);
-  std::memcpy(&out.max_abs, &max_bits, 4);
-  out.finite = bad == 0;
+  StatsPart p;
+  cuda::check(cudaMemcpy(&p, part, sizeof(p), cudaMemcpyDeviceToHost), "cudaMemcpy");
+  out.sum_sq = p.sq;
+  out.sum_abs = p.ab;
+  std::memcpy(&out.max_abs, &p.max_bits, 4);
+  out.finite = p.bad == 0;
   return out;
 }
 

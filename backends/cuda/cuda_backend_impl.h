@@ -154,6 +154,8 @@ class CudaBackend final : public Backend {
   std::unique_ptr<cuda::CudnnConvs> cudnn_;  // null: im2col only (cuda_conv_cudnn.h)
   // 64 bytes: the counter, a few reduction results, the deferred SGD count, the recorded label check
   void* scratch_ = nullptr;
+  static constexpr int64_t kStatsBlocks = 2048;
+  void* stats_parts_ = nullptr;  // tensor_stats' per-block parts (kStatsBlocks of them)
   double* xent_rows_ = nullptr;
   int64_t xent_rows_capacity_ = 0;
   // Batch norm's per-block partial sums and per-channel coefficients (cuda_batchnorm.cu); grows in
