@@ -35,6 +35,9 @@ struct MaskOut {
   // The producer wrote the bitmap but not its count (a recorded step cannot read one back,
   // engine/step_replay.h): only for a mask stored alone, whose size does not depend on it.
   bool uncounted = false;
+  // Whether the stash needs `kept` (a mask stored with values); a mask stored alone has a size
+  // that does not depend on it, so a GPU may skip the count's readback (a device synchronisation).
+  bool count_wanted = true;
   void* values = nullptr;
   bool values_f16 = false;
   bool values_written = false;

@@ -61,6 +61,7 @@ MaskOut Stash::mask_target(int value_id, int64_t numel) const {
   MaskOut m;
   if (s.recomputed || !stash_format_has_bitmap(s.format, s.full)) return m;
   m.bits = static_cast<uint64_t*>(at(top_));
+  m.count_wanted = s.full || count_zero_copy_;  // a mask alone: its count is only reported (memprofile)
   // Pruned bits only where they select stored values and no mask is read from them.
   m.prune_threshold = s.full && !mask_apart(s) ? prune_threshold_ : 0.f;
   // The values follow the bitmap (push's layout) unless an exact mask goes first (mask_apart).
