@@ -330,9 +330,8 @@ void parse_quant(ObjectReader& top, Config& c) {
 namespace et {
 namespace config_detail {
 
-// What the CUDA backend runs so far (issue 13): FP32 and 4-bit training with every stash format
-// but bitmap_int4 (the CUDA stash codec names that one), and recomputation. Fused stacks and a
-// USS budget (host memory) name their key.
+// What the CUDA backend runs so far (issue 13): FP32 and 4-bit training with every stash format,
+// and recomputation. Fused stacks and a USS budget (host memory) name their key.
 void check_device_support(const Config& c) {
   if (c.train.device.compare(0, 4, "cuda") != 0) return;
   const std::string dev = "config key 'train.device' = \"" + c.train.device + "\": ";

@@ -36,7 +36,8 @@ void Executor::plan_code_saves(PlanState& st) {
       eligible[size_t(x)] = 1;
   }
   const StashFormat global = stash_options_.format;
-  // A backend whose codec has no code bitmap (CUDA so far) keeps the codes in X, as dense_fp32 does.
+  // A backend whose codec has no code bitmap keeps the codes in X, as dense_fp32 does (the CPU's
+  // and CUDA's codecs have one).
   const bool encodes = backend_.stash_codec().encodes_codes();
   auto no_code_bitmap = [&](const std::string& key) {
     user_error("config key '", key, "' = \"bitmap_int4\": the ", backend_.name(),

@@ -12,14 +12,16 @@
 //              found without counting the bits before it).
 // Size: 1 bit per element + 4 bits per kept element + 8 bytes per 4096 elements (+ half a byte
 // per block at most).
+// C++14 (the CUDA stash codec encodes the same bytes).
 #pragma once
 #include <cstddef>
 #include <cstdint>
 
-namespace et::code_bitmap {
+namespace et {
+namespace code_bitmap {
 
 constexpr int64_t kBlock = 4096;  // a multiple of 64: blocks start on a bitmap word
-inline constexpr int64_t num_blocks(int64_t n) { return (n + kBlock - 1) / kBlock; }
+constexpr int64_t num_blocks(int64_t n) { return (n + kBlock - 1) / kBlock; }
 
 // The most an encoding of n elements with `kept` of them kept takes, bitmap included.
 size_t encoded_bytes(int64_t n, int64_t kept);
@@ -52,4 +54,5 @@ struct Impl {
 const Impl& reference_impl();
 const Impl& fast_impl();
 
-}  // namespace et::code_bitmap
+}  // namespace code_bitmap
+}  // namespace et

@@ -33,6 +33,9 @@ class HostStashCodec final : public StashCodec {
   int64_t encode_codes(const float* x, const int8_t* codes, int64_t n, float prune_threshold, void* out) override {
     return code_bitmap::encode(x, codes, n, prune_threshold, out);
   }
+  void decode_codes(const void* data, int64_t n, bool is_signed, int8_t* out) override {
+    code_bitmap::decode(data, n, is_signed, 0, n, out);
+  }
   void to_half(const float* x, int64_t n, bool bf16, uint16_t* out) override {
     bf16 ? f32_to_bf16(x, n, out) : f32_to_f16(x, n, out);
   }

@@ -31,6 +31,10 @@ class StashCodec {
   // The bitmap_int4 encoding of x's codes (code_bitmap::encode); returns the kept count.
   virtual int64_t encode_codes(const float* x, const int8_t* codes, int64_t n, float prune_threshold,
                                void* out) = 0;
+  // out[n] = the codes of a bitmap_int4 encoding of n elements, one per byte, 0 where the bitmap
+  // has no bit (code_bitmap::decode); is_signed: I4 codes (else U4). A GPU's integer kernels read
+  // the stored codes so; the CPU's decode a few rows at a time (memory/stored_codes.h).
+  virtual void decode_codes(const void* data, int64_t n, bool is_signed, int8_t* out) = 0;
   // IEEE half (round to nearest even) or bfloat16 (round to nearest even) and back (memory/half.h).
   virtual void to_half(const float* x, int64_t n, bool bf16, uint16_t* out) = 0;
   virtual void from_half(const uint16_t* x, int64_t n, bool bf16, float* out) = 0;

@@ -2,7 +2,7 @@
 # Issue 13's checks on a GPU machine, as one prepared run (the `device` tool lends one for minutes,
 # so nothing is built there). Prepare here with scripts/gpu_prepare.sh (builds build-cuda: portable
 # x86, sm_90; copies the binaries and a 20 MB .tgz of the JPEG CIFAR-10 into gpu/, which
-# .git/info/exclude ignores), then run there, carrying gpu/:
+# .gitignore leaves out), then run there, carrying gpu/:
 #   STEPS="tests bench train suite" bash scripts/gpu_check.sh gpu   (also: luq, profile, badinput, conv, torch)
 # Each step has its own time limit and writes its log to $OUT; a step that fails does not stop the
 # next. The CPU suite runs there sharded by test case (the machine has 16 cores).

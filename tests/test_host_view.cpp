@@ -142,6 +142,10 @@ class CountingCodec final : public StashCodec {
     ++encodes, ++code_encodes;
     return host().encode_codes(x, c, n, t, out);
   }
+  void decode_codes(const void* data, int64_t n, bool is_signed, int8_t* out) override {
+    ++decodes;
+    host().decode_codes(data, n, is_signed, out);
+  }
   void to_half(const float* x, int64_t n, bool bf16, uint16_t* out) override {
     ++encodes;
     host().to_half(x, n, bf16, out);

@@ -2,6 +2,9 @@
 // (one block of 256 threads, 8 warps, 4 bitmap words); a chunk's values start at the exclusive
 // scan of the chunk popcounts before it, an element's at that plus the set bits before it in its
 // chunk (warp ballots and __popc), so the packed order is the host's.
+// bitmap_int4 (memory/code_bitmap.h) goes a code block (4096 elements) per thread block: each
+// thread's 16 elements are a quarter of a bitmap word, a block scan of their counts places each
+// kept code, and the block writes its nibble bytes from a compacted copy in shared memory.
 #include "backends/cuda/cuda_stash_codec.h"
 
 #include <cuda_fp16.h>
@@ -12,6 +15,7 @@
 #include "backends/cuda/cuda_device.h"
 #include "engine/check.h"
 #include "memory/bitmap.h"
+#include "memory/code_bitmap.h"
 
 namespace et {
 
@@ -200,6 +204,107 @@ __global__ void from_half_kernel(const uint16_t* x, int64_t n, bool bf16, float*
     out[i] = bf16 ? __uint_as_float(uint32_t(x[i]) << 16) : from_f16(x[i]);
 }
 
+// ---- bitmap_int4: bits, directory, nibbles (memory/code_bitmap.h's layout)
+
+constexpr int kCodeThreads = 256, kPerThread = int(code_bitmap::kBlock) / kCodeThreads;  // 16: a quarter word
+static_assert(kPerThread == 16, "a thread's elements are 16 bits of a bitmap word");
+
+struct CodeLayout {
+  uint64_t* bits;
+  unsigned long long* directory;  // int64 offsets (non-negative)
+  uint8_t* nibbles;
+};
+CodeLayout code_layout(void* data, int64_t n) {
+  uint64_t* bits = static_cast<uint64_t*>(data);
+  auto* dir = reinterpret_cast<unsigned long long*>(bits + (n + 63) / 64);
+  return CodeLayout{bits, dir, reinterpret_cast<uint8_t*>(dir + code_bitmap::num_blocks(n))};
+}
+
+// Exclusive prefix of v over the block's 256 threads; *total = the sum. `warp_sums`: 8 ints.
+__device__ __forceinline__ int block_exclusive_scan(int v, int* warp_sums, int* total) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  int x = v;
+  for (int d = 1; d < 32; d *= 2) {  // inclusive scan within the warp
+    const int y = __shfl_up_sync(0xFFFFFFFFu, x, d);
+    if (lane >= d) x += y;
+  }
+  if (lane == 31) warp_sums[warp] = x;
+  __syncthreads();
+  int before = 0, sum = 0;
+  for (int w = 0; w < kCodeThreads / 32; ++w) {
+    if (w < warp) before += warp_sums[w];
+    sum += warp_sums[w];
+  }
+  *total = sum;
+  __syncthreads();  // warp_sums is reused by the next scan
+  return before + x - v;
+}
+
+// This thread's 16 bits of the block's bitmap (0 past n).
+__device__ __forceinline__ unsigned thread_bits(const uint64_t* bits, int64_t n, int64_t first) {
+  if (first >= n) return 0u;
+  return unsigned(bits[first / 64] >> (first % 64)) & 0xFFFFu;
+}
+
+// The bitmap of x (words written whole: 4 threads' 16 bits each) and each block's nibble bytes,
+// (count + 1) / 2, into block_bytes; the kept total into *total.
+__global__ void code_bits_kernel(const float* x, int64_t n, uint32_t threshold, uint64_t* bits,
+                                 unsigned long long* block_bytes, unsigned long long* total) {
+  __shared__ int warp_sums[kCodeThreads / 32];
+  const int64_t first = int64_t(blockIdx.x) * code_bitmap::kBlock + int64_t(threadIdx.x) * kPerThread;
+  unsigned m = 0;
+  for (int j = 0; j < kPerThread; ++j) {
+    const int64_t i = first + j;
+    if (i < n && keep_bits(x[i]) >= threshold) m |= 1u << j;
+  }
+  // Lanes 4k .. 4k + 3 hold one word's four quarters.
+  const unsigned q1 = __shfl_down_sync(0xFFFFFFFFu, m, 1), q2 = __shfl_down_sync(0xFFFFFFFFu, m, 2),
+                 q3 = __shfl_down_sync(0xFFFFFFFFu, m, 3);
+  if ((threadIdx.x & 3) == 0 && first < n)
+    bits[first / 64] = uint64_t(m | q1 << 16) | uint64_t(q2 | q3 << 16) << 32;
+  int count = 0;
+  block_exclusive_scan(__popc(m), warp_sums, &count);
+  if (threadIdx.x == 0) {
+    block_bytes[blockIdx.x] = (unsigned long long)(count + 1) / 2;
+    atomicAdd(total, (unsigned long long)count);
+  }
+}
+
+// Each block's kept codes, two a byte, low nibble first, at its directory offset.
+__global__ void code_pack_kernel(const int8_t* codes, int64_t n, CodeLayout l) {
+  __shared__ int warp_sums[kCodeThreads / 32];
+  __shared__ uint8_t kept[code_bitmap::kBlock];
+  const int64_t first = int64_t(blockIdx.x) * code_bitmap::kBlock + int64_t(threadIdx.x) * kPerThread;
+  const unsigned m = thread_bits(l.bits, n, first);
+  int count = 0;
+  int p = block_exclusive_scan(__popc(m), warp_sums, &count);
+  for (int j = 0; j < kPerThread; ++j)
+    if ((m >> j) & 1u) kept[p++] = uint8_t(codes[first + j]) & 0x0Fu;
+  __syncthreads();
+  uint8_t* out = l.nibbles + l.directory[blockIdx.x];
+  for (int b = threadIdx.x; b < (count + 1) / 2; b += kCodeThreads)
+    out[b] = uint8_t(kept[2 * b] | (2 * b + 1 < count ? kept[2 * b + 1] << 4 : 0));
+}
+
+// out[i] = the code of element i: its nibble (sign-extended for I4 codes) where its bit is set, else 0.
+__global__ void code_unpack_kernel(CodeLayout l, int64_t n, bool is_signed, int8_t* out) {
+  __shared__ int warp_sums[kCodeThreads / 32];
+  const int64_t first = int64_t(blockIdx.x) * code_bitmap::kBlock + int64_t(threadIdx.x) * kPerThread;
+  const unsigned m = thread_bits(l.bits, n, first);
+  int count = 0;
+  int p = block_exclusive_scan(__popc(m), warp_sums, &count);
+  const uint8_t* nib = l.nibbles + l.directory[blockIdx.x];
+  for (int j = 0; j < kPerThread && first + j < n; ++j) {
+    int8_t c = 0;
+    if ((m >> j) & 1u) {
+      const int v = (nib[p >> 1] >> ((p & 1) * 4)) & 0x0F;
+      c = is_signed ? int8_t(v >= 8 ? v - 16 : v) : int8_t(v);
+      ++p;
+    }
+    out[first + j] = c;
+  }
+}
+
 class CudaStashCodec final : public StashCodec {
  public:
   CudaStashCodec(int device, cudaStream_t stream) : device_(device), stream_(stream) {
@@ -244,10 +349,27 @@ class CudaStashCodec final : public StashCodec {
                                                             values, n, offsets_, chunks, f16, y);
     check(cudaGetLastError(), "unpack");
   }
-  bool encodes_codes() const override { return false; }
-  int64_t encode_codes(const float*, const int8_t*, int64_t, float, void*) override {
-    ET_CHECK(false, "bitmap_int4 on CUDA (the planner asks encodes_codes() first)");
-    return 0;
+  int64_t encode_codes(const float* x, const int8_t* codes, int64_t n, float prune_threshold, void* out) override {
+    if (n <= 0) return 0;
+    const int64_t blocks = code_bitmap::num_blocks(n);
+    ET_CHECK(blocks < (int64_t(1) << 31), "bitmap_int4 of ", n, " elements");
+    reserve(blocks);
+    const CodeLayout l = code_layout(out, n);
+    check(cudaMemsetAsync(total_, 0, sizeof(unsigned long long), stream_), "cudaMemsetAsync");
+    code_bits_kernel<<<unsigned(blocks), kCodeThreads, 0, stream_>>>(x, n, bitmap::keep_threshold_bits(prune_threshold),
+                                                                     l.bits, counts_, total_);
+    exclusive_scan_kernel<<<1, kScanThreads, 0, stream_>>>(counts_, blocks, l.directory);
+    code_pack_kernel<<<unsigned(blocks), kCodeThreads, 0, stream_>>>(codes, n, l);
+    check(cudaGetLastError(), "encode_codes");
+    unsigned long long total = 0;
+    check(cudaMemcpy(&total, total_, sizeof(total), cudaMemcpyDeviceToHost), "cudaMemcpy");
+    return int64_t(total);
+  }
+  void decode_codes(const void* data, int64_t n, bool is_signed, int8_t* out) override {
+    if (n <= 0) return;
+    const CodeLayout l = code_layout(const_cast<void*>(data), n);
+    code_unpack_kernel<<<unsigned(code_bitmap::num_blocks(n)), kCodeThreads, 0, stream_>>>(l, n, is_signed, out);
+    check(cudaGetLastError(), "decode_codes");
   }
   void to_half(const float* x, int64_t n, bool bf16, uint16_t* out) override {
     if (n <= 0) return;

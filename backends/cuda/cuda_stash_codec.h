@@ -1,5 +1,6 @@
-// The CUDA backend's stash codec (memory/stash_codec.h): the BitTrain bitmap, its packed non-zeros
-// and the fp16 / bf16 conversions in device memory, byte for byte the host codec's encodings
+// The CUDA backend's stash codec (memory/stash_codec.h): the BitTrain bitmap, its packed non-zeros,
+// bitmap_int4's code bitmap (memory/code_bitmap.h) and the fp16 / bf16 conversions in device
+// memory, byte for byte the host codec's encodings
 // (memory/bitmap.h: bit i of word i / 64, the same keep rule on the integer bits; half.h: the same
 // rounding and NaN rule). Bitmaps come from warp ballots, value offsets from per-chunk popcounts
 // and an exclusive scan. C++14.

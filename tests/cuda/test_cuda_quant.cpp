@@ -19,6 +19,8 @@
 #include "engine/host_view.h"
 #include "engine/init.h"
 #include "engine/train/optimizer.h"
+#include "memory/code_bitmap.h"
+#include "memory/stash_codec.h"
 #include "models/models.h"
 #include "quant/scales.h"
 
@@ -196,6 +198,56 @@ TEST_CASE("cuda: the integer conv passes equal the CPU's bit for bit", "[cuda][q
   }
 }
 
+TEST_CASE("cuda: the integer conv passes read bitmap_int4's stored codes as the CPU does", "[cuda][quant][stash]") {
+  // The forward (a recompute of BN's input) and the weight gradient take the input codes as the
+  // stash keeps them under memory.stash = bitmap_int4: each backend's codec encodes them, the
+  // kernels decode them (CUDA: into the workspace), and the outputs agree bit for bit.
+  Backends b;
+  struct Case {
+    int64_t N, C, H, W, K, stride;
+  };
+  for (const Case& c : {Case{2, 16, 8, 8, 16, 1}, Case{3, 24, 9, 7, 8, 2}, Case{2, 256, 4, 4, 256, 1}}) {
+    Conv2dGeom g;
+    g.N = c.N, g.C = c.C, g.H = c.H, g.W = c.W, g.K = c.K, g.R = g.S = 3;
+    g.stride_h = g.stride_w = c.stride, g.pad_h = g.pad_w = 1;
+    g.infer_output();
+    const int64_t nx = g.N * g.C * g.H * g.W, nw = g.K * g.C * 9, ny = g.N * g.K * g.P * g.Q;
+    INFO("N" << g.N << " C" << g.C << " " << g.H << "x" << g.W << " K" << g.K << " stride " << c.stride);
+    auto x = floats(nx, 21);  // a seventh of them exact zeros: their bits are clear
+    auto xc = codes(nx, 0, 15, 22);
+    auto w = codes(nw, -7, 7, 23);
+    auto gr = fp4_codes(ny, 24);
+    const size_t cap = code_bitmap::encoded_bytes(nx, nx);
+    Mirror enc(cap);
+    const int64_t hk = host_stash_codec().encode_codes(reinterpret_cast<const float*>(x->host.data()),
+                                                       reinterpret_cast<const int8_t*>(xc->host.data()), nx, 0.f,
+                                                       enc.host.data());
+    CHECK(b.dev->stash_codec().encode_codes(static_cast<const float*>(x->dptr), static_cast<const int8_t*>(xc->dptr), nx,
+                                            0.f, enc.dptr) == hk);
+    size_t hb = 0, db_bytes = 0;
+    for (ConvPass p : {ConvPass::Forward, ConvPass::BackwardWeight}) {
+      hb = std::max(hb, b.cpu->conv2d_q_workspace_bytes(g, p));
+      db_bytes = std::max(db_bytes, b.dev->conv2d_q_workspace_bytes(g, p));
+    }
+    Mirror wsc(hb), wsd(db_bytes);
+    auto y = outputs(ny, 0.5f), dw = outputs(nw, 2.f), db = outputs(g.K, 3.f);
+    for (bool dev : {false, true}) {
+      Backend& be = dev ? *b.dev : *b.cpu;
+      Tensor xq = enc.on(dev, Shape{g.N, g.C, g.H, g.W}, DType::BitmapU4), wq = w->on(dev, Shape{g.K, g.C, 3, 3}, DType::I4);
+      Tensor gq = gr->on(dev, Shape{g.N, g.K, g.P, g.Q}, DType::F4);
+      xq.scale = 0.125f, wq.scale = 0.0625f, gq.scale = 0x1p-10f;
+      Tensor yt = y->on(dev, gq.shape, DType::F32), dwt = dw->on(dev, wq.shape, DType::F32);
+      Tensor dbt = db->on(dev, Shape{g.K}, DType::F32);
+      const Workspace ws = dev ? Workspace{wsd.dptr, db_bytes} : Workspace{wsc.host.data(), hb};
+      be.conv2d_forward_q(g, xq, wq, Tensor{}, yt, ws);
+      be.conv2d_backward_weight_q(g, xq, gq, dwt, dbt, false, ws);
+    }
+    CHECK(y->same());
+    CHECK(dw->same());
+    CHECK(db->same());
+  }
+}
+
 TEST_CASE("cuda: the integer linear passes equal the CPU's bit for bit", "[cuda][quant]") {
   Backends b;
   for (const auto& s : {std::vector<int64_t>{4, 64, 10}, std::vector<int64_t>{7, 33, 5}, std::vector<int64_t>{128, 512, 10}}) {
@@ -235,7 +287,8 @@ struct QuantRun {
   Graph g;
   std::unique_ptr<Backend> be;
   std::unique_ptr<Executor> ex;
-  QuantRun(std::unique_ptr<Backend> backend, int smp) : be(std::move(backend)) {
+  QuantRun(std::unique_ptr<Backend> backend, int smp, StashFormat stash = StashFormat::DenseF32)
+      : be(std::move(backend)) {
     ModelSpec spec;
     spec.name = "resnet8";
     spec.batch = 8;
@@ -244,7 +297,9 @@ struct QuantRun {
     q.forward = ForwardQuant::Int4;
     q.backward = BackwardQuant::LuqFp4;
     q.smp_samples = smp;
-    ex = std::make_unique<Executor>(g, *be, StashOptions{}, q);
+    StashOptions so;
+    so.format = stash;
+    ex = std::make_unique<Executor>(g, *be, so, q);
     init_parameters(*ex, 5);
     const Tensor x = ex->value(g.image_input);
     const HostView xv(*be, x, HostView::Write), yv(*be, ex->value(g.label_input), HostView::Write);
@@ -265,9 +320,12 @@ struct QuantRun {
 }  // namespace
 
 TEST_CASE("cuda: LUQ training steps of resnet8 follow the CPU's", "[cuda][quant][training]") {
-  for (int smp : {1, 2}) {
-    INFO("smp " << smp);
-    QuantRun cpu(make_cpu_backend(), smp), dev(make_cuda_backend(0), smp);
+  // bitmap_int4: the INT4 input codes kept as the stash's code bitmap (encoded and decoded on the
+  // device), the BN inputs recomputed from them.
+  for (const auto& [smp, stash] : {std::make_pair(1, StashFormat::DenseF32), std::make_pair(2, StashFormat::DenseF32),
+                                   std::make_pair(1, StashFormat::BitmapI4)}) {
+    INFO("smp " << smp << ", stash " << stash_format_name(stash));
+    QuantRun cpu(make_cpu_backend(), smp, stash), dev(make_cuda_backend(0), smp, stash);
     // The first forward: FP32 stem (other summation order), then integer layers on codes that
     // agree but where a SAWB scale differs in its last bit (the statistics' double sums run in
     // another order): within 1e-4. Later steps add the FP32 layers' and optimizer's differences.

@@ -1,7 +1,8 @@
 // The CUDA stash codec (backends/cuda/cuda_stash_codec.h) against the host's, byte for byte: the
 // bitmaps, the packed values (fp32 and fp16), the counts, the decoded tensors and the fp16 / bf16
 // conversions, on sizes around the word and chunk edges and values that test the keep rule
-// (+-0, denormals, NaN with payloads, infinities, values at the prune threshold).
+// (+-0, denormals, NaN with payloads, infinities, values at the prune threshold), and bitmap_int4's
+// code bitmap (its bits, directory and nibbles; decoded back to one code a byte).
 #include <catch2/catch.hpp>
 
 #include <cuda_runtime.h>
@@ -13,6 +14,7 @@
 
 #include "backends/cuda/cuda_stash_codec.h"
 #include "memory/bitmap.h"
+#include "memory/code_bitmap.h"
 
 using namespace et;
 
@@ -119,5 +121,54 @@ TEST_CASE("cuda: the stash codec writes the host codec's bytes", "[cuda][stash]"
     dev->copy(dc.p, dx.p, size_t(n) * 4);
     const std::vector<float> back = dc.read<float>(size_t(n));
     CHECK(std::memcmp(back.data(), x.data(), size_t(n) * 4) == 0);
+  }
+}
+
+TEST_CASE("cuda: the bitmap_int4 encoding is the host's, byte for byte, and decodes to its codes", "[cuda][stash]") {
+  const std::unique_ptr<StashCodec> dev = make_cuda_stash_codec(0);
+  StashCodec& host = host_stash_codec();
+  // Sizes around the word, the thread's quarter word and the 4096-element block.
+  for (int64_t n : {int64_t(1), int64_t(15), int64_t(17), int64_t(63), int64_t(64), int64_t(65), int64_t(4095),
+                    int64_t(4096), int64_t(4097), int64_t(3 * 4096 + 100), int64_t(100003), int64_t(1 << 20) + 37}) {
+    const std::vector<float> x = tricky_values(n, uint32_t(n) + 7);
+    DeviceBuffer dx(size_t(n) * 4);
+    dx.write(x);
+    std::mt19937 rng{uint32_t(n)};
+    for (bool is_signed : {true, false}) {
+      std::vector<int8_t> codes(static_cast<size_t>(n));
+      for (int8_t& c : codes) c = is_signed ? int8_t(int(rng() % 15) - 7) : int8_t(rng() % 16);
+      DeviceBuffer dcodes{size_t(n)};
+      dcodes.write(codes);
+      for (float t : {0.f, 0.5f}) {
+        INFO("n " << n << ", signed " << is_signed << ", threshold " << t);
+        const size_t cap = code_bitmap::encoded_bytes(n, n);
+        std::vector<uint8_t> he(cap, 0);
+        const int64_t hk = host.encode_codes(x.data(), codes.data(), n, t, he.data());
+        DeviceBuffer de(cap);
+        CHECK(dev->encode_codes(static_cast<const float*>(dx.p), static_cast<const int8_t*>(dcodes.p), n, t, de.p) ==
+              hk);
+        // The bytes written: bits, directory, and each block's nibbles up to the last block's end.
+        const int64_t words = bitmap::num_words(n), blocks = code_bitmap::num_blocks(n);
+        const auto* hbits = reinterpret_cast<const uint64_t*>(he.data());
+        const auto* hdir = reinterpret_cast<const int64_t*>(hbits + words);
+        int64_t last = 0;
+        for (int64_t w = (blocks - 1) * (code_bitmap::kBlock / 64); w < words; ++w) last += __builtin_popcountll(hbits[w]);
+        const size_t used = size_t(words + blocks) * 8 + size_t(hdir[blocks - 1] + (last + 1) / 2);
+        const std::vector<uint8_t> got = de.read<uint8_t>(used);
+        CHECK(std::memcmp(got.data(), he.data(), used) == 0);
+        // Decoded: the host's decoding, the codes where kept and 0 elsewhere.
+        std::vector<int8_t> hd(static_cast<size_t>(n));
+        host.decode_codes(he.data(), n, is_signed, hd.data());
+        DeviceBuffer dd{size_t(n)};
+        dev->decode_codes(de.p, n, is_signed, static_cast<int8_t*>(dd.p));
+        CHECK(dd.read<int8_t>(size_t(n)) == hd);
+        int64_t differ = 0;
+        for (int64_t i = 0; i < n; ++i) {
+          const bool kept = (hbits[i / 64] >> (i % 64)) & 1;
+          differ += hd[size_t(i)] != (kept ? codes[size_t(i)] : int8_t(0));
+        }
+        CHECK(differ == 0);
+      }
+    }
   }
 }
