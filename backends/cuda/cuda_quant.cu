@@ -15,6 +15,8 @@
 // into a workspace (exact in any order), which a second kernel scales.
 #include <algorithm>
 #include <cstdint>
+#include <cstdlib>
+#include <cstring>
 
 #include "backends/cuda/cuda_backend_impl.h"
 #include "backends/cuda/int_gemm_operands.h"
@@ -60,10 +62,10 @@ __global__ void dequantize_kernel(const int8_t* q, int64_t n, float scale, float
 //   B fragment (32 x 8):  b0 = B[4t..][g], b1 = B[16 + 4t..][g]
 //   C (16 x 8, int32):    c0, c1 = C[g][2t, 2t + 1], c2, c3 = C[g + 8][2t, 2t + 1]
 // (lane = 4 g + t). Rows of words are padded by 8 words, so a fragment load hits 32 banks.
-// Tensor cores (sm_80 and later) multiply; before sm_80 each lane sums its C fragment with dp4a.
+// Tensor cores (sm_80 and later) multiply; before sm_80 (or with EDGETRAIN_CUDA_INT_MMA=0) each
+// lane sums its C fragment with dp4a.
 constexpr int kTileK = 32, kTileN = 128, kGemmThreads = 256;
 
-#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ < 800  // the products without tensor cores
 __device__ __forceinline__ int dot4(int a, int b, int c) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 610
   return __dp4a(a, b, c);
@@ -72,20 +74,13 @@ __device__ __forceinline__ int dot4(int a, int b, int c) {
   return c;
 #endif
 }
-#endif
 
-// c += A (16 x 32 codes at rows r.., words as[kw * lda]) x B (32 x 8 at columns n.., bs[kw * ldb]).
-__device__ __forceinline__ void mma_16x8x32(int (&c)[4], const int* as, int lda, int r, const int* bs, int ldb, int n,
-                                            int lane) {
+// c += A (16 x 32 codes at rows r.., words as[kw * lda]) x B (32 x 8 at columns n.., bs[kw * ldb]),
+// each lane summing its own C fragment's elements with dp4a: the products without tensor cores
+// (before sm_80), and the reference the tensor cores are tested against (EDGETRAIN_CUDA_INT_MMA=0).
+__device__ __forceinline__ void dp4a_16x8x32(int (&c)[4], const int* as, int lda, int r, const int* bs, int ldb,
+                                             int n, int lane) {
   const int g = lane / 4, t = lane % 4;
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  const int a0 = as[t * lda + r + g], a1 = as[t * lda + r + g + 8], a2 = as[(t + 4) * lda + r + g],
-            a3 = as[(t + 4) * lda + r + g + 8];
-  const int b0 = bs[t * ldb + n + g], b1 = bs[(t + 4) * ldb + n + g];
-  asm volatile("mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
-               : "+r"(c[0]), "+r"(c[1]), "+r"(c[2]), "+r"(c[3])
-               : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-#else
   for (int kw = 0; kw < kTileK / 4; ++kw) {
     const int a0 = as[kw * lda + r + g], a1 = as[kw * lda + r + g + 8];
     const int b0 = bs[kw * ldb + n + 2 * t], b1 = bs[kw * ldb + n + 2 * t + 1];
@@ -94,6 +89,21 @@ __device__ __forceinline__ void mma_16x8x32(int (&c)[4], const int* as, int lda,
     c[2] = dot4(a1, b0, c[2]);
     c[3] = dot4(a1, b1, c[3]);
   }
+}
+
+// The same on the tensor cores (sm_80 and later; dp4a before).
+__device__ __forceinline__ void mma_16x8x32(int (&c)[4], const int* as, int lda, int r, const int* bs, int ldb, int n,
+                                            int lane) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  const int g = lane / 4, t = lane % 4;
+  const int a0 = as[t * lda + r + g], a1 = as[t * lda + r + g + 8], a2 = as[(t + 4) * lda + r + g],
+            a3 = as[(t + 4) * lda + r + g + 8];
+  const int b0 = bs[t * ldb + n + g], b1 = bs[(t + 4) * ldb + n + g];
+  asm volatile("mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+               : "+r"(c[0]), "+r"(c[1]), "+r"(c[2]), "+r"(c[3])
+               : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+#else
+  dp4a_16x8x32(c, as, lda, r, bs, ldb, n, lane);
 #endif
 }
 
@@ -109,7 +119,7 @@ struct Gathered {
 // col()); the 32 k of a step are decomposed once for the block into a table. The loop is
 // pipelined: the next step's codes are loaded into registers while this step's are multiplied, so
 // the loads' latency hides behind the products even with one block on an SM.
-template <int BM, int WARPS_M, class A, class B, class Out>
+template <bool kTensorCores, int BM, int WARPS_M, class A, class B, class Out>
 __global__ void __launch_bounds__(kGemmThreads)
     int_gemm_kernel(int64_t M, int64_t N, int64_t K, int64_t k_chunk, A a, B b, Out out) {
   constexpr int kWarpsN = 8 / WARPS_M, kWM = BM / WARPS_M, kWN = kTileN / kWarpsN, kTM = kWM / 16, kTN = kWN / 8;
@@ -184,7 +194,10 @@ __global__ void __launch_bounds__(kGemmThreads)
 #pragma unroll
     for (int i = 0; i < kTM; ++i)
 #pragma unroll
-      for (int j = 0; j < kTN; ++j) mma_16x8x32(acc[i][j], as, kLda, wm + 16 * i, bs, kLdb, wn + 8 * j, lane);
+      for (int j = 0; j < kTN; ++j) {
+        if (kTensorCores) mma_16x8x32(acc[i][j], as, kLda, wm + 16 * i, bs, kLdb, wn + 8 * j, lane);
+        else dp4a_16x8x32(acc[i][j], as, kLda, wm + 16 * i, bs, kLdb, wn + 8 * j, lane);
+      }
     __syncthreads();  // the step's tiles and its k table are read
     if (next) store(ga, gb);
     if (k0 + 2 * kTileK < k_end) tables(k0 + 2 * kTileK, buf);
@@ -270,6 +283,28 @@ size_t split_bytes(int64_t M, int64_t N, int64_t K, int sms) {
   return k_splits(M, N, K, sms) > 1 ? size_t(M * N) * 4 : 0;
 }
 
+// EDGETRAIN_CUDA_INT_MMA: 1 (or unset) multiplies on the tensor cores where the device has them,
+// 0 with dp4a everywhere (the reference for tests and A/B runs; the same integers).
+bool tensor_cores() {
+  const char* env = std::getenv("EDGETRAIN_CUDA_INT_MMA");
+  if (!env || !std::strcmp(env, "1")) return true;
+  if (!std::strcmp(env, "0")) return false;
+  user_error("EDGETRAIN_CUDA_INT_MMA='", env, "': expected 0 or 1");
+}
+
+template <bool kTensorCores, class A, class B, class Out>
+void launch_int_gemm(dim3 grid, cudaStream_t stream, int bm, int64_t M, int64_t N, int64_t K, int64_t k_chunk,
+                     const A& a, const B& b, const Out& out) {
+  if (bm == 16)
+    int_gemm_kernel<kTensorCores, 16, 1><<<grid, kGemmThreads, 0, stream>>>(M, N, K, k_chunk, a, b, out);
+  else if (bm == 32)
+    int_gemm_kernel<kTensorCores, 32, 2><<<grid, kGemmThreads, 0, stream>>>(M, N, K, k_chunk, a, b, out);
+  else if (bm == 64)
+    int_gemm_kernel<kTensorCores, 64, 2><<<grid, kGemmThreads, 0, stream>>>(M, N, K, k_chunk, a, b, out);
+  else
+    int_gemm_kernel<kTensorCores, 128, 2><<<grid, kGemmThreads, 0, stream>>>(M, N, K, k_chunk, a, b, out);
+}
+
 // C = A x B into out on the stream; the k range split over `splits` blocks (out must add then).
 template <class A, class B, class Out>
 void run_int_gemm(cudaStream_t stream, int64_t M, int64_t N, int64_t K, const A& a, const B& b, const Out& out,
@@ -281,14 +316,8 @@ void run_int_gemm(cudaStream_t stream, int64_t M, int64_t N, int64_t K, const A&
   ET_CHECK(ceil_div(M, bm) <= 65535 && splits <= 65535 && ceil_div(N, kTileN) < (int64_t(1) << 31),
            "integer product: ", M, " x ", N, ", ", splits, " splits");
   const dim3 grid(unsigned(ceil_div(N, kTileN)), unsigned(ceil_div(M, bm)), unsigned(splits));
-  if (bm == 16)
-    int_gemm_kernel<16, 1><<<grid, kGemmThreads, 0, stream>>>(M, N, K, k_chunk, a, b, out);
-  else if (bm == 32)
-    int_gemm_kernel<32, 2><<<grid, kGemmThreads, 0, stream>>>(M, N, K, k_chunk, a, b, out);
-  else if (bm == 64)
-    int_gemm_kernel<64, 2><<<grid, kGemmThreads, 0, stream>>>(M, N, K, k_chunk, a, b, out);
-  else
-    int_gemm_kernel<128, 2><<<grid, kGemmThreads, 0, stream>>>(M, N, K, k_chunk, a, b, out);
+  if (tensor_cores()) launch_int_gemm<true>(grid, stream, bm, M, N, K, k_chunk, a, b, out);
+  else launch_int_gemm<false>(grid, stream, bm, M, N, K, k_chunk, a, b, out);
   cuda::launched("int_gemm");
 }
 
@@ -324,8 +353,8 @@ size_t align_up(size_t bytes) { return (bytes + 255) / 256 * 256; }
 // workspace from `offset` on (the passes that may read stored codes plan numel() bytes there).
 Tensor dense_codes(StashCodec& codec, const Tensor& xq, Workspace ws, size_t offset) {
   if (xq.dtype == DType::I4 || xq.dtype == DType::U4) return xq;
-  ET_CHECK(xq.dtype == DType::BitmapI4 || xq.dtype == DType::BitmapU4, "CUDA integer kernels read INT4 input codes, not ",
-           dtype_name(xq.dtype));
+  ET_CHECK(xq.dtype == DType::BitmapI4 || xq.dtype == DType::BitmapU4,
+           "CUDA integer kernels read INT4 input codes, not ", dtype_name(xq.dtype));
   ET_CHECK(ws.bytes >= offset + size_t(xq.numel()), "workspace for the decoded input codes");
   const bool is_signed = xq.dtype == DType::BitmapI4;
   int8_t* out = static_cast<int8_t*>(ws.data) + offset;

@@ -146,56 +146,63 @@ TEST_CASE("cuda: the integer conv passes equal the CPU's bit for bit", "[cuda][q
   // Strides, 1x1 and 5x5 windows, odd sizes, batch 1, channels off the tile sizes, a weight
   // gradient long enough to be split over blocks (8 x 32 x 32 positions), and deep layers on small
   // maps, whose few output tiles make the forward and data gradient split their sums too.
-  for (const Case& c : {Case{2, 16, 8, 8, 16, 3, 1, 1}, Case{3, 5, 7, 9, 6, 3, 2, 1}, Case{1, 8, 6, 6, 12, 1, 1, 0},
-                        Case{4, 12, 5, 5, 8, 1, 2, 0}, Case{1, 3, 11, 11, 5, 5, 1, 2}, Case{5, 9, 4, 4, 70, 3, 1, 1},
-                        Case{8, 16, 32, 32, 16, 3, 1, 1}, Case{2, 64, 16, 16, 128, 3, 2, 1},
-                        Case{2, 256, 4, 4, 256, 3, 1, 1}, Case{2, 128, 8, 8, 256, 3, 2, 1}}) {
-    Conv2dGeom g;
-    g.N = c.N, g.C = c.C, g.H = c.H, g.W = c.W, g.K = c.K, g.R = g.S = c.R;
-    g.stride_h = g.stride_w = c.stride, g.pad_h = g.pad_w = c.pad;
-    g.infer_output();
-    const int64_t nx = g.N * g.C * g.H * g.W, nw = g.K * g.C * g.R * g.S, ny = g.N * g.K * g.P * g.Q;
-    for (bool x_unsigned : {true, false}) {
-      INFO("N" << g.N << " C" << g.C << " " << g.H << "x" << g.W << " K" << g.K << " R" << g.R << " stride " << c.stride
-                << " unsigned " << x_unsigned);
-      auto x = x_unsigned ? codes(nx, 0, 15, 1) : codes(nx, -7, 7, 1);
-      auto w = codes(nw, -7, 7, 2);
-      auto gr = fp4_codes(ny, 3);
-      auto bias = outputs(g.K, -1.f);
-      const DType xt = x_unsigned ? DType::U4 : DType::I4;
-      size_t hb = 0, db_bytes = 0;
-      for (ConvPass p : {ConvPass::Forward, ConvPass::BackwardData, ConvPass::BackwardWeight}) {
-        hb = std::max(hb, b.cpu->conv2d_q_workspace_bytes(g, p));
-        db_bytes = std::max(db_bytes, b.dev->conv2d_q_workspace_bytes(g, p));
-      }
-      if (g.C >= 128) {  // the deep cases: split sums in every pass
-        CHECK(b.dev->conv2d_q_workspace_bytes(g, ConvPass::Forward) > 0);
-        CHECK(b.dev->conv2d_q_workspace_bytes(g, ConvPass::BackwardData) > 0);
-      }
-      Mirror wsc(hb), wsd(db_bytes);
-      const Workspace wc{wsc.host.data(), hb}, wd{wsd.dptr, db_bytes};
-      for (bool acc : {false, true}) {
-        auto y = outputs(ny, 0.5f), dx = outputs(nx, 1.f), dw = outputs(nw, 2.f), db = outputs(g.K, 3.f);
-        for (bool dev : {false, true}) {
-          Backend& be = dev ? *b.dev : *b.cpu;
-          Tensor xq = x->on(dev, Shape{g.N, g.C, g.H, g.W}, xt), wq = w->on(dev, Shape{g.K, g.C, g.R, g.S}, DType::I4);
-          Tensor gq = gr->on(dev, Shape{g.N, g.K, g.P, g.Q}, DType::F4);
-          xq.scale = 0.125f, wq.scale = 0.0625f, gq.scale = 0x1p-10f;
-          Tensor yt = y->on(dev, gq.shape, DType::F32), dxt = dx->on(dev, xq.shape, DType::F32);
-          Tensor dwt = dw->on(dev, wq.shape, DType::F32), dbt = db->on(dev, Shape{g.K}, DType::F32);
-          const Workspace ws = dev ? wd : wc;
-          be.conv2d_forward_q(g, xq, wq, acc ? bias->on(dev, Shape{g.K}, DType::F32) : Tensor{}, yt, ws);
-          be.conv2d_backward_data_q(g, gq, wq, dxt, acc, ws);
-          be.conv2d_backward_weight_q(g, xq, gq, dwt, dbt, acc, ws);
+  // Tensor cores and dp4a (EDGETRAIN_CUDA_INT_MMA): the same integers.
+  for (const char* mma : {"1", "0"}) {
+    REQUIRE(setenv("EDGETRAIN_CUDA_INT_MMA", mma, 1) == 0);
+    INFO("EDGETRAIN_CUDA_INT_MMA=" << mma);
+    for (const Case& c : {Case{2, 16, 8, 8, 16, 3, 1, 1}, Case{3, 5, 7, 9, 6, 3, 2, 1}, Case{1, 8, 6, 6, 12, 1, 1, 0},
+                          Case{4, 12, 5, 5, 8, 1, 2, 0}, Case{1, 3, 11, 11, 5, 5, 1, 2}, Case{5, 9, 4, 4, 70, 3, 1, 1},
+                          Case{8, 16, 32, 32, 16, 3, 1, 1}, Case{2, 64, 16, 16, 128, 3, 2, 1},
+                          Case{2, 256, 4, 4, 256, 3, 1, 1}, Case{2, 128, 8, 8, 256, 3, 2, 1}}) {
+      Conv2dGeom g;
+      g.N = c.N, g.C = c.C, g.H = c.H, g.W = c.W, g.K = c.K, g.R = g.S = c.R;
+      g.stride_h = g.stride_w = c.stride, g.pad_h = g.pad_w = c.pad;
+      g.infer_output();
+      const int64_t nx = g.N * g.C * g.H * g.W, nw = g.K * g.C * g.R * g.S, ny = g.N * g.K * g.P * g.Q;
+      for (bool x_unsigned : {true, false}) {
+        INFO("N" << g.N << " C" << g.C << " " << g.H << "x" << g.W << " K" << g.K << " R" << g.R << " stride "
+                  << c.stride << " unsigned " << x_unsigned);
+        auto x = x_unsigned ? codes(nx, 0, 15, 1) : codes(nx, -7, 7, 1);
+        auto w = codes(nw, -7, 7, 2);
+        auto gr = fp4_codes(ny, 3);
+        auto bias = outputs(g.K, -1.f);
+        const DType xt = x_unsigned ? DType::U4 : DType::I4;
+        size_t hb = 0, db_bytes = 0;
+        for (ConvPass p : {ConvPass::Forward, ConvPass::BackwardData, ConvPass::BackwardWeight}) {
+          hb = std::max(hb, b.cpu->conv2d_q_workspace_bytes(g, p));
+          db_bytes = std::max(db_bytes, b.dev->conv2d_q_workspace_bytes(g, p));
         }
-        INFO("accumulate " << acc);
-        CHECK(y->same());
-        CHECK(dx->same());
-        CHECK(dw->same());
-        CHECK(db->same());
+        if (g.C >= 128) {  // the deep cases: split sums in every pass
+          CHECK(b.dev->conv2d_q_workspace_bytes(g, ConvPass::Forward) > 0);
+          CHECK(b.dev->conv2d_q_workspace_bytes(g, ConvPass::BackwardData) > 0);
+        }
+        Mirror wsc(hb), wsd(db_bytes);
+        const Workspace wc{wsc.host.data(), hb}, wd{wsd.dptr, db_bytes};
+        for (bool acc : {false, true}) {
+          auto y = outputs(ny, 0.5f), dx = outputs(nx, 1.f), dw = outputs(nw, 2.f), db = outputs(g.K, 3.f);
+          for (bool dev : {false, true}) {
+            Backend& be = dev ? *b.dev : *b.cpu;
+            Tensor xq = x->on(dev, Shape{g.N, g.C, g.H, g.W}, xt);
+            Tensor wq = w->on(dev, Shape{g.K, g.C, g.R, g.S}, DType::I4);
+            Tensor gq = gr->on(dev, Shape{g.N, g.K, g.P, g.Q}, DType::F4);
+            xq.scale = 0.125f, wq.scale = 0.0625f, gq.scale = 0x1p-10f;
+            Tensor yt = y->on(dev, gq.shape, DType::F32), dxt = dx->on(dev, xq.shape, DType::F32);
+            Tensor dwt = dw->on(dev, wq.shape, DType::F32), dbt = db->on(dev, Shape{g.K}, DType::F32);
+            const Workspace ws = dev ? wd : wc;
+            be.conv2d_forward_q(g, xq, wq, acc ? bias->on(dev, Shape{g.K}, DType::F32) : Tensor{}, yt, ws);
+            be.conv2d_backward_data_q(g, gq, wq, dxt, acc, ws);
+            be.conv2d_backward_weight_q(g, xq, gq, dwt, dbt, acc, ws);
+          }
+          INFO("accumulate " << acc);
+          CHECK(y->same());
+          CHECK(dx->same());
+          CHECK(dw->same());
+          CHECK(db->same());
+        }
       }
     }
   }
+  unsetenv("EDGETRAIN_CUDA_INT_MMA");
 }
 
 TEST_CASE("cuda: the integer conv passes read bitmap_int4's stored codes as the CPU does", "[cuda][quant][stash]") {
@@ -222,8 +229,8 @@ TEST_CASE("cuda: the integer conv passes read bitmap_int4's stored codes as the 
     const int64_t hk = host_stash_codec().encode_codes(reinterpret_cast<const float*>(x->host.data()),
                                                        reinterpret_cast<const int8_t*>(xc->host.data()), nx, 0.f,
                                                        enc.host.data());
-    CHECK(b.dev->stash_codec().encode_codes(static_cast<const float*>(x->dptr), static_cast<const int8_t*>(xc->dptr), nx,
-                                            0.f, enc.dptr) == hk);
+    CHECK(b.dev->stash_codec().encode_codes(static_cast<const float*>(x->dptr), static_cast<const int8_t*>(xc->dptr),
+                                            nx, 0.f, enc.dptr) == hk);
     size_t hb = 0, db_bytes = 0;
     for (ConvPass p : {ConvPass::Forward, ConvPass::BackwardWeight}) {
       hb = std::max(hb, b.cpu->conv2d_q_workspace_bytes(g, p));
@@ -233,7 +240,8 @@ TEST_CASE("cuda: the integer conv passes read bitmap_int4's stored codes as the 
     auto y = outputs(ny, 0.5f), dw = outputs(nw, 2.f), db = outputs(g.K, 3.f);
     for (bool dev : {false, true}) {
       Backend& be = dev ? *b.dev : *b.cpu;
-      Tensor xq = enc.on(dev, Shape{g.N, g.C, g.H, g.W}, DType::BitmapU4), wq = w->on(dev, Shape{g.K, g.C, 3, 3}, DType::I4);
+      Tensor xq = enc.on(dev, Shape{g.N, g.C, g.H, g.W}, DType::BitmapU4);
+      Tensor wq = w->on(dev, Shape{g.K, g.C, 3, 3}, DType::I4);
       Tensor gq = gr->on(dev, Shape{g.N, g.K, g.P, g.Q}, DType::F4);
       xq.scale = 0.125f, wq.scale = 0.0625f, gq.scale = 0x1p-10f;
       Tensor yt = y->on(dev, gq.shape, DType::F32), dwt = dw->on(dev, wq.shape, DType::F32);

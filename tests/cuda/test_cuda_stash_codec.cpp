@@ -152,7 +152,8 @@ TEST_CASE("cuda: the bitmap_int4 encoding is the host's, byte for byte, and deco
         const auto* hbits = reinterpret_cast<const uint64_t*>(he.data());
         const auto* hdir = reinterpret_cast<const int64_t*>(hbits + words);
         int64_t last = 0;
-        for (int64_t w = (blocks - 1) * (code_bitmap::kBlock / 64); w < words; ++w) last += __builtin_popcountll(hbits[w]);
+        for (int64_t w = (blocks - 1) * (code_bitmap::kBlock / 64); w < words; ++w)
+          last += __builtin_popcountll(hbits[w]);
         const size_t used = size_t(words + blocks) * 8 + size_t(hdir[blocks - 1] + (last + 1) / 2);
         const std::vector<uint8_t> got = de.read<uint8_t>(used);
         CHECK(std::memcmp(got.data(), he.data(), used) == 0);
