@@ -57,13 +57,16 @@ if has bench; then
 fi
 
 if has luq; then
-  stamp "4-bit training (LUQ: INT4 forward, FP4 backward) on CUDA beside FP32, op by op (batch 128)"
+  stamp "4-bit training (LUQ: INT4 forward, FP4 backward) on CUDA beside FP32, op by op (batch 128); 4-bit also with bitmap_int4"
   for model in ${LUQ_MODELS:-resnet20 resnet18 vgg16_bn}; do
-    for run in fp32 luq; do
-      q=(); [ "$run" = luq ] && q=(--set quant.forward=int4 --set quant.backward=luq_fp4)
+    for run in fp32 luq luq_bitmap_int4; do
+      q=(--set memory.stash=dense_fp32)
+      [ "$run" != fp32 ] && q+=(--set quant.forward=int4 --set quant.backward=luq_fp4)
+      [ "$run" = luq_bitmap_int4 ] && q+=(--set memory.stash=bitmap_int4)
       timeout "${LUQ_S:-120}" "$B/edgetrain" bench step --config "configs/${model}_cifar10.json" --steps "${BENCH_STEPS:-20}" \
-        --warmup 3 --set train.device=cuda --set fusion.enabled=false --set memory.stash=dense_fp32 \
-        --set train.cuda_graph=false "${q[@]}" 2>&1 | grep -E 'median step|quantiz|error|Error' | sed "s/^/$model $run: /"
+        --warmup 3 --set train.device=cuda --set fusion.enabled=false --set train.cuda_graph=false "${q[@]}" 2>&1 |
+        grep -oE 'median step.*|"stash_peak_mb":[0-9.]+|[^ ]*rror.*' | tr '\n' ' ' | sed "s/^/$model $run: /"
+      echo
     done
   done 2>&1 | tee "$OUT/luq.log"
 fi
