@@ -3,7 +3,8 @@
 //   - groups == 1: im2col of a chunk of images into the workspace, then cuBLAS SGEMMs
 //     (strided-batched over the chunk's images); the data gradient gathers the columns back
 //     (col2im, no atomics); the weight gradient is one SGEMM per chunk over its images' columns
-//     side by side (a per-image SGEMM was most of a ResNet-20 step on an H200);
+//     side by side (a per-image SGEMM was most of a ResNet-20 step on an H200); 1x1 stride-1
+//     convs skip im2col and col2im in the forward and data gradient (x is its own columns);
 //   - groups > 1 (depthwise): direct kernels, without workspace (cuDNN's candidates too).
 // Linear layers: one SGEMM each way. cuBLAS runs in its default FP32 math (no TF32).
 //
@@ -188,12 +189,25 @@ cudaStream_t stream_of(cublasHandle_t blas) {
   return s;
 }
 
+// A 1x1 stride-1 pad-0 conv (MobileNet-V2's pointwise layers): x is its own columns, so the
+// forward and data gradient are one strided-batched SGEMM over the batch, without im2col or col2im
+// (which made those passes 0.2-0.4 of the SGEMM rate in bench_cuda_conv, session 47).
+bool pointwise(const Conv2dGeom& g) {
+  return g.groups == 1 && g.R == 1 && g.S == 1 && g.stride_h == 1 && g.stride_w == 1 && g.pad_h == 0 && g.pad_w == 0;
+}
+
 void im2col_forward(cublasHandle_t blas, const Conv2dGeom& g, const float* x, const float* w, float* y, Workspace ws) {
   const cudaStream_t stream = stream_of(blas);
   const Geom gg = geom_of(g);
   const int64_t PQ = g.P * g.Q, CRS = g.C * g.R * g.S, chunk = chunk_images(g, ConvPass::Forward);
   float* col = static_cast<float*>(ws.data);
   const float one = 1.f, zero = 0.f;
+  if (pointwise(g)) {  // Y_b^T (PQ x K) = X_b^T (PQ x C) W^T (C x K)
+    cuda::check(cublasSgemmStridedBatched(blas, CUBLAS_OP_N, CUBLAS_OP_N, int(PQ), int(g.K), int(g.C), &one, x,
+                                          int(PQ), g.C * PQ, w, int(g.C), 0, &zero, y, int(PQ), g.K * PQ, int(g.N)),
+                "conv2d_forward sgemm (1x1)");
+    return;
+  }
   for (int64_t n0 = 0; n0 < g.N; n0 += chunk) {
     const int64_t nb = g.N - n0 < chunk ? g.N - n0 : chunk;
     im2col_kernel<<<blocks_for(nb * CRS * PQ), kThreads, 0, stream>>>(gg, x + n0 * g.C * g.H * g.W, nb, col);
@@ -213,6 +227,13 @@ void im2col_backward_data(cublasHandle_t blas, const Conv2dGeom& g, const float*
   const int64_t PQ = g.P * g.Q, CRS = g.C * g.R * g.S, chunk = chunk_images(g, ConvPass::BackwardData);
   float* col = static_cast<float*>(ws.data);
   const float one = 1.f, zero = 0.f;
+  if (pointwise(g)) {  // dX_b^T (PQ x C) (+)= dY_b^T (PQ x K) W (K x C)
+    cuda::check(cublasSgemmStridedBatched(blas, CUBLAS_OP_N, CUBLAS_OP_T, int(PQ), int(g.C), int(g.K), &one, dy,
+                                          int(PQ), g.K * PQ, w, int(g.C), 0, accumulate ? &one : &zero, dx, int(PQ),
+                                          g.C * PQ, int(g.N)),
+                "conv2d_backward_data sgemm (1x1)");
+    return;
+  }
   for (int64_t n0 = 0; n0 < g.N; n0 += chunk) {
     const int64_t nb = g.N - n0 < chunk ? g.N - n0 : chunk;
     // col_b^T (PQ x CRS) = dY_b^T (PQ x K) W (K x CRS)
