@@ -291,7 +291,9 @@ TEST_CASE("conv kernels match the naive reference", "[conv]") {
       {1, 16, 32, 32, 12, 3, 1, 1, 1},
       // ... on 16x16 planes (two rows of 8 tiles per vector): ResNet's second stage, tails.
       {3, 32, 16, 16, 32, 3, 1, 1, 1}, {2, 33, 16, 16, 19, 3, 1, 1, 1},
-      // ... on 8x8 planes (the plane's 16 tiles in one vector): ResNet's third stage, tails.
+      // ... on 8x8 planes (the plane's 16 tiles in one vector): ResNet's third stage, tails. Its
+      // weight gradient (conv_winograd_wgrad8.cpp, channels in multiples of 4) also takes the 8x8
+      // cases above: 16 x 16, 40 -> 24 over a partial chunk, 16 -> 4, 20 images of 8 channels.
       {3, 64, 8, 8, 64, 3, 1, 1, 1},   {2, 21, 8, 8, 35, 3, 1, 1, 1},
   };
   for (auto path : {cpu::ConvPathOverride::Auto, cpu::ConvPathOverride::Gemm, cpu::ConvPathOverride::Direct,

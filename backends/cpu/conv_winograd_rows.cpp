@@ -1,5 +1,7 @@
 // Winograd F(2x2, 3x3) by rows of tiles: the forward and data gradient of 3x3 stride-1 pad-1
 // convs on 32x32, 16x16 and 8x8 planes (CIFAR ResNets' three stages, VGG's first two), AVX-512.
+// (The weight gradient on 8x8 planes: conv_winograd_wgrad8.cpp; the input transform's pieces
+// both use: conv_winograd_rows.h.)
 //
 // conv_winograd.cpp's form packs the transforms into SGEMM slivers with the channels along the
 // vectors; with 16 channels its transforms and packing cost more than the multiply-adds they save
@@ -31,6 +33,7 @@
 #include "backends/cpu/carve.h"
 #include "backends/cpu/conv_direct.h"
 #include "backends/cpu/conv_winograd.h"
+#include "backends/cpu/conv_winograd_rows.h"
 #include "backends/cpu/fused_elementwise.h"
 
 #if defined(__AVX512F__)
@@ -147,28 +150,9 @@ void place_columns16(const float* x, float* rows) {
   }
 }
 
-// B^T d B in two steps: along a row of the window (d0..d3: its four columns' vectors), then down
-// the columns of four such rows (ti: row i's), each of the 16 results V[xi] stored at v + xi * stride.
-ET_ALWAYS_INLINE inline void bt_row(__m512 d0, __m512 d1, __m512 d2, __m512 d3, __m512* t) {
-  t[0] = _mm512_sub_ps(d0, d2);
-  t[1] = _mm512_add_ps(d1, d2);
-  t[2] = _mm512_sub_ps(d2, d1);
-  t[3] = _mm512_sub_ps(d1, d3);
-}
 ET_ALWAYS_INLINE inline void bt_placed_row(const float* row, __m512* t) {  // a placed row: E, O, E1, O1
   bt_row(_mm512_load_ps(row), _mm512_load_ps(row + 16), _mm512_load_ps(row + 32), _mm512_load_ps(row + 48), t);
 }
-ET_ALWAYS_INLINE inline void bt_columns(const __m512* t0, const __m512* t1, const __m512* t2, const __m512* t3,
-                                        float* v, int64_t stride) {
-#pragma GCC unroll 4
-  for (int j = 0; j < 4; ++j) {
-    _mm512_store_ps(v + (0 * 4 + j) * stride, _mm512_sub_ps(t0[j], t2[j]));
-    _mm512_store_ps(v + (1 * 4 + j) * stride, _mm512_add_ps(t1[j], t2[j]));
-    _mm512_store_ps(v + (2 * 4 + j) * stride, _mm512_sub_ps(t2[j], t1[j]));
-    _mm512_store_ps(v + (3 * 4 + j) * stride, _mm512_sub_ps(t1[j], t3[j]));
-  }
-}
-
 // V of one vector of tiles from its 4 placed rows (rows: the first); stride: Ci * 32.
 ET_ALWAYS_INLINE inline void input_transform_one(const float* rows, float* v, int64_t stride) {
   __m512 t[4][4];
@@ -318,34 +302,6 @@ void rows_image(const RowsGeom& g, const ConvInput& x, int64_t n, const float* U
   }
 }
 
-// 8x8 planes: one vector holds the plane's 16 tiles (lane 4 tr + q), built from the plane's four
-// vectors by two permutes and a blend per point (i, j) of the 4x4 input window (zero where the
-// window reaches the padding); the products use one vector, U broadcast against it, 16 output
-// channels of accumulators; the outputs go back into the plane's four vectors the same way.
-struct Gather8 {
-  alignas(64) int32_t in_idx[16][16];   // point (i, j) = 4 i + j: lane L's element of rows 0-3 / 4-7
-  __mmask16 in_lo[16], in_hi[16];       // lanes read from rows 0-3 / 4-7 (neither: padding, zero)
-  alignas(64) int32_t out_idx[4][16];   // output vector k (rows 2k, 2k+1): element e's lane of y_p0 / y_p1
-};
-
-Gather8 gather8() {
-  Gather8 t{};
-  for (int i = 0; i < 4; ++i)
-    for (int j = 0; j < 4; ++j)
-      for (int L = 0; L < 16; ++L) {
-        const int r = 2 * (L / 4) + i - 1, c = 2 * (L % 4) + j - 1, f = r * 8 + c;
-        t.in_idx[4 * i + j][L] = f & 31;
-        if (r < 0 || r > 7 || c < 0 || c > 7) continue;
-        (f < 32 ? t.in_lo : t.in_hi)[4 * i + j] |= __mmask16(1u << L);
-      }
-  for (int k = 0; k < 4; ++k)
-    for (int e = 0; e < 16; ++e) {
-      const int col = e % 8;
-      t.out_idx[k][e] = (col % 2) * 16 + 4 * k + col / 2;
-    }
-  return t;
-}
-
 void rows_image8(const RowsGeom& g, const Gather8& t, const ConvInput& x, int64_t n, const float* U,
                  const float* bias, bool accumulate, const RowsEpilogue& epi, float* v, float* m, float* plane,
                  float* out) {
@@ -357,17 +313,7 @@ void rows_image8(const RowsGeom& g, const Gather8& t, const ConvInput& x, int64_
       x.stack->run(src, x.stack->scale, x.stack->shift, g.Ci, HW, pl * HW, HW, plane);
       src = plane;
     }
-    const __m512 r0 = _mm512_loadu_ps(src), r1 = _mm512_loadu_ps(src + 16), r2 = _mm512_loadu_ps(src + 32),
-                 r3 = _mm512_loadu_ps(src + 48);
-    __m512 d[4][4];
-    for (int p = 0; p < 16; ++p) {
-      const __m512i idx = _mm512_load_si512(t.in_idx[p]);
-      d[p / 4][p % 4] = _mm512_mask_mov_ps(_mm512_maskz_permutex2var_ps(t.in_lo[p], r0, idx, r1), t.in_hi[p],
-                                           _mm512_permutex2var_ps(r2, idx, r3));
-    }
-    __m512 tt[4][4];
-    for (int i = 0; i < 4; ++i) bt_row(d[i][0], d[i][1], d[i][2], d[i][3], tt[i]);
-    bt_columns(tt[0], tt[1], tt[2], tt[3], v + c * 16, g.Ci * 16);
+    input_transform8(t, src, v + c * 16, g.Ci * 16);
   }
   for (int xi = 0; xi < 16; ++xi)
     domain_point<1>(v + xi * g.Ci * 16, U + xi * g.Ci * g.Co, g.Ci, g.Co, m + xi * g.Co * 16);
@@ -426,8 +372,9 @@ void rows_run(const RowsGeom& g, const ConvInput& x, const float* w, int64_t K, 
 }  // namespace
 
 bool winograd_rows_applies(const Conv2dGeom& g, ConvPass pass) {
+  if (pass == ConvPass::BackwardWeight) return winograd_wgrad8_applies(g);
 #if defined(__AVX512F__)
-  return pass != ConvPass::BackwardWeight && g.groups == 1 && g.R == 3 && g.S == 3 && g.stride_h == 1 &&
+  return g.groups == 1 && g.R == 3 && g.S == 3 && g.stride_h == 1 &&
          g.stride_w == 1 && g.pad_h == 1 && g.pad_w == 1 && (g.W == 32 || g.W == 16 || g.W == 8) && g.H == g.W && g.P == g.W &&
          g.Q == g.W && g.C > 0 && g.K > 0;
 #else
@@ -437,6 +384,7 @@ bool winograd_rows_applies(const Conv2dGeom& g, ConvPass pass) {
 }
 
 size_t winograd_rows_workspace(const Conv2dGeom& g, ConvPass pass, int threads) {
+  if (pass == ConvPass::BackwardWeight) return winograd_wgrad8_workspace(g, threads);
   const RowsLayout l = rows_layout(rows_geom(g, pass));
   return l.shared_bytes + size_t(threads) * l.thread_bytes;
 }
