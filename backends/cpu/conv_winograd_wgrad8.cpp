@@ -129,8 +129,10 @@ void chunk_products(const float* v, const float* w, int64_t C, int64_t K, int64_
         const __m512 s = lane_sums16(acc);  // s[4i + j]: output channel k0 + i, input channel c0 + j
         alignas(64) float sums[16];
         _mm512_store_ps(sums, s);
-        for (int i = 0; i < 4; ++i)
-          for (int j = 0; j < 4; ++j) px[(k0 + i) * C + c0 + j] += sums[4 * i + j];
+        for (int i = 0; i < 4; ++i) {
+          float* row = px + (k0 + i) * C + c0;
+          _mm_storeu_ps(row, _mm_add_ps(_mm_loadu_ps(row), _mm_load_ps(sums + 4 * i)));
+        }
       }
   }
 }
