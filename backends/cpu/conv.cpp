@@ -97,8 +97,8 @@ bool prefer_winograd(const Conv2dGeom& g, ConvPass pass) {
 bool prefer_winograd_rows(const Conv2dGeom& g, ConvPass pass) {
   const int64_t in = pass == ConvPass::Forward ? g.C : g.K, out = pass == ConvPass::Forward ? g.K : g.C;
   if (!cpu::winograd_rows_applies(g, pass)) return false;
-  // Weight gradients (8x8 planes): 64 -> 64 (ResNet-20's third stage) 1.20-1.24x the channels-last
-  // direct kernels (session 47, two alternating runs of 21 calls); other widths unmeasured.
+  // Weight gradients (8x8 planes): 64 -> 64 (ResNet-20's third stage) 1.20-1.32x the channels-last
+  // direct kernels (session 47, alternating runs of 21 calls); other widths unmeasured.
   if (pass == ConvPass::BackwardWeight) return g.C == 64 && g.K == 64;
   if (g.W == 32) return in >= 16 && out >= 16;
   if (g.W == 16) return in >= 32 && out >= 32 && in * out < 128 * 128;
