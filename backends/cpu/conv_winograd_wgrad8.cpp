@@ -44,7 +44,9 @@ Wgrad8Layout wgrad8_layout(const Conv2dGeom& g) {
   l.w_n = 16 * g.K * kImages * 16;
   l.part_n = 16 * g.K * g.C + g.K;
   l.plane_n = g.C * 64;
-  l.thread_bytes = CarveSize().add<float>(l.v_n).add<float>(l.w_n).add<float>(l.part_n).add<float>(l.plane_n).bytes;
+  // A multiple of 64 bytes: every thread's pieces then lie at the same offsets in its part.
+  const size_t bytes = CarveSize().add<float>(l.v_n).add<float>(l.w_n).add<float>(l.part_n).add<float>(l.plane_n).bytes;
+  l.thread_bytes = (bytes + 63) / 64 * 64;
   return l;
 }
 
@@ -193,11 +195,11 @@ void winograd_wgrad8(const Conv2dGeom& g, const Tensor& x, const float* dy, floa
     }
 #pragma omp barrier
     // dw[k][c] = G^T M G of M = the threads' partials added in thread order; each thread a slice.
-    const auto part_of = [&](int u) {  // carved as above
-      Carve c(static_cast<uint8_t*>(ws) + size_t(u) * l.thread_bytes);
-      c.take<float>(l.v_n);
-      c.take<float>(l.w_n);
-      return static_cast<const float*>(c.take<float>(l.part_n));
+    // Thread u's partials: at the offset this thread's have in its part (thread_bytes: whole 64s).
+    const size_t part_offset = size_t(reinterpret_cast<uint8_t*>(part) - static_cast<uint8_t*>(ws)) -
+                               size_t(t) * l.thread_bytes;
+    const auto part_of = [&](int u) {
+      return reinterpret_cast<const float*>(static_cast<uint8_t*>(ws) + size_t(u) * l.thread_bytes + part_offset);
     };
     const int64_t i0 = KC * t / nt, i1 = KC * (t + 1) / nt;
     for (int64_t i = i0; i < i1; ++i) {

@@ -349,15 +349,15 @@ ConvShape conv_shape(const Conv2dGeom& g) {
 size_t align_up(size_t bytes) { return (bytes + 255) / 256 * 256; }
 
 // The input codes a kernel reads in place: xq itself where dense (I4 / U4), or under
-// memory.stash = bitmap_int4 the stash's encoding (BitmapI4 / BitmapU4) decoded into the
-// workspace from `offset` on (the passes that may read stored codes plan numel() bytes there).
-Tensor dense_codes(StashCodec& codec, const Tensor& xq, Workspace ws, size_t offset) {
+// memory.stash = bitmap_int4 the stash's encoding (BitmapI4 / BitmapU4) decoded at the start of
+// the workspace.
+Tensor dense_codes(StashCodec& codec, const Tensor& xq, Workspace ws) {
   if (xq.dtype == DType::I4 || xq.dtype == DType::U4) return xq;
   ET_CHECK(xq.dtype == DType::BitmapI4 || xq.dtype == DType::BitmapU4,
            "CUDA integer kernels read INT4 input codes, not ", dtype_name(xq.dtype));
-  ET_CHECK(ws.bytes >= offset + size_t(xq.numel()), "workspace for the decoded input codes");
+  ET_CHECK(ws.bytes >= size_t(xq.numel()), "workspace for the decoded input codes");
   const bool is_signed = xq.dtype == DType::BitmapI4;
-  int8_t* out = static_cast<int8_t*>(ws.data) + offset;
+  int8_t* out = static_cast<int8_t*>(ws.data);
   codec.decode_codes(xq.data, xq.numel(), is_signed, out);
   Tensor d = xq;  // its shape, strides and scale
   d.data = out;
@@ -365,8 +365,16 @@ Tensor dense_codes(StashCodec& codec, const Tensor& xq, Workspace ws, size_t off
   return d;
 }
 
-// The split sums' part of a workspace whose decoded codes follow it.
-Workspace split_part(Workspace ws, size_t split) { return Workspace{ws.data, std::min(ws.bytes, split)}; }
+// A conv pass's workspace: first room to decode stored input codes (the forward, which a recompute
+// runs on the stash's codes, and the weight gradient: one byte an input element), then the split
+// sums where the pass splits. At a smaller batch than planned both parts shrink; a split that
+// does not fit runs unsplit (run_split_int_gemm).
+size_t decode_bytes(const Conv2dGeom& g, ConvPass pass) {
+  return pass == ConvPass::BackwardData ? 0 : align_up(size_t(g.N * g.C * g.H * g.W));
+}
+Workspace split_part(Workspace ws, size_t decode) {
+  return decode >= ws.bytes ? Workspace{nullptr, 0} : Workspace{static_cast<uint8_t*>(ws.data) + decode, ws.bytes - decode};
+}
 
 }  // namespace
 
@@ -401,10 +409,11 @@ void CudaBackend::dequantize(const Tensor& q, Tensor& y) {
 // The products as GEMMs: forward K x (N P Q) over C R S; data gradient C x (N H W) over K R S;
 // weight gradient K x (C R S) over N P Q.
 size_t CudaBackend::conv2d_q_workspace_bytes(const Conv2dGeom& g, ConvPass pass) const {
-  const int64_t CRS = g.C * g.R * g.S, input = g.N * g.C * g.H * g.W;
-  if (pass == ConvPass::Forward) return align_up(split_bytes(g.K, g.N * g.P * g.Q, CRS, sm_count_)) + size_t(input);
-  if (pass == ConvPass::BackwardData) return split_bytes(g.C, g.N * g.H * g.W, g.K * g.R * g.S, sm_count_);
-  return align_up(split_bytes(g.K, CRS, g.N * g.P * g.Q, sm_count_)) + size_t(input);
+  const int64_t CRS = g.C * g.R * g.S, NPQ = g.N * g.P * g.Q;
+  const size_t split = pass == ConvPass::Forward        ? split_bytes(g.K, NPQ, CRS, sm_count_)
+                       : pass == ConvPass::BackwardData ? split_bytes(g.C, g.N * g.H * g.W, g.K * g.R * g.S, sm_count_)
+                                                        : split_bytes(g.K, CRS, NPQ, sm_count_);
+  return decode_bytes(g, pass) + split;
 }
 
 void CudaBackend::conv2d_forward_q(const Conv2dGeom& g, const Tensor& xq_in, const Tensor& wq, const Tensor& b,
@@ -412,12 +421,12 @@ void CudaBackend::conv2d_forward_q(const Conv2dGeom& g, const Tensor& xq_in, con
   ET_CHECK(g.groups == 1 && wq.dtype == DType::I4);
   const ConvShape s = conv_shape(g);
   const int64_t CRS = g.C * g.R * g.S, PQ = g.P * g.Q;
-  const size_t split = align_up(split_bytes(g.K, g.N * PQ, CRS, sm_count_));
-  const Tensor xq = dense_codes(*codec_, xq_in, ws, split);  // a recompute may read the stash's codes
+  const size_t decode = decode_bytes(g, ConvPass::Forward);
+  const Tensor xq = dense_codes(*codec_, xq_in, ws);  // a recompute may read the stash's codes
   const BiasedOut<int_gemm::PlanesOut> out{y.f32(), int_gemm::PlanesOut{g.K, PQ}, xq.scale * wq.scale,
                                            b.defined() ? b.f32() : nullptr, true};
   run_split_int_gemm(stream_, sm_count_, g.K, g.N * PQ, CRS, int_gemm::Dense{wq.codes(), CRS, 1},
-                     int_gemm::ConvInputByTaps{xq.codes(), s}, out, split_part(ws, split));
+                     int_gemm::ConvInputByTaps{xq.codes(), s}, out, split_part(ws, decode));
 }
 
 void CudaBackend::conv2d_backward_data_q(const Conv2dGeom& g, const Tensor& gq, const Tensor& wq, Tensor& dx,
@@ -438,13 +447,13 @@ void CudaBackend::conv2d_backward_weight_q(const Conv2dGeom& g, const Tensor& xq
   ET_CHECK(double(g.N) * double(g.P * g.Q) * 64.0 * 15.0 < 2147483647.0, "int32 weight-gradient sums could overflow");
   const ConvShape s = conv_shape(g);
   const int64_t CRS = g.C * g.R * g.S, PQ = g.P * g.Q;
-  const size_t split = align_up(split_bytes(g.K, CRS, g.N * PQ, sm_count_));
-  const Tensor xq = dense_codes(*codec_, xq_in, ws, split);
+  const size_t decode = decode_bytes(g, ConvPass::BackwardWeight);
+  const Tensor xq = dense_codes(*codec_, xq_in, ws);
   // dw = float(sum) * scale, + dw where it accumulates, else + 0 (the CPU's form).
   const ScaledOut<int_gemm::RowsOut> out{dw.f32(), int_gemm::RowsOut{CRS}, xq.scale * gq.scale, accumulate, true};
   run_split_int_gemm(stream_, sm_count_, g.K, CRS, g.N * PQ, int_gemm::GradByPositions{gq.codes(), s},
                      int_gemm::ConvInputByPositions{int_gemm::ConvInputByTaps{xq.codes(), s}}, out,
-                     split_part(ws, split));
+                     split_part(ws, decode));
   if (db.defined())
     code_sums_kernel<<<unsigned(g.K), kThreads, 0, stream_>>>(gq.codes(), g.N, g.K, PQ, gq.scale, accumulate, db.f32());
   cuda::launched("conv2d_backward_weight_q");
@@ -455,7 +464,7 @@ size_t CudaBackend::linear_q_workspace_bytes(int64_t n, int64_t in, int64_t) con
 
 // Linear layers: y[N, O] = xq[N, I] wq^T; dx[N, I] = gq[N, O] wq[O, I]; dw[O, I] = gq^T xq.
 void CudaBackend::linear_forward_q(const Tensor& xq_in, const Tensor& wq, const Tensor& b, Tensor& y, Workspace ws) {
-  const Tensor xq = dense_codes(*codec_, xq_in, ws, 0);
+  const Tensor xq = dense_codes(*codec_, xq_in, ws);
   const int64_t N = xq.dim(0), I = xq.dim(1), O = wq.dim(0);
   const BiasedOut<int_gemm::RowsOut> out{y.f32(), int_gemm::RowsOut{O}, xq.scale * wq.scale,
                                          b.defined() ? b.f32() : nullptr, false};
@@ -470,7 +479,7 @@ void CudaBackend::linear_backward_data_q(const Tensor& gq, const Tensor& wq, Ten
 
 void CudaBackend::linear_backward_weight_q(const Tensor& xq_in, const Tensor& gq, Tensor& dw, Tensor& db,
                                            bool accumulate, Workspace ws) {
-  const Tensor xq = dense_codes(*codec_, xq_in, ws, 0);
+  const Tensor xq = dense_codes(*codec_, xq_in, ws);
   const int64_t N = xq.dim(0), I = xq.dim(1), O = gq.dim(1);
   const ScaledOut<int_gemm::RowsOut> out{dw.f32(), int_gemm::RowsOut{I}, xq.scale * gq.scale, accumulate, true};
   run_int_gemm(stream_, O, I, N, int_gemm::Dense{gq.codes(), 1, O}, int_gemm::Dense{xq.codes(), I, 1}, out);
