@@ -151,12 +151,14 @@ inline auto elementwise_dz(ElementwiseOnly e, FusedGrads& g, const FusedTensors&
 // The first backward sweep of a stack over plane (n, c) done by its reader's data gradient
 // (FusedGrads::dz_sums): d holds the plane's dy and gets dz, with the arithmetic of elementwise_dz
 // (the ReLU's mask recomputed from x, or read from y, or none after an add) and the sums of the
-// stack's sweep 1. x, y: the plane's.
-inline void dz_sums_plane(const DzSumsEpilogue& e, int64_t c, const float* x, const float* y, float* d, int64_t HW,
-                          float* s1, float* s2) {
+// stack's sweep 1. x, y, d: a piece of the plane (len elements), its sums carried in `lanes`
+// (every piece but the last a multiple of 16 elements: the same bits as the whole plane at once,
+// bn_rows::GradLanes), so a kernel can take each piece right after it writes it.
+inline void dz_sums_piece(const DzSumsEpilogue& e, int64_t c, const float* x, const float* y, float* d, int64_t len,
+                          bn_rows::GradLanes* lanes) {
   if (e.mask == DzMask::None) {  // dz = dy, in place already
     auto dz = [=](int64_t i, __mmask16 m) ET_ALWAYS_INLINE { return _mm512_maskz_loadu_ps(m, d + i); };
-    return bn_rows::grad_sums(dz, x, e.mean[c], HW, s1, s2);
+    return bn_rows::grad_sums_piece(dz, x, e.mean[c], len, lanes);
   }
   if (e.mask == DzMask::FromY) {  // y > 0, as elementwise_dz reads a dense saved y
     auto dz = [=](int64_t i, __mmask16 m) ET_ALWAYS_INLINE {
@@ -165,7 +167,7 @@ inline void dz_sums_plane(const DzSumsEpilogue& e, int64_t c, const float* x, co
       _mm512_mask_storeu_ps(d + i, m, v);
       return v;
     };
-    return bn_rows::grad_sums(dz, x, e.mean[c], HW, s1, s2);
+    return bn_rows::grad_sums_piece(dz, x, e.mean[c], len, lanes);
   }
   const __m512 vscale = _mm512_set1_ps(e.scale[c]), vshift = _mm512_set1_ps(e.shift[c]);
   auto dz = [=](int64_t i, __mmask16 m) ET_ALWAYS_INLINE {
@@ -173,7 +175,14 @@ inline void dz_sums_plane(const DzSumsEpilogue& e, int64_t c, const float* x, co
     _mm512_mask_storeu_ps(d + i, m, v);
     return v;
   };
-  bn_rows::grad_sums(dz, x, e.mean[c], HW, s1, s2);
+  bn_rows::grad_sums_piece(dz, x, e.mean[c], len, lanes);
+}
+// ... over the whole plane.
+inline void dz_sums_plane(const DzSumsEpilogue& e, int64_t c, const float* x, const float* y, float* d, int64_t HW,
+                          float* s1, float* s2) {
+  bn_rows::GradLanes lanes;
+  dz_sums_piece(e, c, x, y, d, HW, &lanes);
+  bn_rows::grad_sums_finish(lanes, s1, s2);
 }
 #elif defined(ET_LANES16)
 // The AVX-512 functions above on AVX2's or NEON's registers (lanes16.h), with the same arithmetic.
