@@ -291,10 +291,14 @@ TEST_CASE("conv kernels match the naive reference", "[conv]") {
       {1, 16, 32, 32, 12, 3, 1, 1, 1},
       // ... on 16x16 planes (two rows of 8 tiles per vector): ResNet's second stage, tails.
       {3, 32, 16, 16, 32, 3, 1, 1, 1}, {2, 33, 16, 16, 19, 3, 1, 1, 1},
-      // ... on 8x8 planes (the plane's 16 tiles in one vector): ResNet's third stage, tails. Its
-      // weight gradient (conv_winograd_wgrad8.cpp, channels in multiples of 4) also takes the 8x8
-      // cases above: 16 x 16, 40 -> 24 over a partial chunk, 16 -> 4, 20 images of 8 channels.
+      // ... on 8x8 planes (the plane's 16 tiles in one vector): ResNet's third stage, tails.
       {3, 64, 8, 8, 64, 3, 1, 1, 1},   {2, 21, 8, 8, 35, 3, 1, 1, 1},
+      // Its weight gradient (conv_winograd_wgrad.cpp, channels in multiples of 4) takes every
+      // square 8x8, 16x16 and 32x32 case above with such channels (8x8: 16 x 16, 40 -> 24 over a
+      // partial chunk of 8 images, 16 -> 4, 20 images of 8 channels; 16x16: chunks of 2 images,
+      // the last one partial on a thread with 3) and these: 5 images of 32x32 (a chunk each), 16x16
+      // with 4 -> 8 channels (a whole and a partial chunk on one thread).
+      {5, 8, 32, 32, 4, 3, 1, 1, 1},   {5, 4, 16, 16, 8, 3, 1, 1, 1},
   };
   for (auto path : {cpu::ConvPathOverride::Auto, cpu::ConvPathOverride::Gemm, cpu::ConvPathOverride::Direct,
                     cpu::ConvPathOverride::Implicit, cpu::ConvPathOverride::Winograd,

@@ -90,18 +90,24 @@ bool prefer_winograd(const Conv2dGeom& g, ConvPass pass) {
 // 16 -> 16 (ResNet-20's first stage) 1.02-1.29x, 32 -> 32 1.14-1.22x, 64 -> 64 (VGG-16's and
 // ResNet-18's first stage) 1.36-1.62x; a 3-channel input (the stems' forward) loses, 0.62x. 16x16 maps: 32 -> 32 (ResNet-20's second stage)
 // 1.00-1.20x the direct kernels, 64 -> 64 1.40-1.52x and 64 -> 128 1.12-1.42x Winograd's GEMM
-// form, 128 -> 128 even with it (0.92-1.09x); 16 -> 16 0.81-1.09x the direct kernels. 8x8 maps
+// form, 128 -> 128 0.92-1.09x it (1.34-1.40x on Zen 5); 16 -> 16 0.81-1.09x the direct kernels. 8x8 maps
 // (one vector per plane): 64 -> 64 (ResNet-20's third stage) 1.41-1.65x Winograd's GEMM form,
 // 64 -> 128 1.36x, 128 -> 128 1.14x, 128 -> 256 0.89x (U, 4 MiB there, leaves L2); 16 -> 16 and
 // 32 -> 32 2.9x and 2.2x the implicit GEMM.
 bool prefer_winograd_rows(const Conv2dGeom& g, ConvPass pass) {
   const int64_t in = pass == ConvPass::Forward ? g.C : g.K, out = pass == ConvPass::Forward ? g.K : g.C;
   if (!cpu::winograd_rows_applies(g, pass)) return false;
-  // Weight gradients (8x8 planes): 64 -> 64 (ResNet-20's third stage) 1.20-1.32x the channels-last
-  // direct kernels (session 47, alternating runs of 21 calls); other widths unmeasured.
-  if (pass == ConvPass::BackwardWeight) return g.C == 64 && g.K == 64;
+  // Weight gradients (conv_winograd_wgrad.cpp), against the kernels chosen before (session 48, Zen 5,
+  // bench_conv --against): 32 -> 32 at 16x16 (ResNet-20's second stage) 1.16-1.43x the channels-last
+  // direct kernels, 64 -> 64 at 32x32 (VGG-16's first stage) 1.38x, 64 -> 128 and 128 -> 128 at
+  // 16x16 1.44x and 1.54x (VGG-16); 64 -> 64 at 8x8 (ResNet-20's third stage) 1.20-1.32x
+  // (session 47, Intel Xeon), 1.5x faster itself since. 16 -> 16 at 32x32: even with the direct
+  // kernels (0.95-1.16x), whose staging of x costs as much as the transforms save.
+  if (pass == ConvPass::BackwardWeight) return g.C >= 32 && g.K >= 32;
   if (g.W == 32) return in >= 16 && out >= 16;
-  if (g.W == 16) return in >= 32 && out >= 32 && in * out < 128 * 128;
+  // 128 -> 128 at 16x16 (VGG-16's second stage): 0.92-1.09x the GEMM form on the Intel Xeon
+  // (session 46), 1.34-1.40x on Zen 5 (session 48).
+  if (g.W == 16) return in >= 32 && out >= 32 && in * out <= 128 * 128;
   return in >= 16 && out >= 16 && in * out <= 128 * 128;
 }
 
@@ -293,8 +299,8 @@ void CpuBackend::conv2d_backward_weight(const Conv2dGeom& g, const Tensor& x, co
       return cpu::implicit_backward_weight(g, x, dy.f32(), dw.f32(), dbp, accumulate, ws.data);
     case Path::Winograd:
       return cpu::winograd_backward_weight(g, x, dy.f32(), dw.f32(), dbp, accumulate, ws.data);
-    case Path::WinogradRows:  // 8x8 planes (winograd_rows_applies)
-      return cpu::winograd_wgrad8(g, x, dy.f32(), dw.f32(), dbp, accumulate, ws.data);
+    case Path::WinogradRows:  // 32x32, 16x16, 8x8 planes (winograd_rows_applies)
+      return cpu::winograd_wgrad_rows(g, x, dy.f32(), dw.f32(), dbp, accumulate, ws.data);
     case Path::Gemm: break;
   }
   cpu::gemm_conv_backward_weight(g, x, dy.f32(), dw.f32(), dbp, accumulate, ws.data);

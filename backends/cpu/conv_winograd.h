@@ -25,18 +25,19 @@ void winograd_backward_weight(const Conv2dGeom& g, const Tensor& x, const float*
 
 // Winograd F(2x2, 3x3) by rows of tiles (conv_winograd_rows.cpp): forward and data gradient of
 // 3x3 stride-1 pad-1 convs on 32x32, 16x16 and 8x8 planes, AVX-512 builds; the same interfaces as above
-// (winograd_rows_applies and _workspace answer for the weight gradient too: winograd_wgrad8's).
+// (winograd_rows_applies and _workspace answer for the weight gradient too: winograd_wgrad_rows's).
 bool winograd_rows_applies(const Conv2dGeom& g, ConvPass pass);
 size_t winograd_rows_workspace(const Conv2dGeom& g, ConvPass pass, int threads);
 void winograd_rows_forward(const Conv2dGeom& g, const Tensor& x, const float* w, const float* b, float* y, void* ws,
                            float* sum1 = nullptr, float* sum2 = nullptr);
 void winograd_rows_backward_data(const Conv2dGeom& g, const float* dy, const float* w, float* dx, bool accumulate,
                                  void* ws, const DzSumsEpilogue* dz_sums = nullptr);
-// ... and the weight gradient on 8x8 planes, channels in multiples of 4 (conv_winograd_wgrad8.cpp);
-// x: f32 or any stash encoding (memory/stored_reader.h), decoded an image at a time.
-bool winograd_wgrad8_applies(const Conv2dGeom& g);
-size_t winograd_wgrad8_workspace(const Conv2dGeom& g, int threads);
-void winograd_wgrad8(const Conv2dGeom& g, const Tensor& x, const float* dy, float* dw, float* db, bool accumulate,
-                     void* ws);
+// ... and the weight gradient on the same planes, channels in multiples of 4
+// (conv_winograd_wgrad.cpp); x: f32 or any stash encoding (memory/stored_reader.h), decoded a plane
+// (8x8: an image) at a time.
+bool winograd_wgrad_rows_applies(const Conv2dGeom& g);
+size_t winograd_wgrad_rows_workspace(const Conv2dGeom& g, int threads);
+void winograd_wgrad_rows(const Conv2dGeom& g, const Tensor& x, const float* dy, float* dw, float* db, bool accumulate,
+                         void* ws);
 
 }  // namespace et::cpu

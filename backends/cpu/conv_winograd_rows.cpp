@@ -1,7 +1,7 @@
 // Winograd F(2x2, 3x3) by rows of tiles: the forward and data gradient of 3x3 stride-1 pad-1
 // convs on 32x32, 16x16 and 8x8 planes (CIFAR ResNets' three stages, VGG's first two), AVX-512.
-// (The weight gradient on 8x8 planes: conv_winograd_wgrad8.cpp; the input transform's pieces
-// both use: conv_winograd_rows.h.)
+// (The weight gradient: conv_winograd_wgrad.cpp; the input transform's pieces both use:
+// conv_winograd_rows.h.)
 //
 // conv_winograd.cpp's form packs the transforms into SGEMM slivers with the channels along the
 // vectors; with 16 channels its transforms and packing cost more than the multiply-adds they save
@@ -43,8 +43,6 @@
 namespace et::cpu {
 
 namespace {
-
-constexpr int64_t kRowFloats = 64;  // one placed row: E, O, E1, O1 (place_columns*)
 
 // The per-call geometry in the kernel's own terms: Ci input planes in, Co output planes out, of
 // side x side (32 or 16).
@@ -111,72 +109,6 @@ void transform_weights(const float* w, int64_t K, int64_t C, bool data_gradient,
         for (int b = 0; b < 4; ++b) U[((4 * a + b) * Ci + c) * Co + o] = float(u[b]);
       }
     }
-}
-
-// One input plane [32, 32] into its padded rows (rows 0 and 33 stay zero). Tile q of a row of
-// tiles reads columns 2q .. 2q+3 of the padded row (column j is x's column j - 1, zero at j = 0
-// and 33), placed as four aligned vectors, so the transform loads nothing unaligned:
-//   E[q] = col 2q, O[q] = col 2q + 1, E1[q] = col 2q + 2, O1[q] = col 2q + 3.
-void place_columns(const float* x, float* rows) {
-  const __m512i e = _mm512_set_epi32(29, 27, 25, 23, 21, 19, 17, 15, 13, 11, 9, 7, 5, 3, 1, 0);  // lane 0 masked
-  const __m512i o = _mm512_set_epi32(30, 28, 26, 24, 22, 20, 18, 16, 14, 12, 10, 8, 6, 4, 2, 0);
-  const __m512i e1 = _mm512_set_epi32(31, 29, 27, 25, 23, 21, 19, 17, 15, 13, 11, 9, 7, 5, 3, 1);
-  const __m512i o1 = _mm512_set_epi32(0, 30, 28, 26, 24, 22, 20, 18, 16, 14, 12, 10, 8, 6, 4, 2);  // lane 15 masked
-  for (int64_t h = 0; h < 32; ++h) {
-    const __m512 a = _mm512_loadu_ps(x + h * 32), b = _mm512_loadu_ps(x + h * 32 + 16);
-    float* row = rows + (h + 1) * kRowFloats;
-    _mm512_store_ps(row, _mm512_maskz_permutex2var_ps(0xFFFE, a, e, b));
-    _mm512_store_ps(row + 16, _mm512_permutex2var_ps(a, o, b));
-    _mm512_store_ps(row + 32, _mm512_permutex2var_ps(a, e1, b));
-    _mm512_store_ps(row + 48, _mm512_maskz_permutex2var_ps(0x7FFF, a, o1, b));
-  }
-}
-
-// The same for a [16, 16] plane, 8 tiles a row: vector p holds tile rows 2p (lanes 0-7) and
-// 2p + 1 (lanes 8-15), which read padded rows 4p .. 4p+3 and 4p+2 .. 4p+5; so padded row r goes
-// to placed row i = r % 4 of vector r / 4 (lower half) and of vector (r - 2) / 4 (upper half).
-// Rows 0 and 17 are never written (zero).
-// d[0..7] = lanes 0-7 (lower) or lanes 8-15 (upper) of v.
-inline void store_lower8(float* d, __m512 v) { _mm512_mask_storeu_ps(d, 0x00FF, v); }
-inline void store_upper8(float* d, __m512 v) { _mm512_mask_storeu_ps(d - 8, 0xFF00, v); }
-void place_columns16(const float* x, float* rows) {
-  const __m512i eo = _mm512_set_epi32(14, 12, 10, 8, 6, 4, 2, 0, 13, 11, 9, 7, 5, 3, 1, 0);  // E (lane 0 masked), O
-  const __m512i eo1 = _mm512_set_epi32(0, 14, 12, 10, 8, 6, 4, 2, 15, 13, 11, 9, 7, 5, 3, 1);  // E1, O1 (lane 15 masked)
-  for (int64_t h = 0; h < 16; ++h) {
-    const __m512 xv = _mm512_loadu_ps(x + h * 16);
-    const __m512 a = _mm512_maskz_permutexvar_ps(0xFFFE, eo, xv), b = _mm512_maskz_permutexvar_ps(0x7FFF, eo1, xv);
-    const int64_t r = h + 1;
-    auto put = [&](float* d) {
-      store_lower8(d, a);
-      store_upper8(d + 16, a);
-      store_lower8(d + 32, b);
-      store_upper8(d + 48, b);
-    };
-    if (r < 16) put(rows + r * kRowFloats);                  // vector r / 4, row r % 4, lanes 0-7
-    if (r >= 2) put(rows + (r - 2) * kRowFloats + 8);        // vector (r - 2) / 4, row (r - 2) % 4, lanes 8-15
-  }
-}
-
-ET_ALWAYS_INLINE inline void bt_placed_row(const float* row, __m512* t) {  // a placed row: E, O, E1, O1
-  bt_row(_mm512_load_ps(row), _mm512_load_ps(row + 16), _mm512_load_ps(row + 32), _mm512_load_ps(row + 48), t);
-}
-// V of one vector of tiles from its 4 placed rows (rows: the first); stride: Ci * 32.
-ET_ALWAYS_INLINE inline void input_transform_one(const float* rows, float* v, int64_t stride) {
-  __m512 t[4][4];
-#pragma GCC unroll 4
-  for (int i = 0; i < 4; ++i) bt_placed_row(rows + i * kRowFloats, t[i]);
-  bt_columns(t[0], t[1], t[2], t[3], v, stride);
-}
-
-// V of tile rows tr and tr + 1 from one channel's padded rows 2tr .. 2tr+5:
-// v[(xi * Ci + c) * 32 + r * 16 + q] for row of tiles tr + r (v points at channel c; stride: Ci * 32).
-// Rows 2tr+2 and 2tr+3 belong to both rows of tiles: each padded row's B^T d is taken once.
-ET_ALWAYS_INLINE inline void input_transform_pair(const float* rows_c, int64_t tr, float* v, int64_t stride) {
-  __m512 t[6][4];
-#pragma GCC unroll 6
-  for (int i = 0; i < 6; ++i) bt_placed_row(rows_c + (2 * tr + i) * kRowFloats, t[i]);
-  bt_columns(t[0], t[1], t[2], t[3], v, stride);
-  bt_columns(t[2], t[3], t[4], t[5], v + 16, stride);
 }
 
 // M[xi] = sum_c U[xi][c] * V[xi][c] for one domain point, over NV vectors of tiles (V and M hold
@@ -394,7 +326,7 @@ void rows_run(const RowsGeom& g, const ConvInput& x, const float* w, int64_t K, 
 }  // namespace
 
 bool winograd_rows_applies(const Conv2dGeom& g, ConvPass pass) {
-  if (pass == ConvPass::BackwardWeight) return winograd_wgrad8_applies(g);
+  if (pass == ConvPass::BackwardWeight) return winograd_wgrad_rows_applies(g);
 #if defined(__AVX512F__)
   return g.groups == 1 && g.R == 3 && g.S == 3 && g.stride_h == 1 &&
          g.stride_w == 1 && g.pad_h == 1 && g.pad_w == 1 && (g.W == 32 || g.W == 16 || g.W == 8) && g.H == g.W && g.P == g.W &&
@@ -406,7 +338,7 @@ bool winograd_rows_applies(const Conv2dGeom& g, ConvPass pass) {
 }
 
 size_t winograd_rows_workspace(const Conv2dGeom& g, ConvPass pass, int threads) {
-  if (pass == ConvPass::BackwardWeight) return winograd_wgrad8_workspace(g, threads);
+  if (pass == ConvPass::BackwardWeight) return winograd_wgrad_rows_workspace(g, threads);
   const RowsLayout l = rows_layout(rows_geom(g, pass));
   return l.shared_bytes + size_t(threads) * l.thread_bytes;
 }
