@@ -50,6 +50,13 @@ struct RowsGeom {
   int64_t N, Ci, Co, side;
   // Vectors of tiles per plane: 16 rows of 16 tiles (side 32), or 4 pairs of rows of 8 tiles.
   int64_t vectors() const { return side == 32 ? 16 : side == 16 ? 4 : 1; }
+  // Floats from one domain point's V (M) to the next: the vectors of tiles a channel (2 on 32x32
+  // and 16x16 planes, 1 on 8x8) for every input (output) channel, plus one line, so a tile's 16
+  // points do not all fall in one cache set where the channels fill whole pages (as
+  // conv_winograd_wgrad.cpp's V and W).
+  int64_t vecs() const { return side == 8 ? 1 : 2; }
+  int64_t v_stride() const { return Ci * vecs() * 16 + 16; }
+  int64_t m_stride() const { return Co * vecs() * 16 + 16; }
   // Placed rows per input plane: the 34 padded rows (side 32); 4 rows for each of the 4 vectors,
   // both halves (side 16).
   int64_t placed_rows() const { return side == 32 ? side + 2 : side == 16 ? 16 : 0; }  // 8: none (rows_image8)
@@ -64,8 +71,8 @@ RowsLayout rows_layout(const RowsGeom& g) {
   RowsLayout l;
   l.u_n = 16 * g.Ci * g.Co;
   l.placed_n = g.Ci * g.placed_rows() * kRowFloats;
-  l.v_n = 16 * g.Ci * 32;  // [xi][c][2 rows of tiles][16 tiles]
-  l.m_n = 16 * g.Co * 32;
+  l.v_n = 16 * g.v_stride();  // [xi][c][2 rows of tiles][16 tiles]
+  l.m_n = 16 * g.m_stride();
   l.plane_n = g.side * g.side;
   l.lanes_n = g.Co;  // per output plane, the first sweep's running sums
   l.shared_bytes = CarveSize().add<float>(l.u_n).bytes;
@@ -223,14 +230,14 @@ void rows_image(const RowsGeom& g, const ConvInput& x, int64_t n, const float* U
   for (int64_t j = 0; j < g.vectors(); j += 2) {  // vectors j and j + 1 of tiles
     for (int64_t c = 0; c < g.Ci; ++c) {
       if (side == 32) {
-        input_transform_pair(placed + c * per_plane, j, v + c * 32, g.Ci * 32);
+        input_transform_pair(placed + c * per_plane, j, v + c * 32, g.v_stride());
       } else {
-        input_transform_one(placed + c * per_plane + 4 * j * kRowFloats, v + c * 32, g.Ci * 32);
-        input_transform_one(placed + c * per_plane + 4 * (j + 1) * kRowFloats, v + c * 32 + 16, g.Ci * 32);
+        input_transform_one(placed + c * per_plane + 4 * j * kRowFloats, v + c * 32, g.v_stride());
+        input_transform_one(placed + c * per_plane + 4 * (j + 1) * kRowFloats, v + c * 32 + 16, g.v_stride());
       }
     }
     for (int xi = 0; xi < 16; ++xi)
-      domain_point<2>(v + xi * g.Ci * 32, U + xi * g.Ci * g.Co, g.Ci, g.Co, m + xi * g.Co * 32);
+      domain_point<2>(v + xi * g.v_stride(), U + xi * g.Ci * g.Co, g.Ci, g.Co, m + xi * g.m_stride());
     for (int64_t o = 0; o < g.Co; ++o) {
       float* y = out + (n * g.Co + o) * HW;
       const float b = bias ? bias[o] : 0.f;
@@ -238,7 +245,7 @@ void rows_image(const RowsGeom& g, const ConvInput& x, int64_t n, const float* U
         const int64_t q = j + r;  // side 32: tile row q (output rows 2q, 2q+1); 16: tile rows 2q, 2q+1
         float* a0 = side == 32 ? y + 2 * q * 32 : y + 4 * q * 16;
         float* b0 = side == 32 ? a0 + 16 : y + (4 * q + 2) * 16;
-        output_transform(m + o * 32 + r * 16, g.Co * 32, b, accumulate, a0, b0, side);
+        output_transform(m + o * 32 + r * 16, g.m_stride(), b, accumulate, a0, b0, side);
       }
       const int64_t pl = n * g.Co + o;
       const bool last = j + 2 >= g.vectors();
@@ -266,13 +273,13 @@ void rows_image8(const RowsGeom& g, const Gather8& t, const ConvInput& x, int64_
       x.stack->run(src, x.stack->scale, x.stack->shift, g.Ci, HW, pl * HW, HW, plane);
       src = plane;
     }
-    input_transform8(t, src, v + c * 16, g.Ci * 16);
+    input_transform8(t, src, v + c * 16, g.v_stride());
   }
   for (int xi = 0; xi < 16; ++xi)
-    domain_point<1>(v + xi * g.Ci * 16, U + xi * g.Ci * g.Co, g.Ci, g.Co, m + xi * g.Co * 16);
+    domain_point<1>(v + xi * g.v_stride(), U + xi * g.Ci * g.Co, g.Ci, g.Co, m + xi * g.m_stride());
   for (int64_t o = 0; o < g.Co; ++o) {
     __m512 yt[2][2];
-    at_m_a(m + o * 16, g.Co * 16, yt);
+    at_m_a(m + o * 16, g.m_stride(), yt);
     const __m512 vb = _mm512_set1_ps(bias ? bias[o] : 0.f);
     const int64_t pl = n * g.Co + o;
     float* y = out + pl * HW;
