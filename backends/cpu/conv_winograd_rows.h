@@ -3,10 +3,14 @@
 // 32x32 and 16x16 planes placed as rows of column phases, 8x8 planes gathered from their four
 // vectors. Internal to the CPU backend.
 #pragma once
+#include <cstdint>
+
+namespace et::cpu {
+constexpr int64_t kRowFloats = 64;  // one placed row: E, O, E1, O1 (place_columns*)
+}  // namespace et::cpu
+
 #if defined(__AVX512F__)
 #include <immintrin.h>
-
-#include <cstdint>
 
 #include "backends/cpu/always_inline.h"
 
@@ -30,8 +34,6 @@ ET_ALWAYS_INLINE inline void bt_columns(const __m512* t0, const __m512* t1, cons
     _mm512_store_ps(v + (3 * 4 + j) * stride, _mm512_sub_ps(t1[j], t3[j]));
   }
 }
-
-constexpr int64_t kRowFloats = 64;  // one placed row: E, O, E1, O1 (place_columns*)
 
 // One input plane [32, 32] into its padded rows (rows 0 and 33 stay zero). Tile q of a row of
 // tiles reads columns 2q .. 2q+3 of the padded row (column j is x's column j - 1, zero at j = 0
