@@ -14,7 +14,8 @@
 //   winograd rows (conv_winograd_rows.cpp) F(2x2, 3x3) with 16 tiles of one plane per vector:
 //                                   forward and data gradient of 3x3 stride-1 pad-1 layers on
 //                                   32x32 maps with 16+ channels, 16x16 maps with 32 to 128, 8x8
-//                                   maps with 16 to 128 (AVX-512)
+//                                   maps with 16 to 128; their weight gradient with 32 to 128
+//                                   (conv_winograd_wgrad.cpp) (AVX-512)
 // Every family is deterministic for a given thread count and allocates nothing.
 #include <omp.h>
 
