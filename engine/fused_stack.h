@@ -219,8 +219,16 @@ inline int64_t dz_sums_floats(int64_t N, int64_t C) { return 1 + 2 * N * C; }
 
 // Where the epilogue's ReLU mask comes from: relu(x * scale + shift) > 0 recomputed (the conv's
 // input is y computed by its readers, DType::AffineRelu), y > 0 read from y itself (the conv's
-// input in f32), or none (a stack ending in the add: dz = dy).
-enum class DzMask : uint8_t { FromX, FromY, None };
+// input in f32), y > 0 read from the bitmap of y the stack wrote in its forward (y_bits_floats),
+// or none (a stack ending in the add: dz = dy).
+enum class DzMask : uint8_t { FromX, FromY, FromBits, None };
+
+// A stack that ends in an add and a ReLU, whose first sweep its reader takes, writes y's bitmap
+// in its forward for that sweep's mask (1 bit an element read instead of y's 32): an aux value of
+// [2 + N * C * PQ / 32] floats for a batch of up to N, [0] = 1 where the forward wrote it (0: the
+// stash took y's bitmap itself), [1] unused, then the words of memory/bitmap.h's layout over y [N, C, P, Q]
+// (planes of whole 64-bit words only: Backend::fused_writes_y_bits).
+inline int64_t y_bits_floats(int64_t N, int64_t C, int64_t PQ) { return 2 + N * C * PQ / 32; }
 
 // What that data gradient needs of the stack (Backend::conv2d_backward_data_dz_sums): x, the BN's
 // input, f32 as the forward wrote it; dz = dy where the mask is on, else +0, as the stack's own
@@ -230,6 +238,7 @@ struct DzSumsEpilogue {
   const float *scale = nullptr, *shift = nullptr, *mean = nullptr;  // [C]; scale, shift: FromX
   DzMask mask = DzMask::FromX;
   const float* y = nullptr;                // [N, C, H, W]: FromY
+  const uint64_t* bits = nullptr;          // y > 0 by element of [N, C, H, W] (planes of whole words): FromBits
   float *sum1 = nullptr, *sum2 = nullptr;  // [N, C] each: sum dz, sum dz * (x - mean) per plane
 };
 

@@ -60,6 +60,7 @@ struct OpAttributes {
 struct TakenSweep1 {
   int mean_input = -1, sums_input = -1;
   int stack_x = -1;
+  int y_bits_input = -1;  // y's bitmap from the stack's forward (y_bits_floats), or -1
   bool relu = true;
 };
 

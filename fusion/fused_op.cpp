@@ -18,8 +18,13 @@ constexpr int kSideInput = 5;  // after x, gamma, beta, running_mean, running_va
 
 class FusedStackOp final : public Op {
  public:
-  FusedStackOp(const FusedStack& s, std::vector<std::string> members, int sums_input, int dz_sums_aux)
-      : stack_(s), members_(std::move(members)), sums_input_(sums_input), dz_sums_aux_(dz_sums_aux) {
+  FusedStackOp(const FusedStack& s, std::vector<std::string> members, int sums_input, int dz_sums_aux,
+               int y_bits_aux)
+      : stack_(s),
+        members_(std::move(members)),
+        sums_input_(sums_input),
+        dz_sums_aux_(dz_sums_aux),
+        y_bits_aux_(y_bits_aux) {
     for (const FusedStage& st : s.stages)
       has_pool_ |= st.kind == FusedKind::MaxPool || st.kind == FusedKind::AvgPool || st.kind == FusedKind::GlobalAvgPool;
   }
@@ -101,7 +106,18 @@ class FusedStackOp final : public Op {
       return;
     }
     t.y = ctx.output();
-    ctx.backend().fused_forward(stack_, t, ctx.training(), ctx.output_mask(), ctx.workspace());
+    MaskOut* mask = ctx.output_mask();
+    if (y_bits_aux_ >= 0) {  // y's bitmap for the reader's sweep 1, where the stash does not take it
+      Tensor bits = ctx.aux(y_bits_aux_);
+      const bool own = ctx.training() && !mask;
+      bits.f32()[0] = own ? 1.f : 0.f;
+      if (own) {
+        MaskOut m;
+        m.bits = reinterpret_cast<uint64_t*>(bits.f32() + 2);
+        return ctx.backend().fused_forward(stack_, t, true, &m, ctx.workspace());
+      }
+    }
+    ctx.backend().fused_forward(stack_, t, ctx.training(), mask, ctx.workspace());
   }
 
   void backward(OpContext& ctx) override {
@@ -183,6 +199,7 @@ class FusedStackOp final : public Op {
   bool has_pool_ = false;
   int sums_input_ = -1;  // the input holding x's plane sums, written by x's producer
   int dz_sums_aux_ = -1;  // the aux value y's reader writes dz's plane sums to (FusedGrads::dz_sums)
+  int y_bits_aux_ = -1;   // the aux value this forward writes y's bitmap to for it (y_bits_floats)
   int y_sums_aux_ = -1;  // the aux value to write y's plane sums to
   FusedStack producer_;     // hand_sweep_to
   int dx_coef_input_ = -1;  // the input to write the handed-on sweep's coefficients to
@@ -201,8 +218,8 @@ void hand_sweep_on(Op& producer, Op& reader, const FusedStack& producer_stack, i
 bool takes_plane_sums(const FusedStack& s) { return s.headed_by_bn() && !s.small_planes() && !s.channel_slabs; }
 
 std::unique_ptr<Op> make_fused_op(const FusedStack& s, std::vector<std::string> members, int sums_input,
-                                  int dz_sums_aux) {
-  return std::make_unique<FusedStackOp>(s, std::move(members), sums_input, dz_sums_aux);
+                                  int dz_sums_aux, int y_bits_aux) {
+  return std::make_unique<FusedStackOp>(s, std::move(members), sums_input, dz_sums_aux, y_bits_aux);
 }
 
 }  // namespace fusion

@@ -90,9 +90,10 @@ std::string describe(const Graph& g, const Plan& p);
 
 // The op a fused stack becomes (fused_op.cpp). Inputs: x, gamma, beta, running_mean, running_var
 // [, side] [, x's plane sums at input `sums_input`]; aux: batch mean, invstd [, dz's plane sums
-// from y's reader at aux `dz_sums_aux`] [, y's plane sums].
+// from y's reader at aux `dz_sums_aux`] [, y's bitmap for that reader at aux `y_bits_aux`] [, y's
+// plane sums].
 std::unique_ptr<Op> make_fused_op(const FusedStack& s, std::vector<std::string> members, int sums_input = -1,
-                                  int dz_sums_aux = -1);
+                                  int dz_sums_aux = -1, int y_bits_aux = -1);
 // Links the fused stack `reader` to the one before it, `producer` (StackPlan::sweep_to_producer):
 // the reader writes its coefficients to its input `coef_input`, the producer's aux `coef_aux`.
 void hand_sweep_on(Op& producer, Op& reader, const FusedStack& producer_stack, int coef_aux, int coef_input);

@@ -33,7 +33,7 @@ void apply(Graph& g, const Plan& p) {
   // Readers taking a stack's first backward sweep (StackPlan::sweep1_to_reader): for the reader's
   // old node id, the stack's mean and the aux value the reader writes the sums to (new value ids).
   struct Sweep1Inputs {
-    int mean = -1, sums = -1, x = -1;
+    int mean = -1, sums = -1, x = -1, y_bits = -1;
     bool relu = true;
   };
   std::vector<Sweep1Inputs> sweep1_of(static_cast<size_t>(nn));
@@ -67,9 +67,11 @@ void apply(Graph& g, const Plan& p) {
         t.sums_input = t.mean_input + 1;
         t.stack_x = sw.x;
         t.relu = sw.relu;
+        if (sw.y_bits >= 0) t.y_bits_input = t.sums_input + 1;
         node.op->take_dz_sums(t);
         inputs.push_back(sw.mean);
         inputs.push_back(sw.sums);
+        if (sw.y_bits >= 0) inputs.push_back(sw.y_bits);
       }
       const int out = ng.add_node(node.name, std::move(node.op), std::move(inputs), fresh(g.value(node.output)),
                                   std::move(aux));
@@ -134,7 +136,20 @@ void apply(Graph& g, const Plan& p) {
       dz_sums_aux = int(aux.size());
       aux.push_back(std::move(sums));
     }
-    std::unique_ptr<Op> op = make_fused_op(sp.stack, members, sums_input, dz_sums_aux);
+    // ... and where the stack ends in an add and a ReLU (y kept, its mask y > 0), y's bitmap for
+    // that sweep, written by this forward (planes of whole 64-bit words, as the forward writes
+    // them), an aux value of this stack until its backward.
+    int y_bits_aux = -1;
+    const FusedStage& last = sp.stack.last();
+    if (sp.sweep1_to_reader && sp.stack.add_stage() >= 0 && last.kind == FusedKind::Relu &&
+        (last.P * last.Q) % 64 == 0 && !sp.stack.small_planes() && !sp.stack.channel_slabs) {
+      Value bits;
+      bits.name = sp.name + ".y_bits";
+      bits.shape = Shape{y_bits_floats(g.batch_size(), sp.stack.C, last.P * last.Q)};
+      y_bits_aux = int(aux.size());
+      aux.push_back(std::move(bits));
+    }
+    std::unique_ptr<Op> op = make_fused_op(sp.stack, members, sums_input, dz_sums_aux, y_bits_aux);
     if (coef_input >= 0)
       hand_sweep_on(*ng.node(coef_producer).op, *op, p.stacks[size_t(sp.producer_stack)].stack, coef_aux, coef_input);
     const int out =
@@ -149,6 +164,7 @@ void apply(Graph& g, const Plan& p) {
     if (dz_sums_aux >= 0) {
       ET_CHECK(sp.reader_node > n, "fusion rewrite: the reader of ", sp.name, " comes before it");
       sweep1_of[size_t(sp.reader_node)] = {added.aux[0], added.aux[size_t(dz_sums_aux)], added.inputs[0],
+                                           y_bits_aux >= 0 ? added.aux[size_t(y_bits_aux)] : -1,
                                            sp.stack.last().kind == FusedKind::Relu};
     }
   }

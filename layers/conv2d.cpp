@@ -173,6 +173,15 @@ class Conv2dOp final : public Op {
       e.x = x.f32();
       e.y = y.f32();
       e.mask = sweep1_.relu ? DzMask::FromY : DzMask::None;
+      // y's bitmap where the stack's forward wrote it ([0] = 1): 1 bit an element read, not 32.
+      if (sweep1_.relu && sweep1_.y_bits_input >= 0) {
+        const Tensor bits = ctx.input(sweep1_.y_bits_input);
+        if (bits.f32()[0] == 1.f) {
+          ET_CHECK(bits.numel() >= y_bits_floats(g.N, g.C, g.H * g.W), "conv2d: y bits of ", bits.shape.str());
+          e.bits = reinterpret_cast<const uint64_t*>(bits.f32() + 2);
+          e.mask = DzMask::FromBits;
+        }
+      }
     }
     Tensor sums = ctx.input(sweep1_.sums_input);
     const int64_t max_n = (sums.numel() - 1) / (2 * g.C);

@@ -40,7 +40,7 @@ void direct_dense_forward(const Conv2dGeom& g, const Tensor& x, const float* w, 
                           float* sum1 = nullptr, float* sum2 = nullptr);
 // dz_sums (groups 1; or null): the first backward sweep of the fused stack
 // whose output is x, on each image's planes of dx right after they are written, while they are in
-// this core's cache (fused_elementwise::dz_sums_plane; AVX-512, AVX2 and NEON builds).
+// this core's cache (fused_elementwise::dz_sums_piece; AVX-512, AVX2 and NEON builds).
 void direct_dense_backward_data(const Conv2dGeom& g, const float* dy, const float* w, float* dx, bool accumulate,
                                 void* ws, const DzSumsEpilogue* dz_sums = nullptr);
 // Whether direct_dense_backward_data does the epilogue above for g (its own path, or dgrad_cl's).

@@ -254,7 +254,7 @@ void rows_image(const RowsGeom& g, const ConvInput& x, int64_t n, const float* U
         bn_rows::GradLanes& lg = lanes[o];
         const int64_t at = pl * HW + 64 * j;  // this pair's piece: elements [64 j, 64 j + 128)
         if (j == 0) lg = bn_rows::GradLanes{};
-        fused_elementwise::dz_sums_piece(e, o, e.x + at, e.y ? e.y + at : nullptr, out + at, 128, &lg);
+        fused_elementwise::dz_sums_piece(e, o, at, out + at, 128, &lg);
         if (last) bn_rows::grad_sums_finish(lg, e.sum1 + pl, e.sum2 + pl);
       }
       if (last && epi.sum1) bn_rows::plane_sums(y, HW, epi.sum1 + pl, epi.sum2 + pl);

@@ -40,7 +40,7 @@ bool CpuBackend::fused_reads_dy_affine(const FusedStack& s) const { return strid
 // backward 48-54 -> 39-41 ms (docs/fusion-log.md, session 44).
 bool CpuBackend::fused_pool_grad_in_place(const FusedStack& s) const { return stride1_pool_planes(s); }
 
-// Sweep 1 in the reader's data gradient (fused_elementwise::dz_sums_plane): stacks whose own
+// Sweep 1 in the reader's data gradient (fused_elementwise::dz_sums_piece): stacks whose own
 // sweep 1 is elementwise_dz's in memory order (BN -> ReLU, BN -> add -> ReLU, BN -> add), so the
 // sums are those bits; sweep 2 then writes the side gradient from the parked dz.
 bool CpuBackend::fused_takes_dz_sums(const FusedStack& s) const {

@@ -150,19 +150,33 @@ inline auto elementwise_dz(ElementwiseOnly e, FusedGrads& g, const FusedTensors&
 
 // The first backward sweep of a stack over plane (n, c) done by its reader's data gradient
 // (FusedGrads::dz_sums): d holds the plane's dy and gets dz, with the arithmetic of elementwise_dz
-// (the ReLU's mask recomputed from x, or read from y, or none after an add) and the sums of the
-// stack's sweep 1. x, y, d: a piece of the plane (len elements), its sums carried in `lanes`
-// (every piece but the last a multiple of 16 elements: the same bits as the whole plane at once,
-// bn_rows::GradLanes), so a kernel can take each piece right after it writes it.
-inline void dz_sums_piece(const DzSumsEpilogue& e, int64_t c, const float* x, const float* y, float* d, int64_t len,
+// (the ReLU's mask recomputed from x, or read from y or y's bitmap, or none after an add) and the
+// sums of the stack's sweep 1. A piece of the plane: len elements from flat element `at` of
+// [N, C, H, W] (d: dx + at), its sums carried in `lanes` (every piece but the last a multiple of
+// 16 elements: the same bits as the whole plane at once, bn_rows::GradLanes), so a kernel can take
+// each piece right after it writes it. FromBits: `at` a multiple of 16.
+inline void dz_sums_piece(const DzSumsEpilogue& e, int64_t c, int64_t at, float* d, int64_t len,
                           bn_rows::GradLanes* lanes) {
+  const float* x = e.x + at;
   if (e.mask == DzMask::None) {  // dz = dy, in place already
     auto dz = [=](int64_t i, __mmask16 m) ET_ALWAYS_INLINE { return _mm512_maskz_loadu_ps(m, d + i); };
     return bn_rows::grad_sums_piece(dz, x, e.mean[c], len, lanes);
   }
   if (e.mask == DzMask::FromY) {  // y > 0, as elementwise_dz reads a dense saved y
+    const float* y = e.y + at;
     auto dz = [=](int64_t i, __mmask16 m) ET_ALWAYS_INLINE {
       const __mmask16 on = _mm512_mask_cmp_ps_mask(m, _mm512_maskz_loadu_ps(m, y + i), _mm512_setzero_ps(), _CMP_GT_OQ);
+      const __m512 v = _mm512_maskz_loadu_ps(on, d + i);
+      _mm512_mask_storeu_ps(d + i, m, v);
+      return v;
+    };
+    return bn_rows::grad_sums_piece(dz, x, e.mean[c], len, lanes);
+  }
+  if (e.mask == DzMask::FromBits) {  // y > 0 from its bitmap: 16 bits a vector
+    const uint64_t* bits = e.bits;
+    auto dz = [=](int64_t i, __mmask16 m) ET_ALWAYS_INLINE {
+      const int64_t f = at + i;
+      const __mmask16 on = __mmask16(m & (bits[f >> 6] >> (f & 63)));
       const __m512 v = _mm512_maskz_loadu_ps(on, d + i);
       _mm512_mask_storeu_ps(d + i, m, v);
       return v;
@@ -176,13 +190,6 @@ inline void dz_sums_piece(const DzSumsEpilogue& e, int64_t c, const float* x, co
     return v;
   };
   bn_rows::grad_sums_piece(dz, x, e.mean[c], len, lanes);
-}
-// ... over the whole plane.
-inline void dz_sums_plane(const DzSumsEpilogue& e, int64_t c, const float* x, const float* y, float* d, int64_t HW,
-                          float* s1, float* s2) {
-  bn_rows::GradLanes lanes;
-  dz_sums_piece(e, c, x, y, d, HW, &lanes);
-  bn_rows::grad_sums_finish(lanes, s1, s2);
 }
 #elif defined(ET_LANES16)
 // The AVX-512 functions above on AVX2's or NEON's registers (lanes16.h), with the same arithmetic.
@@ -255,20 +262,33 @@ inline auto elementwise_dz(ElementwiseOnly e, FusedGrads& g, const FusedTensors&
   };
 }
 
-inline void dz_sums_plane(const DzSumsEpilogue& e, int64_t c, const float* x, const float* y, float* d, int64_t HW,
-                          float* s1, float* s2) {
+inline void dz_sums_piece(const DzSumsEpilogue& e, int64_t c, int64_t at, float* d, int64_t len,
+                          bn_rows::GradLanes* lanes) {
   using namespace lanes16;
+  const float* x = e.x + at;
   if (e.mask == DzMask::None) {  // dz = dy, in place already
     auto dz = [=](int64_t i, auto m) ET_ALWAYS_INLINE { return and16(load16(m, d + i), on16(m)); };
-    return bn_rows::grad_sums(dz, x, e.mean[c], HW, s1, s2);
+    return bn_rows::grad_sums_piece(dz, x, e.mean[c], len, lanes);
   }
   if (e.mask == DzMask::FromY) {  // y > 0, as elementwise_dz reads a dense saved y
+    const float* y = e.y + at;
     auto dz = [=](int64_t i, auto m) ET_ALWAYS_INLINE {
       const Lanes16 v = and16(load16(m, d + i), and16(on16(m), gt_zero16(load16(m, y + i))));  // +0 in the lanes off
       store16(m, d + i, v);
       return v;
     };
-    return bn_rows::grad_sums(dz, x, e.mean[c], HW, s1, s2);
+    return bn_rows::grad_sums_piece(dz, x, e.mean[c], len, lanes);
+  }
+  if (e.mask == DzMask::FromBits) {  // y > 0 from its bitmap: 16 bits a vector
+    const uint64_t* bits = e.bits;
+    auto dz = [=](int64_t i, auto m) ET_ALWAYS_INLINE {
+      const int64_t f = at + i;
+      const Lanes16 on = and16(on16(m), lanes_of_bits(uint32_t(bits[f >> 6] >> (f & 63))));
+      const Lanes16 v = and16(load16(m, d + i), on);  // +0 in the lanes off
+      store16(m, d + i, v);
+      return v;
+    };
+    return bn_rows::grad_sums_piece(dz, x, e.mean[c], len, lanes);
   }
   const Lanes16 vscale = splat16(e.scale[c]), vshift = splat16(e.shift[c]);
   auto dz = [=](int64_t i, auto m) ET_ALWAYS_INLINE {
@@ -276,17 +296,20 @@ inline void dz_sums_plane(const DzSumsEpilogue& e, int64_t c, const float* x, co
     store16(m, d + i, v);
     return v;
   };
-  bn_rows::grad_sums(dz, x, e.mean[c], HW, s1, s2);
+  bn_rows::grad_sums_piece(dz, x, e.mean[c], len, lanes);
 }
 #endif
 
 #if defined(ET_ELEMENTWISE_IN_REGISTERS)
-// dz_sums_plane over planes [pl0, pl1) (plane n * C + c) of a data gradient dx [N, C, HW], its
-// final values (each conv kernel calls it on the planes it has just written, while they are in its
-// core's cache).
+// dz_sums_piece over planes [pl0, pl1) (plane n * C + c) of a data gradient dx [N, C, HW], whole
+// planes, their final values (each conv kernel calls it on the planes it has just written, while
+// they are in its core's cache).
 inline void dz_sums_planes(const DzSumsEpilogue& e, int64_t pl0, int64_t pl1, int64_t C, int64_t HW, float* dx) {
-  for (int64_t pl = pl0; pl < pl1; ++pl)
-    dz_sums_plane(e, pl % C, e.x + pl * HW, e.y ? e.y + pl * HW : nullptr, dx + pl * HW, HW, e.sum1 + pl, e.sum2 + pl);
+  for (int64_t pl = pl0; pl < pl1; ++pl) {
+    bn_rows::GradLanes lanes;
+    dz_sums_piece(e, pl % C, pl * HW, dx + pl * HW, HW, &lanes);
+    bn_rows::grad_sums_finish(lanes, e.sum1 + pl, e.sum2 + pl);
+  }
 }
 // ... over images [n0, n1).
 inline void dz_sums_images(const DzSumsEpilogue& e, int64_t n0, int64_t n1, int64_t C, int64_t HW, float* dx) {
