@@ -133,24 +133,21 @@ ET_ALWAYS_INLINE inline void grad_transform_plane(const GradGather& s, int64_t s
     }
     return grad_tile_transform(e[0], e[1], e[2], e[3], w, stride);
   }
-  if (side == 16) {
-    const __m512i ie = _mm512_load_si512(s.idx16[0]), io = _mm512_load_si512(s.idx16[1]);
-    for (int64_t p = 0; p < 4; ++p) {
-      const float* r = dy + 4 * p * 16;
-      const __m512 r0 = _mm512_loadu_ps(r), r1 = _mm512_loadu_ps(r + 16), r2 = _mm512_loadu_ps(r + 32),
-                   r3 = _mm512_loadu_ps(r + 48);
-      grad_tile_transform(_mm512_permutex2var_ps(r0, ie, r2), _mm512_permutex2var_ps(r0, io, r2),
-                          _mm512_permutex2var_ps(r1, ie, r3), _mm512_permutex2var_ps(r1, io, r3), w + p * 16, stride);
-    }
-    return;
-  }
-  const __m512i ie = _mm512_load_si512(s.idx32[0]), io = _mm512_load_si512(s.idx32[1]);
-  for (int64_t tr = 0; tr < 16; ++tr) {
-    const float* r = dy + 2 * tr * 32;
-    const __m512 r0 = _mm512_loadu_ps(r), r0h = _mm512_loadu_ps(r + 16), r1 = _mm512_loadu_ps(r + 32),
-                 r1h = _mm512_loadu_ps(r + 48);
-    grad_tile_transform(_mm512_permutex2var_ps(r0, ie, r0h), _mm512_permutex2var_ps(r0, io, r0h),
-                        _mm512_permutex2var_ps(r1, ie, r1h), _mm512_permutex2var_ps(r1, io, r1h), w + tr * 16, stride);
+  // 16x16 and 32x32: a from the even columns of rows (a_lo, a_hi) (two 16-wide rows, or one 32-wide
+  // row's halves), b their odd ones; c, d the same of rows (c_lo, c_hi).
+  const int32_t(&idx)[2][16] = side == 16 ? s.idx16 : s.idx32;
+  const __m512i ie = _mm512_load_si512(idx[0]), io = _mm512_load_si512(idx[1]);
+  auto tiles = [&](__m512 a_lo, __m512 a_hi, __m512 c_lo, __m512 c_hi, float* wv) ET_ALWAYS_INLINE {
+    grad_tile_transform(_mm512_permutex2var_ps(a_lo, ie, a_hi), _mm512_permutex2var_ps(a_lo, io, a_hi),
+                        _mm512_permutex2var_ps(c_lo, ie, c_hi), _mm512_permutex2var_ps(c_lo, io, c_hi), wv, stride);
+  };
+  const int64_t vectors = side == 16 ? 4 : 16;  // each from 64 floats of dy: rows 4p .. 4p + 3, or 2tr, 2tr + 1
+  for (int64_t v = 0; v < vectors; ++v) {
+    const float* r = dy + 64 * v;
+    const __m512 r0 = _mm512_loadu_ps(r), r1 = _mm512_loadu_ps(r + 16), r2 = _mm512_loadu_ps(r + 32),
+                 r3 = _mm512_loadu_ps(r + 48);
+    if (side == 16) tiles(r0, r2, r1, r3, w + v * 16);  // rows 4p, 4p + 2 (a, b); 4p + 1, 4p + 3 (c, d)
+    else tiles(r0, r1, r2, r3, w + v * 16);             // row 2tr's halves (a, b); row 2tr + 1's (c, d)
   }
 }
 
