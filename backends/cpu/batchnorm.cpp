@@ -7,6 +7,7 @@
 #include <immintrin.h>
 #endif
 
+#include "backends/cpu/balance.h"
 #include "backends/cpu/batchnorm_rows.h"
 #include "backends/cpu/cpu_backend.h"
 
@@ -313,8 +314,9 @@ void CpuBackend::plane_sums(const Tensor& y, Tensor& sums) {
            sums.shape.str());
   const float* yp = y.f32();
   float *s1 = sums.f32(), *s2 = s1 + sums.dim(1) * C;
-#pragma omp parallel for schedule(static)
-  for (int64_t pl = 0; pl < N * C; ++pl) bn_rows::plane_sums(yp + pl * HW, HW, s1 + pl, s2 + pl);
+  cpu::balanced_for(N * C, std::max<int64_t>(1, 16384 / HW), [&](int64_t p0, int64_t p1) {
+    for (int64_t pl = p0; pl < p1; ++pl) bn_rows::plane_sums(yp + pl * HW, HW, s1 + pl, s2 + pl);
+  });
 }
 
 // x, y [N,C,H,W]; mean, invstd, gamma, beta, running_* [C]
@@ -347,13 +349,14 @@ void CpuBackend::batchnorm_forward_train(const Tensor& x, const Tensor& gamma, c
     }
     return;
   }
-#pragma omp parallel for schedule(static)
-  for (int64_t c = 0; c < C; ++c) {
-    bn_rows::channel_statistics(xp, N, C, HW, c, momentum, eps, running_mean, running_var, mean, invstd);
-    float scale, shift;
-    bn_rows::train_coefficients(gamma.f32()[c], beta.f32()[c], mean.f32()[c], invstd.f32()[c], &scale, &shift);
-    for (int64_t n = 0; n < N; ++n) bn_rows::apply(xp + (n * C + c) * HW, scale, shift, HW, yp + (n * C + c) * HW);
-  }
+  cpu::balanced_for(C, 1, [&](int64_t c0, int64_t c1) {
+    for (int64_t c = c0; c < c1; ++c) {
+      bn_rows::channel_statistics(xp, N, C, HW, c, momentum, eps, running_mean, running_var, mean, invstd);
+      float scale, shift;
+      bn_rows::train_coefficients(gamma.f32()[c], beta.f32()[c], mean.f32()[c], invstd.f32()[c], &scale, &shift);
+      for (int64_t n = 0; n < N; ++n) bn_rows::apply(xp + (n * C + c) * HW, scale, shift, HW, yp + (n * C + c) * HW);
+    }
+  });
 }
 
 void CpuBackend::batchnorm_forward_eval(const Tensor& x, const Tensor& gamma, const Tensor& beta,
@@ -417,34 +420,35 @@ void CpuBackend::batchnorm_backward(const Tensor& dy, const Tensor& x, const Ten
   const int64_t chunk = x.dtype == DType::F32 ? HW : std::min(HW, kRowChunk);
   if (HW <= kSmallPlane)
     return batchnorm_backward_blocks(dy, x, gamma, mean, invstd, dx, accumulate_dx, dgamma, dbeta, accumulate_params);
-#pragma omp parallel for schedule(static)
-  for (int64_t c = 0; c < C; ++c) {
-    alignas(64) float buf[kRowChunk];
-    const float mu = mean.f32()[c];
-    double sdy = 0, sdyx = 0;
-    for (int64_t n = 0; n < N; ++n)
-      for (int64_t i0 = 0; i0 < HW; i0 += chunk) {
-        const int64_t len = std::min(chunk, HW - i0), base = (n * C + c) * HW + i0;
-        if (i0 == 0 && n + 1 < N && x.dtype == DType::F32)  // the next plane (see channel_statistics)
-          for (int64_t i = 0; i < std::min<int64_t>(HW, 64); i += 16) {
-            __builtin_prefetch(dyp + base + C * HW + i);
-            __builtin_prefetch(x.f32() + base + C * HW + i);
-          }
-        float a, b;
-        const float* dr = dyp + base;
-        bn_rows::grad_sums(bn_rows::row_of(dr), bn_rows::x_f32(x, base, len, buf), mu, len, &a, &b);
-        sdy += a;
-        sdyx += b;
-      }
-    const bn_rows::GradCoefficients k =
-        bn_rows::channel_gradients(sdy, sdyx, gamma, mean, invstd, c, M, dgamma, dbeta, accumulate_params);
-    if (!dx.defined()) continue;
-    for (int64_t n = 0; n < N; ++n)
-      for (int64_t i0 = 0; i0 < HW; i0 += chunk) {
-        const int64_t len = std::min(chunk, HW - i0), base = (n * C + c) * HW + i0;
-        bn_rows::grad_apply(dyp + base, bn_rows::x_f32(x, base, len, buf), k, len, dx.f32() + base, accumulate_dx);
-      }
-  }
+  cpu::balanced_for(C, 1, [&](int64_t ca, int64_t cb) {
+    for (int64_t c = ca; c < cb; ++c) {
+      alignas(64) float buf[kRowChunk];
+      const float mu = mean.f32()[c];
+      double sdy = 0, sdyx = 0;
+      for (int64_t n = 0; n < N; ++n)
+        for (int64_t i0 = 0; i0 < HW; i0 += chunk) {
+          const int64_t len = std::min(chunk, HW - i0), base = (n * C + c) * HW + i0;
+          if (i0 == 0 && n + 1 < N && x.dtype == DType::F32)  // the next plane (see channel_statistics)
+            for (int64_t i = 0; i < std::min<int64_t>(HW, 64); i += 16) {
+              __builtin_prefetch(dyp + base + C * HW + i);
+              __builtin_prefetch(x.f32() + base + C * HW + i);
+            }
+          float a, b;
+          const float* dr = dyp + base;
+          bn_rows::grad_sums(bn_rows::row_of(dr), bn_rows::x_f32(x, base, len, buf), mu, len, &a, &b);
+          sdy += a;
+          sdyx += b;
+        }
+      const bn_rows::GradCoefficients k =
+          bn_rows::channel_gradients(sdy, sdyx, gamma, mean, invstd, c, M, dgamma, dbeta, accumulate_params);
+      if (!dx.defined()) continue;
+      for (int64_t n = 0; n < N; ++n)
+        for (int64_t i0 = 0; i0 < HW; i0 += chunk) {
+          const int64_t len = std::min(chunk, HW - i0), base = (n * C + c) * HW + i0;
+          bn_rows::grad_apply(dyp + base, bn_rows::x_f32(x, base, len, buf), k, len, dx.f32() + base, accumulate_dx);
+        }
+    }
+  });
 }
 
 // Small planes: channel blocks (batchnorm_rows.h), each block's sums over n in order.

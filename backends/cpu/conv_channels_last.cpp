@@ -13,13 +13,15 @@
 // chunk of images (their staged x near 256 KiB, in L2). dy is read where it lies (no transposed
 // copy); only x is staged.
 //
-// Per thread: a contiguous slice of the batch; partial sums part[k][t][c] per thread, reduced in
-// thread order (deterministic for a given thread count, like the other direct kernels).
+// The batch goes in slots (balance.h's wgrad_slots: fixed runs of images, taken by the threads in
+// any order), each with its partial sums part[k][t][c], reduced in slot order (deterministic for a
+// given thread count, like the other direct kernels).
 #include <omp.h>
 
 #include <algorithm>
 #include <cstring>
 
+#include "backends/cpu/balance.h"
 #include "backends/cpu/carve.h"
 #include "backends/cpu/conv_direct.h"
 #include "backends/cpu/conv_implicit.h"
@@ -58,28 +60,30 @@ void add_into(float* dst, const V& a) {
   sum.store(dst);
 }
 
-// Weight gradient, per thread: staged x of a chunk of NB images, one decoded image, partials.
+// Weight gradient, per thread: staged x of a chunk of NB images and one decoded image; then the
+// partials of each slot of the batch (wgrad_slots).
 struct ClLayout : Padded {
   int64_t NB;                  // images per chunk: a tile sweeps them all
+  int64_t slots;               // the batch's slots, each a fixed run of images with its own partials
   int64_t xcl_n, plane_n, part_n;
-  size_t thread_bytes;
-  float* part_of(void* ws, int u) const {  // thread u's partials, carved as in wgrad_cl
-    Carve c(static_cast<uint8_t*>(ws) + size_t(u) * thread_bytes);
-    c.take<float>(xcl_n);
-    c.take<float>(plane_n);
-    return c.take<float>(part_n);
+  size_t thread_bytes, part_bytes;
+  float* part_of(void* ws, int threads, int64_t slot) const {  // slot's partials, after the threads' buffers
+    return reinterpret_cast<float*>(static_cast<uint8_t*>(ws) + size_t(threads) * thread_bytes +
+                                    size_t(slot) * part_bytes);
   }
 };
 
 ClLayout cl_layout(const Conv2dGeom& g, int threads) {
   ClLayout l;
   static_cast<Padded&>(l) = padded(g);
+  l.part_n = g.K * kTaps * g.C + g.K;  // dw partials [K][9][C], then db [K]
+  l.part_bytes = CarveSize().add<float>(l.part_n).bytes;
+  l.slots = wgrad_slots(g.N, threads, l.part_bytes);
   // A chunk's staged x near 256 KiB (L2): its tiles add into the partials once per chunk.
-  l.NB = std::clamp<int64_t>(64 * 1024 / (l.HWp * g.C), 1, std::max<int64_t>(1, (g.N + threads - 1) / threads));
+  l.NB = std::clamp<int64_t>(64 * 1024 / (l.HWp * g.C), 1, std::max<int64_t>(1, (g.N + l.slots - 1) / l.slots));
   l.xcl_n = l.NB * l.HWp * g.C;
   l.plane_n = g.C * l.HW;
-  l.part_n = g.K * kTaps * g.C + g.K;  // dw partials [K][9][C], then db [K]
-  l.thread_bytes = CarveSize().add<float>(l.xcl_n).add<float>(l.plane_n).add<float>(l.part_n).bytes;
+  l.thread_bytes = CarveSize().add<float>(l.xcl_n).add<float>(l.plane_n).bytes;
   return l;
 }
 
@@ -155,45 +159,52 @@ bool wgrad_cl_chosen(const Conv2dGeom& g) {
 }
 
 size_t wgrad_cl_workspace(const Conv2dGeom& g, int threads) {
-  return size_t(threads) * cl_layout(g, threads).thread_bytes;
+  const ClLayout l = cl_layout(g, threads);
+  return size_t(threads) * l.thread_bytes + size_t(l.slots) * l.part_bytes;
 }
 
 void wgrad_cl(const Conv2dGeom& g, const Tensor& x, const float* dy, float* dw, float* db, bool accumulate,
               void* ws) {
-  const ClLayout l = cl_layout(g, omp_get_max_threads());
+  const int threads = omp_get_max_threads();
+  const ClLayout l = cl_layout(g, threads);
   const int64_t C = g.C, K = g.K, PQ = g.P * g.Q, dw_n = K * kTaps * C, x_img = l.HWp * C;
   const int64_t* off = l.off;
+  StealingRanges slots(l.slots, 1, threads);
 #pragma omp parallel
   {
     const int t = omp_get_thread_num(), nt = omp_get_num_threads();
     Carve carve(static_cast<uint8_t*>(ws) + size_t(t) * l.thread_bytes);
     float* xcl = carve.take<float>(l.xcl_n);
     float* plane = carve.take<float>(l.plane_n);
-    float* part = carve.take<float>(l.part_n);
     StoredReader xr(x, plane, C * l.HW);
     std::memset(xcl, 0, sizeof(float) * size_t(l.xcl_n));  // the padding positions stay zero
-    std::memset(part, 0, sizeof(float) * size_t(l.part_n));
-    const int64_t n0 = g.N * t / nt, n1 = g.N * (t + 1) / nt;
-    for (int64_t nc = n0; nc < n1; nc += l.NB) {
-      const int64_t nb = std::min(l.NB, n1 - nc);
-      for (int64_t b = 0; b < nb; ++b) {
-        const int64_t n = nc + b;
-        // xcl[((h + pad_h) * Wp + w + pad_w) * C + c]; the padding positions stay zero
-        image_to_channels_last(xr, n, C, g.H, g.W, g.pad_h, g.pad_w, g.H + 2 * g.pad_h, l.Wp, xcl + b * x_img);
-        const float* dyn = dy + n * K * PQ;
-        if (db)
-          for (int64_t k = 0; k < K; ++k) {
-            float s = 0.f;
-            for (int64_t i = 0; i < PQ; ++i) s += dyn[k * PQ + i];
-            part[dw_n + k] += s;
+    slots.run([&](int64_t s0, int64_t s1) {
+        for (int64_t slot = s0; slot < s1; ++slot) {
+          float* part = l.part_of(ws, threads, slot);
+          std::memset(part, 0, sizeof(float) * size_t(l.part_n));
+          const int64_t n0 = g.N * slot / l.slots, n1 = g.N * (slot + 1) / l.slots;
+          for (int64_t nc = n0; nc < n1; nc += l.NB) {
+            const int64_t nb = std::min(l.NB, n1 - nc);
+            for (int64_t b = 0; b < nb; ++b) {
+              const int64_t n = nc + b;
+              // xcl[((h + pad_h) * Wp + w + pad_w) * C + c]; the padding positions stay zero
+              image_to_channels_last(xr, n, C, g.H, g.W, g.pad_h, g.pad_w, g.H + 2 * g.pad_h, l.Wp, xcl + b * x_img);
+              const float* dyn = dy + n * K * PQ;
+              if (db)
+                for (int64_t k = 0; k < K; ++k) {
+                  float s = 0.f;
+                  for (int64_t i = 0; i < PQ; ++i) s += dyn[k * PQ + i];
+                  part[dw_n + k] += s;
+                }
+            }
+            const float* dyc = dy + nc * K * PQ;
+            if (scalar_forced()) cl_chunk<VScalar>(dyc, K, g.P, g.Q, xcl, x_img, nb, C, l.Wp, g.stride_h, off, part);
+            else cl_chunk<VNative>(dyc, K, g.P, g.Q, xcl, x_img, nb, C, l.Wp, g.stride_h, off, part);
           }
-      }
-      const float* dyc = dy + nc * K * PQ;
-      if (scalar_forced()) cl_chunk<VScalar>(dyc, K, g.P, g.Q, xcl, x_img, nb, C, l.Wp, g.stride_h, off, part);
-      else cl_chunk<VNative>(dyc, K, g.P, g.Q, xcl, x_img, nb, C, l.Wp, g.stride_h, off, part);
-    }
+        }
+    });
 #pragma omp barrier
-    // dw[k][c][t] = sum over threads, in thread order, of part[k][t][c]; each thread owns a slice.
+    // dw[k][c][t] = sum over the slots, in slot order, of part[k][t][c]; each thread owns a slice.
     const int64_t total = dw_n + (db ? K : 0);
     const int64_t i0 = total * t / nt, i1 = total * (t + 1) / nt;
     for (int64_t i = i0; i < i1; ++i) {
@@ -203,7 +214,7 @@ void wgrad_cl(const Conv2dGeom& g, const Tensor& x, const float* dy, float* dw, 
         src = (k * kTaps + tap) * C + c;
       }
       float s = 0.f;
-      for (int u = 0; u < nt; ++u) s += l.part_of(ws, u)[src];
+      for (int64_t u = 0; u < l.slots; ++u) s += l.part_of(ws, threads, u)[src];
       float& dst = i < dw_n ? dw[i] : db[i - dw_n];
       dst = accumulate ? dst + s : s;
     }
@@ -330,23 +341,24 @@ void dgrad_cl(const Conv2dGeom& g, const float* dy, const float* w, float* dx, b
   for (int64_t k = 0; k < K; ++k)
     for (int64_t c = 0; c < C; ++c)
       for (int t = 0; t < kTaps; ++t) wt[(k * kTaps + t) * C + c] = w[(k * C + c) * kTaps + t];
+  StealingRanges images(g.N, 1, omp_get_max_threads());  // balance.h
 #pragma omp parallel
   {
-    const int t = omp_get_thread_num(), nt = omp_get_num_threads();
-    Carve carve(static_cast<uint8_t*>(ws) + l.shared_bytes + size_t(t) * l.thread_bytes);
+    Carve carve(static_cast<uint8_t*>(ws) + l.shared_bytes + size_t(omp_get_thread_num()) * l.thread_bytes);
     float* dxcl = carve.take<float>(l.dxcl_n);
     float* rows = carve.take<float>(l.rows_n);
-    const int64_t n0 = g.N * t / nt, n1 = g.N * (t + 1) / nt;
-    for (int64_t n = n0; n < n1; ++n) {
-      std::memset(dxcl, 0, sizeof(float) * size_t(l.HWp * C));
-      if (scalar_forced()) cl_dgrad_image<VScalar>(dy + n * K * PQ, g, wt, l.Wp, off, dxcl);
-      else cl_dgrad_image<VNative>(dy + n * K * PQ, g, wt, l.Wp, off, dxcl);
-      unstage_channels_last(dxcl, g, l.Wp, accumulate, rows, dx + n * C * l.HW);
+    images.run([&](int64_t n0, int64_t n1) {
+      for (int64_t n = n0; n < n1; ++n) {
+        std::memset(dxcl, 0, sizeof(float) * size_t(l.HWp * C));
+        if (scalar_forced()) cl_dgrad_image<VScalar>(dy + n * K * PQ, g, wt, l.Wp, off, dxcl);
+        else cl_dgrad_image<VNative>(dy + n * K * PQ, g, wt, l.Wp, off, dxcl);
+        unstage_channels_last(dxcl, g, l.Wp, accumulate, rows, dx + n * C * l.HW);
 #if defined(ET_ELEMENTWISE_IN_REGISTERS)
-      // The first sweep of the stack before on this image of dx, its final values, in this core's L2.
-      if (dz_sums) fused_elementwise::dz_sums_images(*dz_sums, n, n + 1, C, l.HW, dx);
+        // The first sweep of the stack before on this image of dx, its final values, in this core's L2.
+        if (dz_sums) fused_elementwise::dz_sums_images(*dz_sums, n, n + 1, C, l.HW, dx);
 #endif
-    }
+      }
+    });
   }
 }
 

@@ -13,6 +13,7 @@
 #include <algorithm>
 #include <cstring>
 
+#include "backends/cpu/balance.h"
 #include "backends/cpu/batchnorm_rows.h"
 #include "backends/cpu/conv_direct.h"
 #include "backends/cpu/conv_gemm.h"
@@ -225,42 +226,43 @@ void gemm_conv_forward(const Conv2dGeom& g, const Tensor& xt, const float* w, co
   const Layout l = fwd_layout(g, threads);
   const int64_t RS = g.R * g.S, Cg = g.C / g.groups, Kg = g.K / g.groups, CRS = Cg * RS, PQ = g.P * g.Q,
                 HW = g.H * g.W;
+  StealingRanges chunks((g.N + l.nb - 1) / l.nb, 1, threads);  // of l.nb images (balance.h)
 #pragma omp parallel num_threads(threads)
   {
-    const int t = omp_get_thread_num(), nt = omp_get_num_threads();
-    Carve cv{static_cast<float*>(ws) + t * l.per_thread};
+    Carve cv{static_cast<float*>(ws) + omp_get_thread_num() * l.per_thread};
     float* col = cv.take(l.a_n);
     float* out = cv.take(l.b_n);
     float* scr = cv.take(l.scr_n);
     float* img = cv.take(l.img_n);
-    const int64_t lo = g.N * t / nt, hi = g.N * (t + 1) / nt;
-    for (int64_t n0 = lo; n0 < hi; n0 += l.nb) {
-      const int64_t nb = std::min(l.nb, hi - n0), cols = nb * PQ;
-      const float* src = col;
-      if (l.a_n) {
-        for (int64_t i = 0; i < nb; ++i) im2col(g, x.image(g.C, HW, n0 + i, img), g.C, col + i * PQ, cols);
-      } else {
-        src = x.image(g.C, HW, n0, img);  // 1x1, nb == 1: x [C, PQ] itself (or the stack's output)
-      }
-      float* dst = l.b_n ? out : y + n0 * g.K * PQ;
-      for (int64_t gi = 0; gi < g.groups; ++gi)
-        sgemm(false, false, Kg, cols, CRS, 1.f, w + gi * Kg * CRS, CRS, src + gi * CRS * cols, cols, 0.f,
-              dst + gi * Kg * cols, cols, scr);
-      for (int64_t i = 0; i < nb; ++i)
-        for (int64_t k = 0; k < g.K; ++k) {
-          float* yr = y + ((n0 + i) * g.K + k) * PQ;
-          const float bk = b ? b[k] : 0.f;
-          if (l.b_n) {
-            const float* o = out + k * cols + i * PQ;
-            for (int64_t j = 0; j < PQ; ++j) yr[j] = o[j] + bk;
-          } else if (b) {
-            for (int64_t j = 0; j < PQ; ++j) yr[j] += bk;
-          }
+    chunks.run([&](int64_t c0, int64_t c1) {
+      for (int64_t n0 = c0 * l.nb; n0 < std::min(g.N, c1 * l.nb); n0 += l.nb) {
+        const int64_t nb = std::min(l.nb, g.N - n0), cols = nb * PQ;
+        const float* src = col;
+        if (l.a_n) {
+          for (int64_t i = 0; i < nb; ++i) im2col(g, x.image(g.C, HW, n0 + i, img), g.C, col + i * PQ, cols);
+        } else {
+          src = x.image(g.C, HW, n0, img);  // 1x1, nb == 1: x [C, PQ] itself (or the stack's output)
         }
-      if (sum1)  // the chunk's planes, still in this core's cache
-        for (int64_t pl = n0 * g.K; pl < (n0 + nb) * g.K; ++pl)
-          bn_rows::plane_sums(y + pl * PQ, PQ, sum1 + pl, sum2 + pl);
-    }
+        float* dst = l.b_n ? out : y + n0 * g.K * PQ;
+        for (int64_t gi = 0; gi < g.groups; ++gi)
+          sgemm(false, false, Kg, cols, CRS, 1.f, w + gi * Kg * CRS, CRS, src + gi * CRS * cols, cols, 0.f,
+                dst + gi * Kg * cols, cols, scr);
+        for (int64_t i = 0; i < nb; ++i)
+          for (int64_t k = 0; k < g.K; ++k) {
+            float* yr = y + ((n0 + i) * g.K + k) * PQ;
+            const float bk = b ? b[k] : 0.f;
+            if (l.b_n) {
+              const float* o = out + k * cols + i * PQ;
+              for (int64_t j = 0; j < PQ; ++j) yr[j] = o[j] + bk;
+            } else if (b) {
+              for (int64_t j = 0; j < PQ; ++j) yr[j] += bk;
+            }
+          }
+        if (sum1)  // the chunk's planes, still in this core's cache
+          for (int64_t pl = n0 * g.K; pl < (n0 + nb) * g.K; ++pl)
+            bn_rows::plane_sums(y + pl * PQ, PQ, sum1 + pl, sum2 + pl);
+      }
+    });
   }
 }
 
@@ -272,51 +274,52 @@ void gemm_conv_backward_data(const Conv2dGeom& g, const float* dy, const float* 
   const int64_t RS = g.R * g.S, Cg = g.C / g.groups, Kg = g.K / g.groups, CRS = Cg * RS, PQ = g.P * g.Q,
                 HW = g.H * g.W;
   const bool pw = pointwise(g);
+  StealingRanges chunks((g.N + l.nb - 1) / l.nb, 1, threads);  // of l.nb images (balance.h)
 #pragma omp parallel num_threads(threads)
   {
-    const int t = omp_get_thread_num(), nt = omp_get_num_threads();
-    Carve cv{static_cast<float*>(ws) + t * l.per_thread};
+    Carve cv{static_cast<float*>(ws) + omp_get_thread_num() * l.per_thread};
     float* dyc = cv.take(l.a_n);
     float* col = cv.take(l.b_n);
     float* scr = cv.take(l.scr_n);
-    const int64_t lo = g.N * t / nt, hi = g.N * (t + 1) / nt;
-    for (int64_t n0 = lo; n0 < hi; n0 += l.nb) {
-      const int64_t nb = std::min(l.nb, hi - n0), cols = nb * PQ;
-      const float* src = dy + n0 * g.K * PQ;  // nb == 1: dy [K, PQ] itself
-      if (l.a_n) {
-        for (int64_t i = 0; i < nb; ++i) gather_rows(dy + (n0 + i) * g.K * PQ, g.K, PQ, dyc + i * PQ, cols);
-        src = dyc;
-      }
-      for (int64_t gi = 0; gi < g.groups; ++gi) {
-        const float* wg = w + gi * Kg * CRS;
-        const float* dyg = src + gi * Kg * cols;
-        if (!l.b_n) {  // 1x1, nb == 1: dx [Cg, HW] (+)= w^T dy
-          sgemm(true, false, CRS, cols, Kg, 1.f, wg, CRS, dyg, cols, accumulate ? 1.f : 0.f,
-                dx + (n0 * g.C + gi * Cg) * HW, cols, scr);
-          continue;
+    chunks.run([&](int64_t c0, int64_t c1) {
+      for (int64_t n0 = c0 * l.nb; n0 < std::min(g.N, c1 * l.nb); n0 += l.nb) {
+        const int64_t nb = std::min(l.nb, g.N - n0), cols = nb * PQ;
+        const float* src = dy + n0 * g.K * PQ;  // nb == 1: dy [K, PQ] itself
+        if (l.a_n) {
+          for (int64_t i = 0; i < nb; ++i) gather_rows(dy + (n0 + i) * g.K * PQ, g.K, PQ, dyc + i * PQ, cols);
+          src = dyc;
         }
-        sgemm(true, false, CRS, cols, Kg, 1.f, wg, CRS, dyg, cols, 0.f, col, cols, scr);
-        for (int64_t i = 0; i < nb; ++i) {
-          float* dxn = dx + ((n0 + i) * g.C + gi * Cg) * HW;
-          if (pw) {
-            for (int64_t c = 0; c < Cg; ++c) {
-              const float* cr = col + c * cols + i * PQ;
-              float* d = dxn + c * HW;
-              if (accumulate)
-                for (int64_t j = 0; j < HW; ++j) d[j] += cr[j];
-              else
-                std::memcpy(d, cr, sizeof(float) * size_t(HW));
+        for (int64_t gi = 0; gi < g.groups; ++gi) {
+          const float* wg = w + gi * Kg * CRS;
+          const float* dyg = src + gi * Kg * cols;
+          if (!l.b_n) {  // 1x1, nb == 1: dx [Cg, HW] (+)= w^T dy
+            sgemm(true, false, CRS, cols, Kg, 1.f, wg, CRS, dyg, cols, accumulate ? 1.f : 0.f,
+                  dx + (n0 * g.C + gi * Cg) * HW, cols, scr);
+            continue;
+          }
+          sgemm(true, false, CRS, cols, Kg, 1.f, wg, CRS, dyg, cols, 0.f, col, cols, scr);
+          for (int64_t i = 0; i < nb; ++i) {
+            float* dxn = dx + ((n0 + i) * g.C + gi * Cg) * HW;
+            if (pw) {
+              for (int64_t c = 0; c < Cg; ++c) {
+                const float* cr = col + c * cols + i * PQ;
+                float* d = dxn + c * HW;
+                if (accumulate)
+                  for (int64_t j = 0; j < HW; ++j) d[j] += cr[j];
+                else
+                  std::memcpy(d, cr, sizeof(float) * size_t(HW));
+              }
+            } else {
+              if (!accumulate) std::memset(dxn, 0, sizeof(float) * size_t(Cg * HW));
+              col2im(g, col + i * PQ, cols, Cg, dxn);
             }
-          } else {
-            if (!accumulate) std::memset(dxn, 0, sizeof(float) * size_t(Cg * HW));
-            col2im(g, col + i * PQ, cols, Cg, dxn);
           }
         }
-      }
 #if defined(ET_ELEMENTWISE_IN_REGISTERS)
-      if (dz_sums) fused_elementwise::dz_sums_images(*dz_sums, n0, n0 + nb, g.C, HW, dx);  // in cache
+        if (dz_sums) fused_elementwise::dz_sums_images(*dz_sums, n0, n0 + nb, g.C, HW, dx);  // in cache
 #endif
-    }
+      }
+    });
   }
 }
 

@@ -29,6 +29,7 @@
 #include <cstring>
 
 #include "backends/cpu/always_inline.h"
+#include "backends/cpu/balance.h"
 #include "backends/cpu/batchnorm_rows.h"
 #include "backends/cpu/carve.h"
 #include "backends/cpu/conv_direct.h"
@@ -296,7 +297,8 @@ void rows_image8(const RowsGeom& g, const Gather8& t, const ConvInput& x, int64_
   }
 }
 
-// Both passes: per thread a slice of the images; sums / dz_sums on each plane as written.
+// Both passes: the images balanced over the threads (balance.h); sums / dz_sums on each plane as
+// written.
 void rows_run(const RowsGeom& g, const ConvInput& x, const float* w, int64_t K, int64_t C, bool data_gradient,
               const float* bias, bool accumulate, float* out, void* ws, float* sum1, float* sum2,
               const DzSumsEpilogue* dz_sums) {
@@ -309,6 +311,7 @@ void rows_run(const RowsGeom& g, const ConvInput& x, const float* w, int64_t K, 
   epi.sum1 = sum1;
   epi.sum2 = sum2;
   epi.dz_sums = dz_sums;
+  StealingRanges images_q(g.N, 1, omp_get_max_threads());
 #pragma omp parallel
   {
     const int t = omp_get_thread_num(), nt = omp_get_num_threads();
@@ -321,11 +324,13 @@ void rows_run(const RowsGeom& g, const ConvInput& x, const float* w, int64_t K, 
     bn_rows::GradLanes* lanes = tc.take<bn_rows::GradLanes>(l.lanes_n);
     std::memset(placed, 0, sizeof(float) * size_t(l.placed_n));  // the padding stays zero
 #pragma omp barrier
-#pragma omp for schedule(static)
-    for (int64_t n = 0; n < g.N; ++n) {
-      if (g.side == 8) rows_image8(g, t8, x, n, U, bias, accumulate, epi, v, m, plane, out);
-      else rows_image(g, x, n, U, bias, accumulate, epi, placed, v, m, plane, lanes, out);
-    }
+    auto images = [&](int64_t n0, int64_t n1) {
+      for (int64_t n = n0; n < n1; ++n) {
+        if (g.side == 8) rows_image8(g, t8, x, n, U, bias, accumulate, epi, v, m, plane, out);
+        else rows_image(g, x, n, U, bias, accumulate, epi, placed, v, m, plane, lanes, out);
+      }
+    };
+    images_q.run(images);
   }
 }
 #endif

@@ -1,16 +1,23 @@
 // Element-wise kernels on CPU: fill, copy, relu, add, gradient accumulation, dropout.
 // Flat loops over contiguous tensors, split over threads; the compiler vectorises them (-O3, target ISA).
+// The step's large ones (ReLU, add, gradient sums) go by chunks balanced over the threads (balance.h).
 #include <algorithm>
 #include <cstring>
 #if defined(__AVX512F__)
 #include <immintrin.h>
 #endif
 
+#include "backends/cpu/balance.h"
 #include "backends/cpu/cpu_backend.h"
 #include "backends/cpu/dropout_mask.h"
 #include "memory/bitmap.h"
 
 namespace et {
+
+namespace {
+constexpr int64_t kChunk = 16384;  // elements (64 KiB of floats) a chunk
+constexpr int64_t kWordChunk = kChunk / 64;
+}  // namespace
 
 void CpuBackend::fill(Tensor& t, float value) {
   ET_CHECK(t.is_contiguous());
@@ -44,23 +51,11 @@ void CpuBackend::copy_from_host(const void* src, Tensor& dst) {
   std::memcpy(dst.data, src, dst.nbytes());
 }
 
-void CpuBackend::relu_forward(const Tensor& x, Tensor& y, MaskOut* mask) {
-  const float* xp = x.f32();
-  float* yp = y.f32();
-  const int64_t n = x.numel();
-  if (!mask) {
-#pragma omp parallel for simd schedule(static)
-    for (int64_t i = 0; i < n; ++i) yp[i] = xp[i] > 0.f ? xp[i] : 0.f;
-    return;
-  }
-  // y >= +0 and never NaN, so the bitmap's keep rule is one unsigned compare of y's bits.
-  ET_CHECK(mask->prune_threshold >= 0.f, "prune threshold ", mask->prune_threshold);
-  const uint32_t tb = bitmap::keep_threshold_bits(mask->prune_threshold);
-  uint64_t* bits = mask->bits;
-  const int64_t words = (n + 63) / 64;
+namespace {
+// y = relu(x) and y's bitmap words [w0, w1) (the keep rule: y's bits >= tb); returns the count kept.
+int64_t relu_words(const float* xp, float* yp, int64_t n, int64_t w0, int64_t w1, uint32_t tb, uint64_t* bits) {
   int64_t kept = 0;
-#pragma omp parallel for schedule(static) reduction(+ : kept)
-  for (int64_t w = 0; w < words; ++w) {
+  for (int64_t w = w0; w < w1; ++w) {
     const int64_t i0 = w * 64, count = std::min<int64_t>(64, n - i0);
     uint64_t m = 0;
 #if defined(__AVX512F__)
@@ -87,6 +82,52 @@ void CpuBackend::relu_forward(const Tensor& x, Tensor& y, MaskOut* mask) {
     bits[w] = m;
     kept += __builtin_popcountll(m);
   }
+  return kept;
+}
+
+// dx = dy where the mask's bit is set, else +0 (added onto dx with accumulate), words [w0, w1).
+void relu_backward_words(const float* d, const uint64_t* bits, int64_t n, int64_t w0, int64_t w1, bool accumulate,
+                         float* o) {
+  for (int64_t w = w0; w < w1; ++w) {
+    const int64_t i0 = w * 64, count = std::min<int64_t>(64, n - i0);
+    const uint64_t m = bits[w];
+#if defined(__AVX512F__)
+    if (count == 64) {
+      for (int j = 0; j < 4; ++j) {
+        const __m512 v = _mm512_maskz_loadu_ps(__mmask16(m >> (16 * j)), d + i0 + 16 * j);
+        float* out = o + i0 + 16 * j;
+        _mm512_storeu_ps(out, accumulate ? _mm512_add_ps(_mm512_loadu_ps(out), v) : v);
+      }
+      continue;
+    }
+#endif
+    for (int64_t t = 0; t < count; ++t) {
+      const float v = (m >> t) & 1 ? d[i0 + t] : 0.f;
+      o[i0 + t] = accumulate ? o[i0 + t] + v : v;
+    }
+  }
+}
+}  // namespace
+
+void CpuBackend::relu_forward(const Tensor& x, Tensor& y, MaskOut* mask) {
+  const float* xp = x.f32();
+  float* yp = y.f32();
+  const int64_t n = x.numel();
+  if (!mask) {
+    cpu::balanced_for(n, kChunk, [&](int64_t i0, int64_t i1) {
+#pragma omp simd
+      for (int64_t i = i0; i < i1; ++i) yp[i] = xp[i] > 0.f ? xp[i] : 0.f;
+    });
+    return;
+  }
+  // y >= +0 and never NaN, so the bitmap's keep rule is one unsigned compare of y's bits.
+  ET_CHECK(mask->prune_threshold >= 0.f, "prune threshold ", mask->prune_threshold);
+  const uint32_t tb = bitmap::keep_threshold_bits(mask->prune_threshold);
+  const int64_t words = (n + 63) / 64;
+  int64_t kept = 0;
+  cpu::StealingRanges ranges(words, kWordChunk, omp_get_max_threads());
+#pragma omp parallel reduction(+ : kept)
+  ranges.run([&](int64_t w0, int64_t w1) { kept += relu_words(xp, yp, n, w0, w1, tb, mask->bits); });
   mask->kept = kept;
 }
 
@@ -97,37 +138,21 @@ void CpuBackend::relu_backward(const Tensor& dy, const MaskView& mask, Tensor& d
   if (mask.bits) {
     // One mask word per 64 elements; AVX-512 applies it 16 lanes at a time as a load mask.
     // dx may be dy itself (gradients shared in place): each element is read before it is written.
-    const uint64_t* bits = mask.bits;
-    const int64_t words = (n + 63) / 64;
-#pragma omp parallel for schedule(static)
-    for (int64_t w = 0; w < words; ++w) {
-      const int64_t i0 = w * 64, count = std::min<int64_t>(64, n - i0);
-      const uint64_t m = bits[w];
-#if defined(__AVX512F__)
-      if (count == 64) {
-        for (int j = 0; j < 4; ++j) {
-          const __m512 v = _mm512_maskz_loadu_ps(__mmask16(m >> (16 * j)), d + i0 + 16 * j);
-          float* out = o + i0 + 16 * j;
-          _mm512_storeu_ps(out, accumulate ? _mm512_add_ps(_mm512_loadu_ps(out), v) : v);
-        }
-        continue;
-      }
-#endif
-      for (int64_t t = 0; t < count; ++t) {
-        const float v = (m >> t) & 1 ? d[i0 + t] : 0.f;
-        o[i0 + t] = accumulate ? o[i0 + t] + v : v;
-      }
-    }
+    cpu::balanced_for((n + 63) / 64, kWordChunk, [&](int64_t w0, int64_t w1) {
+      relu_backward_words(d, mask.bits, n, w0, w1, accumulate, o);
+    });
     return;
   }
   const float* m = mask.dense.f32();
-  if (accumulate) {
-#pragma omp parallel for simd schedule(static)
-    for (int64_t i = 0; i < n; ++i) o[i] += m[i] > 0.f ? d[i] : 0.f;
-  } else {
-#pragma omp parallel for simd schedule(static)
-    for (int64_t i = 0; i < n; ++i) o[i] = m[i] > 0.f ? d[i] : 0.f;
-  }
+  cpu::balanced_for(n, kChunk, [&](int64_t i0, int64_t i1) {
+    if (accumulate) {
+#pragma omp simd
+      for (int64_t i = i0; i < i1; ++i) o[i] += m[i] > 0.f ? d[i] : 0.f;
+    } else {
+#pragma omp simd
+      for (int64_t i = i0; i < i1; ++i) o[i] = m[i] > 0.f ? d[i] : 0.f;
+    }
+  });
 }
 
 void CpuBackend::add_forward(const Tensor& a, const Tensor& b, Tensor& y) {
@@ -135,8 +160,10 @@ void CpuBackend::add_forward(const Tensor& a, const Tensor& b, Tensor& y) {
   const float* bp = b.f32();
   float* yp = y.f32();
   const int64_t n = a.numel();
-#pragma omp parallel for simd schedule(static)
-  for (int64_t i = 0; i < n; ++i) yp[i] = ap[i] + bp[i];
+  cpu::balanced_for(n, kChunk, [&](int64_t i0, int64_t i1) {
+#pragma omp simd
+    for (int64_t i = i0; i < i1; ++i) yp[i] = ap[i] + bp[i];
+  });
 }
 
 void CpuBackend::accumulate_grad(const Tensor& src, Tensor& dst, bool accumulate) {
@@ -147,8 +174,10 @@ void CpuBackend::accumulate_grad(const Tensor& src, Tensor& dst, bool accumulate
     if (s != d) std::memcpy(d, s, size_t(n) * sizeof(float));
     return;
   }
-#pragma omp parallel for simd schedule(static)
-  for (int64_t i = 0; i < n; ++i) d[i] += s[i];
+  cpu::balanced_for(n, kChunk, [&](int64_t i0, int64_t i1) {
+#pragma omp simd
+    for (int64_t i = i0; i < i1; ++i) d[i] += s[i];
+  });
 }
 
 void CpuBackend::dropout_forward(const Tensor& x, float p, uint64_t seed, Tensor& y) {

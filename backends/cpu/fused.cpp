@@ -152,15 +152,18 @@ namespace {
 // (given by x's producer, else taken here into tab), the running ones updated, and each channel's
 // scale / shift for y = x * scale + shift (the batch statistics' in training, the running ones'
 // in evaluation). Ends with a barrier.
+// `planes`: N * C items (plane_ranges), for the sums' sweep.
 void statistics_in_region(const FusedStack& s, FusedTensors& t, bool training, const SumTables& tab, float* scale,
-                          float* shift) {
+                          float* shift, cpu::StealingRanges& planes) {
   const FusedStage& bn = s.stages[0];
   const int64_t N = t.x.dim(0), C = s.C, HW = bn.H * bn.W;
   const bool sums_given = t.x_sums.defined();
   if (training && !sums_given) {
     const float* xp = t.x.f32();
-#pragma omp for schedule(static)
-    for (int64_t pl = 0; pl < N * C; ++pl) bn_rows::plane_sums(xp + pl * HW, HW, &tab.sum1[pl], &tab.sum2[pl]);
+    planes.run([&](int64_t p0, int64_t p1) {
+      for (int64_t pl = p0; pl < p1; ++pl) bn_rows::plane_sums(xp + pl * HW, HW, &tab.sum1[pl], &tab.sum2[pl]);
+    });
+#pragma omp barrier
   }
   const float* sum1 = sums_given ? t.x_sums.f32() : tab.sum1;
   const float* sum2 = sums_given ? t.x_sums.f32() + t.x_sums.dim(1) * C : tab.sum2;
@@ -314,18 +317,20 @@ void CpuBackend::fused_forward(const FusedStack& s, FusedTensors& t, bool traini
       bn_rows::eval_coefficients(t.gamma.f32()[c], t.beta.f32()[c], t.running_mean.f32()[c], t.running_var.f32()[c],
                                  bn.eps, sc, sh);
   };
+  cpu::StealingRanges sum_planes = plane_ranges(N * C, HW), y_planes = plane_ranges(N * C, HW);
 #pragma omp parallel reduction(+ : kept)
   {
     float* scratch = static_cast<float*>(ws.data) + omp_get_thread_num() * per_thread;
     float* out[kMaxStages];
     for (int64_t k = 0; k < S; ++k) out[k] = scratch + k * plane;
     if (memory_order) {
-      statistics_in_region(s, t, training, tab, scale, shift);
+      statistics_in_region(s, t, training, tab, scale, shift, sum_planes);
       if (pack_values) {
         kept += rounds.run(yp, [&](int64_t pl) { return forward_one(out, pl, scale[pl % C], shift[pl % C]); });
       } else {
-#pragma omp for schedule(static)
-        for (int64_t pl = 0; pl < N * C; ++pl) kept += forward_one(out, pl, scale[pl % C], shift[pl % C]);
+        y_planes.run([&](int64_t p0, int64_t p1) {
+          for (int64_t pl = p0; pl < p1; ++pl) kept += forward_one(out, pl, scale[pl % C], shift[pl % C]);
+        });
       }
     } else {
 #pragma omp for schedule(static, s.tile_channels)
@@ -484,8 +489,9 @@ void CpuBackend::fused_forward_statistics(const FusedStack& s, FusedTensors& t, 
   ET_CHECK(ws.bytes >= fused_workspace_bytes(s, N), "fused stack: workspace");
   if (t.x_sums.defined()) ET_CHECK(t.x_sums.dim(1) >= N && t.x_sums.dim(2) == C, "fused stack: x sums ", t.x_sums.shape.str());
   const SumTables tab(static_cast<float*>(ws.data) + thread_floats(s) * cpu_threads(), N, C);
+  cpu::StealingRanges planes = plane_ranges(N * C, s.stages[0].H * s.stages[0].W);
 #pragma omp parallel
-  statistics_in_region(s, t, training, tab, scale, shift);
+  statistics_in_region(s, t, training, tab, scale, shift, planes);
 }
 
 }  // namespace et

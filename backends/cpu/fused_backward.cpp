@@ -268,6 +268,7 @@ void CpuBackend::fused_backward(const FusedStack& s, const FusedTensors& t, Fuse
     bn_rows::grad_apply(dz, x, k, HW, dx, g.dx_accumulate);
   };
 
+  cpu::StealingRanges sweep1_planes = plane_ranges(N * C, HW), sweep2_planes = plane_ranges(N * C, HW);
 #pragma omp parallel
   {
     float* scratch = static_cast<float*>(ws.data) + omp_get_thread_num() * per_thread;
@@ -278,8 +279,10 @@ void CpuBackend::fused_backward(const FusedStack& s, const FusedTensors& t, Fuse
 #pragma omp for schedule(static)
         for (int64_t pl = 0; pl < N * C; ++pl) tab.sum1[pl] = sums[pl], tab.sum2[pl] = sums[max_n * C + pl];
       } else {
-#pragma omp for schedule(static)
-        for (int64_t pl = 0; pl < N * C; ++pl) sweep1(scratch, pl, &tab.sum1[pl], &tab.sum2[pl]);
+        sweep1_planes.run([&](int64_t p0, int64_t p1) {
+          for (int64_t pl = p0; pl < p1; ++pl) sweep1(scratch, pl, &tab.sum1[pl], &tab.sum2[pl]);
+        });
+#pragma omp barrier
       }
       int64_t ca, cb;
       thread_channels(C, &ca, &cb);
@@ -290,11 +293,13 @@ void CpuBackend::fused_backward(const FusedStack& s, const FusedTensors& t, Fuse
       }
 #pragma omp barrier
       if (g.dx.defined() && !hand_on) {
-#pragma omp for schedule(static)
-        for (int64_t pl = 0; pl < N * C; ++pl) sweep2(scratch, pl, coef[pl % C]);
+        sweep2_planes.run([&](int64_t p0, int64_t p1) {
+          for (int64_t pl = p0; pl < p1; ++pl) sweep2(scratch, pl, coef[pl % C]);
+        });
       } else if (dz_in_dy && g.dside.defined()) {
-#pragma omp for schedule(static)
-        for (int64_t pl = 0; pl < N * C; ++pl) side_from_parked_dz(pl);
+        sweep2_planes.run([&](int64_t p0, int64_t p1) {
+          for (int64_t pl = p0; pl < p1; ++pl) side_from_parked_dz(pl);
+        });
       }
     } else {
 #pragma omp for schedule(static, s.tile_channels)

@@ -11,6 +11,7 @@
 #include <immintrin.h>
 #endif
 
+#include "backends/cpu/balance.h"
 #include "backends/cpu/batchnorm_rows.h"
 #include "backends/cpu/dropout_mask.h"
 #include "backends/cpu/pool_planes.h"
@@ -90,6 +91,14 @@ struct SumTables {
     rest = p + round16(4 * C);
   }
 };
+
+// The planes of a sweep in memory order, balanced over the threads (balance.h): chunks of about
+// 64 KiB of floats. Each plane's results (its sums, its words, its kept count) are its own, so the
+// thread that runs it changes no bit.
+inline cpu::StealingRanges plane_ranges(int64_t planes, int64_t plane_floats) {
+  return cpu::StealingRanges(planes, std::max<int64_t>(1, 16384 / std::max<int64_t>(1, plane_floats)),
+                        omp_get_max_threads());
+}
 
 // The calling thread's share [c0, c1) of C channels.
 inline void thread_channels(int64_t C, int64_t* c0, int64_t* c1) {
