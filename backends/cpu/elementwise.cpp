@@ -52,6 +52,27 @@ void CpuBackend::copy_from_host(const void* src, Tensor& dst) {
 }
 
 namespace {
+// The flat loops on elements [i0, i1), out of line: pointers as arguments, so GCC vectorises them (in
+// a lambda, the captured pointers are reloaded on every element and the loop stays scalar and
+// branchy: the unfused ReLU backward took 57 ms a ResNet-20 step instead of 3).
+void relu_range(const float* x, float* y, int64_t i0, int64_t i1) {
+#pragma omp simd
+  for (int64_t i = i0; i < i1; ++i) y[i] = x[i] > 0.f ? x[i] : 0.f;
+}
+void relu_backward_range(const float* d, const float* m, float* o, int64_t i0, int64_t i1, bool accumulate) {
+  if (accumulate) {
+#pragma omp simd
+    for (int64_t i = i0; i < i1; ++i) o[i] += m[i] > 0.f ? d[i] : 0.f;
+  } else {
+#pragma omp simd
+    for (int64_t i = i0; i < i1; ++i) o[i] = m[i] > 0.f ? d[i] : 0.f;
+  }
+}
+void add_range(const float* a, const float* b, float* y, int64_t i0, int64_t i1) {
+#pragma omp simd
+  for (int64_t i = i0; i < i1; ++i) y[i] = a[i] + b[i];
+}
+
 // y = relu(x) and y's bitmap words [w0, w1) (the keep rule: y's bits >= tb); returns the count kept.
 int64_t relu_words(const float* xp, float* yp, int64_t n, int64_t w0, int64_t w1, uint32_t tb, uint64_t* bits) {
   int64_t kept = 0;
@@ -114,10 +135,7 @@ void CpuBackend::relu_forward(const Tensor& x, Tensor& y, MaskOut* mask) {
   float* yp = y.f32();
   const int64_t n = x.numel();
   if (!mask) {
-    cpu::balanced_for(n, kChunk, [&](int64_t i0, int64_t i1) {
-#pragma omp simd
-      for (int64_t i = i0; i < i1; ++i) yp[i] = xp[i] > 0.f ? xp[i] : 0.f;
-    });
+    cpu::balanced_for(n, kChunk, [&](int64_t i0, int64_t i1) { relu_range(xp, yp, i0, i1); });
     return;
   }
   // y >= +0 and never NaN, so the bitmap's keep rule is one unsigned compare of y's bits.
@@ -144,15 +162,7 @@ void CpuBackend::relu_backward(const Tensor& dy, const MaskView& mask, Tensor& d
     return;
   }
   const float* m = mask.dense.f32();
-  cpu::balanced_for(n, kChunk, [&](int64_t i0, int64_t i1) {
-    if (accumulate) {
-#pragma omp simd
-      for (int64_t i = i0; i < i1; ++i) o[i] += m[i] > 0.f ? d[i] : 0.f;
-    } else {
-#pragma omp simd
-      for (int64_t i = i0; i < i1; ++i) o[i] = m[i] > 0.f ? d[i] : 0.f;
-    }
-  });
+  cpu::balanced_for(n, kChunk, [&](int64_t i0, int64_t i1) { relu_backward_range(d, m, o, i0, i1, accumulate); });
 }
 
 void CpuBackend::add_forward(const Tensor& a, const Tensor& b, Tensor& y) {
@@ -160,10 +170,7 @@ void CpuBackend::add_forward(const Tensor& a, const Tensor& b, Tensor& y) {
   const float* bp = b.f32();
   float* yp = y.f32();
   const int64_t n = a.numel();
-  cpu::balanced_for(n, kChunk, [&](int64_t i0, int64_t i1) {
-#pragma omp simd
-    for (int64_t i = i0; i < i1; ++i) yp[i] = ap[i] + bp[i];
-  });
+  cpu::balanced_for(n, kChunk, [&](int64_t i0, int64_t i1) { add_range(ap, bp, yp, i0, i1); });
 }
 
 void CpuBackend::accumulate_grad(const Tensor& src, Tensor& dst, bool accumulate) {
@@ -174,10 +181,7 @@ void CpuBackend::accumulate_grad(const Tensor& src, Tensor& dst, bool accumulate
     if (s != d) std::memcpy(d, s, size_t(n) * sizeof(float));
     return;
   }
-  cpu::balanced_for(n, kChunk, [&](int64_t i0, int64_t i1) {
-#pragma omp simd
-    for (int64_t i = i0; i < i1; ++i) d[i] += s[i];
-  });
+  cpu::balanced_for(n, kChunk, [&](int64_t i0, int64_t i1) { add_range(d, s, d, i0, i1); });
 }
 
 void CpuBackend::dropout_forward(const Tensor& x, float p, uint64_t seed, Tensor& y) {
