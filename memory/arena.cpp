@@ -13,13 +13,34 @@ namespace et {
 
 namespace {
 
+// Regions of kHugePage or more (the arena, the stash) are mapped at a multiple of kHugePage and
+// asked for transparent huge pages (MADV_HUGEPAGE; the kernel's default policy, "madvise", gives
+// them only to regions that ask). With 4 KiB pages a kernel that walks many planes at once (a
+// Winograd image: 16 planes of 4 KiB in, 16 out) misses the TLB on most of them, and where its
+// pages land in the physically indexed L2 changes from run to run: ResNet-20's convs took up to 7 %
+// longer in one process than in the next, the fused and unfused steps' ratio swung between 1.04x
+// and 1.13x, and the step was 2 % slower (session 49). Peak USS did not change (the arena is all
+// touched in a step). Where the kernel has transparent huge pages off the advice does nothing.
+constexpr size_t kHugePage = size_t(2) << 20;
+
 class HostMemory final : public DeviceMemory {
  public:
   Device device() const override { return Device::CPU; }
   size_t granularity() const override { return page_; }
   void* allocate(size_t bytes) override {
-    void* m = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    return m == MAP_FAILED ? nullptr : m;
+    if (bytes < kHugePage) {
+      void* m = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+      return m == MAP_FAILED ? nullptr : m;
+    }
+    // Map a huge page more, keep the aligned part: deallocate unmaps exactly [p, p + bytes).
+    void* m = mmap(nullptr, bytes + kHugePage, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (m == MAP_FAILED) return nullptr;
+    const uintptr_t a = reinterpret_cast<uintptr_t>(m), p = (a + kHugePage - 1) / kHugePage * kHugePage;
+    const uintptr_t end = p + (bytes + page_ - 1) / page_ * page_, map_end = a + bytes + kHugePage;
+    if (p > a) munmap(m, p - a);
+    if (map_end > end) munmap(reinterpret_cast<void*>(end), map_end - end);
+    madvise(reinterpret_cast<void*>(p), bytes, MADV_HUGEPAGE);
+    return reinterpret_cast<void*>(p);
   }
   void deallocate(void* p, size_t bytes) override { munmap(p, bytes); }
   void release(void* p, size_t bytes) override {
