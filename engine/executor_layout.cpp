@@ -227,7 +227,14 @@ void Executor::place_buffers(PlanState& st) {
   if (largest_id >= 0)
     what += "; its largest buffer is layer '" + graph_.value(largest_id).name + "' output, " +
             std::to_string(largest) + " bytes";
-  arena_.reserve(report_.total, what, backend_.memory());
+  // On transparent huge pages where the pages stay (not under memory.release_pages, whose
+  // releases would split them and whose USS would count 2 MiB at a time). With 4 KiB pages a
+  // kernel that walks many planes at once (a Winograd image: 16 planes of 4 KiB in, 16 out) misses
+  // the TLB on most of them, and where the pages land in the physically indexed L2 changes from
+  // run to run: ResNet-20's convs took up to 7 % longer in one process than in the next, the fused
+  // and unfused steps' ratio swung between 1.04x and 1.13x, and the step was 2 % slower (session
+  // 49). Peak USS did not change (the step touches all of the arena).
+  arena_.reserve(report_.total, what, backend_.memory(), !stash_options_.release_pages);
 }
 
 // alive: the planned buffers' bytes alive at each time step (memory/planner.h, live_bytes).

@@ -22,7 +22,11 @@ struct FusionSpec {
   int64_t llc_kb = 0;                // last-level cache, for streaming stores; 0 = sysfs, else CPUID
   // BN's first backward sweep in the data gradient of the conv reading the stack's output, where
   // it can (fusion::StackPlan::sweep1_to_reader); false: every stack sweeps itself (A/B runs).
+  // sweep1_in_reader_auto (the config's default, "auto"): in the reader only where the stack's x
+  // and y together do not fit the last-level cache (fusion/planner.cpp says why). This struct's
+  // own default (tests and tools that build a spec) is the reader wherever it can.
   bool sweep1_in_reader = true;
+  bool sweep1_in_reader_auto = false;
 };
 
 // Which parameters train (config section `finetune`, docs/finetune.md; models/freeze.cpp).

@@ -331,14 +331,22 @@ Plan plan(const Graph& g, const FusionSpec& spec) {
       // comes after the others' (a residual block's output: the next block's first conv, after the
       // next add's side gradient), so its dx completes dy. fusion.sweep1_in_reader = false turns it
       // off (A/B measurements: bench step --against fusion.sweep1_in_reader=false).
+      // What it saves is the stack reading dy back and writing dz; x is read either way. Where x and
+      // y fit the last-level cache, dy comes back from there at cache speed, and the reader's
+      // epilogue costs the conv more than that (Zen 5 with a 32 MiB share, session 49: ResNet-20's
+      // step 1.3-2.2 % slower with it; a wash on the Zen 4 and the Xeon of sessions 37 and 42). So
+      // `auto` (the config's default) gives it to the reader only where they do not fit (a Jetson's
+      // few MiB against ResNet-20's 16 MiB at batch 128), or the last level is unknown.
+      const size_t x_bytes = f32(N * s.C * s.stages[0].H * s.stages[0].W), y_bytes = f32(N * s.C * s.last().P * s.last().Q);
+      const bool to_reader =
+          spec.sweep1_in_reader_auto ? p.llc_bytes == 0 || x_bytes + y_bytes >= p.llc_bytes : spec.sweep1_in_reader;
       const Value& y = g.value(sp.output);
       const int first_reader = y.consumers.empty() ? -1 : *std::min_element(y.consumers.begin(), y.consumers.end());
-      if (spec.sweep1_in_reader && takes_dz_sums(s) && !sp.sweep_to_producer && first_reader >= 0 &&
+      if (to_reader && takes_dz_sums(s) && !sp.sweep_to_producer && first_reader >= 0 &&
           g.node(first_reader).op->can_take_dz_sums()) {
         sp.sweep1_to_reader = true;
         sp.reader_node = first_reader;
       }
-      const size_t x_bytes = f32(N * s.C * s.stages[0].H * s.stages[0].W), y_bytes = f32(N * s.C * s.last().P * s.last().Q);
       if (sp.sums_from_producer) sp.bytes_fused -= x_bytes;  // one read of x
       // The second sweep handed on: it reads x and dy (the stack before reads dz instead of dy)
       // and writes dx no more.

@@ -13,14 +13,9 @@ namespace et {
 
 namespace {
 
-// Regions of kHugePage or more (the arena, the stash) are mapped at a multiple of kHugePage and
-// asked for transparent huge pages (MADV_HUGEPAGE; the kernel's default policy, "madvise", gives
-// them only to regions that ask). With 4 KiB pages a kernel that walks many planes at once (a
-// Winograd image: 16 planes of 4 KiB in, 16 out) misses the TLB on most of them, and where its
-// pages land in the physically indexed L2 changes from run to run: ResNet-20's convs took up to 7 %
-// longer in one process than in the next, the fused and unfused steps' ratio swung between 1.04x
-// and 1.13x, and the step was 2 % slower (session 49). Peak USS did not change (the arena is all
-// touched in a step). Where the kernel has transparent huge pages off the advice does nothing.
+// Mappings of kHugePage or more start at a multiple of it, so that large pages, where asked for
+// (advise_large_pages: MADV_HUGEPAGE; the kernel's default policy, "madvise", gives transparent huge
+// pages only to regions that ask), cover all of them.
 constexpr size_t kHugePage = size_t(2) << 20;
 
 class HostMemory final : public DeviceMemory {
@@ -39,9 +34,9 @@ class HostMemory final : public DeviceMemory {
     const uintptr_t end = p + (bytes + page_ - 1) / page_ * page_, map_end = a + bytes + kHugePage;
     if (p > a) munmap(m, p - a);
     if (map_end > end) munmap(reinterpret_cast<void*>(end), map_end - end);
-    madvise(reinterpret_cast<void*>(p), bytes, MADV_HUGEPAGE);
     return reinterpret_cast<void*>(p);
   }
+  void advise_large_pages(void* p, size_t bytes) override { madvise(p, bytes, MADV_HUGEPAGE); }
   void deallocate(void* p, size_t bytes) override { munmap(p, bytes); }
   void release(void* p, size_t bytes) override {
     const uintptr_t a = reinterpret_cast<uintptr_t>(p);
@@ -73,12 +68,13 @@ Arena::~Arena() {
   if (base_) memory_->deallocate(base_, size_);
 }
 
-void Arena::reserve(size_t bytes, const std::string& what, DeviceMemory& memory) {
+void Arena::reserve(size_t bytes, const std::string& what, DeviceMemory& memory, bool large_pages) {
   ET_CHECK(base_ == nullptr, "arena reserved twice");
   const size_t g = memory.granularity();
   const size_t size = std::max<size_t>(1, (bytes + g - 1) / g) * g;
   void* m = memory.allocate(size);
   if (!m) user_error("out of memory: could not allocate ", bytes, " bytes for ", what);
+  if (large_pages) memory.advise_large_pages(m, size);
   memory_ = &memory;
   base_ = static_cast<char*>(m);
   size_ = size;

@@ -18,8 +18,10 @@ class Arena {
   ~Arena();
 
   // Allocates `bytes` (rounded up to the memory's granularity) from `memory`. Throws UserError
-  // naming `what` if the system refuses.
-  void reserve(size_t bytes, const std::string& what, DeviceMemory& memory = host_memory());
+  // naming `what` if the system refuses. large_pages: DeviceMemory::advise_large_pages, for an
+  // arena whose pages are all touched and kept (the executor's, without memory.release_pages).
+  void reserve(size_t bytes, const std::string& what, DeviceMemory& memory = host_memory(),
+               bool large_pages = false);
   void* at(size_t offset) const;
   size_t size() const { return size_; }
   Device device() const { return memory_ ? memory_->device() : Device::CPU; }

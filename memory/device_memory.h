@@ -22,6 +22,12 @@ class DeviceMemory {
   virtual void release(void* p, size_t bytes) = 0;
   // Bytes of [p, p + bytes) resident now: what USS counts of it on the host.
   virtual size_t resident_bytes(const void* p, size_t bytes) const = 0;
+  // Asks for large pages under [p, p + bytes), an allocation whose pages are all touched and kept
+  // (the executor's arena); a hint, nothing where the system has none.
+  virtual void advise_large_pages(void* p, size_t bytes) {
+    (void)p;
+    (void)bytes;
+  }
   // The whole device's memory in use and in total, as its driver reports it (a GPU's
   // cudaMemGetInfo); false where there is no such report (the host: USS measures it instead).
   virtual bool usage(size_t* used, size_t* total) const {

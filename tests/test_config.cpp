@@ -166,12 +166,19 @@ TEST_CASE("train.device selects the backend, and one this build lacks is an erro
   CHECK_FALSE(parse_config(j, "t.json").model.fusion.enabled);
   j["fusion"] = {{"enabled", "yes"}};
   CHECK_THROWS_WITH(parse_config(j, "t.json"), Catch::Contains("fusion.enabled") && Catch::Contains("\"yes\""));
-  // fusion.sweep1_in_reader: on by default, written back, a boolean
+  // fusion.sweep1_in_reader: auto by default (the planner's cache rule), written back, or a boolean
   j["fusion"] = json::object();
+  const Config sweep_auto = parse_config(j, "t.json");
+  CHECK(sweep_auto.model.fusion.sweep1_in_reader_auto);
+  CHECK(sweep_auto.resolved()["fusion"]["sweep1_in_reader"] == "auto");
+  CHECK(parse_config(sweep_auto.resolved(), "r.json").model.fusion.sweep1_in_reader_auto);
+  j["fusion"] = {{"sweep1_in_reader", true}};
+  CHECK_FALSE(parse_config(j, "t.json").model.fusion.sweep1_in_reader_auto);
   CHECK(parse_config(j, "t.json").model.fusion.sweep1_in_reader);
   j["fusion"] = {{"sweep1_in_reader", false}};
   const Config no_sweep = parse_config(j, "t.json");
   CHECK_FALSE(no_sweep.model.fusion.sweep1_in_reader);
+  CHECK_FALSE(no_sweep.model.fusion.sweep1_in_reader_auto);
   CHECK_FALSE(parse_config(no_sweep.resolved(), "r.json").model.fusion.sweep1_in_reader);
   j["fusion"] = {{"sweep1_in_reader", 1}};
   CHECK_THROWS_WITH(parse_config(j, "t.json"), Catch::Contains("fusion.sweep1_in_reader"));

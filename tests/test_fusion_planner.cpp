@@ -84,6 +84,28 @@ TEST_CASE("fusion: the planner's stacks, cache limit and bad settings", "[fusion
     spec.llc_kb = -1;
     CHECK_THROWS_WITH(fusion::plan(g, spec), Catch::Contains("fusion.llc_kb"));
   }
+  SECTION("sweep 1 in the reader: where asked, or under auto where x and y do not fit the last level") {
+    // The BN -> ReLU stacks read by a stride-1 conv (a block's first stack) can give it away.
+    auto readers = [&](const fusion::Plan& p, int side) {
+      int n = 0;
+      for (const fusion::StackPlan& sp : p.stacks) n += sp.sweep1_to_reader && sp.stack.stages[0].H == side;
+      return n;
+    };
+    spec.sweep1_in_reader = true;
+    spec.sweep1_in_reader_auto = false;
+    spec.llc_kb = 64 * 1024;
+    const int asked32 = readers(fusion::plan(g, spec), 32), asked16 = readers(fusion::plan(g, spec), 16);
+    CHECK(asked32 > 0);
+    CHECK(asked16 > 0);
+    spec.sweep1_in_reader_auto = true;
+    CHECK(readers(fusion::plan(g, spec), 32) == 0);  // batch 8: 1 MiB at 32x32, in 64 MiB
+    spec.llc_kb = 1024;                              // 32x32's x and y fill it, 16x16's do not
+    CHECK(readers(fusion::plan(g, spec), 32) == asked32);
+    CHECK(readers(fusion::plan(g, spec), 16) == 0);
+    spec.sweep1_in_reader_auto = false;
+    spec.sweep1_in_reader = false;
+    CHECK(readers(fusion::plan(g, spec), 32) == 0);
+  }
   SECTION("the cache sizes: sysfs, else the CPU's own report, else a default that says so") {
     // CPUID leaf 4 as a Sapphire Rapids core reports its L2: unified, level 2, 16 ways, 1
     // partition, 64-byte lines, 2048 sets.
