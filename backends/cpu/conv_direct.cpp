@@ -14,6 +14,7 @@
 #include <type_traits>
 
 #include "backends/cpu/always_inline.h"
+#include "backends/cpu/balance.h"
 #include "backends/cpu/batchnorm_rows.h"
 #include "backends/cpu/carve.h"
 #include "backends/cpu/conv_simd.h"
@@ -361,41 +362,43 @@ void direct_dense_forward(const Conv2dGeom& g, const Tensor& xt, const float* w,
   for (int64_t gi = 0; gi < g.groups; ++gi)
     pack_weights(w + gi * Kg * Cg * RS, Kg, Cg, int(RS), false, wpk + gi * Kr * Cg * RS);
   float* thread_base = reinterpret_cast<float*>(cv.p);  // the threads' pieces after the shared one
+  StealingRanges images(g.N, 1, omp_get_max_threads());  // balance.h
 #pragma omp parallel
   {
     Carve tc(thread_base + omp_get_thread_num() * (g.C * f.L + Kr * f.Jr + 128));
     float* xp = tc.take<float>(g.C * f.L);
     float* tile = tc.take<float>(Kr * f.Jr);
     std::memset(xp, 0, sizeof(float) * size_t(g.C * f.L));  // borders stay zero; interiors are overwritten
-#pragma omp for schedule(static)
-    for (int64_t n = 0; n < g.N; ++n) {
-      for (int64_t c = 0; c < g.C; ++c) x.place(g.C, n * g.C + c, g.H, g.W, g.pad_h, g.pad_w, f.Wp, xp + c * f.L);
-      for (int64_t gi = 0; gi < g.groups; ++gi) {
-        const int64_t pl0 = n * g.K + gi * Kg;
-        const int64_t PQ = g.P * g.Q;
-        auto sums = [&](int64_t k0, int64_t k1) {  // planes [k0, k1)'s sums for the BN after the conv
-          if (sum1)
-            for (int64_t k = k0; k < k1; ++k)
-              bn_rows::plane_sums(y + (pl0 + k) * PQ, PQ, sum1 + pl0 + k, sum2 + pl0 + k);
-        };
-        if (rows_apply(g.Q)) {
-          // Straight into y, MR planes at a time, and their sums while they are in L1 (after all Kg
-          // planes, 3-4 % of the forward of ResNet-20's 32x32 and 16x16 convs: their 64 and 32 KiB
-          // had left it, session 41).
-          for (int64_t k0 = 0; k0 < Kg; k0 += MR) {
-            const int64_t nk = std::min<int64_t>(MR, Kg - k0);
-            corr_planes_rows_any(xp + gi * Cg * f.L, Cg, f.L, f.Wp, f.off, f.RS, wpk + (gi * Kr + k0) * Cg * RS,
-                                 int(nk), g.P, g.Q, y + (pl0 + k0) * PQ, PQ, b ? b + gi * Kg + k0 : nullptr, false);
-            sums(k0, k0 + nk);
+    images.run([&](int64_t n_begin, int64_t n_end) {
+      for (int64_t n = n_begin; n < n_end; ++n) {
+        for (int64_t c = 0; c < g.C; ++c) x.place(g.C, n * g.C + c, g.H, g.W, g.pad_h, g.pad_w, f.Wp, xp + c * f.L);
+        for (int64_t gi = 0; gi < g.groups; ++gi) {
+          const int64_t pl0 = n * g.K + gi * Kg;
+          const int64_t PQ = g.P * g.Q;
+          auto sums = [&](int64_t k0, int64_t k1) {  // planes [k0, k1)'s sums for the BN after the conv
+            if (sum1)
+              for (int64_t k = k0; k < k1; ++k)
+                bn_rows::plane_sums(y + (pl0 + k) * PQ, PQ, sum1 + pl0 + k, sum2 + pl0 + k);
+          };
+          if (rows_apply(g.Q)) {
+            // Straight into y, MR planes at a time, and their sums while they are in L1 (after all Kg
+            // planes, 3-4 % of the forward of ResNet-20's 32x32 and 16x16 convs: their 64 and 32 KiB
+            // had left it, session 41).
+            for (int64_t k0 = 0; k0 < Kg; k0 += MR) {
+              const int64_t nk = std::min<int64_t>(MR, Kg - k0);
+              corr_planes_rows_any(xp + gi * Cg * f.L, Cg, f.L, f.Wp, f.off, f.RS, wpk + (gi * Kr + k0) * Cg * RS,
+                                   int(nk), g.P, g.Q, y + (pl0 + k0) * PQ, PQ, b ? b + gi * Kg + k0 : nullptr, false);
+              sums(k0, k0 + nk);
+            }
+          } else {
+            corr_planes_any(xp + gi * Cg * f.L, Cg, f.L, f.off, f.RS, wpk + gi * Kr * Cg * RS, Kr, tile, f.Jr);
+            for (int64_t k = 0; k < Kg; ++k)
+              extract_plane(tile + k * f.Jr, f.Wp, g.P, g.Q, 1, b ? b[gi * Kg + k] : 0.f, false, y + (pl0 + k) * PQ);
+            sums(0, Kg);
           }
-        } else {
-          corr_planes_any(xp + gi * Cg * f.L, Cg, f.L, f.off, f.RS, wpk + gi * Kr * Cg * RS, Kr, tile, f.Jr);
-          for (int64_t k = 0; k < Kg; ++k)
-            extract_plane(tile + k * f.Jr, f.Wp, g.P, g.Q, 1, b ? b[gi * Kg + k] : 0.f, false, y + (pl0 + k) * PQ);
-          sums(0, Kg);
         }
       }
-    }
+    });
   }
 }
 
@@ -420,43 +423,45 @@ void direct_dense_backward_data(const Conv2dGeom& g, const float* dy, const floa
     pack_weights(w + gi * Kg * Cg * RS, Kg, Cg, int(RS), true, wpk + gi * Cr * Kg * RS);
   float* thread_base = reinterpret_cast<float*>(cv.p);  // the threads' pieces after the shared one
   const int64_t ph = g.R - 1 - g.pad_h, pw = g.S - 1 - g.pad_w;
+  StealingRanges images(g.N, 1, omp_get_max_threads());  // balance.h
 #pragma omp parallel
   {
     Carve tc(thread_base + omp_get_thread_num() * (g.K * f.L + Cr * f.Jr + 128));
     float* dyp = tc.take<float>(g.K * f.L);
     float* tile = tc.take<float>(Cr * f.Jr);
     std::memset(dyp, 0, sizeof(float) * size_t(g.K * f.L));
-#pragma omp for schedule(static)
-    for (int64_t n = 0; n < g.N; ++n) {
-      for (int64_t k = 0; k < g.K; ++k)
-        place_plane(dy + (n * g.K + k) * g.P * g.Q, g.P, g.Q, 1, ph, pw, f.Wp, dyp + k * f.L);
-      for (int64_t gi = 0; gi < g.groups; ++gi) {
-        const int64_t HW = g.H * g.W, pl0 = n * g.C + gi * Cg;
-        float* dxg = dx + pl0 * HW;
-        // The first sweep of the stack before on planes [pl0 + c0, pl0 + c1) of dx (dz_sums: groups 1),
-        // while they are in this core's cache.
-        auto sweep1 = [&](int64_t c0, int64_t c1) {
+    images.run([&](int64_t n_begin, int64_t n_end) {
+      for (int64_t n = n_begin; n < n_end; ++n) {
+        for (int64_t k = 0; k < g.K; ++k)
+          place_plane(dy + (n * g.K + k) * g.P * g.Q, g.P, g.Q, 1, ph, pw, f.Wp, dyp + k * f.L);
+        for (int64_t gi = 0; gi < g.groups; ++gi) {
+          const int64_t HW = g.H * g.W, pl0 = n * g.C + gi * Cg;
+          float* dxg = dx + pl0 * HW;
+          // The first sweep of the stack before on planes [pl0 + c0, pl0 + c1) of dx (dz_sums: groups 1),
+          // while they are in this core's cache.
+          auto sweep1 = [&](int64_t c0, int64_t c1) {
 #if defined(ET_ELEMENTWISE_IN_REGISTERS)
-          if (dz_sums) fused_elementwise::dz_sums_planes(*dz_sums, pl0 + c0, pl0 + c1, g.C, HW, dx);
+            if (dz_sums) fused_elementwise::dz_sums_planes(*dz_sums, pl0 + c0, pl0 + c1, g.C, HW, dx);
 #else
-          (void)c0, (void)c1;
+            (void)c0, (void)c1;
 #endif
-        };
-        if (rows_apply(g.W)) {  // straight into dx, MR planes at a time, each block's sweep while in L1
-          for (int64_t c0 = 0; c0 < Cg; c0 += MR) {
-            const int64_t nc = std::min<int64_t>(MR, Cg - c0);
-            corr_planes_rows_any(dyp + gi * Kg * f.L, Kg, f.L, f.Wp, f.off, f.RS, wpk + (gi * Cr + c0) * Kg * RS,
-                                 int(nc), g.H, g.W, dxg + c0 * HW, HW, nullptr, accumulate);
-            sweep1(c0, c0 + nc);
+          };
+          if (rows_apply(g.W)) {  // straight into dx, MR planes at a time, each block's sweep while in L1
+            for (int64_t c0 = 0; c0 < Cg; c0 += MR) {
+              const int64_t nc = std::min<int64_t>(MR, Cg - c0);
+              corr_planes_rows_any(dyp + gi * Kg * f.L, Kg, f.L, f.Wp, f.off, f.RS, wpk + (gi * Cr + c0) * Kg * RS,
+                                   int(nc), g.H, g.W, dxg + c0 * HW, HW, nullptr, accumulate);
+              sweep1(c0, c0 + nc);
+            }
+          } else {
+            corr_planes_any(dyp + gi * Kg * f.L, Kg, f.L, f.off, f.RS, wpk + gi * Cr * Kg * RS, Cr, tile, f.Jr);
+            for (int64_t c = 0; c < Cg; ++c)
+              extract_plane(tile + c * f.Jr, f.Wp, g.H, g.W, 1, 0.f, accumulate, dxg + c * HW);
+            sweep1(0, Cg);
           }
-        } else {
-          corr_planes_any(dyp + gi * Kg * f.L, Kg, f.L, f.off, f.RS, wpk + gi * Cr * Kg * RS, Cr, tile, f.Jr);
-          for (int64_t c = 0; c < Cg; ++c)
-            extract_plane(tile + c * f.Jr, f.Wp, g.H, g.W, 1, 0.f, accumulate, dxg + c * HW);
-          sweep1(0, Cg);
         }
       }
-    }
+    });
   }
 }
 
