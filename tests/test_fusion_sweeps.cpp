@@ -50,12 +50,35 @@ struct FlagAfterBackward : NodeObserver {
   }
 };
 
-struct TwoObservers : NodeObserver {
-  NodeObserver &a, &b;
-  TwoObservers(NodeObserver& x, NodeObserver& y) : a(x), b(y) {}
-  void after_forward(int node) override { a.after_forward(node), b.after_forward(node); }
-  void after_backward(int node) override { a.after_backward(node), b.after_backward(node); }
+// `steps` training steps of ex (parameters and inputs as train() sets them) with a FlagAfterBackward
+// on each suffix watching: their counts, in the suffixes' order.
+struct FlagCounts {
+  int linked = 0, set = 0;
 };
+std::vector<FlagCounts> steps_watching(Executor& ex, int64_t batch, const std::vector<const char*>& suffixes,
+                                       int steps = 1) {
+  init_parameters(ex, 7);
+  fill(ex, batch);
+  std::vector<FlagAfterBackward> flags;
+  for (const char* sfx : suffixes) flags.emplace_back(ex, sfx);
+  struct All : NodeObserver {
+    std::vector<FlagAfterBackward>& flags;
+    explicit All(std::vector<FlagAfterBackward>& f) : flags(f) {}
+    void after_forward(int) override {}
+    void after_backward(int node) override {
+      for (FlagAfterBackward& f : flags) f.after_backward(node);
+    }
+  } all(flags);
+  ex.set_observer(&all);
+  for (int step = 0; step < steps; ++step) {
+    ex.forward(batch, true);
+    ex.backward();
+  }
+  ex.set_observer(nullptr);
+  std::vector<FlagCounts> counts;
+  for (const FlagAfterBackward& f : flags) counts.push_back({f.linked, f.set});
+  return counts;
+}
 
 // image -> conv -> <BN, ReLU> -> conv (with a bias) -> <BN, ReLU> -> conv -> flatten -> linear: two
 // stacks whose only reader is a conv.
@@ -108,27 +131,13 @@ TEST_CASE("fusion: a conv's data gradient takes the first backward sweep of the 
             StashOptions kept = o;
             kept.recompute_stack_outputs = false;
             Executor ex(fused, *be, kept);
-            init_parameters(ex, 7);
-            fill(ex, c.batch);
-            FlagAfterBackward check(ex, ".dz_sums");
-            ex.set_observer(&check);
-            ex.forward(c.batch, true);
-            ex.backward();
-            ex.set_observer(nullptr);
+            const FlagCounts check = steps_watching(ex, c.batch, {".dz_sums"})[0];
             CHECK(check.set == (can ? check.linked : 0));
             CHECK(differing(train(plain, c.batch, kept), train(fused, c.batch, kept)) == 0);
           }
           {
             Executor ex(fused, *be, o);
-            init_parameters(ex, 7);
-            fill(ex, c.batch);
-            FlagAfterBackward check(ex, ".dz_sums");
-            ex.set_observer(&check);
-            for (int step = 0; step < 2; ++step) {
-              ex.forward(c.batch, true);
-              ex.backward();
-            }
-            ex.set_observer(nullptr);
+            const FlagCounts check = steps_watching(ex, c.batch, {".dz_sums"}, 2)[0];
             CHECK(check.linked == 4);
             // BN's input x stays f32 under bitmap_fp32 (it compresses the ReLU outputs); a bf16 copy
             // is not the forward's x, and recomputation does not compute y in its readers.
@@ -189,14 +198,8 @@ void residual_sweep1_in_reader(const char* model, int64_t side) {
           const StashOptions o = stash(f, every);
           {
             Executor ex(fused, *be, o);
-            init_parameters(ex, 7);
-            fill(ex, batch);
-            FlagAfterBackward check(ex, ".dz_sums"), bits(ex, ".y_bits");
-            TwoObservers both{check, bits};
-            ex.set_observer(&both);
-            ex.forward(batch, true);
-            ex.backward();
-            ex.set_observer(nullptr);
+            const std::vector<FlagCounts> flags = steps_watching(ex, batch, {".dz_sums", ".y_bits"});
+            const FlagCounts &check = flags[0], &bits = flags[1];
             CHECK(check.linked > add_takers);
             // The dense stash keeps every stack's x and y in place: every reader takes its sweep,
             // but for the strided ones where their kernel is the implicit GEMM's phases (the
@@ -295,15 +298,7 @@ TEST_CASE("fusion: a stack after a stack hands its second backward sweep on, bit
         INFO("stash format " << stash_format_name(f));
         {
           Executor ex(fused, *be, stash(f));
-          init_parameters(ex, 7);
-          fill(ex, c.batch);
-          FlagAfterBackward check(ex, ".dy_coef");
-          ex.set_observer(&check);
-          for (int step = 0; step < 2; ++step) {
-            ex.forward(c.batch, true);
-            ex.backward();
-          }
-          ex.set_observer(nullptr);
+          const FlagCounts check = steps_watching(ex, c.batch, {".dy_coef"}, 2)[0];
           CHECK(check.linked == 4);
           // Only where the reader's x is kept exactly (a 16-bit copy keeps its own sweep).
           CHECK(check.set == (can && f != StashFormat::DenseBF16 ? 4 : 0));
