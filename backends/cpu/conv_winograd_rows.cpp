@@ -209,7 +209,6 @@ ET_ALWAYS_INLINE inline void output_transform(const float* m, int64_t stride, fl
 // following them in a burst per image: 1.25-1.29x -> 1.10-1.19x the plain data gradient on
 // ResNet-20's 16 -> 16 at 32x32 (session 48, Zen 5). (The BN sums by pieces measured slower:
 // their eight running vectors a plane go to memory and back every piece.)
-static const int g_exp = getenv("ET_EXP") ? atoi(getenv("ET_EXP")) : 0;
 struct RowsEpilogue {
   float *sum1 = nullptr, *sum2 = nullptr;
   const DzSumsEpilogue* dz_sums = nullptr;
@@ -256,28 +255,7 @@ void rows_image(const RowsGeom& g, const ConvInput& x, int64_t n, const float* U
         bn_rows::GradLanes& lg = lanes[o];
         const int64_t at = pl * HW + 64 * j;  // this pair's piece: elements [64 j, 64 j + 128)
         if (j == 0) lg = bn_rows::GradLanes{};
-        if (g_exp == 5 || g_exp == 6) {
-          // prefetch into L2: 5 = the next image's same piece, 6 = this plane's piece 2 pairs on
-          const float* nx = e.x + (g_exp == 5 ? at + g.Co * HW : at + 256);
-          for (int k = 0; k < 8; ++k) _mm_prefetch(reinterpret_cast<const char*>(nx + 16 * k), _MM_HINT_T1);
-        }
-        if (g_exp == 0 || g_exp >= 5) fused_elementwise::dz_sums_piece(e, o, at, out + at, 128, &lg);
-        else if (g_exp == 1) {  // mask + store only
-          const __m512 vs = _mm512_set1_ps(e.scale[o]), vt = _mm512_set1_ps(e.shift[o]);
-          for (int i = 0; i < 128; i += 16) {
-            float* d = out + at + i;
-            const __mmask16 on = _mm512_cmp_ps_mask(_mm512_fmadd_ps(_mm512_loadu_ps(e.x + at + i), vs, vt), _mm512_setzero_ps(), _CMP_GT_OQ);
-            _mm512_storeu_ps(d, _mm512_maskz_mov_ps(on, _mm512_loadu_ps(d)));
-          }
-        } else if (g_exp == 2) {  // sums of d only, no x
-          __m512 a = lg.a;
-          for (int i = 0; i < 128; i += 16) a = _mm512_add_ps(a, _mm512_loadu_ps(out + at + i));
-          lg.a = a;
-        } else if (g_exp == 3) {  // x read only
-          __m512 a = lg.a;
-          for (int i = 0; i < 128; i += 16) a = _mm512_add_ps(a, _mm512_loadu_ps(e.x + at + i));
-          lg.a = a;
-        }
+        fused_elementwise::dz_sums_piece(e, o, at, out + at, 128, &lg);
         if (last) bn_rows::grad_sums_finish(lg, e.sum1 + pl, e.sum2 + pl);
       }
       if (last && epi.sum1) bn_rows::plane_sums(y, HW, epi.sum1 + pl, epi.sum2 + pl);
@@ -333,7 +311,7 @@ void rows_run(const RowsGeom& g, const ConvInput& x, const float* w, int64_t K, 
   epi.sum1 = sum1;
   epi.sum2 = sum2;
   epi.dz_sums = dz_sums;
-  StealingRanges images_q(g.N, 1, omp_get_max_threads());
+  StealingRanges images(g.N, 1, omp_get_max_threads());
 #pragma omp parallel
   {
     const int t = omp_get_thread_num(), nt = omp_get_num_threads();
@@ -346,13 +324,12 @@ void rows_run(const RowsGeom& g, const ConvInput& x, const float* w, int64_t K, 
     bn_rows::GradLanes* lanes = tc.take<bn_rows::GradLanes>(l.lanes_n);
     std::memset(placed, 0, sizeof(float) * size_t(l.placed_n));  // the padding stays zero
 #pragma omp barrier
-    auto images = [&](int64_t n0, int64_t n1) {
+    images.run([&](int64_t n0, int64_t n1) {
       for (int64_t n = n0; n < n1; ++n) {
         if (g.side == 8) rows_image8(g, t8, x, n, U, bias, accumulate, epi, v, m, plane, out);
         else rows_image(g, x, n, U, bias, accumulate, epi, placed, v, m, plane, lanes, out);
       }
-    };
-    images_q.run(images);
+    });
   }
 }
 #endif
