@@ -407,13 +407,13 @@ TEST_CASE("a conv forward computes a fused stack's output as it stages x (DType:
   cpu::conv_set_path_override(cpu::ConvPathOverride::Auto);
   // Every case but the strided 3x3 one (the implicit GEMM takes x as f32 only) under Auto; forced
   // paths fall back where they do not apply (depthwise first, then the GEMM).
-  // Winograd by rows: the two 32x32 cases (AVX-512 builds; Auto's choice there too) and the
-  // 16 -> 16 one on 16x16 (not Auto's).
+  // Winograd by rows: the two 32x32 cases (Auto's choice there too) and the 16 -> 16 one on
+  // 16x16 (not Auto's), on AVX-512, AVX2 and aarch64 NEON builds.
   CHECK(ran[0] == 26);
   CHECK(ran[1] == 28);
   CHECK(ran[2] == 12);
   CHECK(ran[3] == 28);
-#if defined(__AVX512F__)
+#if defined(__AVX512F__) || defined(__AVX2__) || (defined(__ARM_NEON) && defined(__aarch64__))
   CHECK(ran[4] == 6);
 #else
   CHECK(ran[4] == 0);
@@ -506,8 +506,8 @@ TEST_CASE("a conv data gradient takes the first backward sweep of the BN -> ReLU
 #if defined(ET_ELEMENTWISE_IN_REGISTERS)
   CHECK(took_on[1] >= 6);  // Winograd forced: its 3x3 stride-1 cases
   CHECK(took_on[2] == 11);
-#if defined(__AVX512F__)
-  CHECK(took_on[3] >= 5);  // Winograd by rows forced: its 32x32, 16x16 and 8x8 cases (Auto elsewhere)
+#if defined(__AVX512F__) || defined(__AVX2__) || (defined(__ARM_NEON) && defined(__aarch64__))
+  CHECK(took_on[3] >= 5);  // Winograd by rows forced: its 32x32 and 16x16 cases (Auto elsewhere)
 #endif
 #endif
 }

@@ -15,7 +15,8 @@
 //                                   forward and data gradient of 3x3 stride-1 pad-1 layers on
 //                                   32x32 maps with 16+ channels, 16x16 maps with 32 to 128, 8x8
 //                                   maps with 16 to 128; their weight gradient with 32 to 128
-//                                   (conv_winograd_wgrad.cpp) (AVX-512)
+//                                   (conv_winograd_wgrad.cpp); 8x8 maps on AVX-512 only, AVX2 and
+//                                   NEON also the stems and 16-channel weight gradients
 // Every family is deterministic for a given thread count and allocates nothing.
 #include <omp.h>
 
@@ -104,8 +105,16 @@ bool prefer_winograd_rows(const Conv2dGeom& g, ConvPass pass) {
   // 16x16 1.44x and 1.54x (VGG-16); 64 -> 64 at 8x8 (ResNet-20's third stage) 1.20-1.32x
   // (session 47, Intel Xeon), 1.5x faster itself since. 16 -> 16 at 32x32: even with the direct
   // kernels (0.95-1.16x), whose staging of x costs as much as the transforms save.
-  if (pass == ConvPass::BackwardWeight) return g.C >= 32 && g.K >= 32;
-  if (g.W == 32) return in >= 16 && out >= 16;
+  // With narrow vectors (AVX2, session 50, Zen 5 cores running AVX2 code, bench_conv --against,
+  // two runs each) the direct kernels' blocks are a third of AVX-512's and the vectors of tiles win
+  // more: forward / data gradient 16 -> 16 at 32x32 1.59x / 1.62x the direct kernels, 32 -> 32 at
+  // 16x16 1.69x / 1.69x, VGG-16's 64 -> 64 at 32x32 2.0x and 64 -> 128 / 128 -> 128 at 16x16
+  // 1.8-1.9x the direct kernels (1.4-2.2x Winograd's GEMM form); the stems' forward with 16 or 32
+  // output channels 1.13-1.19x (64: 0.95x) and their data gradients 1.28-1.32x; the weight gradient
+  // 16 -> 16 at 32x32 1.10-1.21x, VGG's 64 -> 64 at 32x32 and 64 -> 128 / 128 -> 128 at 16x16
+  // 1.44-1.49x the direct kernels. NEON takes the same rule, unmeasured on a Jetson.
+  if (pass == ConvPass::BackwardWeight) return cpu::kNarrowVectors ? g.C >= 16 && g.K >= 16 : g.C >= 32 && g.K >= 32;
+  if (g.W == 32) return (in >= 16 && out >= 16) || (cpu::kNarrowVectors && out <= 32);
   // 128 -> 128 at 16x16 (VGG-16's second stage): 0.92-1.09x the GEMM form on the Intel Xeon
   // (session 46), 1.34-1.40x on Zen 5 (session 48).
   if (g.W == 16) return in >= 32 && out >= 32 && in * out <= 128 * 128;

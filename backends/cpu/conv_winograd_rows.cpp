@@ -1,5 +1,7 @@
 // Winograd F(2x2, 3x3) by rows of tiles: the forward and data gradient of 3x3 stride-1 pad-1
-// convs on 32x32, 16x16 and 8x8 planes (CIFAR ResNets' three stages, VGG's first two), AVX-512.
+// convs on 32x32, 16x16 and 8x8 planes (CIFAR ResNets' three stages, VGG's first two), AVX-512;
+// 32x32 and 16x16 on AVX2 and NEON too, whose 16 lanes are lanes16.h's (two ymm, four q registers),
+// with their own multiply-add blocks (domain_point) and interleaving stores, and the same bits.
 // (The weight gradient: conv_winograd_wgrad.cpp; the input transform's pieces both use:
 // conv_winograd_rows.h.)
 //
@@ -91,7 +93,7 @@ RowsGeom rows_geom(const Conv2dGeom& g, ConvPass pass) {
   return pass == ConvPass::Forward ? RowsGeom{g.N, g.C, g.K, g.W} : RowsGeom{g.N, g.K, g.C, g.W};
 }
 
-#if defined(__AVX512F__)
+#if defined(ET_WINOGRAD_ROWS)
 // U[xi][c][o] = (G g G^T)[a][b], xi = 4a + b, with g the 3x3 kernel from input plane c to output
 // plane o: w[o][c] forward, w[c][o] flipped for the data gradient (o: an input channel of the
 // conv, c: one of its output channels).
@@ -120,7 +122,10 @@ void transform_weights(const float* w, int64_t K, int64_t C, bool data_gradient,
 }
 
 // M[xi] = sum_c U[xi][c] * V[xi][c] for one domain point, over NV vectors of tiles (V and M hold
-// NV vectors per channel: [c][NV]). Each broadcast of U feeds NV multiply-adds: NV = 2 (two rows of
+// NV vectors per channel: [c][NV]), each lane's sum over c in order 0..Ci-1 by multiply-adds from
+// zero on every ISA (the same bits).
+#if defined(__AVX512F__)
+// Each broadcast of U feeds NV multiply-adds: NV = 2 (two rows of
 // tiles) takes 2 loads of V and KB broadcasts for 2 KB multiply-adds, KB = 8: 16 accumulators;
 // NV = 1 (8x8 planes, a vector per image) blocks of 16 output channels.
 // m[o][r] = sum_c u[c * Co + o] * v[c][r] for KB output channels o, each vector r.
@@ -156,23 +161,150 @@ inline void domain_point(const float* v, const float* u, int64_t Ci, int64_t Co,
   if (o + 2 <= Co) domain_point_block<NV, 2>(v, u + o, Ci, Co, m + o * NV * 16), o += 2;
   if (o < Co) domain_point_block<NV, 1>(v, u + o, Ci, Co, m + o * NV * 16);
 }
-
+#elif defined(__AVX2__)
+// A vector of tiles is two ymm: KB = 6 output channels of one vector r of tiles take 12
+// accumulators, the vector's two halves and a broadcast (15 of the 16 registers): 2 loads and 6
+// broadcasts for 12 multiply-adds.
+template <int NV, int KB>
+ET_ALWAYS_INLINE inline void domain_point_block(const float* v, const float* u, int64_t Ci, int64_t Co, int r,
+                                                float* m) {
+  __m256 acc[KB][2];
+#pragma GCC unroll 8
+  for (int k = 0; k < KB; ++k) acc[k][0] = acc[k][1] = _mm256_setzero_ps();
+  for (int64_t c = 0; c < Ci; ++c) {
+    const __m256 x0 = _mm256_loadu_ps(v + (c * NV + r) * 16), x1 = _mm256_loadu_ps(v + (c * NV + r) * 16 + 8);
+    const float* uc = u + c * Co;
+#pragma GCC unroll 8
+    for (int k = 0; k < KB; ++k) {
+      const __m256 b = _mm256_broadcast_ss(uc + k);
+      acc[k][0] = _mm256_fmadd_ps(b, x0, acc[k][0]);
+      acc[k][1] = _mm256_fmadd_ps(b, x1, acc[k][1]);
+    }
+  }
+#pragma GCC unroll 8
+  for (int k = 0; k < KB; ++k) {
+    _mm256_storeu_ps(m + (k * NV + r) * 16, acc[k][0]);
+    _mm256_storeu_ps(m + (k * NV + r) * 16 + 8, acc[k][1]);
+  }
+}
+template <int NV>
+inline void domain_point(const float* v, const float* u, int64_t Ci, int64_t Co, float* m) {
+  for (int r = 0; r < NV; ++r) {
+    int64_t o = 0;
+    for (; o + 6 <= Co; o += 6) domain_point_block<NV, 6>(v, u + o, Ci, Co, r, m + o * NV * 16);
+    if (o + 4 <= Co) domain_point_block<NV, 4>(v, u + o, Ci, Co, r, m + o * NV * 16), o += 4;
+    if (o + 2 <= Co) domain_point_block<NV, 2>(v, u + o, Ci, Co, r, m + o * NV * 16), o += 2;
+    if (o < Co) domain_point_block<NV, 1>(v, u + o, Ci, Co, r, m + o * NV * 16);
+  }
+}
+#else  // NEON
+// A vector of tiles is four q registers: KB = 4 output channels of one vector r of tiles take 16
+// accumulators, the vector and U's 4 weights in one register, multiplied by lane (21 of 32
+// registers): 5 loads for 16 multiply-adds.
+template <int NV, int KB>
+ET_ALWAYS_INLINE inline void domain_point_block(const float* v, const float* u, int64_t Ci, int64_t Co, int r,
+                                                float* m) {
+  float32x4_t acc[KB][4];
+#pragma GCC unroll 4
+  for (int k = 0; k < KB; ++k)
+    for (int j = 0; j < 4; ++j) acc[k][j] = vdupq_n_f32(0.f);
+  for (int64_t c = 0; c < Ci; ++c) {
+    const float* vc = v + (c * NV + r) * 16;
+    const float32x4_t x[4] = {vld1q_f32(vc), vld1q_f32(vc + 4), vld1q_f32(vc + 8), vld1q_f32(vc + 12)};
+    const float* uc = u + c * Co;
+    if constexpr (KB == 4) {
+      const float32x4_t w = vld1q_f32(uc);
+      for (int j = 0; j < 4; ++j) {
+        acc[0][j] = vfmaq_laneq_f32(acc[0][j], x[j], w, 0);
+        acc[1][j] = vfmaq_laneq_f32(acc[1][j], x[j], w, 1);
+        acc[2][j] = vfmaq_laneq_f32(acc[2][j], x[j], w, 2);
+        acc[3][j] = vfmaq_laneq_f32(acc[3][j], x[j], w, 3);
+      }
+    } else {
+#pragma GCC unroll 4
+      for (int k = 0; k < KB; ++k)
+        for (int j = 0; j < 4; ++j) acc[k][j] = vfmaq_n_f32(acc[k][j], x[j], uc[k]);
+    }
+  }
+#pragma GCC unroll 4
+  for (int k = 0; k < KB; ++k)
+    for (int j = 0; j < 4; ++j) vst1q_f32(m + (k * NV + r) * 16 + 4 * j, acc[k][j]);
+}
+template <int NV>
+inline void domain_point(const float* v, const float* u, int64_t Ci, int64_t Co, float* m) {
+  for (int r = 0; r < NV; ++r) {
+    int64_t o = 0;
+    for (; o + 4 <= Co; o += 4) domain_point_block<NV, 4>(v, u + o, Ci, Co, r, m + o * NV * 16);
+    if (o + 2 <= Co) domain_point_block<NV, 2>(v, u + o, Ci, Co, r, m + o * NV * 16), o += 2;
+    if (o < Co) domain_point_block<NV, 1>(v, u + o, Ci, Co, r, m + o * NV * 16);
+  }
+}
+#endif
 
 // Y = A^T M A of one vector of tiles from M[xi] (at m + xi * stride): y[p][s] holds each tile's
 // output (p, s), row p and column s of its 2 x 2.
-ET_ALWAYS_INLINE inline void at_m_a(const float* m, int64_t stride, __m512 y[2][2]) {
-  __m512 s[4][2];
+ET_ALWAYS_INLINE inline void at_m_a(const float* m, int64_t stride, V16 y[2][2]) {
+  using namespace wrows;
+  V16 s[4][2];
   for (int a = 0; a < 4; ++a) {
-    const __m512 m0 = _mm512_load_ps(m + (4 * a + 0) * stride), m1 = _mm512_load_ps(m + (4 * a + 1) * stride);
-    const __m512 m2 = _mm512_load_ps(m + (4 * a + 2) * stride), m3 = _mm512_load_ps(m + (4 * a + 3) * stride);
-    s[a][0] = _mm512_add_ps(_mm512_add_ps(m0, m1), m2);
-    s[a][1] = _mm512_sub_ps(_mm512_sub_ps(m1, m2), m3);
+    const V16 m0 = vload(m + (4 * a + 0) * stride), m1 = vload(m + (4 * a + 1) * stride);
+    const V16 m2 = vload(m + (4 * a + 2) * stride), m3 = vload(m + (4 * a + 3) * stride);
+    s[a][0] = vadd(vadd(m0, m1), m2);
+    s[a][1] = vsub(vsub(m1, m2), m3);
   }
   for (int c = 0; c < 2; ++c) {
-    y[0][c] = _mm512_add_ps(_mm512_add_ps(s[0][c], s[1][c]), s[2][c]);
-    y[1][c] = _mm512_sub_ps(_mm512_sub_ps(s[1][c], s[2][c]), s[3][c]);
+    y[0][c] = vadd(vadd(s[0][c], s[1][c]), s[2][c]);
+    y[1][c] = vsub(vsub(s[1][c], s[2][c]), s[3][c]);
   }
 }
+
+// Lanes 0-7 of the even and odd columns interleaved into a (16 floats), lanes 8-15 into b; each
+// plus the bias, then (accumulate) added onto what a and b hold.
+#if defined(__AVX512F__)
+ET_ALWAYS_INLINE inline void interleave_store(V16 even, V16 odd, V16 vb, bool accumulate, float* ya, float* yb) {
+  const __m512i lo = _mm512_set_epi32(23, 7, 22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
+  const __m512i hi = _mm512_set_epi32(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8);
+  __m512 a = _mm512_add_ps(_mm512_permutex2var_ps(even, lo, odd), vb);
+  __m512 b = _mm512_add_ps(_mm512_permutex2var_ps(even, hi, odd), vb);
+  if (accumulate) {
+    a = _mm512_add_ps(_mm512_loadu_ps(ya), a);
+    b = _mm512_add_ps(_mm512_loadu_ps(yb), b);
+  }
+  _mm512_storeu_ps(ya, a);
+  _mm512_storeu_ps(yb, b);
+}
+#elif defined(__AVX2__)
+ET_ALWAYS_INLINE inline void interleave_half(__m256 e, __m256 o, __m256 vb, bool accumulate, float* y) {
+  const __m256 l = _mm256_unpacklo_ps(e, o), h = _mm256_unpackhi_ps(e, o);  // e0 o0 e1 o1 | e4 o4 e5 o5, ...
+  __m256 a = _mm256_add_ps(_mm256_permute2f128_ps(l, h, 0x20), vb);
+  __m256 b = _mm256_add_ps(_mm256_permute2f128_ps(l, h, 0x31), vb);
+  if (accumulate) {
+    a = _mm256_add_ps(_mm256_loadu_ps(y), a);
+    b = _mm256_add_ps(_mm256_loadu_ps(y + 8), b);
+  }
+  _mm256_storeu_ps(y, a);
+  _mm256_storeu_ps(y + 8, b);
+}
+ET_ALWAYS_INLINE inline void interleave_store(const V16& even, const V16& odd, const V16& vb, bool accumulate,
+                                              float* ya, float* yb) {
+  interleave_half(even.lo, odd.lo, vb.lo, accumulate, ya);
+  interleave_half(even.hi, odd.hi, vb.hi, accumulate, yb);
+}
+#else  // NEON: vst2 interleaves 4 + 4 lanes
+ET_ALWAYS_INLINE inline void interleave_store(const V16& even, const V16& odd, const V16& vb, bool accumulate,
+                                              float* ya, float* yb) {
+  for (int k = 0; k < 4; ++k) {
+    float* y = (k < 2 ? ya : yb) + 8 * (k % 2);
+    float32x4x2_t p = {{vaddq_f32(even.q[k], vb.q[k]), vaddq_f32(odd.q[k], vb.q[k])}};
+    if (accumulate) {
+      const float32x4x2_t old = vld2q_f32(y);
+      p.val[0] = vaddq_f32(old.val[0], p.val[0]);
+      p.val[1] = vaddq_f32(old.val[1], p.val[1]);
+    }
+    vst2q_f32(y, p);
+  }
+}
+#endif
 
 // One vector of tiles' outputs of plane o from M[xi][o] (stride Co vectors): Y = A^T M A (+ bias),
 // even and odd columns interleaved; written, or added onto y. The tiles' output row p (0, 1) is
@@ -180,23 +312,10 @@ ET_ALWAYS_INLINE inline void at_m_a(const float* m, int64_t stride, __m512 y[2][
 // (lanes 8-15's): one 32-wide row (b0 = a0 + 16), or rows of two tile rows of a 16-wide plane.
 ET_ALWAYS_INLINE inline void output_transform(const float* m, int64_t stride, float bias, bool accumulate, float* a0,
                                               float* b0, int64_t step) {
-  __m512 y[2][2];
+  V16 y[2][2];
   at_m_a(m, stride, y);
-  const __m512i lo = _mm512_set_epi32(23, 7, 22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
-  const __m512i hi = _mm512_set_epi32(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8);
-  const __m512 vb = _mm512_set1_ps(bias);
-  for (int p = 0; p < 2; ++p) {
-    __m512 a = _mm512_add_ps(_mm512_permutex2var_ps(y[p][0], lo, y[p][1]), vb);
-    __m512 b = _mm512_add_ps(_mm512_permutex2var_ps(y[p][0], hi, y[p][1]), vb);
-    float* ya = a0 + p * step;
-    float* yb = b0 + p * step;
-    if (accumulate) {
-      a = _mm512_add_ps(_mm512_loadu_ps(ya), a);
-      b = _mm512_add_ps(_mm512_loadu_ps(yb), b);
-    }
-    _mm512_storeu_ps(ya, a);
-    _mm512_storeu_ps(yb, b);
-  }
+  const V16 vb = wrows::vsplat(bias);
+  for (int p = 0; p < 2; ++p) interleave_store(y[p][0], y[p][1], vb, accumulate, a0 + p * step, b0 + p * step);
 }
 
 // One image: Ci input planes (x: its own planes, or computed by the fused stack) -> Co output
@@ -263,6 +382,7 @@ void rows_image(const RowsGeom& g, const ConvInput& x, int64_t n, const float* U
   }
 }
 
+#if defined(__AVX512F__)
 void rows_image8(const RowsGeom& g, const Gather8& t, const ConvInput& x, int64_t n, const float* U,
                  const float* bias, bool accumulate, const RowsEpilogue& epi, float* v, float* m, float* plane,
                  float* out) {
@@ -297,6 +417,8 @@ void rows_image8(const RowsGeom& g, const Gather8& t, const ConvInput& x, int64_
   }
 }
 
+#endif
+
 // Both passes: the images balanced over the threads (balance.h); sums / dz_sums on each plane as
 // written.
 void rows_run(const RowsGeom& g, const ConvInput& x, const float* w, int64_t K, int64_t C, bool data_gradient,
@@ -306,7 +428,9 @@ void rows_run(const RowsGeom& g, const ConvInput& x, const float* w, int64_t K, 
   Carve shared(static_cast<uint8_t*>(ws));
   float* U = shared.take<float>(l.u_n);
   uint8_t* thread_base = static_cast<uint8_t*>(ws) + l.shared_bytes;
+#if defined(__AVX512F__)
   const Gather8 t8 = g.side == 8 ? gather8() : Gather8{};
+#endif
   RowsEpilogue epi;
   epi.sum1 = sum1;
   epi.sum2 = sum2;
@@ -326,8 +450,13 @@ void rows_run(const RowsGeom& g, const ConvInput& x, const float* w, int64_t K, 
 #pragma omp barrier
     images.run([&](int64_t n0, int64_t n1) {
       for (int64_t n = n0; n < n1; ++n) {
-        if (g.side == 8) rows_image8(g, t8, x, n, U, bias, accumulate, epi, v, m, plane, out);
-        else rows_image(g, x, n, U, bias, accumulate, epi, placed, v, m, plane, lanes, out);
+#if defined(__AVX512F__)
+        if (g.side == 8) {
+          rows_image8(g, t8, x, n, U, bias, accumulate, epi, v, m, plane, out);
+          continue;
+        }
+#endif
+        rows_image(g, x, n, U, bias, accumulate, epi, placed, v, m, plane, lanes, out);
       }
     });
   }
@@ -338,10 +467,15 @@ void rows_run(const RowsGeom& g, const ConvInput& x, const float* w, int64_t K, 
 
 bool winograd_rows_applies(const Conv2dGeom& g, ConvPass pass) {
   if (pass == ConvPass::BackwardWeight) return winograd_wgrad_rows_applies(g);
-#if defined(__AVX512F__)
-  return g.groups == 1 && g.R == 3 && g.S == 3 && g.stride_h == 1 &&
-         g.stride_w == 1 && g.pad_h == 1 && g.pad_w == 1 && (g.W == 32 || g.W == 16 || g.W == 8) && g.H == g.W && g.P == g.W &&
-         g.Q == g.W && g.C > 0 && g.K > 0;
+#if defined(ET_WINOGRAD_ROWS)
+  // 8x8 planes gather their tiles by AVX-512 permutes: not on narrow vectors.
+  #if defined(__AVX512F__)
+  const bool side = g.W == 32 || g.W == 16 || g.W == 8;
+#else
+  const bool side = g.W == 32 || g.W == 16;
+#endif
+  return g.groups == 1 && g.R == 3 && g.S == 3 && g.stride_h == 1 && g.stride_w == 1 && g.pad_h == 1 &&
+         g.pad_w == 1 && side && g.H == g.W && g.P == g.W && g.Q == g.W && g.C > 0 && g.K > 0;
 #else
   (void)g, (void)pass;
   return false;
@@ -357,7 +491,7 @@ size_t winograd_rows_workspace(const Conv2dGeom& g, ConvPass pass, int threads) 
 void winograd_rows_forward(const Conv2dGeom& g, const Tensor& x, const float* w, const float* b, float* y, void* ws,
                            float* sum1, float* sum2) {
   ET_CHECK(winograd_rows_applies(g, ConvPass::Forward), "winograd rows: forward of this geometry");
-#if defined(__AVX512F__)
+#if defined(ET_WINOGRAD_ROWS)
   rows_run(rows_geom(g, ConvPass::Forward), ConvInput(x), w, g.K, g.C, false, b, false, y, ws, sum1, sum2, nullptr);
 #else
   (void)x, (void)w, (void)b, (void)y, (void)ws, (void)sum1, (void)sum2;
@@ -367,7 +501,7 @@ void winograd_rows_forward(const Conv2dGeom& g, const Tensor& x, const float* w,
 void winograd_rows_backward_data(const Conv2dGeom& g, const float* dy, const float* w, float* dx, bool accumulate,
                                  void* ws, const DzSumsEpilogue* dz_sums) {
   ET_CHECK(winograd_rows_applies(g, ConvPass::BackwardData), "winograd rows: data gradient of this geometry");
-#if defined(__AVX512F__)
+#if defined(ET_WINOGRAD_ROWS)
   rows_run(rows_geom(g, ConvPass::BackwardData), ConvInput(dy), w, g.K, g.C, true, nullptr, accumulate, dx, ws,
            nullptr, nullptr, dz_sums);
 #else

@@ -1,5 +1,5 @@
 // Winograd F(2x2, 3x3) weight gradient of 3x3 stride-1 pad-1 convs on 32x32, 16x16 and 8x8 planes
-// (the CIFAR ResNets' three stages), AVX-512, by vectors of tiles as conv_winograd_rows.cpp's
+// (the CIFAR ResNets' three stages; on AVX2 and NEON the first two), by vectors of tiles as conv_winograd_rows.cpp's
 // forward: a vector holds a row of 16 tiles (32x32), two rows of 8 (16x16), or the whole plane's
 // 4 x 4 (8x8).
 //
@@ -73,25 +73,25 @@ WgradLayout wgrad_layout(const Conv2dGeom& g) {
   return l;
 }
 
-#if defined(__AVX512F__)
+#if defined(ET_WINOGRAD_ROWS)
 // W = A dY A^T of one vector of tiles from each tile's four gradients a b / c d (rows 0, 1 of its
 // 2 x 2), into w + xi * stride.
-ET_ALWAYS_INLINE inline void grad_tile_transform(__m512 a, __m512 b, __m512 c, __m512 d, float* w, int64_t stride) {
+ET_ALWAYS_INLINE inline void grad_tile_transform(const V16& a, const V16& b, const V16& c, const V16& d, float* w,
+                                                 int64_t stride) {
+  using namespace wrows;
   // Down the rows (A: [x0, x0 + x1, x0 - x1, -x1]), then along them.
-  const __m512 zero = _mm512_setzero_ps();
-  const __m512 rows[4][2] = {{a, b},
-                             {_mm512_add_ps(a, c), _mm512_add_ps(b, d)},
-                             {_mm512_sub_ps(a, c), _mm512_sub_ps(b, d)},
-                             {_mm512_sub_ps(zero, c), _mm512_sub_ps(zero, d)}};
+  const V16 zero = vsplat(0.f);
+  const V16 rows[4][2] = {{a, b}, {vadd(a, c), vadd(b, d)}, {vsub(a, c), vsub(b, d)}, {vsub(zero, c), vsub(zero, d)}};
   for (int r = 0; r < 4; ++r) {
-    const __m512 x = rows[r][0], y = rows[r][1];
-    _mm512_store_ps(w + (4 * r + 0) * stride, x);
-    _mm512_store_ps(w + (4 * r + 1) * stride, _mm512_add_ps(x, y));
-    _mm512_store_ps(w + (4 * r + 2) * stride, _mm512_sub_ps(x, y));
-    _mm512_store_ps(w + (4 * r + 3) * stride, _mm512_sub_ps(zero, y));
+    const V16 x = rows[r][0], y = rows[r][1];
+    vstore(w + (4 * r + 0) * stride, x);
+    vstore(w + (4 * r + 1) * stride, vadd(x, y));
+    vstore(w + (4 * r + 2) * stride, vsub(x, y));
+    vstore(w + (4 * r + 3) * stride, vsub(zero, y));
   }
 }
 
+#if defined(__AVX512F__)
 // Where each tile's gradients a, b, c, d come from, per plane size:
 //   8x8: tile (tr, q) is lane 4 tr + q; from the plane's four vectors (rows 2tr in elements 0-7,
 //        2tr + 1 in 8-15 of vector tr) by one permute per pair of vectors and a blend (idx8);
@@ -151,6 +151,35 @@ ET_ALWAYS_INLINE inline void grad_transform_plane(const GradGather& s, int64_t s
   }
 }
 
+#else
+// Narrow vectors (16x16 and 32x32 only): a, b are the even and odd columns of rows 4p and 4p + 2
+// (16x16: lanes 0-7 and 8-15) or of row 2tr (32x32), c, d those of rows 4p + 1, 4p + 3 or 2tr + 1.
+struct GradGather {};
+inline GradGather grad_gather() { return {}; }
+#if defined(__AVX2__)
+ET_ALWAYS_INLINE inline V16 halves(const Half8& lo, const Half8& hi) { return {lo, hi}; }
+#else
+ET_ALWAYS_INLINE inline V16 halves(const Half8& lo, const Half8& hi) { return {{lo.a, lo.b, hi.a, hi.b}}; }
+#endif
+ET_ALWAYS_INLINE inline void grad_transform_plane(const GradGather&, int64_t side, const float* dy, float* w,
+                                                  int64_t stride) {
+  const int64_t vectors = side == 16 ? 4 : 16;
+  for (int64_t v = 0; v < vectors; ++v) {
+    const float* r = dy + 64 * v;
+    V16 a, b, c, d;
+    if (side == 16) {
+      Half8 e[4], o[4];  // rows 4p .. 4p + 3
+      for (int i = 0; i < 4; ++i) deinterleave8(r + 16 * i, e[i], o[i]);
+      a = halves(e[0], e[2]), b = halves(o[0], o[2]), c = halves(e[1], e[3]), d = halves(o[1], o[3]);
+    } else {
+      deinterleave16(r, a, b);
+      deinterleave16(r + 32, c, d);
+    }
+    grad_tile_transform(a, b, c, d, w + v * 16, stride);
+  }
+}
+#endif
+
 // V of one input plane x [side, side] (16x16, 32x32: through this thread's placed rows, whose
 // padding rows stay zero), its vectors in consecutive slots from v; stride: the next domain point's.
 ET_ALWAYS_INLINE inline void input_transform_plane(int64_t side, const float* x, float* placed, float* v,
@@ -164,6 +193,7 @@ ET_ALWAYS_INLINE inline void input_transform_plane(int64_t side, const float* x,
   for (int64_t tr = 0; tr < 16; tr += 2) input_transform_pair(placed, tr, v + tr * 16, stride);
 }
 
+#if defined(__AVX512F__)
 // s[i] = the sum of a[i]'s 16 lanes, for 16 vectors at once: pairs interleaved and added within
 // 128-bit lanes, then quads, then the four 128-bit lanes across.
 // (Zeroing forms with every lane set: GCC 12 warns about the plain forms' undefined pass-through.)
@@ -222,12 +252,65 @@ void chunk_products(const WgradShape& s, const float* v, const float* w, int64_t
   }
 }
 
+#else
+// Narrow vectors: a vector of tiles is P native vectors (AVX2: 2 ymm, NEON: 4 q), all P added into
+// the same accumulators; blocks of KB output x CB input channels (AVX2 4 x 2: 8 accumulators and
+// 6 loads for 8 multiply-adds; NEON 4 x 4: 16 and 8 for 16), each accumulator's lanes summed
+// once per chunk. (Not AVX-512's order of sums: deterministic, within the forward's tolerance.)
+#if defined(__AVX2__)
+using Native = __m256;
+constexpr int kParts = 2, kCB = 2;
+ET_ALWAYS_INLINE inline Native nload(const float* p) { return _mm256_loadu_ps(p); }
+ET_ALWAYS_INLINE inline Native nzero() { return _mm256_setzero_ps(); }
+ET_ALWAYS_INLINE inline Native nfma(Native a, Native b, Native c) { return _mm256_fmadd_ps(a, b, c); }
+ET_ALWAYS_INLINE inline float nsum(Native v) {
+  const __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  const __m128 s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
+  return _mm_cvtss_f32(_mm_add_ss(s2, _mm_shuffle_ps(s2, s2, 1)));
+}
+#else
+using Native = float32x4_t;
+constexpr int kParts = 4, kCB = 4;
+ET_ALWAYS_INLINE inline Native nload(const float* p) { return vld1q_f32(p); }
+ET_ALWAYS_INLINE inline Native nzero() { return vdupq_n_f32(0.f); }
+ET_ALWAYS_INLINE inline Native nfma(Native a, Native b, Native c) { return vfmaq_f32(c, a, b); }
+ET_ALWAYS_INLINE inline float nsum(Native v) { return vaddvq_f32(v); }
+#endif
+constexpr int kKB = 4, kLanes = 16 / kParts;
+
+void chunk_products(const WgradShape& s, const float* v, const float* w, int64_t C, int64_t K, int64_t nv,
+                    float* part) {
+  const int64_t vecs = s.vecs;
+  for (int xi = 0; xi < 16; ++xi) {
+    const float* vx = v + xi * s.v_stride(C);
+    const float* wx = w + xi * s.v_stride(K);
+    float* px = part + xi * K * C;
+    for (int64_t k0 = 0; k0 < K; k0 += kKB)
+      for (int64_t c0 = 0; c0 < C; c0 += kCB) {
+        Native acc[kKB][kCB];
+        for (int i = 0; i < kKB; ++i)
+          for (int j = 0; j < kCB; ++j) acc[i][j] = nzero();
+        for (int64_t b = 0; b < nv; ++b)
+          for (int h = 0; h < kParts; ++h) {
+            Native wv[kKB], vv[kCB];
+            for (int i = 0; i < kKB; ++i) wv[i] = nload(wx + ((k0 + i) * vecs + b) * 16 + h * kLanes);
+            for (int j = 0; j < kCB; ++j) vv[j] = nload(vx + ((c0 + j) * vecs + b) * 16 + h * kLanes);
+            for (int i = 0; i < kKB; ++i)
+              for (int j = 0; j < kCB; ++j) acc[i][j] = nfma(wv[i], vv[j], acc[i][j]);
+          }
+        for (int i = 0; i < kKB; ++i)
+          for (int j = 0; j < kCB; ++j) px[(k0 + i) * C + c0 + j] += nsum(acc[i][j]);
+      }
+  }
+}
+#endif
+
 // The sum of a gradient plane's HW elements (a multiple of 16), for db.
 inline float plane_sum(const float* p, int64_t HW) {
-  __m512 s = _mm512_setzero_ps();
-  for (int64_t i = 0; i < HW; i += 16) s = _mm512_add_ps(s, _mm512_loadu_ps(p + i));
+  V16 s = wrows::vsplat(0.f);
+  for (int64_t i = 0; i < HW; i += 16) s = wrows::vadd(s, wrows::vloadu(p + i));
   alignas(64) float lanes[16];  // (not _mm512_reduce_add_ps: GCC 12 warns of an uninitialised operand)
-  _mm512_store_ps(lanes, s);
+  wrows::vstore(lanes, s);
   float sum = 0.f;
   for (float f : lanes) sum += f;
   return sum;
@@ -237,9 +320,14 @@ inline float plane_sum(const float* p, int64_t HW) {
 }  // namespace
 
 bool winograd_wgrad_rows_applies(const Conv2dGeom& g) {
+#if defined(ET_WINOGRAD_ROWS)
 #if defined(__AVX512F__)
+  const bool side = g.W == 8 || g.W == 16 || g.W == 32;
+#else
+  const bool side = g.W == 16 || g.W == 32;  // 8x8: AVX-512's gathers
+#endif
   return g.groups == 1 && g.R == 3 && g.S == 3 && g.stride_h == 1 && g.stride_w == 1 && g.pad_h == 1 &&
-         g.pad_w == 1 && (g.W == 8 || g.W == 16 || g.W == 32) && g.H == g.W && g.P == g.W && g.Q == g.W &&
+         g.pad_w == 1 && side && g.H == g.W && g.P == g.W && g.Q == g.W &&
          g.C > 0 && g.K > 0 && g.C % 4 == 0 && g.K % 4 == 0 &&
          g.C * g.K <= 128 * 128;  // V and W of a chunk: 4 MiB a thread at 128 x 128 (16 vectors)
 #else
@@ -255,11 +343,13 @@ size_t winograd_wgrad_rows_workspace(const Conv2dGeom& g, int threads) {
 void winograd_wgrad_rows(const Conv2dGeom& g, const Tensor& x, const float* dy, float* dw, float* db,
                          bool accumulate, void* ws) {
   ET_CHECK(winograd_wgrad_rows_applies(g), "winograd rows: weight gradient of this geometry");
-#if defined(__AVX512F__)
+#if defined(ET_WINOGRAD_ROWS)
   const WgradShape s = wgrad_shape(g);
   const WgradLayout l = wgrad_layout(g);
   const int64_t C = g.C, K = g.K, KC = K * C, HW = s.side * s.side, vecs = s.vecs;
+#if defined(__AVX512F__)
   const Gather8 t8 = gather8();
+#endif
   const GradGather gg = grad_gather();
 #pragma omp parallel
   {
@@ -278,10 +368,13 @@ void winograd_wgrad_rows(const Conv2dGeom& g, const Tensor& x, const float* dy, 
       const int64_t nb = std::min(s.images, n1 - nc);
       for (int64_t b = 0; b < nb; ++b) {
         const int64_t n = nc + b, slot = b * s.per_plane;
+#if defined(__AVX512F__)
         if (s.side == 8) {
           const float* xn = xr.read(n * C * 64, C * 64);
           for (int64_t c = 0; c < C; ++c) input_transform8(t8, xn + c * 64, v + (c * vecs + slot) * 16, s.v_stride(C));
-        } else {
+        } else
+#endif
+        {
           for (int64_t c = 0; c < C; ++c)
             input_transform_plane(s.side, xr.read((n * C + c) * HW, HW), placed, v + (c * vecs + slot) * 16,
                                   s.v_stride(C));
