@@ -15,8 +15,8 @@
 //                                   forward and data gradient of 3x3 stride-1 pad-1 layers on
 //                                   32x32 maps with 16+ channels, 16x16 maps with 32 to 128, 8x8
 //                                   maps with 16 to 128; their weight gradient with 32 to 128
-//                                   (conv_winograd_wgrad.cpp); 8x8 maps on AVX-512 only, AVX2 and
-//                                   NEON also the stems and 16-channel weight gradients
+//                                   (conv_winograd_wgrad.cpp); on AVX2 and NEON also the stems
+//                                   and 16-channel weight gradients
 // Every family is deterministic for a given thread count and allocates nothing.
 #include <omp.h>
 
@@ -112,7 +112,9 @@ bool prefer_winograd_rows(const Conv2dGeom& g, ConvPass pass) {
   // 1.8-1.9x the direct kernels (1.4-2.2x Winograd's GEMM form); the stems' forward with 16 or 32
   // output channels 1.13-1.19x (64: 0.95x) and their data gradients 1.28-1.32x; the weight gradient
   // 16 -> 16 at 32x32 1.10-1.21x, VGG's 64 -> 64 at 32x32 and 64 -> 128 / 128 -> 128 at 16x16
-  // 1.44-1.49x the direct kernels. NEON takes the same rule, unmeasured on a Jetson.
+  // 1.44-1.49x the direct kernels; 64 -> 64 at 8x8 (ResNet-20's third stage) forward / data gradient
+  // 2.0x Winograd's GEMM form (2.2-2.5x the direct kernels), weight gradient 1.55-1.9x the direct
+  // kernels and the implicit GEMM. NEON takes the same rule, unmeasured on a Jetson.
   if (pass == ConvPass::BackwardWeight) return cpu::kNarrowVectors ? g.C >= 16 && g.K >= 16 : g.C >= 32 && g.K >= 32;
   if (g.W == 32) return (in >= 16 && out >= 16) || (cpu::kNarrowVectors && out <= 32);
   // 128 -> 128 at 16x16 (VGG-16's second stage): 0.92-1.09x the GEMM form on the Intel Xeon

@@ -1,7 +1,7 @@
 // Winograd F(2x2, 3x3) by rows of tiles: the forward and data gradient of 3x3 stride-1 pad-1
-// convs on 32x32, 16x16 and 8x8 planes (CIFAR ResNets' three stages, VGG's first two), AVX-512;
-// 32x32 and 16x16 on AVX2 and NEON too, whose 16 lanes are lanes16.h's (two ymm, four q registers),
-// with their own multiply-add blocks (domain_point) and interleaving stores, and the same bits.
+// convs on 32x32, 16x16 and 8x8 planes (CIFAR ResNets' three stages, VGG's first two), on AVX-512
+// and on AVX2 and NEON, whose 16 lanes are lanes16.h's (two ymm, four q registers), with their own
+// multiply-add blocks (domain_point), placing and interleaving, and the same bits.
 // (The weight gradient: conv_winograd_wgrad.cpp; the input transform's pieces both use:
 // conv_winograd_rows.h.)
 //
@@ -274,21 +274,29 @@ ET_ALWAYS_INLINE inline void interleave_store(V16 even, V16 odd, V16 vb, bool ac
   _mm512_storeu_ps(yb, b);
 }
 #elif defined(__AVX2__)
-ET_ALWAYS_INLINE inline void interleave_half(__m256 e, __m256 o, __m256 vb, bool accumulate, float* y) {
+// Lanes 0-3 of e and o interleaved into ya (8 floats), lanes 4-7 into yb.
+ET_ALWAYS_INLINE inline void interleave_half(__m256 e, __m256 o, __m256 vb, bool accumulate, float* ya, float* yb) {
   const __m256 l = _mm256_unpacklo_ps(e, o), h = _mm256_unpackhi_ps(e, o);  // e0 o0 e1 o1 | e4 o4 e5 o5, ...
   __m256 a = _mm256_add_ps(_mm256_permute2f128_ps(l, h, 0x20), vb);
   __m256 b = _mm256_add_ps(_mm256_permute2f128_ps(l, h, 0x31), vb);
   if (accumulate) {
-    a = _mm256_add_ps(_mm256_loadu_ps(y), a);
-    b = _mm256_add_ps(_mm256_loadu_ps(y + 8), b);
+    a = _mm256_add_ps(_mm256_loadu_ps(ya), a);
+    b = _mm256_add_ps(_mm256_loadu_ps(yb), b);
   }
-  _mm256_storeu_ps(y, a);
-  _mm256_storeu_ps(y + 8, b);
+  _mm256_storeu_ps(ya, a);
+  _mm256_storeu_ps(yb, b);
 }
 ET_ALWAYS_INLINE inline void interleave_store(const V16& even, const V16& odd, const V16& vb, bool accumulate,
                                               float* ya, float* yb) {
-  interleave_half(even.lo, odd.lo, vb.lo, accumulate, ya);
-  interleave_half(even.hi, odd.hi, vb.hi, accumulate, yb);
+  interleave_half(even.lo, odd.lo, vb.lo, accumulate, ya, ya + 8);
+  interleave_half(even.hi, odd.hi, vb.hi, accumulate, yb, yb + 8);
+}
+// 8x8 planes: output row 2 tr + p of y from lanes 4 tr .. 4 tr + 3 of the tiles' even and odd
+// columns of their row p.
+ET_ALWAYS_INLINE inline void store_rows8(const V16& even, const V16& odd, const V16& vb, bool accumulate, float* y,
+                                         int p) {
+  interleave_half(even.lo, odd.lo, vb.lo, accumulate, y + p * 8, y + (2 + p) * 8);
+  interleave_half(even.hi, odd.hi, vb.hi, accumulate, y + (4 + p) * 8, y + (6 + p) * 8);
 }
 #else  // NEON: vst2 interleaves 4 + 4 lanes
 ET_ALWAYS_INLINE inline void interleave_store(const V16& even, const V16& odd, const V16& vb, bool accumulate,
@@ -302,6 +310,19 @@ ET_ALWAYS_INLINE inline void interleave_store(const V16& even, const V16& odd, c
       p.val[1] = vaddq_f32(old.val[1], p.val[1]);
     }
     vst2q_f32(y, p);
+  }
+}
+ET_ALWAYS_INLINE inline void store_rows8(const V16& even, const V16& odd, const V16& vb, bool accumulate, float* y,
+                                         int p) {
+  for (int tr = 0; tr < 4; ++tr) {
+    float* row = y + (2 * tr + p) * 8;
+    float32x4x2_t r = {{vaddq_f32(even.q[tr], vb.q[tr]), vaddq_f32(odd.q[tr], vb.q[tr])}};
+    if (accumulate) {
+      const float32x4x2_t old = vld2q_f32(row);
+      r.val[0] = vaddq_f32(old.val[0], r.val[0]);
+      r.val[1] = vaddq_f32(old.val[1], r.val[1]);
+    }
+    vst2q_f32(row, r);
   }
 }
 #endif
@@ -382,7 +403,6 @@ void rows_image(const RowsGeom& g, const ConvInput& x, int64_t n, const float* U
   }
 }
 
-#if defined(__AVX512F__)
 void rows_image8(const RowsGeom& g, const Gather8& t, const ConvInput& x, int64_t n, const float* U,
                  const float* bias, bool accumulate, const RowsEpilogue& epi, float* v, float* m, float* plane,
                  float* out) {
@@ -399,11 +419,12 @@ void rows_image8(const RowsGeom& g, const Gather8& t, const ConvInput& x, int64_
   for (int xi = 0; xi < 16; ++xi)
     domain_point<1>(v + xi * g.v_stride(), U + xi * g.Ci * g.Co, g.Ci, g.Co, m + xi * g.m_stride());
   for (int64_t o = 0; o < g.Co; ++o) {
-    __m512 yt[2][2];
+    V16 yt[2][2];
     at_m_a(m + o * 16, g.m_stride(), yt);
-    const __m512 vb = _mm512_set1_ps(bias ? bias[o] : 0.f);
+    const V16 vb = wrows::vsplat(bias ? bias[o] : 0.f);
     const int64_t pl = n * g.Co + o;
     float* y = out + pl * HW;
+#if defined(__AVX512F__)
     for (int k = 0; k < 4; ++k) {
       const __m512i idx = _mm512_load_si512(t.out_idx[k]);
       __m512 r = _mm512_mask_mov_ps(_mm512_permutex2var_ps(yt[0][0], idx, yt[0][1]), __mmask16(0xFF00),
@@ -412,12 +433,14 @@ void rows_image8(const RowsGeom& g, const Gather8& t, const ConvInput& x, int64_
       if (accumulate) r = _mm512_add_ps(_mm512_loadu_ps(y + 16 * k), r);
       _mm512_storeu_ps(y + 16 * k, r);
     }
+#else
+    (void)t;
+    for (int p = 0; p < 2; ++p) store_rows8(yt[p][0], yt[p][1], vb, accumulate, y, p);
+#endif
     if (epi.sum1) bn_rows::plane_sums(y, HW, epi.sum1 + pl, epi.sum2 + pl);
     if (epi.dz_sums) fused_elementwise::dz_sums_planes(*epi.dz_sums, pl, pl + 1, g.Co, HW, out);
   }
 }
-
-#endif
 
 // Both passes: the images balanced over the threads (balance.h); sums / dz_sums on each plane as
 // written.
@@ -428,9 +451,7 @@ void rows_run(const RowsGeom& g, const ConvInput& x, const float* w, int64_t K, 
   Carve shared(static_cast<uint8_t*>(ws));
   float* U = shared.take<float>(l.u_n);
   uint8_t* thread_base = static_cast<uint8_t*>(ws) + l.shared_bytes;
-#if defined(__AVX512F__)
   const Gather8 t8 = g.side == 8 ? gather8() : Gather8{};
-#endif
   RowsEpilogue epi;
   epi.sum1 = sum1;
   epi.sum2 = sum2;
@@ -450,13 +471,8 @@ void rows_run(const RowsGeom& g, const ConvInput& x, const float* w, int64_t K, 
 #pragma omp barrier
     images.run([&](int64_t n0, int64_t n1) {
       for (int64_t n = n0; n < n1; ++n) {
-#if defined(__AVX512F__)
-        if (g.side == 8) {
-          rows_image8(g, t8, x, n, U, bias, accumulate, epi, v, m, plane, out);
-          continue;
-        }
-#endif
-        rows_image(g, x, n, U, bias, accumulate, epi, placed, v, m, plane, lanes, out);
+        if (g.side == 8) rows_image8(g, t8, x, n, U, bias, accumulate, epi, v, m, plane, out);
+        else rows_image(g, x, n, U, bias, accumulate, epi, placed, v, m, plane, lanes, out);
       }
     });
   }
@@ -469,13 +485,8 @@ bool winograd_rows_applies(const Conv2dGeom& g, ConvPass pass) {
   if (pass == ConvPass::BackwardWeight) return winograd_wgrad_rows_applies(g);
 #if defined(ET_WINOGRAD_ROWS)
   // 8x8 planes gather their tiles by AVX-512 permutes: not on narrow vectors.
-  #if defined(__AVX512F__)
-  const bool side = g.W == 32 || g.W == 16 || g.W == 8;
-#else
-  const bool side = g.W == 32 || g.W == 16;
-#endif
-  return g.groups == 1 && g.R == 3 && g.S == 3 && g.stride_h == 1 && g.stride_w == 1 && g.pad_h == 1 &&
-         g.pad_w == 1 && side && g.H == g.W && g.P == g.W && g.Q == g.W && g.C > 0 && g.K > 0;
+    return g.groups == 1 && g.R == 3 && g.S == 3 && g.stride_h == 1 && g.stride_w == 1 && g.pad_h == 1 &&
+         g.pad_w == 1 && (g.W == 32 || g.W == 16 || g.W == 8) && g.H == g.W && g.P == g.W && g.Q == g.W && g.C > 0 && g.K > 0;
 #else
   (void)g, (void)pass;
   return false;

@@ -6,7 +6,7 @@
 // A vector of tiles is 16 float lanes: AVX-512's __m512, or lanes16.h's Lanes16 where vectors are
 // narrower (AVX2: two ymm; NEON: four q registers). The transforms are the same adds in the same
 // lanes on all of them, so every ISA computes the same bits. What moves data between lanes (the
-// placing of rows, the 8x8 gathers) is written per ISA; the 8x8 gathers exist on AVX-512 only.
+// placing of rows, the 8x8 gathers) is written per ISA.
 #pragma once
 #include <cstdint>
 #include <cstring>
@@ -255,6 +255,62 @@ ET_ALWAYS_INLINE inline void input_transform8(const Gather8& t, const float* src
   }
   __m512 tt[4][4];
   for (int i = 0; i < 4; ++i) bt_row(d[i][0], d[i][1], d[i][2], d[i][3], tt[i]);
+  bt_columns(tt[0], tt[1], tt[2], tt[3], v, stride);
+}
+#else
+// Narrow vectors: the 16 tiles' lanes 4 tr .. 4 tr + 3 are one 128-bit group (a q register, half a
+// ymm) per row of tiles tr, so point (i, j) of the window is, in group tr, column phase j (E, O,
+// E1, O1 as placed rows, 4 floats) of padded row 2 tr + i: each x row's phases are built once.
+struct Gather8 {};
+inline Gather8 gather8() { return {}; }
+#if defined(__AVX2__)
+using Quad = __m128;
+ET_ALWAYS_INLINE inline void split_row8(const float* x, Quad& ev, Quad& od) {
+  const __m128 a = _mm_loadu_ps(x), b = _mm_loadu_ps(x + 4);
+  ev = _mm_shuffle_ps(a, b, 0x88);
+  od = _mm_shuffle_ps(a, b, 0xDD);
+}
+ET_ALWAYS_INLINE inline Quad shift_up(Quad v) {  // [0, v0, v1, v2]
+  return _mm_castsi128_ps(_mm_slli_si128(_mm_castps_si128(v), 4));
+}
+ET_ALWAYS_INLINE inline Quad shift_down(Quad v) {  // [v1, v2, v3, 0]
+  return _mm_castsi128_ps(_mm_srli_si128(_mm_castps_si128(v), 4));
+}
+ET_ALWAYS_INLINE inline Quad quad_zero() { return _mm_setzero_ps(); }
+ET_ALWAYS_INLINE inline V16 from_quads(Quad g0, Quad g1, Quad g2, Quad g3) {
+  return {_mm256_set_m128(g1, g0), _mm256_set_m128(g3, g2)};
+}
+#else
+using Quad = float32x4_t;
+ET_ALWAYS_INLINE inline void split_row8(const float* x, Quad& ev, Quad& od) {
+  const float32x4x2_t p = vld2q_f32(x);
+  ev = p.val[0];
+  od = p.val[1];
+}
+ET_ALWAYS_INLINE inline Quad shift_up(Quad v) { return vextq_f32(vdupq_n_f32(0.f), v, 3); }
+ET_ALWAYS_INLINE inline Quad shift_down(Quad v) { return vextq_f32(v, vdupq_n_f32(0.f), 1); }
+ET_ALWAYS_INLINE inline Quad quad_zero() { return vdupq_n_f32(0.f); }
+ET_ALWAYS_INLINE inline V16 from_quads(Quad g0, Quad g1, Quad g2, Quad g3) { return {{g0, g1, g2, g3}}; }
+#endif
+
+// V = B^T d B of an 8x8 plane's 16 tiles (one vector, lane 4 tr + q) into v + xi * stride.
+ET_ALWAYS_INLINE inline void input_transform8(const Gather8&, const float* src, float* v, int64_t stride) {
+  Quad ph[10][4];  // padded rows 0..9 (0 and 9 zero): E, O, E1, O1
+  for (int j = 0; j < 4; ++j) ph[0][j] = ph[9][j] = quad_zero();
+  for (int h = 0; h < 8; ++h) {
+    Quad ev, od;
+    split_row8(src + 8 * h, ev, od);
+    ph[h + 1][0] = shift_up(od);
+    ph[h + 1][1] = ev;
+    ph[h + 1][2] = od;
+    ph[h + 1][3] = shift_down(ev);
+  }
+  V16 tt[4][4];
+  for (int i = 0; i < 4; ++i) {
+    V16 d[4];
+    for (int j = 0; j < 4; ++j) d[j] = from_quads(ph[i][j], ph[2 + i][j], ph[4 + i][j], ph[6 + i][j]);
+    bt_row(d[0], d[1], d[2], d[3], tt[i]);
+  }
   bt_columns(tt[0], tt[1], tt[2], tt[3], v, stride);
 }
 #endif

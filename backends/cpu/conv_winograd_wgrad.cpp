@@ -1,5 +1,5 @@
 // Winograd F(2x2, 3x3) weight gradient of 3x3 stride-1 pad-1 convs on 32x32, 16x16 and 8x8 planes
-// (the CIFAR ResNets' three stages; on AVX2 and NEON the first two), by vectors of tiles as conv_winograd_rows.cpp's
+// (the CIFAR ResNets' three stages; AVX-512, AVX2 and NEON), by vectors of tiles as conv_winograd_rows.cpp's
 // forward: a vector holds a row of 16 tiles (32x32), two rows of 8 (16x16), or the whole plane's
 // 4 x 4 (8x8).
 //
@@ -152,8 +152,9 @@ ET_ALWAYS_INLINE inline void grad_transform_plane(const GradGather& s, int64_t s
 }
 
 #else
-// Narrow vectors (16x16 and 32x32 only): a, b are the even and odd columns of rows 4p and 4p + 2
-// (16x16: lanes 0-7 and 8-15) or of row 2tr (32x32), c, d those of rows 4p + 1, 4p + 3 or 2tr + 1.
+// Narrow vectors: a, b are the even and odd columns of rows 4p and 4p + 2 (16x16: lanes 0-7 and
+// 8-15), of row 2tr (32x32), or of rows 0, 2, 4, 6 (8x8: lanes 4 tr .. 4 tr + 3 each); c, d those
+// of the rows below.
 struct GradGather {};
 inline GradGather grad_gather() { return {}; }
 #if defined(__AVX2__)
@@ -163,6 +164,12 @@ ET_ALWAYS_INLINE inline V16 halves(const Half8& lo, const Half8& hi) { return {{
 #endif
 ET_ALWAYS_INLINE inline void grad_transform_plane(const GradGather&, int64_t side, const float* dy, float* w,
                                                   int64_t stride) {
+  if (side == 8) {  // group tr of a, b: the even, odd columns of row 2 tr; of c, d: of row 2 tr + 1
+    Quad e[8], o[8];
+    for (int h = 0; h < 8; ++h) split_row8(dy + 8 * h, e[h], o[h]);
+    return grad_tile_transform(from_quads(e[0], e[2], e[4], e[6]), from_quads(o[0], o[2], o[4], o[6]),
+                               from_quads(e[1], e[3], e[5], e[7]), from_quads(o[1], o[3], o[5], o[7]), w, stride);
+  }
   const int64_t vectors = side == 16 ? 4 : 16;
   for (int64_t v = 0; v < vectors; ++v) {
     const float* r = dy + 64 * v;
@@ -321,13 +328,8 @@ inline float plane_sum(const float* p, int64_t HW) {
 
 bool winograd_wgrad_rows_applies(const Conv2dGeom& g) {
 #if defined(ET_WINOGRAD_ROWS)
-#if defined(__AVX512F__)
-  const bool side = g.W == 8 || g.W == 16 || g.W == 32;
-#else
-  const bool side = g.W == 16 || g.W == 32;  // 8x8: AVX-512's gathers
-#endif
   return g.groups == 1 && g.R == 3 && g.S == 3 && g.stride_h == 1 && g.stride_w == 1 && g.pad_h == 1 &&
-         g.pad_w == 1 && side && g.H == g.W && g.P == g.W && g.Q == g.W &&
+         g.pad_w == 1 && (g.W == 8 || g.W == 16 || g.W == 32) && g.H == g.W && g.P == g.W && g.Q == g.W &&
          g.C > 0 && g.K > 0 && g.C % 4 == 0 && g.K % 4 == 0 &&
          g.C * g.K <= 128 * 128;  // V and W of a chunk: 4 MiB a thread at 128 x 128 (16 vectors)
 #else
@@ -347,9 +349,7 @@ void winograd_wgrad_rows(const Conv2dGeom& g, const Tensor& x, const float* dy, 
   const WgradShape s = wgrad_shape(g);
   const WgradLayout l = wgrad_layout(g);
   const int64_t C = g.C, K = g.K, KC = K * C, HW = s.side * s.side, vecs = s.vecs;
-#if defined(__AVX512F__)
   const Gather8 t8 = gather8();
-#endif
   const GradGather gg = grad_gather();
 #pragma omp parallel
   {
@@ -368,13 +368,10 @@ void winograd_wgrad_rows(const Conv2dGeom& g, const Tensor& x, const float* dy, 
       const int64_t nb = std::min(s.images, n1 - nc);
       for (int64_t b = 0; b < nb; ++b) {
         const int64_t n = nc + b, slot = b * s.per_plane;
-#if defined(__AVX512F__)
         if (s.side == 8) {
           const float* xn = xr.read(n * C * 64, C * 64);
           for (int64_t c = 0; c < C; ++c) input_transform8(t8, xn + c * 64, v + (c * vecs + slot) * 16, s.v_stride(C));
-        } else
-#endif
-        {
+        } else {
           for (int64_t c = 0; c < C; ++c)
             input_transform_plane(s.side, xr.read((n * C + c) * HW, HW), placed, v + (c * vecs + slot) * 16,
                                   s.v_stride(C));
