@@ -24,7 +24,8 @@ void winograd_backward_weight(const Conv2dGeom& g, const Tensor& x, const float*
                               bool accumulate, void* ws);
 
 // Winograd F(2x2, 3x3) by rows of tiles (conv_winograd_rows.cpp): forward and data gradient of
-// 3x3 stride-1 pad-1 convs on 32x32, 16x16 and 8x8 planes, AVX-512 builds; the same interfaces as above
+// 3x3 stride-1 pad-1 convs on 32x32, 16x16 and 8x8 planes, AVX-512, AVX2 and aarch64 NEON builds
+// (conv_winograd_rows.h's ET_WINOGRAD_ROWS); the same interfaces as above
 // (winograd_rows_applies and _workspace answer for the weight gradient too: winograd_wgrad_rows's).
 bool winograd_rows_applies(const Conv2dGeom& g, ConvPass pass);
 size_t winograd_rows_workspace(const Conv2dGeom& g, ConvPass pass, int threads);

@@ -484,9 +484,9 @@ void rows_run(const RowsGeom& g, const ConvInput& x, const float* w, int64_t K, 
 bool winograd_rows_applies(const Conv2dGeom& g, ConvPass pass) {
   if (pass == ConvPass::BackwardWeight) return winograd_wgrad_rows_applies(g);
 #if defined(ET_WINOGRAD_ROWS)
-  // 8x8 planes gather their tiles by AVX-512 permutes: not on narrow vectors.
-    return g.groups == 1 && g.R == 3 && g.S == 3 && g.stride_h == 1 && g.stride_w == 1 && g.pad_h == 1 &&
-         g.pad_w == 1 && (g.W == 32 || g.W == 16 || g.W == 8) && g.H == g.W && g.P == g.W && g.Q == g.W && g.C > 0 && g.K > 0;
+  return g.groups == 1 && g.R == 3 && g.S == 3 && g.stride_h == 1 && g.stride_w == 1 && g.pad_h == 1 &&
+         g.pad_w == 1 && (g.W == 32 || g.W == 16 || g.W == 8) && g.H == g.W && g.P == g.W && g.Q == g.W &&
+         g.C > 0 && g.K > 0;
 #else
   (void)g, (void)pass;
   return false;
