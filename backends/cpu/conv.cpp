@@ -161,9 +161,13 @@ Path choose(const Conv2dGeom& g, ConvPass pass) {
   // Stride-1 1x1 convs with narrow vectors (AVX2, session 50, bench_conv --filter mobilenet
   // --against direct): MobileNet-V2's forwards 1.06-1.75x faster on the direct kernels than on the
   // GEMM path, their data gradients on 16x16 and 32x32 maps 1.16-1.92x (even below); the weight
-  // gradients go either way (0.65-1.52x) and stay on the GEMM path. NEON: the same, unmeasured.
-  if (cpu::kNarrowVectors && g.R * g.S == 1 && g.stride_h == 1 && g.stride_w == 1 &&
-      (pass == ConvPass::Forward || (pass == ConvPass::BackwardData && PQ >= 256)))
+  // gradients on those maps with 16 to 144 output channels in multiples of 16 1.05-1.52x (32 -> 32,
+  // 32 -> 16, 16 -> 96, 24 -> 144, 144 -> 32, 192 -> 32), the GEMM path ahead with 24 (1.03-1.14x)
+  // and 192 (32 -> 192 at 16x16, 1.14-1.18x), and on smaller maps (up to 1.5x at 4x4; two runs
+  // each). NEON: the same, unmeasured.
+  const bool narrow_1x1_wgrad = pass == ConvPass::BackwardWeight && PQ >= 256 && g.K % 16 == 0 && g.K <= 144;
+  if (cpu::kNarrowVectors && g.R * g.S == 1 && g.stride_h == 1 && g.stride_w == 1 && g.groups == 1 &&
+      (pass == ConvPass::Forward || (pass == ConvPass::BackwardData && PQ >= 256) || narrow_1x1_wgrad))
     return Path::Direct;
   if (g.R * g.S == 1 || PQ <= 16) return Path::Gemm;
   // Stem convs (3 input channels): the direct data gradient writes 3 planes from K, the GEMM's
