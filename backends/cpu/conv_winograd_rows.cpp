@@ -299,31 +299,25 @@ ET_ALWAYS_INLINE inline void store_rows8(const V16& even, const V16& odd, const 
   interleave_half(even.hi, odd.hi, vb.hi, accumulate, y + (4 + p) * 8, y + (6 + p) * 8);
 }
 #else  // NEON: vst2 interleaves 4 + 4 lanes
+// e and o interleaved into y (8 floats), each plus b, then (accumulate) added onto what y holds.
+ET_ALWAYS_INLINE inline void store_interleaved(float32x4_t e, float32x4_t o, float32x4_t b, bool accumulate, float* y) {
+  float32x4x2_t p = {{vaddq_f32(e, b), vaddq_f32(o, b)}};
+  if (accumulate) {
+    const float32x4x2_t old = vld2q_f32(y);
+    p.val[0] = vaddq_f32(old.val[0], p.val[0]);
+    p.val[1] = vaddq_f32(old.val[1], p.val[1]);
+  }
+  vst2q_f32(y, p);
+}
 ET_ALWAYS_INLINE inline void interleave_store(const V16& even, const V16& odd, const V16& vb, bool accumulate,
                                               float* ya, float* yb) {
-  for (int k = 0; k < 4; ++k) {
-    float* y = (k < 2 ? ya : yb) + 8 * (k % 2);
-    float32x4x2_t p = {{vaddq_f32(even.q[k], vb.q[k]), vaddq_f32(odd.q[k], vb.q[k])}};
-    if (accumulate) {
-      const float32x4x2_t old = vld2q_f32(y);
-      p.val[0] = vaddq_f32(old.val[0], p.val[0]);
-      p.val[1] = vaddq_f32(old.val[1], p.val[1]);
-    }
-    vst2q_f32(y, p);
-  }
+  for (int k = 0; k < 4; ++k)
+    store_interleaved(even.q[k], odd.q[k], vb.q[k], accumulate, (k < 2 ? ya : yb) + 8 * (k % 2));
 }
 ET_ALWAYS_INLINE inline void store_rows8(const V16& even, const V16& odd, const V16& vb, bool accumulate, float* y,
                                          int p) {
-  for (int tr = 0; tr < 4; ++tr) {
-    float* row = y + (2 * tr + p) * 8;
-    float32x4x2_t r = {{vaddq_f32(even.q[tr], vb.q[tr]), vaddq_f32(odd.q[tr], vb.q[tr])}};
-    if (accumulate) {
-      const float32x4x2_t old = vld2q_f32(row);
-      r.val[0] = vaddq_f32(old.val[0], r.val[0]);
-      r.val[1] = vaddq_f32(old.val[1], r.val[1]);
-    }
-    vst2q_f32(row, r);
-  }
+  for (int tr = 0; tr < 4; ++tr)
+    store_interleaved(even.q[tr], odd.q[tr], vb.q[tr], accumulate, y + (2 * tr + p) * 8);
 }
 #endif
 

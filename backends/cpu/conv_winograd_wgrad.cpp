@@ -220,42 +220,34 @@ ET_ALWAYS_INLINE inline __m512 lane_sums16(const __m512 (&a)[16]) {
                        _mm512_maskz_shuffle_f32x4(kAll, z01, z23, _MM_SHUFFLE(3, 1, 3, 1)));
 }
 
-// part[xi][k][c] += sum over the chunk's first nv vectors (of s.vecs a channel) of W[xi][k][b] .
-// V[xi][c][b], lanes summed; blocks of 4 output x 4 input channels.
-void chunk_products(const WgradShape& s, const float* v, const float* w, int64_t C, int64_t K, int64_t nv,
-                    float* part) {
-  const int64_t vecs = s.vecs;
-  for (int xi = 0; xi < 16; ++xi) {
-    const float* vx = v + xi * s.v_stride(C);
-    const float* wx = w + xi * s.v_stride(K);
-    float* px = part + xi * K * C;
-    for (int64_t k0 = 0; k0 < K; k0 += 4)
-      for (int64_t c0 = 0; c0 < C; c0 += 4) {
-        __m512 acc[16];
-        for (int i = 0; i < 16; ++i) acc[i] = _mm512_setzero_ps();
-        for (int64_t b = 0; b < nv; ++b) {
-          __m512 wv[4], vv[4];
-          // Each in a register: GCC otherwise folds one side's loads into the multiply-adds, 20
-          // loads for 16 of them instead of 8 (perf, session 48).
-          for (int i = 0; i < 4; ++i) {
-            wv[i] = _mm512_load_ps(wx + ((k0 + i) * vecs + b) * 16);
-            asm("" : "+v"(wv[i]));
-          }
-          for (int j = 0; j < 4; ++j) {
-            vv[j] = _mm512_load_ps(vx + ((c0 + j) * vecs + b) * 16);
-            asm("" : "+v"(vv[j]));
-          }
-          for (int i = 0; i < 4; ++i)
-            for (int j = 0; j < 4; ++j) acc[4 * i + j] = _mm512_fmadd_ps(wv[i], vv[j], acc[4 * i + j]);
-        }
-        const __m512 s = lane_sums16(acc);  // s[4i + j]: output channel k0 + i, input channel c0 + j
-        alignas(64) float sums[16];
-        _mm512_store_ps(sums, s);
-        for (int i = 0; i < 4; ++i) {
-          float* row = px + (k0 + i) * C + c0;
-          _mm_storeu_ps(row, _mm_add_ps(_mm_loadu_ps(row), _mm_load_ps(sums + 4 * i)));
-        }
-      }
+// px[k][c] += sum over the chunk's first nv vectors (of vecs a channel) of wx[k][b] . vx[c][b],
+// lanes summed, for the block of 4 output x 4 input channels at (k0, c0).
+constexpr int kKB = 4, kCB = 4;
+ET_ALWAYS_INLINE inline void block_products(const float* vx, const float* wx, int64_t vecs, int64_t nv, int64_t k0,
+                                            int64_t c0, int64_t C, float* px) {
+  __m512 acc[16];
+  for (int i = 0; i < 16; ++i) acc[i] = _mm512_setzero_ps();
+  for (int64_t b = 0; b < nv; ++b) {
+    __m512 wv[4], vv[4];
+    // Each in a register: GCC otherwise folds one side's loads into the multiply-adds, 20
+    // loads for 16 of them instead of 8 (perf, session 48).
+    for (int i = 0; i < 4; ++i) {
+      wv[i] = _mm512_load_ps(wx + ((k0 + i) * vecs + b) * 16);
+      asm("" : "+v"(wv[i]));
+    }
+    for (int j = 0; j < 4; ++j) {
+      vv[j] = _mm512_load_ps(vx + ((c0 + j) * vecs + b) * 16);
+      asm("" : "+v"(vv[j]));
+    }
+    for (int i = 0; i < 4; ++i)
+      for (int j = 0; j < 4; ++j) acc[4 * i + j] = _mm512_fmadd_ps(wv[i], vv[j], acc[4 * i + j]);
+  }
+  const __m512 s = lane_sums16(acc);  // s[4i + j]: output channel k0 + i, input channel c0 + j
+  alignas(64) float sums[16];
+  _mm512_store_ps(sums, s);
+  for (int i = 0; i < 4; ++i) {
+    float* row = px + (k0 + i) * C + c0;
+    _mm_storeu_ps(row, _mm_add_ps(_mm_loadu_ps(row), _mm_load_ps(sums + 4 * i)));
   }
 }
 
@@ -285,32 +277,36 @@ ET_ALWAYS_INLINE inline float nsum(Native v) { return vaddvq_f32(v); }
 #endif
 constexpr int kKB = 4, kLanes = 16 / kParts;
 
+ET_ALWAYS_INLINE inline void block_products(const float* vx, const float* wx, int64_t vecs, int64_t nv, int64_t k0,
+                                            int64_t c0, int64_t C, float* px) {
+  Native acc[kKB][kCB];
+  for (int i = 0; i < kKB; ++i)
+    for (int j = 0; j < kCB; ++j) acc[i][j] = nzero();
+  for (int64_t b = 0; b < nv; ++b)
+    for (int h = 0; h < kParts; ++h) {
+      Native wv[kKB], vv[kCB];
+      for (int i = 0; i < kKB; ++i) wv[i] = nload(wx + ((k0 + i) * vecs + b) * 16 + h * kLanes);
+      for (int j = 0; j < kCB; ++j) vv[j] = nload(vx + ((c0 + j) * vecs + b) * 16 + h * kLanes);
+      for (int i = 0; i < kKB; ++i)
+        for (int j = 0; j < kCB; ++j) acc[i][j] = nfma(wv[i], vv[j], acc[i][j]);
+    }
+  for (int i = 0; i < kKB; ++i)
+    for (int j = 0; j < kCB; ++j) px[(k0 + i) * C + c0 + j] += nsum(acc[i][j]);
+}
+#endif
+
+// part[xi][k][c] += sum over the chunk's first nv vectors (of s.vecs a channel) of W[xi][k][b] .
+// V[xi][c][b], lanes summed; by blocks of kKB output x kCB input channels (block_products).
 void chunk_products(const WgradShape& s, const float* v, const float* w, int64_t C, int64_t K, int64_t nv,
                     float* part) {
-  const int64_t vecs = s.vecs;
   for (int xi = 0; xi < 16; ++xi) {
     const float* vx = v + xi * s.v_stride(C);
     const float* wx = w + xi * s.v_stride(K);
     float* px = part + xi * K * C;
     for (int64_t k0 = 0; k0 < K; k0 += kKB)
-      for (int64_t c0 = 0; c0 < C; c0 += kCB) {
-        Native acc[kKB][kCB];
-        for (int i = 0; i < kKB; ++i)
-          for (int j = 0; j < kCB; ++j) acc[i][j] = nzero();
-        for (int64_t b = 0; b < nv; ++b)
-          for (int h = 0; h < kParts; ++h) {
-            Native wv[kKB], vv[kCB];
-            for (int i = 0; i < kKB; ++i) wv[i] = nload(wx + ((k0 + i) * vecs + b) * 16 + h * kLanes);
-            for (int j = 0; j < kCB; ++j) vv[j] = nload(vx + ((c0 + j) * vecs + b) * 16 + h * kLanes);
-            for (int i = 0; i < kKB; ++i)
-              for (int j = 0; j < kCB; ++j) acc[i][j] = nfma(wv[i], vv[j], acc[i][j]);
-          }
-        for (int i = 0; i < kKB; ++i)
-          for (int j = 0; j < kCB; ++j) px[(k0 + i) * C + c0 + j] += nsum(acc[i][j]);
-      }
+      for (int64_t c0 = 0; c0 < C; c0 += kCB) block_products(vx, wx, s.vecs, nv, k0, c0, C, px);
   }
 }
-#endif
 
 // The sum of a gradient plane's HW elements (a multiple of 16), for db.
 inline float plane_sum(const float* p, int64_t HW) {
