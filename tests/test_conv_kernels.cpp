@@ -14,6 +14,7 @@
 #include "backends/backend.h"
 #include "backends/cpu/batchnorm_rows.h"
 #include "backends/cpu/conv_direct.h"
+#include "backends/cpu/conv_implicit.h"
 #include "backends/cpu/fused_elementwise.h"
 #include "backends/cpu/conv_winograd.h"
 #include "backends/cpu/conv_winograd_rows.h"
@@ -426,31 +427,31 @@ TEST_CASE("a conv data gradient takes the first backward sweep of the BN -> ReLU
   // place and each plane's sums as the stack's own sweep takes them (bn_rows::grad_sums), at the
   // sums' batch stride. The direct kernel's row form (16 and 32 columns) and flat form (odd maps),
   // Winograd (partial tiles, several chunks) and the GEMM's (1x1, small maps, few channels, and
-  // every case forced), the strided channels-last form (AVX-512: dgrad_cl_chosen; image by image);
-  // groups and the implicit GEMM (small maps of 16+ channels, strided ones elsewhere) decline and
-  // leave dx alone.
+  // every case forced), the strided channels-last form (AVX-512: dgrad_cl_chosen; image by image),
+  // the implicit GEMM (small maps of 16+ channels, strided ones elsewhere; per task, after its
+  // phases; and every case forced); groups decline and leave dx alone.
   struct Case { int64_t N, C, H, W, K, R, stride, pad, groups; bool takes; };
   const Case cases[] = {{3, 16, 16, 16, 16, 3, 1, 1, 1, true}, {2, 16, 32, 32, 8, 3, 1, 1, 1, true},
                         {3, 12, 9, 11, 20, 3, 1, 1, 1, true},  {1, 9, 13, 13, 7, 5, 1, 2, 1, true},
-                        {2, 8, 16, 16, 8, 3, 1, 1, 2, false},  {2, 16, 9, 9, 32, 3, 2, 1, 1, false},
+                        {2, 8, 16, 16, 8, 3, 1, 1, 2, false},  {2, 16, 9, 9, 32, 3, 2, 1, 1, true},
                         {3, 12, 16, 16, 20, 1, 1, 0, 1, true}, {2, 8, 4, 4, 8, 3, 1, 1, 1, true},
-                        {2, 16, 6, 6, 16, 3, 1, 1, 1, false},  {2, 4, 16, 16, 8, 3, 1, 1, 1, true},
+                        {2, 16, 6, 6, 16, 3, 1, 1, 1, true},   {2, 4, 16, 16, 8, 3, 1, 1, 1, true},
                         {5, 72, 7, 9, 70, 3, 1, 1, 1, true},   {3, 16, 32, 32, 16, 3, 1, 1, 1, true}};
   auto be = make_cpu_backend();
   const cpu::ConvPathOverride paths[] = {cpu::ConvPathOverride::Auto, cpu::ConvPathOverride::Winograd,
-                                         cpu::ConvPathOverride::Gemm, cpu::ConvPathOverride::WinogradRows};
-  int took_on[4] = {0, 0, 0, 0};
-  for (int pi = 0; pi < 4; ++pi) {
+                                         cpu::ConvPathOverride::Gemm, cpu::ConvPathOverride::WinogradRows,
+                                         cpu::ConvPathOverride::Implicit};
+  int took_on[5] = {0, 0, 0, 0, 0};
+  for (int pi = 0; pi < 5; ++pi) {
     for (const Case& c : cases) {
       Conv2dGeom g = geom(c.N, c.C, c.H, c.W, c.K, c.R, c.stride, c.pad, c.groups);
       g.infer_output();
       cpu::conv_set_path_override(paths[pi]);
       // Forced: Winograd where it applies, the GEMM everywhere; the automatic choice elsewhere.
       const bool forced = (pi == 1 && cpu::winograd_applies(g, ConvPass::BackwardData)) || pi == 2 ||
-                          (pi == 3 && cpu::winograd_rows_applies(g, ConvPass::BackwardData));
-      const bool automatic = pi == 0 || (pi == 3 && !cpu::winograd_rows_applies(g, ConvPass::BackwardData));
-      const bool cl = automatic && c.stride > 1 && c.groups == 1 && cpu::dgrad_cl_chosen(g);
-      const bool takes = forced ? c.groups == 1 : c.takes || cl;
+                          (pi == 3 && cpu::winograd_rows_applies(g, ConvPass::BackwardData)) ||
+                          (pi == 4 && cpu::implicit_applies(g, ConvPass::BackwardData));
+      const bool takes = forced ? c.groups == 1 : c.takes;
       INFO("path " << pi << " N " << c.N << " C " << c.C << " H " << c.H << " W " << c.W << " K " << c.K << " R "
                    << c.R << " stride " << c.stride << " groups " << c.groups);
       const int64_t HW = g.H * g.W, xn = g.N * g.C * HW, max_n = g.N + 2;
@@ -507,6 +508,7 @@ TEST_CASE("a conv data gradient takes the first backward sweep of the BN -> ReLU
 #if defined(ET_ELEMENTWISE_IN_REGISTERS)
   CHECK(took_on[1] >= 6);  // Winograd forced: its 3x3 stride-1 cases
   CHECK(took_on[2] == 11);
+  CHECK(took_on[4] == 11);  // the implicit GEMM forced: every dense case
 #if defined(ET_WINOGRAD_ROWS)
   CHECK(took_on[3] >= 5);  // Winograd by rows forced: its 32x32 and 16x16 cases (Auto elsewhere)
 #endif

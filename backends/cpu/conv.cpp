@@ -248,9 +248,8 @@ void CpuBackend::conv2d_forward_sums(const Conv2dGeom& g, const Tensor& x, const
   cpu::direct_dense_forward(g, x, w.f32(), bias, y.f32(), ws.data, s1, s2);
 }
 
-// The first sweep of the stack before in the epilogue of the direct (but its channels-last form),
-// Winograd and GEMM data gradients, on the images each has just written (added onto dx where
-// accumulate); not the implicit GEMM's (the stack sweeps itself there).
+// The first sweep of the stack before in the epilogue of every dense data gradient, on the images
+// (the implicit GEMM: the planes of a task) each has just written, added onto dx where accumulate.
 bool CpuBackend::conv2d_backward_data_dz_sums(const Conv2dGeom& g, const Tensor& dy, const Tensor& w, Tensor& dx,
                                               bool accumulate, const DzSumsEpilogue& e, Workspace ws) {
 #if defined(ET_ELEMENTWISE_IN_REGISTERS)
@@ -268,6 +267,9 @@ bool CpuBackend::conv2d_backward_data_dz_sums(const Conv2dGeom& g, const Tensor&
       return true;
     case Path::Gemm:
       cpu::gemm_conv_backward_data(g, dy.f32(), w.f32(), dx.f32(), accumulate, ws.data, &e);
+      return true;
+    case Path::Implicit:
+      cpu::implicit_backward_data(g, dy.f32(), w.f32(), dx.f32(), accumulate, ws.data, &e);
       return true;
     default:
       return false;

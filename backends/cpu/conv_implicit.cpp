@@ -22,6 +22,7 @@
 #include "backends/cpu/batchnorm_rows.h"
 #include "backends/cpu/conv_direct.h"
 #include "backends/cpu/conv_simd.h"
+#include "backends/cpu/fused_elementwise.h"
 #include "backends/cpu/gemm.h"
 #include "memory/stored_reader.h"
 
@@ -320,9 +321,12 @@ void scatter_phase(const Corr& k, const Phase& f, const float* ob, int64_t cols,
     }
 }
 
-// out [N][Co][Ho][Wo] (+)= correlation of in [N][Ci][Hi][Wi] (+ bias), phase by phase.
+// out [N][Co][Ho][Wo] (+)= correlation of in [N][Ci][Hi][Wi] (+ bias), phase by phase. After a
+// task's phases have written its planes (images x output channels), still in this core's cache:
+// their BN sums (sum1 / sum2, the forward) or the first sweep of the stack before (dz_sums, the
+// data gradient).
 void run_corr(const Corr& k, const float* in, const float* w, const float* bias, float* out, bool accumulate,
-              void* ws, float* sum1 = nullptr, float* sum2 = nullptr) {
+              void* ws, float* sum1 = nullptr, float* sum2 = nullptr, const DzSumsEpilogue* dz_sums = nullptr) {
   const GemmTile tile = sgemm_tile();
   const int MR = tile.mr;
   const int threads = omp_get_max_threads();
@@ -374,6 +378,11 @@ void run_corr(const Corr& k, const float* in, const float* w, const float* bias,
         for (int64_t n = n0; n < n0 + nb; ++n)
           for (int64_t o = o0; o < o1; ++o)
             bn_rows::plane_sums(out + (n * k.Co + o) * k.PQ(), k.PQ(), sum1 + n * k.Co + o, sum2 + n * k.Co + o);
+#if defined(ET_ELEMENTWISE_IN_REGISTERS)
+      if (dz_sums)  // every phase of the task's planes is written (added onto out where accumulate)
+        for (int64_t n = n0; n < n0 + nb; ++n)
+          fused_elementwise::dz_sums_planes(*dz_sums, n * k.Co + o0, n * k.Co + o1, k.Co, k.PQ(), out);
+#endif
     }
   }
 }
@@ -495,8 +504,11 @@ void implicit_forward(const Conv2dGeom& g, const float* x, const float* w, const
 }
 
 void implicit_backward_data(const Conv2dGeom& g, const float* dy, const float* w, float* dx, bool accumulate,
-                            void* ws) {
-  run_corr(data_corr(g), dy, w, nullptr, dx, accumulate, ws);
+                            void* ws, const DzSumsEpilogue* dz_sums) {
+#if !defined(ET_ELEMENTWISE_IN_REGISTERS)
+  ET_CHECK(!dz_sums, "implicit GEMM data gradient: dz sums in this build");
+#endif
+  run_corr(data_corr(g), dy, w, nullptr, dx, accumulate, ws, nullptr, nullptr, dz_sums);
 }
 
 void implicit_backward_weight(const Conv2dGeom& g, const Tensor& x, const float* dy, float* dw, float* db,

@@ -31,8 +31,10 @@ size_t implicit_workspace(const Conv2dGeom& g, ConvPass pass, int threads);
 // (bn_rows::plane_sums), taken after each task's planes are written, while they are in cache.
 void implicit_forward(const Conv2dGeom& g, const float* x, const float* w, const float* b, float* y, void* ws,
                       float* sum1 = nullptr, float* sum2 = nullptr);
+// dz_sums (builds with ET_ELEMENTWISE_IN_REGISTERS): the first sweep of the fused stack before,
+// on each task's planes of dx after its phases have written them (fused_elementwise::dz_sums_planes).
 void implicit_backward_data(const Conv2dGeom& g, const float* dy, const float* w, float* dx, bool accumulate,
-                            void* ws);
+                            void* ws, const DzSumsEpilogue* dz_sums = nullptr);
 void implicit_backward_weight(const Conv2dGeom& g, const Tensor& x, const float* dy, float* dw, float* db,
                               bool accumulate, void* ws);
 
