@@ -1,4 +1,4 @@
-// The distinct conv shapes of CIFAR ResNet-20, VGG16-BN and MobileNetV2, with how often each
+// The distinct conv shapes of CIFAR ResNet-20, ResNet-18, VGG16-BN and MobileNetV2, with how often each
 // occurs: the conv micro-benchmarks' workload (bench_conv on the CPU, bench_cuda_conv on a GPU).
 #pragma once
 #include <cstdint>
@@ -39,6 +39,19 @@ inline std::vector<Shape2> all_shapes() {
       add("resnet20", wd[st], wd[st], ho, 3, 1, 1);
       if (s != 1 || in != wd[st]) add("resnet20", in, wd[st], h, 1, s, 1);
       in = wd[st];
+      h = ho;
+    }
+  // ResNet-18 (CIFAR): a 3x3 stem, 4 stages of 2 basic blocks (64 to 512 channels), 1x1 s2 shortcuts.
+  add("resnet18", 3, 64, 32, 3, 1, 1);
+  in = 64, h = 32;
+  for (int st = 0; st < 4; ++st)
+    for (int b = 0; b < 2; ++b) {
+      const int64_t out = int64_t(64) << st, s = (st > 0 && b == 0) ? 2 : 1;
+      add("resnet18", in, out, h, 3, s, 1);
+      const int64_t ho = h / s;
+      add("resnet18", out, out, ho, 3, 1, 1);
+      if (s != 1 || in != out) add("resnet18", in, out, h, 1, s, 1);
+      in = out;
       h = ho;
     }
   // VGG16-BN: 3x3 convs, max-pool halves the map.

@@ -282,6 +282,11 @@ TEST_CASE("conv kernels match the naive reference", "[conv]") {
       {2, 16, 8, 8, 4, 3, 1, 1, 1},
       // ... and its strided forms (data gradient too): two channel blocks, odd maps, 16 outputs.
       {3, 32, 11, 13, 16, 3, 2, 1, 1},
+      // The stride-2 direct kernels by phases (conv_direct_strided.cpp; forced, and where chosen):
+      // the row form (ResNet's 32x32 -> 16x16 downsampling; its data gradient's row form with
+      // channels the channels-last kernel does not take), groups, a map of odd rows and columns.
+      {2, 16, 32, 32, 32, 3, 2, 1, 1}, {2, 12, 32, 32, 20, 3, 2, 1, 1}, {2, 8, 12, 12, 8, 3, 2, 1, 2},
+      {3, 7, 9, 11, 5, 3, 2, 1, 1},
       // The direct forward / data gradient's row form (whole vectors per row): ResNet's 16x16 and
       // 32x32 stages, output channels off the 8-channel blocks (20, 7), a 5x5 window, groups,
       // and a map with one row of vectors.
@@ -429,20 +434,22 @@ TEST_CASE("a conv data gradient takes the first backward sweep of the BN -> ReLU
   // Winograd (partial tiles, several chunks) and the GEMM's (1x1, small maps, few channels, and
   // every case forced), the strided channels-last form (AVX-512: dgrad_cl_chosen; image by image),
   // the implicit GEMM (small maps of 16+ channels, strided ones elsewhere; per task, after its
-  // phases; and every case forced); groups decline and leave dx alone.
+  // phases; and every case forced), the stride-2 direct kernels by phases (AVX2 / NEON's 32x32
+  // downsampling; and forced); groups decline and leave dx alone.
   struct Case { int64_t N, C, H, W, K, R, stride, pad, groups; bool takes; };
   const Case cases[] = {{3, 16, 16, 16, 16, 3, 1, 1, 1, true}, {2, 16, 32, 32, 8, 3, 1, 1, 1, true},
                         {3, 12, 9, 11, 20, 3, 1, 1, 1, true},  {1, 9, 13, 13, 7, 5, 1, 2, 1, true},
                         {2, 8, 16, 16, 8, 3, 1, 1, 2, false},  {2, 16, 9, 9, 32, 3, 2, 1, 1, true},
                         {3, 12, 16, 16, 20, 1, 1, 0, 1, true}, {2, 8, 4, 4, 8, 3, 1, 1, 1, true},
                         {2, 16, 6, 6, 16, 3, 1, 1, 1, true},   {2, 4, 16, 16, 8, 3, 1, 1, 1, true},
-                        {5, 72, 7, 9, 70, 3, 1, 1, 1, true},   {3, 16, 32, 32, 16, 3, 1, 1, 1, true}};
+                        {5, 72, 7, 9, 70, 3, 1, 1, 1, true},   {3, 16, 32, 32, 16, 3, 1, 1, 1, true},
+                        {2, 16, 32, 32, 24, 3, 2, 1, 1, true}};
   auto be = make_cpu_backend();
   const cpu::ConvPathOverride paths[] = {cpu::ConvPathOverride::Auto, cpu::ConvPathOverride::Winograd,
                                          cpu::ConvPathOverride::Gemm, cpu::ConvPathOverride::WinogradRows,
-                                         cpu::ConvPathOverride::Implicit};
-  int took_on[5] = {0, 0, 0, 0, 0};
-  for (int pi = 0; pi < 5; ++pi) {
+                                         cpu::ConvPathOverride::Implicit, cpu::ConvPathOverride::Direct};
+  int took_on[6] = {0, 0, 0, 0, 0, 0};
+  for (int pi = 0; pi < 6; ++pi) {
     for (const Case& c : cases) {
       Conv2dGeom g = geom(c.N, c.C, c.H, c.W, c.K, c.R, c.stride, c.pad, c.groups);
       g.infer_output();
@@ -450,7 +457,8 @@ TEST_CASE("a conv data gradient takes the first backward sweep of the BN -> ReLU
       // Forced: Winograd where it applies, the GEMM everywhere; the automatic choice elsewhere.
       const bool forced = (pi == 1 && cpu::winograd_applies(g, ConvPass::BackwardData)) || pi == 2 ||
                           (pi == 3 && cpu::winograd_rows_applies(g, ConvPass::BackwardData)) ||
-                          (pi == 4 && cpu::implicit_applies(g, ConvPass::BackwardData));
+                          (pi == 4 && cpu::implicit_applies(g, ConvPass::BackwardData)) ||
+                          (pi == 5 && cpu::direct_dense_applies(g, ConvPass::BackwardData));
       const bool takes = forced ? c.groups == 1 : c.takes;
       INFO("path " << pi << " N " << c.N << " C " << c.C << " H " << c.H << " W " << c.W << " K " << c.K << " R "
                    << c.R << " stride " << c.stride << " groups " << c.groups);
@@ -507,8 +515,9 @@ TEST_CASE("a conv data gradient takes the first backward sweep of the BN -> ReLU
   }
 #if defined(ET_ELEMENTWISE_IN_REGISTERS)
   CHECK(took_on[1] >= 6);  // Winograd forced: its 3x3 stride-1 cases
-  CHECK(took_on[2] == 11);
-  CHECK(took_on[4] == 11);  // the implicit GEMM forced: every dense case
+  CHECK(took_on[2] == 12);
+  CHECK(took_on[4] == 12);  // the implicit GEMM forced: every dense case
+  CHECK(took_on[5] == 12);  // the direct kernels forced: every dense case, strided ones by phases
 #if defined(ET_WINOGRAD_ROWS)
   CHECK(took_on[3] >= 5);  // Winograd by rows forced: its 32x32 and 16x16 cases (Auto elsewhere)
 #endif

@@ -132,6 +132,20 @@ bool prefer_implicit(const Conv2dGeom& g) {
   return small || strided;
 }
 
+// The stride-2 direct kernels by phases (conv_direct_strided.cpp) against the paths before them
+// (bench_conv --against direct, batch 128, 2 threads, two runs each; session 51, Zen 5):
+// - narrow vectors (AVX2, NEON), the data gradient where every phase's rows are whole vectors (dx
+//   32x32 and up: the row form): ResNet-20's 16 -> 32 1.39x the implicit GEMM's phases (3.37 ->
+//   2.41 ms), ResNet-18's 64 -> 128 1.16x. On 16x16 and 8x8 dx (phases of 8 and 4 columns, the flat
+//   form's junk columns) they lose, 0.94x and 0.55-0.60x, as does every forward but the row form's
+//   (16 -> 32 1.04x, 64 -> 128 1.04x: within the noise) and the forward on AVX-512 (0.77-0.94x);
+// - AVX-512's strided data gradients with up to 64 output channels stay on the channels-last kernel
+//   (dgrad_cl_chosen), asked before this.
+bool prefer_direct_strided(const Conv2dGeom& g, ConvPass pass) {
+  return cpu::kNarrowVectors && pass == ConvPass::BackwardData && g.R == 3 && g.S == 3 && g.groups == 1 &&
+         g.H % 2 == 0 && g.W % 2 == 0 && (g.W / 2) % 16 == 0 && g.C >= 16 && g.K >= 16;
+}
+
 Path choose(const Conv2dGeom& g, ConvPass pass) {
   // winograd_rows forced where it does not apply: the automatic choice.
   const cpu::ConvPathOverride ov =
@@ -139,7 +153,11 @@ Path choose(const Conv2dGeom& g, ConvPass pass) {
           ? cpu::ConvPathOverride::Auto
           : g_override;
   if (cpu::depthwise_applies(g, pass)) return Path::Depthwise;
-  const bool direct = cpu::direct_dense_applies(g, pass), implicit = cpu::implicit_applies(g, pass);
+  const bool strided = g.stride_h != 1 || g.stride_w != 1;
+  // The strided direct kernels (by phases) where forced or measured ahead; else the paths before them.
+  const bool direct = cpu::direct_dense_applies(g, pass) &&
+                      (!strided || ov == cpu::ConvPathOverride::Direct || prefer_direct_strided(g, pass));
+  const bool implicit = cpu::implicit_applies(g, pass);
   if (ov == cpu::ConvPathOverride::Gemm) return Path::Gemm;
   if (ov == cpu::ConvPathOverride::Direct) return direct ? Path::Direct : Path::Gemm;
   if (ov == cpu::ConvPathOverride::Winograd && cpu::winograd_applies(g, pass)) return Path::Winograd;
@@ -154,6 +172,7 @@ Path choose(const Conv2dGeom& g, ConvPass pass) {
   if (ov == cpu::ConvPathOverride::Auto && pass == ConvPass::BackwardData && g.stride_h > 1 &&
       cpu::dgrad_cl_chosen(g))
     return Path::Direct;
+  if (ov == cpu::ConvPathOverride::Auto && strided && direct) return Path::Direct;  // prefer_direct_strided
   if (implicit && (ov == cpu::ConvPathOverride::Implicit || prefer_implicit(g))) return Path::Implicit;
   if (!direct) return Path::Gemm;
   const int64_t PQ = g.P * g.Q;

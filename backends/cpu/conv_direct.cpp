@@ -51,7 +51,7 @@ bool g_rows = true;
 // on 2 Zen 3 cores, 3 interleaved runs: resnet20's 16 -> 16 and 32 -> 32 forward and data gradient
 // 12-15 % faster than 4 x 1 (8 ymm: too few FMAs in flight to cover their latency), though 16
 // channels fill 18 rows; the stems' data gradients (3 rows of 6) lose 0-25 %; 2 x 2 was slower).
-constexpr int MR = kNarrowVectors ? 6 : 8, kNV = kNarrowVectors ? 1 : 3;
+constexpr int MR = kDirectMR, kNV = kNarrowVectors ? 1 : 3;
 
 }  // namespace
 
@@ -221,11 +221,15 @@ void corr_planes(const float* xp, int64_t Cin, int64_t L, const int64_t* off, in
   }
 }
 
+}  // namespace
+
 void corr_planes_any(const float* xp, int64_t Cin, int64_t L, const int64_t* off, int RS, const float* wpk,
                      int64_t Kr, float* tile, int64_t Jr) {
   if (g_force_scalar) corr_planes<VScalar>(xp, Cin, L, off, RS, wpk, Kr, tile, Jr);
   else corr_planes<VNative>(xp, Cin, L, off, RS, wpk, Kr, tile, Jr);
 }
+
+namespace {
 
 // Row vectors, where each output row is whole vectors (Q a multiple of 16, stride 1): output vector
 // v covers out[16v, 16v + 16) of the plane, row v / (Q / 16), and reads its inputs from that row's
@@ -269,7 +273,8 @@ void corr_planes_rows(const float* xp, int64_t Cin, int64_t L, int64_t Wp, const
   }
 }
 
-// Where the row form applies: whole vectors per output row.
+}  // namespace
+
 bool rows_apply(int64_t Q) { return g_rows && Q % 16 == 0; }
 
 void corr_planes_rows_any(const float* xp, int64_t Cin, int64_t L, int64_t Wp, const int64_t* off, int RS,
@@ -281,8 +286,6 @@ void corr_planes_rows_any(const float* xp, int64_t Cin, int64_t L, int64_t Wp, c
     corr_planes_rows<VNative>(xp, Cin, L, Wp, off, RS, wpk, nk, P, Q, out, ldo, bias, accumulate);
 }
 
-// Packs one group's weights for corr_planes. w [Kg][Cg][RS]. Forward: out = Kg, in = Cg.
-// Backward data (flip): out = Cg, in = Kg, tap t reads w[k][c][RS-1-t]. Rows >= out are zero.
 void pack_weights(const float* w, int64_t Kg, int64_t Cg, int RS, bool flip, float* wpk) {
   const int64_t out = flip ? Cg : Kg, in = flip ? Kg : Cg, Or = round_up(out, MR);
   for (int64_t ob = 0; ob < Or / MR; ++ob)
@@ -295,6 +298,8 @@ void pack_weights(const float* w, int64_t Kg, int64_t Cg, int RS, bool flip, flo
           *wpk++ = v;
         }
 }
+
+namespace {
 
 // Geometry of a stride-1 correlation over padded planes.
 struct Flat {
@@ -326,7 +331,8 @@ Flat bwd_data_flat(const Conv2dGeom& g) {
 }  // namespace
 
 bool direct_dense_applies(const Conv2dGeom& g, ConvPass pass) {
-  if (g.stride_h != 1 || g.stride_w != 1 || g.R * g.S > kMaxTaps) return false;
+  if (g.stride_h != 1 || g.stride_w != 1) return direct_strided_applies(g, pass);
+  if (g.R * g.S > kMaxTaps) return false;
   if (pass == ConvPass::BackwardData && (g.pad_h > g.R - 1 || g.pad_w > g.S - 1)) return false;
   return true;
 }
@@ -334,6 +340,9 @@ bool direct_dense_applies(const Conv2dGeom& g, ConvPass pass) {
 size_t direct_dense_workspace(const Conv2dGeom& g, ConvPass pass, int threads) {
   const int64_t Cg = g.C / g.groups, Kg = g.K / g.groups, RS = g.R * g.S;
   int64_t shared = 0, per_thread = 0;
+  if (pass != ConvPass::BackwardWeight && !(pass == ConvPass::BackwardData && dgrad_cl_chosen(g)) &&
+      (g.stride_h != 1 || g.stride_w != 1))
+    return direct_strided_workspace(g, pass, threads);
   if (pass == ConvPass::Forward) {
     const Flat f = fwd_flat(g);
     shared = g.groups * round_up(Kg, MR) * Cg * RS;
@@ -354,6 +363,7 @@ size_t direct_dense_workspace(const Conv2dGeom& g, ConvPass pass, int threads) {
 
 void direct_dense_forward(const Conv2dGeom& g, const Tensor& xt, const float* w, const float* b, float* y, void* ws,
                           float* sum1, float* sum2) {
+  if (g.stride_h != 1 || g.stride_w != 1) return direct_strided_forward(g, xt, w, b, y, ws, sum1, sum2);
   const ConvInput x(xt);
   const int64_t Cg = g.C / g.groups, Kg = g.K / g.groups, RS = g.R * g.S, Kr = round_up(Kg, MR);
   const Flat f = fwd_flat(g);
@@ -404,7 +414,7 @@ void direct_dense_forward(const Conv2dGeom& g, const Tensor& xt, const float* w,
 
 bool direct_dense_dz_sums_applies(const Conv2dGeom& g) {
 #if defined(ET_ELEMENTWISE_IN_REGISTERS)
-  return g.groups == 1;  // the stride-1 kernels per block of planes, dgrad_cl (strided) per image
+  return g.groups == 1;  // the stride-1 kernels per block of planes, the strided ones per image
 #else
   (void)g;
   return false;
@@ -415,6 +425,7 @@ void direct_dense_backward_data(const Conv2dGeom& g, const float* dy, const floa
                                 void* ws, const DzSumsEpilogue* dz_sums) {
   ET_CHECK(!dz_sums || direct_dense_dz_sums_applies(g), "direct data gradient: dz sums here");
   if (dgrad_cl_chosen(g)) return dgrad_cl(g, dy, w, dx, accumulate, ws, dz_sums);
+  if (g.stride_h != 1 || g.stride_w != 1) return direct_strided_backward_data(g, dy, w, dx, accumulate, ws, dz_sums);
   const int64_t Cg = g.C / g.groups, Kg = g.K / g.groups, RS = g.R * g.S, Cr = round_up(Cg, MR);
   const Flat f = bwd_data_flat(g);  // f.rows == H
   Carve cv(static_cast<float*>(ws));

@@ -14,6 +14,7 @@
 #include <cstddef>
 
 #include "backends/backend.h"
+#include "backends/cpu/conv_simd.h"
 
 namespace et::cpu {
 
@@ -29,7 +30,7 @@ void conv_direct_rows(bool on);
 enum class ConvPathOverride { Auto, Gemm, Direct, Implicit, Winograd, WinogradRows };
 void conv_set_path_override(ConvPathOverride p);
 
-// Dense (groups >= 1, not depthwise) stride-1 kernels.
+// Dense (groups >= 1, not depthwise) kernels, stride 1 (and stride 2 through the phase kernels below).
 bool direct_dense_applies(const Conv2dGeom& g, ConvPass pass);
 size_t direct_dense_workspace(const Conv2dGeom& g, ConvPass pass, int threads);
 // x: f32, or DType::AffineRelu (ConvInput: computed row by row as the kernel places x's planes in
@@ -79,8 +80,38 @@ void depthwise_backward_data(const Conv2dGeom& g, const float* dy, const float* 
 void depthwise_backward_weight(const Conv2dGeom& g, const Tensor& x, const float* dy, float* dw, float* db,
                                bool accumulate, void* ws);
 
+// Stride-2 forward and data gradient by phases (conv_direct_strided.cpp): stride-1 correlations
+// over the input's four phase planes (forward) or into dx's four phases (data gradient), on the
+// direct kernels' register blocks; direct_dense_* hand stride-2 convs to them. The forward takes x
+// as f32 or DType::AffineRelu and takes y's plane sums like direct_dense_forward; the data gradient
+// takes dz_sums per image (groups 1).
+bool direct_strided_applies(const Conv2dGeom& g, ConvPass pass);
+size_t direct_strided_workspace(const Conv2dGeom& g, ConvPass pass, int threads);
+void direct_strided_forward(const Conv2dGeom& g, const Tensor& x, const float* w, const float* b, float* y, void* ws,
+                            float* sum1 = nullptr, float* sum2 = nullptr);
+void direct_strided_backward_data(const Conv2dGeom& g, const float* dy, const float* w, float* dx, bool accumulate,
+                                  void* ws, const DzSumsEpilogue* dz_sums = nullptr);
+
 // ---- shared helpers (conv_direct.cpp)
 constexpr int kMaxTaps = 64;  // R*S bound of the direct kernels
+// The forward / data gradient's register block: kDirectMR output channels (the rows of a block of
+// packed weights) by vectors of 16 positions (conv_direct.cpp).
+constexpr int kDirectMR = kNarrowVectors ? 6 : 8;
+// tile [Kr, Jr] = the correlation of Cin planes xp [Cin][L] (plane stride L) with packed weights
+// wpk [Kr / kDirectMR][Cin][RS][kDirectMR]: tile[k][j] = sum over c, t of the weight of (k, c, t) times
+// xp[c * L + j + off[t]] (the flat form: every position j < Jr, a multiple of 16).
+void corr_planes_any(const float* xp, int64_t Cin, int64_t L, const int64_t* off, int RS, const float* wpk,
+                     int64_t Kr, float* tile, int64_t Jr);
+// The row form: out [nk][P * Q] (plane stride ldo; nk <= kDirectMR, one block of packed weights)
+// (+)= the same correlation at positions p * Wp + q of the planes, q < Q (a multiple of 16), + bias,
+// the same bits as the flat form. Whether it applies (Q a multiple of 16; tests can turn it off):
+bool rows_apply(int64_t Q);
+void corr_planes_rows_any(const float* xp, int64_t Cin, int64_t L, int64_t Wp, const int64_t* off, int RS,
+                          const float* wpk, int nk, int64_t P, int64_t Q, float* out, int64_t ldo, const float* bias,
+                          bool accumulate);
+// One group's weights w [Kg][Cg][RS] packed for the above. Forward: out = Kg, in = Cg. Backward data
+// (flip): out = Cg, in = Kg, tap t reads w[k][c][RS-1-t]. Rows >= out are zero.
+void pack_weights(const float* w, int64_t Kg, int64_t Cg, int RS, bool flip, float* wpk);
 inline int64_t round16(int64_t v) { return (v + 15) / 16 * 16; }
 // Plane stride for padded planes of Hp x Wp read by an S-wide window over a domain rounded up to 16.
 inline int64_t plane_stride(int64_t Hp, int64_t Wp, int64_t S) { return round16(Hp * Wp + S + 16); }
