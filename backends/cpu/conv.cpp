@@ -133,17 +133,22 @@ bool prefer_implicit(const Conv2dGeom& g) {
 }
 
 // The stride-2 direct kernels by phases (conv_direct_strided.cpp) against the paths before them
-// (bench_conv --against direct, batch 128, 2 threads, two runs each; session 51, Zen 5):
-// - narrow vectors (AVX2, NEON), the data gradient where every phase's rows are whole vectors (dx
-//   32x32 and up: the row form): ResNet-20's 16 -> 32 1.39x the implicit GEMM's phases (3.37 ->
-//   2.41 ms), ResNet-18's 64 -> 128 1.16x. On 16x16 and 8x8 dx (phases of 8 and 4 columns, the flat
-//   form's junk columns) they lose, 0.94x and 0.55-0.60x, as does every forward but the row form's
-//   (16 -> 32 1.04x, 64 -> 128 1.04x: within the noise) and the forward on AVX-512 (0.77-0.94x);
-// - AVX-512's strided data gradients with up to 64 output channels stay on the channels-last kernel
-//   (dgrad_cl_chosen), asked before this.
+// (bench_conv --filter _s2 --against direct, batch 128, 2 threads, two runs each; session 51, Zen 5),
+// with narrow vectors (AVX2; NEON takes the same rule, unmeasured):
+// - 3x3 data gradients, against the implicit GEMM's phases: ResNet-20's 16 -> 32 1.41x (3.37 ->
+//   2.41 ms), 32 -> 64 1.08x; ResNet-18's 64 -> 128 1.14x, 128 -> 256 1.10x, 256 -> 512 1.09x;
+// - 1x1 forwards (the shortcuts), against the GEMM path: 1.07-1.28x on all five;
+// - 1x1 data gradients into dx of 32 columns (ResNet-20's 16 -> 32 1.13x, ResNet-18's 64 -> 128
+//   1.15-1.18x); on 16x16 and 8x8 dx 0.87-1.0x;
+// - not the 3x3 forwards (0.93-1.04x the implicit GEMM: even).
+// AVX-512: the forwards lose or tie (3x3 0.78-1.0x, 1x1 0.69-1.14x), the 3x3 data gradients with
+// up to 64 output channels stay on the channels-last kernel (dgrad_cl_chosen, asked before this),
+// ResNet-18's larger ones 0.88-1.1x the implicit GEMM: none taken.
 bool prefer_direct_strided(const Conv2dGeom& g, ConvPass pass) {
-  return cpu::kNarrowVectors && pass == ConvPass::BackwardData && g.R == 3 && g.S == 3 && g.groups == 1 &&
-         g.H % 2 == 0 && g.W % 2 == 0 && (g.W / 2) % 16 == 0 && g.C >= 16 && g.K >= 16;
+  if (!cpu::kNarrowVectors || g.groups != 1 || g.C < 16 || g.K < 16) return false;
+  const bool k3 = g.R == 3 && g.S == 3, k1 = g.R == 1 && g.S == 1;
+  if (pass == ConvPass::BackwardData) return k3 || (k1 && g.W >= 32);
+  return pass == ConvPass::Forward && k1;
 }
 
 Path choose(const Conv2dGeom& g, ConvPass pass) {

@@ -1,25 +1,25 @@
 // Stride-2 direct kernels by phases: the forward and the data gradient of a stride-2 conv as
-// stride-1 correlations over phase planes, run by the direct kernels' own register blocks
+// stride-1 correlations over staged copies, run by the direct kernels' own register blocks
 // (conv_direct.cpp's corr_planes_*): no multiply-add is spent on positions the stride skips.
 //
-// Forward. Output (p, q) reads xpad[2p + r][2q + s] for tap (r, s). Split the padded input into its
-// four phases, plane (a, b) holding xpad[2i + a][2j + b]; tap (r, s) then reads phase (r % 2, s % 2)
-// at (p + r / 2, q + s / 2): a stride-1 read. Staged per channel as four planes of Hq x Wq
-// (Hq = P + (R - 1) / 2, Wq = Q + (S - 1) / 2; the planes one after another, L floats a channel),
-// every tap is one offset from the output position p * Wq + q, and the 9 taps of a 3x3 window are
-// a 9-tap correlation with the weights in their own order: the direct forward's arithmetic (the
+// Forward. Output (p, q) reads xpad[2p + r][2q + s] for tap (r, s). The input is staged per channel
+// as 2 x S copies, copy (a, s) holding xpad[2i + a][2j + s] at (i, j), Q columns a row; tap (r, s)
+// then reads copy (r % 2, s) at (p + r / 2, q): every tap is one offset from the output position
+// p * Q + q, so the output plane is one dense run of positions (no junk columns whatever Q is),
+// computed 16 at a time with the weights in their own order: the direct forward's arithmetic (the
 // same FMAs per element in the same order, c outer, t inner).
 //
 // Data gradient. dx[h][w] takes dy[p][q] * w[r][s] where h = 2p + r - pad_h, w = 2q + s - pad_w.
 // The dx positions of one parity (a, b) (h = 2i + a, w = 2j + b) take only the taps with
 // r = a + pad_h (mod 2), s = b + pad_w (mod 2), from dy[i + (a + pad_h - r) / 2][j + (b + pad_w - s) / 2]:
-// per phase a stride-1 correlation of dy (zero padded) with a sub-kernel (3x3: 1, 2, 2 and 4 taps),
-// written to a buffer and placed into dx's rows by twos. The zero-upsampled dy of the stride-1
-// form (3 multiply-adds in 4 on zeros) never exists.
+// per phase a stride-1 correlation of dy (zero padded) with a sub-kernel (3x3: 1, 2, 2 and 4 taps).
+// dy is staged as copies shifted by each column offset, the phase's width a row, so a phase's
+// positions are again one dense run; its values go to a buffer and into dx's rows by twos. The
+// zero-upsampled dy of the stride-1 form (3 multiply-adds in 4 on zeros) never exists.
 //
-// Where output rows are whole vectors (Q, resp. the phases' width, a multiple of 16: ResNet's
-// 32x32 -> 16x16 downsampling) the row form runs, else the flat form (a tile over the padded width,
-// then the valid columns). Images are balanced over the threads (balance.h).
+// A dense run whose length is whole vectors runs by vectors straight into the output (the row form
+// with rows of 16 positions), else through a tile (the same bits). Images are balanced over the
+// threads (balance.h).
 #include <omp.h>
 
 #include <algorithm>
@@ -40,45 +40,39 @@ int64_t round_to(int64_t v, int64_t m) { return (v + m - 1) / m * m; }
 // ---------------------------------------------------------------- forward
 
 struct FwdPhases {
-  int64_t Hq, Wq, Lq, L;  // a phase plane's rows and row width, its stride, a channel's 4 planes
-  int64_t Jr;             // the flat form's output domain, P rows of Wq, rounded up to 16
-  int64_t off[kMaxTaps];  // tap (r, s) -> phase (r % 2, s % 2), row r / 2, column s / 2
+  int64_t Hq, Lc, L;      // a copy's rows (of Q floats), its stride, a channel's 2 x S copies
+  int64_t off[kMaxTaps];  // tap (r, s) -> copy (r % 2, s), row r / 2
   int RS;
 };
 
 FwdPhases fwd_phases(const Conv2dGeom& g) {
   FwdPhases f;
   f.Hq = g.P + (g.R - 1) / 2;
-  f.Wq = g.Q + (g.S - 1) / 2;
-  // Slack past a plane's rows: the flat form's last vector and its taps read up to Wq + 16 floats
-  // beyond (junk lanes, dropped), never past the channel's last plane.
-  f.Lq = round_to(f.Hq * f.Wq + f.Wq + 16, 16);
-  f.L = 4 * f.Lq;
-  f.Jr = round_to(g.P * f.Wq, 16);
+  f.Lc = round_to(f.Hq * g.Q + 16, 16);  // slack: the flat form's last vector reads past P * Q
+  f.L = 2 * g.S * f.Lc;
   f.RS = int(g.R * g.S);
   for (int64_t r = 0; r < g.R; ++r)
-    for (int64_t s = 0; s < g.S; ++s)
-      f.off[r * g.S + s] = ((r % 2) * 2 + s % 2) * f.Lq + (r / 2) * f.Wq + s / 2;
+    for (int64_t s = 0; s < g.S; ++s) f.off[r * g.S + s] = ((r % 2) * g.S + s) * f.Lc + (r / 2) * g.Q;
   return f;
 }
 
-// Plane src [H, W] into its four phase planes at dst (phase (a, b) at dst + (2a + b) * Lq):
-// element (i, j) of phase (a, b) is src[2i + a - pad_h][2j + b - pad_w]. Only positions inside src
-// are written: the rest stay zero from the workspace's first clearing, the same every image.
-void place_phases(const Conv2dGeom& g, const FwdPhases& f, const float* src, float* dst) {
+// Plane src [H, W] into its 2 x S copies at dst (copy (a, s) at dst + (a * S + s) * Lc): element
+// (i, j) of copy (a, s) is src[2i + a - pad_h][2j + s - pad_w], Q columns a row. Only positions
+// inside src are written: the rest stay zero from the workspace's first clearing, every image alike.
+void place_copies(const Conv2dGeom& g, const FwdPhases& f, const float* src, float* dst) {
   for (int a = 0; a < 2; ++a)
-    for (int b = 0; b < 2; ++b) {
-      float* d = dst + (2 * a + b) * f.Lq;
-      // j with 0 <= 2j + b - pad_w < W
-      const int64_t last = g.W - 1 + g.pad_w - b;
-      const int64_t j0 = std::max<int64_t>(0, (g.pad_w - b + 1) / 2);
-      const int64_t j1 = last < 0 ? 0 : std::min<int64_t>(f.Wq, last / 2 + 1);
+    for (int64_t s = 0; s < g.S; ++s) {
+      float* d = dst + (a * g.S + s) * f.Lc;
+      // j with 0 <= 2j + s - pad_w < W
+      const int64_t last = g.W - 1 + g.pad_w - s;
+      const int64_t j0 = std::max<int64_t>(0, (g.pad_w - s + 1) / 2);
+      const int64_t j1 = last < 0 ? 0 : std::min<int64_t>(g.Q, last / 2 + 1);
       for (int64_t i = 0; i < f.Hq; ++i) {
         const int64_t h = 2 * i + a - g.pad_h;
         if (h < 0 || h >= g.H) continue;
-        const float* s = src + h * g.W;
-        float* row = d + i * f.Wq;
-        for (int64_t j = j0; j < j1; ++j) row[j] = s[2 * j + b - g.pad_w];
+        const float* sr = src + h * g.W;
+        float* row = d + i * g.Q;
+        for (int64_t j = j0; j < j1; ++j) row[j] = sr[2 * j + s - g.pad_w];
       }
     }
 }
@@ -87,55 +81,79 @@ void place_phases(const Conv2dGeom& g, const FwdPhases& f, const float* src, flo
 
 struct DataPhase {
   int taps = 0;
-  int64_t off[kMaxTaps] = {};   // tap -> offset in the padded dy plane from the phase position
+  int64_t off[kMaxTaps] = {};   // tap -> offset in a dy channel's copies from the phase position
   int64_t wtap[kMaxTaps] = {};  // tap -> r * S + s in the weight tensor
   int64_t Ha = 0, Wb = 0;       // the phase's dx positions: rows 2i + a, columns 2j + b
   int a = 0, b = 0;
 };
 
+// dy's copies: for each column parity b of dx and column shift e a tap of such a phase reads, copy
+// [u][j] = dy[u - top][j + e - left], Wb columns a row (b's phase width): a phase's taps then read
+// whole rows of positions i * Wb + j at a row offset, as the forward's copies do.
 struct DataPhases {
   DataPhase ph[4];
-  int64_t top, left;      // dy placed at (top, left) of its padded plane
-  int64_t Hd, Wd, Ld;     // padded dy plane rows, row width, stride
-  int64_t Jr;             // the flat form's largest phase domain (Ha rows of Wd), rounded up to 16
-  bool rows;              // every phase's width is whole vectors: the row form
+  int64_t top, left;   // dy's row p is copy row p + top; a tap's column shift e = dv + left
+  int64_t Hd, Lc, L;   // a copy's rows, its stride, a dy channel's copies
+  int copies;
+  int64_t Jr;          // the flat form's largest phase domain (Ha * Wb), rounded up to 16
+  int64_t copy_b[2 * kMaxTaps], copy_e[2 * kMaxTaps];
 };
 
 DataPhases data_phases(const Conv2dGeom& g) {
   DataPhases d;
-  // dy row of tap r in phase a: i + du, du = (a + pad_h - r) / 2 (exact: the parity matches).
+  // dy row of tap r in phase a: i + du, du = (a + pad_h - r) / 2 (exact: the parity matches); columns alike.
+  auto takes = [](int64_t parity, int64_t pad, int64_t tap) { return (parity + pad - tap) % 2 == 0; };
   int64_t du_min = 0, du_max = 0, dv_min = 0, dv_max = 0;
   for (int a = 0; a < 2; ++a)
     for (int64_t r = 0; r < g.R; ++r)
-      if ((a + g.pad_h - r) % 2 == 0) du_min = std::min(du_min, (a + g.pad_h - r) / 2), du_max = std::max(du_max, (a + g.pad_h - r) / 2);
+      if (takes(a, g.pad_h, r)) du_min = std::min(du_min, (a + g.pad_h - r) / 2), du_max = std::max(du_max, (a + g.pad_h - r) / 2);
   for (int b = 0; b < 2; ++b)
     for (int64_t s = 0; s < g.S; ++s)
-      if ((b + g.pad_w - s) % 2 == 0) dv_min = std::min(dv_min, (b + g.pad_w - s) / 2), dv_max = std::max(dv_max, (b + g.pad_w - s) / 2);
+      if (takes(b, g.pad_w, s)) dv_min = std::min(dv_min, (b + g.pad_w - s) / 2), dv_max = std::max(dv_max, (b + g.pad_w - s) / 2);
   d.top = -du_min, d.left = -dv_min;
   const int64_t Hmax = (g.H + 1) / 2, Wmax = (g.W + 1) / 2;
-  d.Hd = std::max(d.top + g.P, d.top + Hmax + du_max);
-  d.Wd = std::max(d.left + g.Q, d.left + Wmax + dv_max);
-  d.Ld = round_to(d.Hd * d.Wd + d.Wd + 16, 16);
-  d.Jr = round_to(Hmax * d.Wd, 16);
-  d.rows = true;
+  d.Hd = Hmax + du_max + d.top;
+  d.Lc = round_to(d.Hd * Wmax + 16, 16);  // slack: the flat form's last vector reads past Ha * Wb
+  d.Jr = round_to(Hmax * Wmax, 16);
+  d.copies = 0;
+  auto copy_of = [&](int64_t b, int64_t e) {
+    for (int i = 0; i < d.copies; ++i)
+      if (d.copy_b[i] == b && d.copy_e[i] == e) return i;
+    d.copy_b[d.copies] = b, d.copy_e[d.copies] = e;
+    return d.copies++;
+  };
   for (int a = 0; a < 2; ++a)
     for (int b = 0; b < 2; ++b) {
       DataPhase& f = d.ph[2 * a + b];
       f.a = a, f.b = b;
       f.Ha = (g.H - a + 1) / 2, f.Wb = (g.W - b + 1) / 2;
-      d.rows = d.rows && rows_apply(f.Wb);
       for (int64_t r = 0; r < g.R; ++r) {
-        if ((a + g.pad_h - r) % 2 != 0) continue;
+        if (!takes(a, g.pad_h, r)) continue;
         for (int64_t s = 0; s < g.S; ++s) {
-          if ((b + g.pad_w - s) % 2 != 0) continue;
-          const int64_t du = (a + g.pad_h - r) / 2 + d.top, dv = (b + g.pad_w - s) / 2 + d.left;
-          f.off[f.taps] = du * d.Wd + dv;
+          if (!takes(b, g.pad_w, s)) continue;
+          const int64_t du = (a + g.pad_h - r) / 2 + d.top, e = (b + g.pad_w - s) / 2 + d.left;
+          f.off[f.taps] = copy_of(b, e) * d.Lc + du * f.Wb;
           f.wtap[f.taps] = r * g.S + s;
           ++f.taps;
         }
       }
     }
+  d.L = std::max(1, d.copies) * d.Lc;
   return d;
+}
+
+// dy's plane [P, Q] into a channel's copies at dst (the rows and columns inside dy; the rest stay zero).
+void place_dy_copies(const Conv2dGeom& g, const DataPhases& d, const float* src, float* dst) {
+  for (int i = 0; i < d.copies; ++i) {
+    const int64_t Wb = (g.W - d.copy_b[i] + 1) / 2, e = d.copy_e[i] - d.left;  // copy column j reads dy column j + e
+    const int64_t j0 = std::max<int64_t>(0, -e), j1 = std::min<int64_t>(Wb, g.Q - e);
+    float* c = dst + i * d.Lc;
+    for (int64_t p = 0; p < g.P && p + d.top < d.Hd; ++p) {
+      const float* sr = src + p * g.Q + e;
+      float* row = c + (p + d.top) * Wb;
+      for (int64_t j = j0; j < j1; ++j) row[j] = sr[j];
+    }
+  }
 }
 
 // Phase f's weights for the correlation (out = Cg channels of dx, in = Kg of dy): [Cr / MR][Kg][taps][MR],
@@ -152,17 +170,52 @@ void pack_phase_weights(const Conv2dGeom& g, const DataPhase& f, const float* w,
         }
 }
 
-// dx plane [H, W] (+)= phase f's values src (row stride ld) at rows 2i + a, columns 2j + b.
-void place_phase_values(const Conv2dGeom& g, const DataPhase& f, const float* src, int64_t ld, bool accumulate,
-                        float* dx) {
+// dx plane [H, W] (+)= phase f's values src [Ha, Wb] at rows 2i + a, columns 2j + b.
+void place_phase_values(const Conv2dGeom& g, const DataPhase& f, const float* src, bool accumulate, float* dx) {
   for (int64_t i = 0; i < f.Ha; ++i) {
     float* d = dx + (2 * i + f.a) * g.W + f.b;
-    const float* s = src + i * ld;
+    const float* s = src + i * f.Wb;
     if (accumulate)
       for (int64_t j = 0; j < f.Wb; ++j) d[2 * j] += s[j];
     else
       for (int64_t j = 0; j < f.Wb; ++j) d[2 * j] = s[j];
   }
+}
+
+// out [nk][n] (+ bias) = the correlation over a dense domain of n positions (a plane's P x Q, a
+// phase's Ha x Wb): by rows of 16 where n is whole vectors (corr_planes_rows_any, a "row" of 16
+// positions whatever the plane's width), else a tile over n rounded up to 16 and its first n
+// positions copied out (the same bits). nk <= Kr rows of packed weights wpk (whole blocks).
+void corr_dense(const float* xp, int64_t Cin, int64_t L, const int64_t* off, int RS, const float* wpk, int64_t nk,
+                int64_t n, float* out, int64_t ldo, const float* bias, float* tile) {
+  if (n % 16 == 0 && rows_apply(16)) {
+    for (int64_t k0 = 0; k0 < nk; k0 += kDirectMR) {
+      const int64_t m = std::min<int64_t>(kDirectMR, nk - k0);
+      corr_planes_rows_any(xp, Cin, L, 16, off, RS, wpk + k0 * Cin * RS, int(m), n / 16, 16, out + k0 * ldo, ldo,
+                           bias ? bias + k0 : nullptr, false);
+    }
+    return;
+  }
+  const int64_t Jr = round_to(n, 16), Kr = round_to(nk, kDirectMR);
+  corr_planes_any(xp, Cin, L, off, RS, wpk, Kr, tile, Jr);
+  for (int64_t k = 0; k < nk; ++k) {
+    const float* t = tile + k * Jr;
+    float* o = out + k * ldo;
+    const float bk = bias ? bias[k] : 0.f;
+    for (int64_t j = 0; j < n; ++j) o[j] = t[j] + bk;
+  }
+}
+
+// Per thread: the staged input (x's copies, or dy's), and a tile for the flat form.
+struct StridedLayout {
+  int64_t staged, tile;
+  int64_t floats() const { return staged + tile + 64; }
+};
+StridedLayout forward_layout(const Conv2dGeom& g, const FwdPhases& f) {
+  return {g.C * f.L, round_to(g.K / g.groups, kDirectMR) * round_to(g.P * g.Q, 16) + g.H * g.W};
+}
+StridedLayout data_layout(const Conv2dGeom& g, const DataPhases& d) {
+  return {g.K * d.L, round_to(g.C / g.groups, kDirectMR) * d.Jr};
 }
 
 }  // namespace
@@ -175,18 +228,10 @@ bool direct_strided_applies(const Conv2dGeom& g, ConvPass pass) {
 
 size_t direct_strided_workspace(const Conv2dGeom& g, ConvPass pass, int threads) {
   const int64_t Cg = g.C / g.groups, Kg = g.K / g.groups, RS = g.R * g.S;
-  int64_t shared = 0, per_thread = 0;
-  if (pass == ConvPass::Forward) {
-    const FwdPhases f = fwd_phases(g);
-    shared = g.groups * round_to(Kg, kDirectMR) * Cg * RS;
-    per_thread = g.C * f.L + round_to(Kg, kDirectMR) * f.Jr + g.H * g.W + 128;
-  } else {
-    const DataPhases d = data_phases(g);
-    const int64_t Cr = round_to(Cg, kDirectMR);
-    shared = g.groups * Cr * Kg * RS;
-    per_thread = g.K * d.Ld + Cr * std::max(d.Jr, d.ph[0].Ha * d.ph[0].Wb) + 128;
-  }
-  return size_t(shared + 64 + threads * per_thread) * sizeof(float);
+  const bool fwd = pass == ConvPass::Forward;
+  const int64_t shared = g.groups * (fwd ? round_to(Kg, kDirectMR) * Cg : round_to(Cg, kDirectMR) * Kg) * RS;
+  const StridedLayout l = fwd ? forward_layout(g, fwd_phases(g)) : data_layout(g, data_phases(g));
+  return size_t(shared + 64 + threads * l.floats()) * sizeof(float);
 }
 
 void direct_strided_forward(const Conv2dGeom& g, const Tensor& xt, const float* w, const float* b, float* y,
@@ -196,20 +241,20 @@ void direct_strided_forward(const Conv2dGeom& g, const Tensor& xt, const float* 
   const int64_t Cg = g.C / g.groups, Kg = g.K / g.groups, RS = g.R * g.S, Kr = round_to(Kg, kDirectMR);
   const int64_t HW = g.H * g.W, PQ = g.P * g.Q;
   const FwdPhases f = fwd_phases(g);
-  Carve cv(static_cast<float*>(ws));
+  const StridedLayout l = forward_layout(g, f);
+  Carve cv(ws);
   float* wpk = cv.take<float>(g.groups * Kr * Cg * RS);
   for (int64_t gi = 0; gi < g.groups; ++gi)
     pack_weights(w + gi * Kg * Cg * RS, Kg, Cg, int(RS), false, wpk + gi * Kr * Cg * RS);
   float* thread_base = reinterpret_cast<float*>(cv.p);
-  const int64_t per_thread = g.C * f.L + Kr * f.Jr + HW + 128;
-  StealingRanges images(g.N, 1, omp_get_max_threads());
+  StealingRanges images(g.N, 1, omp_get_max_threads());  // balance.h
 #pragma omp parallel
   {
-    Carve tc(thread_base + omp_get_thread_num() * per_thread);
-    float* xp = tc.take<float>(g.C * f.L);
-    float* tile = tc.take<float>(Kr * f.Jr);
-    float* plane = tc.take<float>(HW);  // a fused stack's output plane, computed (DType::AffineRelu)
-    std::memset(xp, 0, sizeof(float) * size_t(g.C * f.L));
+    Carve tc(thread_base + omp_get_thread_num() * l.floats());
+    float* xp = tc.take<float>(l.staged);
+    float* tile = tc.take<float>(l.tile);
+    float* plane = tile + (l.tile - HW);  // a fused stack's output plane (DType::AffineRelu), before the tile's use
+    std::memset(xp, 0, sizeof(float) * size_t(l.staged));
     images.run([&](int64_t n_begin, int64_t n_end) {
       for (int64_t n = n_begin; n < n_end; ++n) {
         for (int64_t c = 0; c < g.C; ++c) {
@@ -219,28 +264,14 @@ void direct_strided_forward(const Conv2dGeom& g, const Tensor& xt, const float* 
             x.stack->run(src, x.stack->scale, x.stack->shift, g.C, HW, pl * HW, HW, plane);
             src = plane;
           }
-          place_phases(g, f, src, xp + c * f.L);
+          place_copies(g, f, src, xp + c * f.L);
         }
         for (int64_t gi = 0; gi < g.groups; ++gi) {
           const int64_t pl0 = n * g.K + gi * Kg;
-          const float* wg = wpk + gi * Kr * Cg * RS;
-          auto sums = [&](int64_t k0, int64_t k1) {
-            if (sum1)
-              for (int64_t k = k0; k < k1; ++k) bn_rows::plane_sums(y + (pl0 + k) * PQ, PQ, sum1 + pl0 + k, sum2 + pl0 + k);
-          };
-          if (rows_apply(g.Q)) {
-            for (int64_t k0 = 0; k0 < Kg; k0 += kDirectMR) {
-              const int64_t nk = std::min<int64_t>(kDirectMR, Kg - k0);
-              corr_planes_rows_any(xp + gi * Cg * f.L, Cg, f.L, f.Wq, f.off, f.RS, wg + k0 * Cg * RS, int(nk), g.P,
-                                   g.Q, y + (pl0 + k0) * PQ, PQ, b ? b + gi * Kg + k0 : nullptr, false);
-              sums(k0, k0 + nk);
-            }
-          } else {
-            corr_planes_any(xp + gi * Cg * f.L, Cg, f.L, f.off, f.RS, wg, Kr, tile, f.Jr);
-            for (int64_t k = 0; k < Kg; ++k)
-              extract_plane(tile + k * f.Jr, f.Wq, g.P, g.Q, 1, b ? b[gi * Kg + k] : 0.f, false, y + (pl0 + k) * PQ);
-            sums(0, Kg);
-          }
+          corr_dense(xp + gi * Cg * f.L, Cg, f.L, f.off, f.RS, wpk + gi * Kr * Cg * RS, Kg, PQ, y + pl0 * PQ, PQ,
+                     b ? b + gi * Kg : nullptr, tile);
+          if (sum1)  // the planes' sums for the BN after the conv, while they are in cache
+            for (int64_t k = 0; k < Kg; ++k) bn_rows::plane_sums(y + (pl0 + k) * PQ, PQ, sum1 + pl0 + k, sum2 + pl0 + k);
         }
       }
     });
@@ -254,7 +285,8 @@ void direct_strided_backward_data(const Conv2dGeom& g, const float* dy, const fl
   const int64_t Cg = g.C / g.groups, Kg = g.K / g.groups, RS = g.R * g.S, Cr = round_to(Cg, kDirectMR);
   const int64_t HW = g.H * g.W, PQ = g.P * g.Q;
   const DataPhases d = data_phases(g);
-  Carve cv(static_cast<float*>(ws));
+  const StridedLayout l = data_layout(g, d);
+  Carve cv(ws);
   // Per group, the phases' packed weights one after another (their taps add up to RS).
   float* wpk = cv.take<float>(g.groups * Cr * Kg * RS);
   int64_t phase_at[4];
@@ -263,45 +295,36 @@ void direct_strided_backward_data(const Conv2dGeom& g, const float* dy, const fl
     for (int i = 0; i < 4; ++i)
       pack_phase_weights(g, d.ph[i], w + gi * Kg * Cg * RS, Kg, Cg, wpk + gi * Cr * Kg * RS + phase_at[i]);
   float* thread_base = reinterpret_cast<float*>(cv.p);
-  const int64_t buf_n = Cr * std::max(d.Jr, d.ph[0].Ha * d.ph[0].Wb);
-  const int64_t per_thread = g.K * d.Ld + buf_n + 128;
-  StealingRanges images(g.N, 1, omp_get_max_threads());
+  StealingRanges images(g.N, 1, omp_get_max_threads());  // balance.h
 #pragma omp parallel
   {
-    Carve tc(thread_base + omp_get_thread_num() * per_thread);
-    float* dyp = tc.take<float>(g.K * d.Ld);
-    float* buf = tc.take<float>(buf_n);
-    std::memset(dyp, 0, sizeof(float) * size_t(g.K * d.Ld));  // borders stay zero
+    Carve tc(thread_base + omp_get_thread_num() * l.floats());
+    float* dyc = tc.take<float>(l.staged);
+    float* buf = tc.take<float>(l.tile);  // a phase's values of every channel of a group, [Cg][Ha * Wb]
+    float* tile = buf;                    // (the flat form's tile holds them at Jr a channel)
+    std::memset(dyc, 0, sizeof(float) * size_t(l.staged));  // borders stay zero
     images.run([&](int64_t n_begin, int64_t n_end) {
       for (int64_t n = n_begin; n < n_end; ++n) {
-        for (int64_t k = 0; k < g.K; ++k)
-          place_plane(dy + (n * g.K + k) * PQ, g.P, g.Q, 1, d.top, d.left, d.Wd, dyp + k * d.Ld);
+        for (int64_t k = 0; k < g.K; ++k) place_dy_copies(g, d, dy + (n * g.K + k) * PQ, dyc + k * d.L);
         for (int64_t gi = 0; gi < g.groups; ++gi) {
           float* dxg = dx + (n * g.C + gi * Cg) * HW;
           const float* wg = wpk + gi * Cr * Kg * RS;
           for (int i = 0; i < 4; ++i) {
             const DataPhase& f = d.ph[i];
-            if (f.Ha == 0 || f.Wb == 0) continue;
+            const int64_t n_pos = f.Ha * f.Wb;
+            if (n_pos == 0) continue;
             if (f.taps == 0) {  // no tap reaches these positions: they take nothing
               if (accumulate) continue;
-              std::memset(buf, 0, sizeof(float) * size_t(f.Ha * f.Wb));
-              for (int64_t c = 0; c < Cg; ++c) place_phase_values(g, f, buf, f.Wb, false, dxg + c * HW);
+              std::memset(buf, 0, sizeof(float) * size_t(n_pos));
+              for (int64_t c = 0; c < Cg; ++c) place_phase_values(g, f, buf, false, dxg + c * HW);
               continue;
             }
-            if (d.rows) {
-              for (int64_t c0 = 0; c0 < Cg; c0 += kDirectMR) {
-                const int64_t nc = std::min<int64_t>(kDirectMR, Cg - c0);
-                corr_planes_rows_any(dyp + gi * Kg * d.Ld, Kg, d.Ld, d.Wd, f.off, f.taps,
-                                     wg + phase_at[i] + c0 * Kg * f.taps, int(nc), f.Ha, f.Wb, buf + c0 * f.Ha * f.Wb,
-                                     f.Ha * f.Wb, nullptr, false);
-              }
-              for (int64_t c = 0; c < Cg; ++c)
-                place_phase_values(g, f, buf + c * f.Ha * f.Wb, f.Wb, accumulate, dxg + c * HW);
-            } else {
-              const int64_t Jr = round_to(f.Ha * d.Wd, 16);
-              corr_planes_any(dyp + gi * Kg * d.Ld, Kg, d.Ld, f.off, f.taps, wg + phase_at[i], Cr, buf, Jr);
-              for (int64_t c = 0; c < Cg; ++c) place_phase_values(g, f, buf + c * Jr, d.Wd, accumulate, dxg + c * HW);
-            }
+            // Rows form: [Cg][n_pos] in buf; flat form: the tile (Jr a channel) is buf, values first.
+            const bool rows = n_pos % 16 == 0 && rows_apply(16);
+            const int64_t ld = rows ? n_pos : round_to(n_pos, 16);
+            corr_dense(dyc + gi * Kg * d.L, Kg, d.L, f.off, f.taps, wg + phase_at[i], Cg, n_pos, buf, ld, nullptr,
+                       tile);
+            for (int64_t c = 0; c < Cg; ++c) place_phase_values(g, f, buf + c * ld, accumulate, dxg + c * HW);
           }
         }
 #if defined(ET_ELEMENTWISE_IN_REGISTERS)
