@@ -138,17 +138,20 @@ bool prefer_implicit(const Conv2dGeom& g) {
 // - 3x3 data gradients, against the implicit GEMM's phases: ResNet-20's 16 -> 32 1.41x (3.37 ->
 //   2.41 ms), 32 -> 64 1.08x; ResNet-18's 64 -> 128 1.14x, 128 -> 256 1.10x, 256 -> 512 1.09x;
 // - 1x1 forwards (the shortcuts), against the GEMM path: 1.07-1.28x on all five;
-// - 1x1 data gradients into dx of 32 columns (ResNet-20's 16 -> 32 1.13x, ResNet-18's 64 -> 128
-//   1.15-1.18x); on 16x16 and 8x8 dx 0.87-1.0x;
-// - not the 3x3 forwards (0.93-1.04x the implicit GEMM: even).
+// - not the 3x3 forwards (0.93-1.04x the implicit GEMM: even), nor the 1x1 data gradients: into
+//   dx of 32 columns 1.13-1.18x the GEMM path alone, but ResNet-20's shortcut took 0.1-0.2 ms
+//   longer in the training step (it adds onto dx there; `bench step --profile --profile-nodes`),
+//   and 0.87-1.0x on 16x16 and 8x8 dx.
+// In the AVX2 ResNet-20 step (three alternating runs, --profile-nodes): the downsampling blocks'
+// 3x3 backward 7.8-8.1 -> 6.9-7.0 ms and 5.9-6.1 -> 5.2-5.5 ms, the shortcuts' forward 0.06-0.1 ms
+// shorter each.
 // AVX-512: the forwards lose or tie (3x3 0.78-1.0x, 1x1 0.69-1.14x), the 3x3 data gradients with
 // up to 64 output channels stay on the channels-last kernel (dgrad_cl_chosen, asked before this),
 // ResNet-18's larger ones 0.88-1.1x the implicit GEMM: none taken.
 bool prefer_direct_strided(const Conv2dGeom& g, ConvPass pass) {
   if (!cpu::kNarrowVectors || g.groups != 1 || g.C < 16 || g.K < 16) return false;
   const bool k3 = g.R == 3 && g.S == 3, k1 = g.R == 1 && g.S == 1;
-  if (pass == ConvPass::BackwardData) return k3 || (k1 && g.W >= 32);
-  return pass == ConvPass::Forward && k1;
+  return pass == ConvPass::BackwardData ? k3 : pass == ConvPass::Forward && k1;
 }
 
 Path choose(const Conv2dGeom& g, ConvPass pass) {

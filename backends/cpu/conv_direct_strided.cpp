@@ -170,15 +170,36 @@ void pack_phase_weights(const Conv2dGeom& g, const DataPhase& f, const float* w,
         }
 }
 
-// dx plane [H, W] (+)= phase f's values src [Ha, Wb] at rows 2i + a, columns 2j + b.
-void place_phase_values(const Conv2dGeom& g, const DataPhase& f, const float* src, bool accumulate, float* dx) {
-  for (int64_t i = 0; i < f.Ha; ++i) {
-    float* d = dx + (2 * i + f.a) * g.W + f.b;
-    const float* s = src + i * f.Wb;
-    if (accumulate)
-      for (int64_t j = 0; j < f.Wb; ++j) d[2 * j] += s[j];
-    else
-      for (int64_t j = 0; j < f.Wb; ++j) d[2 * j] = s[j];
+// Rows 2i + a of a dx plane [H, W] (+)= the values of its phases (a, 0) and (a, 1), ev [Ha, W0] and
+// od [Ha, W1] (null: a phase no tap reaches, zeros), interleaved: ev to the even columns, od to the
+// odd ones. Two streams into one contiguous row, which the compiler vectorizes with shuffles (a
+// store or add per element at a stride of 2 cost the data gradient more than its phases saved).
+void place_phase_rows(const Conv2dGeom& g, int a, int64_t Ha, const float* ev, const float* od, bool accumulate,
+                      float* dx) {
+  const int64_t W0 = (g.W + 1) / 2, W1 = g.W / 2;
+  for (int64_t i = 0; i < Ha; ++i) {
+    float* d = dx + (2 * i + a) * g.W;
+    const float* e = ev ? ev + i * W0 : nullptr;
+    const float* o = od ? od + i * W1 : nullptr;
+    if (accumulate) {
+      if (e && o)
+        for (int64_t j = 0; j < W1; ++j) d[2 * j] += e[j], d[2 * j + 1] += o[j];
+      else if (e)
+        for (int64_t j = 0; j < W1; ++j) d[2 * j] += e[j];
+      else if (o)
+        for (int64_t j = 0; j < W1; ++j) d[2 * j + 1] += o[j];
+      if (W0 > W1 && e) d[2 * W1] += e[W1];
+    } else {
+      if (e && o)
+        for (int64_t j = 0; j < W1; ++j) d[2 * j] = e[j], d[2 * j + 1] = o[j];
+      else if (e)
+        for (int64_t j = 0; j < W1; ++j) d[2 * j] = e[j], d[2 * j + 1] = 0.f;
+      else if (o)
+        for (int64_t j = 0; j < W1; ++j) d[2 * j] = 0.f, d[2 * j + 1] = o[j];
+      else
+        std::memset(d, 0, sizeof(float) * size_t(2 * W1));
+      if (W0 > W1) d[2 * W1] = e ? e[W1] : 0.f;
+    }
   }
 }
 
@@ -206,10 +227,11 @@ void corr_dense(const float* xp, int64_t Cin, int64_t L, const int64_t* off, int
   }
 }
 
-// Per thread: the staged input (x's copies, or dy's), and a tile for the flat form.
+// Per thread: the staged input (x's copies, or dy's), and two tiles (the forward: one, and a plane
+// of a fused stack's output; the data gradient: one for each of two phases).
 struct StridedLayout {
   int64_t staged, tile;
-  int64_t floats() const { return staged + tile + 64; }
+  int64_t floats() const { return staged + 2 * tile + 64; }
 };
 StridedLayout forward_layout(const Conv2dGeom& g, const FwdPhases& f) {
   return {g.C * f.L, round_to(g.K / g.groups, kDirectMR) * round_to(g.P * g.Q, 16) + g.H * g.W};
@@ -300,8 +322,9 @@ void direct_strided_backward_data(const Conv2dGeom& g, const float* dy, const fl
   {
     Carve tc(thread_base + omp_get_thread_num() * l.floats());
     float* dyc = tc.take<float>(l.staged);
-    float* buf = tc.take<float>(l.tile);  // a phase's values of every channel of a group, [Cg][Ha * Wb]
-    float* tile = buf;                    // (the flat form's tile holds them at Jr a channel)
+    // The values of phases (a, 0) and (a, 1) for every channel of a group, [Cg][Ha * Wb] (the flat
+    // form: its tile, Jr a channel, the values first).
+    float* buf[2] = {tc.take<float>(l.tile), tc.take<float>(l.tile)};
     std::memset(dyc, 0, sizeof(float) * size_t(l.staged));  // borders stay zero
     images.run([&](int64_t n_begin, int64_t n_end) {
       for (int64_t n = n_begin; n < n_end; ++n) {
@@ -309,22 +332,25 @@ void direct_strided_backward_data(const Conv2dGeom& g, const float* dy, const fl
         for (int64_t gi = 0; gi < g.groups; ++gi) {
           float* dxg = dx + (n * g.C + gi * Cg) * HW;
           const float* wg = wpk + gi * Cr * Kg * RS;
-          for (int i = 0; i < 4; ++i) {
-            const DataPhase& f = d.ph[i];
-            const int64_t n_pos = f.Ha * f.Wb;
-            if (n_pos == 0) continue;
-            if (f.taps == 0) {  // no tap reaches these positions: they take nothing
-              if (accumulate) continue;
-              std::memset(buf, 0, sizeof(float) * size_t(n_pos));
-              for (int64_t c = 0; c < Cg; ++c) place_phase_values(g, f, buf, false, dxg + c * HW);
-              continue;
+          for (int a = 0; a < 2; ++a) {  // dx's rows 2i + a from phases (a, 0) and (a, 1)
+            const float* vals[2] = {nullptr, nullptr};
+            int64_t ld[2] = {0, 0};
+            for (int b = 0; b < 2; ++b) {
+              const int i = 2 * a + b;
+              const DataPhase& f = d.ph[i];
+              const int64_t n_pos = f.Ha * f.Wb;
+              if (n_pos == 0 || f.taps == 0) continue;  // no tap reaches these positions: zeros
+              // Rows form: [Cg][n_pos]; flat form: the tile's rows (Jr a channel), the values first.
+              float* out = buf[b];
+              ld[b] = n_pos % 16 == 0 && rows_apply(16) ? n_pos : round_to(n_pos, 16);
+              corr_dense(dyc + gi * Kg * d.L, Kg, d.L, f.off, f.taps, wg + phase_at[i], Cg, n_pos, out, ld[b],
+                         nullptr, out);
+              vals[b] = out;
             }
-            // Rows form: [Cg][n_pos] in buf; flat form: the tile (Jr a channel) is buf, values first.
-            const bool rows = n_pos % 16 == 0 && rows_apply(16);
-            const int64_t ld = rows ? n_pos : round_to(n_pos, 16);
-            corr_dense(dyc + gi * Kg * d.L, Kg, d.L, f.off, f.taps, wg + phase_at[i], Cg, n_pos, buf, ld, nullptr,
-                       tile);
-            for (int64_t c = 0; c < Cg; ++c) place_phase_values(g, f, buf + c * ld, accumulate, dxg + c * HW);
+            if (d.ph[2 * a].Ha == 0) continue;
+            for (int64_t c = 0; c < Cg; ++c)
+              place_phase_rows(g, a, d.ph[2 * a].Ha, vals[0] ? vals[0] + c * ld[0] : nullptr,
+                               vals[1] ? vals[1] + c * ld[1] : nullptr, accumulate, dxg + c * HW);
           }
         }
 #if defined(ET_ELEMENTWISE_IN_REGISTERS)
