@@ -109,6 +109,18 @@ bool rows_apply(int64_t Q);
 void corr_planes_rows_any(const float* xp, int64_t Cin, int64_t L, int64_t Wp, const int64_t* off, int RS,
                           const float* wpk, int nk, int64_t P, int64_t Q, float* out, int64_t ldo, const float* bias,
                           bool accumulate);
+// The staging of a stride-2 conv's input (conv_direct_strided.cpp; its forward and the direct
+// weight gradient): per channel 2 x S copies of the plane, copy (a, s) holding xpad[2i + a][2j + s]
+// at (i, j), Q columns a row (Hq rows, Lc floats apart; L a channel). Tap (r, s) of output (p, q)
+// reads copy (r % 2, s) at (p + r / 2, q): offset off[t] from the dense position p * Q + q.
+struct StridedCopies {
+  int64_t Hq, Lc, L;
+  int64_t off[kMaxTaps];
+  int RS;
+};
+StridedCopies strided_copies(const Conv2dGeom& g);
+// Plane src [H, W] into its copies at dst; positions outside the plane are not written (zero them once).
+void place_strided_copies(const Conv2dGeom& g, const StridedCopies& f, const float* src, float* dst);
 // One group's weights w [Kg][Cg][RS] packed for the above. Forward: out = Kg, in = Cg. Backward data
 // (flip): out = Cg, in = Kg, tap t reads w[k][c][RS-1-t]. Rows >= out are zero.
 void pack_weights(const float* w, int64_t Kg, int64_t Cg, int RS, bool flip, float* wpk);

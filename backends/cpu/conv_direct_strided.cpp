@@ -37,16 +37,12 @@ namespace {
 
 int64_t round_to(int64_t v, int64_t m) { return (v + m - 1) / m * m; }
 
-// ---------------------------------------------------------------- forward
+}  // namespace
 
-struct FwdPhases {
-  int64_t Hq, Lc, L;      // a copy's rows (of Q floats), its stride, a channel's 2 x S copies
-  int64_t off[kMaxTaps];  // tap (r, s) -> copy (r % 2, s), row r / 2
-  int RS;
-};
+// ---------------------------------------------------------------- forward (and the weight gradient's staging)
 
-FwdPhases fwd_phases(const Conv2dGeom& g) {
-  FwdPhases f;
+StridedCopies strided_copies(const Conv2dGeom& g) {
+  StridedCopies f;
   f.Hq = g.P + (g.R - 1) / 2;
   f.Lc = round_to(f.Hq * g.Q + 16, 16);  // slack: the flat form's last vector reads past P * Q
   f.L = 2 * g.S * f.Lc;
@@ -56,10 +52,9 @@ FwdPhases fwd_phases(const Conv2dGeom& g) {
   return f;
 }
 
-// Plane src [H, W] into its 2 x S copies at dst (copy (a, s) at dst + (a * S + s) * Lc): element
-// (i, j) of copy (a, s) is src[2i + a - pad_h][2j + s - pad_w], Q columns a row. Only positions
-// inside src are written: the rest stay zero from the workspace's first clearing, every image alike.
-void place_copies(const Conv2dGeom& g, const FwdPhases& f, const float* src, float* dst) {
+// Copy (a, s) at dst + (a * S + s) * Lc. Only positions inside src are written: the rest stay zero
+// from the workspace's first clearing, every image alike.
+void place_strided_copies(const Conv2dGeom& g, const StridedCopies& f, const float* src, float* dst) {
   for (int a = 0; a < 2; ++a)
     for (int64_t s = 0; s < g.S; ++s) {
       float* d = dst + (a * g.S + s) * f.Lc;
@@ -76,6 +71,8 @@ void place_copies(const Conv2dGeom& g, const FwdPhases& f, const float* src, flo
       }
     }
 }
+
+namespace {
 
 // ---------------------------------------------------------------- data gradient
 
@@ -233,7 +230,7 @@ struct StridedLayout {
   int64_t staged, tile;
   int64_t floats() const { return staged + 2 * tile + 64; }
 };
-StridedLayout forward_layout(const Conv2dGeom& g, const FwdPhases& f) {
+StridedLayout forward_layout(const Conv2dGeom& g, const StridedCopies& f) {
   return {g.C * f.L, round_to(g.K / g.groups, kDirectMR) * round_to(g.P * g.Q, 16) + g.H * g.W};
 }
 StridedLayout data_layout(const Conv2dGeom& g, const DataPhases& d) {
@@ -245,14 +242,15 @@ StridedLayout data_layout(const Conv2dGeom& g, const DataPhases& d) {
 bool direct_strided_applies(const Conv2dGeom& g, ConvPass pass) {
   if (g.stride_h != 2 || g.stride_w != 2 || g.R * g.S > kMaxTaps || g.P <= 0 || g.Q <= 0) return false;
   if (g.pad_h >= g.R || g.pad_w >= g.S) return false;  // every window meets the plane
-  return pass == ConvPass::Forward || pass == ConvPass::BackwardData;
+  (void)pass;  // every pass (the weight gradient: conv_direct_wgrad.cpp, over the forward's copies)
+  return true;
 }
 
 size_t direct_strided_workspace(const Conv2dGeom& g, ConvPass pass, int threads) {
   const int64_t Cg = g.C / g.groups, Kg = g.K / g.groups, RS = g.R * g.S;
   const bool fwd = pass == ConvPass::Forward;
   const int64_t shared = g.groups * (fwd ? round_to(Kg, kDirectMR) * Cg : round_to(Cg, kDirectMR) * Kg) * RS;
-  const StridedLayout l = fwd ? forward_layout(g, fwd_phases(g)) : data_layout(g, data_phases(g));
+  const StridedLayout l = fwd ? forward_layout(g, strided_copies(g)) : data_layout(g, data_phases(g));
   return size_t(shared + 64 + threads * l.floats()) * sizeof(float);
 }
 
@@ -262,7 +260,7 @@ void direct_strided_forward(const Conv2dGeom& g, const Tensor& xt, const float* 
   const ConvInput x(xt);
   const int64_t Cg = g.C / g.groups, Kg = g.K / g.groups, RS = g.R * g.S, Kr = round_to(Kg, kDirectMR);
   const int64_t HW = g.H * g.W, PQ = g.P * g.Q;
-  const FwdPhases f = fwd_phases(g);
+  const StridedCopies f = strided_copies(g);
   const StridedLayout l = forward_layout(g, f);
   Carve cv(ws);
   float* wpk = cv.take<float>(g.groups * Kr * Cg * RS);
@@ -286,7 +284,7 @@ void direct_strided_forward(const Conv2dGeom& g, const Tensor& xt, const float* 
             x.stack->run(src, x.stack->scale, x.stack->shift, g.C, HW, pl * HW, HW, plane);
             src = plane;
           }
-          place_copies(g, f, src, xp + c * f.L);
+          place_strided_copies(g, f, src, xp + c * f.L);
         }
         for (int64_t gi = 0; gi < g.groups; ++gi) {
           const int64_t pl0 = n * g.K + gi * Kg;

@@ -2,7 +2,8 @@
 // conv_direct.cpp). Per image: dw[k][c*RS+t] += sum_j dyp[k][j] * xp[c][j + off[t]], in one of
 // three forms: outer products (vectors along output channels), dot products (vectors along
 // positions: stems) or, for 3x3 layers with 16 output channels, channels last
-// (conv_channels_last.cpp). Partial sums per thread (a contiguous slice of the batch) are reduced
+// (conv_channels_last.cpp). Stride 2: the outer products over the input's staged copies
+// (StridedCopies), positions dense. Partial sums per thread (a contiguous slice of the batch) are reduced
 // in thread order, so the result is deterministic.
 #include <omp.h>
 
@@ -203,15 +204,107 @@ WgradLayout wgrad_layout(const Conv2dGeom& g, int threads) {
   return l;
 }
 
+// Stride 2 (conv_direct.h's StridedCopies): per image, x's copies and dy transposed to
+// [P * Q][channels], the outer-product form over the dense positions p * Q + q, tap t reading x's
+// copies at off[t]; no multiply-add on a position the stride skips. Per thread: the copies, dyT,
+// the dw and db partials, a decode plane.
+struct StridedWgradLayout {
+  StridedCopies f;
+  int64_t kp, gstride, x_n, dy_n, part_n, thread_n;
+};
+
+StridedWgradLayout strided_wgrad_layout(const Conv2dGeom& g) {
+  StridedWgradLayout l;
+  l.f = strided_copies(g);
+  const int64_t Kg = g.K / g.groups;
+  l.gstride = round_up(Kg, 64);
+  l.kp = g.groups * l.gstride + 16;  // as the stride-1 form's: a 64-channel block may read past Kg (zeros)
+  l.x_n = g.C * l.f.L;
+  l.dy_n = g.P * g.Q * l.kp;
+  l.part_n = g.K * (g.C / g.groups) * g.R * g.S + g.K;
+  l.thread_n = l.x_n + l.dy_n + l.part_n + round16(g.H * g.W) + 4 * 16;
+  return l;
+}
+
+void strided_backward_weight(const Conv2dGeom& g, const Tensor& x, const float* dy, float* dw, float* db,
+                             bool accumulate, void* ws) {
+  const int64_t Cg = g.C / g.groups, Kg = g.K / g.groups, RS = g.R * g.S, CRS = Cg * RS;
+  const int64_t HW = g.H * g.W, PQ = g.P * g.Q, dw_n = g.K * CRS;
+  const StridedWgradLayout l = strided_wgrad_layout(g);
+  float* base = static_cast<float*>(ws);
+  auto carve = [&](int u, float** xs, float** dyT, float** part, float** plane) {
+    Carve c(base + u * l.thread_n);
+    *xs = c.take<float>(l.x_n);
+    *dyT = c.take<float>(l.dy_n);
+    *part = c.take<float>(l.part_n);
+    *plane = c.take<float>(round16(HW));
+  };
+#pragma omp parallel
+  {
+    const int t = omp_get_thread_num(), nt = omp_get_num_threads();
+    float *xs, *dyT, *dw_part, *plane;
+    carve(t, &xs, &dyT, &dw_part, &plane);
+    StoredReader xr(x, plane, HW);
+    float* db_part = dw_part + dw_n;
+    std::memset(xs, 0, sizeof(float) * size_t(l.x_n));    // the copies' padding stays zero
+    std::memset(dyT, 0, sizeof(float) * size_t(l.dy_n));  // so do the padding channels
+    std::memset(dw_part, 0, sizeof(float) * size_t(l.part_n));
+    const PosRows pr{1, 1, 0, 0, PQ};
+    // Static contiguous split of the batch: thread t takes images [n0, n1), one at a time.
+    const int64_t n0 = g.N * t / nt, n1 = g.N * (t + 1) / nt, j8 = PQ / 8 * 8;
+    for (int64_t n = n0; n < n1; ++n) {
+      for (int64_t c = 0; c < g.C; ++c) place_strided_copies(g, l.f, xr.read((n * g.C + c) * HW, HW), xs + c * l.f.L);
+      for (int64_t k = 0; k < g.K; ++k) {
+        const float* src = dy + (n * g.K + k) * PQ;
+        if (db) {
+          float s = 0.f;
+          for (int64_t i = 0; i < PQ; ++i) s += src[i];
+          db_part[k] += s;
+        }
+        float* dst = dyT + (k / Kg) * l.gstride + k % Kg;
+        // 8 channels x 8 positions at a time where the block stays inside a group (the stride-1
+        // form's transposes), the rest one by one.
+        if (j8 && k % 8 == 0 && k % Kg + 8 <= Kg)
+          for (int64_t j = 0; j < j8; j += 8) transpose8x8(src + j, PQ, dst + j * l.kp, l.kp);
+        const int64_t j0 = (j8 && (k / 8 * 8) % Kg + 8 <= Kg) ? j8 : 0;  // positions the block above covered
+        for (int64_t j = j0; j < PQ; ++j) dst[j * l.kp] = src[j];
+      }
+      for (int64_t gi = 0; gi < g.groups; ++gi) {
+        const float* dyg = dyT + gi * l.gstride;
+        const float* xg = xs + gi * Cg * l.f.L;
+        float* dwg = dw_part + gi * Kg * CRS;
+        if (scalar_forced()) wgrad_planes<VScalar>(dyg, l.kp, Kg, pr, xg, Cg, l.f.L, l.f.off, int(RS), dwg);
+        else wgrad_planes<VNative>(dyg, l.kp, Kg, pr, xg, Cg, l.f.L, l.f.off, int(RS), dwg);
+      }
+    }
+#pragma omp barrier
+    // Reduce partial sums in thread order; each thread owns a slice of the weights.
+    const int64_t total = dw_n + (db ? g.K : 0);
+    const int64_t i0 = total * t / nt, i1 = total * (t + 1) / nt;
+    for (int64_t i = i0; i < i1; ++i) {
+      float s = 0.f;
+      for (int u = 0; u < nt; ++u) {
+        float *a, *b, *part, *c;
+        carve(u, &a, &b, &part, &c);
+        s += part[i];
+      }
+      float& d = i < dw_n ? dw[i] : db[i - dw_n];
+      d = accumulate ? d + s : s;
+    }
+  }
+}
+
 }  // namespace
 
 size_t direct_dense_wgrad_workspace(const Conv2dGeom& g, int threads) {
+  if (g.stride_h != 1 || g.stride_w != 1) return size_t(64 + threads * strided_wgrad_layout(g).thread_n) * sizeof(float);
   return size_t(64 + threads * wgrad_layout(g, threads).thread_n) * sizeof(float);
 }
 
 void direct_dense_backward_weight(const Conv2dGeom& g, const Tensor& x, const float* dy, float* dw, float* db,
                                   bool accumulate, void* ws) {
   if (wgrad_cl_chosen(g)) return wgrad_cl(g, x, dy, dw, db, accumulate, ws);
+  if (g.stride_h != 1 || g.stride_w != 1) return strided_backward_weight(g, x, dy, dw, db, accumulate, ws);
   const int64_t Cg = g.C / g.groups, Kg = g.K / g.groups, RS = g.R * g.S, CRS = Cg * RS;
   const WgradLayout l = wgrad_layout(g, omp_get_max_threads());
   const int64_t dw_n = g.K * CRS, gstride = round_up(Kg, 64);  // dyT column of group gi: gi * gstride
