@@ -1,5 +1,5 @@
 // bench_conv: times the CPU backend's conv2d passes (forward, backward-data, backward-weight) on
-// every distinct conv shape of CIFAR ResNet-20, VGG16-BN and MobileNetV2 at batch 128.
+// every distinct conv shape of CIFAR ResNet-20, ResNet-18, VGG16-BN and MobileNetV2 at batch 128.
 // Median of --reps timed repetitions after one warm-up; GFLOP/s = 2*N*K*P*Q*(C/groups)*R*S / time.
 // The per-network total weights each shape by how often it occurs in the network.
 //

@@ -81,10 +81,12 @@ void depthwise_backward_weight(const Conv2dGeom& g, const Tensor& x, const float
                                bool accumulate, void* ws);
 
 // Stride-2 forward and data gradient by phases (conv_direct_strided.cpp): stride-1 correlations
-// over the input's four phase planes (forward) or into dx's four phases (data gradient), on the
-// direct kernels' register blocks; direct_dense_* hand stride-2 convs to them. The forward takes x
-// as f32 or DType::AffineRelu and takes y's plane sums like direct_dense_forward; the data gradient
-// takes dz_sums per image (groups 1).
+// over the input's column-phase copies (forward) or into dx's four phases (data gradient), on the
+// direct kernels' register blocks; direct_dense_* hand stride-2 convs to them (the weight gradient
+// too: conv_direct_wgrad.cpp, over the same copies). The forward takes x as f32 or
+// DType::AffineRelu and takes y's plane sums like direct_dense_forward; the data gradient takes
+// dz_sums per image (groups 1). The workspace: forward and data gradient (the weight gradient's is
+// direct_dense_wgrad_workspace's).
 bool direct_strided_applies(const Conv2dGeom& g, ConvPass pass);
 size_t direct_strided_workspace(const Conv2dGeom& g, ConvPass pass, int threads);
 void direct_strided_forward(const Conv2dGeom& g, const Tensor& x, const float* w, const float* b, float* y, void* ws,

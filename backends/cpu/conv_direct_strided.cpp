@@ -224,17 +224,17 @@ void corr_dense(const float* xp, int64_t Cin, int64_t L, const int64_t* off, int
   }
 }
 
-// Per thread: the staged input (x's copies, or dy's), and two tiles (the forward: one, and a plane
-// of a fused stack's output; the data gradient: one for each of two phases).
+// Per thread: the staged input (x's copies, or dy's) and tiles (the forward: one, with a plane of a
+// fused stack's output at its end; the data gradient: one for each phase of a pair).
 struct StridedLayout {
-  int64_t staged, tile;
-  int64_t floats() const { return staged + 2 * tile + 64; }
+  int64_t staged, tile, tiles;
+  int64_t floats() const { return staged + tiles * tile + 64; }
 };
 StridedLayout forward_layout(const Conv2dGeom& g, const StridedCopies& f) {
-  return {g.C * f.L, round_to(g.K / g.groups, kDirectMR) * round_to(g.P * g.Q, 16) + g.H * g.W};
+  return {g.C * f.L, round_to(g.K / g.groups, kDirectMR) * round_to(g.P * g.Q, 16) + g.H * g.W, 1};
 }
 StridedLayout data_layout(const Conv2dGeom& g, const DataPhases& d) {
-  return {g.K * d.L, round_to(g.C / g.groups, kDirectMR) * d.Jr};
+  return {g.K * d.L, round_to(g.C / g.groups, kDirectMR) * d.Jr, 2};
 }
 
 }  // namespace
@@ -247,6 +247,7 @@ bool direct_strided_applies(const Conv2dGeom& g, ConvPass pass) {
 }
 
 size_t direct_strided_workspace(const Conv2dGeom& g, ConvPass pass, int threads) {
+  ET_CHECK(pass != ConvPass::BackwardWeight, "direct strided: the weight gradient's workspace is direct_dense_wgrad_workspace's");
   const int64_t Cg = g.C / g.groups, Kg = g.K / g.groups, RS = g.R * g.S;
   const bool fwd = pass == ConvPass::Forward;
   const int64_t shared = g.groups * (fwd ? round_to(Kg, kDirectMR) * Cg : round_to(Cg, kDirectMR) * Kg) * RS;

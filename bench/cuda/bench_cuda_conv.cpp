@@ -1,6 +1,6 @@
 // bench_cuda_conv: the CUDA backend's conv2d passes against cuBLAS SGEMM on GEMMs of the same
 // shapes, in the same run (issue 13's target: each pass at >= 50 % of the SGEMM rate). For every
-// distinct conv shape of ResNet-20, VGG16-BN and MobileNetV2 (bench/conv_shapes.h) at batch 128:
+// distinct conv shape of ResNet-20, ResNet-18, VGG16-BN and MobileNetV2 (bench/conv_shapes.h) at batch 128:
 //   forward          Y [K x N*PQ]   = W [K x CRS]      X_col [CRS x N*PQ]
 //   backward data    dX_col [CRS x N*PQ] = W^T [CRS x K] dY [K x N*PQ]
 //   backward weight  dW [K x CRS]   = dY [K x N*PQ]    X_col^T [N*PQ x CRS]
