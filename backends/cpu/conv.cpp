@@ -146,9 +146,9 @@ bool prefer_implicit(const Conv2dGeom& g) {
 //   dx of 32 columns 1.13-1.18x the GEMM path alone, but ResNet-20's shortcut took 0.1-0.2 ms
 //   longer in the training step (it adds onto dx there; `bench step --profile --profile-nodes`),
 //   and 0.87-1.0x on 16x16 and 8x8 dx.
-// In the AVX2 ResNet-20 step (three alternating runs, --profile-nodes): the downsampling blocks'
-// 3x3 backward 7.8-8.1 -> 6.9-7.0 ms and 5.9-6.1 -> 5.2-5.5 ms, the shortcuts' forward 0.06-0.1 ms
-// shorter each.
+// In the AVX2 ResNet-20 step (alternating runs, --profile-nodes): the downsampling blocks' 3x3
+// backward 8.2-9.3 -> 5.5-6.1 ms (16 -> 32) and 6.0-6.9 -> 5.1-5.8 ms (32 -> 64), the shortcuts'
+// forward 0.06-0.1 ms shorter each; the step 1.02-1.07x (docs/fusion-log.md, session 51).
 // AVX-512: the forwards lose or tie (3x3 0.78-1.0x, 1x1 0.69-1.14x), the 3x3 data gradients with
 // up to 64 output channels stay on the channels-last kernel (dgrad_cl_chosen, asked before this),
 // ResNet-18's larger ones 0.88-1.1x the implicit GEMM: none taken.

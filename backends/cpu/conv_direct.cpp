@@ -340,23 +340,19 @@ bool direct_dense_applies(const Conv2dGeom& g, ConvPass pass) {
 size_t direct_dense_workspace(const Conv2dGeom& g, ConvPass pass, int threads) {
   const int64_t Cg = g.C / g.groups, Kg = g.K / g.groups, RS = g.R * g.S;
   int64_t shared = 0, per_thread = 0;
-  if (pass != ConvPass::BackwardWeight && !(pass == ConvPass::BackwardData && dgrad_cl_chosen(g)) &&
-      (g.stride_h != 1 || g.stride_w != 1))
-    return direct_strided_workspace(g, pass, threads);
+  // The kernels each entry point hands over to, in the entry points' order.
+  if (pass == ConvPass::BackwardData && dgrad_cl_chosen(g)) return dgrad_cl_workspace(g, threads);
+  if (pass == ConvPass::BackwardWeight && wgrad_cl_chosen(g)) return wgrad_cl_workspace(g, threads);
+  if (pass == ConvPass::BackwardWeight) return direct_dense_wgrad_workspace(g, threads);  // strided too
+  if (g.stride_h != 1 || g.stride_w != 1) return direct_strided_workspace(g, pass, threads);
   if (pass == ConvPass::Forward) {
     const Flat f = fwd_flat(g);
     shared = g.groups * round_up(Kg, MR) * Cg * RS;
     per_thread = g.C * f.L + round_up(Kg, MR) * f.Jr + 128;
-  } else if (pass == ConvPass::BackwardData && dgrad_cl_chosen(g)) {
-    return dgrad_cl_workspace(g, threads);
-  } else if (pass == ConvPass::BackwardData) {
+  } else {
     const Flat f = bwd_data_flat(g);
     shared = g.groups * round_up(Cg, MR) * Kg * RS;
     per_thread = g.K * f.L + round_up(Cg, MR) * f.Jr + 128;
-  } else if (wgrad_cl_chosen(g)) {
-    return wgrad_cl_workspace(g, threads);
-  } else {
-    return direct_dense_wgrad_workspace(g, threads);
   }
   return size_t(shared + 64 + threads * per_thread) * sizeof(float);
 }

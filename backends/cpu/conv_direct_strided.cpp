@@ -225,7 +225,7 @@ void corr_dense(const float* xp, int64_t Cin, int64_t L, const int64_t* off, int
 }
 
 // Per thread: the staged input (x's copies, or dy's) and tiles (the forward: one, with a plane of a
-// fused stack's output at its end; the data gradient: one for each phase of a pair).
+// fused stack's output at its end; the data gradient: the values of a pair of phases, and a tile).
 struct StridedLayout {
   int64_t staged, tile, tiles;
   int64_t floats() const { return staged + tiles * tile + 64; }
@@ -234,7 +234,7 @@ StridedLayout forward_layout(const Conv2dGeom& g, const StridedCopies& f) {
   return {g.C * f.L, round_to(g.K / g.groups, kDirectMR) * round_to(g.P * g.Q, 16) + g.H * g.W, 1};
 }
 StridedLayout data_layout(const Conv2dGeom& g, const DataPhases& d) {
-  return {g.K * d.L, round_to(g.C / g.groups, kDirectMR) * d.Jr, 2};
+  return {g.K * d.L, round_to(g.C / g.groups, kDirectMR) * d.Jr, 3};
 }
 
 }  // namespace
@@ -321,9 +321,10 @@ void direct_strided_backward_data(const Conv2dGeom& g, const float* dy, const fl
   {
     Carve tc(thread_base + omp_get_thread_num() * l.floats());
     float* dyc = tc.take<float>(l.staged);
-    // The values of phases (a, 0) and (a, 1) for every channel of a group, [Cg][Ha * Wb] (the flat
-    // form: its tile, Jr a channel, the values first).
+    // The values of phases (a, 0) and (a, 1) for every channel of a group, [Cg][Ha * Wb], and the
+    // flat form's tile.
     float* buf[2] = {tc.take<float>(l.tile), tc.take<float>(l.tile)};
+    float* tile = tc.take<float>(l.tile);
     std::memset(dyc, 0, sizeof(float) * size_t(l.staged));  // borders stay zero
     images.run([&](int64_t n_begin, int64_t n_end) {
       for (int64_t n = n_begin; n < n_end; ++n) {
@@ -332,24 +333,21 @@ void direct_strided_backward_data(const Conv2dGeom& g, const float* dy, const fl
           float* dxg = dx + (n * g.C + gi * Cg) * HW;
           const float* wg = wpk + gi * Cr * Kg * RS;
           for (int a = 0; a < 2; ++a) {  // dx's rows 2i + a from phases (a, 0) and (a, 1)
-            const float* vals[2] = {nullptr, nullptr};
-            int64_t ld[2] = {0, 0};
+            const float* vals[2] = {nullptr, nullptr};  // null: no tap reaches the phase (zeros)
             for (int b = 0; b < 2; ++b) {
               const int i = 2 * a + b;
               const DataPhase& f = d.ph[i];
               const int64_t n_pos = f.Ha * f.Wb;
-              if (n_pos == 0 || f.taps == 0) continue;  // no tap reaches these positions: zeros
-              // Rows form: [Cg][n_pos]; flat form: the tile's rows (Jr a channel), the values first.
-              float* out = buf[b];
-              ld[b] = n_pos % 16 == 0 && rows_apply(16) ? n_pos : round_to(n_pos, 16);
-              corr_dense(dyc + gi * Kg * d.L, Kg, d.L, f.off, f.taps, wg + phase_at[i], Cg, n_pos, out, ld[b],
-                         nullptr, out);
-              vals[b] = out;
+              if (n_pos == 0 || f.taps == 0) continue;
+              corr_dense(dyc + gi * Kg * d.L, Kg, d.L, f.off, f.taps, wg + phase_at[i], Cg, n_pos, buf[b], n_pos,
+                         nullptr, tile);
+              vals[b] = buf[b];
             }
-            if (d.ph[2 * a].Ha == 0) continue;
+            const DataPhase &even = d.ph[2 * a], &odd = d.ph[2 * a + 1];
+            if (even.Ha == 0) continue;
             for (int64_t c = 0; c < Cg; ++c)
-              place_phase_rows(g, a, d.ph[2 * a].Ha, vals[0] ? vals[0] + c * ld[0] : nullptr,
-                               vals[1] ? vals[1] + c * ld[1] : nullptr, accumulate, dxg + c * HW);
+              place_phase_rows(g, a, even.Ha, vals[0] ? vals[0] + c * even.Ha * even.Wb : nullptr,
+                               vals[1] ? vals[1] + c * odd.Ha * odd.Wb : nullptr, accumulate, dxg + c * HW);
           }
         }
 #if defined(ET_ELEMENTWISE_IN_REGISTERS)

@@ -27,6 +27,21 @@ struct PosRows {
   int64_t start(int64_t r) const { return (r / per_image) * image + (r % per_image) * row; }
 };
 
+// dw [dw_n] and db [K] (if any) = the threads' partials added in thread order (+ their old values
+// where accumulate); thread t of nt writes its slice. part_of(u): thread u's partials, dw's then db's.
+template <class PartOf>
+void reduce_in_thread_order(int t, int nt, int64_t dw_n, int64_t K, PartOf part_of, float* dw, float* db,
+                            bool accumulate) {
+  const int64_t total = dw_n + (db ? K : 0);
+  const int64_t i0 = total * t / nt, i1 = total * (t + 1) / nt;
+  for (int64_t i = i0; i < i1; ++i) {
+    float s = 0.f;
+    for (int u = 0; u < nt; ++u) s += part_of(u)[i];
+    float& d = i < dw_n ? dw[i] : db[i - dw_n];
+    d = accumulate ? d + s : s;
+  }
+}
+
 // Outer-product form: vectors run along output channels, so nothing needs a horizontal sum.
 // acc[t][v] (16 channels k0+16v..) += dyT[j][k0 + 16v ..] * xs[t][j] over the positions j of pr.
 // dyT is the output gradient transposed to [position][channel] (row stride kp).
@@ -278,19 +293,11 @@ void strided_backward_weight(const Conv2dGeom& g, const Tensor& x, const float* 
       }
     }
 #pragma omp barrier
-    // Reduce partial sums in thread order; each thread owns a slice of the weights.
-    const int64_t total = dw_n + (db ? g.K : 0);
-    const int64_t i0 = total * t / nt, i1 = total * (t + 1) / nt;
-    for (int64_t i = i0; i < i1; ++i) {
-      float s = 0.f;
-      for (int u = 0; u < nt; ++u) {
-        float *a, *b, *part, *c;
-        carve(u, &a, &b, &part, &c);
-        s += part[i];
-      }
-      float& d = i < dw_n ? dw[i] : db[i - dw_n];
-      d = accumulate ? d + s : s;
-    }
+    reduce_in_thread_order(t, nt, dw_n, g.K, [&](int u) {
+      float *a, *b, *part, *c;
+      carve(u, &a, &b, &part, &c);
+      return part;
+    }, dw, db, accumulate);
   }
 }
 
@@ -387,19 +394,11 @@ void direct_dense_backward_weight(const Conv2dGeom& g, const Tensor& x, const fl
         else wgrad_dot_fold<VNative>(pg, Kg, CRS, dw_part + gi * Kg * CRS);
       }
 #pragma omp barrier
-    // Reduce partial sums in thread order; each thread owns a slice of the weights.
-    const int64_t total = dw_n + (db ? g.K : 0);
-    const int64_t i0 = total * t / nt, i1 = total * (t + 1) / nt;
-    for (int64_t i = i0; i < i1; ++i) {
-      float s = 0.f;
-      for (int u = 0; u < nt; ++u) {
-        float *a, *b, *lane, *part, *c;
-        carve(u, &a, &b, &lane, &part, &c);
-        s += part[i];
-      }
-      float& dst = i < dw_n ? dw[i] : db[i - dw_n];
-      dst = accumulate ? dst + s : s;
-    }
+    reduce_in_thread_order(t, nt, dw_n, g.K, [&](int u) {
+      float *a, *b, *lane, *part, *c;
+      carve(u, &a, &b, &lane, &part, &c);
+      return part;
+    }, dw, db, accumulate);
   }
 }
 
