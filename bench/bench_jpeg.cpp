@@ -3,8 +3,8 @@
 //
 //   bench_jpeg dump LIST OUT     decodes each file with edgetrain's decoder, appends its pixels
 //                                (height x width x channels bytes) to OUT and prints one line a
-//                                file: "ok W H C", "fallback" (a kind left to stb_image) or
-//                                "error MESSAGE"
+//                                file: "ok W H C", "smoothed W H C" (a progressive file libjpeg
+//                                smooths, jpeg_decode.h: PIL's pixels differ) or "error MESSAGE"
 //   bench_jpeg time LIST [--reps N] [--threads T]
 //                                decodes every file (read into memory first) to interleaved
 //                                RGB / gray with both decoders, alternating, N times each (default
@@ -61,17 +61,13 @@ int dump(const char* list, const char* out_path) {
   for (const std::string& f : read_list(list)) {
     const std::vector<uint8_t> bytes = read_bytes(f);
     try {
-      if (bytes.size() < 2 || bytes[0] != 0xFF || bytes[1] != 0xD8 || !dec.read_header(bytes.data(), bytes.size(), f)) {
-        std::printf("fallback\n");
-        continue;
-      }
+      if (bytes.size() < 2 || bytes[0] != 0xFF || bytes[1] != 0xD8) et::user_error(f, ": no SOI marker at byte 0");
+      dec.read_header(bytes.data(), bytes.size(), f);
       px.resize(size_t(dec.width()) * size_t(dec.height()) * size_t(dec.channels()));
-      if (!dec.decode(px.data())) {
-        std::printf("fallback\n");
-        continue;
-      }
+      dec.decode(px.data());
       std::fwrite(px.data(), 1, px.size(), out.get());
-      std::printf("ok %d %d %d\n", dec.width(), dec.height(), dec.channels());
+      std::printf("%s %d %d %d\n", dec.libjpeg_would_smooth() ? "smoothed" : "ok", dec.width(), dec.height(),
+                  dec.channels());
     } catch (const et::UserError& e) {
       std::string msg = e.what();
       std::replace(msg.begin(), msg.end(), '\n', ' ');
@@ -96,9 +92,9 @@ double time_decoder(const std::vector<std::vector<uint8_t>>& files, int which, i
       for (size_t i = begin; i < std::min(files.size(), begin + kChunk); ++i) {
         const std::vector<uint8_t>& b = files[i];
         if (which == 0) {
-          if (!dec.read_header(b.data(), b.size(), "bench")) et::user_error("not decodable by edgetrain");
+          dec.read_header(b.data(), b.size(), "bench");
           px.resize(size_t(dec.width()) * size_t(dec.height()) * size_t(dec.channels()));
-          if (!dec.decode(px.data())) et::user_error("not decodable by edgetrain");
+          dec.decode(px.data());
           sum += px[px.size() / 2];
         } else {
           int w, h, n;

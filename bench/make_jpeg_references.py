@@ -9,8 +9,10 @@ JPEGs of the kinds edgetrain's decoder handles, each with the pixels PIL decodes
 The files and what the test expects of each, by name:
     NAME.jpg + NAME.ppm/.pgm   decoded exactly as PIL does (damaged_*: corrupt data PIL still
                                decodes, by libjpeg's recovery rules)
-    smoothing_*.jpg            progressive with unfinished coefficients: decode() declines
-    unsupported_*.jpg          a kind left to stb_image: read_header() declines
+    smoothing_*.jpg            progressive with unfinished coefficients, which libjpeg smooths and
+                               edgetrain does not; NAME.smoothed.ppm holds PIL's pixels, which the
+                               test compares within a tolerance
+    unsupported_*.jpg          a kind edgetrain does not decode: a UserError naming the kind
     error_*.jpg                PIL fails on it: a UserError naming the file
 Deterministic: the same PIL / libjpeg-turbo give the same bytes.
 """
@@ -55,6 +57,13 @@ def reference(out, name):
     with Image.open(os.path.join(out, name + ".jpg")) as im:
         im.load()
         write_pnm(os.path.join(out, name), im)
+
+
+def smoothed_reference(out, name):
+    """PIL's pixels of a smoothing_ file (libjpeg's block smoothing in them) as NAME.smoothed.ppm."""
+    with Image.open(os.path.join(out, name + ".jpg")) as im:
+        im.load()
+        write_pnm(os.path.join(out, name + ".smoothed"), im)
 
 
 def cjpeg(out, name, source, args, tmp):
@@ -151,6 +160,7 @@ def main():
         f.write("0,1,2: 0-0, 0, 0;\n0: 1-63, 0, 0;\n")
     cjpeg(out, "smoothing_chroma_dc_only", src, ["-quality", "80", "-scans", scans], tmp)
     cjpeg(out, "unsupported_arithmetic", src, ["-quality", "80", "-arithmetic"], tmp)
+    src.convert("CMYK").save(os.path.join(out, "unsupported_cmyk.jpg"), "JPEG", quality=80)
 
     # Damaged files PIL decodes (libjpeg warns and recovers).
     def damage(name, base, edit):
@@ -204,6 +214,8 @@ def main():
 
     for name in names:
         reference(out, name)
+    for name in ("smoothing_chroma_dc_only", "smoothing_early_eoi_progressive"):
+        smoothed_reference(out, name)
     shutil.rmtree(tmp)
     print(f"{len(names)} JPEGs with references, plus the smoothing_, unsupported_ and error_ files, in {out}")
 

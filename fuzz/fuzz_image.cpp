@@ -1,5 +1,5 @@
-// The image-folder loader's per-file path: stb_image decode (JPEG, PNG, BMP), the channel rule and
-// the resize (engine/data/image_folder.cpp, decode_image). Input: an options byte (bit 0: 3
+// The image-folder loader's per-file path: edgetrain's JPEG decoder, stb_image for PNG and BMP,
+// the channel rule and the resize (engine/data/image_folder.cpp, decode_image). Input: an options byte (bit 0: 3
 // channels, else 1; bits 1-2: resize none / stretch / center_crop; bits 3-4: the model's size,
 // 32x32, 1x1, 7x5 or 64x48), then the file.
 #include <cstdio>

@@ -1,6 +1,6 @@
 // Image-folder reader: root/<split>/<class>/<image>, decoded on several threads: JPEGs with
 // edgetrain's decoder (engine/data/jpeg_decode.h: libjpeg-turbo's pixels, what PIL and so PyTorch
-// users get), PNG, BMP and the JPEG kinds it leaves aside (arithmetic, CMYK, ...) with stb_image.
+// users get), PNG and BMP with stb_image.
 // Each image lands in its own slot of Dataset::pixels, so the result does not depend on threads.
 #include <algorithm>
 #include <atomic>
@@ -19,12 +19,12 @@
 #include "engine/data/jpeg_decode.h"
 
 // stb_image (Debian's libstb-dev) compiled privately here (static functions: no clash with another
-// copy in the program). Its 2.27 trusts two things in a file that decode_image checks first: PNG
-// chunk lengths and JPEG Huffman table sizes (JPEGs still reach it: the kinds edgetrain's decoder
-// leaves aside, and files with fill bytes before SOI, which stb skips).
+// copy in the program), for PNG and BMP only. Its 2.27 JPEG decoder reads out of bounds on corrupt
+// entropy-coded data (found by fuzz/fuzz_image.cpp: Huffman codes past its tables, a bit buffer
+// shifted by 32), so every JPEG goes to edgetrain's decoder; and its PNG reader trusts chunk
+// lengths, which decode_image checks first.
 #define STB_IMAGE_STATIC
 #define STB_IMAGE_IMPLEMENTATION
-#define STBI_ONLY_JPEG
 #define STBI_ONLY_PNG
 #define STBI_ONLY_BMP
 #define STBI_NO_STDIO  // we read the bytes ourselves (one reusable buffer per thread)
@@ -107,65 +107,57 @@ void check_png_chunks(const uint8_t* p, size_t size, const std::string& path) {
   }
 }
 
-// stb_image 2.27 (Debian 12) builds a JPEG Huffman table from the code counts of a DHT segment
-// without checking that they sum to at most 256 (its tables' size; fixed upstream in 2.28): more
-// writes past the table. Every DHT segment of the file is checked here first, whole-file marker
-// walk included (progressive JPEGs define tables between scans).
-void check_jpeg_huffman_tables(const uint8_t* p, size_t size, const std::string& path) {
-  // stb takes a file for a JPEG when its first marker is SOI, fill bytes (0xFF) before it included;
-  // no PNG or BMP starts with 0xFF.
-  if (size < 2 || p[0] != 0xFF) return;
-  for (size_t at = 0; at + 1 < size;) {
-    if (p[at] != 0xFF) {  // entropy-coded data between markers
-      ++at;
-      continue;
-    }
-    const uint8_t m = p[at + 1];
-    if (m == 0x00 || m == 0xFF || m == 0x01 || (m >= 0xD0 && m <= 0xD8)) {  // stuffing, fill, RSTn, SOI
-      at += m == 0xFF ? 1 : 2;
-      continue;
-    }
-    if (m == 0xD9 || at + 4 > size) return;  // EOI, or a truncated marker: stb reports it
-    const size_t len = size_t(p[at + 2]) << 8 | p[at + 3];
-    if (m == 0xC4) {
-      // As stb reads it: tables (class / id, 16 code counts, the symbols) while the segment's
-      // length lasts, bytes past the end of the file reading as 0.
-      auto byte = [&](size_t i) -> size_t { return i < size ? p[i] : 0; };
-      int64_t left = int64_t(len) - 2;
-      for (size_t t = at + 4; left > 0;) {
-        size_t codes = 0;
-        for (size_t i = 1; i <= 16; ++i) codes += byte(t + i);
-        if (codes > 256)
-          user_error(path, ": JPEG Huffman table (DHT segment at byte ", at, ") declares ", codes,
-                     " codes, at most 256 exist: corrupt");
-        t += 17 + codes;
-        left -= int64_t(17 + codes);
-      }
-    }
-    at += 2 + len;
+// Where a JPEG's SOI marker (FF D8) is: at 0, or after fill bytes (0xFF), which stb_image took
+// and libjpeg does not; edgetrain skips them, as it did when stb_image decoded such files.
+// kNotJpeg for a file not starting with 0xFF (PNG and BMP never do); an error for one that does
+// without SOI.
+constexpr size_t kNotJpeg = ~size_t(0);
+size_t jpeg_soi(const uint8_t* p, size_t size, const std::string& path) {
+  if (size == 0 || p[0] != 0xFF) return kNotJpeg;
+  size_t i = 1;
+  while (i < size && p[i] == 0xFF) ++i;
+  if (i == size) user_error(path, ": not an image: ", size, " bytes of 0xFF");
+  if (p[i] != 0xD8) {
+    char next[8];
+    std::snprintf(next, sizeof next, "0x%02X", unsigned(p[i]));
+    user_error(path, ": not a JPEG file: starts with 0xFF ", next, " (a JPEG starts with its SOI marker, 0xFF 0xD8)");
   }
+  return i - 1;
 }
 
-// The checks that precede stb_image on a file's bytes, then its header: width, height and the
-// channels as stored (1 gray, 2 gray + alpha, 3 colour, 4 colour + alpha; a palette counts as colour).
-ImageHeader read_header(const uint8_t* bytes, size_t size, const std::string& path) {
-  if (size == 0) user_error(path, ": empty file, not an image");
-  if (size > size_t(INT32_MAX)) user_error(path, ": ", size, " bytes, too large for an image");
-  check_png_chunks(bytes, size, path);
-  check_jpeg_huffman_tables(bytes, size, path);
-  int w = 0, h = 0, n = 0;
-  // The header's size, checked before stb allocates for it: no image edgetrain reads has more
-  // than kMaxPixels, nor more than kMaxPixelsPerByte per byte of its file (deflate packs at most
-  // ~1032 bytes in one, 8 1-bit pixels a byte; a JPEG block takes at least 2 bits).
-  if (!stbi_info_from_memory(bytes, int(size), &w, &h, &n))
-    user_error(path, ": cannot decode image: ", stbi_failure_reason());
-  if (w <= 0 || h <= 0) user_error(path, ": image header says ", w, "x", h, " pixels: no image");
-  const uint64_t pixels = uint64_t(w) * uint64_t(h);
+// The header's size, checked before anything is allocated for it: no image edgetrain reads has
+// more than kMaxPixels, nor more than kMaxPixelsPerByte per byte of its file (deflate packs at
+// most ~1032 bytes in one, 8 1-bit pixels a byte; a JPEG block takes at least 2 bits).
+void check_size(const std::string& path, size_t size, uint64_t w, uint64_t h) {
+  const uint64_t pixels = w * h;
   if (pixels > kMaxPixels || pixels > kMaxPixelsPerByte * uint64_t(size))
     user_error(path, ": image header says ", w, "x", h, " pixels, ",
                pixels > kMaxPixels ? "more than the 2^26 edgetrain decodes" : fmt("impossible in ", size, " bytes"));
+}
+
+// A PNG's or BMP's header, after the checks that precede stb_image on a file's bytes: width,
+// height and the channels as stored (1 gray, 2 gray + alpha, 3 colour, 4 colour + alpha; a palette
+// counts as colour).
+ImageHeader stb_header(const uint8_t* bytes, size_t size, const std::string& path) {
+  if (size > size_t(INT32_MAX)) user_error(path, ": ", size, " bytes, too large for an image");
+  check_png_chunks(bytes, size, path);
+  int w = 0, h = 0, n = 0;
+  if (!stbi_info_from_memory(bytes, int(size), &w, &h, &n))
+    user_error(path, ": cannot decode image: ", stbi_failure_reason());
+  if (w <= 0 || h <= 0) user_error(path, ": image header says ", w, "x", h, " pixels: no image");
+  check_size(path, size, uint64_t(w), uint64_t(h));
   if (n < 1 || n > 4) user_error(path, ": image header says ", n, " channels");
   return {w, h, n};
+}
+
+// Any image file's header (what data.* = auto looks at), with the checks decoding makes first.
+ImageHeader read_header(const uint8_t* bytes, size_t size, const std::string& path, JpegDecoder& jpeg) {
+  if (size == 0) user_error(path, ": empty file, not an image");
+  const size_t soi = jpeg_soi(bytes, size, path);
+  if (soi == kNotJpeg) return stb_header(bytes, size, path);
+  jpeg.read_header(bytes + soi, size - soi, path);
+  check_size(path, size, uint64_t(jpeg.width()), uint64_t(jpeg.height()));
+  return {jpeg.width(), jpeg.height(), jpeg.channels()};
 }
 
 // A whole file's bytes into `bytes` (reused between files).
@@ -192,8 +184,14 @@ class Decoder {
   }
 
   void decode(const uint8_t* bytes, size_t size, const std::string& path, uint8_t* out) {
+    if (size == 0) user_error(path, ": empty file, not an image");
     int w = 0, h = 0;
-    if (!decode_jpeg(bytes, size, path, w, h)) decode_stb(bytes, size, path, w, h);
+    const size_t soi = jpeg_soi(bytes, size, path);
+    if (soi != kNotJpeg) {
+      decode_jpeg(bytes + soi, size - soi, path, w, h);
+    } else {
+      decode_stb(bytes, size, path, w, h);
+    }
     const int H = opt_.height, W = opt_.width, C = opt_.channels;
     if (w == W && h == H) {
       for (int c = 0; c < C; ++c)  // HWC -> CHW
@@ -214,19 +212,9 @@ class Decoder {
   }
 
  private:
-  // The header's size, checked before anything is allocated for it: no image edgetrain reads has
-  // more than kMaxPixels, nor more than kMaxPixelsPerByte per byte of its file (deflate packs at
-  // most ~1032 bytes in one, 8 1-bit pixels a byte; a JPEG block takes at least 2 bits).
-  static void check_size(const std::string& path, size_t size, uint64_t w, uint64_t h) {
-    const uint64_t pixels = w * h;
-    if (pixels > kMaxPixels || pixels > kMaxPixelsPerByte * uint64_t(size))
-      user_error(path, ": image header says ", w, "x", h, " pixels, ",
-                 pixels > kMaxPixels ? "more than the 2^26 edgetrain decodes" : fmt("impossible in ", size, " bytes"));
-  }
-
-  // A JPEG of a kind edgetrain's decoder handles, into hwc_. False for any other file.
-  bool decode_jpeg(const uint8_t* bytes, size_t size, const std::string& path, int& w, int& h) {
-    if (size < 2 || bytes[0] != 0xFF || bytes[1] != 0xD8 || !jpeg_.read_header(bytes, size, path)) return false;
+  // A JPEG (`bytes` starts with SOI) into hwc_, by edgetrain's decoder.
+  void decode_jpeg(const uint8_t* bytes, size_t size, const std::string& path, int& w, int& h) {
+    jpeg_.read_header(bytes, size, path);
     w = jpeg_.width();
     h = jpeg_.height();
     check_size(path, size, uint64_t(w), uint64_t(h));
@@ -237,14 +225,13 @@ class Decoder {
                  padded > kMaxPixels ? "more than the 2^26 edgetrain decodes" : fmt("impossible in ", size, " bytes"));
     const int n = jpeg_.channels();
     px_.resize(size_t(w) * size_t(h) * size_t(n));
-    if (!jpeg_.decode(px_.data())) return false;  // progressive with block smoothing: stb_image's
+    jpeg_.decode(px_.data());
     to_channels(px_.data(), size_t(w) * size_t(h), n);
-    return true;
   }
 
-  // PNG, BMP and the JPEG kinds decode_jpeg declines, with stb_image, after read_header's checks.
+  // PNG and BMP with stb_image, after stb_header's checks.
   void decode_stb(const uint8_t* bytes, size_t size, const std::string& path, int& w, int& h) {
-    const ImageHeader hd = read_header(bytes, size, path);
+    const ImageHeader hd = stb_header(bytes, size, path);
     int n = 0;
     // The header's channel count is asked for explicitly: with 0 (as stored), stb 2.27 returns a
     // gray or RGB PNG with a tRNS chunk with an alpha channel added but reports the count without
@@ -398,11 +385,15 @@ FolderHeaders read_image_folder_headers(const std::string& root, Split split) {
   FolderHeaders out;
   out.dir = l.dir.string();
   out.headers.resize(l.items.size());
+  struct State {
+    std::vector<uint8_t> bytes;
+    JpegDecoder jpeg;
+  };
   for_each_item(
-      l.items.size(), [] { return std::vector<uint8_t>(); },
-      [&](std::vector<uint8_t>& bytes, size_t i) {
-        read_file(l.items[i].path, bytes);
-        out.headers[i] = read_header(bytes.data(), bytes.size(), l.items[i].path);
+      l.items.size(), [] { return State(); },
+      [&](State& st, size_t i) {
+        read_file(l.items[i].path, st.bytes);
+        out.headers[i] = read_header(st.bytes.data(), st.bytes.size(), l.items[i].path, st.jpeg);
       });
   out.files.reserve(l.items.size());
   for (Item& it : l.items) out.files.push_back(std::move(it.path));

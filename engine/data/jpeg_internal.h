@@ -177,6 +177,7 @@ struct JpegDecoder::Impl {
   bool saw_jfif = false, saw_adobe = false;
   int adobe_transform = 0;
   bool saw_sof = false, progressive = false, header_read = false;
+  bool smoothing_skipped = false;  // the last decode: libjpeg would have smoothed blocks
   int width = 0, height = 0, ncomp = 0, max_h = 1, max_v = 1, mcus_x = 0, mcus_y = 0;
   Component comp[jpeg_detail::kMaxComponents];
   jpeg_detail::ColorSpace color = jpeg_detail::ColorSpace::gray;
@@ -195,8 +196,9 @@ struct JpegDecoder::Impl {
   // jpeg_markers.cpp
   [[noreturn]] void corrupt(const std::string& what) const;
   [[noreturn]] void truncated(const char* where) const;
+  [[noreturn]] void unsupported(const std::string& kind) const;
   void reset(const uint8_t* data, size_t size, const std::string& file);
-  bool read_header();
+  void read_header();
   int read_markers(bool eof_ends);  // to the next SOS or EOI (its code), or kEndOfFile
   void read_scan_header();          // the SOS segment src is at; sets up `scan`
   bool read_u8(int& v);
@@ -225,7 +227,6 @@ struct JpegDecoder::Impl {
   bool needs_block_smoothing() const;
 
   // jpeg_output.cpp
-  bool decode(uint8_t* out);
   void idct_all();
   void write_pixels(uint8_t* out);
 };

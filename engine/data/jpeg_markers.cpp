@@ -13,8 +13,6 @@ namespace jd = jpeg_detail;
 
 namespace {
 
-constexpr int kUnsupported = -2;  // read_markers: a frame type left to another decoder
-
 std::string hex2(int v) {
   static const char* digits = "0123456789ABCDEF";
   return std::string{digits[(v >> 4) & 15], digits[v & 15]};
@@ -48,7 +46,7 @@ void JpegDecoder::Impl::reset(const uint8_t* data, size_t size, const std::strin
   src = jd::Source{data, size, 2, 0};  // after SOI
   for (int i = 0; i < 4; ++i) dc_specs[i].defined = ac_specs[i].defined = quant_defined[i] = false;
   restart_interval = 0;
-  saw_jfif = saw_adobe = saw_sof = progressive = header_read = false;
+  saw_jfif = saw_adobe = saw_sof = progressive = header_read = smoothing_skipped = false;
   adobe_transform = 0;
   width = height = ncomp = 0;
 }
@@ -79,12 +77,16 @@ bool JpegDecoder::Impl::skip_segment() {
   return read_u16(len) && skip_bytes(len - 2);
 }
 
-bool JpegDecoder::Impl::read_header() {
+void JpegDecoder::Impl::unsupported(const std::string& kind) const {
+  user_error(name, ": a JPEG of a kind edgetrain does not decode (", kind,
+             "); it decodes Huffman-coded sequential and progressive JPEGs with 8-bit samples, gray, YCbCr "
+             "or RGB. Convert the file, e.g. with PIL: Image.open(f).convert(\"RGB\").save(f)");
+}
+
+void JpegDecoder::Impl::read_header() {
   const int m = read_markers(false);
-  if (m == kUnsupported) return false;
   if (m == 0xD9) corrupt("EOI marker before any image data");
   header_read = true;  // at SOS
-  return true;
 }
 
 int JpegDecoder::Impl::read_markers(bool eof_ends) {
@@ -98,11 +100,10 @@ int JpegDecoder::Impl::read_markers(bool eof_ends) {
     switch (m) {
       case 0xC0: case 0xC1: case 0xC2: case 0xC9: case 0xCA:  // Huffman / arithmetic, sequential / progressive
         ok = read_sof(m);
-        if (ok && !saw_sof) return kUnsupported;
         break;
       case 0xC3: case 0xC5: case 0xC6: case 0xC7: case 0xC8: case 0xCB: case 0xCD: case 0xCE: case 0xCF:
         if (saw_sof) corrupt("an unsupported second frame header (SOF)");
-        return kUnsupported;  // lossless, hierarchical: libjpeg fails, stb_image reports it
+        unsupported("lossless or hierarchical, frame marker 0xFF" + hex2(m));  // libjpeg fails too
       case 0xDA:
         if (!saw_sof) corrupt("a scan (SOS) before the frame header (SOF)");
         return m;
@@ -131,13 +132,17 @@ int JpegDecoder::Impl::read_markers(bool eof_ends) {
 }
 
 // SOF (get_sof and jdinput.c initial_setup), its checks in libjpeg's order (a second SOF is an
-// error only once its first fields are read). Leaves saw_sof false for a frame of another kind.
+// error only once its first fields are read). A frame of a kind this decoder leaves aside is a
+// UserError naming the kind.
 bool JpegDecoder::Impl::read_sof(int marker) {
   int len, precision, h, w, n;
   if (!read_u16(len) || !read_u8(precision) || !read_u16(h) || !read_u16(w) || !read_u8(n)) return false;
   if (saw_sof) corrupt("a second frame header (SOF)");
-  // Arithmetic coding, 12-bit samples, CMYK and 2-component frames: stb_image's (CMYK) or nobody's.
-  if (marker == 0xC9 || marker == 0xCA || precision != 8 || (n != 1 && n != 3)) return true;
+  // Arithmetic coding, 12-bit samples, CMYK / YCCK and 2-component frames. (stb_image decoded
+  // CMYK once; its 2.27 reads out of bounds on corrupt entropy-coded data: no JPEG reaches it.)
+  if (marker == 0xC9 || marker == 0xCA) unsupported("arithmetic coding");
+  if (precision != 8) unsupported(fmt(precision, "-bit samples"));
+  if (n != 1 && n != 3) unsupported(fmt(n, " components", n == 4 ? ": CMYK or YCCK" : ""));
   if (h <= 0 || w <= 0) corrupt(fmt("frame header says ", w, "x", h, " pixels"));
   if (len - 8 != n * 3) corrupt(fmt("frame header (SOF) length ", len, " for ", n, " components"));
   if (w > 65500 || h > 65500) corrupt(fmt(w, "x", h, " pixels, libjpeg's limit is 65500"));

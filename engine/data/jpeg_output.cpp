@@ -80,7 +80,7 @@ void h1v2_fancy(const uint8_t* __restrict near, const uint8_t* __restrict far, i
 
 }  // namespace
 
-bool JpegDecoder::decode(uint8_t* out) {
+void JpegDecoder::decode(uint8_t* out) {
   Impl& d = *impl_;
   ET_CHECK(d.header_read, "JpegDecoder::decode without a successful read_header");
   d.header_read = false;
@@ -114,12 +114,13 @@ bool JpegDecoder::decode(uint8_t* out) {
       ET_CHECK(m == 0xDA, m);  // after the frame header, read_markers stops at SOS or EOI only
       d.read_scan_header();
     }
-    if (d.needs_block_smoothing()) return false;
+    d.smoothing_skipped = d.needs_block_smoothing();
     d.idct_all();
   }
   d.write_pixels(out);
-  return true;
 }
+
+bool JpegDecoder::libjpeg_would_smooth() const { return impl_->smoothing_skipped; }
 
 void JpegDecoder::Impl::idct_all() {
   for (int c = 0; c < ncomp; ++c) {
@@ -198,11 +199,11 @@ void JpegDecoder::Impl::write_pixels(uint8_t* out) {
 JpegDecoder::JpegDecoder() : impl_(std::make_unique<Impl>()) {}
 JpegDecoder::~JpegDecoder() = default;
 
-bool JpegDecoder::read_header(const uint8_t* data, size_t size, const std::string& name) {
+void JpegDecoder::read_header(const uint8_t* data, size_t size, const std::string& name) {
   ET_CHECK(size >= 2 && data[0] == 0xFF && data[1] == 0xD8, "read_header needs a file starting with SOI");
   Impl& d = *impl_;
   d.reset(data, size, name);
-  if (!d.read_header()) return false;
+  d.read_header();
   // jdapimin.c default_decompress_parms: JFIF means YCbCr; else an Adobe marker's transform
   // (0: RGB); else component ids 'R' 'G' 'B' mean RGB; else YCbCr.
   if (d.ncomp == 1) {
@@ -215,7 +216,6 @@ bool JpegDecoder::read_header(const uint8_t* data, size_t size, const std::strin
     const bool rgb_ids = d.comp[0].id == 'R' && d.comp[1].id == 'G' && d.comp[2].id == 'B';
     d.color = rgb_ids ? jd::ColorSpace::rgb : jd::ColorSpace::ycbcr;
   }
-  return true;
 }
 
 int JpegDecoder::width() const { return impl_->width; }
