@@ -138,10 +138,12 @@ bool prefer_implicit(const Conv2dGeom& g) {
 // - 3x3 data gradients, against the implicit GEMM's phases: ResNet-20's 16 -> 32 1.41x (3.37 ->
 //   2.41 ms), 32 -> 64 1.08x; ResNet-18's 64 -> 128 1.14x, 128 -> 256 1.10x, 256 -> 512 1.09x;
 // - 1x1 forwards (the shortcuts), against the GEMM path: 1.07-1.28x on all five;
-// - 3x3 weight gradients with 256+ output positions a plane (the outer-product form over the
+// - 3x3 weight gradients with 64+ output positions a plane (the outer-product form over the
 //   input's copies, conv_direct_wgrad.cpp), against the implicit GEMM: ResNet-20's 16 -> 32 at
-//   32x32 1.50-1.67x, ResNet-18's 64 -> 128 1.09-1.24x; on 8x8 and 4x4 outputs 0.33-0.82x (its
-//   per-image flush of the partial sums, K x 9C floats, outweighs 64 or 16 positions);
+//   32x32 1.50-1.67x, ResNet-18's 64 -> 128 1.09-1.24x; on 8x8 outputs, since a register tile
+//   sums a chunk of images and adds into transposed partials by vectors (session 52), ResNet-20's
+//   32 -> 64 1.19-1.36x and ResNet-18's 128 -> 256 1.05-1.07x (0.69-0.83x and 0.63-0.73x before);
+//   on 4x4 outputs (256 -> 512, one image a chunk within the L2 budget) still 0.76x;
 // - not the 3x3 forwards (0.93-1.04x the implicit GEMM: even), nor the 1x1 data gradients: into
 //   dx of 32 columns 1.13-1.18x the GEMM path alone, but ResNet-20's shortcut took 0.1-0.2 ms
 //   longer in the training step (it adds onto dx there; `bench step --profile --profile-nodes`),
@@ -155,7 +157,7 @@ bool prefer_implicit(const Conv2dGeom& g) {
 bool prefer_direct_strided(const Conv2dGeom& g, ConvPass pass) {
   if (!cpu::kNarrowVectors || g.groups != 1 || g.C < 16 || g.K < 16) return false;
   const bool k3 = g.R == 3 && g.S == 3, k1 = g.R == 1 && g.S == 1;
-  if (pass == ConvPass::BackwardWeight) return k3 && g.P * g.Q >= 256;
+  if (pass == ConvPass::BackwardWeight) return k3 && g.P * g.Q >= 64;
   return pass == ConvPass::BackwardData ? k3 : k1;
 }
 

@@ -20,23 +20,27 @@ namespace et::cpu {
 namespace {
 
 // The valid positions of a chunk: rows of `len` positions starting at (r / per_image) * image +
-// (r % per_image) * row for r < rows. The padded plane's junk columns (dy = 0 there) are skipped:
-// 36 % of the positions of an 8x8 map with pad 1, 21 % of a 16x16 one.
+// (r % per_image) * row for r < rows, in x and (images dy_image apart) in dyT. The padded plane's
+// junk columns (dy = 0 there) are skipped: 36 % of the positions of an 8x8 map with pad 1, 21 % of
+// a 16x16 one.
 struct PosRows {
-  int64_t rows, per_image, image, row, len;
+  int64_t rows, per_image, image, row, len, dy_image;
   int64_t start(int64_t r) const { return (r / per_image) * image + (r % per_image) * row; }
+  int64_t dy_start(int64_t r) const { return (r / per_image) * dy_image + (r % per_image) * row; }
 };
 
 // dw [dw_n] and db [K] (if any) = the threads' partials added in thread order (+ their old values
-// where accumulate); thread t of nt writes its slice. part_of(u): thread u's partials, dw's then db's.
-template <class PartOf>
-void reduce_in_thread_order(int t, int nt, int64_t dw_n, int64_t K, PartOf part_of, float* dw, float* db,
+// where accumulate); thread t of nt writes its slice. part_of(u): thread u's partials; at(i): where
+// element i of dw (i < dw_n) or of db (i - dw_n) lies in them.
+template <class PartOf, class At>
+void reduce_in_thread_order(int t, int nt, int64_t dw_n, int64_t K, PartOf part_of, At at, float* dw, float* db,
                             bool accumulate) {
   const int64_t total = dw_n + (db ? K : 0);
   const int64_t i0 = total * t / nt, i1 = total * (t + 1) / nt;
   for (int64_t i = i0; i < i1; ++i) {
     float s = 0.f;
-    for (int u = 0; u < nt; ++u) s += part_of(u)[i];
+    const int64_t a = at(i);
+    for (int u = 0; u < nt; ++u) s += part_of(u)[a];
     float& d = i < dw_n ? dw[i] : db[i - dw_n];
     d = accumulate ? d + s : s;
   }
@@ -54,7 +58,7 @@ void wgrad_tile(const float* dyT, int64_t kp, const PosRows& pr, const float* co
     const int64_t j0 = pr.start(r);
     const float* xt[NT];
     for (int t = 0; t < NT; ++t) xt[t] = xs[t] + j0;
-    const float* dr = dyT + j0 * kp;
+    const float* dr = dyT + pr.dy_start(r) * kp;
     for (int64_t j = 0; j < pr.len; ++j) {
       V d[NV];
       for (int v = 0; v < NV; ++v) d[v] = V::load(dr + j * kp + 16 * v);
@@ -72,10 +76,13 @@ void wgrad_tile(const float* dyT, int64_t kp, const PosRows& pr, const float* co
 }
 
 // dwp [Kg][Cg*RS] += sum_j dyT[j][k] * x[c][j + off[t]]; dyT holds this group's Kg channels from
-// column 0 (row stride kp >= round16(Kg), padding columns zero), x rows [Cg] have stride lx.
+// column 0 (row stride kp >= round16(Kg), padding columns zero), x rows [Cg] have stride lx. With
+// ldk > 0, dwp is transposed, [Cg*RS][ldk >= round_up(Kg, 64)], and a tile adds into it by vectors
+// of channels: where a tile sums few positions (the strided form's 8x8 and 4x4 outputs), the
+// scalar adds into [Kg][Cg*RS] cost as much as its multiply-adds.
 template <class V, int NV, int NT>
 void wgrad_planes_nv(const float* dyT, int64_t kp, int64_t Kg, const PosRows& pr, const float* xp, int64_t Cg,
-                     int64_t lx, const int64_t* off, int RS, float* dwp) {
+                     int64_t lx, const int64_t* off, int RS, float* dwp, int64_t ldk) {
   const int64_t CRS = Cg * RS;
   alignas(64) float res[NT * NV * 16];
   for (int64_t u0 = 0; u0 < CRS; u0 += NT) {
@@ -87,6 +94,12 @@ void wgrad_planes_nv(const float* dyT, int64_t kp, int64_t Kg, const PosRows& pr
     const int64_t nt = std::min<int64_t>(NT, CRS - u0);
     for (int64_t k0 = 0; k0 < Kg; k0 += 16 * NV) {
       wgrad_tile<V, NV, NT>(dyT + k0, kp, pr, xs, res);
+      if (ldk > 0) {  // channels past Kg: zeros, into padding
+        for (int64_t t = 0; t < nt; ++t)
+          for (int v = 0; v < NV; ++v)
+            V::load(res + (t * NV + v) * 16).store_plus(dwp + (u0 + t) * ldk + k0 + 16 * v, 0.f, true);
+        continue;
+      }
       const int64_t nk = std::min<int64_t>(16 * NV, Kg - k0);
       for (int64_t t = 0; t < nt; ++t)
         for (int64_t i = 0; i < nk; ++i) dwp[(k0 + i) * CRS + u0 + t] += res[(t * NV + i / 16) * 16 + i % 16];
@@ -99,12 +112,12 @@ void wgrad_planes_nv(const float* dyT, int64_t kp, int64_t Kg, const PosRows& pr
 // positions in order whatever the block, so the results do not depend on it).
 template <class V>
 void wgrad_planes(const float* dyT, int64_t kp, int64_t Kg, const PosRows& pr, const float* xp, int64_t Cg,
-                  int64_t lx, const int64_t* off, int RS, float* dwp) {
-  if (kNarrowVectors) wgrad_planes_nv<V, 1, 6>(dyT, kp, Kg, pr, xp, Cg, lx, off, RS, dwp);
-  else if (Kg <= 16) wgrad_planes_nv<V, 1, 24>(dyT, kp, Kg, pr, xp, Cg, lx, off, RS, dwp);
-  else if (Kg <= 32) wgrad_planes_nv<V, 2, 12>(dyT, kp, Kg, pr, xp, Cg, lx, off, RS, dwp);
-  else if (Kg <= 48) wgrad_planes_nv<V, 3, 8>(dyT, kp, Kg, pr, xp, Cg, lx, off, RS, dwp);
-  else wgrad_planes_nv<V, 4, 6>(dyT, kp, Kg, pr, xp, Cg, lx, off, RS, dwp);
+                  int64_t lx, const int64_t* off, int RS, float* dwp, int64_t ldk = 0) {
+  if (kNarrowVectors) wgrad_planes_nv<V, 1, 6>(dyT, kp, Kg, pr, xp, Cg, lx, off, RS, dwp, ldk);
+  else if (Kg <= 16) wgrad_planes_nv<V, 1, 24>(dyT, kp, Kg, pr, xp, Cg, lx, off, RS, dwp, ldk);
+  else if (Kg <= 32) wgrad_planes_nv<V, 2, 12>(dyT, kp, Kg, pr, xp, Cg, lx, off, RS, dwp, ldk);
+  else if (Kg <= 48) wgrad_planes_nv<V, 3, 8>(dyT, kp, Kg, pr, xp, Cg, lx, off, RS, dwp, ldk);
+  else wgrad_planes_nv<V, 4, 6>(dyT, kp, Kg, pr, xp, Cg, lx, off, RS, dwp, ldk);
 }
 
 // Dot-product form, for few output channels (WgradLayout::dot says where). With 16 channels the
@@ -219,24 +232,32 @@ WgradLayout wgrad_layout(const Conv2dGeom& g, int threads) {
   return l;
 }
 
-// Stride 2 (conv_direct.h's StridedCopies): per image, x's copies and dy transposed to
-// [P * Q][channels], the outer-product form over the dense positions p * Q + q, tap t reading x's
-// copies at off[t]; no multiply-add on a position the stride skips. Per thread: the copies, dyT,
-// the dw and db partials, a decode plane.
+// Stride 2 (conv_direct.h's StridedCopies): per chunk of NB images, x's copies (each channel's NB
+// images f.L floats apart) and dy transposed to [NB * P * Q][channels], the outer-product form over
+// the dense positions p * Q + q, tap t reading x's copies at off[t]; no multiply-add on a position
+// the stride skips. A register tile sums NB images' positions before it adds into the partials: with
+// one image at a time, 8x8 and 4x4 outputs ended each tile after 64 or 16 positions, and the adds
+// of its K x 9C sums into the partials cost more than the multiply-adds. Per thread: the copies,
+// dyT, the dw and db partials, a decode plane.
 struct StridedWgradLayout {
   StridedCopies f;
-  int64_t kp, gstride, x_n, dy_n, part_n, thread_n;
+  int64_t NB, kp, gstride, x_n, dy_n, part_n, thread_n;
 };
 
-StridedWgradLayout strided_wgrad_layout(const Conv2dGeom& g) {
+StridedWgradLayout strided_wgrad_layout(const Conv2dGeom& g, int threads) {
   StridedWgradLayout l;
   l.f = strided_copies(g);
-  const int64_t Kg = g.K / g.groups;
+  const int64_t Kg = g.K / g.groups, PQ = g.P * g.Q;
   l.gstride = round_up(Kg, 64);
   l.kp = g.groups * l.gstride + 16;  // as the stride-1 form's: a 64-channel block may read past Kg (zeros)
-  l.x_n = g.C * l.f.L;
-  l.dy_n = g.P * g.Q * l.kp;
-  l.part_n = g.K * (g.C / g.groups) * g.R * g.S + g.K;
+  // Images a chunk: enough for 256 positions a tile, while a chunk's copies and dyT stay within
+  // 384 KiB (the stride-1 form's L2 budget), and no more than a thread's share of the batch.
+  const int64_t per_image = g.C * l.f.L + PQ * l.kp, budget = 96 * 1024;
+  const int64_t images_per_thread = (g.N + threads - 1) / threads;
+  l.NB = std::max<int64_t>(1, std::min({(256 + PQ - 1) / PQ, budget / per_image, images_per_thread}));
+  l.x_n = g.C * l.NB * l.f.L;
+  l.dy_n = l.NB * PQ * l.kp;
+  l.part_n = g.groups * (g.C / g.groups) * g.R * g.S * l.gstride + g.K;  // dw transposed per group, db
   l.thread_n = l.x_n + l.dy_n + l.part_n + round16(g.H * g.W) + 4 * 16;
   return l;
 }
@@ -245,7 +266,8 @@ void strided_backward_weight(const Conv2dGeom& g, const Tensor& x, const float* 
                              bool accumulate, void* ws) {
   const int64_t Cg = g.C / g.groups, Kg = g.K / g.groups, RS = g.R * g.S, CRS = Cg * RS;
   const int64_t HW = g.H * g.W, PQ = g.P * g.Q, dw_n = g.K * CRS;
-  const StridedWgradLayout l = strided_wgrad_layout(g);
+  const StridedWgradLayout l = strided_wgrad_layout(g, omp_get_max_threads());
+  const int64_t lx = l.NB * l.f.L;  // a channel's copies: NB images
   float* base = static_cast<float*>(ws);
   auto carve = [&](int u, float** xs, float** dyT, float** part, float** plane) {
     Carve c(base + u * l.thread_n);
@@ -260,36 +282,43 @@ void strided_backward_weight(const Conv2dGeom& g, const Tensor& x, const float* 
     float *xs, *dyT, *dw_part, *plane;
     carve(t, &xs, &dyT, &dw_part, &plane);
     StoredReader xr(x, plane, HW);
-    float* db_part = dw_part + dw_n;
+    const int64_t dwT_n = g.groups * CRS * l.gstride;
+    float* db_part = dw_part + dwT_n;
     std::memset(xs, 0, sizeof(float) * size_t(l.x_n));    // the copies' padding stays zero
     std::memset(dyT, 0, sizeof(float) * size_t(l.dy_n));  // so do the padding channels
     std::memset(dw_part, 0, sizeof(float) * size_t(l.part_n));
-    const PosRows pr{1, 1, 0, 0, PQ};
-    // Static contiguous split of the batch: thread t takes images [n0, n1), one at a time.
+    // Static contiguous split of the batch: thread t takes images [n0, n1), NB at a time.
     const int64_t n0 = g.N * t / nt, n1 = g.N * (t + 1) / nt, j8 = PQ / 8 * 8;
-    for (int64_t n = n0; n < n1; ++n) {
-      for (int64_t c = 0; c < g.C; ++c) place_strided_copies(g, l.f, xr.read((n * g.C + c) * HW, HW), xs + c * l.f.L);
-      for (int64_t k = 0; k < g.K; ++k) {
-        const float* src = dy + (n * g.K + k) * PQ;
-        if (db) {
-          float s = 0.f;
-          for (int64_t i = 0; i < PQ; ++i) s += src[i];
-          db_part[k] += s;
+    for (int64_t nc = n0; nc < n1; nc += l.NB) {
+      const int64_t nb = std::min(l.NB, n1 - nc);
+      for (int64_t b = 0; b < nb; ++b) {
+        const int64_t n = nc + b;
+        for (int64_t c = 0; c < g.C; ++c)
+          place_strided_copies(g, l.f, xr.read((n * g.C + c) * HW, HW), xs + c * lx + b * l.f.L);
+        for (int64_t k = 0; k < g.K; ++k) {
+          const float* src = dy + (n * g.K + k) * PQ;
+          if (db) {
+            float s = 0.f;
+            for (int64_t i = 0; i < PQ; ++i) s += src[i];
+            db_part[k] += s;
+          }
+          float* dst = dyT + b * PQ * l.kp + (k / Kg) * l.gstride + k % Kg;
+          // 8 channels x 8 positions at a time where the block stays inside a group (the stride-1
+          // form's transposes), the rest one by one.
+          if (j8 && k % 8 == 0 && k % Kg + 8 <= Kg)
+            for (int64_t j = 0; j < j8; j += 8) transpose8x8(src + j, PQ, dst + j * l.kp, l.kp);
+          const int64_t j0 = (j8 && (k / 8 * 8) % Kg + 8 <= Kg) ? j8 : 0;  // positions the block above covered
+          for (int64_t j = j0; j < PQ; ++j) dst[j * l.kp] = src[j];
         }
-        float* dst = dyT + (k / Kg) * l.gstride + k % Kg;
-        // 8 channels x 8 positions at a time where the block stays inside a group (the stride-1
-        // form's transposes), the rest one by one.
-        if (j8 && k % 8 == 0 && k % Kg + 8 <= Kg)
-          for (int64_t j = 0; j < j8; j += 8) transpose8x8(src + j, PQ, dst + j * l.kp, l.kp);
-        const int64_t j0 = (j8 && (k / 8 * 8) % Kg + 8 <= Kg) ? j8 : 0;  // positions the block above covered
-        for (int64_t j = j0; j < PQ; ++j) dst[j * l.kp] = src[j];
       }
+      // nb rows of P * Q positions: image b's at b * f.L in x's copies, b * P * Q in dyT.
+      const PosRows pr{nb, 1, l.f.L, 0, PQ, PQ};
       for (int64_t gi = 0; gi < g.groups; ++gi) {
         const float* dyg = dyT + gi * l.gstride;
-        const float* xg = xs + gi * Cg * l.f.L;
-        float* dwg = dw_part + gi * Kg * CRS;
-        if (scalar_forced()) wgrad_planes<VScalar>(dyg, l.kp, Kg, pr, xg, Cg, l.f.L, l.f.off, int(RS), dwg);
-        else wgrad_planes<VNative>(dyg, l.kp, Kg, pr, xg, Cg, l.f.L, l.f.off, int(RS), dwg);
+        const float* xg = xs + gi * Cg * lx;
+        float* dwg = dw_part + gi * CRS * l.gstride;  // [CRS][gstride]
+        if (scalar_forced()) wgrad_planes<VScalar>(dyg, l.kp, Kg, pr, xg, Cg, lx, l.f.off, int(RS), dwg, l.gstride);
+        else wgrad_planes<VNative>(dyg, l.kp, Kg, pr, xg, Cg, lx, l.f.off, int(RS), dwg, l.gstride);
       }
     }
 #pragma omp barrier
@@ -297,6 +326,10 @@ void strided_backward_weight(const Conv2dGeom& g, const Tensor& x, const float* 
       float *a, *b, *part, *c;
       carve(u, &a, &b, &part, &c);
       return part;
+    }, [&](int64_t i) {  // dw[k][u] at part[k / Kg][u][k % Kg]; db after the groups' blocks
+      if (i >= dw_n) return dwT_n + (i - dw_n);
+      const int64_t k = i / CRS, u = i % CRS;
+      return ((k / Kg) * CRS + u) * l.gstride + k % Kg;
     }, dw, db, accumulate);
   }
 }
@@ -304,7 +337,8 @@ void strided_backward_weight(const Conv2dGeom& g, const Tensor& x, const float* 
 }  // namespace
 
 size_t direct_dense_wgrad_workspace(const Conv2dGeom& g, int threads) {
-  if (g.stride_h != 1 || g.stride_w != 1) return size_t(64 + threads * strided_wgrad_layout(g).thread_n) * sizeof(float);
+  if (g.stride_h != 1 || g.stride_w != 1)
+    return size_t(64 + threads * strided_wgrad_layout(g, threads).thread_n) * sizeof(float);
   return size_t(64 + threads * wgrad_layout(g, threads).thread_n) * sizeof(float);
 }
 
@@ -341,7 +375,7 @@ void direct_dense_backward_weight(const Conv2dGeom& g, const Tensor& x, const fl
     const int64_t n0 = g.N * t / nt, n1 = g.N * (t + 1) / nt;
     for (int64_t nc = n0; nc < n1; nc += l.NB) {
       const int64_t nb = std::min(l.NB, n1 - nc);
-      const PosRows pr{nb * g.P, g.P, l.HW, l.Wp, g.Q};
+      const PosRows pr{nb * g.P, g.P, l.HW, l.Wp, g.Q, l.HW};
       for (int64_t b = 0; b < nb; ++b) {
         const int64_t n = nc + b;
         for (int64_t c = 0; c < g.C; ++c)
@@ -398,7 +432,7 @@ void direct_dense_backward_weight(const Conv2dGeom& g, const Tensor& x, const fl
       float *a, *b, *lane, *part, *c;
       carve(u, &a, &b, &lane, &part, &c);
       return part;
-    }, dw, db, accumulate);
+    }, [](int64_t i) { return i; }, dw, db, accumulate);
   }
 }
 
