@@ -198,8 +198,11 @@ Path choose(const Conv2dGeom& g, ConvPass pass) {
   // gradients on those maps with 16 to 144 output channels in multiples of 16 1.05-1.52x (32 -> 32,
   // 32 -> 16, 16 -> 96, 24 -> 144, 144 -> 32, 192 -> 32), the GEMM path ahead with 24 (1.03-1.14x)
   // and 192 (32 -> 192 at 16x16, 1.14-1.18x), and on smaller maps (up to 1.5x at 4x4; two runs
-  // each). NEON: the same, unmeasured.
-  const bool narrow_1x1_wgrad = pass == ConvPass::BackwardWeight && PQ >= 256 && g.K % 16 == 0 && g.K <= 144;
+  // each). Since the direct weight gradient adds its tiles into transposed partials by vectors
+  // (session 52), those on 8x8 maps (all seven, 64 to 576 output channels) 1.04-1.30x the GEMM
+  // path (two runs); on 4x4 maps mixed (0.88-1.14x), left on it. NEON: the same, unmeasured.
+  const bool narrow_1x1_wgrad = pass == ConvPass::BackwardWeight && g.K % 16 == 0 &&
+                                ((PQ >= 256 && g.K <= 144) || (PQ >= 64 && PQ < 256));
   if (cpu::kNarrowVectors && g.R * g.S == 1 && g.stride_h == 1 && g.stride_w == 1 && g.groups == 1 &&
       (pass == ConvPass::Forward || (pass == ConvPass::BackwardData && PQ >= 256) || narrow_1x1_wgrad))
     return Path::Direct;

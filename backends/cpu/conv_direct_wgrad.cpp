@@ -75,11 +75,12 @@ void wgrad_tile(const float* dyT, int64_t kp, const PosRows& pr, const float* co
     for (int v = 0; v < NV; ++v) acc[t][v].store(res + (t * NV + v) * 16);
 }
 
-// dwp [Kg][Cg*RS] += sum_j dyT[j][k] * x[c][j + off[t]]; dyT holds this group's Kg channels from
-// column 0 (row stride kp >= round16(Kg), padding columns zero), x rows [Cg] have stride lx. With
-// ldk > 0, dwp is transposed, [Cg*RS][ldk >= round_up(Kg, 64)], and a tile adds into it by vectors
-// of channels: where a tile sums few positions (the strided form's 8x8 and 4x4 outputs), the
-// scalar adds into [Kg][Cg*RS] cost as much as its multiply-adds.
+// dwp [Cg*RS][ldk] += sum_j dyT[j][k] * x[c][j + off[t]], the weight gradient transposed: ldk >=
+// round_up(Kg, 64), so a tile adds into it by vectors of channels (channels past Kg: zeros, into
+// padding). dyT holds this group's Kg channels from column 0 (row stride kp >= round16(Kg), padding
+// columns zero), x rows [Cg] have stride lx. Each weight gets one add a tile, in tile order: the
+// bits of a scalar add into [Kg][Cg*RS], which cost as much as the multiply-adds where a tile sums
+// few positions (8x8 maps, the strided form's 8x8 outputs).
 template <class V, int NV, int NT>
 void wgrad_planes_nv(const float* dyT, int64_t kp, int64_t Kg, const PosRows& pr, const float* xp, int64_t Cg,
                      int64_t lx, const int64_t* off, int RS, float* dwp, int64_t ldk) {
@@ -94,15 +95,9 @@ void wgrad_planes_nv(const float* dyT, int64_t kp, int64_t Kg, const PosRows& pr
     const int64_t nt = std::min<int64_t>(NT, CRS - u0);
     for (int64_t k0 = 0; k0 < Kg; k0 += 16 * NV) {
       wgrad_tile<V, NV, NT>(dyT + k0, kp, pr, xs, res);
-      if (ldk > 0) {  // channels past Kg: zeros, into padding
-        for (int64_t t = 0; t < nt; ++t)
-          for (int v = 0; v < NV; ++v)
-            V::load(res + (t * NV + v) * 16).store_plus(dwp + (u0 + t) * ldk + k0 + 16 * v, 0.f, true);
-        continue;
-      }
-      const int64_t nk = std::min<int64_t>(16 * NV, Kg - k0);
       for (int64_t t = 0; t < nt; ++t)
-        for (int64_t i = 0; i < nk; ++i) dwp[(k0 + i) * CRS + u0 + t] += res[(t * NV + i / 16) * 16 + i % 16];
+        for (int v = 0; v < NV; ++v)
+          V::load(res + (t * NV + v) * 16).store_plus(dwp + (u0 + t) * ldk + k0 + 16 * v, 0.f, true);
     }
   }
 }
@@ -112,7 +107,7 @@ void wgrad_planes_nv(const float* dyT, int64_t kp, int64_t Kg, const PosRows& pr
 // positions in order whatever the block, so the results do not depend on it).
 template <class V>
 void wgrad_planes(const float* dyT, int64_t kp, int64_t Kg, const PosRows& pr, const float* xp, int64_t Cg,
-                  int64_t lx, const int64_t* off, int RS, float* dwp, int64_t ldk = 0) {
+                  int64_t lx, const int64_t* off, int RS, float* dwp, int64_t ldk) {
   if (kNarrowVectors) wgrad_planes_nv<V, 1, 6>(dyT, kp, Kg, pr, xp, Cg, lx, off, RS, dwp, ldk);
   else if (Kg <= 16) wgrad_planes_nv<V, 1, 24>(dyT, kp, Kg, pr, xp, Cg, lx, off, RS, dwp, ldk);
   else if (Kg <= 32) wgrad_planes_nv<V, 2, 12>(dyT, kp, Kg, pr, xp, Cg, lx, off, RS, dwp, ldk);
@@ -197,6 +192,8 @@ struct WgradLayout {
   int64_t kp, lx;          // outer form: dyT row stride (channels, every group 16-aligned); x row stride
   int64_t x_n, dy_n;       // floats of the x and dy staging areas, per thread
   int64_t part_n;          // dot: floats of the partial sums, per thread
+  int64_t dw_part_n;       // floats of the dw partials: outer form transposed per group, [Cg*RS][Kg
+                           // rounded to 64] (wgrad_planes_nv's ldk), dot form [K][Cg*RS]
   int64_t thread_n;        // floats per thread in all: the areas above, dw and db partials, a decode
                            // plane, and the Carve alignment of its five pieces
   int64_t nvec;            // dot: vectors of positions per image (they cover P rows of Wp)
@@ -226,7 +223,9 @@ WgradLayout wgrad_layout(const Conv2dGeom& g, int threads) {
   l.dy_n = l.dot ? g.groups * round_up(g.K / g.groups, kDotKB) * l.NB * l.img : (l.NB * l.HW + 1) * l.kp;
   l.RS = int(g.R * g.S);
   l.part_n = l.dot ? g.groups * dot_part_floats(g.K / g.groups, g.C / g.groups * l.RS) : 0;
-  l.thread_n = l.x_n + l.dy_n + l.part_n + g.K * (g.C / g.groups) * l.RS + g.K + round16(g.H * g.W) + 5 * 16;
+  const int64_t CRS = g.C / g.groups * l.RS;
+  l.dw_part_n = l.dot ? g.K * CRS : g.groups * CRS * round_up(g.K / g.groups, 64);
+  l.thread_n = l.x_n + l.dy_n + l.part_n + l.dw_part_n + g.K + round16(g.H * g.W) + 5 * 16;
   for (int64_t r = 0; r < g.R; ++r)
     for (int64_t s = 0; s < g.S; ++s) l.off[r * g.S + s] = r * l.Wp + s;
   return l;
@@ -356,7 +355,7 @@ void direct_dense_backward_weight(const Conv2dGeom& g, const Tensor& x, const fl
     *xp = c.take<float>(l.x_n);
     *dyT = c.take<float>(l.dy_n);
     *lanes = c.take<float>(l.part_n);
-    *part = c.take<float>(dw_n + g.K);
+    *part = c.take<float>(l.dw_part_n + g.K);
     *plane = c.take<float>(round16(HW));
   };
   const int64_t KgR = round_up(Kg, kDotKB), ldy = l.NB * l.img;  // dot: dy rows per group, row stride
@@ -366,11 +365,11 @@ void direct_dense_backward_weight(const Conv2dGeom& g, const Tensor& x, const fl
     float *xp, *dyT, *lanes, *dw_part, *plane;
     carve(t, &xp, &dyT, &lanes, &dw_part, &plane);
     StoredReader xr(x, plane, HW);
-    float* db_part = dw_part + dw_n;
+    float* db_part = dw_part + l.dw_part_n;
     std::memset(xp, 0, sizeof(float) * size_t(l.x_n));
     std::memset(dyT, 0, sizeof(float) * size_t(l.dy_n));  // junk positions / padding channels stay zero
     std::memset(lanes, 0, sizeof(float) * size_t(l.part_n));
-    std::memset(dw_part, 0, sizeof(float) * size_t(dw_n + g.K));
+    std::memset(dw_part, 0, sizeof(float) * size_t(l.dw_part_n + g.K));
     // Static contiguous split of the batch: thread t takes images [n0, n1), in chunks of NB.
     const int64_t n0 = g.N * t / nt, n1 = g.N * (t + 1) / nt;
     for (int64_t nc = n0; nc < n1; nc += l.NB) {
@@ -416,9 +415,9 @@ void direct_dense_backward_weight(const Conv2dGeom& g, const Tensor& x, const fl
       for (int64_t gi = 0; gi < g.groups; ++gi) {
         const float* dyg = dyT + gi * gstride;
         const float* xg = xp + gi * Cg * l.lx;
-        float* dwg = dw_part + gi * Kg * CRS;
-        if (scalar_forced()) wgrad_planes<VScalar>(dyg, l.kp, Kg, pr, xg, Cg, l.lx, l.off, l.RS, dwg);
-        else wgrad_planes<VNative>(dyg, l.kp, Kg, pr, xg, Cg, l.lx, l.off, l.RS, dwg);
+        float* dwg = dw_part + gi * CRS * gstride;  // [CRS][gstride]
+        if (scalar_forced()) wgrad_planes<VScalar>(dyg, l.kp, Kg, pr, xg, Cg, l.lx, l.off, l.RS, dwg, gstride);
+        else wgrad_planes<VNative>(dyg, l.kp, Kg, pr, xg, Cg, l.lx, l.off, l.RS, dwg, gstride);
       }
     }
     if (l.dot)
@@ -432,7 +431,12 @@ void direct_dense_backward_weight(const Conv2dGeom& g, const Tensor& x, const fl
       float *a, *b, *lane, *part, *c;
       carve(u, &a, &b, &lane, &part, &c);
       return part;
-    }, [](int64_t i) { return i; }, dw, db, accumulate);
+    }, [&](int64_t i) {  // outer form: dw[k][u] at part[k / Kg][u][k % Kg]; db after the dw partials
+      if (i >= dw_n) return l.dw_part_n + (i - dw_n);
+      if (l.dot) return i;
+      const int64_t k = i / CRS, u = i % CRS;
+      return ((k / Kg) * CRS + u) * gstride + k % Kg;
+    }, dw, db, accumulate);
   }
 }
 
