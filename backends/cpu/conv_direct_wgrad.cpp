@@ -46,6 +46,13 @@ void reduce_in_thread_order(int t, int nt, int64_t dw_n, int64_t K, PartOf part_
   }
 }
 
+// Where weight i = k * CRS + u of dw [K][CRS] lies in partials transposed per group, [groups][CRS][ldk]
+// (wgrad_planes_nv's layout).
+int64_t transposed_at(int64_t i, int64_t CRS, int64_t Kg, int64_t ldk) {
+  const int64_t k = i / CRS, u = i % CRS;
+  return ((k / Kg) * CRS + u) * ldk + k % Kg;
+}
+
 // Outer-product form: vectors run along output channels, so nothing needs a horizontal sum.
 // acc[t][v] (16 channels k0+16v..) += dyT[j][k0 + 16v ..] * xs[t][j] over the positions j of pr.
 // dyT is the output gradient transposed to [position][channel] (row stride kp).
@@ -240,7 +247,7 @@ WgradLayout wgrad_layout(const Conv2dGeom& g, int threads) {
 // dyT, the dw and db partials, a decode plane.
 struct StridedWgradLayout {
   StridedCopies f;
-  int64_t NB, kp, gstride, x_n, dy_n, part_n, thread_n;
+  int64_t NB, kp, gstride, x_n, dy_n, dw_part_n, thread_n;  // dw partials transposed per group, db after
 };
 
 StridedWgradLayout strided_wgrad_layout(const Conv2dGeom& g, int threads) {
@@ -256,8 +263,8 @@ StridedWgradLayout strided_wgrad_layout(const Conv2dGeom& g, int threads) {
   l.NB = std::max<int64_t>(1, std::min({(256 + PQ - 1) / PQ, budget / per_image, images_per_thread}));
   l.x_n = g.C * l.NB * l.f.L;
   l.dy_n = l.NB * PQ * l.kp;
-  l.part_n = g.groups * (g.C / g.groups) * g.R * g.S * l.gstride + g.K;  // dw transposed per group, db
-  l.thread_n = l.x_n + l.dy_n + l.part_n + round16(g.H * g.W) + 4 * 16;
+  l.dw_part_n = g.groups * (g.C / g.groups) * g.R * g.S * l.gstride;
+  l.thread_n = l.x_n + l.dy_n + l.dw_part_n + g.K + round16(g.H * g.W) + 4 * 16;
   return l;
 }
 
@@ -272,7 +279,7 @@ void strided_backward_weight(const Conv2dGeom& g, const Tensor& x, const float* 
     Carve c(base + u * l.thread_n);
     *xs = c.take<float>(l.x_n);
     *dyT = c.take<float>(l.dy_n);
-    *part = c.take<float>(l.part_n);
+    *part = c.take<float>(l.dw_part_n + g.K);
     *plane = c.take<float>(round16(HW));
   };
 #pragma omp parallel
@@ -281,11 +288,10 @@ void strided_backward_weight(const Conv2dGeom& g, const Tensor& x, const float* 
     float *xs, *dyT, *dw_part, *plane;
     carve(t, &xs, &dyT, &dw_part, &plane);
     StoredReader xr(x, plane, HW);
-    const int64_t dwT_n = g.groups * CRS * l.gstride;
-    float* db_part = dw_part + dwT_n;
+    float* db_part = dw_part + l.dw_part_n;
     std::memset(xs, 0, sizeof(float) * size_t(l.x_n));    // the copies' padding stays zero
     std::memset(dyT, 0, sizeof(float) * size_t(l.dy_n));  // so do the padding channels
-    std::memset(dw_part, 0, sizeof(float) * size_t(l.part_n));
+    std::memset(dw_part, 0, sizeof(float) * size_t(l.dw_part_n + g.K));
     // Static contiguous split of the batch: thread t takes images [n0, n1), NB at a time.
     const int64_t n0 = g.N * t / nt, n1 = g.N * (t + 1) / nt, j8 = PQ / 8 * 8;
     for (int64_t nc = n0; nc < n1; nc += l.NB) {
@@ -325,11 +331,8 @@ void strided_backward_weight(const Conv2dGeom& g, const Tensor& x, const float* 
       float *a, *b, *part, *c;
       carve(u, &a, &b, &part, &c);
       return part;
-    }, [&](int64_t i) {  // dw[k][u] at part[k / Kg][u][k % Kg]; db after the groups' blocks
-      if (i >= dw_n) return dwT_n + (i - dw_n);
-      const int64_t k = i / CRS, u = i % CRS;
-      return ((k / Kg) * CRS + u) * l.gstride + k % Kg;
-    }, dw, db, accumulate);
+    }, [&](int64_t i) { return i >= dw_n ? l.dw_part_n + (i - dw_n) : transposed_at(i, CRS, Kg, l.gstride); },
+    dw, db, accumulate);
   }
 }
 
@@ -431,11 +434,8 @@ void direct_dense_backward_weight(const Conv2dGeom& g, const Tensor& x, const fl
       float *a, *b, *lane, *part, *c;
       carve(u, &a, &b, &lane, &part, &c);
       return part;
-    }, [&](int64_t i) {  // outer form: dw[k][u] at part[k / Kg][u][k % Kg]; db after the dw partials
-      if (i >= dw_n) return l.dw_part_n + (i - dw_n);
-      if (l.dot) return i;
-      const int64_t k = i / CRS, u = i % CRS;
-      return ((k / Kg) * CRS + u) * gstride + k % Kg;
+    }, [&](int64_t i) {  // db after the dw partials: the dot form's as dw, the outer form's transposed
+      return i >= dw_n ? l.dw_part_n + (i - dw_n) : l.dot ? i : transposed_at(i, CRS, Kg, gstride);
     }, dw, db, accumulate);
   }
 }

@@ -110,10 +110,11 @@ void check_png_chunks(const uint8_t* p, size_t size, const std::string& path) {
 // Where a JPEG's SOI marker (FF D8) is: at 0, or after fill bytes (0xFF), which stb_image took
 // and libjpeg does not; edgetrain skips them, as it did when stb_image decoded such files.
 // kNotJpeg for a file not starting with 0xFF (PNG and BMP never do); an error for one that does
-// without SOI.
+// without SOI, and for an empty file.
 constexpr size_t kNotJpeg = ~size_t(0);
 size_t jpeg_soi(const uint8_t* p, size_t size, const std::string& path) {
-  if (size == 0 || p[0] != 0xFF) return kNotJpeg;
+  if (size == 0) user_error(path, ": empty file, not an image");
+  if (p[0] != 0xFF) return kNotJpeg;
   size_t i = 1;
   while (i < size && p[i] == 0xFF) ++i;
   if (i == size) user_error(path, ": not an image: ", size, " bytes of 0xFF");
@@ -152,7 +153,6 @@ ImageHeader stb_header(const uint8_t* bytes, size_t size, const std::string& pat
 
 // Any image file's header (what data.* = auto looks at), with the checks decoding makes first.
 ImageHeader read_header(const uint8_t* bytes, size_t size, const std::string& path, JpegDecoder& jpeg) {
-  if (size == 0) user_error(path, ": empty file, not an image");
   const size_t soi = jpeg_soi(bytes, size, path);
   if (soi == kNotJpeg) return stb_header(bytes, size, path);
   jpeg.read_header(bytes + soi, size - soi, path);
@@ -184,7 +184,6 @@ class Decoder {
   }
 
   void decode(const uint8_t* bytes, size_t size, const std::string& path, uint8_t* out) {
-    if (size == 0) user_error(path, ": empty file, not an image");
     int w = 0, h = 0;
     const size_t soi = jpeg_soi(bytes, size, path);
     if (soi != kNotJpeg) {
