@@ -153,6 +153,13 @@ class FusedStackOp final : public Op {
     g.x_lossless = g.x_exact || stored == DType::BitmapF32;
     t.side = Tensor{};  // a stack with an Add ends at it or at the ReLU after it: never recomputed
     if (stack_.saves_output_mask && !y_from_x) g.y_mask = ctx.saved_mask(1);
+    if (y_bits_aux_ >= 0 && !g.y_mask.bits) {  // y's bitmap, where this forward wrote it ([0] = 1)
+      const Tensor bits = ctx.aux(y_bits_aux_);
+      if (bits.f32()[0] == 1.f) {
+        g.y_mask.bits = reinterpret_cast<const uint64_t*>(bits.f32() + 2);
+        g.y_mask.dense = Tensor{};
+      }
+    }
     const GradOut dx = ctx.grad_input(0), dgamma = ctx.grad_input(1), dbeta = ctx.grad_input(2);
     if (dx.wanted) g.dx = dx.t;
     g.dx_accumulate = dx.accumulate;

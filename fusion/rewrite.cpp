@@ -136,13 +136,14 @@ void apply(Graph& g, const Plan& p) {
       dz_sums_aux = int(aux.size());
       aux.push_back(std::move(sums));
     }
-    // ... and where the stack ends in an add and a ReLU (y kept, its mask y > 0), y's bitmap for
-    // that sweep, written by this forward (planes of whole 64-bit words, as the forward writes
-    // them), an aux value of this stack until its backward.
+    // Where the stack ends in an add and a ReLU (y kept, its mask y > 0), y's bitmap for the first
+    // sweep, the reader's or its own, written by this forward (planes of whole 64-bit words, as
+    // the forward writes them), an aux value of this stack until its backward: the sweep reads 1
+    // bit an element for the mask instead of y's float.
     int y_bits_aux = -1;
     const FusedStage& last = sp.stack.last();
-    if (sp.sweep1_to_reader && sp.stack.add_stage() >= 0 && last.kind == FusedKind::Relu &&
-        (last.P * last.Q) % 64 == 0 && !sp.stack.small_planes() && !sp.stack.channel_slabs) {
+    if (sp.stack.headed_by_bn() && sp.stack.add_stage() >= 0 && last.kind == FusedKind::Relu &&
+        (last.P * last.Q) % 64 == 0 && !sp.stack.small_planes() && !sp.stack.channel_slabs && sp.stack.band_rows == 0) {
       Value bits;
       bits.name = sp.name + ".y_bits";
       bits.shape = Shape{y_bits_floats(g.batch_size(), sp.stack.C, last.P * last.Q)};

@@ -5,6 +5,7 @@
 // say the sweep was taken where it should be.
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <cstring>
 #include <string>
 
@@ -310,6 +311,69 @@ TEST_CASE("fusion: a stack after a stack hands its second backward sweep on, bit
           CHECK(differing(a, b) == 0);
         }
       }
+    }
+  }
+}
+
+// A residual block's output stack that makes its own first sweep (sweep 1 not in the reader) reads
+// the ReLU's mask from the bitmap of y its forward wrote (`<stack>.y_bits`), 1 bit an element,
+// not y's floats: bit-identical to the layers, and the bitmap is what the backward reads (zeroed
+// after the forward, it zeroes the stack's dz, so its BN's beta gradient).
+TEST_CASE("fusion: a residual block's output stack reads y's bitmap in its own first sweep", "[fusion]") {
+  const int64_t batch = 2;
+  ModelSpec plain_spec = spec_of("resnet8", batch, 32, false), fused_spec = spec_of("resnet8", batch, 32, true);
+  fused_spec.fusion.sweep1_in_reader = false;
+  Graph plain, fused;
+  build_model(plain, plain_spec);
+  build_model(fused, fused_spec);
+  std::vector<int> stacks, bits_aux;  // the stacks with y's bitmap, and that aux value
+  for (int n = 0; n < fused.num_nodes(); ++n)
+    for (int id : fused.node(n).aux)
+      if (ends_with(fused.value(id).name, ".y_bits")) stacks.push_back(n), bits_aux.push_back(id);
+  REQUIRE(stacks.size() == 3);  // one block a stage
+  for (int every : {0, 2}) {
+    INFO("checkpoint_every " << every);
+    const auto a = train(plain, batch, stash(StashFormat::DenseF32, every)),
+               b = train(fused, batch, stash(StashFormat::DenseF32, every));
+    REQUIRE(std::isfinite(a[0][0]));
+    CHECK(differing(a, b) == 0);
+  }
+  auto be = make_cpu_backend();
+  for (bool zero_bits : {false, true}) {
+    INFO("bitmap zeroed after the forward: " << zero_bits);
+    Executor ex(fused, *be, stash(StashFormat::DenseF32));
+    struct ZeroBits : NodeObserver {
+      Executor& ex;
+      const std::vector<int>&nodes, &aux;
+      bool on;
+      std::vector<int> written;  // the nodes whose forward wrote the bitmap (flag 1)
+      ZeroBits(Executor& e, const std::vector<int>& n, const std::vector<int>& a, bool z)
+          : ex(e), nodes(n), aux(a), on(z) {}
+      void after_forward(int node) override {
+        for (size_t i = 0; i < nodes.size(); ++i) {
+          if (nodes[i] != node) continue;
+          Tensor bits = ex.value(aux[i]);
+          if (bits.f32()[0] == 1.f) written.push_back(node);
+          if (on) std::memset(bits.f32() + 2, 0, sizeof(float) * size_t(bits.numel() - 2));
+        }
+      }
+      void after_backward(int) override {}
+    } watch(ex, stacks, bits_aux, zero_bits);
+    init_parameters(ex, 7);
+    fill(ex, batch);
+    ex.set_observer(&watch);
+    ex.forward(batch, true);
+    ex.backward();
+    ex.set_observer(nullptr);
+    // The last block's y has one reader, the global pool, and the stash keeps its mask as a
+    // bitmap itself: that stack writes none and reads the stash's.
+    CHECK(watch.written.size() == 2);
+    for (int n : stacks) {
+      const Tensor dbeta = ex.grad(fused.node(n).inputs[2]);
+      bool any = false;
+      for (int64_t c = 0; c < dbeta.numel(); ++c) any = any || dbeta.f32()[c] != 0.f;
+      const bool own = std::count(watch.written.begin(), watch.written.end(), n) > 0;
+      CHECK(any == !(zero_bits && own));
     }
   }
 }
