@@ -157,7 +157,8 @@ json Config::resolved() const {
                  {"disable", f.disable},
                  {"cache_kb", f.cache_kb},
                  {"llc_kb", f.llc_kb},
-                 {"sweep1_in_reader", f.sweep1_in_reader_auto ? json("auto") : json(f.sweep1_in_reader)}};
+                 {"sweep1_in_reader", f.sweep1_in_reader_auto ? json("auto") : json(f.sweep1_in_reader)},
+                 {"fold_side_bn", f.fold_side_bn}};
   const FinetuneSpec& ftn = model.finetune;
   const bool keyword = ftn.trainable.size() == 1 && (ftn.trainable[0] == "all" || ftn.trainable[0] == "head" ||
                                                      ftn.trainable[0].rfind("last:", 0) == 0);

@@ -240,6 +240,7 @@ void parse_fusion(ObjectReader& top, Config& c) {
   require(f.llc_kb >= 0, fu, "llc_kb", f.llc_kb, "must be > 0 (KiB), or 0 for this machine's last-level cache");
   f.sweep1_in_reader_auto = fu.get_or_auto("sweep1_in_reader", f.sweep1_in_reader, "true or false");
   if (f.sweep1_in_reader_auto) f.sweep1_in_reader = true;  // where the planner's rule says so
+  fu.get("fold_side_bn", f.fold_side_bn);
   fu.finish();
   // memory is parsed before this section; its option recomputes fused stacks' outputs only.
   if (c.memory.recompute_stack_outputs_auto) c.memory.recompute_stack_outputs &= f.enabled;

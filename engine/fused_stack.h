@@ -71,6 +71,13 @@ struct FusedStack {
   // planner's rule, fusion.llc_kb): by the time their reader comes, their first lines have left
   // the cache anyway. Results are the same either way.
   bool stream_y = false, stream_dx = false;
+  // The Add's other operand is a second BN's output, folded into the stack (a projection
+  // shortcut's BN, ResNet's downsampling blocks): the side input is that BN's x2, and the stack
+  // applies it as it reads x2 (forward), and takes its two backward sums in the first sweep and
+  // writes dx2 in the second. Its statistics and parameters are FusedTensors' side_* ones. Memory
+  // order on whole planes only (not small planes, slabs or bands); the first sweep stays in the stack.
+  bool side_bn = false;
+  FusedStage side_stage;  // that BN (eps, momentum)
   int add_stage() const {
     for (size_t i = 0; i < stages.size(); ++i)
       if (stages[i].kind == FusedKind::Add) return int(i);
@@ -193,6 +200,9 @@ struct FusedTensors {
   // layer that produced x (a conv, or the stack before), from which a training forward takes BN's
   // statistics instead of reading x once more. y_sums: to be written for the stack that reads y.
   Tensor x_sums, y_sums;
+  // FusedStack::side_bn: `side` is the second BN's input x2; its parameters, running statistics and
+  // batch statistics (its layer's aux values, written by a training forward).
+  Tensor side_gamma, side_beta, side_running_mean, side_running_var, side_mean, side_invstd;
   // Dropout: the dropout layer's seed for this step (OpContext::seed of its node, which the fused
   // node keeps); its mask is a function of the seed and each element's index in its tensor.
   uint64_t seed = 0;
@@ -265,6 +275,9 @@ struct FusedGrads {
   bool dside_accumulate = false;
   Tensor dgamma, dbeta;
   bool params_accumulate = false;
+  // FusedStack::side_bn: the gradients of x2 (in dside) and of the second BN's parameters.
+  Tensor side_dgamma, side_dbeta;
+  bool side_params_accumulate = false;
 };
 
 }  // namespace et

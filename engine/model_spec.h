@@ -27,6 +27,9 @@ struct FusionSpec {
   // own default (tests and tools that build a spec) is the reader wherever it can.
   bool sweep1_in_reader = true;
   bool sweep1_in_reader_auto = false;
+  // A BN whose output's only reader is a stack's Add (a projection shortcut's) folded into that
+  // stack (FusedStack::side_bn); false: it stays a layer (A/B runs).
+  bool fold_side_bn = true;
 };
 
 // Which parameters train (config section `finetune`, docs/finetune.md; models/freeze.cpp).

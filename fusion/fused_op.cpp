@@ -15,6 +15,10 @@ namespace fusion {
 namespace {
 
 constexpr int kSideInput = 5;  // after x, gamma, beta, running_mean, running_var
+// FusedStack::side_bn: the side input is the folded BN's x2, followed by its gamma, beta,
+// running_mean and running_var; its mean and invstd are aux values 2 and 3.
+constexpr int kSideGamma = 6, kSideBeta = 7, kSideRunningMean = 8, kSideRunningVar = 9;
+constexpr int kSideMeanAux = 2, kSideInvstdAux = 3;
 
 class FusedStackOp final : public Op {
  public:
@@ -35,8 +39,10 @@ class FusedStackOp final : public Op {
     if (!stack_.headed_by_bn()) return {};
     std::vector<SaveSpec> s{{0, SaveKind::Full}};
     if (stack_.saves_output_mask) s.push_back({-1, SaveKind::Mask});
+    if (stack_.side_bn) s.push_back({kSideInput, SaveKind::Full});  // x2, as its BN saved it
     return s;
   }
+  int side_save_index() const { return stack_.saves_output_mask ? 2 : 1; }
   size_t workspace_bytes(const Backend& b, int64_t batch) const override {
     return b.fused_workspace_bytes(stack_, batch);
   }
@@ -44,7 +50,7 @@ class FusedStackOp final : public Op {
   bool output_nonnegative(bool) const override { return nonnegative(); }
   // x straight from an fp16 / bf16 stash: the kernels widen it plane by plane.
   DTypeSet reads_stored(int save_index, const Backend& b, int64_t) const override {
-    return save_index == 0 && stack_.headed_by_bn() ? b.fused_backward_reads() : dtype_bit(DType::F32);
+    return save_index == 0 && stack_.headed_by_bn() ? b.fused_backward_reads() : dtype_bit(DType::F32);  // x2: f32
   }
   // Each tile reads its dy planes into scratch before it writes the same planes of dx; with a pool,
   // where the backend's backward reads each plane's dy before writing its dx (and the executor
@@ -92,7 +98,8 @@ class FusedStackOp final : public Op {
 
   void forward(OpContext& ctx) override {
     FusedTensors t = tensors(ctx);
-    if (ctx.training() && ctx.recomputing()) t.running_mean = t.running_var = Tensor{};  // updated once
+    if (ctx.training() && ctx.recomputing())  // updated once
+      t.running_mean = t.running_var = t.side_running_mean = t.side_running_var = Tensor{};
     // The sums pass from producer to reader in the first training forward only (Value::forward_only).
     if (ctx.training() && !ctx.recomputing()) {
       if (sums_input_ >= 0) t.x_sums = ctx.input(sums_input_);
@@ -151,7 +158,9 @@ class FusedStackOp final : public Op {
     const DType stored = ctx.saved(0, kStashDTypes).dtype;
     g.x_exact = y_from_x || stored == DType::F32;  // not an fp16 / bf16 copy
     g.x_lossless = g.x_exact || stored == DType::BitmapF32;
-    t.side = Tensor{};  // a stack with an Add ends at it or at the ReLU after it: never recomputed
+    // A stack with an Add ends at it or at the ReLU after it: never recomputed, so the side input is
+    // not read; with a folded side BN it is x2, which that BN's backward reads.
+    t.side = stack_.side_bn ? ctx.saved(side_save_index(), dtype_bit(DType::F32)) : Tensor{};
     if (stack_.saves_output_mask && !y_from_x) g.y_mask = ctx.saved_mask(1);
     if (y_bits_aux_ >= 0 && !g.y_mask.bits) {  // y's bitmap, where this forward wrote it ([0] = 1)
       const Tensor bits = ctx.aux(y_bits_aux_);
@@ -171,6 +180,12 @@ class FusedStackOp final : public Op {
       if (ds.wanted) g.dside = ds.t;
       g.dside_accumulate = ds.accumulate;
     }
+    if (stack_.side_bn) {
+      const GradOut sg = ctx.grad_input(kSideGamma), sb = ctx.grad_input(kSideBeta);
+      if (sg.wanted) g.side_dgamma = sg.t;
+      if (sb.wanted) g.side_dbeta = sb.t;
+      g.side_params_accumulate = sg.accumulate;
+    }
     ctx.backend().fused_backward(stack_, t, g, ctx.workspace());
   }
 
@@ -189,6 +204,14 @@ class FusedStackOp final : public Op {
     if (stack_.add_stage() >= 0) t.side = ctx.input(kSideInput);
     t.mean = ctx.aux(0);
     t.invstd = ctx.aux(1);
+    if (stack_.side_bn) {
+      t.side_gamma = ctx.input(kSideGamma);
+      t.side_beta = ctx.input(kSideBeta);
+      t.side_running_mean = ctx.input(kSideRunningMean);
+      t.side_running_var = ctx.input(kSideRunningVar);
+      t.side_mean = ctx.aux(kSideMeanAux);
+      t.side_invstd = ctx.aux(kSideInvstdAux);
+    }
     t.seed = ctx.seed();  // the dropout member's (fusion::apply gives the node its seed index)
     return t;
   }

@@ -19,7 +19,10 @@ struct StackPlan {
   std::string name;          // the head BN's layer name (fusion.disable takes it)
   std::vector<int> nodes;    // members, head first, in graph order
   FusedStack stack;          // what the backend runs
-  int input = -1, side = -1, output = -1;  // value ids: x, the Add's other operand, y
+  int input = -1, side = -1, output = -1;  // value ids: x, the Add's other operand (or x2), y
+  // FusedStack::side_bn: the folded BN's node (a member), its output (the Add's operand, vanished)
+  // and its input x2 (`side`).
+  int side_bn_node = -1, side_bn_output = -1;
   std::vector<int> vanished;               // intermediate values that leave the memory plan
   // A tile's working set: its channels' slabs of x and dz, and the plane scratch. Beyond the
   // cache the backward's second sweep re-reads x from memory.

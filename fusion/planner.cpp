@@ -5,7 +5,9 @@
 // one max / average pool, one dropout (not after the Add), and a global average pool at the end of
 // a stack without a pool or an Add (on whole planes in memory order only). Rules: nothing after an Add but the ReLU that ends the stack (that
 // ReLU's mask is saved, since the Add's other operand is not kept for a recompute), and no pool
-// after an Add. A stack of a BN alone is left as it is. Where no BN heads it, a ReLU followed by
+// after an Add. A stack of a BN alone is left as it is, but a BN whose output only the stack's Add
+// reads (a projection shortcut's) folds into the stack (FusedStack::side_bn) where the stack goes
+// by whole planes in memory order. Where no BN heads it, a ReLU followed by
 // a pool whose windows do not overlap is a stack of its own (VGG without BN).
 #include <algorithm>
 #include <cstdio>
@@ -41,6 +43,7 @@ size_t unfused_bytes(const FusedStack& s, int64_t N) {
       default: break;
     }
   }
+  if (s.side_bn) b += f32(8 * N * s.C * s.side_stage.H * s.side_stage.W);  // the folded BN as a layer
   return b;
 }
 
@@ -57,7 +60,7 @@ size_t sweep_bytes(const FusedStack& s, int64_t N) {
 // BN -> ReLU, BN -> add -> ReLU or BN -> add on whole planes in memory order (the backends that
 // can: Backend::fused_takes_dz_sums).
 bool takes_dz_sums(const FusedStack& s) {
-  if (!s.headed_by_bn() || s.small_planes() || s.channel_slabs || s.band_rows != 0) return false;
+  if (!s.headed_by_bn() || s.small_planes() || s.channel_slabs || s.band_rows != 0 || s.side_bn) return false;
   const size_t n = s.stages.size();
   const FusedKind second = n > 1 ? s.stages[1].kind : FusedKind::None;
   if (n == 2) return second == FusedKind::Relu || second == FusedKind::Add;
@@ -81,7 +84,10 @@ size_t fused_bytes(const FusedStack& s, int64_t N) {
   const size_t mask = s.saves_output_mask ? bits(out) : 0;
   const size_t fwd = f32(in) + f32(in + side + out) + mask;
   const size_t sweep = sweep_bytes(s, N);
-  return fwd + 2 * sweep + f32(side) + f32(in);  // + side gradient, dx
+  // A folded side BN: its statistics read x2 once more, and each backward sweep reads x2 (side is
+  // then x2, read in the forward pass instead of the BN's output; its gradient is dx2).
+  const size_t side_bn = s.side_bn ? f32(3 * side) : 0;
+  return fwd + 2 * sweep + f32(side) + f32(in) + side_bn;  // + side gradient, dx
 }
 
 // A thread's scratch for bands of s.band_rows rows (backends/cpu/fused_common.h, thread_floats):
@@ -120,7 +126,7 @@ int64_t halo_rows(const FusedStack& s) {
 size_t plane_scratch_bytes(const FusedStack& s) {
   int64_t plane = 0;
   for (const FusedStage& st : s.stages) plane = std::max({plane, st.H * st.W, st.P * st.Q});
-  return f32(plane) * (s.stages.size() + 3);
+  return f32(plane) * (s.stages.size() + 3 + (s.side_bn ? 1 : 0));  // + x2's plane applied (side_bn)
 }
 
 bool is_pool(FusedKind k) { return k == FusedKind::MaxPool || k == FusedKind::AvgPool; }
@@ -137,8 +143,19 @@ void drop_global_pool(StackPlan& sp) {
   sp.stack.saves_output_mask = sp.stack.last().kind == FusedKind::Relu;
 }
 
+// A folded side BN goes back to being a layer where the stack does not run on whole planes in
+// memory order (bands, an explicit fusion.tile): those kernels do not apply it.
+void unfold_side_bn(StackPlan& sp) {
+  if (!sp.stack.side_bn) return;
+  sp.stack.side_bn = false;
+  sp.nodes.erase(std::find(sp.nodes.begin(), sp.nodes.end(), sp.side_bn_node));
+  sp.vanished.erase(std::find(sp.vanished.begin(), sp.vanished.end(), sp.side_bn_output));
+  sp.side = sp.side_bn_output;
+  sp.side_bn_node = sp.side_bn_output = -1;
+}
+
 // The stack headed by node `head` (a BN), or an empty one; nodes already in a stack end it.
-StackPlan find_stack(const Graph& g, int head, const std::vector<uint8_t>& claimed) {
+StackPlan find_stack(const Graph& g, int head, const std::vector<uint8_t>& claimed, bool fold_side_bn) {
   StackPlan sp;
   const Node& bn = g.node(head);
   FusedStage first = bn.op->fusion_stage();
@@ -177,6 +194,29 @@ StackPlan find_stack(const Graph& g, int head, const std::vector<uint8_t>& claim
       if (has_add || has_pool || node.inputs.size() != 2 || node.inputs[0] == node.inputs[1]) break;
       sp.side = node.inputs[0] == cur ? node.inputs[1] : node.inputs[0];
       has_add = true;
+      // The other operand a training BN's output read by this Add alone, of the same shape, and the
+      // Add right after the head BN (BN -> add [-> ReLU], nothing to recompute through the Add): that
+      // BN joins the stack (whole planes in memory order only: not on small planes, and the planner
+      // undoes it for bands; the caller asks for none under an explicit fusion.tile).
+      const Value& side = g.value(sp.side);
+      const int sb = side.producer;
+      if (fold_side_bn && sp.stack.stages.size() == 1 && sb >= 0 && !claimed[size_t(sb)] &&
+          side.consumers.size() == 1 && sb != head) {
+        const Node& bn2 = g.node(sb);
+        FusedStage s2 = bn2.op->fusion_stage();
+        if (s2.kind == FusedKind::BatchNorm && g.value(bn2.inputs[0]).shape == v.shape &&
+            bn2.inputs[0] != sp.input && v.shape[2] * v.shape[3] > kSmallPlane) {
+          s2.H = s2.P = v.shape[2];
+          s2.W = s2.Q = v.shape[3];
+          sp.stack.side_bn = true;
+          sp.stack.side_stage = s2;
+          sp.side_bn_node = sb;
+          sp.side_bn_output = sp.side;
+          sp.side = bn2.inputs[0];
+          sp.nodes.push_back(sb);  // before the Add: members stay in the order they run
+          sp.vanished.push_back(sp.side_bn_output);
+        }
+      }
     } else if (is_pool(st.kind)) {
       if (has_pool || has_add) break;
       has_pool = true;
@@ -265,7 +305,7 @@ Plan plan(const Graph& g, const FusionSpec& spec) {
   std::vector<int> fused_stack_ending_at(size_t(g.num_nodes()), -1);  // index into p.stacks
   for (int n = 0; n < g.num_nodes(); ++n) {
     if (claimed[size_t(n)]) continue;
-    StackPlan sp = find_stack(g, n, claimed);
+    StackPlan sp = find_stack(g, n, claimed, spec.fold_side_bn && spec.tile == 0);
     if (sp.nodes.size() < 2) sp = find_relu_stack(g, n, claimed);
     if (sp.nodes.size() < 2) continue;
     FusedStack& s = sp.stack;
@@ -288,6 +328,11 @@ Plan plan(const Graph& g, const FusionSpec& spec) {
     // fusion.tile auto): the most rows whose scratch fits, each band recomputing its pool's halo.
     if (scratch > p.cache_bytes && s.headed_by_bn() && !s.small_planes() && spec.tile == 0)
       s.band_rows = band_rows_within(s, p.cache_bytes);
+    if (s.band_rows > 0) {
+      unfold_side_bn(sp);
+      sp.bytes_unfused = unfused_bytes(s, N);
+      sp.bytes_fused = fused_bytes(s, N);
+    }
     if (std::find(spec.disable.begin(), spec.disable.end(), sp.name) != spec.disable.end()) {
       sp.why_not = "fusion.disable";
     } else if (scratch > p.cache_bytes && s.band_rows == 0) {
@@ -404,7 +449,9 @@ std::string describe(const Graph& g, const Plan& p) {
        "statistics sweep 1  sweep 2    streamed\n";
   for (const StackPlan& sp : p.stacks) {
     std::string stages;
-    for (const FusedStage& st : sp.stack.stages) stages += std::string(stages.empty() ? "" : ",") + kind_name(st.kind);
+    for (const FusedStage& st : sp.stack.stages)
+      stages += std::string(stages.empty() ? "" : ",") + kind_name(st.kind) +
+                (st.kind == FusedKind::Add && sp.stack.side_bn ? "(bn)" : "");
     const FusedStage& bn = sp.stack.stages[0];
     const std::string planes = std::to_string(sp.stack.C) + "x" + std::to_string(bn.H) + "x" + std::to_string(bn.W);
     o << sp.name << std::string(sp.name.size() < 22 ? 22 - sp.name.size() : 1, ' ') << stages

@@ -87,6 +87,15 @@ void apply(Graph& g, const Plan& p) {
     if (sp.side >= 0) inputs.push_back(sp.side);
     std::vector<Value> aux;
     for (int a : head.aux) aux.push_back(fresh(g.value(a)));
+    // A folded side BN (FusedStack::side_bn): its gamma, beta and running statistics after x2, its
+    // batch statistics (mean, invstd) after the head's.
+    const Node* side_bn = sp.stack.side_bn ? &g.node(sp.side_bn_node) : nullptr;
+    if (side_bn) {
+      ET_CHECK(side_bn->inputs.size() == 5 && side_bn->aux.size() == 2 && head.aux.size() == 2,
+               "fusion rewrite: the side BN of ", sp.name);
+      inputs.insert(inputs.end(), side_bn->inputs.begin() + 1, side_bn->inputs.end());
+      for (int a : side_bn->aux) aux.push_back(fresh(g.value(a)));
+    }
     if (!sp.stack.headed_by_bn()) {  // the pass bits, from the forward to the backward
       Value pass;
       pass.name = sp.name + ".pass";
@@ -162,6 +171,8 @@ void apply(Graph& g, const Plan& p) {
       if (g.node(m).op->fusion_stage().kind == FusedKind::Dropout) added.seed_index = g.node(m).seed_index;
     vmap[size_t(sp.output)] = out;
     for (size_t i = 0; i < head.aux.size(); ++i) vmap[size_t(head.aux[i])] = added.aux[i];
+    if (side_bn)
+      for (size_t i = 0; i < side_bn->aux.size(); ++i) vmap[size_t(side_bn->aux[i])] = added.aux[head.aux.size() + i];
     if (dz_sums_aux >= 0) {
       ET_CHECK(sp.reader_node > n, "fusion rewrite: the reader of ", sp.name, " comes before it");
       sweep1_of[size_t(sp.reader_node)] = {added.aux[0], added.aux[size_t(dz_sums_aux)], added.inputs[0],

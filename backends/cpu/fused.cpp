@@ -204,6 +204,22 @@ void CpuBackend::fused_forward(const FusedStack& s, FusedTensors& t, bool traini
   const uint32_t tb = want_mask ? bitmap::keep_threshold_bits(mask->prune_threshold) : 0;
   const int add = s.add_stage();
   const int64_t side_plane = add >= 0 ? s.stages[size_t(add)].H * s.stages[size_t(add)].W : 0;
+  // A folded side BN (FusedStack::side_bn): its statistics from x2 (t.side) as the BN layer takes
+  // them, then each plane of its output applied into the thread's scratch as the stack reaches it.
+  ET_CHECK(!s.side_bn || (!s.channel_slabs && s.band_rows == 0 && side_plane == HW), "fused stack: a side BN ",
+           "off whole planes in memory order");
+  const SumTables side_tab = side_bn_tables(static_cast<float*>(ws.data) + thread_floats(s) * cpu_threads(), N, C);
+  float *side_scale = side_tab.rest, *side_shift = side_tab.rest + C;
+  FusedStack side_stack;
+  FusedTensors side_t;
+  if (s.side_bn) {
+    side_stack = s;
+    side_stack.stages = {s.side_stage};
+    side_t.x = t.side;
+    side_t.gamma = t.side_gamma, side_t.beta = t.side_beta;
+    side_t.running_mean = t.side_running_mean, side_t.running_var = t.side_running_var;
+    side_t.mean = t.side_mean, side_t.invstd = t.side_invstd;
+  }
   const int64_t per_thread = thread_floats(s), plane = stage_buffer(s);
   const SumTables tab(static_cast<float*>(ws.data) + per_thread * cpu_threads(), N, C);
   float *scale = tab.rest, *shift = tab.rest + C;
@@ -250,10 +266,17 @@ void CpuBackend::fused_forward(const FusedStack& s, FusedTensors& t, bool traini
   auto forward_one = [&](float* const* scratch_out, int64_t pl, float sc, float sh) -> int64_t {
     int64_t kept_in_registers = -1;  // the element-wise planes count their bitmap words' bits themselves
     bool summed = false;             // y's sums taken as y was written
+    // The Add's other operand, plane pl: the side input's, or the folded BN's output in scratch.
+    const float* side_in = add >= 0 ? t.side.f32() + pl * side_plane : nullptr;
+    if (s.side_bn) {
+      float* applied = scratch_out[0] + side_plane_buffer(s);
+      bn_rows::apply(side_in, side_scale[pl % C], side_shift[pl % C], side_plane, applied);
+      side_in = applied;
+    }
 #if defined(ET_ELEMENTWISE_IN_REGISTERS)
     if (ew != ElementwiseOnly::No && global_pool) {  // the element-wise stages into scratch, its mean into y
       if (memory_order && pl + 1 < N * C) prefetch_plane(xp + (pl + 1) * HW, HW);
-      elementwise_forward_plane(ew, xp + pl * HW, add >= 0 ? t.side.f32() + pl * side_plane : nullptr, sc, sh, HW,
+      elementwise_forward_plane(ew, xp + pl * HW, side_in, sc, sh, HW,
                                 scratch_out[0], false, 0, nullptr);
       yp[pl] = pool_planes::plane_mean(scratch_out[0], HW);
     } else if (ew != ElementwiseOnly::No) {
@@ -264,7 +287,7 @@ void CpuBackend::fused_forward(const FusedStack& s, FusedTensors& t, bool traini
         if (!stream) prefetch_plane_for_write(yp + (pl + 1) * PQ, PQ);
       }
       kept_in_registers =
-          elementwise_forward_plane(ew, xp + pl * HW, add >= 0 ? t.side.f32() + pl * side_plane : nullptr, sc, sh, HW,
+          elementwise_forward_plane(ew, xp + pl * HW, side_in, sc, sh, HW,
                                     yp + pl * PQ, stream, tb, words ? words + pl * PQ / 64 : nullptr);
     } else
 #endif
@@ -293,7 +316,7 @@ void CpuBackend::fused_forward(const FusedStack& s, FusedTensors& t, bool traini
       for (int64_t k = 0; k < S; ++k) out[k] = scratch_out[k];
       out[S - 1] = yp + pl;
       forward_rows(s, whole_planes(s, pl, 1, t.seed), s.stages.size(), xp + pl * HW,
-                   add >= 0 ? t.side.f32() + pl * HW : nullptr, sc, sh, out, training);
+                   side_in, sc, sh, out, training);
     } else {  // the whole plane, or bands of rows (planes larger than the cache), their halos recomputed
       float* out[kMaxStages];
       for (int64_t k = 0; k < S; ++k) out[k] = scratch_out[k];
@@ -303,7 +326,7 @@ void CpuBackend::fused_forward(const FusedStack& s, FusedTensors& t, bool traini
         const StageRows rows = one_band(s, b, pl, t.seed);
         out[S - 1] = yp + rows.y_off;  // the last stage writes y's rows
         forward_rows(s, rows, s.stages.size(), xp + pl * HW + b.b0 * bn.W,
-                     add >= 0 ? t.side.f32() + rows.side_off : nullptr, sc, sh, out, training);
+                     add >= 0 ? side_in + (rows.side_off - pl * side_plane) : nullptr, sc, sh, out, training);
       }
     }
     if (y_sum1 && !summed) bn_rows::plane_sums(yp + pl * PQ, PQ, y_sum1 + pl, y_sum2 + pl);
@@ -317,7 +340,8 @@ void CpuBackend::fused_forward(const FusedStack& s, FusedTensors& t, bool traini
       bn_rows::eval_coefficients(t.gamma.f32()[c], t.beta.f32()[c], t.running_mean.f32()[c], t.running_var.f32()[c],
                                  bn.eps, sc, sh);
   };
-  cpu::StealingRanges sum_planes = plane_ranges(N * C, HW), y_planes = plane_ranges(N * C, HW);
+  cpu::StealingRanges sum_planes = plane_ranges(N * C, HW), y_planes = plane_ranges(N * C, HW),
+                      side_sum_planes = plane_ranges(N * C, HW);
 #pragma omp parallel reduction(+ : kept)
   {
     float* scratch = static_cast<float*>(ws.data) + omp_get_thread_num() * per_thread;
@@ -325,6 +349,7 @@ void CpuBackend::fused_forward(const FusedStack& s, FusedTensors& t, bool traini
     for (int64_t k = 0; k < S; ++k) out[k] = scratch + k * plane;
     if (memory_order) {
       statistics_in_region(s, t, training, tab, scale, shift, sum_planes);
+      if (s.side_bn) statistics_in_region(side_stack, side_t, training, side_tab, side_scale, side_shift, side_sum_planes);
       if (pack_values) {
         kept += rounds.run(yp, [&](int64_t pl) { return forward_one(out, pl, scale[pl % C], shift[pl % C]); });
       } else {

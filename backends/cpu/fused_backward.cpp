@@ -58,6 +58,11 @@ void CpuBackend::fused_backward(const FusedStack& s, const FusedTensors& t, Fuse
   if (g.dx_coef.defined()) g.dx_coef.f32()[0] = 0.f;
   if (!s.headed_by_bn()) return relu_pool_backward(s, t, g, ws);
   if (s.small_planes()) return fused_blocks_backward(s, t, g, ws);
+  // A folded side BN (FusedStack::side_bn): g.dside is x2's gradient, which its own sweep 2 writes;
+  // the first sweep writes no side gradient (the BN's dy is dz itself).
+  const Tensor side_dx = s.side_bn ? g.dside : Tensor{};
+  const bool side_dx_accumulate = g.dside_accumulate;
+  if (s.side_bn) g.dside = Tensor{};
   const FusedStage &bn = s.stages[0], &last = s.last();
   const int64_t N = t.x.dim(0), C = s.C, HW = bn.H * bn.W, PQ = last.P * last.Q, S = int64_t(s.stages.size());
   ET_CHECK(ws.bytes >= fused_workspace_bytes(s, N), "fused stack: workspace");
@@ -67,7 +72,12 @@ void CpuBackend::fused_backward(const FusedStack& s, const FusedTensors& t, Fuse
   const int64_t per_thread = thread_floats(s), plane = stage_buffer(s);
   const SumTables tab(static_cast<float*>(ws.data) + per_thread * cpu_threads(), N, C);
   auto* coef = reinterpret_cast<bn_rows::GradCoefficients*>(tab.rest);
+  const SumTables side_tab = side_bn_tables(static_cast<float*>(ws.data) + per_thread * cpu_threads(), N, C);
+  auto* side_coef = reinterpret_cast<bn_rows::GradCoefficients*>(side_tab.rest);
   const bool memory_order = !s.channel_slabs;
+  ET_CHECK(!s.side_bn || (memory_order && s.band_rows == 0 && t.side.dtype == DType::F32 &&
+                          t.side.numel() == t.x.numel()),
+           "fused stack: a side BN off whole planes in memory order, or without its x2");
   [[maybe_unused]] const ElementwiseOnly ew = elementwise_only(s, g, recompute);  // AVX-512, AVX2, NEON
   // Bands of rows (FusedStack::band_rows): the scratch holds a band, not a plane. The paths in
   // registers need no scratch but for x widened from a 16-bit stash, a whole plane: not then.
@@ -268,6 +278,35 @@ void CpuBackend::fused_backward(const FusedStack& s, const FusedTensors& t, Fuse
     bn_rows::grad_apply(dz, x, k, HW, dx, g.dx_accumulate);
   };
 
+  // The folded side BN (FusedStack::side_bn), plane pl: its dy is dz, parked in dx or rebuilt.
+  // Sweep 1: its two sums, as the BN layer takes them; sweep 2: dx2 = a2 * dz + b2 * x2 + c02.
+  ET_CHECK(!s.side_bn || (!dz_in_dy && !hand_on), "fused stack: a side BN with a sweep done elsewhere");
+  auto side_sums = [&](float* scratch, int64_t pl, const float* x) {
+    const int64_t c = pl % C, o = pl * HW;
+    const float *x2 = t.side.f32() + o, mu2 = t.side_mean.f32()[c];
+    float *a = &side_tab.sum1[pl], *b = &side_tab.sum2[pl];
+    if (park) return bn_rows::grad_sums(bn_rows::row_of(g.dx.f32() + o), x2, mu2, HW, a, b);
+#if defined(ET_ELEMENTWISE_IN_REGISTERS)
+    if (in_registers)
+      return bn_rows::grad_sums(elementwise_dz(ew, g, t, c, o, x, recompute, false, false), x2, mu2, HW, a, b);
+#endif
+    bn_rows::grad_sums(bn_rows::row_of(plane_dz(scratch, pl, x, false)), x2, mu2, HW, a, b);
+  };
+  auto side_sweep2 = [&](float* scratch, int64_t pl) {
+    const int64_t o = pl * HW;
+    const bn_rows::GradCoefficients& k = side_coef[pl % C];
+    const float* x2 = t.side.f32() + o;
+    float* dx2 = side_dx.f32() + o;
+    if (park) return bn_rows::grad_apply(g.dx.f32() + o, x2, k, HW, dx2, side_dx_accumulate);  // before dx's apply
+    const float* x = x_plane(scratch, pl);
+#if defined(ET_ELEMENTWISE_IN_REGISTERS)
+    if (in_registers)
+      return bn_rows::grad_apply_d(elementwise_dz(ew, g, t, pl % C, o, x, recompute, false, false), x2, k.a, k.b, k.c0,
+                                   HW, dx2, side_dx_accumulate);
+#endif
+    bn_rows::grad_apply(plane_dz(scratch, pl, x, false), x2, k, HW, dx2, side_dx_accumulate);
+  };
+
   cpu::StealingRanges sweep1_planes = plane_ranges(N * C, HW), sweep2_planes = plane_ranges(N * C, HW);
 #pragma omp parallel
   {
@@ -280,7 +319,10 @@ void CpuBackend::fused_backward(const FusedStack& s, const FusedTensors& t, Fuse
         for (int64_t pl = 0; pl < N * C; ++pl) tab.sum1[pl] = sums[pl], tab.sum2[pl] = sums[max_n * C + pl];
       } else {
         sweep1_planes.run([&](int64_t p0, int64_t p1) {
-          for (int64_t pl = p0; pl < p1; ++pl) sweep1(scratch, pl, &tab.sum1[pl], &tab.sum2[pl]);
+          for (int64_t pl = p0; pl < p1; ++pl) {
+            sweep1(scratch, pl, &tab.sum1[pl], &tab.sum2[pl]);
+            if (s.side_bn) side_sums(scratch, pl, x_plane(scratch, pl));
+          }
         });
 #pragma omp barrier
       }
@@ -291,10 +333,20 @@ void CpuBackend::fused_backward(const FusedStack& s, const FusedTensors& t, Fuse
         coef[c] = finish_channel(c, tab.d1[c], tab.d2[c]);
         if (hand_on) hand_on_channel(c, coef[c]);
       }
+      if (s.side_bn) {
+        sum_over_batch(side_tab.sum1, side_tab.sum2, N, C, ca, cb, side_tab.d1, side_tab.d2);
+        for (int64_t c = ca; c < cb; ++c)
+          side_coef[c] = bn_rows::channel_gradients(side_tab.d1[c], side_tab.d2[c], t.side_gamma, t.side_mean,
+                                                    t.side_invstd, c, N * HW, g.side_dgamma, g.side_dbeta,
+                                                    g.side_params_accumulate);
+      }
 #pragma omp barrier
-      if (g.dx.defined() && !hand_on) {
+      if ((g.dx.defined() && !hand_on) || side_dx.defined()) {
         sweep2_planes.run([&](int64_t p0, int64_t p1) {
-          for (int64_t pl = p0; pl < p1; ++pl) sweep2(scratch, pl, coef[pl % C]);
+          for (int64_t pl = p0; pl < p1; ++pl) {
+            if (side_dx.defined()) side_sweep2(scratch, pl);
+            if (g.dx.defined() && !hand_on) sweep2(scratch, pl, coef[pl % C]);
+          }
         });
       } else if (dz_in_dy && g.dside.defined()) {
         sweep2_planes.run([&](int64_t p0, int64_t p1) {

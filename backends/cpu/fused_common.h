@@ -43,9 +43,12 @@ inline int64_t max_plane(const FusedStack& s) { return round16(plane_floats(s));
 // One stage buffer of the thread's scratch: a whole plane, or a band's rows (FusedStack::band_rows).
 inline int64_t stage_buffer(const FusedStack& s) { return s.band_rows > 0 ? band_buffer_floats(s) : max_plane(s); }
 
-// Per thread: one buffer per stage output, two gradient buffers, and x's rows widened from a 16-bit
-// stash.
-inline int64_t thread_floats(const FusedStack& s) { return stage_buffer(s) * int64_t(s.stages.size() + 3); }
+// Per thread: one buffer per stage output, two gradient buffers, x's rows widened from a 16-bit
+// stash, and with a folded side BN (FusedStack::side_bn) its output's plane (side_plane_buffer).
+inline int64_t thread_floats(const FusedStack& s) {
+  return stage_buffer(s) * int64_t(s.stages.size() + 3 + (s.side_bn ? 1 : 0));
+}
+inline int64_t side_plane_buffer(const FusedStack& s) { return stage_buffer(s) * int64_t(s.stages.size() + 3); }
 
 // The pool's plane over a band (fused.cpp): its output rows [o0, o1), the input rows their windows
 // read, which start *in_offset floats into the band's input-side buffer (rows from b0), and the top
@@ -73,7 +76,8 @@ inline int64_t block_thread_floats(const FusedStack& s) {
 // arrays expanded per element [C, H, W].
 constexpr int kBlockExpanded = 6;
 inline int64_t table_floats(const FusedStack& s, int64_t N) {
-  const int64_t sums = round16(2 * N * s.C) + round16(4 * s.C);  // and two doubles per channel
+  int64_t sums = round16(2 * N * s.C) + round16(4 * s.C);  // and two doubles per channel
+  if (s.side_bn) sums += round16(2 * N * s.C) + round16(4 * s.C) + round16(5 * s.C);  // side_bn_tables
   if (s.small_planes()) return sums + kBlockExpanded * round16(s.C * s.stages[0].H * s.stages[0].W);
   return sums + round16(5 * s.C);
 }
@@ -91,6 +95,12 @@ struct SumTables {
     rest = p + round16(4 * C);
   }
 };
+
+// A folded side BN's tables (FusedStack::side_bn), after the stack's own (large planes): the same
+// layout, its `rest` holding its forward scale and shift or its backward coefficients.
+inline SumTables side_bn_tables(float* tables, int64_t N, int64_t C) {
+  return SumTables(tables + round16(2 * N * C) + round16(4 * C) + round16(5 * C), N, C);
+}
 
 // The planes of a sweep in memory order, balanced over the threads (balance.h): chunks of about
 // 64 KiB of floats. Each plane's results (its sums, its words, its kept count) are its own, so the
