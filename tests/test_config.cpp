@@ -182,6 +182,15 @@ TEST_CASE("train.device selects the backend, and one this build lacks is an erro
   CHECK_FALSE(parse_config(no_sweep.resolved(), "r.json").model.fusion.sweep1_in_reader);
   j["fusion"] = {{"sweep1_in_reader", 1}};
   CHECK_THROWS_WITH(parse_config(j, "t.json"), Catch::Contains("fusion.sweep1_in_reader"));
+  // fusion.fold_side_bn: on by default, written back, or off
+  j["fusion"] = json::object();
+  CHECK(parse_config(j, "t.json").model.fusion.fold_side_bn);
+  j["fusion"] = {{"fold_side_bn", false}};
+  const Config no_fold = parse_config(j, "t.json");
+  CHECK_FALSE(no_fold.model.fusion.fold_side_bn);
+  CHECK_FALSE(parse_config(no_fold.resolved(), "r.json").model.fusion.fold_side_bn);
+  j["fusion"] = {{"fold_side_bn", "no"}};
+  CHECK_THROWS_WITH(parse_config(j, "t.json"), Catch::Contains("fusion.fold_side_bn"));
   j["train"]["device"] = "cuda";
   j.erase("fusion");
   j["quant"] = {{"forward", "int4"}, {"backward", "luq_fp4"}};  // 4-bit training runs on CUDA
