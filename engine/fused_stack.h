@@ -203,6 +203,7 @@ struct FusedTensors {
   // FusedStack::side_bn: `side` is the second BN's input x2; its parameters, running statistics and
   // batch statistics (its layer's aux values, written by a training forward).
   Tensor side_gamma, side_beta, side_running_mean, side_running_var, side_mean, side_invstd;
+  Tensor side_x_sums;  // x2's per-plane sums from its producer, as x_sums, or undefined
   // Dropout: the dropout layer's seed for this step (OpContext::seed of its node, which the fused
   // node keeps); its mask is a function of the seed and each element's index in its tensor.
   uint64_t seed = 0;

@@ -23,10 +23,11 @@ constexpr int kSideMeanAux = 2, kSideInvstdAux = 3;
 class FusedStackOp final : public Op {
  public:
   FusedStackOp(const FusedStack& s, std::vector<std::string> members, int sums_input, int dz_sums_aux,
-               int y_bits_aux)
+               int y_bits_aux, int side_sums_input)
       : stack_(s),
         members_(std::move(members)),
         sums_input_(sums_input),
+        side_sums_input_(side_sums_input),
         dz_sums_aux_(dz_sums_aux),
         y_bits_aux_(y_bits_aux) {
     for (const FusedStage& st : s.stages)
@@ -103,6 +104,7 @@ class FusedStackOp final : public Op {
     // The sums pass from producer to reader in the first training forward only (Value::forward_only).
     if (ctx.training() && !ctx.recomputing()) {
       if (sums_input_ >= 0) t.x_sums = ctx.input(sums_input_);
+      if (side_sums_input_ >= 0) t.side_x_sums = ctx.input(side_sums_input_);
       if (y_sums_aux_ >= 0) t.y_sums = ctx.aux(y_sums_aux_);
     }
     if (AffineReluSource* src = ctx.output_source()) {  // the readers compute y from x as they read it
@@ -228,6 +230,7 @@ class FusedStackOp final : public Op {
   std::vector<std::string> members_;
   bool has_pool_ = false;
   int sums_input_ = -1;  // the input holding x's plane sums, written by x's producer
+  int side_sums_input_ = -1;  // the same for x2 (FusedStack::side_bn)
   int dz_sums_aux_ = -1;  // the aux value y's reader writes dz's plane sums to (FusedGrads::dz_sums)
   int y_bits_aux_ = -1;   // the aux value this forward writes y's bitmap to for it (y_bits_floats)
   int y_sums_aux_ = -1;  // the aux value to write y's plane sums to
@@ -248,8 +251,8 @@ void hand_sweep_on(Op& producer, Op& reader, const FusedStack& producer_stack, i
 bool takes_plane_sums(const FusedStack& s) { return s.headed_by_bn() && !s.small_planes() && !s.channel_slabs; }
 
 std::unique_ptr<Op> make_fused_op(const FusedStack& s, std::vector<std::string> members, int sums_input,
-                                  int dz_sums_aux, int y_bits_aux) {
-  return std::make_unique<FusedStackOp>(s, std::move(members), sums_input, dz_sums_aux, y_bits_aux);
+                                  int dz_sums_aux, int y_bits_aux, int side_sums_input) {
+  return std::make_unique<FusedStackOp>(s, std::move(members), sums_input, dz_sums_aux, y_bits_aux, side_sums_input);
 }
 
 }  // namespace fusion

@@ -23,6 +23,8 @@ struct StackPlan {
   // FusedStack::side_bn: the folded BN's node (a member), its output (the Add's operand, vanished)
   // and its input x2 (`side`).
   int side_bn_node = -1, side_bn_output = -1;
+  // That BN's per-plane sums come from x2's producer (a conv's epilogue), as sums_from_producer.
+  bool side_sums_from_producer = false;
   std::vector<int> vanished;               // intermediate values that leave the memory plan
   // A tile's working set: its channels' slabs of x and dz, and the plane scratch. Beyond the
   // cache the backward's second sweep re-reads x from memory.
@@ -92,11 +94,12 @@ void apply(Graph& g, const Plan& p);
 std::string describe(const Graph& g, const Plan& p);
 
 // The op a fused stack becomes (fused_op.cpp). Inputs: x, gamma, beta, running_mean, running_var
-// [, side] [, x's plane sums at input `sums_input`]; aux: batch mean, invstd [, dz's plane sums
-// from y's reader at aux `dz_sums_aux`] [, y's bitmap for that reader at aux `y_bits_aux`] [, y's
+// [, side [, a folded side BN's gamma, beta, running_mean, running_var]] [, x's plane sums at input
+// `sums_input`] [, x2's at `side_sums_input`]; aux: batch mean, invstd [, the side BN's] [, dz's
+// plane sums from y's reader at aux `dz_sums_aux`] [, y's bitmap at aux `y_bits_aux`] [, y's
 // plane sums].
 std::unique_ptr<Op> make_fused_op(const FusedStack& s, std::vector<std::string> members, int sums_input = -1,
-                                  int dz_sums_aux = -1, int y_bits_aux = -1);
+                                  int dz_sums_aux = -1, int y_bits_aux = -1, int side_sums_input = -1);
 // Links the fused stack `reader` to the one before it, `producer` (StackPlan::sweep_to_producer):
 // the reader writes its coefficients to its input `coef_input`, the producer's aux `coef_aux`.
 void hand_sweep_on(Op& producer, Op& reader, const FusedStack& producer_stack, int coef_aux, int coef_input);

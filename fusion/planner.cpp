@@ -393,6 +393,15 @@ Plan plan(const Graph& g, const FusionSpec& spec) {
         sp.reader_node = first_reader;
       }
       if (sp.sums_from_producer) sp.bytes_fused -= x_bytes;  // one read of x
+      // A folded side BN's sums from x2's producer, where the stack alone reads x2 and a layer (a
+      // conv) produced it.
+      if (s.side_bn) {
+        const Value& x2 = g.value(sp.side);
+        sp.side_sums_from_producer = x2.producer >= 0 && x2.consumers.size() == 1 &&
+                                     fused_stack_ending_at[size_t(x2.producer)] < 0 &&
+                                     g.node(x2.producer).op->can_write_plane_sums();
+        if (sp.side_sums_from_producer) sp.bytes_fused -= f32(N * s.C * s.side_stage.H * s.side_stage.W);
+      }
       // The second sweep handed on: it reads x and dy (the stack before reads dz instead of dy)
       // and writes dx no more.
       if (sp.sweep_to_producer) sp.bytes_fused -= sweep_bytes(s, N) + x_bytes;

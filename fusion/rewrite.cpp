@@ -121,6 +121,19 @@ void apply(Graph& g, const Plan& p) {
       sums_input = int(new_inputs.size());
       new_inputs.push_back(ng.add_aux(producer, std::move(sums)));
     }
+    // The same for a folded side BN's x2 (StackPlan::side_sums_from_producer).
+    int side_sums_input = -1;
+    if (sp.side_sums_from_producer) {
+      const int producer = ng.value(new_inputs[size_t(head.inputs.size())]).producer;
+      ET_CHECK(producer >= 0 && ng.node(producer).op->can_write_plane_sums(), "fusion rewrite: x2 sums of ", sp.name);
+      ng.node(producer).op->write_plane_sums(int(ng.node(producer).aux.size()));
+      Value sums;
+      sums.name = sp.name + ".side_x_sums";
+      sums.shape = Shape{2, g.batch_size(), sp.stack.C};
+      sums.forward_only = true;
+      side_sums_input = int(new_inputs.size());
+      new_inputs.push_back(ng.add_aux(producer, std::move(sums)));
+    }
     // BN's second backward sweep handed on to the stack before (StackPlan::sweep_to_producer): its
     // coefficients in an aux value of that stack, which lives until its backward.
     int coef_producer = -1, coef_aux = -1, coef_input = -1;
@@ -159,7 +172,7 @@ void apply(Graph& g, const Plan& p) {
       y_bits_aux = int(aux.size());
       aux.push_back(std::move(bits));
     }
-    std::unique_ptr<Op> op = make_fused_op(sp.stack, members, sums_input, dz_sums_aux, y_bits_aux);
+    std::unique_ptr<Op> op = make_fused_op(sp.stack, members, sums_input, dz_sums_aux, y_bits_aux, side_sums_input);
     if (coef_input >= 0)
       hand_sweep_on(*ng.node(coef_producer).op, *op, p.stacks[size_t(sp.producer_stack)].stack, coef_aux, coef_input);
     const int out =

@@ -19,6 +19,7 @@ namespace {
 enum class Block { Residual, NoRelu, ImageIntoBn, XReadTwice };
 
 // image -> conv c1 -> y1; BN b2 (conv c2 (y1)) + BN sb (conv sc (y1)) -> ReLU -> conv c3 -> out.
+// sb comes first in graph order, so it heads the stack and b2 is the one folded in.
 // NoRelu: no ReLU after the add (MobileNet-V2's). ImageIntoBn: b2 normalises the image itself (no
 // gradient wanted for its x: dz is not parked, the sweeps rebuild it). XReadTwice: c2's output is
 // also added to the block's output (the stack's dx accumulates: dz is not parked either).
@@ -72,6 +73,13 @@ TEST_CASE("fusion: a shortcut's BN folded into the add stack trains bit-identica
         spec.enabled = true;
         const fusion::Plan p = fusion::plan(fused, spec);
         REQUIRE(folded(p) == 1);
+        // The BN first in graph order heads the stack (sb, the shortcut's) and b2 folds into it. Its
+        // input's producer, conv c2, writes its per-plane sums in its epilogue where the stack
+        // alone reads that input; the image has no producer, and c2's output read twice is summed
+        // by the stack.
+        for (const fusion::StackPlan& sp : p.stacks)
+          if (sp.stack.side_bn)
+            CHECK(sp.side_sums_from_producer == (shape == Block::Residual || shape == Block::NoRelu));
         const int before = fused.num_nodes();
         fusion::apply(fused, p);
         // BN, add (and ReLU) and the shortcut's BN: one node.
@@ -124,7 +132,10 @@ TEST_CASE("fusion: ResNet-20's downsampling blocks fold their shortcut's BN", "[
   const fusion::Plan p = fusion::plan(g, spec);
   std::vector<std::string> names;
   for (const fusion::StackPlan& sp : p.stacks)
-    if (sp.fused && sp.stack.side_bn) names.push_back(sp.name);
+    if (sp.fused && sp.stack.side_bn) {
+      names.push_back(sp.name);
+      CHECK(sp.side_sums_from_producer);  // the shortcut's conv writes them
+    }
   CHECK(names == std::vector<std::string>{"layer2.0.bn2", "layer3.0.bn2"});
   // The plan's description names the folded BN's stage.
   CHECK(fusion::describe(g, p).find("bn,add(bn),relu") != std::string::npos);

@@ -219,6 +219,7 @@ void CpuBackend::fused_forward(const FusedStack& s, FusedTensors& t, bool traini
     side_t.gamma = t.side_gamma, side_t.beta = t.side_beta;
     side_t.running_mean = t.side_running_mean, side_t.running_var = t.side_running_var;
     side_t.mean = t.side_mean, side_t.invstd = t.side_invstd;
+    side_t.x_sums = t.side_x_sums;
   }
   const int64_t per_thread = thread_floats(s), plane = stage_buffer(s);
   const SumTables tab(static_cast<float*>(ws.data) + per_thread * cpu_threads(), N, C);
