@@ -153,10 +153,10 @@ namespace {
 // scale / shift for y = x * scale + shift (the batch statistics' in training, the running ones'
 // in evaluation). Ends with a barrier.
 // `planes`: N * C items (plane_ranges), for the sums' sweep.
-void statistics_in_region(const FusedStack& s, FusedTensors& t, bool training, const SumTables& tab, float* scale,
-                          float* shift, cpu::StealingRanges& planes) {
-  const FusedStage& bn = s.stages[0];
-  const int64_t N = t.x.dim(0), C = s.C, HW = bn.H * bn.W;
+// `bn`: the stack's head BN, or a folded side BN (its x and parameters in t).
+void statistics_in_region(const FusedStage& bn, int64_t C, FusedTensors& t, bool training, const SumTables& tab,
+                          float* scale, float* shift, cpu::StealingRanges& planes) {
+  const int64_t N = t.x.dim(0), HW = bn.H * bn.W;
   const bool sums_given = t.x_sums.defined();
   if (training && !sums_given) {
     const float* xp = t.x.f32();
@@ -210,11 +210,8 @@ void CpuBackend::fused_forward(const FusedStack& s, FusedTensors& t, bool traini
            "off whole planes in memory order");
   const SumTables side_tab = side_bn_tables(static_cast<float*>(ws.data) + thread_floats(s) * cpu_threads(), N, C);
   float *side_scale = side_tab.rest, *side_shift = side_tab.rest + C;
-  FusedStack side_stack;
-  FusedTensors side_t;
+  FusedTensors side_t;  // (no FusedStack copy: its vector would allocate in the step)
   if (s.side_bn) {
-    side_stack = s;
-    side_stack.stages = {s.side_stage};
     side_t.x = t.side;
     side_t.gamma = t.side_gamma, side_t.beta = t.side_beta;
     side_t.running_mean = t.side_running_mean, side_t.running_var = t.side_running_var;
@@ -349,8 +346,8 @@ void CpuBackend::fused_forward(const FusedStack& s, FusedTensors& t, bool traini
     float* out[kMaxStages];
     for (int64_t k = 0; k < S; ++k) out[k] = scratch + k * plane;
     if (memory_order) {
-      statistics_in_region(s, t, training, tab, scale, shift, sum_planes);
-      if (s.side_bn) statistics_in_region(side_stack, side_t, training, side_tab, side_scale, side_shift, side_sum_planes);
+      statistics_in_region(bn, C, t, training, tab, scale, shift, sum_planes);
+      if (s.side_bn) statistics_in_region(s.side_stage, C, side_t, training, side_tab, side_scale, side_shift, side_sum_planes);
       if (pack_values) {
         kept += rounds.run(yp, [&](int64_t pl) { return forward_one(out, pl, scale[pl % C], shift[pl % C]); });
       } else {
@@ -517,7 +514,7 @@ void CpuBackend::fused_forward_statistics(const FusedStack& s, FusedTensors& t, 
   const SumTables tab(static_cast<float*>(ws.data) + thread_floats(s) * cpu_threads(), N, C);
   cpu::StealingRanges planes = plane_ranges(N * C, s.stages[0].H * s.stages[0].W);
 #pragma omp parallel
-  statistics_in_region(s, t, training, tab, scale, shift, planes);
+  statistics_in_region(s.stages[0], s.C, t, training, tab, scale, shift, planes);
 }
 
 }  // namespace et
