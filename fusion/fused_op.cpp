@@ -49,9 +49,10 @@ class FusedStackOp final : public Op {
   }
   OutputZeros output_zeros() const override { return nonnegative() ? OutputZeros::Many : OutputZeros::None; }
   bool output_nonnegative(bool) const override { return nonnegative(); }
-  // x straight from an fp16 / bf16 stash: the kernels widen it plane by plane.
+  // x straight from an fp16 / bf16 stash: the kernels widen it plane by plane. A folded side BN's
+  // x2 is read as f32 (the stash decodes it).
   DTypeSet reads_stored(int save_index, const Backend& b, int64_t) const override {
-    return save_index == 0 && stack_.headed_by_bn() ? b.fused_backward_reads() : dtype_bit(DType::F32);  // x2: f32
+    return save_index == 0 && stack_.headed_by_bn() ? b.fused_backward_reads() : dtype_bit(DType::F32);
   }
   // Each tile reads its dy planes into scratch before it writes the same planes of dx; with a pool,
   // where the backend's backward reads each plane's dy before writing its dx (and the executor

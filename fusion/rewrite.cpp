@@ -107,33 +107,25 @@ void apply(Graph& g, const Plan& p) {
     std::vector<std::string> members;
     for (int m : sp.nodes) members.push_back(g.node(m).name);
     std::vector<int> new_inputs = mapped(inputs);
-    // BN's statistics from sums x's producer writes (a conv's epilogue, the stack before): one
-    // more input, an aux value of the producer that lives until this forward has read it.
-    int sums_input = -1;
-    if (sp.sums_from_producer) {
-      const int producer = ng.value(new_inputs[0]).producer;
-      ET_CHECK(producer >= 0 && ng.node(producer).op->can_write_plane_sums(), "fusion rewrite: sums of ", sp.name);
+    // BN's statistics from sums the producer of input `of` writes (a conv's epilogue, the stack
+    // before): one more input, an aux value of the producer that lives until this forward has read
+    // it. Returns that input's index.
+    auto sums_from_producer = [&](size_t of, const char* suffix) {
+      const int producer = ng.value(new_inputs[of]).producer;
+      ET_CHECK(producer >= 0 && ng.node(producer).op->can_write_plane_sums(), "fusion rewrite: sums of ", sp.name,
+               suffix);
       ng.node(producer).op->write_plane_sums(int(ng.node(producer).aux.size()));
       Value sums;
-      sums.name = sp.name + ".x_sums";
+      sums.name = sp.name + suffix;
       sums.shape = Shape{2, g.batch_size(), sp.stack.C};
       sums.forward_only = true;
-      sums_input = int(new_inputs.size());
       new_inputs.push_back(ng.add_aux(producer, std::move(sums)));
-    }
-    // The same for a folded side BN's x2 (StackPlan::side_sums_from_producer).
-    int side_sums_input = -1;
-    if (sp.side_sums_from_producer) {
-      const int producer = ng.value(new_inputs[size_t(head.inputs.size())]).producer;
-      ET_CHECK(producer >= 0 && ng.node(producer).op->can_write_plane_sums(), "fusion rewrite: x2 sums of ", sp.name);
-      ng.node(producer).op->write_plane_sums(int(ng.node(producer).aux.size()));
-      Value sums;
-      sums.name = sp.name + ".side_x_sums";
-      sums.shape = Shape{2, g.batch_size(), sp.stack.C};
-      sums.forward_only = true;
-      side_sums_input = int(new_inputs.size());
-      new_inputs.push_back(ng.add_aux(producer, std::move(sums)));
-    }
+      return int(new_inputs.size()) - 1;
+    };
+    const int sums_input = sp.sums_from_producer ? sums_from_producer(0, ".x_sums") : -1;
+    // The same for a folded side BN's x2, the input after the head BN's (StackPlan::side_sums_from_producer).
+    const int side_sums_input =
+        sp.side_sums_from_producer ? sums_from_producer(head.inputs.size(), ".side_x_sums") : -1;
     // BN's second backward sweep handed on to the stack before (StackPlan::sweep_to_producer): its
     // coefficients in an aux value of that stack, which lives until its backward.
     int coef_producer = -1, coef_aux = -1, coef_input = -1;

@@ -22,7 +22,7 @@ TEST_CASE("fusion: the planner's stacks, cache limit and bad settings", "[fusion
   FusionSpec spec;
   spec.enabled = true;
   const fusion::Plan p = fusion::plan(g, spec);
-  // stem + 9 blocks x 2 stacks; the two projection shortcuts' BNs feed an add's side: lone BNs.
+  // stem + 9 blocks x 2 stacks; the two projection shortcuts' BNs fold into their add stacks.
   CHECK(p.stacks.size() == 19);
   for (const fusion::StackPlan& sp : p.stacks) {
     CHECK(sp.fused);

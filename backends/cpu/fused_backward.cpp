@@ -281,11 +281,12 @@ void CpuBackend::fused_backward(const FusedStack& s, const FusedTensors& t, Fuse
   // The folded side BN (FusedStack::side_bn), plane pl: its dy is dz, parked in dx or rebuilt.
   // Sweep 1: its two sums, as the BN layer takes them; sweep 2: dx2 = a2 * dz + b2 * x2 + c02.
   ET_CHECK(!s.side_bn || (!dz_in_dy && !hand_on), "fused stack: a side BN with a sweep done elsewhere");
-  auto side_sums = [&](float* scratch, int64_t pl, const float* x) {
+  auto side_sums = [&](float* scratch, int64_t pl) {
     const int64_t c = pl % C, o = pl * HW;
     const float *x2 = t.side.f32() + o, mu2 = t.side_mean.f32()[c];
     float *a = &side_tab.sum1[pl], *b = &side_tab.sum2[pl];
     if (park) return bn_rows::grad_sums(bn_rows::row_of(g.dx.f32() + o), x2, mu2, HW, a, b);
+    const float* x = x_plane(scratch, pl);  // to rebuild dz
 #if defined(ET_ELEMENTWISE_IN_REGISTERS)
     if (in_registers)
       return bn_rows::grad_sums(elementwise_dz(ew, g, t, c, o, x, recompute, false, false), x2, mu2, HW, a, b);
@@ -321,7 +322,7 @@ void CpuBackend::fused_backward(const FusedStack& s, const FusedTensors& t, Fuse
         sweep1_planes.run([&](int64_t p0, int64_t p1) {
           for (int64_t pl = p0; pl < p1; ++pl) {
             sweep1(scratch, pl, &tab.sum1[pl], &tab.sum2[pl]);
-            if (s.side_bn) side_sums(scratch, pl, x_plane(scratch, pl));
+            if (s.side_bn) side_sums(scratch, pl);
           }
         });
 #pragma omp barrier
