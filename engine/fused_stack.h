@@ -238,7 +238,7 @@ enum class DzMask : uint8_t { FromX, FromY, FromBits, None };
 // in its forward for that sweep's mask (1 bit an element read instead of y's 32): an aux value of
 // [2 + N * C * PQ / 32] floats for a batch of up to N, [0] = 1 where the forward wrote it (0: the
 // stash took y's bitmap itself), [1] unused, then the words of memory/bitmap.h's layout over y [N, C, P, Q]
-// (planes of whole 64-bit words only: Backend::fused_writes_y_bits).
+// (planes of whole 64-bit words only: fusion::StackPlan::y_bits).
 inline int64_t y_bits_floats(int64_t N, int64_t C, int64_t PQ) { return 2 + N * C * PQ / 32; }
 
 // What that data gradient needs of the stack (Backend::conv2d_backward_data_dz_sums): x, the BN's

@@ -48,6 +48,10 @@ struct StackPlan {
   // the stack sweeps itself.
   bool sweep1_to_reader = false;
   int reader_node = -1;  // y's reader (a node of the graph planned), where sweep1_to_reader
+  // A stack ending in an add and a ReLU writes y's bitmap in its forward (`<stack>.y_bits`) for the
+  // first sweep's mask, the reader's or its own: planes of whole 64-bit words, whole planes in
+  // memory order, not FusionSpec::elementwise_only.
+  bool y_bits = false;
 };
 
 struct Plan {

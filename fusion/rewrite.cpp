@@ -156,8 +156,7 @@ void apply(Graph& g, const Plan& p) {
     // bit an element for the mask instead of y's float.
     int y_bits_aux = -1;
     const FusedStage& last = sp.stack.last();
-    if (sp.stack.headed_by_bn() && sp.stack.add_stage() >= 0 && last.kind == FusedKind::Relu &&
-        (last.P * last.Q) % 64 == 0 && !sp.stack.small_planes() && !sp.stack.channel_slabs && sp.stack.band_rows == 0) {
+    if (sp.y_bits) {
       Value bits;
       bits.name = sp.name + ".y_bits";
       bits.shape = Shape{y_bits_floats(g.batch_size(), sp.stack.C, last.P * last.Q)};

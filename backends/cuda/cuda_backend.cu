@@ -415,16 +415,6 @@ void CudaBackend::drop_capture() {
   graph_exec_ = nullptr;
 }
 
-// ---- not on CUDA yet: check_device_support (engine/config_sections.cpp) refuses the configs
-// that would reach these, so a call is a programmer error.
-size_t CudaBackend::fused_workspace_bytes(const FusedStack&, int64_t) const { return 0; }
-void CudaBackend::fused_forward(const FusedStack&, FusedTensors&, bool, MaskOut*, Workspace) {
-  ET_CHECK(false, "fused stacks on CUDA (the config should have refused fusion.enabled)");
-}
-void CudaBackend::fused_backward(const FusedStack&, const FusedTensors&, FusedGrads&, Workspace) {
-  ET_CHECK(false, "fused stacks on CUDA (the config should have refused fusion.enabled)");
-}
-
 std::unique_ptr<Backend> make_cuda_backend(int device) { return std::unique_ptr<Backend>(new CudaBackend(device)); }
 
 }  // namespace et

@@ -1,7 +1,15 @@
 // Batch norm on CUDA: P blocks per channel reduce its N planes (double accumulators, as the CPU
 // does, in another order: results agree to rounding), then applies the CPU's coefficients
 // (backends/cpu/batchnorm.cpp: train / eval scale and shift, the backward's a * dy + b * x + c0).
+//
+// The fused stacks it heads (engine/fused_stack.h, FusionSpec::elementwise_only): BN -> ReLU, BN ->
+// add and BN -> add -> ReLU, in two passes forward (the statistics, then y with its bitmap) and two
+// backward (the sums, writing the side gradient on the way, then dx), where the layers take four
+// or five. Each pass runs the layers' own kernels (the same templates: the same reductions in the
+// same order, the same expressions), with BN's output and its gradient dz computed in registers
+// instead of read from memory: fused and unfused give the same bits.
 #include "backends/cuda/cuda_backend_impl.h"
+#include "memory/bitmap.h"
 
 namespace et {
 
@@ -36,26 +44,51 @@ int64_t parts_for(int64_t N, int64_t C) {
   return p < 1 ? 1 : p > N ? N : p;
 }
 
-// Block (c, part): the sums of f(x) and g(x) over channel c of images [N * part / P, N * (part + 1) / P).
-// Forward: x and x^2. Backward: dy and dy * (x - mean).
-__global__ void bn_partials_kernel(const float* x, const float* dy, const float* mean, int64_t N, int64_t C,
-                                   int64_t HW, int64_t P, double* partials) {
+// The gradient of BN's output at element i: the layer's dy, or a fused stack's dz = dy where its
+// last ReLU passed (its bitmap, memory/bitmap.h's layout read as 32-bit words, or y itself), else
+// +0 (relu_backward's rule, cuda_elementwise.cu).
+struct OutputGrad {
+  const float* dy = nullptr;
+  const uint32_t* bits = nullptr;
+  const float* y = nullptr;
+  __device__ __forceinline__ float operator()(int64_t i) const {
+    if (bits) return (bits[i / 32] >> (i % 32)) & 1u ? dy[i] : 0.f;
+    if (y) return y[i] > 0.f ? dy[i] : 0.f;
+    return dy[i];
+  }
+};
+
+// Block (c, part): the sums of x and x^2 over channel c of images [N * part / P, N * (part + 1) / P).
+__global__ void bn_partials_kernel(const float* x, int64_t N, int64_t C, int64_t HW, int64_t P, double* partials) {
   const int64_t c = blockIdx.x, part = blockIdx.y;
   const int64_t n0 = N * part / P, n1 = N * (part + 1) / P, M = (n1 - n0) * HW;
   double a = 0, b = 0;
-  if (dy) {
-    const float mu = mean[c];
-    for (int64_t j = threadIdx.x; j < M; j += blockDim.x) {
-      const int64_t at = ((n0 + j / HW) * C + c) * HW + j % HW;
-      a += dy[at];
-      b += double(dy[at]) * double(x[at] - mu);
-    }
-  } else {
-    for (int64_t j = threadIdx.x; j < M; j += blockDim.x) {
-      const float v = x[((n0 + j / HW) * C + c) * HW + j % HW];
-      a += v;
-      b += double(v) * double(v);
-    }
+  for (int64_t j = threadIdx.x; j < M; j += blockDim.x) {
+    const float v = x[((n0 + j / HW) * C + c) * HW + j % HW];
+    a += v;
+    b += double(v) * double(v);
+  }
+  block_sum2(a, b);
+  if (threadIdx.x == 0) {
+    partials[(c * P + part) * 2] = a;
+    partials[(c * P + part) * 2 + 1] = b;
+  }
+}
+
+// The backward's: the sums of dz and dz * (x - mean), dz = grad(i). A fused stack's add hands dz to
+// its side input on the way (dside, added where side_acc: accumulate_grad's rule).
+__global__ void bn_grad_partials_kernel(OutputGrad grad, const float* x, const float* mean, int64_t N, int64_t C,
+                                        int64_t HW, int64_t P, double* partials, float* dside, bool side_acc) {
+  const int64_t c = blockIdx.x, part = blockIdx.y;
+  const int64_t n0 = N * part / P, n1 = N * (part + 1) / P, M = (n1 - n0) * HW;
+  double a = 0, b = 0;
+  const float mu = mean[c];
+  for (int64_t j = threadIdx.x; j < M; j += blockDim.x) {
+    const int64_t at = ((n0 + j / HW) * C + c) * HW + j % HW;
+    const float dz = grad(at);
+    if (dside) dside[at] = side_acc ? dside[at] + dz : dz;
+    a += dz;
+    b += double(dz) * double(x[at] - mu);
   }
   block_sum2(a, b);
   if (threadIdx.x == 0) {
@@ -132,13 +165,49 @@ __global__ void bn_backward_coefficients_kernel(const double* partials, int64_t 
   }
 }
 
-__global__ void bn_backward_apply_kernel(const float* dy, const float* x, int64_t n_total, int64_t C, int64_t HW,
+// dx may be dy's buffer (a fused stack's, Op::grad_in_place): each element is read before it is written.
+__global__ void bn_backward_apply_kernel(OutputGrad grad, const float* x, int64_t n_total, int64_t C, int64_t HW,
                                          const float* coef, float* dx, bool acc) {
   ET_GRID_STRIDE(i, n_total) {
     const int64_t c = i / HW % C;
-    const float v = coef[c] * dy[i] + coef[C + c] * x[i] + coef[2 * C + c];
+    const float v = coef[c] * grad(i) + coef[C + c] * x[i] + coef[2 * C + c];
     dx[i] = acc ? dx[i] + v : v;
   }
+}
+
+// A fused stack's forward: y = x * scale + shift as bn_apply_kernel (training) or bn_eval_kernel
+// computes it, + side as add_kernel, then max(., 0) as relu_kernel (relu). With bits32, y's bitmap
+// as relu_mask_kernel writes it (256 elements a block step; kept counts the set bits).
+__global__ void fused_forward_kernel(const float* x, const float* side, int64_t n, int64_t C, int64_t HW,
+                                     const float* coef, const float* gamma, const float* beta, const float* rm,
+                                     const float* rv, float eps, bool relu, float* y, uint32_t threshold,
+                                     uint32_t* bits32, int64_t words32, unsigned long long* kept) {
+  unsigned long long local = 0;
+  const int64_t steps = bits32 ? (words32 * 32 + 255) / 256 : (n + 255) / 256;
+  for (int64_t k = blockIdx.x; k < steps; k += gridDim.x) {
+    const int64_t i = k * 256 + threadIdx.x;
+    float v = 0.f;
+    if (i < n) {
+      const int64_t c = i / HW % C;
+      if (coef) {
+        v = x[i] * coef[c] + coef[C + c];
+      } else {
+        const float scale = gamma[c] / sqrtf(rv[c] + eps), shift = beta[c] - rm[c] * scale;
+        v = x[i] * scale + shift;
+      }
+      if (side) v = v + side[i];
+      if (relu) v = v > 0.f ? v : 0.f;
+      y[i] = v;
+    }
+    if (bits32) {
+      const unsigned ballot = __ballot_sync(0xFFFFFFFFu, i < n && __float_as_uint(v) >= threshold);
+      if ((threadIdx.x & 31) == 0 && i / 32 < words32) {
+        bits32[i / 32] = ballot;
+        local += __popc(ballot);
+      }
+    }
+  }
+  if (local) atomicAdd(kept, local);
 }
 
 float* opt(const Tensor& t) { return t.defined() ? t.f32() : nullptr; }
@@ -161,8 +230,7 @@ void CudaBackend::batchnorm_forward_train(const Tensor& x, const Tensor& gamma, 
   const int64_t N = x.dim(0), C = x.dim(1), HW = x.dim(2) * x.dim(3), P = parts_for(N, C);
   double* partials = bn_scratch(C * P * 2 + 2 * C);  // then the coefficients, 2C floats in C doubles' room
   float* coef = reinterpret_cast<float*>(partials + C * P * 2);
-  bn_partials_kernel<<<dim3(unsigned(C), unsigned(P)), kBnThreads, 0, stream_>>>(x.f32(), nullptr, nullptr, N, C, HW, P,
-                                                                                 partials);
+  bn_partials_kernel<<<dim3(unsigned(C), unsigned(P)), kBnThreads, 0, stream_>>>(x.f32(), N, C, HW, P, partials);
   cuda::launched("batchnorm_forward_train (sums)");
   bn_train_coefficients_kernel<<<cuda::blocks_for(C), cuda::kThreads, 0, stream_>>>(
       partials, P, C, N * HW, gamma.f32(), beta.f32(), opt(running_mean), opt(running_var), momentum, eps, mean.f32(),
@@ -187,15 +255,17 @@ void CudaBackend::batchnorm_backward(const Tensor& dy, const Tensor& x, const Te
   const int64_t N = x.dim(0), C = x.dim(1), HW = x.dim(2) * x.dim(3), P = parts_for(N, C);
   double* partials = bn_scratch(C * P * 2 + 2 * C);  // then the coefficients, 3C floats in 2C doubles' room
   float* coef = reinterpret_cast<float*>(partials + C * P * 2);
-  bn_partials_kernel<<<dim3(unsigned(C), unsigned(P)), kBnThreads, 0, stream_>>>(x.f32(), dy.f32(), mean.f32(), N, C,
-                                                                                 HW, P, partials);
+  OutputGrad grad;
+  grad.dy = dy.f32();
+  bn_grad_partials_kernel<<<dim3(unsigned(C), unsigned(P)), kBnThreads, 0, stream_>>>(grad, x.f32(), mean.f32(), N, C,
+                                                                                      HW, P, partials, nullptr, false);
   cuda::launched("batchnorm_backward (sums)");
   bn_backward_coefficients_kernel<<<cuda::blocks_for(C), cuda::kThreads, 0, stream_>>>(
       partials, P, C, N * HW, gamma.f32(), mean.f32(), invstd.f32(), opt(dgamma), opt(dbeta), accumulate_params, coef);
   cuda::launched("batchnorm_backward (coefficients)");
   if (!dx.defined()) return;
   bn_backward_apply_kernel<<<cuda::blocks_for(x.numel()), cuda::kThreads, 0, stream_>>>(
-      dy.f32(), x.f32(), x.numel(), C, HW, coef, dx.f32(), accumulate_dx);
+      grad, x.f32(), x.numel(), C, HW, coef, dx.f32(), accumulate_dx);
   cuda::launched("batchnorm_backward (apply)");
 }
 
@@ -205,6 +275,102 @@ void CudaBackend::batchnorm_backward_frozen(const Tensor& dy, const Tensor& gamm
   bn_frozen_backward_kernel<<<cuda::blocks_for(dy.numel()), cuda::kThreads, 0, stream_>>>(
       dy.f32(), dy.numel(), C, HW, gamma.f32(), running_var.f32(), eps, dx.f32(), accumulate);
   cuda::launched("batchnorm_backward_frozen");
+}
+
+// ---- fused stacks (FusionSpec::elementwise_only) ----
+
+namespace {
+// The stacks this backend runs: BN, then [add] [ReLU] (at least one), nothing folded or handed on.
+struct ElementwiseStack {
+  bool add = false, relu = false;
+};
+ElementwiseStack elementwise_stack(const FusedStack& s) {
+  ElementwiseStack e;
+  const size_t n = s.stages.size();
+  const bool ok = s.headed_by_bn() && !s.side_bn && n >= 2 && n <= 3 &&
+                  (n == 2 ? s.stages[1].kind == FusedKind::Relu || s.stages[1].kind == FusedKind::Add
+                          : s.stages[1].kind == FusedKind::Add && s.stages[2].kind == FusedKind::Relu);
+  ET_CHECK(ok, "cuda: a fused stack of other stages than BN -> [add] [-> ReLU] (plan it with "
+               "FusionSpec::elementwise_only)");
+  e.add = s.add_stage() >= 0;
+  e.relu = s.last().kind == FusedKind::Relu;
+  return e;
+}
+}  // namespace
+
+size_t CudaBackend::fused_workspace_bytes(const FusedStack&, int64_t) const { return 0; }  // bn_scratch
+
+void CudaBackend::fused_forward(const FusedStack& s, FusedTensors& t, bool training, MaskOut* mask, Workspace) {
+  const ElementwiseStack e = elementwise_stack(s);
+  ET_CHECK(!t.x_sums.defined() && !t.y_sums.defined(), "cuda: fused stacks take no plane sums");
+  ET_CHECK(t.x.dtype == DType::F32 && (!e.add || t.side.defined()), "cuda: fused stack inputs");
+  const FusedStage& bn = s.stages[0];
+  const int64_t N = t.x.dim(0), C = s.C, HW = t.x.dim(2) * t.x.dim(3), n = t.x.numel(), P = parts_for(N, C);
+  float* coef = nullptr;
+  if (training) {  // batchnorm_forward_train's statistics, coefficients, running statistics
+    double* partials = bn_scratch(C * P * 2 + 2 * C);
+    coef = reinterpret_cast<float*>(partials + C * P * 2);
+    bn_partials_kernel<<<dim3(unsigned(C), unsigned(P)), kBnThreads, 0, stream_>>>(t.x.f32(), N, C, HW, P, partials);
+    cuda::launched("fused_forward (sums)");
+    bn_train_coefficients_kernel<<<cuda::blocks_for(C), cuda::kThreads, 0, stream_>>>(
+        partials, P, C, N * HW, t.gamma.f32(), t.beta.f32(), opt(t.running_mean), opt(t.running_var), bn.momentum,
+        bn.eps, t.mean.f32(), t.invstd.f32(), coef);
+    cuda::launched("fused_forward (coefficients)");
+  }
+  // y's bitmap where the stash (or the stack's aux) asks for it: the last ReLU's, relu_forward's way.
+  const bool bits = training && mask && mask->bits && e.relu;
+  uint32_t threshold = 0;
+  int64_t words32 = 0;
+  unsigned long long* kept = nullptr;
+  if (bits) {
+    ET_CHECK(mask->prune_threshold >= 0.f, "prune threshold ", mask->prune_threshold);
+    threshold = bitmap::keep_threshold_bits(mask->prune_threshold);
+    words32 = (n + 63) / 64 * 2;
+    kept = counter();
+  }
+  const float* rm = training ? nullptr : t.running_mean.f32();
+  const float* rv = training ? nullptr : t.running_var.f32();
+  fused_forward_kernel<<<cuda::blocks_for(bits ? words32 * 32 : n), 256, 0, stream_>>>(
+      t.x.f32(), e.add ? t.side.f32() : nullptr, n, C, HW, coef, t.gamma.f32(), t.beta.f32(), rm, rv, bn.eps, e.relu,
+      t.y.f32(), threshold, bits ? reinterpret_cast<uint32_t*>(mask->bits) : nullptr, words32, kept);
+  cuda::launched("fused_forward (apply)");
+  if (!bits) return;
+  if (!capturing_ && (mask->count_wanted || mask->values)) {
+    mask->kept = read_counter();
+  } else {
+    if (mask->values)
+      user_error("fused_forward: a bitmap with values needs its count, which a recorded step cannot read");
+    mask->uncounted = true;
+  }
+}
+
+void CudaBackend::fused_backward(const FusedStack& s, const FusedTensors& t, FusedGrads& g, Workspace) {
+  const ElementwiseStack e = elementwise_stack(s);
+  ET_CHECK(!g.dz_sums.defined() && !g.dy_coef.defined() && !g.dx_coef.defined(),
+           "cuda: a fused stack's sweep done elsewhere");
+  ET_CHECK(t.x.dtype == DType::F32, "cuda: fused stack x dtype ", dtype_name(t.x.dtype));
+  const int64_t N = t.x.dim(0), C = s.C, HW = t.x.dim(2) * t.x.dim(3), P = parts_for(N, C);
+  OutputGrad grad;
+  grad.dy = g.dy.f32();
+  if (e.relu) {  // the ReLU's saved mask: the stash's bitmap, or y kept dense
+    grad.bits = reinterpret_cast<const uint32_t*>(g.y_mask.bits);
+    grad.y = g.y_mask.bits ? nullptr : opt(g.y_mask.dense);
+    ET_CHECK(grad.bits || grad.y, "cuda: a fused stack's ReLU mask");
+  }
+  double* partials = bn_scratch(C * P * 2 + 2 * C);  // then 3C float coefficients in 2C doubles' room
+  float* coef = reinterpret_cast<float*>(partials + C * P * 2);
+  float* dside = e.add ? opt(g.dside) : nullptr;
+  bn_grad_partials_kernel<<<dim3(unsigned(C), unsigned(P)), kBnThreads, 0, stream_>>>(
+      grad, t.x.f32(), t.mean.f32(), N, C, HW, P, partials, dside, g.dside_accumulate);
+  cuda::launched("fused_backward (sums)");
+  bn_backward_coefficients_kernel<<<cuda::blocks_for(C), cuda::kThreads, 0, stream_>>>(
+      partials, P, C, N * HW, t.gamma.f32(), t.mean.f32(), t.invstd.f32(), opt(g.dgamma), opt(g.dbeta),
+      g.params_accumulate, coef);
+  cuda::launched("fused_backward (coefficients)");
+  if (!g.dx.defined()) return;
+  bn_backward_apply_kernel<<<cuda::blocks_for(t.x.numel()), cuda::kThreads, 0, stream_>>>(
+      grad, t.x.f32(), t.x.numel(), C, HW, coef, g.dx.f32(), g.dx_accumulate);
+  cuda::launched("fused_backward (apply)");
 }
 
 }  // namespace et

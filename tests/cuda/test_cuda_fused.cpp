@@ -1,0 +1,125 @@
+// The CUDA backend's fused stacks (BN -> ReLU, BN -> add, BN -> add -> ReLU: fusion::plan with
+// FusionSpec::elementwise_only, backends/cuda/cuda_batchnorm.cu) against its own layers. Each pass
+// runs the layers' kernels' arithmetic in their order, BN's output and its gradient in registers
+// instead of memory, so fused and unfused steps agree bit for bit: in the stashes that give the
+// stacks the ReLU's mask differently (y kept dense, the bitmap stash, y recomputed), in evaluation,
+// and with the step recorded as a CUDA graph.
+#include <catch2/catch.hpp>
+
+#include <cstring>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "backends/backend.h"
+#include "backends/cuda/cuda_backend.h"
+#include "engine/executor.h"
+#include "engine/host_view.h"
+#include "engine/init.h"
+#include "engine/step_replay.h"
+#include "engine/train/optimizer.h"
+#include "models/models.h"
+
+using namespace et;
+
+namespace {
+
+// A model at batch 8 on a shared backend (both runs then take the same measured conv choices),
+// fused (the CUDA stacks) or not.
+struct FusedRun {
+  Graph g;
+  std::unique_ptr<Executor> ex;
+  Backend* be;
+  int64_t batch = 8;
+  FusedRun(Backend& backend, const StashOptions& so, const std::string& model, bool fused) : be(&backend) {
+    ModelSpec spec;
+    spec.name = model;
+    spec.batch = batch;
+    spec.fusion.enabled = fused;
+    spec.fusion.elementwise_only = true;
+    build_model(g, spec);
+    ex = std::make_unique<Executor>(g, *be, so);
+    init_parameters(*ex, 5);
+  }
+  void fill(int k) {
+    const HostView x(*be, ex->value(g.image_input).with_batch(batch), HostView::Write),
+        y(*be, ex->value(g.label_input).with_batch(batch), HostView::Write);
+    for (int64_t i = 0; i < batch * 3 * 32 * 32; ++i) x.f32()[i] = float((i + k) * 7 % 23) / 11.f - 1.f;
+    for (int64_t i = 0; i < batch; ++i) y.i32()[i] = int32_t((i + k) * 3 % 10);
+  }
+  int fused_nodes() const {
+    int n = 0;
+    for (int i = 0; i < g.num_nodes(); ++i) n += std::string(g.node(i).op->type()) == "fused_stack";
+    return n;
+  }
+};
+
+// Parameters, their gradients and the BN buffers, as bytes.
+std::vector<char> state_bytes(FusedRun& r) {
+  std::vector<Tensor> kept;
+  for (int p : r.g.params()) kept.push_back(r.ex->value(p));
+  for (int p : r.ex->params()) kept.push_back(r.ex->grad(p));
+  for (int b : r.g.buffers()) kept.push_back(r.ex->value(b));
+  std::vector<char> out;
+  for (const Tensor& t : kept) {
+    const HostView v(*r.be, t, HostView::Read);
+    out.insert(out.end(), static_cast<const char*>(v.data()), static_cast<const char*>(v.data()) + t.nbytes());
+  }
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("cuda: fused stacks train bit-identically to the layers", "[cuda][fusion]") {
+  for (const char* model : {"resnet20", "mobilenetv2"}) {
+    for (StashFormat f : {StashFormat::DenseF32, StashFormat::BitmapF32, StashFormat::Auto}) {
+      for (int every : {0, 1}) {
+        INFO(model << ", stash " << stash_format_name(f) << ", checkpoint_every " << every);
+        StashOptions so;
+        so.format = f;
+        so.checkpoint_every = every;
+        const std::unique_ptr<Backend> be = make_cuda_backend(0);
+        FusedRun plain(*be, so, model, false), fused(*be, so, model, true);
+        REQUIRE(fused.fused_nodes() > 0);
+        for (int s = 0; s < 3; ++s) {
+          for (FusedRun* r : {&plain, &fused}) {
+            r->fill(s);
+            r->ex->forward(r->batch, true);
+            r->ex->backward();
+          }
+          CHECK(fused.ex->loss() == plain.ex->loss());
+          CHECK((state_bytes(fused) == state_bytes(plain)));  // (( )): no byte-by-byte expansion
+          for (FusedRun* r : {&plain, &fused}) REQUIRE(sgd_update(*r->ex, SgdOptions{0.9f, 5e-4f, false}, 0.05f, s == 0));
+        }
+        // Evaluation (the running statistics): the same logits' loss.
+        plain.ex->forward(5, false);
+        fused.ex->forward(5, false);
+        CHECK(fused.ex->loss() == plain.ex->loss());
+      }
+    }
+  }
+}
+
+TEST_CASE("cuda: a recorded step with fused stacks equals the fused step run op by op", "[cuda][fusion][replay]") {
+  const std::unique_ptr<Backend> be = make_cuda_backend(0);
+  StashOptions so;  // dense: the ReLU's mask is y itself, nothing counted on the host
+  FusedRun direct(*be, so, "resnet20", true), rec(*be, so, "resnet20", true);
+  REQUIRE(StepReplay::unsupported(*rec.ex) == "");
+  StepReplay replay(*rec.ex, true, 1);
+  for (int s = 0; s < 4; ++s) {
+    direct.fill(s);
+    rec.fill(s);
+    direct.ex->forward(direct.batch, true);
+    direct.ex->backward();
+    if (!replay.try_step(rec.batch)) {
+      rec.ex->forward(rec.batch, true);
+      rec.ex->backward();
+    }
+    CHECK(replay.why_not() == "");
+    CHECK(rec.ex->loss() == direct.ex->loss());
+    REQUIRE(sgd_update(*direct.ex, SgdOptions{0.9f, 5e-4f, false}, 0.05f, s == 0));
+    REQUIRE(sgd_update(*rec.ex, SgdOptions{0.9f, 5e-4f, false}, 0.05f, s == 0));
+  }
+  CHECK(replay.replaying());
+  CHECK((state_bytes(rec) == state_bytes(direct)));
+}

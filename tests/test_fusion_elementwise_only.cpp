@@ -1,0 +1,90 @@
+// The stacks a backend without the CPU's tiled kernels runs (FusionSpec::elementwise_only: the
+// CUDA backend's, backends/cuda/cuda_batchnorm.cu): BN -> ReLU, BN -> add, BN -> add -> ReLU, each
+// sweep its own, nothing folded. The plan's shape here; that such a plan trains bit-identically to
+// the layers on the CPU (the graph rewrite and the op's saves, independent of the backend); the
+// CUDA kernels against the CUDA layers in tests/cuda/test_cuda_fused.cpp.
+#include <catch2/catch.hpp>
+
+#include <string>
+
+#include "engine/check.h"
+#include "fusion/fusion.h"
+#include "tests/fusion_harness.h"
+#include "tests/tiny_training.h"
+
+using namespace et;
+using namespace et::fusion_test;
+
+namespace {
+ModelSpec elementwise_spec(const std::string& model, int64_t batch, int64_t side) {
+  ModelSpec s = spec_of(model, batch, side, true);
+  s.fusion.elementwise_only = true;
+  return s;
+}
+}  // namespace
+
+TEST_CASE("fusion: the element-wise-only plan holds BN -> [add] [-> ReLU] stacks, each sweep its own", "[fusion]") {
+  for (const char* model : {"resnet20", "vgg16_bn", "mobilenetv2"}) {
+    INFO(model);
+    Graph g;
+    build_model(g, spec_of(model, 4, 32, false));
+    FusionSpec spec;
+    spec.enabled = true;
+    spec.elementwise_only = true;
+    spec.cache_kb = 1;  // a cache no plane fits: such a plan has no tiles, bands or limits
+    const fusion::Plan p = fusion::plan(g, spec);
+    int fused = 0, with_add = 0;
+    for (const fusion::StackPlan& sp : p.stacks) {
+      CAPTURE(sp.name);
+      if (!sp.fused) continue;
+      ++fused;
+      const FusedStack& s = sp.stack;
+      REQUIRE(s.headed_by_bn());
+      const size_t n = s.stages.size();
+      const bool relu = n == 2 && s.stages[1].kind == FusedKind::Relu,
+                 add = n == 2 && s.stages[1].kind == FusedKind::Add,
+                 add_relu = n == 3 && s.stages[1].kind == FusedKind::Add && s.stages[2].kind == FusedKind::Relu;
+      CHECK((relu || add || add_relu));
+      with_add += add || add_relu;
+      CHECK_FALSE(s.side_bn);
+      CHECK(s.band_rows == 0);
+      CHECK_FALSE(s.channel_slabs);
+      CHECK_FALSE((s.stream_y || s.stream_dx));
+      CHECK_FALSE(sp.sums_from_producer);
+      CHECK_FALSE(sp.sweep_to_producer);
+      CHECK_FALSE(sp.sweep1_to_reader);
+      CHECK_FALSE(sp.y_bits);
+    }
+    // Every BN -> ReLU of the three, and the residual adds of ResNet-20 (9) and MobileNet-V2 (14).
+    CHECK(fused > 0);
+    CHECK(with_add == (std::string(model) == "resnet20" ? 9 : std::string(model) == "mobilenetv2" ? 14 : 0));
+  }
+  // The full CPU plan folds, shares and tiles where this one does not.
+  Graph g;
+  build_model(g, spec_of("resnet20", 4, 32, false));
+  FusionSpec full;
+  full.enabled = true;
+  bool any_folded = false;
+  for (const fusion::StackPlan& sp : fusion::plan(g, full).stacks) any_folded |= sp.stack.side_bn;
+  CHECK(any_folded);
+  // An explicit tile names its key.
+  FusionSpec tiled = full;
+  tiled.elementwise_only = true;
+  tiled.tile = 4;
+  CHECK_THROWS_WITH(fusion::plan(g, tiled), Catch::Contains("fusion.tile"));
+}
+
+TEST_CASE("fusion: an element-wise-only plan trains bit-identically to the layers", "[fusion]") {
+  // ResNet-8 (BN -> ReLU, BN -> add -> ReLU, option-A shortcuts) and MobileNet-V2 on 16x16 images
+  // (BN -> add, small planes), in the stashes whose masks reach the stacks differently: y kept
+  // dense, the bitmap stash's mask, recomputation.
+  for (const char* model : {"resnet8", "mobilenetv2"}) {
+    INFO(model);
+    Graph plain, fused;
+    build_model(plain, spec_of(model, 2, 16, false));
+    build_model(fused, elementwise_spec(model, 2, 16));
+    CHECK(fused_nodes(fused) > 0);
+    check_trains_alike(plain, fused, 2,
+                       {stash(StashFormat::DenseF32), stash(StashFormat::BitmapF32), stash(StashFormat::DenseF32, 1)});
+  }
+}
