@@ -220,10 +220,14 @@ void parse_memory(ObjectReader& top, Config& c) {
 void parse_fusion(ObjectReader& top, Config& c) {
   ObjectReader fu = top.child("fusion");
   FusionSpec& f = c.model.fusion;
-  // auto: fused where the backend runs fused stacks (CPU: faster on every shipped model and no
-  // more memory, docs/fusion.md); CUDA has none yet. train is parsed before this section.
+  // auto: fused where the backend's fused stacks are measured and verified (CPU: faster on every
+  // shipped model and no more memory, docs/fusion.md). CUDA runs the element-wise stacks only
+  // (FusionSpec::elementwise_only), on `true` alone until a GPU has run their tests
+  // (docs/cuda.md). train is parsed before this section.
+  const bool cuda = c.train.device.compare(0, 4, "cuda") == 0;
   f.automatic = fu.get_or_auto("enabled", f.enabled, "true or false");
-  if (f.automatic) f.enabled = c.train.device.compare(0, 4, "cuda") != 0;
+  if (f.automatic) f.enabled = !cuda;
+  f.elementwise_only = cuda;
   json tile = "auto";
   fu.get("tile", tile);
   if (tile.is_string() && tile.get<std::string>() == "auto") {
@@ -333,13 +337,11 @@ namespace et {
 namespace config_detail {
 
 // What the CUDA backend runs so far (issue 13): FP32 and 4-bit training with every stash format,
-// and recomputation. Fused stacks (its element-wise ones, FusionSpec::elementwise_only) wait for a
-// GPU to run their tests; until then, and a USS budget (host memory), name their key.
+// recomputation, and (fusion.enabled = true) its element-wise fused stacks. A USS budget (host
+// memory) names its key.
 void check_device_support(const Config& c) {
   if (c.train.device.compare(0, 4, "cuda") != 0) return;
   const std::string dev = "config key 'train.device' = \"" + c.train.device + "\": ";
-  if (c.model.fusion.enabled)
-    user_error(dev, "fused stacks on CUDA are not yet verified on a GPU; set fusion.enabled = false (or auto)");
   if (c.memory.budget_mb > 0)
     user_error(dev, "memory.budget_mb plans host USS; on CUDA leave it at 0");
 }

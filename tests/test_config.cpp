@@ -142,10 +142,15 @@ TEST_CASE("train.device selects the backend, and one this build lacks is an erro
   j["train"]["cuda_graph"] = false;
   CHECK_FALSE(parse_config(j, "t.json").train.cuda_graph);
   j["train"].erase("cuda_graph");
-  // What the CUDA backend does not run yet names its key.
+  // fusion.enabled = true on CUDA: its element-wise stacks (FusionSpec::elementwise_only); an
+  // explicit tile names its key when the model is planned.
   j["train"]["device"] = "cuda";
   j["fusion"] = {{"enabled", true}};
-  CHECK_THROWS_WITH(parse_config(j, "t.json"), Catch::Contains("train.device") && Catch::Contains("fusion.enabled"));
+  const Config fused_cuda = parse_config(j, "t.json");
+  CHECK(fused_cuda.model.fusion.enabled);
+  CHECK(fused_cuda.model.fusion.elementwise_only);
+  j["train"]["device"] = "cpu";
+  CHECK_FALSE(parse_config(j, "t.json").model.fusion.elementwise_only);
   // fusion.enabled = "auto" (the default): off on CUDA, on on the CPU, written back as "auto"
   for (const json& setting : {json("auto"), json()}) {
     if (setting.is_null())
