@@ -3,7 +3,7 @@
 # so nothing is built there). Prepare here with scripts/gpu_prepare.sh (builds build-cuda: portable
 # x86, sm_90; copies the binaries and a 20 MB .tgz of the JPEG CIFAR-10 into gpu/, which
 # .gitignore leaves out), then run there, carrying gpu/:
-#   STEPS="tests bench train suite" bash scripts/gpu_check.sh gpu   (also: luq, profile, badinput, conv, torch)
+#   STEPS="tests bench train suite" bash scripts/gpu_check.sh gpu   (also: fused, luq, profile, badinput, conv, torch)
 # Each step has its own time limit and writes its log to $OUT; a step that fails does not stop the
 # next. The CPU suite runs there sharded by test case (the machine has 16 cores).
 set -u
@@ -54,6 +54,27 @@ if has bench; then
   done 2>&1 | tee "$OUT/bench.log"
   timeout 60 "$B/edgetrain" memprofile --config configs/resnet20_cifar10.json --synthetic --out /tmp/mp \
     --set train.device=cuda --set fusion.enabled=false --set memory.stash=bitmap_fp32 >"$OUT/memprofile.log" 2>&1
+fi
+
+if has fused; then
+  # The CUDA fused stacks (BN -> [add] [-> ReLU], docs/cuda.md "Written in session 54"): their tests
+  # alone, then the step fused against unfused in one process (interleaved pairs), with and without
+  # the CUDA graph, and a short training run with them.
+  stamp "CUDA fused stacks: tests, bench step against the layers, a short training run"
+  {
+    EDGETRAIN_REQUIRE_GPU=1 timeout 120 "$B/edgetrain_cuda_tests" "[fusion]" 2>&1 | grep -E '^(test cases|All tests)|FAILED|failed' | head -20
+    for model in ${FUSED_MODELS:-resnet20 mobilenetv2}; do
+      for graph in false true; do
+        timeout 120 "$B/edgetrain" bench step --config "configs/${model}_cifar10.json" --steps "${BENCH_STEPS:-20}" \
+          --warmup 3 --set train.device=cuda --set fusion.enabled=true --set train.cuda_graph=$graph \
+          --against fusion.enabled=false 2>&1 | grep -E 'median step|as fast|rror' | sed "s/^/$model graph=$graph: /"
+      done
+    done
+    rm -rf /tmp/run_fused
+    timeout "${TRAIN_S:-300}" "$B/edgetrain" train --config configs/resnet20_cifar10_short.json --out /tmp/run_fused \
+      --set train.epochs="$EPOCHS" --set train.device=cuda --set fusion.enabled=true --set data.root="$data" 2>&1 |
+      grep -E '^epoch [0-9]+/[0-9]+:|rror'
+  } 2>&1 | tee "$OUT/fused.log"
 fi
 
 if has luq; then
