@@ -72,13 +72,13 @@ std::vector<char> state_bytes(FusedRun& r) {
 
 TEST_CASE("cuda: fused stacks train bit-identically to the layers", "[cuda][fusion]") {
   for (const char* model : {"resnet20", "mobilenetv2"}) {
+    const std::unique_ptr<Backend> be = make_cuda_backend(0);  // its conv choices, measured once
     for (StashFormat f : {StashFormat::DenseF32, StashFormat::BitmapF32, StashFormat::Auto}) {
       for (int every : {0, 1}) {
         INFO(model << ", stash " << stash_format_name(f) << ", checkpoint_every " << every);
         StashOptions so;
         so.format = f;
         so.checkpoint_every = every;
-        const std::unique_ptr<Backend> be = make_cuda_backend(0);
         FusedRun plain(*be, so, model, false), fused(*be, so, model, true);
         REQUIRE(fused.fused_nodes() > 0);
         for (int s = 0; s < 3; ++s) {
