@@ -222,12 +222,12 @@ void parse_fusion(ObjectReader& top, Config& c) {
   FusionSpec& f = c.model.fusion;
   // auto: fused where the backend's fused stacks are measured and verified (CPU: faster on every
   // shipped model and no more memory, docs/fusion.md). CUDA runs the element-wise stacks only
-  // (FusionSpec::elementwise_only), on `true` alone until a GPU has run their tests
+  // (FusionSpec::whole_tensors), on `true` alone until a GPU has run their tests
   // (docs/cuda.md). train is parsed before this section.
   const bool cuda = c.train.device.compare(0, 4, "cuda") == 0;
   f.automatic = fu.get_or_auto("enabled", f.enabled, "true or false");
   if (f.automatic) f.enabled = !cuda;
-  f.elementwise_only = cuda;
+  f.whole_tensors = cuda;
   json tile = "auto";
   fu.get("tile", tile);
   if (tile.is_string() && tile.get<std::string>() == "auto") {

@@ -31,11 +31,11 @@ struct FusionSpec {
   // stack (FusedStack::side_bn); false: it stays a layer (A/B runs).
   bool fold_side_bn = true;
   // The stacks a backend without the CPU's tiled kernels runs (the CUDA backend,
-  // backends/cuda/cuda_batchnorm.cu): BN -> ReLU, BN -> add, BN -> add -> ReLU on whole tensors,
-  // their statistics their own (no producer's sums), both backward sweeps their own, no folded side
-  // BN and no y bitmap of their own (the stash's mask, or y, gives the ReLU's). Pools, dropout and
-  // stacks without a BN stay layers.
-  bool elementwise_only = false;
+  // backends/cuda/cuda_batchnorm.cu), over whole tensors: BN -> ReLU [-> max-pool], BN -> add
+  // [-> ReLU]; their statistics their own (no producer's sums), both backward sweeps their own, no
+  // folded side BN and no y bitmap of their own (the stash's mask, or y, gives the last ReLU's).
+  // Average pools, dropout and stacks without a BN stay layers.
+  bool whole_tensors = false;
 };
 
 // Which parameters train (config section `finetune`, docs/finetune.md; models/freeze.cpp).

@@ -50,7 +50,7 @@ struct StackPlan {
   int reader_node = -1;  // y's reader (a node of the graph planned), where sweep1_to_reader
   // A stack ending in an add and a ReLU writes y's bitmap in its forward (`<stack>.y_bits`) for the
   // first sweep's mask, the reader's or its own: planes of whole 64-bit words, whole planes in
-  // memory order, not FusionSpec::elementwise_only.
+  // memory order, not FusionSpec::whole_tensors.
   bool y_bits = false;
 };
 

@@ -155,9 +155,9 @@ void unfold_side_bn(StackPlan& sp) {
 }
 
 // The stack headed by node `head` (a BN), or an empty one; nodes already in a stack end it.
-// elementwise_only (FusionSpec): BN -> ReLU, BN -> add, BN -> add -> ReLU, nothing folded.
+// whole_tensors (FusionSpec): BN -> ReLU [-> max-pool], BN -> add [-> ReLU], nothing folded.
 StackPlan find_stack(const Graph& g, int head, const std::vector<uint8_t>& claimed, bool fold_side_bn,
-                     bool elementwise_only) {
+                     bool whole_tensors) {
   StackPlan sp;
   const Node& bn = g.node(head);
   FusedStage first = bn.op->fusion_stage();
@@ -180,8 +180,14 @@ StackPlan find_stack(const Graph& g, int head, const std::vector<uint8_t>& claim
     const Node& node = g.node(k);
     FusedStage st = node.op->fusion_stage();
     const Shape& out = g.value(node.output).shape;
-    if (elementwise_only && st.kind != FusedKind::Relu && (st.kind != FusedKind::Add || sp.stack.stages.size() > 1))
-      break;
+    if (whole_tensors) {
+      const std::vector<FusedStage>& ss = sp.stack.stages;
+      const bool after_bn = ss.size() == 1, after = ss.size() == 2;
+      const bool fits = (st.kind == FusedKind::Add && after_bn) ||
+                        (st.kind == FusedKind::Relu && (after_bn || (after && ss[1].kind == FusedKind::Add))) ||
+                        (st.kind == FusedKind::MaxPool && after && ss[1].kind == FusedKind::Relu);
+      if (!fits) break;
+    }
     if (st.kind == FusedKind::GlobalAvgPool) {  // ends the stack: its output is [N, C]
       if (has_pool || has_add || v.shape.ndim != 4) break;
       st.H = v.shape[2];
@@ -238,7 +244,7 @@ StackPlan find_stack(const Graph& g, int head, const std::vector<uint8_t>& claim
     sp.nodes.push_back(k);
     sp.vanished.push_back(cur);
     cur = node.output;
-    if (st.kind == FusedKind::Relu && (has_add || elementwise_only)) break;  // its mask is saved: nothing may follow
+    if (st.kind == FusedKind::Relu && has_add) break;  // its mask is saved: nothing may follow
   }
   sp.output = cur;
   sp.stack.saves_output_mask = sp.stack.last().kind == FusedKind::Relu;
@@ -284,7 +290,7 @@ Plan plan(const Graph& g, const FusionSpec& spec) {
   if (spec.cache_kb < 0) user_error("config key 'fusion.cache_kb' = ", spec.cache_kb, ": must be > 0 (or 0 = this core's L2)");
   if (spec.tile < 0) user_error("config key 'fusion.tile' = ", spec.tile, ": must be a channel count >= 1 (or auto)");
   if (spec.llc_kb < 0) user_error("config key 'fusion.llc_kb' = ", spec.llc_kb, ": must be > 0 (or 0 = this machine's last level)");
-  if (spec.elementwise_only && spec.tile > 0)
+  if (spec.whole_tensors && spec.tile > 0)
     user_error("config key 'fusion.tile' = ", spec.tile, ": the CUDA backend's stacks run on whole tensors (tile auto)");
   // Each cache: the config's size, else the machine's (sysfs or CPUID, asked only then), else a
   // default for the L2 (tiles need a size) and unknown for the last level (then nothing streams).
@@ -311,9 +317,9 @@ Plan plan(const Graph& g, const FusionSpec& spec) {
   std::vector<int> fused_stack_ending_at(size_t(g.num_nodes()), -1);  // index into p.stacks
   for (int n = 0; n < g.num_nodes(); ++n) {
     if (claimed[size_t(n)]) continue;
-    StackPlan sp = find_stack(g, n, claimed, spec.fold_side_bn && spec.tile == 0 && !spec.elementwise_only,
-                              spec.elementwise_only);
-    if (sp.nodes.size() < 2 && !spec.elementwise_only) sp = find_relu_stack(g, n, claimed);
+    StackPlan sp = find_stack(g, n, claimed, spec.fold_side_bn && spec.tile == 0 && !spec.whole_tensors,
+                              spec.whole_tensors);
+    if (sp.nodes.size() < 2 && !spec.whole_tensors) sp = find_relu_stack(g, n, claimed);
     if (sp.nodes.size() < 2) continue;
     FusedStack& s = sp.stack;
     // A last global pool needs whole planes in memory order: not small-plane blocks, slabs or bands.
@@ -333,7 +339,7 @@ Plan plan(const Graph& g, const FusionSpec& spec) {
     sp.bytes_fused = fused_bytes(s, N);
     // Planes whose scratch exceeds the cache go by bands of rows in memory order (BN-headed stacks,
     // fusion.tile auto): the most rows whose scratch fits, each band recomputing its pool's halo.
-    if (scratch > p.cache_bytes && s.headed_by_bn() && !s.small_planes() && spec.tile == 0 && !spec.elementwise_only)
+    if (scratch > p.cache_bytes && s.headed_by_bn() && !s.small_planes() && spec.tile == 0 && !spec.whole_tensors)
       s.band_rows = band_rows_within(s, p.cache_bytes);
     if (s.band_rows > 0) {
       unfold_side_bn(sp);
@@ -342,7 +348,7 @@ Plan plan(const Graph& g, const FusionSpec& spec) {
     }
     if (std::find(spec.disable.begin(), spec.disable.end(), sp.name) != spec.disable.end()) {
       sp.why_not = "fusion.disable";
-    } else if (scratch > p.cache_bytes && s.band_rows == 0 && !spec.elementwise_only) {
+    } else if (scratch > p.cache_bytes && s.band_rows == 0 && !spec.whole_tensors) {
       sp.why_not = "one plane's scratch (" + std::to_string(scratch / 1024) + " KiB) exceeds the cache";
       if (s.headed_by_bn() && !s.small_planes() && spec.tile == 0) {
         FusedStack one = s;
@@ -371,7 +377,7 @@ Plan plan(const Graph& g, const FusionSpec& spec) {
       // planes in memory order, when this stack is x's only reader.
       // And BN's second backward sweep handed on to the stack before, where that stack can take it.
       const Value& x = g.value(sp.input);
-      const bool only_reader = x.producer >= 0 && x.consumers.size() == 1 && !spec.elementwise_only;
+      const bool only_reader = x.producer >= 0 && x.consumers.size() == 1 && !spec.whole_tensors;
       if (only_reader) sp.producer_stack = fused_stack_ending_at[size_t(x.producer)];
       const StackPlan* before = sp.producer_stack >= 0 ? &p.stacks[size_t(sp.producer_stack)] : nullptr;
       if (takes_plane_sums(s) && only_reader)
@@ -394,7 +400,7 @@ Plan plan(const Graph& g, const FusionSpec& spec) {
           spec.sweep1_in_reader_auto ? p.llc_bytes == 0 || x_bytes + y_bytes >= p.llc_bytes : spec.sweep1_in_reader;
       const Value& y = g.value(sp.output);
       const int first_reader = y.consumers.empty() ? -1 : *std::min_element(y.consumers.begin(), y.consumers.end());
-      if (to_reader && takes_dz_sums(s) && !sp.sweep_to_producer && first_reader >= 0 && !spec.elementwise_only &&
+      if (to_reader && takes_dz_sums(s) && !sp.sweep_to_producer && first_reader >= 0 && !spec.whole_tensors &&
           g.node(first_reader).op->can_take_dz_sums()) {
         sp.sweep1_to_reader = true;
         sp.reader_node = first_reader;
@@ -414,14 +420,14 @@ Plan plan(const Graph& g, const FusionSpec& spec) {
       if (sp.sweep_to_producer) sp.bytes_fused -= sweep_bytes(s, N) + x_bytes;
       // The first sweep in the reader's data gradient: dy is in cache there (x is still read).
       if (sp.sweep1_to_reader) sp.bytes_fused -= y_bytes;
-      s.stream_y = p.llc_bytes > 0 && x_bytes + y_bytes >= p.llc_bytes && !spec.elementwise_only;
+      s.stream_y = p.llc_bytes > 0 && x_bytes + y_bytes >= p.llc_bytes && !spec.whole_tensors;
       // dx: only after a pool (element-wise stacks write dx in dy's place, whose lines are cached).
-      s.stream_dx = p.llc_bytes > 0 && y_bytes < x_bytes && 2 * x_bytes >= p.llc_bytes && !spec.elementwise_only;
+      s.stream_dx = p.llc_bytes > 0 && y_bytes < x_bytes && 2 * x_bytes >= p.llc_bytes && !spec.whole_tensors;
       // y's bitmap for the first sweep of a stack ending in an add and a ReLU (StackPlan::y_bits).
       const FusedStage& last = s.last();
       sp.y_bits = s.headed_by_bn() && s.add_stage() >= 0 && last.kind == FusedKind::Relu &&
                   (last.P * last.Q) % 64 == 0 && !s.small_planes() && !s.channel_slabs && s.band_rows == 0 &&
-                  !spec.elementwise_only;
+                  !spec.whole_tensors;
       fused_stack_ending_at[size_t(sp.nodes.back())] = int(p.stacks.size());
       p.bytes_unfused += sp.bytes_unfused;
       p.bytes_fused += sp.bytes_fused;

@@ -57,13 +57,13 @@ if has bench; then
 fi
 
 if has fused; then
-  # The CUDA fused stacks (BN -> [add] [-> ReLU], docs/cuda.md "Written in session 54"): their tests
+  # The CUDA fused stacks (BN -> ReLU [-> max-pool], BN -> add [-> ReLU]; docs/cuda.md, session 54): their tests
   # alone, then the step fused against unfused in one process (interleaved pairs), with and without
   # the CUDA graph, and a short training run with them.
   stamp "CUDA fused stacks: tests, bench step against the layers, a short training run"
   {
     EDGETRAIN_REQUIRE_GPU=1 timeout 120 "$B/edgetrain_cuda_tests" "[fusion]" 2>&1 | grep -E '^(test cases|All tests)|FAILED|failed' | head -20
-    for model in ${FUSED_MODELS:-resnet20 mobilenetv2}; do
+    for model in ${FUSED_MODELS:-resnet20 vgg16_bn mobilenetv2}; do
       for graph in false true; do
         timeout 120 "$B/edgetrain" bench step --config "configs/${model}_cifar10.json" --steps "${BENCH_STEPS:-20}" \
           --warmup 3 --set train.device=cuda --set fusion.enabled=true --set train.cuda_graph=$graph \

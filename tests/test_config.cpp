@@ -142,15 +142,15 @@ TEST_CASE("train.device selects the backend, and one this build lacks is an erro
   j["train"]["cuda_graph"] = false;
   CHECK_FALSE(parse_config(j, "t.json").train.cuda_graph);
   j["train"].erase("cuda_graph");
-  // fusion.enabled = true on CUDA: its element-wise stacks (FusionSpec::elementwise_only); an
+  // fusion.enabled = true on CUDA: its element-wise stacks (FusionSpec::whole_tensors); an
   // explicit tile names its key when the model is planned.
   j["train"]["device"] = "cuda";
   j["fusion"] = {{"enabled", true}};
   const Config fused_cuda = parse_config(j, "t.json");
   CHECK(fused_cuda.model.fusion.enabled);
-  CHECK(fused_cuda.model.fusion.elementwise_only);
+  CHECK(fused_cuda.model.fusion.whole_tensors);
   j["train"]["device"] = "cpu";
-  CHECK_FALSE(parse_config(j, "t.json").model.fusion.elementwise_only);
+  CHECK_FALSE(parse_config(j, "t.json").model.fusion.whole_tensors);
   // fusion.enabled = "auto" (the default): off on CUDA, on on the CPU, written back as "auto"
   for (const json& setting : {json("auto"), json()}) {
     if (setting.is_null())

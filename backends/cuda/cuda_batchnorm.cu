@@ -2,13 +2,15 @@
 // does, in another order: results agree to rounding), then applies the CPU's coefficients
 // (backends/cpu/batchnorm.cpp: train / eval scale and shift, the backward's a * dy + b * x + c0).
 //
-// The fused stacks it heads (engine/fused_stack.h, FusionSpec::elementwise_only): BN -> ReLU, BN ->
-// add and BN -> add -> ReLU, in two passes forward (the statistics, then y with its bitmap) and two
-// backward (the sums, writing the side gradient on the way, then dx), where the layers take four
-// or five. Each pass runs the layers' own kernels (the same templates: the same reductions in the
-// same order, the same expressions), with BN's output and its gradient dz computed in registers
-// instead of read from memory: fused and unfused give the same bits.
+// The fused stacks it heads (engine/fused_stack.h, FusionSpec::whole_tensors): BN -> ReLU [->
+// max-pool], BN -> add [-> ReLU], in two passes forward (the statistics, then y with its bitmap) and
+// two backward (the sums, writing the side gradient on the way, then dx), where the layers take
+// four to six. Each pass runs the layers' own kernels (the same templates: the same reductions in
+// the same order, the same expressions, cuda_pool_window.h's max windows), with BN's output and its
+// gradient dz computed in registers instead of read from memory: fused and unfused give the same
+// bits.
 #include "backends/cuda/cuda_backend_impl.h"
+#include "backends/cuda/cuda_pool_window.h"
 #include "memory/bitmap.h"
 
 namespace et {
@@ -77,7 +79,8 @@ __global__ void bn_partials_kernel(const float* x, int64_t N, int64_t C, int64_t
 
 // The backward's: the sums of dz and dz * (x - mean), dz = grad(i). A fused stack's add hands dz to
 // its side input on the way (dside, added where side_acc: accumulate_grad's rule).
-__global__ void bn_grad_partials_kernel(OutputGrad grad, const float* x, const float* mean, int64_t N, int64_t C,
+template <class Grad>
+__global__ void bn_grad_partials_kernel(Grad grad, const float* x, const float* mean, int64_t N, int64_t C,
                                         int64_t HW, int64_t P, double* partials, float* dside, bool side_acc) {
   const int64_t c = blockIdx.x, part = blockIdx.y;
   const int64_t n0 = N * part / P, n1 = N * (part + 1) / P, M = (n1 - n0) * HW;
@@ -95,6 +98,21 @@ __global__ void bn_grad_partials_kernel(OutputGrad grad, const float* x, const f
     partials[(c * P + part) * 2] = a;
     partials[(c * P + part) * 2 + 1] = b;
   }
+}
+
+// y = x * scale + shift's coefficients from the batch statistics (train) or the running ones
+// (eval): one definition for the layers and the fused stacks, so both round alike.
+__device__ __forceinline__ void train_coefficients(float gamma, float beta, float mean, float invstd, float* scale,
+                                                   float* shift) {
+  const float k = gamma * invstd;
+  *scale = k;
+  *shift = beta - mean * k;
+}
+__device__ __forceinline__ void eval_coefficients(float gamma, float beta, float rm, float rv, float eps, float* scale,
+                                                  float* shift) {
+  const float k = gamma / sqrtf(rv + eps);
+  *scale = k;
+  *shift = beta - rm * k;
 }
 
 // Channel c's forward statistics, running statistics and coefficients (coef[c] = scale, coef[C + c] = shift).
@@ -115,10 +133,14 @@ __global__ void bn_train_coefficients_kernel(const double* partials, int64_t P, 
       running_mean[c] = (1.f - momentum) * running_mean[c] + momentum * m;
       running_var[c] = (1.f - momentum) * running_var[c] + momentum * float(unbiased);
     }
-    const float scale = gamma[c] * is;
-    coef[c] = scale;
-    coef[C + c] = beta[c] - m * scale;
+    train_coefficients(gamma[c], beta[c], m, is, &coef[c], &coef[C + c]);
   }
+}
+
+// The same coefficients from the statistics a training forward left (a fused stack's backward).
+__global__ void bn_saved_coefficients_kernel(int64_t C, const float* gamma, const float* beta, const float* mean,
+                                             const float* invstd, float* coef) {
+  ET_GRID_STRIDE(c, C) train_coefficients(gamma[c], beta[c], mean[c], invstd[c], &coef[c], &coef[C + c]);
 }
 
 // y = x * scale + shift, every element in parallel.
@@ -133,7 +155,8 @@ __global__ void bn_eval_kernel(const float* x, int64_t n_total, int64_t C, int64
                                const float* beta, const float* rm, const float* rv, float eps, float* y) {
   ET_GRID_STRIDE(i, n_total) {
     const int64_t c = i / HW % C;
-    const float scale = gamma[c] / sqrtf(rv[c] + eps), shift = beta[c] - rm[c] * scale;
+    float scale, shift;
+    eval_coefficients(gamma[c], beta[c], rm[c], rv[c], eps, &scale, &shift);
     y[i] = x[i] * scale + shift;
   }
 }
@@ -166,7 +189,8 @@ __global__ void bn_backward_coefficients_kernel(const double* partials, int64_t 
 }
 
 // dx may be dy's buffer (a fused stack's, Op::grad_in_place): each element is read before it is written.
-__global__ void bn_backward_apply_kernel(OutputGrad grad, const float* x, int64_t n_total, int64_t C, int64_t HW,
+template <class Grad>
+__global__ void bn_backward_apply_kernel(Grad grad, const float* x, int64_t n_total, int64_t C, int64_t HW,
                                          const float* coef, float* dx, bool acc) {
   ET_GRID_STRIDE(i, n_total) {
     const int64_t c = i / HW % C;
@@ -175,28 +199,75 @@ __global__ void bn_backward_apply_kernel(OutputGrad grad, const float* x, int64_
   }
 }
 
-// A fused stack's forward: y = x * scale + shift as bn_apply_kernel (training) or bn_eval_kernel
-// computes it, + side as add_kernel, then max(., 0) as relu_kernel (relu). With bits32, y's bitmap
-// as relu_mask_kernel writes it (256 elements a block step; kept counts the set bits).
-__global__ void fused_forward_kernel(const float* x, const float* side, int64_t n, int64_t C, int64_t HW,
-                                     const float* coef, const float* gamma, const float* beta, const float* rm,
-                                     const float* rv, float eps, bool relu, float* y, uint32_t threshold,
-                                     uint32_t* bits32, int64_t words32, unsigned long long* kept) {
+// relu(x * scale + shift) of one plane, as bn_apply_kernel (or bn_eval_kernel) and relu_kernel
+// compute it: a fused BN -> ReLU -> max-pool's pool input, never written.
+struct BnReluPlane {
+  const float* x;
+  float scale, shift;
+  __device__ __forceinline__ float operator()(int64_t i) const {
+    const float v = x[i] * scale + shift;
+    return v > 0.f ? v : 0.f;
+  }
+};
+
+// Channel c's scale and shift: coef's (training: the batch statistics'), else the running ones'.
+struct ChannelCoefficients {
+  const float *coef, *gamma, *beta, *rm, *rv;
+  float eps;
+  int64_t C;
+  __device__ __forceinline__ void of(int64_t c, float* scale, float* shift) const {
+    if (coef) {
+      *scale = coef[c];
+      *shift = coef[C + c];
+    } else {
+      eval_coefficients(gamma[c], beta[c], rm[c], rv[c], eps, scale, shift);
+    }
+  }
+};
+
+// Output i of a fused BN -> [add] [-> ReLU]: x * scale + shift, + side as add_kernel, then
+// max(., 0) as relu_kernel.
+struct ElementwiseOut {
+  const float *x, *side;
+  ChannelCoefficients k;
+  int64_t HW;
+  bool relu;
+  __device__ __forceinline__ float operator()(int64_t i) const {
+    float scale, shift;
+    k.of(i / HW % k.C, &scale, &shift);
+    float v = x[i] * scale + shift;
+    if (side) v = v + side[i];
+    if (relu) v = v > 0.f ? v : 0.f;
+    return v;
+  }
+};
+
+// Output i of a fused BN -> ReLU -> max-pool: its window's first maximum, as maxpool_forward_kernel.
+struct PooledOut {
+  const float* x;
+  ChannelCoefficients k;
+  cuda_pool::Geom g;
+  __device__ __forceinline__ float operator()(int64_t i) const {
+    const int64_t plane = i / (g.P * g.Q), p = i / g.Q % g.P, q = i % g.Q;
+    float scale, shift;
+    k.of(plane % k.C, &scale, &shift);
+    int64_t arg;
+    return cuda_pool::max_at(g, BnReluPlane{x + plane * g.H * g.W, scale, shift}, p, q, &arg);
+  }
+};
+
+// A fused stack's forward pass over its n outputs; with bits32, y's bitmap as relu_mask_kernel
+// writes it (256 outputs a block step, 8 ballots; kept counts the set bits).
+template <class Out>
+__global__ void fused_forward_kernel(Out out, int64_t n, float* y, uint32_t threshold, uint32_t* bits32,
+                                     int64_t words32, unsigned long long* kept) {
   unsigned long long local = 0;
   const int64_t steps = bits32 ? (words32 * 32 + 255) / 256 : (n + 255) / 256;
   for (int64_t k = blockIdx.x; k < steps; k += gridDim.x) {
     const int64_t i = k * 256 + threadIdx.x;
     float v = 0.f;
     if (i < n) {
-      const int64_t c = i / HW % C;
-      if (coef) {
-        v = x[i] * coef[c] + coef[C + c];
-      } else {
-        const float scale = gamma[c] / sqrtf(rv[c] + eps), shift = beta[c] - rm[c] * scale;
-        v = x[i] * scale + shift;
-      }
-      if (side) v = v + side[i];
-      if (relu) v = v > 0.f ? v : 0.f;
+      v = out(i);
       y[i] = v;
     }
     if (bits32) {
@@ -209,6 +280,20 @@ __global__ void fused_forward_kernel(const float* x, const float* side, int64_t 
   }
   if (local) atomicAdd(kept, local);
 }
+
+// dz of a fused BN -> ReLU -> max-pool at input i: where its ReLU passed, what the windows it won
+// send it (maxpool_backward_kernel's sum, then relu_backward's mask: the ReLU's output > 0), the
+// pool's input found again from x with the forward's coefficients (coef: scale [C], shift [C]).
+struct PooledGrad {
+  const float *x, *coef, *dy;
+  cuda_pool::Geom g;
+  __device__ __forceinline__ float operator()(int64_t i) const {
+    const int64_t HW = g.H * g.W, plane = i / HW, c = plane % g.C, at = i % HW;
+    const BnReluPlane v{x + plane * HW, coef[c], coef[g.C + c]};
+    if (!(v(at) > 0.f)) return 0.f;
+    return cuda_pool::max_gradient(g, v, dy + plane * g.P * g.Q, at / g.W, at % g.W, 0.f);
+  }
+};
 
 float* opt(const Tensor& t) { return t.defined() ? t.f32() : nullptr; }
 
@@ -277,48 +362,62 @@ void CudaBackend::batchnorm_backward_frozen(const Tensor& dy, const Tensor& gamm
   cuda::launched("batchnorm_backward_frozen");
 }
 
-// ---- fused stacks (FusionSpec::elementwise_only) ----
+// ---- fused stacks (FusionSpec::whole_tensors) ----
 
 namespace {
-// The stacks this backend runs: BN, then [add] [ReLU] (at least one), nothing folded or handed on.
-struct ElementwiseStack {
-  bool add = false, relu = false;
+// The stacks this backend runs (FusionSpec::whole_tensors): BN, then ReLU [-> max-pool] or add
+// [-> ReLU], nothing folded or handed on.
+struct StackForm {
+  bool add = false, relu = false, pool = false;
 };
-ElementwiseStack elementwise_stack(const FusedStack& s) {
-  ElementwiseStack e;
+StackForm stack_form(const FusedStack& s) {
   const size_t n = s.stages.size();
+  const FusedKind k1 = n > 1 ? s.stages[1].kind : FusedKind::None, k2 = n > 2 ? s.stages[2].kind : FusedKind::None;
   const bool ok = s.headed_by_bn() && !s.side_bn && n >= 2 && n <= 3 &&
-                  (n == 2 ? s.stages[1].kind == FusedKind::Relu || s.stages[1].kind == FusedKind::Add
-                          : s.stages[1].kind == FusedKind::Add && s.stages[2].kind == FusedKind::Relu);
-  ET_CHECK(ok, "cuda: a fused stack of other stages than BN -> [add] [-> ReLU] (plan it with "
-               "FusionSpec::elementwise_only)");
-  e.add = s.add_stage() >= 0;
-  e.relu = s.last().kind == FusedKind::Relu;
-  return e;
+                  (n == 2 ? k1 == FusedKind::Relu || k1 == FusedKind::Add
+                          : (k1 == FusedKind::Add && k2 == FusedKind::Relu) ||
+                                (k1 == FusedKind::Relu && k2 == FusedKind::MaxPool));
+  ET_CHECK(ok, "cuda: a fused stack of other stages than BN -> ReLU [-> max-pool] or BN -> add [-> ReLU] (plan it "
+               "with FusionSpec::whole_tensors)");
+  StackForm f;
+  f.add = s.add_stage() >= 0;
+  f.relu = s.last().kind == FusedKind::Relu;
+  f.pool = s.last().kind == FusedKind::MaxPool;
+  return f;
+}
+// The pool stage's window over x's planes.
+cuda_pool::Geom pool_geom(const FusedStack& s) {
+  const FusedStage& st = s.last();
+  return cuda_pool::Geom{s.C, st.H, st.W, st.P, st.Q, st.pool.R, st.pool.S,
+                         st.pool.stride_h, st.pool.stride_w, st.pool.pad_h, st.pool.pad_w};
 }
 }  // namespace
 
 size_t CudaBackend::fused_workspace_bytes(const FusedStack&, int64_t) const { return 0; }  // bn_scratch
 
 void CudaBackend::fused_forward(const FusedStack& s, FusedTensors& t, bool training, MaskOut* mask, Workspace) {
-  const ElementwiseStack e = elementwise_stack(s);
+  const StackForm f = stack_form(s);
   ET_CHECK(!t.x_sums.defined() && !t.y_sums.defined(), "cuda: fused stacks take no plane sums");
-  ET_CHECK(t.x.dtype == DType::F32 && (!e.add || t.side.defined()), "cuda: fused stack inputs");
+  ET_CHECK(t.x.dtype == DType::F32 && (!f.add || t.side.defined()), "cuda: fused stack inputs");
   const FusedStage& bn = s.stages[0];
-  const int64_t N = t.x.dim(0), C = s.C, HW = t.x.dim(2) * t.x.dim(3), n = t.x.numel(), P = parts_for(N, C);
-  float* coef = nullptr;
+  const int64_t N = t.x.dim(0), C = s.C, HW = t.x.dim(2) * t.x.dim(3), P = parts_for(N, C), n = t.y.numel();
+  ChannelCoefficients k{nullptr, t.gamma.f32(), t.beta.f32(), nullptr, nullptr, bn.eps, C};
   if (training) {  // batchnorm_forward_train's statistics, coefficients, running statistics
     double* partials = bn_scratch(C * P * 2 + 2 * C);
-    coef = reinterpret_cast<float*>(partials + C * P * 2);
+    float* coef = reinterpret_cast<float*>(partials + C * P * 2);
     bn_partials_kernel<<<dim3(unsigned(C), unsigned(P)), kBnThreads, 0, stream_>>>(t.x.f32(), N, C, HW, P, partials);
     cuda::launched("fused_forward (sums)");
     bn_train_coefficients_kernel<<<cuda::blocks_for(C), cuda::kThreads, 0, stream_>>>(
         partials, P, C, N * HW, t.gamma.f32(), t.beta.f32(), opt(t.running_mean), opt(t.running_var), bn.momentum,
         bn.eps, t.mean.f32(), t.invstd.f32(), coef);
     cuda::launched("fused_forward (coefficients)");
+    k.coef = coef;
+  } else {
+    k.rm = t.running_mean.f32();
+    k.rv = t.running_var.f32();
   }
-  // y's bitmap where the stash (or the stack's aux) asks for it: the last ReLU's, relu_forward's way.
-  const bool bits = training && mask && mask->bits && e.relu;
+  // y's bitmap where the stash (or the stack's aux) asks for it, relu_forward's way.
+  const bool bits = training && mask && mask->bits && (f.relu || f.pool);
   uint32_t threshold = 0;
   int64_t words32 = 0;
   unsigned long long* kept = nullptr;
@@ -328,11 +427,15 @@ void CudaBackend::fused_forward(const FusedStack& s, FusedTensors& t, bool train
     words32 = (n + 63) / 64 * 2;
     kept = counter();
   }
-  const float* rm = training ? nullptr : t.running_mean.f32();
-  const float* rv = training ? nullptr : t.running_var.f32();
-  fused_forward_kernel<<<cuda::blocks_for(bits ? words32 * 32 : n), 256, 0, stream_>>>(
-      t.x.f32(), e.add ? t.side.f32() : nullptr, n, C, HW, coef, t.gamma.f32(), t.beta.f32(), rm, rv, bn.eps, e.relu,
-      t.y.f32(), threshold, bits ? reinterpret_cast<uint32_t*>(mask->bits) : nullptr, words32, kept);
+  uint32_t* bits32 = bits ? reinterpret_cast<uint32_t*>(mask->bits) : nullptr;
+  const unsigned blocks = cuda::blocks_for(bits ? words32 * 32 : n);
+  if (f.pool)
+    fused_forward_kernel<<<blocks, 256, 0, stream_>>>(PooledOut{t.x.f32(), k, pool_geom(s)}, n, t.y.f32(), threshold,
+                                                      bits32, words32, kept);
+  else
+    fused_forward_kernel<<<blocks, 256, 0, stream_>>>(
+        ElementwiseOut{t.x.f32(), f.add ? t.side.f32() : nullptr, k, HW, f.relu}, n, t.y.f32(), threshold, bits32,
+        words32, kept);
   cuda::launched("fused_forward (apply)");
   if (!bits) return;
   if (!capturing_ && (mask->count_wanted || mask->values)) {
@@ -345,32 +448,44 @@ void CudaBackend::fused_forward(const FusedStack& s, FusedTensors& t, bool train
 }
 
 void CudaBackend::fused_backward(const FusedStack& s, const FusedTensors& t, FusedGrads& g, Workspace) {
-  const ElementwiseStack e = elementwise_stack(s);
+  const StackForm f = stack_form(s);
   ET_CHECK(!g.dz_sums.defined() && !g.dy_coef.defined() && !g.dx_coef.defined(),
            "cuda: a fused stack's sweep done elsewhere");
   ET_CHECK(t.x.dtype == DType::F32, "cuda: fused stack x dtype ", dtype_name(t.x.dtype));
-  const int64_t N = t.x.dim(0), C = s.C, HW = t.x.dim(2) * t.x.dim(3), P = parts_for(N, C);
+  const int64_t N = t.x.dim(0), C = s.C, HW = t.x.dim(2) * t.x.dim(3), P = parts_for(N, C), n = t.x.numel();
+  // The partials, then dx's coefficients (3C floats) and, for a pool, the forward's (2C).
+  double* partials = bn_scratch(C * P * 2 + 3 * C);
+  float* coef = reinterpret_cast<float*>(partials + C * P * 2);
+  float* dside = f.add ? opt(g.dside) : nullptr;
+  const dim3 parts(static_cast<unsigned>(C), static_cast<unsigned>(P));
+  auto sweeps = [&](const auto& grad) {
+    bn_grad_partials_kernel<<<parts, kBnThreads, 0, stream_>>>(grad, t.x.f32(), t.mean.f32(), N, C, HW, P, partials,
+                                                               dside, g.dside_accumulate);
+    cuda::launched("fused_backward (sums)");
+    bn_backward_coefficients_kernel<<<cuda::blocks_for(C), cuda::kThreads, 0, stream_>>>(
+        partials, P, C, N * HW, t.gamma.f32(), t.mean.f32(), t.invstd.f32(), opt(g.dgamma), opt(g.dbeta),
+        g.params_accumulate, coef);
+    cuda::launched("fused_backward (coefficients)");
+    if (!g.dx.defined()) return;
+    bn_backward_apply_kernel<<<cuda::blocks_for(n), cuda::kThreads, 0, stream_>>>(grad, t.x.f32(), n, C, HW, coef,
+                                                                                g.dx.f32(), g.dx_accumulate);
+    cuda::launched("fused_backward (apply)");
+  };
+  if (f.pool) {
+    float* fwd = coef + 3 * C;
+    bn_saved_coefficients_kernel<<<cuda::blocks_for(C), cuda::kThreads, 0, stream_>>>(
+        C, t.gamma.f32(), t.beta.f32(), t.mean.f32(), t.invstd.f32(), fwd);
+    cuda::launched("fused_backward (forward coefficients)");
+    return sweeps(PooledGrad{t.x.f32(), fwd, g.dy.f32(), pool_geom(s)});
+  }
   OutputGrad grad;
   grad.dy = g.dy.f32();
-  if (e.relu) {  // the ReLU's saved mask: the stash's bitmap, or y kept dense
+  if (f.relu) {  // the ReLU's saved mask: the stash's bitmap, or y kept dense
     grad.bits = reinterpret_cast<const uint32_t*>(g.y_mask.bits);
     grad.y = g.y_mask.bits ? nullptr : opt(g.y_mask.dense);
     ET_CHECK(grad.bits || grad.y, "cuda: a fused stack's ReLU mask");
   }
-  double* partials = bn_scratch(C * P * 2 + 2 * C);  // then 3C float coefficients in 2C doubles' room
-  float* coef = reinterpret_cast<float*>(partials + C * P * 2);
-  float* dside = e.add ? opt(g.dside) : nullptr;
-  bn_grad_partials_kernel<<<dim3(unsigned(C), unsigned(P)), kBnThreads, 0, stream_>>>(
-      grad, t.x.f32(), t.mean.f32(), N, C, HW, P, partials, dside, g.dside_accumulate);
-  cuda::launched("fused_backward (sums)");
-  bn_backward_coefficients_kernel<<<cuda::blocks_for(C), cuda::kThreads, 0, stream_>>>(
-      partials, P, C, N * HW, t.gamma.f32(), t.mean.f32(), t.invstd.f32(), opt(g.dgamma), opt(g.dbeta),
-      g.params_accumulate, coef);
-  cuda::launched("fused_backward (coefficients)");
-  if (!g.dx.defined()) return;
-  bn_backward_apply_kernel<<<cuda::blocks_for(t.x.numel()), cuda::kThreads, 0, stream_>>>(
-      grad, t.x.f32(), t.x.numel(), C, HW, coef, g.dx.f32(), g.dx_accumulate);
-  cuda::launched("fused_backward (apply)");
+  sweeps(grad);
 }
 
 }  // namespace et

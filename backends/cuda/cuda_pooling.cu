@@ -5,6 +5,7 @@
 #include <cfloat>
 
 #include "backends/cuda/cuda_backend_impl.h"
+#include "backends/cuda/cuda_pool_window.h"
 
 namespace et {
 
@@ -13,61 +14,24 @@ namespace {
 using cuda::blocks_for;
 using cuda::kThreads;
 
-struct Geom {
-  int64_t C, H, W, P, Q, R, S, sh, sw, ph, pw;
-};
-
-Geom geom_of(const Conv2dGeom& g) { return Geom{g.C, g.H, g.W, g.P, g.Q, g.R, g.S, g.stride_h, g.stride_w, g.pad_h, g.pad_w}; }
-
-__device__ float max_at(const Geom& g, const float* x, int64_t p, int64_t q, int64_t* arg) {
-  float m = -FLT_MAX;
-  *arg = -1;
-  for (int64_t r = 0; r < g.R; ++r) {
-    const int64_t h = p * g.sh - g.ph + r;
-    if (h < 0 || h >= g.H) continue;
-    for (int64_t s = 0; s < g.S; ++s) {
-      const int64_t w = q * g.sw - g.pw + s;
-      if (w >= 0 && w < g.W && x[h * g.W + w] > m) {
-        m = x[h * g.W + w];
-        *arg = h * g.W + w;
-      }
-    }
-  }
-  return m;
-}
-
-// The output windows covering input row h: p in [*lo, *hi).
-__device__ void covering(int64_t h, int64_t pad, int64_t R, int64_t stride, int64_t P, int64_t* lo, int64_t* hi) {
-  const int64_t top = h + pad - R + 1;  // p * stride >= top
-  *lo = top <= 0 ? 0 : (top + stride - 1) / stride;
-  const int64_t last = (h + pad) / stride;
-  *hi = last + 1 < P ? last + 1 : P;
-}
+using cuda_pool::covering;
+using cuda_pool::Geom;
+using cuda_pool::geom_of;
+using cuda_pool::PlaneValues;
 
 __global__ void maxpool_forward_kernel(Geom g, int64_t total, const float* x, float* y) {
   ET_GRID_STRIDE(i, total) {
     const int64_t plane = i / (g.P * g.Q), p = i / g.Q % g.P, q = i % g.Q;
     int64_t arg;
-    y[i] = max_at(g, x + plane * g.H * g.W, p, q, &arg);
+    y[i] = cuda_pool::max_at(g, PlaneValues{x + plane * g.H * g.W}, p, q, &arg);
   }
 }
 
 __global__ void maxpool_backward_kernel(Geom g, int64_t total, const float* x, const float* dy, float* dx, bool acc) {
   ET_GRID_STRIDE(i, total) {
-    const int64_t plane = i / (g.H * g.W), h = i / g.W % g.H, w = i % g.W, flat = h * g.W + w;
-    const float* xp = x + plane * g.H * g.W;
-    const float* dyp = dy + plane * g.P * g.Q;
-    int64_t p0, p1, q0, q1;
-    covering(h, g.ph, g.R, g.sh, g.P, &p0, &p1);
-    covering(w, g.pw, g.S, g.sw, g.Q, &q0, &q1);
-    float v = acc ? dx[i] : 0.f;
-    for (int64_t p = p0; p < p1; ++p)
-      for (int64_t q = q0; q < q1; ++q) {
-        int64_t arg;
-        max_at(g, xp, p, q, &arg);
-        if (arg == flat) v += dyp[p * g.Q + q];
-      }
-    dx[i] = v;
+    const int64_t plane = i / (g.H * g.W), h = i / g.W % g.H, w = i % g.W;
+    dx[i] = cuda_pool::max_gradient(g, PlaneValues{x + plane * g.H * g.W}, dy + plane * g.P * g.Q, h, w,
+                                    acc ? dx[i] : 0.f);
   }
 }
 

@@ -1,9 +1,9 @@
-// The CUDA backend's fused stacks (BN -> ReLU, BN -> add, BN -> add -> ReLU: fusion::plan with
-// FusionSpec::elementwise_only, backends/cuda/cuda_batchnorm.cu) against its own layers. Each pass
-// runs the layers' kernels' arithmetic in their order, BN's output and its gradient in registers
-// instead of memory, so fused and unfused steps agree bit for bit: in the stashes that give the
-// stacks the ReLU's mask differently (y kept dense, the bitmap stash, y recomputed), in evaluation,
-// and with the step recorded as a CUDA graph.
+// The CUDA backend's fused stacks (BN -> ReLU [-> max-pool], BN -> add [-> ReLU]: fusion::plan
+// with FusionSpec::whole_tensors, backends/cuda/cuda_batchnorm.cu) against its own layers. Each
+// pass runs the layers' kernels' arithmetic in their order, BN's output and its gradient in
+// registers instead of memory, so fused and unfused steps agree bit for bit: in the stashes that
+// give the stacks the ReLU's mask differently (y kept dense, the bitmap stash, y recomputed), in
+// evaluation, and with the step recorded as a CUDA graph.
 #include <catch2/catch.hpp>
 
 #include <cstring>
@@ -36,7 +36,7 @@ struct FusedRun {
     spec.name = model;
     spec.batch = batch;
     spec.fusion.enabled = fused;
-    spec.fusion.elementwise_only = true;
+    spec.fusion.whole_tensors = true;
     build_model(g, spec);
     ex = std::make_unique<Executor>(g, *be, so);
     init_parameters(*ex, 5);
@@ -71,7 +71,9 @@ std::vector<char> state_bytes(FusedRun& r) {
 }  // namespace
 
 TEST_CASE("cuda: fused stacks train bit-identically to the layers", "[cuda][fusion]") {
-  for (const char* model : {"resnet20", "mobilenetv2"}) {
+  // ResNet-20 (BN -> ReLU, BN -> add -> ReLU), MobileNet-V2 (BN -> add), VGG-16-BN (BN -> ReLU ->
+  // max-pool, its dropout a layer).
+  for (const char* model : {"resnet20", "mobilenetv2", "vgg16_bn"}) {
     const std::unique_ptr<Backend> be = make_cuda_backend(0);  // its conv choices, measured once
     for (StashFormat f : {StashFormat::DenseF32, StashFormat::BitmapF32, StashFormat::Auto}) {
       for (int every : {0, 1}) {

@@ -1,8 +1,8 @@
-// The stacks a backend without the CPU's tiled kernels runs (FusionSpec::elementwise_only: the
-// CUDA backend's, backends/cuda/cuda_batchnorm.cu): BN -> ReLU, BN -> add, BN -> add -> ReLU, each
-// sweep its own, nothing folded. The plan's shape here; that such a plan trains bit-identically to
-// the layers on the CPU (the graph rewrite and the op's saves, independent of the backend); the
-// CUDA kernels against the CUDA layers in tests/cuda/test_cuda_fused.cpp.
+// The stacks a backend without the CPU's tiled kernels runs (FusionSpec::whole_tensors: the
+// CUDA backend's, backends/cuda/cuda_batchnorm.cu): BN -> ReLU [-> max-pool], BN -> add [-> ReLU],
+// each sweep its own, nothing folded. The plan's shape here; that such a plan trains
+// bit-identically to the layers on the CPU (the graph rewrite and the op's saves, independent of
+// the backend); the CUDA kernels against the CUDA layers in tests/cuda/test_cuda_fused.cpp.
 #include <catch2/catch.hpp>
 
 #include <string>
@@ -16,24 +16,24 @@ using namespace et;
 using namespace et::fusion_test;
 
 namespace {
-ModelSpec elementwise_spec(const std::string& model, int64_t batch, int64_t side) {
+ModelSpec whole_tensors_spec(const std::string& model, int64_t batch, int64_t side) {
   ModelSpec s = spec_of(model, batch, side, true);
-  s.fusion.elementwise_only = true;
+  s.fusion.whole_tensors = true;
   return s;
 }
 }  // namespace
 
-TEST_CASE("fusion: the element-wise-only plan holds BN -> [add] [-> ReLU] stacks, each sweep its own", "[fusion]") {
+TEST_CASE("fusion: the whole-tensor plan holds BN -> ReLU [-> max-pool] and BN -> add [-> ReLU] stacks, each sweep its own", "[fusion]") {
   for (const char* model : {"resnet20", "vgg16_bn", "mobilenetv2"}) {
     INFO(model);
     Graph g;
     build_model(g, spec_of(model, 4, 32, false));
     FusionSpec spec;
     spec.enabled = true;
-    spec.elementwise_only = true;
+    spec.whole_tensors = true;
     spec.cache_kb = 1;  // a cache no plane fits: such a plan has no tiles, bands or limits
     const fusion::Plan p = fusion::plan(g, spec);
-    int fused = 0, with_add = 0;
+    int fused = 0, with_add = 0, pooled = 0;
     for (const fusion::StackPlan& sp : p.stacks) {
       CAPTURE(sp.name);
       if (!sp.fused) continue;
@@ -43,9 +43,11 @@ TEST_CASE("fusion: the element-wise-only plan holds BN -> [add] [-> ReLU] stacks
       const size_t n = s.stages.size();
       const bool relu = n == 2 && s.stages[1].kind == FusedKind::Relu,
                  add = n == 2 && s.stages[1].kind == FusedKind::Add,
-                 add_relu = n == 3 && s.stages[1].kind == FusedKind::Add && s.stages[2].kind == FusedKind::Relu;
-      CHECK((relu || add || add_relu));
+                 add_relu = n == 3 && s.stages[1].kind == FusedKind::Add && s.stages[2].kind == FusedKind::Relu,
+                 relu_pool = n == 3 && s.stages[1].kind == FusedKind::Relu && s.stages[2].kind == FusedKind::MaxPool;
+      CHECK((relu || add || add_relu || relu_pool));
       with_add += add || add_relu;
+      pooled += relu_pool;
       CHECK_FALSE(s.side_bn);
       CHECK(s.band_rows == 0);
       CHECK_FALSE(s.channel_slabs);
@@ -55,9 +57,11 @@ TEST_CASE("fusion: the element-wise-only plan holds BN -> [add] [-> ReLU] stacks
       CHECK_FALSE(sp.sweep1_to_reader);
       CHECK_FALSE(sp.y_bits);
     }
-    // Every BN -> ReLU of the three, and the residual adds of ResNet-20 (9) and MobileNet-V2 (14).
+    // Every BN -> ReLU of the three, the residual adds of ResNet-20 (9) and MobileNet-V2 (14), and
+    // VGG-16-BN's five max-pools.
     CHECK(fused > 0);
     CHECK(with_add == (std::string(model) == "resnet20" ? 9 : std::string(model) == "mobilenetv2" ? 14 : 0));
+    CHECK(pooled == (std::string(model) == "vgg16_bn" ? 5 : 0));
   }
   // The full CPU plan folds, shares and tiles where this one does not.
   Graph g;
@@ -69,20 +73,21 @@ TEST_CASE("fusion: the element-wise-only plan holds BN -> [add] [-> ReLU] stacks
   CHECK(any_folded);
   // An explicit tile names its key.
   FusionSpec tiled = full;
-  tiled.elementwise_only = true;
+  tiled.whole_tensors = true;
   tiled.tile = 4;
   CHECK_THROWS_WITH(fusion::plan(g, tiled), Catch::Contains("fusion.tile"));
 }
 
-TEST_CASE("fusion: an element-wise-only plan trains bit-identically to the layers", "[fusion]") {
+TEST_CASE("fusion: a whole-tensor plan trains bit-identically to the layers", "[fusion]") {
   // ResNet-8 (BN -> ReLU, BN -> add -> ReLU, option-A shortcuts) and MobileNet-V2 on 16x16 images
-  // (BN -> add, small planes), in the stashes whose masks reach the stacks differently: y kept
-  // dense, the bitmap stash's mask, recomputation.
-  for (const char* model : {"resnet8", "mobilenetv2"}) {
+  // (BN -> add, small planes), VGG-11-BN on 32x32 ones (BN -> ReLU -> max-pool), in the stashes
+  // whose masks reach the stacks differently: y kept dense, the bitmap stash's mask, recomputation.
+  for (const char* model : {"resnet8", "mobilenetv2", "vgg11_bn"}) {
     INFO(model);
+    const int64_t side = std::string(model) == "vgg11_bn" ? 32 : 16;
     Graph plain, fused;
-    build_model(plain, spec_of(model, 2, 16, false));
-    build_model(fused, elementwise_spec(model, 2, 16));
+    build_model(plain, spec_of(model, 2, side, false));
+    build_model(fused, whole_tensors_spec(model, 2, side));
     CHECK(fused_nodes(fused) > 0);
     check_trains_alike(plain, fused, 2,
                        {stash(StashFormat::DenseF32), stash(StashFormat::BitmapF32), stash(StashFormat::DenseF32, 1)});

@@ -1,0 +1,77 @@
+// A pooling window on CUDA, the CPU's rules (backends/cpu/pool_planes.h): a max window's first
+// maximum, padding never winning (a -FLT_MAX start, a strict >), and which output windows cover an
+// input row. Shared by the pooling layers (cuda_pooling.cu) and the fused stacks ending in a
+// max-pool (cuda_batchnorm.cu), so both find the same maxima. Device code, C++14.
+#pragma once
+#include <cfloat>
+#include <cstdint>
+
+#include "engine/kernel_types.h"
+
+namespace et {
+namespace cuda_pool {
+
+struct Geom {
+  int64_t C, H, W, P, Q, R, S, sh, sw, ph, pw;
+};
+inline Geom geom_of(const Conv2dGeom& g) {
+  return Geom{g.C, g.H, g.W, g.P, g.Q, g.R, g.S, g.stride_h, g.stride_w, g.pad_h, g.pad_w};
+}
+
+// The plane's own values, for max_at.
+struct PlaneValues {
+  const float* x;
+  __device__ __forceinline__ float operator()(int64_t i) const { return x[i]; }
+};
+
+// Window (p, q)'s first maximum of value(h * W + w) over its elements inside the plane, and where
+// (*arg; -1 where none is greater than -FLT_MAX).
+template <class Value>
+__device__ __forceinline__ float max_at(const Geom& g, const Value& value, int64_t p, int64_t q, int64_t* arg) {
+  float m = -FLT_MAX;
+  *arg = -1;
+  for (int64_t r = 0; r < g.R; ++r) {
+    const int64_t h = p * g.sh - g.ph + r;
+    if (h < 0 || h >= g.H) continue;
+    for (int64_t s = 0; s < g.S; ++s) {
+      const int64_t w = q * g.sw - g.pw + s;
+      if (w < 0 || w >= g.W) continue;
+      const float v = value(h * g.W + w);
+      if (v > m) {
+        m = v;
+        *arg = h * g.W + w;
+      }
+    }
+  }
+  return m;
+}
+
+// The output windows covering input row h: p in [*lo, *hi).
+__device__ __forceinline__ void covering(int64_t h, int64_t pad, int64_t R, int64_t stride, int64_t P, int64_t* lo,
+                                         int64_t* hi) {
+  const int64_t top = h + pad - R + 1;  // p * stride >= top
+  *lo = top <= 0 ? 0 : (top + stride - 1) / stride;
+  const int64_t last = (h + pad) / stride;
+  *hi = last + 1 < P ? last + 1 : P;
+}
+
+// Input element (h, w)'s gradient from the max windows covering it: the sum, in window order, of
+// the dy (dyp: the plane's) of those whose first maximum it is.
+template <class Value>
+__device__ __forceinline__ float max_gradient(const Geom& g, const Value& value, const float* dyp, int64_t h,
+                                              int64_t w, float start) {
+  int64_t p0, p1, q0, q1;
+  covering(h, g.ph, g.R, g.sh, g.P, &p0, &p1);
+  covering(w, g.pw, g.S, g.sw, g.Q, &q0, &q1);
+  float v = start;
+  for (int64_t p = p0; p < p1; ++p)
+    for (int64_t q = q0; q < q1; ++q) {
+      int64_t arg;
+      max_at(g, value, p, q, &arg);
+      if (arg == h * g.W + w) v += dyp[p * g.Q + q];
+    }
+  return v;
+}
+
+}  // namespace cuda_pool
+}  // namespace et
