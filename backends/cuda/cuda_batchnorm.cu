@@ -143,24 +143,6 @@ __global__ void bn_saved_coefficients_kernel(int64_t C, const float* gamma, cons
   ET_GRID_STRIDE(c, C) train_coefficients(gamma[c], beta[c], mean[c], invstd[c], &coef[c], &coef[C + c]);
 }
 
-// y = x * scale + shift, every element in parallel.
-__global__ void bn_apply_kernel(const float* x, int64_t n_total, int64_t C, int64_t HW, const float* coef, float* y) {
-  ET_GRID_STRIDE(i, n_total) {
-    const int64_t c = i / HW % C;
-    y[i] = x[i] * coef[c] + coef[C + c];
-  }
-}
-
-__global__ void bn_eval_kernel(const float* x, int64_t n_total, int64_t C, int64_t HW, const float* gamma,
-                               const float* beta, const float* rm, const float* rv, float eps, float* y) {
-  ET_GRID_STRIDE(i, n_total) {
-    const int64_t c = i / HW % C;
-    float scale, shift;
-    eval_coefficients(gamma[c], beta[c], rm[c], rv[c], eps, &scale, &shift);
-    y[i] = x[i] * scale + shift;
-  }
-}
-
 __global__ void bn_frozen_backward_kernel(const float* dy, int64_t n_total, int64_t C, int64_t HW, const float* gamma,
                                           const float* rv, float eps, float* dx, bool acc) {
   ET_GRID_STRIDE(i, n_total) {
@@ -199,8 +181,8 @@ __global__ void bn_backward_apply_kernel(Grad grad, const float* x, int64_t n_to
   }
 }
 
-// relu(x * scale + shift) of one plane, as bn_apply_kernel (or bn_eval_kernel) and relu_kernel
-// compute it: a fused BN -> ReLU -> max-pool's pool input, never written.
+// relu(x * scale + shift) of one plane, as ElementwiseOut and relu_kernel compute it: a fused
+// BN -> ReLU -> max-pool's pool input, never written.
 struct BnReluPlane {
   const float* x;
   float scale, shift;
@@ -225,8 +207,8 @@ struct ChannelCoefficients {
   }
 };
 
-// Output i of a fused BN -> [add] [-> ReLU]: x * scale + shift, + side as add_kernel, then
-// max(., 0) as relu_kernel.
+// Output i of the BN layer (no side, no relu) or a fused BN -> [add] [-> ReLU]: x * scale +
+// shift, + side as add_kernel, then max(., 0) as relu_kernel.
 struct ElementwiseOut {
   const float *x, *side;
   ChannelCoefficients k;
@@ -256,7 +238,7 @@ struct PooledOut {
   }
 };
 
-// A fused stack's forward pass over its n outputs; with bits32, y's bitmap as relu_mask_kernel
+// The forward's pass over its n outputs (the BN layer's, a fused stack's); with bits32, y's bitmap as relu_mask_kernel
 // writes it (256 outputs a block step, 8 ballots; kept counts the set bits).
 template <class Out>
 __global__ void fused_forward_kernel(Out out, int64_t n, float* y, uint32_t threshold, uint32_t* bits32,
@@ -297,6 +279,49 @@ struct PooledGrad {
 
 float* opt(const Tensor& t) { return t.defined() ? t.f32() : nullptr; }
 
+// Training statistics of x [N, C, HW] (partials: C * P * 2 doubles): the batch mean and invstd,
+// the running statistics where given, y's coefficients into coef [2C]. The layer's and the stacks'.
+void train_statistics(cudaStream_t stream, const float* x, int64_t N, int64_t C, int64_t HW, double* partials,
+                      const float* gamma, const float* beta, float* running_mean, float* running_var, float momentum,
+                      float eps, float* mean, float* invstd, float* coef) {
+  const int64_t P = parts_for(N, C);
+  bn_partials_kernel<<<dim3(unsigned(C), unsigned(P)), kBnThreads, 0, stream>>>(x, N, C, HW, P, partials);
+  cuda::launched("batchnorm statistics (sums)");
+  bn_train_coefficients_kernel<<<cuda::blocks_for(C), cuda::kThreads, 0, stream>>>(
+      partials, P, C, N * HW, gamma, beta, running_mean, running_var, momentum, eps, mean, invstd, coef);
+  cuda::launched("batchnorm statistics (coefficients)");
+}
+
+// The backward's two passes over x [N, C, HW] with BN's output gradient `grad`: the sums (dz to
+// the side input on the way, where dside), dgamma / dbeta and dx's coefficients (coef [3C]), then
+// dx (where wanted). The layer's and the stacks'.
+struct BackwardArgs {
+  const float *x, *gamma, *mean, *invstd;
+  int64_t N, C, HW;
+  double* partials;
+  float* coef;
+  float *dgamma, *dbeta;
+  bool params_acc;
+  float* dx;
+  bool dx_acc;
+  float* dside;
+  bool side_acc;
+};
+template <class Grad>
+void backward_sweeps(cudaStream_t stream, const Grad& grad, const BackwardArgs& a) {
+  const int64_t P = parts_for(a.N, a.C), n = a.N * a.C * a.HW;
+  bn_grad_partials_kernel<<<dim3(unsigned(a.C), unsigned(P)), kBnThreads, 0, stream>>>(
+      grad, a.x, a.mean, a.N, a.C, a.HW, P, a.partials, a.dside, a.side_acc);
+  cuda::launched("batchnorm backward (sums)");
+  bn_backward_coefficients_kernel<<<cuda::blocks_for(a.C), cuda::kThreads, 0, stream>>>(
+      a.partials, P, a.C, a.N * a.HW, a.gamma, a.mean, a.invstd, a.dgamma, a.dbeta, a.params_acc, a.coef);
+  cuda::launched("batchnorm backward (coefficients)");
+  if (!a.dx) return;
+  bn_backward_apply_kernel<<<cuda::blocks_for(n), cuda::kThreads, 0, stream>>>(grad, a.x, n, a.C, a.HW, a.coef, a.dx,
+                                                                               a.dx_acc);
+  cuda::launched("batchnorm backward (apply)");
+}
+
 }  // namespace
 
 double* CudaBackend::bn_scratch(int64_t doubles) {
@@ -315,22 +340,20 @@ void CudaBackend::batchnorm_forward_train(const Tensor& x, const Tensor& gamma, 
   const int64_t N = x.dim(0), C = x.dim(1), HW = x.dim(2) * x.dim(3), P = parts_for(N, C);
   double* partials = bn_scratch(C * P * 2 + 2 * C);  // then the coefficients, 2C floats in C doubles' room
   float* coef = reinterpret_cast<float*>(partials + C * P * 2);
-  bn_partials_kernel<<<dim3(unsigned(C), unsigned(P)), kBnThreads, 0, stream_>>>(x.f32(), N, C, HW, P, partials);
-  cuda::launched("batchnorm_forward_train (sums)");
-  bn_train_coefficients_kernel<<<cuda::blocks_for(C), cuda::kThreads, 0, stream_>>>(
-      partials, P, C, N * HW, gamma.f32(), beta.f32(), opt(running_mean), opt(running_var), momentum, eps, mean.f32(),
-      invstd.f32(), coef);
-  cuda::launched("batchnorm_forward_train (coefficients)");
-  bn_apply_kernel<<<cuda::blocks_for(x.numel()), cuda::kThreads, 0, stream_>>>(x.f32(), x.numel(), C, HW, coef,
-                                                                               y.f32());
+  train_statistics(stream_, x.f32(), N, C, HW, partials, gamma.f32(), beta.f32(), opt(running_mean),
+                   opt(running_var), momentum, eps, mean.f32(), invstd.f32(), coef);
+  const ChannelCoefficients k{coef, nullptr, nullptr, nullptr, nullptr, eps, C};
+  fused_forward_kernel<<<cuda::blocks_for(x.numel()), 256, 0, stream_>>>(
+      ElementwiseOut{x.f32(), nullptr, k, HW, false}, x.numel(), y.f32(), 0u, nullptr, 0, nullptr);
   cuda::launched("batchnorm_forward_train (apply)");
 }
 
 void CudaBackend::batchnorm_forward_eval(const Tensor& x, const Tensor& gamma, const Tensor& beta,
                                          const Tensor& running_mean, const Tensor& running_var, float eps, Tensor& y) {
   const int64_t C = x.dim(1), HW = x.dim(2) * x.dim(3);
-  bn_eval_kernel<<<cuda::blocks_for(x.numel()), cuda::kThreads, 0, stream_>>>(
-      x.f32(), x.numel(), C, HW, gamma.f32(), beta.f32(), running_mean.f32(), running_var.f32(), eps, y.f32());
+  const ChannelCoefficients k{nullptr, gamma.f32(), beta.f32(), running_mean.f32(), running_var.f32(), eps, C};
+  fused_forward_kernel<<<cuda::blocks_for(x.numel()), 256, 0, stream_>>>(
+      ElementwiseOut{x.f32(), nullptr, k, HW, false}, x.numel(), y.f32(), 0u, nullptr, 0, nullptr);
   cuda::launched("batchnorm_forward_eval");
 }
 
@@ -339,19 +362,12 @@ void CudaBackend::batchnorm_backward(const Tensor& dy, const Tensor& x, const Te
                                      Tensor& dbeta, bool accumulate_params) {
   const int64_t N = x.dim(0), C = x.dim(1), HW = x.dim(2) * x.dim(3), P = parts_for(N, C);
   double* partials = bn_scratch(C * P * 2 + 2 * C);  // then the coefficients, 3C floats in 2C doubles' room
-  float* coef = reinterpret_cast<float*>(partials + C * P * 2);
   OutputGrad grad;
   grad.dy = dy.f32();
-  bn_grad_partials_kernel<<<dim3(unsigned(C), unsigned(P)), kBnThreads, 0, stream_>>>(grad, x.f32(), mean.f32(), N, C,
-                                                                                      HW, P, partials, nullptr, false);
-  cuda::launched("batchnorm_backward (sums)");
-  bn_backward_coefficients_kernel<<<cuda::blocks_for(C), cuda::kThreads, 0, stream_>>>(
-      partials, P, C, N * HW, gamma.f32(), mean.f32(), invstd.f32(), opt(dgamma), opt(dbeta), accumulate_params, coef);
-  cuda::launched("batchnorm_backward (coefficients)");
-  if (!dx.defined()) return;
-  bn_backward_apply_kernel<<<cuda::blocks_for(x.numel()), cuda::kThreads, 0, stream_>>>(
-      grad, x.f32(), x.numel(), C, HW, coef, dx.f32(), accumulate_dx);
-  cuda::launched("batchnorm_backward (apply)");
+  backward_sweeps(stream_, grad,
+                  BackwardArgs{x.f32(), gamma.f32(), mean.f32(), invstd.f32(), N, C, HW, partials,
+                               reinterpret_cast<float*>(partials + C * P * 2), opt(dgamma), opt(dbeta),
+                               accumulate_params, opt(dx), accumulate_dx, nullptr, false});
 }
 
 void CudaBackend::batchnorm_backward_frozen(const Tensor& dy, const Tensor& gamma, const Tensor& running_var, float eps,
@@ -402,15 +418,11 @@ void CudaBackend::fused_forward(const FusedStack& s, FusedTensors& t, bool train
   const FusedStage& bn = s.stages[0];
   const int64_t N = t.x.dim(0), C = s.C, HW = t.x.dim(2) * t.x.dim(3), P = parts_for(N, C), n = t.y.numel();
   ChannelCoefficients k{nullptr, t.gamma.f32(), t.beta.f32(), nullptr, nullptr, bn.eps, C};
-  if (training) {  // batchnorm_forward_train's statistics, coefficients, running statistics
+  if (training) {  // the layer's statistics, coefficients, running statistics
     double* partials = bn_scratch(C * P * 2 + 2 * C);
     float* coef = reinterpret_cast<float*>(partials + C * P * 2);
-    bn_partials_kernel<<<dim3(unsigned(C), unsigned(P)), kBnThreads, 0, stream_>>>(t.x.f32(), N, C, HW, P, partials);
-    cuda::launched("fused_forward (sums)");
-    bn_train_coefficients_kernel<<<cuda::blocks_for(C), cuda::kThreads, 0, stream_>>>(
-        partials, P, C, N * HW, t.gamma.f32(), t.beta.f32(), opt(t.running_mean), opt(t.running_var), bn.momentum,
-        bn.eps, t.mean.f32(), t.invstd.f32(), coef);
-    cuda::launched("fused_forward (coefficients)");
+    train_statistics(stream_, t.x.f32(), N, C, HW, partials, t.gamma.f32(), t.beta.f32(), opt(t.running_mean),
+                     opt(t.running_var), bn.momentum, bn.eps, t.mean.f32(), t.invstd.f32(), coef);
     k.coef = coef;
   } else {
     k.rm = t.running_mean.f32();
@@ -437,14 +449,7 @@ void CudaBackend::fused_forward(const FusedStack& s, FusedTensors& t, bool train
         ElementwiseOut{t.x.f32(), f.add ? t.side.f32() : nullptr, k, HW, f.relu}, n, t.y.f32(), threshold, bits32,
         words32, kept);
   cuda::launched("fused_forward (apply)");
-  if (!bits) return;
-  if (!capturing_ && (mask->count_wanted || mask->values)) {
-    mask->kept = read_counter();
-  } else {
-    if (mask->values)
-      user_error("fused_forward: a bitmap with values needs its count, which a recorded step cannot read");
-    mask->uncounted = true;
-  }
+  if (bits) take_mask_count(*mask, "fused_forward");
 }
 
 void CudaBackend::fused_backward(const FusedStack& s, const FusedTensors& t, FusedGrads& g, Workspace) {
@@ -452,31 +457,19 @@ void CudaBackend::fused_backward(const FusedStack& s, const FusedTensors& t, Fus
   ET_CHECK(!g.dz_sums.defined() && !g.dy_coef.defined() && !g.dx_coef.defined(),
            "cuda: a fused stack's sweep done elsewhere");
   ET_CHECK(t.x.dtype == DType::F32, "cuda: fused stack x dtype ", dtype_name(t.x.dtype));
-  const int64_t N = t.x.dim(0), C = s.C, HW = t.x.dim(2) * t.x.dim(3), P = parts_for(N, C), n = t.x.numel();
+  const int64_t N = t.x.dim(0), C = s.C, HW = t.x.dim(2) * t.x.dim(3), P = parts_for(N, C);
   // The partials, then dx's coefficients (3C floats) and, for a pool, the forward's (2C).
   double* partials = bn_scratch(C * P * 2 + 3 * C);
   float* coef = reinterpret_cast<float*>(partials + C * P * 2);
-  float* dside = f.add ? opt(g.dside) : nullptr;
-  const dim3 parts(static_cast<unsigned>(C), static_cast<unsigned>(P));
-  auto sweeps = [&](const auto& grad) {
-    bn_grad_partials_kernel<<<parts, kBnThreads, 0, stream_>>>(grad, t.x.f32(), t.mean.f32(), N, C, HW, P, partials,
-                                                               dside, g.dside_accumulate);
-    cuda::launched("fused_backward (sums)");
-    bn_backward_coefficients_kernel<<<cuda::blocks_for(C), cuda::kThreads, 0, stream_>>>(
-        partials, P, C, N * HW, t.gamma.f32(), t.mean.f32(), t.invstd.f32(), opt(g.dgamma), opt(g.dbeta),
-        g.params_accumulate, coef);
-    cuda::launched("fused_backward (coefficients)");
-    if (!g.dx.defined()) return;
-    bn_backward_apply_kernel<<<cuda::blocks_for(n), cuda::kThreads, 0, stream_>>>(grad, t.x.f32(), n, C, HW, coef,
-                                                                                g.dx.f32(), g.dx_accumulate);
-    cuda::launched("fused_backward (apply)");
-  };
+  const BackwardArgs args{t.x.f32(), t.gamma.f32(), t.mean.f32(), t.invstd.f32(), N, C, HW, partials, coef,
+                          opt(g.dgamma), opt(g.dbeta), g.params_accumulate, opt(g.dx), g.dx_accumulate,
+                          f.add ? opt(g.dside) : nullptr, g.dside_accumulate};
   if (f.pool) {
     float* fwd = coef + 3 * C;
     bn_saved_coefficients_kernel<<<cuda::blocks_for(C), cuda::kThreads, 0, stream_>>>(
         C, t.gamma.f32(), t.beta.f32(), t.mean.f32(), t.invstd.f32(), fwd);
     cuda::launched("fused_backward (forward coefficients)");
-    return sweeps(PooledGrad{t.x.f32(), fwd, g.dy.f32(), pool_geom(s)});
+    return backward_sweeps(stream_, PooledGrad{t.x.f32(), fwd, g.dy.f32(), pool_geom(s)}, args);
   }
   OutputGrad grad;
   grad.dy = g.dy.f32();
@@ -485,7 +478,7 @@ void CudaBackend::fused_backward(const FusedStack& s, const FusedTensors& t, Fus
     grad.y = g.y_mask.bits ? nullptr : opt(g.y_mask.dense);
     ET_CHECK(grad.bits || grad.y, "cuda: a fused stack's ReLU mask");
   }
-  sweeps(grad);
+  backward_sweeps(stream_, grad, args);
 }
 
 }  // namespace et

@@ -90,12 +90,15 @@ void CudaBackend::relu_forward(const Tensor& x, Tensor& y, MaskOut* mask) {
   relu_mask_kernel<<<blocks_for(words32 * 32), 256, 0, stream_>>>(
       x.f32(), y.f32(), n, threshold, reinterpret_cast<uint32_t*>(mask->bits), words32, kept);
   cuda::launched("relu_forward (mask)");
-  if (!capturing_ && (mask->count_wanted || mask->values)) {
-    mask->kept = read_counter();
+  take_mask_count(*mask, "relu_forward");
+}
+
+void CudaBackend::take_mask_count(MaskOut& mask, const char* who) {
+  if (!capturing_ && (mask.count_wanted || mask.values)) {
+    mask.kept = read_counter();
   } else {  // a mask stored alone needs no count: no readback (none can be recorded)
-    if (mask->values)
-      user_error("relu_forward: a bitmap with values needs its count, which a recorded step cannot read");
-    mask->uncounted = true;
+    if (mask.values) user_error(who, ": a bitmap with values needs its count, which a recorded step cannot read");
+    mask.uncounted = true;
   }
 }
 

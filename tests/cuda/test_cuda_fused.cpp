@@ -19,6 +19,7 @@
 #include "engine/step_replay.h"
 #include "engine/train/optimizer.h"
 #include "models/models.h"
+#include "tests/cuda/device_bytes.h"
 
 using namespace et;
 
@@ -60,12 +61,7 @@ std::vector<char> state_bytes(FusedRun& r) {
   for (int p : r.g.params()) kept.push_back(r.ex->value(p));
   for (int p : r.ex->params()) kept.push_back(r.ex->grad(p));
   for (int b : r.g.buffers()) kept.push_back(r.ex->value(b));
-  std::vector<char> out;
-  for (const Tensor& t : kept) {
-    const HostView v(*r.be, t, HostView::Read);
-    out.insert(out.end(), static_cast<const char*>(v.data()), static_cast<const char*>(v.data()) + t.nbytes());
-  }
-  return out;
+  return host_bytes(*r.be, kept);
 }
 
 }  // namespace

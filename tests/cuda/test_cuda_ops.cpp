@@ -24,6 +24,7 @@
 #include "engine/train/checkpoint.h"
 #include "engine/train/optimizer.h"
 #include "models/models.h"
+#include "tests/cuda/device_bytes.h"
 
 using namespace et;
 
@@ -374,12 +375,7 @@ std::vector<char> state_bytes(Run& r) {
   for (int p : r.g.params()) kept.push_back(r.ex->value(p));
   for (int p : r.ex->params()) kept.push_back(r.ex->opt_slot(p, 0));
   for (int b : r.g.buffers()) kept.push_back(r.ex->value(b));
-  std::vector<char> out;
-  for (const Tensor& t : kept) {
-    const HostView v(*r.be, t, HostView::Read);
-    out.insert(out.end(), static_cast<const char*>(v.data()), static_cast<const char*>(v.data()) + t.nbytes());
-  }
-  return out;
+  return host_bytes(*r.be, kept);
 }
 
 }  // namespace
