@@ -312,6 +312,9 @@ Plan plan(const Graph& g, const FusionSpec& spec) {
   }
   resolve(spec.llc_kb, "fusion.llc_kb", last_level_cache, ", cpu0's last level", &p.llc_bytes, &p.llc_source);
   if (p.llc_bytes == 0) p.llc_source = "unknown (neither sysfs nor the CPU gives it)";
+  // A configured last level is taken as one that gives dy back at cache speed.
+  p.llc_slow_reread = spec.llc_kb == 0 && p.llc_bytes > 0 && last_level_cache().slow_reread;
+  if (p.llc_slow_reread) p.llc_source += "; re-reads from it cost about what memory's do (Intel)";
   const int64_t N = g.batch_size();
   std::vector<uint8_t> claimed(size_t(g.num_nodes()), 0);
   std::vector<int> fused_stack_ending_at(size_t(g.num_nodes()), -1);  // index into p.stacks
@@ -394,10 +397,12 @@ Plan plan(const Graph& g, const FusionSpec& spec) {
       // epilogue costs the conv more than that (Zen 5 with a 32 MiB share, session 49: ResNet-20's
       // step 1.3-2.2 % slower with it; a wash on the Zen 4 and the Xeon of sessions 37 and 42). So
       // `auto` (the config's default) gives it to the reader only where they do not fit (a Jetson's
-      // few MiB against ResNet-20's 16 MiB at batch 128), or the last level is unknown.
+      // few MiB against ResNet-20's 16 MiB at batch 128), the last level is unknown, or a re-read
+      // from it is slow (Intel's mesh L3: the Xeon of session 55, ResNet-20 1.5-2 % faster so).
       const size_t x_bytes = f32(N * s.C * s.stages[0].H * s.stages[0].W), y_bytes = f32(N * s.C * s.last().P * s.last().Q);
-      const bool to_reader =
-          spec.sweep1_in_reader_auto ? p.llc_bytes == 0 || x_bytes + y_bytes >= p.llc_bytes : spec.sweep1_in_reader;
+      const bool to_reader = spec.sweep1_in_reader_auto
+                                 ? p.llc_bytes == 0 || p.llc_slow_reread || x_bytes + y_bytes >= p.llc_bytes
+                                 : spec.sweep1_in_reader;
       const Value& y = g.value(sp.output);
       const int first_reader = y.consumers.empty() ? -1 : *std::min_element(y.consumers.begin(), y.consumers.end());
       if (to_reader && takes_dz_sums(s) && !sp.sweep_to_producer && first_reader >= 0 && !spec.whole_tensors &&

@@ -102,6 +102,16 @@ TEST_CASE("fusion: the planner's stacks, cache limit and bad settings", "[fusion
     spec.llc_kb = 1024;                              // 32x32's x and y fill it, 16x16's do not
     CHECK(readers(fusion::plan(g, spec), 32) == asked32);
     CHECK(readers(fusion::plan(g, spec), 16) == 0);
+    CHECK_FALSE(fusion::plan(g, spec).llc_slow_reread);  // a configured last level re-reads at cache speed
+    // This machine's last level: on Intel a re-read from it counts as one from memory, so every
+    // stack that can gives its sweep to the reader; elsewhere the sizes decide.
+    spec.llc_kb = 0;
+    const fusion::Plan here = fusion::plan(g, spec);
+    const bool slow = here.llc_slow_reread;
+    CHECK(slow == (here.llc_source.find("Intel") != std::string::npos));
+    if (slow || here.llc_bytes <= (size_t(1) << 20)) CHECK(readers(here, 32) == asked32);
+    if (slow) CHECK(readers(here, 16) == asked16);
+    if (!slow && here.llc_bytes > (size_t(1) << 20)) CHECK(readers(here, 32) == 0);
     spec.sweep1_in_reader_auto = false;
     spec.sweep1_in_reader = false;
     CHECK(readers(fusion::plan(g, spec), 32) == 0);
