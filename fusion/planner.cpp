@@ -203,6 +203,12 @@ StackPlan find_stack(const Graph& g, int head, const std::vector<uint8_t>& claim
     if (st.kind == FusedKind::Add) {
       if (has_add || has_pool || node.inputs.size() != 2 || node.inputs[0] == node.inputs[1]) break;
       sp.side = node.inputs[0] == cur ? node.inputs[1] : node.inputs[0];
+      // y = x + BN(x): the side is the stack's own input. Its gradient would be written twice, the
+      // add's share by sweep 1 and BN's dx by sweep 2 over it; the add stays a layer.
+      if (sp.side == sp.input) {
+        sp.side = -1;
+        break;
+      }
       has_add = true;
       // The other operand a training BN's output read by this Add alone, of the same shape, and the
       // Add right after the head BN (BN -> add [-> ReLU], nothing to recompute through the Add): that

@@ -165,6 +165,17 @@ inline void two_readers(Graph& g, int64_t batch, int64_t side, bool pool) {
   close_net(g, net, add(g, conv2d(g, a, "c2", o), conv2d(g, b, "c3", o), "a3"));
 }
 
+// y = relu(x + BN(x)), or x + relu(BN(x)), after a conv: the add's other operand is the BN's own
+// input, so x's gradient has two parts, BN's dx and the add's share (the planner leaves that add a
+// layer).
+inline void add_own_input(Graph& g, int64_t batch, int64_t side, bool relu_first) {
+  const TestNet net = open_net(g, batch, side, side);
+  const int x = conv2d(g, net.x, "c1", conv3x3(3));
+  const int bn = batchnorm2d(g, x, "b1");
+  const int y = relu_first ? add(g, relu(g, bn, "r1"), x, "a1") : relu(g, add(g, bn, x, "a1"), "r1");
+  close_net(g, net, conv2d(g, y, "c2", conv3x3(3)));
+}
+
 // image -> conv -> <BN, ReLU, max-pool 3x3 stride 1> x 2 -> BN, ReLU -> flatten -> linear: stacks that
 // follow a conv and stacks that follow a stack (BrainSlug's micro-benchmark), each taking BN's
 // per-plane sums from x's producer.

@@ -77,6 +77,26 @@ TEST_CASE("fusion: two stacks reading one conv output (dx accumulates) train bit
     }
 }
 
+TEST_CASE("fusion: an add of a BN's output and the BN's own input trains bit-identically", "[fusion]") {
+  for (bool relu_first : {false, true})
+    for (bool whole : {false, true}) {
+      DYNAMIC_SECTION((relu_first ? "x + relu(BN(x))" : "relu(x + BN(x))") << (whole ? ", whole tensors" : ", tiles")) {
+        Graph plain, fused;
+        add_own_input(plain, 2, 8, relu_first);
+        add_own_input(fused, 2, 8, relu_first);
+        FusionSpec spec;
+        spec.enabled = true;
+        spec.whole_tensors = whole;
+        const fusion::Plan p = fusion::plan(fused, spec);
+        // BN -> ReLU a stack, the add a layer (x's two gradients add up there); BN alone no stack.
+        REQUIRE(p.stacks.size() == (relu_first ? 1u : 0u));
+        for (const fusion::StackPlan& sp : p.stacks) CHECK(sp.side < 0);
+        fusion::apply(fused, p);
+        check_trains_alike(plain, fused, 2);
+      }
+    }
+}
+
 TEST_CASE("fusion: synthetic stacks with odd sizes, overlapping pools and batch 1", "[fusion]") {
   struct Case {
     int64_t batch, h, w, k, s, p, channels;
