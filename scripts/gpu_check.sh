@@ -62,7 +62,10 @@ if has fused; then
   # the CUDA graph, and a short training run with them.
   stamp "CUDA fused stacks: tests, bench step against the layers, a short training run"
   {
-    EDGETRAIN_REQUIRE_GPU=1 timeout 120 "$B/edgetrain_cuda_tests" "[fusion]" 2>&1 | grep -E '^(test cases|All tests)|FAILED|failed' | head -20
+    # The whole report in its own file (a failure's "with message" names the model, stash and
+    # checkpoint_every), its summary here.
+    EDGETRAIN_REQUIRE_GPU=1 timeout 120 "$B/edgetrain_cuda_tests" "[fusion]" >"$OUT/cuda_fused_tests.log" 2>&1
+    grep -E '^(test cases|All tests)|FAILED|failed|with message' -A1 "$OUT/cuda_fused_tests.log" | head -40
     for model in ${FUSED_MODELS:-resnet20 vgg16_bn mobilenetv2}; do
       for graph in false true; do
         timeout 120 "$B/edgetrain" bench step --config "configs/${model}_cifar10.json" --steps "${BENCH_STEPS:-20}" \

@@ -91,7 +91,7 @@ __global__ void bn_grad_partials_kernel(Grad grad, const float* x, const float* 
     const float dz = grad(at);
     if (dside) dside[at] = side_acc ? dside[at] + dz : dz;
     a += dz;
-    b += double(dz) * double(x[at] - mu);
+    b = __fma_rn(double(dz), double(x[at] - mu), b);
   }
   block_sum2(a, b);
   if (threadIdx.x == 0) {
@@ -102,17 +102,22 @@ __global__ void bn_grad_partials_kernel(Grad grad, const float* x, const float* 
 
 // y = x * scale + shift's coefficients from the batch statistics (train) or the running ones
 // (eval): one definition for the layers and the fused stacks, so both round alike.
+// Rounding here and in the kernels is written out (__fmaf_rn, __fmul_rn, __fadd_rn): the layers
+// and the fused stacks run different instantiations of the same templates, and where an expression
+// holds two products nvcc's contraction may fuse either one. Spelled out, both round as the CPU's
+// row kernels do (batchnorm_rows.h: x * scale + shift one FMA; the backward's (a * d + b * x) + c0
+// one multiply, one FMA, one add).
 __device__ __forceinline__ void train_coefficients(float gamma, float beta, float mean, float invstd, float* scale,
                                                    float* shift) {
   const float k = gamma * invstd;
   *scale = k;
-  *shift = beta - mean * k;
+  *shift = __fmaf_rn(-mean, k, beta);
 }
 __device__ __forceinline__ void eval_coefficients(float gamma, float beta, float rm, float rv, float eps, float* scale,
                                                   float* shift) {
   const float k = gamma / sqrtf(rv + eps);
   *scale = k;
-  *shift = beta - rm * k;
+  *shift = __fmaf_rn(-rm, k, beta);
 }
 
 // Channel c's forward statistics, running statistics and coefficients (coef[c] = scale, coef[C + c] = shift).
@@ -176,7 +181,7 @@ __global__ void bn_backward_apply_kernel(Grad grad, const float* x, int64_t n_to
                                          const float* coef, float* dx, bool acc) {
   ET_GRID_STRIDE(i, n_total) {
     const int64_t c = i / HW % C;
-    const float v = coef[c] * grad(i) + coef[C + c] * x[i] + coef[2 * C + c];
+    const float v = __fadd_rn(__fmaf_rn(coef[c], grad(i), __fmul_rn(coef[C + c], x[i])), coef[2 * C + c]);
     dx[i] = acc ? dx[i] + v : v;
   }
 }
@@ -187,7 +192,7 @@ struct BnReluPlane {
   const float* x;
   float scale, shift;
   __device__ __forceinline__ float operator()(int64_t i) const {
-    const float v = x[i] * scale + shift;
+    const float v = __fmaf_rn(x[i], scale, shift);
     return v > 0.f ? v : 0.f;
   }
 };
@@ -217,7 +222,7 @@ struct ElementwiseOut {
   __device__ __forceinline__ float operator()(int64_t i) const {
     float scale, shift;
     k.of(i / HW % k.C, &scale, &shift);
-    float v = x[i] * scale + shift;
+    float v = __fmaf_rn(x[i], scale, shift);
     if (side) v = v + side[i];
     if (relu) v = v > 0.f ? v : 0.f;
     return v;

@@ -6,7 +6,7 @@
 #include <cfloat>
 #include <cstdint>
 
-#include "engine/kernel_types.h"
+#include "backends/backend.h"  // Conv2dGeom
 
 namespace et {
 namespace cuda_pool {

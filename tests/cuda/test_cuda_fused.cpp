@@ -53,6 +53,17 @@ struct FusedRun {
     for (int i = 0; i < g.num_nodes(); ++i) n += std::string(g.node(i).op->type()) == "fused_stack";
     return n;
   }
+  // Stacks ending in a max-pool, whose output planes are smaller than their input's (VGG-16-BN's
+  // five; the only ones that run PooledOut / PooledGrad).
+  int pooled_stacks() const {
+    int n = 0;
+    for (int i = 0; i < g.num_nodes(); ++i) {
+      const Node& node = g.node(i);
+      n += std::string(node.op->type()) == "fused_stack" &&
+           g.value(node.output).shape[2] < g.value(node.inputs[0]).shape[2];
+    }
+    return n;
+  }
 };
 
 // Parameters, their gradients and the BN buffers, as bytes.
@@ -79,6 +90,7 @@ TEST_CASE("cuda: fused stacks train bit-identically to the layers", "[cuda][fusi
         so.checkpoint_every = every;
         FusedRun plain(*be, so, model, false), fused(*be, so, model, true);
         REQUIRE(fused.fused_nodes() > 0);
+        if (std::string(model) == "vgg16_bn") REQUIRE(fused.pooled_stacks() == 5);
         for (int s = 0; s < 3; ++s) {
           for (FusedRun* r : {&plain, &fused}) {
             r->fill(s);
