@@ -158,32 +158,22 @@ CacheSize l2_cache() {
   return {0, "unknown", {}};
 }
 
-namespace {
-// CPUID leaf 0's vendor string.
-bool cpu_is_intel() {
+CacheSize last_level_cache() {
+  const std::vector<Cache> sys = sysfs_caches();
+  if (const Cache* k = top_level(sys)) return last_level_share(*k, "sysfs");
+  const std::vector<Cache> cpu = cpuid_caches();
+  if (const Cache* k = top_level(cpu)) return last_level_share(*k, "CPUID");
+  return {0, "unknown", {}};
+}
+
+bool last_level_rereads_slowly() {
 #if defined(__x86_64__) || defined(__i386__)
   unsigned a = 0, b = 0, c = 0, d = 0;
-  __cpuid(0, a, b, c, d);
+  __cpuid(0, a, b, c, d);  // the vendor string
   return b == 0x756e6547u && d == 0x49656e69u && c == 0x6c65746eu;  // "Genu" "ineI" "ntel"
 #else
   return false;
 #endif
-}
-}  // namespace
-
-CacheSize last_level_cache() {
-  CacheSize c;
-  const std::vector<Cache> sys = sysfs_caches();
-  if (const Cache* k = top_level(sys)) {
-    c = last_level_share(*k, "sysfs");
-  } else {
-    const std::vector<Cache> cpu = cpuid_caches();
-    const Cache* t = top_level(cpu);
-    if (!t) return c;
-    c = last_level_share(*t, "CPUID");
-  }
-  c.slow_reread = cpu_is_intel();
-  return c;
 }
 
 void set_sysfs_cache_dir(const std::string& dir) { g_sysfs_dir = dir; }

@@ -59,8 +59,9 @@ struct Plan {
   std::string cache_source;  // "sysfs L2", "fusion.cache_kb", ...
   size_t llc_bytes = 0;      // the last-level cache (0: unknown, nothing streams)
   std::string llc_source;
-  // dy read back from the last level costs about what it costs from memory (CacheSize::slow_reread),
-  // so sweep 1 under fusion.sweep1_in_reader = auto goes to the readers whatever fits.
+  // dy read back from the last level costs about what it costs from memory,
+  // so sweep 1 under fusion.sweep1_in_reader = auto goes to the readers whatever fits
+  // (last_level_rereads_slowly; not where fusion.llc_kb is configured).
   bool llc_slow_reread = false;
   std::vector<StackPlan> stacks;
   size_t bytes_unfused = 0, bytes_fused = 0;  // over the fused stacks
@@ -71,16 +72,16 @@ struct CacheSize {
   size_t bytes = 0;
   const char* source = "unknown";  // "sysfs", "CPUID" or "unknown"
   std::string note;                // why bytes is less than the report, if it is
-  // The last level only: a re-read from it is not much cheaper than from memory. Intel's server
-  // L3 (a mesh of slices, non-inclusive): measured on a Xeon in session 55, ResNet-20's step
-  // 1.5-2 % faster with sweep 1 in the readers though x and y fit the share; a wash on the Xeons
-  // of sessions 37 and 42. AMD's L3 (the core complex's victim cache) gives dy back at cache speed:
-  // the reader's epilogue cost Zen 5 1.3-2.2 % there (session 49). Elsewhere (ARM) not assumed.
-  bool slow_reread = false;
 };
 CacheSize l2_cache();          // this core's L2 (cpu0's)
 // cpu0's highest-level data or unified cache, at most kMaxLlcPerCpu for each CPU sharing it.
 CacheSize last_level_cache();
+// Whether a re-read from the last level costs about what one from memory does: Intel's server L3
+// (a mesh of slices, non-inclusive; measured on a Xeon in session 55, ResNet-20's step 1.5-2 %
+// faster with sweep 1 in the readers though x and y fit the share; a wash on the Xeons of sessions
+// 37 and 42). AMD's L3 (the core complex's victim cache) gives dy back at cache speed: the reader's
+// epilogue cost Zen 5 1.3-2.2 % there (session 49). Elsewhere (ARM) not assumed.
+bool last_level_rereads_slowly();
 constexpr size_t kMaxLlcPerCpu = size_t(16) << 20;
 // Tests: where sysfs_caches looks (default /sys/devices/system/cpu/cpu0/cache).
 void set_sysfs_cache_dir(const std::string& dir);

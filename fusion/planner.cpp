@@ -319,7 +319,7 @@ Plan plan(const Graph& g, const FusionSpec& spec) {
   resolve(spec.llc_kb, "fusion.llc_kb", last_level_cache, ", cpu0's last level", &p.llc_bytes, &p.llc_source);
   if (p.llc_bytes == 0) p.llc_source = "unknown (neither sysfs nor the CPU gives it)";
   // A configured last level is taken as one that gives dy back at cache speed.
-  p.llc_slow_reread = spec.llc_kb == 0 && p.llc_bytes > 0 && last_level_cache().slow_reread;
+  p.llc_slow_reread = spec.llc_kb == 0 && p.llc_bytes > 0 && last_level_rereads_slowly();
   if (p.llc_slow_reread) p.llc_source += "; re-reads from it cost about what memory's do (Intel)";
   const int64_t N = g.batch_size();
   std::vector<uint8_t> claimed(size_t(g.num_nodes()), 0);
