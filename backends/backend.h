@@ -55,10 +55,19 @@ class Backend {
   // the host fills every step (the trainer's input batch, engine/host_view.h's HostStaging).
   virtual void* allocate_staging(size_t bytes) { return std::malloc(bytes); }
   virtual void free_staging(void* p) { std::free(p); }
-  // copy_from_host that may return before the copy is done (a GPU queues it behind the work issued
-  // so far): `src`, from allocate_staging, must stay unchanged until the next call that waits for
-  // the device (a host readback such as the loss, or synchronize). The default copies at once.
-  virtual void copy_from_host_async(const void* src, Tensor& dst) { copy_from_host(src, dst); }
+  // A copy lane beside the compute work (a GPU's copy engine), so that the next input batch crosses
+  // while this step computes (engine/train/input_feed.h). The default copies at once.
+  // - side_copy_from_host: `src` (from allocate_staging) into `dst`, queued on the lane. It starts
+  //   once the compute work issued before the last side_release() has run, not waiting for later
+  //   work, and reads `src` until side_wait() returns.
+  // - side_release(): the compute work issued so far is the last that reads the side copies' `dst`
+  //   before they are overwritten.
+  // - side_acquire(): compute work issued after it waits for the side copies issued so far.
+  // - side_wait(): the host waits for the side copies issued so far (their `src` may be rewritten).
+  virtual void side_copy_from_host(const void* src, Tensor& dst) { copy_from_host(src, dst); }
+  virtual void side_release() {}
+  virtual void side_acquire() {}
+  virtual void side_wait() {}
   // Waits until the work issued so far has run (a GPU's kernels run after their calls return): a
   // timed profile (Executor::set_timing) calls it around each op, so each op's time is its own.
   virtual void synchronize() {}

@@ -41,22 +41,5 @@ class HostView {
   std::vector<char> staged_;  // only for a backend whose memory the host cannot address
 };
 
-// A host buffer for data the host writes every step into a backend whose memory it cannot
-// address (the trainer's input batch): allocated once, page-locked on a GPU, and copied with
-// Backend::copy_from_host_async, so a step neither allocates nor waits for the copy.
-class HostStaging {
- public:
-  HostStaging(Backend& backend, size_t bytes) : backend_(backend), data_(backend.allocate_staging(bytes)) {
-    ET_CHECK(data_ != nullptr || bytes == 0, "host staging buffer of ", bytes, " bytes");
-  }
-  HostStaging(const HostStaging&) = delete;
-  HostStaging& operator=(const HostStaging&) = delete;
-  ~HostStaging() { backend_.free_staging(data_); }
-  void* data() const { return data_; }
-
- private:
-  Backend& backend_;
-  void* data_;
-};
 
 }  // namespace et

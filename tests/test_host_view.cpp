@@ -25,7 +25,7 @@ namespace fs = std::filesystem;
 namespace {
 
 // The CPU backend, but host code must copy (as it will for a GPU's memory); copies are counted.
-class StagedCpu final : public CpuBackend {
+class StagedCpu : public CpuBackend {
  public:
   int to_host = 0, from_host = 0;
   bool host_addressable() const override { return false; }
@@ -241,8 +241,62 @@ std::vector<std::string> fit_lines(std::unique_ptr<Backend> backend, const std::
 
 }  // namespace
 
+// StagedCpu with a copy lane that runs its copies as late as the Backend contract allows: when
+// compute work must wait for them (side_acquire) or the host must (side_wait). A feed that read a
+// batch before acquiring it, or rewrote the staging before the copy ran, would train on other data.
+class LateSideCopies final : public StagedCpu {
+ public:
+  int side_copies = 0, deferred = 0;  // copies issued; acquires that found copies not run yet
+  void side_copy_from_host(const void* src, Tensor& dst) override {
+    ++side_copies;
+    pending_.push_back({src, dst});
+  }
+  void side_acquire() override {
+    deferred += !pending_.empty();
+    run();
+  }
+  void side_wait() override { run(); }
+  ~LateSideCopies() override { CHECK(pending_.empty()); }
+
+ private:
+  struct Copy {
+    const void* src;
+    Tensor dst;
+  };
+  void run() {
+    for (Copy& c : pending_) StagedCpu::copy_from_host(c.src, c.dst);
+    pending_.clear();
+  }
+  std::vector<Copy> pending_;
+};
+
+TEST_CASE("fit through a copy lane that runs late: the next batch prefetched, the CPU's numbers bit for bit",
+          "[host][training]") {
+  // engine/train/input_feed.h: batch i + 1 is staged and sent while step i computes, then copied
+  // into the executor's inputs at step i + 1. Training and evaluation see the same batches as the
+  // CPU's in-place loader, and the accuracy readout reads each step's own labels.
+  auto lane = std::make_unique<LateSideCopies>();
+  LateSideCopies& l = *lane;
+  Trainer t(test::small_fit_config(3), test::synthetic_dataset(24, 1), test::synthetic_dataset(10, 2),
+            std::move(lane));
+  std::vector<std::string> late;
+  for (const nlohmann::json& j : test::fit_quietly(t, "late"))
+    late.push_back(j["train_loss"].dump() + " " + j["test_loss"].dump() + " " + j["test_acc"].dump() + " " +
+                   j["train_acc"].dump());
+  Trainer d(test::small_fit_config(3), test::synthetic_dataset(24, 1), test::synthetic_dataset(10, 2),
+            make_cpu_backend());
+  std::vector<std::string> direct;
+  for (const nlohmann::json& j : test::fit_quietly(d, "late_direct"))
+    direct.push_back(j["train_loss"].dump() + " " + j["test_loss"].dump() + " " + j["test_acc"].dump() + " " +
+                     j["train_acc"].dump());
+  REQUIRE(direct.size() == 3);
+  CHECK(late == direct);
+  CHECK(l.side_copies == 2 * 3 * (3 + 2));  // images and labels of every training and evaluation batch
+  CHECK(l.deferred == 3 * (3 + 2));         // every batch was still in flight when its step began
+}
+
 TEST_CASE("fit through a backend's copies: staged input batches, the CPU's numbers bit for bit", "[host][training]") {
-  // The trainer's input batch goes through HostStaging and copy_from_host_async where the host
+  // The trainer's input batch goes through the feed's staging and copy lane where the host
   // cannot address the backend's memory, at the whole batch whatever the last forward's was (a
   // view sized by the last evaluation batch overflowed on the first GPU run).
   int copies = 0;

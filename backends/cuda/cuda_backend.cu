@@ -180,6 +180,9 @@ __global__ void sgd_kernel(float* p, const float* gr, float* b, int64_t n, float
 CudaBackend::CudaBackend(int device) : device_(device) {
   memory_ = make_cuda_memory(device);  // validates the index
   cuda::check(cudaStreamCreate(&stream_), "cudaStreamCreate");
+  cuda::check(cudaStreamCreateWithFlags(&copy_stream_, cudaStreamNonBlocking), "cudaStreamCreateWithFlags (copies)");
+  cuda::check(cudaEventCreateWithFlags(&released_, cudaEventDisableTiming), "cudaEventCreateWithFlags");
+  cuda::check(cudaEventCreateWithFlags(&copied_, cudaEventDisableTiming), "cudaEventCreateWithFlags");
   cuda::check(cudaDeviceGetAttribute(&sm_count_, cudaDevAttrMultiProcessorCount, device), "cudaDeviceGetAttribute");
   codec_ = make_cuda_stash_codec(device, stream_);
   cuda::check(cublasCreate(&blas_), "cublasCreate");
@@ -211,6 +214,10 @@ CudaBackend::~CudaBackend() {
   cudaFree(bn_scratch_);
   cudaFree(scratch_);
   cudaFree(stats_parts_);
+  if (copy_stream_) cudaStreamSynchronize(copy_stream_);
+  if (released_) cudaEventDestroy(released_);
+  if (copied_) cudaEventDestroy(copied_);
+  if (copy_stream_) cudaStreamDestroy(copy_stream_);
   if (stream_) cudaStreamDestroy(stream_);
 }
 
@@ -246,11 +253,26 @@ void* CudaBackend::allocate_staging(size_t bytes) {
 
 void CudaBackend::free_staging(void* p) { cudaFreeHost(p); }
 
-void CudaBackend::copy_from_host_async(const void* src, Tensor& dst) {
-  ET_CHECK(dst.is_contiguous());
-  cuda::check(cudaMemcpyAsync(dst.data, src, dst.nbytes(), cudaMemcpyHostToDevice, stream_),
-              "cudaMemcpyAsync from the host");
+// The copy lane. An event never recorded is complete, so the first copy waits for nothing.
+void CudaBackend::side_copy_from_host(const void* src, Tensor& dst) {
+  ET_CHECK(dst.is_contiguous() && !capturing_);
+  cuda::check(cudaStreamWaitEvent(copy_stream_, released_, 0), "cudaStreamWaitEvent (copies)");
+  cuda::check(cudaMemcpyAsync(dst.data, src, dst.nbytes(), cudaMemcpyHostToDevice, copy_stream_),
+              "cudaMemcpyAsync from the host (copies)");
+  cuda::check(cudaEventRecord(copied_, copy_stream_), "cudaEventRecord (copies)");
 }
+
+void CudaBackend::side_release() {
+  ET_CHECK(!capturing_);
+  cuda::check(cudaEventRecord(released_, stream_), "cudaEventRecord");
+}
+
+void CudaBackend::side_acquire() {
+  ET_CHECK(!capturing_);
+  cuda::check(cudaStreamWaitEvent(stream_, copied_, 0), "cudaStreamWaitEvent");
+}
+
+void CudaBackend::side_wait() { cuda::check(cudaStreamSynchronize(copy_stream_), "cudaStreamSynchronize (copies)"); }
 
 void CudaBackend::synchronize() { cuda::check(cudaDeviceSynchronize(), "cudaDeviceSynchronize"); }
 

@@ -49,7 +49,10 @@ class CudaBackend final : public Backend {
   void synchronize() override;
   void* allocate_staging(size_t bytes) override;
   void free_staging(void* p) override;
-  void copy_from_host_async(const void* src, Tensor& dst) override;
+  void side_copy_from_host(const void* src, Tensor& dst) override;
+  void side_release() override;
+  void side_acquire() override;
+  void side_wait() override;
 
   void fill(Tensor& t, float value) override;
   void copy(const Tensor& src, Tensor& dst) override;
@@ -146,6 +149,11 @@ class CudaBackend final : public Backend {
 
   int device_;
   cudaStream_t stream_ = nullptr;
+  // The copy lane (Backend::side_*): a non-blocking stream, so the synchronous readbacks on the
+  // legacy stream do not wait for it; `released_` on stream_ orders its copies after the last reads
+  // of their destination, `copied_` on it orders later kernels after its copies.
+  cudaStream_t copy_stream_ = nullptr;
+  cudaEvent_t released_ = nullptr, copied_ = nullptr;
   int sm_count_ = 1;  // the device's multiprocessors (how many blocks fill it)
   bool capturing_ = false;                // between begin_capture and end_capture
   cudaGraphExec_t graph_exec_ = nullptr;  // the recorded step, instantiated

@@ -15,6 +15,7 @@
 #include "engine/init.h"
 #include "engine/step_replay.h"
 #include "engine/train/curves.h"
+#include "engine/train/input_feed.h"
 #include "engine/train/optimizer.h"
 #include "engine/train/schedule.h"
 #include "engine/train/weights.h"
@@ -75,19 +76,6 @@ namespace {
 // An input at the graph's whole batch, whatever the last forward's batch was: the loader writes up to
 // that many images, and a host copy of value() after a short evaluation batch would be too small.
 Tensor whole_batch(const Executor& ex, int id) { return ex.value(id).with_batch(ex.graph().value(id).shape.d[0]); }
-
-// The loader's next batch into the executor's input tensors: in place on the CPU; a backend whose
-// memory the host cannot address gets it from the staging buffers, copied behind the work already
-// issued (the previous step's readbacks waited for the previous copy, so the buffers are free).
-int64_t next_batch(Backend& backend, BatchLoader& loader, const Tensor& images, const Tensor& labels,
-                   const HostStaging* image_staging, const HostStaging* label_staging) {
-  if (backend.host_addressable()) return loader.next(images.f32(), labels.i32());
-  const int64_t n = loader.next(static_cast<float*>(image_staging->data()), static_cast<int32_t*>(label_staging->data()));
-  Tensor i = images, l = labels;
-  backend.copy_from_host_async(image_staging->data(), i);
-  backend.copy_from_host_async(label_staging->data(), l);
-  return n;
-}
 
 }  // namespace
 
@@ -161,10 +149,8 @@ void Trainer::build(bool keep_train) {
   executor_ = std::make_unique<Executor>(graph_, *backend_, stash, cfg_.quant_options());
   replay_ = std::make_unique<StepReplay>(*executor_, cfg_.train.cuda_graph);
   init_parameters(*executor_, cfg_.train.seed);
-  if (!backend_->host_addressable()) {
-    image_staging_ = std::make_unique<HostStaging>(*backend_, whole_batch(*executor_, graph_.image_input).nbytes());
-    label_staging_ = std::make_unique<HostStaging>(*backend_, whole_batch(*executor_, graph_.label_input).nbytes());
-  }
+  feed_ = std::make_unique<InputFeed>(*backend_, whole_batch(*executor_, graph_.image_input),
+                                      whole_batch(*executor_, graph_.label_input));
   state_.model = cfg_.model.name;
   state_.seed = cfg_.train.seed;
 }
@@ -192,7 +178,7 @@ StashOptions plan_stash_options(const Config& cfg, Graph& g, Backend& backend, B
   return s;
 }
 
-bool Trainer::train_step(int64_t batch, float lr) {
+bool Trainer::train_step(int64_t batch, float lr, const std::function<void()>& during) {
   Executor& ex = *executor_;
   ex.set_step_seed(mix(cfg_.train.seed, uint64_t(state_.step)));
   ex.set_step(state_.step);
@@ -204,6 +190,7 @@ bool Trainer::train_step(int64_t batch, float lr) {
     // train.cuda_graph: forward and backward replayed together, so the loss is checked after both.
     const bool replayed = replay_->try_step(batch);
     if (!replayed) ex.forward(batch, true);
+    if (during) during();  // before the loss's readback waits for the forward
     uss_.phase();
     have_loss = true;
     // Checked before the backward, so the parameters are still the step's and the guard can run
@@ -284,6 +271,7 @@ EpochResult Trainer::train_epoch(int epoch, Progress& progress) {
   loader.start_epoch(epoch);
   const int64_t steps = loader.batches_per_epoch();
   const Tensor images = whole_batch(ex, graph_.image_input), labels = whole_batch(ex, graph_.label_input);
+  feed_->start(loader, images, labels);
   EpochResult r;
   r.epoch = epoch + 1;
   r.fnt = fnt_;
@@ -293,13 +281,14 @@ EpochResult Trainer::train_epoch(int epoch, Progress& progress) {
   ex.stash().reset_peak();
   const auto t0 = Clock::now();
   for (int64_t i = 0; i < steps; ++i) {
-    const int64_t n = next_batch(*backend_, loader, images, labels, image_staging_.get(), label_staging_.get());
+    const int64_t n = feed_->next();
     ET_CHECK(n == cfg_.train.batch_size, "train loader returned ", n);
     // lr_factor is 1 unless the guard rolled back (exact: float(double(x) * 1) == x).
     const float lr = float(double(learning_rate(cfg_.train, cfg_.quant, epoch + double(i) / double(steps))) *
                            state_.lr_factor);
     if (before_step_) before_step_(ex, state_.step);
-    if (!train_step(n, lr)) {
+    // The next batch crosses while this step computes (engine/train/input_feed.h).
+    if (!train_step(n, lr, [&] { if (i + 1 < steps) feed_->prefetch(); })) {
       divergence_batch_ = i + 1;
       divergence_batches_ = steps;
       r.diverged = true;
@@ -337,14 +326,16 @@ EvalResult Trainer::evaluate(bool keep_logits) {
   BatchLoader loader(*test_, loader_options(cfg_, false));
   loader.start_epoch(0);
   const Tensor images = whole_batch(ex, graph_.image_input), labels = whole_batch(ex, graph_.label_input);
+  feed_->start(loader, images, labels);
   EvalResult r;
   double loss_sum = 0;
   int64_t correct = 0;
   for (;;) {
-    const int64_t n = next_batch(*backend_, loader, images, labels, image_staging_.get(), label_staging_.get());
+    const int64_t n = feed_->next();
     if (n == 0) break;
     uss_.begin_step();
     ex.forward(n, false);
+    feed_->prefetch();  // the next batch crosses while this one's forward runs
     uss_.end_step();
     loss_sum += double(ex.loss()) * double(n);
     correct += count_correct(*backend_, ex.value(graph_.logits), labels, n);

@@ -19,7 +19,7 @@
 
 namespace et {
 
-class HostStaging;  // engine/host_view.h
+class InputFeed;  // engine/train/input_feed.h
 class StepReplay;   // engine/step_replay.h
 
 struct EpochResult {
@@ -67,7 +67,9 @@ class Trainer {
   // One optimizer step on the images / labels already in the executor's inputs, at `lr`. Returns
   // false when the divergence guard fires (divergence() says why and where); the step counter
   // does not advance and the training state is unusable until restored (fit rolls back or stops).
-  bool train_step(int64_t batch, float lr);
+  // `during`: host work to run while the step's forward runs on a device that computes apart from
+  // the host (the next batch's prefetch), called once the forward is issued.
+  bool train_step(int64_t batch, float lr, const std::function<void()>& during = {});
   const Divergence& divergence() const { return divergence_; }
   // Puts the executor in the mode of 0-based `epoch`: the main phase, or FNT for the last
   // quant.fnt_epochs. A change re-plans it (a new Executor, between steps) with params, gradients,
@@ -110,8 +112,8 @@ class Trainer {
   std::shared_ptr<const Dataset> train_, test_;
   Graph graph_;
   std::unique_ptr<Backend> backend_;
-  // The input batch's host buffers where the host cannot address the backend's memory (next_batch).
-  std::unique_ptr<HostStaging> image_staging_, label_staging_;
+  // The loader's batches into the executor's inputs (staged and prefetched on a GPU).
+  std::unique_ptr<InputFeed> feed_;
   std::unique_ptr<Executor> executor_;
   std::unique_ptr<StepReplay> replay_;  // executor_'s steps recorded and replayed (train.cuda_graph)
   bool fnt_ = false;  // executor_ plans the FNT modes
