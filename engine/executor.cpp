@@ -93,6 +93,7 @@ void Executor::replayed(int64_t batch) {
   batch_ = batch;
   training_ = true;
   restore_views();
+  stash_.replayed();
 }
 
 // An op threw mid-step (a quantizer's NonFiniteError): views may still point at recompute buffers

@@ -38,6 +38,10 @@ struct MaskOut {
   // Whether the stash needs `kept` (a mask stored with values); a mask stored alone has a size
   // that does not depend on it, so a GPU may skip the count's readback (a device synchronisation).
   bool count_wanted = true;
+  // The stash's fixed layout (memory/stash.h): where a producer whose count would cost a wait for
+  // the device may leave it (memory of the backend's) instead of `kept`; it sets kept_in_slot then.
+  int64_t* kept_slot = nullptr;
+  bool kept_in_slot = false;
   void* values = nullptr;
   bool values_f16 = false;
   bool values_written = false;

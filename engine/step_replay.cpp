@@ -22,8 +22,11 @@ std::string StepReplay::unsupported(const Executor& ex) {
     const StashFormatInfo& f = stash_format_info(s.format);
     const StashEncoding enc = s.full ? f.full : f.mask;
     // Fixed sizes: a mask alone is n bits (its producer leaves the count out while recording).
+    // Bitmaps with values where the stash places each entry at its worst case and leaves the
+    // counts on the device (Stash::fixed_layout). auto chooses its encoding by the count.
     const bool fixed = enc == StashEncoding::ZeroCopy || enc == StashEncoding::F16 || enc == StashEncoding::BF16 ||
-                       enc == StashEncoding::Mask;
+                       enc == StashEncoding::Mask ||
+                       (ex.stash().fixed_layout() && (enc == StashEncoding::BitmapF32 || enc == StashEncoding::BitmapF16));
     if (!fixed || (s.full && f.full_alt != f.full))
       return std::string("value '") + g.value(s.value).name + "' is stored as " + stash_format_name(s.format) +
              (s.full ? "" : " (a mask)") + ", whose size the step reads back";
@@ -47,6 +50,7 @@ bool StepReplay::try_step(int64_t batch) {
     if (!failed.empty() || !ended.empty()) {
       why_not_ = "recording the step failed: " + (failed.empty() ? ended : failed);
       be.drop_capture();
+      ex_.stash().drop_log();  // its pushes were recorded, not run: no counts to settle
       ex_.forward(batch, true);  // the recorded work did not run: run it now
       ex_.backward();
       return true;

@@ -6,8 +6,9 @@
 // stay as recorded: the same executor (a re-plan makes a new one, and a new StepReplay), the whole
 // batch, a training step, and nothing per step in a kernel's arguments or in the layout:
 //   - no op that draws random numbers (dropout's seed changes every step);
-//   - every saved value stored at a fixed size (dense_fp32 / fp16 / bf16, and masks stored alone);
-//     bitmap formats place each entry by the previous one's count of kept values, read back;
+//   - every saved value stored at a fixed place: dense_fp32 / fp16 / bf16, masks stored alone, and
+//     bitmap_fp32 / fp16 where the stash has the fixed layout (memory/stash.h: a GPU's); not auto,
+//     which chooses its encoding by a count read back;
 //   - no 4-bit layers (per-step scales) and no recomputation segments (not recorded yet).
 // The learning rate is not in the record: the optimizer step runs after the replay, so the
 // divergence guard checks the loss and gradients before any parameter changes, as without it.

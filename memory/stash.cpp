@@ -25,14 +25,33 @@ void Stash::configure(std::vector<SavedValue> saved, int num_values, float prune
   size_t total = 0;
   for (size_t i = 0; i < saved_.size(); ++i) {
     index_[size_t(saved_[i].value)] = int(i);
-    if (saved_[i].recomputed) continue;  // nothing in the region
-    total += Arena::align_up(stash_worst_case_bytes(saved_[i].format, saved_[i].numel, saved_[i].full));
-    if (mask_apart(saved_[i])) total += Arena::align_up(size_t(bitmap::num_words(saved_[i].numel)) * 8);
+    total += worst_case_bytes(saved_[i], saved_[i].numel);
   }
   stack_.clear();
   stack_.reserve(saved_.size());
   if (total > 0) region_.reserve(total, "the activation stash", memory);
-  top_ = peak_ = region_peak_ = zero_copy_live_ = 0;
+  top_ = peak_ = region_peak_ = zero_copy_live_ = logical_live_ = 0;
+  fixed_layout_ = codec.defers_counts();
+  log_.clear();
+  unsettled_ = false;
+  if (fixed_layout_ && !saved_.empty()) {
+    slots_.reserve(saved_.size() * sizeof(int64_t), "the stash's counts", memory);
+    host_counts_.assign(saved_.size(), 0);
+    log_.reserve(4 * saved_.size());  // pushes and pops, recomputed values pushed again
+    packed_.reserve(2 * saved_.size());
+  }
+}
+
+size_t Stash::worst_case_bytes(const SavedValue& s, int64_t n) const {
+  if (s.recomputed) return 0;  // nothing in the region
+  size_t bytes = Arena::align_up(stash_worst_case_bytes(s.format, n, s.full));
+  if (mask_apart(s)) bytes += Arena::align_up(size_t(bitmap::num_words(n)) * 8);
+  return bytes;
+}
+
+int64_t* Stash::count_slot(int value_id) const {
+  return fixed_layout_ ? static_cast<int64_t*>(slots_.at(size_t(index_[size_t(value_id)]) * sizeof(int64_t)))
+                       : nullptr;
 }
 
 const SavedValue* Stash::info(int value_id) const {
@@ -51,6 +70,8 @@ bool Stash::stores_codes(int value_id) const {
 }
 
 void Stash::clear() {
+  settle();
+  log_.clear();
   for (int id : stack_) entries_[size_t(id)] = Entry{};
   stack_.clear();
   top_ = zero_copy_live_ = 0;
@@ -62,6 +83,7 @@ MaskOut Stash::mask_target(int value_id, int64_t numel) const {
   if (s.recomputed || !stash_format_has_bitmap(s.format, s.full)) return m;
   m.bits = static_cast<uint64_t*>(at(top_));
   m.count_wanted = s.full || count_zero_copy_;  // a mask alone: its count is only reported (memprofile)
+  m.kept_slot = count_slot(value_id);
   // Pruned bits only where they select stored values and no mask is read from them.
   m.prune_threshold = s.full && !mask_apart(s) ? prune_threshold_ : 0.f;
   // The values follow the bitmap (push's layout) unless an exact mask goes first (mask_apart).
@@ -75,6 +97,8 @@ MaskOut Stash::mask_target(int value_id, int64_t numel) const {
 
 void Stash::push(int value_id, const Tensor& t, const MaskOut& written, const Tensor& codes) {
   int64_t bits_kept = written.kept;
+  // The producer wrote the bitmap: its count is bits_kept, or in the value's slot (fixed layout).
+  bool bits_written = bits_kept >= 0 || written.kept_in_slot;
   ET_CHECK(!written.uncounted || !info(value_id)->full, "value ", value_id, ": only a mask may come uncounted");
   const SavedValue& s = *info(value_id);
   const StashFormatInfo& format = stash_format_info(s.format);
@@ -84,6 +108,8 @@ void Stash::push(int value_id, const Tensor& t, const MaskOut& written, const Te
   // (a recomputed value may have no f32 forward buffer: its readers computed it, DType::AffineRelu)
   const float* x = s.recomputed ? nullptr : t.f32();
   StashRecord& rec = records_[size_t(value_id)];
+  int64_t* const slot = count_slot(value_id);  // fixed layout: where deferred counts go
+  bool in_slot = false;                       // this push's count is there
   e.view = t;
   e.offset = e.encoding_offset = top_;
   e.decoded = false;
@@ -91,6 +117,7 @@ void Stash::push(int value_id, const Tensor& t, const MaskOut& written, const Te
   rec.numel = n;
   rec.packed_by_producer = false;
   StashEncoding enc = s.recomputed ? StashEncoding::Recomputed : s.full ? format.full : format.mask;
+  size_t mask_bytes = 0;
   if (enc == StashEncoding::Recomputed) {
     e.bytes = 0;
     e.nonzero = -1;
@@ -99,26 +126,30 @@ void Stash::push(int value_id, const Tensor& t, const MaskOut& written, const Te
     zero_copy_live_ += e.bytes;
   } else {
     const auto t0 = timing_ ? Clock::now() : Clock::time_point{};
-    size_t mask_bytes = 0;
     if (mask_apart(s)) {
       // The exact mask first (the producer may have written it: mask_target), then the encoding
-      // with pruned values, whose own bitmap the pack below computes.
+      // with pruned values, whose own bitmap the pack below computes (and counts, into the slot).
       mask_bytes = Arena::align_up(size_t(bitmap::num_words(n)) * 8);
-      if (bits_kept < 0) codec_->make_bits(x, n, 0.f, static_cast<uint64_t*>(at(top_)));
+      if (!bits_written) codec_->make_bits(x, n, 0.f, static_cast<uint64_t*>(at(top_)), slot);
       bits_kept = -1;
+      bits_written = false;
       e.exact_mask = true;
       e.encoding_offset = top_ + mask_bytes;
     }
     void* dst = at(e.encoding_offset);
     if (enc == StashEncoding::Mask) {  // exact: pruning concerns stored values, a mask has none
-      e.nonzero = bits_kept >= 0     ? bits_kept
-                  : written.uncounted ? -1  // written, not counted: a recorded step
-                                      : codec_->make_bits(x, n, 0.f, static_cast<uint64_t*>(dst));
+      if (bits_written)
+        e.nonzero = bits_kept, in_slot = written.kept_in_slot;
+      else if (written.uncounted)
+        e.nonzero = -1;  // written, not counted: a recorded step without a slot
+      else
+        e.nonzero = codec_->make_bits(x, n, 0.f, static_cast<uint64_t*>(dst), slot), in_slot = e.nonzero < 0;
     } else if (stash_encoding_info(enc).codes) {
-      ET_CHECK(codes.numel() == n && (codes.dtype == DType::I4 || codes.dtype == DType::U4) && bits_kept < 0,
+      ET_CHECK(codes.numel() == n && (codes.dtype == DType::I4 || codes.dtype == DType::U4) && !bits_written,
                "value ", value_id, " (bitmap_int4) pushed without its codes");
       enc = codes.dtype == DType::U4 ? StashEncoding::BitmapU4 : StashEncoding::BitmapI4;
-      e.nonzero = codec_->encode_codes(x, codes.codes(), n, prune_threshold_, dst);
+      e.nonzero = codec_->encode_codes(x, codes.codes(), n, prune_threshold_, dst, slot);
+      in_slot = e.nonzero < 0;
       e.scale = codes.scale;
     } else if (enc == StashEncoding::F16 || enc == StashEncoding::BF16) {
       const bool bf = enc == StashEncoding::BF16;
@@ -126,11 +157,11 @@ void Stash::push(int value_id, const Tensor& t, const MaskOut& written, const Te
       e.nonzero = n;
     } else {
       const bool f16 = enc == StashEncoding::BitmapF16;
-      // Only auto (two encodings to choose from) needs the count before choosing; pack itself
-      // counts (one pass fewer).
+      // Only auto (two encodings to choose from) needs the count before choosing (read back, also
+      // in the fixed layout); pack itself counts (one pass fewer).
       const bool chooses = format.full_alt != format.full;
-      const int64_t kept = bits_kept >= 0 || !chooses ? bits_kept : codec_->count_nonzero(x, n, prune_threshold_);
-      if (chooses && stash_encoding_bytes(enc, n, kept) >= stash_encoding_bytes(format.full_alt, n, n)) {
+      if (chooses && !(bits_kept >= 0)) bits_kept = codec_->count_nonzero(x, n, prune_threshold_);
+      if (chooses && stash_encoding_bytes(enc, n, bits_kept) >= stash_encoding_bytes(format.full_alt, n, n)) {
         enc = format.full_alt;  // CopyF32: dense is smaller, keep an exact copy (its own mask)
         mask_bytes = 0;
         e.exact_mask = false;
@@ -141,25 +172,30 @@ void Stash::push(int value_id, const Tensor& t, const MaskOut& written, const Te
       } else {
         uint64_t* bits = static_cast<uint64_t*>(dst);
         void* values = bits + bitmap::num_words(n);
-        if (bits_kept >= 0) {  // the producer wrote the bitmap (Backend MaskOut), maybe the values
+        if (bits_written) {  // the producer wrote the bitmap (Backend MaskOut), maybe the values
           ET_CHECK(!written.values_written || (written.values == values && written.values_f16 == f16),
                    "value ", value_id, ": values packed elsewhere");
           if (!written.values_written) codec_->pack_values(x, bits, n, values, f16);
           rec.packed_by_producer = written.values_written;
           e.nonzero = bits_kept;
+          in_slot = bits_kept < 0;  // (auto counted above)
         } else {
-          e.nonzero = codec_->pack(x, n, prune_threshold_, bits, values, f16);
+          e.nonzero = codec_->pack(x, n, prune_threshold_, bits, values, f16, slot);
+          in_slot = e.nonzero < 0;
         }
       }
     }
-    e.bytes = mask_bytes + stash_encoding_bytes(enc, n, e.nonzero);
-    top_ += Arena::align_up(e.bytes);
-    ET_CHECK(top_ <= region_.size(), "stash region overflow at value ", value_id);
+    e.bytes = in_slot ? 0 : mask_bytes + stash_encoding_bytes(enc, n, e.nonzero);  // in a slot: settle()
     if (timing_) {
       const double dt = since(t0);
       pack_s_ += dt;
       rec.seconds += dt;
     }
+  }
+  if (enc != StashEncoding::ZeroCopy) {
+    e.slot_bytes = fixed_layout_ ? worst_case_bytes(s, n) : Arena::align_up(e.bytes);
+    top_ += e.slot_bytes;
+    ET_CHECK(top_ <= region_.size(), "stash region overflow at value ", value_id);
   }
   e.stored = enc;
   rec.stored_as = stash_encoding_info(enc).display;
@@ -168,8 +204,21 @@ void Stash::push(int value_id, const Tensor& t, const MaskOut& written, const Te
                 : enc != StashEncoding::ZeroCopy ? e.nonzero
                 : count_zero_copy_ ? codec_->count_nonzero(x, n, 0.f) : -1;
   stack_.push_back(value_id);
-  peak_ = std::max(peak_, live_bytes());
   region_peak_ = std::max(region_peak_, top_);
+  if (!fixed_layout_) {
+    peak_ = std::max(peak_, live_bytes());
+    return;
+  }
+  LogEvent ev;
+  ev.value = value_id;
+  ev.push = true;
+  ev.in_slot = in_slot;
+  ev.stored = enc;
+  ev.numel = n;
+  ev.nonzero = e.nonzero;
+  ev.extra_bytes = enc == StashEncoding::ZeroCopy ? e.bytes : mask_bytes;
+  log_.push_back(ev);
+  unsettled_ = true;
 }
 
 Tensor Stash::get(int value_id) {
@@ -265,12 +314,17 @@ void Stash::pop(int value_id) {
   if (e.stored == StashEncoding::ZeroCopy) zero_copy_live_ -= e.bytes;
   e = Entry{};
   stack_.erase(std::next(it).base());
+  if (fixed_layout_) {
+    LogEvent ev;
+    ev.value = value_id;
+    log_.push_back(ev);
+  }
   const size_t old_top = top_;
   top_ = 0;
   for (auto j = stack_.rbegin(); j != stack_.rend(); ++j) {
     const Entry& f = entries_[size_t(*j)];
     if (f.stored != StashEncoding::ZeroCopy) {
-      top_ = f.offset + Arena::align_up(f.bytes);
+      top_ = f.offset + f.slot_bytes;
       break;
     }
   }

@@ -17,6 +17,13 @@
 // Everything except dense_fp32 copies into the stash's own region, so the forward buffer dies
 // after its last forward reader. Full reads decode into an executor-planned f32 buffer, or, for
 // kernels that say they can, read the storage as it is (get_stored; memory/stored_reader.h).
+//
+// Fixed layout (a codec that defers_counts(): a GPU, where each count read back would wait for the
+// device): every entry takes its worst case in the region, so no push waits for a count, and a
+// recorded step (engine/step_replay.h) may hold bitmap formats. The counts stay in the codec's
+// memory, one slot per saved value, until settle() reads them all back at once and replays the
+// step's pushes and pops (log_) with the bytes each would have taken packed: records and peaks
+// are the numbers the compact layout gives (the CPU's). The region is its worst case either way.
 #pragma once
 #include <functional>
 #include <string>
@@ -71,7 +78,7 @@ class Stash {
   void configure(std::vector<SavedValue> saved, int num_values, float prune_threshold, bool release_pages = false,
                  DeviceMemory& memory = host_memory(), StashCodec& codec = host_stash_codec());
 
-  void clear();  // drops everything (a new training forward)
+  void clear();  // drops everything (a new training forward); settles the last step first
   // `written`: what the producer wrote at mask_target(value_id) (MaskOut::kept >= 0: the bitmap of t
   // at this stash's prune threshold, with that many set bits; values_written: the values too), so
   // only the rest remains to pack.
@@ -103,16 +110,35 @@ class Stash {
   bool recomputed(int value_id) const { return info(value_id)->recomputed; }
   bool affine_relu(int value_id) const { return info(value_id)->affine_relu; }
 
-  size_t live_bytes() const { return top_ + zero_copy_live_; }
-  size_t peak_bytes() const { return peak_; }  // since the last reset_peak()
-  void reset_peak() { peak_ = live_bytes(), region_peak_ = top_; }
+  // Bytes held now: the region's top and the zero-copy values (in the fixed layout, as packed, as
+  // of the last settle()).
+  size_t live_bytes() const { return fixed_layout_ ? logical_live_ : top_ + zero_copy_live_; }
+  size_t peak_bytes() const {  // since the last reset_peak()
+    settle();
+    return peak_;
+  }
+  void reset_peak() {
+    settle();
+    peak_ = live_bytes(), region_peak_ = top_;
+  }
+  // The fixed layout (above): settle() reads the counts back (a wait for the device) and accounts
+  // the logged step; records, peaks and clear() call it. replayed(): the backend ran the recorded
+  // step again (its pushes and pops are the logged ones, with new counts). drop_log(): the logged
+  // step was recorded and never ran.
+  bool fixed_layout() const { return fixed_layout_; }
+  void settle() const;
+  void replayed() { unsettled_ = fixed_layout_ && !log_.empty(); }
+  void drop_log() { log_.clear(), unsettled_ = false; }
   // The highest the region's top has been since the last reset_peak(): its pages touched, what
   // the stash adds to USS (zero-copy values live in the executor's arena).
   size_t region_peak_bytes() const { return region_peak_; }
   const std::vector<SavedValue>& saved() const { return saved_; }
   size_t region_resident_bytes() const { return region_.resident_bytes(); }
   size_t region_bytes() const { return region_.size(); }
-  const StashRecord& record(int value_id) const { return records_[size_t(value_id)]; }
+  const StashRecord& record(int value_id) const {
+    settle();
+    return records_[size_t(value_id)];
+  }
   // Wall time spent compressing (push) and decoding (get) while enabled, in seconds.
   void set_timing(bool on) {
     timing_ = on;
@@ -129,6 +155,7 @@ class Stash {
   struct Entry {
     StashEncoding stored = StashEncoding::None;
     size_t offset = 0, bytes = 0;  // the entry in the region: [exact mask] encoding
+    size_t slot_bytes = 0;         // what it takes there: align_up(bytes), or its worst case (fixed)
     size_t encoding_offset = 0;    // where the encoding starts (offset, or after the exact mask)
     bool exact_mask = false;       // the exact > 0 mask at offset, apart from pruned values
     int64_t nonzero = 0;
@@ -140,18 +167,45 @@ class Stash {
   const SavedValue* info(int value_id) const;
   // Whether a full save keeps its exact mask apart: pruned values in a bitmap, read as a mask too.
   bool mask_apart(const SavedValue& s) const;
+  // The most a save of n elements takes in the region, with its exact mask apart.
+  size_t worst_case_bytes(const SavedValue& s, int64_t n) const;
+  int64_t* count_slot(int value_id) const;
   void* at(size_t offset) const { return region_.at(offset); }
 
   std::vector<SavedValue> saved_;
   std::vector<int> index_;  // value id -> index into saved_, -1 if never saved
   std::vector<Entry> entries_;
-  std::vector<StashRecord> records_;
+  mutable std::vector<StashRecord> records_;  // counts in slots: settled when read
   std::vector<int> stack_;  // value ids in push order (LIFO check)
   Arena region_;
   Recomputer recomputer_;
   StashCodec* codec_ = &host_stash_codec();
   float prune_threshold_ = 0.f;
-  size_t top_ = 0, peak_ = 0, region_peak_ = 0, zero_copy_live_ = 0;
+  size_t top_ = 0, region_peak_ = 0, zero_copy_live_ = 0;
+  mutable size_t peak_ = 0;
+
+  // The fixed layout's state (stash_settle.cpp). A push's count is known (`nonzero`) or in the
+  // value's slot (`in_slot`); `extra_bytes`: the exact mask before the encoding, or a zero-copy
+  // value's bytes.
+  struct LogEvent {
+    int value = -1;
+    bool push = false, in_slot = false;
+    StashEncoding stored = StashEncoding::None;
+    int64_t numel = 0, nonzero = -1;
+    size_t extra_bytes = 0;
+  };
+  struct Packed {  // an entry of the compact layout settle() replays
+    int value;
+    size_t end, bytes;
+    bool zero_copy;
+  };
+  bool fixed_layout_ = false;
+  Arena slots_;                       // one int64 count per saved value (saved_ order), the codec's
+  std::vector<LogEvent> log_;         // this step's pushes and pops
+  mutable std::vector<int64_t> host_counts_;
+  mutable std::vector<Packed> packed_;
+  mutable size_t logical_live_ = 0;
+  mutable bool unsettled_ = false;
   bool timing_ = false, release_pages_ = false, count_zero_copy_ = false;
   double pack_s_ = 0, unpack_s_ = 0;
 };

@@ -18,19 +18,21 @@ class HostStashCodec final : public StashCodec {
   int64_t count_nonzero(const float* x, int64_t n, float prune_threshold) override {
     return bitmap::count_nonzero(x, n, prune_threshold);
   }
-  int64_t make_bits(const float* x, int64_t n, float prune_threshold, uint64_t* bits) override {
+  int64_t make_bits(const float* x, int64_t n, float prune_threshold, uint64_t* bits, int64_t*) override {
     return bitmap::make_bits(x, n, prune_threshold, bits);
   }
   void pack_values(const float* x, const uint64_t* bits, int64_t n, void* values, bool f16) override {
     bitmap::pack_values(x, bits, n, values, value_type(f16));
   }
-  int64_t pack(const float* x, int64_t n, float prune_threshold, uint64_t* bits, void* values, bool f16) override {
+  int64_t pack(const float* x, int64_t n, float prune_threshold, uint64_t* bits, void* values, bool f16,
+               int64_t*) override {
     return bitmap::pack(x, n, prune_threshold, bits, values, value_type(f16));
   }
   void unpack(const uint64_t* bits, const void* values, int64_t n, bool f16, float* y) override {
     bitmap::unpack(bits, values, n, value_type(f16), y);
   }
-  int64_t encode_codes(const float* x, const int8_t* codes, int64_t n, float prune_threshold, void* out) override {
+  int64_t encode_codes(const float* x, const int8_t* codes, int64_t n, float prune_threshold, void* out,
+                       int64_t*) override {
     return code_bitmap::encode(x, codes, n, prune_threshold, out);
   }
   void decode_codes(const void* data, int64_t n, bool is_signed, int8_t* out) override {
@@ -43,6 +45,7 @@ class HostStashCodec final : public StashCodec {
     bf16 ? bf16_to_f32(x, n, out) : f16_to_f32(x, n, out);
   }
   void copy(void* dst, const void* src, size_t bytes) override { std::memcpy(dst, src, bytes); }
+  void read_back(void* dst, const void* src, size_t bytes) override { std::memcpy(dst, src, bytes); }
 };
 
 }  // namespace

@@ -5,6 +5,11 @@
 // backend's (device memory on a GPU); counts come back to the host. The host's codec wraps the
 // SIMD code of memory/; a GPU backend implements the same encodings bit for bit (its tests compare
 // bytes). Backend neutral, C++14.
+//
+// Counts: make_bits, pack and encode_codes return the kept count. A codec whose counts would each
+// cost a wait for the device (defers_counts(): a GPU) stores it at `count_out` instead, when given
+// (an int64 of the codec's memory), and returns -1; read_back fetches such counts later, many at
+// once (the Stash's fixed layout, memory/stash.h). Other codecs ignore count_out.
 #pragma once
 #include <cstddef>
 #include <cstdint>
@@ -16,21 +21,22 @@ class StashCodec {
   virtual ~StashCodec() = default;
   // Elements of x[n] with |x| above the prune threshold (bitmap::count_nonzero).
   virtual int64_t count_nonzero(const float* x, int64_t n, float prune_threshold) = 0;
+  virtual bool defers_counts() const { return false; }
   // bits[num_words(n)] = the kept-element bitmap; returns its population (bitmap::make_bits).
-  virtual int64_t make_bits(const float* x, int64_t n, float prune_threshold, uint64_t* bits) = 0;
+  virtual int64_t make_bits(const float* x, int64_t n, float prune_threshold, uint64_t* bits, int64_t* count_out) = 0;
   // values[] = the elements `bits` keeps, in order, f32 or f16 (bitmap::pack_values).
   virtual void pack_values(const float* x, const uint64_t* bits, int64_t n, void* values, bool f16) = 0;
   // make_bits and pack_values in one pass; returns the kept count (bitmap::pack).
-  virtual int64_t pack(const float* x, int64_t n, float prune_threshold, uint64_t* bits, void* values,
-                       bool f16) = 0;
+  virtual int64_t pack(const float* x, int64_t n, float prune_threshold, uint64_t* bits, void* values, bool f16,
+                       int64_t* count_out) = 0;
   // y[n] = the dense tensor `bits` / `values` encode, zeros elsewhere (bitmap::unpack).
   virtual void unpack(const uint64_t* bits, const void* values, int64_t n, bool f16, float* y) = 0;
   // Whether encode_codes runs on this backend (memory.stash = bitmap_int4; auto then keeps a
   // quantized layer's input codes); the planner asks before choosing it.
   virtual bool encodes_codes() const { return true; }
   // The bitmap_int4 encoding of x's codes (code_bitmap::encode); returns the kept count.
-  virtual int64_t encode_codes(const float* x, const int8_t* codes, int64_t n, float prune_threshold,
-                               void* out) = 0;
+  virtual int64_t encode_codes(const float* x, const int8_t* codes, int64_t n, float prune_threshold, void* out,
+                               int64_t* count_out) = 0;
   // out[n] = the codes of a bitmap_int4 encoding of n elements, one per byte, 0 where the bitmap
   // has no bit (code_bitmap::decode); is_signed: I4 codes (else U4). A GPU's integer kernels read
   // the stored codes so; the CPU's decode a few rows at a time (memory/stored_codes.h).
@@ -39,6 +45,8 @@ class StashCodec {
   virtual void to_half(const float* x, int64_t n, bool bf16, uint16_t* out) = 0;
   virtual void from_half(const uint16_t* x, int64_t n, bool bf16, float* out) = 0;
   virtual void copy(void* dst, const void* src, size_t bytes) = 0;
+  // dst (host memory) = src (the codec's), once the work issued so far has written it.
+  virtual void read_back(void* dst, const void* src, size_t bytes) = 0;
 };
 
 // The host's (the CPU backend's): memory/bitmap.h, code_bitmap.h and half.h.

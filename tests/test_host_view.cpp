@@ -118,29 +118,31 @@ namespace {
 // The host's codec, counting what the stash asks of it.
 class CountingCodec final : public StashCodec {
  public:
-  int encodes = 0, decodes = 0, code_encodes = 0;
+  int encodes = 0, decodes = 0, code_encodes = 0, deferred = 0, read_backs = 0;
   bool code_bitmap = true;  // false: as the CUDA codec, no bitmap_int4
+  bool defer = false;       // true: as the CUDA codec, counts left at count_out (the stash's fixed layout)
   bool encodes_codes() const override { return code_bitmap; }
+  bool defers_counts() const override { return defer; }
   int64_t count_nonzero(const float* x, int64_t n, float t) override { return host().count_nonzero(x, n, t); }
-  int64_t make_bits(const float* x, int64_t n, float t, uint64_t* bits) override {
+  int64_t make_bits(const float* x, int64_t n, float t, uint64_t* bits, int64_t* count_out) override {
     ++encodes;
-    return host().make_bits(x, n, t, bits);
+    return counted(host().make_bits(x, n, t, bits, nullptr), count_out);
   }
   void pack_values(const float* x, const uint64_t* bits, int64_t n, void* v, bool f16) override {
     ++encodes;
     host().pack_values(x, bits, n, v, f16);
   }
-  int64_t pack(const float* x, int64_t n, float t, uint64_t* bits, void* v, bool f16) override {
+  int64_t pack(const float* x, int64_t n, float t, uint64_t* bits, void* v, bool f16, int64_t* count_out) override {
     ++encodes;
-    return host().pack(x, n, t, bits, v, f16);
+    return counted(host().pack(x, n, t, bits, v, f16, nullptr), count_out);
   }
   void unpack(const uint64_t* bits, const void* v, int64_t n, bool f16, float* y) override {
     ++decodes;
     host().unpack(bits, v, n, f16, y);
   }
-  int64_t encode_codes(const float* x, const int8_t* c, int64_t n, float t, void* out) override {
+  int64_t encode_codes(const float* x, const int8_t* c, int64_t n, float t, void* out, int64_t* count_out) override {
     ++encodes, ++code_encodes;
-    return host().encode_codes(x, c, n, t, out);
+    return counted(host().encode_codes(x, c, n, t, out, nullptr), count_out);
   }
   void decode_codes(const void* data, int64_t n, bool is_signed, int8_t* out) override {
     ++decodes;
@@ -155,9 +157,19 @@ class CountingCodec final : public StashCodec {
     host().from_half(x, n, bf16, out);
   }
   void copy(void* dst, const void* src, size_t bytes) override { host().copy(dst, src, bytes); }
+  void read_back(void* dst, const void* src, size_t bytes) override {
+    ++read_backs;
+    host().read_back(dst, src, bytes);
+  }
 
  private:
   static StashCodec& host() { return host_stash_codec(); }
+  int64_t counted(int64_t count, int64_t* count_out) {
+    if (!defer || !count_out) return count;
+    ++deferred;
+    *count_out = count;
+    return -1;
+  }
 };
 
 class CodecCpu final : public CpuBackend {
@@ -200,6 +212,84 @@ TEST_CASE("the stash encodes and decodes through its backend's codec", "[host][s
   Run cpu(make_cpu_backend()), own(std::make_unique<CodecCpu>());
   train_alongside(cpu, own, so, test::luq());
   CHECK(static_cast<CodecCpu&>(*own.be).codec.code_encodes > 0);
+}
+
+namespace {
+
+// A backend whose codec and ReLU leave their counts where the stash's fixed layout asks
+// (memory/stash.h), as the CUDA backend does so that no push waits for the device.
+class DeferringCpu final : public CpuBackend {
+ public:
+  CountingCodec codec;
+  int relu_slots = 0;
+  DeferringCpu() { codec.defer = true; }
+  StashCodec& stash_codec() override { return codec; }
+  void relu_forward(const Tensor& x, Tensor& y, MaskOut* mask) override {
+    CpuBackend::relu_forward(x, y, mask);
+    if (mask && mask->kept_slot && mask->kept >= 0) {
+      *mask->kept_slot = mask->kept;
+      mask->kept = -1;
+      mask->kept_in_slot = true;
+      ++relu_slots;
+    }
+  }
+};
+
+struct StashReport {
+  std::vector<std::string> records;  // per saved value: stored as, bytes, non-zeros
+  size_t peak = 0;
+};
+
+StashReport stash_report(Run& r) {
+  StashReport out;
+  for (const SavedValue& s : r.ex->stash().saved()) {
+    const StashRecord& rec = r.ex->stash().record(s.value);
+    out.records.push_back(r.g.value(s.value).name + " " + rec.stored_as + " " + std::to_string(rec.bytes) + " " +
+                          std::to_string(rec.nonzero));
+  }
+  out.peak = r.ex->stash().peak_bytes();
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("the stash's fixed layout: counts left in slots, settled after the step, the compact layout's numbers",
+          "[host][stash]") {
+  // A codec that defers its counts (a GPU's) gets the fixed layout: every entry at its worst case,
+  // no count read back during the step. Training computes the same bits, and the records and peak
+  // settled from the slots are the compact layout's, byte for byte: with activation pruning (the
+  // exact mask apart), recomputation, 4-bit codes, and auto (which reads its count back to choose).
+  struct Case {
+    StashFormat format;
+    float prune;
+    int checkpoint_every;
+    bool luq;
+  };
+  for (const Case c : {Case{StashFormat::BitmapF32, 0.f, 0, false}, Case{StashFormat::BitmapF16, 0.f, 0, false},
+                       Case{StashFormat::BitmapF32, 0.05f, 0, false}, Case{StashFormat::BitmapF32, 0.f, 2, false},
+                       Case{StashFormat::DenseF16, 0.f, 0, false}, Case{StashFormat::Auto, 0.f, 0, false},
+                       Case{StashFormat::BitmapI4, 0.f, 0, true}, Case{StashFormat::Auto, 0.f, 0, true}}) {
+    StashOptions so;
+    so.format = c.format;
+    so.prune_threshold = c.prune;
+    so.checkpoint_every = c.checkpoint_every;
+    const QuantOptions q = c.luq ? test::luq() : QuantOptions{};
+    INFO("format " << stash_format_name(c.format) << ", prune " << c.prune << ", checkpoint_every "
+                   << c.checkpoint_every << ", luq " << c.luq);
+    Run cpu(make_cpu_backend()), own(std::make_unique<DeferringCpu>());
+    train_alongside(cpu, own, so, q);
+    CHECK_FALSE(cpu.ex->stash().fixed_layout());
+    REQUIRE(own.ex->stash().fixed_layout());
+    const StashReport a = stash_report(cpu), b = stash_report(own);
+    CHECK(a.records == b.records);
+    CHECK(a.peak == b.peak);
+    CHECK(a.peak > 0);
+    const DeferringCpu& d = static_cast<DeferringCpu&>(*own.be);
+    if (c.format != StashFormat::DenseF16) CHECK(d.codec.deferred + d.relu_slots > 0);
+    CHECK(d.codec.read_backs > 0);
+    // The fixed layout's region top is the worst case: at least the packed peak's region part.
+    CHECK(own.ex->stash().region_peak_bytes() >= cpu.ex->stash().region_peak_bytes());
+  }
 }
 
 TEST_CASE("a codec without the INT4 code bitmap: bitmap_int4 names its key, auto keeps the codes in X",

@@ -141,8 +141,9 @@ class CudaBackend final : public Backend {
   // A device counter for reductions that come back to the host (zeroed before each use).
   unsigned long long* counter();
   int64_t read_counter();
-  // After a kernel wrote a bitmap and counted its bits in counter(): mask.kept, read back, where
-  // the stash needs it and no step is being recorded; else the mask is marked uncounted.
+  // After a kernel wrote a bitmap and counted its bits in counter(): the count into the stash's
+  // slot (fixed layout); else mask.kept, read back, where the stash needs it and no step is being
+  // recorded; else the mask is marked uncounted.
   void take_mask_count(MaskOut& mask, const char* who);
   unsigned long long* deferred_sgd_count();  // sgd_step_deferred's, read and zeroed by sgd_finite
   unsigned long long* label_errors();        // a recorded step's label check, read by replay()

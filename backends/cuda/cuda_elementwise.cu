@@ -94,6 +94,12 @@ void CudaBackend::relu_forward(const Tensor& x, Tensor& y, MaskOut* mask) {
 }
 
 void CudaBackend::take_mask_count(MaskOut& mask, const char* who) {
+  if (mask.kept_slot) {  // the stash's fixed layout: the count stays on the device (no wait)
+    cuda::check(cudaMemcpyAsync(mask.kept_slot, scratch_, sizeof(int64_t), cudaMemcpyDeviceToDevice, stream_),
+                "cudaMemcpyAsync (a mask's count)");
+    mask.kept_in_slot = true;
+    return;
+  }
   if (!capturing_ && (mask.count_wanted || mask.values)) {
     mask.kept = read_counter();
   } else {  // a mask stored alone needs no count: no readback (none can be recorded)

@@ -317,11 +317,12 @@ class CudaStashCodec final : public StashCodec {
     cudaFree(offsets_);
   }
 
+  bool defers_counts() const override { return true; }
   int64_t count_nonzero(const float* x, int64_t n, float prune_threshold) override {
-    return bits_and_counts(x, n, prune_threshold, nullptr, false);
+    return bits_and_counts(x, n, prune_threshold, nullptr, false, nullptr);
   }
-  int64_t make_bits(const float* x, int64_t n, float prune_threshold, uint64_t* bits) override {
-    return bits_and_counts(x, n, prune_threshold, bits, false);
+  int64_t make_bits(const float* x, int64_t n, float prune_threshold, uint64_t* bits, int64_t* count_out) override {
+    return bits_and_counts(x, n, prune_threshold, bits, false, count_out);
   }
   void pack_values(const float* x, const uint64_t* bits, int64_t n, void* values, bool f16) override {
     if (n <= 0) return;
@@ -331,9 +332,10 @@ class CudaStashCodec final : public StashCodec {
                                                                  num_words(n) * 2, n, offsets_, chunks, values, f16);
     check(cudaGetLastError(), "pack_values");
   }
-  int64_t pack(const float* x, int64_t n, float prune_threshold, uint64_t* bits, void* values, bool f16) override {
-    if (n <= 0) return 0;
-    const int64_t kept = bits_and_counts(x, n, prune_threshold, bits, true);
+  int64_t pack(const float* x, int64_t n, float prune_threshold, uint64_t* bits, void* values, bool f16,
+               int64_t* count_out) override {
+    if (n <= 0) return zero_count(count_out);
+    const int64_t kept = bits_and_counts(x, n, prune_threshold, bits, true, count_out);
     const int64_t chunks = num_chunks(n);
     exclusive_scan_kernel<<<1, kScanThreads, 0, stream_>>>(counts_, chunks, offsets_);
     pack_values_kernel<<<grid_for(chunks), kChunk, 0, stream_>>>(x, reinterpret_cast<const uint32_t*>(bits),
@@ -349,8 +351,9 @@ class CudaStashCodec final : public StashCodec {
                                                             values, n, offsets_, chunks, f16, y);
     check(cudaGetLastError(), "unpack");
   }
-  int64_t encode_codes(const float* x, const int8_t* codes, int64_t n, float prune_threshold, void* out) override {
-    if (n <= 0) return 0;
+  int64_t encode_codes(const float* x, const int8_t* codes, int64_t n, float prune_threshold, void* out,
+                       int64_t* count_out) override {
+    if (n <= 0) return zero_count(count_out);
     const int64_t blocks = code_bitmap::num_blocks(n);
     ET_CHECK(blocks < (int64_t(1) << 31), "bitmap_int4 of ", n, " elements");
     reserve(blocks);
@@ -361,9 +364,7 @@ class CudaStashCodec final : public StashCodec {
     exclusive_scan_kernel<<<1, kScanThreads, 0, stream_>>>(counts_, blocks, l.directory);
     code_pack_kernel<<<unsigned(blocks), kCodeThreads, 0, stream_>>>(codes, n, l);
     check(cudaGetLastError(), "encode_codes");
-    unsigned long long total = 0;
-    check(cudaMemcpy(&total, total_, sizeof(total), cudaMemcpyDeviceToHost), "cudaMemcpy");
-    return int64_t(total);
+    return total_count(count_out);
   }
   void decode_codes(const void* data, int64_t n, bool is_signed, int8_t* out) override {
     if (n <= 0) return;
@@ -384,12 +385,34 @@ class CudaStashCodec final : public StashCodec {
   void copy(void* dst, const void* src, size_t bytes) override {
     check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, stream_), "cudaMemcpyAsync");
   }
+  // A synchronous copy on the legacy stream, which waits for the blocking stream_'s work.
+  void read_back(void* dst, const void* src, size_t bytes) override {
+    check(cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToHost), "cudaMemcpy (stash counts)");
+  }
 
  private:
+  // The kept total in total_: to count_out on the device (returns -1), or read back (a wait for
+  // the device) where none is given.
+  int64_t total_count(int64_t* count_out) {
+    if (count_out) {
+      check(cudaMemcpyAsync(count_out, total_, sizeof(int64_t), cudaMemcpyDeviceToDevice, stream_),
+            "cudaMemcpyAsync (a count)");
+      return -1;
+    }
+    unsigned long long total = 0;
+    check(cudaMemcpy(&total, total_, sizeof(total), cudaMemcpyDeviceToHost), "cudaMemcpy");
+    return int64_t(total);
+  }
+  int64_t zero_count(int64_t* count_out) {
+    if (!count_out) return 0;
+    check(cudaMemsetAsync(count_out, 0, sizeof(int64_t), stream_), "cudaMemsetAsync (a count)");
+    return -1;
+  }
   // The bitmap (bits != nullptr) and, with `chunk_counts`, each chunk's count in counts_;
-  // returns the kept total (a synchronising copy to the host).
-  int64_t bits_and_counts(const float* x, int64_t n, float prune_threshold, uint64_t* bits, bool chunk_counts) {
-    if (n <= 0) return 0;
+  // returns the kept total (total_count).
+  int64_t bits_and_counts(const float* x, int64_t n, float prune_threshold, uint64_t* bits, bool chunk_counts,
+                          int64_t* count_out) {
+    if (n <= 0) return zero_count(count_out);
     const int64_t chunks = num_chunks(n);
     if (chunk_counts) reserve(chunks);
     const uint32_t threshold = bitmap::keep_threshold_bits(prune_threshold);
@@ -398,9 +421,7 @@ class CudaStashCodec final : public StashCodec {
                                                                bits ? num_words(n) * 2 : 0,
                                                                chunk_counts ? counts_ : nullptr, chunks, total_);
     check(cudaGetLastError(), "make_bits");
-    unsigned long long total = 0;
-    check(cudaMemcpy(&total, total_, sizeof(total), cudaMemcpyDeviceToHost), "cudaMemcpy");
-    return int64_t(total);
+    return total_count(count_out);
   }
   void offsets_from_bits(const uint64_t* bits, int64_t n) {
     const int64_t chunks = num_chunks(n);

@@ -79,16 +79,21 @@ TEST_CASE("cuda: the stash codec writes the host codec's bytes", "[cuda][stash]"
         const size_t vb = f16 ? 2 : 4;
         std::vector<uint64_t> hbits(words);
         std::vector<unsigned char> hvals(size_t(n) * vb);
-        const int64_t hk = host.pack(x.data(), n, t, hbits.data(), hvals.data(), f16);
+        const int64_t hk = host.pack(x.data(), n, t, hbits.data(), hvals.data(), f16, nullptr);
         CHECK(dev->count_nonzero(static_cast<const float*>(dx.p), n, t) == hk);
         DeviceBuffer dbits(words * 8), dvals(size_t(n) * vb);
-        CHECK(dev->pack(static_cast<const float*>(dx.p), n, t, static_cast<uint64_t*>(dbits.p), dvals.p, f16) == hk);
+        CHECK(dev->pack(static_cast<const float*>(dx.p), n, t, static_cast<uint64_t*>(dbits.p), dvals.p, f16, nullptr) ==
+              hk);
         CHECK(dbits.read<uint64_t>(words) == hbits);
         const std::vector<unsigned char> dv = dvals.read<unsigned char>(size_t(hk) * vb);
         CHECK(std::memcmp(dv.data(), hvals.data(), size_t(hk) * vb) == 0);
         // make_bits + pack_values on an existing bitmap: the same
         DeviceBuffer dbits2(words * 8), dvals2(size_t(n) * vb);
-        CHECK(dev->make_bits(static_cast<const float*>(dx.p), n, t, static_cast<uint64_t*>(dbits2.p)) == hk);
+        // ... its count left on the device (the stash's fixed layout): -1 returned, the count there
+        DeviceBuffer dcount(8);
+        CHECK(dev->make_bits(static_cast<const float*>(dx.p), n, t, static_cast<uint64_t*>(dbits2.p),
+                             static_cast<int64_t*>(dcount.p)) == -1);
+        CHECK(dcount.read<int64_t>(1)[0] == hk);
         dev->pack_values(static_cast<const float*>(dx.p), static_cast<const uint64_t*>(dbits2.p), n, dvals2.p, f16);
         CHECK(dbits2.read<uint64_t>(words) == hbits);
         const std::vector<unsigned char> dv2 = dvals2.read<unsigned char>(size_t(hk) * vb);
@@ -143,10 +148,12 @@ TEST_CASE("cuda: the bitmap_int4 encoding is the host's, byte for byte, and deco
         INFO("n " << n << ", signed " << is_signed << ", threshold " << t);
         const size_t cap = code_bitmap::encoded_bytes(n, n);
         std::vector<uint8_t> he(cap, 0);
-        const int64_t hk = host.encode_codes(x.data(), codes.data(), n, t, he.data());
+        const int64_t hk = host.encode_codes(x.data(), codes.data(), n, t, he.data(), nullptr);
         DeviceBuffer de(cap);
-        CHECK(dev->encode_codes(static_cast<const float*>(dx.p), static_cast<const int8_t*>(dcodes.p), n, t, de.p) ==
-              hk);
+        DeviceBuffer dcount(8);
+        CHECK(dev->encode_codes(static_cast<const float*>(dx.p), static_cast<const int8_t*>(dcodes.p), n, t, de.p,
+                                static_cast<int64_t*>(dcount.p)) == -1);
+        CHECK(dcount.read<int64_t>(1)[0] == hk);
         // The bytes written: bits, directory, and each block's nibbles up to the last block's end.
         const int64_t words = bitmap::num_words(n), blocks = code_bitmap::num_blocks(n);
         const auto* hbits = reinterpret_cast<const uint64_t*>(he.data());
