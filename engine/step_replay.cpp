@@ -38,6 +38,7 @@ bool StepReplay::try_step(int64_t batch) {
   if (!why_not_.empty() || batch != ex_.graph().batch_size() || steps_++ < warmup_) return false;
   Backend& be = ex_.backend();
   if (!recorded_) {
+    ex_.stash().settle();  // the last step's counts (fixed layout): no read back while recording
     be.begin_capture();
     std::string failed;
     try {
@@ -50,13 +51,15 @@ bool StepReplay::try_step(int64_t batch) {
     if (!failed.empty() || !ended.empty()) {
       why_not_ = "recording the step failed: " + (failed.empty() ? ended : failed);
       be.drop_capture();
-      ex_.stash().drop_log();  // its pushes were recorded, not run: no counts to settle
+      ex_.stash().recorded();  // its pushes were recorded, not run: no counts to settle
       ex_.forward(batch, true);  // the recorded work did not run: run it now
       ex_.backward();
       return true;
     }
+    ex_.stash().recorded();
     recorded_ = true;
   }
+  ex_.stash().settle();  // the last run's counts (fixed layout), before this run overwrites them
   be.replay();
   ex_.replayed(batch);
   return true;

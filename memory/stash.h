@@ -122,13 +122,13 @@ class Stash {
     peak_ = live_bytes(), region_peak_ = top_;
   }
   // The fixed layout (above): settle() reads the counts back (a wait for the device) and accounts
-  // the logged step; records, peaks and clear() call it. replayed(): the backend ran the recorded
-  // step again (its pushes and pops are the logged ones, with new counts). drop_log(): the logged
-  // step was recorded and never ran.
+  // the logged step; records, peaks and clear() call it, and a replay before it overwrites them.
+  // recorded(): the logged step was recorded, not run (no counts yet); replayed(): the backend
+  // ran it (its pushes and pops are the logged ones, with this run's counts).
   bool fixed_layout() const { return fixed_layout_; }
   void settle() const;
+  void recorded() { unsettled_ = false; }
   void replayed() { unsettled_ = fixed_layout_ && !log_.empty(); }
-  void drop_log() { log_.clear(), unsettled_ = false; }
   // The highest the region's top has been since the last reset_peak(): its pages touched, what
   // the stash adds to USS (zero-copy values live in the executor's arena).
   size_t region_peak_bytes() const { return region_peak_; }

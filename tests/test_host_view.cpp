@@ -15,6 +15,7 @@
 #include "engine/train/checkpoint.h"
 #include "engine/train/optimizer.h"
 #include "engine/train/trainer.h"
+#include "tests/counting_codec.h"
 #include "tests/fit_helper.h"
 #include "tests/synthetic_data.h"
 #include "tests/tiny_training.h"
@@ -115,66 +116,9 @@ TEST_CASE("host access through a backend's copies: the same training, checkpoint
 
 namespace {
 
-// The host's codec, counting what the stash asks of it.
-class CountingCodec final : public StashCodec {
- public:
-  int encodes = 0, decodes = 0, code_encodes = 0, deferred = 0, read_backs = 0;
-  bool code_bitmap = true;  // false: as the CUDA codec, no bitmap_int4
-  bool defer = false;       // true: as the CUDA codec, counts left at count_out (the stash's fixed layout)
-  bool encodes_codes() const override { return code_bitmap; }
-  bool defers_counts() const override { return defer; }
-  int64_t count_nonzero(const float* x, int64_t n, float t) override { return host().count_nonzero(x, n, t); }
-  int64_t make_bits(const float* x, int64_t n, float t, uint64_t* bits, int64_t* count_out) override {
-    ++encodes;
-    return counted(host().make_bits(x, n, t, bits, nullptr), count_out);
-  }
-  void pack_values(const float* x, const uint64_t* bits, int64_t n, void* v, bool f16) override {
-    ++encodes;
-    host().pack_values(x, bits, n, v, f16);
-  }
-  int64_t pack(const float* x, int64_t n, float t, uint64_t* bits, void* v, bool f16, int64_t* count_out) override {
-    ++encodes;
-    return counted(host().pack(x, n, t, bits, v, f16, nullptr), count_out);
-  }
-  void unpack(const uint64_t* bits, const void* v, int64_t n, bool f16, float* y) override {
-    ++decodes;
-    host().unpack(bits, v, n, f16, y);
-  }
-  int64_t encode_codes(const float* x, const int8_t* c, int64_t n, float t, void* out, int64_t* count_out) override {
-    ++encodes, ++code_encodes;
-    return counted(host().encode_codes(x, c, n, t, out, nullptr), count_out);
-  }
-  void decode_codes(const void* data, int64_t n, bool is_signed, int8_t* out) override {
-    ++decodes;
-    host().decode_codes(data, n, is_signed, out);
-  }
-  void to_half(const float* x, int64_t n, bool bf16, uint16_t* out) override {
-    ++encodes;
-    host().to_half(x, n, bf16, out);
-  }
-  void from_half(const uint16_t* x, int64_t n, bool bf16, float* out) override {
-    ++decodes;
-    host().from_half(x, n, bf16, out);
-  }
-  void copy(void* dst, const void* src, size_t bytes) override { host().copy(dst, src, bytes); }
-  void read_back(void* dst, const void* src, size_t bytes) override {
-    ++read_backs;
-    host().read_back(dst, src, bytes);
-  }
-
- private:
-  static StashCodec& host() { return host_stash_codec(); }
-  int64_t counted(int64_t count, int64_t* count_out) {
-    if (!defer || !count_out) return count;
-    ++deferred;
-    *count_out = count;
-    return -1;
-  }
-};
-
 class CodecCpu final : public CpuBackend {
  public:
-  CountingCodec codec;
+  test::CountingCodec codec;
   StashCodec& stash_codec() override { return codec; }
 };
 
@@ -200,7 +144,7 @@ TEST_CASE("the stash encodes and decodes through its backend's codec", "[host][s
     Run cpu(make_cpu_backend()), own(std::make_unique<CodecCpu>());
     INFO("format " << stash_format_name(f));
     train_alongside(cpu, own, so, QuantOptions{});
-    const CountingCodec& c = static_cast<CodecCpu&>(*own.be).codec;
+    const test::CountingCodec& c = static_cast<CodecCpu&>(*own.be).codec;
     CHECK(c.encodes > 0);
     // fp32 bitmaps are read as stored by every reader here (conv weight gradients, masks); the
     // 16-bit formats are also decoded for BN's backward.
@@ -220,7 +164,7 @@ namespace {
 // (memory/stash.h), as the CUDA backend does so that no push waits for the device.
 class DeferringCpu final : public CpuBackend {
  public:
-  CountingCodec codec;
+  test::CountingCodec codec;
   int relu_slots = 0;
   DeferringCpu() { codec.defer = true; }
   StashCodec& stash_codec() override { return codec; }

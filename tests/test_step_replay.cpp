@@ -11,6 +11,7 @@
 #include "engine/init.h"
 #include "engine/step_replay.h"
 #include "models/models.h"
+#include "tests/counting_codec.h"
 
 using namespace et;
 
@@ -25,6 +26,20 @@ class RecordingCpu final : public CpuBackend {
   std::string capture_unsupported() const override { return ""; }
   void begin_capture() override { ++begun; }
   std::string end_capture() override { return fail; }
+  void replay() override { ++replays; }
+};
+
+// RecordingCpu with a codec that leaves its counts on the "device", as a GPU's: the stash takes
+// its fixed layout (memory/stash.h).
+class RecordingDeferringCpu final : public CpuBackend {
+ public:
+  test::CountingCodec codec;
+  int begun = 0, replays = 0;
+  RecordingDeferringCpu() { codec.defer = true; }
+  StashCodec& stash_codec() override { return codec; }
+  std::string capture_unsupported() const override { return ""; }
+  void begin_capture() override { ++begun; }
+  std::string end_capture() override { return ""; }
   void replay() override { ++replays; }
 };
 
@@ -58,6 +73,15 @@ TEST_CASE("step replay: which executors can be replayed, and why not", "[replay]
   bitmap.format = StashFormat::BitmapF32;
   CHECK_THAT(StepReplay::unsupported(*Model(std::make_unique<RecordingCpu>(), "resnet8", bitmap).ex),
              Catch::Contains("bitmap_fp32"));
+  // ... unless the stash has its fixed layout (a GPU's codec leaves the counts on the device); auto
+  // still reads a count back to choose its encoding.
+  CHECK(StepReplay::unsupported(*Model(std::make_unique<RecordingDeferringCpu>(), "resnet8", bitmap).ex) == "");
+  StashOptions bitmap16 = bitmap, automatic = bitmap;
+  bitmap16.format = StashFormat::BitmapF16;
+  automatic.format = StashFormat::Auto;
+  CHECK(StepReplay::unsupported(*Model(std::make_unique<RecordingDeferringCpu>(), "resnet8", bitmap16).ex) == "");
+  CHECK_THAT(StepReplay::unsupported(*Model(std::make_unique<RecordingDeferringCpu>(), "resnet8", automatic).ex),
+             Catch::Contains("auto"));
   // dense_bf16: fixed-size halves, and masks stored alone (n bits, counted only for statistics).
   StashOptions bf16;
   bf16.format = StashFormat::DenseBF16;
@@ -112,4 +136,34 @@ TEST_CASE("step replay: warm-up steps run op by op, then one is recorded and the
     CHECK(std::isfinite(m.ex->loss()));
     CHECK_FALSE(r.try_step(8));
   }
+}
+
+TEST_CASE("step replay with the stash's fixed layout: each run's counts settled once, before the next overwrites them",
+          "[replay][stash]") {
+  // On this CPU a "recorded" step runs once as it is recorded and a replay runs nothing, so the
+  // slots keep the recorded run's counts: every settle must give the op-by-op step's numbers.
+  StashOptions bitmap;
+  bitmap.format = StashFormat::BitmapF32;
+  Model ref(make_cpu_backend(), "resnet8", bitmap), m(std::make_unique<RecordingDeferringCpu>(), "resnet8", bitmap);
+  ref.ex->forward(8, true);
+  ref.ex->backward();
+  const size_t want = ref.ex->stash().peak_bytes();
+  REQUIRE(want > 0);
+  auto& be = static_cast<RecordingDeferringCpu&>(*m.be);
+  StepReplay r(*m.ex, true, 1);
+  CHECK_FALSE(r.try_step(8));  // warm-up, op by op
+  m.ex->forward(8, true);
+  m.ex->backward();
+  CHECK(m.ex->stash().peak_bytes() == want);
+  const int read_backs = be.codec.read_backs;
+  CHECK(r.try_step(8));  // recorded and replayed
+  CHECK(r.try_step(8));  // replayed: the last run settled first
+  CHECK(be.begun == 1);
+  CHECK(be.replays == 2);
+  CHECK(be.codec.read_backs == read_backs + 1);  // the recorded run, settled before the second replay
+  CHECK(m.ex->stash().peak_bytes() == want);     // the second replay, settled now
+  CHECK(be.codec.read_backs == read_backs + 2);
+  for (const SavedValue& s : m.ex->stash().saved())
+    CHECK(m.ex->stash().record(s.value).bytes == ref.ex->stash().record(s.value).bytes);
+  CHECK(be.codec.read_backs == read_backs + 2);  // settled once per run
 }
