@@ -466,8 +466,10 @@ TEST_CASE("cuda: a replayed step (a CUDA graph) equals the step run op by op, bi
   // The same kernels with the same arguments on the same addresses: every loss and every byte of
   // the state must match. Each step has its own batch and learning rate, which a replay must take
   // (the inputs are copied in before it, the optimizer step runs after it); an evaluation batch
-  // between steps must not disturb it.
-  for (StashFormat f : {StashFormat::DenseF32, StashFormat::DenseBF16}) {
+  // between steps must not disturb it. The bitmap formats are recorded in the stash's fixed layout
+  // (memory/stash.h): their counts stay on the device, and each replay's are settled afterwards,
+  // so the stash's peak is the op-by-op steps' too.
+  for (StashFormat f : {StashFormat::DenseF32, StashFormat::DenseBF16, StashFormat::BitmapF32, StashFormat::BitmapF16}) {
     for (const char* model : {"resnet8", "mobilenetv2"}) {
       INFO(stash_format_name(f) << " " << model);
       StashOptions so;
@@ -501,6 +503,8 @@ TEST_CASE("cuda: a replayed step (a CUDA graph) equals the step run op by op, bi
       }
       CHECK(replay.replaying());
       CHECK((state_bytes(rec) == state_bytes(direct)));  // (( )): no byte-by-byte expansion on failure
+      CHECK(rec.ex->stash().fixed_layout());
+      CHECK(rec.ex->stash().peak_bytes() == direct.ex->stash().peak_bytes());
     }
   }
 }
