@@ -152,8 +152,13 @@ class Backend {
   virtual void accumulate_grad(const Tensor& src, Tensor& dst, bool accumulate) = 0;
   // Inverted dropout with a counter-based mask: element i is kept iff hash(seed, i) >= p; kept values are
   // scaled by 1/(1-p). The backward recomputes the mask from the seed, so nothing is saved.
-  virtual void dropout_forward(const Tensor& x, float p, uint64_t seed, Tensor& y) = 0;
-  virtual void dropout_backward(const Tensor& dy, float p, uint64_t seed, Tensor& dx, bool accumulate) = 0;
+  virtual void dropout_forward(const Tensor& x, float p, const DropoutSeed& seed, Tensor& y) = 0;
+  virtual void dropout_backward(const Tensor& dy, float p, const DropoutSeed& seed, Tensor& dx, bool accumulate) = 0;
+  // The executor's step seed, given before each step's work (Executor::set_step_seed). A backend
+  // whose dropout kernels read it from the backend's memory (replays_draws) replays a recorded
+  // step with dropout: set before the replay, it gives the replayed step its own masks.
+  virtual void set_step_seed(uint64_t step) { (void)step; }
+  virtual bool replays_draws() const { return false; }
 
   // ---- pooling (Conv2dGeom with K = C, groups ignored)
   virtual void maxpool2d_forward(const Conv2dGeom& g, const Tensor& x, Tensor& y) = 0;

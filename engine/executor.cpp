@@ -6,6 +6,7 @@
 #include <chrono>
 #include <cstring>
 
+#include "quant/codes.h"
 
 namespace et {
 
@@ -19,12 +20,6 @@ Clock::time_point tick(bool timing, Backend& backend) {
   return Clock::now();
 }
 
-uint64_t mix64(uint64_t x) {  // splitmix64 finaliser
-  x += 0x9E3779B97F4A7C15ull;
-  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
-  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
-  return x ^ (x >> 31);
-}
 }  // namespace
 
 Executor::Executor(Graph& graph, Backend& backend, const StashOptions& stash, const QuantOptions& quant)
@@ -197,7 +192,17 @@ void Executor::backward_nodes() {
   restore_views();
 }
 
-uint64_t OpContext::seed() const { return mix64(ex_.step_seed_ ^ mix64(uint64_t(node_.seed_index) + 1)); }
+DropoutSeed OpContext::dropout_seed() const {
+  DropoutSeed s;
+  s.step = ex_.step_seed_;
+  s.node = quant::mix64(uint64_t(node_.seed_index) + 1);
+  return s;
+}
+
+uint64_t OpContext::seed() const {
+  const DropoutSeed s = dropout_seed();
+  return quant::mix64(s.step ^ s.node);
+}
 
 int OpContext::saved_value(int i) const {
   const SaveSpec& s = ex_.save_specs_[size_t(node_id_)][size_t(i)];

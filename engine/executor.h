@@ -114,7 +114,10 @@ class Executor {
   std::vector<Tensor> state_tensors() const;
   float loss() const;
 
-  void set_step_seed(uint64_t s) { step_seed_ = s; }
+  void set_step_seed(uint64_t s) {
+    step_seed_ = s;
+    backend_.set_step_seed(s);
+  }
   // Per-node wall time of forward / backward, accumulated while enabled (seconds).
   void set_timing(bool on);
   const std::vector<double>& forward_seconds() const { return fwd_s_; }
@@ -278,6 +281,8 @@ class OpContext {
   int64_t batch() const { return ex_.batch_; }
   // Per-step, per-node seed for stochastic ops (dropout).
   uint64_t seed() const;
+  // The same seed in its two parts, for the backend's dropout (engine/kernel_types.h).
+  DropoutSeed dropout_seed() const;
 
   Tensor input(int i) const { return ex_.value(node_.inputs[size_t(i)]); }
   bool has_input(int i) const { return size_t(i) < node_.inputs.size(); }

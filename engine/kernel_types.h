@@ -28,6 +28,14 @@ struct MaskView {
 // `values` (the stash keeps the output as bitmap + values, f32 or `values_f16`): where the kept
 // values go, in order, right after the bitmap; a kernel that packs them as it writes the output
 // sets `values_written`, and the stash reads nothing of the output then.
+// A dropout node's mask seed this step, mix64(step ^ node) (quant/codes.h), in its two parts: a
+// backend may read `step` from its own memory (Backend::set_step_seed), so that a recorded step's
+// kernels draw the masks of the step replayed (engine/step_replay.h).
+struct DropoutSeed {
+  uint64_t step = 0;  // the executor's step seed
+  uint64_t node = 0;  // the node's own part: mix64(its seed index + 1)
+};
+
 struct MaskOut {
   uint64_t* bits = nullptr;
   float prune_threshold = 0.f;

@@ -13,7 +13,8 @@ std::string StepReplay::unsupported(const Executor& ex) {
   const Graph& g = ex.graph();
   for (int n = 0; n < g.num_nodes(); ++n) {
     const Op& op = *g.node(n).op;
-    if (op.draws_random()) return "layer '" + g.node(n).name + "' (" + op.type() + ") draws new numbers every step";
+    if (op.draws_random() && !ex.backend().replays_draws())
+      return "layer '" + g.node(n).name + "' (" + op.type() + ") draws new numbers every step";
     if (ex.layer_quant(n).on()) return "layer '" + g.node(n).name + "' is 4-bit (its scales change every step)";
   }
   if (ex.memory().recompute_segments > 0) return "recomputation segments are not recorded yet";

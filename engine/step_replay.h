@@ -5,7 +5,8 @@
 // A replay repeats the recorded work with its addresses and arguments, so it is valid while they
 // stay as recorded: the same executor (a re-plan makes a new one, and a new StepReplay), the whole
 // batch, a training step, and nothing per step in a kernel's arguments or in the layout:
-//   - no op that draws random numbers (dropout's seed changes every step);
+//   - no op that draws random numbers (dropout's seed changes every step), unless the backend's
+//     kernels read the step seed from its memory (Backend::replays_draws: CUDA);
 //   - every saved value stored at a fixed place: dense_fp32 / fp16 / bf16, masks stored alone, and
 //     bitmap_fp32 / fp16 where the stash has the fixed layout (memory/stash.h: a GPU's); not auto,
 //     which chooses its encoding by a count read back;

@@ -51,7 +51,7 @@ class DropoutOp final : public Op {
   void forward(OpContext& ctx) override {
     Tensor y = ctx.output();
     if (ctx.training() && p_ > 0.f)
-      ctx.backend().dropout_forward(ctx.input(0), p_, ctx.seed(), y);
+      ctx.backend().dropout_forward(ctx.input(0), p_, ctx.dropout_seed(), y);
     else
       ctx.backend().copy(ctx.input(0), y);
   }
@@ -59,7 +59,7 @@ class DropoutOp final : public Op {
     GradOut dx = ctx.grad_input(0);
     if (!dx.wanted) return;
     if (p_ > 0.f)
-      ctx.backend().dropout_backward(ctx.grad_output(), p_, ctx.seed(), dx.t, dx.accumulate);
+      ctx.backend().dropout_backward(ctx.grad_output(), p_, ctx.dropout_seed(), dx.t, dx.accumulate);
     else
       ctx.backend().accumulate_grad(ctx.grad_output(), dx.t, dx.accumulate);
   }

@@ -49,7 +49,7 @@ inline int8_t int4_from_nibble(uint8_t n, bool is_signed) {
 
 // Counter-based random bits: a key from (seed, step, layer, sample) and the element index give 32
 // bits, the same on every backend and for any thread split, so runs reproduce and resume exactly.
-inline uint64_t mix64(uint64_t x) {  // splitmix64 finaliser
+ET_HOST_DEVICE inline uint64_t mix64(uint64_t x) {  // splitmix64 finaliser
   x += 0x9E3779B97F4A7C15ull;
   x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
   x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;

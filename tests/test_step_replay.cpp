@@ -23,6 +23,10 @@ class RecordingCpu final : public CpuBackend {
  public:
   int begun = 0, replays = 0;
   std::string fail;
+  bool draws = false;  // its dropout reads the step seed from its memory (as CUDA's)
+  std::vector<uint64_t> seeds;  // set_step_seed's
+  bool replays_draws() const override { return draws; }
+  void set_step_seed(uint64_t s) override { seeds.push_back(s); }
   std::string capture_unsupported() const override { return ""; }
   void begin_capture() override { ++begun; }
   std::string end_capture() override { return fail; }
@@ -89,6 +93,17 @@ TEST_CASE("step replay: which executors can be replayed, and why not", "[replay]
   // Dropout draws new numbers every step; recomputation segments are not recorded yet.
   CHECK_THAT(StepReplay::unsupported(*Model(std::make_unique<RecordingCpu>(), "vgg11_bn", {}, 0.5f).ex),
              Catch::Contains("dropout") && Catch::Contains("draws new numbers"));
+  // ... unless the backend's dropout reads the step seed, set before each step, from its memory.
+  {
+    auto draws = std::make_unique<RecordingCpu>();
+    draws->draws = true;
+    RecordingCpu& be = *draws;
+    Model m(std::move(draws), "vgg11_bn", {}, 0.5f);
+    CHECK(StepReplay::unsupported(*m.ex) == "");
+    m.ex->set_step_seed(41);  // the executor hands every step seed to the backend
+    m.ex->set_step_seed(42);
+    CHECK(be.seeds == std::vector<uint64_t>{41, 42});
+  }
   StashOptions segments;
   segments.checkpoint_every = 2;
   CHECK_THAT(StepReplay::unsupported(*Model(std::make_unique<RecordingCpu>(), "resnet8", segments).ex),

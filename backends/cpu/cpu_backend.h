@@ -59,8 +59,8 @@ class CpuBackend : public Backend {
   void zero_where_zero(const Tensor& ref, Tensor& y) override;
   void add_forward(const Tensor& a, const Tensor& b, Tensor& y) override;
   void accumulate_grad(const Tensor& src, Tensor& dst, bool accumulate) override;
-  void dropout_forward(const Tensor& x, float p, uint64_t seed, Tensor& y) override;
-  void dropout_backward(const Tensor& dy, float p, uint64_t seed, Tensor& dx, bool accumulate) override;
+  void dropout_forward(const Tensor& x, float p, const DropoutSeed& seed, Tensor& y) override;
+  void dropout_backward(const Tensor& dy, float p, const DropoutSeed& seed, Tensor& dx, bool accumulate) override;
 
   void maxpool2d_forward(const Conv2dGeom& g, const Tensor& x, Tensor& y) override;
   void maxpool2d_forward_sums(const Conv2dGeom& g, const Tensor& x, Tensor& y, Tensor& sums) override;

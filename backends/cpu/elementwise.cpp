@@ -10,6 +10,7 @@
 #include "backends/cpu/balance.h"
 #include "backends/cpu/cpu_backend.h"
 #include "backends/cpu/dropout_mask.h"
+#include "quant/codes.h"
 #include "memory/bitmap.h"
 
 namespace et {
@@ -184,7 +185,8 @@ void CpuBackend::accumulate_grad(const Tensor& src, Tensor& dst, bool accumulate
   cpu::balanced_for(n, kChunk, [&](int64_t i0, int64_t i1) { add_range(d, s, d, i0, i1); });
 }
 
-void CpuBackend::dropout_forward(const Tensor& x, float p, uint64_t seed, Tensor& y) {
+void CpuBackend::dropout_forward(const Tensor& x, float p, const DropoutSeed& s, Tensor& y) {
+  const uint64_t seed = quant::mix64(s.step ^ s.node);
   const float* xp = x.f32();
   float* yp = y.f32();
   const int64_t n = x.numel(), chunk = 4096;
@@ -193,7 +195,8 @@ void CpuBackend::dropout_forward(const Tensor& x, float p, uint64_t seed, Tensor
     dropout_mask::forward(p, seed, i, xp + i, std::min(chunk, n - i), yp + i);
 }
 
-void CpuBackend::dropout_backward(const Tensor& dy, float p, uint64_t seed, Tensor& dx, bool accumulate) {
+void CpuBackend::dropout_backward(const Tensor& dy, float p, const DropoutSeed& s, Tensor& dx, bool accumulate) {
+  const uint64_t seed = quant::mix64(s.step ^ s.node);
   const float scale = 1.f / (1.f - p);
   const float* d = dy.f32();
   float* o = dx.f32();

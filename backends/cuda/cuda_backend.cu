@@ -199,6 +199,8 @@ CudaBackend::CudaBackend(int device) : device_(device) {
   // The CPU's FP32 arithmetic: no TF32 tensor-core rounding in the GEMMs.
   cuda::check(cublasSetMathMode(blas_, CUBLAS_DEFAULT_MATH), "cublasSetMathMode");
   cuda::check(cudaMalloc(&scratch_, 64), "cudaMalloc");
+  cuda::check(cudaMalloc(reinterpret_cast<void**>(&step_seed_dev_), sizeof(uint64_t)), "cudaMalloc");
+  cuda::check(cudaMemset(step_seed_dev_, 0, sizeof(uint64_t)), "cudaMemset");  // step_seed_ = 0
   cuda::check(cudaMalloc(&stats_parts_, sizeof(StatsPart) * kStatsBlocks), "cudaMalloc");
   cuda::check(cudaMemset(scratch_, 0, 64), "cudaMemset");  // the deferred SGD count starts at 0
   cudnn_ = cuda::make_cudnn_convs(stream_);
@@ -213,6 +215,7 @@ CudaBackend::~CudaBackend() {
   cudaFree(xent_rows_);
   cudaFree(bn_scratch_);
   cudaFree(scratch_);
+  cudaFree(step_seed_dev_);
   cudaFree(stats_parts_);
   if (copy_stream_) cudaStreamSynchronize(copy_stream_);
   if (released_) cudaEventDestroy(released_);

@@ -85,8 +85,10 @@ class CudaBackend final : public Backend {
   void zero_where_zero(const Tensor& ref, Tensor& y) override;
   void add_forward(const Tensor& a, const Tensor& b, Tensor& y) override;
   void accumulate_grad(const Tensor& src, Tensor& dst, bool accumulate) override;
-  void dropout_forward(const Tensor& x, float p, uint64_t seed, Tensor& y) override;
-  void dropout_backward(const Tensor& dy, float p, uint64_t seed, Tensor& dx, bool accumulate) override;
+  void dropout_forward(const Tensor& x, float p, const DropoutSeed& seed, Tensor& y) override;
+  void dropout_backward(const Tensor& dy, float p, const DropoutSeed& seed, Tensor& dx, bool accumulate) override;
+  void set_step_seed(uint64_t step) override;
+  bool replays_draws() const override { return true; }
 
   void maxpool2d_forward(const Conv2dGeom& g, const Tensor& x, Tensor& y) override;
   void maxpool2d_backward(const Conv2dGeom& g, const Tensor& dy, const Tensor& x, Tensor& dx, bool accumulate,
@@ -155,6 +157,10 @@ class CudaBackend final : public Backend {
   // of their destination, `copied_` on it orders later kernels after its copies.
   cudaStream_t copy_stream_ = nullptr;
   cudaEvent_t released_ = nullptr, copied_ = nullptr;
+  // The step seed the dropout kernels read (set_step_seed): on the device, written in stream
+  // order, so a replayed step reads the value set before its launch; step_seed_ mirrors it.
+  uint64_t* step_seed_dev_ = nullptr;
+  uint64_t step_seed_ = 0;
   int sm_count_ = 1;  // the device's multiprocessors (how many blocks fill it)
   bool capturing_ = false;                // between begin_capture and end_capture
   cudaGraphExec_t graph_exec_ = nullptr;  // the recorded step, instantiated

@@ -3,6 +3,7 @@
 // counter-based mask (the same hash of (seed, i), so both backends drop the same elements).
 #include "backends/cuda/cuda_backend_impl.h"
 #include "memory/bitmap.h"
+#include "quant/codes.h"
 
 namespace et {
 
@@ -67,7 +68,10 @@ __global__ void add_kernel(const float* a, const float* b, float* y, int64_t n) 
 
 __global__ void accumulate_kernel(const float* s, float* d, int64_t n) { ET_GRID_STRIDE(i, n) d[i] += s[i]; }
 
-__global__ void dropout_kernel(const float* x, float p, float scale, uint64_t seed, float* y, int64_t n, bool acc) {
+// The node's seed from the step seed in device memory (a replayed step's, set before its launch).
+__global__ void dropout_kernel(const float* x, float p, float scale, const uint64_t* step_seed, uint64_t node, float* y,
+                               int64_t n, bool acc) {
+  const uint64_t seed = quant::mix64(*step_seed ^ node);  // OpContext::seed
   ET_GRID_STRIDE(i, n) {
     const float v = hash_uniform(seed, uint64_t(i)) >= p ? x[i] * scale : 0.f;
     y[i] = acc ? y[i] + v : v;
@@ -141,15 +145,29 @@ void CudaBackend::accumulate_grad(const Tensor& src, Tensor& dst, bool accumulat
   cuda::launched("accumulate_grad");
 }
 
-void CudaBackend::dropout_forward(const Tensor& x, float p, uint64_t seed, Tensor& y) {
-  dropout_kernel<<<blocks_for(x.numel()), kThreads, 0, stream_>>>(x.f32(), p, 1.f / (1.f - p), seed, y.f32(), x.numel(),
-                                                                  false);
+__global__ void set_u64_kernel(uint64_t* p, uint64_t v) { *p = v; }
+
+void CudaBackend::set_step_seed(uint64_t step) {
+  if (step == step_seed_) return;  // the device holds it already (in stream order)
+  ET_CHECK(!capturing_, "set_step_seed while recording: a replay would keep this value");
+  set_u64_kernel<<<1, 1, 0, stream_>>>(step_seed_dev_, step);
+  cuda::launched("set_step_seed");
+  step_seed_ = step;
+}
+
+// A caller that gives a step seed other than the last set (a test, or another executor on this
+// backend) sets it first; while recording that would be lost on replay, so set_step_seed refuses.
+void CudaBackend::dropout_forward(const Tensor& x, float p, const DropoutSeed& seed, Tensor& y) {
+  set_step_seed(seed.step);
+  dropout_kernel<<<blocks_for(x.numel()), kThreads, 0, stream_>>>(x.f32(), p, 1.f / (1.f - p), step_seed_dev_,
+                                                                  seed.node, y.f32(), x.numel(), false);
   cuda::launched("dropout_forward");
 }
 
-void CudaBackend::dropout_backward(const Tensor& dy, float p, uint64_t seed, Tensor& dx, bool accumulate) {
-  dropout_kernel<<<blocks_for(dy.numel()), kThreads, 0, stream_>>>(dy.f32(), p, 1.f / (1.f - p), seed, dx.f32(),
-                                                                   dy.numel(), accumulate);
+void CudaBackend::dropout_backward(const Tensor& dy, float p, const DropoutSeed& seed, Tensor& dx, bool accumulate) {
+  set_step_seed(seed.step);
+  dropout_kernel<<<blocks_for(dy.numel()), kThreads, 0, stream_>>>(dy.f32(), p, 1.f / (1.f - p), step_seed_dev_,
+                                                                   seed.node, dx.f32(), dy.numel(), accumulate);
   cuda::launched("dropout_backward");
 }
 

@@ -131,11 +131,14 @@ TEST_CASE("cuda: element-wise ops equal the CPU's", "[cuda]") {
   b.dev->zero_where_zero(x.dev, y.dev);
   CHECK(same_bits(y.device_values(), y.host));
   // dropout: the same mask from the same hash
-  b.cpu->dropout_forward(x.cpu, 0.3f, 12345, y.cpu);
-  b.dev->dropout_forward(x.dev, 0.3f, 12345, y.dev);
+  DropoutSeed seed;
+  seed.step = 12345;
+  seed.node = 678;
+  b.cpu->dropout_forward(x.cpu, 0.3f, seed, y.cpu);
+  b.dev->dropout_forward(x.dev, 0.3f, seed, y.dev);
   CHECK(same_bits(y.device_values(), y.host));
-  b.cpu->dropout_backward(dy.cpu, 0.3f, 12345, dx.cpu, true);
-  b.dev->dropout_backward(dy.dev, 0.3f, 12345, dx.dev, true);
+  b.cpu->dropout_backward(dy.cpu, 0.3f, seed, dx.cpu, true);
+  b.dev->dropout_backward(dy.dev, 0.3f, seed, dx.dev, true);
   CHECK(same_bits(dx.device_values(), dx.host));
   b.cpu->fill(y.cpu, 0.25f);
   b.dev->fill(y.dev, 0.25f);
@@ -336,16 +339,19 @@ struct Run {
   Backend* be;
   std::unique_ptr<Executor> ex;
   int64_t batch;
-  Run(std::unique_ptr<Backend> backend, const StashOptions& so, const std::string& model = "resnet8", int64_t n = 16)
-      : Run(*backend, so, model, n) {
+  Run(std::unique_ptr<Backend> backend, const StashOptions& so, const std::string& model = "resnet8", int64_t n = 16,
+      float dropout = 0.f)
+      : Run(*backend, so, model, n, dropout) {
     owned = std::move(backend);
   }
   // On a backend another Run may share: the two then take the same measured conv choices.
-  Run(Backend& backend, const StashOptions& so, const std::string& model = "resnet8", int64_t n = 16)
+  Run(Backend& backend, const StashOptions& so, const std::string& model = "resnet8", int64_t n = 16,
+      float dropout = 0.f)
       : be(&backend), batch(n) {
     ModelSpec spec;
     spec.name = model;
     spec.batch = n;
+    spec.dropout = dropout;
     build_model(g, spec);
     ex = std::make_unique<Executor>(g, *be, so);
     init_parameters(*ex, 5);
@@ -506,6 +512,45 @@ TEST_CASE("cuda: a replayed step (a CUDA graph) equals the step run op by op, bi
       CHECK(rec.ex->stash().fixed_layout());
       CHECK(rec.ex->stash().peak_bytes() == direct.ex->stash().peak_bytes());
     }
+  }
+}
+
+TEST_CASE("cuda: a replayed step with dropout draws each step's own mask, as the step run op by op", "[cuda][replay]") {
+  // The dropout kernels read the step seed from device memory (set_step_seed, issued before the
+  // replay), so a recorded step replayed with a new seed drops other elements, bit for bit as the
+  // same step run op by op; and on the CPU's hash, so both equal the CPU's step.
+  for (StashFormat f : {StashFormat::DenseF32, StashFormat::BitmapF32}) {
+    INFO(stash_format_name(f));
+    StashOptions so;
+    so.format = f;
+    const std::unique_ptr<Backend> shared = make_cuda_backend(0);
+    Run direct(*shared, so, "vgg11_bn", 16, 0.5f), rec(*shared, so, "vgg11_bn", 16, 0.5f);
+    Run cpu(make_cpu_backend(), so, "vgg11_bn", 16, 0.5f);
+    REQUIRE(StepReplay::unsupported(*rec.ex) == "");
+    StepReplay replay(*rec.ex, true, 1);
+    float first_loss = 0.f;
+    for (int s = 0; s < 5; ++s) {
+      for (Run* r : {&direct, &rec, &cpu}) {
+        r->fill(0);  // the same batch every step: only the masks change the loss
+        r->ex->set_step_seed(uint64_t(s) * 7919 + 1);
+      }
+      direct.ex->forward(16, true);
+      direct.ex->backward();
+      cpu.ex->forward(16, true);
+      cpu.ex->backward();
+      if (!replay.try_step(16)) {
+        rec.ex->forward(16, true);
+        rec.ex->backward();
+      }
+      CHECK(replay.why_not() == "");
+      CHECK(rec.ex->loss() == direct.ex->loss());
+      CHECK(rec.ex->loss() == Approx(cpu.ex->loss()).epsilon(1e-4));
+      if (s == 0) first_loss = rec.ex->loss();
+      // No update: the parameters stay, so a loss unlike the first step's comes from other masks.
+      if (s > 0) CHECK(rec.ex->loss() != first_loss);
+    }
+    CHECK(replay.replaying());
+    CHECK((state_bytes(rec) == state_bytes(direct)));
   }
 }
 
