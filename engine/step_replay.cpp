@@ -17,9 +17,10 @@ std::string StepReplay::unsupported(const Executor& ex) {
       return "layer '" + g.node(n).name + "' (" + op.type() + ") draws new numbers every step";
     if (ex.layer_quant(n).on()) return "layer '" + g.node(n).name + "' is 4-bit (its scales change every step)";
   }
-  if (ex.memory().recompute_segments > 0) return "recomputation segments are not recorded yet";
+  // Recomputation (segments, recomputed stack outputs) is host bookkeeping that repeats every step
+  // (which views point where, what is pushed again): the recorded kernels are the step's.
   for (const SavedValue& s : ex.stash().saved()) {
-    if (s.recomputed) return "value '" + g.value(s.value).name + "' is recomputed in the backward";
+    if (s.recomputed) continue;
     const StashFormatInfo& f = stash_format_info(s.format);
     const StashEncoding enc = s.full ? f.full : f.mask;
     // Fixed sizes: a mask alone is n bits (its producer leaves the count out while recording).

@@ -10,7 +10,8 @@
 //   - every saved value stored at a fixed place: dense_fp32 / fp16 / bf16, masks stored alone, and
 //     bitmap_fp32 / fp16 where the stash has the fixed layout (memory/stash.h: a GPU's); not auto,
 //     which chooses its encoding by a count read back;
-//   - no 4-bit layers (per-step scales) and no recomputation segments (not recorded yet).
+//   - no 4-bit layers (per-step scales, read back).
+// Recomputation is recorded with the rest: its bookkeeping is the same every step.
 // The learning rate is not in the record: the optimizer step runs after the replay, so the
 // divergence guard checks the loss and gradients before any parameter changes, as without it.
 #pragma once

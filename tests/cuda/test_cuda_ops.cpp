@@ -474,12 +474,21 @@ TEST_CASE("cuda: a replayed step (a CUDA graph) equals the step run op by op, bi
   // (the inputs are copied in before it, the optimizer step runs after it); an evaluation batch
   // between steps must not disturb it. The bitmap formats are recorded in the stash's fixed layout
   // (memory/stash.h): their counts stay on the device, and each replay's are settled afterwards,
-  // so the stash's peak is the op-by-op steps' too.
+  // so the stash's peak is the op-by-op steps' too. Recomputation (segments, and stack outputs
+  // recomputed by their readers) is recorded with the rest.
+  std::vector<StashOptions> options;
   for (StashFormat f : {StashFormat::DenseF32, StashFormat::DenseBF16, StashFormat::BitmapF32, StashFormat::BitmapF16}) {
+    options.emplace_back();
+    options.back().format = f;
+  }
+  options.push_back(options[0]);
+  options.back().checkpoint_every = 2;
+  options.push_back(options[2]);
+  options.back().recompute_stack_outputs = true;
+  for (const StashOptions& so : options) {
     for (const char* model : {"resnet8", "mobilenetv2"}) {
-      INFO(stash_format_name(f) << " " << model);
-      StashOptions so;
-      so.format = f;
+      INFO(stash_format_name(so.format) << " " << model << ", checkpoint_every " << so.checkpoint_every
+                                        << ", recompute_stack_outputs " << so.recompute_stack_outputs);
       // One backend for both: each backend measures its conv choices (cuDNN or its own kernels) on
       // first use, and MobileNet-V2's grouped convs time so close that two backends may choose
       // differently, and round differently (a GPU run of session 47 saw it).
