@@ -28,7 +28,7 @@ BenchModel::BenchModel(const Config& config, bool prof) : cfg(config), profile(p
     for (int64_t i = 0; i < n; ++i) y.i32()[i] = int32_t(rng() % uint64_t(cfg.model.num_classes));
   }
   sgd = sgd_options(cfg.train);
-  replay = std::make_unique<StepReplay>(*ex, cfg.train.cuda_graph && !profile);
+  replay = std::make_unique<StepReplay>(*ex, cfg.train.cuda_graph && !profile, 2, cfg.train.cuda_graph_auto);
 }
 
 // The trainer's divergence guard runs the same checks (engine/train/divergence.h), so this is a

@@ -4,8 +4,24 @@
 
 namespace et {
 
-StepReplay::StepReplay(Executor& ex, bool enabled, int warmup) : ex_(ex), warmup_(warmup) {
-  why_not_ = enabled ? unsupported(ex) : "train.cuda_graph is off";
+StepReplay::StepReplay(Executor& ex, bool enabled, int warmup, bool verified_only) : ex_(ex), warmup_(warmup) {
+  why_not_ = !enabled ? "train.cuda_graph is off" : verified_only ? unverified(ex) : "";
+  if (why_not_.empty() && enabled) why_not_ = unsupported(ex);
+}
+
+std::string StepReplay::unverified(const Executor& ex) {
+  const std::string why = " is recorded only with train.cuda_graph = true until a GPU run has verified it";
+  const Graph& g = ex.graph();
+  for (int n = 0; n < g.num_nodes(); ++n)
+    if (g.node(n).op->draws_random()) return "dropout ('" + g.node(n).name + "')" + why;
+  for (const SavedValue& s : ex.stash().saved()) {
+    if (s.recomputed) return "recomputation ('" + g.value(s.value).name + "')" + why;
+    const StashEncoding enc = s.full ? stash_format_info(s.format).full : stash_format_info(s.format).mask;
+    if (enc == StashEncoding::BitmapF32 || enc == StashEncoding::BitmapF16)
+      return std::string(stash_format_name(s.format)) + " ('" + g.value(s.value).name + "')" + why;
+  }
+  if (ex.memory().recompute_segments > 0) return "recomputation" + why;
+  return "";
 }
 
 std::string StepReplay::unsupported(const Executor& ex) {

@@ -26,9 +26,13 @@ class StepReplay {
  public:
   // `enabled`: train.cuda_graph. The first `warmup` steps run directly (the backend sizes its
   // scratch and measures its conv paths there), the next is recorded and run, the rest replayed.
-  StepReplay(Executor& ex, bool enabled, int warmup = 2);
+  // `verified_only` (train.cuda_graph = auto): not what no GPU run has verified yet (unverified).
+  StepReplay(Executor& ex, bool enabled, int warmup = 2, bool verified_only = false);
   // Why this executor's training step cannot be replayed, "" if it can.
   static std::string unsupported(const Executor& ex);
+  // What this executor's step would record that was written without a GPU to run it (session 56:
+  // the bitmap formats' fixed layout, dropout's device seed, recomputation), "" if nothing.
+  static std::string unverified(const Executor& ex);
 
   // This step's ex.forward(batch, true) and ex.backward(), recorded and run or replayed; false (and
   // nothing done) for a step the caller runs itself: a warm-up step, a batch other than the whole

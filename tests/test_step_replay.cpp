@@ -86,6 +86,14 @@ TEST_CASE("step replay: which executors can be replayed, and why not", "[replay]
   CHECK(StepReplay::unsupported(*Model(std::make_unique<RecordingDeferringCpu>(), "resnet8", bitmap16).ex) == "");
   CHECK_THAT(StepReplay::unsupported(*Model(std::make_unique<RecordingDeferringCpu>(), "resnet8", automatic).ex),
              Catch::Contains("auto"));
+  // train.cuda_graph = auto records only what a GPU run has verified: not these yet.
+  {
+    Model m(std::make_unique<RecordingDeferringCpu>(), "resnet8", bitmap);
+    CHECK_THAT(StepReplay(*m.ex, true, 2, true).why_not(),
+               Catch::Contains("bitmap_fp32") && Catch::Contains("train.cuda_graph = true"));
+    CHECK(StepReplay(*m.ex, true, 2, false).why_not() == "");
+    CHECK(StepReplay(*Model(std::make_unique<RecordingDeferringCpu>(), "resnet8").ex, true, 2, true).why_not() == "");
+  }
   // dense_bf16: fixed-size halves, and masks stored alone (n bits, counted only for statistics).
   StashOptions bf16;
   bf16.format = StashFormat::DenseBF16;

@@ -147,7 +147,7 @@ void Trainer::build(bool keep_train) {
     }
   }
   executor_ = std::make_unique<Executor>(graph_, *backend_, stash, cfg_.quant_options());
-  replay_ = std::make_unique<StepReplay>(*executor_, cfg_.train.cuda_graph);
+  replay_ = std::make_unique<StepReplay>(*executor_, cfg_.train.cuda_graph, 2, cfg_.train.cuda_graph_auto);
   init_parameters(*executor_, cfg_.train.seed);
   feed_ = std::make_unique<InputFeed>(*backend_, whole_batch(*executor_, graph_.image_input),
                                       whole_batch(*executor_, graph_.label_input));
@@ -250,7 +250,7 @@ bool Trainer::enter_phase(int epoch) {
   replay_.reset();
   executor_.reset();
   executor_ = std::make_unique<Executor>(graph_, *backend_, stash_options(fnt), quant_options(fnt));
-  replay_ = std::make_unique<StepReplay>(*executor_, cfg_.train.cuda_graph);
+  replay_ = std::make_unique<StepReplay>(*executor_, cfg_.train.cuda_graph, 2, cfg_.train.cuda_graph_auto);
   const std::vector<Tensor> to = executor_->state_tensors();
   ET_CHECK(to.size() == sizes.size(), "state tensors ", to.size(), " vs ", sizes.size());
   size_t at = 0;
