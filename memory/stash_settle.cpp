@@ -9,7 +9,9 @@ namespace et {
 void Stash::settle() const {
   if (!unsettled_) return;
   unsettled_ = false;
-  codec_->read_back(host_counts_.data(), slots_.at(0), host_counts_.size() * sizeof(int64_t));
+  // One copy of every slot, where a push left its count in one (dense formats leave none).
+  if (std::any_of(log_.begin(), log_.end(), [](const LogEvent& ev) { return ev.in_slot; }))
+    codec_->read_back(host_counts_.data(), slots_.at(0), host_counts_.size() * sizeof(int64_t));
   // Stash::push / pop's placement, with each entry's packed bytes.
   size_t top = 0, zero_copy = 0;
   packed_.clear();

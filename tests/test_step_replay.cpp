@@ -41,6 +41,14 @@ class RecordingDeferringCpu final : public CpuBackend {
   int begun = 0, replays = 0;
   RecordingDeferringCpu() { codec.defer = true; }
   StashCodec& stash_codec() override { return codec; }
+  void relu_forward(const Tensor& x, Tensor& y, MaskOut* mask) override {  // as CUDA's: the count in the slot
+    CpuBackend::relu_forward(x, y, mask);
+    if (mask && mask->kept_slot && mask->kept >= 0) {
+      *mask->kept_slot = mask->kept;
+      mask->kept = -1;
+      mask->kept_in_slot = true;
+    }
+  }
   std::string capture_unsupported() const override { return ""; }
   void begin_capture() override { ++begun; }
   std::string end_capture() override { return ""; }
