@@ -4,6 +4,8 @@
 # x86, sm_90; copies the binaries and a 20 MB .tgz of the JPEG CIFAR-10 into gpu/, which
 # .gitignore leaves out), then run there, carrying gpu/:
 #   STEPS="tests bench train suite" bash scripts/gpu_check.sh gpu   (also: fused, luq, profile, badinput, conv, torch)
+# A session has 15 minutes of device time (a start takes about 40 s): docs/cuda.md, "How it is
+# checked on a GPU", lists the runs in the order to spend them.
 # Each step has its own time limit and writes its log to $OUT; a step that fails does not stop the
 # next. The CPU suite runs there sharded by test case (the machine has 16 cores).
 set -u
@@ -154,7 +156,9 @@ if has suite; then
   # Two threads a case (the CI host's count: the slow cases take there what they take in CI), as
   # many cases at once as pairs of cores. One thread a case left the slowest running for minutes
   # (session 34: 9 of 192 cases in 85 s).
-  export EDGETRAIN_REQUIRE_GPU=1 OMP_NUM_THREADS=2
+  # Passive OpenMP waits, as ctest sets them (tests/CMakeLists.txt: spinning waits made the suite
+  # 17x slower on a 2-vCPU host, session 55).
+  export EDGETRAIN_REQUIRE_GPU=1 OMP_NUM_THREADS=2 OMP_WAIT_POLICY=PASSIVE
   # shellcheck disable=SC2016
   timeout "${SUITE_S:-300}" xargs -d '\n' -P "$(( $(nproc) / 2 ))" -I{} sh -c \
     '"$0" "$1" >/tmp/case.$$.log 2>&1 && echo "passed: $1" || { echo "FAILED: $1"; cat /tmp/case.$$.log; }' \
