@@ -178,7 +178,7 @@ StashOptions plan_stash_options(const Config& cfg, Graph& g, Backend& backend, B
   return s;
 }
 
-bool Trainer::train_step(int64_t batch, float lr, const std::function<void()>& during) {
+bool Trainer::train_step(int64_t batch, float lr, InputFeed* prefetch) {
   Executor& ex = *executor_;
   ex.set_step_seed(mix(cfg_.train.seed, uint64_t(state_.step)));
   ex.set_step(state_.step);
@@ -190,7 +190,7 @@ bool Trainer::train_step(int64_t batch, float lr, const std::function<void()>& d
     // train.cuda_graph: forward and backward replayed together, so the loss is checked after both.
     const bool replayed = replay_->try_step(batch);
     if (!replayed) ex.forward(batch, true);
-    if (during) during();  // before the loss's readback waits for the forward
+    if (prefetch) prefetch->prefetch();  // before the loss's readback waits for the forward
     uss_.phase();
     have_loss = true;
     // Checked before the backward, so the parameters are still the step's and the guard can run
@@ -288,7 +288,7 @@ EpochResult Trainer::train_epoch(int epoch, Progress& progress) {
                            state_.lr_factor);
     if (before_step_) before_step_(ex, state_.step);
     // The next batch crosses while this step computes (engine/train/input_feed.h).
-    if (!train_step(n, lr, [&] { if (i + 1 < steps) feed_->prefetch(); })) {
+    if (!train_step(n, lr, i + 1 < steps ? feed_.get() : nullptr)) {
       divergence_batch_ = i + 1;
       divergence_batches_ = steps;
       r.diverged = true;

@@ -67,9 +67,9 @@ class Trainer {
   // One optimizer step on the images / labels already in the executor's inputs, at `lr`. Returns
   // false when the divergence guard fires (divergence() says why and where); the step counter
   // does not advance and the training state is unusable until restored (fit rolls back or stops).
-  // `during`: host work to run while the step's forward runs on a device that computes apart from
-  // the host (the next batch's prefetch), called once the forward is issued.
-  bool train_step(int64_t batch, float lr, const std::function<void()>& during = {});
+  // `prefetch`: a feed whose next batch the host fetches while this step's forward runs on a
+  // device that computes apart from it (InputFeed::prefetch, called once the forward is issued).
+  bool train_step(int64_t batch, float lr, InputFeed* prefetch = nullptr);
   const Divergence& divergence() const { return divergence_; }
   // Puts the executor in the mode of 0-based `epoch`: the main phase, or FNT for the last
   // quant.fnt_epochs. A change re-plans it (a new Executor, between steps) with params, gradients,
