@@ -22,12 +22,6 @@ struct MaskView {
   int64_t numel = 0;
 };
 
-// Where a forward kernel may write its output's bitmap (memory/bitmap.h layout and keep rule,
-// with activation pruning at `prune_threshold`) while it writes the output: the stash then only
-// packs the values. The kernel sets `kept` to the number of set bits; -1 = not written.
-// `values` (the stash keeps the output as bitmap + values, f32 or `values_f16`): where the kept
-// values go, in order, right after the bitmap; a kernel that packs them as it writes the output
-// sets `values_written`, and the stash reads nothing of the output then.
 // A dropout node's mask seed this step, mix64(step ^ node) (quant/codes.h), in its two parts: a
 // backend may read `step` from its own memory (Backend::set_step_seed), so that a recorded step's
 // kernels draw the masks of the step replayed (engine/step_replay.h).
@@ -36,18 +30,19 @@ struct DropoutSeed {
   uint64_t node = 0;  // the node's own part: mix64(its seed index + 1)
 };
 
+// Where a forward kernel may write its output's bitmap (memory/bitmap.h layout and keep rule,
+// with activation pruning at `prune_threshold`) while it writes the output: the stash then only
+// packs the values. The kernel sets `kept` to the number of set bits; -1 = not written.
+// `values` (the stash keeps the output as bitmap + values, f32 or `values_f16`): where the kept
+// values go, in order, right after the bitmap; a kernel that packs them as it writes the output
+// sets `values_written`, and the stash reads nothing of the output then.
 struct MaskOut {
   uint64_t* bits = nullptr;
   float prune_threshold = 0.f;
   int64_t kept = -1;
-  // The producer wrote the bitmap but not its count (a recorded step cannot read one back,
-  // engine/step_replay.h): only for a mask stored alone, whose size does not depend on it.
-  bool uncounted = false;
-  // Whether the stash needs `kept` (a mask stored with values); a mask stored alone has a size
-  // that does not depend on it, so a GPU may skip the count's readback (a device synchronisation).
-  bool count_wanted = true;
   // The stash's fixed layout (memory/stash.h): where a producer whose count would cost a wait for
-  // the device may leave it (memory of the backend's) instead of `kept`; it sets kept_in_slot then.
+  // the device (a GPU's) leaves it, in the backend's memory, instead of `kept`; it sets
+  // kept_in_slot then.
   int64_t* kept_slot = nullptr;
   bool kept_in_slot = false;
   void* values = nullptr;

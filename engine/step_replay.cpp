@@ -5,8 +5,12 @@
 namespace et {
 
 StepReplay::StepReplay(Executor& ex, bool enabled, int warmup, bool verified_only) : ex_(ex), warmup_(warmup) {
-  why_not_ = !enabled ? "train.cuda_graph is off" : verified_only ? unverified(ex) : "";
-  if (why_not_.empty() && enabled) why_not_ = unsupported(ex);
+  if (!enabled) {
+    why_not_ = "train.cuda_graph is off";
+    return;
+  }
+  why_not_ = unsupported(ex);
+  if (why_not_.empty() && verified_only) why_not_ = unverified(ex);
 }
 
 std::string StepReplay::unverified(const Executor& ex) {

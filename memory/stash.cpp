@@ -82,7 +82,6 @@ MaskOut Stash::mask_target(int value_id, int64_t numel) const {
   MaskOut m;
   if (s.recomputed || !stash_format_has_bitmap(s.format, s.full)) return m;
   m.bits = static_cast<uint64_t*>(at(top_));
-  m.count_wanted = s.full || count_zero_copy_;  // a mask alone: its count is only reported (memprofile)
   m.kept_slot = count_slot(value_id);
   // Pruned bits only where they select stored values and no mask is read from them.
   m.prune_threshold = s.full && !mask_apart(s) ? prune_threshold_ : 0.f;
@@ -99,7 +98,6 @@ void Stash::push(int value_id, const Tensor& t, const MaskOut& written, const Te
   int64_t bits_kept = written.kept;
   // The producer wrote the bitmap: its count is bits_kept, or in the value's slot (fixed layout).
   bool bits_written = bits_kept >= 0 || written.kept_in_slot;
-  ET_CHECK(!written.uncounted || !info(value_id)->full, "value ", value_id, ": only a mask may come uncounted");
   const SavedValue& s = *info(value_id);
   const StashFormatInfo& format = stash_format_info(s.format);
   Entry& e = entries_[size_t(value_id)];
@@ -140,8 +138,6 @@ void Stash::push(int value_id, const Tensor& t, const MaskOut& written, const Te
     if (enc == StashEncoding::Mask) {  // exact: pruning concerns stored values, a mask has none
       if (bits_written)
         e.nonzero = bits_kept, in_slot = written.kept_in_slot;
-      else if (written.uncounted)
-        e.nonzero = -1;  // written, not counted: a recorded step without a slot
       else
         e.nonzero = codec_->make_bits(x, n, 0.f, static_cast<uint64_t*>(dst), slot), in_slot = e.nonzero < 0;
     } else if (stash_encoding_info(enc).codes) {

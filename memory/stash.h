@@ -145,8 +145,7 @@ class Stash {
     pack_s_ = unpack_s_ = 0;
     for (StashRecord& r : records_) r.seconds = 0;
   }
-  // Profilers: count the non-zeros of zero-copy values too (a pass over them; off in training), and
-  // of masks stored alone, which a GPU otherwise leaves uncounted (MaskOut::count_wanted).
+  // Profilers: count the non-zeros of zero-copy values too (a pass over them; off in training).
   void set_count_zero_copy(bool on) { count_zero_copy_ = on; }
   double pack_seconds() const { return pack_s_; }
   double unpack_seconds() const { return unpack_s_; }

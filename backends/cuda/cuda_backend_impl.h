@@ -144,9 +144,8 @@ class CudaBackend final : public Backend {
   unsigned long long* counter();
   int64_t read_counter();
   // After a kernel wrote a bitmap and counted its bits in counter(): the count into the stash's
-  // slot (fixed layout); else mask.kept, read back, where the stash needs it and no step is being
-  // recorded; else the mask is marked uncounted.
-  void take_mask_count(MaskOut& mask, const char* who);
+  // slot (its fixed layout, the CUDA codec's: no wait), else mask.kept, read back.
+  void take_mask_count(MaskOut& mask);
   unsigned long long* deferred_sgd_count();  // sgd_step_deferred's, read and zeroed by sgd_finite
   unsigned long long* label_errors();        // a recorded step's label check, read by replay()
 

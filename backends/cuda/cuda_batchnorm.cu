@@ -454,7 +454,7 @@ void CudaBackend::fused_forward(const FusedStack& s, FusedTensors& t, bool train
         ElementwiseOut{t.x.f32(), f.add ? t.side.f32() : nullptr, k, HW, f.relu}, n, t.y.f32(), threshold, bits32,
         words32, kept);
   cuda::launched("fused_forward (apply)");
-  if (bits) take_mask_count(*mask, "fused_forward");
+  if (bits) take_mask_count(*mask);
 }
 
 void CudaBackend::fused_backward(const FusedStack& s, const FusedTensors& t, FusedGrads& g, Workspace) {

@@ -94,22 +94,18 @@ void CudaBackend::relu_forward(const Tensor& x, Tensor& y, MaskOut* mask) {
   relu_mask_kernel<<<blocks_for(words32 * 32), 256, 0, stream_>>>(
       x.f32(), y.f32(), n, threshold, reinterpret_cast<uint32_t*>(mask->bits), words32, kept);
   cuda::launched("relu_forward (mask)");
-  take_mask_count(*mask, "relu_forward");
+  take_mask_count(*mask);
 }
 
-void CudaBackend::take_mask_count(MaskOut& mask, const char* who) {
+void CudaBackend::take_mask_count(MaskOut& mask) {
   if (mask.kept_slot) {  // the stash's fixed layout: the count stays on the device (no wait)
     cuda::check(cudaMemcpyAsync(mask.kept_slot, scratch_, sizeof(int64_t), cudaMemcpyDeviceToDevice, stream_),
                 "cudaMemcpyAsync (a mask's count)");
     mask.kept_in_slot = true;
     return;
   }
-  if (!capturing_ && (mask.count_wanted || mask.values)) {
-    mask.kept = read_counter();
-  } else {  // a mask stored alone needs no count: no readback (none can be recorded)
-    if (mask.values) user_error(who, ": a bitmap with values needs its count, which a recorded step cannot read");
-    mask.uncounted = true;
-  }
+  // A caller without a slot (a test) reads it back; inside a record that throws (nothing to read yet).
+  mask.kept = read_counter();
 }
 
 void CudaBackend::relu_backward(const Tensor& dy, const MaskView& mask, Tensor& dx, bool accumulate) {

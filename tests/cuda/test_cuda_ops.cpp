@@ -468,6 +468,23 @@ TEST_CASE("cuda: a record runs nothing until replayed; a failed record leaves th
   CHECK(be->all_finite({x.dev}));
 }
 
+namespace {
+
+// One training step's forward and backward on `direct` op by op and on `rec` through `replay`
+// (recorded, replayed, or op by op in its warm-up): the same loss, and nothing left unrecorded.
+void step_both(Run& direct, Run& rec, StepReplay& replay) {
+  direct.ex->forward(16, true);
+  direct.ex->backward();
+  if (!replay.try_step(16)) {
+    rec.ex->forward(16, true);
+    rec.ex->backward();
+  }
+  CHECK(replay.why_not() == "");
+  CHECK(rec.ex->loss() == direct.ex->loss());
+}
+
+}  // namespace
+
 TEST_CASE("cuda: a replayed step (a CUDA graph) equals the step run op by op, bit for bit", "[cuda][replay]") {
   // The same kernels with the same arguments on the same addresses: every loss and every byte of
   // the state must match. Each step has its own batch and learning rate, which a replay must take
@@ -499,14 +516,7 @@ TEST_CASE("cuda: a replayed step (a CUDA graph) equals the step run op by op, bi
       for (int s = 0; s < 6; ++s) {
         direct.fill(s);
         rec.fill(s);
-        direct.ex->forward(16, true);
-        direct.ex->backward();
-        if (!replay.try_step(16)) {
-          rec.ex->forward(16, true);
-          rec.ex->backward();
-        }
-        CHECK(replay.why_not() == "");
-        CHECK(rec.ex->loss() == direct.ex->loss());
+        step_both(direct, rec, replay);
         const float lr = 0.02f * float(s + 1);
         REQUIRE(sgd_update(*direct.ex, SgdOptions{0.9f, 5e-4f, false}, lr, s == 0));
         REQUIRE(sgd_update(*rec.ex, SgdOptions{0.9f, 5e-4f, false}, lr, s == 0));
@@ -543,16 +553,9 @@ TEST_CASE("cuda: a replayed step with dropout draws each step's own mask, as the
         r->fill(0);  // the same batch every step: only the masks change the loss
         r->ex->set_step_seed(uint64_t(s) * 7919 + 1);
       }
-      direct.ex->forward(16, true);
-      direct.ex->backward();
       cpu.ex->forward(16, true);
       cpu.ex->backward();
-      if (!replay.try_step(16)) {
-        rec.ex->forward(16, true);
-        rec.ex->backward();
-      }
-      CHECK(replay.why_not() == "");
-      CHECK(rec.ex->loss() == direct.ex->loss());
+      step_both(direct, rec, replay);
       CHECK(rec.ex->loss() == Approx(cpu.ex->loss()).epsilon(1e-4));
       if (s == 0) first_loss = rec.ex->loss();
       // No update: the parameters stay, so a loss unlike the first step's comes from other masks.
