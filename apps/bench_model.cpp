@@ -37,12 +37,18 @@ void BenchModel::step(int64_t s) {
   if (cfg.train.threads > 0) omp_set_num_threads(cfg.train.threads);
   ex->set_step_seed(uint64_t(s));
   uss.begin_step();  // the peak over the whole step (memory/uss.h)
-  const bool replayed = replay->try_step(n);  // forward and backward together
-  if (!replayed) ex->forward(n, true);
-  uss.phase();
-  diverged |= check_loss(ex->loss(), cfg.train.divergence_loss) != DivergenceCause::None;
-  if (!replayed) ex->backward();
-  uss.phase();
+  // As the trainer: a step that outgrew the stash's room runs again (Executor::fit_stash_room).
+  for (bool again = false;; again = true) {
+    ex->set_repeating(again);
+    const bool replayed = !again && replay->try_step(n);  // forward and backward together
+    if (!replayed) ex->forward(n, true);
+    uss.phase();
+    diverged |= check_loss(ex->loss(), cfg.train.divergence_loss) != DivergenceCause::None;
+    if (!replayed) ex->backward();
+    uss.phase();
+    if (!ex->fit_stash_room()) break;
+  }
+  ex->set_repeating(false);
   if (profile) backend->synchronize();  // the backward's queued work is not the guard's
   const auto t0 = profile ? std::chrono::steady_clock::now() : std::chrono::steady_clock::time_point{};
   diverged |= !gradients_finite(*ex);

@@ -247,6 +247,11 @@ int cmd_bench_step(const BenchStepArgs& a) {
                                                               : ("op by op: " + replay.why_not()).c_str());
   if (bm.diverged) std::printf("note: the synthetic steps diverged (the divergence guard would have stopped training)\n");
   const MemoryReport& m = ex.memory();
+  if (ex.stash().fixed_layout())  // a GPU's: the region is allocated whole (memory/stash.h)
+    std::printf("stash region %.1f MB allocated (entries' room fitted to what they kept, +%.0f%%; %d steps ran again "
+                "for more room); packed peak %.1f MB\n",
+                double(ex.stash().region_bytes()) / 1048576.0, 100.0 * cfg.memory.stash_headroom, ex.stash_room_grown(),
+                double(ex.stash().peak_bytes()) / 1048576.0);
   std::printf("%s batch %lld, %d threads: median step %.2f ms (min %.2f, max %.2f) over %d steps, loss %.4f\n",
               cfg.model.name.c_str(), (long long)n, omp_get_max_threads(), median, sorted.front(), sorted.back(),
               a.steps, ex.loss());
@@ -275,6 +280,8 @@ int cmd_bench_step(const BenchStepArgs& a) {
             {"cuda_graph", replay.replaying()},
             {"stash_peak_mb", double(ex.stash().peak_bytes()) / 1048576.0},
             {"stash_region_peak_mb", double(ex.stash().region_peak_bytes()) / 1048576.0},
+            {"stash_region_mb", double(ex.stash().region_bytes()) / 1048576.0},
+            {"stash_room_grown", ex.stash_room_grown()},
             {"stash_dense_mb", double(m.stash_dense_bytes) / 1048576.0},
             {"checkpoint_every", cfg.memory.checkpoint_every}};
   if (budget.budget_mb > 0) {

@@ -146,6 +146,7 @@ json Config::resolved() const {
   j["memory"] = {{"stash", memory.stash}, {"layers", layers}, {"prune_threshold", memory.prune_threshold},
                  {"checkpoint_every", memory.checkpoint_every},
                  {"release_pages", memory.release_pages},
+                 {"stash_headroom", memory.stash_headroom},
                  {"double_mask_bn", memory.double_mask_bn},
                  {"recompute_stack_outputs",
                   memory.recompute_stack_outputs_auto ? json("auto") : json(memory.recompute_stack_outputs)},
@@ -188,6 +189,7 @@ StashOptions Config::stash_options(bool fnt) const {
   o.prune_threshold = memory.prune_threshold;
   o.checkpoint_every = memory.checkpoint_every;
   o.release_pages = memory.release_pages;
+  o.room_headroom = memory.stash_headroom;
   o.recompute_stack_outputs = memory.recompute_stack_outputs;
   return o;
 }

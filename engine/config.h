@@ -72,6 +72,7 @@ struct MemoryConfig {
   float prune_threshold = 0.f;       // BitTrain activation pruning of stashed values (lossy); 0 = exact
   int checkpoint_every = 0;          // recompute segments of this many conv/linear layers; 0 = off
   bool release_pages = false;        // return dead buffers' pages to the OS during the step
+  float stash_headroom = 0.02f;      // GPU stash: room over the most a bitmap entry kept; < 0 = worst case
   bool double_mask_bn = false;       // BN output masked by its input's zeros (lossy; layers/batchnorm.cpp)
   // A fused BN -> ReLU stack's output that a later layer reads in backward is not kept: its readers
   // compute it from the stack's saved input (exact; engine/affine_relu.h). "auto" (the default,

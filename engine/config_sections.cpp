@@ -179,6 +179,7 @@ void parse_memory(ObjectReader& top, Config& c) {
   mem.get("prune_threshold", c.memory.prune_threshold);
   mem.get("checkpoint_every", c.memory.checkpoint_every);
   mem.get("release_pages", c.memory.release_pages);
+  mem.get("stash_headroom", c.memory.stash_headroom);
   mem.get("double_mask_bn", c.memory.double_mask_bn);
   c.memory.recompute_stack_outputs_auto =
       mem.get_or_auto("recompute_stack_outputs", c.memory.recompute_stack_outputs, "true or false");
@@ -194,6 +195,8 @@ void parse_memory(ObjectReader& top, Config& c) {
       mem.fail("memory.layers." + layer, "= \"" + f + "\": unknown stash format (known: " + stash_format_names() + ")");
   require(c.memory.prune_threshold >= 0.f && c.memory.prune_threshold <= 1.f, mem, "prune_threshold",
           c.memory.prune_threshold, "must be in [0, 1]");
+  require(std::isfinite(c.memory.stash_headroom) && c.memory.stash_headroom <= 10, mem, "stash_headroom",
+          c.memory.stash_headroom, "must be a fraction <= 10 (0.02 = 2 % more room than the most kept; < 0 = worst case)");
   require(c.memory.checkpoint_every >= 0, mem, "checkpoint_every", c.memory.checkpoint_every,
           "must be >= 0 (0 = no recomputation, m = keep one layer in m)");
   require(c.memory.budget_mb >= 0 && std::isfinite(c.memory.budget_mb), mem, "budget_mb", c.memory.budget_mb,

@@ -69,6 +69,16 @@ float Executor::loss() const {
   return l;
 }
 
+bool Executor::fit_stash_room() {
+  if (stash_.overflowed() >= 0) {
+    stash_.fit(stash_options_.room_headroom);
+    ++room_grown_;
+    return true;
+  }
+  if (stash_.wants_fit()) stash_.fit(stash_options_.room_headroom);
+  return false;
+}
+
 void Executor::forward(int64_t batch, bool training) {
   ET_CHECK(batch > 0 && batch <= graph_.batch_size(), "batch ", batch, " outside 1..", graph_.batch_size());
   batch_ = batch;

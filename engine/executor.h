@@ -37,6 +37,9 @@ struct StashOptions {
   // itself (Op::recompute_output) are not kept; their readers' backward gets them recomputed.
   // Not with recompute segments (checkpoint_every), which already choose what is kept.
   bool recompute_stack_outputs = false;
+  // memory.stash_headroom: in the stash's fixed layout (a GPU's, memory/stash.h), each bitmap entry's
+  // room over the most it has kept, as a fraction; negative: every entry keeps its worst case.
+  double room_headroom = 0.02;
 };
 
 // The operand buffers a quantized conv / linear node gets in the plan (executor_quant.cpp):
@@ -127,6 +130,9 @@ class Executor {
   void set_observer(NodeObserver* o) { observer_ = o; }
   // The training step number (error messages of the quantizers name it).
   void set_step(int64_t step) { step_ = step; }
+  // The training steps that follow run a step again on the same batch (the stash's room grew,
+  // memory/stash.h): their forward leaves the BN running statistics as the first run left them.
+  void set_repeating(bool on) { repeating_ = on; }
   int64_t step() const { return step_; }
   // Per node: what it does in 4 bits (docs/quant.md); all off without a quant config.
   const LayerQuant& layer_quant(int node) const { return quant_[size_t(node)]; }
@@ -134,6 +140,12 @@ class Executor {
   const ActivationPeak& activation_peak() const { return peak_; }
   size_t arena_resident_bytes() const { return arena_.resident_bytes(); }  // of memory().total
   Stash& stash() { return stash_; }
+  // After a training step's backward (or a throw in it), before its update, outside the next step:
+  // the stash's room in its fixed layout (memory/stash.h). Returns true when the step kept more of
+  // a value than its room: the room has grown, and the step must run again on the same batch
+  // (set_repeating) before its update. Else fits the room to the step the first time.
+  bool fit_stash_room();
+  int stash_room_grown() const { return room_grown_; }  // steps run again so far
   const Stash& stash() const { return stash_; }
   // Whether the readers of this value compute it in forward too (no buffer: plan_forward_by_readers).
   bool computed_by_readers(int value) const { return by_readers_[size_t(value)] != 0; }
@@ -217,7 +229,8 @@ class Executor {
   // tensor of dtype AffineRelu over affine_sources_, which the producer's forward fills.
   std::vector<uint8_t> by_readers_;
   std::vector<int> swapped_;                              // values whose data_ view is swapped
-  bool recomputing_ = false;
+  bool recomputing_ = false, repeating_ = false;
+  int room_grown_ = 0;
   double rec_s_ = 0, quant_s_ = 0;
   NodeObserver* observer_ = nullptr;
   // 4-bit training: the resolved per-node modes, and per quantized node its planned operand buffers
@@ -278,6 +291,9 @@ class OpContext {
   // True while a segment's forward runs again for its backward (checkpoint_every): results must be
   // identical to the first forward and side effects (BN running statistics) must not repeat.
   bool recomputing() const { return ex_.recomputing_; }
+  // The BN running statistics were updated by an earlier forward of this step's batch (recomputing,
+  // or the step running again: Executor::set_repeating): they must not be updated again.
+  bool statistics_updated() const { return ex_.recomputing_ || ex_.repeating_; }
   int64_t batch() const { return ex_.batch_; }
   // Per-step, per-node seed for stochastic ops (dropout).
   uint64_t seed() const;

@@ -59,6 +59,8 @@ std::string StepReplay::unsupported(const Executor& ex) {
 bool StepReplay::try_step(int64_t batch) {
   if (!why_not_.empty() || batch != ex_.graph().batch_size() || steps_++ < warmup_) return false;
   Backend& be = ex_.backend();
+  // The stash's room grew or was fitted (Stash::fit): its entries moved, so record again.
+  if (recorded_ && recorded_layout_ != ex_.stash().layout_generation()) recorded_ = false;
   if (!recorded_) {
     ex_.stash().settle();  // the last step's counts (fixed layout): no read back while recording
     be.begin_capture();
@@ -80,6 +82,7 @@ bool StepReplay::try_step(int64_t batch) {
     }
     ex_.stash().recorded();
     recorded_ = true;
+    recorded_layout_ = ex_.stash().layout_generation();
   }
   ex_.stash().settle();  // the last run's counts (fixed layout), before this run overwrites them
   be.replay();

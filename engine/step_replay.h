@@ -11,7 +11,9 @@
 //     bitmap_fp32 / fp16 where the stash has the fixed layout (memory/stash.h: a GPU's); not auto,
 //     which chooses its encoding by a count read back;
 //   - no 4-bit layers (per-step scales, read back).
-// Recomputation is recorded with the rest: its bookkeeping is the same every step.
+// Recomputation is recorded with the rest: its bookkeeping is the same every step. When the
+// stash's fixed layout moves its entries (Stash::fit: its room fitted or grown), the next step is
+// recorded again.
 // The learning rate is not in the record: the optimizer step runs after the replay, so the
 // divergence guard checks the loss and gradients before any parameter changes, as without it.
 #pragma once
@@ -48,6 +50,7 @@ class StepReplay {
   int warmup_;
   int64_t steps_ = 0;
   bool recorded_ = false;
+  int64_t recorded_layout_ = -1;  // the stash's layout_generation() when recorded
   std::string why_not_;
 };
 

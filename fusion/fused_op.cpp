@@ -100,7 +100,7 @@ class FusedStackOp final : public Op {
 
   void forward(OpContext& ctx) override {
     FusedTensors t = tensors(ctx);
-    if (ctx.training() && ctx.recomputing())  // updated once
+    if (ctx.training() && ctx.statistics_updated())  // updated once
       t.running_mean = t.running_var = t.side_running_mean = t.side_running_var = Tensor{};
     // The sums pass from producer to reader in the first training forward only (Value::forward_only).
     if (ctx.training() && !ctx.recomputing()) {

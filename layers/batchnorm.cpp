@@ -50,7 +50,7 @@ class BatchNormOp final : public Op {
     Tensor y = ctx.output();
     Tensor rm = ctx.input(3), rv = ctx.input(4);
     if (ctx.training() && !frozen_) {
-      if (ctx.recomputing()) rm = rv = Tensor{};  // the statistics were updated by the first forward
+      if (ctx.statistics_updated()) rm = rv = Tensor{};  // by the first forward of this batch
       Tensor mean = ctx.aux(0), invstd = ctx.aux(1);
       ctx.backend().batchnorm_forward_train(ctx.input(0), ctx.input(1), ctx.input(2), rm, rv, momentum_, eps_, y, mean,
                                             invstd);

@@ -80,6 +80,21 @@ void Arena::reserve(size_t bytes, const std::string& what, DeviceMemory& memory,
   size_ = size;
 }
 
+void Arena::reallocate(size_t bytes, const std::string& what) {
+  ET_CHECK(base_ != nullptr, "reallocate of an arena never reserved");
+  DeviceMemory& memory = *memory_;
+  memory.deallocate(base_, size_);
+  base_ = nullptr;
+  size_ = 0;
+  reserve(bytes, what, memory);
+}
+
+size_t Arena::rounded(size_t bytes) const {
+  ET_CHECK(memory_ != nullptr, "rounded() of an arena never reserved");
+  const size_t g = memory_->granularity();
+  return std::max<size_t>(1, (bytes + g - 1) / g) * g;
+}
+
 void* Arena::at(size_t offset) const {
   ET_CHECK(offset <= size_, "arena offset ", offset, " beyond ", size_);
   return base_ + offset;

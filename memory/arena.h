@@ -22,6 +22,11 @@ class Arena {
   // arena whose pages are all touched and kept (the executor's, without memory.release_pages).
   void reserve(size_t bytes, const std::string& what, DeviceMemory& memory = host_memory(),
                bool large_pages = false);
+  // Frees the allocation and takes one of `bytes` from the same memory (contents not kept; the
+  // old one goes first, so the two are never held at once). Throws UserError as reserve().
+  void reallocate(size_t bytes, const std::string& what);
+  // `bytes` as reserve() would round it (a reserved arena's memory).
+  size_t rounded(size_t bytes) const;
   void* at(size_t offset) const;
   size_t size() const { return size_; }
   Device device() const { return memory_ ? memory_->device() : Device::CPU; }

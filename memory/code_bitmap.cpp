@@ -282,7 +282,7 @@ const Impl& fast_impl() {
 }
 
 size_t encoded_bytes(int64_t n, int64_t kept) {
-  return size_t(bitmap::num_words(n)) * 8 + size_t(num_blocks(n)) * 8 + size_t(kept + num_blocks(n) + 1) / 2;
+  return size_t(bitmap::num_words(n)) * 8 + size_t(num_blocks(n)) * 8 + size_t(nibble_bytes(n, kept));
 }
 
 int64_t encode(const float* x, const int8_t* codes, int64_t n, float prune_threshold, void* out) {

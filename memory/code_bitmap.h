@@ -25,6 +25,8 @@ constexpr int64_t num_blocks(int64_t n) { return (n + kBlock - 1) / kBlock; }
 
 // The most an encoding of n elements with `kept` of them kept takes, bitmap included.
 size_t encoded_bytes(int64_t n, int64_t kept);
+// The most its nibbles take (every block starts on a byte).
+constexpr int64_t nibble_bytes(int64_t n, int64_t kept) { return (kept + num_blocks(n) + 1) / 2; }
 
 // Encodes n elements: the bitmap of x (memory/bitmap.h keep rule with `prune_threshold`), the
 // directory, and the codes (one per byte) of the kept elements. `out` has encoded_bytes(n, n)

@@ -34,6 +34,11 @@ void Stash::configure(std::vector<SavedValue> saved, int num_values, float prune
   fixed_layout_ = codec.defers_counts();
   log_.clear();
   unsettled_ = false;
+  room_.assign(saved_.size(), -1);
+  most_kept_.assign(saved_.size(), -1);
+  overflow_value_ = -1;
+  wants_fit_ = true;
+  ++generation_;
   if (fixed_layout_ && !saved_.empty()) {
     slots_.reserve(saved_.size() * sizeof(int64_t), "the stash's counts", memory);
     host_counts_.assign(saved_.size(), 0);
@@ -45,6 +50,18 @@ void Stash::configure(std::vector<SavedValue> saved, int num_values, float prune
 size_t Stash::worst_case_bytes(const SavedValue& s, int64_t n) const {
   if (s.recomputed) return 0;  // nothing in the region
   size_t bytes = Arena::align_up(stash_worst_case_bytes(s.format, n, s.full));
+  if (mask_apart(s)) bytes += Arena::align_up(size_t(bitmap::num_words(n)) * 8);
+  return bytes;
+}
+
+int64_t Stash::room_of(const SavedValue& s, int64_t n) const {
+  const int64_t room = room_[size_t(&s - saved_.data())];
+  return room < 0 ? n : std::min(room, n);
+}
+
+size_t Stash::slot_bytes(const SavedValue& s, int64_t n) const {
+  if (s.recomputed) return 0;
+  size_t bytes = Arena::align_up(stash_room_bytes(s.format, n, s.full, room_of(s, n)));
   if (mask_apart(s)) bytes += Arena::align_up(size_t(bitmap::num_words(n)) * 8);
   return bytes;
 }
@@ -71,6 +88,8 @@ bool Stash::stores_codes(int value_id) const {
 
 void Stash::clear() {
   settle();
+  ET_CHECK(overflow_value_ < 0, "the stash's last step kept more of value ", overflow_value_,
+           " than its room, and no fit() followed: its backward read values that were not stored");
   log_.clear();
   for (int id : stack_) entries_[size_t(id)] = Entry{};
   stack_.clear();
@@ -87,7 +106,9 @@ MaskOut Stash::mask_target(int value_id, int64_t numel) const {
   m.prune_threshold = s.full && !mask_apart(s) ? prune_threshold_ : 0.f;
   // The values follow the bitmap (push's layout) unless an exact mask goes first (mask_apart).
   const StashEncoding enc = s.full ? stash_format_info(s.format).full : stash_format_info(s.format).mask;
-  if ((enc == StashEncoding::BitmapF32 || enc == StashEncoding::BitmapF16) && !mask_apart(s)) {
+  // (Not where the room is less than n: the codec's pack_values keeps within it.)
+  if ((enc == StashEncoding::BitmapF32 || enc == StashEncoding::BitmapF16) && !mask_apart(s) &&
+      room_of(s, numel) >= numel) {
     m.values = m.bits + bitmap::num_words(numel);
     m.values_f16 = enc == StashEncoding::BitmapF16;
   }
@@ -108,6 +129,9 @@ void Stash::push(int value_id, const Tensor& t, const MaskOut& written, const Te
   StashRecord& rec = records_[size_t(value_id)];
   int64_t* const slot = count_slot(value_id);  // fixed layout: where deferred counts go
   bool in_slot = false;                       // this push's count is there
+  const int64_t room = fixed_layout_ ? room_of(s, n) : n;  // kept elements the entry has room for
+  bool sized = false;                          // its size follows its count
+  int64_t room_kept = -1;                      // ... which is this, or in the slot
   e.view = t;
   e.offset = e.encoding_offset = top_;
   e.decoded = false;
@@ -144,8 +168,9 @@ void Stash::push(int value_id, const Tensor& t, const MaskOut& written, const Te
       ET_CHECK(codes.numel() == n && (codes.dtype == DType::I4 || codes.dtype == DType::U4) && !bits_written,
                "value ", value_id, " (bitmap_int4) pushed without its codes");
       enc = codes.dtype == DType::U4 ? StashEncoding::BitmapU4 : StashEncoding::BitmapI4;
-      e.nonzero = codec_->encode_codes(x, codes.codes(), n, prune_threshold_, dst, slot);
+      e.nonzero = codec_->encode_codes(x, codes.codes(), n, prune_threshold_, dst, room, slot);
       in_slot = e.nonzero < 0;
+      sized = true, room_kept = e.nonzero;
       e.scale = codes.scale;
     } else if (enc == StashEncoding::F16 || enc == StashEncoding::BF16) {
       const bool bf = enc == StashEncoding::BF16;
@@ -163,22 +188,24 @@ void Stash::push(int value_id, const Tensor& t, const MaskOut& written, const Te
         e.exact_mask = false;
         e.encoding_offset = top_;
         dst = at(top_);
-        codec_->copy(dst, x, size_t(n) * 4);
+        if (bits_kept <= room) codec_->copy(dst, x, size_t(n) * 4);  // else no room: overflowed() says
         e.nonzero = n;
+        sized = true, room_kept = bits_kept;
       } else {
         uint64_t* bits = static_cast<uint64_t*>(dst);
         void* values = bits + bitmap::num_words(n);
         if (bits_written) {  // the producer wrote the bitmap (Backend MaskOut), maybe the values
           ET_CHECK(!written.values_written || (written.values == values && written.values_f16 == f16),
                    "value ", value_id, ": values packed elsewhere");
-          if (!written.values_written) codec_->pack_values(x, bits, n, values, f16);
+          if (!written.values_written) codec_->pack_values(x, bits, n, values, f16, room);
           rec.packed_by_producer = written.values_written;
           e.nonzero = bits_kept;
           in_slot = bits_kept < 0;  // (auto counted above)
         } else {
-          e.nonzero = codec_->pack(x, n, prune_threshold_, bits, values, f16, slot);
+          e.nonzero = codec_->pack(x, n, prune_threshold_, bits, values, f16, room, slot);
           in_slot = e.nonzero < 0;
         }
+        sized = true, room_kept = e.nonzero;
       }
     }
     e.bytes = in_slot ? 0 : mask_bytes + stash_encoding_bytes(enc, n, e.nonzero);  // in a slot: settle()
@@ -189,7 +216,7 @@ void Stash::push(int value_id, const Tensor& t, const MaskOut& written, const Te
     }
   }
   if (enc != StashEncoding::ZeroCopy) {
-    e.slot_bytes = fixed_layout_ ? worst_case_bytes(s, n) : Arena::align_up(e.bytes);
+    e.slot_bytes = fixed_layout_ ? slot_bytes(s, n) : Arena::align_up(e.bytes);
     top_ += e.slot_bytes;
     ET_CHECK(top_ <= region_.size(), "stash region overflow at value ", value_id);
   }
@@ -213,6 +240,9 @@ void Stash::push(int value_id, const Tensor& t, const MaskOut& written, const Te
   ev.numel = n;
   ev.nonzero = e.nonzero;
   ev.extra_bytes = enc == StashEncoding::ZeroCopy ? e.bytes : mask_bytes;
+  ev.sized = sized;
+  ev.room = sized && room < n ? room : -1;
+  ev.room_kept = room_kept;
   log_.push_back(ev);
   unsettled_ = true;
 }

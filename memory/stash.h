@@ -23,7 +23,14 @@
 // recorded step (engine/step_replay.h) may hold bitmap formats. The counts stay in the codec's
 // memory, one slot per saved value, until settle() reads them all back at once and replays the
 // step's pushes and pops (log_) with the bytes each would have taken packed: records and peaks
-// are the numbers the compact layout gives (the CPU's). The region is its worst case either way.
+// are the numbers the compact layout gives (the CPU's).
+// Room: a GPU allocates the whole region (no page is left untouched), so the fixed layout sizes it
+// from what the entries took. Until fit(), each entry takes its worst case; fit() gives each entry
+// whose size follows its count (bitmap values, INT4 codes) room for the most it has kept so far
+// plus a headroom, and reallocates the region to the peak the last step reaches with those rooms.
+// The codec writes no more than an entry's room; a push that kept more shows when its count is
+// settled (overflowed()): that step's backward read values that were not there, so the caller
+// runs it again after fit() made more room (the trainer: engine/train/trainer.cpp).
 #pragma once
 #include <functional>
 #include <string>
@@ -78,6 +85,19 @@ class Stash {
   void configure(std::vector<SavedValue> saved, int num_values, float prune_threshold, bool release_pages = false,
                  DeviceMemory& memory = host_memory(), StashCodec& codec = host_stash_codec());
 
+  // The fixed layout's room (above), after a step and outside the next one: each entry's room is the
+  // most it kept in any step so far, plus `headroom` of it (and kRoomPad), never less than before;
+  // the region becomes the peak the last step's pushes and pops reach with them (its worst case
+  // after a step that stopped part way). Returns whether entries moved (layout_generation()
+  // changed). Nothing in the compact layout, or with a negative headroom.
+  bool fit(double headroom);
+  // No fit() yet, or the last one followed a step that stopped part way.
+  bool wants_fit() const { return fixed_layout_ && wants_fit_; }
+  static constexpr int64_t kRoomPad = 256;  // elements: small values' counts vary most
+  // A push of the last step kept more than its room (settles): value_id, else -1.
+  int overflowed() const;
+  // Changes whenever fit() moves entries: a recorded step (engine/step_replay.h) holds the old places.
+  int64_t layout_generation() const { return generation_; }
   void clear();  // drops everything (a new training forward); settles the last step first
   // `written`: what the producer wrote at mask_target(value_id) (MaskOut::kept >= 0: the bitmap of t
   // at this stash's prune threshold, with that many set bits; values_written: the values too), so
@@ -168,6 +188,10 @@ class Stash {
   bool mask_apart(const SavedValue& s) const;
   // The most a save of n elements takes in the region, with its exact mask apart.
   size_t worst_case_bytes(const SavedValue& s, int64_t n) const;
+  // What it takes in the fixed layout: its worst case, or with at most room_of(..) kept.
+  size_t slot_bytes(const SavedValue& s, int64_t n) const;
+  // The kept elements an entry of n elements has room for (n: no limit).
+  int64_t room_of(const SavedValue& s, int64_t n) const;
   int64_t* count_slot(int value_id) const;
   void* at(size_t offset) const { return region_.at(offset); }
 
@@ -186,12 +210,16 @@ class Stash {
   // The fixed layout's state (stash_settle.cpp). A push's count is known (`nonzero`) or in the
   // value's slot (`in_slot`); `extra_bytes`: the exact mask before the encoding, or a zero-copy
   // value's bytes.
+  // `room`: the kept elements the entry had room for (-1: its worst case); `room_kept`: what it kept
+  // of them when known (auto counts the bitmap's even when it copies), else in the slot.
   struct LogEvent {
     int value = -1;
     bool push = false, in_slot = false;
     StashEncoding stored = StashEncoding::None;
     int64_t numel = 0, nonzero = -1;
     size_t extra_bytes = 0;
+    bool sized = false;  // its size follows its count (bitmap values, codes)
+    int64_t room = -1, room_kept = -1;
   };
   struct Packed {  // an entry of the compact layout settle() replays
     int value;
@@ -205,6 +233,11 @@ class Stash {
   mutable std::vector<Packed> packed_;
   mutable size_t logical_live_ = 0;
   mutable bool unsettled_ = false;
+  std::vector<int64_t> room_;               // per saved value (saved_ order): -1 worst case
+  mutable std::vector<int64_t> most_kept_;  // the most each has kept since configure (-1: not sized)
+  mutable int overflow_value_ = -1;         // the last settled step's first push past its room
+  int64_t generation_ = 0;
+  bool wants_fit_ = true;
   bool timing_ = false, release_pages_ = false, count_zero_copy_ = false;
   double pack_s_ = 0, unpack_s_ = 0;
 };

@@ -21,18 +21,30 @@ class HostStashCodec final : public StashCodec {
   int64_t make_bits(const float* x, int64_t n, float prune_threshold, uint64_t* bits, int64_t*) override {
     return bitmap::make_bits(x, n, prune_threshold, bits);
   }
-  void pack_values(const float* x, const uint64_t* bits, int64_t n, void* values, bool f16) override {
+  // With less room than n (the fixed layout; never the host's own compact one), a count first:
+  // more kept than the room writes no values at all.
+  void pack_values(const float* x, const uint64_t* bits, int64_t n, void* values, bool f16,
+                   int64_t capacity) override {
+    if (capacity < n && bitmap::popcount(bits, n) > capacity) return;
     bitmap::pack_values(x, bits, n, values, value_type(f16));
   }
   int64_t pack(const float* x, int64_t n, float prune_threshold, uint64_t* bits, void* values, bool f16,
-               int64_t*) override {
+               int64_t capacity, int64_t*) override {
+    if (capacity < n) {
+      const int64_t kept = bitmap::make_bits(x, n, prune_threshold, bits);
+      if (kept > capacity) return kept;
+    }
     return bitmap::pack(x, n, prune_threshold, bits, values, value_type(f16));
   }
   void unpack(const uint64_t* bits, const void* values, int64_t n, bool f16, float* y) override {
     bitmap::unpack(bits, values, n, value_type(f16), y);
   }
   int64_t encode_codes(const float* x, const int8_t* codes, int64_t n, float prune_threshold, void* out,
-                       int64_t*) override {
+                       int64_t capacity, int64_t*) override {
+    if (capacity < n) {
+      const int64_t kept = bitmap::count_nonzero(x, n, prune_threshold);
+      if (kept > capacity) return kept;
+    }
     return code_bitmap::encode(x, codes, n, prune_threshold, out);
   }
   void decode_codes(const void* data, int64_t n, bool is_signed, int8_t* out) override {

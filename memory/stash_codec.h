@@ -10,6 +10,12 @@
 // cost a wait for the device (defers_counts(): a GPU) stores it at `count_out` instead, when given
 // (an int64 of the codec's memory), and returns -1; read_back fetches such counts later, many at
 // once (the Stash's fixed layout, memory/stash.h). Other codecs ignore count_out.
+//
+// Room: pack, pack_values and encode_codes write the kept elements' values or codes only where an
+// encoding of `capacity` kept elements would (stash_encoding_bytes(.., n, capacity)): the fixed
+// layout sizes each entry from the counts of earlier steps. When more are kept, what they write
+// there is unspecified, nothing lands beyond it, and the count is still the whole count, so the
+// stash sees the overflow (and the step runs again with more room). capacity >= n: no limit.
 #pragma once
 #include <cstddef>
 #include <cstdint>
@@ -25,10 +31,11 @@ class StashCodec {
   // bits[num_words(n)] = the kept-element bitmap; returns its population (bitmap::make_bits).
   virtual int64_t make_bits(const float* x, int64_t n, float prune_threshold, uint64_t* bits, int64_t* count_out) = 0;
   // values[] = the elements `bits` keeps, in order, f32 or f16 (bitmap::pack_values).
-  virtual void pack_values(const float* x, const uint64_t* bits, int64_t n, void* values, bool f16) = 0;
+  virtual void pack_values(const float* x, const uint64_t* bits, int64_t n, void* values, bool f16,
+                           int64_t capacity) = 0;
   // make_bits and pack_values in one pass; returns the kept count (bitmap::pack).
   virtual int64_t pack(const float* x, int64_t n, float prune_threshold, uint64_t* bits, void* values, bool f16,
-                       int64_t* count_out) = 0;
+                       int64_t capacity, int64_t* count_out) = 0;
   // y[n] = the dense tensor `bits` / `values` encode, zeros elsewhere (bitmap::unpack).
   virtual void unpack(const uint64_t* bits, const void* values, int64_t n, bool f16, float* y) = 0;
   // Whether encode_codes runs on this backend (memory.stash = bitmap_int4; auto then keeps a
@@ -36,7 +43,7 @@ class StashCodec {
   virtual bool encodes_codes() const { return true; }
   // The bitmap_int4 encoding of x's codes (code_bitmap::encode); returns the kept count.
   virtual int64_t encode_codes(const float* x, const int8_t* codes, int64_t n, float prune_threshold, void* out,
-                               int64_t* count_out) = 0;
+                               int64_t capacity, int64_t* count_out) = 0;
   // out[n] = the codes of a bitmap_int4 encoding of n elements, one per byte, 0 where the bitmap
   // has no bit (code_bitmap::decode); is_signed: I4 codes (else U4). A GPU's integer kernels read
   // the stored codes so; the CPU's decode a few rows at a time (memory/stored_codes.h).

@@ -90,4 +90,13 @@ size_t stash_worst_case_bytes(StashFormat f, int64_t n, bool full) {
   return std::max(stash_encoding_bytes(info.full, n, n), stash_encoding_bytes(info.full_alt, n, n));
 }
 
+size_t stash_room_bytes(StashFormat f, int64_t n, bool full, int64_t room) {
+  const StashFormatInfo& info = stash_format_info(f);
+  // Dense encodings and masks take the same whatever is kept.
+  if (room >= n || !full || !stash_encoding_info(info.full).bitmap) return stash_worst_case_bytes(f, n, full);
+  const size_t kept = stash_encoding_bytes(info.full, n, room);
+  if (info.full_alt == info.full || stash_encoding_info(info.full_alt).codes) return kept;
+  return std::min(kept, stash_encoding_bytes(info.full_alt, n, n));  // auto: a denser value is copied
+}
+
 }  // namespace et

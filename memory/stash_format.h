@@ -71,5 +71,9 @@ DTypeSet stash_mask_dtypes();
 bool stash_format_has_bitmap(StashFormat f, bool full);
 // The most a save of n elements in format f takes in the stash region (every value kept).
 size_t stash_worst_case_bytes(StashFormat f, int64_t n, bool full);
+// The same when at most `room` elements are kept (room >= n: the worst case), for the formats whose
+// size follows the count (bitmaps with values or codes; others take their worst case). auto then
+// takes its bitmap with `room` values, or its copy where that is smaller.
+size_t stash_room_bytes(StashFormat f, int64_t n, bool full, int64_t room);
 
 }  // namespace et

@@ -1,6 +1,7 @@
 // The stash's fixed layout (memory/stash.h): the counts a step left in the codec's memory, read
-// back at once and accounted as the compact layout would have placed them.
+// back at once and accounted as the compact layout would have placed them; the entries' room.
 #include <algorithm>
+#include <cmath>
 
 #include "memory/stash.h"
 
@@ -16,6 +17,12 @@ void Stash::settle() const {
   size_t top = 0, zero_copy = 0;
   packed_.clear();
   for (const LogEvent& ev : log_) {
+    if (ev.push && ev.sized) {  // the entry's room against what it kept
+      const size_t i = size_t(index_[size_t(ev.value)]);
+      const int64_t kept = ev.in_slot && ev.room_kept < 0 ? host_counts_[i] : ev.room_kept;
+      most_kept_[i] = std::max(most_kept_[i], kept);
+      if (ev.room >= 0 && kept > ev.room && overflow_value_ < 0) overflow_value_ = ev.value;
+    }
     if (!ev.push) {
       auto it = std::find_if(packed_.rbegin(), packed_.rend(), [&](const Packed& p) { return p.value == ev.value; });
       ET_CHECK(it != packed_.rend(), "stash log: pop of value ", ev.value, " not pushed");
@@ -47,6 +54,66 @@ void Stash::settle() const {
     peak_ = std::max(peak_, top + zero_copy);
   }
   logical_live_ = top + zero_copy;
+}
+
+}  // namespace et
+
+namespace et {
+
+int Stash::overflowed() const {
+  settle();
+  return overflow_value_;
+}
+
+bool Stash::fit(double headroom) {
+  if (!fixed_layout_ || log_.empty()) return false;
+  if (headroom < 0) return wants_fit_ = false;  // every entry keeps its worst case
+  settle();
+  bool moved = false;
+  for (size_t i = 0; i < saved_.size(); ++i) {
+    if (most_kept_[i] < 0) continue;  // not sized, or never pushed
+    const double want = std::ceil(double(most_kept_[i]) * (1.0 + headroom)) + double(kRoomPad);
+    const int64_t room = want >= double(saved_[i].numel) ? saved_[i].numel : int64_t(want);
+    if (room_[i] < 0 || room > room_[i]) {
+      moved = moved || room_[i] != room;
+      room_[i] = room;
+    }
+  }
+  overflow_value_ = -1;  // the step runs again with the room it lacked
+  // A step that stopped part way (a throw in its backward) logged only some pops: the region goes
+  // back to its worst case, and the next whole step fits it.
+  const bool whole_step = stack_.empty();
+  size_t peak = 0;
+  if (whole_step) {
+    // The last step's pushes and pops (Stash::push / pop's placement) with the new slots.
+    // (packed_, settled above, is free to reuse: no allocation between steps)
+    size_t top = 0;
+    packed_.clear();  // zero-copy values take no room here
+    for (const LogEvent& ev : log_) {
+      if (ev.push) {
+        if (ev.stored == StashEncoding::ZeroCopy) continue;
+        const size_t bytes = slot_bytes(saved_[size_t(index_[size_t(ev.value)])], ev.numel);
+        top += bytes;
+        packed_.push_back({ev.value, top, bytes, false});
+        peak = std::max(peak, top);
+        continue;
+      }
+      auto it = std::find_if(packed_.rbegin(), packed_.rend(), [&](const Packed& p) { return p.value == ev.value; });
+      if (it == packed_.rend()) continue;  // a zero-copy value
+      packed_.erase(std::next(it).base());
+      top = packed_.empty() ? 0 : packed_.back().end;
+    }
+  } else {
+    for (const SavedValue& v : saved_) peak += worst_case_bytes(v, v.numel);
+  }
+  wants_fit_ = !whole_step;
+  if (region_.size() > 0 && region_.rounded(peak) != region_.size()) {  // (none: nothing kept in it)
+    ET_CHECK(stack_.empty() || peak >= region_.size(), "Stash::fit shrinking the region inside a step");
+    region_.reallocate(peak, "the activation stash");
+    moved = true;
+  }
+  if (moved) ++generation_;
+  return moved;
 }
 
 }  // namespace et

@@ -1,6 +1,8 @@
 // A stash codec for tests (memory/stash_codec.h): the host's, counting what the stash asks of it,
-// and with `defer`, leaving its counts at count_out as a GPU's codec does (the stash's fixed layout).
+// and with `defer`, leaving its counts at count_out as a GPU's codec does (the stash's fixed layout);
+// and a CPU backend that defers its counts with it, as the CUDA backend does.
 #pragma once
+#include "backends/cpu/cpu_backend.h"
 #include "memory/stash_codec.h"
 
 namespace et::test {
@@ -18,21 +20,23 @@ class CountingCodec final : public StashCodec {
     ++encodes;
     return counted(host().make_bits(x, n, t, bits, nullptr), count_out);
   }
-  void pack_values(const float* x, const uint64_t* bits, int64_t n, void* v, bool f16) override {
+  void pack_values(const float* x, const uint64_t* bits, int64_t n, void* v, bool f16, int64_t capacity) override {
     ++encodes;
-    host().pack_values(x, bits, n, v, f16);
+    host().pack_values(x, bits, n, v, f16, capacity);
   }
-  int64_t pack(const float* x, int64_t n, float t, uint64_t* bits, void* v, bool f16, int64_t* count_out) override {
+  int64_t pack(const float* x, int64_t n, float t, uint64_t* bits, void* v, bool f16, int64_t capacity,
+               int64_t* count_out) override {
     ++encodes;
-    return counted(host().pack(x, n, t, bits, v, f16, nullptr), count_out);
+    return counted(host().pack(x, n, t, bits, v, f16, capacity, nullptr), count_out);
   }
   void unpack(const uint64_t* bits, const void* v, int64_t n, bool f16, float* y) override {
     ++decodes;
     host().unpack(bits, v, n, f16, y);
   }
-  int64_t encode_codes(const float* x, const int8_t* c, int64_t n, float t, void* out, int64_t* count_out) override {
+  int64_t encode_codes(const float* x, const int8_t* c, int64_t n, float t, void* out, int64_t capacity,
+                       int64_t* count_out) override {
     ++encodes, ++code_encodes;
-    return counted(host().encode_codes(x, c, n, t, out, nullptr), count_out);
+    return counted(host().encode_codes(x, c, n, t, out, capacity, nullptr), count_out);
   }
   void decode_codes(const void* data, int64_t n, bool is_signed, int8_t* out) override {
     ++decodes;
@@ -59,6 +63,25 @@ class CountingCodec final : public StashCodec {
     ++deferred;
     *count_out = count;
     return -1;
+  }
+};
+
+// A backend whose codec and ReLU leave their counts where the stash's fixed layout asks
+// (memory/stash.h), as the CUDA backend does so that no push waits for the device.
+class DeferringCpu final : public CpuBackend {
+ public:
+  CountingCodec codec;
+  int relu_slots = 0;
+  DeferringCpu() { codec.defer = true; }
+  StashCodec& stash_codec() override { return codec; }
+  void relu_forward(const Tensor& x, Tensor& y, MaskOut* mask) override {
+    CpuBackend::relu_forward(x, y, mask);
+    if (mask && mask->kept_slot && mask->kept >= 0) {
+      *mask->kept_slot = mask->kept;
+      mask->kept = -1;
+      mask->kept_in_slot = true;
+      ++relu_slots;
+    }
   }
 };
 

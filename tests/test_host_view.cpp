@@ -160,25 +160,6 @@ TEST_CASE("the stash encodes and decodes through its backend's codec", "[host][s
 
 namespace {
 
-// A backend whose codec and ReLU leave their counts where the stash's fixed layout asks
-// (memory/stash.h), as the CUDA backend does so that no push waits for the device.
-class DeferringCpu final : public CpuBackend {
- public:
-  test::CountingCodec codec;
-  int relu_slots = 0;
-  DeferringCpu() { codec.defer = true; }
-  StashCodec& stash_codec() override { return codec; }
-  void relu_forward(const Tensor& x, Tensor& y, MaskOut* mask) override {
-    CpuBackend::relu_forward(x, y, mask);
-    if (mask && mask->kept_slot && mask->kept >= 0) {
-      *mask->kept_slot = mask->kept;
-      mask->kept = -1;
-      mask->kept_in_slot = true;
-      ++relu_slots;
-    }
-  }
-};
-
 struct StashReport {
   std::vector<std::string> records;  // per saved value: stored as, bytes, non-zeros
   size_t peak = 0;
@@ -220,7 +201,7 @@ TEST_CASE("the stash's fixed layout: counts left in slots, settled after the ste
     const QuantOptions q = c.luq ? test::luq() : QuantOptions{};
     INFO("format " << stash_format_name(c.format) << ", prune " << c.prune << ", checkpoint_every "
                    << c.checkpoint_every << ", luq " << c.luq);
-    Run cpu(make_cpu_backend()), own(std::make_unique<DeferringCpu>());
+    Run cpu(make_cpu_backend()), own(std::make_unique<test::DeferringCpu>());
     train_alongside(cpu, own, so, q);
     CHECK_FALSE(cpu.ex->stash().fixed_layout());
     REQUIRE(own.ex->stash().fixed_layout());
@@ -228,7 +209,7 @@ TEST_CASE("the stash's fixed layout: counts left in slots, settled after the ste
     CHECK(a.records == b.records);
     CHECK(a.peak == b.peak);
     CHECK(a.peak > 0);
-    const DeferringCpu& d = static_cast<DeferringCpu&>(*own.be);
+    const test::DeferringCpu& d = static_cast<test::DeferringCpu&>(*own.be);
     if (c.format != StashFormat::DenseF16) CHECK(d.codec.deferred + d.relu_slots > 0);
     CHECK(d.codec.read_backs > 0);
     // The fixed layout's region top is the worst case: at least the packed peak's region part.

@@ -170,12 +170,14 @@ __device__ __forceinline__ Slot slot_of(const uint32_t* bits32, int64_t words32,
   return s;
 }
 
+// Values past `capacity` (the room the stash gave the entry) are not written: the count tells.
 __global__ void pack_values_kernel(const float* x, const uint32_t* bits32, int64_t words32, int64_t n,
-                                   const unsigned long long* offsets, int64_t chunks, void* values, bool f16) {
+                                   const unsigned long long* offsets, int64_t chunks, void* values, bool f16,
+                                   int64_t capacity) {
   __shared__ unsigned int warp_prefix[kWarps];
   for (int64_t c = blockIdx.x; c < chunks; c += gridDim.x) {
     const Slot s = slot_of(bits32, words32, n, c, offsets, warp_prefix);
-    if (!s.keep) continue;
+    if (!s.keep || int64_t(s.index) >= capacity) continue;
     const float v = x[c * kChunk + threadIdx.x];
     if (f16) static_cast<uint16_t*>(values)[s.index] = to_f16(v);
     else static_cast<float*>(values)[s.index] = v;
@@ -213,11 +215,13 @@ struct CodeLayout {
   uint64_t* bits;
   unsigned long long* directory;  // int64 offsets (non-negative)
   uint8_t* nibbles;
+  int64_t nibble_room;  // bytes `nibbles` may take: what `capacity` kept codes need at most
 };
-CodeLayout code_layout(void* data, int64_t n) {
+CodeLayout code_layout(void* data, int64_t n, int64_t capacity) {
   uint64_t* bits = static_cast<uint64_t*>(data);
   auto* dir = reinterpret_cast<unsigned long long*>(bits + (n + 63) / 64);
-  return CodeLayout{bits, dir, reinterpret_cast<uint8_t*>(dir + code_bitmap::num_blocks(n))};
+  return CodeLayout{bits, dir, reinterpret_cast<uint8_t*>(dir + code_bitmap::num_blocks(n)),
+                    code_bitmap::nibble_bytes(n, capacity < n ? capacity : n)};
 }
 
 // Exclusive prefix of v over the block's 256 threads; *total = the sum. `warp_sums`: 8 ints.
@@ -281,9 +285,11 @@ __global__ void code_pack_kernel(const int8_t* codes, int64_t n, CodeLayout l) {
   for (int j = 0; j < kPerThread; ++j)
     if ((m >> j) & 1u) kept[p++] = uint8_t(codes[first + j]) & 0x0Fu;
   __syncthreads();
-  uint8_t* out = l.nibbles + l.directory[blockIdx.x];
+  const int64_t at = int64_t(l.directory[blockIdx.x]);
+  uint8_t* out = l.nibbles + at;
   for (int b = threadIdx.x; b < (count + 1) / 2; b += kCodeThreads)
-    out[b] = uint8_t(kept[2 * b] | (2 * b + 1 < count ? kept[2 * b + 1] << 4 : 0));
+    if (at + b < l.nibble_room)  // past the entry's room: the count tells the stash
+      out[b] = uint8_t(kept[2 * b] | (2 * b + 1 < count ? kept[2 * b + 1] << 4 : 0));
 }
 
 // out[i] = the code of element i: its nibble (sign-extended for I4 codes) where its bit is set, else 0.
@@ -324,22 +330,23 @@ class CudaStashCodec final : public StashCodec {
   int64_t make_bits(const float* x, int64_t n, float prune_threshold, uint64_t* bits, int64_t* count_out) override {
     return bits_and_counts(x, n, prune_threshold, bits, false, count_out);
   }
-  void pack_values(const float* x, const uint64_t* bits, int64_t n, void* values, bool f16) override {
+  void pack_values(const float* x, const uint64_t* bits, int64_t n, void* values, bool f16,
+                   int64_t capacity) override {
     if (n <= 0) return;
     offsets_from_bits(bits, n);
     const int64_t chunks = num_chunks(n);
-    pack_values_kernel<<<grid_for(chunks), kChunk, 0, stream_>>>(x, reinterpret_cast<const uint32_t*>(bits),
-                                                                 num_words(n) * 2, n, offsets_, chunks, values, f16);
+    pack_values_kernel<<<grid_for(chunks), kChunk, 0, stream_>>>(
+        x, reinterpret_cast<const uint32_t*>(bits), num_words(n) * 2, n, offsets_, chunks, values, f16, capacity);
     check(cudaGetLastError(), "pack_values");
   }
   int64_t pack(const float* x, int64_t n, float prune_threshold, uint64_t* bits, void* values, bool f16,
-               int64_t* count_out) override {
+               int64_t capacity, int64_t* count_out) override {
     if (n <= 0) return zero_count(count_out);
     const int64_t kept = bits_and_counts(x, n, prune_threshold, bits, true, count_out);
     const int64_t chunks = num_chunks(n);
     exclusive_scan_kernel<<<1, kScanThreads, 0, stream_>>>(counts_, chunks, offsets_);
-    pack_values_kernel<<<grid_for(chunks), kChunk, 0, stream_>>>(x, reinterpret_cast<const uint32_t*>(bits),
-                                                                 num_words(n) * 2, n, offsets_, chunks, values, f16);
+    pack_values_kernel<<<grid_for(chunks), kChunk, 0, stream_>>>(
+        x, reinterpret_cast<const uint32_t*>(bits), num_words(n) * 2, n, offsets_, chunks, values, f16, capacity);
     check(cudaGetLastError(), "pack");
     return kept;
   }
@@ -352,12 +359,12 @@ class CudaStashCodec final : public StashCodec {
     check(cudaGetLastError(), "unpack");
   }
   int64_t encode_codes(const float* x, const int8_t* codes, int64_t n, float prune_threshold, void* out,
-                       int64_t* count_out) override {
+                       int64_t capacity, int64_t* count_out) override {
     if (n <= 0) return zero_count(count_out);
     const int64_t blocks = code_bitmap::num_blocks(n);
     ET_CHECK(blocks < (int64_t(1) << 31), "bitmap_int4 of ", n, " elements");
     reserve(blocks);
-    const CodeLayout l = code_layout(out, n);
+    const CodeLayout l = code_layout(out, n, capacity);
     check(cudaMemsetAsync(total_, 0, sizeof(unsigned long long), stream_), "cudaMemsetAsync");
     code_bits_kernel<<<unsigned(blocks), kCodeThreads, 0, stream_>>>(x, n, bitmap::keep_threshold_bits(prune_threshold),
                                                                      l.bits, counts_, total_);
@@ -368,7 +375,7 @@ class CudaStashCodec final : public StashCodec {
   }
   void decode_codes(const void* data, int64_t n, bool is_signed, int8_t* out) override {
     if (n <= 0) return;
-    const CodeLayout l = code_layout(const_cast<void*>(data), n);
+    const CodeLayout l = code_layout(const_cast<void*>(data), n, n);
     code_unpack_kernel<<<unsigned(code_bitmap::num_blocks(n)), kCodeThreads, 0, stream_>>>(l, n, is_signed, out);
     check(cudaGetLastError(), "decode_codes");
   }

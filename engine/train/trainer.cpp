@@ -174,6 +174,7 @@ StashOptions plan_stash_options(const Config& cfg, Graph& g, Backend& backend, B
   }
   StashOptions s = p.options;
   s.release_pages = cfg.memory.release_pages;
+  s.room_headroom = cfg.memory.stash_headroom;
   if (plan) *plan = std::move(p);
   return s;
 }
@@ -182,26 +183,39 @@ bool Trainer::train_step(int64_t batch, float lr, InputFeed* prefetch) {
   Executor& ex = *executor_;
   ex.set_step_seed(mix(cfg_.train.seed, uint64_t(state_.step)));
   ex.set_step(state_.step);
-  bool have_loss = false;
   // The peak USS over the whole step (memory/uss.h): the kernel's high-water mark from here to the
   // end of the update, or, where it cannot be reset, samples after each phase.
   uss_.begin_step();
-  try {
-    // train.cuda_graph: forward and backward replayed together, so the loss is checked after both.
-    const bool replayed = replay_->try_step(batch);
-    if (!replayed) ex.forward(batch, true);
-    if (prefetch) prefetch->prefetch();  // before the loss's readback waits for the forward
-    uss_.phase();
-    have_loss = true;
-    // Checked before the backward, so the parameters are still the step's and the guard can run
-    // it again to find where the first non-finite value appeared.
-    if (const DivergenceCause c = check_loss(ex.loss(), cfg_.train.divergence_loss); c != DivergenceCause::None)
-      return diverged(c, batch, nullptr, true, lr);
-    if (!replayed) ex.backward();
-    uss_.phase();
-  } catch (const NonFiniteError& e) {  // a quantizer's input, weight or output gradient
-    return diverged(DivergenceCause::NonFiniteValue, batch, &e, have_loss, lr);
+  // A step that kept more of a value than the stash had room for (its fixed layout, a GPU's:
+  // memory/stash.h) runs again on the same batch, with more room, before its update; that run
+  // leaves the BN running statistics as the first one left them.
+  for (bool again = false;; again = true) {
+    ex.set_repeating(again);
+    bool have_loss = false;
+    try {
+      // train.cuda_graph: forward and backward replayed together, so the loss is checked after both.
+      const bool replayed = !again && replay_->try_step(batch);
+      if (!replayed) ex.forward(batch, true);
+      if (prefetch && !again) prefetch->prefetch();  // before the loss's readback waits for the forward
+      uss_.phase();
+      have_loss = true;
+      // Checked before the backward, so the parameters are still the step's and the guard can run
+      // it again to find where the first non-finite value appeared.
+      if (const DivergenceCause c = check_loss(ex.loss(), cfg_.train.divergence_loss); c != DivergenceCause::None) {
+        ex.fit_stash_room();  // (the forward reads nothing back from the stash)
+        ex.set_repeating(false);
+        return diverged(c, batch, nullptr, true, lr);
+      }
+      if (!replayed) ex.backward();
+      uss_.phase();
+    } catch (const NonFiniteError& e) {  // a quantizer's input, weight or output gradient
+      if (ex.fit_stash_room()) continue;  // maybe from values the stash had no room for
+      ex.set_repeating(false);
+      return diverged(DivergenceCause::NonFiniteValue, batch, &e, have_loss, lr);
+    }
+    if (!ex.fit_stash_room()) break;
   }
+  ex.set_repeating(false);
   // Gradients before the update, so the parameters stay the step's; then the update's own check.
   if (!gradients_finite(ex)) return diverged(DivergenceCause::NonFiniteGradient, batch, nullptr, true, lr);
   if (!sgd_update(ex, sgd_options(cfg_.train), lr, state_.step == 0))
@@ -223,6 +237,7 @@ StashOptions Trainer::stash_options(bool fnt) const {
   if (plan.budget_mb > 0) {
     stash = plan.options;
     stash.release_pages = cfg_.memory.release_pages;
+    stash.room_headroom = cfg_.memory.stash_headroom;
   }
   // A layer raised to FP32 saves its input in f32, so no INT4 codes of it: bitmap_int4 there
   // becomes bitmap_fp32 (exact as well).

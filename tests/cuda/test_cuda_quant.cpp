@@ -228,9 +228,9 @@ TEST_CASE("cuda: the integer conv passes read bitmap_int4's stored codes as the 
     Mirror enc(cap);
     const int64_t hk = host_stash_codec().encode_codes(reinterpret_cast<const float*>(x->host.data()),
                                                        reinterpret_cast<const int8_t*>(xc->host.data()), nx, 0.f,
-                                                       enc.host.data(), nullptr);
+                                                       enc.host.data(), nx, nullptr);
     CHECK(b.dev->stash_codec().encode_codes(static_cast<const float*>(x->dptr), static_cast<const int8_t*>(xc->dptr),
-                                            nx, 0.f, enc.dptr, nullptr) == hk);
+                                            nx, 0.f, enc.dptr, nx, nullptr) == hk);
     size_t hb = 0, db_bytes = 0;
     for (ConvPass p : {ConvPass::Forward, ConvPass::BackwardWeight}) {
       hb = std::max(hb, b.cpu->conv2d_q_workspace_bytes(g, p));

@@ -79,10 +79,10 @@ TEST_CASE("cuda: the stash codec writes the host codec's bytes", "[cuda][stash]"
         const size_t vb = f16 ? 2 : 4;
         std::vector<uint64_t> hbits(words);
         std::vector<unsigned char> hvals(size_t(n) * vb);
-        const int64_t hk = host.pack(x.data(), n, t, hbits.data(), hvals.data(), f16, nullptr);
+        const int64_t hk = host.pack(x.data(), n, t, hbits.data(), hvals.data(), f16, n, nullptr);
         CHECK(dev->count_nonzero(static_cast<const float*>(dx.p), n, t) == hk);
         DeviceBuffer dbits(words * 8), dvals(size_t(n) * vb);
-        CHECK(dev->pack(static_cast<const float*>(dx.p), n, t, static_cast<uint64_t*>(dbits.p), dvals.p, f16, nullptr) ==
+        CHECK(dev->pack(static_cast<const float*>(dx.p), n, t, static_cast<uint64_t*>(dbits.p), dvals.p, f16, n, nullptr) ==
               hk);
         CHECK(dbits.read<uint64_t>(words) == hbits);
         const std::vector<unsigned char> dv = dvals.read<unsigned char>(size_t(hk) * vb);
@@ -94,7 +94,7 @@ TEST_CASE("cuda: the stash codec writes the host codec's bytes", "[cuda][stash]"
         CHECK(dev->make_bits(static_cast<const float*>(dx.p), n, t, static_cast<uint64_t*>(dbits2.p),
                              static_cast<int64_t*>(dcount.p)) == -1);
         CHECK(dcount.read<int64_t>(1)[0] == hk);
-        dev->pack_values(static_cast<const float*>(dx.p), static_cast<const uint64_t*>(dbits2.p), n, dvals2.p, f16);
+        dev->pack_values(static_cast<const float*>(dx.p), static_cast<const uint64_t*>(dbits2.p), n, dvals2.p, f16, n);
         CHECK(dbits2.read<uint64_t>(words) == hbits);
         const std::vector<unsigned char> dv2 = dvals2.read<unsigned char>(size_t(hk) * vb);
         CHECK(std::memcmp(dv2.data(), hvals.data(), size_t(hk) * vb) == 0);
@@ -148,10 +148,10 @@ TEST_CASE("cuda: the bitmap_int4 encoding is the host's, byte for byte, and deco
         INFO("n " << n << ", signed " << is_signed << ", threshold " << t);
         const size_t cap = code_bitmap::encoded_bytes(n, n);
         std::vector<uint8_t> he(cap, 0);
-        const int64_t hk = host.encode_codes(x.data(), codes.data(), n, t, he.data(), nullptr);
+        const int64_t hk = host.encode_codes(x.data(), codes.data(), n, t, he.data(), n, nullptr);
         DeviceBuffer de(cap);
         DeviceBuffer dcount(8);
-        CHECK(dev->encode_codes(static_cast<const float*>(dx.p), static_cast<const int8_t*>(dcodes.p), n, t, de.p,
+        CHECK(dev->encode_codes(static_cast<const float*>(dx.p), static_cast<const int8_t*>(dcodes.p), n, t, de.p, n,
                                 static_cast<int64_t*>(dcount.p)) == -1);
         CHECK(dcount.read<int64_t>(1)[0] == hk);
         // The bytes written: bits, directory, and each block's nibbles up to the last block's end.
@@ -177,6 +177,55 @@ TEST_CASE("cuda: the bitmap_int4 encoding is the host's, byte for byte, and deco
         }
         CHECK(differ == 0);
       }
+    }
+  }
+}
+
+TEST_CASE("cuda: the codec keeps within an entry's room, and returns the whole count", "[cuda][stash][room]") {
+  // The stash's fixed layout gives each entry room for the most it kept so far (memory/stash.h):
+  // a push that keeps more must write nothing past that room (the next entry is there), and
+  // leave its whole count, which tells the stash to run the step again. Each buffer holds the
+  // worst case and a canary; everything from the room's end on must keep the canary.
+  const std::unique_ptr<StashCodec> dev = make_cuda_stash_codec(0);
+  StashCodec& host = host_stash_codec();
+  for (int64_t n : {int64_t(1000), int64_t(3 * 4096 + 100), int64_t(1 << 20) + 37}) {
+    const std::vector<float> x = tricky_values(n, uint32_t(n) + 3);
+    DeviceBuffer dx(size_t(n) * 4);
+    dx.write(x);
+    const int64_t kept = host.count_nonzero(x.data(), n, 0.f), room = kept / 2;
+    std::vector<int8_t> codes(static_cast<size_t>(n));
+    for (size_t i = 0; i < codes.size(); ++i) codes[i] = int8_t(int(i % 15) - 7);
+    DeviceBuffer dcodes{size_t(n)};
+    dcodes.write(codes);
+    const size_t words = size_t(bitmap::num_words(n));
+    for (int kind = 0; kind < 4; ++kind) {  // pack fp32, pack fp16, pack_values fp32, the INT4 codes
+      INFO("n " << n << ", kind " << kind);
+      const bool f16 = kind == 1, codes_kind = kind == 3;
+      const size_t worst = codes_kind ? code_bitmap::encoded_bytes(n, n) : words * 8 + size_t(n) * (f16 ? 2 : 4);
+      const size_t fits = codes_kind ? code_bitmap::encoded_bytes(n, room) : words * 8 + size_t(room) * (f16 ? 2 : 4);
+      DeviceBuffer buf(worst + 256), count(8);
+      REQUIRE(cudaMemset(buf.p, 0xAB, worst + 256) == cudaSuccess);
+      auto* bits = static_cast<uint64_t*>(buf.p);
+      auto* slot = static_cast<int64_t*>(count.p);
+      if (kind == 3)
+        CHECK(dev->encode_codes(static_cast<const float*>(dx.p), static_cast<const int8_t*>(dcodes.p), n, 0.f, buf.p,
+                                room, slot) == -1);
+      else if (kind == 2) {
+        CHECK(dev->make_bits(static_cast<const float*>(dx.p), n, 0.f, bits, slot) == -1);
+        dev->pack_values(static_cast<const float*>(dx.p), bits, n, bits + words, false, room);
+      } else
+        CHECK(dev->pack(static_cast<const float*>(dx.p), n, 0.f, bits, bits + words, f16, room, slot) == -1);
+      CHECK(count.read<int64_t>(1)[0] == kept);
+      const std::vector<unsigned char> after = buf.read<unsigned char>(worst + 256);
+      size_t touched = 0;
+      for (size_t i = fits; i < after.size(); ++i) touched += after[i] != 0xAB;
+      CHECK(touched == 0);
+      // The bitmap is whole (the mask reads it), the room's values the first kept ones (pack).
+      std::vector<uint64_t> hbits(words);
+      std::vector<unsigned char> hvals(size_t(n) * 4);
+      host.pack(x.data(), n, 0.f, hbits.data(), hvals.data(), f16, n, nullptr);
+      CHECK(std::memcmp(after.data(), hbits.data(), words * 8) == 0);
+      if (kind < 2) CHECK(std::memcmp(after.data() + words * 8, hvals.data(), size_t(room) * (f16 ? 2 : 4)) == 0);
     }
   }
 }

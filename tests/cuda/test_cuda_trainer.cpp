@@ -56,3 +56,66 @@ TEST_CASE("cuda: fit with train.cuda_graph gives the numbers of fit without it",
     CHECK(graph[e]["test_acc"] == plain[e]["test_acc"]);
   }
 }
+
+namespace {
+
+struct RoomFit {
+  std::vector<json> metrics;
+  int grown = 0;
+  double activations = 0, region = 0;  // bytes: the arena's planned activations, the stash region
+};
+
+// `stash` on `device`: resnet8, batch 8 (3 epochs of 24 images) or 32 (one epoch of 64). The
+// region as allocated on CUDA (its fitted room), as USS counts it on the CPU (its pages touched).
+RoomFit fit_room(const std::string& device, const std::string& stash, float headroom, int64_t batch, int graph) {
+  Config cfg = test::small_fit_config(batch == 8 ? 3 : 1, device);
+  cfg.train.batch_size = batch;
+  cfg.memory.stash = stash;
+  cfg.memory.stash_headroom = headroom;
+  cfg.train.cuda_graph = graph == 1, cfg.train.cuda_graph_auto = false;
+  Trainer t(cfg, test::synthetic_dataset(batch == 8 ? 24 : 64, 1), test::synthetic_dataset(10, 2));
+  RoomFit r;
+  r.metrics = test::fit_quietly(t, "room_" + device + stash + std::to_string(graph));
+  const Executor& ex = t.executor();
+  r.grown = ex.stash_room_grown();
+  r.activations = double(ex.memory().activations_planned);
+  r.region = double(ex.stash().fixed_layout() ? ex.stash().region_bytes() : ex.stash().region_peak_bytes());
+  return r;
+}
+
+}  // namespace
+
+TEST_CASE("cuda: the stash's room: a step that outgrows it runs again, the numbers as without it; the bitmap "
+          "formats save on the GPU what they save on the CPU", "[cuda][training][room]") {
+  // Headroom 0: later batches keep more of some values than the first fitted room, so steps run
+  // again, each time with a region that moved: with the CUDA graph the step is recorded again.
+  for (const char* stash : {"bitmap_fp32", "bitmap_fp16"}) {
+    INFO(stash);
+    const RoomFit cpu = fit_room("cpu", stash, 0.f, 8, 0), plain = fit_room("cuda", stash, 0.f, 8, 0),
+                  graph = fit_room("cuda", stash, 0.f, 8, 1);
+    CHECK(plain.grown > 0);
+    CHECK(graph.grown == plain.grown);
+    REQUIRE(plain.metrics.size() == 3);
+    REQUIRE(graph.metrics.size() == 3);
+    for (size_t e = 0; e < 3; ++e) {
+      INFO("epoch " << e + 1);
+      const double a = cpu.metrics[e]["train_loss"], d = plain.metrics[e]["train_loss"];
+      CHECK(std::fabs(a - d) <= 1e-3 * std::fabs(a));
+      CHECK(graph.metrics[e]["train_loss"] == plain.metrics[e]["train_loss"]);
+      CHECK(graph.metrics[e]["test_loss"] == plain.metrics[e]["test_loss"]);
+    }
+  }
+  // The default headroom at batch 32: activations and stash of each bitmap format against
+  // dense_fp32's, on each device; the two ratios within 2 points.
+  const RoomFit cpu_dense = fit_room("cpu", "dense_fp32", 0.02f, 32, 0), dev_dense = fit_room("cuda", "dense_fp32", 0.02f, 32, 1);
+  for (const char* stash : {"bitmap_fp32", "bitmap_fp16"}) {
+    const RoomFit cpu = fit_room("cpu", stash, 0.02f, 32, 0), dev = fit_room("cuda", stash, 0.02f, 32, 1);
+    const double cpu_ratio = (cpu.activations + cpu.region) / (cpu_dense.activations + cpu_dense.region),
+                 dev_ratio = (dev.activations + dev.region) / (dev_dense.activations + dev_dense.region);
+    INFO(stash << ": CPU " << cpu_ratio << " of dense_fp32, CUDA " << dev_ratio << " (region " << dev.region / 1048576.0
+               << " MB allocated, CPU " << cpu.region / 1048576.0 << " MB touched)");
+    CHECK(cpu_ratio < 0.9);
+    CHECK(std::fabs(dev_ratio - cpu_ratio) <= 0.02);
+    WARN(stash << ": activations + stash, CPU " << cpu_ratio << " of dense_fp32, CUDA " << dev_ratio);
+  }
+}

@@ -1,0 +1,148 @@
+// The stash's room in its fixed layout (memory/stash.h): a GPU allocates its whole stash region,
+// so after the first step each bitmap entry gets room for what it kept plus a headroom, and the
+// region shrinks to the peak those rooms reach. The codec writes nothing past an entry's room; a
+// step that keeps more shows when its counts are settled, and runs again with more room, without
+// touching the BN statistics twice: training computes the CPU's numbers bit for bit.
+#include <catch2/catch.hpp>
+
+#include <cstring>
+#include <vector>
+
+#include "engine/train/trainer.h"
+#include "memory/bitmap.h"
+#include "memory/code_bitmap.h"
+#include "memory/stash_codec.h"
+#include "memory/stash_format.h"
+#include "models/models.h"
+#include "tests/counting_codec.h"
+#include "tests/fit_helper.h"
+#include "tests/synthetic_data.h"
+
+using namespace et;
+
+TEST_CASE("a codec keeps within an entry's room: nothing written past it, the whole count returned",
+          "[stash][room]") {
+  // Half the elements kept; the room is a quarter of them. The bitmap is whole, the rest of the
+  // room's bytes are the codec's to use, and the canary after them is untouched.
+  StashCodec& codec = host_stash_codec();
+  const int64_t n = 10000, room = n / 4;
+  std::vector<float> x(static_cast<size_t>(n));
+  std::vector<int8_t> codes(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) {
+    x[size_t(i)] = i % 2 ? float(i % 7) + 1.f : 0.f;
+    codes[size_t(i)] = int8_t(i % 2 ? i % 7 + 1 : 0);
+  }
+  const int64_t kept = n / 2;
+  const size_t words = size_t(bitmap::num_words(n));
+  for (StashEncoding enc : {StashEncoding::BitmapF32, StashEncoding::BitmapF16, StashEncoding::BitmapI4}) {
+    INFO(stash_encoding_info(enc).display);
+    const size_t fits = stash_encoding_bytes(enc, n, room), canary = 256;
+    std::vector<unsigned char> buf(stash_encoding_bytes(enc, n, n) + canary, 0xAB);
+    auto untouched_past = [&](size_t from) {
+      for (size_t i = from; i < buf.size(); ++i)
+        if (buf[i] != 0xAB) return false;
+      return true;
+    };
+    auto* bits = reinterpret_cast<uint64_t*>(buf.data());
+    if (enc == StashEncoding::BitmapI4) {
+      CHECK(codec.encode_codes(x.data(), codes.data(), n, 0.f, buf.data(), room, nullptr) == kept);
+      CHECK(untouched_past(fits));
+      // With room for all of them, the whole encoding: it decodes to the codes.
+      CHECK(codec.encode_codes(x.data(), codes.data(), n, 0.f, buf.data(), kept, nullptr) == kept);
+      std::vector<int8_t> back(codes.size());
+      codec.decode_codes(buf.data(), n, true, back.data());
+      CHECK(back == codes);
+      continue;
+    }
+    const bool f16 = enc == StashEncoding::BitmapF16;
+    CHECK(codec.pack(x.data(), n, 0.f, bits, bits + words, f16, room, nullptr) == kept);
+    CHECK(untouched_past(fits));
+    CHECK(codec.make_bits(x.data(), n, 0.f, bits, nullptr) == kept);
+    codec.pack_values(x.data(), bits, n, bits + words, f16, room);
+    CHECK(untouched_past(fits));
+    // With room enough: the values decode to x.
+    CHECK(codec.pack(x.data(), n, 0.f, bits, bits + words, f16, kept, nullptr) == kept);
+    std::vector<float> y(static_cast<size_t>(n));
+    codec.unpack(bits, bits + words, n, f16, y.data());
+    CHECK(y == x);
+  }
+}
+
+namespace {
+
+// The region resnet8 at batch 8 gets before any fit: every entry at its worst case.
+size_t unfitted_region(const Config& cfg) {
+  Graph g;
+  ModelSpec spec;
+  spec.name = "resnet8";
+  spec.batch = 8;
+  build_model(g, spec);
+  test::DeferringCpu be;
+  const Executor fresh(g, be, cfg.stash_options(false), cfg.quant_options(false));
+  return fresh.stash().region_bytes();
+}
+
+struct RoomRun {
+  std::vector<std::string> metrics;  // per epoch: losses and accuracies, as printed (bits)
+  size_t region = 0, packed_region = 0;
+  int grown = 0;
+  bool fixed = false;
+};
+
+RoomRun fit_with(std::unique_ptr<Backend> backend, const Config& cfg) {
+  Trainer t(cfg, test::synthetic_dataset(40, 1), test::synthetic_dataset(10, 2), std::move(backend));
+  RoomRun r;
+  for (const nlohmann::json& j : test::fit_quietly(t, "room"))
+    r.metrics.push_back(j["train_loss"].dump() + " " + j["test_loss"].dump() + " " + j["test_acc"].dump());
+  const Stash& s = t.executor().stash();
+  r.region = s.region_bytes();
+  r.packed_region = s.region_peak_bytes();
+  r.grown = t.executor().stash_room_grown();
+  r.fixed = s.fixed_layout();
+  return r;
+}
+
+}  // namespace
+
+TEST_CASE("the stash's room: fitted to what entries kept, grown when a step keeps more, the CPU's training "
+          "bit for bit", "[stash][room][training]") {
+  // resnet8, 5 steps an epoch for 3 epochs, on the CPU (compact layout) and on a backend that
+  // defers its counts (fixed layout, as CUDA). Headroom 0: a later batch that keeps more of some
+  // value than any before it overflows that value's room, so steps run again. The epochs' losses
+  // and accuracies (which read the BN running statistics) must be the CPU's, bit for bit.
+  struct Case {
+    const char* stash;
+    float prune;
+    bool luq;
+  };
+  for (const Case c : {Case{"bitmap_fp32", 0.f, false}, Case{"bitmap_fp16", 0.05f, false}, Case{"auto", 0.f, false},
+                       Case{"bitmap_int4", 0.f, true}}) {
+    INFO("stash " << c.stash << ", prune " << c.prune << ", luq " << c.luq);
+    Config cfg = test::small_fit_config(3);
+    cfg.memory.stash = c.stash;
+    cfg.memory.prune_threshold = c.prune;
+    cfg.memory.stash_headroom = 0.f;
+    if (c.luq) cfg.quant.forward = "int4", cfg.quant.backward = "luq_fp4";
+    const RoomRun cpu = fit_with(make_cpu_backend(), cfg), own = fit_with(std::make_unique<test::DeferringCpu>(), cfg);
+    CHECK_FALSE(cpu.fixed);
+    REQUIRE(own.fixed);
+    REQUIRE(cpu.metrics.size() == 3);
+    CHECK(own.metrics == cpu.metrics);
+    CHECK(own.grown > 0);  // some step ran again
+    CHECK(cpu.grown == 0);
+    // The region: fitted, so near the packed peak (the CPU's top) rather than at its worst case.
+    const size_t worst = unfitted_region(cfg);
+    CAPTURE(own.region, worst, cpu.packed_region);
+    CHECK(own.region < worst);
+    CHECK(own.region >= cpu.packed_region);
+  }
+}
+
+TEST_CASE("the stash's room with a negative headroom: every entry keeps its worst case", "[stash][room]") {
+  Config cfg = test::small_fit_config(1);
+  cfg.memory.stash = "bitmap_fp32";
+  cfg.memory.stash_headroom = -1.f;
+  const RoomRun own = fit_with(std::make_unique<test::DeferringCpu>(), cfg);
+  CHECK(own.region == unfitted_region(cfg));
+  CHECK(own.grown == 0);
+}
