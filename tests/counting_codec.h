@@ -68,7 +68,7 @@ class CountingCodec final : public StashCodec {
 
 // A backend whose codec and ReLU leave their counts where the stash's fixed layout asks
 // (memory/stash.h), as the CUDA backend does so that no push waits for the device.
-class DeferringCpu final : public CpuBackend {
+class DeferringCpu : public CpuBackend {
  public:
   CountingCodec codec;
   int relu_slots = 0;

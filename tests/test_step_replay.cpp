@@ -35,20 +35,9 @@ class RecordingCpu final : public CpuBackend {
 
 // RecordingCpu with a codec that leaves its counts on the "device", as a GPU's: the stash takes
 // its fixed layout (memory/stash.h).
-class RecordingDeferringCpu final : public CpuBackend {
+class RecordingDeferringCpu final : public test::DeferringCpu {
  public:
-  test::CountingCodec codec;
   int begun = 0, replays = 0;
-  RecordingDeferringCpu() { codec.defer = true; }
-  StashCodec& stash_codec() override { return codec; }
-  void relu_forward(const Tensor& x, Tensor& y, MaskOut* mask) override {  // as CUDA's: the count in the slot
-    CpuBackend::relu_forward(x, y, mask);
-    if (mask && mask->kept_slot && mask->kept >= 0) {
-      *mask->kept_slot = mask->kept;
-      mask->kept = -1;
-      mask->kept_in_slot = true;
-    }
-  }
   std::string capture_unsupported() const override { return ""; }
   void begin_capture() override { ++begun; }
   std::string end_capture() override { return ""; }
@@ -199,4 +188,35 @@ TEST_CASE("step replay with the stash's fixed layout: each run's counts settled 
   for (const SavedValue& s : m.ex->stash().saved())
     CHECK(m.ex->stash().record(s.value).bytes == ref.ex->stash().record(s.value).bytes);
   CHECK(be.codec.read_backs == read_backs + 2);  // settled once per run
+}
+
+TEST_CASE("step replay records again when the stash's room moves its entries", "[replay][stash][room]") {
+  // A recorded step holds the stash entries' places: after Stash::fit moves them (the room fitted
+  // after the first step, or grown), the next step is recorded again; a fit that moves nothing
+  // keeps the record.
+  StashOptions bitmap;
+  bitmap.format = StashFormat::BitmapF32;
+  Model m(std::make_unique<RecordingDeferringCpu>(), "resnet8", bitmap);
+  auto& be = static_cast<RecordingDeferringCpu&>(*m.be);
+  Tensor x = m.ex->value(m.g.image_input);  // a batch that keeps about half of each ReLU's output
+  for (int64_t i = 0; i < x.numel(); ++i) x.f32()[i] = float(i * 7 % 23) / 11.f - 1.f;
+  StepReplay r(*m.ex, true, 1);
+  CHECK_FALSE(r.try_step(8));  // warm-up, op by op
+  m.ex->forward(8, true);
+  m.ex->backward();
+  const size_t worst = m.ex->stash().region_bytes();
+  const int64_t layout = m.ex->stash().layout_generation();
+  CHECK_FALSE(m.ex->fit_stash_room());  // no step to run again: the room fitted
+  CHECK(m.ex->stash().layout_generation() != layout);
+  CHECK(m.ex->stash().region_bytes() < worst);
+  CHECK(r.try_step(8));  // recorded with the fitted places
+  CHECK(be.begun == 1);
+  CHECK_FALSE(m.ex->fit_stash_room());  // the same batch keeps as much: nothing moves
+  CHECK(r.try_step(8));
+  CHECK(be.begun == 1);
+  CHECK(be.replays == 2);
+  CHECK(m.ex->stash().fit(1.0));  // more room: entries move
+  CHECK(r.try_step(8));
+  CHECK(be.begun == 2);
+  CHECK(be.replays == 3);
 }
