@@ -190,6 +190,8 @@ StashOptions Config::stash_options(bool fnt) const {
   o.checkpoint_every = memory.checkpoint_every;
   o.release_pages = memory.release_pages;
   o.room_headroom = memory.stash_headroom;
+  // Half of a ReLU's output is positive after a BN; a first step that keeps more runs again.
+  o.first_room = memory.stash_headroom >= 0 ? 0.5 : -1;
   o.recompute_stack_outputs = memory.recompute_stack_outputs;
   return o;
 }

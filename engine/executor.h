@@ -40,6 +40,11 @@ struct StashOptions {
   // memory.stash_headroom: in the stash's fixed layout (a GPU's, memory/stash.h), each bitmap entry's
   // room over the most it has kept, as a fraction; negative: every entry keeps its worst case.
   double room_headroom = 0.02;
+  // Until the first fit, each such entry has room for this share of its elements, not its worst
+  // case (negative: the worst case), so the region never takes the worst case. Set only where the
+  // caller runs Executor::fit_stash_room after every training backward: the trainer, bench step and
+  // memprofile (Config::stash_options: 0.5 while memory.stash_headroom >= 0).
+  double first_room = -1;
 };
 
 // The operand buffers a quantized conv / linear node gets in the plan (executor_quant.cpp):

@@ -45,7 +45,7 @@ void Executor::plan() {
   report_.recompute_segments = int(segments_.size());
   report_.recompute_nodes = int(std::count(reruns_.begin(), reruns_.end(), 1));
   stash_.configure(std::move(st.saved), st.nv, stash_options_.prune_threshold, stash_options_.release_pages,
-                   backend_.memory(), backend_.stash_codec());
+                   backend_.memory(), backend_.stash_codec(), stash_options_.first_room);
   report_.stash_region = stash_.region_bytes();
   stash_.set_recomputer([this](int id, Tensor& out) {
     const int p = graph_.value(id).producer;

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 
 #include "memory/bitmap.h"
 
@@ -14,7 +15,7 @@ double since(Clock::time_point t0) { return std::chrono::duration<double>(Clock:
 }  // namespace
 
 void Stash::configure(std::vector<SavedValue> saved, int num_values, float prune_threshold, bool release_pages,
-                      DeviceMemory& memory, StashCodec& codec) {
+                      DeviceMemory& memory, StashCodec& codec, double first_room) {
   saved_ = std::move(saved);
   codec_ = &codec;
   release_pages_ = release_pages;
@@ -22,20 +23,24 @@ void Stash::configure(std::vector<SavedValue> saved, int num_values, float prune
   index_.assign(size_t(num_values), -1);
   entries_.assign(size_t(num_values), Entry{});
   records_.assign(size_t(num_values), StashRecord{});
+  fixed_layout_ = codec.defers_counts();
+  room_.assign(saved_.size(), -1);
+  most_kept_.assign(saved_.size(), -1);
   size_t total = 0;
   for (size_t i = 0; i < saved_.size(); ++i) {
-    index_[size_t(saved_[i].value)] = int(i);
-    total += worst_case_bytes(saved_[i], saved_[i].numel);
+    const SavedValue& s = saved_[i];
+    index_[size_t(s.value)] = int(i);
+    const bool sized = !s.recomputed && s.full && stash_encoding_info(stash_format_info(s.format).full).bitmap;
+    if (fixed_layout_ && first_room >= 0 && sized)
+      room_[i] = std::min(s.numel, int64_t(std::ceil(double(s.numel) * first_room)) + kRoomPad);
+    total += slot_bytes(s, s.numel);
   }
   stack_.clear();
   stack_.reserve(saved_.size());
   if (total > 0) region_.reserve(total, "the activation stash", memory);
   top_ = peak_ = region_peak_ = zero_copy_live_ = logical_live_ = 0;
-  fixed_layout_ = codec.defers_counts();
   log_.clear();
   unsettled_ = false;
-  room_.assign(saved_.size(), -1);
-  most_kept_.assign(saved_.size(), -1);
   overflow_value_ = -1;
   wants_fit_ = true;
   ++generation_;
@@ -45,13 +50,6 @@ void Stash::configure(std::vector<SavedValue> saved, int num_values, float prune
     log_.reserve(4 * saved_.size());  // pushes and pops, recomputed values pushed again
     packed_.reserve(2 * saved_.size());
   }
-}
-
-size_t Stash::worst_case_bytes(const SavedValue& s, int64_t n) const {
-  if (s.recomputed) return 0;  // nothing in the region
-  size_t bytes = Arena::align_up(stash_worst_case_bytes(s.format, n, s.full));
-  if (mask_apart(s)) bytes += Arena::align_up(size_t(bitmap::num_words(n)) * 8);
-  return bytes;
 }
 
 int64_t Stash::room_of(const SavedValue& s, int64_t n) const {

@@ -25,9 +25,10 @@
 // step's pushes and pops (log_) with the bytes each would have taken packed: records and peaks
 // are the numbers the compact layout gives (the CPU's).
 // Room: a GPU allocates the whole region (no page is left untouched), so the fixed layout sizes it
-// from what the entries took. Until fit(), each entry takes its worst case; fit() gives each entry
-// whose size follows its count (bitmap values, INT4 codes) room for the most it has kept so far
-// plus a headroom, and reallocates the region to the peak the last step reaches with those rooms.
+// from what the entries took. Until fit(), each entry whose size follows its count (bitmap values,
+// INT4 codes) takes its worst case, or configure()'s first_room share of it; fit() gives each room
+// for the most it has kept so far plus a headroom, and reallocates the region to the peak the
+// last step reaches with those rooms.
 // The codec writes no more than an entry's room; a push that kept more shows when its count is
 // settled (overflowed()): that step's backward read values that were not there, so the caller
 // runs it again after fit() made more room (the trainer: engine/train/trainer.cpp).
@@ -82,11 +83,16 @@ class Stash {
   // forward) and allocates it from `memory` (the backend's); `codec` (the same backend's) encodes
   // and decodes in it. Outside the step.
   // `release_pages`: pages above the top go back to the OS as values are popped.
+  // `first_room` (fixed layout; negative: off): until the first fit(), each entry whose size follows
+  // its count has room for that share of its elements rather than its worst case, so the region is
+  // never the worst case; a first step that keeps more overflows and runs again (overflowed()).
   void configure(std::vector<SavedValue> saved, int num_values, float prune_threshold, bool release_pages = false,
-                 DeviceMemory& memory = host_memory(), StashCodec& codec = host_stash_codec());
+                 DeviceMemory& memory = host_memory(), StashCodec& codec = host_stash_codec(),
+                 double first_room = -1);
 
   // The fixed layout's room (above), after a step and outside the next one: each entry's room is the
-  // most it kept in any step so far, plus `headroom` of it (and kRoomPad), never less than before;
+  // most it kept in any step so far, plus `headroom` of it (and kRoomPad): it only grows, but for
+  // the first fit, which replaces the worst case or configure's first_room;
   // the region becomes the peak the last step's pushes and pops reach with them (its worst case
   // after a step that stopped part way). Returns whether entries moved (layout_generation()
   // changed). Nothing in the compact layout, or with a negative headroom.
@@ -186,9 +192,8 @@ class Stash {
   const SavedValue* info(int value_id) const;
   // Whether a full save keeps its exact mask apart: pruned values in a bitmap, read as a mask too.
   bool mask_apart(const SavedValue& s) const;
-  // The most a save of n elements takes in the region, with its exact mask apart.
-  size_t worst_case_bytes(const SavedValue& s, int64_t n) const;
-  // What it takes in the fixed layout: its worst case, or with at most room_of(..) kept.
+  // What a save of n elements takes in the region, with its exact mask apart: its worst case, or
+  // in the fixed layout with at most room_of(..) kept.
   size_t slot_bytes(const SavedValue& s, int64_t n) const;
   // The kept elements an entry of n elements has room for (n: no limit).
   int64_t room_of(const SavedValue& s, int64_t n) const;

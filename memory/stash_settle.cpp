@@ -74,14 +74,13 @@ bool Stash::fit(double headroom) {
     if (most_kept_[i] < 0) continue;  // not sized, or never pushed
     const double want = std::ceil(double(most_kept_[i]) * (1.0 + headroom)) + double(kRoomPad);
     const int64_t room = want >= double(saved_[i].numel) ? saved_[i].numel : int64_t(want);
-    if (room_[i] < 0 || room > room_[i]) {
-      moved = moved || room_[i] != room;
-      room_[i] = room;
-    }
+    // (most_kept_ only grows: so does the room, once it follows it)
+    moved = moved || room_[i] != room;
+    room_[i] = room;
   }
   overflow_value_ = -1;  // the step runs again with the room it lacked
-  // A step that stopped part way (a throw in its backward) logged only some pops: the region goes
-  // back to its worst case, and the next whole step fits it.
+  // A step that stopped part way (a throw in its backward) logged only some pops: the region holds
+  // every entry at once with its new room, as configure() sizes it, and the next whole step fits it.
   const bool whole_step = stack_.empty();
   size_t peak = 0;
   if (whole_step) {
@@ -104,7 +103,7 @@ bool Stash::fit(double headroom) {
       top = packed_.empty() ? 0 : packed_.back().end;
     }
   } else {
-    for (const SavedValue& v : saved_) peak += worst_case_bytes(v, v.numel);
+    for (const SavedValue& v : saved_) peak += slot_bytes(v, v.numel);  // all at once, as configure()
   }
   wants_fit_ = !whole_step;
   if (region_.size() > 0 && region_.rounded(peak) != region_.size()) {  // (none: nothing kept in it)

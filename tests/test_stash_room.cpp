@@ -70,21 +70,49 @@ TEST_CASE("a codec keeps within an entry's room: nothing written past it, the wh
 
 namespace {
 
-// The region resnet8 at batch 8 gets before any fit: every entry at its worst case.
-size_t unfitted_region(const Config& cfg) {
+// The region resnet8 at batch 8 gets in the fixed layout with every entry at its worst case.
+size_t worst_case_region(const Config& cfg) {
   Graph g;
   ModelSpec spec;
   spec.name = "resnet8";
   spec.batch = 8;
   build_model(g, spec);
   test::DeferringCpu be;
-  const Executor fresh(g, be, cfg.stash_options(false), cfg.quant_options(false));
+  StashOptions so = cfg.stash_options(false);
+  so.first_room = -1;
+  const Executor fresh(g, be, so, cfg.quant_options(false));
   return fresh.stash().region_bytes();
 }
 
+// The host's memory, with the most it has had allocated at once (arena and stash region).
+class PeakMemory final : public DeviceMemory {
+ public:
+  size_t live = 0, peak = 0;
+  Device device() const override { return host_memory().device(); }
+  size_t granularity() const override { return host_memory().granularity(); }
+  void* allocate(size_t bytes) override {
+    live += bytes;
+    peak = std::max(peak, live);
+    return host_memory().allocate(bytes);
+  }
+  void deallocate(void* p, size_t bytes) override {
+    live -= bytes;
+    host_memory().deallocate(p, bytes);
+  }
+  void release(void* p, size_t bytes) override { host_memory().release(p, bytes); }
+  size_t resident_bytes(const void* p, size_t bytes) const override { return host_memory().resident_bytes(p, bytes); }
+};
+
+class PeakDeferringCpu final : public test::DeferringCpu {
+ public:
+  PeakMemory mem;
+  DeviceMemory& memory() override { return mem; }
+};
+
 struct RoomRun {
   std::vector<std::string> metrics;  // per epoch: losses and accuracies, as printed (bits)
-  size_t region = 0, packed_region = 0;
+  size_t region = 0, packed_region = 0, arena = 0;
+  size_t allocated_peak = 0;  // PeakDeferringCpu: the most the backend's memory held at once
   int grown = 0;
   bool fixed = false;
 };
@@ -96,6 +124,8 @@ RoomRun fit_with(std::unique_ptr<Backend> backend, const Config& cfg) {
     r.metrics.push_back(j["train_loss"].dump() + " " + j["test_loss"].dump() + " " + j["test_acc"].dump());
   const Stash& s = t.executor().stash();
   r.region = s.region_bytes();
+  r.arena = t.executor().memory().total;
+  if (const auto* peak = dynamic_cast<const PeakDeferringCpu*>(&t.executor().backend())) r.allocated_peak = peak->mem.peak;
   r.packed_region = s.region_peak_bytes();
   r.grown = t.executor().stash_room_grown();
   r.fixed = s.fixed_layout();
@@ -107,9 +137,11 @@ RoomRun fit_with(std::unique_ptr<Backend> backend, const Config& cfg) {
 TEST_CASE("the stash's room: fitted to what entries kept, grown when a step keeps more, the CPU's training "
           "bit for bit", "[stash][room][training]") {
   // resnet8, 5 steps an epoch for 3 epochs, on the CPU (compact layout) and on a backend that
-  // defers its counts (fixed layout, as CUDA). Headroom 0: a later batch that keeps more of some
-  // value than any before it overflows that value's room, so steps run again. The epochs' losses
-  // and accuracies (which read the BN running statistics) must be the CPU's, bit for bit.
+  // defers its counts (fixed layout, as CUDA). The first step has room for half of each entry,
+  // then its counts. Headroom 0: a later batch that keeps more of some value than any before it
+  // overflows that value's room, so steps run again. The epochs' losses and accuracies (which read
+  // the BN running statistics) must be the CPU's, bit for bit, and the memory allocated never
+  // reaches the arena and the worst-case region together.
   struct Case {
     const char* stash;
     float prune;
@@ -123,7 +155,7 @@ TEST_CASE("the stash's room: fitted to what entries kept, grown when a step keep
     cfg.memory.prune_threshold = c.prune;
     cfg.memory.stash_headroom = 0.f;
     if (c.luq) cfg.quant.forward = "int4", cfg.quant.backward = "luq_fp4";
-    const RoomRun cpu = fit_with(make_cpu_backend(), cfg), own = fit_with(std::make_unique<test::DeferringCpu>(), cfg);
+    const RoomRun cpu = fit_with(make_cpu_backend(), cfg), own = fit_with(std::make_unique<PeakDeferringCpu>(), cfg);
     CHECK_FALSE(cpu.fixed);
     REQUIRE(own.fixed);
     REQUIRE(cpu.metrics.size() == 3);
@@ -131,10 +163,12 @@ TEST_CASE("the stash's room: fitted to what entries kept, grown when a step keep
     CHECK(own.grown > 0);  // some step ran again
     CHECK(cpu.grown == 0);
     // The region: fitted, so near the packed peak (the CPU's top) rather than at its worst case.
-    const size_t worst = unfitted_region(cfg);
-    CAPTURE(own.region, worst, cpu.packed_region);
+    const size_t worst = worst_case_region(cfg);
+    CAPTURE(own.region, worst, cpu.packed_region, own.allocated_peak, own.arena);
     CHECK(own.region < worst);
     CHECK(own.region >= cpu.packed_region);
+    CHECK(own.allocated_peak > own.arena);
+    CHECK(own.allocated_peak < own.arena + worst);
   }
 }
 
@@ -143,6 +177,6 @@ TEST_CASE("the stash's room with a negative headroom: every entry keeps its wors
   cfg.memory.stash = "bitmap_fp32";
   cfg.memory.stash_headroom = -1.f;
   const RoomRun own = fit_with(std::make_unique<test::DeferringCpu>(), cfg);
-  CHECK(own.region == unfitted_region(cfg));
+  CHECK(own.region == worst_case_region(cfg));
   CHECK(own.grown == 0);
 }

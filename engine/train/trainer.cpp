@@ -175,6 +175,7 @@ StashOptions plan_stash_options(const Config& cfg, Graph& g, Backend& backend, B
   StashOptions s = p.options;
   s.release_pages = cfg.memory.release_pages;
   s.room_headroom = cfg.memory.stash_headroom;
+  s.first_room = cfg.stash_options(fnt).first_room;
   if (plan) *plan = std::move(p);
   return s;
 }
@@ -238,6 +239,7 @@ StashOptions Trainer::stash_options(bool fnt) const {
     stash = plan.options;
     stash.release_pages = cfg_.memory.release_pages;
     stash.room_headroom = cfg_.memory.stash_headroom;
+    stash.first_room = cfg_.stash_options(fnt).first_room;
   }
   // A layer raised to FP32 saves its input in f32, so no INT4 codes of it: bitmap_int4 there
   // becomes bitmap_fp32 (exact as well).
