@@ -276,6 +276,7 @@ int cmd_bench_step(const BenchStepArgs& a) {
             {"step_uss_mb", mb_or_null(step_uss)},
             {"uss_method", uss_method_name(uss.method())},
             {"arena_mb", m.total / 1048576.0},
+            {"activations_mb", m.activations_planned / 1048576.0},
             {"stash", cfg.memory.stash},
             {"cuda_graph", replay.replaying()},
             {"stash_peak_mb", double(ex.stash().peak_bytes()) / 1048576.0},

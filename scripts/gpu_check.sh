@@ -3,7 +3,8 @@
 # so nothing is built there). Prepare here with scripts/gpu_prepare.sh (builds build-cuda: portable
 # x86, sm_90; copies the binaries and a 20 MB .tgz of the JPEG CIFAR-10 into gpu/, which
 # .gitignore leaves out), then run there, carrying gpu/:
-#   STEPS="tests bench train suite" bash scripts/gpu_check.sh gpu   (also: fused, luq, profile, badinput, conv, torch)
+#   STEPS="tests bench train suite" bash scripts/gpu_check.sh gpu   (also: memory, fused, luq, profile, badinput,
+#   conv, torch)
 # A session has 15 minutes of device time (a start takes about 40 s): docs/cuda.md, "How it is
 # checked on a GPU", lists the runs in the order to spend them.
 # Each step has its own time limit and writes its log to $OUT; a step that fails does not stop the
@@ -57,6 +58,15 @@ if has bench; then
   done 2>&1 | tee "$OUT/bench.log"
   timeout 60 "$B/edgetrain" memprofile --config configs/resnet20_cifar10.json --synthetic --out /tmp/mp \
     --set train.device=cuda --set fusion.enabled=false --set memory.stash=bitmap_fp32 >"$OUT/memprofile.log" 2>&1
+fi
+
+if has memory; then
+  # What the bitmap formats save on the device (the stash region as allocated, its room fitted)
+  # against what they save on the CPU (its touched pages), activations included: issue 13's target
+  # is the same ratios within 2 points.
+  stamp "device memory of the bitmap stashes against the CPU's (bench/stash_device_memory.py)"
+  timeout "${MEMORY_S:-300}" python3 bench/stash_device_memory.py --edgetrain "$B/edgetrain" \
+    --models "${MEMORY_MODELS:-resnet20}" 2>&1 | tee "$OUT/memory.log"
 fi
 
 if has fused; then
