@@ -46,6 +46,11 @@ void BenchModel::step(int64_t s) {
     diverged |= check_loss(ex->loss(), cfg.train.divergence_loss) != DivergenceCause::None;
     if (!replayed) ex->backward();
     uss.phase();
+    try {
+      ex->check_quant_finite();  // 4-bit scales in the backend's memory
+    } catch (const NonFiniteError&) {
+      diverged = true;
+    }
     if (!ex->fit_stash_room()) break;
   }
   ex->set_repeating(false);

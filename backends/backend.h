@@ -259,9 +259,24 @@ class Backend {
   // q (I4: -7..7, U4: 0..15) = clamp(round half to even(x / q.scale)).
   virtual void quantize_int4(const Tensor& x, Tensor& q) = 0;
   // q (F4) of g with alpha = q.scale and `levels` magnitudes alpha * 2^0 .. 2^(levels-1); the
-  // stochastic bits come from `key` and the element index (quant/codes.h).
-  virtual void quantize_fp4(const Tensor& g, int levels, Fp4Rounding mode, quant::RngKey key, Tensor& q) = 0;
+  // stochastic bits come from draw.key() and the element index (quant/codes.h).
+  virtual void quantize_fp4(const Tensor& g, int levels, Fp4Rounding mode, const QuantDraw& draw, Tensor& q) = 0;
   virtual void dequantize(const Tensor& q, Tensor& y) = 0;  // y = code * scale
+
+  // Scales kept in the backend's memory (a recordable 4-bit step: engine/step_replay.h). Where
+  // quant_scales_in_memory(), the layers read no statistics back: each scale is a float of the
+  // backend's memory that these write in stream order and the code tensors point at
+  // (Tensor::scale_at). An operand that is not finite writes `code` to *flag (a uint32 of the
+  // backend's memory) if nothing is there yet; the executor reads it after the forward and the
+  // backward (Executor::check_quant_finite). The CPU's compute them from tensor_stats /
+  // tensor_max_abs as the layers do (tests keep its scales in memory); a GPU's with kernels.
+  virtual bool quant_scales_in_memory() const { return false; }
+  // *scale = quant::sawb_scale of x (is_unsigned: U4 codes).
+  virtual void int4_scale_to(const Tensor& x, bool is_unsigned, float* scale, uint32_t* flag, uint32_t code) = 0;
+  // *alpha = quant::fp4_alpha(max|g|, levels).
+  virtual void fp4_alpha_to(const Tensor& g, int levels, float* alpha, uint32_t* flag, uint32_t code) = 0;
+  // *out = *scale / divisor (SMP: each sample's codes carry alpha / smp).
+  virtual void divide_scale_to(const float* scale, int divisor, float* out) = 0;
   // Convolution on codes: xq I4/U4 [N,C,H,W], wq I4 [K,C,R,S], gq F4 [N,K,P,Q] (or I4/U4).
   virtual size_t conv2d_q_workspace_bytes(const Conv2dGeom& g, ConvPass pass) const = 0;
   virtual void conv2d_forward_q(const Conv2dGeom& g, const Tensor& xq, const Tensor& wq, const Tensor& b, Tensor& y,

@@ -53,6 +53,12 @@ struct StashOptions {
 // the float kernels of the paths without an integer kernel (depthwise, FP32 backward).
 enum class QuantSlot : uint8_t { X, W, G, XF, WF, GF };
 constexpr int kQuantSlots = 6;
+// Where the backend keeps the 4-bit scales in its memory (Backend::quant_scales_in_memory), per
+// quantized node: X's, W's and G's (FP4 alpha) scales, and G's per SMP sample (alpha / smp).
+enum class ScaleSlot : uint8_t { X, W, G, GSample };
+constexpr int kScaleSlots = 4;
+// What a quantizer met a non-finite value in (its message: OpContext::nonfinite_message).
+enum class NonFiniteOperand : uint8_t { Input, Weight, OutputGradient };
 
 // Per-node hook for profilers (edgetrain memprofile): called after each node's forward / backward.
 class NodeObserver {
@@ -150,6 +156,10 @@ class Executor {
   // a value than its room: the room has grown, and the step must run again on the same batch
   // (set_repeating) before its update. Else fits the room to the step the first time.
   bool fit_stash_room();
+  // Backend::quant_scales_in_memory: throws the NonFiniteError a quantizer would have thrown where
+  // one met a non-finite operand since the last call (one read of the flag); nothing otherwise.
+  // The trainer calls it after the forward and after the backward.
+  void check_quant_finite();
   int stash_room_grown() const { return room_grown_; }  // steps run again so far
   const Stash& stash() const { return stash_; }
   // Whether the readers of this value compute it in forward too (no buffer: plan_forward_by_readers).
@@ -246,6 +256,8 @@ class Executor {
   size_t quant_workspace_ = 0;
   int64_t step_ = 0;
   std::vector<std::pair<int, QuantSlot>> quant_owner_;  // (node, slot) of each planned operand buffer
+  // Backend::quant_scales_in_memory: kScaleSlots floats per node, then the non-finite flag (uint32).
+  Arena quant_scales_;
   // Per node: its input's codes are kept in the stash (bitmap_int4), not in X (executor_codes.cpp).
   std::vector<uint8_t> codes_in_stash_;
   std::vector<PlannedBuffer> plan_quant_operands(const PlanState& st);
@@ -287,7 +299,14 @@ class OpContext {
   // kernels read both through memory/stored_codes.h).
   Tensor input_codes() const;
   void set_quant_scale(QuantSlot s, float scale) { ex_.qbufs_[size_t(node_id_)][size_t(s)].scale = scale; }
-  quant::RngKey quant_rng(int sample) const { return quant::rng_key(seed(), sample); }
+  // Backend::quant_scales_in_memory: this node's scale floats and the step's non-finite flag in the
+  // backend's memory, and the code to leave there for `what` (Executor::check_quant_finite).
+  float* quant_scale(ScaleSlot s) const;
+  uint32_t* quant_flag() const;
+  uint32_t nonfinite_code(NonFiniteOperand what) const { return uint32_t(node_id_ + 1) * 4 + uint32_t(what); }
+  // "layer 'conv1': non-finite input at training step 12 (INT4 forward): the training diverged", ...
+  std::string nonfinite_message(NonFiniteOperand what) const;
+  QuantDraw quant_draw(int sample) const { return QuantDraw{dropout_seed(), sample}; }
   int64_t step() const { return ex_.step_; }
   // Quantizers report their time here (bench step --profile); a no-op unless timing is on.
   bool timing() const { return ex_.timing_; }

@@ -16,6 +16,7 @@
 // a recompute (checkpoint_every) may write them again.
 #include "engine/executor.h"
 #include "engine/executor_plan_state.h"
+#include "quant/policy.h"
 
 namespace et {
 
@@ -81,6 +82,55 @@ void Executor::bind_quant_operands(const PlanState& st, size_t first_extra) {
   }
   report_.quant_operands = 0;
   for (size_t i = first_extra; i < st.buffers.size(); ++i) report_.quant_operands += st.buffers[i].request.bytes;
+  // Scales in the backend's memory: the code operands point at their node's floats from the start.
+  if (quant_owner_.empty() || !backend_.quant_scales_in_memory()) return;
+  quant_scales_.reserve(size_t(st.nn * kScaleSlots + 1) * 4, "the 4-bit scales", backend_.memory());
+  auto* at = static_cast<float*>(quant_scales_.at(0));
+  for (int n = 0; n < st.nn; ++n) {
+    std::array<Tensor, kQuantSlots>& b = qbufs_[size_t(n)];
+    b[size_t(QuantSlot::X)].scale_at = at + n * kScaleSlots + int(ScaleSlot::X);
+    b[size_t(QuantSlot::W)].scale_at = at + n * kScaleSlots + int(ScaleSlot::W);
+    b[size_t(QuantSlot::G)].scale_at = at + n * kScaleSlots + int(ScaleSlot::G);
+  }
+}
+
+float* OpContext::quant_scale(ScaleSlot s) const {
+  ET_CHECK(ex_.quant_scales_.size() > 0, "node ", node_.name, ": the backend keeps no 4-bit scales in its memory");
+  return static_cast<float*>(ex_.quant_scales_.at(size_t(node_id_ * kScaleSlots + int(s)) * 4));
+}
+
+uint32_t* OpContext::quant_flag() const {
+  ET_CHECK(ex_.quant_scales_.size() > 0, "node ", node_.name, ": the backend keeps no 4-bit scales in its memory");
+  return static_cast<uint32_t*>(ex_.quant_scales_.at(size_t(ex_.graph_.num_nodes() * kScaleSlots) * 4));
+}
+
+namespace {
+std::string nonfinite_text(const Node& node, NonFiniteOperand what, int64_t step, const LayerQuant& q) {
+  if (what == NonFiniteOperand::OutputGradient)
+    return fmt("layer '", node.name, "': non-finite output gradient at training step ", step,
+               " (quant.backward = ", backward_quant_name(q.backward), "): the training diverged; lower train.lr");
+  return fmt("layer '", node.name, "': non-finite ", what == NonFiniteOperand::Input ? "input" : "weight",
+             " at training step ", step, " (INT4 forward): the training diverged");
+}
+}  // namespace
+
+std::string OpContext::nonfinite_message(NonFiniteOperand what) const {
+  return nonfinite_text(node_, what, ex_.step_, ex_.quant_[size_t(node_id_)]);
+}
+
+void Executor::check_quant_finite() {
+  if (quant_scales_.size() == 0) return;
+  auto* flag = static_cast<uint32_t*>(quant_scales_.at(size_t(graph_.num_nodes() * kScaleSlots) * 4));
+  Tensor word = Tensor::contiguous(flag, Shape{1}, DType::F32, backend_.device());
+  uint32_t code = 0;
+  backend_.copy_to_host(word, &code);
+  if (code == 0) return;
+  const uint32_t zero = 0;
+  backend_.copy_from_host(&zero, word);
+  const int node = int(code / 4) - 1;
+  ET_CHECK(node >= 0 && node < graph_.num_nodes() && code % 4 < 3, "4-bit non-finite flag ", code);
+  const Node& n = graph_.node(node);
+  throw NonFiniteError(nonfinite_text(n, NonFiniteOperand(code % 4), step_, quant_[size_t(node)]), n.name);
 }
 
 Tensor OpContext::input_codes() const {

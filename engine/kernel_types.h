@@ -6,6 +6,7 @@
 #include <cstdint>
 
 #include "engine/tensor.h"
+#include "quant/codes.h"
 
 namespace et {
 
@@ -28,6 +29,18 @@ struct MaskView {
 struct DropoutSeed {
   uint64_t step = 0;  // the executor's step seed
   uint64_t node = 0;  // the node's own part: mix64(its seed index + 1)
+};
+
+// Where an FP4 quantizer's stochastic rounding takes its bits (LUQ): the node's seed this step, as
+// dropout's (a backend may read `seed.step` from its own memory, so a replayed step rounds with
+// its own bits), and the SMP sample.
+struct QuantDraw {
+  DropoutSeed seed;
+  int sample = 0;
+  ET_HOST_DEVICE quant::RngKey key_for(uint64_t step) const {
+    return quant::rng_key(quant::mix64(step ^ seed.node), sample);
+  }
+  quant::RngKey key() const { return key_for(seed.step); }
 };
 
 // Where a forward kernel may write its output's bitmap (memory/bitmap.h layout and keep rule,

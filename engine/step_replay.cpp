@@ -16,8 +16,10 @@ StepReplay::StepReplay(Executor& ex, bool enabled, int warmup, bool verified_onl
 std::string StepReplay::unverified(const Executor& ex) {
   const std::string why = " is recorded only with train.cuda_graph = true until a GPU run has verified it";
   const Graph& g = ex.graph();
-  for (int n = 0; n < g.num_nodes(); ++n)
+  for (int n = 0; n < g.num_nodes(); ++n) {
     if (g.node(n).op->draws_random()) return "dropout ('" + g.node(n).name + "')" + why;
+    if (ex.layer_quant(n).on()) return "4-bit training ('" + g.node(n).name + "', its scales on the device)" + why;
+  }
   for (const SavedValue& s : ex.stash().saved()) {
     if (s.recomputed) return "recomputation ('" + g.value(s.value).name + "')" + why;
     const StashEncoding enc = s.full ? stash_format_info(s.format).full : stash_format_info(s.format).mask;
@@ -35,7 +37,9 @@ std::string StepReplay::unsupported(const Executor& ex) {
     const Op& op = *g.node(n).op;
     if (op.draws_random() && !ex.backend().replays_draws())
       return "layer '" + g.node(n).name + "' (" + op.type() + ") draws new numbers every step";
-    if (ex.layer_quant(n).on()) return "layer '" + g.node(n).name + "' is 4-bit (its scales change every step)";
+    if (ex.layer_quant(n).on() && !ex.backend().quant_scales_in_memory())
+      return "layer '" + g.node(n).name + "' is 4-bit, and the " + ex.backend().name() +
+             " backend reads its scales back every step";
   }
   // Recomputation (segments, recomputed stack outputs) is host bookkeeping that repeats every step
   // (which views point where, what is pushed again): the recorded kernels are the step's.

@@ -10,7 +10,8 @@
 //   - every saved value stored at a fixed place: dense_fp32 / fp16 / bf16, masks stored alone, and
 //     bitmap_fp32 / fp16 where the stash has the fixed layout (memory/stash.h: a GPU's); not auto,
 //     which chooses its encoding by a count read back;
-//   - no 4-bit layers (per-step scales, read back).
+//   - 4-bit layers only where the backend keeps their scales in its memory
+//     (Backend::quant_scales_in_memory: CUDA), so that no scale is read back or passed by value.
 // Recomputation is recorded with the rest: its bookkeeping is the same every step. When the
 // stash's fixed layout moves its entries (Stash::fit: its room fitted or grown), the next step is
 // recorded again.
@@ -33,7 +34,8 @@ class StepReplay {
   // Why this executor's training step cannot be replayed, "" if it can.
   static std::string unsupported(const Executor& ex);
   // What this executor's step would record that was written without a GPU to run it (session 56:
-  // the bitmap formats' fixed layout, dropout's device seed, recomputation), "" if nothing.
+  // the bitmap formats' fixed layout, dropout's device seed, recomputation; session 57: 4-bit
+  // scales on the device), "" if nothing.
   static std::string unverified(const Executor& ex);
 
   // This step's ex.forward(batch, true) and ex.backward(), recorded and run or replayed; false (and

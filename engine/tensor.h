@@ -18,7 +18,8 @@ namespace et {
 //
 // I4 / U4 / F4: 4-bit codes in the integer kernels' layout, one per byte (quant/codes.h): INT4
 // signed -7..7, INT4 unsigned 0..15, FP4 as the signed power of two it stands for. Their value is
-// code * Tensor::scale (the per-tensor scale, or FP4's alpha), carried beside the data.
+// code * Tensor::scale (the per-tensor scale, or FP4's alpha), carried beside the data (or in the
+// backend's memory, at Tensor::scale_at).
 //
 // BitmapI4 / BitmapU4: the stash's bitmap_int4 encoding of INT4 (signed / unsigned) codes
 // (memory/code_bitmap.h): the bitmap of the non-zero input values, a directory, and the kept
@@ -68,6 +69,9 @@ struct Tensor {
   Shape shape;
   int64_t strides[kMaxDims] = {0, 0, 0, 0};
   float scale = 1.f;  // I4 / U4 / F4: value = code * scale
+  // Where the scale is kept instead, in the backend's memory (Backend::quant_scales_in_memory: a
+  // recordable 4-bit step, whose scales a kernel writes there every step); nullptr: `scale`.
+  const float* scale_at = nullptr;
 
   static Tensor contiguous(void* data, const Shape& shape, DType dtype = DType::F32, Device dev = Device::CPU);
 
@@ -76,6 +80,8 @@ struct Tensor {
   int64_t dim(int i) const { return shape.d[i]; }
   bool is_contiguous() const;
   bool defined() const { return data != nullptr; }
+  // The scale of codes in host-addressable memory (the CPU backend's kernels): *scale_at or scale.
+  float host_scale() const { return scale_at ? *scale_at : scale; }
 
   float* f32() const { ET_CHECK(dtype == DType::F32); return static_cast<float*>(data); }
   int32_t* i32() const { ET_CHECK(dtype == DType::I32); return static_cast<int32_t*>(data); }

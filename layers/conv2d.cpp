@@ -99,11 +99,11 @@ class Conv2dOp final : public Op {
     }
     // The forward operands as the float kernels read them: f32 (FP32 forward) or dequantised codes.
     auto x_f32 = [&] {
-      return q->int4_forward ? qops::dequantized(ctx, QuantSlot::X, QuantSlot::XF, ctx.quant_operand(QuantSlot::X).scale)
+      return q->int4_forward ? qops::dequantized(ctx, QuantSlot::X, QuantSlot::XF, qops::scale_of(ctx.quant_operand(QuantSlot::X)))
                              : ctx.saved(0, be.conv2d_weight_reads(g));
     };
     auto w_f32 = [&] {
-      return q->int4_forward ? qops::dequantized(ctx, QuantSlot::W, QuantSlot::WF, ctx.quant_operand(QuantSlot::W).scale)
+      return q->int4_forward ? qops::dequantized(ctx, QuantSlot::W, QuantSlot::WF, qops::scale_of(ctx.quant_operand(QuantSlot::W)))
                              : ctx.input(1);
     };
     const Tensor dy = ctx.grad_output();
@@ -114,16 +114,18 @@ class Conv2dOp final : public Op {
     }
     // FP4 dL/dy: sample 0 feeds the data gradient; the weight and bias gradients average the SMP
     // samples (each sample's codes carry alpha / smp).
-    const float alpha = qops::grad_alpha(ctx, dy);
+    const qops::QuantScale alpha = qops::grad_alpha(ctx, dy);
     const int smp = q->smp;
     if (q->int4_forward && int_kernels()) {
       const Tensor xq = ctx.input_codes(), wq = ctx.quant_operand(QuantSlot::W);
       Tensor gq = qops::quantize_grad(ctx, dy, alpha, 0);
       if (dx.wanted) be.conv2d_backward_data_q(g, gq, wq, dx.t, dx.accumulate, ws);
+      if (!dw.wanted) return;
+      const qops::QuantScale unit = qops::per_sample(ctx, alpha, smp);
       for (int s = 0; s < smp; ++s) {
         if (s > 0) gq = qops::quantize_grad(ctx, dy, alpha, s);
-        gq.scale = alpha / float(smp);
-        if (dw.wanted) be.conv2d_backward_weight_q(g, xq, gq, dw.t, db.t, dw.accumulate || s > 0, ws);
+        qops::set_scale(gq, unit);
+        be.conv2d_backward_weight_q(g, xq, gq, dw.t, db.t, dw.accumulate || s > 0, ws);
       }
       return;
     }
@@ -135,9 +137,10 @@ class Conv2dOp final : public Op {
     }
     if (!dw.wanted) return;  // frozen: x was not kept
     const Tensor x = x_f32();
+    const qops::QuantScale unit = qops::per_sample(ctx, alpha, smp);
     for (int s = 0; s < smp; ++s) {
       if (s > 0) qops::quantize_grad(ctx, dy, alpha, s);
-      const Tensor gf = qops::dequantized(ctx, QuantSlot::G, QuantSlot::GF, alpha / float(smp));
+      const Tensor gf = qops::dequantized(ctx, QuantSlot::G, QuantSlot::GF, unit);
       be.conv2d_backward_weight(g, x, gf, dw.t, db.t, dw.accumulate || s > 0, ws);
     }
   }
@@ -216,8 +219,8 @@ class Conv2dOp final : public Op {
       if (sums.defined()) return be.conv2d_forward_q_sums(g, xq, wq, b, y, sums, ctx.workspace());
       return be.conv2d_forward_q(g, xq, wq, b, y, ctx.workspace());
     }
-    float_forward(qops::dequantized(ctx, QuantSlot::X, QuantSlot::XF, xq.scale),
-                  qops::dequantized(ctx, QuantSlot::W, QuantSlot::WF, wq.scale));
+    float_forward(qops::dequantized(ctx, QuantSlot::X, QuantSlot::XF, qops::scale_of(xq)),
+                  qops::dequantized(ctx, QuantSlot::W, QuantSlot::WF, qops::scale_of(wq)));
   }
 
   // The largest of bytes(g, pass) over forward, data gradient and weight gradient.

@@ -48,11 +48,11 @@ class LinearOp final : public Op {
       return;
     }
     auto x_f32 = [&] {
-      return q->int4_forward ? qops::dequantized(ctx, QuantSlot::X, QuantSlot::XF, ctx.quant_operand(QuantSlot::X).scale)
+      return q->int4_forward ? qops::dequantized(ctx, QuantSlot::X, QuantSlot::XF, qops::scale_of(ctx.quant_operand(QuantSlot::X)))
                              : ctx.saved(0);
     };
     auto w_f32 = [&] {
-      return q->int4_forward ? qops::dequantized(ctx, QuantSlot::W, QuantSlot::WF, ctx.quant_operand(QuantSlot::W).scale)
+      return q->int4_forward ? qops::dequantized(ctx, QuantSlot::W, QuantSlot::WF, qops::scale_of(ctx.quant_operand(QuantSlot::W)))
                              : ctx.input(1);
     };
     if (q->backward == BackwardQuant::Fp32) {
@@ -60,16 +60,18 @@ class LinearOp final : public Op {
       if (dx.wanted) be.linear_backward_data(dy, w_f32(), dx.t, dx.accumulate);
       return;
     }
-    const float alpha = qops::grad_alpha(ctx, dy);
+    const qops::QuantScale alpha = qops::grad_alpha(ctx, dy);
     const int smp = q->smp;
     if (q->int4_forward) {
       const Tensor xq = ctx.input_codes(), wq = ctx.quant_operand(QuantSlot::W);
       Tensor gq = qops::quantize_grad(ctx, dy, alpha, 0);
       if (dx.wanted) be.linear_backward_data_q(gq, wq, dx.t, dx.accumulate, ctx.workspace());
+      if (!dw.wanted) return;
+      const qops::QuantScale unit = qops::per_sample(ctx, alpha, smp);
       for (int s = 0; s < smp; ++s) {
         if (s > 0) gq = qops::quantize_grad(ctx, dy, alpha, s);
-        gq.scale = alpha / float(smp);
-        if (dw.wanted) be.linear_backward_weight_q(xq, gq, dw.t, db.t, dw.accumulate || s > 0, ctx.workspace());
+        qops::set_scale(gq, unit);
+        be.linear_backward_weight_q(xq, gq, dw.t, db.t, dw.accumulate || s > 0, ctx.workspace());
       }
       return;
     }
@@ -78,10 +80,11 @@ class LinearOp final : public Op {
                                            dx.accumulate);
     if (!dw.wanted) return;  // frozen: x was not kept
     const Tensor x = x_f32();
+    const qops::QuantScale unit = qops::per_sample(ctx, alpha, smp);
     for (int s = 0; s < smp; ++s) {
       if (s > 0) qops::quantize_grad(ctx, dy, alpha, s);
-      be.linear_backward_weight(x, qops::dequantized(ctx, QuantSlot::G, QuantSlot::GF, alpha / float(smp)), dw.t,
-                                db.t, dw.accumulate || s > 0);
+      be.linear_backward_weight(x, qops::dequantized(ctx, QuantSlot::G, QuantSlot::GF, unit), dw.t, db.t,
+                                dw.accumulate || s > 0);
     }
   }
 

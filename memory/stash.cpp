@@ -170,6 +170,7 @@ void Stash::push(int value_id, const Tensor& t, const MaskOut& written, const Te
       in_slot = e.nonzero < 0;
       sized = true, room_kept = e.nonzero;
       e.scale = codes.scale;
+      e.scale_at = codes.scale_at;
     } else if (enc == StashEncoding::F16 || enc == StashEncoding::BF16) {
       const bool bf = enc == StashEncoding::BF16;
       codec_->to_half(x, n, bf, static_cast<uint16_t*>(dst));
@@ -294,6 +295,7 @@ Tensor Stash::get_stored(int value_id) const {
   if (e.stored == StashEncoding::ZeroCopy) return e.view;
   Tensor t = Tensor::contiguous(at(e.encoding_offset), e.view.shape, info.dtype);
   t.scale = e.scale;
+  t.scale_at = e.scale_at;
   return t;
 }
 

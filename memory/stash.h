@@ -184,7 +184,8 @@ class Stash {
     size_t encoding_offset = 0;    // where the encoding starts (offset, or after the exact mask)
     bool exact_mask = false;       // the exact > 0 mask at offset, apart from pruned values
     int64_t nonzero = 0;
-    float scale = 1.f;     // codes: their scale
+    float scale = 1.f;     // codes: their scale, or where the backend keeps it (Tensor::scale_at)
+    const float* scale_at = nullptr;
     Tensor view;           // zero copy: the forward buffer; else shape/dtype of the original
     bool decoded = false;  // unpack buffer holds this step's values
     bool decode_ended = false;  // end_decode: the unpack buffer's planned lifetime is over

@@ -66,7 +66,7 @@ ET_HOST_DEVICE inline uint32_t fmix32(uint32_t h) {  // murmur3 finaliser: a bij
 struct RngKey {
   uint32_t k0 = 0, k1 = 0;
 };
-inline RngKey rng_key(uint64_t layer_seed, int sample) {
+ET_HOST_DEVICE inline RngKey rng_key(uint64_t layer_seed, int sample) {
   const uint64_t k = mix64(layer_seed ^ mix64(0x4C55510000000000ull + uint64_t(sample)));
   return RngKey{uint32_t(k), uint32_t(k >> 32)};
 }

@@ -26,20 +26,29 @@ namespace quant {
 // The coefficients of the LUQ reference code for 4 bits.
 constexpr double kSawbC1 = 12.1, kSawbC2 = 12.2;
 
-// Scale of an INT4 operand; 1 for an all-zero tensor (every code is 0 then).
-inline float sawb_scale(const TensorStats& s, int64_t n, bool is_unsigned) {
+// Scale of an INT4 operand; 1 for an all-zero tensor (every code is 0 then). Host and device
+// (a GPU that keeps its scales in its memory computes them there: the same IEEE operations).
+ET_HOST_DEVICE inline float sawb_scale(const TensorStats& s, int64_t n, bool is_unsigned) {
   if (n <= 0 || s.max_abs == 0.f) return 1.f;
   const double e2 = s.sum_sq / double(n), e1 = s.sum_abs / double(n);
+#if defined(__CUDA_ARCH__)
+  double clip = kSawbC1 * ::sqrt(e2) - kSawbC2 * e1;
+#else
   double clip = kSawbC1 * std::sqrt(e2) - kSawbC2 * e1;
+#endif
   if (!(clip > 0.0) || clip > double(s.max_abs)) clip = double(s.max_abs);
   return float(clip / (is_unsigned ? kInt4UnsignedMax : kInt4SignedMax));
 }
 
 // FP4 alpha; 0 (all codes zero) for a gradient whose largest magnitude is below 1e-30, where
 // 1 / alpha would leave the float range (such a gradient is zero for every practical purpose).
-inline float fp4_alpha(float max_abs, int levels) {
+ET_HOST_DEVICE inline float fp4_alpha(float max_abs, int levels) {
   if (!(max_abs >= 1e-30f)) return 0.f;
+#if defined(__CUDA_ARCH__)
+  return ::ldexpf(max_abs, -(levels - 1));
+#else
   return std::ldexp(max_abs, -(levels - 1));
+#endif
 }
 
 }  // namespace quant

@@ -220,3 +220,33 @@ TEST_CASE("step replay records again when the stash's room moves its entries", "
   CHECK(be.begun == 2);
   CHECK(be.replays == 3);
 }
+
+namespace {
+// RecordingCpu with its 4-bit scales in its memory, as CUDA keeps them.
+class RecordingScalesCpu final : public CpuBackend {
+ public:
+  bool quant_scales_in_memory() const override { return true; }
+  std::string capture_unsupported() const override { return ""; }
+  void begin_capture() override {}
+  std::string end_capture() override { return ""; }
+  void replay() override {}
+};
+}  // namespace
+
+TEST_CASE("a 4-bit step is recorded only where the backend keeps its scales in its memory", "[replay][quant]") {
+  auto luq_model = [](std::unique_ptr<Backend> be) {
+    auto m = std::make_unique<Model>(std::move(be), "resnet8");
+    QuantOptions q;
+    parse_forward_quant("int4", &q.forward);
+    parse_backward_quant("luq_fp4", &q.backward);
+    m->ex = std::make_unique<Executor>(m->g, *m->be, StashOptions{}, q);
+    return m;
+  };
+  CHECK_THAT(StepReplay::unsupported(*luq_model(std::make_unique<RecordingCpu>())->ex),
+             Catch::Contains("is 4-bit") && Catch::Contains("reads its scales back"));
+  const auto m = luq_model(std::make_unique<RecordingScalesCpu>());
+  CHECK(StepReplay::unsupported(*m->ex) == "");
+  // Not yet run on a GPU: train.cuda_graph = auto leaves it op by op, true records it.
+  CHECK_THAT(StepReplay(*m->ex, true, 2, true).why_not(), Catch::Contains("4-bit training"));
+  CHECK(StepReplay(*m->ex, true, 2, false).why_not() == "");
+}

@@ -456,7 +456,7 @@ void forward_q(const Conv2dGeom& g, const Tensor& xq, const Tensor& wq, const Te
   const int64_t RS = g.R * g.S, PQ = g.P * g.Q;
   pack_words(p, [&](int64_t k, int64_t c, int64_t t) { return w[(k * g.C + c) * RS + t]; }, off, mem);
   tap_offsets(p, mem);
-  const float scale = xq.scale * wq.scale;
+  const float scale = xq.host_scale() * wq.host_scale();
   const float* bias = b.defined() ? b.f32() : nullptr;
   float* yd = y.f32();
   run_tile_pass(
@@ -504,7 +504,7 @@ void CpuBackend::conv2d_backward_data_q(const Conv2dGeom& g, const Tensor& gq, c
   const int off = grad_offset();
   pack_words(p, [&](int64_t c, int64_t k, int64_t t) { return w[(k * g.C + c) * RS + RS - 1 - t]; }, off, mem);
   tap_offsets(p, mem);
-  const float scale = gq.scale * wq.scale;
+  const float scale = gq.host_scale() * wq.host_scale();
   float* dxd = dx.f32();
   run_tile_pass(
       p, g.N, off, mem, base + shared, per_thread,
@@ -581,7 +581,7 @@ void CpuBackend::conv2d_backward_weight_q(const Conv2dGeom& g, const Tensor& xq,
       gsum[kk] = s;
     }
   }
-  const float scale = xq.scale * gq.scale;
+  const float scale = xq.host_scale() * gq.host_scale();
   float* wd = dw.f32();
   for (int64_t kk = 0; kk < g.K; ++kk)
     for (int64_t c = 0; c < g.C; ++c)
@@ -591,7 +591,7 @@ void CpuBackend::conv2d_backward_weight_q(const Conv2dGeom& g, const Tensor& xq,
         d = float(v) * scale + (accumulate ? d : 0.f);
       }
   if (db.defined())
-    for (int64_t kk = 0; kk < g.K; ++kk) db.f32()[kk] = float(gsum[kk]) * gq.scale + (accumulate ? db.f32()[kk] : 0.f);
+    for (int64_t kk = 0; kk < g.K; ++kk) db.f32()[kk] = float(gsum[kk]) * gq.host_scale() + (accumulate ? db.f32()[kk] : 0.f);
 }
 
 }  // namespace et

@@ -83,8 +83,11 @@ class CpuBackend : public Backend {
   TensorStats tensor_stats(const Tensor& x) override;
   TensorStats tensor_max_abs(const Tensor& x) override;
   void quantize_int4(const Tensor& x, Tensor& q) override;
-  void quantize_fp4(const Tensor& g, int levels, Fp4Rounding mode, quant::RngKey key, Tensor& q) override;
+  void quantize_fp4(const Tensor& g, int levels, Fp4Rounding mode, const QuantDraw& draw, Tensor& q) override;
   void dequantize(const Tensor& q, Tensor& y) override;
+  void int4_scale_to(const Tensor& x, bool is_unsigned, float* scale, uint32_t* flag, uint32_t code) override;
+  void fp4_alpha_to(const Tensor& g, int levels, float* alpha, uint32_t* flag, uint32_t code) override;
+  void divide_scale_to(const float* scale, int divisor, float* out) override;
   size_t conv2d_q_workspace_bytes(const Conv2dGeom& g, ConvPass pass) const override;
   void conv2d_forward_q(const Conv2dGeom& g, const Tensor& xq, const Tensor& wq, const Tensor& b, Tensor& y,
                         Workspace ws) override;

@@ -38,7 +38,7 @@ void CpuBackend::linear_forward_q(const Tensor& xq, const Tensor& wq, const Tens
   int32_t* acc = cv.take<int32_t>(size_t(N * O));
   const cpu::PackedA a = cpu::igemm_pack_a(IgemmA{xq.codes(), N, I, I, 1, I, 0, a_offset(xq.dtype)}, ap);
   cpu::igemm(a, IgemmB{wq.codes(), I, O, I, 0, 0, true}, acc, O, false, scratch);
-  const float scale = xq.scale * wq.scale;
+  const float scale = xq.host_scale() * wq.host_scale();
   for (int64_t n = 0; n < N; ++n)
     for (int64_t o = 0; o < O; ++o)
       y.f32()[n * O + o] = float(acc[n * O + o]) * scale + (b.defined() ? b.f32()[o] : 0.f);
@@ -53,7 +53,7 @@ void CpuBackend::linear_backward_data_q(const Tensor& gq, const Tensor& wq, Tens
   int32_t* acc = cv.take<int32_t>(size_t(N * I));
   const cpu::PackedA a = cpu::igemm_pack_a(IgemmA{gq.codes(), N, O, O, 1, O, 0, a_offset(gq.dtype)}, ap);
   cpu::igemm(a, IgemmB{wq.codes(), O, I, I, I, 0, false}, acc, I, false, scratch);
-  const float scale = gq.scale * wq.scale;
+  const float scale = gq.host_scale() * wq.host_scale();
   float* d = dx.f32();
   for (int64_t i = 0; i < N * I; ++i) d[i] = float(acc[i]) * scale + (accumulate ? d[i] : 0.f);
 }
@@ -69,14 +69,14 @@ void CpuBackend::linear_backward_weight_q(const Tensor& xq, const Tensor& gq, Te
   // A = gq^T: element (o, n) at gq[n * O + o].
   const cpu::PackedA a = cpu::igemm_pack_a(IgemmA{gq.codes(), O, N, 1, O, N, 0, a_offset(gq.dtype)}, ap);
   cpu::igemm(a, IgemmB{x, N, I, I, I, 0, false}, acc, I, false, scratch);
-  const float scale = xq.scale * gq.scale;
+  const float scale = xq.host_scale() * gq.host_scale();
   float* w = dw.f32();
   for (int64_t i = 0; i < O * I; ++i) w[i] = float(acc[i]) * scale + (accumulate ? w[i] : 0.f);
   if (db.defined())
     for (int64_t o = 0; o < O; ++o) {
       int64_t s = 0;
       for (int64_t n = 0; n < N; ++n) s += gq.codes()[n * O + o];
-      db.f32()[o] = float(s) * gq.scale + (accumulate ? db.f32()[o] : 0.f);
+      db.f32()[o] = float(s) * gq.host_scale() + (accumulate ? db.f32()[o] : 0.f);
     }
 }
 

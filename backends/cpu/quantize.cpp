@@ -503,24 +503,41 @@ TensorStats CpuBackend::tensor_max_abs(const Tensor& x) {
 }
 
 void CpuBackend::quantize_int4(const Tensor& x, Tensor& q) {
-  ET_CHECK(x.numel() == q.numel() && q.scale > 0.f && (q.dtype == DType::I4 || q.dtype == DType::U4));
+  ET_CHECK(x.numel() == q.numel() && q.host_scale() > 0.f && (q.dtype == DType::I4 || q.dtype == DType::U4));
   const bool u = q.dtype == DType::U4;
-  cpu::quantize_int4(x.f32(), x.numel(), 1.f / q.scale, u ? 0 : -quant::kInt4SignedMax,
+  cpu::quantize_int4(x.f32(), x.numel(), 1.f / q.host_scale(), u ? 0 : -quant::kInt4SignedMax,
                      u ? quant::kInt4UnsignedMax : quant::kInt4SignedMax, q.codes());
 }
 
-void CpuBackend::quantize_fp4(const Tensor& g, int levels, Fp4Rounding mode, quant::RngKey key, Tensor& q) {
+void CpuBackend::quantize_fp4(const Tensor& g, int levels, Fp4Rounding mode, const QuantDraw& draw, Tensor& q) {
   ET_CHECK(g.numel() == q.numel() && q.dtype == DType::F4);
-  if (q.scale == 0.f) {  // an all-zero gradient: every code is zero
+  const float alpha = q.host_scale();
+  if (alpha == 0.f) {  // an all-zero gradient: every code is zero
     std::memset(q.codes(), 0, size_t(q.numel()));
     return;
   }
-  cpu::quantize_fp4(g.f32(), g.numel(), 1.f / q.scale, levels, mode, key, q.codes());
+  cpu::quantize_fp4(g.f32(), g.numel(), 1.f / alpha, levels, mode, draw.key(), q.codes());
 }
+
+// Scales in host memory (Backend::quant_scales_in_memory, which tests turn on): the layers' own
+// computation, written where the code tensors point.
+void CpuBackend::int4_scale_to(const Tensor& x, bool is_unsigned, float* scale, uint32_t* flag, uint32_t code) {
+  const TensorStats s = tensor_stats(x);
+  if (!s.finite && *flag == 0) *flag = code;
+  *scale = quant::sawb_scale(s, x.numel(), is_unsigned);
+}
+
+void CpuBackend::fp4_alpha_to(const Tensor& g, int levels, float* alpha, uint32_t* flag, uint32_t code) {
+  const TensorStats s = tensor_max_abs(g);
+  if (!s.finite && *flag == 0) *flag = code;
+  *alpha = quant::fp4_alpha(s.max_abs, levels);
+}
+
+void CpuBackend::divide_scale_to(const float* scale, int divisor, float* out) { *out = *scale / float(divisor); }
 
 void CpuBackend::dequantize(const Tensor& q, Tensor& y) {
   ET_CHECK(q.numel() == y.numel());
-  cpu::dequantize(q.codes(), q.numel(), q.scale, y.f32());
+  cpu::dequantize(q.codes(), q.numel(), q.host_scale(), y.f32());
 }
 
 }  // namespace et

@@ -2,8 +2,10 @@
 // softmax cross-entropy and the SGD step; what it does not run yet. The other kernels:
 // cuda_elementwise.cu, cuda_batchnorm.cu, cuda_pooling.cu, cuda_conv.cu, cuda_quant.cu (4-bit).
 #include <cfloat>
+#include <cstdlib>
 #include <cstdio>
 #include <cstring>
+#include <string>
 
 #include "backends/cuda/cuda_backend.h"
 #include "backends/cuda/cuda_backend_impl.h"
@@ -111,6 +113,22 @@ __global__ void stats_finish_kernel(StatsPart* part, int blocks) {
   if (threadIdx.x == 0) part[0] = s[0];
 }
 
+// A scale kept on the device (quant_scales_in_memory) from the statistics in part[0]: SAWB's INT4
+// scale, or FP4's alpha; a non-finite tensor leaves `code` in *flag if nothing is there yet.
+__global__ void scale_from_stats_kernel(const StatsPart* part, int64_t n, bool sawb, bool is_unsigned, int levels,
+                                        float* out, uint32_t* flag, uint32_t code) {
+  const StatsPart p = part[0];
+  TensorStats s;
+  s.sum_sq = p.sq;
+  s.sum_abs = p.ab;
+  s.max_abs = __uint_as_float(p.max_bits);
+  s.finite = p.bad == 0;
+  if (!s.finite && *flag == 0) *flag = code;
+  *out = sawb ? quant::sawb_scale(s, n, is_unsigned) : quant::fp4_alpha(s.max_abs, levels);
+}
+
+__global__ void divide_scale_kernel(const float* scale, float divisor, float* out) { *out = __fdiv_rn(*scale, divisor); }
+
 // One row (sample) per block: log-sum-exp in double as the CPU does, the row's loss into `rows`.
 __global__ void xent_forward_kernel(const float* z, const int32_t* labels, int64_t K, float smoothing, double* rows) {
   const int64_t n = blockIdx.x;
@@ -185,6 +203,8 @@ CudaBackend::CudaBackend(int device) : device_(device) {
   cuda::check(cudaEventCreateWithFlags(&copied_, cudaEventDisableTiming), "cudaEventCreateWithFlags");
   cuda::check(cudaDeviceGetAttribute(&sm_count_, cudaDevAttrMultiProcessorCount, device), "cudaDeviceGetAttribute");
   codec_ = make_cuda_stash_codec(device, stream_);
+  const char* host_scales = std::getenv("EDGETRAIN_CUDA_HOST_SCALES");
+  scales_on_device_ = !(host_scales && std::string(host_scales) == "1");
   cuda::check(cublasCreate(&blas_), "cublasCreate");
   cuda::check(cublasSetStream(blas_, stream_), "cublasSetStream");
 #if CUDART_VERSION >= 11000
@@ -298,10 +318,9 @@ bool CudaBackend::all_finite(const std::vector<Tensor>& tensors) {
   return read_counter() == 0;
 }
 
-TensorStats CudaBackend::tensor_stats(const Tensor& x) {
-  ET_CHECK(x.is_contiguous());
-  TensorStats out;
-  if (x.numel() == 0) return out;
+// The statistics of x into stats_parts_[0], on the device (x not empty).
+void CudaBackend::stats_on_device(const Tensor& x) {
+  ET_CHECK(x.is_contiguous() && x.numel() > 0);
   // At most kStatsBlocks parts (8 blocks an SM: the reads fill the device, and the parts stay few).
   const int64_t most = std::min<int64_t>(int64_t(sm_count_) * 8, kStatsBlocks);
   const int blocks = int(std::min<int64_t>(blocks_for(x.numel()), most));
@@ -309,6 +328,14 @@ TensorStats CudaBackend::tensor_stats(const Tensor& x) {
   stats_kernel<<<unsigned(blocks), kThreads, 0, stream_>>>(x.f32(), x.numel(), part);
   stats_finish_kernel<<<1, kThreads, 0, stream_>>>(part, blocks);
   cuda::launched("tensor_stats");
+}
+
+TensorStats CudaBackend::tensor_stats(const Tensor& x) {
+  ET_CHECK(x.is_contiguous());
+  TensorStats out;
+  if (x.numel() == 0) return out;
+  stats_on_device(x);
+  auto* part = static_cast<StatsPart*>(stats_parts_);
   StatsPart p;
   cuda::check(cudaMemcpy(&p, part, sizeof(p), cudaMemcpyDeviceToHost), "cudaMemcpy");
   out.sum_sq = p.sq;
@@ -316,6 +343,29 @@ TensorStats CudaBackend::tensor_stats(const Tensor& x) {
   std::memcpy(&out.max_abs, &p.max_bits, 4);
   out.finite = p.bad == 0;
   return out;
+}
+
+// The scales kept on the device: statistics and scale without a read back (an empty tensor's
+// statistics are zeros, parts cleared first).
+void CudaBackend::int4_scale_to(const Tensor& x, bool is_unsigned, float* scale, uint32_t* flag, uint32_t code) {
+  if (x.numel() == 0) cuda::check(cudaMemsetAsync(stats_parts_, 0, sizeof(StatsPart), stream_), "cudaMemsetAsync");
+  else stats_on_device(x);
+  scale_from_stats_kernel<<<1, 1, 0, stream_>>>(static_cast<const StatsPart*>(stats_parts_), x.numel(), true,
+                                                is_unsigned, 0, scale, flag, code);
+  cuda::launched("int4_scale_to");
+}
+
+void CudaBackend::fp4_alpha_to(const Tensor& g, int levels, float* alpha, uint32_t* flag, uint32_t code) {
+  if (g.numel() == 0) cuda::check(cudaMemsetAsync(stats_parts_, 0, sizeof(StatsPart), stream_), "cudaMemsetAsync");
+  else stats_on_device(g);
+  scale_from_stats_kernel<<<1, 1, 0, stream_>>>(static_cast<const StatsPart*>(stats_parts_), g.numel(), false, false,
+                                                levels, alpha, flag, code);
+  cuda::launched("fp4_alpha_to");
+}
+
+void CudaBackend::divide_scale_to(const float* scale, int divisor, float* out) {
+  divide_scale_kernel<<<1, 1, 0, stream_>>>(scale, float(divisor), out);
+  cuda::launched("divide_scale_to");
 }
 
 TensorStats CudaBackend::tensor_max_abs(const Tensor& x) {

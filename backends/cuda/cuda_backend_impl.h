@@ -110,8 +110,14 @@ class CudaBackend final : public Backend {
 
   TensorStats tensor_stats(const Tensor& x) override;
   TensorStats tensor_max_abs(const Tensor& x) override;
+  // Scales on the device (a 4-bit step without read backs, recordable); EDGETRAIN_CUDA_HOST_SCALES=1
+  // reads the statistics back instead (the layers' own path, as before session 57).
+  bool quant_scales_in_memory() const override { return scales_on_device_; }
+  void int4_scale_to(const Tensor& x, bool is_unsigned, float* scale, uint32_t* flag, uint32_t code) override;
+  void fp4_alpha_to(const Tensor& g, int levels, float* alpha, uint32_t* flag, uint32_t code) override;
+  void divide_scale_to(const float* scale, int divisor, float* out) override;
   void quantize_int4(const Tensor& x, Tensor& q) override;
-  void quantize_fp4(const Tensor& g, int levels, Fp4Rounding mode, quant::RngKey key, Tensor& q) override;
+  void quantize_fp4(const Tensor& g, int levels, Fp4Rounding mode, const QuantDraw& draw, Tensor& q) override;
   void dequantize(const Tensor& q, Tensor& y) override;
   size_t conv2d_q_workspace_bytes(const Conv2dGeom& g, ConvPass pass) const override;
   void conv2d_forward_q(const Conv2dGeom& g, const Tensor& xq, const Tensor& wq, const Tensor& b, Tensor& y,
@@ -173,6 +179,8 @@ class CudaBackend final : public Backend {
   void* scratch_ = nullptr;
   static constexpr int64_t kStatsBlocks = 2048;
   void* stats_parts_ = nullptr;  // tensor_stats' per-block parts (kStatsBlocks of them)
+  void stats_on_device(const Tensor& x);
+  bool scales_on_device_ = true;
   double* xent_rows_ = nullptr;
   int64_t xent_rows_capacity_ = 0;
   // Batch norm's per-block partial sums and per-channel coefficients (cuda_batchnorm.cu); grows in

@@ -31,26 +31,51 @@ using cuda::blocks_for;
 using cuda::kThreads;
 using int_gemm::ConvShape;
 
-// ---- quantizers
+// A code tensor's scale as a kernel reads it: the value, or the float of the device's memory a
+// kernel wrote before it in the stream (Tensor::scale_at: Backend::quant_scales_in_memory).
+struct ScaleRef {
+  float value;
+  const float* at;
+  __device__ float get() const { return at ? *at : value; }
+};
+ScaleRef scale_ref(const Tensor& t) { return ScaleRef{t.scale, t.scale_at}; }
+// Two operands' scales multiplied, rounded once as the CPU's xq.scale * wq.scale.
+struct ScaleProduct {
+  ScaleRef a, b;
+  __device__ float get() const { return __fmul_rn(a.get(), b.get()); }
+};
 
-__global__ void quantize_int4_kernel(const float* x, int64_t n, float inv_scale, float lo, float hi, int8_t* q) {
+// ---- quantizers (1 / scale rounded as the CPU's division)
+
+__global__ void quantize_int4_kernel(const float* x, int64_t n, ScaleRef scale, float lo, float hi, int8_t* q) {
+  const float inv_scale = __fdiv_rn(1.f, scale.get());
   ET_GRID_STRIDE(i, n) {
     const float r = fminf(fmaxf(rintf(__fmul_rn(x[i], inv_scale)), lo), hi);  // nearest, ties to even
     q[i] = int8_t(int(r));
   }
 }
 
-__global__ void quantize_fp4_kernel(const float* g, int64_t n, float inv_alpha, int levels, Fp4Rounding mode,
-                                    quant::RngKey key, int8_t* q) {
+// The key from the step seed on the device (set_step_seed), as dropout's: a replayed step rounds
+// with its own bits. alpha 0: an all-zero gradient, every code 0 (the CPU's memset).
+__global__ void quantize_fp4_kernel(const float* g, int64_t n, ScaleRef alpha, int levels, Fp4Rounding mode,
+                                    const uint64_t* step_seed, QuantDraw draw, int8_t* q) {
+  const float a = alpha.get();
+  const float inv_alpha = a == 0.f ? 0.f : __fdiv_rn(1.f, a);
+  const quant::RngKey key = draw.key_for(*step_seed);
   ET_GRID_STRIDE(i, n) {
+    if (a == 0.f) {
+      q[i] = 0;
+      continue;
+    }
     const float v = g[i];
     const int f = quant::fp4_field(__fmul_rn(fabsf(v), inv_alpha), levels, mode, quant::rng_bits(key, uint32_t(i)));
     q[i] = quant::fp4_value(signbit(v) ? 1 : 0, f);
   }
 }
 
-__global__ void dequantize_kernel(const int8_t* q, int64_t n, float scale, float* y) {
-  ET_GRID_STRIDE(i, n) y[i] = __fmul_rn(float(q[i]), scale);
+__global__ void dequantize_kernel(const int8_t* q, int64_t n, ScaleRef scale, float* y) {
+  const float s = scale.get();
+  ET_GRID_STRIDE(i, n) y[i] = __fmul_rn(float(q[i]), s);
 }
 
 // ---- the integer product
@@ -221,12 +246,12 @@ template <class Index>
 struct BiasedOut {
   float* y;
   Index at;
-  float scale;
+  ScaleProduct scale;
   const float* bias;
   bool bias_by_row;
   __device__ void operator()(int64_t m, int64_t n, int v) const {
     const float b = bias ? bias[bias_by_row ? m : n] : 0.f;
-    y[at.at(m, n)] = __fadd_rn(__fmul_rn(float(v), scale), b);
+    y[at.at(m, n)] = __fadd_rn(__fmul_rn(float(v), scale.get()), b);
   }
 };
 // d = float(v) * scale, + d where it accumulates; plus_zero: + 0 otherwise (the CPU's form there).
@@ -234,11 +259,11 @@ template <class Index>
 struct ScaledOut {
   float* d;
   Index at;
-  float scale;
+  ScaleProduct scale;
   bool accumulate, plus_zero;
   __device__ void operator()(int64_t m, int64_t n, int v) const {
     float* p = d + at.at(m, n);
-    const float s = __fmul_rn(float(v), scale);
+    const float s = __fmul_rn(float(v), scale.get());
     *p = accumulate ? __fadd_rn(s, *p) : plus_zero ? __fadd_rn(s, 0.f) : s;
   }
 };
@@ -251,7 +276,7 @@ struct AtomicOut {
 
 // The bias gradient: db[k] = float(sum of g's codes of channel k) * scale (+ db). g is
 // [rows][channels][run] (conv: run = P * Q; linear: run = 1). One block per channel.
-__global__ void code_sums_kernel(const int8_t* g, int64_t rows, int64_t channels, int64_t run, float scale,
+__global__ void code_sums_kernel(const int8_t* g, int64_t rows, int64_t channels, int64_t run, ScaleRef scale,
                                  bool accumulate, float* db) {
   __shared__ long long part[kThreads];
   const int64_t k = blockIdx.x;
@@ -263,7 +288,7 @@ __global__ void code_sums_kernel(const int8_t* g, int64_t rows, int64_t channels
     if (int(threadIdx.x) < h) part[threadIdx.x] += part[threadIdx.x + h];
     __syncthreads();
   }
-  if (threadIdx.x == 0) db[k] = __fadd_rn(__fmul_rn(float(part[0]), scale), accumulate ? db[k] : 0.f);
+  if (threadIdx.x == 0) db[k] = __fadd_rn(__fmul_rn(float(part[0]), scale.get()), accumulate ? db[k] : 0.f);
 }
 
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
@@ -379,30 +404,27 @@ Workspace split_part(Workspace ws, size_t decode) {
 }  // namespace
 
 void CudaBackend::quantize_int4(const Tensor& x, Tensor& q) {
-  ET_CHECK(x.numel() == q.numel() && q.scale > 0.f && (q.dtype == DType::I4 || q.dtype == DType::U4));
+  ET_CHECK(x.numel() == q.numel() && (q.scale_at || q.scale > 0.f) && (q.dtype == DType::I4 || q.dtype == DType::U4));
   const bool u = q.dtype == DType::U4;
   quantize_int4_kernel<<<blocks_for(x.numel()), kThreads, 0, stream_>>>(
-      x.f32(), x.numel(), 1.f / q.scale, u ? 0.f : float(-quant::kInt4SignedMax),
+      x.f32(), x.numel(), scale_ref(q), u ? 0.f : float(-quant::kInt4SignedMax),
       float(u ? quant::kInt4UnsignedMax : quant::kInt4SignedMax), q.codes());
   cuda::launched("quantize_int4");
 }
 
-void CudaBackend::quantize_fp4(const Tensor& g, int levels, Fp4Rounding mode, quant::RngKey key, Tensor& q) {
+void CudaBackend::quantize_fp4(const Tensor& g, int levels, Fp4Rounding mode, const QuantDraw& draw, Tensor& q) {
   ET_CHECK(g.numel() == q.numel() && q.dtype == DType::F4);
   ET_CHECK(levels >= 1 && levels <= quant::kFp4MaxLevels, "FP4 levels ", levels);
   ET_CHECK(g.numel() < (int64_t(1) << 32), "tensor too large for 32-bit RNG counters");
-  if (q.scale == 0.f) {  // an all-zero gradient: every code is zero
-    cuda::check(cudaMemsetAsync(q.codes(), 0, size_t(q.numel()), stream_), "cudaMemsetAsync");
-    return;
-  }
-  quantize_fp4_kernel<<<blocks_for(g.numel()), kThreads, 0, stream_>>>(g.f32(), g.numel(), 1.f / q.scale, levels,
-                                                                         mode, key, q.codes());
+  set_step_seed(draw.seed.step);
+  quantize_fp4_kernel<<<blocks_for(g.numel()), kThreads, 0, stream_>>>(g.f32(), g.numel(), scale_ref(q), levels,
+                                                                         mode, step_seed_dev_, draw, q.codes());
   cuda::launched("quantize_fp4");
 }
 
 void CudaBackend::dequantize(const Tensor& q, Tensor& y) {
   ET_CHECK(q.numel() == y.numel());
-  dequantize_kernel<<<blocks_for(q.numel()), kThreads, 0, stream_>>>(q.codes(), q.numel(), q.scale, y.f32());
+  dequantize_kernel<<<blocks_for(q.numel()), kThreads, 0, stream_>>>(q.codes(), q.numel(), scale_ref(q), y.f32());
   cuda::launched("dequantize");
 }
 
@@ -423,7 +445,7 @@ void CudaBackend::conv2d_forward_q(const Conv2dGeom& g, const Tensor& xq_in, con
   const int64_t CRS = g.C * g.R * g.S, PQ = g.P * g.Q;
   const size_t decode = decode_bytes(g, ConvPass::Forward);
   const Tensor xq = dense_codes(*codec_, xq_in, ws);  // a recompute may read the stash's codes
-  const BiasedOut<int_gemm::PlanesOut> out{y.f32(), int_gemm::PlanesOut{g.K, PQ}, xq.scale * wq.scale,
+  const BiasedOut<int_gemm::PlanesOut> out{y.f32(), int_gemm::PlanesOut{g.K, PQ}, ScaleProduct{scale_ref(xq), scale_ref(wq)},
                                            b.defined() ? b.f32() : nullptr, true};
   run_split_int_gemm(stream_, sm_count_, g.K, g.N * PQ, CRS, int_gemm::Dense{wq.codes(), CRS, 1},
                      int_gemm::ConvInputByTaps{xq.codes(), s}, out, split_part(ws, decode));
@@ -434,8 +456,8 @@ void CudaBackend::conv2d_backward_data_q(const Conv2dGeom& g, const Tensor& gq, 
   ET_CHECK(g.groups == 1 && wq.dtype == DType::I4 && gq.dtype == DType::F4);
   const ConvShape s = conv_shape(g);
   const int64_t HW = g.H * g.W;
-  const ScaledOut<int_gemm::PlanesOut> out{dx.f32(), int_gemm::PlanesOut{g.C, HW}, gq.scale * wq.scale, accumulate,
-                                           false};
+  const ScaledOut<int_gemm::PlanesOut> out{dx.f32(), int_gemm::PlanesOut{g.C, HW},
+                                           ScaleProduct{scale_ref(gq), scale_ref(wq)}, accumulate, false};
   run_split_int_gemm(stream_, sm_count_, g.C, g.N * HW, g.K * g.R * g.S, int_gemm::WeightsByInputChannel{wq.codes(), s},
                      int_gemm::GradByTaps{gq.codes(), s}, out, ws);
 }
@@ -450,12 +472,14 @@ void CudaBackend::conv2d_backward_weight_q(const Conv2dGeom& g, const Tensor& xq
   const size_t decode = decode_bytes(g, ConvPass::BackwardWeight);
   const Tensor xq = dense_codes(*codec_, xq_in, ws);
   // dw = float(sum) * scale, + dw where it accumulates, else + 0 (the CPU's form).
-  const ScaledOut<int_gemm::RowsOut> out{dw.f32(), int_gemm::RowsOut{CRS}, xq.scale * gq.scale, accumulate, true};
+  const ScaledOut<int_gemm::RowsOut> out{dw.f32(), int_gemm::RowsOut{CRS}, ScaleProduct{scale_ref(xq), scale_ref(gq)},
+                                         accumulate, true};
   run_split_int_gemm(stream_, sm_count_, g.K, CRS, g.N * PQ, int_gemm::GradByPositions{gq.codes(), s},
                      int_gemm::ConvInputByPositions{int_gemm::ConvInputByTaps{xq.codes(), s}}, out,
                      split_part(ws, decode));
   if (db.defined())
-    code_sums_kernel<<<unsigned(g.K), kThreads, 0, stream_>>>(gq.codes(), g.N, g.K, PQ, gq.scale, accumulate, db.f32());
+    code_sums_kernel<<<unsigned(g.K), kThreads, 0, stream_>>>(gq.codes(), g.N, g.K, PQ, scale_ref(gq), accumulate,
+                                                              db.f32());
   cuda::launched("conv2d_backward_weight_q");
 }
 
@@ -466,14 +490,15 @@ size_t CudaBackend::linear_q_workspace_bytes(int64_t n, int64_t in, int64_t) con
 void CudaBackend::linear_forward_q(const Tensor& xq_in, const Tensor& wq, const Tensor& b, Tensor& y, Workspace ws) {
   const Tensor xq = dense_codes(*codec_, xq_in, ws);
   const int64_t N = xq.dim(0), I = xq.dim(1), O = wq.dim(0);
-  const BiasedOut<int_gemm::RowsOut> out{y.f32(), int_gemm::RowsOut{O}, xq.scale * wq.scale,
+  const BiasedOut<int_gemm::RowsOut> out{y.f32(), int_gemm::RowsOut{O}, ScaleProduct{scale_ref(xq), scale_ref(wq)},
                                          b.defined() ? b.f32() : nullptr, false};
   run_int_gemm(stream_, N, O, I, int_gemm::Dense{xq.codes(), I, 1}, int_gemm::Dense{wq.codes(), 1, I}, out);
 }
 
 void CudaBackend::linear_backward_data_q(const Tensor& gq, const Tensor& wq, Tensor& dx, bool accumulate, Workspace) {
   const int64_t N = gq.dim(0), O = gq.dim(1), I = wq.dim(1);
-  const ScaledOut<int_gemm::RowsOut> out{dx.f32(), int_gemm::RowsOut{I}, gq.scale * wq.scale, accumulate, true};
+  const ScaledOut<int_gemm::RowsOut> out{dx.f32(), int_gemm::RowsOut{I}, ScaleProduct{scale_ref(gq), scale_ref(wq)},
+                                         accumulate, true};
   run_int_gemm(stream_, N, I, O, int_gemm::Dense{gq.codes(), O, 1}, int_gemm::Dense{wq.codes(), I, 1}, out);
 }
 
@@ -481,10 +506,11 @@ void CudaBackend::linear_backward_weight_q(const Tensor& xq_in, const Tensor& gq
                                            bool accumulate, Workspace ws) {
   const Tensor xq = dense_codes(*codec_, xq_in, ws);
   const int64_t N = xq.dim(0), I = xq.dim(1), O = gq.dim(1);
-  const ScaledOut<int_gemm::RowsOut> out{dw.f32(), int_gemm::RowsOut{I}, xq.scale * gq.scale, accumulate, true};
+  const ScaledOut<int_gemm::RowsOut> out{dw.f32(), int_gemm::RowsOut{I}, ScaleProduct{scale_ref(xq), scale_ref(gq)},
+                                         accumulate, true};
   run_int_gemm(stream_, O, I, N, int_gemm::Dense{gq.codes(), 1, O}, int_gemm::Dense{xq.codes(), I, 1}, out);
   if (db.defined())
-    code_sums_kernel<<<unsigned(O), kThreads, 0, stream_>>>(gq.codes(), N, O, 1, gq.scale, accumulate, db.f32());
+    code_sums_kernel<<<unsigned(O), kThreads, 0, stream_>>>(gq.codes(), N, O, 1, scale_ref(gq), accumulate, db.f32());
   cuda::launched("linear_backward_weight_q");
 }
 

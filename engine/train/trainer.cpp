@@ -199,6 +199,7 @@ bool Trainer::train_step(int64_t batch, float lr, InputFeed* prefetch) {
       if (!replayed) ex.forward(batch, true);
       if (prefetch && !again) prefetch->prefetch();  // before the loss's readback waits for the forward
       uss_.phase();
+      ex.check_quant_finite();  // 4-bit scales in the backend's memory: what a quantizer would have thrown
       have_loss = true;
       // Checked before the backward, so the parameters are still the step's and the guard can run
       // it again to find where the first non-finite value appeared.
@@ -208,6 +209,7 @@ bool Trainer::train_step(int64_t batch, float lr, InputFeed* prefetch) {
         return diverged(c, batch, nullptr, true, lr);
       }
       if (!replayed) ex.backward();
+      ex.check_quant_finite();
       uss_.phase();
     } catch (const NonFiniteError& e) {  // a quantizer's input, weight or output gradient
       if (ex.fit_stash_room()) continue;  // maybe from values the stash had no room for

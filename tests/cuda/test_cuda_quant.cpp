@@ -9,6 +9,7 @@
 #include <catch2/catch.hpp>
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <memory>
 #include <random>
 #include <vector>
@@ -118,11 +119,62 @@ TEST_CASE("cuda: the 4-bit quantizers give the CPU's codes byte for byte", "[cud
         Mirror q{size_t(n)};
         Tensor qc = q.on(false, Shape{n}, DType::F4), qd = q.on(true, Shape{n}, DType::F4);
         qc.scale = qd.scale = quant::fp4_alpha(sc.max_abs, levels);
-        const quant::RngKey key = quant::rng_key(uint64_t(n) * 31 + uint64_t(levels), 1);
-        b.cpu->quantize_fp4(xc, levels, mode, key, qc);
-        b.dev->quantize_fp4(xd, levels, mode, key, qd);
+        const QuantDraw draw{DropoutSeed{uint64_t(n) * 31 + uint64_t(levels), 77}, 1};
+        b.cpu->quantize_fp4(xc, levels, mode, draw, qc);
+        b.dev->quantize_fp4(xd, levels, mode, draw, qd);  // its key from the step seed on the device
         CHECK(q.same());
       }
+    // Scales kept on the device (Backend::quant_scales_in_memory): the floats its statistics give
+    // when read back, and the quantizers reading them there (Tensor::scale_at) give the same codes.
+    Mirror kept(16);  // SAWB signed, unsigned, FP4 alpha, alpha / 3, the non-finite flag
+    REQUIRE(cudaMemset(kept.dptr, 0, 16) == cudaSuccess);
+    auto* at = static_cast<float*>(kept.dptr);
+    auto* flag = reinterpret_cast<uint32_t*>(at + 4);
+    b.dev->int4_scale_to(xd, false, at, flag, 9);
+    b.dev->int4_scale_to(xd, true, at + 1, flag, 9);
+    b.dev->fp4_alpha_to(xd, 7, at + 2, flag, 9);
+    b.dev->divide_scale_to(at + 2, 3, at + 3);
+    const std::vector<uint8_t> got = kept.download();
+    float s[4];
+    uint32_t flagged = 0;
+    std::memcpy(s, got.data(), 16);
+    std::memcpy(&flagged, got.data() + 16, 4);
+    CHECK(s[0] == quant::sawb_scale(sd, n, false));
+    CHECK(s[1] == quant::sawb_scale(sd, n, true));
+    CHECK(s[2] == quant::fp4_alpha(sd.max_abs, 7));
+    CHECK(s[3] == quant::fp4_alpha(sd.max_abs, 7) / 3.f);
+    CHECK(flagged == 0);
+    for (int k : {0, 2}) {
+      Mirror by_value{size_t(n)}, by_place{size_t(n)};
+      const DType t = k == 0 ? DType::I4 : DType::F4;
+      Tensor qv = by_value.on(true, Shape{n}, t), qp = by_place.on(true, Shape{n}, t);
+      qv.scale = s[k];
+      qp.scale = 0.f;  // unused: the scale is read at qp.scale_at
+      qp.scale_at = at + k;
+      const QuantDraw draw{DropoutSeed{5, 6}, 0};
+      if (k == 0) b.dev->quantize_int4(xd, qv), b.dev->quantize_int4(xd, qp);
+      else b.dev->quantize_fp4(xd, 7, Fp4Rounding::Stochastic, draw, qv), b.dev->quantize_fp4(xd, 7, Fp4Rounding::Stochastic, draw, qp);
+      CHECK(by_value.download() == by_place.download());
+      Mirror yv{size_t(n) * 4}, yp{size_t(n) * 4};
+      Tensor fv = yv.on(true, Shape{n}, DType::F32), fp = yp.on(true, Shape{n}, DType::F32);
+      b.dev->dequantize(qv, fv);
+      b.dev->dequantize(qp, fp);
+      CHECK(yv.download() == yp.download());
+    }
+  }
+  {  // a non-finite tensor flags its code once: the first one stays
+    auto x = floats(1000, 3);
+    reinterpret_cast<float*>(x->host.data())[17] = std::numeric_limits<float>::infinity();
+    x->upload();
+    Mirror kept(8);
+    REQUIRE(cudaMemset(kept.dptr, 0, 8) == cudaSuccess);
+    auto* at = static_cast<float*>(kept.dptr);
+    auto* flag = reinterpret_cast<uint32_t*>(at + 1);
+    b.dev->int4_scale_to(x->on(true, Shape{1000}, DType::F32), false, at, flag, 21);
+    b.dev->fp4_alpha_to(x->on(true, Shape{1000}, DType::F32), 7, at, flag, 22);
+    uint32_t flagged = 0;
+    std::memcpy(&flagged, kept.download().data() + 4, 4);
+    CHECK(flagged == 21);
   }
   // An all-zero gradient: alpha 0, every code 0 (the device buffer starts non-zero).
   auto z = outputs(300, 0.f);
@@ -134,7 +186,7 @@ TEST_CASE("cuda: the 4-bit quantizers give the CPU's codes byte for byte", "[cud
   Tensor qd = q.on(true, Shape{300}, DType::F4);
   qd.scale = quant::fp4_alpha(b.dev->tensor_max_abs(z->on(true, Shape{300}, DType::F32)).max_abs, 7);
   CHECK(qd.scale == 0.f);
-  b.dev->quantize_fp4(z->on(true, Shape{300}, DType::F32), 7, Fp4Rounding::Stochastic, quant::rng_key(1, 0), qd);
+  b.dev->quantize_fp4(z->on(true, Shape{300}, DType::F32), 7, Fp4Rounding::Stochastic, QuantDraw{DropoutSeed{1, 2}, 0}, qd);
   CHECK(q.download() == std::vector<uint8_t>(300, 0));
 }
 
