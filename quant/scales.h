@@ -31,8 +31,8 @@ constexpr double kSawbC1 = 12.1, kSawbC2 = 12.2;
 ET_HOST_DEVICE inline float sawb_scale(const TensorStats& s, int64_t n, bool is_unsigned) {
   if (n <= 0 || s.max_abs == 0.f) return 1.f;
   const double e2 = s.sum_sq / double(n), e1 = s.sum_abs / double(n);
-#if defined(__CUDA_ARCH__)
-  double clip = kSawbC1 * ::sqrt(e2) - kSawbC2 * e1;
+#if defined(__CUDA_ARCH__)  // each operation rounded as the host's (no contraction into an FMA)
+  double clip = __dsub_rn(__dmul_rn(kSawbC1, ::sqrt(e2)), __dmul_rn(kSawbC2, e1));
 #else
   double clip = kSawbC1 * std::sqrt(e2) - kSawbC2 * e1;
 #endif

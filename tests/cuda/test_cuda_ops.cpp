@@ -346,14 +346,14 @@ struct Run {
   }
   // On a backend another Run may share: the two then take the same measured conv choices.
   Run(Backend& backend, const StashOptions& so, const std::string& model = "resnet8", int64_t n = 16,
-      float dropout = 0.f)
+      float dropout = 0.f, const QuantOptions& quant = {})
       : be(&backend), batch(n) {
     ModelSpec spec;
     spec.name = model;
     spec.batch = n;
     spec.dropout = dropout;
     build_model(g, spec);
-    ex = std::make_unique<Executor>(g, *be, so);
+    ex = std::make_unique<Executor>(g, *be, so, quant);
     init_parameters(*ex, 5);
   }
   // The batch (pattern `k`: each step of a test may take its own) into the inputs.
@@ -531,6 +531,43 @@ TEST_CASE("cuda: a replayed step (a CUDA graph) equals the step run op by op, bi
       CHECK(rec.ex->stash().fixed_layout());
       CHECK(rec.ex->stash().peak_bytes() == direct.ex->stash().peak_bytes());
     }
+  }
+}
+
+TEST_CASE("cuda: a replayed 4-bit step (scales on the device) equals the step run op by op", "[cuda][replay][quant]") {
+  // LUQ with its scales on the device (Backend::quant_scales_in_memory): no scale read back, the
+  // FP4 rounding key from the device's step seed. Each step has its own batch and seed, so a
+  // replay that kept the recorded step's scales or rounding bits would differ. In dense_fp32 and
+  // in bitmap_int4 (the stash keeps the codes and where their scale is), with 2 SMP samples.
+  for (const char* stash : {"dense_fp32", "bitmap_int4"}) {
+    INFO(stash);
+    StashOptions so;
+    parse_stash_format(stash, &so.format);
+    QuantOptions q;
+    parse_forward_quant("int4", &q.forward);
+    parse_backward_quant("luq_fp4", &q.backward);
+    q.smp_samples = 2;
+    const std::unique_ptr<Backend> shared = make_cuda_backend(0);
+    REQUIRE(shared->quant_scales_in_memory());
+    Run direct(*shared, so, "resnet8", 16, 0.f, q), rec(*shared, so, "resnet8", 16, 0.f, q);
+    REQUIRE(StepReplay::unsupported(*rec.ex) == "");
+    StepReplay replay(*rec.ex, true, 1);
+    float last = 0.f;
+    for (int s = 0; s < 5; ++s) {
+      direct.fill(s);
+      rec.fill(s);
+      direct.ex->set_step_seed(uint64_t(100 + s));
+      rec.ex->set_step_seed(uint64_t(100 + s));
+      step_both(direct, rec, replay);
+      CHECK_NOTHROW(direct.ex->check_quant_finite());
+      CHECK_NOTHROW(rec.ex->check_quant_finite());
+      CHECK(rec.ex->loss() != last);
+      last = rec.ex->loss();
+      REQUIRE(sgd_update(*direct.ex, SgdOptions{0.9f, 5e-4f, false}, 0.02f, s == 0));
+      REQUIRE(sgd_update(*rec.ex, SgdOptions{0.9f, 5e-4f, false}, 0.02f, s == 0));
+    }
+    CHECK(replay.replaying());
+    CHECK((state_bytes(rec) == state_bytes(direct)));
   }
 }
 

@@ -5,6 +5,7 @@
 #include <catch2/catch.hpp>
 
 #include <cmath>
+#include <cstdlib>
 #include <string>
 #include <vector>
 
@@ -118,4 +119,29 @@ TEST_CASE("cuda: the stash's room: a step that outgrows it runs again, the numbe
     CHECK(std::fabs(dev_ratio - cpu_ratio) <= 0.02);
     WARN(stash << ": activations + stash, CPU " << cpu_ratio << " of dense_fp32, CUDA " << dev_ratio);
   }
+}
+
+TEST_CASE("cuda: 4-bit fit with the scales on the device gives the numbers of the scales read back", "[cuda][training][quant]") {
+  // The same statistics kernels either way; the scales computed on the device (each operation
+  // rounded as the host's) and read by the kernels there, or read back and passed by value
+  // (EDGETRAIN_CUDA_HOST_SCALES=1): the same bits. Also with the step recorded (train.cuda_graph).
+  auto fit = [](bool host_scales, int graph) {
+    Config cfg = test::small_fit_config(2, "cuda");
+    cfg.quant.forward = "int4";
+    cfg.quant.backward = "luq_fp4";
+    cfg.memory.stash = "bitmap_int4";
+    cfg.train.cuda_graph = graph == 1, cfg.train.cuda_graph_auto = false;
+    if (host_scales) setenv("EDGETRAIN_CUDA_HOST_SCALES", "1", 1);
+    Trainer t(cfg, test::synthetic_dataset(24, 1), test::synthetic_dataset(10, 2));
+    unsetenv("EDGETRAIN_CUDA_HOST_SCALES");
+    CHECK(t.executor().backend().quant_scales_in_memory() == !host_scales);
+    std::vector<std::string> out;
+    for (const json& j : test::fit_quietly(t, "scales" + std::to_string(host_scales) + std::to_string(graph)))
+      out.push_back(j["train_loss"].dump() + " " + j["test_loss"].dump() + " " + j["test_acc"].dump());
+    return out;
+  };
+  const std::vector<std::string> back = fit(true, 0), device = fit(false, 0), recorded = fit(false, 1);
+  REQUIRE(back.size() == 2);
+  CHECK(device == back);
+  CHECK(recorded == back);
 }
