@@ -94,15 +94,21 @@ if has fused; then
 fi
 
 if has luq; then
-  stamp "4-bit training (LUQ: INT4 forward, FP4 backward) on CUDA beside FP32, op by op (batch 128); 4-bit also with bitmap_int4"
+  # luq: scales on the device (session 57); luq_host_scales: read back as before; +graph: recorded.
+  stamp "4-bit training (LUQ: INT4 forward, FP4 backward) on CUDA beside FP32 (batch 128): scales on the device or read back, op by op or recorded; 4-bit also with bitmap_int4"
   for model in ${LUQ_MODELS:-resnet20 resnet18 vgg16_bn}; do
-    for run in fp32 luq luq_bitmap_int4; do
+    for run in fp32 fp32+graph luq luq_host_scales luq+graph luq_bitmap_int4 luq_bitmap_int4+graph; do
+      base=${run%+graph}
+      graph=false; [ "$run" != "$base" ] && graph=true
       q=(--set memory.stash=dense_fp32)
-      [ "$run" != fp32 ] && q+=(--set quant.forward=int4 --set quant.backward=luq_fp4)
-      [ "$run" = luq_bitmap_int4 ] && q+=(--set memory.stash=bitmap_int4)
-      timeout "${LUQ_S:-120}" "$B/edgetrain" bench step --config "configs/${model}_cifar10.json" --steps "${BENCH_STEPS:-20}" \
-        --warmup 3 --set train.device=cuda --set fusion.enabled=false --set train.cuda_graph=false "${q[@]}" 2>&1 |
-        grep -oE 'median step.*|"stash_peak_mb":[0-9.]+|[^ ]*rror.*' | tr '\n' ' ' | sed "s/^/$model $run: /"
+      [ "$base" != fp32 ] && q+=(--set quant.forward=int4 --set quant.backward=luq_fp4)
+      [ "$base" = luq_bitmap_int4 ] && q+=(--set memory.stash=bitmap_int4)
+      host=0; [ "$base" = luq_host_scales ] && host=1
+      EDGETRAIN_CUDA_HOST_SCALES=$host timeout "${LUQ_S:-120}" "$B/edgetrain" bench step \
+        --config "configs/${model}_cifar10.json" --steps "${BENCH_STEPS:-20}" \
+        --warmup 3 --set train.device=cuda --set fusion.enabled=false --set train.cuda_graph=$graph "${q[@]}" 2>&1 |
+        grep -oE 'median step.*|train.cuda_graph: .*|"stash_peak_mb":[0-9.]+|[^ ]*rror.*' | tr '\n' ' ' |
+        sed "s/^/$model $run: /"
       echo
     done
   done 2>&1 | tee "$OUT/luq.log"
