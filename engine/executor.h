@@ -157,8 +157,9 @@ class Executor {
   // (set_repeating) before its update. Else fits the room to the step the first time.
   bool fit_stash_room();
   // Backend::quant_scales_in_memory: throws the NonFiniteError a quantizer would have thrown where
-  // one met a non-finite operand since the last call (one read of the flag); nothing otherwise.
-  // The trainer calls it after the forward and after the backward.
+  // one met a non-finite operand in this step's forward or backward (one read of the flag, which
+  // each forward clears); nothing otherwise. The trainer calls it after the backward, and before
+  // reporting a diverged loss (so the cause is the quantizer's, as where it throws at once).
   void check_quant_finite();
   int stash_room_grown() const { return room_grown_; }  // steps run again so far
   const Stash& stash() const { return stash_; }

@@ -13,6 +13,7 @@
 
 #include "backends/cpu/cpu_backend.h"
 #include "engine/init.h"
+#include "engine/train/divergence.h"
 #include "engine/train/trainer.h"
 #include "models/models.h"
 #include "tests/fit_helper.h"
@@ -146,4 +147,32 @@ TEST_CASE("4-bit scales in the backend's memory: a non-finite operand throws the
   CHECK_FALSE(mem_threw);
   CHECK_THAT(a, Catch::Contains("non-finite weight at training step 0"));
   CHECK(b == a);
+}
+
+TEST_CASE("4-bit scales in the backend's memory: a quantizer's non-finite value is the same divergence",
+          "[quant][scales][divergence]") {
+  // As "a quantizer's non-finite value is a divergence" (tests/test_divergence.cpp) on the CPU's own
+  // path: a NaN weight in layer1.0.conv2 at step 1 is a NonFiniteValue divergence naming that
+  // layer and the step, and, the weight restored, the next step trains (the flag was cleared).
+  Config cfg = test::small_fit_config(1);
+  cfg.quant.forward = "int4";
+  cfg.quant.backward = "luq_fp4";
+  Trainer t(cfg, test::synthetic_dataset(16, 1), test::synthetic_dataset(8, 2), std::make_unique<ScalesInMemoryCpu>());
+  Executor& ex = t.executor();
+  const Dataset& d = *t.train_data();
+  Tensor x = ex.value(ex.graph().image_input), y = ex.value(ex.graph().label_input);
+  for (int64_t i = 0; i < x.numel(); ++i) x.f32()[i] = float(d.pixels[size_t(i)]) / 255.f - 0.5f;
+  for (int64_t i = 0; i < 8; ++i) y.i32()[i] = d.labels[size_t(i)];
+  REQUIRE(t.train_step(8, 0.05f));
+  float* w = ex.value(ex.graph().find_value("layer1.0.conv2.weight")).f32();
+  const float kept = w[5];
+  w[5] = std::numeric_limits<float>::quiet_NaN();
+  CHECK_FALSE(t.train_step(8, 0.05f));
+  const Divergence& dv = t.divergence();
+  CHECK(dv.cause == DivergenceCause::NonFiniteValue);
+  CHECK(dv.layer == "layer1.0.conv2");
+  CHECK_THAT(dv.detail, Catch::Contains("non-finite weight") && Catch::Contains("step 1"));
+  w[5] = kept;
+  CHECK(t.train_step(8, 0.05f));
+  CHECK(std::isfinite(ex.loss()));
 }

@@ -31,6 +31,9 @@ class FiniteWatch : public NodeObserver {
   explicit FiniteWatch(Executor& ex) : ex_(ex) {}
   void after_forward(int n) override {
     if (bad_node >= 0) return;
+    // Scales in the backend's memory: a quantizer of this node that met a non-finite operand
+    // throws here, as it would have thrown in the node (before its output).
+    ex_.check_quant_finite();
     const Node& node = ex_.graph().node(n);
     const Tensor y = ex_.value(node.output);
     if (y.dtype == DType::AffineRelu) {
@@ -56,6 +59,7 @@ class FiniteWatch : public NodeObserver {
   }
   void after_backward(int n) override {
     if (bad_node >= 0) return;
+    ex_.check_quant_finite();
     // A node runs its backward iff one of its inputs needs a gradient, and then writes all of them.
     for (int id : ex_.graph().node(n).inputs)
       if (ex_.graph().value(id).needs_grad && !scan(ex_.backend(), ex_.grad(id)).finite) {

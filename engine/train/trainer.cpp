@@ -199,17 +199,18 @@ bool Trainer::train_step(int64_t batch, float lr, InputFeed* prefetch) {
       if (!replayed) ex.forward(batch, true);
       if (prefetch && !again) prefetch->prefetch();  // before the loss's readback waits for the forward
       uss_.phase();
-      ex.check_quant_finite();  // 4-bit scales in the backend's memory: what a quantizer would have thrown
       have_loss = true;
       // Checked before the backward, so the parameters are still the step's and the guard can run
       // it again to find where the first non-finite value appeared.
       if (const DivergenceCause c = check_loss(ex.loss(), cfg_.train.divergence_loss); c != DivergenceCause::None) {
+        // 4-bit scales in the backend's memory: what a quantizer would have thrown comes first.
+        ex.check_quant_finite();
         ex.fit_stash_room();  // (the forward reads nothing back from the stash)
         ex.set_repeating(false);
         return diverged(c, batch, nullptr, true, lr);
       }
       if (!replayed) ex.backward();
-      ex.check_quant_finite();
+      ex.check_quant_finite();  // one read of the flag, forward and backward together
       uss_.phase();
     } catch (const NonFiniteError& e) {  // a quantizer's input, weight or output gradient
       if (ex.fit_stash_room()) continue;  // maybe from values the stash had no room for
