@@ -33,6 +33,7 @@
 // settled (overflowed()): that step's backward read values that were not there, so the caller
 // runs it again after fit() made more room (the trainer: engine/train/trainer.cpp).
 #pragma once
+#include <algorithm>
 #include <functional>
 #include <string>
 #include <vector>
@@ -91,14 +92,23 @@ class Stash {
                  double first_room = -1);
 
   // The fixed layout's room (above), after a step and outside the next one: each entry's room is the
-  // most it kept in any step so far, plus `headroom` of it (and kRoomPad): it only grows, but for
-  // the first fit, which replaces the worst case or configure's first_room;
+  // most it kept in any step so far (since forget_kept()), plus `headroom` of it (and kRoomPad): it
+  // only grows, but for the first fit (which replaces the worst case or configure's first_room)
+  // and the first after forget_kept();
   // the region becomes the peak the last step's pushes and pops reach with them (its worst case
   // after a step that stopped part way). Returns whether entries moved (layout_generation()
   // changed). Nothing in the compact layout, or with a negative headroom.
   bool fit(double headroom);
-  // No fit() yet, or the last one followed a step that stopped part way.
+  // No fit() yet, or the last one followed a step that stopped part way, or forget_kept() since.
   bool wants_fit() const { return fixed_layout_ && wants_fit_; }
+  // The counts so far are forgotten: the next fit() sizes each room from the steps after this call
+  // alone, so the region shrinks as the values grow sparser in training (the trainer calls it at
+  // each epoch's start); the rooms stay as they are until then.
+  void forget_kept() {
+    if (!fixed_layout_) return;
+    std::fill(most_kept_.begin(), most_kept_.end(), int64_t(-1));
+    wants_fit_ = true;
+  }
   static constexpr int64_t kRoomPad = 256;  // elements: small values' counts vary most
   // A push of the last step kept more than its room (settles): value_id, else -1.
   int overflowed() const;

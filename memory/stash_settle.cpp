@@ -74,7 +74,7 @@ bool Stash::fit(double headroom) {
     if (most_kept_[i] < 0) continue;  // not sized, or never pushed
     const double want = std::ceil(double(most_kept_[i]) * (1.0 + headroom)) + double(kRoomPad);
     const int64_t room = want >= double(saved_[i].numel) ? saved_[i].numel : int64_t(want);
-    // (most_kept_ only grows: so does the room, once it follows it)
+    // (most_kept_ only grows until forget_kept(): so does the room, but for the fit after that)
     moved = moved || room_[i] != room;
     room_[i] = room;
   }

@@ -180,3 +180,47 @@ TEST_CASE("the stash's room with a negative headroom: every entry keeps its wors
   CHECK(own.region == worst_case_region(cfg));
   CHECK(own.grown == 0);
 }
+
+TEST_CASE("the stash's room follows the values' sparsity: forgotten counts shrink it, a denser step grows it",
+          "[stash][room]") {
+  // One bitmap_fp32 value of 100000 elements in the fixed layout (a codec that defers its counts),
+  // pushed as a step does, with `kept` of its elements non-zero.
+  test::CountingCodec codec;
+  codec.defer = true;
+  const int64_t n = 100000;
+  std::vector<float> x(static_cast<size_t>(n)), decoded(static_cast<size_t>(n));
+  SavedValue sv;
+  sv.value = 0, sv.numel = n, sv.full = true, sv.format = StashFormat::BitmapF32;
+  sv.unpack = Tensor::contiguous(decoded.data(), Shape{n});
+  Stash stash;
+  stash.configure({sv}, 1, 0.f, false, host_memory(), codec, 0.5);
+  auto step = [&](int64_t kept) {
+    for (int64_t i = 0; i < n; ++i) x[size_t(i)] = i % (n / kept) == 0 && i / (n / kept) < kept ? 1.f + float(i % 7) : 0.f;
+    stash.clear();
+    stash.push(0, Tensor::contiguous(x.data(), Shape{n}));
+    const Tensor back = stash.get(0);
+    const bool same = std::equal(x.begin(), x.end(), back.f32());
+    stash.pop(0);
+    return std::make_pair(stash.overflowed(), same);
+  };
+  const size_t first = stash.region_bytes();  // room for half
+  CHECK(first < stash_worst_case_bytes(StashFormat::BitmapF32, n, true));
+  CHECK(step(40000) == std::make_pair(-1, true));
+  CHECK(stash.fit(0.02));
+  const size_t at40 = stash.region_bytes();
+  CHECK(at40 < first);
+  CHECK(step(30000) == std::make_pair(-1, true));
+  CHECK_FALSE(stash.fit(0.02));  // the most kept is still 40000
+  CHECK(stash.region_bytes() == at40);
+  stash.forget_kept();
+  CHECK(stash.wants_fit());
+  CHECK(step(20000) == std::make_pair(-1, true));
+  CHECK(stash.fit(0.02));  // sized from this step alone
+  const size_t at20 = stash.region_bytes();
+  CHECK(at20 < at40);
+  // Denser than the room: the push kept within it (its values lost), the count tells.
+  CHECK(step(30000).first == 0);
+  CHECK(stash.fit(0.02));
+  CHECK(stash.region_bytes() > at20);
+  CHECK(step(30000) == std::make_pair(-1, true));  // the step again: every value back
+}

@@ -292,6 +292,8 @@ EpochResult Trainer::train_epoch(int epoch, Progress& progress) {
   const int64_t steps = loader.batches_per_epoch();
   const Tensor images = whole_batch(ex, graph_.image_input), labels = whole_batch(ex, graph_.label_input);
   feed_->start(loader, images, labels);
+  // The stash's room (fixed layout) follows this epoch's sparsity, not the largest of every epoch.
+  ex.stash().forget_kept();
   EpochResult r;
   r.epoch = epoch + 1;
   r.fnt = fnt_;
