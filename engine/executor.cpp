@@ -84,11 +84,7 @@ void Executor::forward(int64_t batch, bool training) {
   batch_ = batch;
   training_ = training;
   if (training) stash_.clear();  // a forward without its backward leaves nothing behind
-  if (quant_scales_.size() > 0) {  // the non-finite flag covers this pass and its backward
-    Tensor flag = Tensor::contiguous(quant_scales_.at(size_t(graph_.num_nodes() * kScaleSlots) * 4), Shape{1},
-                                     DType::F32, backend_.device());
-    backend_.fill(flag, 0.f);
-  }
+  if (Tensor flag = quant_flag_word(); flag.defined()) backend_.fill(flag, 0.f);  // covers this pass and its backward
   restore_views();
   try {
     forward_nodes(training);

@@ -259,6 +259,7 @@ class Executor {
   std::vector<std::pair<int, QuantSlot>> quant_owner_;  // (node, slot) of each planned operand buffer
   // Backend::quant_scales_in_memory: kScaleSlots floats per node, then the non-finite flag (uint32).
   Arena quant_scales_;
+  Tensor quant_flag_word() const;  // the flag as a 1-element tensor; undefined without scales here
   // Per node: its input's codes are kept in the stash (bitmap_int4), not in X (executor_codes.cpp).
   std::vector<uint8_t> codes_in_stash_;
   std::vector<PlannedBuffer> plan_quant_operands(const PlanState& st);

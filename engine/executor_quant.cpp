@@ -99,9 +99,16 @@ float* OpContext::quant_scale(ScaleSlot s) const {
   return static_cast<float*>(ex_.quant_scales_.at(size_t(node_id_ * kScaleSlots + int(s)) * 4));
 }
 
+Tensor Executor::quant_flag_word() const {
+  if (quant_scales_.size() == 0) return Tensor{};
+  return Tensor::contiguous(quant_scales_.at(size_t(graph_.num_nodes() * kScaleSlots) * 4), Shape{1}, DType::F32,
+                            backend_.device());
+}
+
 uint32_t* OpContext::quant_flag() const {
-  ET_CHECK(ex_.quant_scales_.size() > 0, "node ", node_.name, ": the backend keeps no 4-bit scales in its memory");
-  return static_cast<uint32_t*>(ex_.quant_scales_.at(size_t(ex_.graph_.num_nodes() * kScaleSlots) * 4));
+  const Tensor word = ex_.quant_flag_word();
+  ET_CHECK(word.defined(), "node ", node_.name, ": the backend keeps no 4-bit scales in its memory");
+  return static_cast<uint32_t*>(word.data);
 }
 
 namespace {
@@ -119,14 +126,12 @@ std::string OpContext::nonfinite_message(NonFiniteOperand what) const {
 }
 
 void Executor::check_quant_finite() {
-  if (quant_scales_.size() == 0) return;
-  auto* flag = static_cast<uint32_t*>(quant_scales_.at(size_t(graph_.num_nodes() * kScaleSlots) * 4));
-  Tensor word = Tensor::contiguous(flag, Shape{1}, DType::F32, backend_.device());
+  Tensor word = quant_flag_word();
+  if (!word.defined()) return;
   uint32_t code = 0;
   backend_.copy_to_host(word, &code);
   if (code == 0) return;
-  const uint32_t zero = 0;
-  backend_.copy_from_host(&zero, word);
+  backend_.fill(word, 0.f);  // reported once
   const int node = int(code / 4) - 1;
   ET_CHECK(node >= 0 && node < graph_.num_nodes() && code % 4 < 3, "4-bit non-finite flag ", code);
   const Node& n = graph_.node(node);

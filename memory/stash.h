@@ -237,6 +237,8 @@ class Stash {
     bool sized = false;  // its size follows its count (bitmap values, codes)
     int64_t room = -1, room_kept = -1;
   };
+  template <class RoomOfPush, class AtEach>
+  size_t replay_log(RoomOfPush room_of_push, AtEach at_each) const;  // stash_settle.cpp
   struct Packed {  // an entry of the compact layout settle() replays
     int value;
     size_t end, bytes;

@@ -7,22 +7,14 @@
 
 namespace et {
 
-void Stash::settle() const {
-  if (!unsettled_) return;
-  unsettled_ = false;
-  // One copy of every slot, where a push left its count in one (dense formats leave none).
-  if (std::any_of(log_.begin(), log_.end(), [](const LogEvent& ev) { return ev.in_slot; }))
-    codec_->read_back(host_counts_.data(), slots_.at(0), host_counts_.size() * sizeof(int64_t));
-  // Stash::push / pop's placement, with each entry's packed bytes.
+// The logged pushes and pops placed as Stash::push / pop place them, each push taking
+// room_of_push(ev) bytes in the region (zero-copy values: their bytes beside it). Calls
+// at_each(top, zero_copy) after every push; returns the live bytes (top + zero copy) at the end.
+template <class RoomOfPush, class AtEach>
+size_t Stash::replay_log(RoomOfPush room_of_push, AtEach at_each) const {
   size_t top = 0, zero_copy = 0;
-  packed_.clear();
+  packed_.clear();  // reserved at configure(): no allocation between steps
   for (const LogEvent& ev : log_) {
-    if (ev.push && ev.sized) {  // the entry's room against what it kept
-      const size_t i = size_t(index_[size_t(ev.value)]);
-      const int64_t kept = ev.in_slot && ev.room_kept < 0 ? host_counts_[i] : ev.room_kept;
-      most_kept_[i] = std::max(most_kept_[i], kept);
-      if (ev.room >= 0 && kept > ev.room && overflow_value_ < 0) overflow_value_ = ev.value;
-    }
     if (!ev.push) {
       auto it = std::find_if(packed_.rbegin(), packed_.rend(), [&](const Packed& p) { return p.value == ev.value; });
       ET_CHECK(it != packed_.rend(), "stash log: pop of value ", ev.value, " not pushed");
@@ -36,29 +28,45 @@ void Stash::settle() const {
         }
       continue;
     }
+    const size_t bytes = room_of_push(ev);
     if (ev.stored == StashEncoding::ZeroCopy) {
-      zero_copy += ev.extra_bytes;
-      packed_.push_back({ev.value, 0, ev.extra_bytes, true});
+      zero_copy += bytes;
+      packed_.push_back({ev.value, 0, bytes, true});
     } else {
-      size_t bytes = 0;
-      if (ev.stored != StashEncoding::Recomputed) {
-        const int64_t kept = ev.in_slot ? host_counts_[size_t(index_[size_t(ev.value)])] : ev.nonzero;
-        bytes = ev.extra_bytes + stash_encoding_bytes(ev.stored, ev.numel, kept);
-        StashRecord& rec = records_[size_t(ev.value)];
-        rec.nonzero = kept;
-        rec.bytes = bytes;
-      }
-      top += Arena::align_up(bytes);
+      top += bytes;
       packed_.push_back({ev.value, top, bytes, false});
     }
-    peak_ = std::max(peak_, top + zero_copy);
+    at_each(top, zero_copy);
   }
-  logical_live_ = top + zero_copy;
+  return top + zero_copy;
 }
 
-}  // namespace et
+void Stash::settle() const {
+  if (!unsettled_) return;
+  unsettled_ = false;
+  // One copy of every slot, where a push left its count in one (dense formats leave none).
+  if (std::any_of(log_.begin(), log_.end(), [](const LogEvent& ev) { return ev.in_slot; }))
+    codec_->read_back(host_counts_.data(), slots_.at(0), host_counts_.size() * sizeof(int64_t));
+  // Each entry with its packed bytes: the compact layout's records and peak.
+  logical_live_ = replay_log(
+      [&](const LogEvent& ev) -> size_t {
+        const size_t i = size_t(index_[size_t(ev.value)]);
+        if (ev.sized) {  // the entry's room against what it kept
+          const int64_t kept = ev.in_slot && ev.room_kept < 0 ? host_counts_[i] : ev.room_kept;
+          most_kept_[i] = std::max(most_kept_[i], kept);
+          if (ev.room >= 0 && kept > ev.room && overflow_value_ < 0) overflow_value_ = ev.value;
+        }
+        if (ev.stored == StashEncoding::ZeroCopy) return ev.extra_bytes;
+        if (ev.stored == StashEncoding::Recomputed) return 0;
+        const int64_t kept = ev.in_slot ? host_counts_[i] : ev.nonzero;
+        StashRecord& rec = records_[size_t(ev.value)];
+        rec.nonzero = kept;
+        rec.bytes = ev.extra_bytes + stash_encoding_bytes(ev.stored, ev.numel, kept);
+        return Arena::align_up(rec.bytes);
+      },
+      [&](size_t top, size_t zero_copy) { peak_ = std::max(peak_, top + zero_copy); });
+}
 
-namespace et {
 
 int Stash::overflowed() const {
   settle();
@@ -84,24 +92,12 @@ bool Stash::fit(double headroom) {
   const bool whole_step = stack_.empty();
   size_t peak = 0;
   if (whole_step) {
-    // The last step's pushes and pops (Stash::push / pop's placement) with the new slots.
-    // (packed_, settled above, is free to reuse: no allocation between steps)
-    size_t top = 0;
-    packed_.clear();  // zero-copy values take no room here
-    for (const LogEvent& ev : log_) {
-      if (ev.push) {
-        if (ev.stored == StashEncoding::ZeroCopy) continue;
-        const size_t bytes = slot_bytes(saved_[size_t(index_[size_t(ev.value)])], ev.numel);
-        top += bytes;
-        packed_.push_back({ev.value, top, bytes, false});
-        peak = std::max(peak, top);
-        continue;
-      }
-      auto it = std::find_if(packed_.rbegin(), packed_.rend(), [&](const Packed& p) { return p.value == ev.value; });
-      if (it == packed_.rend()) continue;  // a zero-copy value
-      packed_.erase(std::next(it).base());
-      top = packed_.empty() ? 0 : packed_.back().end;
-    }
+    // The last step's pushes and pops with the new slots (settle() above is done with packed_).
+    replay_log(
+        [&](const LogEvent& ev) -> size_t {
+          return ev.stored == StashEncoding::ZeroCopy ? 0 : slot_bytes(saved_[size_t(index_[size_t(ev.value)])], ev.numel);
+        },
+        [&](size_t top, size_t) { peak = std::max(peak, top); });
   } else {
     for (const SavedValue& v : saved_) peak += slot_bytes(v, v.numel);  // all at once, as configure()
   }

@@ -18,6 +18,7 @@
 #include "models/models.h"
 #include "tests/fit_helper.h"
 #include "tests/synthetic_data.h"
+#include "tests/tiny_training.h"
 
 using namespace et;
 
@@ -111,10 +112,7 @@ TEST_CASE("4-bit scales in the backend's memory: a non-finite operand throws the
     spec.batch = 8;
     spec.fusion.enabled = false;
     build_model(g, spec);
-    QuantOptions q;
-    parse_forward_quant("int4", &q.forward);
-    parse_backward_quant("luq_fp4", &q.backward);
-    Executor ex(g, be, StashOptions{}, q);
+    Executor ex(g, be, StashOptions{}, test::luq());
     init_parameters(ex, 3);
     Tensor x = ex.value(g.image_input);
     for (int64_t i = 0; i < x.numel(); ++i) x.f32()[i] = float(i % 13) / 6.f - 1.f;

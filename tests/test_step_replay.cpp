@@ -12,6 +12,7 @@
 #include "engine/step_replay.h"
 #include "models/models.h"
 #include "tests/counting_codec.h"
+#include "tests/tiny_training.h"
 
 using namespace et;
 
@@ -236,10 +237,7 @@ class RecordingScalesCpu final : public CpuBackend {
 TEST_CASE("a 4-bit step is recorded only where the backend keeps its scales in its memory", "[replay][quant]") {
   auto luq_model = [](std::unique_ptr<Backend> be) {
     auto m = std::make_unique<Model>(std::move(be), "resnet8");
-    QuantOptions q;
-    parse_forward_quant("int4", &q.forward);
-    parse_backward_quant("luq_fp4", &q.backward);
-    m->ex = std::make_unique<Executor>(m->g, *m->be, StashOptions{}, q);
+    m->ex = std::make_unique<Executor>(m->g, *m->be, StashOptions{}, test::luq());
     return m;
   };
   CHECK_THAT(StepReplay::unsupported(*luq_model(std::make_unique<RecordingCpu>())->ex),

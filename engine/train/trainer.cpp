@@ -157,6 +157,17 @@ void Trainer::build(bool keep_train) {
 
 Trainer::~Trainer() = default;
 
+namespace {
+// A budget plan's formats and recomputation, with the config's keys the plan does not choose
+// (page release, the GPU stash's room).
+StashOptions with_config_keys(StashOptions planned, const StashOptions& config) {
+  planned.release_pages = config.release_pages;
+  planned.room_headroom = config.room_headroom;
+  planned.first_room = config.first_room;
+  return planned;
+}
+}  // namespace
+
 StashOptions plan_stash_options(const Config& cfg, Graph& g, Backend& backend, BudgetPlan* plan, bool fnt) {
   if (cfg.memory.budget_mb <= 0) return cfg.stash_options(fnt);
   BudgetPlan p;
@@ -172,10 +183,7 @@ StashOptions plan_stash_options(const Config& cfg, Graph& g, Backend& backend, B
       if (!cfg.weights.empty()) load_weights(cfg.weights, ex);  // its sparsity is what training sees
     });
   }
-  StashOptions s = p.options;
-  s.release_pages = cfg.memory.release_pages;
-  s.room_headroom = cfg.memory.stash_headroom;
-  s.first_room = cfg.stash_options(fnt).first_room;
+  StashOptions s = with_config_keys(p.options, cfg.stash_options(fnt));
   if (plan) *plan = std::move(p);
   return s;
 }
@@ -238,12 +246,7 @@ QuantOptions Trainer::quant_options(bool fnt) const {
 StashOptions Trainer::stash_options(bool fnt) const {
   StashOptions stash = cfg_.stash_options(fnt);
   const BudgetPlan& plan = fnt ? budget_fnt_ : budget_;
-  if (plan.budget_mb > 0) {
-    stash = plan.options;
-    stash.release_pages = cfg_.memory.release_pages;
-    stash.room_headroom = cfg_.memory.stash_headroom;
-    stash.first_room = cfg_.stash_options(fnt).first_room;
-  }
+  if (plan.budget_mb > 0) stash = with_config_keys(plan.options, stash);
   // A layer raised to FP32 saves its input in f32, so no INT4 codes of it: bitmap_int4 there
   // becomes bitmap_fp32 (exact as well).
   for (auto& [value, format] : stash.layers)

@@ -25,6 +25,7 @@
 #include "engine/train/optimizer.h"
 #include "models/models.h"
 #include "tests/cuda/device_bytes.h"
+#include "tests/tiny_training.h"
 
 using namespace et;
 
@@ -543,10 +544,7 @@ TEST_CASE("cuda: a replayed 4-bit step (scales on the device) equals the step ru
     INFO(stash);
     StashOptions so;
     parse_stash_format(stash, &so.format);
-    QuantOptions q;
-    parse_forward_quant("int4", &q.forward);
-    parse_backward_quant("luq_fp4", &q.backward);
-    q.smp_samples = 2;
+    const QuantOptions q = test::luq(2);
     const std::unique_ptr<Backend> shared = make_cuda_backend(0);
     REQUIRE(shared->quant_scales_in_memory());
     Run direct(*shared, so, "resnet8", 16, 0.f, q), rec(*shared, so, "resnet8", 16, 0.f, q);
