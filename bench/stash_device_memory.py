@@ -39,7 +39,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--edgetrain", default=os.path.join(ROOT, "build", "edgetrain"))
     ap.add_argument("--models", default="resnet20,vgg16_bn")
-    ap.add_argument("--formats", default="bitmap_fp32,bitmap_fp16,bitmap_int4")
+    ap.add_argument("--formats", default="bitmap_fp32,bitmap_fp16,auto,bitmap_int4")
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--batch", type=int, default=128)
     ap.add_argument("--steps", type=int, default=4)

@@ -23,7 +23,7 @@ std::string StepReplay::unverified(const Executor& ex) {
   for (const SavedValue& s : ex.stash().saved()) {
     if (s.recomputed) return "recomputation ('" + g.value(s.value).name + "')" + why;
     const StashEncoding enc = s.full ? stash_format_info(s.format).full : stash_format_info(s.format).mask;
-    if (enc == StashEncoding::BitmapF32 || enc == StashEncoding::BitmapF16)
+    if (enc == StashEncoding::BitmapF32 || enc == StashEncoding::BitmapF16 || stash_encoding_info(enc).codes)
       return std::string(stash_format_name(s.format)) + " ('" + g.value(s.value).name + "')" + why;
   }
   if (ex.memory().recompute_segments > 0) return "recomputation" + why;
@@ -48,12 +48,12 @@ std::string StepReplay::unsupported(const Executor& ex) {
     const StashFormatInfo& f = stash_format_info(s.format);
     const StashEncoding enc = s.full ? f.full : f.mask;
     // Fixed sizes: a mask alone is n bits (its producer leaves the count out while recording).
-    // Bitmaps with values where the stash places each entry at its worst case and leaves the
-    // counts on the device (Stash::fixed_layout). auto chooses its encoding by the count.
+    // Bitmaps with values or codes where the stash places each entry in its room and leaves the
+    // counts on the device (Stash::fixed_layout); there auto's encoding is the entry's, and
+    // bitmap_int4's signedness the layer's.
     const bool fixed = enc == StashEncoding::ZeroCopy || enc == StashEncoding::F16 || enc == StashEncoding::BF16 ||
-                       enc == StashEncoding::Mask ||
-                       (ex.stash().fixed_layout() && (enc == StashEncoding::BitmapF32 || enc == StashEncoding::BitmapF16));
-    if (!fixed || (s.full && f.full_alt != f.full))
+                       enc == StashEncoding::Mask || (ex.stash().fixed_layout() && stash_encoding_info(enc).bitmap);
+    if (!fixed)
       return std::string("value '") + g.value(s.value).name + "' is stored as " + stash_format_name(s.format) +
              (s.full ? "" : " (a mask)") + ", whose size the step reads back";
   }

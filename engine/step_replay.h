@@ -8,8 +8,8 @@
 //   - no op that draws random numbers (dropout's seed changes every step), unless the backend's
 //     kernels read the step seed from its memory (Backend::replays_draws: CUDA);
 //   - every saved value stored at a fixed place: dense_fp32 / fp16 / bf16, masks stored alone, and
-//     bitmap_fp32 / fp16 where the stash has the fixed layout (memory/stash.h: a GPU's); not auto,
-//     which chooses its encoding by a count read back;
+//     where the stash has the fixed layout (memory/stash.h: a GPU's) bitmap_fp32 / fp16, the codes
+//     of bitmap_int4 and auto (whose encoding each entry's room decides there, not a count);
 //   - 4-bit layers only where the backend keeps their scales in its memory
 //     (Backend::quant_scales_in_memory: CUDA), so that no scale is read back or passed by value.
 // Recomputation is recorded with the rest: its bookkeeping is the same every step. When the
@@ -35,7 +35,7 @@ class StepReplay {
   static std::string unsupported(const Executor& ex);
   // What this executor's step would record that was written without a GPU to run it (session 56:
   // the bitmap formats' fixed layout, dropout's device seed, recomputation; session 57: 4-bit
-  // scales on the device), "" if nothing.
+  // scales on the device; session 58: auto and bitmap_int4 recorded), "" if nothing.
   static std::string unverified(const Executor& ex);
 
   // This step's ex.forward(batch, true) and ex.backward(), recorded and run or replayed; false (and

@@ -94,10 +94,17 @@ void Stash::clear() {
   top_ = zero_copy_live_ = 0;
 }
 
+bool Stash::copies(const SavedValue& s, int64_t n) const {
+  if (!fixed_layout_ || !s.full || s.recomputed) return false;
+  const StashFormatInfo& f = stash_format_info(s.format);
+  if (f.full_alt == f.full || stash_encoding_info(f.full_alt).codes) return false;  // no count decides
+  return stash_encoding_bytes(f.full, n, room_of(s, n)) >= stash_encoding_bytes(f.full_alt, n, n);
+}
+
 MaskOut Stash::mask_target(int value_id, int64_t numel) const {
   const SavedValue& s = *info(value_id);
   MaskOut m;
-  if (s.recomputed || !stash_format_has_bitmap(s.format, s.full)) return m;
+  if (s.recomputed || !stash_format_has_bitmap(s.format, s.full) || copies(s, numel)) return m;
   m.bits = static_cast<uint64_t*>(at(top_));
   m.kept_slot = count_slot(value_id);
   // Pruned bits only where they select stored values and no mask is read from them.
@@ -146,7 +153,7 @@ void Stash::push(int value_id, const Tensor& t, const MaskOut& written, const Te
     zero_copy_live_ += e.bytes;
   } else {
     const auto t0 = timing_ ? Clock::now() : Clock::time_point{};
-    if (mask_apart(s)) {
+    if (mask_apart(s) && !copies(s, n)) {  // (a copy is its own exact mask)
       // The exact mask first (the producer may have written it: mask_target), then the encoding
       // with pruned values, whose own bitmap the pack below computes (and counts, into the slot).
       mask_bytes = Arena::align_up(size_t(bitmap::num_words(n)) * 8);
@@ -177,19 +184,29 @@ void Stash::push(int value_id, const Tensor& t, const MaskOut& written, const Te
       e.nonzero = n;
     } else {
       const bool f16 = enc == StashEncoding::BitmapF16;
-      // Only auto (two encodings to choose from) needs the count before choosing (read back, also
-      // in the fixed layout); pack itself counts (one pass fewer).
+      // auto has two encodings to choose from. The compact layout chooses per push, by a count
+      // (pack itself counts, one pass fewer); the fixed layout per entry, by its room (copies()),
+      // so that no push waits for a count and a step with auto can be recorded.
       const bool chooses = format.full_alt != format.full;
-      if (chooses && !(bits_kept >= 0)) bits_kept = codec_->count_nonzero(x, n, prune_threshold_);
-      if (chooses && stash_encoding_bytes(enc, n, bits_kept) >= stash_encoding_bytes(format.full_alt, n, n)) {
+      bool copy = false;
+      if (chooses && fixed_layout_) {
+        copy = copies(s, n);
+      } else if (chooses) {
+        if (!(bits_kept >= 0)) bits_kept = codec_->count_nonzero(x, n, prune_threshold_);
+        copy = stash_encoding_bytes(enc, n, bits_kept) >= stash_encoding_bytes(format.full_alt, n, n);
+      }
+      if (copy) {
         enc = format.full_alt;  // CopyF32: dense is smaller, keep an exact copy (its own mask)
         mask_bytes = 0;
         e.exact_mask = false;
         e.encoding_offset = top_;
         dst = at(top_);
-        if (bits_kept <= room) codec_->copy(dst, x, size_t(n) * 4);  // else no room: overflowed() says
+        codec_->copy(dst, x, size_t(n) * 4);
         e.nonzero = n;
-        sized = true, room_kept = bits_kept;
+        // What a bitmap would keep, for the room (fit() may choose the bitmap again): in the slot
+        // where the producer wrote it or the codec leaves it (fixed layout).
+        sized = true;
+        room_kept = fixed_layout_ ? codec_->make_bits(x, n, prune_threshold_, nullptr, slot) : bits_kept;
       } else {
         uint64_t* bits = static_cast<uint64_t*>(dst);
         void* values = bits + bitmap::num_words(n);
@@ -240,7 +257,7 @@ void Stash::push(int value_id, const Tensor& t, const MaskOut& written, const Te
   ev.nonzero = e.nonzero;
   ev.extra_bytes = enc == StashEncoding::ZeroCopy ? e.bytes : mask_bytes;
   ev.sized = sized;
-  ev.room = sized && room < n ? room : -1;
+  ev.room = sized && room < n && enc != StashEncoding::CopyF32 ? room : -1;  // (a copy keeps everything)
   ev.room_kept = room_kept;
   log_.push_back(ev);
   unsettled_ = true;

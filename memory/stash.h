@@ -208,6 +208,9 @@ class Stash {
   size_t slot_bytes(const SavedValue& s, int64_t n) const;
   // The kept elements an entry of n elements has room for (n: no limit).
   int64_t room_of(const SavedValue& s, int64_t n) const;
+  // auto in the fixed layout: whether a push of n elements stores the dense copy, which its room
+  // decides (a bitmap with room_of(..) values would take as much); the compact layout counts.
+  bool copies(const SavedValue& s, int64_t n) const;
   int64_t* count_slot(int value_id) const;
   void* at(size_t offset) const { return region_.at(offset); }
 
@@ -226,8 +229,9 @@ class Stash {
   // The fixed layout's state (stash_settle.cpp). A push's count is known (`nonzero`) or in the
   // value's slot (`in_slot`); `extra_bytes`: the exact mask before the encoding, or a zero-copy
   // value's bytes.
-  // `room`: the kept elements the entry had room for (-1: its worst case); `room_kept`: what it kept
-  // of them when known (auto counts the bitmap's even when it copies), else in the slot.
+  // `room`: the kept elements the entry had room for (-1: its worst case, or a copy); `room_kept`:
+  // what it kept of them when known (auto counts the bitmap's even when it copies), else (-1) in
+  // the slot.
   struct LogEvent {
     int value = -1;
     bool push = false, in_slot = false;

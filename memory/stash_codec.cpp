@@ -19,7 +19,7 @@ class HostStashCodec final : public StashCodec {
     return bitmap::count_nonzero(x, n, prune_threshold);
   }
   int64_t make_bits(const float* x, int64_t n, float prune_threshold, uint64_t* bits, int64_t*) override {
-    return bitmap::make_bits(x, n, prune_threshold, bits);
+    return bits ? bitmap::make_bits(x, n, prune_threshold, bits) : bitmap::count_nonzero(x, n, prune_threshold);
   }
   // With less room than n (the fixed layout; never the host's own compact one), a count first:
   // more kept than the room writes no values at all.

@@ -29,6 +29,7 @@ class StashCodec {
   virtual int64_t count_nonzero(const float* x, int64_t n, float prune_threshold) = 0;
   virtual bool defers_counts() const { return false; }
   // bits[num_words(n)] = the kept-element bitmap; returns its population (bitmap::make_bits).
+  // bits == nullptr: the count alone (count_nonzero), left at count_out as other counts are.
   virtual int64_t make_bits(const float* x, int64_t n, float prune_threshold, uint64_t* bits, int64_t* count_out) = 0;
   // values[] = the elements `bits` keeps, in order, f32 or f16 (bitmap::pack_values).
   virtual void pack_values(const float* x, const uint64_t* bits, int64_t n, void* values, bool f16,

@@ -45,14 +45,14 @@ void Stash::settle() const {
   if (!unsettled_) return;
   unsettled_ = false;
   // One copy of every slot, where a push left its count in one (dense formats leave none).
-  if (std::any_of(log_.begin(), log_.end(), [](const LogEvent& ev) { return ev.in_slot; }))
+  if (std::any_of(log_.begin(), log_.end(), [](const LogEvent& ev) { return ev.in_slot || (ev.sized && ev.room_kept < 0); }))
     codec_->read_back(host_counts_.data(), slots_.at(0), host_counts_.size() * sizeof(int64_t));
   // Each entry with its packed bytes: the compact layout's records and peak.
   logical_live_ = replay_log(
       [&](const LogEvent& ev) -> size_t {
         const size_t i = size_t(index_[size_t(ev.value)]);
         if (ev.sized) {  // the entry's room against what it kept
-          const int64_t kept = ev.in_slot && ev.room_kept < 0 ? host_counts_[i] : ev.room_kept;
+          const int64_t kept = ev.room_kept < 0 ? host_counts_[i] : ev.room_kept;
           most_kept_[i] = std::max(most_kept_[i], kept);
           if (ev.room >= 0 && kept > ev.room && overflow_value_ < 0) overflow_value_ = ev.value;
         }

@@ -48,7 +48,7 @@ if has bench; then
   stamp "bench step on CUDA (batch 128); every format also with train.cuda_graph (bitmaps: the fixed layout)"
   for model in ${BENCH_MODELS:-resnet20 resnet18 vgg16_bn mobilenetv2}; do
     for run in dense_fp32 dense_fp32+graph bitmap_fp32 bitmap_fp32+graph bitmap_fp16 bitmap_fp16+graph dense_bf16 \
-               dense_bf16+graph; do
+               dense_bf16+graph auto auto+graph; do
       stash=${run%+graph}
       graph=false; [ "$run" != "$stash" ] && graph=true
       timeout 90 "$B/edgetrain" bench step --config "configs/${model}_cifar10.json" --steps "${BENCH_STEPS:-20}" \

@@ -183,7 +183,8 @@ TEST_CASE("the stash's fixed layout: counts left in slots, settled after the ste
   // A codec that defers its counts (a GPU's) gets the fixed layout: every entry at its worst case,
   // no count read back during the step. Training computes the same bits, and the records and peak
   // settled from the slots are the compact layout's, byte for byte: with activation pruning (the
-  // exact mask apart), recomputation, 4-bit codes, and auto (which reads its count back to choose).
+  // exact mask apart), recomputation and 4-bit codes. auto chooses by each entry's room there (all
+  // at their worst case here: copies), not by a count read back, so its records are its own.
   struct Case {
     StashFormat format;
     float prune;
@@ -206,8 +207,22 @@ TEST_CASE("the stash's fixed layout: counts left in slots, settled after the ste
     CHECK_FALSE(cpu.ex->stash().fixed_layout());
     REQUIRE(own.ex->stash().fixed_layout());
     const StashReport a = stash_report(cpu), b = stash_report(own);
-    CHECK(a.records == b.records);
-    CHECK(a.peak == b.peak);
+    if (c.format == StashFormat::Auto) {
+      REQUIRE(a.records.size() == b.records.size());
+      for (size_t i = 0; i < a.records.size(); ++i) {
+        const bool chose = a.records[i].find("bitmap+fp32") != std::string::npos ||
+                           a.records[i].find("fp32 (copy)") != std::string::npos;
+        CAPTURE(a.records[i], b.records[i]);
+        if (chose)
+          CHECK(b.records[i].find("fp32 (copy)") != std::string::npos);
+        else
+          CHECK(a.records[i] == b.records[i]);
+      }
+      CHECK(b.peak >= a.peak);
+    } else {
+      CHECK(a.records == b.records);
+      CHECK(a.peak == b.peak);
+    }
     CHECK(a.peak > 0);
     const test::DeferringCpu& d = static_cast<test::DeferringCpu&>(*own.be);
     if (c.format != StashFormat::DenseF16) CHECK(d.codec.deferred + d.relu_slots > 0);

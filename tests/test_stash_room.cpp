@@ -224,3 +224,80 @@ TEST_CASE("the stash's room follows the values' sparsity: forgotten counts shrin
   CHECK(stash.region_bytes() > at20);
   CHECK(step(30000) == std::make_pair(-1, true));  // the step again: every value back
 }
+
+TEST_CASE("auto in the fixed layout: each entry's room chooses bitmap or copy, no count read back in the step",
+          "[stash][room]") {
+  // One auto value of 100000 elements in the fixed layout (a codec that defers its counts): the
+  // compact layout counts each push to choose; here the entry's room decides (Stash::copies), so
+  // the step never waits for a count. A denser push than a bitmap's room overflows, and the fit
+  // gives it the copy; once sparser again, the fit after forget_kept() gives the bitmap back.
+  test::CountingCodec codec;
+  codec.defer = true;
+  const int64_t n = 100000;
+  std::vector<float> x(static_cast<size_t>(n)), decoded(static_cast<size_t>(n));
+  SavedValue sv;
+  sv.value = 0, sv.numel = n, sv.full = true, sv.mask_read = true, sv.format = StashFormat::Auto;
+  sv.unpack = Tensor::contiguous(decoded.data(), Shape{n});
+  Stash stash;
+  stash.configure({sv}, 1, 0.f, false, host_memory(), codec, 0.5);
+  struct Pushed {
+    int overflowed;
+    bool same, mask_same;
+    std::string stored_as;
+    int read_backs_in_step;
+  };
+  auto step = [&](int64_t kept) {
+    for (int64_t i = 0; i < n; ++i) x[size_t(i)] = i % (n / kept) == 0 && i / (n / kept) < kept ? 1.f + float(i % 7) : 0.f;
+    stash.clear();
+    const int before = codec.read_backs;
+    const MaskOut target = stash.mask_target(0, n);
+    stash.push(0, Tensor::contiguous(x.data(), Shape{n}));
+    const Tensor back = stash.get(0);
+    const bool same = std::equal(x.begin(), x.end(), back.f32());
+    const MaskView m = stash.get_mask(0);
+    bool mask_same = true;
+    for (int64_t i = 0; i < n; ++i) {
+      const bool bit = m.bits ? (m.bits[i / 64] >> (i % 64)) & 1u : m.dense.f32()[i] > 0.f;
+      mask_same = mask_same && bit == (x[size_t(i)] > 0.f);
+    }
+    const int in_step = codec.read_backs - before;
+    stash.pop(0);
+    const std::string as = stash.record(0).stored_as;  // settles: one read back
+    CHECK((target.bits == nullptr) == (as == "fp32 (copy)"));  // a producer writes only a bitmap's bits
+    return Pushed{stash.overflowed(), same, mask_same, as, in_step};
+  };
+  const size_t first = stash.region_bytes();  // a bitmap with room for half
+  CHECK(first < stash_worst_case_bytes(StashFormat::Auto, n, true));
+  Pushed p = step(40000);
+  CHECK(p.overflowed == -1);
+  CHECK(p.same);
+  CHECK(p.mask_same);
+  CHECK(p.stored_as == "bitmap+fp32");
+  CHECK(p.read_backs_in_step == 0);
+  CHECK(stash.fit(0.02));
+  // Denser than the room: the step runs again with the copy (a bitmap of 99 % takes more).
+  p = step(99000);
+  CHECK(p.overflowed == 0);
+  CHECK(p.stored_as == "bitmap+fp32");
+  CHECK(stash.fit(0.02));
+  p = step(99000);
+  CHECK(p.overflowed == -1);
+  CHECK(p.same);
+  CHECK(p.mask_same);
+  CHECK(p.stored_as == "fp32 (copy)");
+  CHECK(p.read_backs_in_step == 0);
+  CHECK(stash.record(0).nonzero == n);
+  CHECK(stash.record(0).bytes == size_t(n) * 4);
+  // A copy never overflows, but its count (left in its slot) still sizes the room.
+  stash.forget_kept();
+  p = step(20000);
+  CHECK(p.stored_as == "fp32 (copy)");  // the room stays until the fit
+  CHECK(p.overflowed == -1);
+  CHECK(stash.fit(0.02));
+  CHECK(stash.region_bytes() < first);
+  p = step(20000);
+  CHECK(p.stored_as == "bitmap+fp32");
+  CHECK(p.same);
+  CHECK(p.mask_same);
+  CHECK(p.read_backs_in_step == 0);
+}

@@ -39,6 +39,8 @@ class RecordingCpu final : public CpuBackend {
 class RecordingDeferringCpu final : public test::DeferringCpu {
  public:
   int begun = 0, replays = 0;
+  bool scales = false;  // its 4-bit scales in its memory (as CUDA's)
+  bool quant_scales_in_memory() const override { return scales; }
   std::string capture_unsupported() const override { return ""; }
   void begin_capture() override { ++begun; }
   std::string end_capture() override { return ""; }
@@ -75,14 +77,15 @@ TEST_CASE("step replay: which executors can be replayed, and why not", "[replay]
   bitmap.format = StashFormat::BitmapF32;
   CHECK_THAT(StepReplay::unsupported(*Model(std::make_unique<RecordingCpu>(), "resnet8", bitmap).ex),
              Catch::Contains("bitmap_fp32"));
-  // ... unless the stash has its fixed layout (a GPU's codec leaves the counts on the device); auto
-  // still reads a count back to choose its encoding.
+  // ... unless the stash has its fixed layout (a GPU's codec leaves the counts on the device), where
+  // auto's encoding is each entry's (its room decides), not a count's.
   CHECK(StepReplay::unsupported(*Model(std::make_unique<RecordingDeferringCpu>(), "resnet8", bitmap).ex) == "");
   StashOptions bitmap16 = bitmap, automatic = bitmap;
   bitmap16.format = StashFormat::BitmapF16;
   automatic.format = StashFormat::Auto;
   CHECK(StepReplay::unsupported(*Model(std::make_unique<RecordingDeferringCpu>(), "resnet8", bitmap16).ex) == "");
-  CHECK_THAT(StepReplay::unsupported(*Model(std::make_unique<RecordingDeferringCpu>(), "resnet8", automatic).ex),
+  CHECK(StepReplay::unsupported(*Model(std::make_unique<RecordingDeferringCpu>(), "resnet8", automatic).ex) == "");
+  CHECK_THAT(StepReplay::unsupported(*Model(std::make_unique<RecordingCpu>(), "resnet8", automatic).ex),
              Catch::Contains("auto"));
   // train.cuda_graph = auto records only what a GPU run has verified: not these yet.
   {
@@ -164,31 +167,63 @@ TEST_CASE("step replay: warm-up steps run op by op, then one is recorded and the
 TEST_CASE("step replay with the stash's fixed layout: each run's counts settled once, before the next overwrites them",
           "[replay][stash]") {
   // On this CPU a "recorded" step runs once as it is recorded and a replay runs nothing, so the
-  // slots keep the recorded run's counts: every settle must give the op-by-op step's numbers.
-  StashOptions bitmap;
-  bitmap.format = StashFormat::BitmapF32;
-  Model ref(make_cpu_backend(), "resnet8", bitmap), m(std::make_unique<RecordingDeferringCpu>(), "resnet8", bitmap);
-  ref.ex->forward(8, true);
-  ref.ex->backward();
-  const size_t want = ref.ex->stash().peak_bytes();
-  REQUIRE(want > 0);
-  auto& be = static_cast<RecordingDeferringCpu&>(*m.be);
-  StepReplay r(*m.ex, true, 1);
-  CHECK_FALSE(r.try_step(8));  // warm-up, op by op
-  m.ex->forward(8, true);
-  m.ex->backward();
-  CHECK(m.ex->stash().peak_bytes() == want);
-  const int read_backs = be.codec.read_backs;
-  CHECK(r.try_step(8));  // recorded and replayed
-  CHECK(r.try_step(8));  // replayed: the last run settled first
-  CHECK(be.begun == 1);
-  CHECK(be.replays == 2);
-  CHECK(be.codec.read_backs == read_backs + 1);  // the recorded run, settled before the second replay
-  CHECK(m.ex->stash().peak_bytes() == want);     // the second replay, settled now
-  CHECK(be.codec.read_backs == read_backs + 2);
-  for (const SavedValue& s : m.ex->stash().saved())
-    CHECK(m.ex->stash().record(s.value).bytes == ref.ex->stash().record(s.value).bytes);
-  CHECK(be.codec.read_backs == read_backs + 2);  // settled once per run
+  // slots keep the recorded run's counts: every settle must give the op-by-op step's numbers. In
+  // bitmap_fp32, and in auto, whose encodings the entries' rooms choose: copies at their worst
+  // case (no fit), bitmaps in rooms fitted to a step that kept about half.
+  struct Case {
+    StashFormat format;
+    double headroom;  // a fit after the first step; negative: none
+    const char* stored_as;  // what auto's full saves store
+  };
+  for (const Case c : {Case{StashFormat::BitmapF32, -1, "bitmap+fp32"}, Case{StashFormat::Auto, -1, "fp32 (copy)"},
+                       Case{StashFormat::Auto, 0.02, "bitmap+fp32"}}) {
+    INFO(stash_format_name(c.format) << ", headroom " << c.headroom);
+    StashOptions bitmap;
+    bitmap.format = c.format;
+    Model ref(std::make_unique<test::DeferringCpu>(), "resnet8", bitmap),
+        m(std::make_unique<RecordingDeferringCpu>(), "resnet8", bitmap);
+    for (Model* x : {&ref, &m}) {  // a batch that keeps about half of each ReLU's output
+      Tensor in = x->ex->value(x->g.image_input);
+      for (int64_t i = 0; i < in.numel(); ++i) in.f32()[i] = float(i * 7 % 23) / 11.f - 1.f;
+    }
+    const bool fit = c.headroom >= 0;
+    for (int s = 0; s < (fit ? 2 : 1); ++s) {
+      ref.ex->forward(8, true);
+      ref.ex->backward();
+      if (fit && s == 0) ref.ex->stash().fit(c.headroom);
+    }
+    const size_t want = ref.ex->stash().peak_bytes();
+    REQUIRE(want > 0);
+    auto& be = static_cast<RecordingDeferringCpu&>(*m.be);
+    StepReplay r(*m.ex, true, 1);
+    CHECK_FALSE(r.try_step(8));  // warm-up, op by op
+    m.ex->forward(8, true);
+    m.ex->backward();
+    if (fit) {
+      m.ex->stash().fit(c.headroom);
+      m.ex->forward(8, true);  // (not through r: its warm-up is done)
+      m.ex->backward();
+    }
+    int full_saves = 0;
+    for (const SavedValue& s : m.ex->stash().saved()) {
+      if (!s.full || s.format == StashFormat::DenseF32) continue;
+      ++full_saves;
+      CHECK(std::string(m.ex->stash().record(s.value).stored_as) == c.stored_as);
+    }
+    CHECK(full_saves > 0);
+    CHECK(m.ex->stash().peak_bytes() == want);
+    const int read_backs = be.codec.read_backs;
+    CHECK(r.try_step(8));  // recorded and replayed
+    CHECK(r.try_step(8));  // replayed: the last run settled first
+    CHECK(be.begun == 1);
+    CHECK(be.replays == 2);
+    CHECK(be.codec.read_backs == read_backs + 1);  // the recorded run, settled before the second replay
+    CHECK(m.ex->stash().peak_bytes() == want);     // the second replay, settled now
+    CHECK(be.codec.read_backs == read_backs + 2);
+    for (const SavedValue& s : m.ex->stash().saved())
+      CHECK(m.ex->stash().record(s.value).bytes == ref.ex->stash().record(s.value).bytes);
+    CHECK(be.codec.read_backs == read_backs + 2);  // settled once per run
+  }
 }
 
 TEST_CASE("step replay records again when the stash's room moves its entries", "[replay][stash][room]") {
@@ -247,4 +282,20 @@ TEST_CASE("a 4-bit step is recorded only where the backend keeps its scales in i
   // Not yet run on a GPU: train.cuda_graph = auto leaves it op by op, true records it.
   CHECK_THAT(StepReplay(*m->ex, true, 2, true).why_not(), Catch::Contains("4-bit training"));
   CHECK(StepReplay(*m->ex, true, 2, false).why_not() == "");
+  // bitmap_int4: the codes' size follows their count, so only in the stash's fixed layout (their
+  // signedness is the layer's, not the step's).
+  StashOptions codes;
+  codes.format = StashFormat::BitmapI4;
+  auto with_codes = [&](std::unique_ptr<Backend> be) {
+    auto c = std::make_unique<Model>(std::move(be), "resnet8");
+    c->ex = std::make_unique<Executor>(c->g, *c->be, codes, test::luq());
+    return c;
+  };
+  CHECK_THAT(StepReplay::unsupported(*with_codes(std::make_unique<RecordingScalesCpu>())->ex),
+             Catch::Contains("bitmap_int4"));
+  auto deferring = std::make_unique<RecordingDeferringCpu>();
+  deferring->scales = true;
+  const auto fixed = with_codes(std::move(deferring));
+  REQUIRE(fixed->ex->stash().fixed_layout());
+  CHECK(StepReplay::unsupported(*fixed->ex) == "");
 }

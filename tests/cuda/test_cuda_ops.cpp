@@ -492,10 +492,12 @@ TEST_CASE("cuda: a replayed step (a CUDA graph) equals the step run op by op, bi
   // (the inputs are copied in before it, the optimizer step runs after it); an evaluation batch
   // between steps must not disturb it. The bitmap formats are recorded in the stash's fixed layout
   // (memory/stash.h): their counts stay on the device, and each replay's are settled afterwards,
-  // so the stash's peak is the op-by-op steps' too. Recomputation (segments, and stack outputs
-  // recomputed by their readers) is recorded with the rest.
+  // so the stash's peak is the op-by-op steps' too; auto's encodings are the entries' (their rooms
+  // choose). Recomputation (segments, and stack outputs recomputed by their readers) is recorded
+  // with the rest.
   std::vector<StashOptions> options;
-  for (StashFormat f : {StashFormat::DenseF32, StashFormat::DenseBF16, StashFormat::BitmapF32, StashFormat::BitmapF16}) {
+  for (StashFormat f : {StashFormat::DenseF32, StashFormat::DenseBF16, StashFormat::BitmapF32, StashFormat::BitmapF16,
+                        StashFormat::Auto}) {
     options.emplace_back();
     options.back().format = f;
   }

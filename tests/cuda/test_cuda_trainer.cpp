@@ -90,7 +90,8 @@ TEST_CASE("cuda: the stash's room: a step that outgrows it runs again, the numbe
           "formats save on the GPU what they save on the CPU", "[cuda][training][room]") {
   // Headroom 0: later batches keep more of some values than the first fitted room, so steps run
   // again, each time with a region that moved: with the CUDA graph the step is recorded again.
-  for (const char* stash : {"bitmap_fp32", "bitmap_fp16"}) {
+  // auto: each entry's room chooses its bitmap or its copy (Stash::copies), recorded as well.
+  for (const char* stash : {"bitmap_fp32", "bitmap_fp16", "auto"}) {
     INFO(stash);
     const RoomFit cpu = fit_room("cpu", stash, 0.f, 8, 0), plain = fit_room("cuda", stash, 0.f, 8, 0),
                   graph = fit_room("cuda", stash, 0.f, 8, 1);
@@ -109,7 +110,7 @@ TEST_CASE("cuda: the stash's room: a step that outgrows it runs again, the numbe
   // The default headroom at batch 32: activations and stash of each bitmap format against
   // dense_fp32's, on each device; the two ratios within 2 points.
   const RoomFit cpu_dense = fit_room("cpu", "dense_fp32", 0.02f, 32, 0), dev_dense = fit_room("cuda", "dense_fp32", 0.02f, 32, 1);
-  for (const char* stash : {"bitmap_fp32", "bitmap_fp16"}) {
+  for (const char* stash : {"bitmap_fp32", "bitmap_fp16", "auto"}) {
     const RoomFit cpu = fit_room("cpu", stash, 0.02f, 32, 0), dev = fit_room("cuda", stash, 0.02f, 32, 1);
     const double cpu_ratio = (cpu.activations + cpu.region) / (cpu_dense.activations + cpu_dense.region),
                  dev_ratio = (dev.activations + dev.region) / (dev_dense.activations + dev_dense.region);
