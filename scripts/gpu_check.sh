@@ -38,10 +38,31 @@ if [ -f "$B/cifar.tgz" ] && [ ! -d "$data/train" ]; then mkdir -p "$data" && tar
 stamp "data at $data: $(find "$data" -name '*.jpg' 2>/dev/null | wc -l) images"
 
 if has tests; then
-  stamp "CUDA tests (EDGETRAIN_REQUIRE_GPU=1)"
-  EDGETRAIN_REQUIRE_GPU=1 timeout "${TESTS_S:-240}" "$B/edgetrain_cuda_tests" -d yes >"$OUT/cuda_tests.log" 2>&1
+  # One process per test case, TESTS_PARALLEL at once on the one GPU: a case that faults (an
+  # illegal address poisons the whole CUDA context, a crash ends the process) costs only itself,
+  # and the cases share the run's time limit. Each case's report: $OUT/cuda_case_<n>.log.
+  stamp "CUDA tests, one process per case, ${TESTS_PARALLEL:-4} at once (EDGETRAIN_REQUIRE_GPU=1)"
+  "$B/edgetrain_cuda_tests" --list-test-names-only | grep -v '^$' | sed 's/[],[]/\\&/g' >/tmp/cuda_cases.txt
+  nl -ba -w1 -s' ' /tmp/cuda_cases.txt >/tmp/cuda_cases_numbered.txt
+  export OUT B
+  # The cases that train on the CPU beside the GPU share the cores (passive waits: ctest's setting).
+  # shellcheck disable=SC2016
+  OMP_NUM_THREADS=$(( $(nproc) / ${TESTS_PARALLEL:-4} > 0 ? $(nproc) / ${TESTS_PARALLEL:-4} : 1 )) OMP_WAIT_POLICY=PASSIVE \
+  EDGETRAIN_REQUIRE_GPU=1 timeout "${TESTS_S:-240}" xargs -d '\n' -P "${TESTS_PARALLEL:-4}" -I{} sh -c \
+    'n=${1%% *}; name=${1#* }; s=$(date +%s)
+     if "$B/edgetrain_cuda_tests" -d yes "$name" >"$OUT/cuda_case_$n.log" 2>&1; then r=passed; else r=FAILED; fi
+     echo "$r ($(( $(date +%s) - s )) s, log cuda_case_$n.log): $name"' _ {} \
+    </tmp/cuda_cases_numbered.txt >"$OUT/cuda_tests.log" 2>&1
   echo "exit $?" >>"$OUT/cuda_tests.log"
-  grep -E '^(test cases|All tests|exit)|FAILED|failed' "$OUT/cuda_tests.log" | head -40
+  echo "$(grep -c '^passed' "$OUT/cuda_tests.log") passed, $(grep -c '^FAILED' "$OUT/cuda_tests.log") failed of $(wc -l </tmp/cuda_cases.txt) CUDA test cases" |
+    tee -a "$OUT/cuda_tests.log"
+  grep -E '^FAILED' "$OUT/cuda_tests.log" | head -20
+  # The failures' first lines, each with its message (which names the model, format, ...).
+  for f in $(grep '^FAILED' "$OUT/cuda_tests.log" | grep -oE 'cuda_case_[0-9]+\.log' | head -8); do
+    echo "--- $f"
+    grep -qE 'FAILED:' "$OUT/$f" && grep -E 'FAILED:|with message|with expansion' -A2 "$OUT/$f" | head -16 ||
+      tail -6 "$OUT/$f"  # a crash, a sticky CUDA error, a timeout: how it ended
+  done
 fi
 
 if has bench; then
@@ -77,8 +98,12 @@ if has fused; then
   {
     # The whole report in its own file (a failure's "with message" names the model, stash and
     # checkpoint_every), its summary here.
-    EDGETRAIN_REQUIRE_GPU=1 timeout 120 "$B/edgetrain_cuda_tests" "[fusion]" >"$OUT/cuda_fused_tests.log" 2>&1
-    grep -E '^(test cases|All tests)|FAILED|failed|with message' -A1 "$OUT/cuda_fused_tests.log" | head -40
+    if has tests; then
+      echo "(the [fusion] cases ran with the tests above)"
+    else
+      EDGETRAIN_REQUIRE_GPU=1 timeout 120 "$B/edgetrain_cuda_tests" "[fusion]" >"$OUT/cuda_fused_tests.log" 2>&1
+      grep -E '^(test cases|All tests)|FAILED|failed|with message' -A1 "$OUT/cuda_fused_tests.log" | head -40
+    fi
     for model in ${FUSED_MODELS:-resnet20 vgg16_bn mobilenetv2}; do
       for graph in false true; do
         timeout 120 "$B/edgetrain" bench step --config "configs/${model}_cifar10.json" --steps "${BENCH_STEPS:-20}" \
