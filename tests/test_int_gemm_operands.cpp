@@ -39,7 +39,8 @@ TEST_CASE("CUDA integer-product operands: every conv pass maps as the CPU's inte
     int64_t N, C, H, W, K, R, stride, pad;
   };
   for (const Case& c : {Case{2, 16, 8, 8, 16, 3, 1, 1}, Case{3, 5, 7, 9, 6, 3, 2, 1}, Case{1, 8, 6, 6, 12, 1, 1, 0},
-                        Case{4, 12, 5, 5, 8, 1, 2, 0}, Case{1, 3, 11, 11, 5, 5, 1, 2}, Case{2, 4, 9, 10, 7, 3, 2, 0}}) {
+                        Case{4, 12, 5, 5, 8, 1, 2, 0}, Case{1, 3, 11, 11, 5, 5, 1, 2}, Case{2, 4, 9, 10, 7, 3, 2, 0},
+                        Case{2, 3, 13, 11, 4, 5, 3, 2}, Case{1, 4, 8, 8, 6, 3, 2, 2}, Case{2, 5, 10, 9, 3, 2, 2, 0}}) {
     Conv2dGeom g;
     g.N = c.N, g.C = c.C, g.H = c.H, g.W = c.W, g.K = c.K, g.R = g.S = c.R;
     g.stride_h = g.stride_w = c.stride, g.pad_h = g.pad_w = c.pad;
@@ -78,6 +79,26 @@ TEST_CASE("CUDA integer-product operands: every conv pass maps as the CPU's inte
     naive_gemm(g.C, g.N * HW, g.K * RS, int_gemm::WeightsByInputChannel{wc.data(), s}, int_gemm::GradByTaps{gc.data(), s},
                [&](int64_t m, int64_t n, int64_t v) { got[size_t(dx_at.at(m, n))] = float(v); });
     CHECK(got == dx);
+    // ... and by phase (the CUDA backend's form at stride > 1; one phase at stride 1): every dx
+    // element written once, by its phase's product over the phase's taps alone.
+    got.assign(size_t(nx), -1.f);
+    int64_t products = 0;
+    for (int a = 0; a < s.stride_h; ++a)
+      for (int b = 0; b < s.stride_w; ++b) {
+        const int_gemm::DataGradPhase ph = int_gemm::data_grad_phase(s, a, b);
+        if (ph.positions() == 0) continue;
+        const int_gemm::PhaseOut at{g.C, s, ph};
+        naive_gemm(g.C, g.N * ph.positions(), g.K * ph.taps(), int_gemm::WeightsByPhaseTaps{wc.data(), s, ph},
+                   int_gemm::GradByPhaseTaps{gc.data(), s, ph}, [&](int64_t m, int64_t n, int64_t v) {
+                     CHECK(got[size_t(at.at(m, n))] == -1.f);
+                     got[size_t(at.at(m, n))] = float(v);
+                   });
+        products += g.C * g.N * ph.positions() * g.K * ph.taps();
+      }
+    CHECK(got == dx);
+    // The phases multiply stride_h * stride_w times fewer codes (up to the edges' rounding).
+    CAPTURE(products, g.C * g.N * HW * g.K * RS);
+    CHECK(products * c.stride * c.stride <= g.C * g.N * HW * g.K * RS * 2);
 
     got.assign(size_t(nw), -1.f);
     const int_gemm::RowsOut dw_at{g.C * RS};

@@ -373,6 +373,16 @@ ConvShape conv_shape(const Conv2dGeom& g) {
 
 size_t align_up(size_t bytes) { return (bytes + 255) / 256 * 256; }
 
+// f(phase) for each phase of a strided data gradient with input positions (one at stride 1).
+template <class F>
+void for_each_data_grad_phase(const ConvShape& s, F f) {
+  for (int a = 0; a < s.stride_h; ++a)
+    for (int b = 0; b < s.stride_w; ++b) {
+      const int_gemm::DataGradPhase ph = int_gemm::data_grad_phase(s, a, b);
+      if (ph.positions() > 0) f(ph);
+    }
+}
+
 // The input codes a kernel reads in place: xq itself where dense (I4 / U4), or under
 // memory.stash = bitmap_int4 the stash's encoding (BitmapI4 / BitmapU4) decoded at the start of
 // the workspace.
@@ -432,9 +442,14 @@ void CudaBackend::dequantize(const Tensor& q, Tensor& y) {
 // weight gradient K x (C R S) over N P Q.
 size_t CudaBackend::conv2d_q_workspace_bytes(const Conv2dGeom& g, ConvPass pass) const {
   const int64_t CRS = g.C * g.R * g.S, NPQ = g.N * g.P * g.Q;
-  const size_t split = pass == ConvPass::Forward        ? split_bytes(g.K, NPQ, CRS, sm_count_)
-                       : pass == ConvPass::BackwardData ? split_bytes(g.C, g.N * g.H * g.W, g.K * g.R * g.S, sm_count_)
-                                                        : split_bytes(g.K, CRS, NPQ, sm_count_);
+  size_t split = pass == ConvPass::Forward ? split_bytes(g.K, NPQ, CRS, sm_count_)
+                                           : split_bytes(g.K, CRS, NPQ, sm_count_);
+  if (pass == ConvPass::BackwardData) {  // one product per phase (strided), one after another
+    split = 0;
+    for_each_data_grad_phase(conv_shape(g), [&](const int_gemm::DataGradPhase& ph) {
+      split = std::max(split, split_bytes(g.C, g.N * ph.positions(), g.K * ph.taps(), sm_count_));
+    });
+  }
   return decode_bytes(g, pass) + split;
 }
 
@@ -456,10 +471,22 @@ void CudaBackend::conv2d_backward_data_q(const Conv2dGeom& g, const Tensor& gq, 
   ET_CHECK(g.groups == 1 && wq.dtype == DType::I4 && gq.dtype == DType::F4);
   const ConvShape s = conv_shape(g);
   const int64_t HW = g.H * g.W;
-  const ScaledOut<int_gemm::PlanesOut> out{dx.f32(), int_gemm::PlanesOut{g.C, HW},
-                                           ScaleProduct{scale_ref(gq), scale_ref(wq)}, accumulate, false};
-  run_split_int_gemm(stream_, sm_count_, g.C, g.N * HW, g.K * g.R * g.S, int_gemm::WeightsByInputChannel{wq.codes(), s},
-                     int_gemm::GradByTaps{gq.codes(), s}, out, ws);
+  const ScaleProduct scale{scale_ref(gq), scale_ref(wq)};
+  if (s.stride_h == 1 && s.stride_w == 1) {
+    const ScaledOut<int_gemm::PlanesOut> out{dx.f32(), int_gemm::PlanesOut{g.C, HW}, scale, accumulate, false};
+    run_split_int_gemm(stream_, sm_count_, g.C, g.N * HW, g.K * g.R * g.S,
+                       int_gemm::WeightsByInputChannel{wq.codes(), s}, int_gemm::GradByTaps{gq.codes(), s}, out, ws);
+    return;
+  }
+  // Strided: each phase of the input positions over its own taps (int_gemm::DataGradPhase), not
+  // the zeros between the strided outputs. A phase without taps writes its dx as the CPU does
+  // with a zero sum (0 * scale, + dx where it accumulates).
+  for_each_data_grad_phase(s, [&](const int_gemm::DataGradPhase& ph) {
+    const ScaledOut<int_gemm::PhaseOut> out{dx.f32(), int_gemm::PhaseOut{g.C, s, ph}, scale, accumulate, false};
+    run_split_int_gemm(stream_, sm_count_, g.C, g.N * ph.positions(), g.K * ph.taps(),
+                       int_gemm::WeightsByPhaseTaps{wq.codes(), s, ph}, int_gemm::GradByPhaseTaps{gq.codes(), s, ph},
+                       out, ws);
+  });
 }
 
 void CudaBackend::conv2d_backward_weight_q(const Conv2dGeom& g, const Tensor& xq_in, const Tensor& gq, Tensor& dw,

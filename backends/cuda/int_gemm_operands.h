@@ -5,6 +5,7 @@
 //
 //   conv forward        A = w [K][C*R*S]           B = x by (c, r, s) x (n, p, q)   C -> y [N][K][P][Q]
 //   conv data gradient  A = w by (c) x (k, r, s)   B = g by (k, r, s) x (n, h, w)   C -> dx [N][C][H][W]
+//     (strided: one product per phase of (h, w), over the phase's taps alone: DataGradPhase)
 //   conv weight grad.   A = g by (k) x (n, p, q)   B = x by (n, p, q) x (c, r, s)   C -> dw [K][C*R*S]
 //   linear              row-major views (Dense)
 //
@@ -126,6 +127,87 @@ struct GradByTaps {
     return g[r.off + c.off + int64_t(ph) * s.Q + pw];
   }
   ET_HOST_DEVICE int at(int64_t r, int64_t c) const { return get(row(r), col(c)); }
+};
+
+// The strided data gradient by phase (a sub-pixel decomposition). At stride > 1 only the taps r
+// with r = h + pad (mod stride) reach input row h, so GradByTaps' product multiplies zeros for the
+// others: 3/4 of its work for a 3 x 3 conv at stride 2, all of it for a 1 x 1 conv's skipped
+// positions. The input positions split into stride_h x stride_w phases (a, b) = ((h + pad_h) mod
+// stride_h, (w + pad_w) mod stride_w); each phase is a product of its own, over its taps alone
+// (r = a + i * stride_h, s = b + j * stride_w), its columns the phase's positions. Each dx element
+// is in one phase and gets the same exact integer sum as from GradByTaps.
+struct DataGradPhase {
+  int a, b;            // the phase, and its first taps
+  int taps_h, taps_w;  // its taps: r = a + i * stride_h, i < taps_h (0: none; its dx is 0)
+  int h0, w0;          // its first input row and column
+  int rows, cols;      // its input positions: h = h0 + u * stride_h, u < rows; w likewise
+  int base_h, base_w;  // the output row (column) that tap a (b) of row h0 (column w0) reads
+  ET_HOST_DEVICE int taps() const { return taps_h * taps_w; }
+  ET_HOST_DEVICE int positions() const { return rows * cols; }
+};
+ET_HOST_DEVICE inline DataGradPhase data_grad_phase(const ConvShape& s, int a, int b) {
+  DataGradPhase p;
+  p.a = a, p.b = b;
+  p.taps_h = a < s.R ? (s.R - a + s.stride_h - 1) / s.stride_h : 0;
+  p.taps_w = b < s.S ? (s.S - b + s.stride_w - 1) / s.stride_w : 0;
+  p.h0 = ((a - s.pad_h) % s.stride_h + s.stride_h) % s.stride_h;  // h0 + pad_h = a (mod stride_h)
+  p.w0 = ((b - s.pad_w) % s.stride_w + s.stride_w) % s.stride_w;
+  p.rows = p.h0 < s.H ? (s.H - p.h0 + s.stride_h - 1) / s.stride_h : 0;
+  p.cols = p.w0 < s.W ? (s.W - p.w0 + s.stride_w - 1) / s.stride_w : 0;
+  p.base_h = (p.h0 + s.pad_h - a) / s.stride_h;  // exact, and >= 0
+  p.base_w = (p.w0 + s.pad_w - b) / s.stride_w;
+  return p;
+}
+
+// Phase data-gradient A: row c, column (k, i, j) -> w[k][c][a + i * stride_h][b + j * stride_w].
+struct WeightsByPhaseTaps {
+  const int8_t* w;
+  ConvShape s;
+  DataGradPhase ph;
+  ET_HOST_DEVICE Pos row(int64_t c) const { return Pos{c * s.taps(), 0, 0}; }
+  ET_HOST_DEVICE Pos col(int64_t j) const {
+    const int T = ph.taps(), t = int(j % T), r = ph.a + t / ph.taps_w * s.stride_h,
+              u = ph.b + t % ph.taps_w * s.stride_w;
+    return Pos{j / T * s.C * s.taps() + r * s.S + u, 0, 0};
+  }
+  ET_HOST_DEVICE int get(const Pos& r, const Pos& c) const { return w[r.off + c.off]; }
+  ET_HOST_DEVICE int at(int64_t r, int64_t c) const { return get(row(r), col(c)); }
+};
+
+// Phase data-gradient B: row (k, i, j), column (n, u, v) (input position (h0 + u * stride_h,
+// w0 + v * stride_w)) -> g[n][k][base_h + u - i][base_w + v - j]: the output that tap
+// (a + i * stride_h, b + j * stride_w) of that position's window reads; 0 outside the output.
+// The row holds (i, j), the column (base_h + u, base_w + v): no division in get().
+struct GradByPhaseTaps {
+  const int8_t* g;
+  ConvShape s;
+  DataGradPhase ph;
+  ET_HOST_DEVICE Pos row(int64_t i) const {
+    const int T = ph.taps(), t = int(i % T);
+    return Pos{i / T * s.P * s.Q, t / ph.taps_w, t % ph.taps_w};
+  }
+  ET_HOST_DEVICE Pos col(int64_t j) const {
+    const int n_pos = ph.positions(), uv = int(j % n_pos);
+    return Pos{j / n_pos * s.K * s.P * s.Q, ph.base_h + uv / ph.cols, ph.base_w + uv % ph.cols};
+  }
+  ET_HOST_DEVICE int get(const Pos& r, const Pos& c) const {
+    const int p = c.h - r.h, q = c.w - r.w;
+    if (p < 0 || q < 0 || p >= s.P || q >= s.Q) return 0;
+    return g[r.off + c.off + int64_t(p) * s.Q + q];
+  }
+  ET_HOST_DEVICE int at(int64_t r, int64_t c) const { return get(row(r), col(c)); }
+};
+
+// Where a phase's C[c][(n, u, v)] goes: dx[n][c][h0 + u * stride_h][w0 + v * stride_w].
+struct PhaseOut {
+  int64_t channels;
+  ConvShape s;
+  DataGradPhase ph;
+  ET_HOST_DEVICE int64_t at(int64_t m, int64_t n) const {
+    const int n_pos = ph.positions(), uv = int(n % n_pos);
+    const int h = ph.h0 + uv / ph.cols * s.stride_h, w = ph.w0 + uv % ph.cols * s.stride_w;
+    return ((n / n_pos * channels + m) * s.H + h) * s.W + w;
+  }
 };
 
 // Weight-gradient A: row k, column (n, p, q) -> g[n][k][p][q].

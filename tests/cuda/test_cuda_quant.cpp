@@ -197,7 +197,9 @@ TEST_CASE("cuda: the integer conv passes equal the CPU's bit for bit", "[cuda][q
   };
   // Strides, 1x1 and 5x5 windows, odd sizes, batch 1, channels off the tile sizes, a weight
   // gradient long enough to be split over blocks (8 x 32 x 32 positions), and deep layers on small
-  // maps, whose few output tiles make the forward and data gradient split their sums too.
+  // maps, whose few output tiles make the forward and data gradient split their sums too. Strided
+  // data gradients run by phase (int_gemm::DataGradPhase): stride 3 with a 5x5 window and pads that
+  // leave phases with fewer taps.
   // Tensor cores and dp4a (EDGETRAIN_CUDA_INT_MMA): the same integers.
   for (const char* mma : {"1", "0"}) {
     REQUIRE(setenv("EDGETRAIN_CUDA_INT_MMA", mma, 1) == 0);
@@ -205,7 +207,8 @@ TEST_CASE("cuda: the integer conv passes equal the CPU's bit for bit", "[cuda][q
     for (const Case& c : {Case{2, 16, 8, 8, 16, 3, 1, 1}, Case{3, 5, 7, 9, 6, 3, 2, 1}, Case{1, 8, 6, 6, 12, 1, 1, 0},
                           Case{4, 12, 5, 5, 8, 1, 2, 0}, Case{1, 3, 11, 11, 5, 5, 1, 2}, Case{5, 9, 4, 4, 70, 3, 1, 1},
                           Case{8, 16, 32, 32, 16, 3, 1, 1}, Case{2, 64, 16, 16, 128, 3, 2, 1},
-                          Case{2, 256, 4, 4, 256, 3, 1, 1}, Case{2, 128, 8, 8, 256, 3, 2, 1}}) {
+                          Case{2, 256, 4, 4, 256, 3, 1, 1}, Case{2, 128, 8, 8, 256, 3, 2, 1},
+                          Case{2, 3, 13, 11, 4, 5, 3, 2}, Case{1, 4, 9, 9, 6, 3, 2, 2}}) {
       Conv2dGeom g;
       g.N = c.N, g.C = c.C, g.H = c.H, g.W = c.W, g.K = c.K, g.R = g.S = c.R;
       g.stride_h = g.stride_w = c.stride, g.pad_h = g.pad_w = c.pad;
