@@ -109,7 +109,7 @@ void Executor::recover() {
   data_ = forward_data_;  // equal sizes: element-wise assignment, no allocation
   swapped_.clear();
   recomputing_ = false;
-  stash_.clear();
+  stash_.abandon();  // (the throw may come from values a push had no room for: fit() follows)
 }
 
 void Executor::forward_nodes(bool training) {

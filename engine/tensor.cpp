@@ -102,6 +102,7 @@ Tensor Tensor::reshaped(const Shape& s) const {
   ET_CHECK(is_contiguous() && s.numel() == numel(), "reshape ", shape.str(), " -> ", s.str());
   Tensor t = contiguous(data, s, dtype, device);
   t.scale = scale;
+  t.scale_at = scale_at;
   return t;
 }
 

@@ -209,6 +209,22 @@ int64_t popcount(const uint64_t* bits, int64_t n) {
   return c;
 }
 
+int64_t keep_first(uint64_t* bits, int64_t n, int64_t keep) {
+  int64_t seen = 0;
+  for (int64_t w = 0; w < num_words(n); ++w) {
+    const int c = __builtin_popcountll(bits[w]);  // (bits past n are clear: the layout's rule)
+    if (seen >= keep) {
+      bits[w] = 0;
+    } else if (seen + c > keep) {  // keep this word's lowest keep - seen bits
+      uint64_t word = bits[w];
+      for (int64_t drop = seen + c - keep; drop > 0; --drop) word &= ~(uint64_t(1) << (63 - __builtin_clzll(word)));
+      bits[w] = word;
+    }
+    seen += c;
+  }
+  return seen;
+}
+
 int64_t count_nonzero(const float* x, int64_t n, float thr) {
   check_threshold(thr);
   const uint32_t tb = detail::threshold_bits(thr);

@@ -48,6 +48,10 @@ int64_t popcount(const uint64_t* bits, int64_t n);
 // Number of set bits among bits [begin, begin + count) (any begin).
 int64_t popcount_range(const uint64_t* bits, int64_t begin, int64_t count);
 
+// Clears every set bit after the first `keep` among the first n (a bitmap whose values or codes
+// had room for only `keep` of them: the stash's fixed layout); returns the set bits it had.
+int64_t keep_first(uint64_t* bits, int64_t n, int64_t keep);
+
 // Writes the bitmap of x (num_words(n) words) and returns the number of kept elements.
 int64_t make_bits(const float* x, int64_t n, float prune_threshold, uint64_t* bits);
 // Writes the values selected by an existing bitmap (popcount(bits, n) values of type t).

@@ -285,7 +285,8 @@ size_t encoded_bytes(int64_t n, int64_t kept) {
   return size_t(bitmap::num_words(n)) * 8 + size_t(num_blocks(n)) * 8 + size_t(nibble_bytes(n, kept));
 }
 
-int64_t encode(const float* x, const int8_t* codes, int64_t n, float prune_threshold, void* out) {
+int64_t encode(const float* x, const int8_t* codes, int64_t n, float prune_threshold, void* out, int64_t capacity) {
+  const int64_t room = capacity >= 0 && capacity < n ? nibble_bytes(n, capacity) : -1;  // -1: no limit
   const Layout l = layout(out, n);
   const int64_t blocks = num_blocks(n);
   const Impl& k = best();
@@ -307,6 +308,9 @@ int64_t encode(const float* x, const int8_t* codes, int64_t n, float prune_thres
       const int64_t count = l.directory[b];
       l.directory[b] = offset;
       offset += (count + 1) / 2;
+      // Past the room: the block keeps the codes whose nibbles fit, the others' bits cleared.
+      if (room >= 0 && offset > room)
+        bitmap::keep_first(l.bits + b * (kBlock / 64), len(b), std::max<int64_t>(0, 2 * (room - l.directory[b])));
     }
     for (int64_t b = b0; b < b1; ++b)
       k.pack(l.bits + b * (kBlock / 64), codes + b * kBlock, len(b), l.nibbles + l.directory[b]);

@@ -30,9 +30,13 @@ constexpr int64_t nibble_bytes(int64_t n, int64_t kept) { return (kept + num_blo
 
 // Encodes n elements: the bitmap of x (memory/bitmap.h keep rule with `prune_threshold`), the
 // directory, and the codes (one per byte) of the kept elements. `out` has encoded_bytes(n, n)
-// bytes. Returns the number of kept elements. Large tensors use several threads (the output does
-// not depend on their number).
-int64_t encode(const float* x, const int8_t* codes, int64_t n, float prune_threshold, void* out);
+// bytes, or encoded_bytes(n, capacity) where capacity < n: then the nibbles stay within
+// nibble_bytes(n, capacity), and a block whose codes would pass that keeps those that fit, the
+// bits of the others cleared (the stash's fixed layout: every reader stays within the room).
+// Returns the number of kept elements (before any is left out). Large tensors use several
+// threads (the output does not depend on their number).
+int64_t encode(const float* x, const int8_t* codes, int64_t n, float prune_threshold, void* out,
+               int64_t capacity = -1);
 
 // Elements [begin, begin + count) of an encoding of n elements as codes, one per byte, on the
 // calling thread.

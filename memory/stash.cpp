@@ -27,8 +27,10 @@ void Stash::configure(std::vector<SavedValue> saved, int num_values, float prune
   room_.assign(saved_.size(), -1);
   most_kept_.assign(saved_.size(), -1);
   size_t total = 0;
+  int64_t largest = 0;
   for (size_t i = 0; i < saved_.size(); ++i) {
     const SavedValue& s = saved_[i];
+    largest = std::max(largest, s.numel);
     index_[size_t(s.value)] = int(i);
     const bool sized = !s.recomputed && s.full && stash_encoding_info(stash_format_info(s.format).full).bitmap;
     if (fixed_layout_ && first_room >= 0 && sized)
@@ -38,6 +40,7 @@ void Stash::configure(std::vector<SavedValue> saved, int num_values, float prune
   stack_.clear();
   stack_.reserve(saved_.size());
   if (total > 0) region_.reserve(total, "the activation stash", memory);
+  codec.reserve(largest);
   top_ = peak_ = region_peak_ = zero_copy_live_ = logical_live_ = 0;
   log_.clear();
   unsettled_ = false;
@@ -59,6 +62,7 @@ int64_t Stash::room_of(const SavedValue& s, int64_t n) const {
 
 size_t Stash::slot_bytes(const SavedValue& s, int64_t n) const {
   if (s.recomputed) return 0;
+  if (copies(s, n)) return Arena::align_up(stash_encoding_bytes(stash_format_info(s.format).full_alt, n, n));
   size_t bytes = Arena::align_up(stash_room_bytes(s.format, n, s.full, room_of(s, n)));
   if (mask_apart(s)) bytes += Arena::align_up(size_t(bitmap::num_words(n)) * 8);
   return bytes;
@@ -89,6 +93,16 @@ void Stash::clear() {
   ET_CHECK(overflow_value_ < 0, "the stash's last step kept more of value ", overflow_value_,
            " than its room, and no fit() followed: its backward read values that were not stored");
   log_.clear();
+  abandoned_ = false;
+  for (int id : stack_) entries_[size_t(id)] = Entry{};
+  stack_.clear();
+  top_ = zero_copy_live_ = 0;
+}
+
+void Stash::abandon() {
+  settle();
+  abandoned_ = fixed_layout_ && !log_.empty();
+  if (!abandoned_) log_.clear();  // (kept for fit(): the counts it saw, its overflow)
   for (int id : stack_) entries_[size_t(id)] = Entry{};
   stack_.clear();
   top_ = zero_copy_live_ = 0;
@@ -98,7 +112,9 @@ bool Stash::copies(const SavedValue& s, int64_t n) const {
   if (!fixed_layout_ || !s.full || s.recomputed) return false;
   const StashFormatInfo& f = stash_format_info(s.format);
   if (f.full_alt == f.full || stash_encoding_info(f.full_alt).codes) return false;  // no count decides
-  return stash_encoding_bytes(f.full, n, room_of(s, n)) >= stash_encoding_bytes(f.full_alt, n, n);
+  // (a bitmap with pruned values keeps the exact mask beside it; a copy is its own)
+  const size_t mask = mask_apart(s) ? size_t(bitmap::num_words(n)) * 8 : 0;
+  return mask + stash_encoding_bytes(f.full, n, room_of(s, n)) >= stash_encoding_bytes(f.full_alt, n, n);
 }
 
 MaskOut Stash::mask_target(int value_id, int64_t numel) const {

@@ -115,6 +115,10 @@ class Stash {
   // Changes whenever fit() moves entries: a recorded step (engine/step_replay.h) holds the old places.
   int64_t layout_generation() const { return generation_; }
   void clear();  // drops everything (a new training forward); settles the last step first
+  // Drops everything after a pass that threw part way (Executor::recover): its counts settled, no
+  // check that a push kept more than its room (that may be why it threw: the caller's fit() then
+  // grows the room), and the next fit() sizes the region for every entry at once.
+  void abandon();
   // `written`: what the producer wrote at mask_target(value_id) (MaskOut::kept >= 0: the bitmap of t
   // at this stash's prune threshold, with that many set bits; values_written: the values too), so
   // only the rest remains to pack.
@@ -260,6 +264,7 @@ class Stash {
   mutable int overflow_value_ = -1;         // the last settled step's first push past its room
   int64_t generation_ = 0;
   bool wants_fit_ = true;
+  bool abandoned_ = false;  // abandon() since the last clear(): the log is part of a step
   bool timing_ = false, release_pages_ = false, count_zero_copy_ = false;
   double pack_s_ = 0, unpack_s_ = 0;
 };

@@ -21,18 +21,23 @@ class HostStashCodec final : public StashCodec {
   int64_t make_bits(const float* x, int64_t n, float prune_threshold, uint64_t* bits, int64_t*) override {
     return bits ? bitmap::make_bits(x, n, prune_threshold, bits) : bitmap::count_nonzero(x, n, prune_threshold);
   }
-  // With less room than n (the fixed layout; never the host's own compact one), a count first:
-  // more kept than the room writes no values at all.
-  void pack_values(const float* x, const uint64_t* bits, int64_t n, void* values, bool f16,
+  // With less room than n (the fixed layout; never the host's own compact one) and more kept:
+  // the first `capacity` values, the other bits cleared (memory/stash_codec.h).
+  void pack_values(const float* x, uint64_t* bits, int64_t n, void* values, bool f16,
                    int64_t capacity) override {
-    if (capacity < n && bitmap::popcount(bits, n) > capacity) return;
+    if (capacity < n && bitmap::popcount(bits, n) > capacity)
+      bitmap::keep_first(bits, n, capacity);
     bitmap::pack_values(x, bits, n, values, value_type(f16));
   }
   int64_t pack(const float* x, int64_t n, float prune_threshold, uint64_t* bits, void* values, bool f16,
                int64_t capacity, int64_t*) override {
     if (capacity < n) {
       const int64_t kept = bitmap::make_bits(x, n, prune_threshold, bits);
-      if (kept > capacity) return kept;
+      if (kept > capacity) {
+        bitmap::keep_first(bits, n, capacity);
+        bitmap::pack_values(x, bits, n, values, value_type(f16));
+        return kept;
+      }
     }
     return bitmap::pack(x, n, prune_threshold, bits, values, value_type(f16));
   }
@@ -41,11 +46,7 @@ class HostStashCodec final : public StashCodec {
   }
   int64_t encode_codes(const float* x, const int8_t* codes, int64_t n, float prune_threshold, void* out,
                        int64_t capacity, int64_t*) override {
-    if (capacity < n) {
-      const int64_t kept = bitmap::count_nonzero(x, n, prune_threshold);
-      if (kept > capacity) return kept;
-    }
-    return code_bitmap::encode(x, codes, n, prune_threshold, out);
+    return code_bitmap::encode(x, codes, n, prune_threshold, out, capacity);
   }
   void decode_codes(const void* data, int64_t n, bool is_signed, int8_t* out) override {
     code_bitmap::decode(data, n, is_signed, 0, n, out);

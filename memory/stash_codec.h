@@ -13,9 +13,12 @@
 //
 // Room: pack, pack_values and encode_codes write the kept elements' values or codes only where an
 // encoding of `capacity` kept elements would (stash_encoding_bytes(.., n, capacity)): the fixed
-// layout sizes each entry from the counts of earlier steps. When more are kept, what they write
-// there is unspecified, nothing lands beyond it, and the count is still the whole count, so the
-// stash sees the overflow (and the step runs again with more room). capacity >= n: no limit.
+// layout sizes each entry from the counts of earlier steps. When more are kept, the encoding holds
+// the first kept elements that fit (values: `capacity` of them; codes: those whose nibbles fit
+// code_bitmap::nibble_bytes(n, capacity)) and the bits of the others are cleared, so a reader of
+// it (unpack, decode_codes, a mask) stays within the room too; nothing lands beyond it, and the
+// count is still the whole count, so the stash sees the overflow (and the step runs again with
+// more room). capacity >= n: no limit.
 #pragma once
 #include <cstddef>
 #include <cstdint>
@@ -28,11 +31,15 @@ class StashCodec {
   // Elements of x[n] with |x| above the prune threshold (bitmap::count_nonzero).
   virtual int64_t count_nonzero(const float* x, int64_t n, float prune_threshold) = 0;
   virtual bool defers_counts() const { return false; }
+  // Scratch for encodings of up to n elements, sized now (outside the step: a recorded step may
+  // not allocate); the stash calls it with its largest value. Only grows.
+  virtual void reserve(int64_t /*n*/) {}
   // bits[num_words(n)] = the kept-element bitmap; returns its population (bitmap::make_bits).
   // bits == nullptr: the count alone (count_nonzero), left at count_out as other counts are.
   virtual int64_t make_bits(const float* x, int64_t n, float prune_threshold, uint64_t* bits, int64_t* count_out) = 0;
-  // values[] = the elements `bits` keeps, in order, f32 or f16 (bitmap::pack_values).
-  virtual void pack_values(const float* x, const uint64_t* bits, int64_t n, void* values, bool f16,
+  // values[] = the elements `bits` keeps, in order, f32 or f16 (bitmap::pack_values); past the
+  // room, the bits of those left out are cleared (above).
+  virtual void pack_values(const float* x, uint64_t* bits, int64_t n, void* values, bool f16,
                            int64_t capacity) = 0;
   // make_bits and pack_values in one pass; returns the kept count (bitmap::pack).
   virtual int64_t pack(const float* x, int64_t n, float prune_threshold, uint64_t* bits, void* values, bool f16,

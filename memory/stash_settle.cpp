@@ -87,19 +87,24 @@ bool Stash::fit(double headroom) {
     room_[i] = room;
   }
   overflow_value_ = -1;  // the step runs again with the room it lacked
-  // A step that stopped part way (a throw in its backward) logged only some pops: the region holds
-  // every entry at once with its new room, as configure() sizes it, and the next whole step fits it.
-  const bool whole_step = stack_.empty();
+  // A step that stopped part way (a throw, abandon(); or a fit between its forward and backward:
+  // the divergence guard) logged only some pushes or pops: the region holds every entry at once
+  // with its new room, as configure() sizes it, never less than it has (entries may be live), and
+  // the next whole step fits it.
+  const bool whole_step = stack_.empty() && !abandoned_;
   size_t peak = 0;
   if (whole_step) {
     // The last step's pushes and pops with the new slots (settle() above is done with packed_).
     replay_log(
         [&](const LogEvent& ev) -> size_t {
-          return ev.stored == StashEncoding::ZeroCopy ? 0 : slot_bytes(saved_[size_t(index_[size_t(ev.value)])], ev.numel);
+          // (each at its planned batch: a smaller last batch must not shrink the region below it)
+          const SavedValue& v = saved_[size_t(index_[size_t(ev.value)])];
+          return ev.stored == StashEncoding::ZeroCopy ? 0 : slot_bytes(v, v.numel);
         },
         [&](size_t top, size_t) { peak = std::max(peak, top); });
   } else {
     for (const SavedValue& v : saved_) peak += slot_bytes(v, v.numel);  // all at once, as configure()
+    peak = std::max(peak, region_.size());
   }
   wants_fit_ = !whole_step;
   if (region_.size() > 0 && region_.rounded(peak) != region_.size()) {  // (none: nothing kept in it)

@@ -33,8 +33,9 @@ ET_HOST_DEVICE inline float sawb_scale(const TensorStats& s, int64_t n, bool is_
   const double e2 = s.sum_sq / double(n), e1 = s.sum_abs / double(n);
 #if defined(__CUDA_ARCH__)  // each operation rounded as the host's (no contraction into an FMA)
   double clip = __dsub_rn(__dmul_rn(kSawbC1, ::sqrt(e2)), __dmul_rn(kSawbC2, e1));
-#else
-  double clip = kSawbC1 * std::sqrt(e2) - kSawbC2 * e1;
+#else  // volatile: each product rounded, as GCC would otherwise contract one into an FMA for C++
+  volatile double c1_sqrt = kSawbC1 * std::sqrt(e2), c2_e1 = kSawbC2 * e1;
+  double clip = c1_sqrt - c2_e1;
 #endif
   if (!(clip > 0.0) || clip > double(s.max_abs)) clip = double(s.max_abs);
   return float(clip / (is_unsigned ? kInt4UnsignedMax : kInt4SignedMax));

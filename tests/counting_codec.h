@@ -20,7 +20,7 @@ class CountingCodec final : public StashCodec {
     ++encodes;
     return counted(host().make_bits(x, n, t, bits, nullptr), count_out);
   }
-  void pack_values(const float* x, const uint64_t* bits, int64_t n, void* v, bool f16, int64_t capacity) override {
+  void pack_values(const float* x, uint64_t* bits, int64_t n, void* v, bool f16, int64_t capacity) override {
     ++encodes;
     host().pack_values(x, bits, n, v, f16, capacity);
   }

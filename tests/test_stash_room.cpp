@@ -6,8 +6,11 @@
 #include <catch2/catch.hpp>
 
 #include <cstring>
+#include <limits>
 #include <vector>
 
+#include "engine/init.h"
+#include "tests/tiny_training.h"
 #include "engine/train/trainer.h"
 #include "memory/bitmap.h"
 #include "memory/code_bitmap.h"
@@ -22,8 +25,9 @@ using namespace et;
 
 TEST_CASE("a codec keeps within an entry's room: nothing written past it, the whole count returned",
           "[stash][room]") {
-  // Half the elements kept; the room is a quarter of them. The bitmap is whole, the rest of the
-  // room's bytes are the codec's to use, and the canary after them is untouched.
+  // Half the elements kept; the room is a quarter of them. The canary after the room's bytes is
+  // untouched, and the encoding is a whole one of the first kept elements that fit (the others'
+  // bits cleared), so a reader stays within the room too: it decodes to them, zeros elsewhere.
   StashCodec& codec = host_stash_codec();
   const int64_t n = 10000, room = n / 4;
   std::vector<float> x(static_cast<size_t>(n));
@@ -44,9 +48,25 @@ TEST_CASE("a codec keeps within an entry's room: nothing written past it, the wh
       return true;
     };
     auto* bits = reinterpret_cast<uint64_t*>(buf.data());
+    // x (or its codes) with only the first `first` kept elements.
+    auto first_kept = [&](auto v, int64_t first) {
+      for (int64_t i = 0, seen = 0; i < n; ++i)
+        if (x[size_t(i)] != 0.f && seen++ >= first) v[size_t(i)] = 0;
+      return v;
+    };
     if (enc == StashEncoding::BitmapI4) {
       CHECK(codec.encode_codes(x.data(), codes.data(), n, 0.f, buf.data(), room, nullptr) == kept);
       CHECK(untouched_past(fits));
+      // One block of 10000 elements' nibbles: the room's bytes hold 2 * nibble_bytes(n, room) codes
+      // over the 3 blocks (each block starting on a byte).
+      std::vector<int8_t> part(codes.size());
+      codec.decode_codes(buf.data(), n, true, part.data());
+      int64_t decoded = 0;
+      for (int8_t c : part) decoded += c != 0;
+      CHECK(decoded >= room);
+      CHECK(decoded <= 2 * code_bitmap::nibble_bytes(n, room));
+      CHECK(part == first_kept(codes, decoded));
+      CHECK(bitmap::popcount(bits, n) == decoded);
       // With room for all of them, the whole encoding: it decodes to the codes.
       CHECK(codec.encode_codes(x.data(), codes.data(), n, 0.f, buf.data(), kept, nullptr) == kept);
       std::vector<int8_t> back(codes.size());
@@ -55,11 +75,18 @@ TEST_CASE("a codec keeps within an entry's room: nothing written past it, the wh
       continue;
     }
     const bool f16 = enc == StashEncoding::BitmapF16;
+    std::vector<float> part(static_cast<size_t>(n));
     CHECK(codec.pack(x.data(), n, 0.f, bits, bits + words, f16, room, nullptr) == kept);
     CHECK(untouched_past(fits));
+    CHECK(bitmap::popcount(bits, n) == room);
+    codec.unpack(bits, bits + words, n, f16, part.data());
+    CHECK(part == first_kept(x, room));  // (small integers: exact in fp16)
     CHECK(codec.make_bits(x.data(), n, 0.f, bits, nullptr) == kept);
     codec.pack_values(x.data(), bits, n, bits + words, f16, room);
     CHECK(untouched_past(fits));
+    CHECK(bitmap::popcount(bits, n) == room);
+    codec.unpack(bits, bits + words, n, f16, part.data());
+    CHECK(part == first_kept(x, room));
     // With room enough: the values decode to x.
     CHECK(codec.pack(x.data(), n, 0.f, bits, bits + words, f16, kept, nullptr) == kept);
     std::vector<float> y(static_cast<size_t>(n));
@@ -300,4 +327,60 @@ TEST_CASE("auto in the fixed layout: each entry's room chooses bitmap or copy, n
   CHECK(p.same);
   CHECK(p.mask_same);
   CHECK(p.read_backs_in_step == 0);
+}
+
+TEST_CASE("the stash's room when a pass throws part way: no abort, the room grows, the step then runs",
+          "[stash][room][divergence]") {
+  // resnet8 under LUQ with the quantizers' own (host) checks, bitmap_int4 in the fixed layout with
+  // room for 1 %
+  // of each value: the first forward keeps more than its rooms. A NaN weight in a later layer makes
+  // its quantizer throw part way through that forward: the executor abandons the stash (no check
+  // that the pushes fit: that may be why it threw), the fit grows the rooms, and with the weight
+  // restored the step runs within them and gives the CPU's loss bit for bit.
+  Graph g;
+  ModelSpec spec;
+  spec.name = "resnet8";
+  spec.batch = 8;
+  build_model(g, spec);
+  StashOptions so;
+  so.format = StashFormat::BitmapI4;  // (under LUQ only the codes' size follows their count)
+  so.first_room = 0.01;
+  so.room_headroom = 0.02;
+  test::DeferringCpu be;
+  const std::unique_ptr<Backend> cpu_be = make_cpu_backend();
+  Executor ex(g, be, so, test::luq()), ref(g, *cpu_be, so, test::luq());
+  init_parameters(ex, 3);
+  init_parameters(ref, 3);
+  for (Executor* e : {&ex, &ref}) {
+    Tensor x = e->value(g.image_input), y = e->value(g.label_input);
+    for (int64_t i = 0; i < x.numel(); ++i) x.f32()[i] = float(i * 7 % 23) / 11.f - 1.f;
+    for (int64_t i = 0; i < 8; ++i) y.i32()[i] = int32_t(i % 10);
+    e->set_step_seed(5);
+  }
+  float* w = ex.value(g.find_value("layer3.0.conv2.weight")).f32();
+  const float kept = w[3];
+  w[3] = std::numeric_limits<float>::quiet_NaN();
+  CHECK_THROWS_AS(ex.forward(8, true), NonFiniteError);
+  CHECK(ex.fit_stash_room());  // the pushes before the throw kept more than 1 %
+  w[3] = kept;
+  const size_t grown = ex.stash().region_bytes();
+  ex.forward(8, true);
+  // A fit between the forward and the backward (the divergence guard's, after a diverged loss)
+  // never shrinks the region under live entries.
+  CHECK_NOTHROW(ex.fit_stash_room());
+  CHECK(ex.stash().region_bytes() >= grown);
+  ex.backward();
+  if (ex.fit_stash_room()) {  // the values after the throw had their first rooms: once more
+    ex.set_repeating(true);
+    ex.forward(8, true);
+    ex.backward();
+    ex.set_repeating(false);
+  }
+  CHECK_FALSE(ex.fit_stash_room());
+  ref.forward(8, true);
+  ref.backward();
+  CHECK(ex.loss() == ref.loss());
+  const int wid = g.find_value("layer1.0.conv1.weight");
+  const Tensor dw = ex.grad(wid), rw = ref.grad(wid);
+  CHECK(std::equal(dw.f32(), dw.f32() + dw.numel(), rw.f32()));
 }

@@ -322,7 +322,7 @@ bool CudaBackend::all_finite(const std::vector<Tensor>& tensors) {
 void CudaBackend::stats_on_device(const Tensor& x) {
   ET_CHECK(x.is_contiguous() && x.numel() > 0);
   // At most kStatsBlocks parts (8 blocks an SM: the reads fill the device, and the parts stay few).
-  const int64_t most = std::min<int64_t>(int64_t(sm_count_) * 8, kStatsBlocks);
+  const int64_t most = std::min<int64_t>(int64_t(sm_count_) * 8, int64_t(kStatsBlocks));  // (by value: C++14)
   const int blocks = int(std::min<int64_t>(blocks_for(x.numel()), most));
   auto* part = static_cast<StatsPart*>(stats_parts_);
   stats_kernel<<<unsigned(blocks), kThreads, 0, stream_>>>(x.f32(), x.numel(), part);

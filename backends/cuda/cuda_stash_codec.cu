@@ -170,14 +170,19 @@ __device__ __forceinline__ Slot slot_of(const uint32_t* bits32, int64_t words32,
   return s;
 }
 
-// Values past `capacity` (the room the stash gave the entry) are not written: the count tells.
-__global__ void pack_values_kernel(const float* x, const uint32_t* bits32, int64_t words32, int64_t n,
+// Values past `capacity` (the room the stash gave the entry) are not written, and their bits are
+// cleared (each warp rewrites its own word), so readers stay within the room; the count tells.
+__global__ void pack_values_kernel(const float* x, uint32_t* bits32, int64_t words32, int64_t n,
                                    const unsigned long long* offsets, int64_t chunks, void* values, bool f16,
                                    int64_t capacity) {
   __shared__ unsigned int warp_prefix[kWarps];
   for (int64_t c = blockIdx.x; c < chunks; c += gridDim.x) {
     const Slot s = slot_of(bits32, words32, n, c, offsets, warp_prefix);
-    if (!s.keep || int64_t(s.index) >= capacity) continue;
+    const bool fits = int64_t(s.index) < capacity;
+    const unsigned kept = __ballot_sync(0xFFFFFFFFu, s.keep), stored = __ballot_sync(0xFFFFFFFFu, s.keep && fits);
+    const int64_t word = (c * kChunk + threadIdx.x) / 32;
+    if ((threadIdx.x & 31) == 0 && stored != kept && word < words32) bits32[word] = stored;
+    if (!s.keep || !fits) continue;
     const float v = x[c * kChunk + threadIdx.x];
     if (f16) static_cast<uint16_t*>(values)[s.index] = to_f16(v);
     else static_cast<float*>(values)[s.index] = v;
@@ -274,7 +279,9 @@ __global__ void code_bits_kernel(const float* x, int64_t n, uint32_t threshold, 
   }
 }
 
-// Each block's kept codes, two a byte, low nibble first, at its directory offset.
+// Each block's kept codes, two a byte, low nibble first, at its directory offset. A block whose
+// nibbles would pass the room keeps the codes that fit (an even number) and clears the others'
+// bits (memory/code_bitmap.h's encode with a capacity), so readers stay within the room.
 __global__ void code_pack_kernel(const int8_t* codes, int64_t n, CodeLayout l) {
   __shared__ int warp_sums[kCodeThreads / 32];
   __shared__ uint8_t kept[code_bitmap::kBlock];
@@ -282,10 +289,25 @@ __global__ void code_pack_kernel(const int8_t* codes, int64_t n, CodeLayout l) {
   const unsigned m = thread_bits(l.bits, n, first);
   int count = 0;
   int p = block_exclusive_scan(__popc(m), warp_sums, &count);
+  const int64_t at = int64_t(l.directory[blockIdx.x]);
+  // The codes of this block that fit: nibble bytes at + p / 2 < room, i.e. p < 2 * (room - at).
+  const int64_t fit = 2 * (l.nibble_room - at);
+  unsigned stored = m;
+  for (int j = 0, q = p; j < kPerThread; ++j)
+    if ((m >> j) & 1u) {
+      if (q >= fit) stored &= ~(1u << j);
+      ++q;
+    }
+  // Lanes 4k .. 4k + 3 hold one word's four quarters: the word again where a bit was cleared.
+  const unsigned changed = __ballot_sync(0xFFFFFFFFu, stored != m);
+  const unsigned q1 = __shfl_down_sync(0xFFFFFFFFu, stored, 1), q2 = __shfl_down_sync(0xFFFFFFFFu, stored, 2),
+                 q3 = __shfl_down_sync(0xFFFFFFFFu, stored, 3);
+  const int lane = threadIdx.x & 31;
+  if ((lane & 3) == 0 && first < n && ((changed >> lane) & 0xFu) != 0)
+    l.bits[first / 64] = uint64_t(stored | q1 << 16) | uint64_t(q2 | q3 << 16) << 32;
   for (int j = 0; j < kPerThread; ++j)
     if ((m >> j) & 1u) kept[p++] = uint8_t(codes[first + j]) & 0x0Fu;
   __syncthreads();
-  const int64_t at = int64_t(l.directory[blockIdx.x]);
   uint8_t* out = l.nibbles + at;
   for (int b = threadIdx.x; b < (count + 1) / 2; b += kCodeThreads)
     if (at + b < l.nibble_room)  // past the entry's room: the count tells the stash
@@ -324,19 +346,20 @@ class CudaStashCodec final : public StashCodec {
   }
 
   bool defers_counts() const override { return true; }
+  void reserve(int64_t n) override { reserve_chunks(num_chunks(n)); }  // (code blocks are fewer)
   int64_t count_nonzero(const float* x, int64_t n, float prune_threshold) override {
     return bits_and_counts(x, n, prune_threshold, nullptr, false, nullptr);
   }
   int64_t make_bits(const float* x, int64_t n, float prune_threshold, uint64_t* bits, int64_t* count_out) override {
     return bits_and_counts(x, n, prune_threshold, bits, false, count_out);
   }
-  void pack_values(const float* x, const uint64_t* bits, int64_t n, void* values, bool f16,
+  void pack_values(const float* x, uint64_t* bits, int64_t n, void* values, bool f16,
                    int64_t capacity) override {
     if (n <= 0) return;
     offsets_from_bits(bits, n);
     const int64_t chunks = num_chunks(n);
     pack_values_kernel<<<grid_for(chunks), kChunk, 0, stream_>>>(
-        x, reinterpret_cast<const uint32_t*>(bits), num_words(n) * 2, n, offsets_, chunks, values, f16, capacity);
+        x, reinterpret_cast<uint32_t*>(bits), num_words(n) * 2, n, offsets_, chunks, values, f16, capacity);
     check(cudaGetLastError(), "pack_values");
   }
   int64_t pack(const float* x, int64_t n, float prune_threshold, uint64_t* bits, void* values, bool f16,
@@ -346,7 +369,7 @@ class CudaStashCodec final : public StashCodec {
     const int64_t chunks = num_chunks(n);
     exclusive_scan_kernel<<<1, kScanThreads, 0, stream_>>>(counts_, chunks, offsets_);
     pack_values_kernel<<<grid_for(chunks), kChunk, 0, stream_>>>(
-        x, reinterpret_cast<const uint32_t*>(bits), num_words(n) * 2, n, offsets_, chunks, values, f16, capacity);
+        x, reinterpret_cast<uint32_t*>(bits), num_words(n) * 2, n, offsets_, chunks, values, f16, capacity);
     check(cudaGetLastError(), "pack");
     return kept;
   }
@@ -363,7 +386,7 @@ class CudaStashCodec final : public StashCodec {
     if (n <= 0) return zero_count(count_out);
     const int64_t blocks = code_bitmap::num_blocks(n);
     ET_CHECK(blocks < (int64_t(1) << 31), "bitmap_int4 of ", n, " elements");
-    reserve(blocks);
+    reserve_chunks(blocks);
     const CodeLayout l = code_layout(out, n, capacity);
     check(cudaMemsetAsync(total_, 0, sizeof(unsigned long long), stream_), "cudaMemsetAsync");
     code_bits_kernel<<<unsigned(blocks), kCodeThreads, 0, stream_>>>(x, n, bitmap::keep_threshold_bits(prune_threshold),
@@ -421,7 +444,7 @@ class CudaStashCodec final : public StashCodec {
                           int64_t* count_out) {
     if (n <= 0) return zero_count(count_out);
     const int64_t chunks = num_chunks(n);
-    if (chunk_counts) reserve(chunks);
+    if (chunk_counts) reserve_chunks(chunks);
     const uint32_t threshold = bitmap::keep_threshold_bits(prune_threshold);
     check(cudaMemsetAsync(total_, 0, sizeof(unsigned long long), stream_), "cudaMemsetAsync");
     make_bits_kernel<<<grid_for(chunks), kChunk, 0, stream_>>>(x, n, threshold, reinterpret_cast<uint32_t*>(bits),
@@ -432,17 +455,19 @@ class CudaStashCodec final : public StashCodec {
   }
   void offsets_from_bits(const uint64_t* bits, int64_t n) {
     const int64_t chunks = num_chunks(n);
-    reserve(chunks);
+    reserve_chunks(chunks);
     chunk_counts_kernel<<<unsigned((chunks + 255) / 256), 256, 0, stream_>>>(reinterpret_cast<const uint32_t*>(bits),
                                                                              num_words(n) * 2, counts_, chunks);
     exclusive_scan_kernel<<<1, kScanThreads, 0, stream_>>>(counts_, chunks, offsets_);
     check(cudaGetLastError(), "chunk offsets");
   }
-  void reserve(int64_t chunks) {
+  // Grows the chunk scratch: at the stash's configure (reserve above), so never inside a step.
+  void reserve_chunks(int64_t chunks) {
     if (chunks <= capacity_) return;
     cudaFree(counts_);
     cudaFree(offsets_);
     counts_ = offsets_ = nullptr;
+    capacity_ = 0;
     check(cudaMalloc(reinterpret_cast<void**>(&counts_), size_t(chunks) * 8), "cudaMalloc");
     check(cudaMalloc(reinterpret_cast<void**>(&offsets_), size_t(chunks) * 8), "cudaMalloc");
     capacity_ = chunks;

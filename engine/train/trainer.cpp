@@ -198,6 +198,7 @@ bool Trainer::train_step(int64_t batch, float lr, InputFeed* prefetch) {
   // A step that kept more of a value than the stash had room for (its fixed layout, a GPU's:
   // memory/stash.h) runs again on the same batch, with more room, before its update; that run
   // leaves the BN running statistics as the first one left them.
+  bool prefetched = false;  // (a first run that threw before it leaves it to the run again)
   for (bool again = false;; again = true) {
     ex.set_repeating(again);
     bool have_loss = false;
@@ -205,7 +206,10 @@ bool Trainer::train_step(int64_t batch, float lr, InputFeed* prefetch) {
       // train.cuda_graph: forward and backward replayed together, so the loss is checked after both.
       const bool replayed = !again && replay_->try_step(batch);
       if (!replayed) ex.forward(batch, true);
-      if (prefetch && !again) prefetch->prefetch();  // before the loss's readback waits for the forward
+      if (prefetch && !prefetched) {  // before the loss's readback waits for the forward
+        prefetch->prefetch();
+        prefetched = true;
+      }
       uss_.phase();
       have_loss = true;
       // Checked before the backward, so the parameters are still the step's and the guard can run
@@ -361,6 +365,7 @@ EvalResult Trainer::evaluate(bool keep_logits) {
     uss_.begin_step();
     ex.forward(n, false);
     feed_->prefetch();  // the next batch crosses while this one's forward runs
+    ex.check_quant_finite();  // (4-bit scales in the backend's memory: what a quantizer would throw)
     uss_.end_step();
     loss_sum += double(ex.loss()) * double(n);
     correct += count_correct(*backend_, ex.value(graph_.logits), labels, n);

@@ -401,8 +401,12 @@ TEST_CASE("cuda: resnet8 trains as on the CPU, in every f32 stash format and wit
         CHECK(std::fabs(a - d) <= 1e-3f * std::fabs(a));  // 4 steps of FP32 in other summation orders
       }
       // The stash holds what the CPU's holds: the same peak bytes (the bitmap formats' sizes
-      // follow the values' zeros, equal here up to values that round to zero differently).
-      CHECK(double(dev.ex->stash().peak_bytes()) == Approx(double(cpu.ex->stash().peak_bytes())).epsilon(0.02));
+      // follow the values' zeros, equal here up to values that round to zero differently). Not
+      // auto: on CUDA each entry's room chooses (Stash::copies), and unfitted rooms copy.
+      if (f != StashFormat::Auto)
+        CHECK(double(dev.ex->stash().peak_bytes()) == Approx(double(cpu.ex->stash().peak_bytes())).epsilon(0.02));
+      else
+        CHECK(dev.ex->stash().peak_bytes() >= cpu.ex->stash().peak_bytes());
     }
   }
 }

@@ -126,8 +126,8 @@ TEST_CASE("cuda: the 4-bit quantizers give the CPU's codes byte for byte", "[cud
       }
     // Scales kept on the device (Backend::quant_scales_in_memory): the floats its statistics give
     // when read back, and the quantizers reading them there (Tensor::scale_at) give the same codes.
-    Mirror kept(16);  // SAWB signed, unsigned, FP4 alpha, alpha / 3, the non-finite flag
-    REQUIRE(cudaMemset(kept.dptr, 0, 16) == cudaSuccess);
+    Mirror kept(20);  // SAWB signed, unsigned, FP4 alpha, alpha / 3, the non-finite flag
+    REQUIRE(cudaMemset(kept.dptr, 0, 20) == cudaSuccess);
     auto* at = static_cast<float*>(kept.dptr);
     auto* flag = reinterpret_cast<uint32_t*>(at + 4);
     b.dev->int4_scale_to(xd, false, at, flag, 9);

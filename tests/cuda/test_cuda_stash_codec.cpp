@@ -94,7 +94,7 @@ TEST_CASE("cuda: the stash codec writes the host codec's bytes", "[cuda][stash]"
         CHECK(dev->make_bits(static_cast<const float*>(dx.p), n, t, static_cast<uint64_t*>(dbits2.p),
                              static_cast<int64_t*>(dcount.p)) == -1);
         CHECK(dcount.read<int64_t>(1)[0] == hk);
-        dev->pack_values(static_cast<const float*>(dx.p), static_cast<const uint64_t*>(dbits2.p), n, dvals2.p, f16, n);
+        dev->pack_values(static_cast<const float*>(dx.p), static_cast<uint64_t*>(dbits2.p), n, dvals2.p, f16, n);
         CHECK(dbits2.read<uint64_t>(words) == hbits);
         const std::vector<unsigned char> dv2 = dvals2.read<unsigned char>(size_t(hk) * vb);
         CHECK(std::memcmp(dv2.data(), hvals.data(), size_t(hk) * vb) == 0);
@@ -185,7 +185,8 @@ TEST_CASE("cuda: the codec keeps within an entry's room, and returns the whole c
   // The stash's fixed layout gives each entry room for the most it kept so far (memory/stash.h):
   // a push that keeps more must write nothing past that room (the next entry is there), and
   // leave its whole count, which tells the stash to run the step again. Each buffer holds the
-  // worst case and a canary; everything from the room's end on must keep the canary.
+  // worst case and a canary; everything from the room's end on must keep the canary. What it
+  // writes is the host's encoding with that room (the bits of what did not fit cleared).
   const std::unique_ptr<StashCodec> dev = make_cuda_stash_codec(0);
   StashCodec& host = host_stash_codec();
   for (int64_t n : {int64_t(1000), int64_t(3 * 4096 + 100), int64_t(1 << 20) + 37}) {
@@ -220,12 +221,31 @@ TEST_CASE("cuda: the codec keeps within an entry's room, and returns the whole c
       size_t touched = 0;
       for (size_t i = fits; i < after.size(); ++i) touched += after[i] != 0xAB;
       CHECK(touched == 0);
-      // The bitmap is whole (the mask reads it), the room's values the first kept ones (pack).
-      std::vector<uint64_t> hbits(words);
-      std::vector<unsigned char> hvals(size_t(n) * 4);
-      host.pack(x.data(), n, 0.f, hbits.data(), hvals.data(), f16, n, nullptr);
-      CHECK(std::memcmp(after.data(), hbits.data(), words * 8) == 0);
-      if (kind < 2) CHECK(std::memcmp(after.data() + words * 8, hvals.data(), size_t(room) * (f16 ? 2 : 4)) == 0);
+      // The host codec's encoding with the same room, byte for byte: the first kept elements that
+      // fit, the others' bits cleared, so that readers stay within the room (memory/stash_codec.h).
+      std::vector<unsigned char> want(worst + 256, 0xAB);
+      if (codes_kind) {
+        host.encode_codes(x.data(), codes.data(), n, 0.f, want.data(), room, nullptr);
+      } else {
+        auto* hbits = reinterpret_cast<uint64_t*>(want.data());
+        host.pack(x.data(), n, 0.f, hbits, hbits + words, f16, room, nullptr);
+      }
+      CHECK(std::memcmp(after.data(), want.data(), fits) == 0);
+      // ... which decodes there as on the host: nothing read past the room.
+      std::vector<unsigned char> back_dev(size_t(n) * 4), back_host(size_t(n) * 4);
+      DeviceBuffer out(size_t(n) * 4);
+      if (codes_kind) {
+        dev->decode_codes(buf.p, n, true, static_cast<int8_t*>(out.p));
+        host.decode_codes(want.data(), n, true, reinterpret_cast<int8_t*>(back_host.data()));
+        back_dev = out.read<unsigned char>(size_t(n));
+        back_host.resize(size_t(n));
+      } else {
+        dev->unpack(bits, bits + words, n, f16, static_cast<float*>(out.p));
+        auto* hbits = reinterpret_cast<const uint64_t*>(want.data());
+        host.unpack(hbits, hbits + words, n, f16, reinterpret_cast<float*>(back_host.data()));
+        back_dev = out.read<unsigned char>(size_t(n) * 4);
+      }
+      CHECK(back_dev == back_host);
     }
   }
 }

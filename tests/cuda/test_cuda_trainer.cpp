@@ -71,6 +71,7 @@ struct RoomFit {
 RoomFit fit_room(const std::string& device, const std::string& stash, float headroom, int64_t batch, int graph) {
   Config cfg = test::small_fit_config(batch == 8 ? 3 : 1, device);
   cfg.train.batch_size = batch;
+  cfg.model.batch = batch;  // (parse_config copied the batch there already)
   cfg.memory.stash = stash;
   cfg.memory.stash_headroom = headroom;
   cfg.train.cuda_graph = graph == 1, cfg.train.cuda_graph_auto = false;
