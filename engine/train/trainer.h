@@ -91,6 +91,8 @@ class Trainer {
   // Where the peak USS per step is read (memory/uss.h); tests point it at missing files.
   void set_proc_files(const ProcFiles& files) { uss_ = UssPeak(files); }
   const UssPeak& uss() const { return uss_; }
+  // The training steps' recording (train.cuda_graph; engine/step_replay.h), for tests and reports.
+  const StepReplay& step_replay() const { return *replay_; }
   // Fault injection for tests: called in fit before each training step (its batch loaded), with
   // the step's number; it may corrupt the executor's state to provoke the divergence guard.
   void set_before_step(std::function<void(Executor&, int64_t step)> hook) { before_step_ = std::move(hook); }

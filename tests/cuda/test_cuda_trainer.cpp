@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "engine/step_replay.h"
 #include "engine/train/trainer.h"
 #include "tests/fit_helper.h"
 #include "tests/synthetic_data.h"
@@ -140,6 +141,8 @@ TEST_CASE("cuda: 4-bit fit with the scales on the device gives the numbers of th
     std::vector<std::string> out;
     for (const json& j : test::fit_quietly(t, "scales" + std::to_string(host_scales) + std::to_string(graph)))
       out.push_back(j["train_loss"].dump() + " " + j["test_loss"].dump() + " " + j["test_acc"].dump());
+    INFO(t.step_replay().why_not());
+    CHECK(t.step_replay().replaying() == (graph == 1));  // a record that failed would run op by op
     return out;
   };
   const std::vector<std::string> back = fit(true, 0), device = fit(false, 0), recorded = fit(false, 1);
