@@ -201,6 +201,9 @@ CudaBackend::CudaBackend(int device) : device_(device) {
   cuda::check(cudaStreamCreateWithFlags(&copy_stream_, cudaStreamNonBlocking), "cudaStreamCreateWithFlags (copies)");
   cuda::check(cudaEventCreateWithFlags(&released_, cudaEventDisableTiming), "cudaEventCreateWithFlags");
   cuda::check(cudaEventCreateWithFlags(&copied_, cudaEventDisableTiming), "cudaEventCreateWithFlags");
+  cuda::check(cudaEventCreateWithFlags(&label_copied_, cudaEventDisableTiming), "cudaEventCreateWithFlags");
+  cuda::check(cudaHostAlloc(reinterpret_cast<void**>(&label_host_), sizeof(*label_host_), cudaHostAllocDefault),
+              "cudaHostAlloc");
   cuda::check(cudaDeviceGetAttribute(&sm_count_, cudaDevAttrMultiProcessorCount, device), "cudaDeviceGetAttribute");
   codec_ = make_cuda_stash_codec(device, stream_);
   const char* host_scales = std::getenv("EDGETRAIN_CUDA_HOST_SCALES");
@@ -240,6 +243,8 @@ CudaBackend::~CudaBackend() {
   if (copy_stream_) cudaStreamSynchronize(copy_stream_);
   if (released_) cudaEventDestroy(released_);
   if (copied_) cudaEventDestroy(copied_);
+  if (label_copied_) cudaEventDestroy(label_copied_);
+  if (label_host_) cudaFreeHost(label_host_);
   if (copy_stream_) cudaStreamDestroy(copy_stream_);
   if (stream_) cudaStreamDestroy(stream_);
 }
@@ -297,7 +302,10 @@ void CudaBackend::side_acquire() {
 
 void CudaBackend::side_wait() { cuda::check(cudaStreamSynchronize(copy_stream_), "cudaStreamSynchronize (copies)"); }
 
-void CudaBackend::synchronize() { cuda::check(cudaDeviceSynchronize(), "cudaDeviceSynchronize"); }
+void CudaBackend::synchronize() {
+  cuda::check(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
+  check_labels();
+}
 
 void CudaBackend::fill(Tensor& t, float value) {
   ET_CHECK(t.is_contiguous());
@@ -378,12 +386,14 @@ TensorStats CudaBackend::tensor_max_abs(const Tensor& x) {
 
 void CudaBackend::softmax_xent_forward(const Tensor& logits, const Tensor& labels, float smoothing, Tensor& loss) {
   const int64_t N = logits.dim(0), K = logits.dim(1);
-  // A recorded step cannot read back: its count waits for replay().
-  unsigned long long* bad = capturing_ ? label_errors() : counter();
-  if (capturing_) cuda::check(cudaMemsetAsync(bad, 0, sizeof(*bad), stream_), "cudaMemsetAsync");
+  // Counted on the device and read one pass later (queue_label_check): no wait for the forward
+  // here, so the backward's launches follow at once; a recorded step's count replay() queues.
+  if (!capturing_) check_labels();  // the last pass's, long done (its loss was read)
+  unsigned long long* bad = label_errors();
+  cuda::check(cudaMemsetAsync(bad, 0, sizeof(*bad), stream_), "cudaMemsetAsync");
   label_check_kernel<<<unsigned((N + kThreads - 1) / kThreads), kThreads, 0, stream_>>>(labels.i32(), N, K, bad);
   cuda::launched("label check");
-  if (!capturing_) ET_CHECK(read_counter() == 0, "a label outside 0..", K - 1);
+  if (!capturing_) queue_label_check(K);
   if (N > xent_rows_capacity_) {  // per-sample losses, summed in the CPU's order; grows in the first step only
     cudaFree(xent_rows_);
     xent_rows_ = nullptr;
@@ -438,7 +448,7 @@ bool CudaBackend::sgd_finite() {
   return v == 0;
 }
 
-// scratch_ [40, 48): the label check's count in a recorded step.
+// scratch_ [40, 48): the label check's count (queue_label_check copies it to the host).
 unsigned long long* CudaBackend::label_errors() {
   return reinterpret_cast<unsigned long long*>(static_cast<char*>(scratch_) + 40);
 }
@@ -479,10 +489,25 @@ std::string CudaBackend::end_capture() {
 
 void CudaBackend::replay() {
   ET_CHECK(graph_exec_ != nullptr, "replay: no step recorded");
+  check_labels();  // the last step's
   cuda::check(cudaGraphLaunch(graph_exec_, stream_), "cudaGraphLaunch");
-  unsigned long long bad = 0;
-  cuda::check(cudaMemcpy(&bad, label_errors(), sizeof(bad), cudaMemcpyDeviceToHost), "cudaMemcpy");
-  ET_CHECK(bad == 0, "a label outside the model's classes");
+  queue_label_check(0);  // (the classes are the graph's: the message names none)
+}
+
+void CudaBackend::queue_label_check(int64_t classes) {
+  cuda::check(cudaMemcpyAsync(label_host_, label_errors(), sizeof(*label_host_), cudaMemcpyDeviceToHost, stream_),
+              "cudaMemcpyAsync (the label check)");
+  cuda::check(cudaEventRecord(label_copied_, stream_), "cudaEventRecord");
+  label_pending_ = true;
+  label_classes_ = classes;
+}
+
+void CudaBackend::check_labels() {
+  if (!label_pending_) return;
+  cuda::check(cudaEventSynchronize(label_copied_), "cudaEventSynchronize (the label check)");
+  label_pending_ = false;
+  if (label_classes_ > 0) ET_CHECK(*label_host_ == 0, "a label outside 0..", label_classes_ - 1);
+  ET_CHECK(*label_host_ == 0, "a label outside the model's classes");
 }
 
 void CudaBackend::drop_capture() {

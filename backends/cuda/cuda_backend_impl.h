@@ -153,7 +153,15 @@ class CudaBackend final : public Backend {
   // slot (its fixed layout, the CUDA codec's: no wait), else mask.kept, read back.
   void take_mask_count(MaskOut& mask);
   unsigned long long* deferred_sgd_count();  // sgd_step_deferred's, read and zeroed by sgd_finite
-  unsigned long long* label_errors();        // a recorded step's label check, read by replay()
+  unsigned long long* label_errors();        // the label check's count, on the device
+  // The label check's count crosses to label_host_ behind the step (no wait for it): the next
+  // check, replay or synchronize() reads it, once the copy (label_copied_) has run.
+  void queue_label_check(int64_t classes);
+  void check_labels();
+  unsigned long long* label_host_ = nullptr;  // pinned
+  cudaEvent_t label_copied_ = nullptr;
+  bool label_pending_ = false;
+  int64_t label_classes_ = 0;
 
   int device_;
   cudaStream_t stream_ = nullptr;
