@@ -9,18 +9,35 @@
 # checked on a GPU", lists the runs in the order to spend them.
 # Each step has its own time limit and writes its log to $OUT; a step that fails does not stop the
 # next. The CPU suite runs there sharded by test case (the machine has 16 cores).
+# The device tool's limits shape this script: a command runs at most 600 s (DEADLINE, 540 by
+# default, cuts every step's limit to the time left, so the last steps still print their
+# summaries), at most 8 files come back from $OUT (each step writes one or two; per-case logs stay
+# in /tmp and the failures' are appended to one file), and the carried tree is at most 64 MiB
+# (gpu_prepare.sh packs the binaries into gpu/bin.tgz).
 set -u
-B="$(cd "${1:-gpu}" && pwd)"
+G="$(cd "${1:-gpu}" && pwd)"
 OUT="${OUT:-/tmp/gpu_out}"
 STEPS="${STEPS:-tests bench train suite}"
 EPOCHS="${EPOCHS:-5}"
+DEADLINE="${DEADLINE:-540}"
 mkdir -p "$OUT"
 has() { [[ " $STEPS " == *" $1 "* ]]; }
 t0=$(date +%s)
 stamp() { echo "== [$(( $(date +%s) - t0 )) s] $*"; }
+# lim N: N seconds, or what is left before DEADLINE if less (at least 5).
+lim() { local left=$(( DEADLINE - ($(date +%s) - t0) )); [ "$left" -lt 5 ] && left=5; echo $(( $1 < left ? $1 : left )); }
+# A run that failed or was cut says so (its output is filtered by the caller).
+status() { [ "$1" -ne 0 ] && echo "  (exit $1$([ "$1" -eq 124 ] && echo ': cut by its time limit'))"; return 0; }
+
+# The binaries: packed (gpu_prepare.sh), unpacked here; or lying in the folder.
+B="$G"
+if [ -f "$G/bin.tgz" ]; then
+  B=/tmp/gpubin
+  rm -rf "$B" && mkdir -p "$B" && tar xzf "$G/bin.tgz" -C "$B"
+fi
 
 stamp "machine"
-cat "$B/BUILD_INFO" 2>/dev/null
+cat "$G/BUILD_INFO" 2>/dev/null
 nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv
 nproc
 # The CUDA libraries the binaries link (cuBLAS, the runtime): the toolkit's, else PyTorch's wheels.
@@ -34,35 +51,47 @@ ldd "$B/edgetrain_cuda_tests" | grep -E 'cublas|cudart|cudnn|gomp|not found'
 src="${SRC:-/work/main}"
 if [ ! -e "$src" ]; then mkdir -p "$(dirname "$src")" && ln -s "$PWD" "$src"; fi
 data="$src/../shared/data/cifar10"
-if [ -f "$B/cifar.tgz" ] && [ ! -d "$data/train" ]; then mkdir -p "$data" && tar xzf "$B/cifar.tgz" -C "$data"; fi
+if [ -f "$G/cifar.tgz" ] && [ ! -d "$data/train" ]; then mkdir -p "$data" && tar xzf "$G/cifar.tgz" -C "$data"; fi
 stamp "data at $data: $(find "$data" -name '*.jpg' 2>/dev/null | wc -l) images"
 
 if has tests; then
   # One process per test case, TESTS_PARALLEL at once on the one GPU: a case that faults (an
-  # illegal address poisons the whole CUDA context, a crash ends the process) costs only itself,
-  # and the cases share the run's time limit. Each case's report: $OUT/cuda_case_<n>.log.
+  # illegal address poisons the whole CUDA context, a crash ends the process) costs only itself.
+  # The training cases (the slowest) start first. One line per case in cuda_tests.log, and the
+  # reports of the failed ones after them; a case the time limit cut says so.
   stamp "CUDA tests, one process per case, ${TESTS_PARALLEL:-4} at once (EDGETRAIN_REQUIRE_GPU=1)"
-  "$B/edgetrain_cuda_tests" --list-test-names-only | grep -v '^$' | sed 's/[],[]/\\&/g' >/tmp/cuda_cases.txt
-  nl -ba -w1 -s' ' /tmp/cuda_cases.txt >/tmp/cuda_cases_numbered.txt
-  export OUT B
+  cases=/tmp/gpu_cases && rm -rf "$cases" && mkdir -p "$cases"
+  "$B/edgetrain_cuda_tests" --list-test-names-only | grep -v '^$' | sed 's/[],[]/\\&/g' >"$cases/all.txt"
+  { grep -E 'train|fit' "$cases/all.txt"; grep -vE 'train|fit' "$cases/all.txt"; } | nl -ba -w1 -s' ' >"$cases/order.txt"
+  export B cases
   # The cases that train on the CPU beside the GPU share the cores (passive waits: ctest's setting).
   # shellcheck disable=SC2016
   OMP_NUM_THREADS=$(( $(nproc) / ${TESTS_PARALLEL:-4} > 0 ? $(nproc) / ${TESTS_PARALLEL:-4} : 1 )) OMP_WAIT_POLICY=PASSIVE \
-  EDGETRAIN_REQUIRE_GPU=1 timeout "${TESTS_S:-240}" xargs -d '\n' -P "${TESTS_PARALLEL:-4}" -I{} sh -c \
+  EDGETRAIN_REQUIRE_GPU=1 timeout "$(lim "${TESTS_S:-240}")" xargs -d '\n' -P "${TESTS_PARALLEL:-4}" -I{} sh -c \
     'n=${1%% *}; name=${1#* }; s=$(date +%s)
-     if "$B/edgetrain_cuda_tests" -d yes "$name" >"$OUT/cuda_case_$n.log" 2>&1; then r=passed; else r=FAILED; fi
-     echo "$r ($(( $(date +%s) - s )) s, log cuda_case_$n.log): $name"' _ {} \
-    </tmp/cuda_cases_numbered.txt >"$OUT/cuda_tests.log" 2>&1
-  echo "exit $?" >>"$OUT/cuda_tests.log"
-  echo "$(grep -c '^passed' "$OUT/cuda_tests.log") passed, $(grep -c '^FAILED' "$OUT/cuda_tests.log") failed of $(wc -l </tmp/cuda_cases.txt) CUDA test cases" |
-    tee -a "$OUT/cuda_tests.log"
-  grep -E '^FAILED' "$OUT/cuda_tests.log" | head -20
+     if "$B/edgetrain_cuda_tests" -d yes "$name" >"$cases/$n.log" 2>&1; then r=passed; else r=FAILED; fi
+     echo "$r ($(( $(date +%s) - s )) s, case $n): $name"' _ {} \
+    <"$cases/order.txt" >"$cases/results.txt" 2>&1
+  rc=$?
+  {
+    cat "$cases/results.txt"
+    while read -r n name; do
+      grep -q "(.*case $n): " "$cases/results.txt" || echo "CUT (no result within the time limit, case $n): $name"
+    done <"$cases/order.txt"
+    echo "$(grep -c '^passed' "$cases/results.txt") passed, $(grep -c '^FAILED' "$cases/results.txt") failed, $(grep -c . "$cases/order.txt") CUDA test cases (exit $rc)"
+    for n in $(grep '^FAILED' "$cases/results.txt" | sed -E 's/.*case ([0-9]+)\).*/\1/'); do
+      echo "=== case $n: $(grep -E " case $n\)" "$cases/results.txt")"
+      cat "$cases/$n.log"
+    done
+  } >"$OUT/cuda_tests.log"
+  grep -E '^(FAILED|CUT)|CUDA test cases' "$OUT/cuda_tests.log" | head -24
   # The failures' first lines, each with its message (which names the model, format, ...).
-  for f in $(grep '^FAILED' "$OUT/cuda_tests.log" | grep -oE 'cuda_case_[0-9]+\.log' | head -8); do
-    echo "--- $f"
-    grep -qE 'FAILED:' "$OUT/$f" && grep -E 'FAILED:|with message|with expansion' -A2 "$OUT/$f" | head -16 ||
-      tail -6 "$OUT/$f"  # a crash, a sticky CUDA error, a timeout: how it ended
+  for n in $(grep '^FAILED' "$cases/results.txt" | sed -E 's/.*case ([0-9]+)\).*/\1/' | head -6); do
+    echo "--- case $n"
+    grep -qE 'FAILED:' "$cases/$n.log" && grep -E 'FAILED:|with message|with expansion' -A2 "$cases/$n.log" | head -12 ||
+      tail -6 "$cases/$n.log"  # a crash, a sticky CUDA error: how it ended
   done
+  tests_summary=$(grep 'CUDA test cases' "$OUT/cuda_tests.log")
 fi
 
 if has bench; then
@@ -72,13 +101,19 @@ if has bench; then
                dense_bf16+graph auto auto+graph; do
       stash=${run%+graph}
       graph=false; [ "$run" != "$stash" ] && graph=true
-      timeout 90 "$B/edgetrain" bench step --config "configs/${model}_cifar10.json" --steps "${BENCH_STEPS:-20}" \
+      timeout "$(lim 90)" "$B/edgetrain" bench step --config "configs/${model}_cifar10.json" --steps "${BENCH_STEPS:-20}" \
         --warmup 3 --set train.device=cuda --set fusion.enabled=false --set memory.stash=$stash \
-        --set train.cuda_graph=$graph 2>&1 | grep -E 'median step|cuda_graph:|error|Error' | sed "s/^/$model $run: /"
+        --set train.cuda_graph=$graph >/tmp/bench_run.log 2>&1
+      rc=$?
+      grep -E 'median step|cuda_graph:|error|Error' /tmp/bench_run.log | sed "s/^/$model $run: /"
+      status $rc
     done
   done 2>&1 | tee "$OUT/bench.log"
-  timeout 60 "$B/edgetrain" memprofile --config configs/resnet20_cifar10.json --synthetic --out /tmp/mp \
+  rm -rf /tmp/mp
+  timeout "$(lim 60)" "$B/edgetrain" memprofile --config configs/resnet20_cifar10.json --synthetic --out /tmp/mp \
     --set train.device=cuda --set fusion.enabled=false --set memory.stash=bitmap_fp32 >"$OUT/memprofile.log" 2>&1
+  status $?
+  tail -3 "$OUT/memprofile.log"
 fi
 
 if has memory; then
@@ -86,7 +121,7 @@ if has memory; then
   # against what they save on the CPU (its touched pages), activations included: issue 13's target
   # is the same ratios within 2 points.
   stamp "device memory of the bitmap stashes against the CPU's (bench/stash_device_memory.py)"
-  timeout "${MEMORY_S:-300}" python3 bench/stash_device_memory.py --edgetrain "$B/edgetrain" \
+  PYTHONUNBUFFERED=1 timeout "$(lim "${MEMORY_S:-300}")" python3 bench/stash_device_memory.py --edgetrain "$B/edgetrain" \
     --models "${MEMORY_MODELS:-resnet20}" 2>&1 | tee "$OUT/memory.log"
 fi
 
@@ -101,18 +136,21 @@ if has fused; then
     if has tests; then
       echo "(the [fusion] cases ran with the tests above)"
     else
-      EDGETRAIN_REQUIRE_GPU=1 timeout 120 "$B/edgetrain_cuda_tests" "[fusion]" >"$OUT/cuda_fused_tests.log" 2>&1
+      EDGETRAIN_REQUIRE_GPU=1 timeout "$(lim 120)" "$B/edgetrain_cuda_tests" "[fusion]" >"$OUT/cuda_fused_tests.log" 2>&1
       grep -E '^(test cases|All tests)|FAILED|failed|with message' -A1 "$OUT/cuda_fused_tests.log" | head -40
     fi
     for model in ${FUSED_MODELS:-resnet20 vgg16_bn mobilenetv2}; do
       for graph in false true; do
-        timeout 120 "$B/edgetrain" bench step --config "configs/${model}_cifar10.json" --steps "${BENCH_STEPS:-20}" \
+        timeout "$(lim 120)" "$B/edgetrain" bench step --config "configs/${model}_cifar10.json" --steps "${BENCH_STEPS:-20}" \
           --warmup 3 --set train.device=cuda --set fusion.enabled=true --set train.cuda_graph=$graph \
-          --against fusion.enabled=false 2>&1 | grep -E 'median step|as fast|rror' | sed "s/^/$model graph=$graph: /"
+          --against fusion.enabled=false >/tmp/fused_run.log 2>&1
+        rc=$?
+        grep -E 'median step|as fast|cuda_graph:|rror' /tmp/fused_run.log | sed "s/^/$model graph=$graph: /"
+        status $rc
       done
     done
     rm -rf /tmp/run_fused
-    timeout "${TRAIN_S:-300}" "$B/edgetrain" train --config configs/resnet20_cifar10_short.json --out /tmp/run_fused \
+    timeout "$(lim "${TRAIN_S:-300}")" "$B/edgetrain" train --config configs/resnet20_cifar10_short.json --out /tmp/run_fused \
       --set train.epochs="$EPOCHS" --set train.device=cuda --set fusion.enabled=true --set data.root="$data" 2>&1 |
       grep -E '^epoch [0-9]+/[0-9]+:|rror'
   } 2>&1 | tee "$OUT/fused.log"
@@ -129,12 +167,15 @@ if has luq; then
       [ "$base" != fp32 ] && q+=(--set quant.forward=int4 --set quant.backward=luq_fp4)
       [ "$base" = luq_bitmap_int4 ] && q+=(--set memory.stash=bitmap_int4)
       host=0; [ "$base" = luq_host_scales ] && host=1
-      EDGETRAIN_CUDA_HOST_SCALES=$host timeout "${LUQ_S:-120}" "$B/edgetrain" bench step \
+      EDGETRAIN_CUDA_HOST_SCALES=$host timeout "$(lim "${LUQ_S:-120}")" "$B/edgetrain" bench step \
         --config "configs/${model}_cifar10.json" --steps "${BENCH_STEPS:-20}" \
-        --warmup 3 --set train.device=cuda --set fusion.enabled=false --set train.cuda_graph=$graph "${q[@]}" 2>&1 |
-        grep -oE 'median step.*|train.cuda_graph: .*|"stash_peak_mb":[0-9.]+|[^ ]*rror.*' | tr '\n' ' ' |
+        --warmup 3 --set train.device=cuda --set fusion.enabled=false --set train.cuda_graph=$graph "${q[@]}" \
+        >/tmp/luq_run.log 2>&1
+      rc=$?
+      grep -oE 'median step.*|train.cuda_graph: .*|"stash_peak_mb":[0-9.]+|[^ ]*rror.*' /tmp/luq_run.log | tr '\n' ' ' |
         sed "s/^/$model $run: /"
       echo
+      status $rc
     done
   done 2>&1 | tee "$OUT/luq.log"
 fi
@@ -142,7 +183,7 @@ fi
 if has profile; then
   stamp "per-op profile on CUDA (each op timed after a device synchronise)"
   for model in resnet20 vgg16_bn; do
-    timeout 90 "$B/edgetrain" bench step --config "configs/${model}_cifar10.json" --steps 10 --warmup 3 --profile \
+    timeout "$(lim 90)" "$B/edgetrain" bench step --config "configs/${model}_cifar10.json" --steps 10 --warmup 3 --profile \
       --set train.device=cuda --set fusion.enabled=false 2>&1 | grep -vE '^[a-z0-9_.]+ +(fp32|bits|bitmap|-)' | head -24
   done 2>&1 | tee "$OUT/profile.log"
 fi
@@ -151,9 +192,10 @@ if has badinput; then
   stamp "bad input on CUDA: a device that does not exist, a batch that does not fit"
   {
     rm -rf /tmp/bad7 /tmp/badoom
-    "$B/edgetrain" train --config configs/resnet20_cifar10_short.json --set train.device=cuda:7 --out /tmp/bad7
+    timeout "$(lim 60)" "$B/edgetrain" train --config configs/resnet20_cifar10_short.json --set train.device=cuda:7 \
+      --set data.root="$data" --out /tmp/bad7
     echo "exit $?; run folder left: $(ls -A /tmp/bad7 2>/dev/null | tr '\n' ' ')"
-    timeout 120 "$B/edgetrain" train --config configs/resnet18_cifar10.json --set train.device=cuda \
+    timeout "$(lim 120)" "$B/edgetrain" train --config configs/resnet18_cifar10.json --set train.device=cuda \
       --set data.root="$data" --set train.batch_size=50000 --out /tmp/badoom 2>&1 | tail -3
     echo "exit ${PIPESTATUS[0]}; run folder left: $(ls -A /tmp/badoom 2>/dev/null | tr '\n' ' ')"
   } 2>&1 | tee "$OUT/badinput.log"
@@ -163,13 +205,14 @@ if has conv; then
   stamp "conv passes against cuBLAS SGEMM on the same GEMMs (bench_cuda_conv), each path"
   for mode in auto im2col; do
     echo "EDGETRAIN_CUDA_CONV=$mode"
-    EDGETRAIN_CUDA_CONV=$mode timeout 120 "$B/bench_cuda_conv" --reps 10 --filter "${CONV_FILTER:-}"
-  done 2>&1 | tee "$OUT/conv.log" | grep -E '^(EDGETRAIN|total)'
+    EDGETRAIN_CUDA_CONV=$mode timeout "$(lim 120)" "$B/bench_cuda_conv" --reps 10 --filter "${CONV_FILTER:-}"
+    status $?
+  done 2>&1 | tee "$OUT/conv.log" | grep -E '^(EDGETRAIN|total)|rror|usage|no CUDA|exit'
 fi
 
 if has torch; then
   stamp "PyTorch's training step on the same GPU (bench/torch_step_cuda.py: FP32, TF32 off)"
-  timeout 180 python3 bench/torch_step_cuda.py --models resnet20,resnet18,vgg16_bn >"$OUT/torch.log" 2>&1
+  PYTHONUNBUFFERED=1 timeout "$(lim 180)" python3 bench/torch_step_cuda.py --models resnet20,resnet18,vgg16_bn >"$OUT/torch.log" 2>&1
   grep -v '^{' "$OUT/torch.log"
 fi
 
@@ -178,7 +221,7 @@ if has train; then
   for seed in ${SEEDS:-1}; do
     stamp "train resnet20 (short recipe, $EPOCHS epochs, seed $seed) on CUDA"
     rm -rf /tmp/run_cuda
-    timeout "${TRAIN_S:-300}" "$B/edgetrain" train --config configs/resnet20_cifar10_short.json --out /tmp/run_cuda \
+    timeout "$(lim "${TRAIN_S:-300}")" "$B/edgetrain" train --config configs/resnet20_cifar10_short.json --out /tmp/run_cuda \
       --set train.epochs="$EPOCHS" --set train.seed="$seed" --set train.device=cuda --set data.root="$data" \
       ${TRAIN_SETS:-} >"$OUT/train_seed$seed.log" 2>&1
     echo "exit $?" >>"$OUT/train_seed$seed.log"
@@ -201,7 +244,7 @@ if has suite; then
   # 17x slower on a 2-vCPU host, session 55).
   export EDGETRAIN_REQUIRE_GPU=1 OMP_NUM_THREADS=2 OMP_WAIT_POLICY=PASSIVE
   # shellcheck disable=SC2016
-  timeout "${SUITE_S:-300}" xargs -d '\n' -P "$(( $(nproc) / 2 ))" -I{} sh -c \
+  timeout "$(lim "${SUITE_S:-300}")" xargs -d '\n' -P "$(( $(nproc) / 2 ))" -I{} sh -c \
     '"$0" "$1" >/tmp/case.$$.log 2>&1 && echo "passed: $1" || { echo "FAILED: $1"; cat /tmp/case.$$.log; }' \
     "$B/edgetrain_tests" {} </tmp/cases.txt >"$OUT/suite.log" 2>&1
   echo "$(grep -c '^passed' "$OUT/suite.log") passed, $(grep -c '^FAILED' "$OUT/suite.log") failed of $(wc -l </tmp/cases.txt)" |
@@ -209,3 +252,7 @@ if has suite; then
   grep '^FAILED' "$OUT/suite.log" | head
 fi
 stamp "done"
+# The summaries again, last (a reader of the output's tail sees them even when steps were long).
+[ -n "${tests_summary:-}" ] && echo "tests: $tests_summary"
+has suite && [ -f "$OUT/suite.log" ] && echo "suite: $(tail -1 "$OUT/suite.log")"
+exit 0
