@@ -143,7 +143,8 @@ __global__ void xent_forward_kernel(const float* z, const int32_t* labels, int64
   }
   const double lse = double(m) + log(se);
   const int32_t y = labels[n];
-  rows[n] = (1.0 - smoothing) * (lse - zr[y]) + smoothing * (lse - sum_z / double(K));
+  const double zy = y >= 0 && y < K ? double(zr[y]) : 0.0;  // (a bad label aborts at the loss's readback)
+  rows[n] = (1.0 - smoothing) * (lse - zy) + smoothing * (lse - sum_z / double(K));
 }
 
 __global__ void xent_mean_kernel(const double* rows, int64_t N, float* loss) {
@@ -260,12 +261,14 @@ unsigned long long* CudaBackend::counter() {
 int64_t CudaBackend::read_counter() {
   unsigned long long v = 0;
   cuda::check(cudaMemcpy(&v, scratch_, sizeof(v), cudaMemcpyDeviceToHost), "cudaMemcpy");
+  check_labels();  // (its copy came earlier in stream order: no further wait)
   return int64_t(v);
 }
 
 void CudaBackend::copy_to_host(const Tensor& src, void* dst) {
   ET_CHECK(src.is_contiguous());
   cuda::check(cudaMemcpy(dst, src.data, src.nbytes(), cudaMemcpyDeviceToHost), "cudaMemcpy to the host");
+  check_labels();  // the loss's readback: a bad label aborts before the backward or the update
 }
 
 void CudaBackend::copy_from_host(const void* src, Tensor& dst) {
@@ -386,8 +389,9 @@ TensorStats CudaBackend::tensor_max_abs(const Tensor& x) {
 
 void CudaBackend::softmax_xent_forward(const Tensor& logits, const Tensor& labels, float smoothing, Tensor& loss) {
   const int64_t N = logits.dim(0), K = logits.dim(1);
-  // Counted on the device and read one pass later (queue_label_check): no wait for the forward
-  // here, so the backward's launches follow at once; a recorded step's count replay() queues.
+  // Counted on the device and read at the next readback (queue_label_check, check_labels: the
+  // loss's, before the backward or the update): no wait for the forward here, so the backward's
+  // launches follow at once; a recorded step's count replay() queues.
   if (!capturing_) check_labels();  // the last pass's, long done (its loss was read)
   unsigned long long* bad = label_errors();
   cuda::check(cudaMemsetAsync(bad, 0, sizeof(*bad), stream_), "cudaMemsetAsync");
@@ -445,6 +449,7 @@ bool CudaBackend::sgd_finite() {
   unsigned long long v = 0;
   cuda::check(cudaMemcpy(&v, deferred_sgd_count(), sizeof(v), cudaMemcpyDeviceToHost), "cudaMemcpy");
   cuda::check(cudaMemsetAsync(deferred_sgd_count(), 0, sizeof(v), stream_), "cudaMemsetAsync");
+  check_labels();
   return v == 0;
 }
 

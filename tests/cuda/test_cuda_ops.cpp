@@ -241,7 +241,10 @@ TEST_CASE("cuda: convolution and linear layers equal the CPU's within 1e-4", "[c
       int64_t N, C, H, W, K, R, stride, pad, groups;
     };
     for (const Case& k : {Case{4, 3, 32, 32, 16, 3, 1, 1, 1}, Case{3, 16, 16, 16, 32, 3, 2, 1, 1}, Case{5, 32, 8, 8, 64, 1, 1, 0, 1},
-                          Case{2, 8, 7, 9, 8, 3, 1, 1, 8}, Case{2, 8, 10, 10, 16, 3, 2, 1, 4}, Case{1, 5, 6, 6, 7, 5, 1, 2, 1}}) {
+                          Case{2, 8, 7, 9, 8, 3, 1, 1, 8}, Case{2, 8, 10, 10, 16, 3, 2, 1, 4}, Case{1, 5, 6, 6, 7, 5, 1, 2, 1},
+                          // 1x1 with N, C, K and P * Q all different (the strided-batched SGEMM's
+                          // operands cannot stand in for each other), and 1x1 at stride 2 (not that path)
+                          Case{3, 24, 5, 7, 40, 1, 1, 0, 1}, Case{3, 24, 9, 7, 40, 1, 2, 0, 1}}) {
       Conv2dGeom g;
       g.N = k.N, g.C = k.C, g.H = k.H, g.W = k.W, g.K = k.K, g.R = g.S = k.R, g.stride_h = g.stride_w = k.stride;
       g.pad_h = g.pad_w = k.pad, g.groups = k.groups;
