@@ -279,6 +279,7 @@ int conv_path(cuda::CudnnConvs* dnn, cudaStream_t stream, const Conv2dGeom& g, C
               const float* b, int64_t out_floats, Workspace ws, Ours&& ours) {
   if (!dnn) return cuda::CudnnConvs::kOwn;
   const int known = dnn->choice(g, pass);
+  if (known >= 0 && dnn->workspace(g, pass) > ws.bytes) return cuda::CudnnConvs::kOwn;  // (measured with more)
   if (known != cuda::CudnnConvs::kUnmeasured) return known;
   float* scratch = nullptr;
   cuda::check(cudaMalloc(&scratch, size_t(out_floats) * 4), "cudaMalloc (conv measurement)");

@@ -46,16 +46,18 @@ struct Entry {
   cudnnFilterDescriptor_t w = nullptr;
   cudnnConvolutionDescriptor_t conv = nullptr;
   int choice[kPasses] = {CudnnConvs::kUnmeasured, CudnnConvs::kUnmeasured, CudnnConvs::kUnmeasured};
+  size_t workspace[kPasses] = {0, 0, 0};  // what the chosen algorithm needs
 };
 
 // Deterministic FP32 algorithms without tensor-op math that fit the workspace, best first.
 template <class Perf>
-int candidates(const Perf* perf, int returned, size_t ws_bytes, int* out, int max_out) {
+int candidates(const Perf* perf, int returned, size_t ws_bytes, int* out, size_t* memory, int max_out) {
   int n = 0;
   for (int i = 0; i < returned && n < max_out; ++i) {
     const Perf& p = perf[i];
     if (p.status != CUDNN_STATUS_SUCCESS || p.memory > ws_bytes || p.determinism != CUDNN_DETERMINISTIC) continue;
     if (p.mathType == CUDNN_TENSOR_OP_MATH || p.mathType == CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION) continue;
+    memory[n] = p.memory;
     out[n++] = int(p.algo);
   }
   return n;
@@ -79,12 +81,19 @@ class CudnnConvsImpl final : public CudnnConvs {
     return it == entries_.end() ? kUnmeasured : it->second.choice[pass_index(pass)];
   }
 
+  size_t workspace(const Conv2dGeom& g, ConvPass pass) const override {
+    const auto it = entries_.find(key_of(g));
+    return it == entries_.end() ? 0 : it->second.workspace[pass_index(pass)];
+  }
+
   int measure(const Conv2dGeom& g, ConvPass pass, const float* a, const float* b, float* out, Workspace ws,
               float own_ms) override {
     Entry& e = entry(g);
     int algos[4];
-    const int n = candidate_algos(e, pass, ws.bytes, algos, 4);
+    size_t memory[4];
+    const int n = candidate_algos(e, pass, ws.bytes, algos, memory, 4);
     int best = kOwn;
+    size_t best_memory = 0;
     float best_ms = always_ ? 1e30f : own_ms;
     cudaEvent_t t0, t1;
     cuda::check(cudaEventCreate(&t0), "cudaEventCreate");
@@ -100,11 +109,12 @@ class CudnnConvsImpl final : public CudnnConvs {
         cuda::check(cudaEventElapsedTime(&t, t0, t1), "cudaEventElapsedTime");
         ms = std::min(ms, t);
       }
-      if (ms < best_ms) best = algos[i], best_ms = ms;
+      if (ms < best_ms) best = algos[i], best_ms = ms, best_memory = memory[i];
     }
     cudaEventDestroy(t0);
     cudaEventDestroy(t1);
     e.choice[pass_index(pass)] = best;
+    e.workspace[pass_index(pass)] = best_memory;
     return best;
   }
 
@@ -141,27 +151,27 @@ class CudnnConvsImpl final : public CudnnConvs {
     return entries_.emplace(k, e).first->second;
   }
 
-  int candidate_algos(const Entry& e, ConvPass pass, size_t ws_bytes, int* out, int max_out) {
+  int candidate_algos(const Entry& e, ConvPass pass, size_t ws_bytes, int* out, size_t* memory, int max_out) {
     int returned = 0;
     if (pass == ConvPass::Forward) {
       cudnnConvolutionFwdAlgoPerf_t perf[CUDNN_CONVOLUTION_FWD_ALGO_COUNT];
       check_dnn(cudnnGetConvolutionForwardAlgorithm_v7(h_, e.x, e.w, e.conv, e.y, CUDNN_CONVOLUTION_FWD_ALGO_COUNT,
                                                        &returned, perf),
                 "cudnnGetConvolutionForwardAlgorithm_v7");
-      return candidates(perf, returned, ws_bytes, out, max_out);
+      return candidates(perf, returned, ws_bytes, out, memory, max_out);
     }
     if (pass == ConvPass::BackwardData) {
       cudnnConvolutionBwdDataAlgoPerf_t perf[CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT];
       check_dnn(cudnnGetConvolutionBackwardDataAlgorithm_v7(h_, e.w, e.y, e.conv, e.x,
                                                             CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT, &returned, perf),
                 "cudnnGetConvolutionBackwardDataAlgorithm_v7");
-      return candidates(perf, returned, ws_bytes, out, max_out);
+      return candidates(perf, returned, ws_bytes, out, memory, max_out);
     }
     cudnnConvolutionBwdFilterAlgoPerf_t perf[CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT];
     check_dnn(cudnnGetConvolutionBackwardFilterAlgorithm_v7(h_, e.x, e.y, e.conv, e.w,
                                                             CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT, &returned, perf),
               "cudnnGetConvolutionBackwardFilterAlgorithm_v7");
-    return candidates(perf, returned, ws_bytes, out, max_out);
+    return candidates(perf, returned, ws_bytes, out, memory, max_out);
   }
 
   void launch(const Entry& e, ConvPass pass, int algo, const float* a, const float* b, float* out, bool accumulate,

@@ -5,6 +5,7 @@
 // and need no more workspace than the backend's path already plans (none for grouped convs). The
 // planned workspace is unchanged. C++14.
 #pragma once
+#include <cstddef>
 #include <memory>
 
 #include "backends/backend.h"
@@ -21,6 +22,9 @@ class CudnnConvs {
   // This geometry and pass's choice so far: kUnmeasured, kOwn (the backend's own kernels) or a cuDNN
   // algorithm.
   virtual int choice(const Conv2dGeom& g, ConvPass pass) const = 0;
+  // The workspace its cuDNN choice needs (0 for kOwn): the choice is measured with one executor's
+  // workspace, and an executor with less (another model on the same backend) runs its own kernels.
+  virtual size_t workspace(const Conv2dGeom& g, ConvPass pass) const = 0;
   // Times the cuDNN candidates on these operands into `out` (a scratch of the output's size, never
   // the real output), keeps the fastest, or kOwn where `own_ms` (the backend's kernels) is less, and
   // returns the choice.
