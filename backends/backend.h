@@ -77,11 +77,15 @@ class Backend {
   // replay() runs the record with its addresses and arguments; a host check the recorded work
   // deferred (CUDA: the loss's label check) fails there. A backend that cannot record says so in
   // capture_unsupported() (the CPU: nothing to save, its ops run as they are called).
+  // record_generation() changes whenever a record made before may no longer be replayed: the
+  // backend moved scratch memory that recorded work uses (grown for a larger batch or model), or
+  // recorded another step (it keeps one); StepReplay then records its step again.
   virtual std::string capture_unsupported() const { return "the " + name() + " backend records no steps"; }
   virtual void begin_capture() { ET_CHECK(false, "begin_capture: ", capture_unsupported()); }
   virtual std::string end_capture() { return capture_unsupported(); }
   virtual void replay() { ET_CHECK(false, "replay: ", capture_unsupported()); }
   virtual void drop_capture() {}
+  virtual int64_t record_generation() const { return 0; }
 
   // ---- memory helpers
   virtual void fill(Tensor& t, float value) = 0;

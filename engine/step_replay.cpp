@@ -63,8 +63,11 @@ std::string StepReplay::unsupported(const Executor& ex) {
 bool StepReplay::try_step(int64_t batch) {
   if (!why_not_.empty() || batch != ex_.graph().batch_size() || steps_++ < warmup_) return false;
   Backend& be = ex_.backend();
-  // The stash's room grew or was fitted (Stash::fit): its entries moved, so record again.
-  if (recorded_ && recorded_layout_ != ex_.stash().layout_generation()) recorded_ = false;
+  // The stash's room grew or was fitted (Stash::fit): its entries moved, so record again; so too
+  // where the backend moved memory the record uses, or recorded another step.
+  if (recorded_ && (recorded_layout_ != ex_.stash().layout_generation() ||
+                    recorded_backend_ != be.record_generation()))
+    recorded_ = false;
   if (!recorded_) {
     ex_.stash().settle();  // the last step's counts (fixed layout): no read back while recording
     be.begin_capture();
@@ -87,6 +90,7 @@ bool StepReplay::try_step(int64_t batch) {
     ex_.stash().recorded();
     recorded_ = true;
     recorded_layout_ = ex_.stash().layout_generation();
+    recorded_backend_ = be.record_generation();
   }
   ex_.stash().settle();  // the last run's counts (fixed layout), before this run overwrites them
   be.replay();

@@ -53,6 +53,7 @@ class StepReplay {
   int64_t steps_ = 0;
   bool recorded_ = false;
   int64_t recorded_layout_ = -1;  // the stash's layout_generation() when recorded
+  int64_t recorded_backend_ = -1;  // the backend's record_generation() when recorded
   std::string why_not_;
 };
 

@@ -34,6 +34,9 @@ class StashCodec {
   // Scratch for encodings of up to n elements, sized now (outside the step: a recorded step may
   // not allocate); the stash calls it with its largest value. Only grows.
   virtual void reserve(int64_t /*n*/) {}
+  // Changes whenever the codec's scratch moves (grows): work recorded before holds the old places
+  // (Backend::record_generation).
+  virtual int64_t scratch_generation() const { return 0; }
   // bits[num_words(n)] = the kept-element bitmap; returns its population (bitmap::make_bits).
   // bits == nullptr: the count alone (count_nonzero), left at count_out as other counts are.
   virtual int64_t make_bits(const float* x, int64_t n, float prune_threshold, uint64_t* bits, int64_t* count_out) = 0;

@@ -41,6 +41,8 @@ class RecordingDeferringCpu final : public test::DeferringCpu {
   int begun = 0, replays = 0;
   bool scales = false;  // its 4-bit scales in its memory (as CUDA's)
   bool quant_scales_in_memory() const override { return scales; }
+  int64_t generation = 0;  // Backend::record_generation: bumped where a record would hold moved memory
+  int64_t record_generation() const override { return generation; }
   std::string capture_unsupported() const override { return ""; }
   void begin_capture() override { ++begun; }
   std::string end_capture() override { return ""; }
@@ -226,7 +228,7 @@ TEST_CASE("step replay with the stash's fixed layout: each run's counts settled 
   }
 }
 
-TEST_CASE("step replay records again when the stash's room moves its entries", "[replay][stash][room]") {
+TEST_CASE("step replay records again when the stash's room moves its entries, or the backend's scratch", "[replay][stash][room]") {
   // A recorded step holds the stash entries' places: after Stash::fit moves them (the room fitted
   // after the first step, or grown), the next step is recorded again; a fit that moves nothing
   // keeps the record.
@@ -255,6 +257,13 @@ TEST_CASE("step replay records again when the stash's room moves its entries", "
   CHECK(r.try_step(8));
   CHECK(be.begun == 2);
   CHECK(be.replays == 3);
+  // The backend moved memory the record uses (its scratch grew) or recorded another step.
+  ++be.generation;
+  CHECK(r.try_step(8));
+  CHECK(be.begun == 3);
+  CHECK(r.try_step(8));
+  CHECK(be.begun == 3);
+  CHECK(be.replays == 5);
 }
 
 namespace {

@@ -403,6 +403,7 @@ void CudaBackend::softmax_xent_forward(const Tensor& logits, const Tensor& label
     xent_rows_ = nullptr;
     cuda::check(cudaMalloc(reinterpret_cast<void**>(&xent_rows_), size_t(N) * 8), "cudaMalloc");
     xent_rows_capacity_ = N;
+    ++record_generation_;  // a recorded step holds the old buffer
   }
   xent_forward_kernel<<<unsigned(N), 32, 0, stream_>>>(logits.f32(), labels.i32(), K, smoothing, xent_rows_);
   xent_mean_kernel<<<1, 32, 0, stream_>>>(xent_rows_, N, loss.f32());
@@ -465,6 +466,7 @@ void CudaBackend::begin_capture() {
   // says which), instead of running out of order.
   cuda::check(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal), "cudaStreamBeginCapture");
   capturing_ = true;
+  ++record_generation_;  // the record kept before (another executor's step) is gone
 }
 
 std::string CudaBackend::end_capture() {

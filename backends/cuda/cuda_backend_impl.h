@@ -144,6 +144,7 @@ class CudaBackend final : public Backend {
   std::string end_capture() override;
   void replay() override;
   void drop_capture() override;
+  int64_t record_generation() const override { return record_generation_ + codec_->scratch_generation(); }
 
  private:
   // A device counter for reductions that come back to the host (zeroed before each use).
@@ -177,6 +178,7 @@ class CudaBackend final : public Backend {
   int sm_count_ = 1;  // the device's multiprocessors (how many blocks fill it)
   bool capturing_ = false;                // between begin_capture and end_capture
   cudaGraphExec_t graph_exec_ = nullptr;  // the recorded step, instantiated
+  int64_t record_generation_ = 0;         // + the codec's: bumped by each record and scratch growth
   std::unique_ptr<DeviceMemory> memory_;
   std::unique_ptr<StashCodec> codec_;
   cublasHandle_t blas_ = nullptr;

@@ -335,6 +335,7 @@ double* CudaBackend::bn_scratch(int64_t doubles) {
     bn_scratch_ = nullptr;
     cuda::check(cudaMalloc(reinterpret_cast<void**>(&bn_scratch_), size_t(doubles) * 8), "cudaMalloc");
     bn_scratch_capacity_ = doubles;
+    ++record_generation_;  // a recorded step holds the old buffer
   }
   return bn_scratch_;
 }

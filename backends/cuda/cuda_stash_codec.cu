@@ -347,6 +347,7 @@ class CudaStashCodec final : public StashCodec {
 
   bool defers_counts() const override { return true; }
   void reserve(int64_t n) override { reserve_chunks(num_chunks(n)); }  // (code blocks are fewer)
+  int64_t scratch_generation() const override { return generation_; }
   int64_t count_nonzero(const float* x, int64_t n, float prune_threshold) override {
     return bits_and_counts(x, n, prune_threshold, nullptr, false, nullptr);
   }
@@ -468,6 +469,7 @@ class CudaStashCodec final : public StashCodec {
     cudaFree(offsets_);
     counts_ = offsets_ = nullptr;
     capacity_ = 0;
+    ++generation_;
     check(cudaMalloc(reinterpret_cast<void**>(&counts_), size_t(chunks) * 8), "cudaMalloc");
     check(cudaMalloc(reinterpret_cast<void**>(&offsets_), size_t(chunks) * 8), "cudaMalloc");
     capacity_ = chunks;
@@ -478,6 +480,7 @@ class CudaStashCodec final : public StashCodec {
   unsigned long long* total_ = nullptr;
   unsigned long long *counts_ = nullptr, *offsets_ = nullptr;
   int64_t capacity_ = 0;
+  int64_t generation_ = 0;  // scratch_generation()
 };
 
 }  // namespace
