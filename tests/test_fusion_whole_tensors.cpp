@@ -93,3 +93,29 @@ TEST_CASE("fusion: a whole-tensor plan trains bit-identically to the layers", "[
                        {stash(StashFormat::DenseF32), stash(StashFormat::BitmapF32), stash(StashFormat::DenseF32, 1)});
   }
 }
+
+TEST_CASE("fusion: a whole-tensor plan trains bit-identically to the layers with pruned bitmaps", "[fusion]") {
+  // The CUDA stacks' pruned-bitmap path (tests/cuda/test_cuda_fused.cpp) rests on this plan: the
+  // stored values pruned at |y| < t, the ReLU's backward mask exact, as the layers keep them.
+  // Not a stack ending in a max-pool: the layers' pool backward finds each window's maximum in the
+  // pruned stored values, the stack's in x itself (exact), so pruning trains them differently.
+  Graph plain, fused;
+  build_model(plain, spec_of("resnet8", 2, 16, false));
+  build_model(fused, whole_tensors_spec("resnet8", 2, 16));
+  StashOptions pruned = stash(StashFormat::BitmapF32);
+  pruned.prune_threshold = 0.05f;
+  check_trains_alike(plain, fused, 2, {pruned});
+}
+
+TEST_CASE("fusion: a whole-tensor plan trains bit-identically at a batch below the planned one", "[fusion]") {
+  // Planned for 4 images, trained on 3 (as the CUDA test's short step): every stack indexes by the
+  // tensors' own batch.
+  for (const char* model : {"resnet8", "vgg11_bn"}) {
+    INFO(model);
+    const int64_t side = std::string(model) == "vgg11_bn" ? 32 : 16;
+    Graph plain, fused;
+    build_model(plain, spec_of(model, 4, side, false));
+    build_model(fused, whole_tensors_spec(model, 4, side));
+    check_trains_alike(plain, fused, 3, {stash(StashFormat::DenseF32), stash(StashFormat::BitmapF32)});
+  }
+}

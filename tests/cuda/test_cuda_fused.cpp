@@ -133,3 +133,33 @@ TEST_CASE("cuda: a recorded step with fused stacks equals the fused step run op 
   CHECK(replay.replaying());
   CHECK((state_bytes(rec) == state_bytes(direct)));
 }
+
+TEST_CASE("cuda: fused stacks equal the layers with pruned bitmaps and a batch below the planned one",
+          "[cuda][fusion]") {
+  // Paths the shipped-model test does not reach: a prune threshold (the stack's bitmap keeps
+  // |y| >= t; the mask the ReLU's backward reads stays exact; not with pooled stacks, whose window
+  // maximum comes from x where the layers' comes from the pruned values: tests/
+  // test_fusion_whole_tensors.cpp) and a training step at 5 of the 8 planned images (every index
+  // from the tensors' own batch).
+  const std::unique_ptr<Backend> be = make_cuda_backend(0);
+  for (const char* model : {"resnet20", "vgg16_bn"}) {
+    INFO(model);
+    StashOptions so;
+    so.format = StashFormat::BitmapF32;
+    so.prune_threshold = std::string(model) == "resnet20" ? 0.05f : 0.f;
+    FusedRun plain(*be, so, model, false), fused(*be, so, model, true);
+    REQUIRE(fused.fused_nodes() > 0);
+    for (int s = 0; s < 3; ++s) {
+      for (FusedRun* r : {&plain, &fused}) {
+        r->batch = s == 2 ? 5 : 8;
+        r->fill(s);
+        r->ex->forward(r->batch, true);
+        r->ex->backward();
+      }
+      INFO("step " << s << ", batch " << fused.batch);
+      CHECK(fused.ex->loss() == plain.ex->loss());
+      CHECK((state_bytes(fused) == state_bytes(plain)));
+      for (FusedRun* r : {&plain, &fused}) REQUIRE(sgd_update(*r->ex, SgdOptions{0.9f, 5e-4f, false}, 0.05f, s == 0));
+    }
+  }
+}
