@@ -177,6 +177,12 @@ if has luq; then
       echo
       status $rc
     done
+    # Where a 4-bit step's time goes (each op timed after a device synchronise): the integer
+    # products' gathers and the strided data gradients (session 58's phases) among them.
+    echo "$model luq, per op:"
+    EDGETRAIN_CUDA_HOST_SCALES=0 timeout "$(lim 60)" "$B/edgetrain" bench step --config "configs/${model}_cifar10.json" \
+      --steps 5 --warmup 2 --profile --set train.device=cuda --set fusion.enabled=false \
+      --set quant.forward=int4 --set quant.backward=luq_fp4 2>&1 | grep -vE '^\{|^[a-z0-9_.]+ +(fp32|bits|bitmap|-)' | head -20
   done 2>&1 | tee "$OUT/luq.log"
 fi
 
