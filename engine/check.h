@@ -20,8 +20,12 @@ struct UserError : std::runtime_error {
 // diverged. The trainer's divergence guard (engine/train/divergence.h) catches it to stop or roll
 // back; elsewhere it is a UserError like any other.
 struct NonFiniteError : UserError {
-  NonFiniteError(const std::string& message, std::string layer_name) : UserError(message), layer(std::move(layer_name)) {}
+  NonFiniteError(const std::string& message, std::string layer_name, bool in_forward = false)
+      : UserError(message), layer(std::move(layer_name)), forward(in_forward) {}
   std::string layer;  // the node that found it
+  // Found by the forward, though thrown after it (4-bit scales in the backend's memory report at
+  // the pass's end): the loss is not the step's to report.
+  bool forward;
 };
 
 [[noreturn]] inline void check_failed(const char* file, int line, const char* cond, const std::string& msg) {

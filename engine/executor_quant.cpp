@@ -135,7 +135,9 @@ void Executor::check_quant_finite() {
   const int node = int(code / 4) - 1;
   ET_CHECK(node >= 0 && node < graph_.num_nodes() && code % 4 < 3, "4-bit non-finite flag ", code);
   const Node& n = graph_.node(node);
-  throw NonFiniteError(nonfinite_text(n, NonFiniteOperand(code % 4), step_, quant_[size_t(node)]), n.name);
+  const NonFiniteOperand operand = NonFiniteOperand(code % 4);
+  throw NonFiniteError(nonfinite_text(n, operand, step_, quant_[size_t(node)]), n.name,
+                       operand != NonFiniteOperand::OutputGradient);
 }
 
 Tensor OpContext::input_codes() const {

@@ -170,6 +170,7 @@ TEST_CASE("4-bit scales in the backend's memory: a quantizer's non-finite value 
   CHECK(dv.cause == DivergenceCause::NonFiniteValue);
   CHECK(dv.layer == "layer1.0.conv2");
   CHECK_THAT(dv.detail, Catch::Contains("non-finite weight") && Catch::Contains("step 1"));
+  CHECK_FALSE(dv.loss_known);  // a forward operand's: reported as the layers' own check does
   w[5] = kept;
   CHECK(t.train_step(8, 0.05f));
   CHECK(std::isfinite(ex.loss()));

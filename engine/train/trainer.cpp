@@ -227,7 +227,8 @@ bool Trainer::train_step(int64_t batch, float lr, InputFeed* prefetch) {
     } catch (const NonFiniteError& e) {  // a quantizer's input, weight or output gradient
       if (ex.fit_stash_room()) continue;  // maybe from values the stash had no room for
       ex.set_repeating(false);
-      return diverged(DivergenceCause::NonFiniteValue, batch, &e, have_loss, lr);
+      // (a forward operand's, found after the pass: as the layers' own check, before the loss)
+      return diverged(DivergenceCause::NonFiniteValue, batch, &e, have_loss && !e.forward, lr);
     }
     if (!ex.fit_stash_room()) break;
   }
