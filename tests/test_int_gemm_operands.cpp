@@ -11,6 +11,7 @@
 #include "backends/cpu/cpu_backend.h"
 #include "tests/code_samples.h"
 #include "backends/cuda/int_gemm_operands.h"
+#include "backends/cuda/index_math.h"
 
 using namespace et;
 
@@ -139,4 +140,15 @@ TEST_CASE("CUDA integer-product operands: the linear passes map as the CPU's int
   naive_gemm(O, I, N, int_gemm::Dense{gc.data(), 1, O}, int_gemm::Dense{xc.data(), I, 1},
              [&](int64_t m, int64_t n, int64_t v) { got[size_t(int_gemm::RowsOut{I}.at(m, n))] = float(v); });
   CHECK(got == dw);
+}
+
+TEST_CASE("CUDA index arithmetic: 32-bit divisions where they fit give the 64-bit quotients", "[cuda_operands]") {
+  const int64_t big = int64_t(1) << 32;
+  for (int64_t a : {int64_t(0), int64_t(1), int64_t(1023), int64_t(1) << 31, big - 1, big, big + 5, int64_t(-7),
+                    int64_t(3) << 40})
+    for (int64_t b : {int64_t(1), int64_t(3), int64_t(64), int64_t(1000), big - 1, big, big + 3}) {
+      CAPTURE(a, b);
+      CHECK(cuda_index::idiv(a, b) == a / b);
+      CHECK(cuda_index::imod(a, b) == a % b);
+    }
 }

@@ -11,6 +11,7 @@
 // bits.
 #include "backends/cuda/cuda_backend_impl.h"
 #include "backends/cuda/cuda_pool_window.h"
+#include "backends/cuda/index_math.h"
 #include "memory/bitmap.h"
 
 namespace et {
@@ -18,6 +19,8 @@ namespace et {
 namespace {
 
 constexpr int kBnThreads = 256;
+using cuda_index::idiv;  // (backends/cuda/index_math.h: 32-bit divisions where they fit)
+using cuda_index::imod;
 
 // Block-wide sums of two doubles; every thread gets them.
 __device__ void block_sum2(double& a, double& b) {
@@ -66,7 +69,7 @@ __global__ void bn_partials_kernel(const float* x, int64_t N, int64_t C, int64_t
   const int64_t n0 = N * part / P, n1 = N * (part + 1) / P, M = (n1 - n0) * HW;
   double a = 0, b = 0;
   for (int64_t j = threadIdx.x; j < M; j += blockDim.x) {
-    const float v = x[((n0 + j / HW) * C + c) * HW + j % HW];
+    const float v = x[((n0 + idiv(j, HW)) * C + c) * HW + imod(j, HW)];
     a += v;
     b += double(v) * double(v);
   }
@@ -87,7 +90,7 @@ __global__ void bn_grad_partials_kernel(Grad grad, const float* x, const float* 
   double a = 0, b = 0;
   const float mu = mean[c];
   for (int64_t j = threadIdx.x; j < M; j += blockDim.x) {
-    const int64_t at = ((n0 + j / HW) * C + c) * HW + j % HW;
+    const int64_t at = ((n0 + idiv(j, HW)) * C + c) * HW + imod(j, HW);
     const float dz = grad(at);
     if (dside) dside[at] = side_acc ? dside[at] + dz : dz;
     a += dz;
@@ -151,7 +154,7 @@ __global__ void bn_saved_coefficients_kernel(int64_t C, const float* gamma, cons
 __global__ void bn_frozen_backward_kernel(const float* dy, int64_t n_total, int64_t C, int64_t HW, const float* gamma,
                                           const float* rv, float eps, float* dx, bool acc) {
   ET_GRID_STRIDE(i, n_total) {
-    const int64_t c = i / HW % C;
+    const int64_t c = imod(idiv(i, HW), C);
     const float v = dy[i] * (gamma[c] / sqrtf(rv[c] + eps));
     dx[i] = acc ? dx[i] + v : v;
   }
@@ -180,7 +183,7 @@ template <class Grad>
 __global__ void bn_backward_apply_kernel(Grad grad, const float* x, int64_t n_total, int64_t C, int64_t HW,
                                          const float* coef, float* dx, bool acc) {
   ET_GRID_STRIDE(i, n_total) {
-    const int64_t c = i / HW % C;
+    const int64_t c = imod(idiv(i, HW), C);
     const float v = __fadd_rn(__fmaf_rn(coef[c], grad(i), __fmul_rn(coef[C + c], x[i])), coef[2 * C + c]);
     dx[i] = acc ? dx[i] + v : v;
   }
@@ -221,7 +224,7 @@ struct ElementwiseOut {
   bool relu;
   __device__ __forceinline__ float operator()(int64_t i) const {
     float scale, shift;
-    k.of(i / HW % k.C, &scale, &shift);
+    k.of(imod(idiv(i, HW), k.C), &scale, &shift);
     float v = __fmaf_rn(x[i], scale, shift);
     if (side) v = v + side[i];
     if (relu) v = v > 0.f ? v : 0.f;
@@ -235,9 +238,9 @@ struct PooledOut {
   ChannelCoefficients k;
   cuda_pool::Geom g;
   __device__ __forceinline__ float operator()(int64_t i) const {
-    const int64_t plane = i / (g.P * g.Q), p = i / g.Q % g.P, q = i % g.Q;
+    const int64_t plane = idiv(i, g.P * g.Q), p = imod(idiv(i, g.Q), g.P), q = imod(i, g.Q);
     float scale, shift;
-    k.of(plane % k.C, &scale, &shift);
+    k.of(imod(plane, k.C), &scale, &shift);
     int64_t arg;
     return cuda_pool::max_at(g, BnReluPlane{x + plane * g.H * g.W, scale, shift}, p, q, &arg);
   }
@@ -275,10 +278,10 @@ struct PooledGrad {
   const float *x, *coef, *dy;
   cuda_pool::Geom g;
   __device__ __forceinline__ float operator()(int64_t i) const {
-    const int64_t HW = g.H * g.W, plane = i / HW, c = plane % g.C, at = i % HW;
+    const int64_t HW = g.H * g.W, plane = idiv(i, HW), c = imod(plane, g.C), at = imod(i, HW);
     const BnReluPlane v{x + plane * HW, coef[c], coef[g.C + c]};
     if (!(v(at) > 0.f)) return 0.f;
-    return cuda_pool::max_gradient(g, v, dy + plane * g.P * g.Q, at / g.W, at % g.W, 0.f);
+    return cuda_pool::max_gradient(g, v, dy + plane * g.P * g.Q, idiv(at, g.W), imod(at, g.W), 0.f);
   }
 };
 
