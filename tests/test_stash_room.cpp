@@ -208,21 +208,38 @@ TEST_CASE("the stash's room with a negative headroom: every entry keeps its wors
   CHECK(own.grown == 0);
 }
 
+namespace {
+
+// One saved value of n elements in the fixed layout (a codec that defers its counts), room for
+// half of it before the first fit; set(kept) writes x with `kept` of its elements non-zero.
+struct OneValueStash {
+  static constexpr int64_t n = 100000;
+  test::CountingCodec codec;
+  std::vector<float> x = std::vector<float>(size_t(n)), decoded = std::vector<float>(size_t(n));
+  Stash stash;
+  OneValueStash(StashFormat format, bool mask_read) {
+    codec.defer = true;
+    SavedValue sv;
+    sv.value = 0, sv.numel = n, sv.full = true, sv.mask_read = mask_read, sv.format = format;
+    sv.unpack = Tensor::contiguous(decoded.data(), Shape{n});
+    stash.configure({sv}, 1, 0.f, false, host_memory(), codec, 0.5);
+  }
+  void set(int64_t kept) {
+    for (int64_t i = 0; i < n; ++i) x[size_t(i)] = i % (n / kept) == 0 && i / (n / kept) < kept ? 1.f + float(i % 7) : 0.f;
+  }
+};
+
+}  // namespace
+
 TEST_CASE("the stash's room follows the values' sparsity: forgotten counts shrink it, a denser step grows it",
           "[stash][room]") {
-  // One bitmap_fp32 value of 100000 elements in the fixed layout (a codec that defers its counts),
-  // pushed as a step does, with `kept` of its elements non-zero.
-  test::CountingCodec codec;
-  codec.defer = true;
-  const int64_t n = 100000;
-  std::vector<float> x(static_cast<size_t>(n)), decoded(static_cast<size_t>(n));
-  SavedValue sv;
-  sv.value = 0, sv.numel = n, sv.full = true, sv.format = StashFormat::BitmapF32;
-  sv.unpack = Tensor::contiguous(decoded.data(), Shape{n});
-  Stash stash;
-  stash.configure({sv}, 1, 0.f, false, host_memory(), codec, 0.5);
+  // One bitmap_fp32 value pushed as a step does.
+  OneValueStash v(StashFormat::BitmapF32, false);
+  const int64_t n = v.n;
+  Stash& stash = v.stash;
+  std::vector<float>& x = v.x;
   auto step = [&](int64_t kept) {
-    for (int64_t i = 0; i < n; ++i) x[size_t(i)] = i % (n / kept) == 0 && i / (n / kept) < kept ? 1.f + float(i % 7) : 0.f;
+    v.set(kept);
     stash.clear();
     stash.push(0, Tensor::contiguous(x.data(), Shape{n}));
     const Tensor back = stash.get(0);
@@ -254,19 +271,15 @@ TEST_CASE("the stash's room follows the values' sparsity: forgotten counts shrin
 
 TEST_CASE("auto in the fixed layout: each entry's room chooses bitmap or copy, no count read back in the step",
           "[stash][room]") {
-  // One auto value of 100000 elements in the fixed layout (a codec that defers its counts): the
-  // compact layout counts each push to choose; here the entry's room decides (Stash::copies), so
-  // the step never waits for a count. A denser push than a bitmap's room overflows, and the fit
-  // gives it the copy; once sparser again, the fit after forget_kept() gives the bitmap back.
-  test::CountingCodec codec;
-  codec.defer = true;
-  const int64_t n = 100000;
-  std::vector<float> x(static_cast<size_t>(n)), decoded(static_cast<size_t>(n));
-  SavedValue sv;
-  sv.value = 0, sv.numel = n, sv.full = true, sv.mask_read = true, sv.format = StashFormat::Auto;
-  sv.unpack = Tensor::contiguous(decoded.data(), Shape{n});
-  Stash stash;
-  stash.configure({sv}, 1, 0.f, false, host_memory(), codec, 0.5);
+  // One auto value: the compact layout counts each push to choose; here the entry's room decides
+  // (Stash::copies), so the step never waits for a count. A denser push than a bitmap's room
+  // overflows, and the fit gives it the copy; once sparser again, the fit after forget_kept() gives
+  // the bitmap back.
+  OneValueStash v(StashFormat::Auto, true);
+  const int64_t n = v.n;
+  Stash& stash = v.stash;
+  std::vector<float>& x = v.x;
+  test::CountingCodec& codec = v.codec;
   struct Pushed {
     int overflowed;
     bool same, mask_same;
@@ -274,7 +287,7 @@ TEST_CASE("auto in the fixed layout: each entry's room chooses bitmap or copy, n
     int read_backs_in_step;
   };
   auto step = [&](int64_t kept) {
-    for (int64_t i = 0; i < n; ++i) x[size_t(i)] = i % (n / kept) == 0 && i / (n / kept) < kept ? 1.f + float(i % 7) : 0.f;
+    v.set(kept);
     stash.clear();
     const int before = codec.read_backs;
     const MaskOut target = stash.mask_target(0, n);
