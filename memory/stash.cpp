@@ -94,15 +94,17 @@ void Stash::clear() {
            " than its room, and no fit() followed: its backward read values that were not stored");
   log_.clear();
   abandoned_ = false;
-  for (int id : stack_) entries_[size_t(id)] = Entry{};
-  stack_.clear();
-  top_ = zero_copy_live_ = 0;
+  drop_entries();
 }
 
 void Stash::abandon() {
   settle();
   abandoned_ = fixed_layout_ && !log_.empty();
   if (!abandoned_) log_.clear();  // (kept for fit(): the counts it saw, its overflow)
+  drop_entries();
+}
+
+void Stash::drop_entries() {
   for (int id : stack_) entries_[size_t(id)] = Entry{};
   stack_.clear();
   top_ = zero_copy_live_ = 0;
@@ -142,9 +144,10 @@ void Stash::push(int value_id, const Tensor& t, const MaskOut& written, const Te
   bool bits_written = bits_kept >= 0 || written.kept_in_slot;
   const SavedValue& s = *info(value_id);
   const StashFormatInfo& format = stash_format_info(s.format);
+  const int64_t n = t.numel();
+  const bool fixed_copy = copies(s, n);  // auto in the fixed layout: its room chose the copy
   Entry& e = entries_[size_t(value_id)];
   ET_CHECK(e.stored == StashEncoding::None, "value ", value_id, " pushed twice");
-  const int64_t n = t.numel();
   // (a recomputed value may have no f32 forward buffer: its readers computed it, DType::AffineRelu)
   const float* x = s.recomputed ? nullptr : t.f32();
   StashRecord& rec = records_[size_t(value_id)];
@@ -169,7 +172,7 @@ void Stash::push(int value_id, const Tensor& t, const MaskOut& written, const Te
     zero_copy_live_ += e.bytes;
   } else {
     const auto t0 = timing_ ? Clock::now() : Clock::time_point{};
-    if (mask_apart(s) && !copies(s, n)) {  // (a copy is its own exact mask)
+    if (mask_apart(s) && !fixed_copy) {  // (a copy is its own exact mask)
       // The exact mask first (the producer may have written it: mask_target), then the encoding
       // with pruned values, whose own bitmap the pack below computes (and counts, into the slot).
       mask_bytes = Arena::align_up(size_t(bitmap::num_words(n)) * 8);
@@ -203,11 +206,8 @@ void Stash::push(int value_id, const Tensor& t, const MaskOut& written, const Te
       // auto has two encodings to choose from. The compact layout chooses per push, by a count
       // (pack itself counts, one pass fewer); the fixed layout per entry, by its room (copies()),
       // so that no push waits for a count and a step with auto can be recorded.
-      const bool chooses = format.full_alt != format.full;
-      bool copy = false;
-      if (chooses && fixed_layout_) {
-        copy = copies(s, n);
-      } else if (chooses) {
+      bool copy = fixed_copy;
+      if (format.full_alt != format.full && !fixed_layout_) {
         if (!(bits_kept >= 0)) bits_kept = codec_->count_nonzero(x, n, prune_threshold_);
         copy = stash_encoding_bytes(enc, n, bits_kept) >= stash_encoding_bytes(format.full_alt, n, n);
       }

@@ -205,6 +205,7 @@ class Stash {
     bool decode_ended = false;  // end_decode: the unpack buffer's planned lifetime is over
   };
   const SavedValue* info(int value_id) const;
+  void drop_entries();  // clear() and abandon(): nothing pushed
   // Whether a full save keeps its exact mask apart: pruned values in a bitmap, read as a mask too.
   bool mask_apart(const SavedValue& s) const;
   // What a save of n elements takes in the region, with its exact mask apart: its worst case, or
