@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# The CUDA backend's tests on the CUDA emulator (tests/cuda_emu; docs/cuda.md, "The CUDA
+# emulator"): builds build-emu/ (-DEDGETRAIN_CUDA_EMU=ON: backends/cuda/*.cu compiled for the host)
+# and runs tests/cuda there, one process per test case, JOBS at once, with EDGETRAIN_REQUIRE_GPU=1.
+# No GPU and no CUDA toolkit needed. It checks the kernels' logic, bounds and barriers and the
+# backend's use of the runtime; not races, the GPU's rounding or speed (a GPU run does those).
+#   scripts/cuda_emu.sh [--build-only] [CATCH FILTER]
+# Env: BUILD_DIR (default build-emu), JOBS (default nproc), CASE_S (each case's limit, default 900).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+. scripts/apt_missing.sh
+apt_missing build-essential cmake ninja-build pkg-config libeigen3-dev libcli11-dev catch2 nlohmann-json3-dev libstb-dev
+
+dir="${BUILD_DIR:-build-emu}" jobs="${JOBS:-$(nproc)}"
+build_only=0
+[ "${1:-}" = --build-only ] && { build_only=1; shift; }
+cmake -S . -B "$dir" -G Ninja -DCMAKE_BUILD_TYPE=Release -DEDGETRAIN_CUDA_EMU=ON -DEDGETRAIN_ONNX=OFF >/dev/null
+cmake --build "$dir" -j "$jobs" --target edgetrain_cuda_tests
+[ $build_only -eq 1 ] && exit 0
+
+logs=$(mktemp -d)
+trap 'rm -rf "$logs"' EXIT
+# Catch's filter syntax: a comma or bracket in a name is escaped.
+"$dir/tests/edgetrain_cuda_tests" --list-test-names-only ${1:+"$1"} | grep -v '^$' | sed 's/[],[]/\\&/g' >"$logs/cases"
+echo "cuda_emu: $(wc -l <"$logs/cases") test cases, $jobs at once"
+start=$(date +%s)
+# Each case: its exit status, seconds and name on one line of $logs/summary, its report in a file.
+run_case() {
+  local name="$1" log s rc
+  log="$logs/$(printf '%s' "$name" | md5sum | cut -c1-12).log"
+  s=$(date +%s)
+  rc=0
+  OMP_NUM_THREADS=1 EDGETRAIN_REQUIRE_GPU=1 timeout "${CASE_S:-900}" "$dir/tests/edgetrain_cuda_tests" "$name" >"$log" 2>&1 || rc=$?
+  printf '%s %ss %s\n' "$rc" "$(( $(date +%s) - s ))" "$name" >>"$logs/summary"
+  if [ "$rc" -ne 0 ]; then
+    echo "cuda_emu: FAILED ($rc): $name"
+    tail -n 40 "$log" | sed 's/^/    /'
+  fi
+}
+export -f run_case
+export logs dir
+xargs -d '\n' -P "$jobs" -I{} bash -c 'run_case "$1"' _ {} <"$logs/cases"
+sort -t' ' -k2 -n -r "$logs/summary" | sed 's/^/cuda_emu: /'
+failed=$(awk '$1 != 0' "$logs/summary" | wc -l)
+echo "cuda_emu: $(wc -l <"$logs/summary") cases, $failed failed, in $(( $(date +%s) - start )) s"
+[ "$failed" -eq 0 ]

@@ -1,0 +1,903 @@
+// The CUDA emulator's runtime (include/cuda_emu.h says what it is for and what it cannot check):
+// fibers for a block's threads, device memory with guard pages, streams that run in issue order,
+// stream capture into replayable graphs, events, and cuBLAS's SGEMMs on Eigen.
+//
+// Settings (environment): EDGETRAIN_CUDA_EMU_DEVICES (default 1; 0 = a machine without a GPU),
+// EDGETRAIN_CUDA_EMU_MB (device memory, default 8192), EDGETRAIN_CUDA_EMU_SMS (multiprocessors,
+// default 4), EDGETRAIN_CUDA_EMU_MAJOR (compute capability major, default 9).
+#include <signal.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <Eigen/Core>
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#if !defined(__x86_64__)
+#include <ucontext.h>
+#endif
+
+#include "cublas_v2.h"
+#include "cuda_runtime.h"
+
+// ---- objects behind the runtime's handles ----
+struct CUgraph_st {
+  std::vector<std::function<void()>> ops;
+};
+struct CUgraphExec_st {
+  std::vector<std::function<void()>> ops;
+};
+struct CUstream_st {
+  bool non_blocking = false;
+  CUgraph_st* capture = nullptr;  // recording (cudaStreamBeginCapture) into this graph
+  bool capture_invalidated = false;
+};
+struct CUevent_st {
+  bool timing = true;
+  bool recorded = false;
+  double ms = 0;                     // host time of the last record
+  CUgraph_st* recorded_in = nullptr;  // the record it was last recorded in, while recording
+};
+struct cublasContext {
+  cudaStream_t stream = nullptr;
+};
+
+namespace emu {
+namespace {
+
+[[noreturn]] void fail(const char* fmt, const std::string& a = "", const std::string& b = "");
+
+// ---- settings ----
+long setting(const char* name, long fallback) {
+  const char* v = std::getenv(name);
+  return v && *v ? std::strtol(v, nullptr, 10) : fallback;
+}
+int device_count() { return int(setting("EDGETRAIN_CUDA_EMU_DEVICES", 1)); }
+size_t capacity() { return size_t(setting("EDGETRAIN_CUDA_EMU_MB", 8192)) << 20; }
+
+std::recursive_mutex& big_lock() {
+  static std::recursive_mutex m;  // the runtime is one device: one caller at a time
+  return m;
+}
+using Lock = std::lock_guard<std::recursive_mutex>;
+
+thread_local cudaError_t last_error = cudaSuccess;
+cudaError_t note(cudaError_t e) {
+  if (e != cudaSuccess) last_error = e;
+  return e;
+}
+
+double now_ms() {
+  using namespace std::chrono;
+  return duration<double, std::milli>(steady_clock::now().time_since_epoch()).count();
+}
+
+// ---- device memory: each allocation ends at a guard page ----
+struct Allocation {
+  char* base;        // of the mapping
+  size_t map_bytes;  // with the guard page
+  size_t bytes;      // asked for
+};
+std::map<uintptr_t, Allocation>& allocations() {
+  static std::map<uintptr_t, Allocation> m;
+  return m;
+}
+size_t allocated_bytes = 0;
+const size_t kPage = 4096;
+
+size_t round_up(size_t n, size_t to) { return (n + to - 1) / to * to; }
+
+// The allocation holding [p, p + n), or null.
+const Allocation* device_range(const void* p, size_t n, uintptr_t* start = nullptr) {
+  const uintptr_t a = uintptr_t(p);
+  auto& m = allocations();
+  auto it = m.upper_bound(a);
+  if (it == m.begin()) return nullptr;
+  --it;
+  if (a < it->first || a + n > it->first + it->second.bytes) return nullptr;
+  if (start) *start = it->first;
+  return &it->second;
+}
+
+// What lies near an address, for a fault's report.
+std::string describe_address(uintptr_t a) {
+  char buf[256];
+  auto& m = allocations();
+  auto it = m.upper_bound(a);
+  if (it != m.begin()) {
+    --it;
+    const uintptr_t end = it->first + round_up(it->second.bytes, 256);
+    if (a >= it->first && a < end + kPage) {
+      std::snprintf(buf, sizeof(buf), "%zu bytes past the start of a %zu-byte device allocation (%s its end)",
+                    size_t(a - it->first), it->second.bytes, a >= it->first + it->second.bytes ? "past" : "before");
+      return buf;
+    }
+  }
+  std::snprintf(buf, sizeof(buf), "not in or just after any device allocation");
+  return buf;
+}
+
+// ---- streams and capture ----
+CUstream_st* capturing = nullptr;  // the stream recording (one at a time: thread-local mode)
+
+// An operation of stream `s`: recorded where s records, else run now (every stream runs in issue
+// order, at once). The legacy stream while a blocking stream records would join that stream to
+// the record: CUDA fails it and invalidates the record.
+cudaError_t enqueue(cudaStream_t s, std::function<void()> op) {
+  if (s && s->capture) {
+    s->capture->ops.push_back(std::move(op));
+    return cudaSuccess;
+  }
+  if (!s && capturing) {
+    capturing->capture_invalidated = true;
+    return note(cudaErrorStreamCaptureImplicit);
+  }
+  op();
+  return cudaSuccess;
+}
+
+// A call CUDA prohibits while this thread records (thread-local mode): it fails, and so does the
+// record.
+bool refused_in_capture() {
+  if (!capturing) return false;
+  capturing->capture_invalidated = true;
+  note(cudaErrorStreamCaptureUnsupported);
+  return true;
+}
+
+// ---- fibers: the threads of one block ----
+struct Fiber {
+  void* sp = nullptr;
+  char* stack = nullptr;
+  uint3 tid{0, 0, 0};
+  int linear = 0;
+  bool done = false;
+  const uint64_t* wait_on = nullptr;  // a barrier's generation this thread waits to change
+  uint64_t wait_gen = 0;
+#if !defined(__x86_64__)
+  ucontext_t ctx;
+#endif
+};
+struct Warp {
+  int count = 0;
+  uint64_t gen = 0;
+  uint64_t slot[32];
+};
+
+const size_t kStackBytes = 256 * 1024;
+
+struct Run {
+  const char* kernel = "";
+  dim3 grid, block;
+  uint3 block_idx{0, 0, 0};
+  const std::function<void()>* body = nullptr;
+  std::vector<Fiber> fibers;
+  std::vector<char*> stacks;  // kept for later launches
+  std::vector<Warp> warps;
+  int threads = 0, live = 0, bar_count = 0;
+  uint64_t bar_gen = 0, progress = 0;
+  Fiber* cur = nullptr;
+  void* sched_sp = nullptr;
+  bool running = false;
+#if !defined(__x86_64__)
+  ucontext_t sched_ctx;
+#endif
+};
+Run run;
+
+[[noreturn]] void fail(const char* fmt, const std::string& a, const std::string& b) {
+  std::fflush(stdout);
+  std::fprintf(stderr, "CUDA emulator: ");
+  std::fprintf(stderr, fmt, a.c_str(), b.c_str());
+  if (run.running && run.cur)
+    std::fprintf(stderr, " (kernel %s, block (%u, %u, %u), thread (%u, %u, %u))", run.kernel, run.block_idx.x,
+                 run.block_idx.y, run.block_idx.z, run.cur->tid.x, run.cur->tid.y, run.cur->tid.z);
+  std::fprintf(stderr, "\n");
+  std::abort();
+}
+
+}  // namespace
+}  // namespace emu
+
+extern "C" void emu_fiber_main();
+
+#if defined(__x86_64__)
+// Switches stacks: saves the callee-saved registers on this stack and its pointer in *save_sp,
+// then restores the other fiber's from next_sp. A new fiber's stack starts with six zero registers
+// and emu_fiber_start as the return address.
+extern "C" void emu_switch(void** save_sp, void* next_sp);
+extern "C" void emu_fiber_start();
+asm(R"(
+.pushsection .text
+.globl emu_switch
+.type emu_switch,@function
+emu_switch:
+  pushq %rbp
+  pushq %rbx
+  pushq %r12
+  pushq %r13
+  pushq %r14
+  pushq %r15
+  movq %rsp, (%rdi)
+  movq %rsi, %rsp
+  popq %r15
+  popq %r14
+  popq %r13
+  popq %r12
+  popq %rbx
+  popq %rbp
+  ret
+.size emu_switch, .-emu_switch
+.globl emu_fiber_start
+.type emu_fiber_start,@function
+emu_fiber_start:
+  call emu_fiber_main
+  ud2
+.size emu_fiber_start, .-emu_fiber_start
+.popsection
+)");
+#endif
+
+namespace emu {
+namespace {
+
+void to_scheduler() {
+#if defined(__x86_64__)
+  emu_switch(&run.cur->sp, run.sched_sp);
+#else
+  swapcontext(&run.cur->ctx, &run.sched_ctx);
+#endif
+}
+
+// Back to the scheduler, which resumes this thread once *gen_counter is no longer gen.
+void wait_for_change(const uint64_t* gen_counter, uint64_t gen) {
+  run.cur->wait_on = gen_counter;
+  run.cur->wait_gen = gen;
+  to_scheduler();
+}
+
+void resume(Fiber& f) {
+  run.cur = &f;
+#if defined(__x86_64__)
+  emu_switch(&run.sched_sp, f.sp);
+#else
+  swapcontext(&run.sched_ctx, &f.ctx);
+#endif
+}
+
+void start_fiber(Fiber& f) {
+#if defined(__x86_64__)
+  uintptr_t top = uintptr_t(f.stack + kStackBytes) & ~uintptr_t(15);
+  void** sp = reinterpret_cast<void**>(top - 72);
+  for (int i = 0; i < 6; ++i) sp[i] = nullptr;
+  sp[6] = reinterpret_cast<void*>(&emu_fiber_start);
+  f.sp = sp;
+#else
+  getcontext(&f.ctx);
+  f.ctx.uc_stack.ss_sp = f.stack;
+  f.ctx.uc_stack.ss_size = kStackBytes;
+  f.ctx.uc_link = nullptr;
+  makecontext(&f.ctx, emu_fiber_main, 0);
+#endif
+}
+
+void complete_barrier_if_all_arrived() {
+  if (run.bar_count > 0 && run.bar_count == run.live) {
+    run.bar_count = 0;
+    ++run.bar_gen;
+  }
+}
+
+// A block's threads, each to its end; barriers and warp collectives switch between them.
+void run_block() {
+  const int n = run.threads;
+  while (int(run.stacks.size()) < n) {
+    // A guard page below each stack: a thread that overflows its stack faults.
+    char* m = static_cast<char*>(mmap(nullptr, kStackBytes + kPage, PROT_READ | PROT_WRITE,
+                                      MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0));
+    if (m == MAP_FAILED) fail("cannot map a thread's stack%s%s");
+    mprotect(m, kPage, PROT_NONE);
+    run.stacks.push_back(m + kPage);
+  }
+  run.fibers.assign(size_t(n), Fiber());
+  run.warps.assign(size_t((n + 31) / 32), Warp());
+  for (int i = 0; i < n; ++i) {
+    Fiber& f = run.fibers[size_t(i)];
+    f.linear = i;
+    f.tid = uint3{unsigned(i) % run.block.x, unsigned(i) / run.block.x % run.block.y,
+                  unsigned(i) / (run.block.x * run.block.y)};
+    f.stack = run.stacks[size_t(i)];
+    start_fiber(f);
+  }
+  run.live = n;
+  run.bar_count = 0;
+  while (run.live > 0) {
+    const uint64_t before = run.progress;
+    for (Fiber& f : run.fibers)
+      if (!f.done && (!f.wait_on || *f.wait_on != f.wait_gen)) {
+        f.wait_on = nullptr;
+        resume(f);
+      }
+    run.cur = nullptr;
+    if (run.progress == before) {
+      // Every thread left waits at a barrier or a warp collective that cannot complete.
+      char buf[320];
+      std::snprintf(buf, sizeof(buf), "kernel %s, block (%u, %u, %u): %d of %d threads still running, %d of them at "
+                    "__syncthreads", run.kernel, run.block_idx.x, run.block_idx.y, run.block_idx.z, run.live, n,
+                    run.bar_count);
+      fail("%s: they wait at a barrier or warp collective that never completes (a thread exited or went another "
+           "way first)%s", buf);
+    }
+  }
+}
+
+}  // namespace
+
+// ---- the kernel language's built-ins ----
+const uint3& thread_idx() { return run.cur->tid; }
+const uint3& block_idx() { return run.block_idx; }
+const dim3& block_dim() { return run.block; }
+const dim3& grid_dim() { return run.grid; }
+int lane_id() { return run.cur->linear % 32; }
+
+void syncthreads() {
+  const uint64_t gen = run.bar_gen;
+  ++run.bar_count;
+  ++run.progress;
+  if (run.bar_count == run.live) {
+    run.bar_count = 0;
+    ++run.bar_gen;
+    return;
+  }
+  wait_for_change(&run.bar_gen, gen);
+}
+
+namespace {
+
+unsigned lanes_of_warp(int w) {
+  const int n = std::min(32, run.threads - 32 * w);
+  return n == 32 ? 0xFFFFFFFFu : (1u << n) - 1;
+}
+
+void warp_arrive(Warp& w, unsigned lanes) {
+  const uint64_t gen = w.gen;
+  ++w.count;
+  ++run.progress;
+  if (w.count == __builtin_popcount(lanes)) {
+    w.count = 0;
+    ++w.gen;
+    return;
+  }
+  wait_for_change(&w.gen, gen);
+}
+
+}  // namespace
+
+uint64_t warp_exchange(unsigned mask, uint64_t mine, int src_lane) {
+  const int wi = run.cur->linear / 32, lane = run.cur->linear % 32;
+  Warp& w = run.warps[size_t(wi)];
+  const unsigned lanes = mask & lanes_of_warp(wi);
+  if (!(lanes >> lane & 1u)) fail("a warp collective by a lane outside its mask%s%s");
+  if (lanes != mask) fail("a warp collective's mask names lanes the block does not have%s%s");
+  w.slot[lane] = mine;
+  warp_arrive(w, lanes);
+  const uint64_t got = src_lane >= 0 && src_lane < 32 && (lanes >> src_lane & 1u) ? w.slot[src_lane] : mine;
+  warp_arrive(w, lanes);  // every lane has read before any lane writes its slot again
+  return got;
+}
+
+unsigned warp_ballot(unsigned mask, bool pred) {
+  const int wi = run.cur->linear / 32;
+  Warp& w = run.warps[size_t(wi)];
+  const unsigned lanes = mask & lanes_of_warp(wi);
+  const int lane = run.cur->linear % 32;
+  if (!(lanes >> lane & 1u)) fail("a ballot by a lane outside its mask%s%s");
+  if (lanes != mask) fail("a ballot's mask names lanes the block does not have%s%s");
+  w.slot[lane] = pred;
+  warp_arrive(w, lanes);
+  unsigned bits = 0;
+  for (int l = 0; l < 32; ++l)
+    if ((lanes >> l & 1u) && w.slot[l]) bits |= 1u << l;
+  warp_arrive(w, lanes);
+  return bits;
+}
+
+namespace {
+
+void run_grid(const char* name, dim3 grid, dim3 block, const std::function<void()>& body) {
+  if (run.running) fail("a launch from inside kernel %s%s", run.kernel);
+  run.running = true;
+  run.kernel = name;
+  run.grid = grid;
+  run.block = block;
+  run.body = &body;
+  run.threads = int(block.x * block.y * block.z);
+  for (unsigned z = 0; z < grid.z; ++z)
+    for (unsigned y = 0; y < grid.y; ++y)
+      for (unsigned x = 0; x < grid.x; ++x) {
+        run.block_idx = uint3{x, y, z};
+        run_block();
+      }
+  run.running = false;
+  run.cur = nullptr;
+}
+
+// An illegal address (a guard page) or a thread's stack overflow: where it happened.
+void on_fault(int sig, siginfo_t* info, void*) {
+  const uintptr_t a = uintptr_t(info->si_addr);
+  char buf[512];
+  if (emu::run.running && emu::run.cur) {
+    std::snprintf(buf, sizeof(buf),
+                  "CUDA emulator: illegal address %#lx in kernel %s, block (%u, %u, %u), thread (%u, %u, %u): %s\n",
+                  (unsigned long)a, run.kernel, run.block_idx.x, run.block_idx.y, run.block_idx.z, run.cur->tid.x,
+                  run.cur->tid.y, run.cur->tid.z, describe_address(a).c_str());
+  } else {
+    std::snprintf(buf, sizeof(buf), "CUDA emulator: signal %d at address %#lx outside any kernel: %s\n", sig,
+                  (unsigned long)a, describe_address(a).c_str());
+  }
+  ssize_t r = write(2, buf, std::strlen(buf));
+  (void)r;
+  signal(sig, SIG_DFL);
+  raise(sig);
+}
+
+void install_fault_handler() {
+  static bool done = false;
+  if (done) return;
+  done = true;
+  static char alt[64 * 1024];
+  stack_t ss{};
+  ss.ss_sp = alt;
+  ss.ss_size = sizeof(alt);
+  sigaltstack(&ss, nullptr);
+  struct sigaction sa {};
+  sa.sa_sigaction = on_fault;
+  sa.sa_flags = SA_SIGINFO | SA_ONSTACK;
+  sigaction(SIGSEGV, &sa, nullptr);
+  sigaction(SIGBUS, &sa, nullptr);
+}
+
+}  // namespace
+
+void launch_kernel(const char* name, dim3 grid, dim3 block, size_t shared_bytes, CUstream_st* stream,
+                   std::function<void()> body) {
+  Lock lock(big_lock());
+  install_fault_handler();
+  const unsigned long long threads = 1ull * block.x * block.y * block.z;
+  if (threads == 0 || threads > 1024 || block.x > 1024 || block.y > 1024 || block.z > 64 || grid.x == 0 ||
+      grid.y == 0 || grid.z == 0 || grid.y > 65535 || grid.z > 65535 || grid.x > 2147483647u ||
+      shared_bytes > 48 * 1024) {
+    std::fprintf(stderr,
+                 "CUDA emulator: kernel %s launched with grid (%u, %u, %u), block (%u, %u, %u), %zu bytes of "
+                 "shared memory: outside CUDA's limits\n",
+                 name, grid.x, grid.y, grid.z, block.x, block.y, block.z, shared_bytes);
+    note(cudaErrorInvalidConfiguration);
+    return;
+  }
+  std::string kernel = name;
+  enqueue(stream, [kernel, grid, block, body]() { run_grid(kernel.c_str(), grid, block, body); });
+}
+
+}  // namespace emu
+
+using namespace emu;
+
+extern "C" void emu_fiber_main() {
+  (*run.body)();
+  run.cur->done = true;
+  --run.live;
+  ++run.progress;
+  complete_barrier_if_all_arrived();
+  to_scheduler();
+  std::abort();  // never resumed
+}
+
+// ---- the runtime API ----
+cudaError_t cudaGetDeviceCount(int* count) {
+  *count = device_count();
+  return *count > 0 ? cudaSuccess : note(cudaErrorNoDevice);
+}
+cudaError_t cudaSetDevice(int device) {
+  return device >= 0 && device < device_count() ? cudaSuccess : note(cudaErrorInvalidDevice);
+}
+cudaError_t cudaGetDevice(int* device) {
+  *device = 0;
+  return cudaSuccess;
+}
+cudaError_t cudaGetDeviceProperties(cudaDeviceProp* p, int device) {
+  if (device < 0 || device >= device_count()) return note(cudaErrorInvalidDevice);
+  *p = cudaDeviceProp{};
+  std::snprintf(p->name, sizeof(p->name), "CUDA emulator on the host (tests/cuda_emu)");
+  p->totalGlobalMem = capacity();
+  p->sharedMemPerBlock = 48 * 1024;
+  p->regsPerBlock = 65536;
+  p->warpSize = 32;
+  p->maxThreadsPerBlock = 1024;
+  p->maxThreadsDim[0] = p->maxThreadsDim[1] = 1024;
+  p->maxThreadsDim[2] = 64;
+  p->maxGridSize[0] = 2147483647;
+  p->maxGridSize[1] = p->maxGridSize[2] = 65535;
+  p->major = int(setting("EDGETRAIN_CUDA_EMU_MAJOR", 9));
+  p->minor = 0;
+  p->multiProcessorCount = int(setting("EDGETRAIN_CUDA_EMU_SMS", 4));
+  p->l2CacheSize = 4 << 20;
+  return cudaSuccess;
+}
+cudaError_t cudaDeviceGetAttribute(int* value, cudaDeviceAttr attr, int device) {
+  cudaDeviceProp p;
+  if (cudaGetDeviceProperties(&p, device) != cudaSuccess) return note(cudaErrorInvalidDevice);
+  switch (attr) {
+    case cudaDevAttrMaxThreadsPerBlock: *value = p.maxThreadsPerBlock; break;
+    case cudaDevAttrMaxSharedMemoryPerBlock: *value = int(p.sharedMemPerBlock); break;
+    case cudaDevAttrWarpSize: *value = 32; break;
+    case cudaDevAttrMultiProcessorCount: *value = p.multiProcessorCount; break;
+    case cudaDevAttrComputeCapabilityMajor: *value = p.major; break;
+    case cudaDevAttrComputeCapabilityMinor: *value = p.minor; break;
+    default: return note(cudaErrorInvalidValue);
+  }
+  return cudaSuccess;
+}
+cudaError_t cudaDeviceSynchronize() {
+  Lock lock(big_lock());
+  return refused_in_capture() ? cudaErrorStreamCaptureUnsupported : cudaSuccess;
+}
+cudaError_t cudaGetLastError() {
+  const cudaError_t e = last_error;
+  last_error = cudaSuccess;
+  return e;
+}
+cudaError_t cudaPeekAtLastError() { return last_error; }
+const char* cudaGetErrorName(cudaError_t e) { return cudaGetErrorString(e); }
+const char* cudaGetErrorString(cudaError_t e) {
+  switch (e) {
+    case cudaSuccess: return "no error";
+    case cudaErrorInvalidValue: return "invalid argument";
+    case cudaErrorMemoryAllocation: return "out of memory";
+    case cudaErrorInvalidConfiguration: return "invalid configuration argument";
+    case cudaErrorInvalidDevicePointer: return "invalid device pointer";
+    case cudaErrorInvalidMemcpyDirection: return "invalid copy direction for memcpy";
+    case cudaErrorNoDevice: return "no CUDA-capable device is detected";
+    case cudaErrorInvalidDevice: return "invalid device ordinal";
+    case cudaErrorInvalidResourceHandle: return "invalid resource handle";
+    case cudaErrorNotReady: return "device not ready";
+    case cudaErrorIllegalAddress: return "an illegal memory access was encountered";
+    case cudaErrorLaunchOutOfResources: return "too many resources requested for launch";
+    case cudaErrorStreamCaptureUnsupported: return "operation not permitted when stream is capturing";
+    case cudaErrorStreamCaptureInvalidated: return "operation failed due to a previous error during capture";
+    case cudaErrorStreamCaptureUnmatched: return "capture was not initiated in this stream";
+    case cudaErrorStreamCaptureImplicit:
+      return "operation would make the legacy stream depend on a capturing blocking stream";
+  }
+  return "unknown error";
+}
+cudaError_t cudaMemGetInfo(size_t* free_bytes, size_t* total_bytes) {
+  Lock lock(big_lock());
+  *total_bytes = capacity();
+  *free_bytes = capacity() - std::min(capacity(), allocated_bytes);
+  return cudaSuccess;
+}
+
+cudaError_t cudaMalloc(void** p, size_t bytes) {
+  Lock lock(big_lock());
+  *p = nullptr;
+  if (refused_in_capture()) return cudaErrorStreamCaptureUnsupported;
+  if (device_count() == 0) return note(cudaErrorNoDevice);
+  if (bytes == 0) return cudaSuccess;
+  if (bytes > capacity() || allocated_bytes + bytes > capacity()) return note(cudaErrorMemoryAllocation);
+  install_fault_handler();
+  const size_t body = round_up(bytes, 256), map_bytes = round_up(body, kPage) + kPage;
+  char* base = static_cast<char*>(
+      mmap(nullptr, map_bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0));
+  if (base == MAP_FAILED) return note(cudaErrorMemoryAllocation);
+  mprotect(base + map_bytes - kPage, kPage, PROT_NONE);
+  char* ptr = base + map_bytes - kPage - body;
+  // Fresh device memory is not zero on a GPU: a read before a write must not pass here by luck.
+  std::memset(ptr, 0xA5, bytes);
+  allocations()[uintptr_t(ptr)] = Allocation{base, map_bytes, bytes};
+  allocated_bytes += bytes;
+  *p = ptr;
+  return cudaSuccess;
+}
+cudaError_t cudaFree(void* p) {
+  Lock lock(big_lock());
+  if (!p) return cudaSuccess;
+  if (refused_in_capture()) return cudaErrorStreamCaptureUnsupported;
+  auto it = allocations().find(uintptr_t(p));
+  if (it == allocations().end()) return note(cudaErrorInvalidDevicePointer);
+  allocated_bytes -= it->second.bytes;
+  munmap(it->second.base, it->second.map_bytes);
+  allocations().erase(it);
+  return cudaSuccess;
+}
+cudaError_t cudaHostAlloc(void** p, size_t bytes, unsigned) {
+  *p = std::malloc(bytes ? bytes : 1);
+  return *p ? cudaSuccess : note(cudaErrorMemoryAllocation);
+}
+cudaError_t cudaMallocHost(void** p, size_t bytes) { return cudaHostAlloc(p, bytes, 0); }
+cudaError_t cudaFreeHost(void* p) {
+  std::free(p);
+  return cudaSuccess;
+}
+cudaError_t cudaPointerGetAttributes(cudaPointerAttributes* attr, const void* p) {
+  Lock lock(big_lock());
+  *attr = cudaPointerAttributes{};
+  uintptr_t start = 0;
+  if (device_range(p, 1, &start)) {
+    attr->type = cudaMemoryTypeDevice;
+    attr->devicePointer = const_cast<void*>(p);
+  } else {
+    attr->type = cudaMemoryTypeUnregistered;
+    attr->hostPointer = const_cast<void*>(p);
+  }
+  return cudaSuccess;
+}
+
+namespace {
+
+// A copy's operands where its kind says they are: on the device, inside one allocation.
+void check_copy(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind, const char* what) {
+  if (bytes == 0) return;
+  const bool dst_device = device_range(dst, 1) != nullptr, src_device = device_range(src, 1) != nullptr;
+  if (kind == cudaMemcpyDefault) kind = cudaMemcpyKind((src_device ? 2 : 0) | (dst_device ? 1 : 0));
+  char buf[160];
+  std::snprintf(buf, sizeof(buf), "%s of %zu bytes", what, bytes);
+  if ((kind == cudaMemcpyHostToDevice || kind == cudaMemcpyDeviceToDevice) && !device_range(dst, bytes))
+    fail("%s: the destination is not inside one device allocation (%s)", buf, describe_address(uintptr_t(dst)));
+  if ((kind == cudaMemcpyDeviceToHost || kind == cudaMemcpyDeviceToDevice) && !device_range(src, bytes))
+    fail("%s: the source is not inside one device allocation (%s)", buf, describe_address(uintptr_t(src)));
+  if (kind == cudaMemcpyDeviceToHost && dst_device) fail("%s: device to host into device memory%s", buf);
+  if (kind == cudaMemcpyHostToDevice && src_device) fail("%s: host to device from device memory%s", buf);
+}
+
+}  // namespace
+
+cudaError_t cudaMemcpy(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind) {
+  Lock lock(big_lock());
+  if (refused_in_capture()) return cudaErrorStreamCaptureUnsupported;
+  check_copy(dst, src, bytes, kind, "cudaMemcpy");
+  if (bytes) std::memmove(dst, src, bytes);
+  return cudaSuccess;
+}
+cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind, cudaStream_t s) {
+  Lock lock(big_lock());
+  check_copy(dst, src, bytes, kind, "cudaMemcpyAsync");
+  return enqueue(s, [dst, src, bytes]() {
+    if (bytes) std::memmove(dst, src, bytes);
+  });
+}
+cudaError_t cudaMemset(void* p, int value, size_t bytes) {
+  Lock lock(big_lock());
+  if (refused_in_capture()) return cudaErrorStreamCaptureUnsupported;
+  if (bytes && !device_range(p, bytes))
+    fail("cudaMemset of %s bytes outside one device allocation (%s)", std::to_string(bytes),
+         describe_address(uintptr_t(p)));
+  if (bytes) std::memset(p, value, bytes);
+  return cudaSuccess;
+}
+cudaError_t cudaMemsetAsync(void* p, int value, size_t bytes, cudaStream_t s) {
+  Lock lock(big_lock());
+  if (bytes && !device_range(p, bytes))
+    fail("cudaMemsetAsync of %s bytes outside one device allocation (%s)", std::to_string(bytes),
+         describe_address(uintptr_t(p)));
+  return enqueue(s, [p, value, bytes]() {
+    if (bytes) std::memset(p, value, bytes);
+  });
+}
+
+cudaError_t cudaStreamCreate(cudaStream_t* s) { return cudaStreamCreateWithFlags(s, cudaStreamDefault); }
+cudaError_t cudaStreamCreateWithFlags(cudaStream_t* s, unsigned flags) {
+  *s = new CUstream_st;
+  (*s)->non_blocking = (flags & cudaStreamNonBlocking) != 0;
+  return cudaSuccess;
+}
+cudaError_t cudaStreamDestroy(cudaStream_t s) {
+  Lock lock(big_lock());
+  if (s == capturing) capturing = nullptr;
+  delete s;
+  return cudaSuccess;
+}
+cudaError_t cudaStreamSynchronize(cudaStream_t) {
+  Lock lock(big_lock());
+  return refused_in_capture() ? cudaErrorStreamCaptureUnsupported : cudaSuccess;
+}
+cudaError_t cudaStreamQuery(cudaStream_t) {
+  Lock lock(big_lock());
+  return refused_in_capture() ? cudaErrorStreamCaptureUnsupported : cudaSuccess;
+}
+cudaError_t cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t e, unsigned) {
+  Lock lock(big_lock());
+  // Every stream runs at once, so a wait is met. A recording stream may wait only for an event
+  // recorded in the same record.
+  if (s && s->capture && e->recorded_in != s->capture) {
+    s->capture_invalidated = true;
+    std::fprintf(stderr, "CUDA emulator: cudaStreamWaitEvent on a recording stream, for an event recorded "
+                         "outside the record\n");
+    return note(cudaErrorStreamCaptureUnsupported);
+  }
+  return cudaSuccess;
+}
+
+cudaError_t cudaEventCreate(cudaEvent_t* e) { return cudaEventCreateWithFlags(e, cudaEventDefault); }
+cudaError_t cudaEventCreateWithFlags(cudaEvent_t* e, unsigned flags) {
+  *e = new CUevent_st;
+  (*e)->timing = (flags & cudaEventDisableTiming) == 0;
+  return cudaSuccess;
+}
+cudaError_t cudaEventDestroy(cudaEvent_t e) {
+  delete e;
+  return cudaSuccess;
+}
+cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s) {
+  Lock lock(big_lock());
+  e->recorded_in = s && s->capture ? s->capture : nullptr;
+  return enqueue(s, [e]() {
+    e->recorded = true;
+    e->ms = now_ms();
+  });
+}
+cudaError_t cudaEventSynchronize(cudaEvent_t) {
+  Lock lock(big_lock());
+  return refused_in_capture() ? cudaErrorStreamCaptureUnsupported : cudaSuccess;
+}
+cudaError_t cudaEventQuery(cudaEvent_t) {
+  Lock lock(big_lock());
+  return refused_in_capture() ? cudaErrorStreamCaptureUnsupported : cudaSuccess;
+}
+cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t start, cudaEvent_t end) {
+  if (!start->timing || !end->timing || !start->recorded || !end->recorded) return note(cudaErrorInvalidResourceHandle);
+  *ms = float(end->ms - start->ms);
+  return cudaSuccess;
+}
+
+cudaError_t cudaStreamBeginCapture(cudaStream_t s, cudaStreamCaptureMode) {
+  Lock lock(big_lock());
+  if (!s || s->capture || capturing) return note(cudaErrorStreamCaptureUnsupported);
+  s->capture = new CUgraph_st;
+  s->capture_invalidated = false;
+  capturing = s;
+  return cudaSuccess;
+}
+cudaError_t cudaStreamEndCapture(cudaStream_t s, cudaGraph_t* graph) {
+  Lock lock(big_lock());
+  *graph = nullptr;
+  if (!s || !s->capture) return note(cudaErrorStreamCaptureUnmatched);
+  CUgraph_st* g = s->capture;
+  s->capture = nullptr;
+  capturing = nullptr;
+  if (s->capture_invalidated) {
+    delete g;
+    return note(cudaErrorStreamCaptureInvalidated);
+  }
+  *graph = g;
+  return cudaSuccess;
+}
+cudaError_t cudaGraphInstantiate(cudaGraphExec_t* exec, cudaGraph_t graph, unsigned long long) {
+  *exec = new CUgraphExec_st{graph->ops};
+  return cudaSuccess;
+}
+cudaError_t cudaGraphLaunch(cudaGraphExec_t exec, cudaStream_t s) {
+  Lock lock(big_lock());
+  if (!exec) return note(cudaErrorInvalidResourceHandle);
+  const std::vector<std::function<void()>>* ops = &exec->ops;
+  return enqueue(s, [ops]() {
+    for (const auto& op : *ops) op();
+  });
+}
+cudaError_t cudaGraphDestroy(cudaGraph_t graph) {
+  delete graph;
+  return cudaSuccess;
+}
+cudaError_t cudaGraphExecDestroy(cudaGraphExec_t exec) {
+  delete exec;
+  return cudaSuccess;
+}
+
+// ---- cuBLAS ----
+cublasStatus_t cublasCreate(cublasHandle_t* handle) {
+  *handle = new cublasContext;
+  return CUBLAS_STATUS_SUCCESS;
+}
+cublasStatus_t cublasDestroy(cublasHandle_t handle) {
+  delete handle;
+  return CUBLAS_STATUS_SUCCESS;
+}
+cublasStatus_t cublasSetStream(cublasHandle_t handle, cudaStream_t s) {
+  handle->stream = s;
+  return CUBLAS_STATUS_SUCCESS;
+}
+cublasStatus_t cublasGetStream(cublasHandle_t handle, cudaStream_t* s) {
+  *s = handle->stream;
+  return CUBLAS_STATUS_SUCCESS;
+}
+cublasStatus_t cublasSetMathMode(cublasHandle_t, cublasMath_t) { return CUBLAS_STATUS_SUCCESS; }
+cublasStatus_t cublasSetWorkspace(cublasHandle_t, void* workspace, size_t bytes) {
+  Lock lock(big_lock());
+  return bytes == 0 || device_range(workspace, bytes) ? CUBLAS_STATUS_SUCCESS : CUBLAS_STATUS_INVALID_VALUE;
+}
+
+namespace {
+
+using ConstMap = Eigen::Map<const Eigen::MatrixXf, 0, Eigen::OuterStride<>>;
+using Map = Eigen::Map<Eigen::MatrixXf, 0, Eigen::OuterStride<>>;
+
+// cuBLAS's checks of one GEMM's arguments, and its operands inside device allocations.
+cublasStatus_t check_gemm(cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k, const float* A, int lda,
+                          const float* B, int ldb, const float* C, int ldc, long long batch_extra_a,
+                          long long batch_extra_b, long long batch_extra_c) {
+  if ((ta != CUBLAS_OP_N && ta != CUBLAS_OP_T) || (tb != CUBLAS_OP_N && tb != CUBLAS_OP_T)) return CUBLAS_STATUS_INVALID_VALUE;
+  const int rows_a = ta == CUBLAS_OP_N ? m : k, cols_a = ta == CUBLAS_OP_N ? k : m;
+  const int rows_b = tb == CUBLAS_OP_N ? k : n, cols_b = tb == CUBLAS_OP_N ? n : k;
+  if (m < 0 || n < 0 || k < 0 || lda < std::max(1, rows_a) || ldb < std::max(1, rows_b) || ldc < std::max(1, m))
+    return CUBLAS_STATUS_INVALID_VALUE;
+  if (m == 0 || n == 0) return CUBLAS_STATUS_SUCCESS;
+  auto inside = [](const float* p, int rows, int cols, int ld, long long extra, const char* which) {
+    if (rows == 0 || cols == 0) return;
+    const size_t elems = size_t(cols - 1) * size_t(ld) + size_t(rows) + size_t(extra);
+    if (!device_range(p, elems * sizeof(float)))
+      fail("a cuBLAS SGEMM's operand %s is not inside one device allocation (%s)", which,
+           describe_address(uintptr_t(p)));
+  };
+  inside(A, rows_a, cols_a, lda, batch_extra_a, "A");
+  inside(B, rows_b, cols_b, ldb, batch_extra_b, "B");
+  inside(C, m, n, ldc, batch_extra_c, "C");
+  return CUBLAS_STATUS_SUCCESS;
+}
+
+// C = alpha op(A) op(B) + beta C, column-major; C is not read where beta is 0 (as cuBLAS).
+void gemm(cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k, float alpha, const float* A, int lda,
+          const float* B, int ldb, float beta, float* C, int ldc) {
+  if (m == 0 || n == 0) return;
+  const int rows_a = ta == CUBLAS_OP_N ? m : k, cols_a = ta == CUBLAS_OP_N ? k : m;
+  const int rows_b = tb == CUBLAS_OP_N ? k : n, cols_b = tb == CUBLAS_OP_N ? n : k;
+  Eigen::MatrixXf a = ConstMap(A, rows_a, cols_a, Eigen::OuterStride<>(lda));
+  Eigen::MatrixXf b = ConstMap(B, rows_b, cols_b, Eigen::OuterStride<>(ldb));
+  if (ta == CUBLAS_OP_T) a.transposeInPlace();
+  if (tb == CUBLAS_OP_T) b.transposeInPlace();
+  Eigen::MatrixXf p = k == 0 ? Eigen::MatrixXf::Zero(m, n) : Eigen::MatrixXf(a * b);
+  Map c(C, m, n, Eigen::OuterStride<>(ldc));
+  if (beta == 0.f)
+    c = alpha * p;
+  else
+    c = alpha * p + beta * c;
+}
+
+}  // namespace
+
+cublasStatus_t cublasSgemm(cublasHandle_t handle, cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k,
+                           const float* alpha, const float* A, int lda, const float* B, int ldb, const float* beta,
+                           float* C, int ldc) {
+  Lock lock(big_lock());
+  const cublasStatus_t st = check_gemm(ta, tb, m, n, k, A, lda, B, ldb, C, ldc, 0, 0, 0);
+  if (st != CUBLAS_STATUS_SUCCESS) return st;
+  const float al = *alpha, be = *beta;
+  return enqueue(handle->stream, [=]() { gemm(ta, tb, m, n, k, al, A, lda, B, ldb, be, C, ldc); }) == cudaSuccess
+             ? CUBLAS_STATUS_SUCCESS
+             : CUBLAS_STATUS_EXECUTION_FAILED;
+}
+
+cublasStatus_t cublasSgemmStridedBatched(cublasHandle_t handle, cublasOperation_t ta, cublasOperation_t tb, int m,
+                                         int n, int k, const float* alpha, const float* A, int lda, long long sa,
+                                         const float* B, int ldb, long long sb, const float* beta, float* C,
+                                         int ldc, long long sc, int batch) {
+  Lock lock(big_lock());
+  if (batch < 0) return CUBLAS_STATUS_INVALID_VALUE;
+  if (batch == 0) return CUBLAS_STATUS_SUCCESS;
+  const long long last = batch - 1;
+  const cublasStatus_t st = check_gemm(ta, tb, m, n, k, A, lda, B, ldb, C, ldc, last * sa, last * sb, last * sc);
+  if (st != CUBLAS_STATUS_SUCCESS) return st;
+  const float al = *alpha, be = *beta;
+  return enqueue(handle->stream,
+                 [=]() {
+                   for (int i = 0; i < batch; ++i)
+                     gemm(ta, tb, m, n, k, al, A + i * sa, lda, B + i * sb, ldb, be, C + i * sc, ldc);
+                 }) == cudaSuccess
+             ? CUBLAS_STATUS_SUCCESS
+             : CUBLAS_STATUS_EXECUTION_FAILED;
+}

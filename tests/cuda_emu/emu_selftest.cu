@@ -1,0 +1,187 @@
+// The CUDA emulator's own checks (tests/cuda_emu): the kernel language's collectives and barriers,
+// streams, capture and replay, and the faults it must stop at. Compiled like the backend's .cu
+// files (rewritten launches), so it is CUDA too: with nvcc it would run the same on a GPU.
+//   emu_selftest            the checks that pass; exit 0 when all hold
+//   emu_selftest CASE       one fault, which must abort the process with the emulator's report:
+//                           past_end | divergent_barrier | exited_lane | bad_config | copy_past_end
+#include <cuda_runtime.h>
+
+#include <cstdio>
+#include <cstring>
+#include <vector>
+
+namespace {
+
+int failures = 0;
+void expect(bool ok, const char* what) {
+  if (!ok) {
+    std::printf("FAILED: %s\n", what);
+    ++failures;
+  }
+}
+
+// Each warp: lane sums by shuffles (down), an inclusive scan (up), a ballot of odd lanes.
+__global__ void warp_kernel(const int* x, int* sum, int* scan, unsigned* ballot) {
+  const int i = blockIdx.x * blockDim.x + threadIdx.x, lane = threadIdx.x % 32;
+  int s = x[i];
+  for (int o = 16; o > 0; o /= 2) s += __shfl_down_sync(0xFFFFFFFFu, s, o);
+  if (lane == 0) sum[i / 32] = s;
+  int v = x[i];
+  for (int d = 1; d < 32; d *= 2) {
+    const int y = __shfl_up_sync(0xFFFFFFFFu, v, d);
+    if (lane >= d) v += y;
+  }
+  scan[i] = v;
+  const unsigned b = __ballot_sync(0xFFFFFFFFu, x[i] % 2 != 0);
+  if (lane == 0) ballot[i / 32] = b;
+}
+
+// A block's reversal through shared memory: correct only if the barrier waits for every thread.
+__global__ void reverse_kernel(const float* x, float* y, int n) {
+  __shared__ float buf[256];
+  const int t = threadIdx.x, base = blockIdx.x * blockDim.x;
+  if (base + t < n) buf[t] = x[base + t];
+  __syncthreads();
+  const int r = blockDim.x - 1 - t;
+  if (base + r < n && base + t < n) y[base + t] = buf[r];
+}
+
+__global__ void add_one(float* x, int n) {
+  const int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i < n) x[i] += 1.f;
+}
+
+__global__ void read_past(const float* x, float* y, int n) { y[0] = x[n + 1024]; }
+
+// Lane 0 waits at the block's barrier, the other lanes at a shuffle that needs lane 0: a hang on a GPU.
+__global__ void divergent_barrier(int* x) {
+  if (threadIdx.x == 0)
+    __syncthreads();
+  else
+    x[threadIdx.x] = __shfl_down_sync(0xFFFFFFFFu, x[threadIdx.x], 1);
+}
+
+__global__ void exited_lane(const int* x, int* y) {
+  if (threadIdx.x == 3) return;
+  y[threadIdx.x] = __shfl_down_sync(0xFFFFFFFFu, x[threadIdx.x], 1);
+}
+
+int run_checks() {
+  const int n = 256;
+  std::vector<int> hx(n);
+  for (int i = 0; i < n; ++i) hx[i] = (i * 7 + 3) % 11;
+  int *x, *sum, *scan;
+  unsigned* ballot;
+  cudaMalloc(&x, n * sizeof(int));
+  cudaMalloc(&sum, 8 * sizeof(int));
+  cudaMalloc(&scan, n * sizeof(int));
+  cudaMalloc(&ballot, 8 * sizeof(unsigned));
+  cudaMemcpy(x, hx.data(), n * sizeof(int), cudaMemcpyHostToDevice);
+  warp_kernel<<<2, 128>>>(x, sum, scan, ballot);
+  expect(cudaGetLastError() == cudaSuccess, "the warp kernel launches");
+  std::vector<int> hsum(8), hscan(n);
+  std::vector<unsigned> hballot(8);
+  cudaMemcpy(hsum.data(), sum, 8 * sizeof(int), cudaMemcpyDeviceToHost);
+  cudaMemcpy(hscan.data(), scan, n * sizeof(int), cudaMemcpyDeviceToHost);
+  cudaMemcpy(hballot.data(), ballot, 8 * sizeof(unsigned), cudaMemcpyDeviceToHost);
+  for (int w = 0; w < 8; ++w) {
+    int s = 0, run = 0;
+    unsigned odd = 0;
+    bool scan_ok = true;
+    for (int l = 0; l < 32; ++l) {
+      s += hx[w * 32 + l];
+      run += hx[w * 32 + l];
+      scan_ok = scan_ok && hscan[w * 32 + l] == run;
+      if (hx[w * 32 + l] % 2) odd |= 1u << l;
+    }
+    expect(hsum[w] == s, "a warp's shuffle-down sum");
+    expect(scan_ok, "a warp's shuffle-up inclusive scan");
+    expect(hballot[w] == odd, "a warp's ballot");
+  }
+
+  // A barrier: every thread's write is seen by the others (two blocks, a partial last one).
+  const int m = 300;
+  std::vector<float> hf(m), hr(m);
+  for (int i = 0; i < m; ++i) hf[i] = float(i);
+  float *f, *r;
+  cudaMalloc(&f, m * sizeof(float));
+  cudaMalloc(&r, m * sizeof(float));
+  cudaMemcpy(f, hf.data(), m * sizeof(float), cudaMemcpyHostToDevice);
+  reverse_kernel<<<2, 256>>>(f, r, m);
+  cudaMemcpy(hr.data(), r, m * sizeof(float), cudaMemcpyDeviceToHost);
+  bool rev = true;
+  for (int i = 0; i < 256; ++i) rev = rev && hr[i] == float(255 - i);
+  expect(rev, "a block reversed through shared memory after __syncthreads");
+
+  // A launch outside CUDA's limits fails with the error CUDA gives, and runs nothing.
+  add_one<<<1, 2048>>>(f, m);
+  expect(cudaGetLastError() == cudaErrorInvalidConfiguration, "2048 threads a block: invalid configuration");
+  add_one<<<0, 32>>>(f, m);
+  expect(cudaGetLastError() == cudaErrorInvalidConfiguration, "an empty grid: invalid configuration");
+
+  // A record runs nothing until launched; each launch runs it again; a synchronising call while
+  // recording fails, and so does the record.
+  cudaStream_t s;
+  cudaStreamCreate(&s);
+  cudaMemset(f, 0, m * sizeof(float));
+  cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal);
+  add_one<<<2, 256, 0, s>>>(f, m);
+  cudaGraph_t g;
+  expect(cudaStreamEndCapture(s, &g) == cudaSuccess, "a record ends");
+  cudaMemcpy(hr.data(), f, m * sizeof(float), cudaMemcpyDeviceToHost);
+  expect(hr[0] == 0.f && hr[m - 1] == 0.f, "a recorded launch runs nothing while recording");
+  cudaGraphExec_t e;
+  cudaGraphInstantiate(&e, g, 0);
+  cudaGraphLaunch(e, s);
+  cudaGraphLaunch(e, s);
+  cudaStreamSynchronize(s);
+  cudaMemcpy(hr.data(), f, m * sizeof(float), cudaMemcpyDeviceToHost);
+  expect(hr[0] == 2.f && hr[m - 1] == 2.f, "each replay runs the record");
+  cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal);
+  expect(cudaMemcpy(hr.data(), f, 4, cudaMemcpyDeviceToHost) != cudaSuccess, "a synchronous copy while recording fails");
+  void* p = nullptr;
+  expect(cudaMalloc(&p, 64) != cudaSuccess, "cudaMalloc while recording fails");
+  cudaGraph_t bad;
+  expect(cudaStreamEndCapture(s, &bad) == cudaErrorStreamCaptureInvalidated && bad == nullptr,
+         "a record with a prohibited call is invalidated");
+  (void)cudaGetLastError();
+  cudaGraphExecDestroy(e);
+  cudaGraphDestroy(g);
+  cudaStreamDestroy(s);
+
+  // Fresh device memory is not zero; memory is freed once.
+  float* fresh;
+  cudaMalloc(&fresh, 16);
+  unsigned word = 0;
+  cudaMemcpy(&word, fresh, 4, cudaMemcpyDeviceToHost);
+  expect(word != 0, "fresh device memory is not zero");
+  expect(cudaFree(fresh) == cudaSuccess && cudaFree(fresh) != cudaSuccess, "a second cudaFree fails");
+  (void)cudaGetLastError();
+  for (void* q : {static_cast<void*>(x), static_cast<void*>(sum), static_cast<void*>(scan),
+                  static_cast<void*>(ballot), static_cast<void*>(f), static_cast<void*>(r)})
+    cudaFree(q);
+  std::printf("%s\n", failures ? "emu_selftest: FAILED" : "emu_selftest: all checks passed");
+  return failures ? 1 : 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc < 2) return run_checks();
+  float *a, *b;
+  cudaMalloc(&a, 1000 * sizeof(float));
+  cudaMalloc(&b, 1000 * sizeof(float));
+  int *xi, *yi;
+  cudaMalloc(&xi, 32 * sizeof(int));
+  cudaMalloc(&yi, 32 * sizeof(int));
+  if (!std::strcmp(argv[1], "past_end")) read_past<<<1, 1>>>(a, b, 1000);
+  else if (!std::strcmp(argv[1], "divergent_barrier")) divergent_barrier<<<1, 32>>>(xi);
+  else if (!std::strcmp(argv[1], "exited_lane")) exited_lane<<<1, 32>>>(xi, yi);
+  else if (!std::strcmp(argv[1], "copy_past_end")) cudaMemcpy(a, b, 1001 * sizeof(float), cudaMemcpyDeviceToDevice);
+  else if (!std::strcmp(argv[1], "bad_config")) {
+    add_one<<<1, 1025>>>(a, 1000);
+    if (cudaGetLastError() != cudaSuccess) std::abort();
+  }
+  std::printf("emu_selftest %s: no fault\n", argv[1]);
+  return 0;
+}

@@ -1,0 +1,208 @@
+// The CUDA emulator (tests/cuda_emu; docs/cuda.md, "The CUDA emulator"): the CUDA runtime, the
+// kernel language and the cuBLAS calls this backend uses, run on the host, so the CUDA backend and
+// its tests run on a machine without a GPU. It is a test tool, not a backend: every launch runs its
+// blocks one after another, each block's threads as fibers on one host thread that switch at
+// __syncthreads and at the warp's collectives (shuffles, ballots). What it checks that a compiler
+// cannot: the kernels' index arithmetic and bounds (device allocations end at a guard page), the
+// launch configurations (CUDA's limits), barriers every thread reaches, warp collectives with every
+// lane of their mask, copies and cuBLAS operands inside their allocations, and what a recorded
+// step (stream capture) may call. What it cannot: races (no two threads run at once), the GPU's
+// rounding where the code leaves it to the compiler (contraction) or to device math functions,
+// and speed.
+#pragma once
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <functional>
+#include <tuple>
+#include <type_traits>
+#include <utility>
+
+struct CUstream_st;
+struct CUevent_st;
+
+// ---- the kernel language ----
+#define __global__
+#define __device__
+#define __host__
+#define __forceinline__ inline
+#define __noinline__
+#define __launch_bounds__(...)
+// One block runs at a time, so a function's static is its block's shared memory.
+#define __shared__ static
+
+struct uint3 {
+  unsigned x, y, z;
+};
+struct dim3 {
+  unsigned x, y, z;
+  constexpr dim3(unsigned x_ = 1, unsigned y_ = 1, unsigned z_ = 1) : x(x_), y(y_), z(z_) {}
+};
+
+namespace emu {
+
+const uint3& thread_idx();
+const uint3& block_idx();
+const dim3& block_dim();
+const dim3& grid_dim();
+void syncthreads();
+// Exchanges one 64-bit word among the lanes of `mask` (a warp collective): returns what lane
+// `src_lane` gave (its own word where `src_lane` is outside the warp's lanes).
+uint64_t warp_exchange(unsigned mask, uint64_t mine, int src_lane);
+unsigned warp_ballot(unsigned mask, bool pred);
+int lane_id();
+
+// A launch: runs `body` once per thread of the grid (now, or at replay when its stream records).
+void launch_kernel(const char* name, dim3 grid, dim3 block, size_t shared_bytes, CUstream_st* stream,
+                   std::function<void()> body);
+
+template <class F>
+struct Launcher {
+  const char* name;
+  F kernel;
+  dim3 grid, block;
+  size_t shared_bytes;
+  CUstream_st* stream;
+  template <class... A>
+  void operator()(A&&... a) const {
+    // The arguments are copied at the launch, as CUDA copies a kernel's parameters.
+    auto args = std::make_tuple(typename std::decay<A>::type(std::forward<A>(a))...);
+    F k = kernel;
+    launch_kernel(name, grid, block, shared_bytes, stream, [k, args]() { std::apply(k, args); });
+  }
+};
+
+template <class F>
+Launcher<F> launch(const char* name, F kernel, dim3 grid, dim3 block, size_t shared_bytes = 0,
+                   CUstream_st* stream = nullptr) {
+  return Launcher<F>{name, kernel, grid, block, shared_bytes, stream};
+}
+
+template <class T>
+T shfl_as(uint64_t bits) {
+  static_assert(sizeof(T) <= 8, "a shuffled value is at most 8 bytes");
+  T v;
+  std::memcpy(&v, &bits, sizeof(T));
+  return v;
+}
+template <class T>
+uint64_t shfl_bits(T v) {
+  uint64_t bits = 0;
+  std::memcpy(&bits, &v, sizeof(T));
+  return bits;
+}
+
+}  // namespace emu
+
+#define threadIdx (::emu::thread_idx())
+#define blockIdx (::emu::block_idx())
+#define blockDim (::emu::block_dim())
+#define gridDim (::emu::grid_dim())
+constexpr int warpSize = 32;
+
+inline void __syncthreads() { emu::syncthreads(); }
+inline unsigned __ballot_sync(unsigned mask, int pred) { return emu::warp_ballot(mask, pred != 0); }
+template <class T>
+T __shfl_down_sync(unsigned mask, T v, unsigned delta, int width = 32) {
+  const int lane = emu::lane_id(), base = lane / width * width;
+  const int src = lane + int(delta) < base + width ? lane + int(delta) : lane;
+  return emu::shfl_as<T>(emu::warp_exchange(mask, emu::shfl_bits(v), src));
+}
+template <class T>
+T __shfl_up_sync(unsigned mask, T v, unsigned delta, int width = 32) {
+  const int lane = emu::lane_id(), base = lane / width * width;
+  const int src = lane - int(delta) >= base ? lane - int(delta) : lane;
+  return emu::shfl_as<T>(emu::warp_exchange(mask, emu::shfl_bits(v), src));
+}
+template <class T>
+T __shfl_sync(unsigned mask, T v, int src_lane, int width = 32) {
+  const int lane = emu::lane_id(), base = lane / width * width;
+  return emu::shfl_as<T>(emu::warp_exchange(mask, emu::shfl_bits(v), base + src_lane % width));
+}
+template <class T>
+T __shfl_xor_sync(unsigned mask, T v, int lane_mask, int width = 32) {
+  const int lane = emu::lane_id(), base = lane / width * width, src = lane ^ lane_mask;
+  return emu::shfl_as<T>(emu::warp_exchange(mask, emu::shfl_bits(v), src >= base && src < base + width ? src : lane));
+}
+
+// Device functions with the rounding they name (each operation rounded once; the emulator's
+// translation units are compiled without contraction).
+inline float __fmaf_rn(float a, float b, float c) { return std::fma(a, b, c); }
+inline double __fma_rn(double a, double b, double c) { return std::fma(a, b, c); }
+inline float __fmul_rn(float a, float b) { return a * b; }
+inline float __fadd_rn(float a, float b) { return a + b; }
+inline float __fsub_rn(float a, float b) { return a - b; }
+inline float __fdiv_rn(float a, float b) { return a / b; }
+inline double __dmul_rn(double a, double b) { return a * b; }
+inline double __dadd_rn(double a, double b) { return a + b; }
+inline double __dsub_rn(double a, double b) { return a - b; }
+inline unsigned __float_as_uint(float f) {
+  unsigned u;
+  std::memcpy(&u, &f, 4);
+  return u;
+}
+inline float __uint_as_float(unsigned u) {
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+inline int __float_as_int(float f) { return int(__float_as_uint(f)); }
+inline float __int_as_float(int i) { return __uint_as_float(unsigned(i)); }
+inline int __popc(unsigned x) { return __builtin_popcount(x); }
+inline int __popcll(unsigned long long x) { return __builtin_popcountll(x); }
+inline int __clz(int x) { return x == 0 ? 32 : __builtin_clz(unsigned(x)); }
+inline int __clzll(long long x) { return x == 0 ? 64 : __builtin_clzll((unsigned long long)x); }
+inline int __ffs(int x) { return __builtin_ffs(x); }
+inline int __dp4a(int a, int b, int c) {
+  for (int j = 0; j < 4; ++j) c += int(int8_t(a >> (8 * j))) * int(int8_t(b >> (8 * j)));
+  return c;
+}
+
+// Atomics: one host thread runs every fiber and none is switched out inside an operation.
+template <class T>
+T atomicAdd(T* p, T v) {
+  const T old = *p;
+  *p = old + v;
+  return old;
+}
+template <class T>
+T atomicMax(T* p, T v) {
+  const T old = *p;
+  if (v > old) *p = v;
+  return old;
+}
+template <class T>
+T atomicMin(T* p, T v) {
+  const T old = *p;
+  if (v < old) *p = v;
+  return old;
+}
+template <class T>
+T atomicOr(T* p, T v) {
+  const T old = *p;
+  *p = old | v;
+  return old;
+}
+
+// CUDA's math functions in the global namespace.
+using std::isfinite;
+using std::isinf;
+using std::isnan;
+using std::signbit;
+
+// CUDA's integer and float min / max of the same type.
+#define ET_EMU_MINMAX(T)                    \
+  inline T min(T a, T b) { return b < a ? b : a; } \
+  inline T max(T a, T b) { return a < b ? b : a; }
+ET_EMU_MINMAX(int)
+ET_EMU_MINMAX(unsigned)
+ET_EMU_MINMAX(long)
+ET_EMU_MINMAX(unsigned long)
+ET_EMU_MINMAX(long long)
+ET_EMU_MINMAX(unsigned long long)
+#undef ET_EMU_MINMAX
+inline float min(float a, float b) { return std::fmin(a, b); }
+inline float max(float a, float b) { return std::fmax(a, b); }
+inline double min(double a, double b) { return std::fmin(a, b); }
+inline double max(double a, double b) { return std::fmax(a, b); }
