@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # The CUDA backend's tests on the CUDA emulator (tests/cuda_emu; docs/cuda.md, "The CUDA
 # emulator"): builds build-emu/ (-DEDGETRAIN_CUDA_EMU=ON: backends/cuda/*.cu compiled for the host)
-# and runs tests/cuda there, one process per test case, JOBS at once, with EDGETRAIN_REQUIRE_GPU=1.
-# No GPU and no CUDA toolkit needed. It checks the kernels' logic, bounds and barriers and the
-# backend's use of the runtime; not races, the GPU's rounding or speed (a GPU run does those).
+# and runs tests/cuda there, one process per test case, JOBS at once, with EDGETRAIN_REQUIRE_GPU=1
+# (RelWithDebInfo: a fault's backtrace names the kernel's lines). No GPU and no CUDA toolkit needed.
+# It checks the kernels' logic, bounds and barriers and the backend's use of the runtime; not races,
+# the GPU's rounding or speed (a GPU run does those).
 #   scripts/cuda_emu.sh [--build-only] [CATCH FILTER]
 # Env: BUILD_DIR (default build-emu), JOBS (default nproc), CASE_S (each case's limit, default 900).
 set -euo pipefail
@@ -14,14 +15,16 @@ apt_missing build-essential cmake ninja-build pkg-config libeigen3-dev libcli11-
 dir="${BUILD_DIR:-build-emu}" jobs="${JOBS:-$(nproc)}"
 build_only=0
 [ "${1:-}" = --build-only ] && { build_only=1; shift; }
-cmake -S . -B "$dir" -G Ninja -DCMAKE_BUILD_TYPE=Release -DEDGETRAIN_CUDA_EMU=ON -DEDGETRAIN_ONNX=OFF >/dev/null
+cmake -S . -B "$dir" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DEDGETRAIN_CUDA_EMU=ON -DEDGETRAIN_ONNX=OFF >/dev/null
 cmake --build "$dir" -j "$jobs" --target edgetrain_cuda_tests
 [ $build_only -eq 1 ] && exit 0
 
 logs=$(mktemp -d)
 trap 'rm -rf "$logs"' EXIT
-# Catch's filter syntax: a comma or bracket in a name is escaped.
-"$dir/tests/edgetrain_cuda_tests" --list-test-names-only ${1:+"$1"} | grep -v '^$' | sed 's/[],[]/\\&/g' >"$logs/cases"
+# Catch's filter syntax: a comma or bracket in a name is escaped. (A listing exits with the number
+# of cases listed.)
+{ "$dir/tests/edgetrain_cuda_tests" --list-test-names-only ${1:+"$1"} || true; } | grep -v '^$' |
+  sed 's/[],[]/\\&/g' >"$logs/cases"
 echo "cuda_emu: $(wc -l <"$logs/cases") test cases, $jobs at once"
 start=$(date +%s)
 # Each case: its exit status, seconds and name on one line of $logs/summary, its report in a file.

@@ -179,7 +179,7 @@ struct Run {
   uint3 block_idx{0, 0, 0};
   const std::function<void()>* body = nullptr;
   std::vector<Fiber> fibers;
-  std::vector<char*> stacks;  // kept for later launches
+  std::vector<char*> stacks;  // free thread stacks, kept for later blocks and launches
   std::vector<Warp> warps;
   int threads = 0, live = 0, bar_count = 0;
   uint64_t bar_gen = 0, progress = 0;
@@ -296,25 +296,34 @@ void complete_barrier_if_all_arrived() {
 }
 
 // A block's threads, each to its end; barriers and warp collectives switch between them.
-void run_block() {
-  const int n = run.threads;
-  while (int(run.stacks.size()) < n) {
+// A thread takes a stack when it first runs and gives it back when it ends, so the threads of a
+// block without barriers run one after another on one stack (warm in the caches).
+char* take_stack() {
+  if (run.stacks.empty()) {
     // A guard page below each stack: a thread that overflows its stack faults.
     char* m = static_cast<char*>(mmap(nullptr, kStackBytes + kPage, PROT_READ | PROT_WRITE,
                                       MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0));
     if (m == MAP_FAILED) fail("cannot map a thread's stack%s%s");
     mprotect(m, kPage, PROT_NONE);
-    run.stacks.push_back(m + kPage);
+    return m + kPage;
   }
-  run.fibers.assign(size_t(n), Fiber());
+  char* s = run.stacks.back();
+  run.stacks.pop_back();
+  return s;
+}
+
+void run_block() {
+  const int n = run.threads;
+  if (run.fibers.size() != size_t(n)) run.fibers.resize(size_t(n));
   run.warps.assign(size_t((n + 31) / 32), Warp());
   for (int i = 0; i < n; ++i) {
     Fiber& f = run.fibers[size_t(i)];
     f.linear = i;
     f.tid = uint3{unsigned(i) % run.block.x, unsigned(i) / run.block.x % run.block.y,
                   unsigned(i) / (run.block.x * run.block.y)};
-    f.stack = run.stacks[size_t(i)];
-    start_fiber(f);
+    f.stack = nullptr;
+    f.done = false;
+    f.wait_on = nullptr;
   }
   run.live = n;
   run.bar_count = 0;
@@ -323,7 +332,15 @@ void run_block() {
     for (Fiber& f : run.fibers)
       if (!f.done && (!f.wait_on || *f.wait_on != f.wait_gen)) {
         f.wait_on = nullptr;
+        if (!f.stack) {
+          f.stack = take_stack();
+          start_fiber(f);
+        }
         resume(f);
+        if (f.done) {
+          run.stacks.push_back(f.stack);
+          f.stack = nullptr;
+        }
       }
     run.cur = nullptr;
     if (run.progress == before) {
@@ -411,8 +428,32 @@ unsigned warp_ballot(unsigned mask, bool pred) {
 
 namespace {
 
+// EDGETRAIN_CUDA_EMU_PROFILE=1: each kernel's launches, threads and host time, printed at exit
+// (where the emulator's time goes).
+struct KernelTime {
+  long launches = 0;
+  double threads = 0, ms = 0;
+};
+std::map<std::string, KernelTime>* kernel_times() {
+  static std::map<std::string, KernelTime>* m = nullptr;
+  static bool asked = setting("EDGETRAIN_CUDA_EMU_PROFILE", 0) != 0;
+  if (asked && !m) {
+    m = new std::map<std::string, KernelTime>;
+    std::atexit([] {
+      std::vector<std::pair<std::string, KernelTime>> v(kernel_times()->begin(), kernel_times()->end());
+      std::sort(v.begin(), v.end(), [](const auto& a, const auto& b) { return a.second.ms > b.second.ms; });
+      std::fprintf(stderr, "CUDA emulator profile: kernel, launches, threads, ms\n");
+      for (size_t i = 0; i < v.size() && i < 25; ++i)
+        std::fprintf(stderr, "  %-40s %8ld %14.0f %10.1f\n", v[i].first.c_str(), v[i].second.launches,
+                     v[i].second.threads, v[i].second.ms);
+    });
+  }
+  return m;
+}
+
 void run_grid(const char* name, dim3 grid, dim3 block, const std::function<void()>& body) {
   if (run.running) fail("a launch from inside kernel %s%s", run.kernel);
+  const double t0 = kernel_times() ? now_ms() : 0;
   run.running = true;
   run.kernel = name;
   run.grid = grid;
@@ -427,6 +468,12 @@ void run_grid(const char* name, dim3 grid, dim3 block, const std::function<void(
       }
   run.running = false;
   run.cur = nullptr;
+  if (auto* times = kernel_times()) {
+    KernelTime& k = (*times)[name];
+    ++k.launches;
+    k.threads += double(grid.x) * grid.y * grid.z * run.threads;
+    k.ms += now_ms() - t0;
+  }
 }
 
 // An illegal address (a guard page) or a thread's stack overflow: where it happened.
@@ -598,8 +645,9 @@ cudaError_t cudaMalloc(void** p, size_t bytes) {
   if (base == MAP_FAILED) return note(cudaErrorMemoryAllocation);
   mprotect(base + map_bytes - kPage, kPage, PROT_NONE);
   char* ptr = base + map_bytes - kPage - body;
-  // Fresh device memory is not zero on a GPU: a read before a write must not pass here by luck.
-  std::memset(ptr, 0xA5, bytes);
+  // Fresh device memory holds anything: here NaN in every float (and -1 in every integer), so a
+  // read before a write shows in the results instead of passing as the zeros a GPU often gives.
+  std::memset(ptr, 0xFF, bytes);
   allocations()[uintptr_t(ptr)] = Allocation{base, map_bytes, bytes};
   allocated_bytes += bytes;
   *p = ptr;
