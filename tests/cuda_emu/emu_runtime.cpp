@@ -5,6 +5,7 @@
 // Settings (environment): EDGETRAIN_CUDA_EMU_DEVICES (default 1; 0 = a machine without a GPU),
 // EDGETRAIN_CUDA_EMU_MB (device memory, default 8192), EDGETRAIN_CUDA_EMU_SMS (multiprocessors,
 // default 4), EDGETRAIN_CUDA_EMU_MAJOR (compute capability major, default 9).
+#include <execinfo.h>
 #include <signal.h>
 #include <sys/mman.h>
 #include <unistd.h>
@@ -91,6 +92,30 @@ std::map<uintptr_t, Allocation>& allocations() {
 }
 size_t allocated_bytes = 0;
 const size_t kPage = 4096;
+std::map<uintptr_t, size_t>& pinned() {  // cudaHostAlloc's: host memory a kernel may read (UVA)
+  static std::map<uintptr_t, size_t> m;
+  return m;
+}
+
+// Device memory is readable only by device work (kernels, copies, cuBLAS): between them it is
+// PROT_NONE, so host code that reads or writes through a device pointer faults here as it would
+// on a GPU (EDGETRAIN_CUDA_EMU_PROTECT=0 leaves it readable).
+bool protect_device() {
+  static const bool on = setting("EDGETRAIN_CUDA_EMU_PROTECT", 1) != 0;
+  return on;
+}
+int device_depth = 0;
+void set_device_access(int prot) {
+  for (auto& a : allocations()) mprotect(a.second.base, a.second.map_bytes - kPage, prot);
+}
+struct DeviceAccess {
+  DeviceAccess() {
+    if (protect_device() && device_depth++ == 0) set_device_access(PROT_READ | PROT_WRITE);
+  }
+  ~DeviceAccess() {
+    if (protect_device() && --device_depth == 0) set_device_access(PROT_NONE);
+  }
+};
 
 size_t round_up(size_t n, size_t to) { return (n + to - 1) / to * to; }
 
@@ -139,6 +164,7 @@ cudaError_t enqueue(cudaStream_t s, std::function<void()> op) {
     capturing->capture_invalidated = true;
     return note(cudaErrorStreamCaptureImplicit);
   }
+  DeviceAccess device;
   op();
   return cudaSuccess;
 }
@@ -485,12 +511,19 @@ void on_fault(int sig, siginfo_t* info, void*) {
                   "CUDA emulator: illegal address %#lx in kernel %s, block (%u, %u, %u), thread (%u, %u, %u): %s\n",
                   (unsigned long)a, run.kernel, run.block_idx.x, run.block_idx.y, run.block_idx.z, run.cur->tid.x,
                   run.cur->tid.y, run.cur->tid.z, describe_address(a).c_str());
+  } else if (device_range(reinterpret_cast<const void*>(a), 1)) {
+    std::snprintf(buf, sizeof(buf),
+                  "CUDA emulator: host code touched device memory at %#lx (%s): a GPU faults there too; "
+                  "the host reads device memory through a copy (HostView). Host stack:\n",
+                  (unsigned long)a, describe_address(a).c_str());
   } else {
     std::snprintf(buf, sizeof(buf), "CUDA emulator: signal %d at address %#lx outside any kernel: %s\n", sig,
                   (unsigned long)a, describe_address(a).c_str());
   }
   ssize_t r = write(2, buf, std::strlen(buf));
   (void)r;
+  void* frames[32];
+  backtrace_symbols_fd(frames, backtrace(frames, 32), 2);
   signal(sig, SIG_DFL);
   raise(sig);
 }
@@ -499,6 +532,8 @@ void install_fault_handler() {
   static bool done = false;
   if (done) return;
   done = true;
+  void* warm[1];
+  backtrace(warm, 1);  // loads the unwinder now, not first inside the handler
   static char alt[64 * 1024];
   stack_t ss{};
   ss.ss_sp = alt;
@@ -530,6 +565,23 @@ void launch_kernel(const char* name, dim3 grid, dim3 block, size_t shared_bytes,
   }
   std::string kernel = name;
   enqueue(stream, [kernel, grid, block, body]() { run_grid(kernel.c_str(), grid, block, body); });
+}
+
+void check_kernel_pointer(const char* kernel, int index, const void* p) {
+  if (!p) return;
+  Lock lock(big_lock());
+  const uintptr_t a = uintptr_t(p);
+  auto& m = allocations();
+  auto it = m.upper_bound(a);
+  if (it != m.begin() && a <= std::prev(it)->first + std::prev(it)->second.bytes) return;  // its end too
+  auto& h = pinned();
+  auto jt = h.upper_bound(a);
+  if (jt != h.begin() && a <= std::prev(jt)->first + std::prev(jt)->second) return;
+  char buf[64];
+  std::snprintf(buf, sizeof(buf), "%d", index);
+  fail("a launch of kernel %s passes argument %s a pointer to neither device nor page-locked memory: a GPU "
+       "faults on it",
+       kernel, buf);
 }
 
 }  // namespace emu
@@ -648,6 +700,7 @@ cudaError_t cudaMalloc(void** p, size_t bytes) {
   // Fresh device memory holds anything: here NaN in every float (and -1 in every integer), so a
   // read before a write shows in the results instead of passing as the zeros a GPU often gives.
   std::memset(ptr, 0xFF, bytes);
+  if (protect_device() && device_depth == 0) mprotect(base, map_bytes - kPage, PROT_NONE);
   allocations()[uintptr_t(ptr)] = Allocation{base, map_bytes, bytes};
   allocated_bytes += bytes;
   *p = ptr;
@@ -665,11 +718,16 @@ cudaError_t cudaFree(void* p) {
   return cudaSuccess;
 }
 cudaError_t cudaHostAlloc(void** p, size_t bytes, unsigned) {
+  Lock lock(big_lock());
   *p = std::malloc(bytes ? bytes : 1);
-  return *p ? cudaSuccess : note(cudaErrorMemoryAllocation);
+  if (!*p) return note(cudaErrorMemoryAllocation);
+  pinned()[uintptr_t(*p)] = bytes;
+  return cudaSuccess;
 }
 cudaError_t cudaMallocHost(void** p, size_t bytes) { return cudaHostAlloc(p, bytes, 0); }
 cudaError_t cudaFreeHost(void* p) {
+  Lock lock(big_lock());
+  pinned().erase(uintptr_t(p));
   std::free(p);
   return cudaSuccess;
 }
@@ -710,6 +768,7 @@ cudaError_t cudaMemcpy(void* dst, const void* src, size_t bytes, cudaMemcpyKind 
   Lock lock(big_lock());
   if (refused_in_capture()) return cudaErrorStreamCaptureUnsupported;
   check_copy(dst, src, bytes, kind, "cudaMemcpy");
+  DeviceAccess device;
   if (bytes) std::memmove(dst, src, bytes);
   return cudaSuccess;
 }
@@ -726,6 +785,7 @@ cudaError_t cudaMemset(void* p, int value, size_t bytes) {
   if (bytes && !device_range(p, bytes))
     fail("cudaMemset of %s bytes outside one device allocation (%s)", std::to_string(bytes),
          describe_address(uintptr_t(p)));
+  DeviceAccess device;
   if (bytes) std::memset(p, value, bytes);
   return cudaSuccess;
 }

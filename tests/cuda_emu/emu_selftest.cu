@@ -3,7 +3,8 @@
 // files (rewritten launches), so it is CUDA too: with nvcc it would run the same on a GPU.
 //   emu_selftest            the checks that pass; exit 0 when all hold
 //   emu_selftest CASE       one fault, which must abort the process with the emulator's report:
-//                           past_end | divergent_barrier | exited_lane | bad_config | copy_past_end
+//                           past_end | divergent_barrier | exited_lane | bad_config | copy_past_end |
+//                           host_pointer | host_touch
 #include <cuda_runtime.h>
 
 #include <cstdio>
@@ -178,7 +179,12 @@ int main(int argc, char** argv) {
   else if (!std::strcmp(argv[1], "divergent_barrier")) divergent_barrier<<<1, 32>>>(xi);
   else if (!std::strcmp(argv[1], "exited_lane")) exited_lane<<<1, 32>>>(xi, yi);
   else if (!std::strcmp(argv[1], "copy_past_end")) cudaMemcpy(a, b, 1001 * sizeof(float), cudaMemcpyDeviceToDevice);
-  else if (!std::strcmp(argv[1], "bad_config")) {
+  else if (!std::strcmp(argv[1], "host_pointer")) {
+    static float on_host[1000];
+    add_one<<<1, 32>>>(on_host, 1000);
+  } else if (!std::strcmp(argv[1], "host_touch")) {
+    std::printf("%f\n", a[0]);  // a device pointer read by the host
+  } else if (!std::strcmp(argv[1], "bad_config")) {
     add_one<<<1, 1025>>>(a, 1000);
     if (cudaGetLastError() != cudaSuccess) std::abort();
   }

@@ -57,6 +57,18 @@ int lane_id();
 void launch_kernel(const char* name, dim3 grid, dim3 block, size_t shared_bytes, CUstream_st* stream,
                    std::function<void()> body);
 
+// A kernel's pointer arguments must point into device (or page-locked host) memory, or be null.
+void check_kernel_pointer(const char* kernel, int index, const void* p);
+template <class T>
+void check_argument(const char* kernel, int index, const T& v) {
+  (void)kernel, (void)index, (void)v;
+  if constexpr (std::is_pointer<T>::value) check_kernel_pointer(kernel, index, static_cast<const void*>(v));
+}
+template <class Tuple, size_t... I>
+void check_arguments(const char* kernel, const Tuple& args, std::index_sequence<I...>) {
+  (check_argument(kernel, int(I), std::get<I>(args)), ...);
+}
+
 template <class F>
 struct Launcher {
   const char* name;
@@ -68,6 +80,7 @@ struct Launcher {
   void operator()(A&&... a) const {
     // The arguments are copied at the launch, as CUDA copies a kernel's parameters.
     auto args = std::make_tuple(typename std::decay<A>::type(std::forward<A>(a))...);
+    check_arguments(name, args, std::index_sequence_for<A...>());
     F k = kernel;
     launch_kernel(name, grid, block, shared_bytes, stream, [k, args]() { std::apply(k, args); });
   }
