@@ -232,14 +232,18 @@ Run run;
 }  // namespace
 }  // namespace emu
 
-extern "C" void emu_fiber_main();
+extern "C" void emu_thread_body();
 
 #if defined(__x86_64__)
-// Switches stacks: saves the callee-saved registers on this stack and its pointer in *save_sp,
-// then restores the other fiber's from next_sp. A new fiber's stack starts with six zero registers
-// and emu_fiber_start as the return address.
+// emu_switch(save_sp, next_sp): saves the callee-saved registers on this stack and its pointer in
+// *save_sp, then restores another thread's from next_sp and returns into it.
+// emu_call_on_stack(save_sp, stack_top, fn): saves this context as emu_switch does and calls fn on
+// a fresh stack. A thread that ends without waiting returns through it: one call and one return,
+// which the return predictor follows (a switch costs two mispredicted returns). A thread that
+// waits switches back to *save_sp, which returns from emu_call_on_stack at once; when it ends
+// later, it returns to the scheduler's context saved last in *save_sp (rbx holds save_sp).
 extern "C" void emu_switch(void** save_sp, void* next_sp);
-extern "C" void emu_fiber_start();
+extern "C" void emu_call_on_stack(void** save_sp, void* stack_top, void (*fn)());
 asm(R"(
 .pushsection .text
 .globl emu_switch
@@ -261,12 +265,28 @@ emu_switch:
   popq %rbp
   ret
 .size emu_switch, .-emu_switch
-.globl emu_fiber_start
-.type emu_fiber_start,@function
-emu_fiber_start:
-  call emu_fiber_main
-  ud2
-.size emu_fiber_start, .-emu_fiber_start
+.globl emu_call_on_stack
+.type emu_call_on_stack,@function
+emu_call_on_stack:
+  pushq %rbp
+  pushq %rbx
+  pushq %r12
+  pushq %r13
+  pushq %r14
+  pushq %r15
+  movq %rsp, (%rdi)
+  movq %rdi, %rbx
+  movq %rsi, %rsp
+  call *%rdx
+  movq (%rbx), %rsp
+  popq %r15
+  popq %r14
+  popq %r13
+  popq %r12
+  popq %rbx
+  popq %rbp
+  ret
+.size emu_call_on_stack, .-emu_call_on_stack
 .popsection
 )");
 #endif
@@ -298,19 +318,26 @@ void resume(Fiber& f) {
 #endif
 }
 
-void start_fiber(Fiber& f) {
+#if !defined(__x86_64__)
+extern "C" void emu_fiber_main() {
+  emu_thread_body();
+  to_scheduler();  // never resumed
+}
+#endif
+
+// A thread's first run, on its stack.
+void start(Fiber& f) {
+  run.cur = &f;
 #if defined(__x86_64__)
-  uintptr_t top = uintptr_t(f.stack + kStackBytes) & ~uintptr_t(15);
-  void** sp = reinterpret_cast<void**>(top - 72);
-  for (int i = 0; i < 6; ++i) sp[i] = nullptr;
-  sp[6] = reinterpret_cast<void*>(&emu_fiber_start);
-  f.sp = sp;
+  emu_call_on_stack(&run.sched_sp, reinterpret_cast<void*>(uintptr_t(f.stack + kStackBytes) & ~uintptr_t(15)),
+                    &emu_thread_body);
 #else
   getcontext(&f.ctx);
   f.ctx.uc_stack.ss_sp = f.stack;
   f.ctx.uc_stack.ss_size = kStackBytes;
   f.ctx.uc_link = nullptr;
   makecontext(&f.ctx, emu_fiber_main, 0);
+  swapcontext(&run.sched_ctx, &f.ctx);
 #endif
 }
 
@@ -360,9 +387,10 @@ void run_block() {
         f.wait_on = nullptr;
         if (!f.stack) {
           f.stack = take_stack();
-          start_fiber(f);
+          start(f);
+        } else {
+          resume(f);
         }
-        resume(f);
         if (f.done) {
           run.stacks.push_back(f.stack);
           f.stack = nullptr;
@@ -588,14 +616,13 @@ void check_kernel_pointer(const char* kernel, int index, const void* p) {
 
 using namespace emu;
 
-extern "C" void emu_fiber_main() {
+// A thread's whole run; it returns to the scheduler (emu_call_on_stack) when it ends.
+extern "C" void emu_thread_body() {
   (*run.body)();
   run.cur->done = true;
   --run.live;
   ++run.progress;
   complete_barrier_if_all_arrived();
-  to_scheduler();
-  std::abort();  // never resumed
 }
 
 // ---- the runtime API ----
