@@ -6,7 +6,8 @@
 # It checks the kernels' logic, bounds and barriers and the backend's use of the runtime; not races,
 # the GPU's rounding or speed (a GPU run does those).
 #   scripts/cuda_emu.sh [--build-only] [CATCH FILTER]
-# Env: BUILD_DIR (default build-emu), JOBS (default nproc), CASE_S (each case's limit, default 900).
+# Env: BUILD_DIR (default build-emu), JOBS (default nproc), CASE_S (each case's limit, default 900),
+# SKIP (an extended regular expression: the cases whose names match it are not run).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . scripts/apt_missing.sh
@@ -24,7 +25,9 @@ trap 'rm -rf "$logs"' EXIT
 # Catch's filter syntax: a comma or bracket in a name is escaped. (A listing exits with the number
 # of cases listed.)
 { "$dir/tests/edgetrain_cuda_tests" --list-test-names-only ${1:+"$1"} || true; } | grep -v '^$' |
-  sed 's/[],[]/\\&/g' >"$logs/cases"
+  { if [ -n "${SKIP:-}" ]; then grep -v -E -- "$SKIP" || true; else cat; fi; } | sed 's/[],[]/\\&/g' >"$logs/cases"
+[ -s "$logs/cases" ] || { echo "cuda_emu: no test case to run"; exit 1; }
+: >"$logs/summary"
 echo "cuda_emu: $(wc -l <"$logs/cases") test cases, $jobs at once"
 start=$(date +%s)
 # Each case: its exit status, seconds and name on one line of $logs/summary, its report in a file.
