@@ -17,8 +17,10 @@ dir="${BUILD_DIR:-build-emu}" jobs="${JOBS:-$(nproc)}"
 build_only=0
 [ "${1:-}" = --build-only ] && { build_only=1; shift; }
 cmake -S . -B "$dir" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DEDGETRAIN_CUDA_EMU=ON -DEDGETRAIN_ONNX=OFF >/dev/null
-cmake --build "$dir" -j "$jobs" --target edgetrain_cuda_tests
+cmake --build "$dir" -j "$jobs" --target edgetrain_cuda_tests emu_selftest
 [ $build_only -eq 1 ] && exit 0
+# The emulator's own checks first: what passes, and each fault it must report.
+ctest --test-dir "$dir" --output-on-failure -R '^cuda_emu_'
 
 logs=$(mktemp -d)
 trap 'rm -rf "$logs"' EXIT
