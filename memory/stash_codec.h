@@ -49,6 +49,11 @@ class StashCodec {
                        int64_t capacity, int64_t* count_out) = 0;
   // y[n] = the dense tensor `bits` / `values` encode, zeros elsewhere (bitmap::unpack).
   virtual void unpack(const uint64_t* bits, const void* values, int64_t n, bool f16, float* y) = 0;
+  // For kernels that read a bitmap encoding in place (a CUDA conv's weight gradient): the index of
+  // each kOffsetChunk-element chunk's first kept value, in the codec's memory (valid until its next
+  // call), or null where the codec keeps none (the host's readers count as they go).
+  static constexpr int64_t kOffsetChunk = 256;
+  virtual const uint64_t* value_offsets(const uint64_t* /*bits*/, int64_t /*n*/) { return nullptr; }
   // Whether encode_codes runs on this backend (memory.stash = bitmap_int4; auto then keeps a
   // quantized layer's input codes); the planner asks before choosing it.
   virtual bool encodes_codes() const { return true; }

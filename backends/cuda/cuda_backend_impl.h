@@ -58,6 +58,7 @@ class CudaBackend final : public Backend {
   void copy(const Tensor& src, Tensor& dst) override;
 
   size_t conv2d_workspace_bytes(const Conv2dGeom& g, ConvPass pass) const override;
+  DTypeSet conv2d_weight_reads(const Conv2dGeom& g) const override;
   void conv2d_forward(const Conv2dGeom& g, const Tensor& x, const Tensor& w, const Tensor& b, Tensor& y,
                       Workspace ws) override;
   void conv2d_backward_data(const Conv2dGeom& g, const Tensor& dy, const Tensor& w, Tensor& dx, bool accumulate,

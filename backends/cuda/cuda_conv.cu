@@ -6,12 +6,17 @@
 //     side by side (a per-image SGEMM was most of a ResNet-20 step on an H200); 1x1 stride-1
 //     convs skip im2col and col2im in the forward and data gradient (x is its own columns);
 //   - groups > 1 (depthwise): direct kernels, without workspace (cuDNN's candidates too).
+// The weight gradient of a groups == 1 conv reads x as the stash keeps it (fp16, bf16, or a bitmap
+// of kept f32 / fp16 values: conv2d_weight_reads), each element as its im2col gathers it, so the
+// executor plans no f32 decode buffer for x (BitTrain's memory; the CPU reads stored x likewise).
+// Such a pass runs the backend's own kernels: cuDNN reads f32 only.
 // Linear layers: one SGEMM each way. cuBLAS runs in its default FP32 math (no TF32).
 //
 // Row-major [a, b] matrices are column-major [b, a] ones to cuBLAS, so each product below is
 // written for the transposes: Y = W X becomes Y^T = X^T W^T.
 #include "backends/cuda/cuda_backend_impl.h"
 #include "backends/cuda/cuda_conv_cudnn.h"
+#include "backends/cuda/cuda_half.h"
 
 namespace et {
 
@@ -38,6 +43,34 @@ Geom geom_of(const Conv2dGeom& g) {
   return Geom{g.C, g.H, g.W, g.K, g.P, g.Q, g.R, g.S, g.stride_h, g.stride_w, g.pad_h, g.pad_w, g.groups};
 }
 
+// x's element i (flat index) as f32, from the stash's encoding (engine/tensor.h): dense f32, fp16
+// or bf16; or a bitmap (bit i of word i / 64) followed by the kept values (f32 or fp16), where the
+// kept value's index is its chunk's offset (StashCodec::value_offsets, per kOffsetChunk elements)
+// plus the set bits before i in its chunk.
+struct StoredX {
+  enum Kind { F32, F16, BF16, BitmapF32, BitmapF16 };
+  const void* data;
+  const uint64_t* bits;     // bitmaps
+  const uint64_t* offsets;  // bitmaps: each chunk's first value index
+  Kind kind;
+  __device__ __forceinline__ float operator[](int64_t i) const {
+    switch (kind) {
+      case F32: return static_cast<const float*>(data)[i];
+      case F16: return cuda::from_f16(static_cast<const uint16_t*>(data)[i]);
+      case BF16: return __uint_as_float(uint32_t(static_cast<const uint16_t*>(data)[i]) << 16);
+      default: break;
+    }
+    const int64_t word = i / 64;
+    const uint64_t w = bits[word], below = w & ((uint64_t(1) << (i % 64)) - 1);
+    if (!(w >> (i % 64) & 1)) return 0.f;
+    constexpr int64_t kWordsPerChunk = StashCodec::kOffsetChunk / 64;
+    int64_t index = int64_t(offsets[i / StashCodec::kOffsetChunk]) + __popcll(below);
+    for (int64_t j = word / kWordsPerChunk * kWordsPerChunk; j < word; ++j) index += __popcll(bits[j]);
+    return kind == BitmapF32 ? static_cast<const float*>(data)[index]
+                             : cuda::from_f16(static_cast<const uint16_t*>(data)[index]);
+  }
+};
+
 // col [images][C*R*S][P*Q] of x's images [n0, n0 + images)
 __global__ void im2col_kernel(Geom g, const float* x, int64_t images, float* col) {
   const int64_t rows = g.C * g.R * g.S, PQ = g.P * g.Q, total = images * rows * PQ;
@@ -51,13 +84,15 @@ __global__ void im2col_kernel(Geom g, const float* x, int64_t images, float* col
 
 // The weight gradient's operands, each image's positions side by side (L = images * PQ):
 // col [C*R*S][L] of x's images [n0, n0 + images), and dyt [K][L] of dy's.
-__global__ void im2col_rows_kernel(Geom g, const float* x, int64_t images, float* col) {
+// X: const float* (x's images from n0 on) or StoredX (the whole of x, read from image n0 on).
+template <class X>
+__global__ void im2col_rows_kernel(Geom g, X x, int64_t n0, int64_t images, float* col) {
   const int64_t rows = g.C * g.R * g.S, PQ = g.P * g.Q, L = images * PQ, total = rows * L;
   ET_GRID_STRIDE(i, total) {
     const int64_t row = i / L, b = i % L / PQ, pq = i % PQ;
     const int64_t c = row / (g.R * g.S), r = row / g.S % g.R, s = row % g.S, p = pq / g.Q, q = pq % g.Q;
     const int64_t h = p * g.sh - g.ph + r, w = q * g.sw - g.pw + s;
-    col[i] = h >= 0 && h < g.H && w >= 0 && w < g.W ? x[((b * g.C + c) * g.H + h) * g.W + w] : 0.f;
+    col[i] = h >= 0 && h < g.H && w >= 0 && w < g.W ? x[(((n0 + b) * g.C + c) * g.H + h) * g.W + w] : 0.f;
   }
 }
 __global__ void dy_rows_kernel(const float* dy, int64_t images, int64_t K, int64_t PQ, float* dyt) {
@@ -247,8 +282,9 @@ void im2col_backward_data(cublasHandle_t blas, const Conv2dGeom& g, const float*
   }
 }
 
-void im2col_backward_weight(cublasHandle_t blas, const Conv2dGeom& g, const float* x, const float* dy, float* dw,
-                            bool accumulate, Workspace ws) {
+template <class X>
+void im2col_backward_weight(cublasHandle_t blas, const Conv2dGeom& g, X x, const float* dy, float* dw, bool accumulate,
+                            Workspace ws) {
   const cudaStream_t stream = stream_of(blas);
   const Geom gg = geom_of(g);
   const int64_t PQ = g.P * g.Q, CRS = g.C * g.R * g.S, chunk = chunk_images(g, ConvPass::BackwardWeight);
@@ -257,7 +293,7 @@ void im2col_backward_weight(cublasHandle_t blas, const Conv2dGeom& g, const floa
   const float one = 1.f, zero = 0.f;
   for (int64_t n0 = 0; n0 < g.N; n0 += chunk) {
     const int64_t nb = g.N - n0 < chunk ? g.N - n0 : chunk, L = nb * PQ;
-    im2col_rows_kernel<<<blocks_for(CRS * L), kThreads, 0, stream>>>(gg, x + n0 * g.C * g.H * g.W, nb, col);
+    im2col_rows_kernel<<<blocks_for(CRS * L), kThreads, 0, stream>>>(gg, x, n0, nb, col);
     cuda::launched("im2col (rows)");
     dy_rows_kernel<<<blocks_for(g.K * L), kThreads, 0, stream>>>(dy + n0 * g.K * PQ, nb, g.K, PQ, dyt);
     cuda::launched("dy rows");
@@ -346,6 +382,10 @@ void CudaBackend::conv2d_backward_data(const Conv2dGeom& g, const Tensor& dy, co
            });
 }
 
+DTypeSet CudaBackend::conv2d_weight_reads(const Conv2dGeom& g) const {
+  return g.groups == 1 ? kStashDTypes : dtype_bit(DType::F32);
+}
+
 void CudaBackend::conv2d_backward_weight(const Conv2dGeom& g, const Tensor& x, const Tensor& dy, Tensor& dw,
                                          Tensor& db, bool accumulate, Workspace ws) {
   if (db.defined()) {
@@ -353,6 +393,25 @@ void CudaBackend::conv2d_backward_weight(const Conv2dGeom& g, const Tensor& x, c
     cuda::launched("conv bias gradient");
   }
   ET_CHECK(ws.bytes >= conv2d_workspace_bytes(g, ConvPass::BackwardWeight), "conv2d_backward_weight: workspace");
+  ET_CHECK(dtype_in(x.dtype, conv2d_weight_reads(g)), "conv2d weight gradient: x dtype ", dtype_name(x.dtype));
+  if (x.dtype != DType::F32) {  // the stash's encoding, read in place by the backend's own kernels
+    StoredX sx{x.data, nullptr, nullptr, StoredX::F16};
+    switch (x.dtype) {
+      case DType::F16: break;
+      case DType::BF16: sx.kind = StoredX::BF16; break;
+      case DType::BitmapF32:
+      case DType::BitmapF16: {
+        const int64_t n = g.N * g.C * g.H * g.W, words = (n + 63) / 64;
+        sx.kind = x.dtype == DType::BitmapF32 ? StoredX::BitmapF32 : StoredX::BitmapF16;
+        sx.bits = static_cast<const uint64_t*>(x.data);
+        sx.data = sx.bits + words;
+        sx.offsets = codec_->value_offsets(sx.bits, n);
+        break;
+      }
+      default: ET_CHECK(false, "conv2d weight gradient: x dtype ", dtype_name(x.dtype));
+    }
+    return im2col_backward_weight(blas_, g, sx, dy.f32(), dw.f32(), accumulate, ws);
+  }
   run_pass(cudnn_.get(), stream_, g, ConvPass::BackwardWeight, x.f32(), dy.f32(), dw.f32(), dw.numel(), accumulate, ws,
            [&](float* out, bool acc) {
              if (g.groups == 1) return im2col_backward_weight(blas_, g, x.f32(), dy.f32(), out, acc, ws);

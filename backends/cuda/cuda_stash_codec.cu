@@ -6,6 +6,7 @@
 // thread's 16 elements are a quarter of a bitmap word, a block scan of their counts places each
 // kept code, and the block writes its nibble bytes from a compacted copy in shared memory.
 #include "backends/cuda/cuda_stash_codec.h"
+#include "backends/cuda/cuda_half.h"
 
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -21,7 +22,8 @@ namespace et {
 
 namespace {
 
-constexpr int kChunk = 256;  // elements per chunk = threads per block
+using cuda::from_f16;
+constexpr int kChunk = int(StashCodec::kOffsetChunk);  // elements per chunk = threads per block
 constexpr int kWarps = kChunk / 32;
 constexpr int kScanThreads = 1024;
 
@@ -36,7 +38,7 @@ unsigned grid_for(int64_t chunks) { return unsigned(chunks < 65535 ? chunks : 65
 
 __device__ __forceinline__ uint32_t keep_bits(float x) { return __float_as_uint(x) & 0x7FFFFFFFu; }
 
-// memory/bitmap.cpp's f32_to_f16 and f16_to_f32, on the bits (round to nearest even; NaN quiet
+// memory/bitmap.cpp's f32_to_f16 (f16_to_f32: cuda_half.h), on the bits (round to nearest even; NaN quiet
 // with its top 10 payload bits; the denormal range rounded by an FP32 add, far from FTZ).
 __device__ __forceinline__ uint16_t to_f16(float x) {
   uint32_t u = __float_as_uint(x);
@@ -57,22 +59,6 @@ __device__ __forceinline__ uint16_t to_f16(float x) {
   return uint16_t((h & 0xFFFFu) | sign);
 }
 
-__device__ __forceinline__ float from_f16(uint16_t h) {
-  const uint32_t sign = uint32_t(h & 0x8000u) << 16;
-  const uint32_t e = (h >> 10) & 0x1Fu, m = h & 0x3FFu;
-  uint32_t u;
-  if (e == 0x1F) {
-    u = sign | 0x7F800000u | (m << 13) | (m ? 0x00400000u : 0u);
-  } else if (e != 0) {
-    u = sign | ((e + 112u) << 23) | (m << 13);
-  } else if (m == 0) {
-    u = sign;
-  } else {  // a half denormal: m * 2^-24, exact in FP32 (normalised by the leading zeros)
-    const int shift = __clz(m) - 21;  // places until bit 10 is set
-    u = sign | (uint32_t(113 - shift) << 23) | (((m << shift) & 0x3FFu) << 13);
-  }
-  return __uint_as_float(u);
-}
 
 __device__ __forceinline__ uint16_t to_bf16(float x) {
   const uint32_t u = __float_as_uint(x);
@@ -453,6 +439,11 @@ class CudaStashCodec final : public StashCodec {
                                                                chunk_counts ? counts_ : nullptr, chunks, total_);
     check(cudaGetLastError(), "make_bits");
     return total_count(count_out);
+  }
+  const uint64_t* value_offsets(const uint64_t* bits, int64_t n) override {
+    if (n <= 0) return nullptr;
+    offsets_from_bits(bits, n);
+    return reinterpret_cast<const uint64_t*>(offsets_);
   }
   void offsets_from_bits(const uint64_t* bits, int64_t n) {
     const int64_t chunks = num_chunks(n);

@@ -4,7 +4,8 @@
 //
 // Settings (environment): EDGETRAIN_CUDA_EMU_DEVICES (default 1; 0 = a machine without a GPU),
 // EDGETRAIN_CUDA_EMU_MB (device memory, default 8192), EDGETRAIN_CUDA_EMU_SMS (multiprocessors,
-// default 4), EDGETRAIN_CUDA_EMU_MAJOR (compute capability major, default 9).
+// default 4), EDGETRAIN_CUDA_EMU_MAJOR (compute capability major, default 9),
+// EDGETRAIN_CUDA_EMU_FILL (the byte fresh device memory holds, default 0xFF: NaN floats).
 #include <execinfo.h>
 #include <signal.h>
 #include <sys/mman.h>
@@ -726,7 +727,7 @@ cudaError_t cudaMalloc(void** p, size_t bytes) {
   char* ptr = base + map_bytes - kPage - body;
   // Fresh device memory holds anything: here NaN in every float (and -1 in every integer), so a
   // read before a write shows in the results instead of passing as the zeros a GPU often gives.
-  std::memset(ptr, 0xFF, bytes);
+  std::memset(ptr, int(setting("EDGETRAIN_CUDA_EMU_FILL", 0xFF)), bytes);
   if (protect_device() && device_depth == 0) mprotect(base, map_bytes - kPage, PROT_NONE);
   allocations()[uintptr_t(ptr)] = Allocation{base, map_bytes, bytes};
   allocated_bytes += bytes;
