@@ -54,7 +54,7 @@ struct cublasContext {
 namespace emu {
 namespace {
 
-[[noreturn]] void fail(const char* fmt, const std::string& a = "", const std::string& b = "");
+[[noreturn]] void fail(const std::string& what);
 
 // ---- settings ----
 long setting(const char* name, long fallback) {
@@ -219,10 +219,10 @@ struct Run {
 };
 Run run;
 
-[[noreturn]] void fail(const char* fmt, const std::string& a, const std::string& b) {
+// The emulator's report of a fault (the thread that made it, if a kernel runs), then an abort.
+[[noreturn]] void fail(const std::string& what) {
   std::fflush(stdout);
-  std::fprintf(stderr, "CUDA emulator: ");
-  std::fprintf(stderr, fmt, a.c_str(), b.c_str());
+  std::fprintf(stderr, "CUDA emulator: %s", what.c_str());
   if (run.running && run.cur)
     std::fprintf(stderr, " (kernel %s, block (%u, %u, %u), thread (%u, %u, %u))", run.kernel, run.block_idx.x,
                  run.block_idx.y, run.block_idx.z, run.cur->tid.x, run.cur->tid.y, run.cur->tid.z);
@@ -357,7 +357,7 @@ char* take_stack() {
     // A guard page below each stack: a thread that overflows its stack faults.
     char* m = static_cast<char*>(mmap(nullptr, kStackBytes + kPage, PROT_READ | PROT_WRITE,
                                       MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0));
-    if (m == MAP_FAILED) fail("cannot map a thread's stack%s%s");
+    if (m == MAP_FAILED) fail("cannot map a thread's stack");
     mprotect(m, kPage, PROT_NONE);
     return m + kPage;
   }
@@ -404,8 +404,8 @@ void run_block() {
       std::snprintf(buf, sizeof(buf), "kernel %s, block (%u, %u, %u): %d of %d threads still running, %d of them at "
                     "__syncthreads", run.kernel, run.block_idx.x, run.block_idx.y, run.block_idx.z, run.live, n,
                     run.bar_count);
-      fail("%s: they wait at a barrier or warp collective that never completes (a thread exited or went another "
-           "way first)%s", buf);
+      fail(std::string(buf) + ": they wait at a barrier or warp collective that never completes (a thread exited "
+           "or went another way first)");
     }
   }
 }
@@ -456,8 +456,8 @@ uint64_t warp_exchange(unsigned mask, uint64_t mine, int src_lane) {
   const int wi = run.cur->linear / 32, lane = run.cur->linear % 32;
   Warp& w = run.warps[size_t(wi)];
   const unsigned lanes = mask & lanes_of_warp(wi);
-  if (!(lanes >> lane & 1u)) fail("a warp collective by a lane outside its mask%s%s");
-  if (lanes != mask) fail("a warp collective's mask names lanes the block does not have%s%s");
+  if (!(lanes >> lane & 1u)) fail("a warp collective by a lane outside its mask");
+  if (lanes != mask) fail("a warp collective's mask names lanes the block does not have");
   w.slot[lane] = mine;
   warp_arrive(w, lanes);
   const uint64_t got = src_lane >= 0 && src_lane < 32 && (lanes >> src_lane & 1u) ? w.slot[src_lane] : mine;
@@ -470,8 +470,8 @@ unsigned warp_ballot(unsigned mask, bool pred) {
   Warp& w = run.warps[size_t(wi)];
   const unsigned lanes = mask & lanes_of_warp(wi);
   const int lane = run.cur->linear % 32;
-  if (!(lanes >> lane & 1u)) fail("a ballot by a lane outside its mask%s%s");
-  if (lanes != mask) fail("a ballot's mask names lanes the block does not have%s%s");
+  if (!(lanes >> lane & 1u)) fail("a ballot by a lane outside its mask");
+  if (lanes != mask) fail("a ballot's mask names lanes the block does not have");
   w.slot[lane] = pred;
   warp_arrive(w, lanes);
   unsigned bits = 0;
@@ -507,7 +507,7 @@ std::map<std::string, KernelTime>* kernel_times() {
 }
 
 void run_grid(const char* name, dim3 grid, dim3 block, const std::function<void()>& body) {
-  if (run.running) fail("a launch from inside kernel %s%s", run.kernel);
+  if (run.running) fail(std::string("a launch from inside kernel ") + run.kernel);
   const double t0 = kernel_times() ? now_ms() : 0;
   run.running = true;
   run.kernel = name;
@@ -606,11 +606,8 @@ void check_kernel_pointer(const char* kernel, int index, const void* p) {
   auto& h = pinned();
   auto jt = h.upper_bound(a);
   if (jt != h.begin() && a <= std::prev(jt)->first + std::prev(jt)->second) return;
-  char buf[64];
-  std::snprintf(buf, sizeof(buf), "%d", index);
-  fail("a launch of kernel %s passes argument %s a pointer to neither device nor page-locked memory: a GPU "
-       "faults on it",
-       kernel, buf);
+  fail(std::string("a launch of kernel ") + kernel + " passes argument " + std::to_string(index) +
+       " a pointer to neither device nor page-locked memory: a GPU faults on it");
 }
 
 }  // namespace emu
@@ -783,11 +780,13 @@ void check_copy(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind, c
   char buf[160];
   std::snprintf(buf, sizeof(buf), "%s of %zu bytes", what, bytes);
   if ((kind == cudaMemcpyHostToDevice || kind == cudaMemcpyDeviceToDevice) && !device_range(dst, bytes))
-    fail("%s: the destination is not inside one device allocation (%s)", buf, describe_address(uintptr_t(dst)));
+    fail(std::string(buf) + ": the destination is not inside one device allocation (" +
+         describe_address(uintptr_t(dst)) + ")");
   if ((kind == cudaMemcpyDeviceToHost || kind == cudaMemcpyDeviceToDevice) && !device_range(src, bytes))
-    fail("%s: the source is not inside one device allocation (%s)", buf, describe_address(uintptr_t(src)));
-  if (kind == cudaMemcpyDeviceToHost && dst_device) fail("%s: device to host into device memory%s", buf);
-  if (kind == cudaMemcpyHostToDevice && src_device) fail("%s: host to device from device memory%s", buf);
+    fail(std::string(buf) + ": the source is not inside one device allocation (" + describe_address(uintptr_t(src)) +
+         ")");
+  if (kind == cudaMemcpyDeviceToHost && dst_device) fail(std::string(buf) + ": device to host into device memory");
+  if (kind == cudaMemcpyHostToDevice && src_device) fail(std::string(buf) + ": host to device from device memory");
 }
 
 }  // namespace
@@ -811,8 +810,8 @@ cudaError_t cudaMemset(void* p, int value, size_t bytes) {
   Lock lock(big_lock());
   if (refused_in_capture()) return cudaErrorStreamCaptureUnsupported;
   if (bytes && !device_range(p, bytes))
-    fail("cudaMemset of %s bytes outside one device allocation (%s)", std::to_string(bytes),
-         describe_address(uintptr_t(p)));
+    fail("cudaMemset of " + std::to_string(bytes) + " bytes outside one device allocation (" +
+         describe_address(uintptr_t(p)) + ")");
   DeviceAccess device;
   if (bytes) std::memset(p, value, bytes);
   return cudaSuccess;
@@ -820,8 +819,8 @@ cudaError_t cudaMemset(void* p, int value, size_t bytes) {
 cudaError_t cudaMemsetAsync(void* p, int value, size_t bytes, cudaStream_t s) {
   Lock lock(big_lock());
   if (bytes && !device_range(p, bytes))
-    fail("cudaMemsetAsync of %s bytes outside one device allocation (%s)", std::to_string(bytes),
-         describe_address(uintptr_t(p)));
+    fail("cudaMemsetAsync of " + std::to_string(bytes) + " bytes outside one device allocation (" +
+         describe_address(uintptr_t(p)) + ")");
   return enqueue(s, [p, value, bytes]() {
     if (bytes) std::memset(p, value, bytes);
   });
@@ -977,8 +976,8 @@ cublasStatus_t check_gemm(cublasOperation_t ta, cublasOperation_t tb, int m, int
     if (rows == 0 || cols == 0) return;
     const size_t elems = size_t(cols - 1) * size_t(ld) + size_t(rows) + size_t(extra);
     if (!device_range(p, elems * sizeof(float)))
-      fail("a cuBLAS SGEMM's operand %s is not inside one device allocation (%s)", which,
-           describe_address(uintptr_t(p)));
+      fail(std::string("a cuBLAS SGEMM's operand ") + which + " is not inside one device allocation (" +
+           describe_address(uintptr_t(p)) + ")");
   };
   inside(A, rows_a, cols_a, lda, batch_extra_a, "A");
   inside(B, rows_b, cols_b, ldb, batch_extra_b, "B");
