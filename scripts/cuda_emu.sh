@@ -2,11 +2,13 @@
 # The CUDA backend's tests on the CUDA emulator (tests/cuda_emu; docs/cuda.md, "The CUDA
 # emulator"): builds build-emu/ (-DEDGETRAIN_CUDA_EMU=ON: backends/cuda/*.cu compiled for the host)
 # and runs tests/cuda there, one process per test case, JOBS at once, with EDGETRAIN_REQUIRE_GPU=1
-# (RelWithDebInfo: a fault's backtrace names the kernel's lines). No GPU and no CUDA toolkit needed.
+# (BUILD_TYPE=RelWithDebInfo: a fault's backtrace names the kernel's lines). No GPU and no CUDA
+# toolkit needed.
 # It checks the kernels' logic, bounds and barriers and the backend's use of the runtime; not races,
 # the GPU's rounding or speed (a GPU run does those).
 #   scripts/cuda_emu.sh [--build-only] [CATCH FILTER]
-# Env: BUILD_DIR (default build-emu), JOBS (default nproc), CASE_S (each case's limit, default 900),
+# Env: BUILD_DIR (default build-emu), BUILD_TYPE (default Release), JOBS (default nproc), CASE_S
+# (each case's limit, default 900),
 # SKIP (an extended regular expression: the cases whose names match it are not run).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -16,7 +18,7 @@ apt_missing build-essential cmake ninja-build pkg-config libeigen3-dev libcli11-
 dir="${BUILD_DIR:-build-emu}" jobs="${JOBS:-$(nproc)}"
 build_only=0
 [ "${1:-}" = --build-only ] && { build_only=1; shift; }
-cmake -S . -B "$dir" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DEDGETRAIN_CUDA_EMU=ON -DEDGETRAIN_ONNX=OFF >/dev/null
+cmake -S . -B "$dir" -G Ninja -DCMAKE_BUILD_TYPE="${BUILD_TYPE:-Release}" -DEDGETRAIN_CUDA_EMU=ON -DEDGETRAIN_ONNX=OFF >/dev/null
 cmake --build "$dir" -j "$jobs" --target edgetrain_cuda_tests emu_selftest
 [ $build_only -eq 1 ] && exit 0
 # The emulator's own checks first: what passes, and each fault it must report.
