@@ -1,6 +1,6 @@
 // The CUDA emulator's runtime (include/cuda_emu.h says what it is for and what it cannot check):
 // fibers for a block's threads, device memory with guard pages, streams that run in issue order,
-// stream capture into replayable graphs, events, and cuBLAS's SGEMMs on Eigen.
+// stream capture into replayable graphs, and events (cuBLAS: emu_cublas.cpp).
 //
 // Settings (environment): EDGETRAIN_CUDA_EMU_DEVICES (default 1; 0 = a machine without a GPU),
 // EDGETRAIN_CUDA_EMU_MB (device memory, default 8192), EDGETRAIN_CUDA_EMU_SMS (multiprocessors,
@@ -11,7 +11,6 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
-#include <Eigen/Core>
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -26,8 +25,8 @@
 #include <ucontext.h>
 #endif
 
-#include "cublas_v2.h"
 #include "cuda_runtime.h"
+#include "emu_internal.h"
 
 // ---- objects behind the runtime's handles ----
 struct CUgraph_st {
@@ -46,9 +45,6 @@ struct CUevent_st {
   bool recorded = false;
   double ms = 0;                     // host time of the last record
   CUgraph_st* recorded_in = nullptr;  // the record it was last recorded in, while recording
-};
-struct cublasContext {
-  cudaStream_t stream = nullptr;
 };
 
 namespace emu {
@@ -934,105 +930,11 @@ cudaError_t cudaGraphExecDestroy(cudaGraphExec_t exec) {
   return cudaSuccess;
 }
 
-// ---- cuBLAS ----
-cublasStatus_t cublasCreate(cublasHandle_t* handle) {
-  *handle = new cublasContext;
-  return CUBLAS_STATUS_SUCCESS;
-}
-cublasStatus_t cublasDestroy(cublasHandle_t handle) {
-  delete handle;
-  return CUBLAS_STATUS_SUCCESS;
-}
-cublasStatus_t cublasSetStream(cublasHandle_t handle, cudaStream_t s) {
-  handle->stream = s;
-  return CUBLAS_STATUS_SUCCESS;
-}
-cublasStatus_t cublasGetStream(cublasHandle_t handle, cudaStream_t* s) {
-  *s = handle->stream;
-  return CUBLAS_STATUS_SUCCESS;
-}
-cublasStatus_t cublasSetMathMode(cublasHandle_t, cublasMath_t) { return CUBLAS_STATUS_SUCCESS; }
-cublasStatus_t cublasSetWorkspace(cublasHandle_t, void* workspace, size_t bytes) {
-  Lock lock(big_lock());
-  return bytes == 0 || device_range(workspace, bytes) ? CUBLAS_STATUS_SUCCESS : CUBLAS_STATUS_INVALID_VALUE;
-}
-
-namespace {
-
-using ConstMap = Eigen::Map<const Eigen::MatrixXf, 0, Eigen::OuterStride<>>;
-using Map = Eigen::Map<Eigen::MatrixXf, 0, Eigen::OuterStride<>>;
-
-// cuBLAS's checks of one GEMM's arguments, and its operands inside device allocations.
-cublasStatus_t check_gemm(cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k, const float* A, int lda,
-                          const float* B, int ldb, const float* C, int ldc, long long batch_extra_a,
-                          long long batch_extra_b, long long batch_extra_c) {
-  if ((ta != CUBLAS_OP_N && ta != CUBLAS_OP_T) || (tb != CUBLAS_OP_N && tb != CUBLAS_OP_T)) return CUBLAS_STATUS_INVALID_VALUE;
-  const int rows_a = ta == CUBLAS_OP_N ? m : k, cols_a = ta == CUBLAS_OP_N ? k : m;
-  const int rows_b = tb == CUBLAS_OP_N ? k : n, cols_b = tb == CUBLAS_OP_N ? n : k;
-  if (m < 0 || n < 0 || k < 0 || lda < std::max(1, rows_a) || ldb < std::max(1, rows_b) || ldc < std::max(1, m))
-    return CUBLAS_STATUS_INVALID_VALUE;
-  if (m == 0 || n == 0) return CUBLAS_STATUS_SUCCESS;
-  auto inside = [](const float* p, int rows, int cols, int ld, long long extra, const char* which) {
-    if (rows == 0 || cols == 0) return;
-    const size_t elems = size_t(cols - 1) * size_t(ld) + size_t(rows) + size_t(extra);
-    if (!device_range(p, elems * sizeof(float)))
-      fail(std::string("a cuBLAS SGEMM's operand ") + which + " is not inside one device allocation (" +
-           describe_address(uintptr_t(p)) + ")");
-  };
-  inside(A, rows_a, cols_a, lda, batch_extra_a, "A");
-  inside(B, rows_b, cols_b, ldb, batch_extra_b, "B");
-  inside(C, m, n, ldc, batch_extra_c, "C");
-  return CUBLAS_STATUS_SUCCESS;
-}
-
-// C = alpha op(A) op(B) + beta C, column-major; C is not read where beta is 0 (as cuBLAS).
-void gemm(cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k, float alpha, const float* A, int lda,
-          const float* B, int ldb, float beta, float* C, int ldc) {
-  if (m == 0 || n == 0) return;
-  const int rows_a = ta == CUBLAS_OP_N ? m : k, cols_a = ta == CUBLAS_OP_N ? k : m;
-  const int rows_b = tb == CUBLAS_OP_N ? k : n, cols_b = tb == CUBLAS_OP_N ? n : k;
-  Eigen::MatrixXf a = ConstMap(A, rows_a, cols_a, Eigen::OuterStride<>(lda));
-  Eigen::MatrixXf b = ConstMap(B, rows_b, cols_b, Eigen::OuterStride<>(ldb));
-  if (ta == CUBLAS_OP_T) a.transposeInPlace();
-  if (tb == CUBLAS_OP_T) b.transposeInPlace();
-  Eigen::MatrixXf p = k == 0 ? Eigen::MatrixXf::Zero(m, n) : Eigen::MatrixXf(a * b);
-  Map c(C, m, n, Eigen::OuterStride<>(ldc));
-  if (beta == 0.f)
-    c = alpha * p;
-  else
-    c = alpha * p + beta * c;
-}
-
-}  // namespace
-
-cublasStatus_t cublasSgemm(cublasHandle_t handle, cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k,
-                           const float* alpha, const float* A, int lda, const float* B, int ldb, const float* beta,
-                           float* C, int ldc) {
-  Lock lock(big_lock());
-  const cublasStatus_t st = check_gemm(ta, tb, m, n, k, A, lda, B, ldb, C, ldc, 0, 0, 0);
-  if (st != CUBLAS_STATUS_SUCCESS) return st;
-  const float al = *alpha, be = *beta;
-  return enqueue(handle->stream, [=]() { gemm(ta, tb, m, n, k, al, A, lda, B, ldb, be, C, ldc); }) == cudaSuccess
-             ? CUBLAS_STATUS_SUCCESS
-             : CUBLAS_STATUS_EXECUTION_FAILED;
-}
-
-cublasStatus_t cublasSgemmStridedBatched(cublasHandle_t handle, cublasOperation_t ta, cublasOperation_t tb, int m,
-                                         int n, int k, const float* alpha, const float* A, int lda, long long sa,
-                                         const float* B, int ldb, long long sb, const float* beta, float* C,
-                                         int ldc, long long sc, int batch) {
-  Lock lock(big_lock());
-  if (batch < 0) return CUBLAS_STATUS_INVALID_VALUE;
-  if (batch == 0) return CUBLAS_STATUS_SUCCESS;
-  const long long last = batch - 1;
-  const cublasStatus_t st = check_gemm(ta, tb, m, n, k, A, lda, B, ldb, C, ldc, last * sa, last * sb, last * sc);
-  if (st != CUBLAS_STATUS_SUCCESS) return st;
-  const float al = *alpha, be = *beta;
-  return enqueue(handle->stream,
-                 [=]() {
-                   for (int i = 0; i < batch; ++i)
-                     gemm(ta, tb, m, n, k, al, A + i * sa, lda, B + i * sb, ldb, be, C + i * sc, ldc);
-                 }) == cudaSuccess
-             ? CUBLAS_STATUS_SUCCESS
-             : CUBLAS_STATUS_EXECUTION_FAILED;
-}
+// ---- for the emulator's other parts (emu_internal.h) ----
+namespace emu {
+std::recursive_mutex& runtime_lock() { return big_lock(); }
+void report_fault(const std::string& what) { fail(what); }
+bool in_device_memory(const void* p, size_t bytes) { return device_range(p, bytes) != nullptr; }
+std::string where(const void* p) { return describe_address(uintptr_t(p)); }
+cudaError_t issue(cudaStream_t s, std::function<void()> op) { return enqueue(s, std::move(op)); }
+}  // namespace emu
