@@ -75,6 +75,7 @@ class CudaBackend final : public Backend {
                                Tensor& invstd) override;
   void batchnorm_forward_eval(const Tensor& x, const Tensor& gamma, const Tensor& beta, const Tensor& running_mean,
                               const Tensor& running_var, float eps, Tensor& y) override;
+  DTypeSet batchnorm_backward_reads() const override;
   void batchnorm_backward(const Tensor& dy, const Tensor& x, const Tensor& gamma, const Tensor& mean,
                           const Tensor& invstd, Tensor& dx, bool accumulate_dx, Tensor& dgamma, Tensor& dbeta,
                           bool accumulate_params) override;
@@ -92,6 +93,7 @@ class CudaBackend final : public Backend {
   bool replays_draws() const override { return true; }
 
   void maxpool2d_forward(const Conv2dGeom& g, const Tensor& x, Tensor& y) override;
+  DTypeSet maxpool2d_backward_reads() const override;
   void maxpool2d_backward(const Conv2dGeom& g, const Tensor& dy, const Tensor& x, Tensor& dx, bool accumulate,
                           Workspace ws) override;
   void avgpool2d_forward(const Conv2dGeom& g, const Tensor& x, Tensor& y) override;
@@ -103,6 +105,7 @@ class CudaBackend final : public Backend {
 
   size_t fused_workspace_bytes(const FusedStack& s, int64_t batch) const override;
   void fused_forward(const FusedStack& s, FusedTensors& t, bool training, MaskOut* mask, Workspace ws) override;
+  DTypeSet fused_backward_reads() const override { return batchnorm_backward_reads(); }
   void fused_backward(const FusedStack& s, const FusedTensors& t, FusedGrads& g, Workspace ws) override;
 
   void softmax_xent_forward(const Tensor& logits, const Tensor& labels, float smoothing, Tensor& loss) override;

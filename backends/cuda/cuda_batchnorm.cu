@@ -8,9 +8,11 @@
 // four to six. Each pass runs the layers' own kernels (the same templates: the same reductions in
 // the same order, the same expressions, cuda_pool_window.h's max windows), with BN's output and its
 // gradient dz computed in registers instead of read from memory: fused and unfused give the same
-// bits.
+// bits. The backward (the layer's and the stacks') reads x as the stash keeps it (fp16 / bf16,
+// cuda_stored_x.h), without a decode buffer.
 #include "backends/cuda/cuda_backend_impl.h"
 #include "backends/cuda/cuda_pool_window.h"
+#include "backends/cuda/cuda_stored_x.h"
 #include "backends/cuda/index_math.h"
 #include "memory/bitmap.h"
 
@@ -82,8 +84,10 @@ __global__ void bn_partials_kernel(const float* x, int64_t N, int64_t C, int64_t
 
 // The backward's: the sums of dz and dz * (x - mean), dz = grad(i). A fused stack's add hands dz to
 // its side input on the way (dside, added where side_acc: accumulate_grad's rule).
-template <class Grad>
-__global__ void bn_grad_partials_kernel(Grad grad, const float* x, const float* mean, int64_t N, int64_t C,
+// X (here and in the backward's other kernels): const float*, or cuda::StoredX (x as the stash
+// keeps it, batchnorm_backward_reads: fp16 or bf16, widened exactly as the decode would).
+template <class Grad, class X>
+__global__ void bn_grad_partials_kernel(Grad grad, X x, const float* mean, int64_t N, int64_t C,
                                         int64_t HW, int64_t P, double* partials, float* dside, bool side_acc) {
   const int64_t c = blockIdx.x, part = blockIdx.y;
   const int64_t n0 = N * part / P, n1 = N * (part + 1) / P, M = (n1 - n0) * HW;
@@ -179,8 +183,8 @@ __global__ void bn_backward_coefficients_kernel(const double* partials, int64_t 
 }
 
 // dx may be dy's buffer (a fused stack's, Op::grad_in_place): each element is read before it is written.
-template <class Grad>
-__global__ void bn_backward_apply_kernel(Grad grad, const float* x, int64_t n_total, int64_t C, int64_t HW,
+template <class Grad, class X>
+__global__ void bn_backward_apply_kernel(Grad grad, X x, int64_t n_total, int64_t C, int64_t HW,
                                          const float* coef, float* dx, bool acc) {
   ET_GRID_STRIDE(i, n_total) {
     const int64_t c = imod(idiv(i, HW), C);
@@ -191,11 +195,13 @@ __global__ void bn_backward_apply_kernel(Grad grad, const float* x, int64_t n_to
 
 // relu(x * scale + shift) of one plane, as ElementwiseOut and relu_kernel compute it: a fused
 // BN -> ReLU -> max-pool's pool input, never written.
+template <class X>
 struct BnReluPlane {
-  const float* x;
+  X x;
+  int64_t base;  // the plane's first element
   float scale, shift;
   __device__ __forceinline__ float operator()(int64_t i) const {
-    const float v = __fmaf_rn(x[i], scale, shift);
+    const float v = __fmaf_rn(x[base + i], scale, shift);
     return v > 0.f ? v : 0.f;
   }
 };
@@ -242,7 +248,7 @@ struct PooledOut {
     float scale, shift;
     k.of(imod(plane, k.C), &scale, &shift);
     int64_t arg;
-    return cuda_pool::max_at(g, BnReluPlane{x + plane * g.H * g.W, scale, shift}, p, q, &arg);
+    return cuda_pool::max_at(g, BnReluPlane<const float*>{x, plane * g.H * g.W, scale, shift}, p, q, &arg);
   }
 };
 
@@ -274,12 +280,14 @@ __global__ void fused_forward_kernel(Out out, int64_t n, float* y, uint32_t thre
 // dz of a fused BN -> ReLU -> max-pool at input i: where its ReLU passed, what the windows it won
 // send it (maxpool_backward_kernel's sum, then relu_backward's mask: the ReLU's output > 0), the
 // pool's input found again from x with the forward's coefficients (coef: scale [C], shift [C]).
+template <class X>
 struct PooledGrad {
-  const float *x, *coef, *dy;
+  X x;
+  const float *coef, *dy;
   cuda_pool::Geom g;
   __device__ __forceinline__ float operator()(int64_t i) const {
     const int64_t HW = g.H * g.W, plane = idiv(i, HW), c = imod(plane, g.C), at = imod(i, HW);
-    const BnReluPlane v{x + plane * HW, coef[c], coef[g.C + c]};
+    const BnReluPlane<X> v{x, plane * HW, coef[c], coef[g.C + c]};
     if (!(v(at) > 0.f)) return 0.f;
     return cuda_pool::max_gradient(g, v, dy + plane * g.P * g.Q, idiv(at, g.W), imod(at, g.W), 0.f);
   }
@@ -300,11 +308,11 @@ void train_statistics(cudaStream_t stream, const float* x, int64_t N, int64_t C,
   cuda::launched("batchnorm statistics (coefficients)");
 }
 
-// The backward's two passes over x [N, C, HW] with BN's output gradient `grad`: the sums (dz to
-// the side input on the way, where dside), dgamma / dbeta and dx's coefficients (coef [3C]), then
-// dx (where wanted). The layer's and the stacks'.
+// The backward's two passes over x [N, C, HW] (X: f32 or stored) with BN's output gradient
+// `grad`: the sums (dz to the side input on the way, where dside), dgamma / dbeta and dx's
+// coefficients (coef [3C]), then dx (where wanted). The layer's and the stacks'.
 struct BackwardArgs {
-  const float *x, *gamma, *mean, *invstd;
+  const float *gamma, *mean, *invstd;
   int64_t N, C, HW;
   double* partials;
   float* coef;
@@ -315,17 +323,17 @@ struct BackwardArgs {
   float* dside;
   bool side_acc;
 };
-template <class Grad>
-void backward_sweeps(cudaStream_t stream, const Grad& grad, const BackwardArgs& a) {
+template <class Grad, class X>
+void backward_sweeps(cudaStream_t stream, const Grad& grad, const X& x, const BackwardArgs& a) {
   const int64_t P = parts_for(a.N, a.C), n = a.N * a.C * a.HW;
   bn_grad_partials_kernel<<<dim3(unsigned(a.C), unsigned(P)), kBnThreads, 0, stream>>>(
-      grad, a.x, a.mean, a.N, a.C, a.HW, P, a.partials, a.dside, a.side_acc);
+      grad, x, a.mean, a.N, a.C, a.HW, P, a.partials, a.dside, a.side_acc);
   cuda::launched("batchnorm backward (sums)");
   bn_backward_coefficients_kernel<<<cuda::blocks_for(a.C), cuda::kThreads, 0, stream>>>(
       a.partials, P, a.C, a.N * a.HW, a.gamma, a.mean, a.invstd, a.dgamma, a.dbeta, a.params_acc, a.coef);
   cuda::launched("batchnorm backward (coefficients)");
   if (!a.dx) return;
-  bn_backward_apply_kernel<<<cuda::blocks_for(n), cuda::kThreads, 0, stream>>>(grad, a.x, n, a.C, a.HW, a.coef, a.dx,
+  bn_backward_apply_kernel<<<cuda::blocks_for(n), cuda::kThreads, 0, stream>>>(grad, x, n, a.C, a.HW, a.coef, a.dx,
                                                                                a.dx_acc);
   cuda::launched("batchnorm backward (apply)");
 }
@@ -366,6 +374,12 @@ void CudaBackend::batchnorm_forward_eval(const Tensor& x, const Tensor& gamma, c
   cuda::launched("batchnorm_forward_eval");
 }
 
+// As the CPU's (backends/cpu/cpu_backend.h): the bitmaps, kept for sparse values, are not a BN
+// input's encoding there.
+DTypeSet CudaBackend::batchnorm_backward_reads() const {
+  return dtype_bit(DType::F32) | dtype_bit(DType::F16) | dtype_bit(DType::BF16);
+}
+
 void CudaBackend::batchnorm_backward(const Tensor& dy, const Tensor& x, const Tensor& gamma, const Tensor& mean,
                                      const Tensor& invstd, Tensor& dx, bool accumulate_dx, Tensor& dgamma,
                                      Tensor& dbeta, bool accumulate_params) {
@@ -373,10 +387,11 @@ void CudaBackend::batchnorm_backward(const Tensor& dy, const Tensor& x, const Te
   double* partials = bn_scratch(C * P * 2 + 2 * C);  // then the coefficients, 3C floats in 2C doubles' room
   OutputGrad grad;
   grad.dy = dy.f32();
-  backward_sweeps(stream_, grad,
-                  BackwardArgs{x.f32(), gamma.f32(), mean.f32(), invstd.f32(), N, C, HW, partials,
-                               reinterpret_cast<float*>(partials + C * P * 2), opt(dgamma), opt(dbeta),
-                               accumulate_params, opt(dx), accumulate_dx, nullptr, false});
+  const BackwardArgs args{gamma.f32(), mean.f32(), invstd.f32(), N, C, HW, partials,
+                          reinterpret_cast<float*>(partials + C * P * 2), opt(dgamma), opt(dbeta),
+                          accumulate_params, opt(dx), accumulate_dx, nullptr, false};
+  ET_CHECK(dtype_in(x.dtype, batchnorm_backward_reads()), "batchnorm_backward: x dtype ", dtype_name(x.dtype));
+  cuda::with_stored_x(x, *codec_, "batchnorm_backward", [&](auto xs) { backward_sweeps(stream_, grad, xs, args); });
 }
 
 void CudaBackend::batchnorm_backward_frozen(const Tensor& dy, const Tensor& gamma, const Tensor& running_var, float eps,
@@ -465,12 +480,12 @@ void CudaBackend::fused_backward(const FusedStack& s, const FusedTensors& t, Fus
   const StackForm f = stack_form(s);
   ET_CHECK(!g.dz_sums.defined() && !g.dy_coef.defined() && !g.dx_coef.defined(),
            "cuda: a fused stack's sweep done elsewhere");
-  ET_CHECK(t.x.dtype == DType::F32, "cuda: fused stack x dtype ", dtype_name(t.x.dtype));
+  ET_CHECK(dtype_in(t.x.dtype, fused_backward_reads()), "cuda: fused stack x dtype ", dtype_name(t.x.dtype));
   const int64_t N = t.x.dim(0), C = s.C, HW = t.x.dim(2) * t.x.dim(3), P = parts_for(N, C);
   // The partials, then dx's coefficients (3C floats) and, for a pool, the forward's (2C).
   double* partials = bn_scratch(C * P * 2 + 3 * C);
   float* coef = reinterpret_cast<float*>(partials + C * P * 2);
-  const BackwardArgs args{t.x.f32(), t.gamma.f32(), t.mean.f32(), t.invstd.f32(), N, C, HW, partials, coef,
+  const BackwardArgs args{t.gamma.f32(), t.mean.f32(), t.invstd.f32(), N, C, HW, partials, coef,
                           opt(g.dgamma), opt(g.dbeta), g.params_accumulate, opt(g.dx), g.dx_accumulate,
                           f.add ? opt(g.dside) : nullptr, g.dside_accumulate};
   if (f.pool) {
@@ -478,7 +493,9 @@ void CudaBackend::fused_backward(const FusedStack& s, const FusedTensors& t, Fus
     bn_saved_coefficients_kernel<<<cuda::blocks_for(C), cuda::kThreads, 0, stream_>>>(
         C, t.gamma.f32(), t.beta.f32(), t.mean.f32(), t.invstd.f32(), fwd);
     cuda::launched("fused_backward (forward coefficients)");
-    return backward_sweeps(stream_, PooledGrad{t.x.f32(), fwd, g.dy.f32(), pool_geom(s)}, args);
+    return cuda::with_stored_x(t.x, *codec_, "fused_backward", [&](auto xs) {
+      backward_sweeps(stream_, PooledGrad<decltype(xs)>{xs, fwd, g.dy.f32(), pool_geom(s)}, xs, args);
+    });
   }
   OutputGrad grad;
   grad.dy = g.dy.f32();
@@ -487,7 +504,7 @@ void CudaBackend::fused_backward(const FusedStack& s, const FusedTensors& t, Fus
     grad.y = g.y_mask.bits ? nullptr : opt(g.y_mask.dense);
     ET_CHECK(grad.bits || grad.y, "cuda: a fused stack's ReLU mask");
   }
-  backward_sweeps(stream_, grad, args);
+  cuda::with_stored_x(t.x, *codec_, "fused_backward", [&](auto xs) { backward_sweeps(stream_, grad, xs, args); });
 }
 
 }  // namespace et

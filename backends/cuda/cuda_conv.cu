@@ -6,17 +6,17 @@
 //     side by side (a per-image SGEMM was most of a ResNet-20 step on an H200); 1x1 stride-1
 //     convs skip im2col and col2im in the forward and data gradient (x is its own columns);
 //   - groups > 1 (depthwise): direct kernels, without workspace (cuDNN's candidates too).
-// The weight gradient of a groups == 1 conv reads x as the stash keeps it (fp16, bf16, or a bitmap
-// of kept f32 / fp16 values: conv2d_weight_reads), each element as its im2col gathers it, so the
-// executor plans no f32 decode buffer for x (BitTrain's memory; the CPU reads stored x likewise).
-// Such a pass runs the backend's own kernels: cuDNN reads f32 only.
+// The weight gradient reads x as the stash keeps it (fp16, bf16, or a bitmap of kept f32 / fp16
+// values: conv2d_weight_reads, cuda_stored_x.h), each element as its im2col or the grouped kernel
+// gathers it, so the executor plans no f32 decode buffer for x (BitTrain's memory; the CPU reads
+// stored x likewise). Such a pass runs the backend's own kernels: cuDNN reads f32 only.
 // Linear layers: one SGEMM each way. cuBLAS runs in its default FP32 math (no TF32).
 //
 // Row-major [a, b] matrices are column-major [b, a] ones to cuBLAS, so each product below is
 // written for the transposes: Y = W X becomes Y^T = X^T W^T.
 #include "backends/cuda/cuda_backend_impl.h"
 #include "backends/cuda/cuda_conv_cudnn.h"
-#include "backends/cuda/cuda_half.h"
+#include "backends/cuda/cuda_stored_x.h"
 
 namespace et {
 
@@ -43,33 +43,7 @@ Geom geom_of(const Conv2dGeom& g) {
   return Geom{g.C, g.H, g.W, g.K, g.P, g.Q, g.R, g.S, g.stride_h, g.stride_w, g.pad_h, g.pad_w, g.groups};
 }
 
-// x's element i (flat index) as f32, from the stash's encoding (engine/tensor.h): dense f32, fp16
-// or bf16; or a bitmap (bit i of word i / 64) followed by the kept values (f32 or fp16), where the
-// kept value's index is its chunk's offset (StashCodec::value_offsets, per kOffsetChunk elements)
-// plus the set bits before i in its chunk.
-struct StoredX {
-  enum Kind { F32, F16, BF16, BitmapF32, BitmapF16 };
-  const void* data;
-  const uint64_t* bits;     // bitmaps
-  const uint64_t* offsets;  // bitmaps: each chunk's first value index
-  Kind kind;
-  __device__ __forceinline__ float operator[](int64_t i) const {
-    switch (kind) {
-      case F32: return static_cast<const float*>(data)[i];
-      case F16: return cuda::from_f16(static_cast<const uint16_t*>(data)[i]);
-      case BF16: return __uint_as_float(uint32_t(static_cast<const uint16_t*>(data)[i]) << 16);
-      default: break;
-    }
-    const int64_t word = i / 64;
-    const uint64_t w = bits[word], below = w & ((uint64_t(1) << (i % 64)) - 1);
-    if (!(w >> (i % 64) & 1)) return 0.f;
-    constexpr int64_t kWordsPerChunk = StashCodec::kOffsetChunk / 64;
-    int64_t index = int64_t(offsets[i / StashCodec::kOffsetChunk]) + __popcll(below);
-    for (int64_t j = word / kWordsPerChunk * kWordsPerChunk; j < word; ++j) index += __popcll(bits[j]);
-    return kind == BitmapF32 ? static_cast<const float*>(data)[index]
-                             : cuda::from_f16(static_cast<const uint16_t*>(data)[index]);
-  }
-};
+using cuda::StoredX;
 
 // col [images][C*R*S][P*Q] of x's images [n0, n0 + images)
 __global__ void im2col_kernel(Geom g, const float* x, int64_t images, float* col) {
@@ -186,7 +160,9 @@ __global__ void grouped_backward_data_kernel(Geom g, const float* dy, const floa
 }
 
 // One block per weight element: the sum over images and output positions.
-__global__ void grouped_backward_weight_kernel(Geom g, const float* x, const float* dy, int64_t N, float* dw, bool acc) {
+// X: const float* or StoredX (x as the stash keeps it).
+template <class X>
+__global__ void grouped_backward_weight_kernel(Geom g, X x, const float* dy, int64_t N, float* dw, bool acc) {
   __shared__ double part[kThreads];
   const int64_t Cg = g.C / g.groups, Kg = g.K / g.groups, e = blockIdx.x;
   const int64_t k = e / (Cg * g.R * g.S), c = k / Kg * Cg + e / (g.R * g.S) % Cg, r = e / g.S % g.R, s = e % g.S;
@@ -382,9 +358,7 @@ void CudaBackend::conv2d_backward_data(const Conv2dGeom& g, const Tensor& dy, co
            });
 }
 
-DTypeSet CudaBackend::conv2d_weight_reads(const Conv2dGeom& g) const {
-  return g.groups == 1 ? kStashDTypes : dtype_bit(DType::F32);
-}
+DTypeSet CudaBackend::conv2d_weight_reads(const Conv2dGeom&) const { return kStashDTypes; }
 
 void CudaBackend::conv2d_backward_weight(const Conv2dGeom& g, const Tensor& x, const Tensor& dy, Tensor& dw,
                                          Tensor& db, bool accumulate, Workspace ws) {
@@ -395,22 +369,11 @@ void CudaBackend::conv2d_backward_weight(const Conv2dGeom& g, const Tensor& x, c
   ET_CHECK(ws.bytes >= conv2d_workspace_bytes(g, ConvPass::BackwardWeight), "conv2d_backward_weight: workspace");
   ET_CHECK(dtype_in(x.dtype, conv2d_weight_reads(g)), "conv2d weight gradient: x dtype ", dtype_name(x.dtype));
   if (x.dtype != DType::F32) {  // the stash's encoding, read in place by the backend's own kernels
-    StoredX sx{x.data, nullptr, nullptr, StoredX::F16};
-    switch (x.dtype) {
-      case DType::F16: break;
-      case DType::BF16: sx.kind = StoredX::BF16; break;
-      case DType::BitmapF32:
-      case DType::BitmapF16: {
-        const int64_t n = g.N * g.C * g.H * g.W, words = (n + 63) / 64;
-        sx.kind = x.dtype == DType::BitmapF32 ? StoredX::BitmapF32 : StoredX::BitmapF16;
-        sx.bits = static_cast<const uint64_t*>(x.data);
-        sx.data = sx.bits + words;
-        sx.offsets = codec_->value_offsets(sx.bits, n);
-        break;
-      }
-      default: ET_CHECK(false, "conv2d weight gradient: x dtype ", dtype_name(x.dtype));
-    }
-    return im2col_backward_weight(blas_, g, sx, dy.f32(), dw.f32(), accumulate, ws);
+    const StoredX sx = cuda::stored_x(x, *codec_, "conv2d weight gradient");
+    if (g.groups == 1) return im2col_backward_weight(blas_, g, sx, dy.f32(), dw.f32(), accumulate, ws);
+    grouped_backward_weight_kernel<<<unsigned(dw.numel()), kThreads, 0, stream_>>>(geom_of(g), sx, dy.f32(), g.N,
+                                                                                  dw.f32(), accumulate);
+    return cuda::launched("conv2d_backward_weight (grouped, stored x)");
   }
   run_pass(cudnn_.get(), stream_, g, ConvPass::BackwardWeight, x.f32(), dy.f32(), dw.f32(), dw.numel(), accumulate, ws,
            [&](float* out, bool acc) {

@@ -18,11 +18,18 @@ inline Geom geom_of(const Conv2dGeom& g) {
   return Geom{g.C, g.H, g.W, g.P, g.Q, g.R, g.S, g.stride_h, g.stride_w, g.pad_h, g.pad_w};
 }
 
-// The plane's own values, for max_at.
+// The values of the plane starting at element `base` of x, for max_at. X: const float*, or
+// cuda::StoredX (cuda_stored_x.h: x as the stash keeps it).
+template <class X>
 struct PlaneValues {
-  const float* x;
-  __device__ __forceinline__ float operator()(int64_t i) const { return x[i]; }
+  X x;
+  int64_t base;
+  __device__ __forceinline__ float operator()(int64_t i) const { return x[base + i]; }
 };
+template <class X>
+__device__ __forceinline__ PlaneValues<X> plane_values(const X& x, int64_t base) {
+  return PlaneValues<X>{x, base};
+}
 
 // Window (p, q)'s first maximum of value(h * W + w) over its elements inside the plane, and where
 // (*arg; -1 where none is greater than -FLT_MAX).

@@ -2,10 +2,12 @@
 // wins and the gradient goes to the first maximum; averages with count_include_pad. Backward
 // passes gather: each input element sums, in window order, what the windows covering it send it
 // (the argmax found again from x), so nothing races and the sum's order is the CPU reference's.
+// The max-pool backward reads x as the stash keeps it (cuda_stored_x.h), without a decode buffer.
 #include <cfloat>
 
 #include "backends/cuda/cuda_backend_impl.h"
 #include "backends/cuda/cuda_pool_window.h"
+#include "backends/cuda/cuda_stored_x.h"
 
 namespace et {
 
@@ -17,20 +19,22 @@ using cuda::kThreads;
 using cuda_pool::covering;
 using cuda_pool::Geom;
 using cuda_pool::geom_of;
-using cuda_pool::PlaneValues;
+using cuda_pool::plane_values;
 
 __global__ void maxpool_forward_kernel(Geom g, int64_t total, const float* x, float* y) {
   ET_GRID_STRIDE(i, total) {
     const int64_t plane = i / (g.P * g.Q), p = i / g.Q % g.P, q = i % g.Q;
     int64_t arg;
-    y[i] = cuda_pool::max_at(g, PlaneValues{x + plane * g.H * g.W}, p, q, &arg);
+    y[i] = cuda_pool::max_at(g, plane_values(x, plane * g.H * g.W), p, q, &arg);
   }
 }
 
-__global__ void maxpool_backward_kernel(Geom g, int64_t total, const float* x, const float* dy, float* dx, bool acc) {
+// X: const float*, or cuda::StoredX (x as the stash keeps it: maxpool2d_backward_reads).
+template <class X>
+__global__ void maxpool_backward_kernel(Geom g, int64_t total, X x, const float* dy, float* dx, bool acc) {
   ET_GRID_STRIDE(i, total) {
     const int64_t plane = i / (g.H * g.W), h = i / g.W % g.H, w = i % g.W;
-    dx[i] = cuda_pool::max_gradient(g, PlaneValues{x + plane * g.H * g.W}, dy + plane * g.P * g.Q, h, w,
+    dx[i] = cuda_pool::max_gradient(g, plane_values(x, plane * g.H * g.W), dy + plane * g.P * g.Q, h, w,
                                     acc ? dx[i] : 0.f);
   }
 }
@@ -113,11 +117,15 @@ void CudaBackend::maxpool2d_forward(const Conv2dGeom& g, const Tensor& x, Tensor
   cuda::launched("maxpool2d_forward");
 }
 
+DTypeSet CudaBackend::maxpool2d_backward_reads() const { return kStashDTypes; }
+
 void CudaBackend::maxpool2d_backward(const Conv2dGeom& g, const Tensor& dy, const Tensor& x, Tensor& dx,
                                      bool accumulate, Workspace) {
   const int64_t total = g.N * g.C * g.H * g.W;
-  maxpool_backward_kernel<<<blocks_for(total), kThreads, 0, stream_>>>(geom_of(g), total, x.f32(), dy.f32(), dx.f32(),
-                                                                       accumulate);
+  cuda::with_stored_x(x, *codec_, "maxpool2d_backward", [&](auto xs) {
+    maxpool_backward_kernel<<<blocks_for(total), kThreads, 0, stream_>>>(geom_of(g), total, xs, dy.f32(), dx.f32(),
+                                                                         accumulate);
+  });
   cuda::launched("maxpool2d_backward");
 }
 

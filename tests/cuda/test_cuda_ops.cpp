@@ -27,68 +27,11 @@
 #include "memory/half.h"
 #include "models/models.h"
 #include "tests/cuda/device_bytes.h"
+#include "tests/cuda/op_tensors.h"
 #include "tests/tiny_training.h"
 
 using namespace et;
-
-namespace {
-
-// A tensor on both backends with the same contents.
-struct Both {
-  std::vector<float> host;
-  Tensor cpu, dev;
-  void* dptr = nullptr;
-  Both(const Shape& s, uint32_t seed, float zero_share = 0.f, DType dtype = DType::F32) {
-    const int64_t n = s.numel();
-    host.assign(size_t(n), 0.f);
-    std::mt19937 rng(seed);
-    std::normal_distribution<float> normal(0.f, 1.f);
-    std::uniform_real_distribution<float> u(0.f, 1.f);
-    for (float& v : host) v = u(rng) < zero_share ? 0.f : normal(rng);
-    cpu = Tensor::contiguous(host.data(), s, dtype);
-    REQUIRE(cudaMalloc(&dptr, size_t(n) * 4 + 8) == cudaSuccess);
-    REQUIRE(cudaMemcpy(dptr, host.data(), size_t(n) * 4, cudaMemcpyHostToDevice) == cudaSuccess);
-    dev = Tensor::contiguous(dptr, s, dtype, Device::CUDA);
-  }
-  ~Both() { cudaFree(dptr); }
-  Tensor& on(bool device) { return device ? dev : cpu; }
-  Both(const Both&) = delete;
-  std::vector<float> device_values() const {
-    std::vector<float> out(host.size());
-    REQUIRE(cudaMemcpy(out.data(), dptr, out.size() * 4, cudaMemcpyDeviceToHost) == cudaSuccess);
-    return out;
-  }
-};
-
-// Max |a - b| / (|b| + 1): relative for large values, absolute near zero.
-double max_rel(const std::vector<float>& a, const std::vector<float>& b) {
-  REQUIRE(a.size() == b.size());
-  double m = 0;
-  for (size_t i = 0; i < a.size(); ++i) m = std::max(m, std::fabs(double(a[i]) - double(b[i])) / (std::fabs(double(b[i])) + 1.0));
-  return m;
-}
-bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
-  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * 4) == 0;
-}
-
-struct Backends {
-  std::unique_ptr<Backend> cpu = make_cpu_backend(), dev = make_cuda_backend(0);
-};
-
-// Workspace on both sides.
-struct Scratch {
-  std::vector<float> host;
-  void* dptr = nullptr;
-  Workspace cpu, dev;
-  Scratch(size_t cpu_bytes, size_t dev_bytes) : host(cpu_bytes / 4 + 16) {
-    cpu = Workspace{host.data(), cpu_bytes};
-    REQUIRE(cudaMalloc(&dptr, dev_bytes + 8) == cudaSuccess);
-    dev = Workspace{dptr, dev_bytes};
-  }
-  ~Scratch() { cudaFree(dptr); }
-};
-
-}  // namespace
+using namespace et::cuda_test;
 
 TEST_CASE("cuda: element-wise ops equal the CPU's", "[cuda]") {
   Backends b;
@@ -229,84 +172,6 @@ TEST_CASE("cuda: pooling and option-A shortcuts equal the CPU's", "[cuda]") {
   b.cpu->subsample_pad_backward(sy.cpu, 2, 3, sdx.cpu, true);
   b.dev->subsample_pad_backward(sy.dev, 2, 3, sdx.dev, true);
   CHECK(same_bits(sdx.device_values(), sdx.host));
-}
-
-// The weight gradient of a dense conv reads x as the stash keeps it (CudaBackend::
-// conv2d_weight_reads): fp16, bf16, or a bitmap with f32 / fp16 values, each element as im2col
-// gathers it (a bitmap's value index from the codec's chunk offsets and the bits before it). It
-// must give the bits of the same pass over x decoded to f32, and the CPU's stored read within 1e-4
-// (scaled with the products each element sums).
-// Geometries: several 256-element chunks per image and not (7 x 9 planes), images split over
-// chunks of the workspace (N = 40 at 32 x 32 x 16 with a 3x3 window), a 1x1 at stride 2.
-TEST_CASE("cuda: the conv weight gradient reads x as the stash keeps it", "[cuda][stash]") {
-  Backends b;
-  REQUIRE(setenv("EDGETRAIN_CUDA_CONV", "im2col", 1) == 0);  // the pass over f32 x on the same path
-  const std::unique_ptr<Backend> dev = make_cuda_backend(0);
-  unsetenv("EDGETRAIN_CUDA_CONV");
-  struct Case {
-    int64_t N, C, H, W, K, R, stride, pad;
-  };
-  for (const Case& k : {Case{3, 16, 8, 8, 8, 3, 1, 1}, Case{2, 5, 7, 9, 6, 3, 2, 1}, Case{40, 16, 32, 32, 16, 3, 1, 1},
-                        Case{3, 24, 9, 7, 40, 1, 2, 0}}) {
-    Conv2dGeom g;
-    g.N = k.N, g.C = k.C, g.H = k.H, g.W = k.W, g.K = k.K, g.R = g.S = k.R, g.stride_h = g.stride_w = k.stride;
-    g.pad_h = g.pad_w = k.pad;
-    g.infer_output();
-    const int64_t n = g.N * g.C * g.H * g.W;
-    Both x({g.N, g.C, g.H, g.W}, 71, 0.45f), dy({g.N, g.K, g.P, g.Q}, 72), dw({g.K, g.C, g.R, g.S}, 73), db({g.K}, 74);
-    Scratch ws(b.cpu->conv2d_workspace_bytes(g, ConvPass::BackwardWeight),
-               dev->conv2d_workspace_bytes(g, ConvPass::BackwardWeight));
-    for (DType t : {DType::F16, DType::BF16, DType::BitmapF32, DType::BitmapF16}) {
-      INFO("conv " << g.N << "x" << g.C << "x" << g.H << "x" << g.W << " -> " << g.K << ", " << g.R << "x" << g.S
-                   << " stride " << k.stride << ", x as " << dtype_name(t));
-      REQUIRE(dtype_in(t, dev->conv2d_weight_reads(g)));
-      // The encoding on the host, and the f32 values it stands for.
-      std::vector<uint64_t> enc(size_t(n) + 16, 0);  // room for the bitmap and 4-byte values
-      std::vector<float> decoded(static_cast<size_t>(n));
-      if (t == DType::F16 || t == DType::BF16) {
-        uint16_t* h = reinterpret_cast<uint16_t*>(enc.data());
-        if (t == DType::F16) {
-          f32_to_f16(x.host.data(), n, h);
-          f16_to_f32(h, n, decoded.data());
-        } else {
-          f32_to_bf16(x.host.data(), n, h);
-          bf16_to_f32(h, n, decoded.data());
-        }
-      } else {
-        const bitmap::ValueType vt = t == DType::BitmapF16 ? bitmap::ValueType::F16 : bitmap::ValueType::F32;
-        uint64_t* bits = enc.data();
-        bitmap::pack(x.host.data(), n, 0.f, bits, bits + bitmap::num_words(n), vt);
-        bitmap::unpack(bits, bits + bitmap::num_words(n), n, vt, decoded.data());
-      }
-      void* denc = nullptr;
-      REQUIRE(cudaMalloc(&denc, enc.size() * 8) == cudaSuccess);
-      REQUIRE(cudaMemcpy(denc, enc.data(), enc.size() * 8, cudaMemcpyHostToDevice) == cudaSuccess);
-      const Tensor stored_dev = Tensor::contiguous(denc, {g.N, g.C, g.H, g.W}, t, Device::CUDA),
-                   stored_cpu = Tensor::contiguous(enc.data(), {g.N, g.C, g.H, g.W}, t);
-      REQUIRE(cudaMemcpy(x.dptr, decoded.data(), size_t(n) * 4, cudaMemcpyHostToDevice) == cudaSuccess);
-      for (bool acc : {false, true}) {
-        dev->conv2d_backward_weight(g, x.dev, dy.dev, dw.dev, db.dev, acc, ws.dev);  // over the decoded f32
-        const std::vector<float> want = dw.device_values(), want_db = db.device_values();
-        if (acc) {  // accumulate onto the same start
-          REQUIRE(cudaMemcpy(dw.dptr, dw.host.data(), dw.host.size() * 4, cudaMemcpyHostToDevice) == cudaSuccess);
-          REQUIRE(cudaMemcpy(db.dptr, db.host.data(), db.host.size() * 4, cudaMemcpyHostToDevice) == cudaSuccess);
-        }
-        dev->conv2d_backward_weight(g, stored_dev, dy.dev, dw.dev, db.dev, acc, ws.dev);
-        CHECK(same_bits(dw.device_values(), want));
-        CHECK(same_bits(db.device_values(), want_db));
-        std::vector<float> host_dw = dw.host, host_db = db.host;
-        Tensor cdw = Tensor::contiguous(host_dw.data(), dw.cpu.shape), cdb = Tensor::contiguous(host_db.data(), db.cpu.shape);
-        b.cpu->conv2d_backward_weight(g, stored_cpu, dy.cpu, cdw, cdb, acc, ws.cpu);
-        // Each dw element sums N * P * Q products, in another order on each backend: 1e-4, and
-        // proportionally more past 8192 products (the 40-image case: 40 960, 2.6e-4 seen).
-        CHECK(max_rel(dw.device_values(), host_dw) < 1e-4 * std::max(1.0, double(g.N * g.P * g.Q) / 8192));
-        // the start for the next round: dw and db as the test made them
-        REQUIRE(cudaMemcpy(dw.dptr, dw.host.data(), dw.host.size() * 4, cudaMemcpyHostToDevice) == cudaSuccess);
-        REQUIRE(cudaMemcpy(db.dptr, db.host.data(), db.host.size() * 4, cudaMemcpyHostToDevice) == cudaSuccess);
-      }
-      cudaFree(denc);
-    }
-  }
 }
 
 TEST_CASE("cuda: convolution and linear layers equal the CPU's within 1e-4", "[cuda]") {
