@@ -155,7 +155,8 @@ void unfold_side_bn(StackPlan& sp) {
 }
 
 // The stack headed by node `head` (a BN), or an empty one; nodes already in a stack end it.
-// whole_tensors (FusionSpec): BN -> ReLU [-> max-pool], BN -> add [-> ReLU], nothing folded.
+// whole_tensors (FusionSpec): BN -> ReLU [-> max-pool], BN -> add [-> ReLU], a side BN folded as
+// on the CPU.
 StackPlan find_stack(const Graph& g, int head, const std::vector<uint8_t>& claimed, bool fold_side_bn,
                      bool whole_tensors) {
   StackPlan sp;
@@ -326,8 +327,7 @@ Plan plan(const Graph& g, const FusionSpec& spec) {
   std::vector<int> fused_stack_ending_at(size_t(g.num_nodes()), -1);  // index into p.stacks
   for (int n = 0; n < g.num_nodes(); ++n) {
     if (claimed[size_t(n)]) continue;
-    StackPlan sp = find_stack(g, n, claimed, spec.fold_side_bn && spec.tile == 0 && !spec.whole_tensors,
-                              spec.whole_tensors);
+    StackPlan sp = find_stack(g, n, claimed, spec.fold_side_bn && spec.tile == 0, spec.whole_tensors);
     if (sp.nodes.size() < 2 && !spec.whole_tensors) sp = find_relu_stack(g, n, claimed);
     if (sp.nodes.size() < 2) continue;
     FusedStack& s = sp.stack;
@@ -421,7 +421,7 @@ Plan plan(const Graph& g, const FusionSpec& spec) {
       // conv) produced it.
       if (s.side_bn) {
         const Value& x2 = g.value(sp.side);
-        sp.side_sums_from_producer = x2.producer >= 0 && x2.consumers.size() == 1 &&
+        sp.side_sums_from_producer = x2.producer >= 0 && x2.consumers.size() == 1 && !spec.whole_tensors &&
                                      fused_stack_ending_at[size_t(x2.producer)] < 0 &&
                                      g.node(x2.producer).op->can_write_plane_sums();
         if (sp.side_sums_from_producer) sp.bytes_fused -= f32(N * s.C * s.side_stage.H * s.side_stage.W);

@@ -1,6 +1,7 @@
 // The stacks a backend without the CPU's tiled kernels runs (FusionSpec::whole_tensors: the
 // CUDA backend's, backends/cuda/cuda_batchnorm.cu): BN -> ReLU [-> max-pool], BN -> add [-> ReLU],
-// each sweep its own, nothing folded. The plan's shape here; that such a plan trains
+// each sweep its own, a projection shortcut's BN folded into its add's stack as on the CPU (not on
+// small planes). The plan's shape here; that such a plan trains
 // bit-identically to the layers on the CPU (the graph rewrite and the op's saves, independent of
 // the backend); the CUDA kernels against the CUDA layers in tests/cuda/test_cuda_fused.cpp.
 #include <catch2/catch.hpp>
@@ -24,6 +25,8 @@ ModelSpec whole_tensors_spec(const std::string& model, int64_t batch, int64_t si
 }  // namespace
 
 TEST_CASE("fusion: the whole-tensor plan holds BN -> ReLU [-> max-pool] and BN -> add [-> ReLU] stacks, each sweep its own", "[fusion]") {
+  // Projection shortcuts' BNs folded into their blocks' adds: ResNet-20's two (16x16 and 8x8, BN ->
+  // add -> ReLU), MobileNet-V2's three whose planes are larger than 4x4 (BN -> add); VGG has none.
   for (const char* model : {"resnet20", "vgg16_bn", "mobilenetv2"}) {
     INFO(model);
     Graph g;
@@ -33,7 +36,7 @@ TEST_CASE("fusion: the whole-tensor plan holds BN -> ReLU [-> max-pool] and BN -
     spec.whole_tensors = true;
     spec.cache_kb = 1;  // a cache no plane fits: such a plan has no tiles, bands or limits
     const fusion::Plan p = fusion::plan(g, spec);
-    int fused = 0, with_add = 0, pooled = 0;
+    int fused = 0, with_add = 0, pooled = 0, folded = 0;
     for (const fusion::StackPlan& sp : p.stacks) {
       CAPTURE(sp.name);
       if (!sp.fused) continue;
@@ -48,7 +51,12 @@ TEST_CASE("fusion: the whole-tensor plan holds BN -> ReLU [-> max-pool] and BN -
       CHECK((relu || add || add_relu || relu_pool));
       with_add += add || add_relu;
       pooled += relu_pool;
-      CHECK_FALSE(s.side_bn);
+      if (s.side_bn) {
+        ++folded;
+        CHECK((add || add_relu));
+        CHECK(s.stages[0].H * s.stages[0].W > kSmallPlane);
+        CHECK_FALSE(sp.side_sums_from_producer);
+      }
       CHECK(s.band_rows == 0);
       CHECK_FALSE(s.channel_slabs);
       CHECK_FALSE((s.stream_y || s.stream_dx));
@@ -62,15 +70,15 @@ TEST_CASE("fusion: the whole-tensor plan holds BN -> ReLU [-> max-pool] and BN -
     CHECK(fused > 0);
     CHECK(with_add == (std::string(model) == "resnet20" ? 9 : std::string(model) == "mobilenetv2" ? 14 : 0));
     CHECK(pooled == (std::string(model) == "vgg16_bn" ? 5 : 0));
+    CHECK(folded == (std::string(model) == "resnet20" ? 2 : std::string(model) == "mobilenetv2" ? 3 : 0));
+    // fusion.fold_side_bn = false: those BNs stay layers.
+    spec.fold_side_bn = false;
+    for (const fusion::StackPlan& sp : fusion::plan(g, spec).stacks) CHECK_FALSE(sp.stack.side_bn);
   }
-  // The full CPU plan folds, shares and tiles where this one does not.
   Graph g;
   build_model(g, spec_of("resnet20", 4, 32, false));
   FusionSpec full;
   full.enabled = true;
-  bool any_folded = false;
-  for (const fusion::StackPlan& sp : fusion::plan(g, full).stacks) any_folded |= sp.stack.side_bn;
-  CHECK(any_folded);
   // An explicit tile names its key.
   FusionSpec tiled = full;
   tiled.whole_tensors = true;
@@ -79,9 +87,10 @@ TEST_CASE("fusion: the whole-tensor plan holds BN -> ReLU [-> max-pool] and BN -
 }
 
 TEST_CASE("fusion: a whole-tensor plan trains bit-identically to the layers", "[fusion]") {
-  // ResNet-8 (BN -> ReLU, BN -> add -> ReLU, option-A shortcuts) and MobileNet-V2 on 16x16 images
-  // (BN -> add, small planes), VGG-11-BN on 32x32 ones (BN -> ReLU -> max-pool), in the stashes
-  // whose masks reach the stacks differently: y kept dense, the bitmap stash's mask, recomputation.
+  // ResNet-8 (BN -> ReLU, BN -> add -> ReLU, its first projection shortcut's BN folded at 8x8) and
+  // MobileNet-V2 on 16x16 images (BN -> add, small planes), VGG-11-BN on 32x32 ones (BN -> ReLU ->
+  // max-pool), in the stashes whose masks reach the stacks differently: y kept dense, the bitmap
+  // stash's mask, recomputation.
   for (const char* model : {"resnet8", "mobilenetv2", "vgg11_bn"}) {
     INFO(model);
     const int64_t side = std::string(model) == "vgg11_bn" ? 32 : 16;
@@ -89,6 +98,13 @@ TEST_CASE("fusion: a whole-tensor plan trains bit-identically to the layers", "[
     build_model(plain, spec_of(model, 2, side, false));
     build_model(fused, whole_tensors_spec(model, 2, side));
     CHECK(fused_nodes(fused) > 0);
+    if (std::string(model) == "resnet8") {
+      FusionSpec ws;
+      ws.enabled = ws.whole_tensors = true;
+      int folded = 0;
+      for (const fusion::StackPlan& sp : fusion::plan(plain, ws).stacks) folded += sp.fused && sp.stack.side_bn;
+      CHECK(folded == 1);
+    }
     check_trains_alike(plain, fused, 2,
                        {stash(StashFormat::DenseF32), stash(StashFormat::BitmapF32), stash(StashFormat::DenseF32, 1)});
   }

@@ -5,7 +5,8 @@
 // The fused stacks it heads (engine/fused_stack.h, FusionSpec::whole_tensors): BN -> ReLU [->
 // max-pool], BN -> add [-> ReLU], in two passes forward (the statistics, then y with its bitmap) and
 // two backward (the sums, writing the side gradient on the way, then dx), where the layers take
-// four to six. Each pass runs the layers' own kernels (the same templates: the same reductions in
+// four to six. A folded side BN (a projection shortcut's, FusedStack::side_bn) adds its statistics
+// pass forward and its sums backward; the apply passes write y, and dx with x2's gradient, once. Each pass runs the layers' own kernels (the same templates: the same reductions in
 // the same order, the same expressions, cuda_pool_window.h's max windows), with BN's output and its
 // gradient dz computed in registers instead of read from memory: fused and unfused give the same
 // bits. The backward (the layer's and the stacks') reads x as the stash keeps it (fp16 / bf16,
@@ -182,13 +183,30 @@ __global__ void bn_backward_coefficients_kernel(const double* partials, int64_t 
   }
 }
 
-// dx may be dy's buffer (a fused stack's, Op::grad_in_place): each element is read before it is written.
+// A folded side BN's part of the second sweep (FusedStack::side_bn): dx2 (+)= a2 * dz + b2 * x2 + c2
+// with its own coefficients (coef [3C]), from the same dz; dx2 null: none.
+struct SideApply {
+  const float* x2 = nullptr;
+  const float* coef = nullptr;
+  float* dx2 = nullptr;
+  bool acc = false;
+};
+
+// dx (where not null) and the side BN's dx2. dx may be dy's buffer (a fused stack's,
+// Op::grad_in_place): each element of dy is read, once, before dx's is written.
 template <class Grad, class X>
 __global__ void bn_backward_apply_kernel(Grad grad, X x, int64_t n_total, int64_t C, int64_t HW,
-                                         const float* coef, float* dx, bool acc) {
+                                         const float* coef, float* dx, bool acc, SideApply side) {
   ET_GRID_STRIDE(i, n_total) {
     const int64_t c = imod(idiv(i, HW), C);
-    const float v = __fadd_rn(__fmaf_rn(coef[c], grad(i), __fmul_rn(coef[C + c], x[i])), coef[2 * C + c]);
+    const float dz = grad(i);
+    if (side.dx2) {
+      const float* k = side.coef;
+      const float v2 = __fadd_rn(__fmaf_rn(k[c], dz, __fmul_rn(k[C + c], side.x2[i])), k[2 * C + c]);
+      side.dx2[i] = side.acc ? side.dx2[i] + v2 : v2;
+    }
+    if (!dx) continue;
+    const float v = __fadd_rn(__fmaf_rn(coef[c], dz, __fmul_rn(coef[C + c], x[i])), coef[2 * C + c]);
     dx[i] = acc ? dx[i] + v : v;
   }
 }
@@ -222,17 +240,28 @@ struct ChannelCoefficients {
 };
 
 // Output i of the BN layer (no side, no relu) or a fused BN -> [add] [-> ReLU]: x * scale +
-// shift, + side as add_kernel, then max(., 0) as relu_kernel.
+// shift, + side as add_kernel, then max(., 0) as relu_kernel. With side_bn (a folded side BN) the
+// side is x2 * scale2 + shift2 first, as that BN layer computes it.
 struct ElementwiseOut {
   const float *x, *side;
   ChannelCoefficients k;
   int64_t HW;
   bool relu;
+  bool side_bn;
+  ChannelCoefficients side_k;
   __device__ __forceinline__ float operator()(int64_t i) const {
+    const int64_t c = imod(idiv(i, HW), k.C);
     float scale, shift;
-    k.of(imod(idiv(i, HW), k.C), &scale, &shift);
+    k.of(c, &scale, &shift);
     float v = __fmaf_rn(x[i], scale, shift);
-    if (side) v = v + side[i];
+    if (side) {
+      float other = side[i];
+      if (side_bn) {
+        side_k.of(c, &scale, &shift);
+        other = __fmaf_rn(other, scale, shift);
+      }
+      v = v + other;
+    }
     if (relu) v = v > 0.f ? v : 0.f;
     return v;
   }
@@ -323,18 +352,32 @@ struct BackwardArgs {
   float* dside;
   bool side_acc;
 };
+// The sums and coefficients of one BN (the first sweep).
 template <class Grad, class X>
-void backward_sweeps(cudaStream_t stream, const Grad& grad, const X& x, const BackwardArgs& a) {
-  const int64_t P = parts_for(a.N, a.C), n = a.N * a.C * a.HW;
+void backward_sums(cudaStream_t stream, const Grad& grad, const X& x, const BackwardArgs& a) {
+  const int64_t P = parts_for(a.N, a.C);
   bn_grad_partials_kernel<<<dim3(unsigned(a.C), unsigned(P)), kBnThreads, 0, stream>>>(
       grad, x, a.mean, a.N, a.C, a.HW, P, a.partials, a.dside, a.side_acc);
   cuda::launched("batchnorm backward (sums)");
   bn_backward_coefficients_kernel<<<cuda::blocks_for(a.C), cuda::kThreads, 0, stream>>>(
       a.partials, P, a.C, a.N * a.HW, a.gamma, a.mean, a.invstd, a.dgamma, a.dbeta, a.params_acc, a.coef);
   cuda::launched("batchnorm backward (coefficients)");
-  if (!a.dx) return;
+}
+// side: a folded side BN's arguments (its x2, statistics, parameters' gradients, dx2 in dx), or
+// null. Its sums come from the same dz as the head's, as its layer's from the add's gradient.
+template <class Grad, class X>
+void backward_sweeps(cudaStream_t stream, const Grad& grad, const X& x, const BackwardArgs& a,
+                     const BackwardArgs* side = nullptr, const float* x2 = nullptr) {
+  backward_sums(stream, grad, x, a);
+  SideApply sa;
+  if (side) {
+    backward_sums(stream, grad, x2, *side);
+    sa = SideApply{x2, side->coef, side->dx, side->dx_acc};
+  }
+  if (!a.dx && !sa.dx2) return;
+  const int64_t n = a.N * a.C * a.HW;
   bn_backward_apply_kernel<<<cuda::blocks_for(n), cuda::kThreads, 0, stream>>>(grad, x, n, a.C, a.HW, a.coef, a.dx,
-                                                                               a.dx_acc);
+                                                                               a.dx_acc, sa);
   cuda::launched("batchnorm backward (apply)");
 }
 
@@ -361,7 +404,7 @@ void CudaBackend::batchnorm_forward_train(const Tensor& x, const Tensor& gamma, 
                    opt(running_var), momentum, eps, mean.f32(), invstd.f32(), coef);
   const ChannelCoefficients k{coef, nullptr, nullptr, nullptr, nullptr, eps, C};
   fused_forward_kernel<<<cuda::blocks_for(x.numel()), 256, 0, stream_>>>(
-      ElementwiseOut{x.f32(), nullptr, k, HW, false}, x.numel(), y.f32(), 0u, nullptr, 0, nullptr);
+      ElementwiseOut{x.f32(), nullptr, k, HW, false, false, k}, x.numel(), y.f32(), 0u, nullptr, 0, nullptr);
   cuda::launched("batchnorm_forward_train (apply)");
 }
 
@@ -370,7 +413,7 @@ void CudaBackend::batchnorm_forward_eval(const Tensor& x, const Tensor& gamma, c
   const int64_t C = x.dim(1), HW = x.dim(2) * x.dim(3);
   const ChannelCoefficients k{nullptr, gamma.f32(), beta.f32(), running_mean.f32(), running_var.f32(), eps, C};
   fused_forward_kernel<<<cuda::blocks_for(x.numel()), 256, 0, stream_>>>(
-      ElementwiseOut{x.f32(), nullptr, k, HW, false}, x.numel(), y.f32(), 0u, nullptr, 0, nullptr);
+      ElementwiseOut{x.f32(), nullptr, k, HW, false, false, k}, x.numel(), y.f32(), 0u, nullptr, 0, nullptr);
   cuda::launched("batchnorm_forward_eval");
 }
 
@@ -406,14 +449,14 @@ void CudaBackend::batchnorm_backward_frozen(const Tensor& dy, const Tensor& gamm
 
 namespace {
 // The stacks this backend runs (FusionSpec::whole_tensors): BN, then ReLU [-> max-pool] or add
-// [-> ReLU], nothing folded or handed on.
+// [-> ReLU], the add's other operand a folded side BN's output or not (side_bn), nothing handed on.
 struct StackForm {
-  bool add = false, relu = false, pool = false;
+  bool add = false, relu = false, pool = false, side_bn = false;
 };
 StackForm stack_form(const FusedStack& s) {
   const size_t n = s.stages.size();
   const FusedKind k1 = n > 1 ? s.stages[1].kind : FusedKind::None, k2 = n > 2 ? s.stages[2].kind : FusedKind::None;
-  const bool ok = s.headed_by_bn() && !s.side_bn && n >= 2 && n <= 3 &&
+  const bool ok = s.headed_by_bn() && n >= 2 && n <= 3 &&
                   (n == 2 ? k1 == FusedKind::Relu || k1 == FusedKind::Add
                           : (k1 == FusedKind::Add && k2 == FusedKind::Relu) ||
                                 (k1 == FusedKind::Relu && k2 == FusedKind::MaxPool));
@@ -423,7 +466,27 @@ StackForm stack_form(const FusedStack& s) {
   f.add = s.add_stage() >= 0;
   f.relu = s.last().kind == FusedKind::Relu;
   f.pool = s.last().kind == FusedKind::MaxPool;
+  f.side_bn = s.side_bn;
+  ET_CHECK(!f.side_bn || f.add, "cuda: a folded side BN without an add");
   return f;
+}
+
+// bn_scratch's room for a stack: the head BN's partials (C * P * 2 doubles), a folded side BN's,
+// then floats: the head's coefficients (3C: the backward's; the forward's 2C), a pool's forward
+// coefficients in the backward (2C), the side BN's (3C).
+struct StackScratch {
+  double *partials, *side_partials;
+  float *coef, *pool_coef, *side_coef;
+};
+int64_t stack_scratch_doubles(const StackForm& f, int64_t C, int64_t P) { return C * P * 2 * (f.side_bn ? 2 : 1) + 4 * C; }
+StackScratch stack_scratch(double* room, const StackForm& f, int64_t C, int64_t P) {
+  StackScratch r;
+  r.partials = room;
+  r.side_partials = room + C * P * 2;
+  r.coef = reinterpret_cast<float*>(room + C * P * 2 * (f.side_bn ? 2 : 1));
+  r.pool_coef = r.coef + 3 * C;
+  r.side_coef = r.coef + 5 * C;
+  return r;
 }
 // The pool stage's window over x's planes.
 cuda_pool::Geom pool_geom(const FusedStack& s) {
@@ -437,20 +500,31 @@ size_t CudaBackend::fused_workspace_bytes(const FusedStack&, int64_t) const { re
 
 void CudaBackend::fused_forward(const FusedStack& s, FusedTensors& t, bool training, MaskOut* mask, Workspace) {
   const StackForm f = stack_form(s);
-  ET_CHECK(!t.x_sums.defined() && !t.y_sums.defined(), "cuda: fused stacks take no plane sums");
-  ET_CHECK(t.x.dtype == DType::F32 && (!f.add || t.side.defined()), "cuda: fused stack inputs");
-  const FusedStage& bn = s.stages[0];
+  ET_CHECK(!t.x_sums.defined() && !t.y_sums.defined() && !t.side_x_sums.defined(),
+           "cuda: fused stacks take no plane sums");
+  ET_CHECK(t.x.dtype == DType::F32 && (!f.add || t.side.dtype == DType::F32), "cuda: fused stack inputs");
+  const FusedStage &bn = s.stages[0], &bn2 = s.side_stage;
   const int64_t N = t.x.dim(0), C = s.C, HW = t.x.dim(2) * t.x.dim(3), P = parts_for(N, C), n = t.y.numel();
+  // The layers' statistics, coefficients and running statistics (training), else the running
+  // statistics' coefficients: the head BN's and a folded side BN's (of x2, in t.side).
   ChannelCoefficients k{nullptr, t.gamma.f32(), t.beta.f32(), nullptr, nullptr, bn.eps, C};
-  if (training) {  // the layer's statistics, coefficients, running statistics
-    double* partials = bn_scratch(C * P * 2 + 2 * C);
-    float* coef = reinterpret_cast<float*>(partials + C * P * 2);
-    train_statistics(stream_, t.x.f32(), N, C, HW, partials, t.gamma.f32(), t.beta.f32(), opt(t.running_mean),
-                     opt(t.running_var), bn.momentum, bn.eps, t.mean.f32(), t.invstd.f32(), coef);
-    k.coef = coef;
+  ChannelCoefficients k2{nullptr, opt(t.side_gamma), opt(t.side_beta), nullptr, nullptr, bn2.eps, C};
+  if (training) {
+    const StackScratch room = stack_scratch(bn_scratch(stack_scratch_doubles(f, C, P)), f, C, P);
+    train_statistics(stream_, t.x.f32(), N, C, HW, room.partials, t.gamma.f32(), t.beta.f32(), opt(t.running_mean),
+                     opt(t.running_var), bn.momentum, bn.eps, t.mean.f32(), t.invstd.f32(), room.coef);
+    k.coef = room.coef;
+    if (f.side_bn) {
+      train_statistics(stream_, t.side.f32(), N, C, HW, room.side_partials, t.side_gamma.f32(), t.side_beta.f32(),
+                       opt(t.side_running_mean), opt(t.side_running_var), bn2.momentum, bn2.eps, t.side_mean.f32(),
+                       t.side_invstd.f32(), room.side_coef);
+      k2.coef = room.side_coef;
+    }
   } else {
     k.rm = t.running_mean.f32();
     k.rv = t.running_var.f32();
+    k2.rm = opt(t.side_running_mean);
+    k2.rv = opt(t.side_running_var);
   }
   // y's bitmap where the stash (or the stack's aux) asks for it, relu_forward's way.
   const bool bits = training && mask && mask->bits && (f.relu || f.pool);
@@ -470,8 +544,8 @@ void CudaBackend::fused_forward(const FusedStack& s, FusedTensors& t, bool train
                                                       bits32, words32, kept);
   else
     fused_forward_kernel<<<blocks, 256, 0, stream_>>>(
-        ElementwiseOut{t.x.f32(), f.add ? t.side.f32() : nullptr, k, HW, f.relu}, n, t.y.f32(), threshold, bits32,
-        words32, kept);
+        ElementwiseOut{t.x.f32(), f.add ? t.side.f32() : nullptr, k, HW, f.relu, f.side_bn, k2}, n, t.y.f32(),
+        threshold, bits32, words32, kept);
   cuda::launched("fused_forward (apply)");
   if (bits) take_mask_count(*mask);
 }
@@ -482,14 +556,14 @@ void CudaBackend::fused_backward(const FusedStack& s, const FusedTensors& t, Fus
            "cuda: a fused stack's sweep done elsewhere");
   ET_CHECK(dtype_in(t.x.dtype, fused_backward_reads()), "cuda: fused stack x dtype ", dtype_name(t.x.dtype));
   const int64_t N = t.x.dim(0), C = s.C, HW = t.x.dim(2) * t.x.dim(3), P = parts_for(N, C);
-  // The partials, then dx's coefficients (3C floats) and, for a pool, the forward's (2C).
-  double* partials = bn_scratch(C * P * 2 + 3 * C);
-  float* coef = reinterpret_cast<float*>(partials + C * P * 2);
-  const BackwardArgs args{t.gamma.f32(), t.mean.f32(), t.invstd.f32(), N, C, HW, partials, coef,
+  const StackScratch room = stack_scratch(bn_scratch(stack_scratch_doubles(f, C, P)), f, C, P);
+  // The add's gradient dz goes to its side input in the first sweep; with a folded side BN that
+  // input is x2 and dside its gradient, which the side BN's second sweep writes.
+  const BackwardArgs args{t.gamma.f32(), t.mean.f32(), t.invstd.f32(), N, C, HW, room.partials, room.coef,
                           opt(g.dgamma), opt(g.dbeta), g.params_accumulate, opt(g.dx), g.dx_accumulate,
-                          f.add ? opt(g.dside) : nullptr, g.dside_accumulate};
+                          f.add && !f.side_bn ? opt(g.dside) : nullptr, g.dside_accumulate};
   if (f.pool) {
-    float* fwd = coef + 3 * C;
+    float* fwd = room.pool_coef;
     bn_saved_coefficients_kernel<<<cuda::blocks_for(C), cuda::kThreads, 0, stream_>>>(
         C, t.gamma.f32(), t.beta.f32(), t.mean.f32(), t.invstd.f32(), fwd);
     cuda::launched("fused_backward (forward coefficients)");
@@ -504,7 +578,15 @@ void CudaBackend::fused_backward(const FusedStack& s, const FusedTensors& t, Fus
     grad.y = g.y_mask.bits ? nullptr : opt(g.y_mask.dense);
     ET_CHECK(grad.bits || grad.y, "cuda: a fused stack's ReLU mask");
   }
-  cuda::with_stored_x(t.x, *codec_, "fused_backward", [&](auto xs) { backward_sweeps(stream_, grad, xs, args); });
+  if (!f.side_bn)
+    return cuda::with_stored_x(t.x, *codec_, "fused_backward",
+                               [&](auto xs) { backward_sweeps(stream_, grad, xs, args); });
+  ET_CHECK(t.side.dtype == DType::F32, "cuda: a folded side BN's x2 dtype ", dtype_name(t.side.dtype));
+  const BackwardArgs side{t.side_gamma.f32(), t.side_mean.f32(), t.side_invstd.f32(), N, C, HW,
+                          room.side_partials, room.side_coef, opt(g.side_dgamma), opt(g.side_dbeta),
+                          g.side_params_accumulate, opt(g.dside), g.dside_accumulate, nullptr, false};
+  cuda::with_stored_x(t.x, *codec_, "fused_backward",
+                      [&](auto xs) { backward_sweeps(stream_, grad, xs, args, &side, t.side.f32()); });
 }
 
 }  // namespace et
