@@ -1,4 +1,5 @@
-// What the CUDA emulator's runtime (emu_runtime.cpp) lends its other parts (emu_cublas.cpp).
+// What the CUDA emulator's parts lend each other: the runtime (emu_runtime.cpp), the threads of a
+// launch (emu_threads.cpp) and cuBLAS (emu_cublas.cpp).
 #pragma once
 #include <cstddef>
 #include <functional>
@@ -15,5 +16,12 @@ bool in_device_memory(const void* p, size_t bytes);  // [p, p + bytes) inside on
 std::string where(const void* p);                    // an address against the allocations near it
 // An operation of stream s: recorded where s records, else run now with device memory readable.
 cudaError_t issue(cudaStream_t s, std::function<void()> op);
+long setting(const char* name, long fallback);  // EDGETRAIN_CUDA_EMU_* from the environment
+
+// emu_threads.cpp: runs a launch's blocks, each block's threads to their end (body: one thread's
+// run, reading the built-ins); the caller holds runtime_lock() and device memory is readable.
+void run_grid(const char* name, dim3 grid, dim3 block, const std::function<void()>& body);
+// Inside a kernel: "kernel k, block (x, y, z), thread (x, y, z)" into buf, and true.
+bool running_thread(char* buf, size_t bytes);
 
 }  // namespace emu

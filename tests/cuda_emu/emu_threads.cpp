@@ -1,0 +1,398 @@
+// The CUDA emulator's threads (include/cuda_emu.h): a launch's blocks run one after another
+// (run_grid); a block's threads are fibers, each on its own stack, that run to their end one after
+// another until a barrier or a warp collective makes them take turns (the scheduler switches
+// only then). The kernel language's built-ins (threadIdx, __syncthreads, shuffles, ballots) read
+// and change this state. EDGETRAIN_CUDA_EMU_PROFILE=1 prints each kernel's launches, threads and
+// host time at exit. The runtime (emu_runtime.cpp) runs a launch through run_grid in stream order.
+#include <sys/mman.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <functional>
+#include <map>
+#include <string>
+#include <vector>
+
+#if !defined(__x86_64__)
+#include <ucontext.h>
+#endif
+
+#include "cuda_runtime.h"
+#include "emu_internal.h"
+
+namespace emu {
+namespace {
+
+const size_t kPage = 4096;
+[[noreturn]] void fail(const std::string& what) { report_fault(what); }
+
+double now_ms() {
+  using namespace std::chrono;
+  return duration<double, std::milli>(steady_clock::now().time_since_epoch()).count();
+}
+
+// ---- fibers: the threads of one block ----
+struct Fiber {
+  void* sp = nullptr;
+  char* stack = nullptr;
+  uint3 tid{0, 0, 0};
+  int linear = 0;
+  bool done = false;
+  const uint64_t* wait_on = nullptr;  // a barrier's generation this thread waits to change
+  uint64_t wait_gen = 0;
+#if !defined(__x86_64__)
+  ucontext_t ctx;
+#endif
+};
+struct Warp {
+  int count = 0;
+  uint64_t gen = 0;
+  uint64_t slot[32];
+};
+
+const size_t kStackBytes = 256 * 1024;
+
+struct Run {
+  const char* kernel = "";
+  dim3 grid, block;
+  uint3 block_idx{0, 0, 0};
+  const std::function<void()>* body = nullptr;
+  std::vector<Fiber> fibers;
+  std::vector<char*> stacks;  // free thread stacks, kept for later blocks and launches
+  std::vector<Warp> warps;
+  int threads = 0, live = 0, bar_count = 0;
+  uint64_t bar_gen = 0, progress = 0;
+  Fiber* cur = nullptr;
+  void* sched_sp = nullptr;
+  bool running = false;
+#if !defined(__x86_64__)
+  ucontext_t sched_ctx;
+#endif
+};
+Run run;
+
+}  // namespace
+
+bool running_thread(char* buf, size_t bytes) {
+  if (!run.running || !run.cur) return false;
+  std::snprintf(buf, bytes, "kernel %s, block (%u, %u, %u), thread (%u, %u, %u)", run.kernel, run.block_idx.x,
+                run.block_idx.y, run.block_idx.z, run.cur->tid.x, run.cur->tid.y, run.cur->tid.z);
+  return true;
+}
+
+}  // namespace emu
+
+extern "C" void emu_thread_body();
+
+#if defined(__x86_64__)
+// emu_switch(save_sp, next_sp): saves the callee-saved registers on this stack and its pointer in
+// *save_sp, then restores another thread's from next_sp and returns into it.
+// emu_call_on_stack(save_sp, stack_top, fn): saves this context as emu_switch does and calls fn on
+// a fresh stack. A thread that ends without waiting returns through it: one call and one return,
+// which the return predictor follows (a switch costs two mispredicted returns). A thread that
+// waits switches back to *save_sp, which returns from emu_call_on_stack at once; when it ends
+// later, it returns to the scheduler's context saved last in *save_sp (rbx holds save_sp).
+extern "C" void emu_switch(void** save_sp, void* next_sp);
+extern "C" void emu_call_on_stack(void** save_sp, void* stack_top, void (*fn)());
+asm(R"(
+.pushsection .text
+.globl emu_switch
+.type emu_switch,@function
+emu_switch:
+  pushq %rbp
+  pushq %rbx
+  pushq %r12
+  pushq %r13
+  pushq %r14
+  pushq %r15
+  movq %rsp, (%rdi)
+  movq %rsi, %rsp
+  popq %r15
+  popq %r14
+  popq %r13
+  popq %r12
+  popq %rbx
+  popq %rbp
+  ret
+.size emu_switch, .-emu_switch
+.globl emu_call_on_stack
+.type emu_call_on_stack,@function
+emu_call_on_stack:
+  pushq %rbp
+  pushq %rbx
+  pushq %r12
+  pushq %r13
+  pushq %r14
+  pushq %r15
+  movq %rsp, (%rdi)
+  movq %rdi, %rbx
+  movq %rsi, %rsp
+  call *%rdx
+  movq (%rbx), %rsp
+  popq %r15
+  popq %r14
+  popq %r13
+  popq %r12
+  popq %rbx
+  popq %rbp
+  ret
+.size emu_call_on_stack, .-emu_call_on_stack
+.popsection
+)");
+#endif
+
+namespace emu {
+namespace {
+
+void to_scheduler() {
+#if defined(__x86_64__)
+  emu_switch(&run.cur->sp, run.sched_sp);
+#else
+  swapcontext(&run.cur->ctx, &run.sched_ctx);
+#endif
+}
+
+// Back to the scheduler, which resumes this thread once *gen_counter is no longer gen.
+void wait_for_change(const uint64_t* gen_counter, uint64_t gen) {
+  run.cur->wait_on = gen_counter;
+  run.cur->wait_gen = gen;
+  to_scheduler();
+}
+
+void resume(Fiber& f) {
+  run.cur = &f;
+#if defined(__x86_64__)
+  emu_switch(&run.sched_sp, f.sp);
+#else
+  swapcontext(&run.sched_ctx, &f.ctx);
+#endif
+}
+
+#if !defined(__x86_64__)
+extern "C" void emu_fiber_main() {
+  emu_thread_body();
+  to_scheduler();  // never resumed
+}
+#endif
+
+// A thread's first run, on its stack.
+void start(Fiber& f) {
+  run.cur = &f;
+#if defined(__x86_64__)
+  emu_call_on_stack(&run.sched_sp, reinterpret_cast<void*>(uintptr_t(f.stack + kStackBytes) & ~uintptr_t(15)),
+                    &emu_thread_body);
+#else
+  getcontext(&f.ctx);
+  f.ctx.uc_stack.ss_sp = f.stack;
+  f.ctx.uc_stack.ss_size = kStackBytes;
+  f.ctx.uc_link = nullptr;
+  makecontext(&f.ctx, emu_fiber_main, 0);
+  swapcontext(&run.sched_ctx, &f.ctx);
+#endif
+}
+
+void complete_barrier_if_all_arrived() {
+  if (run.bar_count > 0 && run.bar_count == run.live) {
+    run.bar_count = 0;
+    ++run.bar_gen;
+  }
+}
+
+// A block's threads, each to its end; barriers and warp collectives switch between them.
+// A thread takes a stack when it first runs and gives it back when it ends, so the threads of a
+// block without barriers run one after another on one stack (warm in the caches).
+char* take_stack() {
+  if (run.stacks.empty()) {
+    // A guard page below each stack: a thread that overflows its stack faults.
+    char* m = static_cast<char*>(mmap(nullptr, kStackBytes + kPage, PROT_READ | PROT_WRITE,
+                                      MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0));
+    if (m == MAP_FAILED) fail("cannot map a thread's stack");
+    mprotect(m, kPage, PROT_NONE);
+    return m + kPage;
+  }
+  char* s = run.stacks.back();
+  run.stacks.pop_back();
+  return s;
+}
+
+void run_block() {
+  const int n = run.threads;
+  if (run.fibers.size() != size_t(n)) run.fibers.resize(size_t(n));
+  run.warps.assign(size_t((n + 31) / 32), Warp());
+  for (int i = 0; i < n; ++i) {
+    Fiber& f = run.fibers[size_t(i)];
+    f.linear = i;
+    f.tid = uint3{unsigned(i) % run.block.x, unsigned(i) / run.block.x % run.block.y,
+                  unsigned(i) / (run.block.x * run.block.y)};
+    f.stack = nullptr;
+    f.done = false;
+    f.wait_on = nullptr;
+  }
+  run.live = n;
+  run.bar_count = 0;
+  while (run.live > 0) {
+    const uint64_t before = run.progress;
+    for (Fiber& f : run.fibers)
+      if (!f.done && (!f.wait_on || *f.wait_on != f.wait_gen)) {
+        f.wait_on = nullptr;
+        if (!f.stack) {
+          f.stack = take_stack();
+          start(f);
+        } else {
+          resume(f);
+        }
+        if (f.done) {
+          run.stacks.push_back(f.stack);
+          f.stack = nullptr;
+        }
+      }
+    run.cur = nullptr;
+    if (run.progress == before) {
+      // Every thread left waits at a barrier or a warp collective that cannot complete.
+      char buf[320];
+      std::snprintf(buf, sizeof(buf), "kernel %s, block (%u, %u, %u): %d of %d threads still running, %d of them at "
+                    "__syncthreads", run.kernel, run.block_idx.x, run.block_idx.y, run.block_idx.z, run.live, n,
+                    run.bar_count);
+      fail(std::string(buf) + ": they wait at a barrier or warp collective that never completes (a thread exited "
+           "or went another way first)");
+    }
+  }
+}
+
+}  // namespace
+
+// ---- the kernel language's built-ins ----
+const uint3& thread_idx() { return run.cur->tid; }
+const uint3& block_idx() { return run.block_idx; }
+const dim3& block_dim() { return run.block; }
+const dim3& grid_dim() { return run.grid; }
+int lane_id() { return run.cur->linear % 32; }
+
+void syncthreads() {
+  const uint64_t gen = run.bar_gen;
+  ++run.bar_count;
+  ++run.progress;
+  if (run.bar_count == run.live) {
+    run.bar_count = 0;
+    ++run.bar_gen;
+    return;
+  }
+  wait_for_change(&run.bar_gen, gen);
+}
+
+namespace {
+
+unsigned lanes_of_warp(int w) {
+  const int n = std::min(32, run.threads - 32 * w);
+  return n == 32 ? 0xFFFFFFFFu : (1u << n) - 1;
+}
+
+void warp_arrive(Warp& w, unsigned lanes) {
+  const uint64_t gen = w.gen;
+  ++w.count;
+  ++run.progress;
+  if (w.count == __builtin_popcount(lanes)) {
+    w.count = 0;
+    ++w.gen;
+    return;
+  }
+  wait_for_change(&w.gen, gen);
+}
+
+}  // namespace
+
+uint64_t warp_exchange(unsigned mask, uint64_t mine, int src_lane) {
+  const int wi = run.cur->linear / 32, lane = run.cur->linear % 32;
+  Warp& w = run.warps[size_t(wi)];
+  const unsigned lanes = mask & lanes_of_warp(wi);
+  if (!(lanes >> lane & 1u)) fail("a warp collective by a lane outside its mask");
+  if (lanes != mask) fail("a warp collective's mask names lanes the block does not have");
+  w.slot[lane] = mine;
+  warp_arrive(w, lanes);
+  const uint64_t got = src_lane >= 0 && src_lane < 32 && (lanes >> src_lane & 1u) ? w.slot[src_lane] : mine;
+  warp_arrive(w, lanes);  // every lane has read before any lane writes its slot again
+  return got;
+}
+
+unsigned warp_ballot(unsigned mask, bool pred) {
+  const int wi = run.cur->linear / 32;
+  Warp& w = run.warps[size_t(wi)];
+  const unsigned lanes = mask & lanes_of_warp(wi);
+  const int lane = run.cur->linear % 32;
+  if (!(lanes >> lane & 1u)) fail("a ballot by a lane outside its mask");
+  if (lanes != mask) fail("a ballot's mask names lanes the block does not have");
+  w.slot[lane] = pred;
+  warp_arrive(w, lanes);
+  unsigned bits = 0;
+  for (int l = 0; l < 32; ++l)
+    if ((lanes >> l & 1u) && w.slot[l]) bits |= 1u << l;
+  warp_arrive(w, lanes);
+  return bits;
+}
+
+namespace {
+
+// EDGETRAIN_CUDA_EMU_PROFILE=1: each kernel's launches, threads and host time, printed at exit
+// (where the emulator's time goes).
+struct KernelTime {
+  long launches = 0;
+  double threads = 0, ms = 0;
+};
+std::map<std::string, KernelTime>* kernel_times() {
+  static std::map<std::string, KernelTime>* m = nullptr;
+  static bool asked = setting("EDGETRAIN_CUDA_EMU_PROFILE", 0) != 0;
+  if (asked && !m) {
+    m = new std::map<std::string, KernelTime>;
+    std::atexit([] {
+      std::vector<std::pair<std::string, KernelTime>> v(kernel_times()->begin(), kernel_times()->end());
+      std::sort(v.begin(), v.end(), [](const auto& a, const auto& b) { return a.second.ms > b.second.ms; });
+      std::fprintf(stderr, "CUDA emulator profile: kernel, launches, threads, ms\n");
+      for (size_t i = 0; i < v.size() && i < 25; ++i)
+        std::fprintf(stderr, "  %-40s %8ld %14.0f %10.1f\n", v[i].first.c_str(), v[i].second.launches,
+                     v[i].second.threads, v[i].second.ms);
+    });
+  }
+  return m;
+}
+
+}  // namespace
+
+void run_grid(const char* name, dim3 grid, dim3 block, const std::function<void()>& body) {
+  if (run.running) fail(std::string("a launch from inside kernel ") + run.kernel);
+  const double t0 = kernel_times() ? now_ms() : 0;
+  run.running = true;
+  run.kernel = name;
+  run.grid = grid;
+  run.block = block;
+  run.body = &body;
+  run.threads = int(block.x * block.y * block.z);
+  for (unsigned z = 0; z < grid.z; ++z)
+    for (unsigned y = 0; y < grid.y; ++y)
+      for (unsigned x = 0; x < grid.x; ++x) {
+        run.block_idx = uint3{x, y, z};
+        run_block();
+      }
+  run.running = false;
+  run.cur = nullptr;
+  if (auto* times = kernel_times()) {
+    KernelTime& k = (*times)[name];
+    ++k.launches;
+    k.threads += double(grid.x) * grid.y * grid.z * run.threads;
+    k.ms += now_ms() - t0;
+  }
+}
+
+}  // namespace emu
+
+using namespace emu;
+
+// A thread's whole run; it returns to the scheduler (emu_call_on_stack) when it ends.
+extern "C" void emu_thread_body() {
+  (*run.body)();
+  run.cur->done = true;
+  --run.live;
+  ++run.progress;
+  complete_barrier_if_all_arrived();
+}
