@@ -65,6 +65,7 @@ struct Run {
   int threads = 0, live = 0, bar_count = 0;
   uint64_t bar_gen = 0, progress = 0;
   Fiber* cur = nullptr;
+  Fiber* ended = nullptr;  // the thread that ended and returned to the scheduler, its stack to free
   void* sched_sp = nullptr;
   bool running = false;
 #if !defined(__x86_64__)
@@ -154,10 +155,29 @@ void to_scheduler() {
 #endif
 }
 
-// Back to the scheduler, which resumes this thread once *gen_counter is no longer gen.
+bool ready(const Fiber& f) { return !f.wait_on || *f.wait_on != f.wait_gen; }
+
+// This thread waits until *gen_counter is no longer gen. On x86-64 it switches straight to the
+// next thread in thread order that has started and can run (one stack switch, where going through
+// the scheduler takes two: barriers were most of the emulator's time); where the next has not
+// started yet, or none can run, to the scheduler, which starts threads and finds deadlocks.
 void wait_for_change(const uint64_t* gen_counter, uint64_t gen) {
-  run.cur->wait_on = gen_counter;
-  run.cur->wait_gen = gen;
+  Fiber* me = run.cur;
+  me->wait_on = gen_counter;
+  me->wait_gen = gen;
+#if defined(__x86_64__)
+  const size_t n = run.fibers.size(), at = size_t(me - run.fibers.data());
+  for (size_t k = 1; k < n; ++k) {
+    Fiber& f = run.fibers[(at + k) % n];
+    if (f.done) continue;
+    if (!f.stack) break;  // not started: the scheduler starts it
+    if (!ready(f)) continue;
+    f.wait_on = nullptr;
+    run.cur = &f;
+    emu_switch(&me->sp, f.sp);
+    return;  // resumed by another thread or the scheduler, with run.cur = me
+  }
+#endif
   to_scheduler();
 }
 
@@ -235,7 +255,7 @@ void run_block() {
   while (run.live > 0) {
     const uint64_t before = run.progress;
     for (Fiber& f : run.fibers)
-      if (!f.done && (!f.wait_on || *f.wait_on != f.wait_gen)) {
+      if (!f.done && ready(f)) {
         f.wait_on = nullptr;
         if (!f.stack) {
           f.stack = take_stack();
@@ -243,9 +263,11 @@ void run_block() {
         } else {
           resume(f);
         }
-        if (f.done) {
-          run.stacks.push_back(f.stack);
-          f.stack = nullptr;
+        // Back here: a thread waits (this one or another it switched to) or one ended.
+        if (Fiber* e = run.ended) {
+          run.stacks.push_back(e->stack);
+          e->stack = nullptr;
+          run.ended = nullptr;
         }
       }
     run.cur = nullptr;
@@ -392,6 +414,7 @@ using namespace emu;
 extern "C" void emu_thread_body() {
   (*run.body)();
   run.cur->done = true;
+  run.ended = run.cur;
   --run.live;
   ++run.progress;
   complete_barrier_if_all_arrived();
