@@ -5,7 +5,8 @@
 //     (col2im, no atomics); the weight gradient is one SGEMM per chunk over its images' columns
 //     side by side (a per-image SGEMM was most of a ResNet-20 step on an H200); 1x1 stride-1
 //     convs skip im2col and col2im in the forward and data gradient (x is its own columns);
-//   - groups > 1 (depthwise): direct kernels, without workspace (cuDNN's candidates too).
+//   - groups > 1 (depthwise): direct kernels, without workspace (cuDNN's candidates too); the
+//     weight gradient of a 3 x 3 one sums a filter plane's nine taps in one pass over x and dy.
 // The weight gradient reads x as the stash keeps it (fp16, bf16, or a bitmap of kept f32 / fp16
 // values: conv2d_weight_reads, cuda_stored_x.h), each element as its im2col or the grouped kernel
 // gathers it, so the executor plans no f32 decode buffer for x (BitTrain's memory; the CPU reads
@@ -17,6 +18,7 @@
 #include "backends/cuda/cuda_backend_impl.h"
 #include "backends/cuda/cuda_conv_cudnn.h"
 #include "backends/cuda/cuda_stored_x.h"
+#include "backends/cuda/index_math.h"
 
 namespace et {
 
@@ -44,6 +46,8 @@ Geom geom_of(const Conv2dGeom& g) {
 }
 
 using cuda::StoredX;
+using cuda_index::idiv;  // (backends/cuda/index_math.h: 32-bit divisions where they fit)
+using cuda_index::imod;
 
 // col [images][C*R*S][P*Q] of x's images [n0, n0 + images)
 __global__ void im2col_kernel(Geom g, const float* x, int64_t images, float* col) {
@@ -180,6 +184,61 @@ __global__ void grouped_backward_weight_kernel(Geom g, X x, const float* dy, int
     __syncthreads();
   }
   if (threadIdx.x == 0) dw[e] = acc ? dw[e] + float(part[0]) : float(part[0]);
+}
+
+// The same sums for R x S windows known at compile time (MobileNet-V2's 3 x 3 depthwise convs):
+// one block per filter plane (k, c), its R * S taps side by side, so x and dy are read once per
+// plane instead of once per tap. Each tap's sum runs in the per-element kernel's order (each
+// thread over positions j = tid, tid + 256, ..., then the same tree; the products are exact in
+// double), so the results are its bits.
+template <int R, int S, class X>
+__global__ void grouped_backward_weight_planes_kernel(Geom g, X x, const float* dy, int64_t N, float* dw, bool acc) {
+  __shared__ double part[kThreads];
+  const int64_t Cg = g.C / g.groups, Kg = g.K / g.groups, plane = blockIdx.x;  // plane = k * Cg + (c's index in its group)
+  const int64_t k = plane / Cg, c = k / Kg * Cg + plane % Cg, PQ = g.P * g.Q;
+  double sum[R * S];
+#pragma unroll
+  for (int t = 0; t < R * S; ++t) sum[t] = 0;
+  const float* dyk = dy + k * PQ;
+  for (int64_t j = threadIdx.x; j < N * PQ; j += blockDim.x) {
+    const int64_t n = idiv(j, PQ), pq = imod(j, PQ), p = idiv(pq, g.Q), q = imod(pq, g.Q);
+    const double d = double(dyk[n * g.K * PQ + pq]);
+    const int64_t x0 = (n * g.C + c) * g.H * g.W;
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      const int64_t h = p * g.sh - g.ph + r;
+#pragma unroll
+      for (int s = 0; s < S; ++s) {
+        const int64_t ww = q * g.sw - g.pw + s;
+        if (h >= 0 && h < g.H && ww >= 0 && ww < g.W) sum[r * S + s] += double(x[x0 + h * g.W + ww]) * d;
+      }
+    }
+  }
+#pragma unroll
+  for (int t = 0; t < R * S; ++t) {
+    part[threadIdx.x] = sum[t];
+    __syncthreads();
+    for (int u = kThreads / 2; u > 0; u /= 2) {
+      if (threadIdx.x < u) part[threadIdx.x] += part[threadIdx.x + u];
+      __syncthreads();
+    }
+    const int64_t e = plane * R * S + t;
+    if (threadIdx.x == 0) dw[e] = acc ? dw[e] + float(part[0]) : float(part[0]);
+    __syncthreads();  // part is written again for the next tap
+  }
+}
+
+// A grouped conv's weight gradient into dw (x: const float* or StoredX).
+template <class X>
+void grouped_backward_weight(cudaStream_t stream, const Conv2dGeom& g, X x, const float* dy, float* dw, bool acc) {
+  if (g.R == 3 && g.S == 3) {
+    grouped_backward_weight_planes_kernel<3, 3><<<unsigned(g.K * (g.C / g.groups)), kThreads, 0, stream>>>(
+        geom_of(g), x, dy, g.N, dw, acc);
+    return cuda::launched("conv2d_backward_weight (grouped, by filter plane)");
+  }
+  grouped_backward_weight_kernel<<<unsigned(g.K * (g.C / g.groups) * g.R * g.S), kThreads, 0, stream>>>(
+      geom_of(g), x, dy, g.N, dw, acc);
+  cuda::launched("conv2d_backward_weight (grouped)");
 }
 
 // y [N, O] += b[o]; db[o] (+)= sum_n dy[n, o]
@@ -371,16 +430,12 @@ void CudaBackend::conv2d_backward_weight(const Conv2dGeom& g, const Tensor& x, c
   if (x.dtype != DType::F32) {  // the stash's encoding, read in place by the backend's own kernels
     const StoredX sx = cuda::stored_x(x, *codec_, "conv2d weight gradient");
     if (g.groups == 1) return im2col_backward_weight(blas_, g, sx, dy.f32(), dw.f32(), accumulate, ws);
-    grouped_backward_weight_kernel<<<unsigned(dw.numel()), kThreads, 0, stream_>>>(geom_of(g), sx, dy.f32(), g.N,
-                                                                                  dw.f32(), accumulate);
-    return cuda::launched("conv2d_backward_weight (grouped, stored x)");
+    return grouped_backward_weight(stream_, g, sx, dy.f32(), dw.f32(), accumulate);
   }
   run_pass(cudnn_.get(), stream_, g, ConvPass::BackwardWeight, x.f32(), dy.f32(), dw.f32(), dw.numel(), accumulate, ws,
            [&](float* out, bool acc) {
              if (g.groups == 1) return im2col_backward_weight(blas_, g, x.f32(), dy.f32(), out, acc, ws);
-             grouped_backward_weight_kernel<<<unsigned(dw.numel()), kThreads, 0, stream_>>>(geom_of(g), x.f32(),
-                                                                                            dy.f32(), g.N, out, acc);
-             cuda::launched("conv2d_backward_weight (grouped)");
+             grouped_backward_weight(stream_, g, x.f32(), dy.f32(), out, acc);
            });
 }
 
