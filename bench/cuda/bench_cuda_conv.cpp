@@ -7,6 +7,8 @@
 // Times are CUDA-event medians of --reps after one warm-up; "of SGEMM" is the SGEMM's time over
 // the pass's (1.0: the pass runs at the rate cuBLAS reaches on its GEMM alone). Depthwise convs
 // have no GEMM and print their times only. FP32 throughout (no TF32), as the backend computes.
+// bwd_w16: the weight gradient with x as an fp16 stash keeps it (read in place, the backend's own
+// kernels: cuDNN takes f32 only), beside bwd_w over f32 x (cuDNN or the own kernels, as measured).
 //
 //   bench_cuda_conv [--filter SUBSTR] [--reps N] [--batch N] [--device N]
 #include <cublas_v2.h>
@@ -105,8 +107,8 @@ int main(int argc, char** argv) {
   check(cublasCreate(&blas), "cublasCreate");
   check(cublasSetMathMode(blas, CUBLAS_DEFAULT_MATH), "cublasSetMathMode");  // FP32, no TF32
   std::printf("%s, batch %ld, median of %d (CUDA events)\n", be->name().c_str(), long(batch), reps);
-  std::printf("%-12s %-24s %3s | %8s %8s %8s | %8s %8s %8s | %6s %6s %6s  (ms | SGEMM ms / ours)\n", "net", "shape",
-              "n", "fwd", "bwd_d", "bwd_w", "gemm_f", "gemm_d", "gemm_w", "fwd", "bwd_d", "bwd_w");
+  std::printf("%-12s %-24s %3s | %8s %8s %8s %8s | %8s %8s %8s | %6s %6s %6s  (ms | SGEMM ms / ours)\n", "net",
+              "shape", "n", "fwd", "bwd_d", "bwd_w", "bwd_w16", "gemm_f", "gemm_d", "gemm_w", "fwd", "bwd_d", "bwd_w");
   std::map<std::string, double> ours, ours_dense, gemm;
   for (const bench::Shape2& s : bench::all_shapes()) {
     const std::string full = s.net + "/" + s.name;
@@ -130,10 +132,16 @@ int main(int argc, char** argv) {
     const double tf = time_ms(reps, [&] { be->conv2d_forward(g, x.t, w.t, none, y.t, ws); });
     const double td = time_ms(reps, [&] { be->conv2d_backward_data(g, dy.t, w.t, dx.t, false, ws); });
     const double tw = time_ms(reps, [&] { be->conv2d_backward_weight(g, x.t, dy.t, dw.t, none, false, ws); });
+    void* x16p = nullptr;  // fp16 x: 0x3C3C, about 1.06, in every element
+    check(cudaMalloc(&x16p, size_t(g.N * g.C * g.H * g.W) * 2 + 16), "cudaMalloc");
+    check(cudaMemset(x16p, 0x3C, size_t(g.N * g.C * g.H * g.W) * 2), "cudaMemset");
+    const Tensor x16 = Tensor::contiguous(x16p, {g.N, g.C, g.H, g.W}, DType::F16, Device::CUDA);
+    const double tw16 = time_ms(reps, [&] { be->conv2d_backward_weight(g, x16, dy.t, dw.t, none, false, ws); });
+    cudaFree(x16p);
     ours[s.net] += double(s.count) * (tf + td + tw);
     if (s.groups != 1) {
-      std::printf("%-12s %-24s %3ld | %8.3f %8.3f %8.3f | (depthwise: no GEMM)\n", s.net.c_str(), s.name.c_str(),
-                  long(s.count), tf, td, tw);
+      std::printf("%-12s %-24s %3ld | %8.3f %8.3f %8.3f %8.3f | (depthwise: no GEMM)\n", s.net.c_str(),
+                  s.name.c_str(), long(s.count), tf, td, tw, tw16);
       cudaFree(wsp);
       continue;
     }
@@ -157,8 +165,8 @@ int main(int argc, char** argv) {
     const double gf = sgemm(M, L, CRS), gd = sgemm(CRS, L, M), gw = sgemm(M, CRS, L);
     gemm[s.net] += double(s.count) * (gf + gd + gw);
     ours_dense[s.net] += double(s.count) * (tf + td + tw);
-    std::printf("%-12s %-24s %3ld | %8.3f %8.3f %8.3f | %8.3f %8.3f %8.3f | %6.2f %6.2f %6.2f\n", s.net.c_str(),
-                s.name.c_str(), long(s.count), tf, td, tw, gf, gd, gw, gf / tf, gd / td, gw / tw);
+    std::printf("%-12s %-24s %3ld | %8.3f %8.3f %8.3f %8.3f | %8.3f %8.3f %8.3f | %6.2f %6.2f %6.2f\n",
+                s.net.c_str(), s.name.c_str(), long(s.count), tf, td, tw, tw16, gf, gd, gw, gf / tf, gd / td, gw / tw);
     std::fflush(stdout);
     cudaFree(A);
     cudaFree(B);
