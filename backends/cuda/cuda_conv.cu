@@ -53,8 +53,9 @@ using cuda_index::imod;
 __global__ void im2col_kernel(Geom g, const float* x, int64_t images, float* col) {
   const int64_t rows = g.C * g.R * g.S, PQ = g.P * g.Q, total = images * rows * PQ;
   ET_GRID_STRIDE(i, total) {
-    const int64_t b = i / (rows * PQ), row = i / PQ % rows, pq = i % PQ;
-    const int64_t c = row / (g.R * g.S), r = row / g.S % g.R, s = row % g.S, p = pq / g.Q, q = pq % g.Q;
+    const int64_t b = idiv(i, rows * PQ), row = imod(idiv(i, PQ), rows), pq = imod(i, PQ);
+    const int64_t c = idiv(row, g.R * g.S), r = imod(idiv(row, g.S), g.R), s = imod(row, g.S);
+    const int64_t p = idiv(pq, g.Q), q = imod(pq, g.Q);
     const int64_t h = p * g.sh - g.ph + r, w = q * g.sw - g.pw + s;
     col[i] = h >= 0 && h < g.H && w >= 0 && w < g.W ? x[((b * g.C + c) * g.H + h) * g.W + w] : 0.f;
   }
@@ -67,8 +68,9 @@ template <class X>
 __global__ void im2col_rows_kernel(Geom g, X x, int64_t n0, int64_t images, float* col) {
   const int64_t rows = g.C * g.R * g.S, PQ = g.P * g.Q, L = images * PQ, total = rows * L;
   ET_GRID_STRIDE(i, total) {
-    const int64_t row = i / L, b = i % L / PQ, pq = i % PQ;
-    const int64_t c = row / (g.R * g.S), r = row / g.S % g.R, s = row % g.S, p = pq / g.Q, q = pq % g.Q;
+    const int64_t row = idiv(i, L), b = idiv(imod(i, L), PQ), pq = imod(i, PQ);
+    const int64_t c = idiv(row, g.R * g.S), r = imod(idiv(row, g.S), g.R), s = imod(row, g.S);
+    const int64_t p = idiv(pq, g.Q), q = imod(pq, g.Q);
     const int64_t h = p * g.sh - g.ph + r, w = q * g.sw - g.pw + s;
     col[i] = h >= 0 && h < g.H && w >= 0 && w < g.W ? x[(((n0 + b) * g.C + c) * g.H + h) * g.W + w] : 0.f;
   }
@@ -76,7 +78,7 @@ __global__ void im2col_rows_kernel(Geom g, X x, int64_t n0, int64_t images, floa
 __global__ void dy_rows_kernel(const float* dy, int64_t images, int64_t K, int64_t PQ, float* dyt) {
   const int64_t L = images * PQ, total = K * L;
   ET_GRID_STRIDE(i, total) {
-    const int64_t k = i / L, b = i % L / PQ, pq = i % PQ;
+    const int64_t k = idiv(i, L), b = idiv(imod(i, L), PQ), pq = imod(i, PQ);
     dyt[i] = dy[(b * K + k) * PQ + pq];
   }
 }
@@ -85,15 +87,16 @@ __global__ void dy_rows_kernel(const float* dy, int64_t images, int64_t K, int64
 __global__ void col2im_kernel(Geom g, const float* col, int64_t images, float* dx, bool acc) {
   const int64_t rows = g.C * g.R * g.S, PQ = g.P * g.Q, total = images * g.C * g.H * g.W;
   ET_GRID_STRIDE(i, total) {
-    const int64_t b = i / (g.C * g.H * g.W), c = i / (g.H * g.W) % g.C, h = i / g.W % g.H, w = i % g.W;
+    const int64_t b = idiv(i, g.C * g.H * g.W), c = imod(idiv(i, g.H * g.W), g.C), h = imod(idiv(i, g.W), g.H);
+    const int64_t w = imod(i, g.W);
     float v = acc ? dx[i] : 0.f;
     for (int64_t r = 0; r < g.R; ++r) {
-      const int64_t ph = h + g.ph - r;
-      if (ph < 0 || ph % g.sh != 0 || ph / g.sh >= g.P) continue;
+      const int64_t ph = h + g.ph - r;  // (>= 0 where divided)
+      if (ph < 0 || imod(ph, g.sh) != 0 || idiv(ph, g.sh) >= g.P) continue;
       for (int64_t s = 0; s < g.S; ++s) {
         const int64_t pw = w + g.pw - s;
-        if (pw < 0 || pw % g.sw != 0 || pw / g.sw >= g.Q) continue;
-        v += col[(b * rows + (c * g.R + r) * g.S + s) * PQ + ph / g.sh * g.Q + pw / g.sw];
+        if (pw < 0 || imod(pw, g.sw) != 0 || idiv(pw, g.sw) >= g.Q) continue;
+        v += col[(b * rows + (c * g.R + r) * g.S + s) * PQ + idiv(ph, g.sh) * g.Q + idiv(pw, g.sw)];
       }
     }
     dx[i] = v;
@@ -102,7 +105,7 @@ __global__ void col2im_kernel(Geom g, const float* col, int64_t images, float* d
 
 // y [N, K, PQ] += b[k]
 __global__ void add_bias_kernel(float* y, const float* b, int64_t total, int64_t K, int64_t PQ) {
-  ET_GRID_STRIDE(i, total) y[i] += b[i / PQ % K];
+  ET_GRID_STRIDE(i, total) y[i] += b[imod(idiv(i, PQ), K)];
 }
 
 // db[k] (+)= sum over n and the PQ positions of dy [N, K, PQ]: one block per k.
@@ -110,7 +113,7 @@ __global__ void bias_grad_kernel(const float* dy, int64_t N, int64_t K, int64_t 
   __shared__ double part[kThreads];
   const int64_t k = blockIdx.x;
   double s = 0;
-  for (int64_t j = threadIdx.x; j < N * PQ; j += blockDim.x) s += dy[(j / PQ * K + k) * PQ + j % PQ];
+  for (int64_t j = threadIdx.x; j < N * PQ; j += blockDim.x) s += dy[(idiv(j, PQ) * K + k) * PQ + imod(j, PQ)];
   part[threadIdx.x] = s;
   __syncthreads();
   for (int t = kThreads / 2; t > 0; t /= 2) {
@@ -124,8 +127,8 @@ __global__ void bias_grad_kernel(const float* dy, int64_t N, int64_t K, int64_t 
 __global__ void grouped_forward_kernel(Geom g, const float* x, const float* w, int64_t N, float* y) {
   const int64_t Cg = g.C / g.groups, Kg = g.K / g.groups, total = N * g.K * g.P * g.Q;
   ET_GRID_STRIDE(i, total) {
-    const int64_t n = i / (g.K * g.P * g.Q), k = i / (g.P * g.Q) % g.K, p = i / g.Q % g.P, q = i % g.Q;
-    const int64_t c0 = k / Kg * Cg;
+    const int64_t n = idiv(i, g.K * g.P * g.Q), k = imod(idiv(i, g.P * g.Q), g.K), p = imod(idiv(i, g.Q), g.P);
+    const int64_t q = imod(i, g.Q), c0 = idiv(k, Kg) * Cg;
     float acc = 0.f;  // the bias is added after (add_bias_kernel), as on every path
     for (int64_t c = 0; c < Cg; ++c)
       for (int64_t r = 0; r < g.R; ++r) {
@@ -144,18 +147,18 @@ __global__ void grouped_forward_kernel(Geom g, const float* x, const float* w, i
 __global__ void grouped_backward_data_kernel(Geom g, const float* dy, const float* w, int64_t N, float* dx, bool acc) {
   const int64_t Cg = g.C / g.groups, Kg = g.K / g.groups, total = N * g.C * g.H * g.W;
   ET_GRID_STRIDE(i, total) {
-    const int64_t n = i / (g.C * g.H * g.W), c = i / (g.H * g.W) % g.C, h = i / g.W % g.H, ww = i % g.W;
-    const int64_t grp = c / Cg, cl = c % Cg;
+    const int64_t n = idiv(i, g.C * g.H * g.W), c = imod(idiv(i, g.H * g.W), g.C), h = imod(idiv(i, g.W), g.H);
+    const int64_t ww = imod(i, g.W), grp = idiv(c, Cg), cl = imod(c, Cg);
     float v = acc ? dx[i] : 0.f;
     for (int64_t kl = 0; kl < Kg; ++kl) {
       const int64_t k = grp * Kg + kl;
       for (int64_t r = 0; r < g.R; ++r) {
         const int64_t ph = h + g.ph - r;
-        if (ph < 0 || ph % g.sh != 0 || ph / g.sh >= g.P) continue;
+        if (ph < 0 || imod(ph, g.sh) != 0 || idiv(ph, g.sh) >= g.P) continue;
         for (int64_t s = 0; s < g.S; ++s) {
           const int64_t pw = ww + g.pw - s;
-          if (pw < 0 || pw % g.sw != 0 || pw / g.sw >= g.Q) continue;
-          v += dy[((n * g.K + k) * g.P + ph / g.sh) * g.Q + pw / g.sw] * w[((k * Cg + cl) * g.R + r) * g.S + s];
+          if (pw < 0 || imod(pw, g.sw) != 0 || idiv(pw, g.sw) >= g.Q) continue;
+          v += dy[((n * g.K + k) * g.P + idiv(ph, g.sh)) * g.Q + idiv(pw, g.sw)] * w[((k * Cg + cl) * g.R + r) * g.S + s];
         }
       }
     }
@@ -172,7 +175,7 @@ __global__ void grouped_backward_weight_kernel(Geom g, X x, const float* dy, int
   const int64_t k = e / (Cg * g.R * g.S), c = k / Kg * Cg + e / (g.R * g.S) % Cg, r = e / g.S % g.R, s = e % g.S;
   double sum = 0;
   for (int64_t j = threadIdx.x; j < N * g.P * g.Q; j += blockDim.x) {
-    const int64_t n = j / (g.P * g.Q), p = j / g.Q % g.P, q = j % g.Q;
+    const int64_t n = idiv(j, g.P * g.Q), p = imod(idiv(j, g.Q), g.P), q = imod(j, g.Q);
     const int64_t h = p * g.sh - g.ph + r, ww = q * g.sw - g.pw + s;
     if (h < 0 || h >= g.H || ww < 0 || ww >= g.W) continue;
     sum += double(x[((n * g.C + c) * g.H + h) * g.W + ww]) * double(dy[((n * g.K + k) * g.P + p) * g.Q + q]);
@@ -242,7 +245,7 @@ void grouped_backward_weight(cudaStream_t stream, const Conv2dGeom& g, X x, cons
 }
 
 // y [N, O] += b[o]; db[o] (+)= sum_n dy[n, o]
-__global__ void linear_bias_kernel(float* y, const float* b, int64_t total, int64_t O) { ET_GRID_STRIDE(i, total) y[i] += b[i % O]; }
+__global__ void linear_bias_kernel(float* y, const float* b, int64_t total, int64_t O) { ET_GRID_STRIDE(i, total) y[i] += b[imod(i, O)]; }
 __global__ void linear_bias_grad_kernel(const float* dy, int64_t N, int64_t O, float* db, bool acc) {
   ET_GRID_STRIDE(o, O) {
     float s = 0.f;

@@ -7,6 +7,7 @@
 #include <cstdint>
 
 #include "backends/backend.h"  // Conv2dGeom
+#include "backends/cuda/index_math.h"
 
 namespace et {
 namespace cuda_pool {
@@ -57,8 +58,8 @@ __device__ __forceinline__ float max_at(const Geom& g, const Value& value, int64
 __device__ __forceinline__ void covering(int64_t h, int64_t pad, int64_t R, int64_t stride, int64_t P, int64_t* lo,
                                          int64_t* hi) {
   const int64_t top = h + pad - R + 1;  // p * stride >= top
-  *lo = top <= 0 ? 0 : (top + stride - 1) / stride;
-  const int64_t last = (h + pad) / stride;
+  *lo = top <= 0 ? 0 : cuda_index::idiv(top + stride - 1, stride);
+  const int64_t last = cuda_index::idiv(h + pad, stride);
   *hi = last + 1 < P ? last + 1 : P;
 }
 

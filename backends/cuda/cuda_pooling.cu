@@ -8,6 +8,7 @@
 #include "backends/cuda/cuda_backend_impl.h"
 #include "backends/cuda/cuda_pool_window.h"
 #include "backends/cuda/cuda_stored_x.h"
+#include "backends/cuda/index_math.h"
 
 namespace et {
 
@@ -20,10 +21,12 @@ using cuda_pool::covering;
 using cuda_pool::Geom;
 using cuda_pool::geom_of;
 using cuda_pool::plane_values;
+using cuda_index::idiv;  // (backends/cuda/index_math.h: 32-bit divisions where they fit)
+using cuda_index::imod;
 
 __global__ void maxpool_forward_kernel(Geom g, int64_t total, const float* x, float* y) {
   ET_GRID_STRIDE(i, total) {
-    const int64_t plane = i / (g.P * g.Q), p = i / g.Q % g.P, q = i % g.Q;
+    const int64_t plane = idiv(i, g.P * g.Q), p = imod(idiv(i, g.Q), g.P), q = imod(i, g.Q);
     int64_t arg;
     y[i] = cuda_pool::max_at(g, plane_values(x, plane * g.H * g.W), p, q, &arg);
   }
@@ -33,7 +36,7 @@ __global__ void maxpool_forward_kernel(Geom g, int64_t total, const float* x, fl
 template <class X>
 __global__ void maxpool_backward_kernel(Geom g, int64_t total, X x, const float* dy, float* dx, bool acc) {
   ET_GRID_STRIDE(i, total) {
-    const int64_t plane = i / (g.H * g.W), h = i / g.W % g.H, w = i % g.W;
+    const int64_t plane = idiv(i, g.H * g.W), h = imod(idiv(i, g.W), g.H), w = imod(i, g.W);
     dx[i] = cuda_pool::max_gradient(g, plane_values(x, plane * g.H * g.W), dy + plane * g.P * g.Q, h, w,
                                     acc ? dx[i] : 0.f);
   }
@@ -41,7 +44,7 @@ __global__ void maxpool_backward_kernel(Geom g, int64_t total, X x, const float*
 
 __global__ void avgpool_forward_kernel(Geom g, int64_t total, const float* x, float* y) {
   ET_GRID_STRIDE(i, total) {
-    const int64_t plane = i / (g.P * g.Q), p = i / g.Q % g.P, q = i % g.Q;
+    const int64_t plane = idiv(i, g.P * g.Q), p = imod(idiv(i, g.Q), g.P), q = imod(i, g.Q);
     const float* xp = x + plane * g.H * g.W;
     float s = 0.f;
     for (int64_t r = 0; r < g.R; ++r) {
@@ -59,7 +62,7 @@ __global__ void avgpool_forward_kernel(Geom g, int64_t total, const float* x, fl
 __global__ void avgpool_backward_kernel(Geom g, int64_t total, const float* dy, float* dx, bool acc) {
   const float inv = 1.f / float(g.R * g.S);
   ET_GRID_STRIDE(i, total) {
-    const int64_t plane = i / (g.H * g.W), h = i / g.W % g.H, w = i % g.W;
+    const int64_t plane = idiv(i, g.H * g.W), h = imod(idiv(i, g.W), g.H), w = imod(i, g.W);
     const float* dyp = dy + plane * g.P * g.Q;
     int64_t p0, p1, q0, q1;
     covering(h, g.ph, g.R, g.sh, g.P, &p0, &p1);
@@ -84,7 +87,7 @@ __global__ void global_avg_forward_kernel(const float* x, int64_t planes, int64_
 
 __global__ void global_avg_backward_kernel(const float* dy, int64_t total, int64_t HW, float* dx, bool acc) {
   ET_GRID_STRIDE(i, total) {
-    const float v = dy[i / HW] / float(HW);
+    const float v = dy[idiv(i, HW)] / float(HW);
     dx[i] = acc ? dx[i] + v : v;
   }
 }
@@ -93,7 +96,8 @@ __global__ void subsample_pad_forward_kernel(const float* x, int64_t N, int64_t 
                                              int64_t P, int64_t Q, int64_t s, int64_t pad, float* y) {
   const int64_t total = N * K * P * Q;
   ET_GRID_STRIDE(i, total) {
-    const int64_t n = i / (K * P * Q), k = i / (P * Q) % K, p = i / Q % P, q = i % Q, c = k - pad;
+    const int64_t n = idiv(i, K * P * Q), k = imod(idiv(i, P * Q), K), p = imod(idiv(i, Q), P), q = imod(i, Q);
+    const int64_t c = k - pad;
     y[i] = c < 0 || c >= C ? 0.f : x[((n * C + c) * H + p * s) * W + q * s];
   }
 }
@@ -102,9 +106,10 @@ __global__ void subsample_pad_backward_kernel(const float* dy, int64_t N, int64_
                                               int64_t P, int64_t Q, int64_t s, int64_t pad, float* dx, bool acc) {
   const int64_t total = N * C * H * W;
   ET_GRID_STRIDE(i, total) {
-    const int64_t n = i / (C * H * W), c = i / (H * W) % C, h = i / W % H, w = i % W;
+    const int64_t n = idiv(i, C * H * W), c = imod(idiv(i, H * W), C), h = imod(idiv(i, W), H), w = imod(i, W);
     float v = acc ? dx[i] : 0.f;
-    if (h % s == 0 && w % s == 0 && h / s < P && w / s < Q) v += dy[((n * K + c + pad) * P + h / s) * Q + w / s];
+    if (imod(h, s) == 0 && imod(w, s) == 0 && idiv(h, s) < P && idiv(w, s) < Q)
+      v += dy[((n * K + c + pad) * P + idiv(h, s)) * Q + idiv(w, s)];
     dx[i] = v;
   }
 }
