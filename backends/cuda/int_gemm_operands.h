@@ -15,10 +15,14 @@
 #pragma once
 #include <cstdint>
 
+#include "backends/cuda/index_math.h"
 #include "quant/codes.h"
 
 namespace et {
 namespace int_gemm {
+
+using cuda_index::idiv;  // 32-bit divisions where the operands fit (index_math.h)
+using cuda_index::imod;
 
 // The geometry the conv operands need (Conv2dGeom's fields, no backend header).
 struct ConvShape {
@@ -60,13 +64,13 @@ struct ConvInputByTaps {
   const int8_t* x;
   ConvShape s;
   ET_HOST_DEVICE Pos row(int64_t i) const {
-    const int RS = s.taps(), c = int(i / RS), t = int(i % RS), r = t / s.S, u = t % s.S;
+    const int RS = s.taps(), c = int(idiv(i, RS)), t = int(imod(i, RS)), r = t / s.S, u = t % s.S;
     return Pos{(int64_t(c) * s.H + r) * s.W + u, r, u};
   }
   ET_HOST_DEVICE Pos col(int64_t j) const {
     const int PQ = s.P * s.Q;
-    const int64_t n = j / PQ;
-    const int pq = int(j % PQ), h = pq / s.Q * s.stride_h - s.pad_h, w = pq % s.Q * s.stride_w - s.pad_w;
+    const int64_t n = idiv(j, PQ);
+    const int pq = int(imod(j, PQ)), h = pq / s.Q * s.stride_h - s.pad_h, w = pq % s.Q * s.stride_w - s.pad_w;
     return Pos{n * s.C * s.H * s.W + int64_t(h) * s.W + w, h, w};
   }
   ET_HOST_DEVICE int get(const Pos& r, const Pos& c) const {
@@ -93,7 +97,7 @@ struct WeightsByInputChannel {
   ET_HOST_DEVICE Pos row(int64_t c) const { return Pos{c * s.taps(), 0, 0}; }
   ET_HOST_DEVICE Pos col(int64_t j) const {
     const int RS = s.taps();
-    return Pos{j / RS * s.C * RS + j % RS, 0, 0};
+    return Pos{idiv(j, RS) * s.C * RS + imod(j, RS), 0, 0};
   }
   ET_HOST_DEVICE int get(const Pos& r, const Pos& c) const { return w[r.off + c.off]; }
   ET_HOST_DEVICE int at(int64_t r, int64_t c) const { return get(row(r), col(c)); }
@@ -106,13 +110,13 @@ struct GradByTaps {
   const int8_t* g;
   ConvShape s;
   ET_HOST_DEVICE Pos row(int64_t i) const {
-    const int RS = s.taps(), k = int(i / RS), t = int(i % RS);
+    const int RS = s.taps(), k = int(idiv(i, RS)), t = int(imod(i, RS));
     return Pos{int64_t(k) * s.P * s.Q, t / s.S, t % s.S};
   }
   ET_HOST_DEVICE Pos col(int64_t j) const {
     const int HW = s.H * s.W;
-    const int64_t n = j / HW;
-    const int hw = int(j % HW);
+    const int64_t n = idiv(j, HW);
+    const int hw = int(imod(j, HW));
     return Pos{n * s.K * s.P * s.Q, hw / s.W + s.pad_h, hw % s.W + s.pad_w};
   }
   ET_HOST_DEVICE int get(const Pos& r, const Pos& c) const {
@@ -166,9 +170,9 @@ struct WeightsByPhaseTaps {
   DataGradPhase ph;
   ET_HOST_DEVICE Pos row(int64_t c) const { return Pos{c * s.taps(), 0, 0}; }
   ET_HOST_DEVICE Pos col(int64_t j) const {
-    const int T = ph.taps(), t = int(j % T), r = ph.a + t / ph.taps_w * s.stride_h,
+    const int T = ph.taps(), t = int(imod(j, T)), r = ph.a + t / ph.taps_w * s.stride_h,
               u = ph.b + t % ph.taps_w * s.stride_w;
-    return Pos{j / T * s.C * s.taps() + r * s.S + u, 0, 0};
+    return Pos{idiv(j, T) * s.C * s.taps() + r * s.S + u, 0, 0};
   }
   ET_HOST_DEVICE int get(const Pos& r, const Pos& c) const { return w[r.off + c.off]; }
   ET_HOST_DEVICE int at(int64_t r, int64_t c) const { return get(row(r), col(c)); }
@@ -183,12 +187,12 @@ struct GradByPhaseTaps {
   ConvShape s;
   DataGradPhase ph;
   ET_HOST_DEVICE Pos row(int64_t i) const {
-    const int T = ph.taps(), t = int(i % T);
-    return Pos{i / T * s.P * s.Q, t / ph.taps_w, t % ph.taps_w};
+    const int T = ph.taps(), t = int(imod(i, T));
+    return Pos{idiv(i, T) * s.P * s.Q, t / ph.taps_w, t % ph.taps_w};
   }
   ET_HOST_DEVICE Pos col(int64_t j) const {
-    const int n_pos = ph.positions(), uv = int(j % n_pos);
-    return Pos{j / n_pos * s.K * s.P * s.Q, ph.base_h + uv / ph.cols, ph.base_w + uv % ph.cols};
+    const int n_pos = ph.positions(), uv = int(imod(j, n_pos));
+    return Pos{idiv(j, n_pos) * s.K * s.P * s.Q, ph.base_h + uv / ph.cols, ph.base_w + uv % ph.cols};
   }
   ET_HOST_DEVICE int get(const Pos& r, const Pos& c) const {
     const int p = c.h - r.h, q = c.w - r.w;
@@ -204,9 +208,9 @@ struct PhaseOut {
   ConvShape s;
   DataGradPhase ph;
   ET_HOST_DEVICE int64_t at(int64_t m, int64_t n) const {
-    const int n_pos = ph.positions(), uv = int(n % n_pos);
+    const int n_pos = ph.positions(), uv = int(imod(n, n_pos));
     const int h = ph.h0 + uv / ph.cols * s.stride_h, w = ph.w0 + uv % ph.cols * s.stride_w;
-    return ((n / n_pos * channels + m) * s.H + h) * s.W + w;
+    return ((idiv(n, n_pos) * channels + m) * s.H + h) * s.W + w;
   }
 };
 
@@ -217,7 +221,7 @@ struct GradByPositions {
   ET_HOST_DEVICE Pos row(int64_t k) const { return Pos{k * s.P * s.Q, 0, 0}; }
   ET_HOST_DEVICE Pos col(int64_t j) const {
     const int PQ = s.P * s.Q;
-    return Pos{j / PQ * s.K * PQ + j % PQ, 0, 0};
+    return Pos{idiv(j, PQ) * s.K * PQ + imod(j, PQ), 0, 0};
   }
   ET_HOST_DEVICE int get(const Pos& r, const Pos& c) const { return g[r.off + c.off]; }
   ET_HOST_DEVICE int at(int64_t r, int64_t c) const { return get(row(r), col(c)); }
@@ -227,7 +231,7 @@ struct GradByPositions {
 // Forward: m = k, n = (img, p, q) -> y[img][k][p][q]; data gradient: m = c, n = (img, h, w).
 struct PlanesOut {
   int64_t channels, plane;  // channels of the output tensor, positions per plane
-  ET_HOST_DEVICE int64_t at(int64_t m, int64_t n) const { return (n / plane * channels + m) * plane + n % plane; }
+  ET_HOST_DEVICE int64_t at(int64_t m, int64_t n) const { return (idiv(n, plane) * channels + m) * plane + imod(n, plane); }
 };
 // Row-major C (the weight gradient, linear layers): m * ld + n.
 struct RowsOut {
