@@ -156,7 +156,7 @@ void unfold_side_bn(StackPlan& sp) {
 
 // The stack headed by node `head` (a BN), or an empty one; nodes already in a stack end it.
 // whole_tensors (FusionSpec): BN -> ReLU [-> max-pool], BN -> add [-> ReLU], a side BN folded as
-// on the CPU.
+// on the CPU (stacks without a BN: find_relu_stack, as on the CPU).
 StackPlan find_stack(const Graph& g, int head, const std::vector<uint8_t>& claimed, bool fold_side_bn,
                      bool whole_tensors) {
   StackPlan sp;
@@ -328,7 +328,7 @@ Plan plan(const Graph& g, const FusionSpec& spec) {
   for (int n = 0; n < g.num_nodes(); ++n) {
     if (claimed[size_t(n)]) continue;
     StackPlan sp = find_stack(g, n, claimed, spec.fold_side_bn && spec.tile == 0, spec.whole_tensors);
-    if (sp.nodes.size() < 2 && !spec.whole_tensors) sp = find_relu_stack(g, n, claimed);
+    if (sp.nodes.size() < 2) sp = find_relu_stack(g, n, claimed);
     if (sp.nodes.size() < 2) continue;
     FusedStack& s = sp.stack;
     // A last global pool needs whole planes in memory order: not small-plane blocks, slabs or bands.

@@ -1,7 +1,7 @@
 // The stacks a backend without the CPU's tiled kernels runs (FusionSpec::whole_tensors: the
 // CUDA backend's, backends/cuda/cuda_batchnorm.cu): BN -> ReLU [-> max-pool], BN -> add [-> ReLU],
 // each sweep its own, a projection shortcut's BN folded into its add's stack as on the CPU (not on
-// small planes). The plan's shape here; that such a plan trains
+// small planes); without a BN, ReLU -> pool as on the CPU. The plan's shape here; that such a plan trains
 // bit-identically to the layers on the CPU (the graph rewrite and the op's saves, independent of
 // the backend); the CUDA kernels against the CUDA layers in tests/cuda/test_cuda_fused.cpp.
 #include <catch2/catch.hpp>
@@ -75,6 +75,22 @@ TEST_CASE("fusion: the whole-tensor plan holds BN -> ReLU [-> max-pool] and BN -
     spec.fold_side_bn = false;
     for (const fusion::StackPlan& sp : fusion::plan(g, spec).stacks) CHECK_FALSE(sp.stack.side_bn);
   }
+  // VGG-11 without BN: its five ReLU -> 2x2 max-pool stacks, as the CPU's plan has them.
+  {
+    Graph v;
+    build_model(v, spec_of("vgg11", 4, 32, false));
+    FusionSpec spec;
+    spec.enabled = spec.whole_tensors = true;
+    int relu_pool = 0;
+    for (const fusion::StackPlan& sp : fusion::plan(v, spec).stacks) {
+      if (!sp.fused) continue;
+      REQUIRE_FALSE(sp.stack.headed_by_bn());
+      CHECK(sp.stack.stages.size() == 2);
+      CHECK(sp.stack.stages[1].kind == FusedKind::MaxPool);
+      ++relu_pool;
+    }
+    CHECK(relu_pool == 5);
+  }
   Graph g;
   build_model(g, spec_of("resnet20", 4, 32, false));
   FusionSpec full;
@@ -91,9 +107,10 @@ TEST_CASE("fusion: a whole-tensor plan trains bit-identically to the layers", "[
   // MobileNet-V2 on 16x16 images (BN -> add, small planes), VGG-11-BN on 32x32 ones (BN -> ReLU ->
   // max-pool), in the stashes whose masks reach the stacks differently: y kept dense, the bitmap
   // stash's mask, recomputation.
-  for (const char* model : {"resnet8", "mobilenetv2", "vgg11_bn"}) {
+  // VGG-11 without BN (ReLU -> max-pool, the pass bits) too.
+  for (const char* model : {"resnet8", "mobilenetv2", "vgg11_bn", "vgg11"}) {
     INFO(model);
-    const int64_t side = std::string(model) == "vgg11_bn" ? 32 : 16;
+    const int64_t side = std::string(model).rfind("vgg11", 0) == 0 ? 32 : 16;
     Graph plain, fused;
     build_model(plain, spec_of(model, 2, side, false));
     build_model(fused, whole_tensors_spec(model, 2, side));

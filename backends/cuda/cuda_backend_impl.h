@@ -18,6 +18,8 @@
 namespace et {
 namespace cuda {
 
+struct OutputMask;  // cuda_fused_output.h
+
 void check(cudaError_t e, const char* what);
 void check(cublasStatus_t s, const char* what);
 // After a launch: a launch error names the kernel.
@@ -154,6 +156,13 @@ class CudaBackend final : public Backend {
   // A device counter for reductions that come back to the host (zeroed before each use).
   unsigned long long* counter();
   int64_t read_counter();
+  // The kernel arguments for y's bitmap of n outputs where `mask` asks for one (else none), its
+  // bits counted in counter() (cuda_fused_output.h).
+  cuda::OutputMask output_mask(MaskOut* mask, int64_t n);
+  // Fused stacks without a BN (cuda_relu_pool.cu): ReLU, then a pool with windows that do not
+  // overlap; the pass bits (FusedTensors::pass) carry what the backward needs.
+  void relu_pool_forward(const FusedStack& s, FusedTensors& t, bool training, MaskOut* mask);
+  void relu_pool_backward(const FusedStack& s, const FusedTensors& t, FusedGrads& g);
   // After a kernel wrote a bitmap and counted its bits in counter(): the count into the stash's
   // slot (its fixed layout, the CUDA codec's: no wait), else mask.kept, read back.
   void take_mask_count(MaskOut& mask);

@@ -12,6 +12,7 @@
 // bits. The backward (the layer's and the stacks') reads x as the stash keeps it (fp16 / bf16,
 // cuda_stored_x.h), without a decode buffer.
 #include "backends/cuda/cuda_backend_impl.h"
+#include "backends/cuda/cuda_fused_output.h"
 #include "backends/cuda/cuda_pool_window.h"
 #include "backends/cuda/cuda_stored_x.h"
 #include "backends/cuda/index_math.h"
@@ -24,6 +25,7 @@ namespace {
 constexpr int kBnThreads = 256;
 using cuda_index::idiv;  // (backends/cuda/index_math.h: 32-bit divisions where they fit)
 using cuda_index::imod;
+using cuda::fused_forward_kernel;
 
 // Block-wide sums of two doubles; every thread gets them.
 __device__ void block_sum2(double& a, double& b) {
@@ -281,31 +283,6 @@ struct PooledOut {
   }
 };
 
-// The forward's pass over its n outputs (the BN layer's, a fused stack's); with bits32, y's bitmap as relu_mask_kernel
-// writes it (256 outputs a block step, 8 ballots; kept counts the set bits).
-template <class Out>
-__global__ void fused_forward_kernel(Out out, int64_t n, float* y, uint32_t threshold, uint32_t* bits32,
-                                     int64_t words32, unsigned long long* kept) {
-  unsigned long long local = 0;
-  const int64_t steps = bits32 ? (words32 * 32 + 255) / 256 : (n + 255) / 256;
-  for (int64_t k = blockIdx.x; k < steps; k += gridDim.x) {
-    const int64_t i = k * 256 + threadIdx.x;
-    float v = 0.f;
-    if (i < n) {
-      v = out(i);
-      y[i] = v;
-    }
-    if (bits32) {
-      const unsigned ballot = __ballot_sync(0xFFFFFFFFu, i < n && __float_as_uint(v) >= threshold);
-      if ((threadIdx.x & 31) == 0 && i / 32 < words32) {
-        bits32[i / 32] = ballot;
-        local += __popc(ballot);
-      }
-    }
-  }
-  if (local) atomicAdd(kept, local);
-}
-
 // dz of a fused BN -> ReLU -> max-pool at input i: where its ReLU passed, what the windows it won
 // send it (maxpool_backward_kernel's sum, then relu_backward's mask: the ReLU's output > 0), the
 // pool's input found again from x with the forward's coefficients (coef: scale [C], shift [C]).
@@ -404,7 +381,7 @@ void CudaBackend::batchnorm_forward_train(const Tensor& x, const Tensor& gamma, 
                    opt(running_var), momentum, eps, mean.f32(), invstd.f32(), coef);
   const ChannelCoefficients k{coef, nullptr, nullptr, nullptr, nullptr, eps, C};
   fused_forward_kernel<<<cuda::blocks_for(x.numel()), 256, 0, stream_>>>(
-      ElementwiseOut{x.f32(), nullptr, k, HW, false, false, k}, x.numel(), y.f32(), 0u, nullptr, 0, nullptr);
+      ElementwiseOut{x.f32(), nullptr, k, HW, false, false, k}, x.numel(), y.f32(), cuda::OutputMask{});
   cuda::launched("batchnorm_forward_train (apply)");
 }
 
@@ -413,7 +390,7 @@ void CudaBackend::batchnorm_forward_eval(const Tensor& x, const Tensor& gamma, c
   const int64_t C = x.dim(1), HW = x.dim(2) * x.dim(3);
   const ChannelCoefficients k{nullptr, gamma.f32(), beta.f32(), running_mean.f32(), running_var.f32(), eps, C};
   fused_forward_kernel<<<cuda::blocks_for(x.numel()), 256, 0, stream_>>>(
-      ElementwiseOut{x.f32(), nullptr, k, HW, false, false, k}, x.numel(), y.f32(), 0u, nullptr, 0, nullptr);
+      ElementwiseOut{x.f32(), nullptr, k, HW, false, false, k}, x.numel(), y.f32(), cuda::OutputMask{});
   cuda::launched("batchnorm_forward_eval");
 }
 
@@ -498,7 +475,19 @@ cuda_pool::Geom pool_geom(const FusedStack& s) {
 
 size_t CudaBackend::fused_workspace_bytes(const FusedStack&, int64_t) const { return 0; }  // bn_scratch
 
+cuda::OutputMask CudaBackend::output_mask(MaskOut* mask, int64_t n) {
+  cuda::OutputMask m;
+  if (!mask || !mask->bits) return m;
+  ET_CHECK(mask->prune_threshold >= 0.f, "prune threshold ", mask->prune_threshold);
+  m.threshold = bitmap::keep_threshold_bits(mask->prune_threshold);
+  m.bits32 = reinterpret_cast<uint32_t*>(mask->bits);
+  m.words32 = (n + 63) / 64 * 2;
+  m.kept = counter();
+  return m;
+}
+
 void CudaBackend::fused_forward(const FusedStack& s, FusedTensors& t, bool training, MaskOut* mask, Workspace) {
+  if (!s.headed_by_bn()) return relu_pool_forward(s, t, training, mask);
   const StackForm f = stack_form(s);
   ET_CHECK(!t.x_sums.defined() && !t.y_sums.defined() && !t.side_x_sums.defined(),
            "cuda: fused stacks take no plane sums");
@@ -527,30 +516,19 @@ void CudaBackend::fused_forward(const FusedStack& s, FusedTensors& t, bool train
     k2.rv = opt(t.side_running_var);
   }
   // y's bitmap where the stash (or the stack's aux) asks for it, relu_forward's way.
-  const bool bits = training && mask && mask->bits && (f.relu || f.pool);
-  uint32_t threshold = 0;
-  int64_t words32 = 0;
-  unsigned long long* kept = nullptr;
-  if (bits) {
-    ET_CHECK(mask->prune_threshold >= 0.f, "prune threshold ", mask->prune_threshold);
-    threshold = bitmap::keep_threshold_bits(mask->prune_threshold);
-    words32 = (n + 63) / 64 * 2;
-    kept = counter();
-  }
-  uint32_t* bits32 = bits ? reinterpret_cast<uint32_t*>(mask->bits) : nullptr;
-  const unsigned blocks = cuda::blocks_for(bits ? words32 * 32 : n);
+  const cuda::OutputMask m = output_mask(training && (f.relu || f.pool) ? mask : nullptr, n);
+  const unsigned blocks = cuda::output_blocks(n, m);
   if (f.pool)
-    fused_forward_kernel<<<blocks, 256, 0, stream_>>>(PooledOut{t.x.f32(), k, pool_geom(s)}, n, t.y.f32(), threshold,
-                                                      bits32, words32, kept);
+    fused_forward_kernel<<<blocks, 256, 0, stream_>>>(PooledOut{t.x.f32(), k, pool_geom(s)}, n, t.y.f32(), m);
   else
     fused_forward_kernel<<<blocks, 256, 0, stream_>>>(
-        ElementwiseOut{t.x.f32(), f.add ? t.side.f32() : nullptr, k, HW, f.relu, f.side_bn, k2}, n, t.y.f32(),
-        threshold, bits32, words32, kept);
+        ElementwiseOut{t.x.f32(), f.add ? t.side.f32() : nullptr, k, HW, f.relu, f.side_bn, k2}, n, t.y.f32(), m);
   cuda::launched("fused_forward (apply)");
-  if (bits) take_mask_count(*mask);
+  if (m.bits32) take_mask_count(*mask);
 }
 
 void CudaBackend::fused_backward(const FusedStack& s, const FusedTensors& t, FusedGrads& g, Workspace) {
+  if (!s.headed_by_bn()) return relu_pool_backward(s, t, g);
   const StackForm f = stack_form(s);
   ET_CHECK(!g.dz_sums.defined() && !g.dy_coef.defined() && !g.dx_coef.defined(),
            "cuda: a fused stack's sweep done elsewhere");

@@ -5,6 +5,8 @@
 // registers instead of memory, so fused and unfused steps agree bit for bit: in the stashes that
 // give the stacks the ReLU's mask differently (y kept dense, the bitmap stash, y recomputed), in
 // evaluation, and with the step recorded as a CUDA graph.
+#include <cuda_runtime.h>
+
 #include <catch2/catch.hpp>
 
 #include <cstring>
@@ -15,6 +17,7 @@
 #include "backends/backend.h"
 #include "backends/cuda/cuda_backend.h"
 #include "engine/executor.h"
+#include "engine/fused_stack.h"
 #include "engine/host_view.h"
 #include "engine/init.h"
 #include "engine/step_replay.h"
@@ -150,6 +153,116 @@ TEST_CASE("cuda: fused stacks with a folded side BN train bit-identically to the
       fused.ex->forward(5, false);
       CHECK(fused.ex->loss() == plain.ex->loss());
     }
+  }
+}
+
+TEST_CASE("cuda: fused stacks without a BN (ReLU -> pool) train bit-identically to the layers", "[cuda][fusion]") {
+  // VGG-11 without BN: its five ReLU -> 2x2 max-pool stacks keep one pass bit an element of x
+  // instead of the ReLU's output. Dense and bitmap stashes (y's bitmap written by the stack),
+  // recomputation (the forward, pass bits included, runs again).
+  const std::unique_ptr<Backend> be = make_cuda_backend(0);
+  for (StashFormat f : {StashFormat::DenseF32, StashFormat::BitmapF32}) {
+    for (int every : {0, 1}) {
+      INFO("stash " << stash_format_name(f) << ", checkpoint_every " << every);
+      StashOptions so;
+      so.format = f;
+      so.checkpoint_every = every;
+      FusedRun plain(*be, so, "vgg11", false), fused(*be, so, "vgg11", true);
+      REQUIRE(fused.fused_nodes() == 5);
+      for (int s = 0; s < 3; ++s) {
+        for (FusedRun* r : {&plain, &fused}) {
+          r->fill(s);
+          r->ex->forward(r->batch, true);
+          r->ex->backward();
+        }
+        CHECK(fused.ex->loss() == plain.ex->loss());
+        CHECK((state_bytes(fused) == state_bytes(plain)));
+        for (FusedRun* r : {&plain, &fused}) REQUIRE(sgd_update(*r->ex, SgdOptions{0.9f, 5e-4f, false}, 0.05f, s == 0));
+      }
+      plain.ex->forward(5, false);
+      fused.ex->forward(5, false);
+      CHECK(fused.ex->loss() == plain.ex->loss());
+    }
+  }
+}
+
+TEST_CASE("cuda: a ReLU -> pool stack equals the ReLU and pool layers: max and average, padding, gaps", "[cuda][fusion]") {
+  // The kernels on their own, against the CUDA layers (relu_forward, the pool, its backward,
+  // relu_backward over the ReLU's output): windows with padding, gaps between windows (stride >
+  // window), odd planes, accumulating dx or not.
+  const std::unique_ptr<Backend> be = make_cuda_backend(0);
+  struct Case {
+    FusedKind kind;
+    int64_t R, stride, pad, H, W;
+  };
+  for (const Case& k : {Case{FusedKind::MaxPool, 2, 2, 0, 8, 8}, Case{FusedKind::MaxPool, 2, 3, 1, 11, 7},
+                        Case{FusedKind::AvgPool, 2, 2, 0, 9, 8}, Case{FusedKind::AvgPool, 3, 3, 1, 10, 13}}) {
+    Conv2dGeom g;
+    g.N = 3, g.C = 5, g.H = k.H, g.W = k.W, g.K = 5, g.R = g.S = k.R, g.stride_h = g.stride_w = k.stride;
+    g.pad_h = g.pad_w = k.pad;
+    g.infer_output();
+    const bool max = k.kind == FusedKind::MaxPool;
+    INFO((max ? "max" : "average") << " " << k.R << "x" << k.R << " / " << k.stride << ", pad " << k.pad << ", "
+                                   << k.H << "x" << k.W);
+    FusedStage relu = fused_stage(FusedKind::Relu), pool = fused_stage(k.kind);
+    relu.H = relu.P = pool.H = g.H;
+    relu.W = relu.Q = pool.W = g.W;
+    pool.P = g.P, pool.Q = g.Q;
+    pool.pool.R = pool.pool.S = g.R, pool.pool.stride_h = pool.pool.stride_w = g.stride_h;
+    pool.pool.pad_h = pool.pool.pad_w = g.pad_h;
+    FusedStack s;
+    s.C = g.C;
+    s.stages = {relu, pool};
+    const int64_t nx = g.N * g.C * g.H * g.W, ny = g.N * g.C * g.P * g.Q;
+    const int64_t pass_bytes = g.N * g.C * pass_words_per_plane(relu) * 8;
+    std::vector<float> hx(static_cast<size_t>(nx)), hdy(static_cast<size_t>(ny)), hdx(static_cast<size_t>(nx));
+    for (int64_t i = 0; i < nx; ++i) hx[size_t(i)] = i % 7 == 3 ? 0.f : float((i * 37) % 29) / 7.f - 2.f;  // ties, zeros
+    for (int64_t i = 0; i < ny; ++i) hdy[size_t(i)] = float((i * 13) % 17) / 5.f - 1.5f;
+    for (int64_t i = 0; i < nx; ++i) hdx[size_t(i)] = float(i % 5) - 2.f;
+    float *x, *r, *y, *y2, *dy, *dr, *dx, *dx2;
+    void* pass;
+    for (float** p : {&x, &r, &dr, &dx, &dx2}) REQUIRE(cudaMalloc(p, size_t(nx) * 4) == cudaSuccess);
+    for (float** p : {&y, &y2, &dy}) REQUIRE(cudaMalloc(p, size_t(ny) * 4) == cudaSuccess);
+    REQUIRE(cudaMalloc(&pass, size_t(pass_bytes)) == cudaSuccess);
+    REQUIRE(cudaMemcpy(x, hx.data(), size_t(nx) * 4, cudaMemcpyHostToDevice) == cudaSuccess);
+    REQUIRE(cudaMemcpy(dy, hdy.data(), size_t(ny) * 4, cudaMemcpyHostToDevice) == cudaSuccess);
+    auto t = [](void* p, const Shape& sh, DType d = DType::F32) { return Tensor::contiguous(p, sh, d, Device::CUDA); };
+    const Shape xs{g.N, g.C, g.H, g.W}, ys{g.N, g.C, g.P, g.Q};
+    Tensor tx = t(x, xs), tr = t(r, xs), ty = t(y, ys), ty2 = t(y2, ys), tdy = t(dy, ys), tdr = t(dr, xs),
+           tdx = t(dx, xs), tdx2 = t(dx2, xs);
+    // The layers.
+    be->relu_forward(tx, tr);
+    if (max) be->maxpool2d_forward(g, tr, ty);
+    else be->avgpool2d_forward(g, tr, ty);
+    // The stack.
+    FusedTensors ft;
+    ft.x = tx, ft.y = ty2, ft.pass = t(pass, {g.N, pass_bytes / g.N}, DType::U8);
+    be->fused_forward(s, ft, true, nullptr, Workspace{});
+    auto values = [](const float* p, int64_t n) {
+      std::vector<float> v(static_cast<size_t>(n));
+      REQUIRE(cudaMemcpy(v.data(), p, size_t(n) * 4, cudaMemcpyDeviceToHost) == cudaSuccess);
+      return v;
+    };
+    CHECK(values(y2, ny) == values(y, ny));
+    for (bool acc : {false, true}) {
+      REQUIRE(cudaMemcpy(dx, hdx.data(), size_t(nx) * 4, cudaMemcpyHostToDevice) == cudaSuccess);
+      REQUIRE(cudaMemcpy(dx2, hdx.data(), size_t(nx) * 4, cudaMemcpyHostToDevice) == cudaSuccess);
+      if (max) be->maxpool2d_backward(g, tdy, tr, tdr, false, Workspace{});
+      else be->avgpool2d_backward(g, tdy, tdr, false);
+      MaskView m;
+      m.dense = tr;
+      m.numel = nx;
+      be->relu_backward(tdr, m, tdx, acc);
+      FusedGrads fg;
+      fg.dy = tdy, fg.dx = tdx2, fg.dx_accumulate = acc;
+      FusedTensors bt;
+      bt.pass = ft.pass;
+      be->fused_backward(s, bt, fg, Workspace{});
+      const std::vector<float> a = values(dx2, nx), b = values(dx, nx);
+      CHECK(std::memcmp(a.data(), b.data(), size_t(nx) * 4) == 0);
+    }
+    for (float* p : {x, r, y, y2, dy, dr, dx, dx2}) cudaFree(p);
+    cudaFree(pass);
   }
 }
 
