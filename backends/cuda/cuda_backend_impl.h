@@ -108,6 +108,8 @@ class CudaBackend final : public Backend {
   size_t fused_workspace_bytes(const FusedStack& s, int64_t batch) const override;
   void fused_forward(const FusedStack& s, FusedTensors& t, bool training, MaskOut* mask, Workspace ws) override;
   DTypeSet fused_backward_reads() const override { return batchnorm_backward_reads(); }
+  bool fused_recomputes(const FusedStack& s) const override;
+  void fused_recompute_output(const FusedStack& s, const FusedTensors& t, Tensor& y) override;
   void fused_backward(const FusedStack& s, const FusedTensors& t, FusedGrads& g, Workspace ws) override;
 
   void softmax_xent_forward(const Tensor& logits, const Tensor& labels, float smoothing, Tensor& loss) override;

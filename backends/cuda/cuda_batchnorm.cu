@@ -152,6 +152,17 @@ __global__ void bn_train_coefficients_kernel(const double* partials, int64_t P, 
   }
 }
 
+// y = relu(x * scale + shift) of a BN -> ReLU stack again from its x (memory.recompute_stack_outputs),
+// as ElementwiseOut computed it in the forward (coef: the forward's scale [C], shift [C]).
+template <class X>
+__global__ void bn_relu_recompute_kernel(X x, const float* coef, int64_t n, int64_t C, int64_t HW, float* y) {
+  ET_GRID_STRIDE(i, n) {
+    const int64_t c = imod(idiv(i, HW), C);
+    const float v = __fmaf_rn(x[i], coef[c], coef[C + c]);
+    y[i] = v > 0.f ? v : 0.f;
+  }
+}
+
 // The same coefficients from the statistics a training forward left (a fused stack's backward).
 __global__ void bn_saved_coefficients_kernel(int64_t C, const float* gamma, const float* beta, const float* mean,
                                              const float* invstd, float* coef) {
@@ -525,6 +536,29 @@ void CudaBackend::fused_forward(const FusedStack& s, FusedTensors& t, bool train
         ElementwiseOut{t.x.f32(), f.add ? t.side.f32() : nullptr, k, HW, f.relu, f.side_bn, k2}, n, t.y.f32(), m);
   cuda::launched("fused_forward (apply)");
   if (m.bits32) take_mask_count(*mask);
+}
+
+// BN -> ReLU: y is the forward's FMA with its channel's coefficients (from the statistics the
+// forward left, computed as the forward computed them), then the ReLU: bit for bit where x is exact.
+bool CudaBackend::fused_recomputes(const FusedStack& s) const {
+  return s.headed_by_bn() && s.stages.size() == 2 && s.stages[1].kind == FusedKind::Relu && !s.side_bn;
+}
+
+void CudaBackend::fused_recompute_output(const FusedStack& s, const FusedTensors& t, Tensor& y) {
+  ET_CHECK(fused_recomputes(s), "cuda: no output recompute for this fused stack");
+  const int64_t N = t.x.dim(0), C = s.C, HW = t.x.dim(2) * t.x.dim(3), n = N * C * HW;
+  ET_CHECK(y.numel() == n && y.dtype == DType::F32, "cuda: fused stack recompute into ", y.shape.str());
+  ET_CHECK(dtype_in(t.x.dtype, fused_backward_reads()), "cuda: fused stack x dtype ", dtype_name(t.x.dtype));
+  // The forward's room in bn_scratch is at least C doubles (2C floats) already: no growth here,
+  // inside another node's backward or a record.
+  float* coef = reinterpret_cast<float*>(bn_scratch(C));
+  bn_saved_coefficients_kernel<<<cuda::blocks_for(C), cuda::kThreads, 0, stream_>>>(
+      C, t.gamma.f32(), t.beta.f32(), t.mean.f32(), t.invstd.f32(), coef);
+  cuda::launched("fused_recompute_output (coefficients)");
+  cuda::with_stored_x(t.x, *codec_, "fused_recompute_output", [&](auto xs) {
+    bn_relu_recompute_kernel<<<cuda::blocks_for(n), cuda::kThreads, 0, stream_>>>(xs, coef, n, C, HW, y.f32());
+  });
+  cuda::launched("fused_recompute_output");
 }
 
 void CudaBackend::fused_backward(const FusedStack& s, const FusedTensors& t, FusedGrads& g, Workspace) {

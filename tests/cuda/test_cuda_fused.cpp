@@ -266,28 +266,60 @@ TEST_CASE("cuda: a ReLU -> pool stack equals the ReLU and pool layers: max and a
   }
 }
 
-TEST_CASE("cuda: a recorded step with fused stacks equals the fused step run op by op", "[cuda][fusion][replay]") {
+TEST_CASE("cuda: fused stacks recompute their outputs for their readers' backward, bit for bit",
+          "[cuda][fusion]") {
+  // memory.recompute_stack_outputs: a BN -> ReLU stack's y is not kept; its readers' backward gets
+  // it from the x the stack keeps (CudaBackend::fused_recompute_output). Where x is kept exact
+  // (dense_fp32, bitmap_fp32) the steps equal those that keep y, bit for bit.
   const std::unique_ptr<Backend> be = make_cuda_backend(0);
-  StashOptions so;  // dense: the ReLU's mask is y itself, nothing counted on the host
-  FusedRun direct(*be, so, "resnet20", true), rec(*be, so, "resnet20", true);
-  REQUIRE(StepReplay::unsupported(*rec.ex) == "");
-  StepReplay replay(*rec.ex, true, 1);
-  for (int s = 0; s < 4; ++s) {
-    direct.fill(s);
-    rec.fill(s);
-    direct.ex->forward(direct.batch, true);
-    direct.ex->backward();
-    if (!replay.try_step(rec.batch)) {
-      rec.ex->forward(rec.batch, true);
-      rec.ex->backward();
+  for (StashFormat f : {StashFormat::DenseF32, StashFormat::BitmapF32}) {
+    INFO("stash " << stash_format_name(f));
+    StashOptions kept, recomputed;
+    kept.format = recomputed.format = f;
+    recomputed.recompute_stack_outputs = true;
+    FusedRun a(*be, kept, "resnet8", true), b(*be, recomputed, "resnet8", true);
+    CHECK(b.ex->memory().unpack > a.ex->memory().unpack);  // y's buffer for its readers' backward
+    for (int s = 0; s < 3; ++s) {
+      for (FusedRun* r : {&a, &b}) {
+        r->fill(s);
+        r->ex->forward(r->batch, true);
+        r->ex->backward();
+      }
+      CHECK(b.ex->loss() == a.ex->loss());
+      CHECK((state_bytes(b) == state_bytes(a)));
+      for (FusedRun* r : {&a, &b}) REQUIRE(sgd_update(*r->ex, SgdOptions{0.9f, 5e-4f, false}, 0.05f, s == 0));
     }
-    CHECK(replay.why_not() == "");
-    CHECK(rec.ex->loss() == direct.ex->loss());
-    REQUIRE(sgd_update(*direct.ex, SgdOptions{0.9f, 5e-4f, false}, 0.05f, s == 0));
-    REQUIRE(sgd_update(*rec.ex, SgdOptions{0.9f, 5e-4f, false}, 0.05f, s == 0));
   }
-  CHECK(replay.replaying());
-  CHECK((state_bytes(rec) == state_bytes(direct)));
+}
+
+TEST_CASE("cuda: a recorded step with fused stacks equals the fused step run op by op", "[cuda][fusion][replay]") {
+  // Dense: the ReLU's mask is y itself, nothing counted on the host; then with the stacks'
+  // outputs recomputed for their readers' backward (memory.recompute_stack_outputs), recorded too.
+  const std::unique_ptr<Backend> be = make_cuda_backend(0);
+  for (bool recompute : {false, true}) {
+    INFO("recompute_stack_outputs " << recompute);
+    StashOptions so;
+    so.recompute_stack_outputs = recompute;
+    FusedRun direct(*be, so, "resnet20", true), rec(*be, so, "resnet20", true);
+    REQUIRE(StepReplay::unsupported(*rec.ex) == "");
+    StepReplay replay(*rec.ex, true, 1);
+    for (int s = 0; s < 4; ++s) {
+      direct.fill(s);
+      rec.fill(s);
+      direct.ex->forward(direct.batch, true);
+      direct.ex->backward();
+      if (!replay.try_step(rec.batch)) {
+        rec.ex->forward(rec.batch, true);
+        rec.ex->backward();
+      }
+      CHECK(replay.why_not() == "");
+      CHECK(rec.ex->loss() == direct.ex->loss());
+      REQUIRE(sgd_update(*direct.ex, SgdOptions{0.9f, 5e-4f, false}, 0.05f, s == 0));
+      REQUIRE(sgd_update(*rec.ex, SgdOptions{0.9f, 5e-4f, false}, 0.05f, s == 0));
+    }
+    CHECK(replay.replaying());
+    CHECK((state_bytes(rec) == state_bytes(direct)));
+  }
 }
 
 TEST_CASE("cuda: fused stacks equal the layers with pruned bitmaps and a batch below the planned one",
