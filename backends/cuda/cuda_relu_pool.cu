@@ -64,28 +64,28 @@ __device__ __forceinline__ int64_t window_of(int64_t i, int64_t stride, int64_t 
   return i + pad - o * stride < window && o < outputs ? o : -1;
 }
 
-// One thread per 64-bit word of a plane's pass bits (wpp words a plane, planes * wpp in all).
+// The pass bits: one thread per element of each plane's word run (planes * wpp * 64 threads, the
+// elements past a plane's end unset), 32 bits a ballot, written as the 32-bit halves of the plane's
+// 64-bit words (little-endian, as the CPU reads them), so a warp reads 32 neighbouring elements.
 __global__ void pass_bits_kernel(const float* x, cuda_pool::Geom g, bool max, int64_t planes, int64_t wpp,
-                                 uint64_t* pass) {
-  const int64_t HW = g.H * g.W;
-  ET_GRID_STRIDE(k, planes * wpp) {
-    const int64_t plane = idiv(k, wpp), i0 = imod(k, wpp) * 64;
-    const ReluPlane r{x, plane * HW};
-    uint64_t bits = 0;
-    for (int64_t t = 0; t < 64 && i0 + t < HW; ++t) {
-      const int64_t i = i0 + t;
-      if (!(r(i) > 0.f)) continue;
-      if (max) {  // only the first maximum of the window holding it
+                                 uint32_t* pass32) {
+  const int64_t HW = g.H * g.W, run = wpp * 64;
+  ET_GRID_STRIDE(k, planes * run) {  // planes * run is a multiple of 64: every warp runs whole
+    const int64_t plane = idiv(k, run), i = imod(k, run);
+    bool on = false;
+    if (i < HW) {
+      const ReluPlane r{x, plane * HW};
+      on = r(i) > 0.f;
+      if (on && max) {  // only the first maximum of the window holding it
         const int64_t h = idiv(i, g.W), w = imod(i, g.W);
         const int64_t p = window_of(h, g.sh, g.ph, g.R, g.P), q = window_of(w, g.sw, g.pw, g.S, g.Q);
-        if (p < 0 || q < 0) continue;
-        int64_t arg;
-        cuda_pool::max_at(g, r, p, q, &arg);
-        if (arg != i) continue;
+        int64_t arg = -1;
+        if (p >= 0 && q >= 0) cuda_pool::max_at(g, r, p, q, &arg);
+        on = arg == i;
       }
-      bits |= uint64_t(1) << t;
     }
-    pass[k] = bits;
+    const unsigned bits = __ballot_sync(0xFFFFFFFFu, on);
+    if ((threadIdx.x & 31) == 0) pass32[k / 32] = bits;
   }
 }
 
@@ -136,8 +136,8 @@ void CudaBackend::relu_pool_forward(const FusedStack& s, FusedTensors& t, bool t
   if (m.bits32) take_mask_count(*mask);
   if (!training) return;
   ET_CHECK(t.pass.defined() && t.pass.nbytes() >= size_t(planes * wpp * 8), "cuda: fused stack pass bits");
-  pass_bits_kernel<<<cuda::blocks_for(planes * wpp), cuda::kThreads, 0, stream_>>>(
-      t.x.f32(), g, max, planes, wpp, static_cast<uint64_t*>(t.pass.data));
+  pass_bits_kernel<<<cuda::blocks_for(planes * wpp * 64), cuda::kThreads, 0, stream_>>>(
+      t.x.f32(), g, max, planes, wpp, static_cast<uint32_t*>(t.pass.data));
   cuda::launched("fused_forward (pass bits)");
 }
 
