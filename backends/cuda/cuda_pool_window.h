@@ -1,6 +1,6 @@
 // A pooling window on CUDA, the CPU's rules (backends/cpu/pool_planes.h): a max window's first
-// maximum, padding never winning (a -FLT_MAX start, a strict >), and which output windows cover an
-// input row. Shared by the pooling layers (cuda_pooling.cu) and the fused stacks ending in a
+// maximum, padding never winning (a -FLT_MAX start, a strict >), an average window's mean with
+// padding counted, and which output windows cover an input row. Shared by the pooling layers (cuda_pooling.cu) and the fused stacks ending in a
 // max-pool (cuda_batchnorm.cu), so both find the same maxima. Device code, C++14.
 #pragma once
 #include <cfloat>
@@ -52,6 +52,22 @@ __device__ __forceinline__ float max_at(const Geom& g, const Value& value, int64
     }
   }
   return m;
+}
+
+// Window (p, q)'s average of value(h * W + w) over its elements inside the plane, padding counted
+// (count_include_pad): their sum in window order, times 1 / (R * S).
+template <class Value>
+__device__ __forceinline__ float avg_at(const Geom& g, const Value& value, int64_t p, int64_t q) {
+  float s = 0.f;
+  for (int64_t r = 0; r < g.R; ++r) {
+    const int64_t h = p * g.sh - g.ph + r;
+    if (h < 0 || h >= g.H) continue;
+    for (int64_t t = 0; t < g.S; ++t) {
+      const int64_t w = q * g.sw - g.pw + t;
+      if (w >= 0 && w < g.W) s += value(h * g.W + w);
+    }
+  }
+  return s * (1.f / float(g.R * g.S));
 }
 
 // The output windows covering input row h: p in [*lo, *hi).

@@ -45,17 +45,7 @@ __global__ void maxpool_backward_kernel(Geom g, int64_t total, X x, const float*
 __global__ void avgpool_forward_kernel(Geom g, int64_t total, const float* x, float* y) {
   ET_GRID_STRIDE(i, total) {
     const int64_t plane = idiv(i, g.P * g.Q), p = imod(idiv(i, g.Q), g.P), q = imod(i, g.Q);
-    const float* xp = x + plane * g.H * g.W;
-    float s = 0.f;
-    for (int64_t r = 0; r < g.R; ++r) {
-      const int64_t h = p * g.sh - g.ph + r;
-      if (h < 0 || h >= g.H) continue;
-      for (int64_t t = 0; t < g.S; ++t) {
-        const int64_t w = q * g.sw - g.pw + t;
-        if (w >= 0 && w < g.W) s += xp[h * g.W + w];
-      }
-    }
-    y[i] = s * (1.f / float(g.R * g.S));
+    y[i] = cuda_pool::avg_at(g, plane_values(x, plane * g.H * g.W), p, q);
   }
 }
 

@@ -41,20 +41,8 @@ struct ReluPoolOut {
   __device__ __forceinline__ float operator()(int64_t i) const {
     const int64_t plane = idiv(i, g.P * g.Q), p = imod(idiv(i, g.Q), g.P), q = imod(i, g.Q);
     const ReluPlane r{x, plane * g.H * g.W};
-    if (max) {
-      int64_t arg;
-      return cuda_pool::max_at(g, r, p, q, &arg);
-    }
-    float s = 0.f;
-    for (int64_t a = 0; a < g.R; ++a) {
-      const int64_t h = p * g.sh - g.ph + a;
-      if (h < 0 || h >= g.H) continue;
-      for (int64_t b = 0; b < g.S; ++b) {
-        const int64_t w = q * g.sw - g.pw + b;
-        if (w >= 0 && w < g.W) s += r(h * g.W + w);
-      }
-    }
-    return s * (1.f / float(g.R * g.S));
+    int64_t arg;
+    return max ? cuda_pool::max_at(g, r, p, q, &arg) : cuda_pool::avg_at(g, r, p, q);
   }
 };
 

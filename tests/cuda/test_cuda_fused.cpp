@@ -79,6 +79,26 @@ std::vector<char> state_bytes(FusedRun& r) {
   return host_bytes(*r.be, kept);
 }
 
+// Three SGD steps of both runs on the same batches, the loss and the whole state (parameters,
+// gradients, BN buffers) bit for bit after each; with `evaluate`, then an evaluation batch of 5
+// images (the running statistics) with the same loss.
+void check_steps_alike(FusedRun& a, FusedRun& b, bool evaluate) {
+  for (int s = 0; s < 3; ++s) {
+    for (FusedRun* r : {&a, &b}) {
+      r->fill(s);
+      r->ex->forward(r->batch, true);
+      r->ex->backward();
+    }
+    CHECK(b.ex->loss() == a.ex->loss());
+    CHECK((state_bytes(b) == state_bytes(a)));  // (( )): no byte-by-byte expansion
+    for (FusedRun* r : {&a, &b}) REQUIRE(sgd_update(*r->ex, SgdOptions{0.9f, 5e-4f, false}, 0.05f, s == 0));
+  }
+  if (!evaluate) return;
+  a.ex->forward(5, false);
+  b.ex->forward(5, false);
+  CHECK(b.ex->loss() == a.ex->loss());
+}
+
 }  // namespace
 
 TEST_CASE("cuda: fused stacks train bit-identically to the layers", "[cuda][fusion]") {
@@ -95,20 +115,7 @@ TEST_CASE("cuda: fused stacks train bit-identically to the layers", "[cuda][fusi
         FusedRun plain(*be, so, model, false), fused(*be, so, model, true);
         REQUIRE(fused.fused_nodes() > 0);
         if (std::string(model) == "vgg16_bn") REQUIRE(fused.pooled_stacks() == 5);
-        for (int s = 0; s < 3; ++s) {
-          for (FusedRun* r : {&plain, &fused}) {
-            r->fill(s);
-            r->ex->forward(r->batch, true);
-            r->ex->backward();
-          }
-          CHECK(fused.ex->loss() == plain.ex->loss());
-          CHECK((state_bytes(fused) == state_bytes(plain)));  // (( )): no byte-by-byte expansion
-          for (FusedRun* r : {&plain, &fused}) REQUIRE(sgd_update(*r->ex, SgdOptions{0.9f, 5e-4f, false}, 0.05f, s == 0));
-        }
-        // Evaluation (the running statistics): the same logits' loss.
-        plain.ex->forward(5, false);
-        fused.ex->forward(5, false);
-        CHECK(fused.ex->loss() == plain.ex->loss());
+        check_steps_alike(plain, fused, true);
       }
     }
   }
@@ -139,19 +146,7 @@ TEST_CASE("cuda: fused stacks with a folded side BN train bit-identically to the
         return n;
       };
       REQUIRE(shortcut_bns(plain.g) - shortcut_bns(fused.g) == (every == 2 ? 3 : 2));
-      for (int s = 0; s < 3; ++s) {
-        for (FusedRun* r : {&plain, &fused}) {
-          r->fill(s);
-          r->ex->forward(r->batch, true);
-          r->ex->backward();
-        }
-        CHECK(fused.ex->loss() == plain.ex->loss());
-        CHECK((state_bytes(fused) == state_bytes(plain)));
-        for (FusedRun* r : {&plain, &fused}) REQUIRE(sgd_update(*r->ex, SgdOptions{0.9f, 5e-4f, false}, 0.05f, s == 0));
-      }
-      plain.ex->forward(5, false);
-      fused.ex->forward(5, false);
-      CHECK(fused.ex->loss() == plain.ex->loss());
+      check_steps_alike(plain, fused, true);
     }
   }
 }
@@ -169,19 +164,7 @@ TEST_CASE("cuda: fused stacks without a BN (ReLU -> pool) train bit-identically 
       so.checkpoint_every = every;
       FusedRun plain(*be, so, "vgg11", false), fused(*be, so, "vgg11", true);
       REQUIRE(fused.fused_nodes() == 5);
-      for (int s = 0; s < 3; ++s) {
-        for (FusedRun* r : {&plain, &fused}) {
-          r->fill(s);
-          r->ex->forward(r->batch, true);
-          r->ex->backward();
-        }
-        CHECK(fused.ex->loss() == plain.ex->loss());
-        CHECK((state_bytes(fused) == state_bytes(plain)));
-        for (FusedRun* r : {&plain, &fused}) REQUIRE(sgd_update(*r->ex, SgdOptions{0.9f, 5e-4f, false}, 0.05f, s == 0));
-      }
-      plain.ex->forward(5, false);
-      fused.ex->forward(5, false);
-      CHECK(fused.ex->loss() == plain.ex->loss());
+      check_steps_alike(plain, fused, true);
     }
   }
 }
@@ -279,16 +262,7 @@ TEST_CASE("cuda: fused stacks recompute their outputs for their readers' backwar
     recomputed.recompute_stack_outputs = true;
     FusedRun a(*be, kept, "resnet8", true), b(*be, recomputed, "resnet8", true);
     CHECK(b.ex->memory().unpack > a.ex->memory().unpack);  // y's buffer for its readers' backward
-    for (int s = 0; s < 3; ++s) {
-      for (FusedRun* r : {&a, &b}) {
-        r->fill(s);
-        r->ex->forward(r->batch, true);
-        r->ex->backward();
-      }
-      CHECK(b.ex->loss() == a.ex->loss());
-      CHECK((state_bytes(b) == state_bytes(a)));
-      for (FusedRun* r : {&a, &b}) REQUIRE(sgd_update(*r->ex, SgdOptions{0.9f, 5e-4f, false}, 0.05f, s == 0));
-    }
+    check_steps_alike(a, b, false);
   }
 }
 
