@@ -231,10 +231,13 @@ class Backend {
   virtual void fused_recompute_output(const FusedStack& s, const FusedTensors& t, Tensor& y) {
     ET_CHECK(false, name(), ": fused stacks recompute no output on this backend");
   }
-  // Where fused_recomputes(s) and y = relu(x * scale[c] + shift[c]): the run that computes it as
-  // the forward did (bit for bit), for readers that take DType::AffineRelu (engine/affine_relu.h);
-  // null where the backend has none. fused_affine_coefficients writes scale / shift [C] from the
-  // batch statistics and gamma / beta in t.
+  // Where fused_recomputes(s) and y = relu(x * scale[c] + shift[c]): whether readers that take
+  // DType::AffineRelu (engine/affine_relu.h) may compute y as they read it, as the forward did (bit
+  // for bit); fused_affine_relu: the host run that does it for the host's readers
+  // (memory/stored_reader.h), null where they are the backend's own kernels (a GPU's).
+  // fused_affine_coefficients writes scale / shift [C] (the backend's memory) from the batch
+  // statistics and gamma / beta in t.
+  virtual bool fused_output_is_affine_relu(const FusedStack& s) const { return fused_affine_relu(s) != nullptr; }
   virtual AffineReluRun fused_affine_relu(const FusedStack& s) const { return nullptr; }
   virtual void fused_affine_coefficients(const FusedStack& s, const FusedTensors& t, float* scale, float* shift) {
     ET_CHECK(false, name(), ": fused stacks give no relu(affine) output on this backend");

@@ -229,9 +229,9 @@ Tensor OpContext::saved(int i, DTypeSet accepted) const {
     // Computed by the reader as it reads: the producer says from what.
     const int p = ex_.graph_.value(id).producer;
     AffineReluSource& src = ex_.affine_sources_[size_t(id)];
-    std::vector<float>& k = ex_.affine_coefficients_[size_t(id)];
+    float* k = ex_.affine_coefficients_[size_t(id)];
     OpContext producer(ex_, p);
-    ex_.graph_.node(p).op->describe_output(producer, src, k.data(), k.data() + k.size() / 2);
+    ex_.graph_.node(p).op->describe_output(producer, src, k, k + ex_.graph_.value(id).shape[1]);
     return affine_relu_tensor(src);
   }
   Tensor t = ex_.stash_.get_stored(id);

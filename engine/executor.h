@@ -237,10 +237,12 @@ class Executor {
   std::vector<std::vector<Range>> dies_after_forward_, dies_after_recompute_, dies_after_backward_;
   void release(const std::vector<Range>& ranges);
   std::vector<Tensor> forward_data_, recompute_data_;     // data_ as planned; recompute buffers
-  // Per value read as DType::AffineRelu: its source and coefficients ([2, C]), filled by its producer
-  // when a reader asks (OpContext::saved).
+  // Per value read as DType::AffineRelu: its source and coefficients ([2, C], or null: none), filled
+  // by its producer when a reader asks (OpContext::saved). The coefficients live in the backend's
+  // memory (affine_room_), where its kernels read them.
   std::vector<AffineReluSource> affine_sources_;
-  std::vector<std::vector<float>> affine_coefficients_;
+  std::vector<float*> affine_coefficients_;
+  Arena affine_room_;
   // Per value: computed by its readers in forward too (plan_forward_by_readers); data_ is then a
   // tensor of dtype AffineRelu over affine_sources_, which the producer's forward fills.
   std::vector<uint8_t> by_readers_;
@@ -355,7 +357,7 @@ class OpContext {
   AffineReluSource* output_source() {
     return ex_.by_readers_[size_t(node_.output)] ? &ex_.affine_sources_[size_t(node_.output)] : nullptr;
   }
-  float* output_coefficients() { return ex_.affine_coefficients_[size_t(node_.output)].data(); }
+  float* output_coefficients() { return ex_.affine_coefficients_[size_t(node_.output)]; }
   Tensor grad_output() const { return ex_.grad(node_.output); }
   // A wanted input gradient; the op must write it (overwrite or add, per `accumulate`).
   GradOut grad_input(int i) const;

@@ -210,12 +210,16 @@ std::vector<StashFormat> Executor::stash_formats(const PlanState& st) const {
 // its own backward, so they outlive every later reader's. Where the producer describes it as
 // relu(x * scale[c] + shift[c]) of x as stored (Op::output_is_affine_relu) and every reader takes
 // DType::AffineRelu (the conv weight gradients), there is no buffer: each reader computes the
-// pieces it reads (memory/stored_reader.h). Not with recompute segments, which choose what is
+// pieces it reads (memory/stored_reader.h on the host, a GPU's kernels from x and the coefficients
+// in its memory). Not with recompute segments, which choose what is
 // kept themselves, and not from a value that is itself recomputed.
 void Executor::plan_recomputed_outputs(PlanState& st) {
   affine_sources_.assign(size_t(st.nv), AffineReluSource{});
-  affine_coefficients_.assign(size_t(st.nv), {});
+  affine_coefficients_.assign(size_t(st.nv), nullptr);
   if (!stash_options_.recompute_stack_outputs || !segments_.empty()) return;
+  // ET_AFFINE_RELU_READS=0: every reader gets y recomputed into a buffer (A/B measurements, tests).
+  const char* env = std::getenv("ET_AFFINE_RELU_READS");
+  const bool readers_compute = !(env && !std::strcmp(env, "0"));
   for (SavedValue& sv : st.saved) {
     const Value& v = graph_.value(sv.value);
     if (!sv.full || v.kind != ValueKind::Activation || v.producer < 0 || st.codes[size_t(sv.value)]) continue;
@@ -228,11 +232,21 @@ void Executor::plan_recomputed_outputs(PlanState& st) {
     if (!keeps_x || xi < 0 || st.saved[size_t(xi)].recomputed) continue;
     sv.recomputed = true;
     // Readers may compute it from x as stored, where every encoding of x is one StoredReader reads.
-    sv.affine_relu = graph_.node(p).op->output_is_affine_relu(backend_) &&
+    sv.affine_relu = readers_compute && graph_.node(p).op->output_is_affine_relu(backend_) &&
                      (stash_format_dtypes(st.saved[size_t(xi)].format) & ~kStashDTypes) == 0;
   }
+  // The coefficients ([2, C] floats a value) in one allocation of the backend's memory.
+  size_t floats = 0;
   for (const SavedValue& sv : st.saved)
-    if (sv.affine_relu) affine_coefficients_[size_t(sv.value)].assign(size_t(2 * graph_.value(sv.value).shape[1]), 0.f);
+    if (sv.affine_relu) floats += size_t(2 * graph_.value(sv.value).shape[1]);
+  if (floats == 0) return;
+  affine_room_.reserve(floats * sizeof(float), "the fused stacks' output coefficients", backend_.memory());
+  auto* at = static_cast<float*>(affine_room_.at(0));
+  for (const SavedValue& sv : st.saved)
+    if (sv.affine_relu) {
+      affine_coefficients_[size_t(sv.value)] = at;
+      at += 2 * graph_.value(sv.value).shape[1];
+    }
 }
 
 // The same values in forward: where the producer can leave its output to its readers in forward too
@@ -265,9 +279,9 @@ void Executor::plan_forward_by_readers(PlanState& st) {
     // packed stash would otherwise let it die at the producer, and a reader's output take its place).
     int& until = st.read_through[size_t(graph_.node(v.producer).inputs[0])];
     for (int c : v.consumers) until = std::max(until, c);
-    std::vector<float>& k = affine_coefficients_[size_t(id)];
-    affine_sources_[size_t(id)].scale = k.data();
-    affine_sources_[size_t(id)].shift = k.data() + k.size() / 2;
+    float* k = affine_coefficients_[size_t(id)];
+    affine_sources_[size_t(id)].scale = k;
+    affine_sources_[size_t(id)].shift = k + v.shape[1];
   }
 }
 

@@ -83,7 +83,7 @@ class FusedStackOp final : public Op {
     ctx.backend().fused_recompute_output(stack_, t, y);
   }
 
-  bool output_is_affine_relu(const Backend& b) const override { return b.fused_affine_relu(stack_) != nullptr; }
+  bool output_is_affine_relu(const Backend& b) const override { return b.fused_output_is_affine_relu(stack_); }
   void describe_output(OpContext& ctx, AffineReluSource& src, float* scale, float* shift) const override {
     FusedTensors t = tensors(ctx);
     ctx.backend().fused_affine_coefficients(stack_, t, scale, shift);

@@ -110,6 +110,8 @@ class CudaBackend final : public Backend {
   DTypeSet fused_backward_reads() const override { return batchnorm_backward_reads(); }
   bool fused_recomputes(const FusedStack& s) const override;
   void fused_recompute_output(const FusedStack& s, const FusedTensors& t, Tensor& y) override;
+  bool fused_output_is_affine_relu(const FusedStack& s) const override { return fused_recomputes(s); }
+  void fused_affine_coefficients(const FusedStack& s, const FusedTensors& t, float* scale, float* shift) override;
   void fused_backward(const FusedStack& s, const FusedTensors& t, FusedGrads& g, Workspace ws) override;
 
   void softmax_xent_forward(const Tensor& logits, const Tensor& labels, float smoothing, Tensor& loss) override;

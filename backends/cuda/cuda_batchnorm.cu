@@ -10,7 +10,10 @@
 // the same order, the same expressions, cuda_pool_window.h's max windows), with BN's output and its
 // gradient dz computed in registers instead of read from memory: fused and unfused give the same
 // bits. The backward (the layer's and the stacks') reads x as the stash keeps it (fp16 / bf16,
-// cuda_stored_x.h), without a decode buffer.
+// cuda_stored_x.h), without a decode buffer. A BN -> ReLU stack's output need not be kept
+// (memory.recompute_stack_outputs): its readers compute it from x (fused_affine_coefficients, then
+// cuda_stored_x.h's AffineReluX) or have it recomputed into a buffer (fused_recompute_output), and
+// where nothing of it is kept its backward finds the ReLU's mask from x the same way.
 #include "backends/cuda/cuda_backend_impl.h"
 #include "backends/cuda/cuda_fused_output.h"
 #include "backends/cuda/cuda_pool_window.h"
@@ -156,17 +159,15 @@ __global__ void bn_train_coefficients_kernel(const double* partials, int64_t P, 
 // as ElementwiseOut computed it in the forward (coef: the forward's scale [C], shift [C]).
 template <class X>
 __global__ void bn_relu_recompute_kernel(X x, const float* coef, int64_t n, int64_t C, int64_t HW, float* y) {
-  ET_GRID_STRIDE(i, n) {
-    const int64_t c = imod(idiv(i, HW), C);
-    const float v = __fmaf_rn(x[i], coef[c], coef[C + c]);
-    y[i] = v > 0.f ? v : 0.f;
-  }
+  const cuda::AffineReluX<X> v{x, coef, coef + C, C, HW};
+  ET_GRID_STRIDE(i, n) y[i] = v[i];
 }
 
-// The same coefficients from the statistics a training forward left (a fused stack's backward).
+// The same coefficients from the statistics a training forward left (a fused stack's backward, its
+// output's readers): scale [C], shift [C].
 __global__ void bn_saved_coefficients_kernel(int64_t C, const float* gamma, const float* beta, const float* mean,
-                                             const float* invstd, float* coef) {
-  ET_GRID_STRIDE(c, C) train_coefficients(gamma[c], beta[c], mean[c], invstd[c], &coef[c], &coef[C + c]);
+                                             const float* invstd, float* scale, float* shift) {
+  ET_GRID_STRIDE(c, C) train_coefficients(gamma[c], beta[c], mean[c], invstd[c], &scale[c], &shift[c]);
 }
 
 __global__ void bn_frozen_backward_kernel(const float* dy, int64_t n_total, int64_t C, int64_t HW, const float* gamma,
@@ -308,6 +309,15 @@ struct PooledGrad {
     if (!(v(at) > 0.f)) return 0.f;
     return cuda_pool::max_gradient(g, v, dy + plane * g.P * g.Q, idiv(at, g.W), imod(at, g.W), 0.f);
   }
+};
+
+// dz of a BN -> ReLU stack whose output its readers compute (memory.recompute_stack_outputs:
+// nothing of y kept, not even its mask): dy where y > 0, y found again from x as the readers find it.
+template <class X>
+struct ReluFromXGrad {
+  cuda::AffineReluX<X> y;
+  const float* dy;
+  __device__ __forceinline__ float operator()(int64_t i) const { return y[i] > 0.f ? dy[i] : 0.f; }
 };
 
 float* opt(const Tensor& t) { return t.defined() ? t.f32() : nullptr; }
@@ -553,12 +563,21 @@ void CudaBackend::fused_recompute_output(const FusedStack& s, const FusedTensors
   // inside another node's backward or a record.
   float* coef = reinterpret_cast<float*>(bn_scratch(C));
   bn_saved_coefficients_kernel<<<cuda::blocks_for(C), cuda::kThreads, 0, stream_>>>(
-      C, t.gamma.f32(), t.beta.f32(), t.mean.f32(), t.invstd.f32(), coef);
+      C, t.gamma.f32(), t.beta.f32(), t.mean.f32(), t.invstd.f32(), coef, coef + C);
   cuda::launched("fused_recompute_output (coefficients)");
   cuda::with_stored_x(t.x, *codec_, "fused_recompute_output", [&](auto xs) {
     bn_relu_recompute_kernel<<<cuda::blocks_for(n), cuda::kThreads, 0, stream_>>>(xs, coef, n, C, HW, y.f32());
   });
   cuda::launched("fused_recompute_output");
+}
+
+// Its readers' coefficients (fused_output_is_affine_relu): the forward's, from the statistics it
+// left, into scale / shift in device memory (the executor's).
+void CudaBackend::fused_affine_coefficients(const FusedStack& s, const FusedTensors& t, float* scale, float* shift) {
+  ET_CHECK(fused_recomputes(s), "cuda: no relu(affine) output for this fused stack");
+  bn_saved_coefficients_kernel<<<cuda::blocks_for(s.C), cuda::kThreads, 0, stream_>>>(
+      s.C, t.gamma.f32(), t.beta.f32(), t.mean.f32(), t.invstd.f32(), scale, shift);
+  cuda::launched("fused_affine_coefficients");
 }
 
 void CudaBackend::fused_backward(const FusedStack& s, const FusedTensors& t, FusedGrads& g, Workspace) {
@@ -577,10 +596,21 @@ void CudaBackend::fused_backward(const FusedStack& s, const FusedTensors& t, Fus
   if (f.pool) {
     float* fwd = room.pool_coef;
     bn_saved_coefficients_kernel<<<cuda::blocks_for(C), cuda::kThreads, 0, stream_>>>(
-        C, t.gamma.f32(), t.beta.f32(), t.mean.f32(), t.invstd.f32(), fwd);
+        C, t.gamma.f32(), t.beta.f32(), t.mean.f32(), t.invstd.f32(), fwd, fwd + C);
     cuda::launched("fused_backward (forward coefficients)");
     return cuda::with_stored_x(t.x, *codec_, "fused_backward", [&](auto xs) {
       backward_sweeps(stream_, PooledGrad<decltype(xs)>{xs, fwd, g.dy.f32(), pool_geom(s)}, xs, args);
+    });
+  }
+  if (f.relu && !g.y_mask.bits && !g.y_mask.dense.defined()) {  // y computed by its readers: nothing kept of it
+    ET_CHECK(fused_recomputes(s), "cuda: a fused stack's ReLU mask");
+    float* fwd = room.pool_coef;
+    bn_saved_coefficients_kernel<<<cuda::blocks_for(C), cuda::kThreads, 0, stream_>>>(
+        C, t.gamma.f32(), t.beta.f32(), t.mean.f32(), t.invstd.f32(), fwd, fwd + C);
+    cuda::launched("fused_backward (forward coefficients)");
+    return cuda::with_stored_x(t.x, *codec_, "fused_backward", [&](auto xs) {
+      using Y = cuda::AffineReluX<decltype(xs)>;
+      backward_sweeps(stream_, ReluFromXGrad<decltype(xs)>{Y{xs, fwd, fwd + C, C, HW}, g.dy.f32()}, xs, args);
     });
   }
   OutputGrad grad;

@@ -10,7 +10,10 @@
 // The weight gradient reads x as the stash keeps it (fp16, bf16, or a bitmap of kept f32 / fp16
 // values: conv2d_weight_reads, cuda_stored_x.h), each element as its im2col or the grouped kernel
 // gathers it, so the executor plans no f32 decode buffer for x (BitTrain's memory; the CPU reads
-// stored x likewise). Such a pass runs the backend's own kernels: cuDNN reads f32 only.
+// stored x likewise). It also reads a fused BN -> ReLU stack's output that nothing keeps, computing
+// it from the stack's x as stored (DType::AffineRelu, memory.recompute_stack_outputs): no buffer
+// of y's size for the recompute either. Such a pass runs the backend's own kernels: cuDNN reads
+// f32 only.
 // Linear layers: one SGEMM each way. cuBLAS runs in its default FP32 math (no TF32).
 //
 // Row-major [a, b] matrices are column-major [b, a] ones to cuBLAS, so each product below is
@@ -63,7 +66,7 @@ __global__ void im2col_kernel(Geom g, const float* x, int64_t images, float* col
 
 // The weight gradient's operands, each image's positions side by side (L = images * PQ):
 // col [C*R*S][L] of x's images [n0, n0 + images), and dyt [K][L] of dy's.
-// X: const float* (x's images from n0 on) or StoredX (the whole of x, read from image n0 on).
+// X: const float*, StoredX or AffineReluX (cuda_stored_x.h): the whole of x, read from image n0 on.
 template <class X>
 __global__ void im2col_rows_kernel(Geom g, X x, int64_t n0, int64_t images, float* col) {
   const int64_t rows = g.C * g.R * g.S, PQ = g.P * g.Q, L = images * PQ, total = rows * L;
@@ -167,7 +170,7 @@ __global__ void grouped_backward_data_kernel(Geom g, const float* dy, const floa
 }
 
 // One block per weight element: the sum over images and output positions.
-// X: const float* or StoredX (x as the stash keeps it).
+// X: const float*, StoredX (x as the stash keeps it) or AffineReluX (y computed from it).
 template <class X>
 __global__ void grouped_backward_weight_kernel(Geom g, X x, const float* dy, int64_t N, float* dw, bool acc) {
   __shared__ double part[kThreads];
@@ -231,7 +234,7 @@ __global__ void grouped_backward_weight_planes_kernel(Geom g, X x, const float* 
   }
 }
 
-// A grouped conv's weight gradient into dw (x: const float* or StoredX).
+// A grouped conv's weight gradient into dw (x: const float*, StoredX or AffineReluX).
 template <class X>
 void grouped_backward_weight(cudaStream_t stream, const Conv2dGeom& g, X x, const float* dy, float* dw, bool acc) {
   if (g.R == 3 && g.S == 3) {
@@ -420,7 +423,9 @@ void CudaBackend::conv2d_backward_data(const Conv2dGeom& g, const Tensor& dy, co
            });
 }
 
-DTypeSet CudaBackend::conv2d_weight_reads(const Conv2dGeom&) const { return kStashDTypes; }
+DTypeSet CudaBackend::conv2d_weight_reads(const Conv2dGeom&) const {
+  return kStashDTypes | dtype_bit(DType::AffineRelu);
+}
 
 void CudaBackend::conv2d_backward_weight(const Conv2dGeom& g, const Tensor& x, const Tensor& dy, Tensor& dw,
                                          Tensor& db, bool accumulate, Workspace ws) {
@@ -430,10 +435,11 @@ void CudaBackend::conv2d_backward_weight(const Conv2dGeom& g, const Tensor& x, c
   }
   ET_CHECK(ws.bytes >= conv2d_workspace_bytes(g, ConvPass::BackwardWeight), "conv2d_backward_weight: workspace");
   ET_CHECK(dtype_in(x.dtype, conv2d_weight_reads(g)), "conv2d weight gradient: x dtype ", dtype_name(x.dtype));
-  if (x.dtype != DType::F32) {  // the stash's encoding, read in place by the backend's own kernels
-    const StoredX sx = cuda::stored_x(x, *codec_, "conv2d weight gradient");
-    if (g.groups == 1) return im2col_backward_weight(blas_, g, sx, dy.f32(), dw.f32(), accumulate, ws);
-    return grouped_backward_weight(stream_, g, sx, dy.f32(), dw.f32(), accumulate);
+  if (x.dtype != DType::F32) {  // the stash's encoding, or y from x, read in place by the backend's own kernels
+    return cuda::with_read_x(x, *codec_, "conv2d weight gradient", [&](auto rx) {
+      if (g.groups == 1) return im2col_backward_weight(blas_, g, rx, dy.f32(), dw.f32(), accumulate, ws);
+      grouped_backward_weight(stream_, g, rx, dy.f32(), dw.f32(), accumulate);
+    });
   }
   run_pass(cudnn_.get(), stream_, g, ConvPass::BackwardWeight, x.f32(), dy.f32(), dw.f32(), dw.numel(), accumulate, ws,
            [&](float* out, bool acc) {

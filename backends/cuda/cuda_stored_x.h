@@ -3,11 +3,15 @@
 // f32 decode buffer (BitTrain's memory: the executor plans one only for dtypes a pass does not
 // list in its *_reads()). The conv weight gradient's im2col, the max-pool backward's window search
 // and BN's backward sweeps read through it; each is a template over its x (`const float*` for
-// f32, StoredX for the others), so the f32 path stays a plain load. C++14.
+// f32, StoredX for the others), so the f32 path stays a plain load. The conv weight gradient also
+// reads a value nothing keeps, a fused stack's y = relu(x * scale[c] + shift[c]), from the stack's
+// x as stored (DType::AffineRelu, engine/affine_relu.h: AffineReluX). C++14.
 #pragma once
 #include <cstdint>
 
 #include "backends/cuda/cuda_half.h"
+#include "backends/cuda/index_math.h"
+#include "engine/affine_relu.h"
 #include "engine/check.h"
 #include "engine/tensor.h"
 #include "memory/stash_codec.h"
@@ -66,6 +70,34 @@ template <class F>
 void with_stored_x(const Tensor& x, StashCodec& codec, const char* what, F&& f) {
   if (x.dtype == DType::F32) return f(static_cast<const float*>(x.data));
   f(stored_x(x, codec, what));
+}
+
+// Element i of y = relu(x[i] * scale[c] + shift[c]), c = i / HW % C: a BN -> ReLU stack's output
+// as its forward computed it (cuda_batchnorm.cu's ElementwiseOut: one FMA, then relu_kernel's rule,
+// NaN and -0 giving +0), so a reader gets the forward's bits wherever x is kept exact. X: const
+// float* or StoredX. scale, shift: [C] in device memory.
+template <class X>
+struct AffineReluX {
+  X x;
+  const float* scale;
+  const float* shift;
+  int64_t C, HW;
+  __device__ __forceinline__ float operator[](int64_t i) const {
+    const int64_t c = cuda_index::imod(cuda_index::idiv(i, HW), C);
+    const float v = __fmaf_rn(x[i], scale[c], shift[c]);
+    return v > 0.f ? v : 0.f;
+  }
+};
+
+// Calls f with x as its kernels read it: with_stored_x's, or for DType::AffineRelu (a value its
+// readers compute, x [N, C, H, W]) an AffineReluX over the source's x as stored.
+template <class F>
+void with_read_x(const Tensor& x, StashCodec& codec, const char* what, F&& f) {
+  if (x.dtype != DType::AffineRelu) return with_stored_x(x, codec, what, f);
+  const auto* src = static_cast<const AffineReluSource*>(x.data);
+  ET_CHECK(src->x.numel() == x.numel(), what, ": a computed input of ", x.shape.str(), " from ", src->x.shape.str());
+  const int64_t C = x.dim(1), HW = x.numel() / (x.dim(0) * C);
+  with_stored_x(src->x, codec, what, [&](auto sx) { f(AffineReluX<decltype(sx)>{sx, src->scale, src->shift, C, HW}); });
 }
 
 }  // namespace cuda

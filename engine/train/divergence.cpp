@@ -42,8 +42,9 @@ class FiniteWatch : public NodeObserver {
       // coefficients (its parameters and statistics).
       const auto& src = *static_cast<const AffineReluSource*>(y.data);
       const Shape c{y.dim(1)};
-      if (!scan(ex_.backend(), Tensor::contiguous(const_cast<float*>(src.scale), c)).finite ||
-          !scan(ex_.backend(), Tensor::contiguous(const_cast<float*>(src.shift), c)).finite)
+      const Device d = ex_.backend().device();
+      if (!scan(ex_.backend(), Tensor::contiguous(const_cast<float*>(src.scale), c, DType::F32, d)).finite ||
+          !scan(ex_.backend(), Tensor::contiguous(const_cast<float*>(src.shift), c, DType::F32, d)).finite)
         bad_node = n;
       return;
     }

@@ -9,6 +9,7 @@
 
 #include <catch2/catch.hpp>
 
+#include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <string>
@@ -251,9 +252,12 @@ TEST_CASE("cuda: a ReLU -> pool stack equals the ReLU and pool layers: max and a
 
 TEST_CASE("cuda: fused stacks recompute their outputs for their readers' backward, bit for bit",
           "[cuda][fusion]") {
-  // memory.recompute_stack_outputs: a BN -> ReLU stack's y is not kept; its readers' backward gets
-  // it from the x the stack keeps (CudaBackend::fused_recompute_output). Where x is kept exact
-  // (dense_fp32, bitmap_fp32) the steps equal those that keep y, bit for bit.
+  // memory.recompute_stack_outputs: a BN -> ReLU stack's y is not kept. The conv weight gradients
+  // reading it compute it from the x the stack keeps as they read it (DType::AffineRelu,
+  // cuda_stored_x.h's AffineReluX), and the stack's backward finds its ReLU's mask from x the same
+  // way: no buffer of y's size. With ET_AFFINE_RELU_READS=0 the readers get it recomputed into a
+  // buffer instead (CudaBackend::fused_recompute_output). Where x is kept exact (dense_fp32,
+  // bitmap_fp32) both equal the steps that keep y, bit for bit.
   const std::unique_ptr<Backend> be = make_cuda_backend(0);
   for (StashFormat f : {StashFormat::DenseF32, StashFormat::BitmapF32}) {
     INFO("stash " << stash_format_name(f));
@@ -261,8 +265,23 @@ TEST_CASE("cuda: fused stacks recompute their outputs for their readers' backwar
     kept.format = recomputed.format = f;
     recomputed.recompute_stack_outputs = true;
     FusedRun a(*be, kept, "resnet8", true), b(*be, recomputed, "resnet8", true);
-    CHECK(b.ex->memory().unpack > a.ex->memory().unpack);  // y's buffer for its readers' backward
+    REQUIRE(setenv("ET_AFFINE_RELU_READS", "0", 1) == 0);
+    FusedRun c(*be, recomputed, "resnet8", true);
+    unsetenv("ET_AFFINE_RELU_READS");
+    int by_readers = 0;
+    for (const SavedValue& sv : b.ex->stash().saved()) {
+      by_readers += sv.affine_relu;
+      CHECK(sv.affine_relu == sv.recomputed);  // every reader a conv's weight gradient
+      if (sv.affine_relu) CHECK_FALSE(sv.unpack.defined());
+    }
+    CHECK(by_readers > 0);
+    for (const SavedValue& sv : c.ex->stash().saved()) CHECK_FALSE(sv.affine_relu);
+    CHECK(b.ex->memory().unpack == a.ex->memory().unpack);
+    CHECK(c.ex->memory().unpack > a.ex->memory().unpack);  // y's buffer for its readers' backward
+    CHECK(b.ex->memory().activations_planned <= c.ex->memory().activations_planned);
     check_steps_alike(a, b, false);
+    FusedRun a2(*be, kept, "resnet8", true);  // (a has trained on)
+    check_steps_alike(a2, c, false);
   }
 }
 

@@ -2,12 +2,15 @@
 // bf16, a bitmap with f32 / fp16 values) instead of from an f32 decode buffer: the conv weight
 // gradient (dense and grouped), the max-pool backward, BN's backward and the fused stacks'. Each
 // must give the bits of the same pass over x decoded to f32, and the CPU's stored read (exact or
-// within the tolerance stated). Then the plans: the executor plans on CUDA the decode buffers it
-// plans on the CPU (none where a pass reads the encoding), so the stash saves the same memory.
+// within the tolerance stated). The conv weight gradient also computes a fused stack's output
+// that nothing keeps from the stack's x as stored (DType::AffineRelu), and the stack's backward its
+// ReLU's mask. Then the plans: the executor plans on CUDA the decode buffers it plans on the CPU
+// (none where a pass reads the encoding or computes the value), so the stash saves the same memory.
 #include <cuda_runtime.h>
 
 #include <catch2/catch.hpp>
 #include <algorithm>
+#include <cmath>
 #include <cstdlib>
 #include <memory>
 #include <string>
@@ -15,6 +18,7 @@
 
 #include "backends/backend.h"
 #include "backends/cuda/cuda_backend.h"
+#include "engine/affine_relu.h"
 #include "engine/executor.h"
 #include "engine/fused_stack.h"
 #include "memory/bitmap.h"
@@ -121,6 +125,67 @@ TEST_CASE("cuda: the conv weight gradient reads x as the stash keeps it", "[cuda
         CHECK(max_rel(dw.device_values(), host_dw) < 1e-4 * std::max(1.0, double(g.N * g.P * g.Q) / 8192));
         upload(dw);
         upload(db);
+      }
+    }
+  }
+}
+
+// y = relu(x * scale[c] + shift[c]) as a fused BN -> ReLU stack's forward computes it (one FMA,
+// then relu_forward's rule), from the f32 values x's encoding stands for.
+std::vector<float> affine_relu_reference(const std::vector<float>& x, const std::vector<float>& scale,
+                                         const std::vector<float>& shift, int64_t C, int64_t HW) {
+  std::vector<float> y(x.size());
+  for (size_t i = 0; i < x.size(); ++i) {
+    const size_t c = size_t(int64_t(i) / HW % C);
+    const float v = std::fma(x[i], scale[c], shift[c]);
+    y[i] = v > 0.f ? v : 0.f;
+  }
+  return y;
+}
+
+// A fused stack's output that nothing keeps (DType::AffineRelu, memory.recompute_stack_outputs):
+// the weight gradient computes y from the stack's x as stored (cuda_stored_x.h's AffineReluX) as
+// it gathers it. The bits of the same pass over y computed on the host and given in f32, for x
+// in every stash encoding; dense (several chunks of the workspace) and depthwise.
+TEST_CASE("cuda: the conv weight gradient computes a stack's output from its x as stored", "[cuda][stash][fusion]") {
+  REQUIRE(setenv("EDGETRAIN_CUDA_CONV", "im2col", 1) == 0);  // the pass over f32 y on the same path
+  const std::unique_ptr<Backend> dev = make_cuda_backend(0);
+  unsetenv("EDGETRAIN_CUDA_CONV");
+  struct Case {
+    int64_t N, C, H, W, K, R, stride, pad, groups;
+  };
+  for (const Case& k : {Case{3, 16, 8, 8, 8, 3, 1, 1, 1}, Case{40, 16, 32, 32, 16, 3, 1, 1, 1},
+                        Case{3, 12, 9, 7, 12, 3, 2, 1, 12}, Case{2, 6, 5, 5, 6, 5, 1, 2, 6}}) {
+    Conv2dGeom g;
+    g.N = k.N, g.C = k.C, g.H = k.H, g.W = k.W, g.K = k.K, g.R = g.S = k.R, g.stride_h = g.stride_w = k.stride;
+    g.pad_h = g.pad_w = k.pad;
+    g.groups = k.groups;
+    g.infer_output();
+    REQUIRE(dtype_in(DType::AffineRelu, dev->conv2d_weight_reads(g)));
+    const Shape xs{g.N, g.C, g.H, g.W};
+    Both x(xs, 81, 0.3f), y(xs, 82), dy({g.N, g.K, g.P, g.Q}, 83), dw({g.K, g.C / g.groups, g.R, g.S}, 84),
+        coef({2 * g.C}, 85);
+    const std::vector<float> scale(coef.host.begin(), coef.host.begin() + g.C), shift(coef.host.begin() + g.C, coef.host.end());
+    Scratch ws(0, dev->conv2d_workspace_bytes(g, ConvPass::BackwardWeight));
+    Tensor none;
+    for (DType t : {DType::F32, DType::F16, DType::BF16, DType::BitmapF32, DType::BitmapF16}) {
+      INFO("conv " << g.N << "x" << g.C << "x" << g.H << "x" << g.W << " -> " << g.K << ", " << g.R << "x" << g.S
+                   << " stride " << k.stride << ", groups " << g.groups << ", the stack's x as " << dtype_name(t));
+      std::unique_ptr<Stored> st;
+      if (t != DType::F32) st = std::make_unique<Stored>(x.host, xs, t);
+      y.host = affine_relu_reference(st ? st->decoded : x.host, scale, shift, g.C, g.H * g.W);
+      upload(y);
+      AffineReluSource src;
+      src.x = st ? st->dev : x.dev;
+      src.scale = coef.dev.f32();
+      src.shift = coef.dev.f32() + g.C;
+      for (bool acc : {false, true}) {
+        dev->conv2d_backward_weight(g, y.dev, dy.dev, dw.dev, none, acc, ws.dev);
+        const std::vector<float> want = dw.device_values();
+        upload(dw);
+        dev->conv2d_backward_weight(g, affine_relu_tensor(src), dy.dev, dw.dev, none, acc, ws.dev);
+        CHECK(same_bits(dw.device_values(), want));
+        upload(dw);
       }
     }
   }
@@ -263,6 +328,69 @@ TEST_CASE("cuda: the fused stacks' backward reads x as the stash keeps it", "[cu
   }
 }
 
+// A BN -> ReLU stack whose output its readers compute keeps nothing of y, not even the ReLU's
+// mask: its backward finds the mask from x as stored, as the readers find y (y > 0 of relu(x *
+// scale + shift), the forward's coefficients). The bits of the backward given y computed so on the
+// host, and where x is exact, of the backward given the forward's own bitmap.
+TEST_CASE("cuda: a BN -> ReLU stack's backward finds its ReLU's mask from x when nothing of y is kept",
+          "[cuda][stash][fusion]") {
+  const std::unique_ptr<Backend> dev = make_cuda_backend(0);
+  const int64_t N = 4, C = 6, H = 10, W = 9;
+  const Shape xs{N, C, H, W}, c{C};
+  FusedStack s;
+  s.C = C;
+  for (FusedKind kind : {FusedKind::BatchNorm, FusedKind::Relu}) {
+    FusedStage st = fused_stage(kind);
+    st.H = st.P = H, st.W = st.Q = W;
+    st.eps = 1e-5f, st.momentum = 0.1f;
+    s.stages.push_back(st);
+  }
+  s.saves_output_mask = true;
+  REQUIRE(dev->fused_output_is_affine_relu(s));
+  Both x(xs, 121), y(xs, 122), yref(xs, 123), gamma(c, 124), beta(c, 125), rm(c, 126), rv(c, 127), mean(c, 128),
+      invstd(c, 129), dy(xs, 130), dx(xs, 131), dg(c, 132), db(c, 133);
+  for (float& v : rv.host) v = std::fabs(v) + 0.5f;
+  upload(rv);
+  void* bits = nullptr;
+  REQUIRE(cudaMalloc(&bits, size_t(bitmap::num_words(xs.numel())) * 8) == cudaSuccess);
+  FusedTensors ft;
+  ft.x = x.dev, ft.y = y.dev, ft.gamma = gamma.dev, ft.beta = beta.dev;
+  ft.running_mean = rm.dev, ft.running_var = rv.dev, ft.mean = mean.dev, ft.invstd = invstd.dev;
+  MaskOut mask{static_cast<uint64_t*>(bits), 0.f};
+  dev->fused_forward(s, ft, true, &mask, Workspace{});
+  // The forward's coefficients, as train_coefficients computes them.
+  const std::vector<float> m = mean.device_values(), is = invstd.device_values();
+  std::vector<float> scale(static_cast<size_t>(C)), shift(static_cast<size_t>(C));
+  for (size_t k = 0; k < size_t(C); ++k) {
+    scale[k] = gamma.host[k] * is[k];
+    shift[k] = std::fma(-m[k], scale[k], beta.host[k]);
+  }
+  for (DType t : {DType::F32, DType::F16, DType::BF16}) {
+    INFO("x as " << dtype_name(t));
+    std::unique_ptr<Stored> st;
+    if (t != DType::F32) st = std::make_unique<Stored>(x.host, xs, t);
+    ft.x = st ? st->dev : x.dev;
+    yref.host = affine_relu_reference(st ? st->decoded : x.host, scale, shift, C, H * W);
+    upload(yref);
+    std::vector<std::vector<float>> want;
+    for (int run = 0; run < 3; ++run) {  // y given, nothing given, the forward's bitmap (x exact)
+      if (run == 2 && st) break;
+      FusedGrads g;
+      g.dy = dy.dev, g.dx = dx.dev, g.dgamma = dg.dev, g.dbeta = db.dev;
+      if (run == 0) g.y_mask.dense = yref.dev;
+      if (run == 2) g.y_mask.bits = static_cast<const uint64_t*>(bits);
+      g.y_mask.numel = xs.numel();
+      for (Both* t2 : {&dx, &dg, &db}) upload(*t2);
+      dev->fused_backward(s, ft, g, Workspace{});
+      std::vector<std::vector<float>> got;
+      for (Both* t2 : {&dx, &dg, &db}) got.push_back(t2->device_values());
+      if (run == 0) want = got;
+      for (size_t i = 0; i < got.size() && run > 0; ++i) CHECK(same_bits(got[i], want[i]));
+    }
+  }
+  cudaFree(bits);
+}
+
 // The plans: on CUDA the executor plans the decode buffers it plans on the CPU (the passes read
 // the same encodings in place), for every stash format, on models with each kind of reader (dense
 // and depthwise convs, BN, max-pools, linear layers).
@@ -286,6 +414,42 @@ TEST_CASE("cuda: the backward passes need the decode buffers the CPU's need, no 
       INFO(model << ", stash " << stash_format_name(f) << ": decode buffers CPU " << unpack[0] << " bytes, CUDA "
                  << unpack[1]);
       CHECK(unpack[1] == unpack[0]);
+    }
+  }
+}
+
+// The same with the fused stacks a GPU runs (FusionSpec::whole_tensors) and their outputs computed
+// by their readers (memory.recompute_stack_outputs): the values the readers compute, and the decode
+// buffers, are the CPU's.
+TEST_CASE("cuda: fused stacks' outputs are computed by their readers where the CPU's are", "[cuda][stash][fusion]") {
+  const std::unique_ptr<Backend> cpu = make_cpu_backend(), dev = make_cuda_backend(0);
+  for (const char* model : {"resnet20", "vgg11_bn", "mobilenetv2"}) {
+    for (StashFormat f : {StashFormat::DenseF32, StashFormat::DenseF16, StashFormat::BitmapF32,
+                          StashFormat::BitmapF16, StashFormat::Auto}) {
+      StashOptions so;
+      so.format = f;
+      so.recompute_stack_outputs = true;
+      size_t unpack[2];
+      std::vector<int> by_readers[2];
+      for (int on_dev = 0; on_dev < 2; ++on_dev) {
+        Graph g;
+        ModelSpec spec;
+        spec.name = model;
+        spec.batch = 4;
+        spec.fusion.enabled = true;
+        spec.fusion.whole_tensors = true;
+        build_model(g, spec);
+        const Executor ex(g, on_dev ? *dev : *cpu, so);
+        unpack[on_dev] = ex.memory().unpack;
+        for (const SavedValue& sv : ex.stash().saved())
+          if (sv.affine_relu) by_readers[on_dev].push_back(sv.value);
+      }
+      INFO(model << ", stash " << stash_format_name(f) << ": decode buffers CPU " << unpack[0] << " bytes, CUDA "
+                 << unpack[1] << "; computed by readers CPU " << by_readers[0].size() << ", CUDA "
+                 << by_readers[1].size());
+      CHECK(unpack[1] == unpack[0]);
+      CHECK(by_readers[1] == by_readers[0]);
+      CHECK(!by_readers[1].empty());
     }
   }
 }
