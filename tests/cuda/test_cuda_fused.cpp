@@ -3,8 +3,9 @@
 // with FusionSpec::whole_tensors, backends/cuda/cuda_batchnorm.cu) against its own layers. Each
 // pass runs the layers' kernels' arithmetic in their order, BN's output and its gradient in
 // registers instead of memory, so fused and unfused steps agree bit for bit: in the stashes that
-// give the stacks the ReLU's mask differently (y kept dense, the bitmap stash, y recomputed), in
-// evaluation, and with the step recorded as a CUDA graph.
+// give the stacks the ReLU's mask differently (y kept dense, the bitmap stash, y recomputed or
+// computed by its readers), in evaluation, under 4-bit training, and with the step recorded as a
+// CUDA graph.
 #include <cuda_runtime.h>
 
 #include <catch2/catch.hpp>
@@ -37,14 +38,16 @@ struct FusedRun {
   std::unique_ptr<Executor> ex;
   Backend* be;
   int64_t batch = 8;
-  FusedRun(Backend& backend, const StashOptions& so, const std::string& model, bool fused) : be(&backend) {
+  FusedRun(Backend& backend, const StashOptions& so, const std::string& model, bool fused,
+           const QuantOptions& quant = QuantOptions{})
+      : be(&backend) {
     ModelSpec spec;
     spec.name = model;
     spec.batch = batch;
     spec.fusion.enabled = fused;
     spec.fusion.whole_tensors = true;
     build_model(g, spec);
-    ex = std::make_unique<Executor>(g, *be, so);
+    ex = std::make_unique<Executor>(g, *be, so, quant);
     init_parameters(*ex, 5);
   }
   void fill(int k) {
@@ -282,6 +285,34 @@ TEST_CASE("cuda: fused stacks recompute their outputs for their readers' backwar
     check_steps_alike(a, b, false);
     FusedRun a2(*be, kept, "resnet8", true);  // (a has trained on)
     check_steps_alike(a2, c, false);
+  }
+}
+
+TEST_CASE("cuda: fused stacks under 4-bit training (LUQ) train bit-identically to the layers", "[cuda][fusion][quant]") {
+  // INT4 forward, LUQ FP4 backward: the convs after a stack quantize its output and keep its
+  // codes; bitmap_int4 keeps those codes in the stash and recomputes the BN inputs from them.
+  // FP32 forward, LUQ backward: the weight gradients read the stacks' outputs in f32, or compute
+  // them from the stacks' x where they are not kept (recompute_stack_outputs).
+  const std::unique_ptr<Backend> be = make_cuda_backend(0);
+  for (auto [fwd, f] : {std::make_pair(ForwardQuant::Int4, StashFormat::DenseF32),
+                        std::make_pair(ForwardQuant::Int4, StashFormat::BitmapI4),
+                        std::make_pair(ForwardQuant::Fp32, StashFormat::BitmapF32)}) {
+    QuantOptions q;
+    q.forward = fwd;
+    q.backward = BackwardQuant::LuqFp4;
+    for (bool recompute : {false, true}) {
+      INFO("forward " << forward_quant_name(fwd) << ", stash " << stash_format_name(f) << ", recompute_stack_outputs "
+                      << recompute);
+      StashOptions so;
+      so.format = f;
+      so.recompute_stack_outputs = recompute;
+      FusedRun layers(*be, so, "resnet8", false, q), fused(*be, so, "resnet8", true, q);
+      REQUIRE(fused.fused_nodes() > 0);
+      int by_readers = 0;
+      for (const SavedValue& sv : fused.ex->stash().saved()) by_readers += sv.affine_relu;
+      CHECK((by_readers > 0) == (recompute && fwd == ForwardQuant::Fp32));
+      check_steps_alike(layers, fused, true);
+    }
   }
 }
 
