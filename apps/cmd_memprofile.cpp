@@ -292,7 +292,13 @@ int cmd_memprofile(const MemProfileArgs& a) {
                 double(*uss_before) / kMB, double(*peak) / kMB, step_mb, uss_method_name(step_peak.method()));
   else
     std::printf("USS unavailable (/proc/self/smaps_rollup and /proc/self/smaps cannot be read)\n");
-  if (budget.budget_mb > 0 && !step_uss) {
+  if (budget.budget_mb > 0 && budget.device) {  // a budget of the device's memory: what the model added to it
+    const double dev_mb = (double(dev_after) - double(dev_before)) / kMB;
+    std::printf("memory budget %.1f MB: measured device memory %.1f MB (%s), predicted %.1f MB\n", budget.budget_mb,
+                dev_mb, dev_mb <= budget.budget_mb ? "within it" : "OVER it", budget.predicted_mb);
+    totals["budget_mb"] = budget.budget_mb;
+    totals["budget_predicted_mb"] = budget.predicted_mb;
+  } else if (budget.budget_mb > 0 && !step_uss) {
     std::printf("memory budget %.1f MB: step USS unavailable, predicted %.1f MB\n", budget.budget_mb,
                 budget.predicted_mb);
   } else if (budget.budget_mb > 0) {

@@ -29,6 +29,20 @@ struct Calibration {
   double overhead_bytes = 0;
 };
 
+// What a budget bounds on `backend`: the process's USS where the backend's memory is the host's,
+// else the device's memory in use as its driver reports it (a GPU: cudaMemGetInfo; on a Jetson,
+// system memory the GPU holds, which the process's USS does not show).
+bool budgets_device(Backend& backend) {
+  size_t used = 0, total = 0;
+  return backend.memory().usage(&used, &total);
+}
+size_t device_used(Backend& backend) {
+  size_t used = 0, total = 0;
+  ET_CHECK(backend.memory().usage(&used, &total), "the backend's memory reports no usage");
+  return used;
+}
+const char* measure_name(bool device) { return device ? "device memory" : "USS"; }
+
 void synthetic_batch(Executor& ex, uint64_t seed) {
   Graph& g = ex.graph();
   std::mt19937_64 rng(seed);
@@ -47,8 +61,9 @@ void calibrate(Graph& g, Backend& backend, const QuantOptions& quant, const Budg
   StashOptions lean;
   lean.format = format;
   lean.checkpoint_every = every;
-  // The budget is one of USS: without it there is nothing to plan against.
-  const std::optional<size_t> uss_before = read_uss_bytes();
+  // The budget is one of USS (or of the device's memory): without it there is nothing to plan against.
+  const bool device = budgets_device(backend);
+  const std::optional<size_t> uss_before = device ? std::optional<size_t>(device_used(backend)) : read_uss_bytes();
   if (!uss_before)
     user_error("memory.budget_mb: the process USS cannot be read (/proc/self/smaps_rollup and /proc/self/smaps are "
                "unavailable), so a USS budget cannot be planned; leave memory.budget_mb at 0");
@@ -76,8 +91,11 @@ void calibrate(Graph& g, Backend& backend, const QuantOptions& quant, const Budg
     cal->nonzero.assign(size_t(g.num_values()), 1.0);
     // USS the step adds beyond the arena and the stash region (thread stacks, per-thread
     // scratch, the allocator's own pages): their resident pages are subtracted as they are, the
-    // prediction counts both whole (a plan may touch pages this one did not).
-    cal->overhead_bytes = std::max(0.0, double(uss.peak().value_or(0)) - double(*uss_before) - double(ex.arena_resident_bytes()) -
+    // prediction counts both whole (a plan may touch pages this one did not). On a device, what
+    // its memory holds beyond them after the steps (the backend's scratch, cuDNN's and cuBLAS's
+    // workspaces, the codec's buffers: kept from the first step on).
+    const double after = device ? double(device_used(backend)) : double(uss.peak().value_or(0));
+    cal->overhead_bytes = std::max(0.0, after - double(*uss_before) - double(ex.arena_resident_bytes()) -
                                             double(ex.stash().region_resident_bytes()));
   }
   seconds->assign(size_t(g.num_values()), 0.0);
@@ -339,13 +357,15 @@ BudgetPlan plan_memory_budget(Graph& g, Backend& backend, const QuantOptions& qu
     for (const SavedValue& sv : ex.stash().saved()) any |= sv.recomputed;
     if (any) consider({}, 0, 0, true);
   }
+  const bool device = budgets_device(backend);
   if (!met)
     user_error("config key 'memory.budget_mb' = ", o.budget_mb, ": no plan fits the training step in it; the smallest ",
-               o.lossy ? "" : "exact ", "plan is predicted at ", mb(smallest), " (the fastest at ", mb(fastest),
-               "; USS outside arena and stash measured at ", mb(cal.overhead_bytes), ")",
+               o.lossy ? "" : "exact ", "plan is predicted at ", mb(smallest), " (the fastest at ", mb(fastest), "; ",
+               measure_name(device), " outside arena and stash measured at ", mb(cal.overhead_bytes), ")",
                o.lossy ? "" : "; memory.budget_lossy = true also allows fp16 formats");
 
   BudgetPlan p;
+  p.device = device;
   p.options = s.options(best.c);
   p.budget_mb = o.budget_mb;
   p.predicted_mb = best.e.bytes / kMB;
@@ -396,10 +416,12 @@ std::vector<std::string> BudgetPlan::summary() const {
   else
     std::snprintf(recompute, sizeof(recompute), "%d segment%s of %d layer%s", segments, segments == 1 ? "" : "s",
                   options.checkpoint_every, options.checkpoint_every == 1 ? "" : "s");
+  const char* what = measure_name(device);
   std::snprintf(buf, sizeof(buf),
-                "memory budget %.1f MB: predicted step USS %.1f MB (fastest plan %.1f MB), predicted extra time %.2f ms "
-                "per step (recompute %.2f ms, %s); planned in %.1f s (USS outside arena and stash: %.1f MB)",
-                budget_mb, predicted_mb, fastest_mb, extra_ms, recompute_ms, recompute, calibration_s, overhead_mb);
+                "memory budget %.1f MB: predicted step %s %.1f MB (fastest plan %.1f MB), predicted extra time %.2f ms "
+                "per step (recompute %.2f ms, %s); planned in %.1f s (%s outside arena and stash: %.1f MB)",
+                budget_mb, what, predicted_mb, fastest_mb, extra_ms, recompute_ms, recompute, calibration_s, what,
+                overhead_mb);
   out.push_back(buf);
   for (const BudgetTensor& t : tensors) {
     if (t.format == StashFormat::DenseF32 && !t.recomputed) continue;
@@ -417,7 +439,8 @@ std::string budget_plan_json(const BudgetPlan& p) {
   const nlohmann::json j = {{"budget_mb", p.budget_mb},           {"predicted_mb", p.predicted_mb},
                             {"extra_ms", p.extra_ms},             {"checkpoint_every", p.options.checkpoint_every},
                             {"segments", p.options.segments},     {"layers", layers},
-                            {"recompute_stack_outputs", p.options.recompute_stack_outputs}};
+                            {"recompute_stack_outputs", p.options.recompute_stack_outputs},
+                            {"measure", measure_name(p.device)}};
   return j.dump(2) + "\n";
 }
 
@@ -433,6 +456,7 @@ BudgetPlan read_budget_plan(const std::string& path, const Graph& g) {
     p.options.checkpoint_every = j.at("checkpoint_every").get<int>();
     p.options.segments = j.at("segments").get<std::vector<uint8_t>>();
     p.options.recompute_stack_outputs = j.value("recompute_stack_outputs", false);  // absent before session 26
+    p.device = j.value("measure", std::string("USS")) == measure_name(true);        // absent before session 61
     for (const auto& [name, f] : j.at("layers").items()) {
       StashFormat sf;
       if (!parse_stash_format(f.get<std::string>(), &sf) || sf == StashFormat::Auto)

@@ -1,6 +1,8 @@
 // Memory budget (memory.budget_mb): before the first step, chooses per saved tensor its stash
 // format and which recompute segments run again, so that the training step's USS fits the budget
-// with the least predicted extra time.
+// with the least predicted extra time. On a backend whose memory is a device's (CUDA), the budget
+// is of that memory as its driver reports it (DeviceMemory::usage) instead: the arena, the stash
+// region and the backend's own allocations, beyond what was in use before (the CUDA context).
 //
 // 1. Calibration: a few steps of the graph at its batch, on a synthetic batch, in the leanest exact
 //    plan (bitmap_fp32 where zeros come by construction, every single-layer segment recomputed),
@@ -54,7 +56,8 @@ struct BudgetPlan {
   StashOptions options;      // what the executor gets
   double budget_mb = 0, predicted_mb = 0;
   double fastest_mb = 0;     // prediction for the plan without any move (dense_fp32, no recompute)
-  double overhead_mb = 0;    // measured in calibration: USS beyond the arena and the stash
+  bool device = false;       // bounds the device's memory (a GPU backend's), not the process's USS
+  double overhead_mb = 0;    // measured in calibration: USS (device memory) beyond the arena and the stash
   double arena_mb = 0, stash_mb = 0;  // the prediction's parts: arena size, stash region peak
   double extra_ms = 0;       // predicted time per step above the fastest plan
   double recompute_ms = 0;   // of which recomputation

@@ -68,7 +68,6 @@ Config parse_config(const json& j, const std::string& source) {
   parse_fusion(top, c);
   parse_finetune(top, c);
   parse_quant(top, c);
-  check_device_support(c);
   c.model.label_smoothing = c.train.label_smoothing;
   c.model.double_mask_bn = c.memory.double_mask_bn;
   c.model.batch = c.train.batch_size;

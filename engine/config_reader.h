@@ -137,8 +137,6 @@ void parse_memory(ObjectReader& top, Config& c);
 void parse_fusion(ObjectReader& top, Config& c);
 void parse_finetune(ObjectReader& top, Config& c);
 void parse_quant(ObjectReader& top, Config& c);
-// Cross-key: what train.device's backend supports (UserError naming the keys).
-void check_device_support(const Config& c);
 
 }  // namespace config_detail
 }  // namespace et

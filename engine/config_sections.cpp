@@ -335,19 +335,3 @@ void parse_quant(ObjectReader& top, Config& c) {
 
 }  // namespace config_detail
 }  // namespace et
-
-namespace et {
-namespace config_detail {
-
-// What the CUDA backend runs so far (issue 13): FP32 and 4-bit training with every stash format,
-// recomputation, and (fusion.enabled = true) its element-wise fused stacks. A USS budget (host
-// memory) names its key.
-void check_device_support(const Config& c) {
-  if (c.train.device.compare(0, 4, "cuda") != 0) return;
-  const std::string dev = "config key 'train.device' = \"" + c.train.device + "\": ";
-  if (c.memory.budget_mb > 0)
-    user_error(dev, "memory.budget_mb plans host USS; on CUDA leave it at 0");
-}
-
-}  // namespace config_detail
-}  // namespace et
