@@ -171,6 +171,7 @@ void Stash::push(int value_id, const Tensor& t, const MaskOut& written, const Te
     e.bytes = t.nbytes();
     zero_copy_live_ += e.bytes;
   } else {
+    if (timing_) codec_->synchronize();  // (the work before is not this value's)
     const auto t0 = timing_ ? Clock::now() : Clock::time_point{};
     if (mask_apart(s) && !fixed_copy) {  // (a copy is its own exact mask)
       // The exact mask first (the producer may have written it: mask_target), then the encoding
@@ -242,6 +243,7 @@ void Stash::push(int value_id, const Tensor& t, const MaskOut& written, const Te
     }
     e.bytes = in_slot ? 0 : mask_bytes + stash_encoding_bytes(enc, n, e.nonzero);  // in a slot: settle()
     if (timing_) {
+      codec_->synchronize();
       const double dt = since(t0);
       pack_s_ += dt;
       rec.seconds += dt;
@@ -291,6 +293,7 @@ Tensor Stash::get(int value_id) {
   Tensor out = s.unpack;
   out.shape = e.view.shape;  // the current batch
   if (!e.decoded) {
+    if (timing_) codec_->synchronize();  // (the work before is not this value's)
     const auto t0 = timing_ ? Clock::now() : Clock::time_point{};
     const void* src = at(e.encoding_offset);
     float* y = out.f32();
@@ -312,6 +315,7 @@ Tensor Stash::get(int value_id) {
     }
     e.decoded = true;
     if (timing_) {
+      codec_->synchronize();
       const double dt = since(t0);
       unpack_s_ += dt;
       records_[size_t(value_id)].seconds += dt;

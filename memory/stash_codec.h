@@ -31,6 +31,9 @@ class StashCodec {
   // Elements of x[n] with |x| above the prune threshold (bitmap::count_nonzero).
   virtual int64_t count_nonzero(const float* x, int64_t n, float prune_threshold) = 0;
   virtual bool defers_counts() const { return false; }
+  // Waits until the work it issued has run (a GPU's kernels run after their calls return), so that
+  // a timed stash (Stash::set_timing: the budget's calibration) measures the work, not its launch.
+  virtual void synchronize() {}
   // Scratch for encodings of up to n elements, sized now (outside the step: a recorded step may
   // not allocate); the stash calls it with its largest value. Only grows.
   virtual void reserve(int64_t /*n*/) {}

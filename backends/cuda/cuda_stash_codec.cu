@@ -332,6 +332,7 @@ class CudaStashCodec final : public StashCodec {
   }
 
   bool defers_counts() const override { return true; }
+  void synchronize() override { check(cudaStreamSynchronize(stream_), "cudaStreamSynchronize"); }
   void reserve(int64_t n) override { reserve_chunks(num_chunks(n)); }  // (code blocks are fewer)
   int64_t scratch_generation() const override { return generation_; }
   int64_t count_nonzero(const float* x, int64_t n, float prune_threshold) override {
