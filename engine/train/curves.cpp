@@ -127,6 +127,7 @@ RunCurves read_run_curves(const std::string& metrics_path, const std::string& na
     r.test_acc.push_back(get("test_acc"));
     r.lr.push_back(get("lr"));
     r.peak_uss_mb.push_back(get("peak_uss_mb"));
+    r.device_mb.push_back(get("device_mb"));
   }
   return r;
 }
@@ -150,7 +151,8 @@ std::string curves_svg(const std::vector<RunCurves>& runs, const std::string& ti
   panel(o, 0, 30, "loss (train dashed, test solid)", series(&RunCurves::train_loss, &RunCurves::test_loss));
   panel(o, kPanelW, 30, "accuracy (train dashed, test solid)", series(&RunCurves::train_acc, &RunCurves::test_acc));
   panel(o, 0, 30 + kPanelH, "learning rate (end of epoch)", series(nullptr, &RunCurves::lr));
-  panel(o, kPanelW, 30 + kPanelH, "peak USS per epoch, MB", series(nullptr, &RunCurves::peak_uss_mb));
+  panel(o, kPanelW, 30 + kPanelH, "peak USS per epoch, MB (GPU memory dashed)",
+        series(&RunCurves::device_mb, &RunCurves::peak_uss_mb));
   int y = 2 * kPanelH + 50;
   for (size_t i = 0; i < runs.size(); ++i, y += 18) {
     const char* c = kColors[i % (sizeof(kColors) / sizeof(kColors[0]))];

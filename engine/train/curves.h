@@ -1,7 +1,7 @@
-// Training curves as SVG: train / test loss and accuracy, learning rate and peak USS per epoch,
-// from runs' metrics.jsonl. The trainer rewrites <run>/curves.svg after every epoch (a run on a
-// device can be watched from a browser); `edgetrain plot RUN_DIR...` draws several runs on one
-// chart to compare them.
+// Training curves as SVG: train / test loss and accuracy, learning rate and peak USS per epoch
+// (and a GPU run's device memory), from runs' metrics.jsonl. The trainer rewrites <run>/curves.svg
+// after every epoch (a run on a device can be watched from a browser); `edgetrain plot RUN_DIR...`
+// draws several runs on one chart to compare them.
 #pragma once
 #include <string>
 #include <vector>
@@ -11,6 +11,7 @@ namespace et {
 struct RunCurves {
   std::string name;  // legend label
   std::vector<double> epoch, train_loss, test_loss, train_acc, test_acc, lr, peak_uss_mb;
+  std::vector<double> device_mb;  // a GPU run's device memory (NaN elsewhere)
 };
 
 // The epoch records of `metrics_path` (metrics.jsonl; event lines and unreadable lines skipped).

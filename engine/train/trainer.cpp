@@ -131,6 +131,8 @@ void Trainer::build(bool keep_train) {
 
   build_model(graph_, cfg_.model);
   if (!backend_) backend_ = make_backend(cfg_.train.device);
+  size_t total = 0;
+  device_usage_ = backend_->memory().usage(&device_before_, &total);
   // A budget is planned for training; evaluation keeps the configured plan.
   const StashOptions stash = train_ ? plan_stash_options(cfg_, graph_, *backend_, &budget_) : cfg_.stash_options();
   if (train_ && cfg_.quant.fnt_epochs > 0 && budget_.budget_mb > 0) {
@@ -480,12 +482,16 @@ void Trainer::fit(const std::string& out_dir, bool resume, Progress& progress, i
     r.test_loss = ev.loss;
     r.test_acc = ev.acc;
     r.peak_uss_mb = uss_mb_or_negative(uss_.peak());
+    size_t used = 0, total = 0;
+    if (device_usage_ && backend_->memory().usage(&used, &total))
+      r.device_mb = (double(used) - double(device_before_)) / 1048576.0;
     state_.epoch = epoch;
     state_.best_test_acc = std::max(state_.best_test_acc, r.test_acc);
     json j = {{"epoch", r.epoch},       {"train_loss", r.train_loss}, {"train_acc", r.train_acc},
               {"test_loss", r.test_loss}, {"test_acc", r.test_acc},   {"lr", r.lr},
               {"img_per_s", r.img_per_s}, {"epoch_s", r.epoch_s},     {"peak_uss_mb", r.peak_uss_mb >= 0 ? json(r.peak_uss_mb) : json()},
               {"uss_method", uss_method_name(uss_.method())}, {"stash_peak_mb", r.stash_peak_mb}, {"fnt", r.fnt}};
+    if (r.device_mb >= 0) j["device_mb"] = r.device_mb;
     // The record first, then the checkpoint that covers it: a kill between the two leaves a record
     // newer than the checkpoint, which --resume drops (never a checkpoint without its record).
     append_metrics(out_dir, j);
@@ -495,6 +501,7 @@ void Trainer::fit(const std::string& out_dir, bool resume, Progress& progress, i
                       " | test loss ", r.test_loss, " acc ", r.test_acc, " | ", int(r.img_per_s), " img/s, ",
                       format_duration(r.epoch_s), ", peak USS ",
                       r.peak_uss_mb >= 0 ? fmt(int(r.peak_uss_mb), " MB") : std::string("unavailable"),
+                      r.device_mb >= 0 ? fmt(", device memory ", int(r.device_mb), " MB") : std::string(),
                       r.fnt ? " [FNT]" : ""));
   }
 }

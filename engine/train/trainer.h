@@ -28,6 +28,9 @@ struct EpochResult {
   double img_per_s = 0, epoch_s = 0, lr = 0;
   double peak_uss_mb = -1;  // over the epoch's steps and its evaluation; < 0: USS unavailable
   double stash_peak_mb = 0;
+  // A GPU backend's memory the run holds at the epoch's end (the driver's count, beyond what was
+  // in use before the model: the arena, the stash region as fitted, the backend's scratch); < 0: none.
+  double device_mb = -1;
   bool fnt = false;       // an FNT epoch (quant.fnt_epochs)
   bool diverged = false;  // ended early: Trainer::divergence() describes the step
 };
@@ -130,6 +133,8 @@ class Trainer {
   UssPeak uss_;
   Divergence divergence_;
   BudgetPlan budget_, budget_fnt_;  // the main phase's, FNT's (quant.fnt_epochs)
+  bool device_usage_ = false;        // the backend's memory reports its use (a GPU's)
+  size_t device_before_ = 0;         // in use then, before the model (the CUDA context)
   int64_t divergence_batch_ = 0, divergence_batches_ = 0;  // where in its epoch (1-based), of how many
   std::function<void(Executor&, int64_t)> before_step_;
 };

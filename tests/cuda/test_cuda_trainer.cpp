@@ -42,6 +42,10 @@ TEST_CASE("cuda: fit trains and evaluates epochs as on the CPU, after short eval
     CHECK(std::fabs(a - d) <= 1e-3 * std::fabs(a));
     const double ta = cpu[e]["test_loss"], td = dev[e]["test_loss"];
     CHECK(std::fabs(ta - td) <= 1e-3 * std::fabs(ta));
+    // The device memory the run holds (the driver's count), on the GPU only.
+    CHECK_FALSE(cpu[e].contains("device_mb"));
+    REQUIRE(dev[e].contains("device_mb"));
+    CHECK(double(dev[e]["device_mb"]) > 0.0);
   }
 }
 
