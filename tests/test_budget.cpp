@@ -259,6 +259,7 @@ TEST_CASE("a run's memory plan reads back as it was chosen", "[budget]") {
   CHECK(back.options.checkpoint_every == p.plan.options.checkpoint_every);
   CHECK(back.options.segments == p.plan.options.segments);
   CHECK(back.budget_mb == p.plan.budget_mb);
+  CHECK_FALSE(back.device);  // a budget of USS (on CUDA, of the device's memory)
   {
     std::ofstream out(path);
     out << R"({"budget_mb": 1, "predicted_mb": 1, "extra_ms": 0, "checkpoint_every": 1, "segments": [1], "layers": {}})";

@@ -5,7 +5,10 @@
 // device than the budget, and the exact choices train as the fastest plan does, bit for bit.
 #include <catch2/catch.hpp>
 
+#include <cstdio>
 #include <cstring>
+#include <filesystem>
+#include <fstream>
 #include <memory>
 #include <string>
 #include <vector>
@@ -118,6 +121,12 @@ TEST_CASE("cuda: a memory budget plans the device's memory: met, and the step ho
                   << p.overhead_mb << " MB)");
   REQUIRE(p.predicted_mb <= budget);
   CHECK((!p.options.layers.empty() || p.segments > 0));  // something had to move
+  {  // a run folder's memory_plan.json says what it budgets
+    const std::string path = (std::filesystem::temp_directory_path() / "edgetrain_cuda_budget_plan.json").string();
+    std::ofstream(path) << budget_plan_json(p);
+    CHECK(read_budget_plan(path, b.g).device);
+    std::remove(path.c_str());
+  }
 
   const Trained fast = train(*be, b.g, StashOptions{}), lean = train(*be, b.g, p.options);
   INFO("device memory added: fastest plan " << fast.device_mb << " MB, budget's " << lean.device_mb
