@@ -63,8 +63,8 @@ void calibrate(Graph& g, Backend& backend, const QuantOptions& quant, const Budg
   lean.checkpoint_every = every;
   // The budget is one of USS (or of the device's memory): without it there is nothing to plan against.
   const bool device = budgets_device(backend);
-  const std::optional<size_t> uss_before = device ? std::optional<size_t>(device_used(backend)) : read_uss_bytes();
-  if (!uss_before)
+  const std::optional<size_t> before = device ? std::optional<size_t>(device_used(backend)) : read_uss_bytes();
+  if (!before)
     user_error("memory.budget_mb: the process USS cannot be read (/proc/self/smaps_rollup and /proc/self/smaps are "
                "unavailable), so a USS budget cannot be planned; leave memory.budget_mb at 0");
   Executor ex(g, backend, lean, quant);
@@ -95,7 +95,7 @@ void calibrate(Graph& g, Backend& backend, const QuantOptions& quant, const Budg
     // its memory holds beyond them after the steps (the backend's scratch, cuDNN's and cuBLAS's
     // workspaces, the codec's buffers: kept from the first step on).
     const double after = device ? double(device_used(backend)) : double(uss.peak().value_or(0));
-    cal->overhead_bytes = std::max(0.0, after - double(*uss_before) - double(ex.arena_resident_bytes()) -
+    cal->overhead_bytes = std::max(0.0, after - double(*before) - double(ex.arena_resident_bytes()) -
                                             double(ex.stash().region_resident_bytes()));
   }
   seconds->assign(size_t(g.num_values()), 0.0);

@@ -593,21 +593,23 @@ void CudaBackend::fused_backward(const FusedStack& s, const FusedTensors& t, Fus
   const BackwardArgs args{t.gamma.f32(), t.mean.f32(), t.invstd.f32(), N, C, HW, room.partials, room.coef,
                           opt(g.dgamma), opt(g.dbeta), g.params_accumulate, opt(g.dx), g.dx_accumulate,
                           f.add && !f.side_bn ? opt(g.dside) : nullptr, g.dside_accumulate};
-  if (f.pool) {
+  // The forward's scale [C] and shift [C], where the backward finds the ReLU's output from x.
+  auto forward_coefficients = [&] {
     float* fwd = room.pool_coef;
     bn_saved_coefficients_kernel<<<cuda::blocks_for(C), cuda::kThreads, 0, stream_>>>(
         C, t.gamma.f32(), t.beta.f32(), t.mean.f32(), t.invstd.f32(), fwd, fwd + C);
     cuda::launched("fused_backward (forward coefficients)");
+    return fwd;
+  };
+  if (f.pool) {
+    const float* fwd = forward_coefficients();
     return cuda::with_stored_x(t.x, *codec_, "fused_backward", [&](auto xs) {
       backward_sweeps(stream_, PooledGrad<decltype(xs)>{xs, fwd, g.dy.f32(), pool_geom(s)}, xs, args);
     });
   }
   if (f.relu && !g.y_mask.bits && !g.y_mask.dense.defined()) {  // y computed by its readers: nothing kept of it
     ET_CHECK(fused_recomputes(s), "cuda: a fused stack's ReLU mask");
-    float* fwd = room.pool_coef;
-    bn_saved_coefficients_kernel<<<cuda::blocks_for(C), cuda::kThreads, 0, stream_>>>(
-        C, t.gamma.f32(), t.beta.f32(), t.mean.f32(), t.invstd.f32(), fwd, fwd + C);
-    cuda::launched("fused_backward (forward coefficients)");
+    const float* fwd = forward_coefficients();
     return cuda::with_stored_x(t.x, *codec_, "fused_backward", [&](auto xs) {
       using Y = cuda::AffineReluX<decltype(xs)>;
       backward_sweeps(stream_, ReluFromXGrad<decltype(xs)>{Y{xs, fwd, fwd + C, C, HW}, g.dy.f32()}, xs, args);
