@@ -6,6 +6,8 @@
 
 #include <cmath>
 #include <cstdlib>
+#include <filesystem>
+#include <fstream>
 #include <string>
 #include <vector>
 
@@ -46,6 +48,29 @@ TEST_CASE("cuda: fit trains and evaluates epochs as on the CPU, after short eval
     CHECK_FALSE(cpu[e].contains("device_mb"));
     REQUIRE(dev[e].contains("device_mb"));
     CHECK(double(dev[e]["device_mb"]) > 0.0);
+  }
+}
+
+TEST_CASE("cuda: fit with a memory budget plans the device's memory and keeps to it", "[cuda][training][budget]") {
+  // memory.budget_mb on CUDA (engine/budget.h): planned against the device's memory; the run
+  // folder's plan says so, and each epoch's device memory stays within the budget.
+  Config cfg = test::small_fit_config(2, "cuda");
+  cfg.memory.budget_mb = 200;
+  Trainer t(cfg, test::synthetic_dataset(24, 1), test::synthetic_dataset(10, 2));
+  REQUIRE(t.budget().budget_mb == 200);
+  CHECK(t.budget().device);
+  CHECK(t.budget().predicted_mb <= 200);
+  std::filesystem::path dir;
+  const std::vector<json> m = test::fit_quietly(t, "cuda_budget", &dir);
+  std::ifstream plan(dir / budget_plan_name(false));
+  REQUIRE(plan.good());
+  CHECK(json::parse(plan)["measure"] == "device memory");
+  std::filesystem::remove_all(dir);
+  REQUIRE(m.size() == 2);
+  for (const json& e : m) {
+    REQUIRE(e.contains("device_mb"));
+    CHECK(double(e["device_mb"]) <= 200.0);
+    CHECK(double(e["device_mb"]) <= t.budget().predicted_mb + 1.0);  // (the CPU's USS check allows a MB)
   }
 }
 
