@@ -3,8 +3,8 @@
 # so nothing is built there). Prepare here with scripts/gpu_prepare.sh (builds build-cuda: portable
 # x86, sm_90; copies the binaries and a 20 MB .tgz of the JPEG CIFAR-10 into gpu/, which
 # .gitignore leaves out), then run there, carrying gpu/:
-#   STEPS="tests bench train suite" bash scripts/gpu_check.sh gpu   (also: memory, fused, luq, profile, badinput,
-#   conv, torch)
+#   STEPS="tests bench train suite" bash scripts/gpu_check.sh gpu   (also: memory, budget, fused, luq, profile,
+#   badinput, conv, torch)
 # A session has 15 minutes of device time (a start takes about 40 s): docs/cuda.md, "How it is
 # checked on a GPU", lists the runs in the order to spend them.
 # Each step has its own time limit and writes its log to $OUT; a step that fails does not stop the
@@ -123,6 +123,17 @@ if has memory; then
   stamp "device memory of the bitmap stashes against the CPU's (bench/stash_device_memory.py)"
   PYTHONUNBUFFERED=1 timeout "$(lim "${MEMORY_S:-300}")" python3 bench/stash_device_memory.py --edgetrain "$B/edgetrain" \
     --models "${MEMORY_MODELS:-resnet20}" 2>&1 | tee "$OUT/memory.log"
+fi
+
+if has budget; then
+  # memory.budget_mb on CUDA (session 61): a budget of the device's memory, planned, then measured
+  # by memprofile against what the model added to the driver's count.
+  stamp "a memory budget of the device's memory (memprofile, ResNet-20, batch 128, ${BUDGET_MB:-200} MB)"
+  rm -rf /tmp/mpb
+  timeout "$(lim 120)" "$B/edgetrain" memprofile --config configs/resnet20_cifar10.json --synthetic --out /tmp/mpb \
+    --set train.device=cuda --set fusion.enabled=false --set memory.budget_mb="${BUDGET_MB:-200}" >"$OUT/budget.log" 2>&1
+  status $?
+  grep -E 'memory budget|device memory|rror' "$OUT/budget.log"
 fi
 
 if has fused; then
