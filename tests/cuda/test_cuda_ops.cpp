@@ -438,15 +438,11 @@ void step_both(Run& direct, Run& rec, StepReplay& replay) {
 
 }  // namespace
 
-TEST_CASE("cuda: a replayed step (a CUDA graph) equals the step run op by op, bit for bit", "[cuda][replay]") {
-  // The same kernels with the same arguments on the same addresses: every loss and every byte of
-  // the state must match. Each step has its own batch and learning rate, which a replay must take
-  // (the inputs are copied in before it, the optimizer step runs after it); an evaluation batch
-  // between steps must not disturb it. The bitmap formats are recorded in the stash's fixed layout
-  // (memory/stash.h): their counts stay on the device, and each replay's are settled afterwards,
-  // so the stash's peak is the op-by-op steps' too; auto's encodings are the entries' (their rooms
-  // choose). Recomputation (segments, and stack outputs recomputed by their readers) is recorded
-  // with the rest.
+namespace {
+
+// The stash settings a replayed step is checked in: every f32 format, recompute segments, and
+// stack outputs recomputed by their readers.
+std::vector<StashOptions> replay_settings() {
   std::vector<StashOptions> options;
   for (StashFormat f : {StashFormat::DenseF32, StashFormat::DenseBF16, StashFormat::BitmapF32, StashFormat::BitmapF16,
                         StashFormat::Auto}) {
@@ -457,36 +453,56 @@ TEST_CASE("cuda: a replayed step (a CUDA graph) equals the step run op by op, bi
   options.back().checkpoint_every = 2;
   options.push_back(options[2]);
   options.back().recompute_stack_outputs = true;
-  for (const StashOptions& so : options) {
-    for (const char* model : {"resnet8", "mobilenetv2"}) {
-      INFO(stash_format_name(so.format) << " " << model << ", checkpoint_every " << so.checkpoint_every
-                                        << ", recompute_stack_outputs " << so.recompute_stack_outputs);
-      // One backend for both: each backend measures its conv choices (cuDNN or its own kernels) on
-      // first use, and MobileNet-V2's grouped convs time so close that two backends may choose
-      // differently, and round differently (a GPU run of session 47 saw it).
-      const std::unique_ptr<Backend> shared = make_cuda_backend(0);
-      Run direct(*shared, so, model, 16), rec(*shared, so, model, 16);
-      REQUIRE(StepReplay::unsupported(*rec.ex) == "");
-      StepReplay replay(*rec.ex, true, 1);
-      for (int s = 0; s < 6; ++s) {
-        direct.fill(s);
-        rec.fill(s);
-        step_both(direct, rec, replay);
-        const float lr = 0.02f * float(s + 1);
-        REQUIRE(sgd_update(*direct.ex, SgdOptions{0.9f, 5e-4f, false}, lr, s == 0));
-        REQUIRE(sgd_update(*rec.ex, SgdOptions{0.9f, 5e-4f, false}, lr, s == 0));
-        if (s == 3) {  // an evaluation forward of 5 images on both
-          direct.ex->forward(5, false);
-          rec.ex->forward(5, false);
-          CHECK(rec.ex->loss() == direct.ex->loss());
-        }
-      }
-      CHECK(replay.replaying());
-      CHECK((state_bytes(rec) == state_bytes(direct)));  // (( )): no byte-by-byte expansion on failure
-      CHECK(rec.ex->stash().fixed_layout());
-      CHECK(rec.ex->stash().peak_bytes() == direct.ex->stash().peak_bytes());
+  return options;
+}
+
+// Six steps of `model` at batch 16 in `so`, op by op and replayed: every loss and every byte of the
+// state must match.
+void check_replayed_steps(const StashOptions& so, const char* model) {
+  INFO(stash_format_name(so.format) << " " << model << ", checkpoint_every " << so.checkpoint_every
+                                    << ", recompute_stack_outputs " << so.recompute_stack_outputs);
+  // One backend for both: each backend measures its conv choices (cuDNN or its own kernels) on
+  // first use, and MobileNet-V2's grouped convs time so close that two backends may choose
+  // differently, and round differently (a GPU run of session 47 saw it).
+  const std::unique_ptr<Backend> shared = make_cuda_backend(0);
+  Run direct(*shared, so, model, 16), rec(*shared, so, model, 16);
+  REQUIRE(StepReplay::unsupported(*rec.ex) == "");
+  StepReplay replay(*rec.ex, true, 1);
+  for (int s = 0; s < 6; ++s) {
+    direct.fill(s);
+    rec.fill(s);
+    step_both(direct, rec, replay);
+    const float lr = 0.02f * float(s + 1);
+    REQUIRE(sgd_update(*direct.ex, SgdOptions{0.9f, 5e-4f, false}, lr, s == 0));
+    REQUIRE(sgd_update(*rec.ex, SgdOptions{0.9f, 5e-4f, false}, lr, s == 0));
+    if (s == 3) {  // an evaluation forward of 5 images on both
+      direct.ex->forward(5, false);
+      rec.ex->forward(5, false);
+      CHECK(rec.ex->loss() == direct.ex->loss());
     }
   }
+  CHECK(replay.replaying());
+  CHECK((state_bytes(rec) == state_bytes(direct)));  // (( )): no byte-by-byte expansion on failure
+  CHECK(rec.ex->stash().fixed_layout());
+  CHECK(rec.ex->stash().peak_bytes() == direct.ex->stash().peak_bytes());
+}
+
+}  // namespace
+
+TEST_CASE("cuda: a replayed step (a CUDA graph) equals the step run op by op, bit for bit", "[cuda][replay]") {
+  // The same kernels with the same arguments on the same addresses: every loss and every byte of
+  // the state must match. Each step has its own batch and learning rate, which a replay must take
+  // (the inputs are copied in before it, the optimizer step runs after it); an evaluation batch
+  // between steps must not disturb it. The bitmap formats are recorded in the stash's fixed layout
+  // (memory/stash.h): their counts stay on the device, and each replay's are settled afterwards,
+  // so the stash's peak is the op-by-op steps' too; auto's encodings are the entries' (their rooms
+  // choose). Recomputation (segments, and stack outputs recomputed by their readers) is recorded
+  // with the rest. ResNet-8 here; MobileNet-V2 (grouped convs, hours on the emulator) below.
+  for (const StashOptions& so : replay_settings()) check_replayed_steps(so, "resnet8");
+}
+
+TEST_CASE("cuda: a replayed MobileNet-V2 step equals the step run op by op, bit for bit", "[cuda][replay]") {
+  for (const StashOptions& so : replay_settings()) check_replayed_steps(so, "mobilenetv2");
 }
 
 TEST_CASE("cuda: a replayed 4-bit step (scales on the device) equals the step run op by op", "[cuda][replay][quant]") {
