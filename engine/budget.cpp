@@ -63,6 +63,9 @@ void calibrate(Graph& g, Backend& backend, const QuantOptions& quant, const Budg
   lean.checkpoint_every = every;
   // The budget is one of USS (or of the device's memory): without it there is nothing to plan against.
   const bool device = budgets_device(backend);
+  // A device allocates its stash region whole: the bitmap entries' rooms start at half and are
+  // fitted after each step, as in training (the worst case may not fit where a budget is needed).
+  if (device) lean.first_room = 0.5;
   const std::optional<size_t> before = device ? std::optional<size_t>(device_used(backend)) : read_uss_bytes();
   if (!before)
     user_error("memory.budget_mb: the process USS cannot be read (/proc/self/smaps_rollup and /proc/self/smaps are "
@@ -77,6 +80,7 @@ void calibrate(Graph& g, Backend& backend, const QuantOptions& quant, const Budg
     ex.forward(n, true);
     uss.phase();
     ex.backward();
+    if (device) ex.fit_stash_room();  // (a step that outgrew its room measured the same work)
     uss.phase();
     uss.end_step();
   };
@@ -141,7 +145,7 @@ class Search {
   // A candidate planned, not run: its predicted step USS (bytes) and extra time per step
   // (seconds: the formats' pack and decode, the recomputed nodes' forward).
   Estimate estimate(const Candidate& c) {
-    Executor ex(g_, backend_, options(c), quant_);
+    const Executor ex(g_, backend_, options(c), quant_, Executor::PlanOnly{});  // (a device may not hold it)
     std::vector<size_t> bytes(size_t(g_.num_values()), 0);
     for (const SavedValue& sv : ex.stash().saved()) {
       if (sv.recomputed) continue;  // nothing kept: its readers compute it
@@ -296,7 +300,7 @@ BudgetPlan plan_memory_budget(Graph& g, Backend& backend, const QuantOptions& qu
   {
     StashOptions bitmap;
     bitmap.format = StashFormat::BitmapF32;
-    Executor ex(g, backend, bitmap, quant);
+    const Executor ex(g, backend, bitmap, quant, Executor::PlanOnly{});
     for (const SavedValue& sv : ex.stash().saved()) {
       if (g.value(sv.value).producer < 0) continue;  // the input batch: kept in place
       saved.push_back(sv);
@@ -309,7 +313,7 @@ BudgetPlan plan_memory_budget(Graph& g, Backend& backend, const QuantOptions& qu
   if (quant.any()) {
     StashOptions with_codes;
     with_codes.format = StashFormat::Auto;
-    Executor ex(g, backend, with_codes, quant);
+    const Executor ex(g, backend, with_codes, quant, Executor::PlanOnly{});
     for (const SavedValue& sv : ex.stash().saved())
       if (sv.format == StashFormat::BitmapI4) {
         codes.resize(size_t(g.num_values()), 0);
@@ -352,7 +356,7 @@ BudgetPlan plan_memory_budget(Graph& g, Backend& backend, const QuantOptions& qu
   {
     StashOptions with;
     with.recompute_stack_outputs = true;
-    Executor ex(g, backend, with, quant);
+    const Executor ex(g, backend, with, quant, Executor::PlanOnly{});
     bool any = false;
     for (const SavedValue& sv : ex.stash().saved()) any |= sv.recomputed;
     if (any) consider({}, 0, 0, true);
@@ -377,7 +381,7 @@ BudgetPlan plan_memory_budget(Graph& g, Backend& backend, const QuantOptions& qu
   p.recompute_ms = best.e.recompute_s * 1e3;
   p.segments = int(std::count(best.c.segments.begin(), best.c.segments.end(), 1));
   if (p.segments == 0) p.options.checkpoint_every = 0, p.options.segments.clear();
-  Executor chosen(g, backend, p.options, quant);
+  const Executor chosen(g, backend, p.options, quant, Executor::PlanOnly{});
   std::vector<uint8_t> recomputed(size_t(g.num_values()), 0);
   for (const SavedValue& sv : chosen.stash().saved()) {
     recomputed[size_t(sv.value)] = sv.recomputed;

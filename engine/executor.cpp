@@ -27,6 +27,11 @@ Executor::Executor(Graph& graph, Backend& backend, const StashOptions& stash, co
   plan();
 }
 
+Executor::Executor(Graph& graph, Backend& backend, const StashOptions& stash, const QuantOptions& quant, PlanOnly)
+    : graph_(graph), backend_(backend), stash_options_(stash), plan_only_(true), quant_options_(quant) {
+  plan();
+}
+
 Executor::~Executor() = default;
 
 void Executor::set_timing(bool on) {
@@ -80,6 +85,7 @@ bool Executor::fit_stash_room() {
 }
 
 void Executor::forward(int64_t batch, bool training) {
+  ET_CHECK(!plan_only_, "a plan-only executor runs no step");
   ET_CHECK(batch > 0 && batch <= graph_.batch_size(), "batch ", batch, " outside 1..", graph_.batch_size());
   batch_ = batch;
   training_ = training;
@@ -171,6 +177,7 @@ void Executor::recompute(const Segment& s) {
 }
 
 void Executor::backward() {
+  ET_CHECK(!plan_only_, "a plan-only executor runs no step");
   ET_CHECK(training_, "backward after an evaluation forward");
   try {
     backward_nodes();

@@ -103,6 +103,11 @@ class Executor {
   static constexpr int kOptimizerSlots = 1;
 
   Executor(Graph& graph, Backend& backend, const StashOptions& stash = {}, const QuantOptions& quant = {});
+  // Planned, nothing allocated (the arena, the stash region, the coefficients and scales): the plan's
+  // report, saves and schedule for a planner weighing candidates (engine/budget.h) on a device whose
+  // memory may not hold them all; it runs no step.
+  struct PlanOnly {};
+  Executor(Graph& graph, Backend& backend, const StashOptions& stash, const QuantOptions& quant, PlanOnly);
   ~Executor();
 
   Graph& graph() { return graph_; }
@@ -248,6 +253,7 @@ class Executor {
   std::vector<uint8_t> by_readers_;
   std::vector<int> swapped_;                              // values whose data_ view is swapped
   bool recomputing_ = false, repeating_ = false;
+  bool plan_only_ = false;  // Executor::PlanOnly
   int room_grown_ = 0;
   double rec_s_ = 0, quant_s_ = 0;
   NodeObserver* observer_ = nullptr;

@@ -234,6 +234,7 @@ void Executor::place_buffers(PlanState& st) {
   // run to run: ResNet-20's convs took up to 7 % longer in one process than in the next, the fused
   // and unfused steps' ratio swung between 1.04x and 1.13x, and the step was 2 % slower (session
   // 49). Peak USS did not change (the step touches all of the arena).
+  if (plan_only_) return arena_.plan(report_.total, backend_.memory());
   arena_.reserve(report_.total, what, backend_.memory(), !stash_options_.release_pages);
 }
 

@@ -45,7 +45,7 @@ void Executor::plan() {
   report_.recompute_segments = int(segments_.size());
   report_.recompute_nodes = int(std::count(reruns_.begin(), reruns_.end(), 1));
   stash_.configure(std::move(st.saved), st.nv, stash_options_.prune_threshold, stash_options_.release_pages,
-                   backend_.memory(), backend_.stash_codec(), stash_options_.first_room);
+                   backend_.memory(), backend_.stash_codec(), stash_options_.first_room, !plan_only_);
   report_.stash_region = stash_.region_bytes();
   stash_.set_recomputer([this](int id, Tensor& out) {
     const int p = graph_.value(id).producer;
@@ -239,7 +239,7 @@ void Executor::plan_recomputed_outputs(PlanState& st) {
   size_t floats = 0;
   for (const SavedValue& sv : st.saved)
     if (sv.affine_relu) floats += size_t(2 * graph_.value(sv.value).shape[1]);
-  if (floats == 0) return;
+  if (floats == 0 || plan_only_) return;
   affine_room_.reserve(floats * sizeof(float), "the fused stacks' output coefficients", backend_.memory());
   auto* at = static_cast<float*>(affine_room_.at(0));
   for (const SavedValue& sv : st.saved)

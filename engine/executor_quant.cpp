@@ -83,7 +83,7 @@ void Executor::bind_quant_operands(const PlanState& st, size_t first_extra) {
   report_.quant_operands = 0;
   for (size_t i = first_extra; i < st.buffers.size(); ++i) report_.quant_operands += st.buffers[i].request.bytes;
   // Scales in the backend's memory: the code operands point at their node's floats from the start.
-  if (quant_owner_.empty() || !backend_.quant_scales_in_memory()) return;
+  if (quant_owner_.empty() || !backend_.quant_scales_in_memory() || plan_only_) return;
   quant_scales_.reserve(size_t(st.nn * kScaleSlots + 1) * 4, "the 4-bit scales", backend_.memory());
   auto* at = static_cast<float*>(quant_scales_.at(0));
   for (int n = 0; n < st.nn; ++n) {

@@ -80,6 +80,13 @@ void Arena::reserve(size_t bytes, const std::string& what, DeviceMemory& memory,
   size_ = size;
 }
 
+void Arena::plan(size_t bytes, DeviceMemory& memory) {
+  ET_CHECK(base_ == nullptr && size_ == 0, "arena reserved twice");
+  const size_t g = memory.granularity();
+  memory_ = &memory;
+  size_ = std::max<size_t>(1, (bytes + g - 1) / g) * g;
+}
+
 void Arena::reallocate(size_t bytes, const std::string& what) {
   ET_CHECK(base_ != nullptr, "reallocate of an arena never reserved");
   DeviceMemory& memory = *memory_;
@@ -97,7 +104,7 @@ size_t Arena::rounded(size_t bytes) const {
 
 void* Arena::at(size_t offset) const {
   ET_CHECK(offset <= size_, "arena offset ", offset, " beyond ", size_);
-  return base_ + offset;
+  return base_ ? base_ + offset : nullptr;  // (planned only: nothing to point at)
 }
 
 void Arena::release(size_t offset, size_t bytes) {

@@ -22,6 +22,9 @@ class Arena {
   // arena whose pages are all touched and kept (the executor's, without memory.release_pages).
   void reserve(size_t bytes, const std::string& what, DeviceMemory& memory = host_memory(),
                bool large_pages = false);
+  // reserve()'s size without its memory: an arena that is planned and never used (a plan-only
+  // executor, Executor::PlanOnly). at() then gives null pointers.
+  void plan(size_t bytes, DeviceMemory& memory = host_memory());
   // Frees the allocation and takes one of `bytes` from the same memory (contents not kept; the
   // old one goes first, so the two are never held at once). Throws UserError as reserve().
   void reallocate(size_t bytes, const std::string& what);

@@ -15,7 +15,7 @@ double since(Clock::time_point t0) { return std::chrono::duration<double>(Clock:
 }  // namespace
 
 void Stash::configure(std::vector<SavedValue> saved, int num_values, float prune_threshold, bool release_pages,
-                      DeviceMemory& memory, StashCodec& codec, double first_room) {
+                      DeviceMemory& memory, StashCodec& codec, double first_room, bool allocate) {
   saved_ = std::move(saved);
   codec_ = &codec;
   release_pages_ = release_pages;
@@ -39,8 +39,9 @@ void Stash::configure(std::vector<SavedValue> saved, int num_values, float prune
   }
   stack_.clear();
   stack_.reserve(saved_.size());
-  if (total > 0) region_.reserve(total, "the activation stash", memory);
-  codec.reserve(largest);
+  if (total > 0 && allocate) region_.reserve(total, "the activation stash", memory);
+  if (total > 0 && !allocate) region_.plan(total, memory);
+  if (allocate) codec.reserve(largest);
   top_ = peak_ = region_peak_ = zero_copy_live_ = logical_live_ = 0;
   log_.clear();
   unsettled_ = false;
@@ -48,7 +49,7 @@ void Stash::configure(std::vector<SavedValue> saved, int num_values, float prune
   wants_fit_ = true;
   ++generation_;
   if (fixed_layout_ && !saved_.empty()) {
-    slots_.reserve(saved_.size() * sizeof(int64_t), "the stash's counts", memory);
+    if (allocate) slots_.reserve(saved_.size() * sizeof(int64_t), "the stash's counts", memory);
     host_counts_.assign(saved_.size(), 0);
     log_.reserve(4 * saved_.size());  // pushes and pops, recomputed values pushed again
     packed_.reserve(2 * saved_.size());

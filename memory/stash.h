@@ -87,9 +87,10 @@ class Stash {
   // `first_room` (fixed layout; negative: off): until the first fit(), each entry whose size follows
   // its count has room for that share of its elements rather than its worst case, so the region is
   // never the worst case; a first step that keeps more overflows and runs again (overflowed()).
+  // `allocate` false: sized, nothing allocated (a plan-only executor's stash, never pushed to).
   void configure(std::vector<SavedValue> saved, int num_values, float prune_threshold, bool release_pages = false,
                  DeviceMemory& memory = host_memory(), StashCodec& codec = host_stash_codec(),
-                 double first_room = -1);
+                 double first_room = -1, bool allocate = true);
 
   // The fixed layout's room (above), after a step and outside the next one: each entry's room is the
   // most it kept in any step so far (since forget_kept()), plus `headroom` of it (and kRoomPad): it

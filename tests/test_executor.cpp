@@ -480,3 +480,33 @@ TEST_CASE("executor: a partial training batch equals a graph built for that batc
     CHECK(max_err <= 1e-5 * max_abs);
   }
 }
+
+// Executor::PlanOnly (the budget's candidates): the plan of the executor that allocates, its
+// report, saves and stash schedule, with nothing allocated, and no step.
+TEST_CASE("executor: a plan-only executor plans what the allocated one does, holding nothing", "[executor]") {
+  auto be = make_cpu_backend();
+  Graph g;
+  ModelSpec s = small_spec("resnet8", 4, 32);
+  s.fusion.enabled = true;
+  build_model(g, s);
+  StashOptions so;
+  so.format = StashFormat::BitmapF32;
+  so.recompute_stack_outputs = true;
+  const Executor real(g, *be, so), planned(g, *be, so, QuantOptions{}, Executor::PlanOnly{});
+  CHECK(planned.memory().total == real.memory().total);
+  CHECK(planned.memory().activations_planned == real.memory().activations_planned);
+  CHECK(planned.memory().unpack == real.memory().unpack);
+  CHECK(planned.stash().region_bytes() == real.stash().region_bytes());
+  REQUIRE(planned.stash().saved().size() == real.stash().saved().size());
+  for (size_t i = 0; i < real.stash().saved().size(); ++i) {
+    CHECK(planned.stash().saved()[i].value == real.stash().saved()[i].value);
+    CHECK(planned.stash().saved()[i].format == real.stash().saved()[i].format);
+    CHECK(planned.stash().saved()[i].affine_relu == real.stash().saved()[i].affine_relu);
+  }
+  const auto a = real.stash_schedule(), b = planned.stash_schedule();
+  REQUIRE(a.size() == b.size());
+  for (size_t i = 0; i < a.size(); ++i) CHECK((a[i].push == b[i].push && a[i].value == b[i].value));
+  CHECK(planned.arena_resident_bytes() == 0);
+  CHECK(planned.value(g.image_input).data == nullptr);  // views of nothing (a step aborts: ET_CHECK)
+  CHECK(real.value(g.image_input).data != nullptr);
+}

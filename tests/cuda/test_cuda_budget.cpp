@@ -92,6 +92,22 @@ Trained train(Backend& be, Graph& g, const StashOptions& so) {
 
 }  // namespace
 
+TEST_CASE("cuda: a plan-only executor takes none of the device's memory", "[cuda][budget]") {
+  // The budget weighs its candidates as plans (Executor::PlanOnly): the fastest may not fit.
+  const std::unique_ptr<Backend> be = make_cuda_backend(0);
+  Budgeted b;
+  StashOptions so;
+  so.format = StashFormat::BitmapF32;
+  const size_t before = device_used(*be);
+  const Executor planned(b.g, *be, so, QuantOptions{}, Executor::PlanOnly{});
+  CHECK(device_used(*be) == before);
+  CHECK(planned.memory().total > 0);
+  CHECK(planned.stash().region_bytes() > 0);
+  const Executor real(b.g, *be, so);
+  CHECK(device_used(*be) >= before + real.memory().total + real.stash().region_bytes());
+  CHECK(real.memory().total == planned.memory().total);
+}
+
 TEST_CASE("cuda: a memory budget plans the device's memory: met, and the step holds no more of it",
           "[cuda][budget]") {
   const std::unique_ptr<Backend> be = make_cuda_backend(0);
