@@ -227,6 +227,7 @@ void Executor::place_buffers(PlanState& st) {
   if (largest_id >= 0)
     what += "; its largest buffer is layer '" + graph_.value(largest_id).name + "' output, " +
             std::to_string(largest) + " bytes";
+  what += " (memory.budget_mb = N plans a step that fits N MB: docs/config.md)";
   // On transparent huge pages where the pages stay (not under memory.release_pages, whose
   // releases would split them and whose USS would count 2 MiB at a time). With 4 KiB pages a
   // kernel that walks many planes at once (a Winograd image: 16 planes of 4 KiB in, 16 out) misses
