@@ -73,6 +73,28 @@ void upload(const Both& t) {
   REQUIRE(cudaMemcpy(t.dptr, t.host.data(), t.host.size() * 4, cudaMemcpyHostToDevice) == cudaSuccess);
 }
 
+// A conv case: x [N, C, H, W], K filters of R x R, stride, padding, groups.
+struct ConvCase {
+  int64_t N, C, H, W, K, R, stride, pad, groups;
+  Conv2dGeom geom() const {
+    Conv2dGeom g;
+    g.N = N, g.C = C, g.H = H, g.W = W, g.K = K, g.R = g.S = R, g.stride_h = g.stride_w = stride;
+    g.pad_h = g.pad_w = pad;
+    g.groups = groups;
+    g.infer_output();
+    return g;
+  }
+};
+
+// A CUDA backend whose f32 weight gradient takes its own im2col path (not cuDNN): the pass a
+// stored read is compared with, on the same kernels.
+std::unique_ptr<Backend> im2col_backend() {
+  REQUIRE(setenv("EDGETRAIN_CUDA_CONV", "im2col", 1) == 0);
+  std::unique_ptr<Backend> dev = make_cuda_backend(0);
+  unsetenv("EDGETRAIN_CUDA_CONV");
+  return dev;
+}
+
 const DType kStoredTypes[] = {DType::F16, DType::BF16, DType::BitmapF32, DType::BitmapF16};
 
 }  // namespace
@@ -85,20 +107,11 @@ const DType kStoredTypes[] = {DType::F16, DType::BF16, DType::BitmapF32, DType::
 // depthwise (groups = C) at strides 1 and 2.
 TEST_CASE("cuda: the conv weight gradient reads x as the stash keeps it", "[cuda][stash]") {
   Backends b;
-  REQUIRE(setenv("EDGETRAIN_CUDA_CONV", "im2col", 1) == 0);  // the pass over f32 x on the same path
-  const std::unique_ptr<Backend> dev = make_cuda_backend(0);
-  unsetenv("EDGETRAIN_CUDA_CONV");
-  struct Case {
-    int64_t N, C, H, W, K, R, stride, pad, groups;
-  };
-  for (const Case& k : {Case{3, 16, 8, 8, 8, 3, 1, 1, 1}, Case{2, 5, 7, 9, 6, 3, 2, 1, 1},
-                        Case{40, 16, 32, 32, 16, 3, 1, 1, 1}, Case{3, 24, 9, 7, 40, 1, 2, 0, 1},
-                        Case{3, 12, 9, 7, 12, 3, 1, 1, 12}, Case{2, 8, 8, 8, 8, 3, 2, 1, 8}}) {
-    Conv2dGeom g;
-    g.N = k.N, g.C = k.C, g.H = k.H, g.W = k.W, g.K = k.K, g.R = g.S = k.R, g.stride_h = g.stride_w = k.stride;
-    g.pad_h = g.pad_w = k.pad;
-    g.groups = k.groups;
-    g.infer_output();
+  const std::unique_ptr<Backend> dev = im2col_backend();  // the pass over f32 x on the same path
+  for (const ConvCase& k : {ConvCase{3, 16, 8, 8, 8, 3, 1, 1, 1}, ConvCase{2, 5, 7, 9, 6, 3, 2, 1, 1},
+                            ConvCase{40, 16, 32, 32, 16, 3, 1, 1, 1}, ConvCase{3, 24, 9, 7, 40, 1, 2, 0, 1},
+                            ConvCase{3, 12, 9, 7, 12, 3, 1, 1, 12}, ConvCase{2, 8, 8, 8, 8, 3, 2, 1, 8}}) {
+    const Conv2dGeom g = k.geom();
     const Shape xs{g.N, g.C, g.H, g.W};
     Both x(xs, 71, 0.45f), dy({g.N, g.K, g.P, g.Q}, 72), dw({g.K, g.C / g.groups, g.R, g.S}, 73), db({g.K}, 74);
     Scratch ws(b.cpu->conv2d_workspace_bytes(g, ConvPass::BackwardWeight),
@@ -148,19 +161,10 @@ std::vector<float> affine_relu_reference(const std::vector<float>& x, const std:
 // it gathers it. The bits of the same pass over y computed on the host and given in f32, for x
 // in every stash encoding; dense (several chunks of the workspace) and depthwise.
 TEST_CASE("cuda: the conv weight gradient computes a stack's output from its x as stored", "[cuda][stash][fusion]") {
-  REQUIRE(setenv("EDGETRAIN_CUDA_CONV", "im2col", 1) == 0);  // the pass over f32 y on the same path
-  const std::unique_ptr<Backend> dev = make_cuda_backend(0);
-  unsetenv("EDGETRAIN_CUDA_CONV");
-  struct Case {
-    int64_t N, C, H, W, K, R, stride, pad, groups;
-  };
-  for (const Case& k : {Case{3, 16, 8, 8, 8, 3, 1, 1, 1}, Case{40, 16, 32, 32, 16, 3, 1, 1, 1},
-                        Case{3, 12, 9, 7, 12, 3, 2, 1, 12}, Case{2, 6, 5, 5, 6, 5, 1, 2, 6}}) {
-    Conv2dGeom g;
-    g.N = k.N, g.C = k.C, g.H = k.H, g.W = k.W, g.K = k.K, g.R = g.S = k.R, g.stride_h = g.stride_w = k.stride;
-    g.pad_h = g.pad_w = k.pad;
-    g.groups = k.groups;
-    g.infer_output();
+  const std::unique_ptr<Backend> dev = im2col_backend();  // the pass over f32 y on the same path
+  for (const ConvCase& k : {ConvCase{3, 16, 8, 8, 8, 3, 1, 1, 1}, ConvCase{40, 16, 32, 32, 16, 3, 1, 1, 1},
+                            ConvCase{3, 12, 9, 7, 12, 3, 2, 1, 12}, ConvCase{2, 6, 5, 5, 6, 5, 1, 2, 6}}) {
+    const Conv2dGeom g = k.geom();
     REQUIRE(dtype_in(DType::AffineRelu, dev->conv2d_weight_reads(g)));
     const Shape xs{g.N, g.C, g.H, g.W};
     Both x(xs, 81, 0.3f), y(xs, 82), dy({g.N, g.K, g.P, g.Q}, 83), dw({g.K, g.C / g.groups, g.R, g.S}, 84),
