@@ -3,25 +3,31 @@
 # so nothing is built there). Prepare here with scripts/gpu_prepare.sh (builds build-cuda: portable
 # x86, sm_90; copies the binaries and a 20 MB .tgz of the JPEG CIFAR-10 into gpu/, which
 # .gitignore leaves out), then run there, carrying gpu/:
-#   STEPS="tests bench train suite" bash scripts/gpu_check.sh gpu   (also: memory, budget, fused, luq, profile,
-#   badinput, conv, torch)
+#   STEPS="tests train bench conv fused" bash scripts/gpu_check.sh gpu
+# The steps (each a function step_<name> below) run in the order STEPS names them: tests, train,
+# bench, conv, fused, luq, budget, memory, profile, badinput, torch, suite.
 # A session has 15 minutes of device time (a start takes about 40 s): docs/cuda.md, "How it is
-# checked on a GPU", lists the runs in the order to spend them.
+# checked on a GPU", gives the two runs that fit, in the order to spend them.
 # Each step has its own time limit and writes its log to $OUT; a step that fails does not stop the
 # next. The CPU suite runs there sharded by test case (the machine has 16 cores).
-# The device tool's limits shape this script: a command runs at most 600 s (DEADLINE, 540 by
+# The device tool's limits shape this script: a command runs at most 600 s (DEADLINE, 480 by
 # default, cuts every step's limit to the time left, so the last steps still print their
 # summaries), at most 8 files come back from $OUT (each step writes one or two; per-case logs stay
-# in /tmp and the failures' are appended to one file), and the carried tree is at most 64 MiB
+# in /tmp and the failures' are appended to one file; more than 8 go back as one .tgz), and the
+# carried tree is at most 64 MiB
 # (gpu_prepare.sh packs the binaries into gpu/bin.tgz).
 set -u
 G="$(cd "${1:-gpu}" && pwd)"
 OUT="${OUT:-/tmp/gpu_out}"
-STEPS="${STEPS:-tests bench train suite}"
+STEPS="${STEPS:-tests train bench conv fused}"
 EPOCHS="${EPOCHS:-5}"
-DEADLINE="${DEADLINE:-540}"
+DEADLINE="${DEADLINE:-480}"
 mkdir -p "$OUT"
 has() { [[ " $STEPS " == *" $1 "* ]]; }
+known_steps=$(sed -n 's/^step_\([a-z]*\)() {$/\1/p' "$0" | tr '\n' ' ')
+for step in $STEPS; do
+  [[ " $known_steps" == *" $step "* ]] || { echo "unknown step '$step' in STEPS; the steps: $known_steps" >&2; exit 2; }
+done
 t0=$(date +%s)
 stamp() { echo "== [$(( $(date +%s) - t0 )) s] $*"; }
 # lim N: N seconds, or what is left before DEADLINE if less (at least 5).
@@ -54,7 +60,7 @@ data="$src/../shared/data/cifar10"
 if [ -f "$G/cifar.tgz" ] && [ ! -d "$data/train" ]; then mkdir -p "$data" && tar xzf "$G/cifar.tgz" -C "$data"; fi
 stamp "data at $data: $(find "$data" -name '*.jpg' 2>/dev/null | wc -l) images"
 
-if has tests; then
+step_tests() {
   # One process per test case, TESTS_PARALLEL at once on the one GPU: a case that faults (an
   # illegal address poisons the whole CUDA context, a crash ends the process) costs only itself.
   # The training cases (the slowest) start first. One line per case in cuda_tests.log, and the
@@ -92,13 +98,13 @@ if has tests; then
       tail -6 "$cases/$n.log"  # a crash, a sticky CUDA error: how it ended
   done
   tests_summary=$(grep 'CUDA test cases' "$OUT/cuda_tests.log")
-fi
+}
 
-if has bench; then
+step_bench() {
   stamp "bench step on CUDA (batch 128); every format also with train.cuda_graph (bitmaps: the fixed layout)"
   for model in ${BENCH_MODELS:-resnet20 resnet18 vgg16_bn mobilenetv2}; do
-    for run in dense_fp32 dense_fp32+graph bitmap_fp32 bitmap_fp32+graph bitmap_fp16 bitmap_fp16+graph dense_bf16 \
-               dense_bf16+graph auto auto+graph; do
+    for run in ${BENCH_RUNS:-dense_fp32 dense_fp32+graph bitmap_fp32 bitmap_fp32+graph bitmap_fp16 bitmap_fp16+graph \
+               dense_bf16 dense_bf16+graph auto auto+graph}; do
       stash=${run%+graph}
       graph=false; [ "$run" != "$stash" ] && graph=true
       timeout "$(lim 90)" "$B/edgetrain" bench step --config "configs/${model}_cifar10.json" --steps "${BENCH_STEPS:-20}" \
@@ -114,18 +120,18 @@ if has bench; then
     --set train.device=cuda --set fusion.enabled=false --set memory.stash=bitmap_fp32 >"$OUT/memprofile.log" 2>&1
   status $?
   tail -3 "$OUT/memprofile.log"
-fi
+}
 
-if has memory; then
+step_memory() {
   # What the bitmap formats save on the device (the stash region as allocated, its room fitted)
   # against what they save on the CPU (its touched pages), activations included: issue 13's target
   # is the same ratios within 2 points.
   stamp "device memory of the bitmap stashes against the CPU's (bench/stash_device_memory.py)"
   PYTHONUNBUFFERED=1 timeout "$(lim "${MEMORY_S:-300}")" python3 bench/stash_device_memory.py --edgetrain "$B/edgetrain" \
     --models "${MEMORY_MODELS:-resnet20}" 2>&1 | tee "$OUT/memory.log"
-fi
+}
 
-if has budget; then
+step_budget() {
   # memory.budget_mb on CUDA (session 61): a budget of the device's memory, planned, then measured
   # by memprofile against what the model added to the driver's count.
   stamp "a memory budget of the device's memory (memprofile, ResNet-20, batch 128, ${BUDGET_MB:-200} MB)"
@@ -134,9 +140,9 @@ if has budget; then
     --set train.device=cuda --set fusion.enabled=false --set memory.budget_mb="${BUDGET_MB:-200}" >"$OUT/budget.log" 2>&1
   status $?
   grep -E 'memory budget|device memory|rror' "$OUT/budget.log"
-fi
+}
 
-if has fused; then
+step_fused() {
   # The CUDA fused stacks (BN -> ReLU [-> max-pool], BN -> add [-> ReLU]; docs/cuda.md, session 54): their tests
   # alone, then the step fused against unfused in one process (interleaved pairs), with and without
   # the CUDA graph, and a short training run with them.
@@ -145,7 +151,7 @@ if has fused; then
     # The whole report in its own file (a failure's "with message" names the model, stash and
     # checkpoint_every), its summary here.
     if has tests; then
-      echo "(the [fusion] cases ran with the tests above)"
+      echo "(the [fusion] cases run with the tests step)"
     else
       EDGETRAIN_REQUIRE_GPU=1 timeout "$(lim 120)" "$B/edgetrain_cuda_tests" "[fusion]" >"$OUT/cuda_fused_tests.log" 2>&1
       grep -E '^(test cases|All tests)|FAILED|failed|with message' -A1 "$OUT/cuda_fused_tests.log" | head -40
@@ -162,12 +168,12 @@ if has fused; then
     done
     rm -rf /tmp/run_fused
     timeout "$(lim "${TRAIN_S:-300}")" "$B/edgetrain" train --config configs/resnet20_cifar10_short.json --out /tmp/run_fused \
-      --set train.epochs="$EPOCHS" --set train.device=cuda --set fusion.enabled=true --set data.root="$data" 2>&1 |
+      --set train.epochs="${FUSED_EPOCHS:-$EPOCHS}" --set train.device=cuda --set fusion.enabled=true --set data.root="$data" 2>&1 |
       grep -E '^epoch [0-9]+/[0-9]+:|rror'
   } 2>&1 | tee "$OUT/fused.log"
-fi
+}
 
-if has luq; then
+step_luq() {
   # luq: scales on the device (session 57); luq_host_scales: read back as before; +graph: recorded.
   stamp "4-bit training (LUQ: INT4 forward, FP4 backward) on CUDA beside FP32 (batch 128): scales on the device or read back, op by op or recorded; 4-bit also with bitmap_int4"
   for model in ${LUQ_MODELS:-resnet20 resnet18 vgg16_bn}; do
@@ -195,17 +201,17 @@ if has luq; then
       --steps 5 --warmup 2 --profile --set train.device=cuda --set fusion.enabled=false \
       --set quant.forward=int4 --set quant.backward=luq_fp4 2>&1 | grep -vE '^\{|^[a-z0-9_.]+ +(fp32|bits|bitmap|-)' | head -20
   done 2>&1 | tee "$OUT/luq.log"
-fi
+}
 
-if has profile; then
+step_profile() {
   stamp "per-op profile on CUDA (each op timed after a device synchronise)"
   for model in resnet20 vgg16_bn; do
     timeout "$(lim 90)" "$B/edgetrain" bench step --config "configs/${model}_cifar10.json" --steps 10 --warmup 3 --profile \
       --set train.device=cuda --set fusion.enabled=false 2>&1 | grep -vE '^[a-z0-9_.]+ +(fp32|bits|bitmap|-)' | head -24
   done 2>&1 | tee "$OUT/profile.log"
-fi
+}
 
-if has badinput; then
+step_badinput() {
   stamp "bad input on CUDA: a device that does not exist, a batch that does not fit"
   {
     rm -rf /tmp/bad7 /tmp/badoom
@@ -216,24 +222,24 @@ if has badinput; then
       --set data.root="$data" --set train.batch_size=50000 --out /tmp/badoom 2>&1 | tail -3
     echo "exit ${PIPESTATUS[0]}; run folder left: $(ls -A /tmp/badoom 2>/dev/null | tr '\n' ' ')"
   } 2>&1 | tee "$OUT/badinput.log"
-fi
+}
 
-if has conv; then
+step_conv() {
   stamp "conv passes against cuBLAS SGEMM on the same GEMMs (bench_cuda_conv), each path"
   for mode in auto im2col; do
     echo "EDGETRAIN_CUDA_CONV=$mode"
     EDGETRAIN_CUDA_CONV=$mode timeout "$(lim 120)" "$B/bench_cuda_conv" --reps 10 --filter "${CONV_FILTER:-}"
     status $?
   done 2>&1 | tee "$OUT/conv.log" | grep -E '^(EDGETRAIN|total)|rror|usage|no CUDA|exit'
-fi
+}
 
-if has torch; then
+step_torch() {
   stamp "PyTorch's training step on the same GPU (bench/torch_step_cuda.py: FP32, TF32 off)"
   PYTHONUNBUFFERED=1 timeout "$(lim 180)" python3 bench/torch_step_cuda.py --models resnet20,resnet18,vgg16_bn >"$OUT/torch.log" 2>&1
   grep -v '^{' "$OUT/torch.log"
-fi
+}
 
-if has train; then
+step_train() {
   # SEEDS: one run per train.seed (several, to tell a real accuracy gap from the spread of seeds).
   for seed in ${SEEDS:-1}; do
     stamp "train resnet20 (short recipe, $EPOCHS epochs, seed $seed) on CUDA"
@@ -245,9 +251,9 @@ if has train; then
     grep -E '^epoch [0-9]+/[0-9]+:|^exit|rror|cuda_graph' "$OUT/train_seed$seed.log"
     cp /tmp/run_cuda/metrics.jsonl "$OUT/train_seed${seed}_metrics.jsonl" 2>/dev/null
   done
-fi
+}
 
-if has suite; then
+step_suite() {
   stamp "the CPU suite, one process per test case (EDGETRAIN_REQUIRE_GPU=1)"
   # Catch2 reads ',' '[' ']' in a name as syntax: escape them.
   # The slowest cases (over 25 s on a 2-core host) start first, so the limit cuts none of them.
@@ -267,8 +273,20 @@ if has suite; then
   echo "$(grep -c '^passed' "$OUT/suite.log") passed, $(grep -c '^FAILED' "$OUT/suite.log") failed of $(wc -l </tmp/cases.txt)" |
     tee -a "$OUT/suite.log"
   grep '^FAILED' "$OUT/suite.log" | head
+}
+# The steps, in the order STEPS names them (the first matter most: DEADLINE cuts the last).
+step_times=""
+for step in $STEPS; do
+  s0=$(date +%s)
+  "step_$step"
+  step_times+="$step $(( $(date +%s) - s0 )) s, "
+done
+stamp "done (${step_times%, })"
+# At most 8 files come back from $OUT: more than that go back as one archive.
+if [ "$(find "$OUT" -type f | wc -l)" -gt 8 ]; then
+  tar czf /tmp/gpu_logs.tgz -C "$OUT" . && rm -rf "${OUT:?}"/* && mv /tmp/gpu_logs.tgz "$OUT/" &&
+    echo "the logs: $OUT/gpu_logs.tgz (more than 8 files)"
 fi
-stamp "done"
 # The summaries again, last (a reader of the output's tail sees them even when steps were long).
 [ -n "${tests_summary:-}" ] && echo "tests: $tests_summary"
 has suite && [ -f "$OUT/suite.log" ] && echo "suite: $(tail -1 "$OUT/suite.log")"
