@@ -227,7 +227,21 @@ void Executor::place_buffers(PlanState& st) {
   if (largest_id >= 0)
     what += "; its largest buffer is layer '" + graph_.value(largest_id).name + "' output, " +
             std::to_string(largest) + " bytes";
-  what += " (memory.budget_mb = N plans a step that fits N MB: docs/config.md)";
+  const char* const budget_hint = " (memory.budget_mb = N plans a step that fits N MB: docs/config.md)";
+  what += budget_hint;
+  // The stash region's message likewise: what it keeps, its largest layer and the way out.
+  const SavedValue* largest_saved = nullptr;
+  int kept = 0;
+  for (const SavedValue& v : st.saved) {
+    if (v.recomputed) continue;
+    ++kept;
+    if (!largest_saved || v.numel > largest_saved->numel) largest_saved = &v;
+  }
+  std::string stash_what = "the activation stash (" + std::to_string(kept) + " saved activations";
+  if (largest_saved)
+    stash_what += "; the largest, layer '" + graph_.value(largest_saved->value).name + "' output, " +
+                  std::to_string(largest_saved->numel) + " values in " + stash_format_name(largest_saved->format);
+  stash_.set_region_name(stash_what + ")" + budget_hint);
   // On transparent huge pages where the pages stay (not under memory.release_pages, whose
   // releases would split them and whose USS would count 2 MiB at a time). With 4 KiB pages a
   // kernel that walks many planes at once (a Winograd image: 16 planes of 4 KiB in, 16 out) misses

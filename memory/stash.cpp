@@ -39,7 +39,7 @@ void Stash::configure(std::vector<SavedValue> saved, int num_values, float prune
   }
   stack_.clear();
   stack_.reserve(saved_.size());
-  if (total > 0 && allocate) region_.reserve(total, "the activation stash", memory);
+  if (total > 0 && allocate) region_.reserve(total, region_name_, memory);
   if (total > 0 && !allocate) region_.plan(total, memory);
   if (allocate) codec.reserve(largest);
   top_ = peak_ = region_peak_ = zero_copy_live_ = logical_live_ = 0;

@@ -91,6 +91,9 @@ class Stash {
   void configure(std::vector<SavedValue> saved, int num_values, float prune_threshold, bool release_pages = false,
                  DeviceMemory& memory = host_memory(), StashCodec& codec = host_stash_codec(),
                  double first_room = -1, bool allocate = true);
+  // What an out-of-memory error calls the region, when configure() or fit() cannot allocate it (the
+  // executor names the largest saved layer and the way out: docs/config.md's memory.budget_mb).
+  void set_region_name(std::string what) { region_name_ = std::move(what); }
 
   // The fixed layout's room (above), after a step and outside the next one: each entry's room is the
   // most it kept in any step so far (since forget_kept()), plus `headroom` of it (and kRoomPad): it
@@ -226,6 +229,7 @@ class Stash {
   mutable std::vector<StashRecord> records_;  // counts in slots: settled when read
   std::vector<int> stack_;  // value ids in push order (LIFO check)
   Arena region_;
+  std::string region_name_ = "the activation stash";
   Recomputer recomputer_;
   StashCodec* codec_ = &host_stash_codec();
   float prune_threshold_ = 0.f;

@@ -109,7 +109,7 @@ bool Stash::fit(double headroom) {
   wants_fit_ = !whole_step;
   if (region_.size() > 0 && region_.rounded(peak) != region_.size()) {  // (none: nothing kept in it)
     ET_CHECK(stack_.empty() || peak >= region_.size(), "Stash::fit shrinking the region inside a step");
-    region_.reallocate(peak, "the activation stash");
+    region_.reallocate(peak, region_name_);
     moved = true;
   }
   if (moved) ++generation_;
