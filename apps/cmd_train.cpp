@@ -135,6 +135,7 @@ int cmd_train(const TrainArgs& a) {
     user_error("output folder '", out, "' already holds files; choose another --out or add --resume");
   }
 
+  const bool folder_existed = fs::exists(dir, ec);
   // Load data and build the model before creating anything on disk.
   Trainer trainer(cfg, true);
   fs::create_directories(dir, ec);
@@ -163,7 +164,15 @@ int cmd_train(const TrainArgs& a) {
     }
   }
   progress.line(fmt("run folder ", out, "; ", trainer.train_data()->size, " training images from ", cfg.data.root));
-  trainer.fit(out, a.resume && !fresh, progress, a.stop_after);
+  try {
+    trainer.fit(out, a.resume && !fresh, progress, a.stop_after);
+  } catch (const UserError&) {
+    // Out of device memory in the first step, say: a new run that recorded nothing leaves no folder.
+    if ((!a.resume || fresh) && discard_unstarted_run(out, !folder_existed))
+      progress.line(fmt("run folder ", out, folder_existed ? " emptied" : " removed",
+                        ": the run stopped before it recorded anything"));
+    throw;
+  }
   return 0;
 }
 

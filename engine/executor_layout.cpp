@@ -227,8 +227,7 @@ void Executor::place_buffers(PlanState& st) {
   if (largest_id >= 0)
     what += "; its largest buffer is layer '" + graph_.value(largest_id).name + "' output, " +
             std::to_string(largest) + " bytes";
-  const char* const budget_hint = " (memory.budget_mb = N plans a step that fits N MB: docs/config.md)";
-  what += budget_hint;
+  what += kMemoryBudgetHint;
   // The stash region's message likewise: what it keeps, its largest layer and the way out.
   const SavedValue* largest_saved = nullptr;
   int kept = 0;
@@ -241,7 +240,7 @@ void Executor::place_buffers(PlanState& st) {
   if (largest_saved)
     stash_what += "; the largest, layer '" + graph_.value(largest_saved->value).name + "' output, " +
                   std::to_string(largest_saved->numel) + " values in " + stash_format_name(largest_saved->format);
-  stash_.set_region_name(stash_what + ")" + budget_hint);
+  stash_.set_region_name(stash_what + ")" + kMemoryBudgetHint);
   // On transparent huge pages where the pages stay (not under memory.release_pages, whose
   // releases would split them and whose USS would count 2 MiB at a time). With 4 KiB pages a
   // kernel that walks many planes at once (a Winograd image: 16 planes of 4 KiB in, 16 out) misses

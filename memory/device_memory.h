@@ -8,6 +8,10 @@
 
 namespace et {
 
+// Appended to every out-of-memory message (the arena's, the stash region's, a GPU's own buffers'):
+// the way out.
+constexpr const char* kMemoryBudgetHint = " (memory.budget_mb = N plans a step that fits N MB: docs/config.md)";
+
 class DeviceMemory {
  public:
   virtual ~DeviceMemory() = default;

@@ -13,8 +13,11 @@
 #include "engine/executor.h"
 #include "engine/init.h"
 #include "engine/train/checkpoint.h"
+#include "engine/train/trainer.h"
 #include "memory/uss.h"
 #include "models/models.h"
+#include "tests/fit_helper.h"
+#include "tests/synthetic_data.h"
 #include "tests/test_util.h"
 
 using namespace et;
@@ -217,4 +220,43 @@ TEST_CASE("loading a checkpoint needs no copy of the file beside it", "[checkpoi
   if (et::test::kAddressSanitizer) ET_SKIP("USS margins under AddressSanitizer (its shadow and quarantine)");
   CHECK(peak_mb < 1.1 * file_mb);
   CHECK(after_mb < 4.0);
+}
+
+TEST_CASE("a new run that stops before it records anything leaves no folder, one that recorded is kept",
+          "[checkpoint]") {
+  namespace fs = std::filesystem;
+  const fs::path dir = fs::temp_directory_path() / ("edgetrain_unstarted_" + std::to_string(::getpid()));
+  std::FILE* null = std::fopen("/dev/null", "w");
+  Progress quiet(null);
+  // Stops with an error (as an out-of-memory does) at training step `at`: 2 steps an epoch.
+  auto run_stopping_at = [&](int64_t at) {
+    fs::remove_all(dir);
+    fs::create_directories(dir);
+    write_file_durably((dir / "config.json").string(), "{}\n");  // (train writes it before fit)
+    Trainer t(test::small_fit_config(2), test::synthetic_dataset(16, 1), test::synthetic_dataset(8, 2));
+    t.set_before_step([&](Executor&, int64_t step) {
+      if (step == at) user_error("out of memory: (injected at step ", step, ")");
+    });
+    CHECK_THROWS_AS(t.fit(dir.string(), false, quiet), UserError);
+  };
+  run_stopping_at(0);  // in the first step: nothing recorded
+  REQUIRE(fs::exists(dir / "config.json"));
+  CHECK(discard_unstarted_run(dir.string(), true));
+  CHECK_FALSE(fs::exists(dir));
+  run_stopping_at(0);  // the same in a folder the run did not make: emptied, kept
+  CHECK(discard_unstarted_run(dir.string(), false));
+  CHECK(fs::is_directory(dir));
+  CHECK(fs::is_empty(dir));
+  run_stopping_at(3);  // in epoch 2: epoch 1's record and checkpoint stay
+  CHECK_FALSE(discard_unstarted_run(dir.string(), true));
+  CHECK(fs::exists(dir / "checkpoint_last.ckpt"));
+  CHECK(fs::file_size(dir / "metrics.jsonl") > 0);
+  CHECK(fs::exists(dir / "config.json"));
+  // Something the run does not write (a folder): left alone.
+  run_stopping_at(0);
+  fs::create_directories(dir / "notes");
+  CHECK_FALSE(discard_unstarted_run(dir.string(), true));
+  CHECK(fs::exists(dir / "config.json"));
+  std::fclose(null);
+  fs::remove_all(dir);
 }

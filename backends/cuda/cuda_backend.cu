@@ -217,15 +217,15 @@ CudaBackend::CudaBackend(int device) : device_(device) {
   int major = 0;
   cuda::check(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device), "cudaDeviceGetAttribute");
   blas_workspace_bytes_ = size_t(major >= 9 ? 32 : 4) << 20;
-  cuda::check(cudaMalloc(&blas_workspace_, blas_workspace_bytes_), "cudaMalloc (cuBLAS workspace)");
+  blas_workspace_ = cuda_allocate(blas_workspace_bytes_, "cuBLAS's workspace");
   cuda::check(cublasSetWorkspace(blas_, blas_workspace_, blas_workspace_bytes_), "cublasSetWorkspace");
 #endif
   // The CPU's FP32 arithmetic: no TF32 tensor-core rounding in the GEMMs.
   cuda::check(cublasSetMathMode(blas_, CUBLAS_DEFAULT_MATH), "cublasSetMathMode");
-  cuda::check(cudaMalloc(&scratch_, 64), "cudaMalloc");
-  cuda::check(cudaMalloc(reinterpret_cast<void**>(&step_seed_dev_), sizeof(uint64_t)), "cudaMalloc");
+  scratch_ = cuda_allocate(64, "the backend's scratch");
+  step_seed_dev_ = cuda_allocate_array<uint64_t>(1, "the step's seed");
   cuda::check(cudaMemset(step_seed_dev_, 0, sizeof(uint64_t)), "cudaMemset");  // step_seed_ = 0
-  cuda::check(cudaMalloc(&stats_parts_, sizeof(StatsPart) * kStatsBlocks), "cudaMalloc");
+  stats_parts_ = cuda_allocate(sizeof(StatsPart) * kStatsBlocks, "the quantizers' statistics");
   cuda::check(cudaMemset(scratch_, 0, 64), "cudaMemset");  // the deferred SGD count starts at 0
   cudnn_ = cuda::make_cudnn_convs(stream_);
 }
@@ -401,7 +401,8 @@ void CudaBackend::softmax_xent_forward(const Tensor& logits, const Tensor& label
   if (N > xent_rows_capacity_) {  // per-sample losses, summed in the CPU's order; grows in the first step only
     cudaFree(xent_rows_);
     xent_rows_ = nullptr;
-    cuda::check(cudaMalloc(reinterpret_cast<void**>(&xent_rows_), size_t(N) * 8), "cudaMalloc");
+    xent_rows_capacity_ = 0;
+    xent_rows_ = cuda_allocate_array<double>(size_t(N), "the loss's per-sample values");
     xent_rows_capacity_ = N;
     ++record_generation_;  // a recorded step holds the old buffer
   }

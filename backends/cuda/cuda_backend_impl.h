@@ -13,6 +13,7 @@
 
 #include "backends/backend.h"
 #include "backends/cuda/cuda_conv_cudnn.h"
+#include "backends/cuda/cuda_device.h"
 #include "engine/check.h"
 
 namespace et {

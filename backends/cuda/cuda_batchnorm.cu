@@ -385,7 +385,8 @@ double* CudaBackend::bn_scratch(int64_t doubles) {
   if (doubles > bn_scratch_capacity_) {
     cudaFree(bn_scratch_);
     bn_scratch_ = nullptr;
-    cuda::check(cudaMalloc(reinterpret_cast<void**>(&bn_scratch_), size_t(doubles) * 8), "cudaMalloc");
+    bn_scratch_capacity_ = 0;
+    bn_scratch_ = cuda_allocate_array<double>(size_t(doubles), "batch norm's scratch");
     bn_scratch_capacity_ = doubles;
     ++record_generation_;  // a recorded step holds the old buffer
   }

@@ -359,7 +359,7 @@ int conv_path(cuda::CudnnConvs* dnn, cudaStream_t stream, const Conv2dGeom& g, C
   if (known >= 0 && dnn->workspace(g, pass) > ws.bytes) return cuda::CudnnConvs::kOwn;  // (measured with more)
   if (known != cuda::CudnnConvs::kUnmeasured) return known;
   float* scratch = nullptr;
-  cuda::check(cudaMalloc(&scratch, size_t(out_floats) * 4), "cudaMalloc (conv measurement)");
+  scratch = cuda_allocate_array<float>(size_t(out_floats), "a conv pass's measurement (first step only)");
   cudaEvent_t t0, t1;
   cuda::check(cudaEventCreate(&t0), "cudaEventCreate");
   cuda::check(cudaEventCreate(&t1), "cudaEventCreate");

@@ -78,6 +78,17 @@ std::string cuda_device_description(int device) {
   return buf;
 }
 
+void* cuda_allocate(size_t bytes, const char* what) {
+  void* p = nullptr;
+  const cudaError_t e = cudaMalloc(&p, bytes);
+  if (e == cudaErrorMemoryAllocation) {
+    (void)cudaGetLastError();  // (not sticky: cleared, the process may go on)
+    user_error("out of memory: could not allocate ", bytes, " bytes of device memory for ", what, kMemoryBudgetHint);
+  }
+  if (e != cudaSuccess) user_error("CUDA: cudaMalloc (", what, ") failed: ", cudaGetErrorString(e));
+  return p;
+}
+
 std::unique_ptr<DeviceMemory> make_cuda_memory(int device) {
   use_device(device);
   return std::unique_ptr<DeviceMemory>(new CudaMemory(device));

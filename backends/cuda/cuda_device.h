@@ -21,6 +21,14 @@ std::string cuda_device_description(int device);
 // of it. UserError naming the device if it does not exist.
 std::unique_ptr<DeviceMemory> make_cuda_memory(int device);
 
+// The backend's own device buffers (scratch, workspaces, the codec's counts) on the current device:
+// out of memory is a UserError naming `what` and the bytes, as the arena's is; nothing is zeroed.
+void* cuda_allocate(size_t bytes, const char* what);
+template <class T>
+T* cuda_allocate_array(size_t n, const char* what) {
+  return static_cast<T*>(cuda_allocate(n * sizeof(T), what));
+}
+
 // Bytes free and in total on `device` (cudaMemGetInfo): what memprofile reports beside the plan.
 void cuda_memory_info(int device, size_t* free_bytes, size_t* total_bytes);
 

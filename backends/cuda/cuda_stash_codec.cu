@@ -323,7 +323,7 @@ class CudaStashCodec final : public StashCodec {
  public:
   CudaStashCodec(int device, cudaStream_t stream) : device_(device), stream_(stream) {
     check(cudaSetDevice(device_), "cudaSetDevice");
-    check(cudaMalloc(reinterpret_cast<void**>(&total_), sizeof(unsigned long long)), "cudaMalloc");
+    total_ = cuda_allocate_array<unsigned long long>(1, "the stash codec's total");
   }
   ~CudaStashCodec() override {
     cudaFree(total_);
@@ -462,8 +462,8 @@ class CudaStashCodec final : public StashCodec {
     counts_ = offsets_ = nullptr;
     capacity_ = 0;
     ++generation_;
-    check(cudaMalloc(reinterpret_cast<void**>(&counts_), size_t(chunks) * 8), "cudaMalloc");
-    check(cudaMalloc(reinterpret_cast<void**>(&offsets_), size_t(chunks) * 8), "cudaMalloc");
+    counts_ = cuda_allocate_array<unsigned long long>(size_t(chunks), "the stash codec's counts");
+    offsets_ = cuda_allocate_array<unsigned long long>(size_t(chunks), "the stash codec's offsets");
     capacity_ = chunks;
   }
 

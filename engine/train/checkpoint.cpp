@@ -164,6 +164,24 @@ void write_file_durably(const std::string& path, const std::string& text) {
   sync_parent_dir(path);
 }
 
+bool discard_unstarted_run(const std::string& dir_name, bool remove_folder) {
+  const fs::path dir(dir_name);
+  std::error_code ec;
+  if (fs::exists(dir / "checkpoint_last.ckpt", ec) || ec) return false;
+  const fs::path metrics = dir / "metrics.jsonl";
+  if (fs::exists(metrics, ec) && fs::file_size(metrics, ec) > 0) return false;
+  std::vector<fs::path> files;
+  for (const auto& e : fs::directory_iterator(dir, ec)) {
+    if (!e.is_regular_file(ec)) return false;
+    files.push_back(e.path());
+  }
+  if (ec) return false;
+  for (const fs::path& f : files)
+    if (!fs::remove(f, ec)) return false;
+  if (remove_folder) fs::remove(dir, ec);
+  return true;
+}
+
 
 namespace {
 

@@ -38,6 +38,14 @@ TrainProgress load_checkpoint_bytes(const char* data, size_t size, const std::st
 // content, never a mix. Throws UserError naming the file.
 void write_file_durably(const std::string& path, const std::string& text);
 
+// A new run that stopped with an error before it recorded anything (no checkpoint, metrics.jsonl
+// absent or empty: no epoch, no divergence event) holds only what its start wrote (config.json,
+// memory plans): `train` removes those, and the folder where it made it, so a run that could not
+// start (out of device memory in its first step) leaves no half-written folder that the next
+// `train --out` would refuse. Plain files only, in a folder the run had to itself. Returns
+// whether it removed them.
+bool discard_unstarted_run(const std::string& dir, bool remove_folder);
+
 // A checkpoint's parameters and buffers by name, without a model to load them into (model.weights
 // from a checkpoint, `edgetrain export`). Validated as load_checkpoint validates; the optimizer
 // state is skipped.

@@ -50,3 +50,23 @@ TEST_CASE("cuda: a device that does not exist is an error naming it", "[cuda]") 
   CHECK_THROWS_WITH(make_cuda_memory(n), Catch::Contains("no CUDA device " + std::to_string(n)));
   CHECK_THROWS_AS(make_cuda_memory(-1), UserError);
 }
+
+TEST_CASE("cuda: out of device memory names the buffer and its bytes, and the device goes on", "[cuda]") {
+  const std::unique_ptr<DeviceMemory> mem = make_cuda_memory(0);  // (selects device 0)
+  size_t free_bytes = 0, total = 0;
+  cuda_memory_info(0, &free_bytes, &total);
+  const size_t too_much = total * 2;
+  CHECK_THROWS_WITH(cuda_allocate(too_much, "a test buffer"),
+                    Catch::Contains("out of memory: could not allocate " + std::to_string(too_much) +
+                                    " bytes of device memory for a test buffer") &&
+                        Catch::Contains("memory.budget_mb"));
+  // The error is not sticky: the next allocation and copy work.
+  float* p = cuda_allocate_array<float>(256, "a test buffer");
+  REQUIRE(p != nullptr);
+  float one = 1.f, back = 0.f;
+  CHECK(cudaMemcpy(p + 255, &one, 4, cudaMemcpyHostToDevice) == cudaSuccess);
+  CHECK(cudaMemcpy(&back, p + 255, 4, cudaMemcpyDeviceToHost) == cudaSuccess);
+  CHECK(back == 1.f);
+  CHECK(cudaGetLastError() == cudaSuccess);
+  cudaFree(p);
+}
