@@ -4,8 +4,9 @@
 # and runs tests/cuda there, one process per test case, JOBS at once, with EDGETRAIN_REQUIRE_GPU=1
 # (BUILD_TYPE=RelWithDebInfo: a fault's backtrace names the kernel's lines). No GPU and no CUDA
 # toolkit needed.
-# It checks the kernels' logic, bounds and barriers and the backend's use of the runtime; not races,
-# the GPU's rounding or speed (a GPU run does those).
+# It checks the kernels' logic, bounds and barriers and the backend's use of the runtime; not races
+# (but a missing barrier shows in one of the two thread orders: EDGETRAIN_CUDA_EMU_REVERSE=1 runs
+# the other), the GPU's rounding or speed (a GPU run does those).
 #   scripts/cuda_emu.sh [--build-only] [CATCH FILTER]
 # Env: BUILD_DIR (default build-emu), BUILD_TYPE (default Release), JOBS (default nproc), CASE_S
 # (each case's limit, default 900),

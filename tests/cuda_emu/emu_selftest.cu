@@ -5,6 +5,8 @@
 //   emu_selftest CASE       one fault, which must abort the process with the emulator's report:
 //                           past_end | divergent_barrier | exited_lane | bad_config | copy_past_end |
 //                           host_pointer | host_touch
+//   emu_selftest order      prints the order the blocks and threads of a launch ran in ("forward",
+//                           or "reverse" under EDGETRAIN_CUDA_EMU_REVERSE=1)
 #include <cuda_runtime.h>
 
 #include <cstdio>
@@ -50,6 +52,11 @@ __global__ void reverse_kernel(const float* x, float* y, int n) {
 __global__ void add_one(float* x, int n) {
   const int i = blockIdx.x * blockDim.x + threadIdx.x;
   if (i < n) x[i] += 1.f;
+}
+
+// Each thread's turn: the order the emulator ran the threads and blocks in (on a GPU, any).
+__global__ void tickets(unsigned* counter, unsigned* ticket) {
+  ticket[blockIdx.x * blockDim.x + threadIdx.x] = atomicAdd(counter, 1u);
 }
 
 __global__ void read_past(const float* x, float* y, int n) { y[0] = x[n + 1024]; }
@@ -169,6 +176,20 @@ int run_checks() {
 
 int main(int argc, char** argv) {
   if (argc < 2) return run_checks();
+  if (!std::strcmp(argv[1], "order")) {
+    const int n = 2 * 64;
+    unsigned *counter, *ticket;
+    cudaMalloc(&counter, sizeof(unsigned));
+    cudaMalloc(&ticket, n * sizeof(unsigned));
+    cudaMemset(counter, 0, sizeof(unsigned));
+    tickets<<<2, 64>>>(counter, ticket);
+    std::vector<unsigned> t(n);
+    cudaMemcpy(t.data(), ticket, n * sizeof(unsigned), cudaMemcpyDeviceToHost);
+    bool forward = true, reverse = true;
+    for (int i = 0; i < n; ++i) forward &= t[size_t(i)] == unsigned(i), reverse &= t[size_t(i)] == unsigned(n - 1 - i);
+    std::printf("order: %s\n", forward ? "forward" : reverse ? "reverse" : "other");
+    return 0;
+  }
   float *a, *b;
   cudaMalloc(&a, 1000 * sizeof(float));
   cudaMalloc(&b, 1000 * sizeof(float));

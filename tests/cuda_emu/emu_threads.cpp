@@ -4,6 +4,10 @@
 // only then). The kernel language's built-ins (threadIdx, __syncthreads, shuffles, ballots) read
 // and change this state. EDGETRAIN_CUDA_EMU_PROFILE=1 prints each kernel's launches, threads and
 // host time at exit. The runtime (emu_runtime.cpp) runs a launch through run_grid in stream order.
+// EDGETRAIN_CUDA_EMU_REVERSE=1 runs the blocks, and a block's threads between barriers, last to
+// first: a kernel whose results change with it reads what another thread (or block) writes with no
+// barrier between, a race on a GPU. In thread order a read of a lower thread's write sees it and
+// one of a higher thread's does not; reversed, the other way round, so the two orders show both.
 #include <sys/mman.h>
 
 #include <algorithm>
@@ -27,6 +31,11 @@ namespace {
 
 const size_t kPage = 4096;
 [[noreturn]] void fail(const std::string& what) { report_fault(what); }
+
+bool reversed() {
+  static const bool r = setting("EDGETRAIN_CUDA_EMU_REVERSE", 0) != 0;
+  return r;
+}
 
 double now_ms() {
   using namespace std::chrono;
@@ -158,7 +167,7 @@ void to_scheduler() {
 bool ready(const Fiber& f) { return !f.wait_on || *f.wait_on != f.wait_gen; }
 
 // This thread waits until *gen_counter is no longer gen. On x86-64 it switches straight to the
-// next thread in thread order that has started and can run (one stack switch, where going through
+// next thread in the run's order (thread order, or reversed) that has started and can run (one stack switch, where going through
 // the scheduler takes two: barriers were most of the emulator's time); where the next has not
 // started yet, or none can run, to the scheduler, which starts threads and finds deadlocks.
 void wait_for_change(const uint64_t* gen_counter, uint64_t gen) {
@@ -167,8 +176,9 @@ void wait_for_change(const uint64_t* gen_counter, uint64_t gen) {
   me->wait_gen = gen;
 #if defined(__x86_64__)
   const size_t n = run.fibers.size(), at = size_t(me - run.fibers.data());
+  const bool back = reversed();
   for (size_t k = 1; k < n; ++k) {
-    Fiber& f = run.fibers[(at + k) % n];
+    Fiber& f = run.fibers[back ? (at + n - k) % n : (at + k) % n];
     if (f.done) continue;
     if (!f.stack) break;  // not started: the scheduler starts it
     if (!ready(f)) continue;
@@ -179,6 +189,30 @@ void wait_for_change(const uint64_t* gen_counter, uint64_t gen) {
   }
 #endif
   to_scheduler();
+}
+
+// The thread that completes a barrier or warp collective lets the others go first, in the run's
+// order from the thread after it: threads arrive in order, so it is the last one, and after the
+// barrier they run 0..n-1 (n-1..0 reversed) again. Were it to go on first (one thread ahead of
+// the rest), a thread that skips a barrier to read what the first in order writes after it
+// would read in time in both orders. It runs on when its turn comes (a thread waits) or the
+// scheduler's does.
+void yield_in_order() {
+#if defined(__x86_64__)
+  Fiber* me = run.cur;
+  const size_t n = run.fibers.size(), at = size_t(me - run.fibers.data());
+  const bool back = reversed();
+  for (size_t k = 1; k < n; ++k) {
+    Fiber& f = run.fibers[back ? (at + n - k) % n : (at + k) % n];
+    if (f.done) continue;
+    if (!f.stack) return;  // not started: this thread goes on, the scheduler starts it later
+    if (!ready(f)) continue;
+    f.wait_on = nullptr;
+    run.cur = &f;
+    emu_switch(&me->sp, f.sp);
+    return;  // resumed by another thread or the scheduler, with run.cur = me
+  }
+#endif
 }
 
 void resume(Fiber& f) {
@@ -252,9 +286,11 @@ void run_block() {
   }
   run.live = n;
   run.bar_count = 0;
+  const bool back = reversed();
   while (run.live > 0) {
     const uint64_t before = run.progress;
-    for (Fiber& f : run.fibers)
+    for (int i = 0; i < n; ++i) {
+      Fiber& f = run.fibers[size_t(back ? n - 1 - i : i)];
       if (!f.done && ready(f)) {
         f.wait_on = nullptr;
         if (!f.stack) {
@@ -270,6 +306,7 @@ void run_block() {
           run.ended = nullptr;
         }
       }
+    }
     run.cur = nullptr;
     if (run.progress == before) {
       // Every thread left waits at a barrier or a warp collective that cannot complete.
@@ -299,6 +336,7 @@ void syncthreads() {
   if (run.bar_count == run.live) {
     run.bar_count = 0;
     ++run.bar_gen;
+    yield_in_order();
     return;
   }
   wait_for_change(&run.bar_gen, gen);
@@ -318,6 +356,7 @@ void warp_arrive(Warp& w, unsigned lanes) {
   if (w.count == __builtin_popcount(lanes)) {
     w.count = 0;
     ++w.gen;
+    yield_in_order();
     return;
   }
   wait_for_change(&w.gen, gen);
@@ -390,10 +429,11 @@ void run_grid(const char* name, dim3 grid, dim3 block, const std::function<void(
   run.block = block;
   run.body = &body;
   run.threads = int(block.x * block.y * block.z);
+  const bool back = reversed();
   for (unsigned z = 0; z < grid.z; ++z)
     for (unsigned y = 0; y < grid.y; ++y)
       for (unsigned x = 0; x < grid.x; ++x) {
-        run.block_idx = uint3{x, y, z};
+        run.block_idx = back ? uint3{grid.x - 1 - x, grid.y - 1 - y, grid.z - 1 - z} : uint3{x, y, z};
         run_block();
       }
   run.running = false;
