@@ -16,6 +16,7 @@
 #include "engine/init.h"
 #include "layers/layers.h"
 #include "memory/arena.h"
+#include "tests/counted_memory.h"
 #include "memory/planner.h"
 #include "models/models.h"
 
@@ -513,35 +514,14 @@ TEST_CASE("executor: a plan-only executor plans what the allocated one does, hol
 }
 
 namespace {
-// The host's memory, refusing what would take its use past `cap` bytes (as a small device does).
-class CappedMemory : public DeviceMemory {
- public:
-  explicit CappedMemory(size_t cap) : cap_(cap) {}
-  Device device() const override { return host_memory().device(); }
-  size_t granularity() const override { return host_memory().granularity(); }
-  void* allocate(size_t bytes) override {
-    if (used_ + bytes > cap_) return nullptr;
-    used_ += bytes;
-    return host_memory().allocate(bytes);
-  }
-  void deallocate(void* p, size_t bytes) override {
-    used_ -= bytes;
-    host_memory().deallocate(p, bytes);
-  }
-  void release(void* p, size_t bytes) override { host_memory().release(p, bytes); }
-  size_t resident_bytes(const void* p, size_t bytes) const override { return host_memory().resident_bytes(p, bytes); }
-
- private:
-  size_t cap_, used_ = 0;
-};
-
+// The CPU backend with a memory that refuses what would take it past `cap` bytes.
 class CappedCpuBackend : public CpuBackend {
  public:
   explicit CappedCpuBackend(size_t cap) : memory_(cap) {}
   DeviceMemory& memory() override { return memory_; }
 
  private:
-  CappedMemory memory_;
+  test::CountedHostMemory memory_;
 };
 }  // namespace
 
@@ -557,27 +537,15 @@ TEST_CASE("executor: out of memory for the stash names its largest layer and mem
   const size_t page = host_memory().granularity(), rounded_arena = (arena + page - 1) / page * page;
   // Room for the arena but not for the stash region: the stash's message.
   CappedCpuBackend small(rounded_arena + region / 2);
-  try {
-    Executor ex(g, small, so);
-    FAIL("an executor was built in too little memory");
-  } catch (const UserError& e) {
-    const std::string m = e.what();
-    CHECK(m.find("out of memory: could not allocate") != std::string::npos);
-    CHECK(m.find("the activation stash (") != std::string::npos);
-    CHECK(m.find("the largest, layer '") != std::string::npos);
-    CHECK(m.find("memory.budget_mb") != std::string::npos);
-  }
+  CHECK_THROWS_WITH(Executor(g, small, so), Catch::Contains("out of memory: could not allocate") &&
+                                                Catch::Contains("the activation stash (") &&
+                                                Catch::Contains("the largest, layer '") &&
+                                                Catch::Contains("memory.budget_mb"));
   // Room for neither: the arena's, naming its largest buffer.
   CappedCpuBackend tiny(rounded_arena / 2);
-  try {
-    Executor ex(g, tiny, so);
-    FAIL("an executor was built in too little memory");
-  } catch (const UserError& e) {
-    const std::string m = e.what();
-    CHECK(m.find("for the training step of this model") != std::string::npos);
-    CHECK(m.find("its largest buffer is layer '") != std::string::npos);
-    CHECK(m.find("memory.budget_mb") != std::string::npos);
-  }
+  CHECK_THROWS_WITH(Executor(g, tiny, so), Catch::Contains("for the training step of this model") &&
+                                               Catch::Contains("its largest buffer is layer '") &&
+                                               Catch::Contains("memory.budget_mb"));
   // With the room for both it builds.
   CappedCpuBackend enough(rounded_arena + region + (64 << 20));
   CHECK_NOTHROW(Executor(g, enough, so));

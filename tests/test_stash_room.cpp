@@ -17,6 +17,7 @@
 #include "memory/stash_codec.h"
 #include "memory/stash_format.h"
 #include "models/models.h"
+#include "tests/counted_memory.h"
 #include "tests/counting_codec.h"
 #include "tests/fit_helper.h"
 #include "tests/synthetic_data.h"
@@ -111,28 +112,9 @@ size_t worst_case_region(const Config& cfg) {
   return fresh.stash().region_bytes();
 }
 
-// The host's memory, with the most it has had allocated at once (arena and stash region).
-class PeakMemory final : public DeviceMemory {
- public:
-  size_t live = 0, peak = 0;
-  Device device() const override { return host_memory().device(); }
-  size_t granularity() const override { return host_memory().granularity(); }
-  void* allocate(size_t bytes) override {
-    live += bytes;
-    peak = std::max(peak, live);
-    return host_memory().allocate(bytes);
-  }
-  void deallocate(void* p, size_t bytes) override {
-    live -= bytes;
-    host_memory().deallocate(p, bytes);
-  }
-  void release(void* p, size_t bytes) override { host_memory().release(p, bytes); }
-  size_t resident_bytes(const void* p, size_t bytes) const override { return host_memory().resident_bytes(p, bytes); }
-};
-
 class PeakDeferringCpu final : public test::DeferringCpu {
  public:
-  PeakMemory mem;
+  test::CountedHostMemory mem;  // (its peak: the most held at once, arena and stash region)
   DeviceMemory& memory() override { return mem; }
 };
 

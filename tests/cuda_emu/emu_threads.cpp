@@ -166,29 +166,35 @@ void to_scheduler() {
 
 bool ready(const Fiber& f) { return !f.wait_on || *f.wait_on != f.wait_gen; }
 
-// This thread waits until *gen_counter is no longer gen. On x86-64 it switches straight to the
-// next thread in the run's order (thread order, or reversed) that has started and can run (one stack switch, where going through
-// the scheduler takes two: barriers were most of the emulator's time); where the next has not
-// started yet, or none can run, to the scheduler, which starts threads and finds deadlocks.
-void wait_for_change(const uint64_t* gen_counter, uint64_t gen) {
-  Fiber* me = run.cur;
-  me->wait_on = gen_counter;
-  me->wait_gen = gen;
+// On x86-64: switches straight from this thread to the next one in the run's order (thread order,
+// or reversed) that has started and can run, one stack switch where going through the scheduler
+// takes two (barriers were most of the emulator's time). False where the next has not started
+// yet, or none can run (and elsewhere): the scheduler starts threads and finds deadlocks.
+// Returns true once this thread is resumed (by another thread or the scheduler, run.cur = me).
+bool switch_to_next_in_order() {
 #if defined(__x86_64__)
+  Fiber* me = run.cur;
   const size_t n = run.fibers.size(), at = size_t(me - run.fibers.data());
   const bool back = reversed();
   for (size_t k = 1; k < n; ++k) {
     Fiber& f = run.fibers[back ? (at + n - k) % n : (at + k) % n];
     if (f.done) continue;
-    if (!f.stack) break;  // not started: the scheduler starts it
+    if (!f.stack) return false;
     if (!ready(f)) continue;
     f.wait_on = nullptr;
     run.cur = &f;
     emu_switch(&me->sp, f.sp);
-    return;  // resumed by another thread or the scheduler, with run.cur = me
+    return true;
   }
 #endif
-  to_scheduler();
+  return false;
+}
+
+// This thread waits until *gen_counter is no longer gen.
+void wait_for_change(const uint64_t* gen_counter, uint64_t gen) {
+  run.cur->wait_on = gen_counter;
+  run.cur->wait_gen = gen;
+  if (!switch_to_next_in_order()) to_scheduler();
 }
 
 // The thread that completes a barrier or warp collective lets the others go first, in the run's
@@ -196,24 +202,8 @@ void wait_for_change(const uint64_t* gen_counter, uint64_t gen) {
 // barrier they run 0..n-1 (n-1..0 reversed) again. Were it to go on first (one thread ahead of
 // the rest), a thread that skips a barrier to read what the first in order writes after it
 // would read in time in both orders. It runs on when its turn comes (a thread waits) or the
-// scheduler's does.
-void yield_in_order() {
-#if defined(__x86_64__)
-  Fiber* me = run.cur;
-  const size_t n = run.fibers.size(), at = size_t(me - run.fibers.data());
-  const bool back = reversed();
-  for (size_t k = 1; k < n; ++k) {
-    Fiber& f = run.fibers[back ? (at + n - k) % n : (at + k) % n];
-    if (f.done) continue;
-    if (!f.stack) return;  // not started: this thread goes on, the scheduler starts it later
-    if (!ready(f)) continue;
-    f.wait_on = nullptr;
-    run.cur = &f;
-    emu_switch(&me->sp, f.sp);
-    return;  // resumed by another thread or the scheduler, with run.cur = me
-  }
-#endif
-}
+// scheduler's does; where the next has not started, it goes on (the scheduler starts that later).
+void yield_in_order() { (void)switch_to_next_in_order(); }
 
 void resume(Fiber& f) {
   run.cur = &f;
