@@ -33,6 +33,8 @@ void check_dnn(cudnnStatus_t s, const char* what) {
 }
 
 constexpr int kPasses = 3;
+constexpr int kMaxAlgos = std::max({int(CUDNN_CONVOLUTION_FWD_ALGO_COUNT), int(CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT),
+                                    int(CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT)});
 int pass_index(ConvPass p) { return p == ConvPass::Forward ? 0 : p == ConvPass::BackwardData ? 1 : 2; }
 
 using Key = std::array<int64_t, 10>;
@@ -89,9 +91,11 @@ class CudnnConvsImpl final : public CudnnConvs {
   int measure(const Conv2dGeom& g, ConvPass pass, const float* a, const float* b, float* out, Workspace ws,
               float own_ms) override {
     Entry& e = entry(g);
-    int algos[4];
-    size_t memory[4];
-    const int n = candidate_algos(e, pass, ws.bytes, algos, memory, 4);
+    // Every candidate, not the heuristics' first few: their order is a guess (a Winograd or FFT
+    // tiling that fits can rank below slower implicit GEMMs), and each is timed once per geometry.
+    int algos[kMaxAlgos];
+    size_t memory[kMaxAlgos];
+    const int n = candidate_algos(e, pass, ws.bytes, algos, memory, kMaxAlgos);
     int best = kOwn;
     size_t best_memory = 0;
     float best_ms = always_ ? 1e30f : own_ms;
