@@ -143,7 +143,7 @@ step_budget() {
 }
 
 step_fused() {
-  # The CUDA fused stacks (BN -> ReLU [-> max-pool], BN -> add [-> ReLU]; docs/cuda.md, session 54): their tests
+  # The CUDA fused stacks (BN -> ReLU [-> max-pool], BN -> add [-> ReLU]; docs/cuda-log.md, session 54): their tests
   # alone, then the step fused against unfused in one process (interleaved pairs), with and without
   # the CUDA graph, and a short training run with them.
   stamp "CUDA fused stacks: tests, bench step against the layers, a short training run"

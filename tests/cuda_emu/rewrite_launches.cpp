@@ -1,4 +1,4 @@
-// The CUDA emulator's one source transform (tests/cuda_emu, docs/cuda.md "The CUDA emulator"):
+// The CUDA emulator's one source transform (tests/cuda_emu, docs/cuda-log.md "The CUDA emulator"):
 // copies a .cu file, rewriting each kernel launch `NAME<<<CONFIG>>>(ARGS)` into
 // `(::emu::launch("NAME", [](auto... a_) { NAME(a_...); }, CONFIG))(ARGS)`, which a C++ compiler
 // takes. NAME may carry template arguments (`int_gemm_kernel<true, 16, 1>`); a kernel template whose

@@ -1,4 +1,4 @@
-// The CUDA emulator (tests/cuda_emu; docs/cuda.md, "The CUDA emulator"): the CUDA runtime, the
+// The CUDA emulator (tests/cuda_emu; docs/cuda-log.md, "The CUDA emulator"): the CUDA runtime, the
 // kernel language and the cuBLAS calls this backend uses, run on the host, so the CUDA backend and
 // its tests run on a machine without a GPU. It is a test tool, not a backend: every launch runs its
 // blocks one after another, each block's threads as fibers on one host thread that switch at
