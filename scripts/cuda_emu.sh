@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The CUDA backend's tests on the CUDA emulator (tests/cuda_emu; docs/cuda.md, "The CUDA
+# The CUDA backend's tests on the CUDA emulator (tests/cuda_emu; docs/cuda-log.md, "The CUDA
 # emulator"): builds build-emu/ (-DEDGETRAIN_CUDA_EMU=ON: backends/cuda/*.cu compiled for the host)
 # and runs tests/cuda there, one process per test case, JOBS at once, with EDGETRAIN_REQUIRE_GPU=1
 # (BUILD_TYPE=RelWithDebInfo: a fault's backtrace names the kernel's lines). No GPU and no CUDA
@@ -10,7 +10,8 @@
 #   scripts/cuda_emu.sh [--build-only] [CATCH FILTER]
 # Env: BUILD_DIR (default build-emu), BUILD_TYPE (default Release), JOBS (default nproc), CASE_S
 # (each case's limit, default 900),
-# SKIP (an extended regular expression: the cases whose names match it are not run).
+# SKIP (an extended regular expression: the cases whose names match it are not run),
+# EDGETRAIN_CUDA_CONV (default im2col, below).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . scripts/apt_missing.sh
@@ -24,6 +25,12 @@ cmake --build "$dir" -j "$jobs" --target edgetrain_cuda_tests emu_selftest
 [ $build_only -eq 1 ] && exit 0
 # The emulator's own checks first: what passes, and each fault it must report.
 ctest --test-dir "$dir" --output-on-failure -R '^cuda_emu_'
+
+# The backend's own conv kernels unless asked otherwise: the emulated cuDNN (emu_cudnn.cpp) runs on
+# the host, so it would win every measured choice (`auto`), leaving the own kernels untested in the
+# training cases, and each first step would measure them again. The cases that test cuDNN's path
+# set EDGETRAIN_CUDA_CONV themselves (test::ScopedEnv).
+export EDGETRAIN_CUDA_CONV="${EDGETRAIN_CUDA_CONV:-im2col}"
 
 logs=$(mktemp -d)
 trap 'rm -rf "$logs"' EXIT

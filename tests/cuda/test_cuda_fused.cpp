@@ -15,6 +15,7 @@
 #include <memory>
 #include <string>
 #include <vector>
+#include <optional>
 
 #include "backends/backend.h"
 #include "backends/cuda/cuda_backend.h"
@@ -26,6 +27,7 @@
 #include "engine/train/optimizer.h"
 #include "models/models.h"
 #include "tests/cuda/device_bytes.h"
+#include "tests/cuda/scoped_env.h"
 
 using namespace et;
 
@@ -268,9 +270,10 @@ TEST_CASE("cuda: fused stacks recompute their outputs for their readers' backwar
     kept.format = recomputed.format = f;
     recomputed.recompute_stack_outputs = true;
     FusedRun a(*be, kept, "resnet8", true), b(*be, recomputed, "resnet8", true);
-    REQUIRE(setenv("ET_AFFINE_RELU_READS", "0", 1) == 0);
+    std::optional<test::ScopedEnv> buffer_reads;
+    buffer_reads.emplace("ET_AFFINE_RELU_READS", "0");
     FusedRun c(*be, recomputed, "resnet8", true);
-    unsetenv("ET_AFFINE_RELU_READS");
+    buffer_reads.reset();
     int by_readers = 0;
     for (const SavedValue& sv : b.ex->stash().saved()) {
       by_readers += sv.affine_relu;

@@ -29,6 +29,7 @@
 #include "tests/cuda/device_bytes.h"
 #include "tests/cuda/op_tensors.h"
 #include "tests/tiny_training.h"
+#include "tests/cuda/scoped_env.h"
 
 using namespace et;
 using namespace et::cuda_test;
@@ -178,9 +179,10 @@ TEST_CASE("cuda: convolution and linear layers equal the CPU's within 1e-4", "[c
   Backends b;
   // Each conv path: im2col + SGEMM alone, cuDNN's fastest candidate, and the measured choice
   // (cuda_conv_cudnn.h; without cuDNN in the build all three are im2col).
+  test::ScopedEnv conv_mode("EDGETRAIN_CUDA_CONV", "auto");
   for (const char* mode : {"im2col", "cudnn", "auto"}) {
     INFO("EDGETRAIN_CUDA_CONV=" << mode);
-    REQUIRE(setenv("EDGETRAIN_CUDA_CONV", mode, 1) == 0);
+    conv_mode.set(mode);
     const std::unique_ptr<Backend> dev = make_cuda_backend(0);
     struct Case {
       int64_t N, C, H, W, K, R, stride, pad, groups;
@@ -218,7 +220,6 @@ TEST_CASE("cuda: convolution and linear layers equal the CPU's within 1e-4", "[c
       }
     }
   }
-  unsetenv("EDGETRAIN_CUDA_CONV");
   Both x({9, 70}, 61), w({10, 70}, 62), bias({10}, 63), y({9, 10}, 64), dy({9, 10}, 65), dx({9, 70}, 66), dw({10, 70}, 67),
       db({10}, 68);
   b.cpu->linear_forward(x.cpu, w.cpu, bias.cpu, y.cpu);
@@ -503,6 +504,27 @@ TEST_CASE("cuda: a replayed step (a CUDA graph) equals the step run op by op, bi
 
 TEST_CASE("cuda: a replayed MobileNet-V2 step equals the step run op by op, bit for bit", "[cuda][replay]") {
   for (const StashOptions& so : replay_settings()) check_replayed_steps(so, "mobilenetv2");
+}
+
+TEST_CASE("cuda: cuDNN's convolutions train as on the CPU, and replay bit for bit", "[cuda][replay]") {
+  // Every dense and grouped conv pass on cuDNN (its fastest candidate that fits the planned
+  // workspace, measured in the first step), where the other cases run the backend's own kernels on
+  // the emulator (scripts/cuda_emu.sh): its descriptors, algorithm lists, workspace, accumulation
+  // (beta) and stream order, recorded in a CUDA graph too. bitmap_fp16's weight gradients read x as
+  // stored, on the own kernels, beside cuDNN's other passes.
+  const test::ScopedEnv on_cudnn("EDGETRAIN_CUDA_CONV", "cudnn");
+  for (StashFormat f : {StashFormat::DenseF32, StashFormat::BitmapF16}) {
+    StashOptions so;
+    so.format = f;
+    INFO("stash " << stash_format_name(f));
+    Run cpu(make_cpu_backend(), so), dev(make_cuda_backend(0), so);
+    for (int s = 0; s < 4; ++s) {
+      const float a = cpu.step(s == 0), d = dev.step(s == 0);
+      CHECK(std::fabs(a - d) <= 1e-3f * std::fabs(a));
+    }
+  }
+  StashOptions dense;
+  check_replayed_steps(dense, "resnet8");
 }
 
 TEST_CASE("cuda: a replayed 4-bit step (scales on the device) equals the step run op by op", "[cuda][replay][quant]") {

@@ -24,6 +24,7 @@
 #include "memory/stash_codec.h"
 #include "models/models.h"
 #include "quant/scales.h"
+#include "tests/cuda/scoped_env.h"
 
 using namespace et;
 
@@ -201,8 +202,9 @@ TEST_CASE("cuda: the integer conv passes equal the CPU's bit for bit", "[cuda][q
   // data gradients run by phase (int_gemm::DataGradPhase): stride 3 with a 5x5 window and pads that
   // leave phases with fewer taps.
   // Tensor cores and dp4a (EDGETRAIN_CUDA_INT_MMA): the same integers.
+  test::ScopedEnv mma_mode("EDGETRAIN_CUDA_INT_MMA", "1");
   for (const char* mma : {"1", "0"}) {
-    REQUIRE(setenv("EDGETRAIN_CUDA_INT_MMA", mma, 1) == 0);
+    mma_mode.set(mma);
     INFO("EDGETRAIN_CUDA_INT_MMA=" << mma);
     for (const Case& c : {Case{2, 16, 8, 8, 16, 3, 1, 1}, Case{3, 5, 7, 9, 6, 3, 2, 1}, Case{1, 8, 6, 6, 12, 1, 1, 0},
                           Case{4, 12, 5, 5, 8, 1, 2, 0}, Case{1, 3, 11, 11, 5, 5, 1, 2}, Case{5, 9, 4, 4, 70, 3, 1, 1},
@@ -257,7 +259,6 @@ TEST_CASE("cuda: the integer conv passes equal the CPU's bit for bit", "[cuda][q
       }
     }
   }
-  unsetenv("EDGETRAIN_CUDA_INT_MMA");
 }
 
 TEST_CASE("cuda: the integer conv passes read bitmap_int4's stored codes as the CPU does", "[cuda][quant][stash]") {

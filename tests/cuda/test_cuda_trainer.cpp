@@ -10,11 +10,13 @@
 #include <fstream>
 #include <string>
 #include <vector>
+#include <optional>
 
 #include "engine/step_replay.h"
 #include "engine/train/trainer.h"
 #include "tests/fit_helper.h"
 #include "tests/synthetic_data.h"
+#include "tests/cuda/scoped_env.h"
 
 using namespace et;
 using nlohmann::json;
@@ -167,9 +169,10 @@ TEST_CASE("cuda: 4-bit fit with the scales on the device gives the numbers of th
     cfg.quant.backward = "luq_fp4";
     cfg.memory.stash = "bitmap_int4";
     cfg.train.cuda_graph = graph == 1, cfg.train.cuda_graph_auto = false;
-    if (host_scales) setenv("EDGETRAIN_CUDA_HOST_SCALES", "1", 1);
+    std::optional<test::ScopedEnv> host_scales_env;
+    if (host_scales) host_scales_env.emplace("EDGETRAIN_CUDA_HOST_SCALES", "1");
     Trainer t(cfg, test::synthetic_dataset(24, 1), test::synthetic_dataset(10, 2));
-    unsetenv("EDGETRAIN_CUDA_HOST_SCALES");
+    host_scales_env.reset();
     CHECK(t.executor().backend().quant_scales_in_memory() == !host_scales);
     std::vector<std::string> out;
     for (const json& j : test::fit_quietly(t, "scales" + std::to_string(host_scales) + std::to_string(graph)))
