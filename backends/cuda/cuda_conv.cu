@@ -12,8 +12,9 @@
 // gathers it, so the executor plans no f32 decode buffer for x (BitTrain's memory; the CPU reads
 // stored x likewise). It also reads a fused BN -> ReLU stack's output that nothing keeps, computing
 // it from the stack's x as stored (DType::AffineRelu, memory.recompute_stack_outputs): no buffer
-// of y's size for the recompute either. Such a pass runs the backend's own kernels: cuDNN reads
-// f32 only.
+// of y's size for the recompute either. cuDNN reads f32 only: where x decoded to f32 fits at the
+// workspace's front (the executor's one workspace, planned for the largest pass), cuDNN over that
+// copy competes with the own kernels' read in place, measured as the other passes are.
 // Linear layers: one SGEMM each way. cuBLAS runs in its default FP32 math (no TF32).
 //
 // Row-major [a, b] matrices are column-major [b, a] ones to cuBLAS, so each product below is
@@ -350,21 +351,27 @@ void im2col_backward_weight(cublasHandle_t blas, const Conv2dGeom& g, X x, const
 // im2col + SGEMM for dense convs, the direct kernels for grouped ones), measured at the geometry
 // and pass's first use. The measurement writes a scratch output (allocated for it, in the first
 // step only), so an accumulating pass's real output is untouched. `ours(out, accumulate)` runs the
-// backend's own pass.
-template <class Ours>
+// backend's own pass; `ws` is cuDNN's workspace. x_decoded: cuDNN's operand a is a stored x that
+// `decode()` writes as f32 (into workspace the own pass may use too: decoded again before each
+// cuDNN call).
+struct NothingToDecode {
+  void operator()() const {}
+};
+template <class Ours, class Decode = NothingToDecode>
 int conv_path(cuda::CudnnConvs* dnn, cudaStream_t stream, const Conv2dGeom& g, ConvPass pass, const float* a,
-              const float* b, int64_t out_floats, Workspace ws, Ours&& ours) {
+              const float* b, int64_t out_floats, Workspace ws, Ours&& ours, bool x_decoded = false,
+              Decode&& decode = Decode{}) {
   if (!dnn) return cuda::CudnnConvs::kOwn;
-  const int known = dnn->choice(g, pass);
-  if (known >= 0 && dnn->workspace(g, pass) > ws.bytes) return cuda::CudnnConvs::kOwn;  // (measured with more)
+  const int known = dnn->choice(g, pass, x_decoded);
+  if (known >= 0 && dnn->workspace(g, pass, x_decoded) > ws.bytes) return cuda::CudnnConvs::kOwn;  // (measured with more)
   if (known != cuda::CudnnConvs::kUnmeasured) return known;
   float* scratch = nullptr;
   scratch = cuda_allocate_array<float>(size_t(out_floats), "a conv pass's measurement (first step only)");
+  float best = 1e30f;  // the own kernels' time (not measured where cuDNN is forced)
   cudaEvent_t t0, t1;
   cuda::check(cudaEventCreate(&t0), "cudaEventCreate");
   cuda::check(cudaEventCreate(&t1), "cudaEventCreate");
-  float best = 1e30f;
-  for (int rep = 0; rep < 3; ++rep) {
+  for (int rep = 0; rep < 3 && !dnn->forced(); ++rep) {
     cuda::check(cudaEventRecord(t0, stream), "cudaEventRecord");
     ours(scratch, false);
     cuda::check(cudaEventRecord(t1, stream), "cudaEventRecord");
@@ -375,18 +382,27 @@ int conv_path(cuda::CudnnConvs* dnn, cudaStream_t stream, const Conv2dGeom& g, C
   }
   cudaEventDestroy(t0);
   cudaEventDestroy(t1);
-  const int chosen = dnn->measure(g, pass, a, b, scratch, ws, best);
+  decode();
+  const int chosen = dnn->measure(g, pass, x_decoded, a, b, scratch, ws, best);
   cuda::check(cudaFree(scratch), "cudaFree");
   return chosen;
 }
 
 // The pass into `out` (accumulating where asked) on its path.
-template <class Ours>
+template <class Ours, class Decode = NothingToDecode>
 void run_pass(cuda::CudnnConvs* dnn, cudaStream_t stream, const Conv2dGeom& g, ConvPass pass, const float* a,
-              const float* b, float* out, int64_t out_floats, bool accumulate, Workspace ws, Ours&& ours) {
-  const int path = conv_path(dnn, stream, g, pass, a, b, out_floats, ws, ours);
-  if (path >= 0) dnn->run(g, pass, path, a, b, out, accumulate, ws);
-  else ours(out, accumulate);
+              const float* b, float* out, int64_t out_floats, bool accumulate, Workspace ws, Ours&& ours,
+              bool x_decoded = false, Decode&& decode = Decode{}) {
+  const int path = conv_path(dnn, stream, g, pass, a, b, out_floats, ws, ours, x_decoded, decode);
+  if (path < 0) return ours(out, accumulate);
+  decode();
+  dnn->run(g, pass, path, a, b, out, accumulate, ws);
+}
+
+// x [n] as f32, from any encoding cuda_stored_x.h reads (cuDNN's operand, for a stored x).
+template <class X>
+__global__ void decode_x_kernel(X x, int64_t n, float* out) {
+  ET_GRID_STRIDE(i, n) out[i] = x[i];
 }
 
 }  // namespace
@@ -435,11 +451,28 @@ void CudaBackend::conv2d_backward_weight(const Conv2dGeom& g, const Tensor& x, c
   }
   ET_CHECK(ws.bytes >= conv2d_workspace_bytes(g, ConvPass::BackwardWeight), "conv2d_backward_weight: workspace");
   ET_CHECK(dtype_in(x.dtype, conv2d_weight_reads(g)), "conv2d weight gradient: x dtype ", dtype_name(x.dtype));
-  if (x.dtype != DType::F32) {  // the stash's encoding, or y from x, read in place by the backend's own kernels
-    return cuda::with_read_x(x, *codec_, "conv2d weight gradient", [&](auto rx) {
-      if (g.groups == 1) return im2col_backward_weight(blas_, g, rx, dy.f32(), dw.f32(), accumulate, ws);
-      grouped_backward_weight(stream_, g, rx, dy.f32(), dw.f32(), accumulate);
-    });
+  if (x.dtype != DType::F32) {
+    // x as the stash keeps it (or y computed from x): the own kernels read it in place; cuDNN
+    // reads f32 only, so where x decoded fits at the workspace's front it competes over that copy
+    // with the rest of the workspace (the decode is one pass over x, small beside the conv's).
+    auto own = [&](float* out, bool acc) {
+      cuda::with_read_x(x, *codec_, "conv2d weight gradient", [&](auto rx) {
+        if (g.groups == 1) return im2col_backward_weight(blas_, g, rx, dy.f32(), out, acc, ws);
+        grouped_backward_weight(stream_, g, rx, dy.f32(), out, acc);
+      });
+    };
+    const size_t x_room = (size_t(x.numel()) * 4 + 255) / 256 * 256;
+    if (!cudnn_ || ws.bytes < x_room) return own(dw.f32(), accumulate);
+    float* xf = static_cast<float*>(ws.data);
+    const Workspace rest{static_cast<char*>(ws.data) + x_room, ws.bytes - x_room};
+    auto decode = [&] {
+      cuda::with_read_x(x, *codec_, "conv2d weight gradient", [&](auto rx) {
+        decode_x_kernel<<<blocks_for(x.numel()), kThreads, 0, stream_>>>(rx, x.numel(), xf);
+      });
+      cuda::launched("conv2d weight gradient (x decoded for cuDNN)");
+    };
+    return run_pass(cudnn_.get(), stream_, g, ConvPass::BackwardWeight, xf, dy.f32(), dw.f32(), dw.numel(),
+                    accumulate, rest, own, true, decode);
   }
   run_pass(cudnn_.get(), stream_, g, ConvPass::BackwardWeight, x.f32(), dy.f32(), dw.f32(), dw.numel(), accumulate, ws,
            [&](float* out, bool acc) {

@@ -42,13 +42,16 @@ Key key_of(const Conv2dGeom& g) {
   return Key{{g.N, g.C, g.H, g.W, g.K, g.R, g.S, g.stride_h * 1000 + g.stride_w, g.pad_h * 1000 + g.pad_w, g.groups}};
 }
 
-// One geometry's descriptors and its three passes' choices.
+// One geometry's descriptors and its three passes' choices, for f32 operands or (the second, in
+// Entry::decoded) a weight gradient's x decoded into the workspace.
 struct Entry {
   cudnnTensorDescriptor_t x = nullptr, y = nullptr;
   cudnnFilterDescriptor_t w = nullptr;
   cudnnConvolutionDescriptor_t conv = nullptr;
-  int choice[kPasses] = {CudnnConvs::kUnmeasured, CudnnConvs::kUnmeasured, CudnnConvs::kUnmeasured};
-  size_t workspace[kPasses] = {0, 0, 0};  // what the chosen algorithm needs
+  // [x_decoded][pass]: the choice, and the workspace the chosen algorithm needs.
+  int choice[2][kPasses] = {{CudnnConvs::kUnmeasured, CudnnConvs::kUnmeasured, CudnnConvs::kUnmeasured},
+                            {CudnnConvs::kUnmeasured, CudnnConvs::kUnmeasured, CudnnConvs::kUnmeasured}};
+  size_t workspace[2][kPasses] = {{0, 0, 0}, {0, 0, 0}};
 };
 
 // Deterministic FP32 algorithms without tensor-op math that fit the workspace, best first.
@@ -78,18 +81,20 @@ class CudnnConvsImpl final : public CudnnConvs {
     cudnnDestroy(h_);
   }
 
-  int choice(const Conv2dGeom& g, ConvPass pass) const override {
+  int choice(const Conv2dGeom& g, ConvPass pass, bool x_decoded) const override {
     const auto it = entries_.find(key_of(g));
-    return it == entries_.end() ? kUnmeasured : it->second.choice[pass_index(pass)];
+    return it == entries_.end() ? kUnmeasured : it->second.choice[x_decoded][pass_index(pass)];
   }
 
-  size_t workspace(const Conv2dGeom& g, ConvPass pass) const override {
+  bool forced() const override { return always_; }
+
+  size_t workspace(const Conv2dGeom& g, ConvPass pass, bool x_decoded) const override {
     const auto it = entries_.find(key_of(g));
-    return it == entries_.end() ? 0 : it->second.workspace[pass_index(pass)];
+    return it == entries_.end() ? 0 : it->second.workspace[x_decoded][pass_index(pass)];
   }
 
-  int measure(const Conv2dGeom& g, ConvPass pass, const float* a, const float* b, float* out, Workspace ws,
-              float own_ms) override {
+  int measure(const Conv2dGeom& g, ConvPass pass, bool x_decoded, const float* a, const float* b, float* out,
+              Workspace ws, float own_ms) override {
     Entry& e = entry(g);
     // Every candidate, not the heuristics' first few: their order is a guess (a Winograd or FFT
     // tiling that fits can rank below slower implicit GEMMs), and each is timed once per geometry.
@@ -117,8 +122,8 @@ class CudnnConvsImpl final : public CudnnConvs {
     }
     cudaEventDestroy(t0);
     cudaEventDestroy(t1);
-    e.choice[pass_index(pass)] = best;
-    e.workspace[pass_index(pass)] = best_memory;
+    e.choice[x_decoded][pass_index(pass)] = best;
+    e.workspace[x_decoded][pass_index(pass)] = best_memory;
     return best;
   }
 

@@ -15,22 +15,29 @@ struct CUstream_st;  // cudaStream_t without the runtime header
 namespace et {
 namespace cuda {
 
+// Each choice is kept per geometry, pass and operands: the f32 tensors the pass was given, or
+// (x_decoded) a weight gradient's x that the stash keeps encoded, which cuDNN reads decoded to f32
+// at the workspace's front while the own kernels read it in place (cuda_stored_x.h), so cuDNN has
+// the rest of the workspace.
 class CudnnConvs {
  public:
   static constexpr int kUnmeasured = -2, kOwn = -1;
   virtual ~CudnnConvs() = default;
   // This geometry and pass's choice so far: kUnmeasured, kOwn (the backend's own kernels) or a cuDNN
   // algorithm.
-  virtual int choice(const Conv2dGeom& g, ConvPass pass) const = 0;
+  virtual int choice(const Conv2dGeom& g, ConvPass pass, bool x_decoded = false) const = 0;
   // The workspace its cuDNN choice needs (0 for kOwn): the choice is measured with one executor's
   // workspace, and an executor with less (another model on the same backend) runs its own kernels.
-  virtual size_t workspace(const Conv2dGeom& g, ConvPass pass) const = 0;
+  virtual size_t workspace(const Conv2dGeom& g, ConvPass pass, bool x_decoded = false) const = 0;
+  // EDGETRAIN_CUDA_CONV=cudnn: cuDNN's fastest candidate whatever the own kernels' time (which then
+  // need not be measured).
+  virtual bool forced() const = 0;
   // Times the cuDNN candidates on these operands into `out` (a scratch of the output's size, never
   // the real output), keeps the fastest, or kOwn where `own_ms` (the backend's kernels) is less, and
   // returns the choice.
   // Operands: forward (x, w) -> y; backward data (dy, w) -> dx; backward weight (x, dy) -> dw.
-  virtual int measure(const Conv2dGeom& g, ConvPass pass, const float* a, const float* b, float* out, Workspace ws,
-                      float own_ms) = 0;
+  virtual int measure(const Conv2dGeom& g, ConvPass pass, bool x_decoded, const float* a, const float* b, float* out,
+                      Workspace ws, float own_ms) = 0;
   // Runs the pass with cuDNN algorithm `algo` (a choice >= 0); the gradients accumulate into `out`
   // where asked.
   virtual void run(const Conv2dGeom& g, ConvPass pass, int algo, const float* a, const float* b, float* out,

@@ -7,8 +7,8 @@
 // Times are CUDA-event medians of --reps after one warm-up; "of SGEMM" is the SGEMM's time over
 // the pass's (1.0: the pass runs at the rate cuBLAS reaches on its GEMM alone). Depthwise convs
 // have no GEMM and print their times only. FP32 throughout (no TF32), as the backend computes.
-// bwd_w16: the weight gradient with x as an fp16 stash keeps it (read in place, the backend's own
-// kernels: cuDNN takes f32 only), beside bwd_w over f32 x (cuDNN or the own kernels, as measured).
+// bwd_w16: the weight gradient with x as an fp16 stash keeps it (the own kernels reading it in
+// place, or cuDNN over it decoded into the workspace, as measured), beside bwd_w over f32 x.
 //
 //   bench_cuda_conv [--filter SUBSTR] [--reps N] [--batch N] [--device N]
 #include <cublas_v2.h>
