@@ -36,6 +36,11 @@ struct Conv2dGeom {
 
 enum class ConvPass { Forward, BackwardData, BackwardWeight };
 
+// One trained parameter with its gradient and momentum buffer (Backend::sgd_steps_deferred), f32.
+struct SgdSlot {
+  Tensor param, grad, momentum;
+};
+
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -327,6 +332,15 @@ class Backend {
     const bool finite = deferred_finite_;
     deferred_finite_ = true;
     return finite;
+  }
+  // The deferred step over every trained parameter at once (sgd_update's): each in turn here; a GPU
+  // backend makes it one launch, not one per parameter.
+  virtual void sgd_steps_deferred(const std::vector<SgdSlot>& slots, float lr, float momentum, float weight_decay,
+                                  bool nesterov, bool first_step) {
+    for (const SgdSlot& s : slots) {
+      Tensor param = s.param, momentum_buf = s.momentum;
+      sgd_step_deferred(param, s.grad, momentum_buf, lr, momentum, weight_decay, nesterov, first_step);
+    }
   }
 
  private:

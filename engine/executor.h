@@ -127,6 +127,8 @@ class Executor {
   const std::vector<int>& params() const { return params_; }  // the trained ones: Graph::params() less frozen
   // Their gradients, in the same order (the divergence guard checks them in one pass).
   const std::vector<Tensor>& param_grads() const { return param_grads_; }
+  // Each trained parameter with its gradient and momentum (opt_slot 0), in params() order.
+  const std::vector<SgdSlot>& sgd_slots() const { return sgd_slots_; }
   // What a step carries to the next, in a fixed order: params (frozen too), the trained ones'
   // gradients and optimizer slots, buffers (BN running statistics). Copying them between two executors of one graph moves
   // the training state across a re-plan (the trainer's switch to FNT).
@@ -277,6 +279,7 @@ class Executor {
   std::vector<std::vector<Tensor>> slots_;     // optimizer slots per value (params only)
   std::vector<int> params_;                    // trained parameter value ids, in creation order
   std::vector<Tensor> param_grads_;            // grads_ of params_
+  std::vector<SgdSlot> sgd_slots_;             // data_, grads_ and slots_[.][0] of params_
   std::vector<uint8_t> needs_backward_;        // per node
   std::vector<std::vector<SaveSpec>> save_specs_;  // per node, cached: Op::saves() allocates
   std::vector<uint8_t> grad_written_;          // per value, reset each backward

@@ -54,7 +54,11 @@ void Executor::plan() {
   });
   batch_ = st.max_batch;  // views have the full batch until a forward says otherwise
   param_grads_.clear();
-  for (int p : params_) param_grads_.push_back(grads_[size_t(p)]);
+  sgd_slots_.clear();
+  for (int p : params_) {
+    param_grads_.push_back(grads_[size_t(p)]);
+    sgd_slots_.push_back(SgdSlot{data_[size_t(p)], grads_[size_t(p)], opt_slot(p, 0)});
+  }
 }
 
 // Which nodes need a backward: those whose output depends on a trained parameter (or on a value

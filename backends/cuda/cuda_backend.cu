@@ -35,11 +35,26 @@ __global__ void fill_kernel(float* p, int64_t n, float v) {
   ET_GRID_STRIDE(i, n) p[i] = v;
 }
 
-// Counts the non-finite elements (|x| > FLT_MAX fails for NaN and infinities).
-__global__ void count_nonfinite_kernel(const float* x, int64_t n, unsigned long long* bad) {
+// The entry of a tensor list (cuda::ListEntry, starts ascending, none empty) holding element j of
+// its index space.
+__device__ __forceinline__ int entry_of(const cuda::ListEntry* e, int count, int64_t j) {
+  int lo = 0, hi = count - 1;
+  while (lo < hi) {
+    const int mid = (lo + hi + 1) / 2;
+    if (e[mid].start <= j) lo = mid;
+    else hi = mid - 1;
+  }
+  return lo;
+}
+
+// Counts the non-finite elements (|x| > FLT_MAX fails for NaN and infinities) of a list of tensors
+// (all_finite: every parameter's gradient in one launch).
+__global__ void count_nonfinite_list_kernel(const cuda::ListEntry* e, int count, int64_t total, unsigned long long* bad) {
   unsigned long long local = 0;
-  ET_GRID_STRIDE(i, n)
-    local += !(fabsf(x[i]) <= FLT_MAX);
+  ET_GRID_STRIDE(j, total) {
+    const cuda::ListEntry& t = e[entry_of(e, count, j)];
+    local += !(fabsf(t.p[j - t.start]) <= FLT_MAX);
+  }
   if (local) atomicAdd(bad, local);
 }
 
@@ -178,18 +193,35 @@ __global__ void label_check_kernel(const int32_t* labels, int64_t N, int64_t K, 
   if (n < N && (labels[n] < 0 || labels[n] >= K)) atomicAdd(bad, 1ull);
 }
 
-// PyTorch's SGD as the CPU backend computes it, element for element.
-__global__ void sgd_kernel(float* p, const float* gr, float* b, int64_t n, float lr, float momentum, float wd,
-                           bool nesterov, bool first, unsigned long long* bad) {
+// PyTorch's SGD as the CPU backend computes it, element i of parameter p (gradient gr, momentum
+// b); 1 where the new value is not finite.
+struct SgdArgs {
+  float lr, momentum, wd;
+  bool nesterov, first;
+};
+__device__ __forceinline__ unsigned sgd_element(float* p, const float* gr, float* b, int64_t i, const SgdArgs& a) {
+  const float g = __fadd_rn(gr[i], __fmul_rn(a.wd, p[i]));
+  const float buf = a.momentum == 0.f ? g : (a.first ? g : __fadd_rn(__fmul_rn(a.momentum, b[i]), g));
+  b[i] = buf;
+  const float step = a.nesterov ? __fadd_rn(g, __fmul_rn(a.momentum, buf)) : buf;
+  const float np = __fsub_rn(p[i], __fmul_rn(a.lr, step));
+  p[i] = np;
+  return !(fabsf(np) <= FLT_MAX);
+}
+
+// One parameter's step, counting its non-finite results into `bad`.
+__global__ void sgd_kernel(float* p, const float* gr, float* b, int64_t n, SgdArgs a, unsigned long long* bad) {
   unsigned long long local = 0;
-  ET_GRID_STRIDE(i, n) {
-    const float g = __fadd_rn(gr[i], __fmul_rn(wd, p[i]));
-    const float buf = momentum == 0.f ? g : (first ? g : __fadd_rn(__fmul_rn(momentum, b[i]), g));
-    b[i] = buf;
-    const float step = nesterov ? __fadd_rn(g, __fmul_rn(momentum, buf)) : buf;
-    const float np = __fsub_rn(p[i], __fmul_rn(lr, step));
-    p[i] = np;
-    local += !(fabsf(np) <= FLT_MAX);
+  ET_GRID_STRIDE(i, n) local += sgd_element(p, gr, b, i, a);
+  if (local) atomicAdd(bad, local);
+}
+
+// Every parameter of a list in one launch (sgd_steps_deferred), each element as sgd_kernel's.
+__global__ void sgd_list_kernel(const cuda::ListEntry* e, int count, int64_t total, SgdArgs a, unsigned long long* bad) {
+  unsigned long long local = 0;
+  ET_GRID_STRIDE(j, total) {
+    const cuda::ListEntry& t = e[entry_of(e, count, j)];
+    local += sgd_element(t.p, t.g, t.m, j - t.start, a);
   }
   if (local) atomicAdd(bad, local);
 }
@@ -238,6 +270,8 @@ CudaBackend::~CudaBackend() {
   cudaFree(blas_workspace_);
   cudaFree(xent_rows_);
   cudaFree(bn_scratch_);
+  cudaFree(sgd_list_.device);
+  cudaFree(finite_list_.device);
   cudaFree(scratch_);
   cudaFree(step_seed_dev_);
   cudaFree(stats_parts_);
@@ -321,11 +355,40 @@ void CudaBackend::copy(const Tensor& src, Tensor& dst) {
   cuda::check(cudaMemcpyAsync(dst.data, src.data, src.nbytes(), cudaMemcpyDeviceToDevice, stream_), "cudaMemcpyAsync");
 }
 
+const cuda::ListEntry* CudaBackend::upload(TensorListTable& t, const char* what) {
+  const size_t n = t.entries.size();
+  if (t.device && n == t.uploaded.size() &&
+      std::memcmp(t.entries.data(), t.uploaded.data(), n * sizeof(cuda::ListEntry)) == 0)
+    return t.device;
+  if (n > t.capacity) {
+    cuda::check(cudaFree(t.device), "cudaFree");
+    t.device = nullptr;
+    t.capacity = 0;
+    t.device = cuda_allocate_array<cuda::ListEntry>(n, what);
+    t.capacity = n;
+  }
+  // From pageable memory: the call returns once the entries are staged, so the host list may change.
+  cuda::check(cudaMemcpyAsync(t.device, t.entries.data(), n * sizeof(cuda::ListEntry), cudaMemcpyHostToDevice, stream_),
+              "cudaMemcpyAsync");
+  t.uploaded = t.entries;
+  return t.device;
+}
+
 bool CudaBackend::all_finite(const std::vector<Tensor>& tensors) {
-  unsigned long long* bad = counter();
+  finite_list_.entries.clear();
+  int64_t total = 0;
   for (const Tensor& t : tensors)
-    if (t.numel() > 0) count_nonfinite_kernel<<<blocks_for(t.numel()), kThreads, 0, stream_>>>(t.f32(), t.numel(), bad);
-  cuda::launched("all_finite");
+    if (t.numel() > 0) {
+      finite_list_.entries.push_back(cuda::ListEntry{t.f32(), nullptr, nullptr, t.numel(), total});
+      total += t.numel();
+    }
+  unsigned long long* bad = counter();
+  if (total > 0) {
+    const cuda::ListEntry* list = upload(finite_list_, "the finiteness check's tensor list");
+    count_nonfinite_list_kernel<<<blocks_for(total), kThreads, 0, stream_>>>(list, int(finite_list_.entries.size()),
+                                                                            total, bad);
+    cuda::launched("all_finite");
+  }
   return read_counter() == 0;
 }
 
@@ -424,8 +487,9 @@ namespace {
 void launch_sgd(cudaStream_t stream, Tensor& param, const Tensor& grad, Tensor& momentum_buf, float lr, float momentum,
                 float weight_decay, bool nesterov, bool first_step, unsigned long long* bad) {
   sgd_kernel<<<blocks_for(param.numel()), kThreads, 0, stream>>>(param.f32(), grad.f32(), momentum_buf.f32(),
-                                                                 param.numel(), lr, momentum, weight_decay, nesterov,
-                                                                 first_step, bad);
+                                                                 param.numel(),
+                                                                 SgdArgs{lr, momentum, weight_decay, nesterov, first_step},
+                                                                 bad);
   cuda::launched("sgd_step");
 }
 }  // namespace
@@ -445,6 +509,26 @@ void CudaBackend::sgd_step_deferred(Tensor& param, const Tensor& grad, Tensor& m
                                     float weight_decay, bool nesterov, bool first_step) {
   launch_sgd(stream_, param, grad, momentum_buf, lr, momentum, weight_decay, nesterov, first_step,
              deferred_sgd_count());
+}
+
+void CudaBackend::sgd_steps_deferred(const std::vector<SgdSlot>& slots, float lr, float momentum, float weight_decay,
+                                     bool nesterov, bool first_step) {
+  sgd_list_.entries.clear();
+  int64_t total = 0;
+  for (const SgdSlot& s : slots) {
+    const int64_t n = s.param.numel();
+    ET_CHECK(s.grad.numel() == n && s.momentum.numel() == n, "sgd_steps_deferred: ", s.param.shape.str(), " with ",
+             s.grad.shape.str(), " and ", s.momentum.shape.str());
+    if (n == 0) continue;
+    sgd_list_.entries.push_back(cuda::ListEntry{s.param.f32(), s.grad.f32(), s.momentum.f32(), n, total});
+    total += n;
+  }
+  if (total == 0) return;
+  const cuda::ListEntry* list = upload(sgd_list_, "the SGD step's parameter list");
+  sgd_list_kernel<<<blocks_for(total), kThreads, 0, stream_>>>(list, int(sgd_list_.entries.size()), total,
+                                                               SgdArgs{lr, momentum, weight_decay, nesterov, first_step},
+                                                               deferred_sgd_count());
+  cuda::launched("sgd_steps");
 }
 
 bool CudaBackend::sgd_finite() {

@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "backends/backend.h"
 #include "backends/cuda/cuda_conv_cudnn.h"
@@ -31,6 +32,16 @@ constexpr int kThreads = 256;
 #define ET_GRID_STRIDE(i, n) \
   for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < (n); i += int64_t(gridDim.x) * blockDim.x)
 // Blocks for a grid-stride loop over n elements.
+// One tensor of a list that a kernel runs over as one index space (the multi-tensor SGD and
+// finiteness check): elements [start, start + n) of that space; g and m: the SGD's gradient and
+// momentum beside its parameter p.
+struct ListEntry {
+  float* p;
+  const float* g;
+  float* m;
+  int64_t n, start;
+};
+
 inline unsigned blocks_for(int64_t n) {
   const int64_t b = (n + kThreads - 1) / kThreads;
   return unsigned(b < 1 ? 1 : b > 65535 ? 65535 : b);
@@ -148,6 +159,8 @@ class CudaBackend final : public Backend {
                 bool nesterov, bool first_step) override;
   void sgd_step_deferred(Tensor& param, const Tensor& grad, Tensor& momentum_buf, float lr, float momentum,
                          float weight_decay, bool nesterov, bool first_step) override;
+  void sgd_steps_deferred(const std::vector<SgdSlot>& slots, float lr, float momentum, float weight_decay,
+                          bool nesterov, bool first_step) override;
   bool sgd_finite() override;
 
   std::string capture_unsupported() const override { return ""; }
@@ -211,6 +224,16 @@ class CudaBackend final : public Backend {
   bool scales_on_device_ = true;
   double* xent_rows_ = nullptr;
   int64_t xent_rows_capacity_ = 0;
+  // A list of tensors in device memory for one launch over all of them (sgd_steps_deferred,
+  // all_finite): built on the host each call without allocating, uploaded when it differs from the
+  // last upload (the same executor's list: once).
+  struct TensorListTable {
+    std::vector<cuda::ListEntry> entries, uploaded;
+    cuda::ListEntry* device = nullptr;
+    size_t capacity = 0;  // entries the device table holds
+  };
+  const cuda::ListEntry* upload(TensorListTable& t, const char* what);
+  TensorListTable sgd_list_, finite_list_;
   // Batch norm's per-block partial sums and per-channel coefficients (cuda_batchnorm.cu); grows in
   // the first step only.
   double* bn_scratch(int64_t doubles);

@@ -13,11 +13,8 @@ SgdOptions sgd_options(const TrainConfig& train) {
 }
 
 bool sgd_update(Executor& ex, const SgdOptions& options, float lr, bool first_step) {
-  for (int p : ex.params()) {
-    Tensor w = ex.value(p), momentum = ex.opt_slot(p, 0);
-    ex.backend().sgd_step_deferred(w, ex.grad(p), momentum, lr, options.momentum, options.weight_decay,
-                                   options.nesterov, first_step);
-  }
+  ex.backend().sgd_steps_deferred(ex.sgd_slots(), lr, options.momentum, options.weight_decay, options.nesterov,
+                                  first_step);
   return ex.backend().sgd_finite();  // one answer for the whole update
 }
 

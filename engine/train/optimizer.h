@@ -1,6 +1,7 @@
 // The optimizer step of training: SGD with momentum (PyTorch's formulation, optional Nesterov, L2
-// weight decay) over every parameter of an executor, one Backend::sgd_step_deferred each and one
-// finiteness answer (Backend::sgd_finite). Allocates nothing.
+// weight decay) over every parameter of an executor: one Backend::sgd_steps_deferred over the
+// executor's SgdSlots (one launch on a GPU) and one finiteness answer (Backend::sgd_finite).
+// Allocates nothing.
 #pragma once
 
 #include "engine/executor.h"

@@ -10,9 +10,12 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <iterator>
+#include <limits>
 #include <memory>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "backends/backend.h"
@@ -278,6 +281,60 @@ TEST_CASE("cuda: softmax cross-entropy and SGD equal the CPU's", "[cuda]") {
     be->sgd_step_deferred(p.on(dev), g.on(dev), m.on(dev), 0.1f, 0.9f, 5e-4f, false, false);
     CHECK(be->sgd_finite());  // a fresh answer: the count started over
   }
+}
+
+TEST_CASE("cuda: the SGD step and the finiteness check over a list of tensors equal them tensor by tensor",
+          "[cuda]") {
+  // sgd_steps_deferred and all_finite run one kernel over a list of tensors (a table in device
+  // memory, uploaded when the list changes): each element as the per-tensor kernels compute it,
+  // across the tensors' edges (sizes around a block of 256 threads), lists of other lengths.
+  Backends b;
+  const int64_t sizes[] = {1, 255, 256, 257, 1000, 3};
+  // p, g, m of each tensor: stepped as a list (on the device, and on the CPU over their host side)
+  // and one by one.
+  std::vector<std::unique_ptr<Both>> listed, single;
+  for (int64_t n : sizes)
+    for (uint32_t k = 0; k < 3; ++k) {
+      const uint32_t seed = uint32_t(100 + 3 * listed.size()) + k;
+      listed.push_back(std::make_unique<Both>(Shape{n}, seed));
+      single.push_back(std::make_unique<Both>(Shape{n}, seed));
+    }
+  auto slots = [&](std::vector<std::unique_ptr<Both>>& t, size_t from, size_t to, bool dev) {
+    std::vector<SgdSlot> s;
+    for (size_t i = from; i < to; ++i) s.push_back(SgdSlot{t[3 * i]->on(dev), t[3 * i + 1]->on(dev), t[3 * i + 2]->on(dev)});
+    return s;
+  };
+  const size_t count = std::size(sizes);
+  // All six, then the last four (a shorter list at other places), then all six again.
+  const std::pair<size_t, size_t> ranges[] = {{0, count}, {2, count}, {0, count}, {0, count}};
+  bool first = true;
+  for (const auto& r : ranges)
+    for (bool nesterov : {false, true}) {
+      INFO("tensors " << r.first << " to " << r.second << ", nesterov " << nesterov << ", first " << first);
+      b.dev->sgd_steps_deferred(slots(listed, r.first, r.second, true), 0.1f, 0.9f, 5e-4f, nesterov, first);
+      for (SgdSlot& s : slots(single, r.first, r.second, true))
+        b.dev->sgd_step_deferred(s.param, s.grad, s.momentum, 0.1f, 0.9f, 5e-4f, nesterov, first);
+      b.cpu->sgd_steps_deferred(slots(listed, r.first, r.second, false), 0.1f, 0.9f, 5e-4f, nesterov, first);
+      CHECK(b.dev->sgd_finite());
+      CHECK(b.cpu->sgd_finite());
+      for (size_t i = 0; i < listed.size(); ++i) {
+        CHECK(same_bits(listed[i]->device_values(), single[i]->device_values()));
+        CHECK(max_rel(listed[i]->device_values(), listed[i]->host) < 1e-6);  // the CPU's (the list's host side)
+      }
+      first = false;
+    }
+  // A non-finite gradient in one tensor (the last element of the 257): the list's answer says so.
+  Both& g257 = *listed[3 * 3 + 1];
+  g257.host.back() = std::numeric_limits<float>::infinity();
+  REQUIRE(cudaMemcpy(g257.dptr, g257.host.data(), g257.host.size() * 4, cudaMemcpyHostToDevice) == cudaSuccess);
+  CHECK(b.dev->all_finite({listed[1]->dev, listed[4]->dev, listed[7]->dev}));
+  CHECK_FALSE(b.dev->all_finite({listed[1]->dev, g257.dev, listed[7]->dev}));
+  CHECK_FALSE(b.dev->all_finite({g257.dev}));
+  CHECK(b.dev->all_finite({}));
+  b.dev->sgd_steps_deferred(slots(listed, 0, count, true), 0.1f, 0.9f, 5e-4f, false, false);
+  CHECK_FALSE(b.dev->sgd_finite());
+  b.dev->sgd_steps_deferred(slots(listed, 0, 3, true), 0.1f, 0.9f, 5e-4f, false, false);
+  CHECK(b.dev->sgd_finite());  // the count started over, the 257 left out
 }
 
 namespace {
