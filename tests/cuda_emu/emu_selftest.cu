@@ -4,11 +4,13 @@
 //   emu_selftest            the checks that pass; exit 0 when all hold
 //   emu_selftest CASE       one fault, which must abort the process with the emulator's report:
 //                           past_end | divergent_barrier | exited_lane | bad_config | copy_past_end |
-//                           host_pointer | host_touch
+//                           host_pointer | host_touch | cudnn_outside
 //   emu_selftest order      prints the order the blocks and threads of a launch ran in ("forward",
 //                           or "reverse" under EDGETRAIN_CUDA_EMU_REVERSE=1)
 #include <cuda_runtime.h>
+#include <cudnn.h>
 
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <vector>
@@ -157,6 +159,105 @@ int run_checks() {
   cudaGraphDestroy(g);
   cudaStreamDestroy(s);
 
+  // cuDNN (emu_cudnn.cpp): a forward convolution against the host's sums, beta accumulating,
+  // recorded in stream order; the checks it makes of its caller.
+  {
+    const int N = 2, C = 3, H = 5, W = 5, K = 4;  // 3 x 3, pad 1: y is N x K x 5 x 5
+    std::vector<float> hx(N * C * H * W), hw(K * C * 9), hy(N * K * H * W);
+    for (size_t i = 0; i < hx.size(); ++i) hx[i] = float(int(i % 7) - 3);
+    for (size_t i = 0; i < hw.size(); ++i) hw[i] = float(int(i % 5) - 2) * 0.5f;
+    float *dx, *dw, *dy;
+    cudaMalloc(&dx, hx.size() * 4);
+    cudaMalloc(&dw, hw.size() * 4);
+    cudaMalloc(&dy, hy.size() * 4);
+    cudaMemcpy(dx, hx.data(), hx.size() * 4, cudaMemcpyHostToDevice);
+    cudaMemcpy(dw, hw.data(), hw.size() * 4, cudaMemcpyHostToDevice);
+    cudnnHandle_t h;
+    cudnnTensorDescriptor_t xd, yd, bad_yd;
+    cudnnFilterDescriptor_t wd;
+    cudnnConvolutionDescriptor_t cd;
+    expect(cudnnCreate(&h) == CUDNN_STATUS_SUCCESS, "cudnnCreate");
+    cudnnCreateTensorDescriptor(&xd);
+    cudnnCreateTensorDescriptor(&yd);
+    cudnnCreateTensorDescriptor(&bad_yd);
+    cudnnCreateFilterDescriptor(&wd);
+    cudnnCreateConvolutionDescriptor(&cd);
+    cudnnSetTensor4dDescriptor(xd, CUDNN_TENSOR_NCHW, CUDNN_DATA_FLOAT, N, C, H, W);
+    cudnnSetTensor4dDescriptor(yd, CUDNN_TENSOR_NCHW, CUDNN_DATA_FLOAT, N, K, H, W);
+    cudnnSetTensor4dDescriptor(bad_yd, CUDNN_TENSOR_NCHW, CUDNN_DATA_FLOAT, N, K, H - 1, W);
+    cudnnSetFilter4dDescriptor(wd, CUDNN_DATA_FLOAT, CUDNN_TENSOR_NCHW, K, C, 3, 3);
+    cudnnSetConvolution2dDescriptor(cd, 1, 1, 1, 1, 1, 1, CUDNN_CROSS_CORRELATION, CUDNN_DATA_FLOAT);
+    cudnnConvolutionFwdAlgoPerf_t perf[CUDNN_CONVOLUTION_FWD_ALGO_COUNT];
+    int returned = 0;
+    cudnnGetConvolutionForwardAlgorithm_v7(h, xd, wd, cd, yd, CUDNN_CONVOLUTION_FWD_ALGO_COUNT, &returned, perf);
+    bool listed_gemm = false, direct_unsupported = false;
+    for (int i = 0; i < returned; ++i) {
+      listed_gemm |= perf[i].algo == CUDNN_CONVOLUTION_FWD_ALGO_GEMM && perf[i].memory > 0;
+      direct_unsupported |= perf[i].algo == CUDNN_CONVOLUTION_FWD_ALGO_DIRECT && perf[i].status != CUDNN_STATUS_SUCCESS;
+    }
+    expect(returned == CUDNN_CONVOLUTION_FWD_ALGO_COUNT && listed_gemm && direct_unsupported,
+           "cuDNN's forward list: every algorithm, GEMM with workspace, DIRECT unsupported");
+    const float one = 1.f, zero = 0.f;
+    expect(cudnnConvolutionForward(h, &one, xd, dx, wd, dw, cd, CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_GEMM, nullptr, 0,
+                                   &zero, bad_yd, dy) == CUDNN_STATUS_BAD_PARAM,
+           "cuDNN: an output descriptor of another shape is a bad parameter");
+    expect(cudnnConvolutionForward(h, &one, xd, dx, wd, dw, cd, CUDNN_CONVOLUTION_FWD_ALGO_GEMM, nullptr, 0, &zero, yd,
+                                   dy) == CUDNN_STATUS_BAD_PARAM,
+           "cuDNN: less workspace than the algorithm needs is a bad parameter");
+    // The host's sums, then the device's in a record (nothing runs until it is launched), twice
+    // with beta = 1 after a first launch with beta = 0: 2x.
+    for (int n = 0; n < N; ++n)
+      for (int k = 0; k < K; ++k)
+        for (int p = 0; p < H; ++p)
+          for (int q = 0; q < W; ++q) {
+            double acc = 0;
+            for (int c = 0; c < C; ++c)
+              for (int r = 0; r < 3; ++r)
+                for (int u = 0; u < 3; ++u) {
+                  const int hh = p - 1 + r, ww = q - 1 + u;
+                  if (hh >= 0 && hh < H && ww >= 0 && ww < W)
+                    acc += double(hx[((n * C + c) * H + hh) * W + ww]) * hw[((k * C + c) * 3 + r) * 3 + u];
+                }
+            hy[((n * K + k) * H + p) * W + q] = float(acc);
+          }
+    cudaStream_t cs;
+    cudaStreamCreate(&cs);
+    cudnnSetStream(h, cs);
+    expect(cudnnConvolutionForward(h, &one, xd, dx, wd, dw, cd, CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_GEMM, nullptr, 0,
+                                   &zero, yd, dy) == CUDNN_STATUS_SUCCESS,
+           "cuDNN's forward runs");
+    cudaStreamBeginCapture(cs, cudaStreamCaptureModeThreadLocal);
+    cudnnConvolutionForward(h, &one, xd, dx, wd, dw, cd, CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_GEMM, nullptr, 0, &one, yd,
+                            dy);
+    cudaGraph_t cg;
+    expect(cudaStreamEndCapture(cs, &cg) == cudaSuccess, "a record of a cuDNN call ends");
+    std::vector<float> got(hy.size());
+    cudaMemcpy(got.data(), dy, got.size() * 4, cudaMemcpyDeviceToHost);
+    bool once = true;
+    for (size_t i = 0; i < hy.size(); ++i) once = once && got[i] == hy[i];
+    expect(once, "cuDNN's forward: the host's sums (beta = 0), nothing run by the record yet");
+    cudaGraphExec_t ce;
+    cudaGraphInstantiate(&ce, cg, 0);
+    cudaGraphLaunch(ce, cs);
+    cudaStreamSynchronize(cs);
+    cudaMemcpy(got.data(), dy, got.size() * 4, cudaMemcpyDeviceToHost);
+    bool twice = true;
+    for (size_t i = 0; i < hy.size(); ++i) twice = twice && got[i] == 2.f * hy[i];
+    expect(twice, "cuDNN's forward replayed with beta = 1 adds the sums again");
+    cudaGraphExecDestroy(ce);
+    cudaGraphDestroy(cg);
+    cudaStreamDestroy(cs);
+    cudnnDestroyConvolutionDescriptor(cd);
+    cudnnDestroyFilterDescriptor(wd);
+    cudnnDestroyTensorDescriptor(bad_yd);
+    cudnnDestroyTensorDescriptor(yd);
+    cudnnDestroyTensorDescriptor(xd);
+    cudnnDestroy(h);
+    cudaFree(dx);
+    cudaFree(dw);
+    cudaFree(dy);
+  }
+
   // Fresh device memory is not zero; memory is freed once.
   float* fresh;
   cudaMalloc(&fresh, 16);
@@ -205,6 +306,23 @@ int main(int argc, char** argv) {
     add_one<<<1, 32>>>(on_host, 1000);
   } else if (!std::strcmp(argv[1], "host_touch")) {
     std::printf("%f\n", a[0]);  // a device pointer read by the host
+  } else if (!std::strcmp(argv[1], "cudnn_outside")) {  // y of 2 x 4 x 5 x 5 in a 1000-float allocation
+    cudnnHandle_t h;
+    cudnnTensorDescriptor_t xd, yd;
+    cudnnFilterDescriptor_t wd;
+    cudnnConvolutionDescriptor_t cd;
+    cudnnCreate(&h);
+    cudnnCreateTensorDescriptor(&xd);
+    cudnnCreateTensorDescriptor(&yd);
+    cudnnCreateFilterDescriptor(&wd);
+    cudnnCreateConvolutionDescriptor(&cd);
+    cudnnSetTensor4dDescriptor(xd, CUDNN_TENSOR_NCHW, CUDNN_DATA_FLOAT, 2, 3, 5, 5);
+    cudnnSetTensor4dDescriptor(yd, CUDNN_TENSOR_NCHW, CUDNN_DATA_FLOAT, 2, 4, 5, 5);
+    cudnnSetFilter4dDescriptor(wd, CUDNN_DATA_FLOAT, CUDNN_TENSOR_NCHW, 4, 3, 3, 3);
+    cudnnSetConvolution2dDescriptor(cd, 1, 1, 1, 1, 1, 1, CUDNN_CROSS_CORRELATION, CUDNN_DATA_FLOAT);
+    const float one = 1.f, zero = 0.f;
+    cudnnConvolutionForward(h, &one, xd, a, wd, b, cd, CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_GEMM, nullptr, 0, &zero, yd,
+                            a + 900);
   } else if (!std::strcmp(argv[1], "bad_config")) {
     add_one<<<1, 1025>>>(a, 1000);
     if (cudaGetLastError() != cudaSuccess) std::abort();
