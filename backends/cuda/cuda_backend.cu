@@ -367,7 +367,8 @@ const cuda::ListEntry* CudaBackend::upload(TensorListTable& t, const char* what)
     t.device = cuda_allocate_array<cuda::ListEntry>(n, what);
     t.capacity = n;
   }
-  // From pageable memory: the call returns once the entries are staged, so the host list may change.
+  // From pageable memory: the call waits for the stream, then returns once the entries are staged,
+  // so the host list may change (a new list: once per executor).
   cuda::check(cudaMemcpyAsync(t.device, t.entries.data(), n * sizeof(cuda::ListEntry), cudaMemcpyHostToDevice, stream_),
               "cudaMemcpyAsync");
   t.uploaded = t.entries;

@@ -32,6 +32,11 @@ constexpr int kThreads = 256;
 #define ET_GRID_STRIDE(i, n) \
   for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < (n); i += int64_t(gridDim.x) * blockDim.x)
 // Blocks for a grid-stride loop over n elements.
+inline unsigned blocks_for(int64_t n) {
+  const int64_t b = (n + kThreads - 1) / kThreads;
+  return unsigned(b < 1 ? 1 : b > 65535 ? 65535 : b);
+}
+
 // One tensor of a list that a kernel runs over as one index space (the multi-tensor SGD and
 // finiteness check): elements [start, start + n) of that space; g and m: the SGD's gradient and
 // momentum beside its parameter p.
@@ -41,11 +46,6 @@ struct ListEntry {
   float* m;
   int64_t n, start;
 };
-
-inline unsigned blocks_for(int64_t n) {
-  const int64_t b = (n + kThreads - 1) / kThreads;
-  return unsigned(b < 1 ? 1 : b > 65535 ? 65535 : b);
-}
 
 }  // namespace cuda
 

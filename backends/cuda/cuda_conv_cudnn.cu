@@ -42,8 +42,8 @@ Key key_of(const Conv2dGeom& g) {
   return Key{{g.N, g.C, g.H, g.W, g.K, g.R, g.S, g.stride_h * 1000 + g.stride_w, g.pad_h * 1000 + g.pad_w, g.groups}};
 }
 
-// One geometry's descriptors and its three passes' choices, for f32 operands or (the second, in
-// Entry::decoded) a weight gradient's x decoded into the workspace.
+// One geometry's descriptors and its three passes' choices, for f32 operands and for a weight
+// gradient's x decoded into the workspace (CudnnConvs' x_decoded).
 struct Entry {
   cudnnTensorDescriptor_t x = nullptr, y = nullptr;
   cudnnFilterDescriptor_t w = nullptr;

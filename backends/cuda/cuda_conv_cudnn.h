@@ -25,10 +25,10 @@ class CudnnConvs {
   virtual ~CudnnConvs() = default;
   // This geometry and pass's choice so far: kUnmeasured, kOwn (the backend's own kernels) or a cuDNN
   // algorithm.
-  virtual int choice(const Conv2dGeom& g, ConvPass pass, bool x_decoded = false) const = 0;
+  virtual int choice(const Conv2dGeom& g, ConvPass pass, bool x_decoded) const = 0;
   // The workspace its cuDNN choice needs (0 for kOwn): the choice is measured with one executor's
   // workspace, and an executor with less (another model on the same backend) runs its own kernels.
-  virtual size_t workspace(const Conv2dGeom& g, ConvPass pass, bool x_decoded = false) const = 0;
+  virtual size_t workspace(const Conv2dGeom& g, ConvPass pass, bool x_decoded) const = 0;
   // EDGETRAIN_CUDA_CONV=cudnn: cuDNN's fastest candidate whatever the own kernels' time (which then
   // need not be measured).
   virtual bool forced() const = 0;
