@@ -33,6 +33,18 @@ using namespace et;
 
 namespace {
 
+// The backend of every case here, its conv passes on its own kernels. The cases compare executors
+// whose convs read a value in other forms (f32, as the stash keeps it, computed from a stack's x)
+// with other workspaces. cuDNN's algorithm is measured per geometry for f32 operands and for
+// decoded ones apart, and a workspace smaller than the choice's falls back to the own kernels, so
+// on a GPU two such executors may run algorithms that round differently. The fused kernels are
+// what these cases compare; the conv paths' own cases are in test_cuda_ops.cpp and
+// test_cuda_stored_reads.cpp.
+std::unique_ptr<Backend> own_convs_backend() {
+  const test::ScopedEnv own("EDGETRAIN_CUDA_CONV", "im2col");
+  return make_cuda_backend(0);
+}
+
 // A model at batch 8 on a shared backend (both runs then take the same measured conv choices),
 // fused (the CUDA stacks) or not.
 struct FusedRun {
@@ -111,7 +123,7 @@ TEST_CASE("cuda: fused stacks train bit-identically to the layers", "[cuda][fusi
   // ResNet-20 (BN -> ReLU, BN -> add -> ReLU), MobileNet-V2 (BN -> add), VGG-16-BN (BN -> ReLU ->
   // max-pool, its dropout a layer).
   for (const char* model : {"resnet20", "mobilenetv2", "vgg16_bn"}) {
-    const std::unique_ptr<Backend> be = make_cuda_backend(0);  // its conv choices, measured once
+    const std::unique_ptr<Backend> be = own_convs_backend();
     for (StashFormat f : {StashFormat::DenseF32, StashFormat::BitmapF32, StashFormat::Auto}) {
       for (int every : {0, 1}) {
         INFO(model << ", stash " << stash_format_name(f) << ", checkpoint_every " << every);
@@ -134,7 +146,7 @@ TEST_CASE("cuda: fused stacks with a folded side BN train bit-identically to the
   // with fp16: there the fused and unfused graphs round different values, on the CPU as well:
   // ResNet-8's fused and unfused steps differ with dense_fp16 and checkpoint_every 1 on both).
   // MobileNet-V2's three (BN -> add, no ReLU), in the dense stash.
-  const std::unique_ptr<Backend> be = make_cuda_backend(0);
+  const std::unique_ptr<Backend> be = own_convs_backend();
   for (StashFormat f : {StashFormat::DenseF32, StashFormat::BitmapF32, StashFormat::DenseF16}) {
     for (int every : {0, 1, 2}) {
       if (f == StashFormat::DenseF16 && every == 1) continue;
@@ -161,7 +173,7 @@ TEST_CASE("cuda: fused stacks without a BN (ReLU -> pool) train bit-identically 
   // VGG-11 without BN: its five ReLU -> 2x2 max-pool stacks keep one pass bit an element of x
   // instead of the ReLU's output. Dense and bitmap stashes (y's bitmap written by the stack),
   // recomputation (the forward, pass bits included, runs again).
-  const std::unique_ptr<Backend> be = make_cuda_backend(0);
+  const std::unique_ptr<Backend> be = own_convs_backend();
   for (StashFormat f : {StashFormat::DenseF32, StashFormat::BitmapF32}) {
     for (int every : {0, 1}) {
       INFO("stash " << stash_format_name(f) << ", checkpoint_every " << every);
@@ -179,7 +191,7 @@ TEST_CASE("cuda: a ReLU -> pool stack equals the ReLU and pool layers: max and a
   // The kernels on their own, against the CUDA layers (relu_forward, the pool, its backward,
   // relu_backward over the ReLU's output): windows with padding, gaps between windows (stride >
   // window), odd planes, accumulating dx or not.
-  const std::unique_ptr<Backend> be = make_cuda_backend(0);
+  const std::unique_ptr<Backend> be = own_convs_backend();
   struct Case {
     FusedKind kind;
     int64_t R, stride, pad, H, W;
@@ -263,7 +275,7 @@ TEST_CASE("cuda: fused stacks recompute their outputs for their readers' backwar
   // way: no buffer of y's size. With ET_AFFINE_RELU_READS=0 the readers get it recomputed into a
   // buffer instead (CudaBackend::fused_recompute_output). Where x is kept exact (dense_fp32,
   // bitmap_fp32) both equal the steps that keep y, bit for bit.
-  const std::unique_ptr<Backend> be = make_cuda_backend(0);
+  const std::unique_ptr<Backend> be = own_convs_backend();
   for (StashFormat f : {StashFormat::DenseF32, StashFormat::BitmapF32}) {
     INFO("stash " << stash_format_name(f));
     StashOptions kept, recomputed;
@@ -296,7 +308,7 @@ TEST_CASE("cuda: fused stacks under 4-bit training (LUQ) train bit-identically t
   // codes; bitmap_int4 keeps those codes in the stash and recomputes the BN inputs from them.
   // FP32 forward, LUQ backward: the weight gradients read the stacks' outputs in f32, or compute
   // them from the stacks' x where they are not kept (recompute_stack_outputs).
-  const std::unique_ptr<Backend> be = make_cuda_backend(0);
+  const std::unique_ptr<Backend> be = own_convs_backend();
   for (auto [fwd, f] : {std::make_pair(ForwardQuant::Int4, StashFormat::DenseF32),
                         std::make_pair(ForwardQuant::Int4, StashFormat::BitmapI4),
                         std::make_pair(ForwardQuant::Fp32, StashFormat::BitmapF32)}) {
@@ -322,7 +334,7 @@ TEST_CASE("cuda: fused stacks under 4-bit training (LUQ) train bit-identically t
 TEST_CASE("cuda: a recorded step with fused stacks equals the fused step run op by op", "[cuda][fusion][replay]") {
   // Dense: the ReLU's mask is y itself, nothing counted on the host; then with the stacks'
   // outputs recomputed for their readers' backward (memory.recompute_stack_outputs), recorded too.
-  const std::unique_ptr<Backend> be = make_cuda_backend(0);
+  const std::unique_ptr<Backend> be = own_convs_backend();
   for (bool recompute : {false, true}) {
     INFO("recompute_stack_outputs " << recompute);
     StashOptions so;
@@ -356,7 +368,7 @@ TEST_CASE("cuda: fused stacks equal the layers with pruned bitmaps and a batch b
   // maximum comes from x where the layers' comes from the pruned values: tests/
   // test_fusion_whole_tensors.cpp) and a training step at 5 of the 8 planned images (every index
   // from the tensors' own batch).
-  const std::unique_ptr<Backend> be = make_cuda_backend(0);
+  const std::unique_ptr<Backend> be = own_convs_backend();
   for (const char* model : {"resnet20", "vgg16_bn"}) {
     INFO(model);
     StashOptions so;
