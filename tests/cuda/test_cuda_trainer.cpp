@@ -79,6 +79,9 @@ TEST_CASE("cuda: fit with a memory budget plans the device's memory and keeps to
 TEST_CASE("cuda: fit with train.cuda_graph gives the numbers of fit without it", "[cuda][training][replay]") {
   // Steps 3 to 9 replay the recorded step (2 warm-up steps, then the record), with an evaluation of
   // 8 + 2 images after each epoch: the same kernels on the same addresses, so the same numbers.
+  // Each fit has its own backend, which measures its own conv choices: on a GPU a near tie between
+  // cuDNN's algorithms can go either way, so the conv passes take the own kernels here.
+  const test::ScopedEnv own_convs("EDGETRAIN_CUDA_CONV", "im2col");
   const std::vector<json> plain = fit_metrics("cuda", 0), graph = fit_metrics("cuda", 1);
   REQUIRE(plain.size() == 3);
   REQUIRE(graph.size() == 3);
@@ -124,6 +127,8 @@ TEST_CASE("cuda: the stash's room: a step that outgrows it runs again, the numbe
   // Headroom 0: later batches keep more of some values than the first fitted room, so steps run
   // again, each time with a region that moved: with the CUDA graph the step is recorded again.
   // auto: each entry's room chooses its bitmap or its copy (Stash::copies), recorded as well.
+  // Two fits, two backends: the own conv kernels (see the case above).
+  const test::ScopedEnv own_convs("EDGETRAIN_CUDA_CONV", "im2col");
   for (const char* stash : {"bitmap_fp32", "bitmap_fp16", "auto"}) {
     INFO(stash);
     const RoomFit cpu = fit_room("cpu", stash, 0.f, 8, 0), plain = fit_room("cuda", stash, 0.f, 8, 0),
@@ -163,6 +168,8 @@ TEST_CASE("cuda: 4-bit fit with the scales on the device gives the numbers of th
   // The same statistics kernels either way; the scales computed on the device (each operation
   // rounded as the host's) and read by the kernels there, or read back and passed by value
   // (EDGETRAIN_CUDA_HOST_SCALES=1): the same bits. Also with the step recorded (train.cuda_graph).
+  // Fits on separate backends: the own conv kernels for the FP32 layers (see the cases above).
+  const test::ScopedEnv own_convs("EDGETRAIN_CUDA_CONV", "im2col");
   auto fit = [](bool host_scales, int graph) {
     Config cfg = test::small_fit_config(2, "cuda");
     cfg.quant.forward = "int4";
