@@ -382,12 +382,14 @@ int conv_path(cuda::CudnnConvs* dnn, cudaStream_t stream, const Conv2dGeom& g, C
   }
   // cuDNN over a decoded x pays for the decode too: it is charged against it (the own kernels'
   // time less the decode's).
-  cuda::check(cudaEventRecord(t0, stream), "cudaEventRecord");
-  decode();
-  cuda::check(cudaEventRecord(t1, stream), "cudaEventRecord");
-  cuda::check(cudaEventSynchronize(t1), "cudaEventSynchronize");
   float decode_ms = 0.f;
-  if (x_decoded) cuda::check(cudaEventElapsedTime(&decode_ms, t0, t1), "cudaEventElapsedTime");
+  if (x_decoded) {
+    cuda::check(cudaEventRecord(t0, stream), "cudaEventRecord");
+    decode();
+    cuda::check(cudaEventRecord(t1, stream), "cudaEventRecord");
+    cuda::check(cudaEventSynchronize(t1), "cudaEventSynchronize");
+    cuda::check(cudaEventElapsedTime(&decode_ms, t0, t1), "cudaEventElapsedTime");
+  }
   cudaEventDestroy(t0);
   cudaEventDestroy(t1);
   const int chosen = dnn->measure(g, pass, x_decoded, a, b, scratch, ws, best - decode_ms);

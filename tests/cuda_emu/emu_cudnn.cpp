@@ -114,14 +114,15 @@ std::vector<Algo> algorithms(Pass pass, const Geom& g) {
   return {};
 }
 
-template <class Perf, class AlgoEnum>
-cudnnStatus_t list(Pass pass, const Geom& g, cudnnMathType_t math, int requested, int* returned, Perf* perf) {
+template <class AlgoEnum>
+cudnnStatus_t list(Pass pass, const Geom& g, cudnnMathType_t math, int requested, int* returned,
+                   cudnnAlgoPerf<AlgoEnum>* perf) {
   if (requested < 1 || !returned || !perf) return CUDNN_STATUS_BAD_PARAM;
   const std::vector<Algo> all = algorithms(pass, g);
   int n = 0;
   for (const Algo& a : all) {
     if (n == requested) break;
-    Perf p{};
+    cudnnAlgoPerf<AlgoEnum> p{};
     p.algo = AlgoEnum(a.algo);
     p.status = a.status;
     p.time = -1.f;
@@ -222,6 +223,19 @@ cudnnStatus_t convolve(cudnnHandle_t h, Pass pass, const Geom& g, int algo, cons
   return e == cudaSuccess ? CUDNN_STATUS_SUCCESS : CUDNN_STATUS_EXECUTION_FAILED;
 }
 
+// The descriptors' create and destroy calls.
+template <class T>
+cudnnStatus_t create(T** d) {
+  if (!d) return CUDNN_STATUS_BAD_PARAM;
+  *d = new T;
+  return CUDNN_STATUS_SUCCESS;
+}
+template <class T>
+cudnnStatus_t destroy(T* d) {
+  delete d;
+  return CUDNN_STATUS_SUCCESS;
+}
+
 }  // namespace
 
 size_t cudnnGetVersion() { return CUDNN_VERSION; }
@@ -255,14 +269,8 @@ cudnnStatus_t cudnnSetStream(cudnnHandle_t handle, cudaStream_t stream) {
   return CUDNN_STATUS_SUCCESS;
 }
 
-cudnnStatus_t cudnnCreateTensorDescriptor(cudnnTensorDescriptor_t* d) {
-  *d = new cudnnTensorStruct;
-  return CUDNN_STATUS_SUCCESS;
-}
-cudnnStatus_t cudnnDestroyTensorDescriptor(cudnnTensorDescriptor_t d) {
-  delete d;
-  return CUDNN_STATUS_SUCCESS;
-}
+cudnnStatus_t cudnnCreateTensorDescriptor(cudnnTensorDescriptor_t* d) { return create(d); }
+cudnnStatus_t cudnnDestroyTensorDescriptor(cudnnTensorDescriptor_t d) { return destroy(d); }
 cudnnStatus_t cudnnSetTensor4dDescriptor(cudnnTensorDescriptor_t d, cudnnTensorFormat_t format, cudnnDataType_t type,
                                          int n, int c, int h, int w) {
   if (!d || n < 1 || c < 1 || h < 1 || w < 1) return CUDNN_STATUS_BAD_PARAM;
@@ -270,14 +278,8 @@ cudnnStatus_t cudnnSetTensor4dDescriptor(cudnnTensorDescriptor_t d, cudnnTensorF
   *d = cudnnTensorStruct{true, n, c, h, w};
   return CUDNN_STATUS_SUCCESS;
 }
-cudnnStatus_t cudnnCreateFilterDescriptor(cudnnFilterDescriptor_t* d) {
-  *d = new cudnnFilterStruct;
-  return CUDNN_STATUS_SUCCESS;
-}
-cudnnStatus_t cudnnDestroyFilterDescriptor(cudnnFilterDescriptor_t d) {
-  delete d;
-  return CUDNN_STATUS_SUCCESS;
-}
+cudnnStatus_t cudnnCreateFilterDescriptor(cudnnFilterDescriptor_t* d) { return create(d); }
+cudnnStatus_t cudnnDestroyFilterDescriptor(cudnnFilterDescriptor_t d) { return destroy(d); }
 cudnnStatus_t cudnnSetFilter4dDescriptor(cudnnFilterDescriptor_t d, cudnnDataType_t type, cudnnTensorFormat_t format,
                                          int k, int c, int h, int w) {
   if (!d || k < 1 || c < 1 || h < 1 || w < 1) return CUDNN_STATUS_BAD_PARAM;
@@ -285,14 +287,8 @@ cudnnStatus_t cudnnSetFilter4dDescriptor(cudnnFilterDescriptor_t d, cudnnDataTyp
   *d = cudnnFilterStruct{true, k, c, h, w};
   return CUDNN_STATUS_SUCCESS;
 }
-cudnnStatus_t cudnnCreateConvolutionDescriptor(cudnnConvolutionDescriptor_t* d) {
-  *d = new cudnnConvolutionStruct;
-  return CUDNN_STATUS_SUCCESS;
-}
-cudnnStatus_t cudnnDestroyConvolutionDescriptor(cudnnConvolutionDescriptor_t d) {
-  delete d;
-  return CUDNN_STATUS_SUCCESS;
-}
+cudnnStatus_t cudnnCreateConvolutionDescriptor(cudnnConvolutionDescriptor_t* d) { return create(d); }
+cudnnStatus_t cudnnDestroyConvolutionDescriptor(cudnnConvolutionDescriptor_t d) { return destroy(d); }
 cudnnStatus_t cudnnSetConvolution2dDescriptor(cudnnConvolutionDescriptor_t d, int pad_h, int pad_w, int u, int v,
                                               int dilation_h, int dilation_w, cudnnConvolutionMode_t mode,
                                               cudnnDataType_t compute_type) {
@@ -322,8 +318,7 @@ cudnnStatus_t cudnnGetConvolutionForwardAlgorithm_v7(cudnnHandle_t handle, const
                                                      cudnnConvolutionFwdAlgoPerf_t* perf) {
   Geom g;
   if (!handle || !geometry(x, w, conv, y, &g)) return CUDNN_STATUS_BAD_PARAM;
-  return list<cudnnConvolutionFwdAlgoPerf_t, cudnnConvolutionFwdAlgo_t>(Pass::Forward, g, conv->math, requested,
-                                                                        returned, perf);
+  return list(Pass::Forward, g, conv->math, requested, returned, perf);
 }
 cudnnStatus_t cudnnGetConvolutionBackwardDataAlgorithm_v7(cudnnHandle_t handle, const cudnnFilterDescriptor_t w,
                                                           const cudnnTensorDescriptor_t dy,
@@ -332,8 +327,7 @@ cudnnStatus_t cudnnGetConvolutionBackwardDataAlgorithm_v7(cudnnHandle_t handle, 
                                                           int* returned, cudnnConvolutionBwdDataAlgoPerf_t* perf) {
   Geom g;
   if (!handle || !geometry(dx, w, conv, dy, &g)) return CUDNN_STATUS_BAD_PARAM;
-  return list<cudnnConvolutionBwdDataAlgoPerf_t, cudnnConvolutionBwdDataAlgo_t>(Pass::Data, g, conv->math, requested,
-                                                                                returned, perf);
+  return list(Pass::Data, g, conv->math, requested, returned, perf);
 }
 cudnnStatus_t cudnnGetConvolutionBackwardFilterAlgorithm_v7(cudnnHandle_t handle, const cudnnTensorDescriptor_t x,
                                                             const cudnnTensorDescriptor_t dy,
@@ -342,8 +336,7 @@ cudnnStatus_t cudnnGetConvolutionBackwardFilterAlgorithm_v7(cudnnHandle_t handle
                                                             int* returned, cudnnConvolutionBwdFilterAlgoPerf_t* perf) {
   Geom g;
   if (!handle || !geometry(x, dw, conv, dy, &g)) return CUDNN_STATUS_BAD_PARAM;
-  return list<cudnnConvolutionBwdFilterAlgoPerf_t, cudnnConvolutionBwdFilterAlgo_t>(Pass::Filter, g, conv->math,
-                                                                                    requested, returned, perf);
+  return list(Pass::Filter, g, conv->math, requested, returned, perf);
 }
 
 cudnnStatus_t cudnnConvolutionForward(cudnnHandle_t handle, const void* alpha, const cudnnTensorDescriptor_t x_desc,

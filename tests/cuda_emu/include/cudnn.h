@@ -66,8 +66,10 @@ enum cudnnConvolutionBwdDataAlgo_t {
   CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT = 6
 };
 
-struct cudnnConvolutionFwdAlgoPerf_t {
-  cudnnConvolutionFwdAlgo_t algo;
+// One algorithm of a pass as cuDNN lists it (cuDNN declares the three structs apart, alike).
+template <class Algo>
+struct cudnnAlgoPerf {
+  Algo algo;
   cudnnStatus_t status;
   float time;
   size_t memory;
@@ -75,24 +77,9 @@ struct cudnnConvolutionFwdAlgoPerf_t {
   cudnnMathType_t mathType;
   int reserved[3];
 };
-struct cudnnConvolutionBwdDataAlgoPerf_t {
-  cudnnConvolutionBwdDataAlgo_t algo;
-  cudnnStatus_t status;
-  float time;
-  size_t memory;
-  cudnnDeterminism_t determinism;
-  cudnnMathType_t mathType;
-  int reserved[3];
-};
-struct cudnnConvolutionBwdFilterAlgoPerf_t {
-  cudnnConvolutionBwdFilterAlgo_t algo;
-  cudnnStatus_t status;
-  float time;
-  size_t memory;
-  cudnnDeterminism_t determinism;
-  cudnnMathType_t mathType;
-  int reserved[3];
-};
+typedef cudnnAlgoPerf<cudnnConvolutionFwdAlgo_t> cudnnConvolutionFwdAlgoPerf_t;
+typedef cudnnAlgoPerf<cudnnConvolutionBwdDataAlgo_t> cudnnConvolutionBwdDataAlgoPerf_t;
+typedef cudnnAlgoPerf<cudnnConvolutionBwdFilterAlgo_t> cudnnConvolutionBwdFilterAlgoPerf_t;
 
 size_t cudnnGetVersion();
 const char* cudnnGetErrorString(cudnnStatus_t status);
