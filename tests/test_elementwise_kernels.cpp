@@ -106,6 +106,44 @@ TEST_CASE("relu backward from a bitmap mask equals the dense reference", "[kerne
   }
 }
 
+// The product and the sum rounded apart (as the CUDA kernel spells them), in every loop version the
+// compiler makes of the loop: lengths around its unrolling and the threads' split. Before, GCC
+// contracted o + d * scale into one FMA in some versions only.
+TEST_CASE("dropout's backward adds the scaled gradient rounded apart, whatever the length", "[kernels]") {
+  auto be = make_cpu_backend();
+  std::mt19937 rng(11);
+  std::normal_distribution<float> normal(0.f, 1.f);
+  const float p = 0.3f, scale = 1.f / (1.f - p);
+  DropoutSeed seed;
+  seed.step = 12345;
+  seed.node = 678;
+  size_t fused_would_differ = 0;
+  for (int64_t n = 1; n <= 4200; n += n < 80 ? 1 : 173) {
+    const size_t len = static_cast<size_t>(n);
+    std::vector<float> dy(len), start(len);
+    for (size_t i = 0; i < len; ++i) {
+      dy[i] = normal(rng);
+      start[i] = normal(rng);
+    }
+    std::vector<float> out = start;
+    Tensor tdy = Tensor::contiguous(dy.data(), Shape{n});
+    Tensor tdx = Tensor::contiguous(out.data(), Shape{n});
+    be->dropout_backward(tdy, p, seed, tdx, true);
+    std::vector<float> fresh(len);
+    Tensor tfresh = Tensor::contiguous(fresh.data(), Shape{n});
+    be->dropout_backward(tdy, p, seed, tfresh, false);
+    for (size_t i = 0; i < len; ++i) {
+      INFO("n " << n << " element " << i);
+      const bool kept = fresh[i] != 0.f;
+      volatile float product = dy[i] * scale;  // rounded: volatile keeps it from fusing into the sum
+      REQUIRE(fresh[i] == (kept ? float(product) : 0.f));
+      REQUIRE(out[i] == (kept ? start[i] + float(product) : start[i] + 0.f));
+      if (kept && std::fma(dy[i], scale, start[i]) != start[i] + float(product)) ++fused_would_differ;
+    }
+  }
+  CHECK(fused_would_differ > 0);  // the inputs tell the two roundings apart
+}
+
 TEST_CASE("relu forward writing its bitmap equals relu then make_bits", "[kernels]") {
   auto be = make_cpu_backend();
   std::mt19937 rng(7);

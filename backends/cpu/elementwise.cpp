@@ -201,6 +201,9 @@ void CpuBackend::dropout_backward(const Tensor& dy, float p, const DropoutSeed& 
   const float* d = dy.f32();
   float* o = dx.f32();
   const int64_t n = dy.numel();
+  // o + (d * scale): the product and the sum rounded apart (this file is built without contraction,
+  // CMakeLists.txt), as the CUDA kernel spells them (__fmul_rn, __fadd_rn). Contracted, GCC fused
+  // them in some of its loop versions and not in others, so the bits depended on the split.
 #pragma omp parallel for schedule(static)
   for (int64_t i = 0; i < n; ++i) {
     const float v = dropout_mask::uniform(seed, uint64_t(i)) >= p ? d[i] * scale : 0.f;

@@ -73,8 +73,9 @@ __global__ void dropout_kernel(const float* x, float p, float scale, const uint6
                                int64_t n, bool acc) {
   const uint64_t seed = quant::mix64(*step_seed ^ node);  // OpContext::seed
   ET_GRID_STRIDE(i, n) {
-    const float v = hash_uniform(seed, uint64_t(i)) >= p ? x[i] * scale : 0.f;
-    y[i] = acc ? y[i] + v : v;
+    // Rounded apart, as the CPU's (elementwise.cpp): no contraction into one FMA.
+    const float v = hash_uniform(seed, uint64_t(i)) >= p ? __fmul_rn(x[i], scale) : 0.f;
+    y[i] = acc ? __fadd_rn(y[i], v) : v;
   }
 }
 
