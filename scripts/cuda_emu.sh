@@ -8,8 +8,11 @@
 # (but a missing barrier shows in one of the two thread orders: EDGETRAIN_CUDA_EMU_REVERSE=1 runs
 # the other), the GPU's rounding or speed (a GPU run does those).
 #   scripts/cuda_emu.sh [--build-only] [CATCH FILTER]
-# Env: BUILD_DIR (default build-emu), BUILD_TYPE (default Release), JOBS (default nproc), CASE_S
-# (each case's limit, default 900),
+# Env: BUILD_DIR (default build-emu, build-emu-races with RACES=1), BUILD_TYPE (default Release,
+# RelWithDebInfo with RACES=1),
+# JOBS (default nproc), CASE_S (each case's limit, default 900),
+# RACES=1 (the race checker, tests/cuda_emu/emu_races.cpp: reports two threads' accesses to one
+# address that nothing orders; each case runs about N times slower),
 # SKIP (an extended regular expression: the cases whose names match it are not run),
 # EDGETRAIN_CUDA_CONV (default im2col, below).
 set -euo pipefail
@@ -17,10 +20,14 @@ cd "$(dirname "$0")/.."
 . scripts/apt_missing.sh
 apt_missing build-essential cmake ninja-build pkg-config libeigen3-dev libcli11-dev catch2 nlohmann-json3-dev libstb-dev
 
-dir="${BUILD_DIR:-build-emu}" jobs="${JOBS:-$(nproc)}"
+races="${RACES:-0}"
+dir="${BUILD_DIR:-$([ "$races" = 1 ] && echo build-emu-races || echo build-emu)}" jobs="${JOBS:-$(nproc)}"
 build_only=0
 [ "${1:-}" = --build-only ] && { build_only=1; shift; }
-cmake -S . -B "$dir" -G Ninja -DCMAKE_BUILD_TYPE="${BUILD_TYPE:-Release}" -DEDGETRAIN_CUDA_EMU=ON -DEDGETRAIN_ONNX=OFF >/dev/null
+# A race's report names the kernel's line where the build has debug information.
+build_type="${BUILD_TYPE:-$([ "$races" = 1 ] && echo RelWithDebInfo || echo Release)}"
+cmake -S . -B "$dir" -G Ninja -DCMAKE_BUILD_TYPE="$build_type" -DEDGETRAIN_CUDA_EMU=ON -DEDGETRAIN_ONNX=OFF \
+  -DEDGETRAIN_CUDA_EMU_RACES="$([ "$races" = 1 ] && echo ON || echo OFF)" >/dev/null
 cmake --build "$dir" -j "$jobs" --target edgetrain_cuda_tests emu_selftest
 [ $build_only -eq 1 ] && exit 0
 # The emulator's own checks first: what passes, and each fault it must report.

@@ -2,6 +2,7 @@
 // launch (emu_threads.cpp) and cuBLAS (emu_cublas.cpp).
 #pragma once
 #include <cstddef>
+#include <cstdint>
 #include <functional>
 #include <mutex>
 #include <string>
@@ -23,5 +24,19 @@ long setting(const char* name, long fallback);  // EDGETRAIN_CUDA_EMU_* from the
 void run_grid(const char* name, dim3 grid, dim3 block, const std::function<void()>& body);
 // Inside a kernel: "kernel k, block (x, y, z), thread (x, y, z)" into buf, and true.
 bool running_thread(char* buf, size_t bytes);
+
+// The running thread as the race checker (emu_races.cpp) sees it; false outside a kernel (or on
+// another host thread). Two accesses by threads of one block are ordered when a barrier lies
+// between them (barrier differs), or, in one warp, a warp collective (warp_sync differs).
+struct ThreadAt {
+  uint32_t launch = 0, block = 0;  // serial numbers: this launch, this block (of every launch)
+  uint32_t thread = 0;             // its linear index in the block
+  uint32_t barrier = 0, warp_sync = 0;
+  const char* stack_lo = nullptr;  // its own stack: what lies there no other thread sees
+  const char* stack_hi = nullptr;
+};
+bool thread_at(ThreadAt& t);
+// A launch's end, for the race checker to drop what it kept of it.
+void races_launch_done();
 
 }  // namespace emu

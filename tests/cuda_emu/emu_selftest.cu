@@ -4,7 +4,8 @@
 //   emu_selftest            the checks that pass; exit 0 when all hold
 //   emu_selftest CASE       one fault, which must abort the process with the emulator's report:
 //                           past_end | divergent_barrier | exited_lane | bad_config | copy_past_end |
-//                           host_pointer | host_touch | cudnn_outside
+//                           host_pointer | host_touch | cudnn_outside | race_blocks | race_barrier
+//                           (the last two: with the race checker, EDGETRAIN_CUDA_EMU_RACES)
 //   emu_selftest order      prints the order the blocks and threads of a launch ran in ("forward",
 //                           or "reverse" under EDGETRAIN_CUDA_EMU_REVERSE=1)
 #include <cuda_runtime.h>
@@ -76,6 +77,17 @@ __global__ void exited_lane(const int* x, int* y) {
   y[threadIdx.x] = __shfl_down_sync(0xFFFFFFFFu, x[threadIdx.x], 1);
 }
 
+// Races (the race checker): two blocks write one address; a thread reads its neighbour's shared
+// element with no barrier after the neighbour's write.
+__global__ void race_blocks(int* x) {
+  if (threadIdx.x == 0) x[0] = int(blockIdx.x);
+}
+__global__ void race_barrier(const float* x, float* y) {
+  __shared__ float buf[32];
+  buf[threadIdx.x] = x[threadIdx.x];
+  y[threadIdx.x] = buf[(threadIdx.x + 1) % 32];
+}
+
 int run_checks() {
   const int n = 256;
   std::vector<int> hx(n);
@@ -122,6 +134,19 @@ int run_checks() {
   bool rev = true;
   for (int i = 0; i < 256; ++i) rev = rev && hr[i] == float(255 - i);
   expect(rev, "a block reversed through shared memory after __syncthreads");
+
+  // What the race checker must let pass: atomics of every block on one counter, and shared memory
+  // used again by the next block (reverse_kernel above).
+  unsigned *counter, *ticket;
+  cudaMalloc(&counter, sizeof(unsigned));
+  cudaMalloc(&ticket, 256 * sizeof(unsigned));
+  cudaMemset(counter, 0, sizeof(unsigned));
+  tickets<<<4, 64>>>(counter, ticket);
+  unsigned count = 0;
+  cudaMemcpy(&count, counter, sizeof(unsigned), cudaMemcpyDeviceToHost);
+  expect(count == 256, "atomics of four blocks on one counter");
+  cudaFree(counter);
+  cudaFree(ticket);
 
   // A launch outside CUDA's limits fails with the error CUDA gives, and runs nothing.
   add_one<<<1, 2048>>>(f, m);
@@ -323,6 +348,10 @@ int main(int argc, char** argv) {
     const float one = 1.f, zero = 0.f;
     cudnnConvolutionForward(h, &one, xd, a, wd, b, cd, CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_GEMM, nullptr, 0, &zero, yd,
                             a + 900);
+  } else if (!std::strcmp(argv[1], "race_blocks")) {
+    race_blocks<<<2, 32>>>(xi);
+  } else if (!std::strcmp(argv[1], "race_barrier")) {
+    race_barrier<<<1, 32>>>(a, b);
   } else if (!std::strcmp(argv[1], "bad_config")) {
     add_one<<<1, 1025>>>(a, 1000);
     if (cudaGetLastError() != cudaSuccess) std::abort();

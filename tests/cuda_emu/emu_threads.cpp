@@ -73,6 +73,7 @@ struct Run {
   std::vector<Warp> warps;
   int threads = 0, live = 0, bar_count = 0;
   uint64_t bar_gen = 0, progress = 0;
+  uint32_t launch_serial = 0, block_serial = 0;  // for the race checker (ThreadAt)
   Fiber* cur = nullptr;
   Fiber* ended = nullptr;  // the thread that ended and returned to the scheduler, its stack to free
   void* sched_sp = nullptr;
@@ -82,6 +83,7 @@ struct Run {
 #endif
 };
 Run run;
+thread_local bool running_here = false;  // this host thread runs the launch (the fibers' thread)
 
 }  // namespace
 
@@ -89,6 +91,19 @@ bool running_thread(char* buf, size_t bytes) {
   if (!run.running || !run.cur) return false;
   std::snprintf(buf, bytes, "kernel %s, block (%u, %u, %u), thread (%u, %u, %u)", run.kernel, run.block_idx.x,
                 run.block_idx.y, run.block_idx.z, run.cur->tid.x, run.cur->tid.y, run.cur->tid.z);
+  return true;
+}
+
+bool thread_at(ThreadAt& t) {
+  if (!running_here || !run.cur) return false;
+  const Fiber& f = *run.cur;
+  t.launch = run.launch_serial;
+  t.block = run.block_serial;
+  t.thread = uint32_t(f.linear);
+  t.barrier = uint32_t(run.bar_gen);
+  t.warp_sync = uint32_t(run.warps[size_t(f.linear / 32)].gen);
+  t.stack_lo = f.stack;
+  t.stack_hi = f.stack + kStackBytes;
   return true;
 }
 
@@ -276,6 +291,7 @@ void run_block() {
   }
   run.live = n;
   run.bar_count = 0;
+  ++run.block_serial;
   const bool back = reversed();
   while (run.live > 0) {
     const uint64_t before = run.progress;
@@ -414,6 +430,8 @@ void run_grid(const char* name, dim3 grid, dim3 block, const std::function<void(
   if (run.running) fail(std::string("a launch from inside kernel ") + run.kernel);
   const double t0 = kernel_times() ? now_ms() : 0;
   run.running = true;
+  running_here = true;
+  ++run.launch_serial;
   run.kernel = name;
   run.grid = grid;
   run.block = block;
@@ -427,7 +445,9 @@ void run_grid(const char* name, dim3 grid, dim3 block, const std::function<void(
         run_block();
       }
   run.running = false;
+  running_here = false;
   run.cur = nullptr;
+  races_launch_done();
   if (auto* times = kernel_times()) {
     KernelTime& k = (*times)[name];
     ++k.launches;

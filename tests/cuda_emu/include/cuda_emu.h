@@ -6,7 +6,8 @@
 // cannot: the kernels' index arithmetic and bounds (device allocations end at a guard page), the
 // launch configurations (CUDA's limits), barriers every thread reaches, warp collectives with every
 // lane of their mask, copies and cuBLAS operands inside their allocations, and what a recorded
-// step (stream capture) may call. What it cannot: races (no two threads run at once), the GPU's
+// step (stream capture) may call, and, built with its race checker (emu_races.cpp), two threads'
+// accesses to one address that nothing orders. What it cannot: the GPU's
 // rounding where the code leaves it to the compiler (contraction) or to device math functions,
 // and speed.
 #pragma once
@@ -172,31 +173,46 @@ inline int __dp4a(int a, int b, int c) {
   return c;
 }
 
-// Atomics: one host thread runs every fiber and none is switched out inside an operation.
+// Atomics: one host thread runs every fiber and none is switched out inside an operation. With
+// the race checker (EDGETRAIN_CUDA_EMU_RACES, emu_races.cpp) each tells it of its access, which
+// races with plain accesses only, and its own load and store are left out of the instrumentation.
+namespace emu {
+void race_atomic(const void* p, unsigned bytes);
+}
+#if defined(EDGETRAIN_CUDA_EMU_RACES)
+#define ET_EMU_ATOMIC __attribute__((noinline, no_sanitize_thread))
+#else
+#define ET_EMU_ATOMIC inline
+#endif
 template <class T>
-T atomicAdd(T* p, T v) {
+ET_EMU_ATOMIC T atomicAdd(T* p, T v) {
+  emu::race_atomic(p, sizeof(T));
   const T old = *p;
   *p = old + v;
   return old;
 }
 template <class T>
-T atomicMax(T* p, T v) {
+ET_EMU_ATOMIC T atomicMax(T* p, T v) {
+  emu::race_atomic(p, sizeof(T));
   const T old = *p;
   if (v > old) *p = v;
   return old;
 }
 template <class T>
-T atomicMin(T* p, T v) {
+ET_EMU_ATOMIC T atomicMin(T* p, T v) {
+  emu::race_atomic(p, sizeof(T));
   const T old = *p;
   if (v < old) *p = v;
   return old;
 }
 template <class T>
-T atomicOr(T* p, T v) {
+ET_EMU_ATOMIC T atomicOr(T* p, T v) {
+  emu::race_atomic(p, sizeof(T));
   const T old = *p;
   *p = old | v;
   return old;
 }
+#undef ET_EMU_ATOMIC
 
 // CUDA's math functions in the global namespace.
 using std::isfinite;
