@@ -19,6 +19,7 @@
 #if defined(EDGETRAIN_CUDA_EMU_RACES)
 #include <dlfcn.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -126,46 +127,56 @@ std::string source_line(const void* code) {
 
 enum class Kind { Read, Write, Atomic };
 
+// One byte of an access by t: a report where it races, else the byte's new writer or reader.
+void check_byte(const ThreadAt& t, const Page& page, uintptr_t a, Kind kind, const void* code) {
+  const bool shared = page.shared;
+  const uint32_t stamp = shared ? t.block : t.launch;
+  const uint16_t me = uint16_t(t.thread), bar = uint16_t(t.barrier), warp = uint16_t(t.warp_sync);
+  Cell& cell = page.cells[a % kPageBytes];
+  if (cell.stamp != stamp) {
+    std::memset(&cell, 0, sizeof(cell));
+    cell.stamp = stamp;
+  }
+  const bool w_other = (cell.flags & kWritten) && !(cell.w_block == t.block && cell.w_thread == me);
+  const bool r_other = (cell.flags & kRead) && !(cell.r_block == t.block && cell.r_thread == me);
+  const bool w_unordered = w_other && !ordered(t, cell.w_block, cell.w_thread, cell.w_barrier, cell.w_warp);
+  const bool both_atomic = kind == Kind::Atomic && (cell.flags & kAtomicWrite);
+  if (w_unordered && !both_atomic)
+    report(t, a, code, kind == Kind::Read ? "reads" : "writes",
+           (cell.flags & kAtomicWrite) ? "wrote atomically" : "wrote", cell.w_block, cell.w_thread, shared);
+  if (kind == Kind::Read) {
+    cell.flags |= kRead;
+    cell.r_block = t.block;
+    cell.r_thread = me;
+    cell.r_barrier = bar;
+    cell.r_warp = warp;
+    return;
+  }
+  if (r_other && !ordered(t, cell.r_block, cell.r_thread, cell.r_barrier, cell.r_warp))
+    report(t, a, code, kind == Kind::Atomic ? "atomically writes" : "writes", "read", cell.r_block, cell.r_thread,
+           shared);
+  // Atomics of several threads: the byte stays atomically written (by the last of them).
+  cell.flags = uint8_t((cell.flags & ~kAtomicWrite) | kWritten | (kind == Kind::Atomic ? kAtomicWrite : 0));
+  cell.w_block = t.block;
+  cell.w_thread = me;
+  cell.w_barrier = bar;
+  cell.w_warp = warp;
+}
+
 void access(const void* p, size_t bytes, Kind kind, const void* code) {
   ThreadAt t;
   if (!thread_at(t)) return;
   const char* c = static_cast<const char*>(p);
   if (c >= t.stack_lo && c < t.stack_hi) return;  // its own locals
   const uintptr_t a0 = uintptr_t(p);
-  const uint16_t me = uint16_t(t.thread), bar = uint16_t(t.barrier), warp = uint16_t(t.warp_sync);
-  for (uintptr_t a = a0; a < a0 + bytes; ++a) {
-    const Page& page = shadow.page(a, t.launch);
-    if (!page.tracked) continue;
-    const bool shared = page.shared;
-    const uint32_t stamp = shared ? t.block : t.launch;
-    Cell& cell = page.cells[a % kPageBytes];
-    if (cell.stamp != stamp) {
-      std::memset(&cell, 0, sizeof(cell));
-      cell.stamp = stamp;
-    }
-    const bool w_other = (cell.flags & kWritten) && !(cell.w_block == t.block && cell.w_thread == me);
-    const bool r_other = (cell.flags & kRead) && !(cell.r_block == t.block && cell.r_thread == me);
-    const bool w_unordered = w_other && !ordered(t, cell.w_block, cell.w_thread, cell.w_barrier, cell.w_warp);
-    const bool both_atomic = kind == Kind::Atomic && (cell.flags & kAtomicWrite);
-    if (w_unordered && !both_atomic)
-      report(t, a, code, kind == Kind::Read ? "reads" : "writes", (cell.flags & kAtomicWrite) ? "wrote atomically" : "wrote",
-             cell.w_block, cell.w_thread, shared);
-    if (kind == Kind::Read) {
-      cell.flags |= kRead;
-      cell.r_block = t.block;
-      cell.r_thread = me;
-      cell.r_barrier = bar;
-      cell.r_warp = warp;
+  for (uintptr_t a = a0, end = a0 + bytes; a < end;) {
+    const Page& page = shadow.page(a, t.launch);  // once per page the access touches
+    const uintptr_t stop = std::min(end, (a / kPageBytes + 1) * kPageBytes);
+    if (!page.tracked) {
+      a = stop;
       continue;
     }
-    if (r_other && !ordered(t, cell.r_block, cell.r_thread, cell.r_barrier, cell.r_warp))
-      report(t, a, code, kind == Kind::Atomic ? "atomically writes" : "writes", "read", cell.r_block, cell.r_thread, shared);
-    // Atomics of several threads: the byte stays atomically written (by the last of them).
-    cell.flags = uint8_t((cell.flags & ~kAtomicWrite) | kWritten | (kind == Kind::Atomic ? kAtomicWrite : 0));
-    cell.w_block = t.block;
-    cell.w_thread = me;
-    cell.w_barrier = bar;
-    cell.w_warp = warp;
+    for (; a < stop; ++a) check_byte(t, page, a, kind, code);
   }
 }
 
@@ -185,21 +196,23 @@ void races_launch_done() {
 using emu::Kind;
 extern "C" {
 void __tsan_init() {}
-#define ET_TSAN_ACCESS(n)                                                                   \
-  void __tsan_read##n(void* p) { emu::access(p, n, Kind::Read, __builtin_return_address(0)); }                           \
-  void __tsan_write##n(void* p) { emu::access(p, n, Kind::Write, __builtin_return_address(0)); }                         \
-  void __tsan_unaligned_read##n(void* p) { emu::access(p, n, Kind::Read, __builtin_return_address(0)); }                 \
-  void __tsan_unaligned_write##n(void* p) { emu::access(p, n, Kind::Write, __builtin_return_address(0)); }               \
-  void __tsan_volatile_read##n(void* p) { emu::access(p, n, Kind::Read, __builtin_return_address(0)); }                  \
-  void __tsan_volatile_write##n(void* p) { emu::access(p, n, Kind::Write, __builtin_return_address(0)); }
+#define ET_HERE __builtin_return_address(0)  // the instrumented access's place in the kernel
+#define ET_TSAN_ACCESS(n)                                                                         \
+  void __tsan_read##n(void* p) { emu::access(p, n, Kind::Read, ET_HERE); }                        \
+  void __tsan_write##n(void* p) { emu::access(p, n, Kind::Write, ET_HERE); }                      \
+  void __tsan_unaligned_read##n(void* p) { emu::access(p, n, Kind::Read, ET_HERE); }              \
+  void __tsan_unaligned_write##n(void* p) { emu::access(p, n, Kind::Write, ET_HERE); }            \
+  void __tsan_volatile_read##n(void* p) { emu::access(p, n, Kind::Read, ET_HERE); }               \
+  void __tsan_volatile_write##n(void* p) { emu::access(p, n, Kind::Write, ET_HERE); }
 ET_TSAN_ACCESS(1)
 ET_TSAN_ACCESS(2)
 ET_TSAN_ACCESS(4)
 ET_TSAN_ACCESS(8)
 ET_TSAN_ACCESS(16)
 #undef ET_TSAN_ACCESS
-void __tsan_read_range(void* p, unsigned long n) { emu::access(p, n, Kind::Read, __builtin_return_address(0)); }
-void __tsan_write_range(void* p, unsigned long n) { emu::access(p, n, Kind::Write, __builtin_return_address(0)); }
+void __tsan_read_range(void* p, unsigned long n) { emu::access(p, n, Kind::Read, ET_HERE); }
+void __tsan_write_range(void* p, unsigned long n) { emu::access(p, n, Kind::Write, ET_HERE); }
+#undef ET_HERE
 void __tsan_vptr_read(void**) {}
 void __tsan_vptr_update(void**, void*) {}
 void __tsan_func_entry(void*) {}
