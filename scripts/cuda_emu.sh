@@ -14,6 +14,8 @@
 # RACES=1 (the race checker, tests/cuda_emu/emu_races.cpp: reports two threads' accesses to one
 # address that no barrier orders; the per-op cases take about 3x as long, training cases more),
 # SANITIZE (a -fsanitize= list for the whole build, e.g. undefined: EDGETRAIN_SANITIZE),
+# CONTRACT=1 (the device code contracted into FMAs where GCC would, as nvcc's default may: a case
+# whose bits against the CPU's hold only without contraction fails; give it its own BUILD_DIR),
 # SKIP (an extended regular expression: the cases whose names match it are not run),
 # EDGETRAIN_CUDA_CONV (default im2col, below).
 set -euo pipefail
@@ -28,7 +30,8 @@ build_only=0
 # A race's report names the kernel's line where the build has debug information.
 build_type="${BUILD_TYPE:-$([ "$races" = 1 ] && echo RelWithDebInfo || echo Release)}"
 cmake -S . -B "$dir" -G Ninja -DCMAKE_BUILD_TYPE="$build_type" -DEDGETRAIN_CUDA_EMU=ON -DEDGETRAIN_ONNX=OFF \
-  -DEDGETRAIN_CUDA_EMU_RACES="$([ "$races" = 1 ] && echo ON || echo OFF)" -DEDGETRAIN_SANITIZE="${SANITIZE:-}" >/dev/null
+  -DEDGETRAIN_CUDA_EMU_RACES="$([ "$races" = 1 ] && echo ON || echo OFF)" -DEDGETRAIN_SANITIZE="${SANITIZE:-}" \
+  -DEDGETRAIN_CUDA_EMU_CONTRACT="$([ "${CONTRACT:-0}" = 1 ] && echo ON || echo OFF)" >/dev/null
 cmake --build "$dir" -j "$jobs" --target edgetrain_cuda_tests emu_selftest
 [ $build_only -eq 1 ] && exit 0
 # The emulator's own checks first: what passes, and each fault it must report.

@@ -7,9 +7,9 @@
 // launch configurations (CUDA's limits), barriers every thread reaches, warp collectives with every
 // lane of their mask, copies and cuBLAS operands inside their allocations, and what a recorded
 // step (stream capture) may call, and, built with its race checker (emu_races.cpp), two threads'
-// accesses to one address that nothing orders. What it cannot: the GPU's
-// rounding where the code leaves it to the compiler (contraction) or to device math functions,
-// and speed.
+// accesses to one address that nothing orders. What it cannot: the GPU's rounding where the code
+// leaves it to the compiler (nvcc's contraction: CONTRACT=1 builds the device code with GCC's,
+// which is not nvcc's) or to device math functions, and speed.
 #pragma once
 #include <cmath>
 #include <cstddef>
@@ -140,17 +140,26 @@ T __shfl_xor_sync(unsigned mask, T v, int lane_mask, int width = 32) {
   return emu::shfl_as<T>(emu::warp_exchange(mask, emu::shfl_bits(v), src >= base && src < base + width ? src : lane));
 }
 
-// Device functions with the rounding they name (each operation rounded once; the emulator's
-// translation units are compiled without contraction).
+// Device functions with the rounding they name: each operation rounded once, never contracted
+// into an FMA with its neighbours, as nvcc keeps them. The emulator's translation units are built
+// without contraction; -DEDGETRAIN_CUDA_EMU_CONTRACT=ON builds them with it, as nvcc's default
+// (--fmad=true) may contract a kernel's plain a * b + c, and the barrier below keeps these apart.
+template <class T>
+inline T emu_rounded(T v) {
+#if defined(__x86_64__)
+  asm("" : "+x"(v));  // the value in a register as it is: no FMA can take the operation in
+#endif
+  return v;
+}
 inline float __fmaf_rn(float a, float b, float c) { return std::fma(a, b, c); }
 inline double __fma_rn(double a, double b, double c) { return std::fma(a, b, c); }
-inline float __fmul_rn(float a, float b) { return a * b; }
-inline float __fadd_rn(float a, float b) { return a + b; }
-inline float __fsub_rn(float a, float b) { return a - b; }
-inline float __fdiv_rn(float a, float b) { return a / b; }
-inline double __dmul_rn(double a, double b) { return a * b; }
-inline double __dadd_rn(double a, double b) { return a + b; }
-inline double __dsub_rn(double a, double b) { return a - b; }
+inline float __fmul_rn(float a, float b) { return emu_rounded(a * b); }
+inline float __fadd_rn(float a, float b) { return emu_rounded(a + b); }
+inline float __fsub_rn(float a, float b) { return emu_rounded(a - b); }
+inline float __fdiv_rn(float a, float b) { return emu_rounded(a / b); }
+inline double __dmul_rn(double a, double b) { return emu_rounded(a * b); }
+inline double __dadd_rn(double a, double b) { return emu_rounded(a + b); }
+inline double __dsub_rn(double a, double b) { return emu_rounded(a - b); }
 inline unsigned __float_as_uint(float f) {
   unsigned u;
   std::memcpy(&u, &f, 4);
