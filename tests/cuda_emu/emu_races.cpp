@@ -84,10 +84,10 @@ struct Shadow {
 };
 Shadow shadow;
 
-// Accesses by `other` (its block, thread, barrier, warp collective) and by t ordered?
+// An access by another thread (its block, thread, barrier and warp-collective counts) ordered
+// before t's?
 bool ordered(const ThreadAt& t, uint32_t block, uint16_t thread, uint16_t barrier, uint16_t warp) {
   if (block != t.block) return false;
-  if (thread == uint16_t(t.thread)) return true;
   if (barrier != uint16_t(t.barrier)) return true;
   return thread / 32 == t.thread / 32 && warp != uint16_t(t.warp_sync);
 }
@@ -155,7 +155,7 @@ void check_byte(const ThreadAt& t, const Page& page, uintptr_t a, Kind kind, con
   if (r_other && !ordered(t, cell.r_block, cell.r_thread, cell.r_barrier, cell.r_warp))
     report(t, a, code, kind == Kind::Atomic ? "atomically writes" : "writes", "read", cell.r_block, cell.r_thread,
            shared);
-  // Atomics of several threads: the byte stays atomically written (by the last of them).
+  // kAtomicWrite: the last write was an atomic's (the next atomic does not race with it).
   cell.flags = uint8_t((cell.flags & ~kAtomicWrite) | kWritten | (kind == Kind::Atomic ? kAtomicWrite : 0));
   cell.w_block = t.block;
   cell.w_thread = me;
