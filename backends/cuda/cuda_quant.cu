@@ -116,17 +116,26 @@ __device__ __forceinline__ void dp4a_16x8x32(int (&c)[4], const int* as, int lda
   }
 }
 
-// The same on the tensor cores (sm_80 and later; dp4a before).
+// The same on the tensor cores (sm_80 and later; dp4a before). On the CUDA emulator
+// (tests/cuda_emu) the instruction is its model of the PTX ISA's fragment layouts, chosen by the
+// emulated device's compute capability as nvcc chooses by the architecture it builds for.
 __device__ __forceinline__ void mma_16x8x32(int (&c)[4], const int* as, int lda, int r, const int* bs, int ldb, int n,
                                             int lane) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+#if (defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800) || defined(EDGETRAIN_CUDA_EMULATOR)
+#if defined(EDGETRAIN_CUDA_EMULATOR)
+  if (emu::device_major() < 8) return dp4a_16x8x32(c, as, lda, r, bs, ldb, n, lane);
+#endif
   const int g = lane / 4, t = lane % 4;
   const int a0 = as[t * lda + r + g], a1 = as[t * lda + r + g + 8], a2 = as[(t + 4) * lda + r + g],
             a3 = as[(t + 4) * lda + r + g + 8];
   const int b0 = bs[t * ldb + n + g], b1 = bs[(t + 4) * ldb + n + g];
+#if defined(EDGETRAIN_CUDA_EMULATOR)
+  emu::mma_m16n8k32_s8(c, a0, a1, a2, a3, b0, b1);
+#else
   asm volatile("mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
                : "+r"(c[0]), "+r"(c[1]), "+r"(c[2]), "+r"(c[3])
                : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+#endif
 #else
   dp4a_16x8x32(c, as, lda, r, bs, ldb, n, lane);
 #endif

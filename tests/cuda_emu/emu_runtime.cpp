@@ -5,7 +5,8 @@
 //
 // Settings (environment): EDGETRAIN_CUDA_EMU_DEVICES (default 1; 0 = a machine without a GPU),
 // EDGETRAIN_CUDA_EMU_MB (device memory, default 8192), EDGETRAIN_CUDA_EMU_SMS (multiprocessors,
-// default 4), EDGETRAIN_CUDA_EMU_MAJOR (compute capability major, default 9),
+// default 4), EDGETRAIN_CUDA_EMU_MAJOR (compute capability major, default 9; below 8 the int8 MMA
+// model gives way to dp4a, as nvcc builds for those GPUs),
 // EDGETRAIN_CUDA_EMU_FILL (the byte fresh device memory holds, default 0xFF: NaN floats).
 #include <execinfo.h>
 #include <signal.h>

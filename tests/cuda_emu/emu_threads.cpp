@@ -55,10 +55,13 @@ struct Fiber {
   ucontext_t ctx;
 #endif
 };
+constexpr int kGatherWords = 4;
+
 struct Warp {
   int count = 0;
   uint64_t gen = 0;
   uint64_t slot[32];
+  uint64_t wide[32][kGatherWords];  // warp_gather's words
 };
 
 const size_t kStackBytes = 256 * 1024;
@@ -72,6 +75,7 @@ struct Run {
   std::vector<char*> stacks;  // free thread stacks, kept for later blocks and launches
   std::vector<Warp> warps;
   int threads = 0, live = 0, bar_count = 0;
+  int major = 9;  // the device's compute capability at this launch (EDGETRAIN_CUDA_EMU_MAJOR)
   uint64_t bar_gen = 0, progress = 0;
   uint32_t launch_serial = 0, block_serial = 0;  // for the race checker (ThreadAt)
   Fiber* cur = nullptr;
@@ -383,6 +387,22 @@ uint64_t warp_exchange(unsigned mask, uint64_t mine, int src_lane) {
   return got;
 }
 
+void warp_gather(unsigned mask, const uint64_t* mine, int words, uint64_t* all) {
+  const int wi = run.cur->linear / 32, lane = run.cur->linear % 32;
+  Warp& w = run.warps[size_t(wi)];
+  const unsigned lanes = mask & lanes_of_warp(wi);
+  if (!(lanes >> lane & 1u)) fail("a warp collective by a lane outside its mask");
+  if (lanes != mask) fail("a warp collective's mask names lanes the block does not have");
+  if (words < 1 || words > kGatherWords) fail("warp_gather: 1 to 4 words a lane");
+  for (int i = 0; i < words; ++i) w.wide[lane][i] = mine[i];
+  warp_arrive(w, lanes);
+  for (int l = 0; l < 32; ++l)
+    for (int i = 0; i < words; ++i) all[l * words + i] = lanes >> l & 1u ? w.wide[l][i] : 0;
+  warp_arrive(w, lanes);  // every lane has read before any lane writes its words again
+}
+
+int device_major() { return run.major; }
+
 unsigned warp_ballot(unsigned mask, bool pred) {
   const int wi = run.cur->linear / 32;
   Warp& w = run.warps[size_t(wi)];
@@ -437,6 +457,7 @@ void run_grid(const char* name, dim3 grid, dim3 block, const std::function<void(
   run.block = block;
   run.body = &body;
   run.threads = int(block.x * block.y * block.z);
+  run.major = int(setting("EDGETRAIN_CUDA_EMU_MAJOR", 9));
   const bool back = reversed();
   for (unsigned z = 0; z < grid.z; ++z)
     for (unsigned y = 0; y < grid.y; ++y)

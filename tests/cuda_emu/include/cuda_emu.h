@@ -11,6 +11,8 @@
 // leaves it to the compiler (nvcc's contraction: CONTRACT=1 builds the device code with GCC's,
 // which is not nvcc's) or to device math functions, and speed.
 #pragma once
+// Device code that has an emulated form of an instruction (inline PTX) asks for it by this.
+#define EDGETRAIN_CUDA_EMULATOR 1
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
@@ -52,7 +54,13 @@ void syncthreads();
 // `src_lane` gave (its own word where `src_lane` is outside the warp's lanes).
 uint64_t warp_exchange(unsigned mask, uint64_t mine, int src_lane);
 unsigned warp_ballot(unsigned mask, bool pred);
+// Gives each lane of `mask` every lane's `words` words (1 to 4; a warp collective):
+// all[l * words + i] is lane l's word i.
+void warp_gather(unsigned mask, const uint64_t* mine, int words, uint64_t* all);
 int lane_id();
+// The device's compute capability major (EDGETRAIN_CUDA_EMU_MAJOR): code nvcc builds per
+// architecture (__CUDA_ARCH__) chooses by it here.
+int device_major();
 
 // A launch: runs `body` once per thread of the grid (now, or at replay when its stream records).
 void launch_kernel(const char* name, dim3 grid, dim3 block, size_t shared_bytes, CUstream_st* stream,
@@ -181,6 +189,46 @@ inline int __dp4a(int a, int b, int c) {
   for (int j = 0; j < 4; ++j) c += int(int8_t(a >> (8 * j))) * int(int8_t(b >> (8 * j)));
   return c;
 }
+
+// mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 (int8 tensor cores, sm_80 and later), a warp
+// collective of all 32 lanes: c += A (16 x 32) x B (32 x 8), each matrix spread over the lanes as
+// the PTX ISA's "Matrix Fragments for mma.m16n8k32" lays out 8-bit operands (lane = 4 g + t):
+//   A: a0 = row g, k 4t..4t+3 (byte j: k 4t + j); a1 = row g + 8, k 4t..; a2 = row g, k 16 + 4t..;
+//      a3 = row g + 8, k 16 + 4t..
+//   B: b0 = column g, k 4t..4t+3; b1 = column g, k 16 + 4t..
+//   C: c0, c1 = row g, columns 2t, 2t + 1; c2, c3 = row g + 8, the same columns.
+// A model of the instruction, written from the ISA rather than from the kernel that calls it, so
+// the kernel's fragment loads are tested against the layout without a GPU. Sums wrap as int32.
+namespace emu {
+inline void mma_m16n8k32_s8(int (&c)[4], int a0, int a1, int a2, int a3, int b0, int b1) {
+  auto pair = [](int lo, int hi) { return uint64_t(uint32_t(lo)) | uint64_t(uint32_t(hi)) << 32; };
+  const uint64_t mine[3] = {pair(a0, a1), pair(a2, a3), pair(b0, b1)};
+  uint64_t all[32 * 3];
+  warp_gather(0xFFFFFFFFu, mine, 3, all);
+  int8_t A[16][32], B[32][8];
+  for (int l = 0; l < 32; ++l) {
+    const int g = l / 4, t = l % 4;
+    const uint32_t a[4] = {uint32_t(all[3 * l]), uint32_t(all[3 * l] >> 32), uint32_t(all[3 * l + 1]),
+                           uint32_t(all[3 * l + 1] >> 32)};
+    const uint32_t b[2] = {uint32_t(all[3 * l + 2]), uint32_t(all[3 * l + 2] >> 32)};
+    for (int j = 0; j < 4; ++j) {
+      A[g][4 * t + j] = int8_t(a[0] >> (8 * j));
+      A[g + 8][4 * t + j] = int8_t(a[1] >> (8 * j));
+      A[g][16 + 4 * t + j] = int8_t(a[2] >> (8 * j));
+      A[g + 8][16 + 4 * t + j] = int8_t(a[3] >> (8 * j));
+      B[4 * t + j][g] = int8_t(b[0] >> (8 * j));
+      B[16 + 4 * t + j][g] = int8_t(b[1] >> (8 * j));
+    }
+  }
+  const int g = lane_id() / 4, t = lane_id() % 4;
+  for (int e = 0; e < 4; ++e) {
+    const int row = g + (e >= 2 ? 8 : 0), col = 2 * t + (e & 1);
+    uint32_t sum = uint32_t(c[e]);
+    for (int k = 0; k < 32; ++k) sum += uint32_t(int(A[row][k]) * int(B[k][col]));
+    c[e] = int(sum);
+  }
+}
+}  // namespace emu
 
 // Atomics: one host thread runs every fiber and none is switched out inside an operation. With
 // the race checker (EDGETRAIN_CUDA_EMU_RACES, emu_races.cpp) each tells it of its access, which
