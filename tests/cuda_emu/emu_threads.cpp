@@ -8,7 +8,9 @@
 // first: a kernel whose results change with it reads what another thread (or block) writes with no
 // barrier between, a race on a GPU. In thread order a read of a lower thread's write sees it and
 // one of a higher thread's does not; reversed, the other way round, so the two orders show both.
+#include <fcntl.h>
 #include <sys/mman.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
@@ -422,18 +424,33 @@ unsigned warp_ballot(unsigned mask, bool pred) {
 namespace {
 
 // EDGETRAIN_CUDA_EMU_PROFILE=1: each kernel's launches, threads and host time, printed at exit
-// (where the emulator's time goes).
+// (where the emulator's time goes). EDGETRAIN_CUDA_EMU_LAUNCHES=<file>: each kernel's largest block
+// appended to the file at exit, a line "<kernel as launched> <threads>" each, for
+// scripts/cuda_resources.py to hold against the registers nvcc gives the kernel (what a GPU needs
+// to launch it, which the emulator does not have).
 struct KernelTime {
   long launches = 0;
   double threads = 0, ms = 0;
+  unsigned largest_block = 0;
 };
 std::map<std::string, KernelTime>* kernel_times() {
   static std::map<std::string, KernelTime>* m = nullptr;
-  static bool asked = setting("EDGETRAIN_CUDA_EMU_PROFILE", 0) != 0;
-  if (asked && !m) {
+  static const bool profile = setting("EDGETRAIN_CUDA_EMU_PROFILE", 0) != 0;
+  static const char* launches = std::getenv("EDGETRAIN_CUDA_EMU_LAUNCHES");
+  if ((profile || (launches && *launches)) && !m) {
     m = new std::map<std::string, KernelTime>;
     std::atexit([] {
       std::vector<std::pair<std::string, KernelTime>> v(kernel_times()->begin(), kernel_times()->end());
+      if (launches && *launches) {
+        std::string lines;
+        for (const auto& k : v) lines += k.first + " " + std::to_string(k.second.largest_block) + "\n";
+        // One write with O_APPEND: the test processes scripts/cuda_emu.sh runs side by side share it.
+        const int fd = open(launches, O_WRONLY | O_APPEND | O_CREAT, 0644);
+        if (fd < 0 || write(fd, lines.data(), lines.size()) != ssize_t(lines.size()))
+          std::fprintf(stderr, "CUDA emulator: could not append to EDGETRAIN_CUDA_EMU_LAUNCHES=%s\n", launches);
+        if (fd >= 0) close(fd);
+      }
+      if (!profile) return;
       std::sort(v.begin(), v.end(), [](const auto& a, const auto& b) { return a.second.ms > b.second.ms; });
       std::fprintf(stderr, "CUDA emulator profile: kernel, launches, threads, ms\n");
       for (size_t i = 0; i < v.size() && i < 25; ++i)
@@ -474,6 +491,7 @@ void run_grid(const char* name, dim3 grid, dim3 block, const std::function<void(
     ++k.launches;
     k.threads += double(grid.x) * grid.y * grid.z * run.threads;
     k.ms += now_ms() - t0;
+    k.largest_block = std::max(k.largest_block, unsigned(run.threads));
   }
 }
 
