@@ -163,7 +163,22 @@ void check_byte(const ThreadAt& t, const Page& page, uintptr_t a, Kind kind, con
   cell.w_warp = warp;
 }
 
-void access(const void* p, size_t bytes, Kind kind, const void* code) {
+// A GPU reads and writes 2, 4 and 8 bytes only at a multiple of their size: elsewhere the
+// kernel stops ("misaligned address"), where the host's x86 just reads. `align` is what the
+// access needs (its size for the compiler's aligned accesses, 1 where it knew of less).
+[[noreturn]] void report_misaligned(uintptr_t a, size_t bytes, size_t align, Kind kind, bool shared,
+                                    const void* code) {
+  char buf[512];
+  std::snprintf(buf, sizeof(buf),
+                "misaligned: this thread %s %zu bytes at address %#lx (%s), not a multiple of %zu: a GPU stops the "
+                "kernel there (misaligned address), at ",
+                kind == Kind::Read ? "reads" : kind == Kind::Write ? "writes" : "atomically updates", bytes,
+                (unsigned long)a, shared ? "a __shared__ array" : where(reinterpret_cast<const void*>(a)).c_str(),
+                align);
+  report_fault(buf + source_line(code));
+}
+
+void access(const void* p, size_t bytes, Kind kind, const void* code, size_t align = 1) {
   ThreadAt t;
   if (!thread_at(t)) return;
   const char* c = static_cast<const char*>(p);
@@ -176,13 +191,16 @@ void access(const void* p, size_t bytes, Kind kind, const void* code) {
       a = stop;
       continue;
     }
+    if (a == a0 && a0 % align) report_misaligned(a0, bytes, align, kind, page.shared, code);
     for (; a < stop; ++a) check_byte(t, page, a, kind, code);
   }
 }
 
 }  // namespace
 
-void race_atomic(const void* p, unsigned bytes) { access(p, bytes, Kind::Atomic, __builtin_return_address(0)); }
+void race_atomic(const void* p, unsigned bytes) {
+  access(p, bytes, Kind::Atomic, __builtin_return_address(0), bytes);
+}
 
 void races_launch_done() {
   // The cells of a launch's device memory are stale once it ends (their stamp); their pages are
@@ -197,13 +215,16 @@ using emu::Kind;
 extern "C" {
 void __tsan_init() {}
 #define ET_HERE __builtin_return_address(0)  // the instrumented access's place in the kernel
+// The alignment the compiler's aligned access of n bytes promises. 16 bytes (a struct copied whole)
+// are 8-aligned at most here, as the GPU would copy such a struct in 8-byte parts.
+#define ET_ALIGN(n) ((n) < 8 ? size_t(n) : size_t(8))
 #define ET_TSAN_ACCESS(n)                                                                         \
-  void __tsan_read##n(void* p) { emu::access(p, n, Kind::Read, ET_HERE); }                        \
-  void __tsan_write##n(void* p) { emu::access(p, n, Kind::Write, ET_HERE); }                      \
+  void __tsan_read##n(void* p) { emu::access(p, n, Kind::Read, ET_HERE, ET_ALIGN(n)); }           \
+  void __tsan_write##n(void* p) { emu::access(p, n, Kind::Write, ET_HERE, ET_ALIGN(n)); }         \
   void __tsan_unaligned_read##n(void* p) { emu::access(p, n, Kind::Read, ET_HERE); }              \
   void __tsan_unaligned_write##n(void* p) { emu::access(p, n, Kind::Write, ET_HERE); }            \
-  void __tsan_volatile_read##n(void* p) { emu::access(p, n, Kind::Read, ET_HERE); }               \
-  void __tsan_volatile_write##n(void* p) { emu::access(p, n, Kind::Write, ET_HERE); }
+  void __tsan_volatile_read##n(void* p) { emu::access(p, n, Kind::Read, ET_HERE, ET_ALIGN(n)); }  \
+  void __tsan_volatile_write##n(void* p) { emu::access(p, n, Kind::Write, ET_HERE, ET_ALIGN(n)); }
 ET_TSAN_ACCESS(1)
 ET_TSAN_ACCESS(2)
 ET_TSAN_ACCESS(4)
@@ -213,6 +234,7 @@ ET_TSAN_ACCESS(16)
 void __tsan_read_range(void* p, unsigned long n) { emu::access(p, n, Kind::Read, ET_HERE); }
 void __tsan_write_range(void* p, unsigned long n) { emu::access(p, n, Kind::Write, ET_HERE); }
 #undef ET_HERE
+#undef ET_ALIGN
 void __tsan_vptr_read(void**) {}
 void __tsan_vptr_update(void**, void*) {}
 void __tsan_func_entry(void*) {}

@@ -1,13 +1,15 @@
 // The CUDA emulator's runtime (include/cuda_emu.h says what it is for and what it cannot check):
-// device memory with guard pages, streams that run in issue order, stream capture into replayable
-// graphs, events, launches and the fault reports (a block's threads: emu_threads.cpp; cuBLAS:
-// emu_cublas.cpp).
+// device memory with guard pages, streams whose work runs as late as CUDA allows (or in issue
+// order), stream capture into replayable graphs, events, launches and the fault reports (a block's
+// threads: emu_threads.cpp; cuBLAS: emu_cublas.cpp).
 //
 // Settings (environment): EDGETRAIN_CUDA_EMU_DEVICES (default 1; 0 = a machine without a GPU),
 // EDGETRAIN_CUDA_EMU_MB (device memory, default 8192), EDGETRAIN_CUDA_EMU_SMS (multiprocessors,
 // default 4), EDGETRAIN_CUDA_EMU_MAJOR (compute capability major, default 9; below 8 the int8 MMA
 // model gives way to dp4a, as nvcc builds for those GPUs),
-// EDGETRAIN_CUDA_EMU_FILL (the byte fresh device memory holds, default 0xFF: NaN floats).
+// EDGETRAIN_CUDA_EMU_FILL (the byte fresh device memory holds, default 0xFF: NaN floats),
+// EDGETRAIN_CUDA_EMU_STREAMS (lazy, the default, or eager: see lazy_streams()),
+// EDGETRAIN_CUDA_EMU_PROFILE and EDGETRAIN_CUDA_EMU_LAUNCHES (emu_threads.cpp).
 #include <execinfo.h>
 #include <signal.h>
 #include <sys/mman.h>
@@ -16,10 +18,13 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <cstring>
+#include <deque>
 #include <cstdlib>
 #include <map>
 #include <memory>
 #include <mutex>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -37,12 +42,18 @@ struct CUstream_st {
   bool non_blocking = false;
   CUgraph_st* capture = nullptr;  // recording (cudaStreamBeginCapture) into this graph
   bool capture_invalidated = false;
+  // Lazy streams (EDGETRAIN_CUDA_EMU_STREAMS): the work issued and not run yet, and the numbers of
+  // operations issued and run so far.
+  std::deque<std::function<void()>> pending;
+  uint64_t issued = 0, done = 0;
 };
 struct CUevent_st {
   bool timing = true;
   bool recorded = false;
   double ms = 0;                     // host time of the last record
   CUgraph_st* recorded_in = nullptr;  // the record it was last recorded in, while recording
+  CUstream_st* stream = nullptr;     // lazy streams: its last record is operation `seq` of `stream`
+  uint64_t seq = 0;
 };
 
 namespace emu {
@@ -91,6 +102,11 @@ const size_t kPage = 4096, kHugePage = size_t(2) << 20;
 std::map<uintptr_t, size_t>& pinned() {  // cudaHostAlloc's: host memory a kernel may read (UVA)
   static std::map<uintptr_t, size_t> m;
   return m;
+}
+bool is_pinned(const void* p, size_t bytes) {
+  const uintptr_t a = uintptr_t(p);
+  auto it = pinned().upper_bound(a);
+  return it != pinned().begin() && a + bytes <= std::prev(it)->first + std::prev(it)->second;
 }
 
 // Device memory is readable only by device work (kernels, copies, cuBLAS): between them it is
@@ -148,9 +164,52 @@ std::string describe_address(uintptr_t a) {
 // ---- streams and capture ----
 CUstream_st* capturing = nullptr;  // the stream recording (one at a time: thread-local mode)
 
-// An operation of stream `s`: recorded where s records, else run now (every stream runs in issue
-// order, at once). The legacy stream while a blocking stream records would join that stream to
-// the record: CUDA fails it and invalidates the record.
+// EDGETRAIN_CUDA_EMU_STREAMS=lazy (the default): a created stream's work waits in its queue until
+// something needs it: a host synchronisation (of the stream, an event recorded in it, the
+// device), another stream's wait for one of its events, a synchronous copy or memset (the legacy
+// stream, which waits for the blocking streams only), a free. So work a stream issues runs as late
+// as CUDA lets it, and a reader that does not wait for it (another stream without
+// cudaStreamWaitEvent, the host without a synchronisation, a page-locked buffer the host writes
+// again before its copy ran) reads what was there before, as a GPU may. "eager" runs each
+// operation when issued (a fault's host stack is then the launch's).
+bool lazy_streams() {
+  static const bool lazy = [] {
+    const char* v = std::getenv("EDGETRAIN_CUDA_EMU_STREAMS");
+    if (!v || !*v || !std::strcmp(v, "lazy")) return true;
+    if (!std::strcmp(v, "eager")) return false;
+    std::fprintf(stderr, "CUDA emulator: EDGETRAIN_CUDA_EMU_STREAMS='%s': expected lazy or eager\n", v);
+    std::abort();
+  }();
+  return lazy;
+}
+std::set<CUstream_st*>& streams() {  // the created streams (the legacy stream is none of them)
+  static std::set<CUstream_st*> s;
+  return s;
+}
+
+// Runs stream q's queued work up to its operation `upto` (all of it by default).
+void drain(CUstream_st* q, uint64_t upto = UINT64_MAX) {
+  if (!streams().count(q)) return;  // destroyed: its work ran then
+  while (q->done < upto && !q->pending.empty()) {
+    std::function<void()> op = std::move(q->pending.front());
+    q->pending.pop_front();
+    ++q->done;
+    DeviceAccess device;
+    op();
+  }
+}
+void drain_blocking() {  // what the legacy stream waits for
+  for (CUstream_st* s : streams())
+    if (!s->non_blocking) drain(s);
+}
+void drain_all() {
+  for (CUstream_st* s : streams()) drain(s);
+}
+
+// An operation of stream `s`: recorded where s records; else queued (lazy streams) or run now.
+// The legacy stream (s null) runs it now, after the blocking streams' work. The legacy stream while
+// a blocking stream records would join that stream to the record: CUDA fails it and invalidates
+// the record.
 cudaError_t enqueue(cudaStream_t s, std::function<void()> op) {
   if (s && s->capture) {
     s->capture->ops.push_back(std::move(op));
@@ -159,6 +218,14 @@ cudaError_t enqueue(cudaStream_t s, std::function<void()> op) {
   if (!s && capturing) {
     capturing->capture_invalidated = true;
     return note(cudaErrorStreamCaptureImplicit);
+  }
+  if (lazy_streams()) {
+    if (s) {
+      s->pending.push_back(std::move(op));
+      ++s->issued;
+      return cudaSuccess;
+    }
+    drain_blocking();
   }
   DeviceAccess device;
   op();
@@ -313,7 +380,9 @@ cudaError_t cudaDeviceGetAttribute(int* value, cudaDeviceAttr attr, int device) 
 }
 cudaError_t cudaDeviceSynchronize() {
   Lock lock(big_lock());
-  return refused_in_capture() ? cudaErrorStreamCaptureUnsupported : cudaSuccess;
+  if (refused_in_capture()) return cudaErrorStreamCaptureUnsupported;
+  drain_all();
+  return cudaSuccess;
 }
 cudaError_t cudaGetLastError() {
   const cudaError_t e = last_error;
@@ -392,6 +461,7 @@ cudaError_t cudaFree(void* p) {
   if (refused_in_capture()) return cudaErrorStreamCaptureUnsupported;
   auto it = allocations().find(uintptr_t(p));
   if (it == allocations().end()) return note(cudaErrorInvalidDevicePointer);
+  drain_all();  // cudaFree waits for the device's work
   allocated_bytes -= it->second.bytes;
   munmap(it->second.base, it->second.map_bytes);
   allocations().erase(it);
@@ -407,6 +477,7 @@ cudaError_t cudaHostAlloc(void** p, size_t bytes, unsigned) {
 cudaError_t cudaMallocHost(void** p, size_t bytes) { return cudaHostAlloc(p, bytes, 0); }
 cudaError_t cudaFreeHost(void* p) {
   Lock lock(big_lock());
+  drain_all();  // as cudaFree
   pinned().erase(uintptr_t(p));
   std::free(p);
   return cudaSuccess;
@@ -450,6 +521,7 @@ cudaError_t cudaMemcpy(void* dst, const void* src, size_t bytes, cudaMemcpyKind 
   Lock lock(big_lock());
   if (refused_in_capture()) return cudaErrorStreamCaptureUnsupported;
   check_copy(dst, src, bytes, kind, "cudaMemcpy");
+  drain_blocking();  // the legacy stream's copy: after the blocking streams' work, not the others'
   DeviceAccess device;
   if (bytes) std::memmove(dst, src, bytes);
   return cudaSuccess;
@@ -457,9 +529,18 @@ cudaError_t cudaMemcpy(void* dst, const void* src, size_t bytes, cudaMemcpyKind 
 cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind, cudaStream_t s) {
   Lock lock(big_lock());
   check_copy(dst, src, bytes, kind, "cudaMemcpyAsync");
-  return enqueue(s, [dst, src, bytes]() {
+  const bool src_host = bytes && !device_range(src, 1), dst_host = bytes && !device_range(dst, 1);
+  if (src_host && !is_pinned(src, bytes)) {
+    // From pageable memory CUDA takes the bytes before it returns (a staged copy).
+    auto staged = std::make_shared<std::vector<char>>(static_cast<const char*>(src), static_cast<const char*>(src) + bytes);
+    return enqueue(s, [dst, staged]() { std::memmove(dst, staged->data(), staged->size()); });
+  }
+  const cudaError_t e = enqueue(s, [dst, src, bytes]() {
     if (bytes) std::memmove(dst, src, bytes);
   });
+  // Into pageable memory it returns once the copy is done (the stream's work before it too).
+  if (e == cudaSuccess && dst_host && !is_pinned(dst, bytes) && s && !s->capture) drain(s);
+  return e;
 }
 cudaError_t cudaMemset(void* p, int value, size_t bytes) {
   Lock lock(big_lock());
@@ -467,6 +548,7 @@ cudaError_t cudaMemset(void* p, int value, size_t bytes) {
   if (bytes && !device_range(p, bytes))
     fail("cudaMemset of " + std::to_string(bytes) + " bytes outside one device allocation (" +
          describe_address(uintptr_t(p)) + ")");
+  drain_blocking();  // the legacy stream's, as cudaMemcpy
   DeviceAccess device;
   if (bytes) std::memset(p, value, bytes);
   return cudaSuccess;
@@ -483,33 +565,44 @@ cudaError_t cudaMemsetAsync(void* p, int value, size_t bytes, cudaStream_t s) {
 
 cudaError_t cudaStreamCreate(cudaStream_t* s) { return cudaStreamCreateWithFlags(s, cudaStreamDefault); }
 cudaError_t cudaStreamCreateWithFlags(cudaStream_t* s, unsigned flags) {
+  Lock lock(big_lock());
   *s = new CUstream_st;
   (*s)->non_blocking = (flags & cudaStreamNonBlocking) != 0;
+  streams().insert(*s);
   return cudaSuccess;
 }
 cudaError_t cudaStreamDestroy(cudaStream_t s) {
   Lock lock(big_lock());
   if (s == capturing) capturing = nullptr;
+  drain(s);  // CUDA finishes a destroyed stream's work
+  streams().erase(s);
   delete s;
   return cudaSuccess;
 }
-cudaError_t cudaStreamSynchronize(cudaStream_t) {
+cudaError_t cudaStreamSynchronize(cudaStream_t s) {
   Lock lock(big_lock());
-  return refused_in_capture() ? cudaErrorStreamCaptureUnsupported : cudaSuccess;
+  if (refused_in_capture()) return cudaErrorStreamCaptureUnsupported;
+  if (s) drain(s);
+  else drain_blocking();
+  return cudaSuccess;
 }
-cudaError_t cudaStreamQuery(cudaStream_t) {
-  Lock lock(big_lock());
-  return refused_in_capture() ? cudaErrorStreamCaptureUnsupported : cudaSuccess;
-}
+cudaError_t cudaStreamQuery(cudaStream_t s) { return cudaStreamSynchronize(s); }
 cudaError_t cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t e, unsigned) {
   Lock lock(big_lock());
-  // Every stream runs at once, so a wait is met. A recording stream may wait only for an event
-  // recorded in the same record.
+  // A recording stream may wait only for an event recorded in the same record (which orders
+  // nothing more here: the record's operations replay in the order issued).
   if (s && s->capture && e->recorded_in != s->capture) {
     s->capture_invalidated = true;
     std::fprintf(stderr, "CUDA emulator: cudaStreamWaitEvent on a recording stream, for an event recorded "
                          "outside the record\n");
     return note(cudaErrorStreamCaptureUnsupported);
+  }
+  if (s && s->capture) return cudaSuccess;
+  // Lazy streams: s's later work runs after the event's stream has run up to the record the event
+  // has now (an event never recorded, or recorded in the legacy stream, is complete).
+  if (CUstream_st* st = e->stream) {
+    const uint64_t seq = e->seq;
+    return enqueue(s, [st, seq]() { drain(st, seq); });
   }
   return cudaSuccess;
 }
@@ -527,19 +620,23 @@ cudaError_t cudaEventDestroy(cudaEvent_t e) {
 cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s) {
   Lock lock(big_lock());
   e->recorded_in = s && s->capture ? s->capture : nullptr;
-  return enqueue(s, [e]() {
+  const cudaError_t r = enqueue(s, [e]() {
     e->recorded = true;
     e->ms = now_ms();
   });
+  if (r == cudaSuccess && !(s && s->capture)) {  // (the legacy stream's record ran at once)
+    e->stream = lazy_streams() && s ? s : nullptr;
+    e->seq = s ? s->issued : 0;
+  }
+  return r;
 }
-cudaError_t cudaEventSynchronize(cudaEvent_t) {
+cudaError_t cudaEventSynchronize(cudaEvent_t e) {
   Lock lock(big_lock());
-  return refused_in_capture() ? cudaErrorStreamCaptureUnsupported : cudaSuccess;
+  if (refused_in_capture()) return cudaErrorStreamCaptureUnsupported;
+  if (e->stream) drain(e->stream, e->seq);
+  return cudaSuccess;
 }
-cudaError_t cudaEventQuery(cudaEvent_t) {
-  Lock lock(big_lock());
-  return refused_in_capture() ? cudaErrorStreamCaptureUnsupported : cudaSuccess;
-}
+cudaError_t cudaEventQuery(cudaEvent_t e) { return cudaEventSynchronize(e); }
 cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t start, cudaEvent_t end) {
   if (!start->timing || !end->timing || !start->recorded || !end->recorded) return note(cudaErrorInvalidResourceHandle);
   *ms = float(end->ms - start->ms);
@@ -575,9 +672,9 @@ cudaError_t cudaGraphInstantiate(cudaGraphExec_t* exec, cudaGraph_t graph, unsig
 cudaError_t cudaGraphLaunch(cudaGraphExec_t exec, cudaStream_t s) {
   Lock lock(big_lock());
   if (!exec) return note(cudaErrorInvalidResourceHandle);
-  const std::vector<std::function<void()>>* ops = &exec->ops;
+  std::vector<std::function<void()>> ops = exec->ops;  // (the exec may be destroyed before it runs)
   return enqueue(s, [ops]() {
-    for (const auto& op : *ops) op();
+    for (const auto& op : ops) op();
   });
 }
 cudaError_t cudaGraphDestroy(cudaGraph_t graph) {

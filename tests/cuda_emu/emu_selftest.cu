@@ -5,7 +5,8 @@
 //   emu_selftest CASE       one fault, which must abort the process with the emulator's report:
 //                           past_end | divergent_barrier | exited_lane | bad_config | copy_past_end |
 //                           host_pointer | host_touch | cudnn_outside | race_blocks | race_barrier
-//                           (the last two: with the race checker, EDGETRAIN_CUDA_EMU_RACES)
+//                           | misaligned
+//                           (the last three: with the race checker, EDGETRAIN_CUDA_EMU_RACES)
 //   emu_selftest order      prints the order the blocks and threads of a launch ran in ("forward",
 //                           or "reverse" under EDGETRAIN_CUDA_EMU_REVERSE=1)
 #include <cuda_runtime.h>
@@ -86,6 +87,10 @@ __global__ void race_barrier(const float* x, float* y) {
   __shared__ float buf[32];
   buf[threadIdx.x] = x[threadIdx.x];
   y[threadIdx.x] = buf[(threadIdx.x + 1) % 32];
+}
+// A 4-byte word read 2 bytes into a float array (the race checker's build sees the address).
+__global__ void misaligned(const float* x, unsigned* y) {
+  y[threadIdx.x] = *reinterpret_cast<const unsigned*>(reinterpret_cast<const char*>(x) + 2 + 4 * threadIdx.x);
 }
 
 int run_checks() {
@@ -352,6 +357,8 @@ int main(int argc, char** argv) {
     race_blocks<<<2, 32>>>(xi);
   } else if (!std::strcmp(argv[1], "race_barrier")) {
     race_barrier<<<1, 32>>>(a, b);
+  } else if (!std::strcmp(argv[1], "misaligned")) {
+    misaligned<<<1, 32>>>(a, reinterpret_cast<unsigned*>(b));
   } else if (!std::strcmp(argv[1], "bad_config")) {
     add_one<<<1, 1025>>>(a, 1000);
     if (cudaGetLastError() != cudaSuccess) std::abort();

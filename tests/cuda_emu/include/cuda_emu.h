@@ -6,8 +6,9 @@
 // cannot: the kernels' index arithmetic and bounds (device allocations end at a guard page), the
 // launch configurations (CUDA's limits), barriers every thread reaches, warp collectives with every
 // lane of their mask, copies and cuBLAS operands inside their allocations, and what a recorded
-// step (stream capture) may call, and, built with its race checker (emu_races.cpp), two threads'
-// accesses to one address that nothing orders. What it cannot: the GPU's rounding where the code
+// step (stream capture) may call, work read before its stream ran it (streams are lazy:
+// emu_runtime.cpp), and, built with its race checker (emu_races.cpp), two threads' accesses to one
+// address that nothing orders and misaligned accesses. What it cannot: the GPU's rounding where the code
 // leaves it to the compiler (nvcc's contraction: CONTRACT=1 builds the device code with GCC's,
 // which is not nvcc's) or to device math functions, and speed.
 #pragma once
@@ -62,7 +63,7 @@ int lane_id();
 // architecture (__CUDA_ARCH__) chooses by it here.
 int device_major();
 
-// A launch: runs `body` once per thread of the grid (now, or at replay when its stream records).
+// A launch: runs `body` once per thread of the grid (when its stream runs it, or at replay when it records).
 void launch_kernel(const char* name, dim3 grid, dim3 block, size_t shared_bytes, CUstream_st* stream,
                    std::function<void()> body);
 
