@@ -65,6 +65,8 @@ struct StatsPart {
   double sq, ab;
   unsigned long long bad;
   unsigned int max_bits;
+  unsigned int unused;  // the padding, named so that the braced initialisations zero it: a copy
+                        // of the struct (shared memory to device memory) reads no unwritten bytes
 };
 
 __global__ void stats_kernel(const float* x, int64_t n, StatsPart* part) {

@@ -12,6 +12,7 @@
 // Atomics (cuda_emu.h) do not race with each other, only with plain accesses. Shared memory (a
 // kernel's __shared__, here a function's static) is its block's own: a new block starts it afresh.
 // Each thread's own stack (its locals) is not checked. Host code (outside a launch) is not either.
+// It also stops at a read of shared memory the block has not written, and at a misaligned access.
 // It keeps one reader a byte (the last), so it can miss a read followed by another thread's write;
 // what it reports is a race.
 #include "emu_internal.h"
@@ -26,7 +27,9 @@
 #include <string>
 #include <unordered_map>
 
-extern "C" char __data_start[], _end[];  // the executable's data: __shared__ arrays are statics there
+// Every __shared__ array (a function's static here) is in section emu_shared (cuda_emu.h), which
+// the linker brackets with these.
+extern "C" char __start_emu_shared[] __attribute__((weak)), __stop_emu_shared[] __attribute__((weak));
 
 namespace emu {
 namespace {
@@ -80,7 +83,12 @@ struct Shadow {
     pages.clear();
     for (Slot& s : recent) s = Slot();
   }
-  static bool is_shared(uintptr_t a) { return a >= uintptr_t(__data_start) && a < uintptr_t(_end); }
+  static bool in_shared(uintptr_t a) { return a >= uintptr_t(__start_emu_shared) && a < uintptr_t(__stop_emu_shared); }
+  // The page holds shared memory (and maybe other statics, which in_shared() tells apart).
+  static bool is_shared(uintptr_t a) {
+    const uintptr_t first = a / kPageBytes * kPageBytes;
+    return first < uintptr_t(__stop_emu_shared) && first + kPageBytes > uintptr_t(__start_emu_shared);
+  }
 };
 Shadow shadow;
 
@@ -127,6 +135,15 @@ std::string source_line(const void* code) {
 
 enum class Kind { Read, Write, Atomic };
 
+[[noreturn]] void report_unwritten(uintptr_t a, Kind kind, const void* code) {
+  char buf[320];
+  std::snprintf(buf, sizeof(buf),
+                "unwritten: this thread %s shared-memory address %#lx (a __shared__ array) that no thread of this "
+                "block wrote: a GPU gives whatever the memory held, at ",
+                kind == Kind::Read ? "reads" : "atomically updates", (unsigned long)a);
+  report_fault(buf + source_line(code));
+}
+
 // One byte of an access by t: a report where it races, else the byte's new writer or reader.
 void check_byte(const ThreadAt& t, const Page& page, uintptr_t a, Kind kind, const void* code) {
   const bool shared = page.shared;
@@ -144,6 +161,9 @@ void check_byte(const ThreadAt& t, const Page& page, uintptr_t a, Kind kind, con
   if (w_unordered && !both_atomic)
     report(t, a, code, kind == Kind::Read ? "reads" : "writes",
            (cell.flags & kAtomicWrite) ? "wrote atomically" : "wrote", cell.w_block, cell.w_thread, shared);
+  // A block's shared memory starts holding anything (here what the last block left): a read, or an
+  // atomic, of a byte no thread of the block has written reads that.
+  if (shared && kind != Kind::Write && !(cell.flags & kWritten)) report_unwritten(a, kind, code);
   if (kind == Kind::Read) {
     cell.flags |= kRead;
     cell.r_block = t.block;
@@ -191,8 +211,10 @@ void access(const void* p, size_t bytes, Kind kind, const void* code, size_t ali
       a = stop;
       continue;
     }
-    if (a == a0 && a0 % align) report_misaligned(a0, bytes, align, kind, page.shared, code);
-    for (; a < stop; ++a) check_byte(t, page, a, kind, code);
+    if (a == a0 && a0 % align && (!page.shared || Shadow::in_shared(a0)))
+      report_misaligned(a0, bytes, align, kind, page.shared, code);
+    for (; a < stop; ++a)
+      if (!page.shared || Shadow::in_shared(a)) check_byte(t, page, a, kind, code);
   }
 }
 

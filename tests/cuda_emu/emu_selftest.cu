@@ -5,8 +5,8 @@
 //   emu_selftest CASE       one fault, which must abort the process with the emulator's report:
 //                           past_end | divergent_barrier | exited_lane | bad_config | copy_past_end |
 //                           host_pointer | host_touch | cudnn_outside | race_blocks | race_barrier
-//                           | misaligned
-//                           (the last three: with the race checker, EDGETRAIN_CUDA_EMU_RACES)
+//                           | shared_unwritten | misaligned
+//                           (the last four: with the race checker, EDGETRAIN_CUDA_EMU_RACES)
 //   emu_selftest order      prints the order the blocks and threads of a launch ran in ("forward",
 //                           or "reverse" under EDGETRAIN_CUDA_EMU_REVERSE=1)
 #include <cuda_runtime.h>
@@ -85,8 +85,17 @@ __global__ void race_blocks(int* x) {
 }
 __global__ void race_barrier(const float* x, float* y) {
   __shared__ float buf[32];
+  buf[threadIdx.x] = 0.f;  // (written before it is read: not the unwritten read below)
+  __syncthreads();
   buf[threadIdx.x] = x[threadIdx.x];
   y[threadIdx.x] = buf[(threadIdx.x + 1) % 32];
+}
+// Thread 5 reads the shared element it skipped writing.
+__global__ void shared_unwritten(float* y) {
+  __shared__ float buf[32];
+  if (threadIdx.x != 5) buf[threadIdx.x] = 1.f;
+  __syncthreads();
+  y[threadIdx.x] = buf[threadIdx.x];
 }
 // A 4-byte word read 2 bytes into a float array (the race checker's build sees the address).
 __global__ void misaligned(const float* x, unsigned* y) {
@@ -357,6 +366,8 @@ int main(int argc, char** argv) {
     race_blocks<<<2, 32>>>(xi);
   } else if (!std::strcmp(argv[1], "race_barrier")) {
     race_barrier<<<1, 32>>>(a, b);
+  } else if (!std::strcmp(argv[1], "shared_unwritten")) {
+    shared_unwritten<<<1, 32>>>(b);
   } else if (!std::strcmp(argv[1], "misaligned")) {
     misaligned<<<1, 32>>>(a, reinterpret_cast<unsigned*>(b));
   } else if (!std::strcmp(argv[1], "bad_config")) {

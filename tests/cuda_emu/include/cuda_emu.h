@@ -8,7 +8,8 @@
 // lane of their mask, copies and cuBLAS operands inside their allocations, and what a recorded
 // step (stream capture) may call, work read before its stream ran it (streams are lazy:
 // emu_runtime.cpp), and, built with its race checker (emu_races.cpp), two threads' accesses to one
-// address that nothing orders and misaligned accesses. What it cannot: the GPU's rounding where the code
+// address that nothing orders, misaligned accesses and reads of shared memory the block has not
+// written. What it cannot: the GPU's rounding where the code
 // leaves it to the compiler (nvcc's contraction: CONTRACT=1 builds the device code with GCC's,
 // which is not nvcc's) or to device math functions, and speed.
 #pragma once
@@ -33,8 +34,13 @@ struct CUevent_st;
 #define __forceinline__ inline
 #define __noinline__
 #define __launch_bounds__(...)
-// One block runs at a time, so a function's static is its block's shared memory.
+// One block runs at a time, so a function's static is its block's shared memory. The race
+// checker finds every __shared__ array in one section (emu_races.cpp: __start_emu_shared).
+#if defined(EDGETRAIN_CUDA_EMU_RACES)
+#define __shared__ static __attribute__((section("emu_shared")))
+#else
 #define __shared__ static
+#endif
 
 struct uint3 {
   unsigned x, y, z;
