@@ -14,6 +14,7 @@
 
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <vector>
 
@@ -295,6 +296,41 @@ int run_checks() {
     cudaFree(dx);
     cudaFree(dw);
     cudaFree(dy);
+  }
+
+  // Lazy streams (EDGETRAIN_CUDA_EMU_STREAMS, lazy by default): a non-blocking stream's work runs
+  // when something waits for it. The legacy stream's copy does not; a stream that waits for its
+  // event does; one that does not reads what was there before.
+  const char* mode = std::getenv("EDGETRAIN_CUDA_EMU_STREAMS");
+  if (!mode || !*mode || !std::strcmp(mode, "lazy")) {
+    cudaStream_t s1, s2;
+    cudaStreamCreateWithFlags(&s1, cudaStreamNonBlocking);
+    cudaStreamCreateWithFlags(&s2, cudaStreamNonBlocking);
+    cudaEvent_t added;
+    cudaEventCreateWithFlags(&added, cudaEventDisableTiming);
+    float* v;  // v[0], and v[1] its copy (reverse_kernel of one element)
+    cudaMalloc(&v, 2 * sizeof(float));
+    cudaMemset(v, 0, 2 * sizeof(float));
+    float h[2] = {-1.f, -1.f};
+    add_one<<<1, 1, 0, s1>>>(v, 1);
+    cudaMemcpy(h, v, sizeof(h), cudaMemcpyDeviceToHost);
+    expect(h[0] == 0.f, "lazy streams: the legacy stream's copy does not wait for a non-blocking stream");
+    cudaEventRecord(added, s1);
+    cudaStreamWaitEvent(s2, added, 0);
+    reverse_kernel<<<1, 1, 0, s2>>>(v, v + 1, 1);
+    cudaStreamSynchronize(s2);
+    cudaMemcpy(h, v, sizeof(h), cudaMemcpyDeviceToHost);
+    expect(h[0] == 1.f && h[1] == 1.f, "lazy streams: a stream that waits for an event sees the work before it");
+    add_one<<<1, 1, 0, s1>>>(v, 1);
+    reverse_kernel<<<1, 1, 0, s2>>>(v, v + 1, 1);  // no wait: reads v[0] before s1's add
+    cudaStreamSynchronize(s2);
+    cudaStreamSynchronize(s1);
+    cudaMemcpy(h, v, sizeof(h), cudaMemcpyDeviceToHost);
+    expect(h[0] == 2.f && h[1] == 1.f, "lazy streams: a stream that does not wait reads what was there before");
+    cudaFree(v);
+    cudaEventDestroy(added);
+    cudaStreamDestroy(s1);
+    cudaStreamDestroy(s2);
   }
 
   // Fresh device memory is not zero; memory is freed once.
