@@ -1,6 +1,7 @@
 // The CUDA emulator's own checks (tests/cuda_emu): the kernel language's collectives and barriers,
 // streams, capture and replay, and the faults it must stop at. Compiled like the backend's .cu
-// files (rewritten launches), so it is CUDA too: with nvcc it would run the same on a GPU.
+// files (rewritten launches), so it is CUDA too: with nvcc it would run the same on a GPU (but the
+// lazy streams' order, which is the emulator's).
 //   emu_selftest            the checks that pass; exit 0 when all hold
 //   emu_selftest CASE       one fault, which must abort the process with the emulator's report:
 //                           past_end | divergent_barrier | exited_lane | bad_config | copy_past_end |
@@ -301,8 +302,14 @@ int run_checks() {
   // Lazy streams (EDGETRAIN_CUDA_EMU_STREAMS, lazy by default): a non-blocking stream's work runs
   // when something waits for it. The legacy stream's copy does not; a stream that waits for its
   // event does; one that does not reads what was there before.
+  // (The emulator's order: a GPU runs the first kernel whenever it likes.)
   const char* mode = std::getenv("EDGETRAIN_CUDA_EMU_STREAMS");
-  if (!mode || !*mode || !std::strcmp(mode, "lazy")) {
+#if defined(EDGETRAIN_CUDA_EMULATOR)
+  const bool lazy = !mode || !*mode || !std::strcmp(mode, "lazy");
+#else
+  const bool lazy = false;
+#endif
+  if (lazy) {
     cudaStream_t s1, s2;
     cudaStreamCreateWithFlags(&s1, cudaStreamNonBlocking);
     cudaStreamCreateWithFlags(&s2, cudaStreamNonBlocking);
