@@ -62,8 +62,7 @@ constexpr int kGatherWords = 4;
 struct Warp {
   int count = 0;
   uint64_t gen = 0;
-  uint64_t slot[32];
-  uint64_t wide[32][kGatherWords];  // warp_gather's words
+  uint64_t slot[32][kGatherWords];  // each lane's words in a collective
 };
 
 const size_t kStackBytes = 256 * 1024;
@@ -374,52 +373,56 @@ void warp_arrive(Warp& w, unsigned lanes) {
   wait_for_change(&w.gen, gen);
 }
 
+// The running lane's warp for a collective over `mask` (`what`, in a report where the mask leaves
+// the lane out or names lanes its block does not have), with the mask's lanes and the lane.
+Warp& collective(unsigned mask, const char* what, unsigned& lanes, int& lane) {
+  const int wi = run.cur->linear / 32;
+  lane = run.cur->linear % 32;
+  lanes = mask & lanes_of_warp(wi);
+  if (!(lanes >> lane & 1u)) fail(std::string(what) + " by a lane outside its mask");
+  if (lanes != mask) fail(std::string(what) + "'s mask names lanes the block does not have");
+  return run.warps[size_t(wi)];
+}
+
 }  // namespace
 
 uint64_t warp_exchange(unsigned mask, uint64_t mine, int src_lane) {
-  const int wi = run.cur->linear / 32, lane = run.cur->linear % 32;
-  Warp& w = run.warps[size_t(wi)];
-  const unsigned lanes = mask & lanes_of_warp(wi);
-  if (!(lanes >> lane & 1u)) fail("a warp collective by a lane outside its mask");
-  if (lanes != mask) fail("a warp collective's mask names lanes the block does not have");
-  w.slot[lane] = mine;
+  unsigned lanes;
+  int lane;
+  Warp& w = collective(mask, "a warp collective", lanes, lane);
+  w.slot[lane][0] = mine;
   warp_arrive(w, lanes);
-  const uint64_t got = src_lane >= 0 && src_lane < 32 && (lanes >> src_lane & 1u) ? w.slot[src_lane] : mine;
+  const uint64_t got = src_lane >= 0 && src_lane < 32 && (lanes >> src_lane & 1u) ? w.slot[src_lane][0] : mine;
   warp_arrive(w, lanes);  // every lane has read before any lane writes its slot again
   return got;
 }
 
 void warp_gather(unsigned mask, const uint64_t* mine, int words, uint64_t* all) {
-  const int wi = run.cur->linear / 32, lane = run.cur->linear % 32;
-  Warp& w = run.warps[size_t(wi)];
-  const unsigned lanes = mask & lanes_of_warp(wi);
-  if (!(lanes >> lane & 1u)) fail("a warp collective by a lane outside its mask");
-  if (lanes != mask) fail("a warp collective's mask names lanes the block does not have");
+  unsigned lanes;
+  int lane;
+  Warp& w = collective(mask, "a warp collective", lanes, lane);
   if (words < 1 || words > kGatherWords) fail("warp_gather: 1 to 4 words a lane");
-  for (int i = 0; i < words; ++i) w.wide[lane][i] = mine[i];
+  for (int i = 0; i < words; ++i) w.slot[lane][i] = mine[i];
   warp_arrive(w, lanes);
   for (int l = 0; l < 32; ++l)
-    for (int i = 0; i < words; ++i) all[l * words + i] = lanes >> l & 1u ? w.wide[l][i] : 0;
-  warp_arrive(w, lanes);  // every lane has read before any lane writes its words again
+    for (int i = 0; i < words; ++i) all[l * words + i] = lanes >> l & 1u ? w.slot[l][i] : 0;
+  warp_arrive(w, lanes);
 }
 
-int device_major() { return run.major; }
-
 unsigned warp_ballot(unsigned mask, bool pred) {
-  const int wi = run.cur->linear / 32;
-  Warp& w = run.warps[size_t(wi)];
-  const unsigned lanes = mask & lanes_of_warp(wi);
-  const int lane = run.cur->linear % 32;
-  if (!(lanes >> lane & 1u)) fail("a ballot by a lane outside its mask");
-  if (lanes != mask) fail("a ballot's mask names lanes the block does not have");
-  w.slot[lane] = pred;
+  unsigned lanes;
+  int lane;
+  Warp& w = collective(mask, "a ballot", lanes, lane);
+  w.slot[lane][0] = pred;
   warp_arrive(w, lanes);
   unsigned bits = 0;
   for (int l = 0; l < 32; ++l)
-    if ((lanes >> l & 1u) && w.slot[l]) bits |= 1u << l;
+    if ((lanes >> l & 1u) && w.slot[l][0]) bits |= 1u << l;
   warp_arrive(w, lanes);
   return bits;
 }
+
+int device_major() { return run.major; }
 
 namespace {
 
