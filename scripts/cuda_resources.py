@@ -111,10 +111,10 @@ def main():
     # base name -> arch -> (most registers, most spill bytes, the instantiation with the most registers)
     by_name = {}
     for mangled, demangled in zip(kernels, names):
+        per_arch = by_name.setdefault(base_name(demangled), {})
         for arch, (regs, spills) in kernels[mangled].items():
-            cur = by_name.setdefault(base_name(demangled), {}).get(arch, (0, 0, ""))
-            by_name[base_name(demangled)][arch] = (max(cur[0], regs), max(cur[1], spills),
-                                                    demangled if regs > cur[0] else cur[2])
+            most, spilled, which = per_arch.get(arch, (0, 0, ""))
+            per_arch[arch] = (max(most, regs), max(spilled, spills), demangled if regs > most else which)
     launched = {}
     for line in open(a.launches):
         parts = line.rsplit(None, 1)
