@@ -39,4 +39,13 @@ bool thread_at(ThreadAt& t);
 // A launch's end, for the race checker to drop what it kept of it.
 void races_launch_done();
 
+// The memory traffic count (emu_traffic.cpp, EDGETRAIN_CUDA_EMU_TRAFFIC): on for this process?
+// (In a build without the instrumentation, a fault where it is asked for.) Then each access of
+// device (shared: a block's own) memory, kind 0 read, 1 write, 2 atomic, at `place` in a kernel;
+// each block's and each launch's end.
+bool traffic_on();
+void traffic_access(const ThreadAt& t, uintptr_t a, size_t bytes, int kind, bool shared, const void* place);
+void traffic_block_done(const char* kernel);
+void traffic_launch_done(const char* kernel, uint64_t blocks, uint64_t threads);
+
 }  // namespace emu

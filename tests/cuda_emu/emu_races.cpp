@@ -14,7 +14,8 @@
 // Each thread's own stack (its locals) is not checked. Host code (outside a launch) is not either.
 // It also stops at a read of shared memory the block has not written, and at a misaligned access.
 // It keeps one reader a byte (the last), so it can miss a read followed by another thread's write;
-// what it reports is a race.
+// what it reports is a race. With EDGETRAIN_CUDA_EMU_TRAFFIC, it counts the accesses instead
+// (emu_traffic.cpp).
 #include "emu_internal.h"
 
 #if defined(EDGETRAIN_CUDA_EMU_RACES)
@@ -61,7 +62,7 @@ struct Shadow {
     Page* at = nullptr;
   };
   Slot recent[64];
-  Page& page(uintptr_t a, uint32_t launch) {
+  Page& page(uintptr_t a, uint32_t launch, bool with_cells = true) {
     const uintptr_t n = a / kPageBytes;
     Slot& slot = recent[n % 64];
     if (slot.page != n) {
@@ -73,7 +74,7 @@ struct Shadow {
       p.classified = launch;
       p.shared = is_shared(a);
       p.tracked = p.shared || in_device_memory(reinterpret_cast<const void*>(a), 1);
-      if (p.tracked && !p.cells) p.cells = static_cast<Cell*>(std::calloc(kPageBytes, sizeof(Cell)));  // stamp 0
+      if (p.tracked && with_cells && !p.cells) p.cells = static_cast<Cell*>(std::calloc(kPageBytes, sizeof(Cell)));  // stamp 0
     }
     return p;
   }
@@ -204,6 +205,13 @@ void access(const void* p, size_t bytes, Kind kind, const void* code, size_t ali
   const char* c = static_cast<const char*>(p);
   if (c >= t.stack_lo && c < t.stack_hi) return;  // its own locals
   const uintptr_t a0 = uintptr_t(p);
+  static const bool counting = traffic_on();  // instead of checking
+  if (counting) {
+    const Page& page = shadow.page(a0, t.launch, false);
+    if (page.tracked && (!page.shared || Shadow::in_shared(a0)))
+      traffic_access(t, a0, bytes, int(kind), page.shared, code);
+    return;
+  }
   for (uintptr_t a = a0, end = a0 + bytes; a < end;) {
     const Page& page = shadow.page(a, t.launch);  // once per page the access touches
     const uintptr_t stop = std::min(end, (a / kPageBytes + 1) * kPageBytes);

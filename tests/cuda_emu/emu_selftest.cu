@@ -104,6 +104,22 @@ __global__ void misaligned(const float* x, unsigned* y) {
   y[threadIdx.x] = *reinterpret_cast<const unsigned*>(reinterpret_cast<const char*>(x) + 2 + 4 * threadIdx.x);
 }
 
+// The traffic count's cases (EDGETRAIN_CUDA_EMU_TRAFFIC, emu_traffic.cpp), 64 threads each: a warp
+// reading 32 consecutive floats takes 4 sectors; 32 floats 8 apart take 32; a warp writing a
+// column of a 32 x 32 shared array hits one bank 32 times, of a 32 x 33 one every bank once.
+__global__ void traffic_coalesced(const float* x, float* y) { y[threadIdx.x] = x[threadIdx.x]; }
+__global__ void traffic_strided(const float* x, float* y) { y[threadIdx.x] = x[threadIdx.x * 8]; }
+__global__ void traffic_banks(float* y) {
+  __shared__ float square[32 * 32], padded[32 * 33];
+  const unsigned lane = threadIdx.x % 32;
+  if (threadIdx.x < 32) {
+    square[lane * 32] = float(lane);
+    padded[lane * 33] = float(lane);
+  }
+  __syncthreads();
+  if (threadIdx.x < 32) y[lane] = square[lane * 32] + padded[lane * 33];
+}
+
 int run_checks() {
   const int n = 256;
   std::vector<int> hx(n);
@@ -413,6 +429,11 @@ int main(int argc, char** argv) {
     shared_unwritten<<<1, 32>>>(b);
   } else if (!std::strcmp(argv[1], "misaligned")) {
     misaligned<<<1, 32>>>(a, reinterpret_cast<unsigned*>(b));
+  } else if (!std::strcmp(argv[1], "traffic")) {
+    traffic_coalesced<<<1, 64>>>(a, b);
+    traffic_strided<<<1, 64>>>(a, b);
+    traffic_banks<<<1, 64>>>(b);
+    cudaDeviceSynchronize();
   } else if (!std::strcmp(argv[1], "bad_config")) {
     add_one<<<1, 1025>>>(a, 1000);
     if (cudaGetLastError() != cudaSuccess) std::abort();

@@ -479,12 +479,15 @@ void run_grid(const char* name, dim3 grid, dim3 block, const std::function<void(
   run.threads = int(block.x * block.y * block.z);
   run.major = int(setting("EDGETRAIN_CUDA_EMU_MAJOR", 9));
   const bool back = reversed();
+  static const bool counting = traffic_on();
   for (unsigned z = 0; z < grid.z; ++z)
     for (unsigned y = 0; y < grid.y; ++y)
       for (unsigned x = 0; x < grid.x; ++x) {
         run.block_idx = back ? uint3{grid.x - 1 - x, grid.y - 1 - y, grid.z - 1 - z} : uint3{x, y, z};
         run_block();
+        if (counting) traffic_block_done(name);
       }
+  if (counting) traffic_launch_done(name, uint64_t(grid.x) * grid.y * grid.z, uint64_t(run.threads));
   run.running = false;
   running_here = false;
   run.cur = nullptr;
