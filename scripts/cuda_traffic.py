@@ -74,8 +74,8 @@ def main():
 
     rows = sorted(kernels.items(), key=lambda kv: -(kv[1][4] + kv[1][5]))
     total_bytes = sum(k[4] + k[5] for k in kernels.values())
-    print(f"{'kernel':<34} {'launches':>8} {'blocks':>13} {'thr':>5} {'DRAM MB':>9} {'floor us':>9}"
-          f" {'sectors':>8} {'banks':>6}")
+    print(f"{'kernel':<44} {'launches':>8} {'blocks':>13} {'thr':>5} {'DRAM MB':>9} {'floor us':>9}"
+          f" {'L2 MB':>9} {'sectors':>8} {'banks':>6}")
     for name, k in rows[:a.top]:
         launches, bmin, bmax, threads, rd, wr = k
         g = per_kernel[name]
@@ -85,14 +85,15 @@ def main():
         if bmin < a.sms:
             blocks = "*" + blocks
         mb = (rd + wr) / 1e6
-        print(f"{name[:34]:<34} {launches:>8} {blocks:>13} {threads:>5} {mb:>9.2f} "
-              f"{(rd + wr) / (a.bandwidth * 1e3):>9.1f} {sectors:>8} {banks:>6}")
+        print(f"{name[:44]:<44} {launches:>8} {blocks:>13} {threads:>5} {mb:>9.2f} "
+              f"{(rd + wr) / (a.bandwidth * 1e3):>9.1f} {g[0] * 32 / 1e6:>9.2f} {sectors:>8} {banks:>6}")
     if len(rows) > a.top:
         print(f"({len(rows) - a.top} more kernels, {sum(k[4] + k[5] for _, k in rows[a.top:]) / 1e6:.2f} MB)")
     print(f"all kernels: {total_bytes / 1e6:.2f} MB of distinct bytes, a floor of "
           f"{total_bytes / (a.bandwidth * 1e3):.1f} us at {a.bandwidth:.0f} GB/s")
-    print(f"sectors: taken / fewest for the same bytes (1.00 = coalesced); banks: shared-memory wavefronts / "
-          f"fewest (1.00 = no bank conflict); * = a launch of fewer blocks than {a.sms} SMs")
+    print(f"L2 MB: the sectors its warps' instructions took, x 32 bytes (what the SMs fetch without L1 hits); "
+          f"sectors: those against the fewest for the same bytes (1.00 = coalesced); banks: shared-memory "
+          f"wavefronts against the fewest (1.00 = no bank conflict); * = a launch of fewer blocks than {a.sms} SMs")
 
     worst = []
     for (kernel, kind, place), p in places.items():

@@ -174,17 +174,20 @@ step_fused() {
 }
 
 step_luq() {
-  # luq: scales on the device (session 57); luq_host_scales: read back as before; +graph: recorded.
+  # luq: scales on the device (session 57); luq_host_scales: read back as before; +graph: recorded;
+  # luq_gather_across: the integer products' operands gathered across rows and columns everywhere,
+  # as before session 66 (EDGETRAIN_CUDA_INT_GATHER; the default gathers along k where that coalesces).
   stamp "4-bit training (LUQ: INT4 forward, FP4 backward) on CUDA beside FP32 (batch 128): scales on the device or read back, op by op or recorded; 4-bit also with bitmap_int4"
   for model in ${LUQ_MODELS:-resnet20 resnet18 vgg16_bn}; do
-    for run in fp32 fp32+graph luq luq_host_scales luq+graph luq_bitmap_int4 luq_bitmap_int4+graph; do
+    for run in fp32 fp32+graph luq luq_gather_across luq_host_scales luq+graph luq_bitmap_int4 luq_bitmap_int4+graph; do
       base=${run%+graph}
       graph=false; [ "$run" != "$base" ] && graph=true
       q=(--set memory.stash=dense_fp32)
       [ "$base" != fp32 ] && q+=(--set quant.forward=int4 --set quant.backward=luq_fp4)
       [ "$base" = luq_bitmap_int4 ] && q+=(--set memory.stash=bitmap_int4)
       host=0; [ "$base" = luq_host_scales ] && host=1
-      EDGETRAIN_CUDA_HOST_SCALES=$host timeout "$(lim "${LUQ_S:-120}")" "$B/edgetrain" bench step \
+      gather=auto; [ "$base" = luq_gather_across ] && gather=across
+      EDGETRAIN_CUDA_HOST_SCALES=$host EDGETRAIN_CUDA_INT_GATHER=$gather timeout "$(lim "${LUQ_S:-120}")" "$B/edgetrain" bench step \
         --config "configs/${model}_cifar10.json" --steps "${BENCH_STEPS:-20}" \
         --warmup 3 --set train.device=cuda --set fusion.enabled=false --set train.cuda_graph=$graph "${q[@]}" \
         >/tmp/luq_run.log 2>&1

@@ -149,30 +149,51 @@ struct Gathered {
 };
 
 // Block (x, y, z): outputs [n0, n0 + 128) x [m0, m0 + BM), the sum over k in [z * k_chunk, + k_chunk).
-// Each thread gathers one row of A and one column of B, whose index it decomposes once (row(),
-// col()); the 32 k of a step are decomposed once for the block into a table. The loop is
-// pipelined: the next step's codes are loaded into registers while this step's are multiplied, so
-// the loads' latency hides behind the products even with one block on an SM.
+// A step's tiles are words of 4 codes of consecutive k: A's BM rows x 8 words, B's 8 words x 128
+// columns. Word w of a tile goes to thread w % 256 (its i-th word, i = w / 256) in one of two
+// orders (int_gemm::GatherOrder, chosen per operand by its layout in memory): along k (w = row * 8
+// + word: a warp's lanes read 4 rows (columns) at 8 consecutive words, adjacent where k is) or
+// across (w = word * BM + row: a warp's lanes read 32 consecutive rows (columns) at one word,
+// adjacent where those are). The block decomposes its rows of A and columns of B once into tables
+// (row(), col()), and the 32 k of a step once into another; a code then costs two table reads, an
+// add, the bounds and one load. The loop is pipelined: the next step's codes are loaded into
+// registers while this step's are multiplied, so the loads' latency hides behind the products even
+// with one block on an SM.
 template <bool kTensorCores, int BM, int WARPS_M, class A, class B, class Out>
 __global__ void __launch_bounds__(kGemmThreads)
-    int_gemm_kernel(int64_t M, int64_t N, int64_t K, int64_t k_chunk, A a, B b, Out out) {
+    int_gemm_kernel(int64_t M, int64_t N, int64_t K, int64_t k_chunk, A a, B b, Out out, int_gemm::GatherOrder order) {
   constexpr int kWarpsN = 8 / WARPS_M, kWM = BM / WARPS_M, kWN = kTileN / kWarpsN, kTM = kWM / 16, kTN = kWN / 8;
   constexpr int kLda = BM + 8, kLdb = kTileN + 8, kWordRows = kTileK / 4;
-  // Words a thread gathers a step: A's BM x 8 and B's 128 x 8 over 256 threads (BM = 16: half the
+  // Words a thread gathers a step: A's BM x 8 and B's 8 x 128 over 256 threads (BM = 16: half the
   // threads take one word of A, the others none).
   constexpr int kAWords = BM * kWordRows >= kGemmThreads ? BM * kWordRows / kGemmThreads : 1;
   constexpr int kBWords = kTileN * kWordRows / kGemmThreads;
-  static_assert(kGemmThreads % BM == 0 && kWM % 16 == 0 && kWN % 8 == 0, "tile shape");
+  static_assert(kGemmThreads % BM == 0 && kWM % 16 == 0 && kWN % 8 == 0 && BM <= kTileN, "tile shape");
   __shared__ int as[kWordRows * kLda];
   __shared__ int bs[kWordRows * kLdb];
   __shared__ int_gemm::Pos a_k[2][kTileK], b_k[2][kTileK];  // A's col(k), B's row(k) of a step, two steps
+  __shared__ int_gemm::Pos a_rows[BM], b_cols[kTileN];      // the block's rows of A, columns of B
   const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
   const int wm = warp % WARPS_M * kWM, wn = warp / WARPS_M * kWN;
   const int64_t m0 = int64_t(blockIdx.y) * BM, n0 = int64_t(blockIdx.x) * kTileN;
   const int64_t k_begin = int64_t(blockIdx.z) * k_chunk, k_end = K < k_begin + k_chunk ? K : k_begin + k_chunk;
-  const int ar = tid % BM, bc = tid % kTileN, akw = tid / BM, bkw = tid / kTileN;
-  const bool a_in = m0 + ar < M && akw < kWordRows, b_in = n0 + bc < N;
-  const int_gemm::Pos a_row = a.row(m0 + ar < M ? m0 + ar : 0), b_col = b.col(b_in ? n0 + bc : 0);
+  if (tid < BM) a_rows[tid] = a.row(m0 + tid < M ? m0 + tid : 0);
+  if (tid >= kGemmThreads - kTileN) {
+    const int c = tid - (kGemmThreads - kTileN);
+    b_cols[c] = b.col(n0 + c < N ? n0 + c : 0);
+  }
+  // Word i of this thread: its row (column) of the tile and its word of k, in the operand's order.
+  auto a_word = [&](int i, int& row, int& kw) {
+    const int w = tid + i * kGemmThreads;
+    row = order.a_along_k ? w / kWordRows : w % BM;
+    kw = order.a_along_k ? w % kWordRows : w / BM;
+    return w < BM * kWordRows;
+  };
+  auto b_word = [&](int i, int& col, int& kw) {
+    const int w = tid + i * kGemmThreads;
+    col = order.b_along_k ? w / kWordRows : w % kTileN;
+    kw = order.b_along_k ? w % kWordRows : w / kTileN;
+  };
 
   auto tables = [&](int64_t k0, int buf) {  // threads 0-63: the step at k0 (< k_end)
     const int kn = k_end - k0 < kTileK ? int(k_end - k0) : kTileK, i = tid % kTileK;
@@ -184,19 +205,28 @@ __global__ void __launch_bounds__(kGemmThreads)
   auto gather = [&](int64_t k0, int buf, Gathered<kAWords>& ga, Gathered<kBWords>& gb) {
     const int kn = k_end - k0 < kTileK ? int(k_end - k0) : kTileK;
 #pragma unroll
-    for (int i = 0; i < kAWords; ++i)
+    for (int i = 0; i < kAWords; ++i) {
+      int row, kw;
+      const bool in = a_word(i, row, kw) && m0 + row < M;
+      const int_gemm::Pos r = a_rows[in ? row : 0];
 #pragma unroll
       for (int j = 0; j < 4; ++j) {
-        const int kk = 4 * (akw + i * (kGemmThreads / BM)) + j;
-        ga.code[i][j] = a_in && kk < kn ? a.get(a_row, a_k[buf][kk]) : 0;
+        const int kk = 4 * kw + j;
+        ga.code[i][j] = in && kk < kn ? a.get(r, a_k[buf][kk]) : 0;
       }
+    }
 #pragma unroll
-    for (int i = 0; i < kBWords; ++i)
+    for (int i = 0; i < kBWords; ++i) {
+      int col, kw;
+      b_word(i, col, kw);
+      const bool in = n0 + col < N;
+      const int_gemm::Pos c = b_cols[col];
 #pragma unroll
       for (int j = 0; j < 4; ++j) {
-        const int kk = 4 * (bkw + i * (kGemmThreads / kTileN)) + j;
-        gb.code[i][j] = b_in && kk < kn ? b.get(b_k[buf][kk], b_col) : 0;
+        const int kk = 4 * kw + j;
+        gb.code[i][j] = in && kk < kn ? b.get(b_k[buf][kk], c) : 0;
       }
+    }
   };
   auto pack = [](const int (&c)[4]) {
     return int((unsigned(c[0]) & 0xFFu) | (unsigned(c[1]) & 0xFFu) << 8 | (unsigned(c[2]) & 0xFFu) << 16 |
@@ -204,10 +234,16 @@ __global__ void __launch_bounds__(kGemmThreads)
   };
   auto store = [&](const Gathered<kAWords>& ga, const Gathered<kBWords>& gb) {
 #pragma unroll
-    for (int i = 0; i < kAWords; ++i)
-      if (akw < kWordRows) as[(akw + i * (kGemmThreads / BM)) * kLda + ar] = pack(ga.code[i]);
+    for (int i = 0; i < kAWords; ++i) {
+      int row, kw;
+      if (a_word(i, row, kw)) as[kw * kLda + row] = pack(ga.code[i]);
+    }
 #pragma unroll
-    for (int i = 0; i < kBWords; ++i) bs[(bkw + i * (kGemmThreads / kTileN)) * kLdb + bc] = pack(gb.code[i]);
+    for (int i = 0; i < kBWords; ++i) {
+      int col, kw;
+      b_word(i, col, kw);
+      bs[kw * kLdb + col] = pack(gb.code[i]);
+    }
   };
 
   int acc[kTM][kTN][4] = {};
@@ -326,17 +362,29 @@ bool tensor_cores() {
   user_error("EDGETRAIN_CUDA_INT_MMA='", env, "': expected 0 or 1");
 }
 
+// EDGETRAIN_CUDA_INT_GATHER: auto (or unset) gathers each operand in the order its layout
+// coalesces (int_gemm::along_k_as_a / _as_b), across or k everywhere (A/B runs and the tests, which
+// take every view both ways; the same integers).
+template <class A, class B>
+int_gemm::GatherOrder gather_order(const A& a, const B& b) {
+  const char* env = std::getenv("EDGETRAIN_CUDA_INT_GATHER");
+  if (!env || !std::strcmp(env, "auto")) return int_gemm::GatherOrder{int_gemm::along_k_as_a(a), int_gemm::along_k_as_b(b)};
+  if (!std::strcmp(env, "across")) return int_gemm::GatherOrder{false, false};
+  if (!std::strcmp(env, "k")) return int_gemm::GatherOrder{true, true};
+  user_error("EDGETRAIN_CUDA_INT_GATHER='", env, "': expected auto, across or k");
+}
+
 template <bool kTensorCores, class A, class B, class Out>
 void launch_int_gemm(dim3 grid, cudaStream_t stream, int bm, int64_t M, int64_t N, int64_t K, int64_t k_chunk,
-                     const A& a, const B& b, const Out& out) {
+                     const A& a, const B& b, const Out& out, int_gemm::GatherOrder order) {
   if (bm == 16)
-    int_gemm_kernel<kTensorCores, 16, 1><<<grid, kGemmThreads, 0, stream>>>(M, N, K, k_chunk, a, b, out);
+    int_gemm_kernel<kTensorCores, 16, 1><<<grid, kGemmThreads, 0, stream>>>(M, N, K, k_chunk, a, b, out, order);
   else if (bm == 32)
-    int_gemm_kernel<kTensorCores, 32, 2><<<grid, kGemmThreads, 0, stream>>>(M, N, K, k_chunk, a, b, out);
+    int_gemm_kernel<kTensorCores, 32, 2><<<grid, kGemmThreads, 0, stream>>>(M, N, K, k_chunk, a, b, out, order);
   else if (bm == 64)
-    int_gemm_kernel<kTensorCores, 64, 2><<<grid, kGemmThreads, 0, stream>>>(M, N, K, k_chunk, a, b, out);
+    int_gemm_kernel<kTensorCores, 64, 2><<<grid, kGemmThreads, 0, stream>>>(M, N, K, k_chunk, a, b, out, order);
   else
-    int_gemm_kernel<kTensorCores, 128, 2><<<grid, kGemmThreads, 0, stream>>>(M, N, K, k_chunk, a, b, out);
+    int_gemm_kernel<kTensorCores, 128, 2><<<grid, kGemmThreads, 0, stream>>>(M, N, K, k_chunk, a, b, out, order);
 }
 
 // C = A x B into out on the stream; the k range split over `splits` blocks (out must add then).
@@ -350,8 +398,9 @@ void run_int_gemm(cudaStream_t stream, int64_t M, int64_t N, int64_t K, const A&
   ET_CHECK(ceil_div(M, bm) <= 65535 && splits <= 65535 && ceil_div(N, kTileN) < (int64_t(1) << 31),
            "integer product: ", M, " x ", N, ", ", splits, " splits");
   const dim3 grid(unsigned(ceil_div(N, kTileN)), unsigned(ceil_div(M, bm)), unsigned(splits));
-  if (tensor_cores()) launch_int_gemm<true>(grid, stream, bm, M, N, K, k_chunk, a, b, out);
-  else launch_int_gemm<false>(grid, stream, bm, M, N, K, k_chunk, a, b, out);
+  const int_gemm::GatherOrder order = gather_order(a, b);
+  if (tensor_cores()) launch_int_gemm<true>(grid, stream, bm, M, N, K, k_chunk, a, b, out, order);
+  else launch_int_gemm<false>(grid, stream, bm, M, N, K, k_chunk, a, b, out, order);
   cuda::launched("int_gemm");
 }
 

@@ -198,8 +198,13 @@ __global__ void from_half_kernel(const uint16_t* x, int64_t n, bool bf16, float*
 
 // ---- bitmap_int4: bits, directory, nibbles (memory/code_bitmap.h's layout)
 
-constexpr int kCodeThreads = 256, kPerThread = int(code_bitmap::kBlock) / kCodeThreads;  // 16: a quarter word
-static_assert(kPerThread == 16, "a thread's elements are 16 bits of a bitmap word");
+// A block of the code bitmap (code_bitmap::kBlock = 4096 elements, 128 bitmap words of 32 bits)
+// per thread block of 256 threads. Element e of a block goes to thread e % 256 (its e / 256-th),
+// so that a warp's loads and stores of elements coalesce (a thread per 16 consecutive elements
+// took a sector per lane: 8 to 16 times the sectors its bytes need); a kept element's place among
+// the block's kept codes is its word's prefix plus the set bits below it in the word.
+constexpr int kCodeThreads = 256, kCodeWords = int(code_bitmap::kBlock) / 32, kCodeRounds = int(code_bitmap::kBlock) / kCodeThreads;
+static_assert(kCodeWords <= kCodeThreads && kCodeThreads % 32 == 0, "a thread per bitmap word");
 
 struct CodeLayout {
   uint64_t* bits;
@@ -234,33 +239,54 @@ __device__ __forceinline__ int block_exclusive_scan(int v, int* warp_sums, int* 
   return before + x - v;
 }
 
-// This thread's 16 bits of the block's bitmap (0 past n).
-__device__ __forceinline__ unsigned thread_bits(const uint64_t* bits, int64_t n, int64_t first) {
-  if (first >= n) return 0u;
-  return unsigned(bits[first / 64] >> (first % 64)) & 0xFFFFu;
+// The block's bitmap words (32 bits; 0 past the bitmap) into words[128] and the set bits before
+// each into prefix[128]; returns the block's count. Ends with a barrier.
+__device__ __forceinline__ int load_code_words(const uint64_t* bits, int64_t n, uint32_t* words, int* prefix,
+                                               int* warp_sums) {
+  const int t = threadIdx.x;
+  const int64_t w = int64_t(blockIdx.x) * kCodeWords + t, words32 = (n + 63) / 64 * 2;
+  const uint32_t word = t < kCodeWords && w < words32 ? reinterpret_cast<const uint32_t*>(bits)[w] : 0u;
+  int count = 0;
+  const int before = block_exclusive_scan(__popc(word), warp_sums, &count);
+  if (t < kCodeWords) {
+    words[t] = word;
+    prefix[t] = before;
+  }
+  __syncthreads();
+  return count;
 }
 
-// The bitmap of x (words written whole: 4 threads' 16 bits each) and each block's nibble bytes,
-// (count + 1) / 2, into block_bytes; the kept total into *total.
+// Element e of the block: kept (its bit), and where among the block's kept codes.
+struct CodeSlot {
+  bool kept;
+  int rank;
+};
+__device__ __forceinline__ CodeSlot code_slot(const uint32_t* words, const int* prefix, int e) {
+  const uint32_t word = words[e / 32], bit = uint32_t(e % 32);
+  return CodeSlot{((word >> bit) & 1u) != 0, prefix[e / 32] + __popc(word & ((1u << bit) - 1u))};
+}
+
+// The bitmap of x (a warp's ballot is a 32-bit word of it; 0 past n to the word's end) and each
+// block's nibble bytes, (count + 1) / 2, into block_bytes; the kept total into *total.
 __global__ void code_bits_kernel(const float* x, int64_t n, uint32_t threshold, uint64_t* bits,
                                  unsigned long long* block_bytes, unsigned long long* total) {
-  __shared__ int warp_sums[kCodeThreads / 32];
-  const int64_t first = int64_t(blockIdx.x) * code_bitmap::kBlock + int64_t(threadIdx.x) * kPerThread;
-  unsigned m = 0;
-  for (int j = 0; j < kPerThread; ++j) {
-    const int64_t i = first + j;
-    if (i < n && keep_bits(x[i]) >= threshold) m |= 1u << j;
-  }
-  // Lanes 4k .. 4k + 3 hold one word's four quarters.
-  const unsigned q1 = __shfl_down_sync(0xFFFFFFFFu, m, 1), q2 = __shfl_down_sync(0xFFFFFFFFu, m, 2),
-                 q3 = __shfl_down_sync(0xFFFFFFFFu, m, 3);
-  if ((threadIdx.x & 3) == 0 && first < n)
-    bits[first / 64] = uint64_t(m | q1 << 16) | uint64_t(q2 | q3 << 16) << 32;
+  __shared__ int warp_counts[kCodeThreads / 32];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int64_t first = int64_t(blockIdx.x) * code_bitmap::kBlock, words32 = (n + 63) / 64 * 2;
   int count = 0;
-  block_exclusive_scan(__popc(m), warp_sums, &count);
+  for (int r = 0; r < kCodeRounds; ++r) {
+    const int64_t i = first + r * kCodeThreads + threadIdx.x;
+    const unsigned ballot = __ballot_sync(0xFFFFFFFFu, i < n && keep_bits(x[i]) >= threshold);
+    if (lane == 0 && i / 32 < words32) reinterpret_cast<uint32_t*>(bits)[i / 32] = ballot;
+    count += __popc(ballot);
+  }
+  if (lane == 0) warp_counts[warp] = count;
+  __syncthreads();
   if (threadIdx.x == 0) {
-    block_bytes[blockIdx.x] = (unsigned long long)(count + 1) / 2;
-    atomicAdd(total, (unsigned long long)count);
+    int sum = 0;
+    for (int w = 0; w < kCodeThreads / 32; ++w) sum += warp_counts[w];
+    block_bytes[blockIdx.x] = (unsigned long long)(sum + 1) / 2;
+    atomicAdd(total, (unsigned long long)sum);
   }
 }
 
@@ -269,29 +295,24 @@ __global__ void code_bits_kernel(const float* x, int64_t n, uint32_t threshold, 
 // bits (memory/code_bitmap.h's encode with a capacity), so readers stay within the room.
 __global__ void code_pack_kernel(const int8_t* codes, int64_t n, CodeLayout l) {
   __shared__ int warp_sums[kCodeThreads / 32];
+  __shared__ uint32_t words[kCodeWords];
+  __shared__ int prefix[kCodeWords];
   __shared__ uint8_t kept[code_bitmap::kBlock];
-  const int64_t first = int64_t(blockIdx.x) * code_bitmap::kBlock + int64_t(threadIdx.x) * kPerThread;
-  const unsigned m = thread_bits(l.bits, n, first);
-  int count = 0;
-  int p = block_exclusive_scan(__popc(m), warp_sums, &count);
-  const int64_t at = int64_t(l.directory[blockIdx.x]);
+  const int count = load_code_words(l.bits, n, words, prefix, warp_sums);
+  const int64_t first = int64_t(blockIdx.x) * code_bitmap::kBlock, at = int64_t(l.directory[blockIdx.x]);
   // The codes of this block that fit: nibble bytes at + p / 2 < room, i.e. p < 2 * (room - at).
   const int64_t fit = 2 * (l.nibble_room - at);
-  unsigned stored = m;
-  for (int j = 0, q = p; j < kPerThread; ++j)
-    if ((m >> j) & 1u) {
-      if (q >= fit) stored &= ~(1u << j);
-      ++q;
-    }
-  // Lanes 4k .. 4k + 3 hold one word's four quarters: the word again where a bit was cleared.
-  const unsigned changed = __ballot_sync(0xFFFFFFFFu, stored != m);
-  const unsigned q1 = __shfl_down_sync(0xFFFFFFFFu, stored, 1), q2 = __shfl_down_sync(0xFFFFFFFFu, stored, 2),
-                 q3 = __shfl_down_sync(0xFFFFFFFFu, stored, 3);
-  const int lane = threadIdx.x & 31;
-  if ((lane & 3) == 0 && first < n && ((changed >> lane) & 0xFu) != 0)
-    l.bits[first / 64] = uint64_t(stored | q1 << 16) | uint64_t(q2 | q3 << 16) << 32;
-  for (int j = 0; j < kPerThread; ++j)
-    if ((m >> j) & 1u) kept[p++] = uint8_t(codes[first + j]) & 0x0Fu;
+  if (int(threadIdx.x) < kCodeWords) {  // a word with set bits past the fit: those cleared, highest first
+    uint32_t stored = words[threadIdx.x];
+    while (stored && prefix[threadIdx.x] + __popc(stored) > fit) stored &= ~(1u << (31 - __clz(stored)));
+    if (stored != words[threadIdx.x])  // (so never a word past the bitmap: those are 0)
+      reinterpret_cast<uint32_t*>(l.bits)[int64_t(blockIdx.x) * kCodeWords + threadIdx.x] = stored;
+  }
+  for (int r = 0; r < kCodeRounds; ++r) {
+    const int e = r * kCodeThreads + int(threadIdx.x);
+    const CodeSlot s = code_slot(words, prefix, e);
+    if (s.kept) kept[s.rank] = uint8_t(codes[first + e]) & 0x0Fu;
+  }
   __syncthreads();
   uint8_t* out = l.nibbles + at;
   for (int b = threadIdx.x; b < (count + 1) / 2; b += kCodeThreads)
@@ -302,19 +323,21 @@ __global__ void code_pack_kernel(const int8_t* codes, int64_t n, CodeLayout l) {
 // out[i] = the code of element i: its nibble (sign-extended for I4 codes) where its bit is set, else 0.
 __global__ void code_unpack_kernel(CodeLayout l, int64_t n, bool is_signed, int8_t* out) {
   __shared__ int warp_sums[kCodeThreads / 32];
-  const int64_t first = int64_t(blockIdx.x) * code_bitmap::kBlock + int64_t(threadIdx.x) * kPerThread;
-  const unsigned m = thread_bits(l.bits, n, first);
-  int count = 0;
-  int p = block_exclusive_scan(__popc(m), warp_sums, &count);
+  __shared__ uint32_t words[kCodeWords];
+  __shared__ int prefix[kCodeWords];
+  load_code_words(l.bits, n, words, prefix, warp_sums);
+  const int64_t first = int64_t(blockIdx.x) * code_bitmap::kBlock;
   const uint8_t* nib = l.nibbles + l.directory[blockIdx.x];
-  for (int j = 0; j < kPerThread && first + j < n; ++j) {
+  for (int r = 0; r < kCodeRounds; ++r) {
+    const int e = r * kCodeThreads + int(threadIdx.x);
+    if (first + e >= n) break;
+    const CodeSlot s = code_slot(words, prefix, e);
     int8_t c = 0;
-    if ((m >> j) & 1u) {
-      const int v = (nib[p >> 1] >> ((p & 1) * 4)) & 0x0F;
+    if (s.kept) {
+      const int v = (nib[s.rank >> 1] >> ((s.rank & 1) * 4)) & 0x0F;
       c = is_signed ? int8_t(v >= 8 ? v - 16 : v) : int8_t(v);
-      ++p;
     }
-    out[first + j] = c;
+    out[first + e] = c;
   }
 }
 

@@ -37,9 +37,9 @@ ConvShape conv_shape_of(const Geom& g) {
 }
 
 // Each view splits an element's index into what its row gives and what its column gives (row(),
-// col(): a Pos each), so that a kernel decomposes the index it keeps fixed (a tile's row of A or
-// column of B) once, and the running k index once per tile for all its threads; get() then costs
-// an add, the bounds and one load. at(r, c) = get(row(r), col(c)) is the plain form.
+// col(): a Pos each), so that a kernel decomposes its block's rows of A and columns of B once, and
+// the running k index once per tile for all its threads; get() then costs an add, the bounds and
+// one load. at(r, c) = get(row(r), col(c)) is the plain form.
 // Pos: an offset into the tensor and a position (h, w) the bounds apply to (views without bounds
 // leave them 0).
 struct Pos {
@@ -226,6 +226,24 @@ struct GradByPositions {
   ET_HOST_DEVICE int get(const Pos& r, const Pos& c) const { return g[r.off + c.off]; }
   ET_HOST_DEVICE int at(int64_t r, int64_t c) const { return get(row(r), col(c)); }
 };
+
+// The order a warp gathers an operand's tile in (cuda_quant.cu's int_gemm_kernel): along k (lanes
+// on consecutive k of a few rows of A or columns of B) where consecutive k are adjacent in memory
+// and consecutive rows (columns) are not; across them otherwise. A GPU serves a warp's loads by
+// 32-byte sectors: the other order makes each lane's byte a sector of its own.
+struct GatherOrder {
+  bool a_along_k, b_along_k;
+};
+// A's k is its column, B's its row.
+inline bool along_k_as_a(const Dense& a) { return a.ld_c == 1 && a.ld_r != 1; }
+inline bool along_k_as_b(const Dense& b) { return b.ld_r == 1 && b.ld_c != 1; }
+inline bool along_k_as_b(const ConvInputByTaps&) { return false; }     // columns: x along q
+inline bool along_k_as_b(const ConvInputByPositions&) { return true; } // k: x along q
+inline bool along_k_as_a(const WeightsByInputChannel&) { return false; }  // rows: R*S codes apart
+inline bool along_k_as_b(const GradByTaps&) { return false; }          // columns: g along w
+inline bool along_k_as_a(const WeightsByPhaseTaps&) { return false; }
+inline bool along_k_as_b(const GradByPhaseTaps&) { return false; }
+inline bool along_k_as_a(const GradByPositions&) { return true; }      // k: g along q
 
 // Where C[m][n] goes in the output tensor.
 // Forward: m = k, n = (img, p, q) -> y[img][k][p][q]; data gradient: m = c, n = (img, h, w).

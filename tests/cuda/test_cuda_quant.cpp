@@ -201,11 +201,14 @@ TEST_CASE("cuda: the integer conv passes equal the CPU's bit for bit", "[cuda][q
   // maps, whose few output tiles make the forward and data gradient split their sums too. Strided
   // data gradients run by phase (int_gemm::DataGradPhase): stride 3 with a 5x5 window and pads that
   // leave phases with fewer taps.
-  // Tensor cores and dp4a (EDGETRAIN_CUDA_INT_MMA): the same integers.
-  test::ScopedEnv mma_mode("EDGETRAIN_CUDA_INT_MMA", "1");
-  for (const char* mma : {"1", "0"}) {
-    mma_mode.set(mma);
-    INFO("EDGETRAIN_CUDA_INT_MMA=" << mma);
+  // Tensor cores and dp4a (EDGETRAIN_CUDA_INT_MMA), and every operand gathered in both orders
+  // (EDGETRAIN_CUDA_INT_GATHER): the same integers.
+  test::ScopedEnv mma_mode("EDGETRAIN_CUDA_INT_MMA", "1"), gather_mode("EDGETRAIN_CUDA_INT_GATHER", "auto");
+  for (const auto& mode : {std::make_pair("1", "auto"), std::make_pair("0", "auto"), std::make_pair("1", "across"),
+                           std::make_pair("1", "k")}) {
+    mma_mode.set(mode.first);
+    gather_mode.set(mode.second);
+    INFO("EDGETRAIN_CUDA_INT_MMA=" << mode.first << " EDGETRAIN_CUDA_INT_GATHER=" << mode.second);
     for (const Case& c : {Case{2, 16, 8, 8, 16, 3, 1, 1}, Case{3, 5, 7, 9, 6, 3, 2, 1}, Case{1, 8, 6, 6, 12, 1, 1, 0},
                           Case{4, 12, 5, 5, 8, 1, 2, 0}, Case{1, 3, 11, 11, 5, 5, 1, 2}, Case{5, 9, 4, 4, 70, 3, 1, 1},
                           Case{8, 16, 32, 32, 16, 3, 1, 1}, Case{2, 64, 16, 16, 128, 3, 2, 1},
@@ -314,9 +317,12 @@ TEST_CASE("cuda: the integer conv passes read bitmap_int4's stored codes as the 
 
 TEST_CASE("cuda: the integer linear passes equal the CPU's bit for bit", "[cuda][quant]") {
   Backends b;
+  test::ScopedEnv gather_mode("EDGETRAIN_CUDA_INT_GATHER", "auto");  // each operand in both orders too
+  for (const char* gather : {"auto", "across", "k"})
   for (const auto& s : {std::vector<int64_t>{4, 64, 10}, std::vector<int64_t>{7, 33, 5}, std::vector<int64_t>{128, 512, 10}}) {
+    gather_mode.set(gather);
     const int64_t N = s[0], I = s[1], O = s[2];
-    INFO("N " << N << " I " << I << " O " << O);
+    INFO("N " << N << " I " << I << " O " << O << " EDGETRAIN_CUDA_INT_GATHER=" << gather);
     auto x = codes(N * I, 0, 15, 4), w = codes(O * I, -7, 7, 5);
     auto gr = fp4_codes(N * O, 6);
     auto bias = outputs(O, 0.5f);
