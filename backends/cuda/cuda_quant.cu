@@ -141,12 +141,33 @@ __device__ __forceinline__ void mma_16x8x32(int (&c)[4], const int* as, int lda,
 #endif
 }
 
-// The codes a thread gathers for one k step, held in registers while the tensor cores multiply the
-// step before: A's row `row` at the words kw = first + i * stride, B's column likewise.
+// The words of 4 codes a thread gathers for one k step, held in registers while the tensor cores
+// multiply the step before.
 template <int kWords>
 struct Gathered {
-  int code[kWords][4];
+  int word[kWords];
 };
+
+// The word of codes k .. k + 3 (the first n of them; the others 0) at a fixed row of A or column
+// of B (kFixedRow: A's), code j in byte j. Where the four lie side by side in memory, inside the
+// tensor and 4-aligned, one 32-bit load; else a load per code.
+template <bool kFixedRow, class V>
+__device__ __forceinline__ int gather_word(const V& v, const int_gemm::Pos& fixed, const int_gemm::Pos* k, int n) {
+  int64_t off[4];
+  bool in[4];
+#pragma unroll
+  for (int j = 0; j < 4; ++j)
+    in[j] = j < n && (kFixedRow ? v.at_offset(fixed, k[j], off[j]) : v.at_offset(k[j], fixed, off[j]));
+  const int8_t* p = v.data();
+  if (in[0] && in[1] && in[2] && in[3] && off[1] == off[0] + 1 && off[2] == off[0] + 2 && off[3] == off[0] + 3 &&
+      (reinterpret_cast<uintptr_t>(p + off[0]) & 3u) == 0)
+    return *reinterpret_cast<const int*>(p + off[0]);
+  unsigned w = 0;
+#pragma unroll
+  for (int j = 0; j < 4; ++j)
+    if (in[j]) w |= (unsigned(p[off[j]]) & 0xFFu) << (8 * j);
+  return int(w);
+}
 
 // Block (x, y, z): outputs [n0, n0 + 128) x [m0, m0 + BM), the sum over k in [z * k_chunk, + k_chunk).
 // A step's tiles are words of 4 codes of consecutive k: A's BM rows x 8 words, B's 8 words x 128
@@ -155,10 +176,10 @@ struct Gathered {
 // + word: a warp's lanes read 4 rows (columns) at 8 consecutive words, adjacent where k is) or
 // across (w = word * BM + row: a warp's lanes read 32 consecutive rows (columns) at one word,
 // adjacent where those are). The block decomposes its rows of A and columns of B once into tables
-// (row(), col()), and the 32 k of a step once into another; a code then costs two table reads, an
-// add, the bounds and one load. The loop is pipelined: the next step's codes are loaded into
-// registers while this step's are multiplied, so the loads' latency hides behind the products even
-// with one block on an SM.
+// (row(), col()), and the 32 k of a step once into another; a word of 4 codes then costs the
+// table reads, adds and bounds, and one load where the 4 lie side by side (gather_word). The loop
+// is pipelined: the next step's codes are loaded into registers while this step's are multiplied,
+// so the loads' latency hides behind the products even with one block on an SM.
 template <bool kTensorCores, int BM, int WARPS_M, class A, class B, class Out>
 __global__ void __launch_bounds__(kGemmThreads)
     int_gemm_kernel(int64_t M, int64_t N, int64_t K, int64_t k_chunk, A a, B b, Out out, int_gemm::GatherOrder order) {
@@ -208,41 +229,26 @@ __global__ void __launch_bounds__(kGemmThreads)
     for (int i = 0; i < kAWords; ++i) {
       int row, kw;
       const bool in = a_word(i, row, kw) && m0 + row < M;
-      const int_gemm::Pos r = a_rows[in ? row : 0];
-#pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        const int kk = 4 * kw + j;
-        ga.code[i][j] = in && kk < kn ? a.get(r, a_k[buf][kk]) : 0;
-      }
+      ga.word[i] = in ? gather_word<true>(a, a_rows[row], &a_k[buf][4 * kw], kn - 4 * kw) : 0;
     }
 #pragma unroll
     for (int i = 0; i < kBWords; ++i) {
       int col, kw;
       b_word(i, col, kw);
-      const bool in = n0 + col < N;
-      const int_gemm::Pos c = b_cols[col];
-#pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        const int kk = 4 * kw + j;
-        gb.code[i][j] = in && kk < kn ? b.get(b_k[buf][kk], c) : 0;
-      }
+      gb.word[i] = n0 + col < N ? gather_word<false>(b, b_cols[col], &b_k[buf][4 * kw], kn - 4 * kw) : 0;
     }
-  };
-  auto pack = [](const int (&c)[4]) {
-    return int((unsigned(c[0]) & 0xFFu) | (unsigned(c[1]) & 0xFFu) << 8 | (unsigned(c[2]) & 0xFFu) << 16 |
-               unsigned(c[3]) << 24);
   };
   auto store = [&](const Gathered<kAWords>& ga, const Gathered<kBWords>& gb) {
 #pragma unroll
     for (int i = 0; i < kAWords; ++i) {
       int row, kw;
-      if (a_word(i, row, kw)) as[kw * kLda + row] = pack(ga.code[i]);
+      if (a_word(i, row, kw)) as[kw * kLda + row] = ga.word[i];
     }
 #pragma unroll
     for (int i = 0; i < kBWords; ++i) {
       int col, kw;
       b_word(i, col, kw);
-      bs[kw * kLdb + col] = pack(gb.code[i]);
+      bs[kw * kLdb + col] = gb.word[i];
     }
   };
 
