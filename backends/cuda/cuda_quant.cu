@@ -149,23 +149,13 @@ struct Gathered {
 };
 
 // The word of codes k .. k + 3 (the first n of them; the others 0) at a fixed row of A or column
-// of B (kFixedRow: A's), code j in byte j. Where the four lie side by side in memory, inside the
-// tensor and 4-aligned, one 32-bit load; else a load per code.
+// of B (kFixedRow: A's), code j in byte j: the tile's unit, kept packed (a register, not four).
 template <bool kFixedRow, class V>
 __device__ __forceinline__ int gather_word(const V& v, const int_gemm::Pos& fixed, const int_gemm::Pos* k, int n) {
-  int64_t off[4];
-  bool in[4];
-#pragma unroll
-  for (int j = 0; j < 4; ++j)
-    in[j] = j < n && (kFixedRow ? v.at_offset(fixed, k[j], off[j]) : v.at_offset(k[j], fixed, off[j]));
-  const int8_t* p = v.data();
-  if (in[0] && in[1] && in[2] && in[3] && off[1] == off[0] + 1 && off[2] == off[0] + 2 && off[3] == off[0] + 3 &&
-      (reinterpret_cast<uintptr_t>(p + off[0]) & 3u) == 0)
-    return *reinterpret_cast<const int*>(p + off[0]);
   unsigned w = 0;
 #pragma unroll
   for (int j = 0; j < 4; ++j)
-    if (in[j]) w |= (unsigned(p[off[j]]) & 0xFFu) << (8 * j);
+    if (j < n) w |= (unsigned(kFixedRow ? v.get(fixed, k[j]) : v.get(k[j], fixed)) & 0xFFu) << (8 * j);
   return int(w);
 }
 
@@ -176,10 +166,10 @@ __device__ __forceinline__ int gather_word(const V& v, const int_gemm::Pos& fixe
 // + word: a warp's lanes read 4 rows (columns) at 8 consecutive words, adjacent where k is) or
 // across (w = word * BM + row: a warp's lanes read 32 consecutive rows (columns) at one word,
 // adjacent where those are). The block decomposes its rows of A and columns of B once into tables
-// (row(), col()), and the 32 k of a step once into another; a word of 4 codes then costs the
-// table reads, adds and bounds, and one load where the 4 lie side by side (gather_word). The loop
-// is pipelined: the next step's codes are loaded into registers while this step's are multiplied,
-// so the loads' latency hides behind the products even with one block on an SM.
+// (row(), col()), and the 32 k of a step once into another; a code then costs two table reads,
+// an add, the bounds and one load. The loop is pipelined: the next step's codes are loaded into
+// registers while this step's are multiplied, so the loads' latency hides behind the products
+// even with one block on an SM.
 template <bool kTensorCores, int BM, int WARPS_M, class A, class B, class Out>
 __global__ void __launch_bounds__(kGemmThreads)
     int_gemm_kernel(int64_t M, int64_t N, int64_t K, int64_t k_chunk, A a, B b, Out out, int_gemm::GatherOrder order) {

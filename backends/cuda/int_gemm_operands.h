@@ -39,9 +39,7 @@ ConvShape conv_shape_of(const Geom& g) {
 // Each view splits an element's index into what its row gives and what its column gives (row(),
 // col(): a Pos each), so that a kernel decomposes its block's rows of A and columns of B once, and
 // the running k index once per tile for all its threads; get() then costs an add, the bounds and
-// one load. at(r, c) = get(row(r), col(c)) is the plain form. at_offset(r, c, off): the element's
-// offset from data() and whether it is inside the tensor (false: the code is 0, off unused), for a
-// kernel that loads four codes side by side as one word.
+// one load. at(r, c) = get(row(r), col(c)) is the plain form.
 // Pos: an offset into the tensor and a position (h, w) the bounds apply to (views without bounds
 // leave them 0).
 struct Pos {
@@ -55,11 +53,6 @@ struct Dense {
   int64_t ld_r, ld_c;
   ET_HOST_DEVICE Pos row(int64_t r) const { return Pos{r * ld_r, 0, 0}; }
   ET_HOST_DEVICE Pos col(int64_t c) const { return Pos{c * ld_c, 0, 0}; }
-  ET_HOST_DEVICE bool at_offset(const Pos& r, const Pos& c, int64_t& off) const {
-    off = r.off + c.off;
-    return true;
-  }
-  ET_HOST_DEVICE const int8_t* data() const { return p; }
   ET_HOST_DEVICE int get(const Pos& r, const Pos& c) const { return p[r.off + c.off]; }
   ET_HOST_DEVICE int at(int64_t r, int64_t c) const { return get(row(r), col(c)); }
 };
@@ -80,15 +73,10 @@ struct ConvInputByTaps {
     const int pq = int(imod(j, PQ)), h = pq / s.Q * s.stride_h - s.pad_h, w = pq % s.Q * s.stride_w - s.pad_w;
     return Pos{n * s.C * s.H * s.W + int64_t(h) * s.W + w, h, w};
   }
-  ET_HOST_DEVICE bool at_offset(const Pos& r, const Pos& c, int64_t& off) const {
-    const int h = r.h + c.h, w = r.w + c.w;
-    off = r.off + c.off;
-    return h >= 0 && h < s.H && w >= 0 && w < s.W;
-  }
-  ET_HOST_DEVICE const int8_t* data() const { return x; }
   ET_HOST_DEVICE int get(const Pos& r, const Pos& c) const {
-    int64_t off;
-    return at_offset(r, c, off) ? x[off] : 0;
+    const int h = r.h + c.h, w = r.w + c.w;
+    if (h < 0 || h >= s.H || w < 0 || w >= s.W) return 0;
+    return x[r.off + c.off];
   }
   ET_HOST_DEVICE int at(int64_t r, int64_t c) const { return get(row(r), col(c)); }
 };
@@ -98,8 +86,6 @@ struct ConvInputByPositions {
   ConvInputByTaps x;
   ET_HOST_DEVICE Pos row(int64_t r) const { return x.col(r); }
   ET_HOST_DEVICE Pos col(int64_t c) const { return x.row(c); }
-  ET_HOST_DEVICE bool at_offset(const Pos& r, const Pos& c, int64_t& off) const { return x.at_offset(c, r, off); }
-  ET_HOST_DEVICE const int8_t* data() const { return x.data(); }
   ET_HOST_DEVICE int get(const Pos& r, const Pos& c) const { return x.get(c, r); }
   ET_HOST_DEVICE int at(int64_t r, int64_t c) const { return get(row(r), col(c)); }
 };
@@ -113,11 +99,6 @@ struct WeightsByInputChannel {
     const int RS = s.taps();
     return Pos{idiv(j, RS) * s.C * RS + imod(j, RS), 0, 0};
   }
-  ET_HOST_DEVICE bool at_offset(const Pos& r, const Pos& c, int64_t& off) const {
-    off = r.off + c.off;
-    return true;
-  }
-  ET_HOST_DEVICE const int8_t* data() const { return w; }
   ET_HOST_DEVICE int get(const Pos& r, const Pos& c) const { return w[r.off + c.off]; }
   ET_HOST_DEVICE int at(int64_t r, int64_t c) const { return get(row(r), col(c)); }
 };
@@ -138,22 +119,16 @@ struct GradByTaps {
     const int hw = int(imod(j, HW));
     return Pos{n * s.K * s.P * s.Q, hw / s.W + s.pad_h, hw % s.W + s.pad_w};
   }
-  ET_HOST_DEVICE bool at_offset(const Pos& r, const Pos& c, int64_t& off) const {
+  ET_HOST_DEVICE int get(const Pos& r, const Pos& c) const {
     int ph = c.h - r.h, pw = c.w - r.w;
-    off = 0;
-    if (ph < 0 || pw < 0) return false;
+    if (ph < 0 || pw < 0) return 0;
     if (s.stride_h != 1 || s.stride_w != 1) {
-      if (ph % s.stride_h != 0 || pw % s.stride_w != 0) return false;
+      if (ph % s.stride_h != 0 || pw % s.stride_w != 0) return 0;
       ph /= s.stride_h;
       pw /= s.stride_w;
     }
-    off = r.off + c.off + int64_t(ph) * s.Q + pw;
-    return ph < s.P && pw < s.Q;
-  }
-  ET_HOST_DEVICE const int8_t* data() const { return g; }
-  ET_HOST_DEVICE int get(const Pos& r, const Pos& c) const {
-    int64_t off;
-    return at_offset(r, c, off) ? g[off] : 0;
+    if (ph >= s.P || pw >= s.Q) return 0;
+    return g[r.off + c.off + int64_t(ph) * s.Q + pw];
   }
   ET_HOST_DEVICE int at(int64_t r, int64_t c) const { return get(row(r), col(c)); }
 };
@@ -199,11 +174,6 @@ struct WeightsByPhaseTaps {
               u = ph.b + t % ph.taps_w * s.stride_w;
     return Pos{idiv(j, T) * s.C * s.taps() + r * s.S + u, 0, 0};
   }
-  ET_HOST_DEVICE bool at_offset(const Pos& r, const Pos& c, int64_t& off) const {
-    off = r.off + c.off;
-    return true;
-  }
-  ET_HOST_DEVICE const int8_t* data() const { return w; }
   ET_HOST_DEVICE int get(const Pos& r, const Pos& c) const { return w[r.off + c.off]; }
   ET_HOST_DEVICE int at(int64_t r, int64_t c) const { return get(row(r), col(c)); }
 };
@@ -224,15 +194,10 @@ struct GradByPhaseTaps {
     const int n_pos = ph.positions(), uv = int(imod(j, n_pos));
     return Pos{idiv(j, n_pos) * s.K * s.P * s.Q, ph.base_h + uv / ph.cols, ph.base_w + uv % ph.cols};
   }
-  ET_HOST_DEVICE bool at_offset(const Pos& r, const Pos& c, int64_t& off) const {
-    const int p = c.h - r.h, q = c.w - r.w;
-    off = r.off + c.off + int64_t(p) * s.Q + q;
-    return p >= 0 && q >= 0 && p < s.P && q < s.Q;
-  }
-  ET_HOST_DEVICE const int8_t* data() const { return g; }
   ET_HOST_DEVICE int get(const Pos& r, const Pos& c) const {
-    int64_t off;
-    return at_offset(r, c, off) ? g[off] : 0;
+    const int p = c.h - r.h, q = c.w - r.w;
+    if (p < 0 || q < 0 || p >= s.P || q >= s.Q) return 0;
+    return g[r.off + c.off + int64_t(p) * s.Q + q];
   }
   ET_HOST_DEVICE int at(int64_t r, int64_t c) const { return get(row(r), col(c)); }
 };
@@ -258,11 +223,6 @@ struct GradByPositions {
     const int PQ = s.P * s.Q;
     return Pos{idiv(j, PQ) * s.K * PQ + imod(j, PQ), 0, 0};
   }
-  ET_HOST_DEVICE bool at_offset(const Pos& r, const Pos& c, int64_t& off) const {
-    off = r.off + c.off;
-    return true;
-  }
-  ET_HOST_DEVICE const int8_t* data() const { return g; }
   ET_HOST_DEVICE int get(const Pos& r, const Pos& c) const { return g[r.off + c.off]; }
   ET_HOST_DEVICE int at(int64_t r, int64_t c) const { return get(row(r), col(c)); }
 };

@@ -16,8 +16,11 @@
 //   P kernel kind requests lane_accesses bytes units ideal_units place
 // (kind: load, store, atomic, shared_load, shared_store, shared_atomic; units: sectors or
 // wavefronts), for scripts/cuda_traffic.py to sum. It does not check races meanwhile.
-// A lane's accesses that do not line up with the others' (divergent loops) are counted as if they
-// did: the count is a model of the GPU's, good for a kernel's layout, not a measurement.
+// A lane's accesses that do not line up with the others' are counted as if they did: where lanes
+// of a warp take different paths through a place a different number of times (a branch that loads
+// once on one side and four times on the other, in a loop), later passes pair up accesses a GPU
+// would not issue together, and the sectors come out too many. The count is a model of the GPU's,
+// good for a kernel's layout, not a measurement.
 #include "emu_internal.h"
 
 #include <cstdio>
