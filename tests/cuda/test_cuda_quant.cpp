@@ -318,8 +318,11 @@ TEST_CASE("cuda: the integer conv passes read bitmap_int4's stored codes as the 
 TEST_CASE("cuda: the integer linear passes equal the CPU's bit for bit", "[cuda][quant]") {
   Backends b;
   test::ScopedEnv gather_mode("EDGETRAIN_CUDA_INT_GATHER", "auto");  // each operand in both orders too
-  for (const char* gather : {"auto", "across", "k"})
-  for (const auto& s : {std::vector<int64_t>{4, 64, 10}, std::vector<int64_t>{7, 33, 5}, std::vector<int64_t>{128, 512, 10}}) {
+  const std::vector<std::pair<const char*, std::vector<int64_t>>> runs = {  // (order, {N, I, O})
+      {"auto", {4, 64, 10}},   {"auto", {7, 33, 5}},   {"auto", {128, 512, 10}}, {"across", {4, 64, 10}},
+      {"across", {7, 33, 5}}, {"across", {128, 512, 10}}, {"k", {4, 64, 10}},   {"k", {7, 33, 5}},
+      {"k", {128, 512, 10}}};
+  for (const auto& [gather, s] : runs) {
     gather_mode.set(gather);
     const int64_t N = s[0], I = s[1], O = s[2];
     INFO("N " << N << " I " << I << " O " << O << " EDGETRAIN_CUDA_INT_GATHER=" << gather);
