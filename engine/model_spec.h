@@ -31,11 +31,12 @@ struct FusionSpec {
   // stack (FusedStack::side_bn); false: it stays a layer (A/B runs).
   bool fold_side_bn = true;
   // The stacks a backend without the CPU's tiled kernels runs (the CUDA backend,
-  // backends/cuda/cuda_batchnorm.cu), over whole tensors: BN -> ReLU [-> max-pool], BN -> add
-  // [-> ReLU] (a projection shortcut's BN folded where fold_side_bn), and without a BN ReLU ->
-  // pool with windows that do not overlap (VGG without BN); their statistics their own (no
-  // producer's sums), both backward sweeps their own, no y bitmap of their own (the stash's mask,
-  // or y, gives the last ReLU's). Average pools and dropout after a BN stay layers.
+  // backends/cuda/cuda_batchnorm.cu), over whole tensors: BN -> ReLU [-> max-pool | average pool
+  // | global average pool], BN -> add [-> ReLU] (a projection shortcut's BN folded where
+  // fold_side_bn), and without a BN ReLU -> pool with windows that do not overlap (VGG without
+  // BN); their statistics their own (no producer's sums), both backward sweeps their own, no y
+  // bitmap of their own (the stash's mask, or y, gives the last ReLU's). Dropout, and a pool right
+  // after a BN, stay layers.
   bool whole_tensors = false;
 };
 

@@ -155,8 +155,8 @@ void unfold_side_bn(StackPlan& sp) {
 }
 
 // The stack headed by node `head` (a BN), or an empty one; nodes already in a stack end it.
-// whole_tensors (FusionSpec): BN -> ReLU [-> max-pool], BN -> add [-> ReLU], a side BN folded as
-// on the CPU (stacks without a BN: find_relu_stack, as on the CPU).
+// whole_tensors (FusionSpec): BN -> ReLU [-> max-pool | average pool | global average pool], BN ->
+// add [-> ReLU], a side BN folded as on the CPU (stacks without a BN: find_relu_stack, as on the CPU).
 StackPlan find_stack(const Graph& g, int head, const std::vector<uint8_t>& claimed, bool fold_side_bn,
                      bool whole_tensors) {
   StackPlan sp;
@@ -186,7 +186,8 @@ StackPlan find_stack(const Graph& g, int head, const std::vector<uint8_t>& claim
       const bool after_bn = ss.size() == 1, after = ss.size() == 2;
       const bool fits = (st.kind == FusedKind::Add && after_bn) ||
                         (st.kind == FusedKind::Relu && (after_bn || (after && ss[1].kind == FusedKind::Add))) ||
-                        (st.kind == FusedKind::MaxPool && after && ss[1].kind == FusedKind::Relu);
+                        ((is_pool(st.kind) || st.kind == FusedKind::GlobalAvgPool) && after &&
+                         ss[1].kind == FusedKind::Relu);
       if (!fits) break;
     }
     if (st.kind == FusedKind::GlobalAvgPool) {  // ends the stack: its output is [N, C]

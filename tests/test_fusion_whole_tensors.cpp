@@ -1,5 +1,5 @@
 // The stacks a backend without the CPU's tiled kernels runs (FusionSpec::whole_tensors: the
-// CUDA backend's, backends/cuda/cuda_batchnorm.cu): BN -> ReLU [-> max-pool], BN -> add [-> ReLU],
+// CUDA backend's, backends/cuda/cuda_batchnorm.cu): BN -> ReLU [-> pool], BN -> add [-> ReLU],
 // each sweep its own, a projection shortcut's BN folded into its add's stack as on the CPU (not on
 // small planes); without a BN, ReLU -> pool as on the CPU. The plan's shape here; that such a plan trains
 // bit-identically to the layers on the CPU (the graph rewrite and the op's saves, independent of
@@ -24,7 +24,7 @@ ModelSpec whole_tensors_spec(const std::string& model, int64_t batch, int64_t si
 }
 }  // namespace
 
-TEST_CASE("fusion: the whole-tensor plan holds BN -> ReLU [-> max-pool] and BN -> add [-> ReLU] stacks, each sweep its own", "[fusion]") {
+TEST_CASE("fusion: the whole-tensor plan holds BN -> ReLU [-> pool] and BN -> add [-> ReLU] stacks, each sweep its own", "[fusion]") {
   // Projection shortcuts' BNs folded into their blocks' adds: ResNet-20's two (16x16 and 8x8, BN ->
   // add -> ReLU), MobileNet-V2's three whose planes are larger than 4x4 (BN -> add); VGG has none.
   for (const char* model : {"resnet20", "vgg16_bn", "mobilenetv2"}) {
@@ -36,7 +36,7 @@ TEST_CASE("fusion: the whole-tensor plan holds BN -> ReLU [-> max-pool] and BN -
     spec.whole_tensors = true;
     spec.cache_kb = 1;  // a cache no plane fits: such a plan has no tiles, bands or limits
     const fusion::Plan p = fusion::plan(g, spec);
-    int fused = 0, with_add = 0, pooled = 0, folded = 0;
+    int fused = 0, with_add = 0, pooled = 0, global = 0, folded = 0;
     for (const fusion::StackPlan& sp : p.stacks) {
       CAPTURE(sp.name);
       if (!sp.fused) continue;
@@ -47,10 +47,12 @@ TEST_CASE("fusion: the whole-tensor plan holds BN -> ReLU [-> max-pool] and BN -
       const bool relu = n == 2 && s.stages[1].kind == FusedKind::Relu,
                  add = n == 2 && s.stages[1].kind == FusedKind::Add,
                  add_relu = n == 3 && s.stages[1].kind == FusedKind::Add && s.stages[2].kind == FusedKind::Relu,
-                 relu_pool = n == 3 && s.stages[1].kind == FusedKind::Relu && s.stages[2].kind == FusedKind::MaxPool;
-      CHECK((relu || add || add_relu || relu_pool));
+                 relu_pool = n == 3 && s.stages[1].kind == FusedKind::Relu && s.stages[2].kind == FusedKind::MaxPool,
+                 relu_global = n == 3 && s.stages[1].kind == FusedKind::Relu && s.ends_in_global_pool();
+      CHECK((relu || add || add_relu || relu_pool || relu_global));
       with_add += add || add_relu;
       pooled += relu_pool;
+      global += relu_global;
       if (s.side_bn) {
         ++folded;
         CHECK((add || add_relu));
@@ -66,14 +68,33 @@ TEST_CASE("fusion: the whole-tensor plan holds BN -> ReLU [-> max-pool] and BN -
       CHECK_FALSE(sp.y_bits);
     }
     // Every BN -> ReLU of the three, the residual adds of ResNet-20 (9) and MobileNet-V2 (14), and
-    // VGG-16-BN's five max-pools.
+    // VGG-16-BN's five max-pools. No global pool: MobileNet-V2's last BN -> ReLU is on 4x4 planes
+    // (small planes, whose CPU kernels pool no plane whole: the plan is the CPU's, below), ResNet-20's
+    // follows an add's ReLU, which ends its stack (its mask is saved).
     CHECK(fused > 0);
     CHECK(with_add == (std::string(model) == "resnet20" ? 9 : std::string(model) == "mobilenetv2" ? 14 : 0));
     CHECK(pooled == (std::string(model) == "vgg16_bn" ? 5 : 0));
+    CHECK(global == 0);
     CHECK(folded == (std::string(model) == "resnet20" ? 2 : std::string(model) == "mobilenetv2" ? 3 : 0));
     // fusion.fold_side_bn = false: those BNs stay layers.
     spec.fold_side_bn = false;
     for (const fusion::StackPlan& sp : fusion::plan(g, spec).stacks) CHECK_FALSE(sp.stack.side_bn);
+  }
+  // MobileNet-V2 on 64x64 images: its last stack, BN -> ReLU on 8x8 planes, takes the global pool.
+  {
+    Graph m;
+    build_model(m, spec_of("mobilenetv2", 2, 64, false));
+    FusionSpec spec;
+    spec.enabled = spec.whole_tensors = true;
+    int global = 0;
+    for (const fusion::StackPlan& sp : fusion::plan(m, spec).stacks) {
+      if (!sp.fused || !sp.stack.ends_in_global_pool()) continue;
+      ++global;
+      REQUIRE(sp.stack.stages.size() == 3);
+      CHECK(sp.stack.stages[1].kind == FusedKind::Relu);
+      CHECK(sp.stack.stages[2].H * sp.stack.stages[2].W == 64);
+    }
+    CHECK(global == 1);
   }
   // VGG-11 without BN: its five ReLU -> 2x2 max-pool stacks, as the CPU's plan has them.
   {
@@ -104,13 +125,19 @@ TEST_CASE("fusion: the whole-tensor plan holds BN -> ReLU [-> max-pool] and BN -
 
 TEST_CASE("fusion: a whole-tensor plan trains bit-identically to the layers", "[fusion]") {
   // ResNet-8 (BN -> ReLU, BN -> add -> ReLU, its first projection shortcut's BN folded at 8x8) and
-  // MobileNet-V2 on 16x16 images (BN -> add, small planes), VGG-11-BN on 32x32 ones (BN -> ReLU ->
-  // max-pool), in the stashes whose masks reach the stacks differently: y kept dense, the bitmap
-  // stash's mask, recomputation.
-  // VGG-11 without BN (ReLU -> max-pool, the pass bits) too.
-  for (const char* model : {"resnet8", "mobilenetv2", "vgg11_bn", "vgg11"}) {
-    INFO(model);
-    const int64_t side = std::string(model).rfind("vgg11", 0) == 0 ? 32 : 16;
+  // MobileNet-V2 on 16x16 images (BN -> add, small planes) and 64x64 ones (its last BN -> ReLU ->
+  // global average pool on 8x8 planes), VGG-11-BN on 32x32 ones (BN -> ReLU -> max-pool), in the
+  // stashes whose masks reach the stacks differently: y kept dense, the bitmap stash's mask,
+  // recomputation. VGG-11 without BN (ReLU -> max-pool, the pass bits) too.
+  struct Run {
+    const char* model;
+    int64_t side;
+  };
+  for (const Run& run : {Run{"resnet8", 16}, Run{"mobilenetv2", 16}, Run{"mobilenetv2", 64}, Run{"vgg11_bn", 32},
+                         Run{"vgg11", 32}}) {
+    const char* model = run.model;
+    const int64_t side = run.side;
+    INFO(model << " on " << side << "x" << side);
     Graph plain, fused;
     build_model(plain, spec_of(model, 2, side, false));
     build_model(fused, whole_tensors_spec(model, 2, side));

@@ -3,7 +3,7 @@
 // linear (cuBLAS), batch norm, ReLU writing its bitmap, add, dropout (the CPU's counter-based
 // mask), pooling, option-A shortcuts, softmax cross-entropy, SGD and the divergence checks; the
 // stash through the CUDA codec; 4-bit training (cuda_quant.cu). Fused stacks: BN -> ReLU
-// [-> max-pool], BN -> add [-> ReLU] (fusion::plan with FusionSpec::whole_tensors,
+// [-> pool], BN -> add [-> ReLU] (fusion::plan with FusionSpec::whole_tensors,
 // cuda_batchnorm.cu), on fusion.enabled = true until a GPU has run their tests
 // (tests/cuda/test_cuda_fused.cpp). C++14.
 #pragma once

@@ -3,11 +3,11 @@
 // (backends/cpu/batchnorm.cpp: train / eval scale and shift, the backward's a * dy + b * x + c0).
 //
 // The fused stacks it heads (engine/fused_stack.h, FusionSpec::whole_tensors): BN -> ReLU [->
-// max-pool], BN -> add [-> ReLU], in two passes forward (the statistics, then y with its bitmap) and
+// max-pool | average pool | global average pool], BN -> add [-> ReLU], in two passes forward (the statistics, then y with its bitmap) and
 // two backward (the sums, writing the side gradient on the way, then dx), where the layers take
 // four to six. A folded side BN (a projection shortcut's, FusedStack::side_bn) adds its statistics
 // pass forward and its sums backward; the apply passes write y, and dx with x2's gradient, once. Each pass runs the layers' own kernels (the same templates: the same reductions in
-// the same order, the same expressions, cuda_pool_window.h's max windows), with BN's output and its
+// the same order, the same expressions, cuda_pool_window.h's windows and plane sums), with BN's output and its
 // gradient dz computed in registers instead of read from memory: fused and unfused give the same
 // bits. The backward (the layer's and the stacks') reads x as the stash keeps it (fp16 / bf16,
 // cuda_stored_x.h), without a decode buffer. A BN -> ReLU stack's output need not be kept
@@ -281,33 +281,86 @@ struct ElementwiseOut {
   }
 };
 
-// Output i of a fused BN -> ReLU -> max-pool: its window's first maximum, as maxpool_forward_kernel.
+// Output i of a fused BN -> ReLU -> max-pool or average pool: its window's first maximum, as
+// maxpool_forward_kernel, or its mean, as avgpool_forward_kernel.
 struct PooledOut {
   const float* x;
   ChannelCoefficients k;
   cuda_pool::Geom g;
+  bool max;
   __device__ __forceinline__ float operator()(int64_t i) const {
     const int64_t plane = idiv(i, g.P * g.Q), p = imod(idiv(i, g.Q), g.P), q = imod(i, g.Q);
     float scale, shift;
     k.of(imod(plane, k.C), &scale, &shift);
+    const BnReluPlane<const float*> v{x, plane * g.H * g.W, scale, shift};
     int64_t arg;
-    return cuda_pool::max_at(g, BnReluPlane<const float*>{x, plane * g.H * g.W, scale, shift}, p, q, &arg);
+    return max ? cuda_pool::max_at(g, v, p, q, &arg) : cuda_pool::avg_at(g, v, p, q);
   }
 };
 
-// dz of a fused BN -> ReLU -> max-pool at input i: where its ReLU passed, what the windows it won
-// send it (maxpool_backward_kernel's sum, then relu_backward's mask: the ReLU's output > 0), the
-// pool's input found again from x with the forward's coefficients (coef: scale [C], shift [C]).
+// dz of a fused BN -> ReLU -> pool at input i: where its ReLU passed, what the windows send it
+// (maxpool_backward_kernel's sum over the windows it won, or avgpool_backward_kernel's over those
+// covering it; then relu_backward's mask: the ReLU's output > 0), the pool's input found again
+// from x with the forward's coefficients (coef: scale [C], shift [C]).
 template <class X>
 struct PooledGrad {
   X x;
   const float *coef, *dy;
   cuda_pool::Geom g;
+  bool max;
   __device__ __forceinline__ float operator()(int64_t i) const {
     const int64_t HW = g.H * g.W, plane = idiv(i, HW), c = imod(plane, g.C), at = imod(i, HW);
     const BnReluPlane<X> v{x, plane * HW, coef[c], coef[g.C + c]};
     if (!(v(at) > 0.f)) return 0.f;
-    return cuda_pool::max_gradient(g, v, dy + plane * g.P * g.Q, idiv(at, g.W), imod(at, g.W), 0.f);
+    const float* dyp = dy + plane * g.P * g.Q;
+    return max ? cuda_pool::max_gradient(g, v, dyp, idiv(at, g.W), imod(at, g.W), 0.f)
+               : cuda_pool::avg_gradient(g, dyp, idiv(at, g.W), imod(at, g.W), 0.f);
+  }
+};
+
+// The forward of a BN -> ReLU -> global average pool over its n = N * C planes of HW: y[plane] =
+// the plane's sum (cuda_pool::warp_plane_sum, global_avg_forward_kernel's order) / HW, in
+// fused_forward_kernel's layout (output i = k * 256 + threadIdx.x, its bitmap by ballot): each
+// warp takes its 32 outputs one plane at a time, all its lanes on each plane.
+__global__ void bn_relu_global_pool_kernel(const float* x, ChannelCoefficients k, int64_t n, int64_t HW, float* y,
+                                           cuda::OutputMask m) {
+  unsigned long long local = 0;
+  const int lane = int(threadIdx.x & 31);
+  const int64_t steps = m.bits32 ? (m.words32 * 32 + 255) / 256 : (n + 255) / 256;
+  for (int64_t step = blockIdx.x; step < steps; step += gridDim.x) {
+    const int64_t first = step * 256 + (threadIdx.x - lane), i = first + lane;  // the warp's first output, this lane's
+    float mine = 0.f;
+    for (int j = 0; j < 32 && first + j < n; ++j) {  // the same bound on every lane
+      const int64_t plane = first + j;
+      float scale, shift;
+      k.of(imod(plane, k.C), &scale, &shift);
+      const float s = cuda_pool::warp_plane_sum(BnReluPlane<const float*>{x, plane * HW, scale, shift}, HW, lane);
+      const float sum = __shfl_sync(0xFFFFFFFFu, s, 0);
+      if (lane == j) mine = sum / float(HW);
+    }
+    if (i < n) y[i] = mine;
+    if (m.bits32) {
+      const unsigned ballot = __ballot_sync(0xFFFFFFFFu, i < n && __float_as_uint(mine) >= m.threshold);
+      if (lane == 0 && i / 32 < m.words32) {
+        m.bits32[i / 32] = ballot;
+        local += __popc(ballot);
+      }
+    }
+  }
+  if (local) atomicAdd(m.kept, local);
+}
+
+// dz of a BN -> ReLU -> global average pool at input i: where its ReLU passed, its plane's dy / HW
+// (global_avg_backward_kernel's, then relu_backward's mask), the ReLU's output found again from x.
+template <class X>
+struct GlobalPooledGrad {
+  X x;
+  const float *coef, *dy;
+  int64_t C, HW;
+  __device__ __forceinline__ float operator()(int64_t i) const {
+    const int64_t plane = idiv(i, HW), c = imod(plane, C);
+    const float v = __fmaf_rn(x[i], coef[c], coef[C + c]);
+    return v > 0.f ? dy[plane] / float(HW) : 0.f;
   }
 };
 
@@ -447,24 +500,27 @@ void CudaBackend::batchnorm_backward_frozen(const Tensor& dy, const Tensor& gamm
 // ---- fused stacks (FusionSpec::whole_tensors) ----
 
 namespace {
-// The stacks this backend runs (FusionSpec::whole_tensors): BN, then ReLU [-> max-pool] or add
-// [-> ReLU], the add's other operand a folded side BN's output or not (side_bn), nothing handed on.
+// The stacks this backend runs (FusionSpec::whole_tensors): BN, then ReLU [-> max-pool | average
+// pool | global average pool] or add [-> ReLU], the add's other operand a folded side BN's output
+// or not (side_bn), nothing handed on.
 struct StackForm {
-  bool add = false, relu = false, pool = false, side_bn = false;
+  bool add = false, relu = false, pool = false, max = false, global = false, side_bn = false;
 };
 StackForm stack_form(const FusedStack& s) {
   const size_t n = s.stages.size();
   const FusedKind k1 = n > 1 ? s.stages[1].kind : FusedKind::None, k2 = n > 2 ? s.stages[2].kind : FusedKind::None;
+  const bool pooled = k2 == FusedKind::MaxPool || k2 == FusedKind::AvgPool || k2 == FusedKind::GlobalAvgPool;
   const bool ok = s.headed_by_bn() && n >= 2 && n <= 3 &&
                   (n == 2 ? k1 == FusedKind::Relu || k1 == FusedKind::Add
-                          : (k1 == FusedKind::Add && k2 == FusedKind::Relu) ||
-                                (k1 == FusedKind::Relu && k2 == FusedKind::MaxPool));
-  ET_CHECK(ok, "cuda: a fused stack of other stages than BN -> ReLU [-> max-pool] or BN -> add [-> ReLU] (plan it "
+                          : (k1 == FusedKind::Add && k2 == FusedKind::Relu) || (k1 == FusedKind::Relu && pooled));
+  ET_CHECK(ok, "cuda: a fused stack of other stages than BN -> ReLU [-> pool] or BN -> add [-> ReLU] (plan it "
                "with FusionSpec::whole_tensors)");
   StackForm f;
   f.add = s.add_stage() >= 0;
   f.relu = s.last().kind == FusedKind::Relu;
-  f.pool = s.last().kind == FusedKind::MaxPool;
+  f.pool = s.last().kind == FusedKind::MaxPool || s.last().kind == FusedKind::AvgPool;
+  f.max = s.last().kind == FusedKind::MaxPool;
+  f.global = s.last().kind == FusedKind::GlobalAvgPool;
   f.side_bn = s.side_bn;
   ET_CHECK(!f.side_bn || f.add, "cuda: a folded side BN without an add");
   return f;
@@ -538,10 +594,12 @@ void CudaBackend::fused_forward(const FusedStack& s, FusedTensors& t, bool train
     k2.rv = opt(t.side_running_var);
   }
   // y's bitmap where the stash (or the stack's aux) asks for it, relu_forward's way.
-  const cuda::OutputMask m = output_mask(training && (f.relu || f.pool) ? mask : nullptr, n);
+  const cuda::OutputMask m = output_mask(training && (f.relu || f.pool || f.global) ? mask : nullptr, n);
   const unsigned blocks = cuda::output_blocks(n, m);
   if (f.pool)
-    fused_forward_kernel<<<blocks, 256, 0, stream_>>>(PooledOut{t.x.f32(), k, pool_geom(s)}, n, t.y.f32(), m);
+    fused_forward_kernel<<<blocks, 256, 0, stream_>>>(PooledOut{t.x.f32(), k, pool_geom(s), f.max}, n, t.y.f32(), m);
+  else if (f.global)
+    bn_relu_global_pool_kernel<<<blocks, 256, 0, stream_>>>(t.x.f32(), k, n, HW, t.y.f32(), m);
   else
     fused_forward_kernel<<<blocks, 256, 0, stream_>>>(
         ElementwiseOut{t.x.f32(), f.add ? t.side.f32() : nullptr, k, HW, f.relu, f.side_bn, k2}, n, t.y.f32(), m);
@@ -605,7 +663,13 @@ void CudaBackend::fused_backward(const FusedStack& s, const FusedTensors& t, Fus
   if (f.pool) {
     const float* fwd = forward_coefficients();
     return cuda::with_stored_x(t.x, *codec_, "fused_backward", [&](auto xs) {
-      backward_sweeps(stream_, PooledGrad<decltype(xs)>{xs, fwd, g.dy.f32(), pool_geom(s)}, xs, args);
+      backward_sweeps(stream_, PooledGrad<decltype(xs)>{xs, fwd, g.dy.f32(), pool_geom(s), f.max}, xs, args);
+    });
+  }
+  if (f.global) {
+    const float* fwd = forward_coefficients();
+    return cuda::with_stored_x(t.x, *codec_, "fused_backward", [&](auto xs) {
+      backward_sweeps(stream_, GlobalPooledGrad<decltype(xs)>{xs, fwd, g.dy.f32(), C, HW}, xs, args);
     });
   }
   if (f.relu && !g.y_mask.bits && !g.y_mask.dense.defined()) {  // y computed by its readers: nothing kept of it

@@ -1,7 +1,8 @@
 // A pooling window on CUDA, the CPU's rules (backends/cpu/pool_planes.h): a max window's first
 // maximum, padding never winning (a -FLT_MAX start, a strict >), an average window's mean with
-// padding counted, and which output windows cover an input row. Shared by the pooling layers (cuda_pooling.cu) and the fused stacks ending in a
-// max-pool (cuda_batchnorm.cu), so both find the same maxima. Device code, C++14.
+// padding counted, a plane's sum for the global average, and which output windows cover an input
+// row. Shared by the pooling layers (cuda_pooling.cu) and the fused stacks ending in a pool
+// (cuda_batchnorm.cu, cuda_relu_pool.cu), so both compute the same bits. Device code, C++14.
 #pragma once
 #include <cfloat>
 #include <cstdint>
@@ -70,6 +71,18 @@ __device__ __forceinline__ float avg_at(const Geom& g, const Value& value, int64
   return s * (1.f / float(g.R * g.S));
 }
 
+// A plane's sum of value(i), i in [0, HW), by one warp: lane l adds elements l, l + 32, ... in
+// order, then the lanes' sums meet in a shuffle tree; lane 0 gets the plane's. The global average
+// pool's order, for the layer (cuda_pooling.cu) and a fused stack ending in one (cuda_batchnorm.cu):
+// both divide it by HW, so both give the same bits. Every lane of the warp calls it.
+template <class Value>
+__device__ __forceinline__ float warp_plane_sum(const Value& value, int64_t HW, int lane) {
+  float s = 0.f;
+  for (int64_t i = lane; i < HW; i += 32) s += value(i);
+  for (int o = 16; o > 0; o /= 2) s += __shfl_down_sync(0xFFFFFFFFu, s, o);
+  return s;
+}
+
 // The output windows covering input row h: p in [*lo, *hi).
 __device__ __forceinline__ void covering(int64_t h, int64_t pad, int64_t R, int64_t stride, int64_t P, int64_t* lo,
                                          int64_t* hi) {
@@ -94,6 +107,19 @@ __device__ __forceinline__ float max_gradient(const Geom& g, const Value& value,
       max_at(g, value, p, q, &arg);
       if (arg == h * g.W + w) v += dyp[p * g.Q + q];
     }
+  return v;
+}
+
+// Input element (h, w)'s gradient from the average windows covering it (padding counted): start
+// plus, in window order, each window's dy (dyp: the plane's) times 1 / (R * S).
+__device__ __forceinline__ float avg_gradient(const Geom& g, const float* dyp, int64_t h, int64_t w, float start) {
+  const float inv = 1.f / float(g.R * g.S);
+  int64_t p0, p1, q0, q1;
+  covering(h, g.ph, g.R, g.sh, g.P, &p0, &p1);
+  covering(w, g.pw, g.S, g.sw, g.Q, &q0, &q1);
+  float v = start;
+  for (int64_t p = p0; p < p1; ++p)
+    for (int64_t q = q0; q < q1; ++q) v += dyp[p * g.Q + q] * inv;
   return v;
 }
 

@@ -17,7 +17,6 @@ namespace {
 using cuda::blocks_for;
 using cuda::kThreads;
 
-using cuda_pool::covering;
 using cuda_pool::Geom;
 using cuda_pool::geom_of;
 using cuda_pool::plane_values;
@@ -50,17 +49,9 @@ __global__ void avgpool_forward_kernel(Geom g, int64_t total, const float* x, fl
 }
 
 __global__ void avgpool_backward_kernel(Geom g, int64_t total, const float* dy, float* dx, bool acc) {
-  const float inv = 1.f / float(g.R * g.S);
   ET_GRID_STRIDE(i, total) {
     const int64_t plane = idiv(i, g.H * g.W), h = imod(idiv(i, g.W), g.H), w = imod(i, g.W);
-    const float* dyp = dy + plane * g.P * g.Q;
-    int64_t p0, p1, q0, q1;
-    covering(h, g.ph, g.R, g.sh, g.P, &p0, &p1);
-    covering(w, g.pw, g.S, g.sw, g.Q, &q0, &q1);
-    float v = acc ? dx[i] : 0.f;
-    for (int64_t p = p0; p < p1; ++p)
-      for (int64_t q = q0; q < q1; ++q) v += dyp[p * g.Q + q] * inv;
-    dx[i] = v;
+    dx[i] = cuda_pool::avg_gradient(g, dy + plane * g.P * g.Q, h, w, acc ? dx[i] : 0.f);
   }
 }
 
@@ -69,9 +60,7 @@ __global__ void global_avg_forward_kernel(const float* x, int64_t planes, int64_
   const int64_t plane = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
   const int lane = threadIdx.x & 31;
   if (plane >= planes) return;
-  float s = 0.f;
-  for (int64_t i = lane; i < HW; i += 32) s += x[plane * HW + i];
-  for (int o = 16; o > 0; o /= 2) s += __shfl_down_sync(0xFFFFFFFFu, s, o);
+  const float s = cuda_pool::warp_plane_sum(plane_values(x, plane * HW), HW, lane);
   if (lane == 0) y[plane] = s / float(HW);
 }
 

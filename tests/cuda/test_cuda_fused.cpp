@@ -1,4 +1,4 @@
-// The CUDA backend's fused stacks (BN -> ReLU [-> max-pool], BN -> add [-> ReLU], a projection
+// The CUDA backend's fused stacks (BN -> ReLU [-> pool], BN -> add [-> ReLU], a projection
 // shortcut's BN folded into its add's stack: fusion::plan
 // with FusionSpec::whole_tensors, backends/cuda/cuda_batchnorm.cu) against its own layers. Each
 // pass runs the layers' kernels' arithmetic in their order, BN's output and its gradient in
@@ -264,6 +264,137 @@ TEST_CASE("cuda: a ReLU -> pool stack equals the ReLU and pool layers: max and a
     }
     for (float* p : {x, r, y, y2, dy, dr, dx, dx2}) cudaFree(p);
     cudaFree(pass);
+  }
+}
+
+TEST_CASE("cuda: a BN -> ReLU -> pool stack equals the BN, ReLU and pool layers: average, global average, max",
+          "[cuda][fusion]") {
+  // The kernels on their own, against the CUDA layers (batchnorm_forward_train, relu_forward, the
+  // pool; its backward, relu_backward over the ReLU's output, batchnorm_backward; the evaluation
+  // forward): y, y's bitmap and its count, the batch and running statistics, dx, dgamma and dbeta
+  // accumulated or not, bit for bit. Global pools over 4x4 planes (MobileNet-V2's last stack) and
+  // odd ones wider than a warp, 350 planes (two block steps of 256 outputs, a last warp in part);
+  // average windows with padding and overlap; a max-pool's overlapping windows.
+  const std::unique_ptr<Backend> be = own_convs_backend();
+  struct Case {
+    FusedKind kind;
+    int64_t R, stride, pad, H, W;
+  };
+  for (const Case& k : {Case{FusedKind::GlobalAvgPool, 0, 0, 0, 4, 4}, Case{FusedKind::GlobalAvgPool, 0, 0, 0, 9, 7},
+                        Case{FusedKind::AvgPool, 2, 2, 0, 8, 8}, Case{FusedKind::AvgPool, 3, 2, 1, 9, 10},
+                        Case{FusedKind::MaxPool, 3, 2, 1, 9, 10}}) {
+    const bool global = k.kind == FusedKind::GlobalAvgPool;
+    Conv2dGeom g;
+    g.N = 5, g.C = 70, g.H = k.H, g.W = k.W, g.K = g.C;
+    if (!global) {
+      g.R = g.S = k.R, g.stride_h = g.stride_w = k.stride, g.pad_h = g.pad_w = k.pad;
+      g.infer_output();
+    } else {
+      g.P = g.Q = 1;
+    }
+    INFO((global ? "global average" : k.kind == FusedKind::AvgPool ? "average" : "max")
+         << " " << k.R << "x" << k.R << " / " << k.stride << ", pad " << k.pad << ", " << k.H << "x" << k.W);
+    FusedStage bn = fused_stage(FusedKind::BatchNorm), relu = fused_stage(FusedKind::Relu), pool = fused_stage(k.kind);
+    bn.eps = 1e-5f, bn.momentum = 0.1f;
+    bn.H = bn.P = relu.H = relu.P = pool.H = g.H;
+    bn.W = bn.Q = relu.W = relu.Q = pool.W = g.W;
+    pool.P = g.P, pool.Q = g.Q;
+    pool.pool.R = pool.pool.S = g.R, pool.pool.stride_h = pool.pool.stride_w = g.stride_h;
+    pool.pool.pad_h = pool.pool.pad_w = g.pad_h;
+    FusedStack s;
+    s.C = g.C;
+    s.stages = {bn, relu, pool};
+    const int64_t C = g.C, nx = g.N * C * g.H * g.W, ny = g.N * C * g.P * g.Q;
+    const Shape xs{g.N, C, g.H, g.W}, ys = global ? Shape{g.N, C} : Shape{g.N, C, g.P, g.Q}, cs{C};
+    std::vector<void*> owned;
+    auto tensor = [&](const Shape& sh, const std::vector<float>& v = {}) {
+      void* p = nullptr;
+      REQUIRE(cudaMalloc(&p, size_t(sh.numel()) * 4) == cudaSuccess);
+      owned.push_back(p);
+      if (!v.empty()) REQUIRE(cudaMemcpy(p, v.data(), v.size() * 4, cudaMemcpyHostToDevice) == cudaSuccess);
+      return Tensor::contiguous(p, sh, DType::F32, Device::CUDA);
+    };
+    auto filled = [](int64_t n, int a, int m, float d, float o) {
+      std::vector<float> v(static_cast<size_t>(n));
+      for (int64_t i = 0; i < n; ++i) v[size_t(i)] = float((i * a) % m) / d - o;
+      return v;
+    };
+    auto values = [](const Tensor& t) {
+      std::vector<float> v(static_cast<size_t>(t.numel()));
+      REQUIRE(cudaMemcpy(v.data(), t.data, v.size() * 4, cudaMemcpyDeviceToHost) == cudaSuccess);
+      return v;
+    };
+    auto same = [&](const Tensor& a, const Tensor& b) {
+      const std::vector<float> va = values(a), vb = values(b);
+      return std::memcmp(va.data(), vb.data(), va.size() * 4) == 0;
+    };
+    const std::vector<float> hx = filled(nx, 37, 29, 7.f, 2.f), hgamma = filled(C, 5, 7, 4.f, 0.5f),
+                             hbeta = filled(C, 3, 11, 8.f, 0.6f), hrv = filled(C, 7, 5, 3.f, -0.5f);
+    const Tensor x = tensor(xs, hx), gamma = tensor(cs, hgamma), beta = tensor(cs, hbeta), dy = tensor(ys, filled(ny, 13, 17, 5.f, 1.5f));
+    Tensor rm1 = tensor(cs, hbeta), rv1 = tensor(cs, hrv), rm2 = tensor(cs, hbeta), rv2 = tensor(cs, hrv);
+    Tensor mean1 = tensor(cs), invstd1 = tensor(cs), mean2 = tensor(cs), invstd2 = tensor(cs);
+    Tensor z = tensor(xs), r = tensor(xs), y1 = tensor(ys), y2 = tensor(ys), dr = tensor(xs), dz = tensor(xs);
+    auto layers_forward = [&](bool training, Tensor& y) {
+      if (training) be->batchnorm_forward_train(x, gamma, beta, rm1, rv1, bn.momentum, bn.eps, z, mean1, invstd1);
+      else be->batchnorm_forward_eval(x, gamma, beta, rm1, rv1, bn.eps, z);
+      be->relu_forward(z, r);
+      if (global) be->global_avgpool_forward(r, y);
+      else if (k.kind == FusedKind::AvgPool) be->avgpool2d_forward(g, r, y);
+      else be->maxpool2d_forward(g, r, y);
+    };
+    FusedTensors ft;
+    ft.x = x, ft.y = y2, ft.gamma = gamma, ft.beta = beta, ft.running_mean = rm2, ft.running_var = rv2;
+    ft.mean = mean2, ft.invstd = invstd2;
+    // Training: y with its bitmap (whole 64-bit words, the bits past y's end zero) and its count.
+    layers_forward(true, y1);
+    void* bits = nullptr;
+    const int64_t words = (ny + 63) / 64;
+    REQUIRE(cudaMalloc(&bits, size_t(words) * 8) == cudaSuccess);
+    owned.push_back(bits);
+    REQUIRE(cudaMemset(bits, 0xFF, size_t(words) * 8) == cudaSuccess);
+    MaskOut mask;
+    mask.bits = static_cast<uint64_t*>(bits);
+    be->fused_forward(s, ft, true, &mask, Workspace{});
+    CHECK(same(y2, y1));
+    for (const auto& [a, b] : {std::make_pair(mean2, mean1), std::make_pair(invstd2, invstd1),
+                               std::make_pair(rm2, rm1), std::make_pair(rv2, rv1)})
+      CHECK(same(a, b));
+    const std::vector<float> hy = values(y1);
+    std::vector<uint64_t> hbits(static_cast<size_t>(words)), want(static_cast<size_t>(words), 0);
+    REQUIRE(cudaMemcpy(hbits.data(), bits, size_t(words) * 8, cudaMemcpyDeviceToHost) == cudaSuccess);
+    int64_t positive = 0;
+    for (int64_t i = 0; i < ny; ++i)
+      if (hy[size_t(i)] > 0.f) want[size_t(i / 64)] |= uint64_t(1) << (i % 64), ++positive;
+    CHECK(hbits == want);
+    CHECK(mask.kept == positive);
+    CHECK(positive > 0);
+    CHECK(positive < ny);
+    // Backward, into dx, dgamma and dbeta that hold values already (accumulated) or not.
+    for (bool acc : {false, true}) {
+      Tensor dx1 = tensor(xs, filled(nx, 3, 5, 1.f, 2.f)), dx2 = tensor(xs, filled(nx, 3, 5, 1.f, 2.f));
+      Tensor dg1 = tensor(cs, hgamma), db1 = tensor(cs, hbeta), dg2 = tensor(cs, hgamma), db2 = tensor(cs, hbeta);
+      if (global) be->global_avgpool_backward(dy, dr, false);
+      else if (k.kind == FusedKind::AvgPool) be->avgpool2d_backward(g, dy, dr, false);
+      else be->maxpool2d_backward(g, dy, r, dr, false, Workspace{});
+      MaskView m;
+      m.dense = r;
+      m.numel = nx;
+      be->relu_backward(dr, m, dz, false);
+      be->batchnorm_backward(dz, x, gamma, mean1, invstd1, dx1, acc, dg1, db1, acc);
+      FusedGrads fg;
+      fg.dy = dy, fg.dx = dx2, fg.dx_accumulate = acc, fg.dgamma = dg2, fg.dbeta = db2, fg.params_accumulate = acc;
+      fg.x_exact = fg.x_lossless = true;
+      be->fused_backward(s, ft, fg, Workspace{});
+      INFO("accumulate " << acc);
+      CHECK(same(dx2, dx1));
+      CHECK(same(dg2, dg1));
+      CHECK(same(db2, db1));
+    }
+    // Evaluation: the running statistics' coefficients.
+    layers_forward(false, y1);
+    be->fused_forward(s, ft, false, nullptr, Workspace{});
+    CHECK(same(y2, y1));
+    for (void* p : owned) cudaFree(p);
   }
 }
 
