@@ -332,8 +332,11 @@ Plan plan(const Graph& g, const FusionSpec& spec) {
     if (sp.nodes.size() < 2) sp = find_relu_stack(g, n, claimed);
     if (sp.nodes.size() < 2) continue;
     FusedStack& s = sp.stack;
-    // A last global pool needs whole planes in memory order: not small-plane blocks, slabs or bands.
-    if (s.ends_in_global_pool() && (s.small_planes() || spec.tile > 0 || plane_scratch_bytes(s) > p.cache_bytes))
+    // A last global pool needs whole planes: not slabs or bands. The whole-tensor plan (CUDA's) has
+    // no bands and takes it on small planes too; the CPU's plan leaves it a layer there (its
+    // small-plane blocks run it, fused_blocks.cpp, but that plan's speed is not measured).
+    if (s.ends_in_global_pool() && (spec.tile > 0 || (!spec.whole_tensors && (s.small_planes() ||
+                                                                              plane_scratch_bytes(s) > p.cache_bytes))))
       drop_global_pool(sp);
     if (sp.nodes.size() < 2) continue;
     for (int m : sp.nodes) claimed[size_t(m)] = 1;

@@ -4,7 +4,8 @@
 // going plane by plane made these stacks 1.5-2x slower than the unfused layers. So the work goes by
 // channel blocks: the tile's channels of one image, [T, H, W], contiguous in memory. Every stage
 // runs on a whole block (BN's block functions, flat element-wise loops, a pool over the block as
-// one tall plane where no window crosses two planes), and the batch is walked image by image.
+// one tall plane where no window crosses two planes, a global pool plane by plane: the plane
+// function the layer takes), and the batch is walked image by image.
 //
 // Bit-identity with the unfused layers holds by construction: the BN layer takes the same block
 // functions on small planes (batchnorm.cpp), whose per-channel results do not depend on the block
@@ -198,7 +199,6 @@ bool block_dz_registers(const FusedStack& s, const FusedTensors& t, FusedGrads& 
 void CpuBackend::fused_blocks_forward(const FusedStack& s, FusedTensors& t, bool training, MaskOut* mask,
                                       Workspace ws) {
   const FusedStage &bn = s.stages[0], &last = s.last();
-  ET_CHECK(!s.ends_in_global_pool(), "fused stack: a global pool on small-plane blocks");
   const int64_t N = t.x.dim(0), C = s.C, HW = bn.H * bn.W, PQ = last.P * last.Q, S = int64_t(s.stages.size());
   const int64_t T = s.tile_channels, blocks = (C + T - 1) / T;
   ET_CHECK(ws.bytes >= fused_workspace_bytes(s, N), "fused stack: workspace");
@@ -215,7 +215,8 @@ void CpuBackend::fused_blocks_forward(const FusedStack& s, FusedTensors& t, bool
   const BlockTables tab(s, N, static_cast<float*>(ws.data) + per_thread * cpu_threads());
   float *scale = tab.e[0], *shift = tab.e[1];
   bool has_pool = false;
-  for (const FusedStage& st : s.stages) has_pool |= st.kind == FusedKind::MaxPool || st.kind == FusedKind::AvgPool;
+  for (const FusedStage& st : s.stages)
+    has_pool |= st.kind == FusedKind::MaxPool || st.kind == FusedKind::AvgPool || st.kind == FusedKind::GlobalAvgPool;
   int64_t kept = 0;
 #if defined(ET_POOL_IN_REGISTERS)
   // BN -> ReLU -> 2x2 max-pool: x to y in registers (fused_bn_relu_pool.h).
@@ -277,7 +278,6 @@ void CpuBackend::fused_blocks_forward(const FusedStack& s, FusedTensors& t, bool
 
 void CpuBackend::fused_blocks_backward(const FusedStack& s, const FusedTensors& t, FusedGrads& g, Workspace ws) {
   const FusedStage &bn = s.stages[0], &last = s.last();
-  ET_CHECK(!s.ends_in_global_pool(), "fused stack: a global pool on small-plane blocks");
   const int64_t N = t.x.dim(0), C = s.C, HW = bn.H * bn.W, PQ = last.P * last.Q, S = int64_t(s.stages.size());
   const int64_t T = s.tile_channels, blocks = (C + T - 1) / T;
   ET_CHECK(ws.bytes >= fused_workspace_bytes(s, N), "fused stack: workspace");
@@ -292,7 +292,7 @@ void CpuBackend::fused_blocks_backward(const FusedStack& s, const FusedTensors& 
   // dz parks in dx between the sweeps unless dx accumulates (then sweep 2 rebuilds it).
   const bool park = g.dx.defined() && !g.dx_accumulate;
   // A last pool's output is not needed again, only its input.
-  const bool last_pool = last.kind == FusedKind::MaxPool || last.kind == FusedKind::AvgPool;
+  const bool last_pool = last.kind == FusedKind::MaxPool || last.kind == FusedKind::AvgPool || s.ends_in_global_pool();
 
 #if defined(ET_POOL_IN_REGISTERS)
   // BN -> ReLU -> 2x2 max-pool: dz in registers from x and dy (fused_bn_relu_pool.h).

@@ -75,13 +75,20 @@ struct FusedRun {
     for (int i = 0; i < g.num_nodes(); ++i) n += std::string(g.node(i).op->type()) == "fused_stack";
     return n;
   }
+  // Stacks ending in a global average pool: their output is [N, C] (MobileNet-V2's last).
+  int global_pool_stacks() const {
+    int n = 0;
+    for (int i = 0; i < g.num_nodes(); ++i)
+      n += std::string(g.node(i).op->type()) == "fused_stack" && g.value(g.node(i).output).shape.ndim == 2;
+    return n;
+  }
   // Stacks ending in a max-pool, whose output planes are smaller than their input's (VGG-16-BN's
   // five; the only ones that run PooledOut / PooledGrad).
   int pooled_stacks() const {
     int n = 0;
     for (int i = 0; i < g.num_nodes(); ++i) {
       const Node& node = g.node(i);
-      n += std::string(node.op->type()) == "fused_stack" &&
+      n += std::string(node.op->type()) == "fused_stack" && g.value(node.output).shape.ndim == 4 &&
            g.value(node.output).shape[2] < g.value(node.inputs[0]).shape[2];
     }
     return n;
@@ -120,8 +127,8 @@ void check_steps_alike(FusedRun& a, FusedRun& b, bool evaluate) {
 }  // namespace
 
 TEST_CASE("cuda: fused stacks train bit-identically to the layers", "[cuda][fusion]") {
-  // ResNet-20 (BN -> ReLU, BN -> add -> ReLU), MobileNet-V2 (BN -> add), VGG-16-BN (BN -> ReLU ->
-  // max-pool, its dropout a layer).
+  // ResNet-20 (BN -> ReLU, BN -> add -> ReLU), MobileNet-V2 (BN -> add, and its last stack BN ->
+  // ReLU -> global average pool), VGG-16-BN (BN -> ReLU -> max-pool, its dropout a layer).
   for (const char* model : {"resnet20", "mobilenetv2", "vgg16_bn"}) {
     const std::unique_ptr<Backend> be = own_convs_backend();
     for (StashFormat f : {StashFormat::DenseF32, StashFormat::BitmapF32, StashFormat::Auto}) {
@@ -145,7 +152,8 @@ TEST_CASE("cuda: fused stacks with a folded side BN train bit-identically to the
   // dx and x2's gradient in one pass. Dense and bitmap masks, x read as fp16, recomputation (not
   // with fp16: there the fused and unfused graphs round different values, on the CPU as well:
   // ResNet-8's fused and unfused steps differ with dense_fp16 and checkpoint_every 1 on both).
-  // MobileNet-V2's three (BN -> add, no ReLU), in the dense stash.
+  // MobileNet-V2's three (BN -> add, no ReLU), in the dense stash, beside its last stack (BN -> ReLU
+  // -> global average pool on 4x4 planes).
   const std::unique_ptr<Backend> be = own_convs_backend();
   for (StashFormat f : {StashFormat::DenseF32, StashFormat::BitmapF32, StashFormat::DenseF16}) {
     for (int every : {0, 1, 2}) {
@@ -164,6 +172,7 @@ TEST_CASE("cuda: fused stacks with a folded side BN train bit-identically to the
         return n;
       };
       REQUIRE(shortcut_bns(plain.g) - shortcut_bns(fused.g) == (every == 2 ? 3 : 2));
+      REQUIRE(fused.global_pool_stacks() == (every == 2 ? 1 : 0));
       check_steps_alike(plain, fused, true);
     }
   }
