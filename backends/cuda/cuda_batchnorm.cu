@@ -319,35 +319,49 @@ struct PooledGrad {
 };
 
 // The forward of a BN -> ReLU -> global average pool over its n = N * C planes of HW: y[plane] =
-// the plane's sum (cuda_pool::warp_plane_sum, global_avg_forward_kernel's order) / HW, in
-// fused_forward_kernel's layout (output i = k * 256 + threadIdx.x, its bitmap by ballot): each
-// warp takes its 32 outputs one plane at a time, all its lanes on each plane.
+// the plane's sum (cuda_pool::warp_plane_sum, global_avg_forward_kernel's order) / HW. A block
+// step takes 32 outputs (a word of y's bitmap, written by warp 0's ballot as relu_mask_kernel's
+// layout has it), each of its 8 warps 4 of their planes, all lanes on each plane.
+constexpr int kGlobalPoolWarps = 8;
 __global__ void bn_relu_global_pool_kernel(const float* x, ChannelCoefficients k, int64_t n, int64_t HW, float* y,
                                            cuda::OutputMask m) {
+  __shared__ float means[32];
   unsigned long long local = 0;
-  const int lane = int(threadIdx.x & 31);
-  const int64_t steps = m.bits32 ? (m.words32 * 32 + 255) / 256 : (n + 255) / 256;
-  for (int64_t step = blockIdx.x; step < steps; step += gridDim.x) {
-    const int64_t first = step * 256 + (threadIdx.x - lane), i = first + lane;  // the warp's first output, this lane's
-    float mine = 0.f;
-    for (int j = 0; j < 32 && first + j < n; ++j) {  // the same bound on every lane
-      const int64_t plane = first + j;
-      float scale, shift;
-      k.of(imod(plane, k.C), &scale, &shift);
-      const float s = cuda_pool::warp_plane_sum(BnReluPlane<const float*>{x, plane * HW, scale, shift}, HW, lane);
-      const float sum = __shfl_sync(0xFFFFFFFFu, s, 0);
-      if (lane == j) mine = sum / float(HW);
+  const int lane = int(threadIdx.x & 31), warp = int(threadIdx.x / 32);
+  const int64_t groups = m.bits32 ? m.words32 : (n + 31) / 32;
+  for (int64_t group = blockIdx.x; group < groups; group += gridDim.x) {
+    for (int j = warp; j < 32; j += kGlobalPoolWarps) {
+      const int64_t plane = group * 32 + j;
+      float mean = 0.f;
+      if (plane < n) {  // the same on every lane of the warp
+        float scale, shift;
+        k.of(imod(plane, k.C), &scale, &shift);
+        const float s = cuda_pool::warp_plane_sum(BnReluPlane<const float*>{x, plane * HW, scale, shift}, HW, lane);
+        mean = s / float(HW);
+      }
+      if (lane == 0) means[j] = mean;
     }
-    if (i < n) y[i] = mine;
-    if (m.bits32) {
-      const unsigned ballot = __ballot_sync(0xFFFFFFFFu, i < n && __float_as_uint(mine) >= m.threshold);
-      if (lane == 0 && i / 32 < m.words32) {
-        m.bits32[i / 32] = ballot;
-        local += __popc(ballot);
+    __syncthreads();
+    if (warp == 0) {
+      const int64_t i = group * 32 + lane;
+      const float v = means[lane];
+      if (i < n) y[i] = v;
+      if (m.bits32) {
+        const unsigned ballot = __ballot_sync(0xFFFFFFFFu, i < n && __float_as_uint(v) >= m.threshold);
+        if (lane == 0) {
+          m.bits32[group] = ballot;
+          local += __popc(ballot);
+        }
       }
     }
+    __syncthreads();  // means[] is the next step's
   }
   if (local) atomicAdd(m.kept, local);
+}
+// Its blocks: one a group of 32 outputs (or bitmap word), at most 65535 (the rest by grid stride).
+unsigned global_pool_blocks(int64_t n, const cuda::OutputMask& m) {
+  const int64_t groups = m.bits32 ? m.words32 : (n + 31) / 32;
+  return unsigned(groups < 1 ? 1 : groups > 65535 ? 65535 : groups);
 }
 
 // dz of a BN -> ReLU -> global average pool at input i: where its ReLU passed, its plane's dy / HW
@@ -599,7 +613,8 @@ void CudaBackend::fused_forward(const FusedStack& s, FusedTensors& t, bool train
   if (f.pool)
     fused_forward_kernel<<<blocks, 256, 0, stream_>>>(PooledOut{t.x.f32(), k, pool_geom(s), f.max}, n, t.y.f32(), m);
   else if (f.global)
-    bn_relu_global_pool_kernel<<<blocks, 256, 0, stream_>>>(t.x.f32(), k, n, HW, t.y.f32(), m);
+    bn_relu_global_pool_kernel<<<global_pool_blocks(n, m), kGlobalPoolWarps * 32, 0, stream_>>>(t.x.f32(), k, n, HW,
+                                                                                             t.y.f32(), m);
   else
     fused_forward_kernel<<<blocks, 256, 0, stream_>>>(
         ElementwiseOut{t.x.f32(), f.add ? t.side.f32() : nullptr, k, HW, f.relu, f.side_bn, k2}, n, t.y.f32(), m);
