@@ -300,6 +300,45 @@ TEST_CASE("half and bfloat16 conversions", "[stash]") {
   CHECK(std::signbit(back[1]));
 }
 
+// The vector bodies (16 lanes on AVX-512, 8 on AVX2, 4 and 8 on NEON) and their scalar tails, at
+// every length up to 70 and every start offset up to 3 (unaligned), against the per-element rule.
+TEST_CASE("array half conversions: bfloat16 at every length and offset, against the scalar rule", "[stash]") {
+  const auto bf16_rule = [](float f) {  // nearest of the two neighbours, ties to even; NaN quieted
+    uint32_t x;
+    std::memcpy(&x, &f, 4);
+    if ((x & 0x7FFFFFFFu) > 0x7F800000u) return uint16_t((x >> 16) | 0x40u);
+    const uint32_t lo = x & 0xFFFF0000u, r = x & 0xFFFFu;
+    return uint16_t((r > 0x8000u || (r == 0x8000u && (lo & 0x10000u)) ? lo + 0x10000u : lo) >> 16);
+  };
+  // Specials first (every one lands in a vector body at some offset), then random patterns.
+  const uint32_t specials[] = {0x00000000u, 0x80000000u, 0x7F800000u, 0xFF800000u, 0x7F800001u, 0xFFC00000u,
+                               0x7FFFFFFFu, 0x7F7FFFFFu, 0x7F7F8000u, 0x3F808000u, 0x3F818000u, 0x3F807FFFu,
+                               0x00000001u, 0x00008000u, 0x00018000u, 0x807FFFFFu, 0x3F800000u, 0xC0200000u};
+  std::vector<float> f(80);
+  uint32_t s = 7;
+  for (size_t i = 0; i < f.size(); ++i) {
+    s = s * 1664525u + 1013904223u;
+    const uint32_t u = i < std::size(specials) ? specials[i] : s;
+    std::memcpy(&f[i], &u, 4);
+  }
+  bool same = true;
+  for (int64_t off = 0; off <= 3; ++off)
+    for (int64_t n = 0; n <= 70; ++n) {
+      std::vector<uint16_t> b(size_t(n + 1), 0xABCD);
+      std::vector<float> back(size_t(n + 1), -1.f);
+      f32_to_bf16(f.data() + off, n, b.data());
+      bf16_to_f32(b.data(), n, back.data());
+      for (int64_t i = 0; i < n; ++i) {
+        const uint16_t want = bf16_rule(f[size_t(off + i)]);
+        uint32_t u;
+        std::memcpy(&u, &back[size_t(i)], 4);
+        same &= b[size_t(i)] == want && u == uint32_t(want) << 16;
+      }
+      same &= b[size_t(n)] == 0xABCD && back[size_t(n)] == -1.f;  // nothing past n written
+    }
+  CHECK(same);
+}
+
 TEST_CASE("array half conversions match the scalar reference on every bit pattern, threaded", "[stash]") {
   // Every fp16 pattern (NaN, denormals, infinities) and an odd length, above the threading cutoff.
   const int64_t n = bitmap::kParallelMinElements + 12345;
