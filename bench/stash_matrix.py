@@ -32,13 +32,14 @@ def parse_variant(text):
     parts = text.split(":")
     if len(parts) not in (2, 3):
         raise SystemExit(f"stash_matrix: variant '{text}': expected format:checkpoint_every[:sets]")
-    sets = ()
-    if len(parts) == 3 and parts[2]:
-        sets = tuple(SHORTHANDS.get(parts[2], parts[2]).split("+"))
-        bad = [s for s in sets if "=" not in s]
-        if bad:
-            raise SystemExit(f"stash_matrix: variant '{text}': '{bad[0]}' is not key=value")
-    return parts[0], int(parts[1]), sets, parts[0] + ("+" + parts[2] if len(parts) == 3 and parts[2] else "")
+    extra = parts[2] if len(parts) == 3 else ""
+    sets = tuple(SHORTHANDS.get(extra, extra).split("+")) if extra else ()
+    bad = [s for s in sets if "=" not in s]
+    if bad:
+        raise SystemExit(f"stash_matrix: variant '{text}': '{bad[0]}' is not key=value")
+    return parts[0], int(parts[1]), sets, parts[0] + ("+" + extra if extra else "")
+
+
 DEFAULT_VARIANTS = "dense_fp32:0,bitmap_fp32:0,bitmap_fp16:0,dense_fp32:1,bitmap_fp32:1,bitmap_fp16:1"
 
 
@@ -77,8 +78,8 @@ def main():
         base_ms = statistics.median(r["step_ms_median"] for r in runs[variants[0]])
         base_stash = runs[variants[0]][0]["stash_peak_mb"]
         print(f"\n{model} batch {a.batch}, {a.threads} threads, {a.reps} reps x {a.steps} steps (medians)")
-        print(f"{'stash':<16} {'ckpt':>4} {'stash MB':>9} {'x dense':>8} {'step USS':>9} {'step ms':>8} "
-              f"{'x dense':>8} {'pack+unpack':>11} {'recompute':>9}")
+        print(f"{'stash':<16} {'ckpt':>4} {'stash MB':>9} {'x first':>8} {'step USS':>9} {'step ms':>8} "
+              f"{'x first':>8} {'pack+unpack':>11} {'recompute':>9}")
         for v in variants:
             rs = runs[v]
             ms = statistics.median(r["step_ms_median"] for r in rs)

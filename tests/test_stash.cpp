@@ -300,16 +300,17 @@ TEST_CASE("half and bfloat16 conversions", "[stash]") {
   CHECK(std::signbit(back[1]));
 }
 
+// bfloat16 of f32 bits x by the definition: the nearest of the two bf16 neighbours, ties to the
+// even one (an overflow carries into inf); NaN keeps its upper bits, quieted.
+static uint16_t bf16_by_definition(uint32_t x) {
+  if ((x & 0x7FFFFFFFu) > 0x7F800000u) return uint16_t((x >> 16) | 0x40u);
+  const uint32_t lo = x & 0xFFFF0000u, r = x & 0xFFFFu;
+  return uint16_t((r > 0x8000u || (r == 0x8000u && (lo & 0x10000u)) ? lo + 0x10000u : lo) >> 16);
+}
+
 // The vector bodies (16 lanes on AVX-512, 8 on AVX2, 4 and 8 on NEON) and their scalar tails, at
 // every length up to 70 and every start offset up to 3 (unaligned), against the per-element rule.
 TEST_CASE("array half conversions: bfloat16 at every length and offset, against the scalar rule", "[stash]") {
-  const auto bf16_rule = [](float f) {  // nearest of the two neighbours, ties to even; NaN quieted
-    uint32_t x;
-    std::memcpy(&x, &f, 4);
-    if ((x & 0x7FFFFFFFu) > 0x7F800000u) return uint16_t((x >> 16) | 0x40u);
-    const uint32_t lo = x & 0xFFFF0000u, r = x & 0xFFFFu;
-    return uint16_t((r > 0x8000u || (r == 0x8000u && (lo & 0x10000u)) ? lo + 0x10000u : lo) >> 16);
-  };
   // Specials first (every one lands in a vector body at some offset), then random patterns.
   const uint32_t specials[] = {0x00000000u, 0x80000000u, 0x7F800000u, 0xFF800000u, 0x7F800001u, 0xFFC00000u,
                                0x7FFFFFFFu, 0x7F7FFFFFu, 0x7F7F8000u, 0x3F808000u, 0x3F818000u, 0x3F807FFFu,
@@ -329,9 +330,10 @@ TEST_CASE("array half conversions: bfloat16 at every length and offset, against 
       f32_to_bf16(f.data() + off, n, b.data());
       bf16_to_f32(b.data(), n, back.data());
       for (int64_t i = 0; i < n; ++i) {
-        const uint16_t want = bf16_rule(f[size_t(off + i)]);
-        uint32_t u;
+        uint32_t x, u;
+        std::memcpy(&x, &f[size_t(off + i)], 4);
         std::memcpy(&u, &back[size_t(i)], 4);
+        const uint16_t want = bf16_by_definition(x);
         same &= b[size_t(i)] == want && u == uint32_t(want) << 16;
       }
       same &= b[size_t(n)] == 0xABCD && back[size_t(n)] == -1.f;  // nothing past n written
@@ -375,10 +377,7 @@ TEST_CASE("array half conversions match the scalar reference on every bit patter
     uint32_t u, x;
     std::memcpy(&u, &f[size_t(i)], 4);
     std::memcpy(&x, &f2[size_t(i)], 4);
-    // Nearest of the two bf16 neighbours, ties to the even one (an overflow carries into inf).
-    const uint32_t lo = x & 0xFFFF0000u, r = x & 0xFFFFu;
-    const uint32_t want = r > 0x8000u || (r == 0x8000u && (lo & 0x10000u)) ? lo + 0x10000u : lo;
-    same &= std::isnan(f2[size_t(i)]) ? std::isnan(f[size_t(i)]) : u == want;
+    same &= std::isnan(f2[size_t(i)]) ? std::isnan(f[size_t(i)]) : u == uint32_t(bf16_by_definition(x)) << 16;
   }
   CHECK(same);
 }
