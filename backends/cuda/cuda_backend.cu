@@ -100,13 +100,13 @@ __global__ void stats_kernel(const float* x, int64_t n, StatsPart* part) {
     }
     __syncthreads();
   }
-  if (threadIdx.x == 0) part[blockIdx.x] = StatsPart{s_sq[0], s_abs[0], s_bad[0], s_max[0]};
+  if (threadIdx.x == 0) part[blockIdx.x] = StatsPart{s_sq[0], s_abs[0], s_bad[0], s_max[0], 0u};
 }
 
 // One block: part[0] = the sum of part[0..blocks).
 __global__ void stats_finish_kernel(StatsPart* part, int blocks) {
   __shared__ StatsPart s[kThreads];
-  StatsPart a{0, 0, 0, 0};
+  StatsPart a{0, 0, 0, 0, 0};
   for (int b = threadIdx.x; b < blocks; b += kThreads) {
     const StatsPart p = part[b];
     a.sq += p.sq;
