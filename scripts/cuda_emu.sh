@@ -17,19 +17,35 @@
 # CONTRACT=1 (the device code contracted into FMAs where GCC would, as nvcc's default may: a case
 # whose bits against the CPU's hold only without contraction fails; give it its own BUILD_DIR),
 # SKIP (an extended regular expression: the cases whose names match it are not run),
-# EDGETRAIN_CUDA_CONV (default im2col, below).
+# EDGETRAIN_CUDA_CONV (default im2col, below),
+# CROSS=aarch64 (Jetson Orin's CPU: cross-built with cmake/aarch64-linux-gnu.cmake, default
+# BUILD_DIR build-aarch64-emu, and run under qemu-user, as scripts/test_aarch64.sh runs the CPU
+# suite: a Jetson's tests/cuda hold its GPU against the CPU backend's ARM code, NEON paths and
+# FMA contraction included, and run the backend's host code as built for ARM).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . scripts/apt_missing.sh
 apt_missing build-essential cmake ninja-build pkg-config libeigen3-dev libcli11-dev catch2 nlohmann-json3-dev libstb-dev
 
-races="${RACES:-0}"
-dir="${BUILD_DIR:-$([ "$races" = 1 ] && echo build-emu-races || echo build-emu)}" jobs="${JOBS:-$(nproc)}"
+races="${RACES:-0}" cross="${CROSS:-}"
+# run: the command line that runs a test binary (through qemu in a cross build).
+cross_options=() run=()
+case "$cross" in
+  "") ;;
+  aarch64)
+    apt_missing g++-aarch64-linux-gnu libc6-dev-arm64-cross libgomp1-arm64-cross qemu-user
+    cross_options=(-DCMAKE_TOOLCHAIN_FILE=cmake/aarch64-linux-gnu.cmake -DEDGETRAIN_PORTABLE=ON)
+    run=(qemu-aarch64 -L /usr/aarch64-linux-gnu -cpu max) ;;
+  *) echo "cuda_emu: CROSS=$cross: only aarch64 is known"; exit 2 ;;
+esac
+default_dir="build${cross:+-$cross}-emu"
+if [ "$races" = 1 ]; then default_dir+=-races; fi
+dir="${BUILD_DIR:-$default_dir}" jobs="${JOBS:-$(nproc)}"
 build_only=0
 [ "${1:-}" = --build-only ] && { build_only=1; shift; }
 # A race's report names the kernel's line where the build has debug information.
 build_type="${BUILD_TYPE:-$([ "$races" = 1 ] && echo RelWithDebInfo || echo Release)}"
-cmake -S . -B "$dir" -G Ninja -DCMAKE_BUILD_TYPE="$build_type" -DEDGETRAIN_CUDA_EMU=ON -DEDGETRAIN_ONNX=OFF \
+cmake -S . -B "$dir" -G Ninja "${cross_options[@]}" -DCMAKE_BUILD_TYPE="$build_type" -DEDGETRAIN_CUDA_EMU=ON -DEDGETRAIN_ONNX=OFF \
   -DEDGETRAIN_CUDA_EMU_RACES="$([ "$races" = 1 ] && echo ON || echo OFF)" -DEDGETRAIN_SANITIZE="${SANITIZE:-}" \
   -DEDGETRAIN_CUDA_EMU_CONTRACT="$([ "${CONTRACT:-0}" = 1 ] && echo ON || echo OFF)" >/dev/null
 cmake --build "$dir" -j "$jobs" --target edgetrain_cuda_tests emu_selftest
@@ -48,7 +64,7 @@ logs=$(mktemp -d)
 trap 'rm -rf "$logs"' EXIT
 # Catch's filter syntax: a comma or bracket in a name is escaped. (A listing exits with the number
 # of cases listed.)
-{ "$dir/tests/edgetrain_cuda_tests" --list-test-names-only ${1:+"$1"} || true; } | grep -v '^$' |
+{ "${run[@]}" "$dir/tests/edgetrain_cuda_tests" --list-test-names-only ${1:+"$1"} || true; } | grep -v '^$' |
   { if [ -n "${SKIP:-}" ]; then grep -v -E -- "$SKIP" || true; else cat; fi; } | sed 's/[],[]/\\&/g' >"$logs/cases"
 [ -s "$logs/cases" ] || { echo "cuda_emu: no test case to run"; exit 1; }
 : >"$logs/summary"
@@ -60,7 +76,7 @@ run_case() {
   log="$logs/$(printf '%s' "$name" | md5sum | cut -c1-12).log"
   s=$(date +%s)
   rc=0
-  OMP_NUM_THREADS=1 EDGETRAIN_REQUIRE_GPU=1 timeout "${CASE_S:-900}" "$dir/tests/edgetrain_cuda_tests" "$name" >"$log" 2>&1 || rc=$?
+  OMP_NUM_THREADS=1 EDGETRAIN_REQUIRE_GPU=1 timeout "${CASE_S:-900}" $run_line "$dir/tests/edgetrain_cuda_tests" "$name" >"$log" 2>&1 || rc=$?
   printf '%s %ss %s\n' "$rc" "$(( $(date +%s) - s ))" "$name" >>"$logs/summary"
   if [ "$rc" -ne 0 ]; then
     echo "cuda_emu: FAILED ($rc): $name"
@@ -68,7 +84,8 @@ run_case() {
   fi
 }
 export -f run_case
-export logs dir
+run_line="${run[*]}"  # a line, not an array: the cases run in subshells, which get no arrays
+export logs dir run_line
 xargs -d '\n' -P "$jobs" -I{} bash -c 'run_case "$1"' _ {} <"$logs/cases"
 sort -t' ' -k2 -n -r "$logs/summary" | sed 's/^/cuda_emu: /'
 failed=$(awk '$1 != 0' "$logs/summary" | wc -l)

@@ -12,6 +12,13 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+// The threads switch stacks by the assembly below on x86-64 and AArch64 (a Jetson's CPU, and
+// qemu-user running the cross build: scripts/cuda_emu.sh CROSS=aarch64), by ucontext elsewhere
+// (swapcontext also sets the signal mask: a system call per switch).
+#if defined(__x86_64__) || defined(__aarch64__)
+#define EMU_OWN_SWITCH 1
+#endif
+
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -21,7 +28,7 @@
 #include <string>
 #include <vector>
 
-#if !defined(__x86_64__)
+#if !defined(EMU_OWN_SWITCH)
 #include <ucontext.h>
 #endif
 
@@ -53,7 +60,7 @@ struct Fiber {
   bool done = false;
   const uint64_t* wait_on = nullptr;  // a barrier's generation this thread waits to change
   uint64_t wait_gen = 0;
-#if !defined(__x86_64__)
+#if !defined(EMU_OWN_SWITCH)
   ucontext_t ctx;
 #endif
 };
@@ -83,7 +90,7 @@ struct Run {
   Fiber* ended = nullptr;  // the thread that ended and returned to the scheduler, its stack to free
   void* sched_sp = nullptr;
   bool running = false;
-#if !defined(__x86_64__)
+#if !defined(EMU_OWN_SWITCH)
   ucontext_t sched_ctx;
 #endif
 };
@@ -116,16 +123,18 @@ bool thread_at(ThreadAt& t) {
 
 extern "C" void emu_thread_body();
 
-#if defined(__x86_64__)
+#if defined(EMU_OWN_SWITCH)
 // emu_switch(save_sp, next_sp): saves the callee-saved registers on this stack and its pointer in
 // *save_sp, then restores another thread's from next_sp and returns into it.
 // emu_call_on_stack(save_sp, stack_top, fn): saves this context as emu_switch does and calls fn on
 // a fresh stack. A thread that ends without waiting returns through it: one call and one return,
 // which the return predictor follows (a switch costs two mispredicted returns). A thread that
 // waits switches back to *save_sp, which returns from emu_call_on_stack at once; when it ends
-// later, it returns to the scheduler's context saved last in *save_sp (rbx holds save_sp).
+// later, it returns to the scheduler's context saved last in *save_sp (rbx, x19 on AArch64, holds
+// save_sp).
 extern "C" void emu_switch(void** save_sp, void* next_sp);
 extern "C" void emu_call_on_stack(void** save_sp, void* stack_top, void (*fn)());
+#if defined(__x86_64__)
 asm(R"(
 .pushsection .text
 .globl emu_switch
@@ -171,13 +180,62 @@ emu_call_on_stack:
 .size emu_call_on_stack, .-emu_call_on_stack
 .popsection
 )");
+#else
+// AArch64 (AAPCS64): x19-x28, the frame pointer x29, the link register x30 (the return address)
+// and the low halves of v8-v15 are the callee's to keep; 160 bytes keep sp 16-byte aligned.
+#define EMU_SAVE_REGS \
+  "  sub sp, sp, #160\n" \
+  "  stp x19, x20, [sp, #0]\n" \
+  "  stp x21, x22, [sp, #16]\n" \
+  "  stp x23, x24, [sp, #32]\n" \
+  "  stp x25, x26, [sp, #48]\n" \
+  "  stp x27, x28, [sp, #64]\n" \
+  "  stp x29, x30, [sp, #80]\n" \
+  "  stp d8, d9, [sp, #96]\n" \
+  "  stp d10, d11, [sp, #112]\n" \
+  "  stp d12, d13, [sp, #128]\n" \
+  "  stp d14, d15, [sp, #144]\n" \
+  "  mov x9, sp\n" \
+  "  str x9, [x0]\n"
+#define EMU_RESTORE_REGS_AND_RETURN \
+  "  ldp x19, x20, [sp, #0]\n" \
+  "  ldp x21, x22, [sp, #16]\n" \
+  "  ldp x23, x24, [sp, #32]\n" \
+  "  ldp x25, x26, [sp, #48]\n" \
+  "  ldp x27, x28, [sp, #64]\n" \
+  "  ldp x29, x30, [sp, #80]\n" \
+  "  ldp d8, d9, [sp, #96]\n" \
+  "  ldp d10, d11, [sp, #112]\n" \
+  "  ldp d12, d13, [sp, #128]\n" \
+  "  ldp d14, d15, [sp, #144]\n" \
+  "  add sp, sp, #160\n" \
+  "  ret\n"
+asm(".pushsection .text\n"
+    ".globl emu_switch\n"
+    ".type emu_switch,%function\n"
+    "emu_switch:\n" EMU_SAVE_REGS
+    "  mov sp, x1\n" EMU_RESTORE_REGS_AND_RETURN
+    ".size emu_switch, .-emu_switch\n"
+    ".globl emu_call_on_stack\n"
+    ".type emu_call_on_stack,%function\n"
+    "emu_call_on_stack:\n" EMU_SAVE_REGS
+    "  mov x19, x0\n"
+    "  mov sp, x1\n"
+    "  blr x2\n"
+    "  ldr x9, [x19]\n"
+    "  mov sp, x9\n" EMU_RESTORE_REGS_AND_RETURN
+    ".size emu_call_on_stack, .-emu_call_on_stack\n"
+    ".popsection\n");
+#undef EMU_SAVE_REGS
+#undef EMU_RESTORE_REGS_AND_RETURN
+#endif
 #endif
 
 namespace emu {
 namespace {
 
 void to_scheduler() {
-#if defined(__x86_64__)
+#if defined(EMU_OWN_SWITCH)
   emu_switch(&run.cur->sp, run.sched_sp);
 #else
   swapcontext(&run.cur->ctx, &run.sched_ctx);
@@ -186,13 +244,14 @@ void to_scheduler() {
 
 bool ready(const Fiber& f) { return !f.wait_on || *f.wait_on != f.wait_gen; }
 
-// On x86-64: switches straight from this thread to the next one in the run's order (thread order,
-// or reversed) that has started and can run, one stack switch where going through the scheduler
-// takes two (barriers were most of the emulator's time). False where the next has not started
-// yet, or none can run (and elsewhere): the scheduler starts threads and finds deadlocks.
-// Returns true once this thread is resumed (by another thread or the scheduler, run.cur = me).
+// With the own switch: switches straight from this thread to the next one in the run's order
+// (thread order, or reversed) that has started and can run, one stack switch where going through
+// the scheduler takes two (barriers were most of the emulator's time). False where the next has
+// not started yet, or none can run (and under ucontext): the scheduler starts threads and finds
+// deadlocks. Returns true once this thread is resumed (by another thread or the scheduler,
+// run.cur = me).
 bool switch_to_next_in_order() {
-#if defined(__x86_64__)
+#if defined(EMU_OWN_SWITCH)
   Fiber* me = run.cur;
   const size_t n = run.fibers.size(), at = size_t(me - run.fibers.data());
   const bool back = reversed();
@@ -227,14 +286,14 @@ void yield_in_order() { (void)switch_to_next_in_order(); }
 
 void resume(Fiber& f) {
   run.cur = &f;
-#if defined(__x86_64__)
+#if defined(EMU_OWN_SWITCH)
   emu_switch(&run.sched_sp, f.sp);
 #else
   swapcontext(&run.sched_ctx, &f.ctx);
 #endif
 }
 
-#if !defined(__x86_64__)
+#if !defined(EMU_OWN_SWITCH)
 extern "C" void emu_fiber_main() {
   emu_thread_body();
   to_scheduler();  // never resumed
@@ -244,7 +303,7 @@ extern "C" void emu_fiber_main() {
 // A thread's first run, on its stack.
 void start(Fiber& f) {
   run.cur = &f;
-#if defined(__x86_64__)
+#if defined(EMU_OWN_SWITCH)
   emu_call_on_stack(&run.sched_sp, reinterpret_cast<void*>(uintptr_t(f.stack + kStackBytes) & ~uintptr_t(15)),
                     &emu_thread_body);
 #else
