@@ -11,6 +11,7 @@
 #       already passed with the same build (the SHA-256 of the binaries and test scripts) is not run
 #       again, so the whole suite can be completed over several sittings. Exit 1 if a test failed.
 # Env: BUILD_DIR (default build-aarch64), BUILD_TYPE (default Release), JOBS (default nproc),
+#      TARGETS (the targets to build, default all),
 #      TEST_TIMEOUT (--resume: seconds per test, default 14400),
 #      COST_FILE (--resume: default build/Testing/Temporary/CTestCostData.txt, a native run's times).
 set -euo pipefail
@@ -30,7 +31,9 @@ BUILD_DIR="${BUILD_DIR:-build-aarch64}"
 # (conv_int_neon.cpp) get +dotprod on their own and are chosen at run time.
 cmake -S . -B "$BUILD_DIR" -G Ninja -DCMAKE_TOOLCHAIN_FILE=cmake/aarch64-linux-gnu.cmake \
   -DCMAKE_BUILD_TYPE="${BUILD_TYPE:-Release}" -DEDGETRAIN_PORTABLE=ON
-cmake --build "$BUILD_DIR" -j "${JOBS:-$(nproc)}"
+# TARGETS: build only these (CI runs tests of edgetrain_tests alone: the app, benchmarks and the
+# allocator tests would add a minute of cross-compiling there for nothing it runs).
+cmake --build "$BUILD_DIR" -j "${JOBS:-$(nproc)}" ${TARGETS:+--target $TARGETS}
 [ "$action" = build ] && exit 0
 
 start=$(date +%s)
